@@ -1,1 +1,318 @@
-//! cairn-protocol
+//! The protocol between the host and `cairn-init`, PID 1 of every sandbox.
+//!
+//! A connection carries frames: a 4-byte little-endian length followed by a
+//! bincode-encoded [`ToInit`] or [`FromInit`]. The first frame a client sends
+//! is [`ToInit::Hello`] carrying [`MAGIC`] and [`PROTOCOL_VERSION`]; the
+//! client may pipeline its request right behind it, so a round trip costs one
+//! exchange. One connection carries one operation (an exec, a file transfer,
+//! a ping), which keeps both ends free of multiplexing state.
+//!
+//! Readers never trust a length they have not checked: frames above
+//! [`MAX_FRAME_LEN`] are refused before any allocation.
+
+use std::io::{self, Read, Write};
+
+use serde::{Deserialize, Serialize};
+
+/// Identifies a Cairn init connection ("CRNI").
+pub const MAGIC: u32 = 0x4352_4e49;
+/// Bumped whenever a message changes shape. See `docs/formats.md`.
+pub const PROTOCOL_VERSION: u16 = 1;
+/// Largest frame either side accepts (payload bytes).
+pub const MAX_FRAME_LEN: u32 = 8 << 20;
+/// Size of the data chunks senders put in one frame.
+pub const DATA_CHUNK: usize = 256 << 10;
+/// The file descriptor on which cairn-init receives its listening socket.
+pub const LISTEN_FD: i32 = 3;
+
+/// A request or stream item sent by the host.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub enum ToInit {
+    /// First frame of every connection.
+    Hello { magic: u32, version: u16 },
+    /// Liveness check; answered with [`FromInit::Pong`].
+    Ping,
+    /// Run a process.
+    Exec(ExecRequest),
+    /// Bytes for the running process's stdin.
+    Stdin(#[serde(with = "serde_bytes")] Vec<u8>),
+    /// Close the running process's stdin.
+    StdinEof,
+    /// Deliver a signal to the running process's group (the exec on this
+    /// connection).
+    Signal(i32),
+    /// Deliver a signal to any process of the sandbox (e.g. one started with
+    /// `detach`).
+    Kill { pid: i32, signal: i32 },
+    /// Describe a path.
+    Stat { path: String },
+    /// Write a file: followed by [`ToInit::Data`] frames and [`ToInit::End`].
+    PutFile(FileMeta),
+    /// Read a file: answered with [`FromInit::File`], data frames and
+    /// [`FromInit::End`].
+    GetFile { path: String },
+    /// A chunk of file content.
+    Data(#[serde(with = "serde_bytes")] Vec<u8>),
+    /// End of a data stream.
+    End,
+    /// The sandbox was just restored or forked from a snapshot: set the wall
+    /// clock (where the driver owns it) and mix fresh entropy into the RNG.
+    Restored {
+        unix_time_ns: u128,
+        #[serde(with = "serde_bytes")]
+        entropy: Vec<u8>,
+    },
+}
+
+/// A reply or stream item sent by cairn-init.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub enum FromInit {
+    /// The hello was accepted.
+    Welcome {
+        version: u16,
+        init_pid: i32,
+    },
+    Pong,
+    /// The process was started.
+    Started {
+        pid: i32,
+    },
+    Stdout(#[serde(with = "serde_bytes")] Vec<u8>),
+    Stderr(#[serde(with = "serde_bytes")] Vec<u8>),
+    /// The process ended; its output streams are complete.
+    Exited(ExitStatus),
+    /// The process could not be started.
+    SpawnFailed {
+        kind: SpawnErrorKind,
+        message: String,
+    },
+    /// Answer to [`ToInit::Stat`].
+    Stat(Option<FileMeta>),
+    /// Header of a file sent by [`ToInit::GetFile`].
+    File(FileMeta),
+    Data(#[serde(with = "serde_bytes")] Vec<u8>),
+    End,
+    /// The operation succeeded with nothing to report.
+    Done,
+    /// The operation failed; the message says why.
+    Error(String),
+}
+
+/// How to run a process inside the sandbox.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, Default)]
+pub struct ExecRequest {
+    pub argv: Vec<String>,
+    /// Added to the default environment (PATH, HOME, TERM); later entries win.
+    pub env: Vec<(String, String)>,
+    /// Working directory; `/` when absent.
+    pub cwd: Option<String>,
+    /// Whether the host will stream stdin; otherwise stdin is `/dev/null`.
+    pub stdin: bool,
+    /// Kill the process group after this many milliseconds.
+    pub timeout_ms: Option<u64>,
+    /// Start in the background and answer at once with [`FromInit::Started`];
+    /// output goes to the sandbox log.
+    pub detach: bool,
+}
+
+/// How a process ended.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ExitStatus {
+    /// Exit code when the process exited normally.
+    pub code: Option<i32>,
+    /// Signal number when it was killed by a signal.
+    pub signal: Option<i32>,
+    /// Whether Cairn killed it because its timeout expired.
+    pub timed_out: bool,
+}
+
+impl ExitStatus {
+    /// The shell convention: the exit code, or 128 + the signal number.
+    pub fn shell_code(&self) -> i32 {
+        match (self.code, self.signal) {
+            (Some(code), _) => code,
+            (None, Some(sig)) => 128 + sig,
+            (None, None) => 255,
+        }
+    }
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub enum SpawnErrorKind {
+    /// The program does not exist (shell code 127).
+    NotFound,
+    /// The program exists but cannot be executed (shell code 126).
+    PermissionDenied,
+    /// Anything else, e.g. a bad working directory.
+    Other,
+}
+
+impl SpawnErrorKind {
+    pub fn shell_code(self) -> i32 {
+        match self {
+            SpawnErrorKind::NotFound => 127,
+            SpawnErrorKind::PermissionDenied => 126,
+            SpawnErrorKind::Other => 125,
+        }
+    }
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub enum FileKind {
+    File,
+    Dir,
+    Symlink,
+    Other,
+}
+
+/// A file's path and metadata as sent over the wire.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct FileMeta {
+    pub path: String,
+    pub kind: FileKind,
+    /// Permission bits (including setuid/setgid/sticky).
+    pub mode: u32,
+    pub uid: u32,
+    pub gid: u32,
+    pub size: u64,
+    /// Modification time, nanoseconds since the epoch.
+    pub mtime_ns: i128,
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum FrameError {
+    #[error("connection to cairn-init failed: {0}")]
+    Io(#[from] io::Error),
+    #[error("cairn-init sent a frame of {0} bytes, above the {MAX_FRAME_LEN}-byte limit; the peer is not speaking the Cairn protocol")]
+    TooLarge(u32),
+    #[error("cannot decode a frame from cairn-init ({0}); host and init versions may differ, rebuild both from one checkout")]
+    Decode(String),
+    #[error("cannot encode a frame: {0}")]
+    Encode(String),
+    #[error("the peer closed the connection")]
+    Closed,
+}
+
+/// Encodes `msg` as one frame into `buf` (cleared first), ready for one write.
+pub fn encode_frame<T: Serialize>(msg: &T, buf: &mut Vec<u8>) -> Result<(), FrameError> {
+    buf.clear();
+    buf.extend_from_slice(&[0; 4]);
+    bincode::serialize_into(&mut *buf, msg).map_err(|e| FrameError::Encode(e.to_string()))?;
+    let len = u32::try_from(buf.len() - 4).map_err(|_| FrameError::TooLarge(u32::MAX))?;
+    if len > MAX_FRAME_LEN {
+        return Err(FrameError::TooLarge(len));
+    }
+    buf[..4].copy_from_slice(&len.to_le_bytes());
+    Ok(())
+}
+
+/// Writes one frame.
+pub fn write_frame<T: Serialize, W: Write>(w: &mut W, msg: &T) -> Result<(), FrameError> {
+    let mut buf = Vec::new();
+    encode_frame(msg, &mut buf)?;
+    w.write_all(&buf)?;
+    Ok(())
+}
+
+/// Reads one frame; [`FrameError::Closed`] on a clean end of stream.
+pub fn read_frame<T: for<'de> Deserialize<'de>, R: Read>(r: &mut R) -> Result<T, FrameError> {
+    let mut len = [0u8; 4];
+    match r.read_exact(&mut len) {
+        Ok(()) => {}
+        Err(e) if e.kind() == io::ErrorKind::UnexpectedEof => return Err(FrameError::Closed),
+        Err(e) => return Err(e.into()),
+    }
+    let len = u32::from_le_bytes(len);
+    if len > MAX_FRAME_LEN {
+        return Err(FrameError::TooLarge(len));
+    }
+    let mut payload = vec![0u8; len as usize];
+    r.read_exact(&mut payload)?;
+    bincode::deserialize(&payload).map_err(|e| FrameError::Decode(e.to_string()))
+}
+
+/// The hello every client sends first.
+pub fn hello() -> ToInit {
+    ToInit::Hello {
+        magic: MAGIC,
+        version: PROTOCOL_VERSION,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn frames_round_trip() {
+        let msgs = vec![
+            hello(),
+            ToInit::Exec(ExecRequest {
+                argv: vec!["echo".into(), "hi".into()],
+                env: vec![("A".into(), "b".into())],
+                cwd: Some("/tmp".into()),
+                stdin: true,
+                timeout_ms: Some(5),
+                detach: false,
+            }),
+            ToInit::Data(vec![7; 1000]),
+            ToInit::Restored {
+                unix_time_ns: 1,
+                entropy: vec![1, 2, 3],
+            },
+        ];
+        let mut wire = Vec::new();
+        for m in &msgs {
+            write_frame(&mut wire, m).unwrap();
+        }
+        let mut r = &wire[..];
+        for m in &msgs {
+            let got: ToInit = read_frame(&mut r).unwrap();
+            assert_eq!(&got, m);
+        }
+        assert!(matches!(
+            read_frame::<ToInit, _>(&mut r),
+            Err(FrameError::Closed)
+        ));
+    }
+
+    #[test]
+    fn oversized_length_is_refused_before_allocating() {
+        let wire = (MAX_FRAME_LEN + 1).to_le_bytes();
+        let err = read_frame::<ToInit, _>(&mut &wire[..]).unwrap_err();
+        assert!(matches!(err, FrameError::TooLarge(_)), "{err}");
+    }
+
+    #[test]
+    fn garbage_payload_is_a_decode_error() {
+        let mut wire = 3u32.to_le_bytes().to_vec();
+        wire.extend_from_slice(&[0xff, 0xff, 0xff]);
+        let err = read_frame::<ToInit, _>(&mut &wire[..]).unwrap_err();
+        assert!(matches!(err, FrameError::Decode(_)), "{err}");
+    }
+
+    #[test]
+    fn truncated_frame_is_an_io_error() {
+        let mut wire = Vec::new();
+        write_frame(&mut wire, &ToInit::Ping).unwrap();
+        wire.extend_from_slice(&100u32.to_le_bytes());
+        wire.extend_from_slice(&[1, 2]);
+        let mut r = &wire[..];
+        let _: ToInit = read_frame(&mut r).unwrap();
+        assert!(matches!(
+            read_frame::<ToInit, _>(&mut r),
+            Err(FrameError::Io(_))
+        ));
+    }
+
+    #[test]
+    fn shell_codes_follow_convention() {
+        let killed = ExitStatus {
+            code: None,
+            signal: Some(9),
+            timed_out: false,
+        };
+        assert_eq!(killed.shell_code(), 137);
+        assert_eq!(SpawnErrorKind::NotFound.shell_code(), 127);
+    }
+}

@@ -1,0 +1,176 @@
+//! `cairn-init`: PID 1 inside every Cairn sandbox, whatever the driver.
+//!
+//! It receives a listening Unix socket on fd [`LISTEN_FD`] from the driver,
+//! serves one operation per connection (exec, files, signals, ping) on its
+//! own thread, and reaps every process of the sandbox, including orphans.
+//! It is linked statically so that it runs in any image, even one without a
+//! libc.
+
+mod exec;
+mod files;
+mod reaper;
+
+use std::io::{BufReader, BufWriter, Write};
+use std::os::fd::{FromRawFd, RawFd};
+use std::os::unix::net::{UnixListener, UnixStream};
+use std::sync::Arc;
+
+use cairn_protocol::{
+    read_frame, write_frame, FromInit, ToInit, LISTEN_FD, MAGIC, PROTOCOL_VERSION,
+};
+
+use crate::reaper::Reaper;
+
+fn main() {
+    let listen_fd: RawFd = std::env::var("CAIRN_INIT_LISTEN_FD")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(LISTEN_FD);
+    // Children must not inherit the listening socket.
+    if let Err(e) = nix::fcntl::fcntl(
+        listen_fd,
+        nix::fcntl::FcntlArg::F_SETFD(nix::fcntl::FdFlag::FD_CLOEXEC),
+    ) {
+        eprintln!("cairn-init: no listening socket on fd {listen_fd}: {e}");
+        std::process::exit(111);
+    }
+    // SAFETY: the driver hands us fd `listen_fd` as a bound, listening Unix
+    // socket; nothing else in this process owns it.
+    let listener = unsafe { UnixListener::from_raw_fd(listen_fd) };
+
+    // SIGCHLD must be blocked in every thread before any thread starts, so
+    // that only the reaper's sigwait sees it.
+    let reaper = Arc::new(Reaper::start());
+    ignore_terminal_signals();
+
+    for conn in listener.incoming() {
+        match conn {
+            Ok(stream) => {
+                let reaper = Arc::clone(&reaper);
+                std::thread::spawn(move || serve(stream, &reaper));
+            }
+            Err(e) => eprintln!("cairn-init: accept failed: {e}"),
+        }
+    }
+}
+
+/// PID 1 gets no default signal actions, but when run outside a pid
+/// namespace (tests) we still do not want a stray SIGPIPE to end the server.
+fn ignore_terminal_signals() {
+    use nix::sys::signal::{signal, SigHandler, Signal};
+    // SAFETY: setting SIG_IGN installs no handler code; it is always sound.
+    unsafe {
+        let _ = signal(Signal::SIGPIPE, SigHandler::SigIgn);
+    }
+}
+
+/// Serves one connection: hello, then one operation.
+fn serve(stream: UnixStream, reaper: &Reaper) {
+    let Ok(read_half) = stream.try_clone() else {
+        return;
+    };
+    let mut reader = BufReader::new(read_half);
+    let mut writer = BufWriter::new(stream);
+    let result = (|| -> Result<(), cairn_protocol::FrameError> {
+        match read_frame::<ToInit, _>(&mut reader)? {
+            ToInit::Hello { magic, version } if magic == MAGIC && version == PROTOCOL_VERSION => {
+                write_frame(
+                    &mut writer,
+                    &FromInit::Welcome {
+                        version: PROTOCOL_VERSION,
+                        init_pid: std::process::id() as i32,
+                    },
+                )?;
+            }
+            ToInit::Hello { magic, version } => {
+                let msg = if magic != MAGIC {
+                    "not a Cairn client (bad magic)".to_string()
+                } else {
+                    format!(
+                        "protocol version {version} is not supported by this cairn-init (version {PROTOCOL_VERSION}); recreate the sandbox with the same Cairn build"
+                    )
+                };
+                write_frame(&mut writer, &FromInit::Error(msg))?;
+                writer.flush()?;
+                return Ok(());
+            }
+            other => {
+                write_frame(
+                    &mut writer,
+                    &FromInit::Error(format!("expected Hello, got {}", name(&other))),
+                )?;
+                writer.flush()?;
+                return Ok(());
+            }
+        }
+        let request = read_frame::<ToInit, _>(&mut reader)?;
+        match request {
+            ToInit::Ping => {
+                write_frame(&mut writer, &FromInit::Pong)?;
+                writer.flush()?;
+            }
+            ToInit::Exec(req) => {
+                let writer = writer.into_inner().map_err(|e| e.into_error())?;
+                exec::run(req, reader, writer, reaper)?;
+            }
+            ToInit::Kill { pid, signal } => {
+                let reply = match nix::sys::signal::Signal::try_from(signal) {
+                    Ok(sig) => match nix::sys::signal::kill(nix::unistd::Pid::from_raw(pid), sig) {
+                        Ok(()) => FromInit::Done,
+                        Err(e) => FromInit::Error(format!("cannot signal process {pid}: {e}")),
+                    },
+                    Err(_) => FromInit::Error(format!("{signal} is not a signal number")),
+                };
+                write_frame(&mut writer, &reply)?;
+                writer.flush()?;
+            }
+            ToInit::Stat { path } => {
+                write_frame(&mut writer, &FromInit::Stat(files::stat(&path)))?;
+                writer.flush()?;
+            }
+            ToInit::PutFile(meta) => files::put(meta, &mut reader, &mut writer)?,
+            ToInit::GetFile { path } => files::get(&path, &mut writer)?,
+            ToInit::Restored {
+                unix_time_ns,
+                entropy,
+            } => {
+                let reply = match files::restored(unix_time_ns, &entropy) {
+                    Ok(()) => FromInit::Done,
+                    Err(e) => FromInit::Error(e),
+                };
+                write_frame(&mut writer, &reply)?;
+                writer.flush()?;
+            }
+            other => {
+                write_frame(
+                    &mut writer,
+                    &FromInit::Error(format!("{} is not a request", name(&other))),
+                )?;
+                writer.flush()?;
+            }
+        }
+        Ok(())
+    })();
+    match result {
+        Ok(()) | Err(cairn_protocol::FrameError::Closed) => {}
+        Err(e) => eprintln!("cairn-init: connection ended: {e}"),
+    }
+}
+
+fn name(msg: &ToInit) -> &'static str {
+    match msg {
+        ToInit::Hello { .. } => "Hello",
+        ToInit::Ping => "Ping",
+        ToInit::Exec(_) => "Exec",
+        ToInit::Stdin(_) => "Stdin",
+        ToInit::StdinEof => "StdinEof",
+        ToInit::Signal(_) => "Signal",
+        ToInit::Kill { .. } => "Kill",
+        ToInit::Stat { .. } => "Stat",
+        ToInit::PutFile(_) => "PutFile",
+        ToInit::GetFile { .. } => "GetFile",
+        ToInit::Data(_) => "Data",
+        ToInit::End => "End",
+        ToInit::Restored { .. } => "Restored",
+    }
+}

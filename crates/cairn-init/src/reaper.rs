@@ -1,0 +1,109 @@
+//! Reaping: PID 1 collects the exit status of every process in the sandbox.
+//!
+//! Exit statuses are routed to whoever started the process. Spawning happens
+//! under the same lock the reaper takes before it calls `waitpid`, so a
+//! process can never exit (and be reaped) before its waiter is registered,
+//! and std's own `waitpid` after a failed exec never races the reaper.
+
+use std::collections::HashMap;
+use std::io;
+use std::process::{Child, Command};
+use std::sync::mpsc::{channel, Receiver, Sender};
+use std::sync::{Arc, Mutex};
+
+use cairn_protocol::ExitStatus;
+use nix::sys::signal::{SigSet, Signal};
+use nix::sys::wait::{waitpid, WaitPidFlag, WaitStatus};
+use nix::unistd::Pid;
+
+enum Waiter {
+    /// A foreground exec waiting for the status.
+    Channel(Sender<ExitStatus>),
+    /// A background process: its end is written to the sandbox log.
+    Log(String),
+}
+
+pub struct Reaper {
+    waiters: Arc<Mutex<HashMap<i32, Waiter>>>,
+}
+
+impl Reaper {
+    /// Blocks SIGCHLD in the calling thread (call before starting any other
+    /// thread, so all inherit the mask) and starts the reaper thread.
+    pub fn start() -> Reaper {
+        let mut set = SigSet::empty();
+        set.add(Signal::SIGCHLD);
+        set.thread_block().expect("blocking SIGCHLD cannot fail");
+        let waiters: Arc<Mutex<HashMap<i32, Waiter>>> = Arc::default();
+        let table = Arc::clone(&waiters);
+        std::thread::Builder::new()
+            .name("reaper".into())
+            .spawn(move || loop {
+                if set.wait().is_err() {
+                    continue;
+                }
+                let mut table = table.lock().unwrap_or_else(|e| e.into_inner());
+                reap_all(&mut table);
+            })
+            .expect("cannot start the reaper thread");
+        Reaper { waiters }
+    }
+
+    /// Spawns `cmd`; the returned receiver yields its exit status.
+    pub fn spawn(&self, cmd: &mut Command) -> io::Result<(Child, Receiver<ExitStatus>)> {
+        let mut table = self.waiters.lock().unwrap_or_else(|e| e.into_inner());
+        let child = cmd.spawn()?;
+        let (tx, rx) = channel();
+        table.insert(child.id() as i32, Waiter::Channel(tx));
+        Ok((child, rx))
+    }
+
+    /// Spawns a background process whose end is logged.
+    pub fn spawn_detached(&self, cmd: &mut Command, name: String) -> io::Result<Child> {
+        let mut table = self.waiters.lock().unwrap_or_else(|e| e.into_inner());
+        let child = cmd.spawn()?;
+        table.insert(child.id() as i32, Waiter::Log(name));
+        Ok(child)
+    }
+}
+
+fn reap_all(table: &mut HashMap<i32, Waiter>) {
+    loop {
+        let status = match waitpid(Pid::from_raw(-1), Some(WaitPidFlag::WNOHANG)) {
+            Ok(WaitStatus::StillAlive) | Err(_) => return,
+            Ok(s) => s,
+        };
+        let (pid, exit) = match status {
+            WaitStatus::Exited(pid, code) => (
+                pid,
+                ExitStatus {
+                    code: Some(code),
+                    signal: None,
+                    timed_out: false,
+                },
+            ),
+            WaitStatus::Signaled(pid, sig, _) => (
+                pid,
+                ExitStatus {
+                    code: None,
+                    signal: Some(sig as i32),
+                    timed_out: false,
+                },
+            ),
+            _ => continue,
+        };
+        match table.remove(&pid.as_raw()) {
+            Some(Waiter::Channel(tx)) => {
+                let _ = tx.send(exit);
+            }
+            Some(Waiter::Log(name)) => {
+                eprintln!(
+                    "cairn-init: background process {pid} ({name}) ended with status {}",
+                    exit.shell_code()
+                );
+            }
+            // An orphan re-parented to PID 1: reaping it is all we owe it.
+            None => {}
+        }
+    }
+}

@@ -1,0 +1,404 @@
+//! Cgroup limits, freezing and cleanup, on cgroup v2 where the host has it
+//! and on v1 controllers where it does not.
+//!
+//! Every sandbox gets `cairn/<id>` in each hierarchy it uses. On v1 that is
+//! one directory per controller (memory, pids, cpu, freezer); on v2 one
+//! directory in the unified tree.
+
+use std::fs;
+use std::io::{self, ErrorKind};
+use std::path::{Path, PathBuf};
+use std::time::{Duration, Instant};
+
+use crate::Limits;
+
+const V1_CONTROLLERS: [&str; 4] = ["memory", "pids", "cpu", "freezer"];
+const CFS_PERIOD_US: u64 = 100_000;
+
+#[derive(Debug, thiserror::Error)]
+pub enum CgroupError {
+    #[error("no usable cgroup hierarchy under {0}: mount cgroup v2, or the v1 memory, pids, cpu and freezer controllers")]
+    NoHierarchy(PathBuf),
+    #[error("cannot {what} {path}: {source} (Cairn needs root to manage cgroups)")]
+    Io {
+        what: &'static str,
+        path: PathBuf,
+        #[source]
+        source: io::Error,
+    },
+    #[error("processes of sandbox {0} did not exit within 10 s after SIGKILL")]
+    StillBusy(String),
+}
+
+fn io_err<'a>(what: &'static str, path: &'a Path) -> impl FnOnce(io::Error) -> CgroupError + 'a {
+    move |source| CgroupError::Io {
+        what,
+        path: path.to_path_buf(),
+        source,
+    }
+}
+
+/// Which cgroup layout the host uses.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Hierarchy {
+    /// One unified tree (`/sys/fs/cgroup`).
+    V2 { root: PathBuf },
+    /// Separate per-controller mounts (`/sys/fs/cgroup/<controller>`).
+    V1 { root: PathBuf },
+}
+
+impl Hierarchy {
+    /// Finds the hierarchy under `/sys/fs/cgroup`. Hosts with a hybrid
+    /// layout whose v2 tree lacks the controllers use v1.
+    pub fn detect() -> Result<Hierarchy, CgroupError> {
+        Self::detect_at(Path::new("/sys/fs/cgroup"))
+    }
+
+    pub fn detect_at(root: &Path) -> Result<Hierarchy, CgroupError> {
+        let v2_controllers =
+            fs::read_to_string(root.join("cgroup.controllers")).unwrap_or_default();
+        let has = |c: &str| v2_controllers.split_whitespace().any(|x| x == c);
+        if has("memory") && has("pids") {
+            return Ok(Hierarchy::V2 {
+                root: root.to_path_buf(),
+            });
+        }
+        if V1_CONTROLLERS
+            .iter()
+            .all(|c| root.join(c).join("cgroup.procs").exists())
+        {
+            return Ok(Hierarchy::V1 {
+                root: root.to_path_buf(),
+            });
+        }
+        Err(CgroupError::NoHierarchy(root.to_path_buf()))
+    }
+
+    pub fn version(&self) -> u8 {
+        match self {
+            Hierarchy::V2 { .. } => 2,
+            Hierarchy::V1 { .. } => 1,
+        }
+    }
+
+    /// The sandbox's cgroup directories.
+    pub fn dirs(&self, id: &str) -> Vec<PathBuf> {
+        match self {
+            Hierarchy::V2 { root } => vec![root.join("cairn").join(id)],
+            Hierarchy::V1 { root } => V1_CONTROLLERS
+                .iter()
+                .map(|c| root.join(c).join("cairn").join(id))
+                .collect(),
+        }
+    }
+
+    /// Creates the sandbox's cgroups with `limits` applied. On error, what was
+    /// created is removed again.
+    pub fn create(&self, id: &str, limits: &Limits) -> Result<Cgroup, CgroupError> {
+        let cgroup = Cgroup {
+            hierarchy: self.clone(),
+            id: id.to_string(),
+        };
+        let result = self.create_dirs(id).and_then(|()| cgroup.apply(limits));
+        if let Err(e) = result {
+            let _ = cgroup.remove();
+            return Err(e);
+        }
+        Ok(cgroup)
+    }
+
+    fn create_dirs(&self, id: &str) -> Result<(), CgroupError> {
+        if let Hierarchy::V2 { root } = self {
+            // Controllers must be enabled on every level above the leaf.
+            enable_v2_controllers(root)?;
+            let parent = root.join("cairn");
+            if !parent.exists() {
+                mkdir(&parent)?;
+            }
+            enable_v2_controllers(&parent)?;
+        }
+        for dir in self.dirs(id) {
+            if let Some(parent) = dir.parent() {
+                if !parent.exists() {
+                    mkdir(parent)?;
+                }
+            }
+            mkdir(&dir)?;
+        }
+        Ok(())
+    }
+
+    /// Opens the sandbox's cgroup handle (it need not exist).
+    pub fn cgroup(&self, id: &str) -> Cgroup {
+        Cgroup {
+            hierarchy: self.clone(),
+            id: id.to_string(),
+        }
+    }
+
+    /// Ids of sandboxes that have cgroups on this host.
+    pub fn sandbox_ids(&self) -> Vec<String> {
+        let parent = match self {
+            Hierarchy::V2 { root } => root.join("cairn"),
+            Hierarchy::V1 { root } => root.join("memory").join("cairn"),
+        };
+        let Ok(entries) = fs::read_dir(parent) else {
+            return Vec::new();
+        };
+        entries
+            .flatten()
+            .filter(|e| e.path().is_dir())
+            .filter_map(|e| e.file_name().into_string().ok())
+            .collect()
+    }
+}
+
+fn mkdir(path: &Path) -> Result<(), CgroupError> {
+    match fs::create_dir(path) {
+        Ok(()) => Ok(()),
+        Err(e) if e.kind() == ErrorKind::AlreadyExists => Ok(()),
+        Err(e) => Err(io_err("create cgroup", path)(e)),
+    }
+}
+
+fn enable_v2_controllers(dir: &Path) -> Result<(), CgroupError> {
+    let path = dir.join("cgroup.subtree_control");
+    let current = fs::read_to_string(&path).unwrap_or_default();
+    for c in ["memory", "pids", "cpu"] {
+        if !current.split_whitespace().any(|x| x == c) {
+            fs::write(&path, format!("+{c}")).map_err(io_err("enable controllers in", &path))?;
+        }
+    }
+    Ok(())
+}
+
+/// One sandbox's cgroups.
+#[derive(Debug, Clone)]
+pub struct Cgroup {
+    hierarchy: Hierarchy,
+    id: String,
+}
+
+impl Cgroup {
+    fn dir(&self, controller: &str) -> PathBuf {
+        match &self.hierarchy {
+            Hierarchy::V2 { root } => root.join("cairn").join(&self.id),
+            Hierarchy::V1 { root } => root.join(controller).join("cairn").join(&self.id),
+        }
+    }
+
+    fn write(&self, controller: &str, file: &str, value: &str) -> Result<(), CgroupError> {
+        let path = self.dir(controller).join(file);
+        fs::write(&path, value).map_err(io_err("write", &path))
+    }
+
+    fn apply(&self, limits: &Limits) -> Result<(), CgroupError> {
+        let quota = limits.cpu_millis as u64 * CFS_PERIOD_US / 1000;
+        match &self.hierarchy {
+            Hierarchy::V2 { .. } => {
+                self.write("", "memory.max", &limits.memory_bytes.to_string())?;
+                if self.dir("").join("memory.swap.max").exists() {
+                    self.write("", "memory.swap.max", "0")?;
+                }
+                self.write("", "pids.max", &limits.pids.to_string())?;
+                self.write("", "cpu.max", &format!("{quota} {CFS_PERIOD_US}"))?;
+            }
+            Hierarchy::V1 { .. } => {
+                self.write(
+                    "memory",
+                    "memory.limit_in_bytes",
+                    &limits.memory_bytes.to_string(),
+                )?;
+                if self
+                    .dir("memory")
+                    .join("memory.memsw.limit_in_bytes")
+                    .exists()
+                {
+                    self.write(
+                        "memory",
+                        "memory.memsw.limit_in_bytes",
+                        &limits.memory_bytes.to_string(),
+                    )?;
+                }
+                let _ = self.write("memory", "memory.swappiness", "0");
+                self.write("pids", "pids.max", &limits.pids.to_string())?;
+                self.write("cpu", "cpu.cfs_period_us", &CFS_PERIOD_US.to_string())?;
+                self.write("cpu", "cpu.cfs_quota_us", &quota.to_string())?;
+            }
+        }
+        Ok(())
+    }
+
+    /// The `cgroup.procs` files a new process writes `0` to in order to join.
+    pub fn procs_files(&self) -> Vec<PathBuf> {
+        self.hierarchy
+            .dirs(&self.id)
+            .into_iter()
+            .map(|d| d.join("cgroup.procs"))
+            .collect()
+    }
+
+    /// Host pids of every process in the sandbox.
+    pub fn pids(&self) -> Vec<i32> {
+        let path = self.dir("pids").join("cgroup.procs");
+        fs::read_to_string(path)
+            .unwrap_or_default()
+            .lines()
+            .filter_map(|l| l.trim().parse().ok())
+            .collect()
+    }
+
+    pub fn exists(&self) -> bool {
+        self.hierarchy.dirs(&self.id).iter().any(|d| d.exists())
+    }
+
+    /// Stops every process at once (for a consistent snapshot).
+    pub fn freeze(&self) -> Result<(), CgroupError> {
+        self.set_frozen(true)
+    }
+
+    pub fn thaw(&self) -> Result<(), CgroupError> {
+        self.set_frozen(false)
+    }
+
+    fn set_frozen(&self, frozen: bool) -> Result<(), CgroupError> {
+        let (file, value, done) = match &self.hierarchy {
+            Hierarchy::V2 { .. } => ("cgroup.freeze", if frozen { "1" } else { "0" }, None),
+            Hierarchy::V1 { .. } => (
+                "freezer.state",
+                if frozen { "FROZEN" } else { "THAWED" },
+                Some(if frozen { "FROZEN" } else { "THAWED" }),
+            ),
+        };
+        self.write("freezer", file, value)?;
+        // v1 freezing is asynchronous: wait until the state settles.
+        if let Some(want) = done {
+            let path = self.dir("freezer").join("freezer.state");
+            let deadline = Instant::now() + Duration::from_secs(10);
+            while fs::read_to_string(&path)
+                .map(|s| s.trim() != want)
+                .unwrap_or(false)
+            {
+                if Instant::now() > deadline {
+                    break;
+                }
+                std::thread::sleep(Duration::from_micros(200));
+            }
+        } else if frozen {
+            let path = self.dir("").join("cgroup.events");
+            let deadline = Instant::now() + Duration::from_secs(10);
+            while fs::read_to_string(&path)
+                .map(|s| !s.contains("frozen 1"))
+                .unwrap_or(false)
+            {
+                if Instant::now() > deadline {
+                    break;
+                }
+                std::thread::sleep(Duration::from_micros(200));
+            }
+        }
+        Ok(())
+    }
+
+    /// How many processes the OOM killer killed in this cgroup.
+    pub fn oom_kills(&self) -> u64 {
+        let (file, key) = match &self.hierarchy {
+            Hierarchy::V2 { .. } => ("memory.events", "oom_kill"),
+            Hierarchy::V1 { .. } => ("memory.oom_control", "oom_kill"),
+        };
+        let text = fs::read_to_string(self.dir("memory").join(file)).unwrap_or_default();
+        text.lines()
+            .filter_map(|l| l.split_once(' '))
+            .find(|(k, _)| *k == key)
+            .and_then(|(_, v)| v.trim().parse().ok())
+            .unwrap_or(0)
+    }
+
+    /// Kills every process in the sandbox and waits until they are gone.
+    pub fn kill_all(&self) -> Result<(), CgroupError> {
+        if !self.exists() {
+            return Ok(());
+        }
+        // A frozen task cannot die; thaw first (harmless when not frozen).
+        let _ = self.thaw();
+        if let Hierarchy::V2 { .. } = self.hierarchy {
+            let kill = self.dir("").join("cgroup.kill");
+            if kill.exists() {
+                let _ = fs::write(&kill, "1");
+            }
+        }
+        let deadline = Instant::now() + Duration::from_secs(10);
+        loop {
+            let pids = self.pids();
+            if pids.is_empty() {
+                return Ok(());
+            }
+            for pid in pids {
+                let _ = nix::sys::signal::kill(
+                    nix::unistd::Pid::from_raw(pid),
+                    nix::sys::signal::Signal::SIGKILL,
+                );
+            }
+            if Instant::now() > deadline {
+                return Err(CgroupError::StillBusy(self.id.clone()));
+            }
+            std::thread::sleep(Duration::from_micros(500));
+        }
+    }
+
+    /// Removes the cgroup directories (after [`Cgroup::kill_all`]).
+    pub fn remove(&self) -> Result<(), CgroupError> {
+        for dir in self.hierarchy.dirs(&self.id) {
+            let deadline = Instant::now() + Duration::from_secs(10);
+            loop {
+                match fs::remove_dir(&dir) {
+                    Ok(()) => break,
+                    Err(e) if e.kind() == ErrorKind::NotFound => break,
+                    // Exiting tasks may still be accounted for a moment.
+                    Err(e)
+                        if e.raw_os_error() == Some(libc::EBUSY) && Instant::now() < deadline =>
+                    {
+                        std::thread::sleep(Duration::from_millis(1));
+                    }
+                    Err(e) => return Err(io_err("remove cgroup", &dir)(e)),
+                }
+            }
+        }
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn detects_v2_when_the_unified_tree_has_the_controllers() {
+        let dir = tempfile::tempdir().unwrap();
+        fs::write(
+            dir.path().join("cgroup.controllers"),
+            "cpuset cpu io memory pids\n",
+        )
+        .unwrap();
+        assert_eq!(Hierarchy::detect_at(dir.path()).unwrap().version(), 2);
+    }
+
+    #[test]
+    fn detects_v1_when_the_controllers_are_mounted_apart() {
+        let dir = tempfile::tempdir().unwrap();
+        // A hybrid host: the unified tree carries only hugetlb.
+        fs::write(dir.path().join("cgroup.controllers"), "hugetlb\n").unwrap();
+        for c in V1_CONTROLLERS {
+            fs::create_dir(dir.path().join(c)).unwrap();
+            fs::write(dir.path().join(c).join("cgroup.procs"), "").unwrap();
+        }
+        assert_eq!(Hierarchy::detect_at(dir.path()).unwrap().version(), 1);
+    }
+
+    #[test]
+    fn no_controllers_is_a_clear_error() {
+        let dir = tempfile::tempdir().unwrap();
+        let err = Hierarchy::detect_at(dir.path()).unwrap_err();
+        assert!(err.to_string().contains("cgroup v2"), "{err}");
+    }
+}

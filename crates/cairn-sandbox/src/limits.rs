@@ -1,0 +1,158 @@
+//! Resource limits and their command-line syntax.
+
+use std::fmt;
+use std::str::FromStr;
+
+use serde::{Deserialize, Serialize};
+
+/// Limits applied to a sandbox's cgroup.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Limits {
+    /// Memory in bytes (no swap on top).
+    pub memory_bytes: u64,
+    /// CPU bandwidth in thousandths of a CPU (1000 = one core).
+    pub cpu_millis: u32,
+    /// Maximum number of processes and threads.
+    pub pids: u32,
+}
+
+impl Default for Limits {
+    fn default() -> Self {
+        Limits {
+            memory_bytes: 1 << 30,
+            cpu_millis: std::thread::available_parallelism()
+                .map(|n| n.get() as u32 * 1000)
+                .unwrap_or(1000),
+            pids: 1024,
+        }
+    }
+}
+
+#[derive(Debug, thiserror::Error, PartialEq, Eq)]
+pub enum LimitsError {
+    #[error(
+        "invalid memory size {0:?}: write a number with an optional unit K, M or G (e.g. 512M, 2G)"
+    )]
+    Memory(String),
+    #[error("memory limit {0} is below the 4M minimum a sandbox needs")]
+    MemoryTooSmall(String),
+    #[error("invalid CPU count {0:?}: write a positive number of cores, fractions allowed (e.g. 1, 0.5, 2)")]
+    Cpus(String),
+    #[error("invalid process limit {0:?}: write a whole number of at least 8")]
+    Pids(String),
+}
+
+/// A memory size such as `512M`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct MemorySize(pub u64);
+
+impl FromStr for MemorySize {
+    type Err = LimitsError;
+    fn from_str(s: &str) -> Result<Self, LimitsError> {
+        let bad = || LimitsError::Memory(s.to_string());
+        let t = s.trim();
+        let t = t.strip_suffix(['b', 'B']).unwrap_or(t);
+        let t = t.strip_suffix(['i']).unwrap_or(t);
+        let (num, mult) = match t.char_indices().last() {
+            Some((i, c)) if c.is_ascii_alphabetic() => {
+                let mult: u64 = match c.to_ascii_uppercase() {
+                    'K' => 1 << 10,
+                    'M' => 1 << 20,
+                    'G' => 1 << 30,
+                    'T' => 1 << 40,
+                    _ => return Err(bad()),
+                };
+                (&t[..i], mult)
+            }
+            _ => (t, 1),
+        };
+        let value: f64 = num.parse().map_err(|_| bad())?;
+        if !value.is_finite() || value <= 0.0 {
+            return Err(bad());
+        }
+        let bytes = (value * mult as f64) as u64;
+        if bytes < 4 << 20 {
+            return Err(LimitsError::MemoryTooSmall(s.to_string()));
+        }
+        Ok(MemorySize(bytes))
+    }
+}
+
+impl fmt::Display for MemorySize {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let b = self.0;
+        if b % (1 << 30) == 0 {
+            write!(f, "{}G", b >> 30)
+        } else if b % (1 << 20) == 0 {
+            write!(f, "{}M", b >> 20)
+        } else {
+            write!(f, "{b}")
+        }
+    }
+}
+
+/// A CPU count such as `1.5`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct CpuCount(pub u32);
+
+impl FromStr for CpuCount {
+    type Err = LimitsError;
+    fn from_str(s: &str) -> Result<Self, LimitsError> {
+        let v: f64 = s
+            .trim()
+            .parse()
+            .map_err(|_| LimitsError::Cpus(s.to_string()))?;
+        if !v.is_finite() || v < 0.01 || v > 4096.0 {
+            return Err(LimitsError::Cpus(s.to_string()));
+        }
+        Ok(CpuCount((v * 1000.0).round() as u32))
+    }
+}
+
+/// A process limit such as `256`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct PidCount(pub u32);
+
+impl FromStr for PidCount {
+    type Err = LimitsError;
+    fn from_str(s: &str) -> Result<Self, LimitsError> {
+        match s.trim().parse::<u32>() {
+            Ok(n) if n >= 8 => Ok(PidCount(n)),
+            _ => Err(LimitsError::Pids(s.to_string())),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn memory_sizes_parse_with_units() {
+        assert_eq!("512M".parse::<MemorySize>().unwrap().0, 512 << 20);
+        assert_eq!("2G".parse::<MemorySize>().unwrap().0, 2 << 30);
+        assert_eq!("1.5g".parse::<MemorySize>().unwrap().0, 3 << 29);
+        assert_eq!("64MiB".parse::<MemorySize>().unwrap().0, 64 << 20);
+        assert_eq!("8388608".parse::<MemorySize>().unwrap().0, 8 << 20);
+    }
+
+    #[test]
+    fn bad_limits_are_refused_with_a_hint() {
+        for bad in ["", "lots", "-1M", "5X", "0", "nanG"] {
+            let err = bad.parse::<MemorySize>().unwrap_err();
+            assert!(
+                err.to_string().contains("512M") || err.to_string().contains("minimum"),
+                "{err}"
+            );
+        }
+        assert!(matches!(
+            "1K".parse::<MemorySize>(),
+            Err(LimitsError::MemoryTooSmall(_))
+        ));
+        assert!("0".parse::<CpuCount>().is_err());
+        assert!("two".parse::<CpuCount>().is_err());
+        assert_eq!("0.5".parse::<CpuCount>().unwrap().0, 500);
+        assert!("3".parse::<PidCount>().is_err());
+        assert!("many".parse::<PidCount>().is_err());
+    }
+}
