@@ -1,1 +1,109 @@
-//! cairn-engine
+//! Cairn's engine: the domain behind the CLI and the API.
+//!
+//! It owns the state directory ([`home::Home`]), the state store
+//! ([`state::Db`]), the local layers, and the sandbox drivers, and exposes
+//! services: images ([`images`]) and sandboxes ([`sandboxes`]). Clients (the
+//! CLI, later the HTTP API) call these services, never the tables.
+
+pub mod home;
+pub mod images;
+pub mod sandboxes;
+pub mod state;
+
+use std::path::PathBuf;
+
+use cairn_layers::{LayerError, LayerStore};
+use cairn_sandbox::client::ClientError;
+use cairn_sandbox::native::NativeDriver;
+use cairn_sandbox::SandboxError;
+
+pub use home::Home;
+pub use images::ImageError;
+pub use sandboxes::{CreateOptions, ExecStart, GcReport, OomProbe};
+pub use state::{ImageRecord, SandboxRecord, SandboxState, StateError};
+
+#[derive(Debug, thiserror::Error)]
+pub enum EngineError {
+    #[error(transparent)]
+    State(#[from] StateError),
+    #[error(transparent)]
+    Sandbox(#[from] SandboxError),
+    #[error(transparent)]
+    Layer(#[from] LayerError),
+    #[error(transparent)]
+    Client(#[from] ClientError),
+    #[error(transparent)]
+    Image(#[from] ImageError),
+    #[error("no sandbox matches {0:?}; `cairn ps` lists them")]
+    NoSuchSandbox(String),
+    #[error("{key:?} matches several sandboxes ({}); give more of the id", .ids.join(", "))]
+    AmbiguousSandbox { key: String, ids: Vec<String> },
+    #[error("sandbox {id} is {state}, not running; `cairn rm {id}` removes it")]
+    NotRunning { id: String, state: SandboxState },
+    #[error("sandbox {0} is running; stop and remove it with `cairn rm -f {0}`")]
+    StillRunning(String),
+    #[error("invalid sandbox name {0:?}: use letters, digits and '-', at most 63, not starting with '-'")]
+    BadName(String),
+    #[error("cannot use the state directory {path}: {source}")]
+    Home {
+        path: PathBuf,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error("Cairn needs root to create sandboxes (namespaces, cgroups, mounts); run it as root")]
+    NotRoot,
+}
+
+/// Reports progress of long operations (image builds) to whoever watches.
+pub trait Progress {
+    /// A new step began.
+    fn step(&self, message: &str);
+}
+
+/// Progress for callers that do not show any.
+pub struct Silent;
+
+impl Progress for Silent {
+    fn step(&self, _: &str) {}
+}
+
+pub struct Engine {
+    home: Home,
+    db: state::Db,
+    layers: LayerStore,
+    native: NativeDriver,
+    init_binary: PathBuf,
+}
+
+impl Engine {
+    /// Opens (creating if needed) the state directory, then reconciles it
+    /// with the host: sandboxes whose processes died since the last command
+    /// are marked exited and their cgroups released.
+    pub fn open(home: Home) -> Result<Engine, EngineError> {
+        if !nix::unistd::geteuid().is_root() {
+            return Err(EngineError::NotRoot);
+        }
+        let mkdir = |p: PathBuf| std::fs::create_dir_all(&p).map_err(|source| EngineError::Home { path: p, source });
+        mkdir(home.root().to_path_buf())?;
+        mkdir(home.sandboxes())?;
+        let db = state::Db::open(&home.db())?;
+        let layers = LayerStore::open(home.layers())?;
+        let init_binary = cairn_sandbox::init_binary::install(&home.lib())
+            .map_err(|source| EngineError::Home { path: home.lib(), source })?;
+        let native = NativeDriver::new()?;
+        let mut engine = Engine { home, db, layers, native, init_binary };
+        engine.reconcile()?;
+        Ok(engine)
+    }
+
+    pub fn home(&self) -> &Home {
+        &self.home
+    }
+}
+
+pub(crate) fn now_ms() -> i64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.as_millis() as i64)
+        .unwrap_or(0)
+}

@@ -125,7 +125,8 @@ impl LayerStore {
     /// Starts a new layer in a temporary directory.
     pub fn prepare(&self) -> Result<PendingLayer, LayerError> {
         let id = LayerId::random();
-        let tmp = self.root.join(format!(".tmp-{id}"));
+        // The pid in the name tells the sweeper whether a builder still runs.
+        let tmp = self.root.join(format!(".tmp-{id}-{}", std::process::id()));
         fs::create_dir(&tmp).map_err(io_err(&tmp))?;
         let dest = self.root.join(id.as_str());
         Ok(PendingLayer {

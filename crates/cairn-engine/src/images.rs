@@ -1,0 +1,416 @@
+//! Images: named stacks of read-only layers that sandboxes start from.
+//!
+//! `busybox` (the default, built on first use from Debian's static busybox),
+//! `debian` (debootstrap minbase plus packages) and imports of a directory or
+//! a tarball (`docker export` output, plain, gzip or zstd).
+
+use std::fs;
+use std::io::{BufRead, BufReader, Read};
+use std::os::unix::fs::{symlink, PermissionsExt};
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
+
+use cairn_layers::PendingLayer;
+
+use crate::state::ImageRecord;
+use crate::{now_ms, Engine, EngineError, Progress};
+
+pub const DEFAULT_IMAGE: &str = "busybox";
+
+#[derive(Debug, thiserror::Error)]
+pub enum ImageError {
+    #[error("no image named {0:?}; `cairn image ls` lists them, `cairn image build busybox|debian` or `cairn image import` makes one")]
+    NotFound(String),
+    #[error("invalid image name {0:?}: use lowercase letters, digits, '.', '_' and '-', at most 64, starting with a letter or digit")]
+    BadName(String),
+    #[error("{tool} is not installed; install it with `apt-get install {package}`")]
+    MissingTool { tool: &'static str, package: &'static str },
+    #[error("{what} failed: {detail}")]
+    Command { what: String, detail: String },
+    #[error("cannot import {path}: {reason}")]
+    Import { path: PathBuf, reason: String },
+    #[error("image build I/O on {path}: {source}")]
+    Io {
+        path: PathBuf,
+        #[source]
+        source: std::io::Error,
+    },
+}
+
+fn io_err(path: &Path) -> impl FnOnce(std::io::Error) -> ImageError + '_ {
+    move |source| ImageError::Io { path: path.to_path_buf(), source }
+}
+
+pub fn valid_image_name(name: &str) -> bool {
+    let b = name.as_bytes();
+    !b.is_empty()
+        && b.len() <= 64
+        && b[0].is_ascii_alphanumeric()
+        && b.iter().all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || b"._-".contains(c))
+}
+
+/// Runs a command, returning its stdout; a failure carries its stderr.
+fn run(cmd: &mut Command, what: &str) -> Result<Vec<u8>, ImageError> {
+    let out = cmd.stdin(Stdio::null()).output().map_err(|e| ImageError::Command { what: what.into(), detail: e.to_string() })?;
+    if !out.status.success() {
+        let detail = String::from_utf8_lossy(&out.stderr).trim().to_string();
+        return Err(ImageError::Command { what: what.into(), detail: format!("{} ({})", detail, out.status) });
+    }
+    Ok(out.stdout)
+}
+
+fn have(tool: &str) -> bool {
+    std::env::var_os("PATH")
+        .map(|p| std::env::split_paths(&p).any(|d| d.join(tool).is_file()))
+        .unwrap_or(false)
+}
+
+/// Whether `path` is an ELF executable without an interpreter (static).
+fn is_static_elf(path: &Path) -> bool {
+    let Ok(bytes) = fs::read(path) else { return false };
+    if bytes.len() < 64 || &bytes[..4] != b"\x7fELF" || bytes[4] != 2 {
+        return false;
+    }
+    let u16_at = |o: usize| u16::from_le_bytes([bytes[o], bytes[o + 1]]) as usize;
+    let u64_at = |o: usize| u64::from_le_bytes(bytes[o..o + 8].try_into().unwrap()) as usize;
+    let (phoff, phentsize, phnum) = (u64_at(32), u16_at(54), u16_at(56));
+    (0..phnum).all(|i| {
+        let o = phoff + i * phentsize;
+        // PT_INTERP = 3
+        o + 4 <= bytes.len() && u32::from_le_bytes(bytes[o..o + 4].try_into().unwrap()) != 3
+    })
+}
+
+impl Engine {
+    /// Looks up an image; the default image is built on first use.
+    pub(crate) fn image_or_default(&mut self, name: &str, progress: &dyn Progress) -> Result<ImageRecord, EngineError> {
+        if let Some(img) = self.db.image(name)? {
+            return Ok(img);
+        }
+        if name == DEFAULT_IMAGE {
+            progress.step("building the default busybox image (first use)");
+            return self.build_busybox(DEFAULT_IMAGE, progress);
+        }
+        Err(ImageError::NotFound(name.to_string()).into())
+    }
+
+    pub fn images(&self) -> Result<Vec<ImageRecord>, EngineError> {
+        Ok(self.db.images()?)
+    }
+
+    pub fn image(&self, name: &str) -> Result<ImageRecord, EngineError> {
+        self.db.image(name)?.ok_or_else(|| ImageError::NotFound(name.to_string()).into())
+    }
+
+    /// Removes an image; layers no image or sandbox uses go with it.
+    pub fn remove_image(&mut self, name: &str) -> Result<(), EngineError> {
+        let img = self.image(name)?;
+        self.db.delete_image(name)?;
+        let referenced = self.db.referenced_layers()?;
+        for l in img.layers.iter().filter(|l| !referenced.contains(*l)) {
+            self.layers.remove(&l.parse()?)?;
+        }
+        Ok(())
+    }
+
+    fn commit_image(&mut self, name: &str, source: String, layer: PendingLayer) -> Result<ImageRecord, EngineError> {
+        let id = layer.commit()?;
+        let rec = ImageRecord {
+            name: name.to_string(),
+            source,
+            size_bytes: self.layers.size(&id),
+            created_at: now_ms(),
+            layers: vec![id.to_string()],
+        };
+        let replaced = self.db.image(name)?;
+        self.db.put_image(&rec)?;
+        if let Some(old) = replaced {
+            let referenced = self.db.referenced_layers()?;
+            for l in old.layers.iter().filter(|l| !referenced.contains(*l)) {
+                self.layers.remove(&l.parse()?)?;
+            }
+        }
+        Ok(rec)
+    }
+
+    fn scratch_dir(&self) -> Result<tempfile_dir::ScratchDir, EngineError> {
+        Ok(tempfile_dir::ScratchDir::new(&self.home.scratch())
+            .map_err(|source| EngineError::Home { path: self.home.scratch(), source })?)
+    }
+
+    /// A minimal root from Debian's static busybox: the binary, a link per
+    /// applet, /etc/passwd and friends.
+    pub fn build_busybox(&mut self, name: &str, progress: &dyn Progress) -> Result<ImageRecord, EngineError> {
+        if !valid_image_name(name) {
+            return Err(ImageError::BadName(name.to_string()).into());
+        }
+        let scratch = self.scratch_dir()?;
+        let busybox = find_static_busybox(scratch.path(), progress)?;
+        progress.step("laying out the busybox root");
+        let layer = self.layers.prepare()?;
+        let root = layer.path();
+        for d in ["bin", "sbin", "usr/bin", "usr/sbin", "etc", "root", "home", "proc", "sys", "dev", "run", "var/tmp", "tmp"] {
+            let p = root.join(d);
+            fs::create_dir_all(&p).map_err(io_err(&p))?;
+        }
+        for d in ["tmp", "var/tmp"] {
+            fs::set_permissions(root.join(d), fs::Permissions::from_mode(0o1777)).map_err(io_err(&root.join(d)))?;
+        }
+        fs::set_permissions(root.join("root"), fs::Permissions::from_mode(0o700)).map_err(io_err(&root.join("root")))?;
+        let target = root.join("bin/busybox");
+        fs::copy(&busybox, &target).map_err(io_err(&target))?;
+        fs::set_permissions(&target, fs::Permissions::from_mode(0o755)).map_err(io_err(&target))?;
+        let list = run(Command::new(&target).arg("--list-full"), "listing busybox applets")?;
+        for applet in String::from_utf8_lossy(&list).lines().map(str::trim).filter(|l| !l.is_empty()) {
+            let link = root.join(applet);
+            if link.exists() || applet == "bin/busybox" {
+                continue;
+            }
+            let depth = applet.matches('/').count();
+            let rel = format!("{}bin/busybox", "../".repeat(depth));
+            symlink(&rel, &link).map_err(io_err(&link))?;
+        }
+        let etc = root.join("etc");
+        for (file, content) in [
+            ("passwd", "root:x:0:0:root:/root:/bin/sh\nnobody:x:65534:65534:nobody:/nonexistent:/bin/false\n"),
+            ("group", "root:x:0:\nnogroup:x:65534:\n"),
+            ("hosts", "127.0.0.1\tlocalhost\n::1\tlocalhost\n"),
+            ("nsswitch.conf", "hosts: files dns\n"),
+        ] {
+            fs::write(etc.join(file), content).map_err(io_err(&etc.join(file)))?;
+        }
+        self.commit_image(name, "busybox (Debian busybox-static)".into(), layer)
+    }
+
+    /// Debian minbase from debootstrap, plus `packages`.
+    pub fn build_debian(
+        &mut self,
+        name: &str,
+        suite: Option<&str>,
+        packages: &[String],
+        progress: &dyn Progress,
+    ) -> Result<ImageRecord, EngineError> {
+        if !valid_image_name(name) {
+            return Err(ImageError::BadName(name.to_string()).into());
+        }
+        if let Some(bad) = packages.iter().find(|p| p.is_empty() || !p.bytes().all(|b| b.is_ascii_alphanumeric() || b"+-.:".contains(&b))) {
+            return Err(ImageError::Command { what: "debian image".into(), detail: format!("{bad:?} is not a Debian package name") }.into());
+        }
+        if !have("debootstrap") {
+            return Err(ImageError::MissingTool { tool: "debootstrap", package: "debootstrap" }.into());
+        }
+        let suite = suite.map(str::to_string).unwrap_or_else(host_suite);
+        let mirror = host_mirror();
+        let layer = self.layers.prepare()?;
+        let mut cmd = Command::new("unshare");
+        // A private mount namespace: whatever debootstrap mounts inside the
+        // target goes away with it, even if it is killed.
+        cmd.args(["--mount", "--propagation", "private", "debootstrap", "--variant=minbase"]);
+        if !packages.is_empty() {
+            cmd.arg(format!("--include={}", packages.join(",")));
+        }
+        cmd.arg(&suite).arg(layer.path()).arg(&mirror);
+        progress.step(&format!("debootstrap {suite} from {mirror}"));
+        let mut child = cmd
+            .stdin(Stdio::null())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .map_err(|e| ImageError::Command { what: "debootstrap".into(), detail: e.to_string() })?;
+        let stderr = child.stderr.take();
+        let err_reader = std::thread::spawn(move || {
+            let mut s = String::new();
+            if let Some(mut e) = stderr {
+                let _ = e.read_to_string(&mut s);
+            }
+            s
+        });
+        let mut last = Vec::new();
+        if let Some(out) = child.stdout.take() {
+            for line in BufReader::new(out).lines().map_while(Result::ok) {
+                if let Some(msg) = line.strip_prefix("I: ") {
+                    progress.step(msg);
+                }
+                last.push(line);
+                if last.len() > 20 {
+                    last.remove(0);
+                }
+            }
+        }
+        let status = child.wait().map_err(|e| ImageError::Command { what: "debootstrap".into(), detail: e.to_string() })?;
+        let stderr = err_reader.join().unwrap_or_default();
+        if !status.success() {
+            let detail = format!("{}\n{}\n(see {}/debootstrap/debootstrap.log)", last.join("\n"), stderr.trim(), layer.path().display());
+            return Err(ImageError::Command { what: format!("debootstrap {suite}"), detail }.into());
+        }
+        progress.step("cleaning the package cache");
+        for d in ["var/cache/apt/archives", "var/lib/apt/lists"] {
+            if let Ok(entries) = fs::read_dir(layer.path().join(d)) {
+                for e in entries.flatten() {
+                    if e.path().is_file() {
+                        let _ = fs::remove_file(e.path());
+                    }
+                }
+            }
+        }
+        let source = if packages.is_empty() { format!("debian {suite}") } else { format!("debian {suite} +{}", packages.join(",")) };
+        self.commit_image(name, source, layer)
+    }
+
+    /// Imports a directory tree or a tarball (plain, gzip or zstd) as an image.
+    pub fn import_image(&mut self, path: &Path, name: &str, progress: &dyn Progress) -> Result<ImageRecord, EngineError> {
+        if !valid_image_name(name) {
+            return Err(ImageError::BadName(name.to_string()).into());
+        }
+        let md = fs::metadata(path).map_err(|e| ImageError::Import { path: path.into(), reason: e.to_string() })?;
+        let layer = self.layers.prepare()?;
+        if md.is_dir() {
+            progress.step(&format!("copying {}", path.display()));
+            let mut src = path.as_os_str().to_owned();
+            src.push("/.");
+            run(Command::new("cp").args(["-a", "--reflink=auto"]).arg(src).arg(layer.path()), "copying the directory")?;
+        } else {
+            progress.step(&format!("unpacking {}", path.display()));
+            unpack(path, layer.path())?;
+        }
+        self.commit_image(name, format!("import {}", path.display()), layer)
+    }
+}
+
+fn unpack(path: &Path, dest: &Path) -> Result<(), ImageError> {
+    let bad = |reason: String| ImageError::Import { path: path.into(), reason };
+    let mut file = fs::File::open(path).map_err(|e| bad(e.to_string()))?;
+    let mut magic = [0u8; 4];
+    let n = file.read(&mut magic).map_err(|e| bad(e.to_string()))?;
+    let file = fs::File::open(path).map_err(|e| bad(e.to_string()))?;
+    let reader: Box<dyn Read> = match &magic[..n] {
+        [0x1f, 0x8b, ..] => Box::new(flate2::read::GzDecoder::new(file)),
+        [0x28, 0xb5, 0x2f, 0xfd] => Box::new(zstd::Decoder::new(file).map_err(|e| bad(e.to_string()))?),
+        _ => Box::new(file),
+    };
+    let mut archive = tar::Archive::new(reader);
+    archive.set_preserve_permissions(true);
+    archive.set_preserve_ownerships(true);
+    archive.set_preserve_mtime(true);
+    archive.set_unpack_xattrs(true);
+    archive.set_overwrite(true);
+    let mut entries = 0usize;
+    for entry in archive.entries().map_err(|e| bad(format!("not a tar archive: {e}")))? {
+        let mut entry = entry.map_err(|e| bad(format!("corrupt tar archive: {e}")))?;
+        // unpack_in refuses entries that would land outside `dest`.
+        entry.unpack_in(dest).map_err(|e| bad(format!("cannot unpack {:?}: {e}", entry.path().unwrap_or_default())))?;
+        entries += 1;
+    }
+    if entries == 0 {
+        return Err(bad("the archive is empty or not a tar archive".into()));
+    }
+    Ok(())
+}
+
+/// The static busybox: the host's when it is static, else Debian's
+/// `busybox-static` package fetched with `apt-get download`.
+fn find_static_busybox(scratch: &Path, progress: &dyn Progress) -> Result<PathBuf, ImageError> {
+    for p in ["/bin/busybox", "/usr/bin/busybox"] {
+        if is_static_elf(Path::new(p)) {
+            return Ok(PathBuf::from(p));
+        }
+    }
+    if !have("apt-get") || !have("dpkg-deb") {
+        return Err(ImageError::MissingTool { tool: "a static busybox", package: "busybox-static" });
+    }
+    progress.step("downloading busybox-static with apt-get");
+    run(Command::new("apt-get").args(["download", "-q", "busybox-static"]).current_dir(scratch), "apt-get download busybox-static")
+        .map_err(|e| ImageError::Command {
+            what: "fetching busybox-static".into(),
+            detail: format!("{e}; run `apt-get update` or `apt-get install busybox-static`"),
+        })?;
+    let deb = fs::read_dir(scratch)
+        .map_err(io_err(scratch))?
+        .flatten()
+        .map(|e| e.path())
+        .find(|p| p.extension().is_some_and(|x| x == "deb"))
+        .ok_or_else(|| ImageError::Command { what: "apt-get download".into(), detail: "no .deb was downloaded".into() })?;
+    let unpacked = scratch.join("deb");
+    run(Command::new("dpkg-deb").arg("-x").arg(&deb).arg(&unpacked), "unpacking busybox-static")?;
+    for p in ["bin/busybox", "usr/bin/busybox"] {
+        if is_static_elf(&unpacked.join(p)) {
+            return Ok(unpacked.join(p));
+        }
+    }
+    Err(ImageError::Command { what: "busybox-static".into(), detail: "the package holds no static busybox".into() })
+}
+
+fn host_suite() -> String {
+    fs::read_to_string("/etc/os-release")
+        .ok()
+        .and_then(|s| s.lines().find_map(|l| l.strip_prefix("VERSION_CODENAME=").map(|v| v.trim_matches('"').to_string())))
+        .filter(|s| !s.is_empty())
+        .unwrap_or_else(|| "bookworm".into())
+}
+
+/// The Debian mirror the host's apt uses.
+fn host_mirror() -> String {
+    let mut texts = vec![fs::read_to_string("/etc/apt/sources.list").unwrap_or_default()];
+    if let Ok(entries) = fs::read_dir("/etc/apt/sources.list.d") {
+        texts.extend(entries.flatten().filter_map(|e| fs::read_to_string(e.path()).ok()));
+    }
+    for text in texts {
+        for line in text.lines().map(str::trim).filter(|l| !l.starts_with('#')) {
+            let url = line
+                .strip_prefix("URIs:")
+                .map(str::trim)
+                .or_else(|| line.strip_prefix("deb ").and_then(|r| r.split_whitespace().find(|w| w.starts_with("http"))));
+            if let Some(url) = url.and_then(|u| u.split_whitespace().next()) {
+                if url.starts_with("http") && !url.contains("security") {
+                    return url.to_string();
+                }
+            }
+        }
+    }
+    "http://deb.debian.org/debian".into()
+}
+
+/// A per-process scratch directory under `$CAIRN_HOME/tmp`, removed on drop.
+mod tempfile_dir {
+    use std::path::{Path, PathBuf};
+
+    pub struct ScratchDir(PathBuf);
+
+    impl ScratchDir {
+        pub fn new(parent: &Path) -> std::io::Result<ScratchDir> {
+            let dir = parent.join(format!("{}-{}", std::process::id(), crate::now_ms()));
+            std::fs::create_dir_all(&dir)?;
+            Ok(ScratchDir(dir))
+        }
+        pub fn path(&self) -> &Path {
+            &self.0
+        }
+    }
+
+    impl Drop for ScratchDir {
+        fn drop(&mut self) {
+            let _ = std::fs::remove_dir_all(&self.0);
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn image_names_are_checked() {
+        assert!(valid_image_name("busybox"));
+        assert!(valid_image_name("deb-12.1_x"));
+        assert!(!valid_image_name("Busybox"));
+        assert!(!valid_image_name("-x"));
+        assert!(!valid_image_name("a/b"));
+        assert!(!valid_image_name(""));
+    }
+
+    #[test]
+    fn static_and_dynamic_executables_are_told_apart() {
+        assert!(!is_static_elf(Path::new("/bin/sh")));
+        assert!(!is_static_elf(Path::new("/etc/passwd")));
+    }
+}

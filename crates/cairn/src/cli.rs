@@ -1,0 +1,189 @@
+//! The command line: what users type.
+
+use std::path::PathBuf;
+
+use cairn_sandbox::limits::{CpuCount, MemorySize, PidCount};
+use clap::{Args, Parser, Subcommand};
+
+#[derive(Parser)]
+#[command(
+    name = "cairn",
+    version,
+    about = "Durable, forkable sandboxes for AI agents and long-running pipelines",
+    long_about = "Durable, forkable sandboxes for AI agents and long-running pipelines.\n\n\
+        Sandboxes are Linux namespaces, cgroups, seccomp and an overlay root; they outlive \
+        the command that made them. State lives in $CAIRN_HOME (default ~/.local/share/cairn). \
+        Ids go to stdout, one per line; progress and errors go to stderr.",
+    after_help = "Examples:\n  cairn run -- echo hello\n  id=$(cairn create --memory 512M)\n  cairn exec $id -- sh -c 'uname -n; ls /'\n  cairn cp ./data.csv $id:/tmp/\n  cairn rm -f $id"
+)]
+pub struct Cli {
+    /// State directory (default: $CAIRN_HOME, else ~/.local/share/cairn).
+    #[arg(long, global = true, value_name = "DIR")]
+    pub home: Option<PathBuf>,
+    /// Show debug logs on stderr.
+    #[arg(long, short, global = true)]
+    pub verbose: bool,
+    #[command(subcommand)]
+    pub command: Command,
+}
+
+#[derive(Args, Clone)]
+pub struct SandboxArgs {
+    /// Image to start from (`cairn image ls`); the default is built on first use.
+    #[arg(long, default_value = "busybox")]
+    pub image: String,
+    /// Sandbox name, also its host name (letters, digits, '-').
+    #[arg(long)]
+    pub name: Option<String>,
+    /// Memory limit, e.g. 512M or 2G (default 1G); exceeding it OOM-kills.
+    #[arg(long, value_name = "SIZE")]
+    pub memory: Option<MemorySize>,
+    /// CPU limit in cores, fractions allowed (default: all cores).
+    #[arg(long, value_name = "N")]
+    pub cpus: Option<CpuCount>,
+    /// Limit on processes and threads (default 1024); stops fork bombs.
+    #[arg(long, value_name = "N")]
+    pub pids: Option<PidCount>,
+}
+
+#[derive(Args, Clone)]
+pub struct ProcessArgs {
+    /// Set an environment variable (repeatable).
+    #[arg(long = "env", short = 'e', value_name = "KEY=VALUE")]
+    pub env: Vec<String>,
+    /// Working directory inside the sandbox (default /).
+    #[arg(long = "workdir", short = 'w', value_name = "DIR")]
+    pub workdir: Option<String>,
+    /// Forward this terminal's stdin to the process.
+    #[arg(long, short = 'i')]
+    pub interactive: bool,
+    /// Kill the process after this many seconds (exit status 124).
+    #[arg(long, value_name = "SECS")]
+    pub timeout: Option<f64>,
+}
+
+#[derive(Subcommand)]
+pub enum Command {
+    /// Run a command in a fresh sandbox, stream its output, remove the sandbox.
+    ///
+    /// Exits with the command's status (128+N when killed by signal N, 127
+    /// when the command does not exist).
+    Run {
+        #[command(flatten)]
+        sandbox: SandboxArgs,
+        #[command(flatten)]
+        process: ProcessArgs,
+        /// The command and its arguments.
+        #[arg(last = true, required = true, value_name = "CMD")]
+        cmd: Vec<String>,
+    },
+    /// Create a sandbox that keeps running; prints its id.
+    Create {
+        #[command(flatten)]
+        sandbox: SandboxArgs,
+    },
+    /// Run a command in a running sandbox.
+    ///
+    /// Exits with the command's status, like `run`. With -d the command
+    /// runs in the background (its output goes to `cairn logs`) and its pid
+    /// is printed.
+    Exec {
+        /// Sandbox id, unique id prefix or name.
+        sandbox: String,
+        /// Start in the background and return at once.
+        #[arg(long, short = 'd')]
+        detach: bool,
+        #[command(flatten)]
+        process: ProcessArgs,
+        #[arg(last = true, required = true, value_name = "CMD")]
+        cmd: Vec<String>,
+    },
+    /// Copy a file into or out of a sandbox; one side is ID:/path.
+    ///
+    /// `cairn cp ./in.txt ID:/tmp/` copies in; `cairn cp ID:/tmp/out.txt .`
+    /// copies out; `-` as the destination writes to stdout. Modes and
+    /// modification times are kept.
+    Cp { src: String, dst: String },
+    /// List sandboxes.
+    Ps {
+        /// Only print ids.
+        #[arg(long, short)]
+        quiet: bool,
+        #[arg(long)]
+        json: bool,
+    },
+    /// Print a sandbox's log: init's messages and background processes' output.
+    Logs {
+        sandbox: String,
+        /// Only the last N lines.
+        #[arg(long, value_name = "N")]
+        tail: Option<usize>,
+    },
+    /// Remove sandboxes: processes, cgroups, files. Running ones need -f.
+    Rm {
+        /// Kill running sandboxes first.
+        #[arg(long, short)]
+        force: bool,
+        #[arg(required = true)]
+        sandboxes: Vec<String>,
+    },
+    /// Release what crashed or killed Cairn processes left behind.
+    Gc {
+        #[arg(long)]
+        json: bool,
+    },
+    /// Build, import, list and remove images.
+    #[command(subcommand)]
+    Image(ImageCommand),
+    /// Measure Cairn against the targets (and bwrap/crun where installed).
+    Bench {
+        /// What to measure.
+        #[arg(value_enum, default_values_t = vec![crate::bench::Which::Start, crate::bench::Which::Exec, crate::bench::Which::Cp, crate::bench::Which::Throughput])]
+        which: Vec<crate::bench::Which>,
+        /// Runs per measurement.
+        #[arg(long, default_value_t = 200)]
+        runs: usize,
+        #[arg(long)]
+        json: bool,
+    },
+}
+
+#[derive(Subcommand)]
+pub enum ImageCommand {
+    /// Build an image: `busybox` (tiny, static) or `debian` (debootstrap minbase).
+    Build {
+        #[arg(value_enum)]
+        kind: ImageKind,
+        /// Image name (default: the kind).
+        #[arg(long)]
+        name: Option<String>,
+        /// Extra Debian packages, comma-separated (debian only).
+        #[arg(long, value_delimiter = ',')]
+        packages: Vec<String>,
+        /// Debian suite (debian only; default: the host's).
+        #[arg(long)]
+        suite: Option<String>,
+    },
+    /// Import a directory or a tarball (e.g. `docker export` output; plain, gzip or zstd).
+    Import {
+        path: PathBuf,
+        #[arg(long)]
+        name: String,
+    },
+    /// List images.
+    Ls {
+        #[arg(long)]
+        json: bool,
+    },
+    /// Remove images (sandboxes using them keep their layers).
+    Rm {
+        #[arg(required = true)]
+        names: Vec<String>,
+    },
+}
+
+#[derive(Clone, Copy, clap::ValueEnum)]
+pub enum ImageKind {
+    Busybox,
+    Debian,
+}

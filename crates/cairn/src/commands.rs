@@ -1,0 +1,362 @@
+//! What each command does, in terms of engine services.
+
+use std::fs;
+use std::io::{self, Read, Write};
+use std::os::unix::fs::{MetadataExt, PermissionsExt};
+use std::path::{Path, PathBuf};
+
+use anyhow::{bail, Context, Result};
+use cairn_engine::{CreateOptions, Engine, Home, SandboxRecord, SandboxState};
+use cairn_protocol::{ExecRequest, FileKind, FileMeta};
+use cairn_sandbox::limits::MemorySize;
+use cairn_sandbox::Limits;
+use nix::sys::signal::{SigSet, Signal};
+
+use crate::cli::{Cli, Command, ImageCommand, ImageKind, ProcessArgs, SandboxArgs};
+use crate::progress::Steps;
+
+pub fn dispatch(cli: Cli) -> Result<i32> {
+    let home = cli.home.map(Home::at).unwrap_or_else(Home::from_env);
+    if let Command::Bench { which, runs, json } = cli.command {
+        return crate::bench::run(home, &which, runs, json);
+    }
+    let mut engine = Engine::open(home)?;
+    match cli.command {
+        Command::Run { sandbox, process, cmd } => run(&mut engine, &sandbox, &process, cmd),
+        Command::Create { sandbox } => {
+            let rec = engine.create_sandbox(&create_options(&sandbox, false), &Steps::new())?;
+            println!("{}", rec.id);
+            Ok(0)
+        }
+        Command::Exec { sandbox, detach, process, cmd } => {
+            let rec = engine.sandbox(&sandbox)?;
+            exec(&engine, &rec, &process, cmd, detach)
+        }
+        Command::Cp { src, dst } => copy(&engine, &src, &dst).map(|()| 0),
+        Command::Ps { quiet, json } => ps(&mut engine, quiet, json).map(|()| 0),
+        Command::Logs { sandbox, tail } => logs(&engine, &sandbox, tail).map(|()| 0),
+        Command::Rm { force, sandboxes } => remove(&mut engine, &sandboxes, force),
+        Command::Gc { json } => {
+            let report = engine.gc()?;
+            if json {
+                println!("{}", serde_json::to_string_pretty(&report)?);
+            } else {
+                println!(
+                    "removed {} sandboxes, released {} stray cgroups, {} stray directories, {} unused layers",
+                    report.sandboxes_removed.len(),
+                    report.cgroups_released.len(),
+                    report.directories_removed.len(),
+                    report.layers_removed.len()
+                );
+            }
+            Ok(0)
+        }
+        Command::Image(cmd) => image(&mut engine, cmd).map(|()| 0),
+        Command::Bench { .. } => unreachable!("handled above"),
+    }
+}
+
+pub fn create_options(args: &SandboxArgs, auto_remove: bool) -> CreateOptions {
+    let mut limits = Limits::default();
+    if let Some(m) = args.memory {
+        limits.memory_bytes = m.0;
+    }
+    if let Some(c) = args.cpus {
+        limits.cpu_millis = c.0;
+    }
+    if let Some(p) = args.pids {
+        limits.pids = p.0;
+    }
+    CreateOptions { image: Some(args.image.clone()), name: args.name.clone(), limits, auto_remove }
+}
+
+fn run(engine: &mut Engine, sandbox: &SandboxArgs, process: &ProcessArgs, cmd: Vec<String>) -> Result<i32> {
+    let rec = engine.create_sandbox(&create_options(sandbox, true), &Steps::new())?;
+    let result = exec(engine, &rec, process, cmd, false);
+    // Removal happens whatever the command did; a removal failure is
+    // reported, and `cairn gc` finishes it later.
+    let rec = engine.sandbox(&rec.id)?;
+    engine.remove_sandbox(&rec, true).context("removing the sandbox")?;
+    result
+}
+
+fn request(process: &ProcessArgs, argv: Vec<String>, detach: bool) -> Result<ExecRequest> {
+    let env = process
+        .env
+        .iter()
+        .map(|kv| match kv.split_once('=') {
+            Some((k, v)) if !k.is_empty() => Ok((k.to_string(), v.to_string())),
+            _ => bail!("--env takes KEY=VALUE, got {kv:?}"),
+        })
+        .collect::<Result<Vec<_>>>()?;
+    let timeout_ms = match process.timeout {
+        Some(t) if t.is_finite() && t > 0.0 => Some((t * 1000.0) as u64),
+        Some(t) => bail!("--timeout takes a positive number of seconds, got {t}"),
+        None => None,
+    };
+    Ok(ExecRequest { argv, env, cwd: process.workdir.clone(), stdin: process.interactive, timeout_ms, detach })
+}
+
+/// Runs a process and returns the exit status to pass on.
+fn exec(engine: &Engine, rec: &SandboxRecord, process: &ProcessArgs, argv: Vec<String>, detach: bool) -> Result<i32> {
+    let req = request(process, argv, detach)?;
+    let start = match engine.exec(rec, req)? {
+        Ok(start) => start,
+        Err(failure) => {
+            eprintln!("cairn: {}", failure.message);
+            return Ok(failure.kind.shell_code());
+        }
+    };
+    if detach {
+        println!("{}", start.session.pid);
+        return Ok(0);
+    }
+    let control = start.session.control();
+    forward_signals(control.clone());
+    if process.interactive {
+        std::thread::spawn(move || {
+            let mut buf = vec![0u8; 64 << 10];
+            let mut stdin = io::stdin().lock();
+            loop {
+                match stdin.read(&mut buf) {
+                    Ok(0) | Err(_) => break,
+                    Ok(n) => {
+                        if control.stdin(&buf[..n]).is_err() {
+                            return;
+                        }
+                    }
+                }
+            }
+            let _ = control.close_stdin();
+        });
+    }
+    let status = start.session.wait(&mut io::stdout().lock(), &mut io::stderr().lock())?;
+    let Some(status) = status else { return Ok(0) };
+    if status.timed_out {
+        eprintln!("cairn: the command timed out after {}s and was killed", process.timeout.unwrap_or_default());
+        return Ok(124);
+    }
+    if status.signal == Some(libc::SIGKILL) && engine.oom_killed_since(&start.probe) {
+        eprintln!(
+            "cairn: the command was killed: out of memory (the sandbox's limit is {}; raise it with --memory)",
+            MemorySize(rec.memory_bytes)
+        );
+    }
+    Ok(status.shell_code())
+}
+
+/// Ctrl-C and friends go to the process in the sandbox, not to Cairn.
+fn forward_signals(control: cairn_sandbox::client::ExecControl) {
+    let mut set = SigSet::empty();
+    for s in [Signal::SIGINT, Signal::SIGTERM, Signal::SIGHUP, Signal::SIGQUIT] {
+        set.add(s);
+    }
+    if set.thread_block().is_err() {
+        return;
+    }
+    std::thread::spawn(move || loop {
+        match set.wait() {
+            Ok(sig) => {
+                if control.signal(sig as i32).is_err() {
+                    return;
+                }
+            }
+            Err(_) => return,
+        }
+    });
+}
+
+/// `ID:/path` or a host path.
+enum Location {
+    Sandbox(String, String),
+    Host(PathBuf),
+}
+
+fn location(spec: &str) -> Location {
+    match spec.split_once(':') {
+        Some((id, path)) if !id.is_empty() && !id.contains('/') && path.starts_with('/') => {
+            Location::Sandbox(id.to_string(), path.to_string())
+        }
+        _ => Location::Host(PathBuf::from(spec)),
+    }
+}
+
+fn copy(engine: &Engine, src: &str, dst: &str) -> Result<()> {
+    match (location(src), location(dst)) {
+        (Location::Host(from), Location::Sandbox(id, to)) => {
+            let rec = engine.sandbox(&id)?;
+            let client = engine.client(&rec)?;
+            let md = fs::metadata(&from).with_context(|| format!("cannot read {}", from.display()))?;
+            if !md.is_file() {
+                bail!("{} is not a regular file; copy directories as a tarball (tar c DIR | cairn exec -i ID -- tar x)", from.display());
+            }
+            let mut to = to;
+            if to.ends_with('/') || client.stat(&to)?.is_some_and(|m| m.kind == FileKind::Dir) {
+                let name = from.file_name().context("the source has no file name")?.to_string_lossy();
+                to = format!("{}/{name}", to.trim_end_matches('/'));
+            }
+            let meta = FileMeta {
+                path: to,
+                kind: FileKind::File,
+                mode: md.permissions().mode() & 0o7777,
+                uid: 0,
+                gid: 0,
+                size: md.len(),
+                mtime_ns: md.mtime() as i128 * 1_000_000_000 + md.mtime_nsec() as i128,
+            };
+            let mut file = fs::File::open(&from)?;
+            client.put_file(meta, &mut file)?;
+            Ok(())
+        }
+        (Location::Sandbox(id, from), Location::Host(to)) => {
+            let rec = engine.sandbox(&id)?;
+            let client = engine.client(&rec)?;
+            if to.as_os_str() == "-" {
+                client.get_file(&from, &mut io::stdout().lock())?;
+                return Ok(());
+            }
+            let to = if to.is_dir() {
+                let name = Path::new(&from).file_name().context("the source has no file name")?;
+                to.join(name)
+            } else {
+                to
+            };
+            let parent = to.parent().filter(|p| !p.as_os_str().is_empty()).unwrap_or(Path::new("."));
+            // Into a temporary beside the target, renamed once complete.
+            let tmp = parent.join(format!(".{}.cairn-{}", to.file_name().unwrap_or_default().to_string_lossy(), std::process::id()));
+            let mut file = fs::File::create(&tmp).with_context(|| format!("cannot write {}", tmp.display()))?;
+            let result = client.get_file(&from, &mut file).map_err(anyhow::Error::from).and_then(|meta| {
+                file.sync_all()?;
+                fs::set_permissions(&tmp, fs::Permissions::from_mode(meta.mode))?;
+                let secs = meta.mtime_ns.div_euclid(1_000_000_000) as i64;
+                let ts = nix::sys::time::TimeSpec::new(secs, meta.mtime_ns.rem_euclid(1_000_000_000) as i64);
+                nix::sys::stat::utimensat(None, &tmp, &ts, &ts, nix::sys::stat::UtimensatFlags::FollowSymlink)?;
+                fs::rename(&tmp, &to)?;
+                Ok(())
+            });
+            if result.is_err() {
+                let _ = fs::remove_file(&tmp);
+            }
+            result
+        }
+        (Location::Sandbox(..), Location::Sandbox(..)) => bail!("copy between two sandboxes through the host: cp ID1:/f ./f, then cp ./f ID2:/f"),
+        (Location::Host(_), Location::Host(_)) => bail!("one side of `cairn cp` must be a sandbox path, ID:/path"),
+    }
+}
+
+fn ps(engine: &mut Engine, quiet: bool, json: bool) -> Result<()> {
+    let rows = engine.list_sandboxes()?;
+    if json {
+        println!("{}", serde_json::to_string_pretty(&rows)?);
+    } else if quiet {
+        for r in rows {
+            println!("{}", r.id);
+        }
+    } else {
+        println!("{:<12}  {:<16}  {:<10}  {:<8}  {:>7}  {:>6}  CREATED", "ID", "NAME", "IMAGE", "STATE", "PID", "MEMORY");
+        for r in rows {
+            let age = (cairn_now_ms() - r.created_at) / 1000;
+            println!(
+                "{:<12}  {:<16}  {:<10}  {:<8}  {:>7}  {:>6}  {} ago",
+                r.id,
+                r.name,
+                r.image,
+                r.state,
+                r.pid.filter(|_| r.state == SandboxState::Running).map(|p| p.to_string()).unwrap_or_else(|| "-".into()),
+                MemorySize(r.memory_bytes).to_string(),
+                human_age(age)
+            );
+        }
+    }
+    Ok(())
+}
+
+fn cairn_now_ms() -> i64 {
+    std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map(|d| d.as_millis() as i64).unwrap_or(0)
+}
+
+fn human_age(secs: i64) -> String {
+    match secs {
+        s if s < 60 => format!("{s}s"),
+        s if s < 3600 => format!("{}m", s / 60),
+        s if s < 86400 => format!("{}h", s / 3600),
+        s => format!("{}d", s / 86400),
+    }
+}
+
+fn logs(engine: &Engine, key: &str, tail: Option<usize>) -> Result<()> {
+    let rec = engine.sandbox(key)?;
+    let text = match fs::read(engine.log_path(&rec)) {
+        Ok(t) => t,
+        Err(e) if e.kind() == io::ErrorKind::NotFound => Vec::new(),
+        Err(e) => return Err(e.into()),
+    };
+    let mut out = io::stdout().lock();
+    match tail {
+        None => out.write_all(&text)?,
+        Some(n) => {
+            let lines: Vec<&[u8]> = text.split_inclusive(|b| *b == b'\n').collect();
+            for l in &lines[lines.len().saturating_sub(n)..] {
+                out.write_all(l)?;
+            }
+        }
+    }
+    Ok(())
+}
+
+fn remove(engine: &mut Engine, keys: &[String], force: bool) -> Result<i32> {
+    let mut failed = 0;
+    for key in keys {
+        match engine.sandbox(key).and_then(|rec| engine.remove_sandbox(&rec, force).map(|()| rec.id)) {
+            Ok(id) => println!("{id}"),
+            Err(e) => {
+                eprintln!("cairn: error: {e}");
+                failed += 1;
+            }
+        }
+    }
+    Ok(if failed > 0 { 1 } else { 0 })
+}
+
+fn image(engine: &mut Engine, cmd: ImageCommand) -> Result<()> {
+    match cmd {
+        ImageCommand::Build { kind, name, packages, suite } => {
+            let steps = Steps::new();
+            let rec = match kind {
+                ImageKind::Busybox => {
+                    if !packages.is_empty() || suite.is_some() {
+                        bail!("--packages and --suite apply to debian images only");
+                    }
+                    engine.build_busybox(name.as_deref().unwrap_or("busybox"), &steps)?
+                }
+                ImageKind::Debian => {
+                    engine.build_debian(name.as_deref().unwrap_or("debian"), suite.as_deref(), &packages, &steps)?
+                }
+            };
+            drop(steps);
+            println!("{}", rec.name);
+        }
+        ImageCommand::Import { path, name } => {
+            let rec = engine.import_image(&path, &name, &Steps::new())?;
+            println!("{}", rec.name);
+        }
+        ImageCommand::Ls { json } => {
+            let images = engine.images()?;
+            if json {
+                println!("{}", serde_json::to_string_pretty(&images)?);
+            } else {
+                println!("{:<20}  {:>9}  {:>6}  SOURCE", "NAME", "SIZE", "LAYERS");
+                for i in images {
+                    println!("{:<20}  {:>8.1}M  {:>6}  {}", i.name, i.size_bytes as f64 / 1048576.0, i.layers.len(), i.source);
+                }
+            }
+        }
+        ImageCommand::Rm { names } => {
+            for n in names {
+                engine.remove_image(&n)?;
+                println!("{n}");
+            }
+        }
+    }
+    Ok(())
+}
