@@ -81,6 +81,8 @@ fn serve(stream: UnixStream, reaper: &Reaper) {
                         init_pid: std::process::id() as i32,
                     },
                 )?;
+                // The client waits for the welcome before streaming data.
+                writer.flush()?;
             }
             ToInit::Hello { magic, version } => {
                 let msg = if magic != MAGIC {
