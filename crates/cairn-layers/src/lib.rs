@@ -1,1 +1,2 @@
 //! cairn-layers
+pub mod archive;
