@@ -3,14 +3,17 @@
 
 mod overlay;
 
+use std::ffi::OsStr;
 use std::fs::{self, File, OpenOptions};
 use std::io::Write;
+use std::os::unix::ffi::OsStrExt;
 use std::os::unix::fs::{symlink, FileExt, PermissionsExt};
+use std::os::unix::net::UnixListener;
 use std::path::{Path, PathBuf};
 use std::time::{Duration, UNIX_EPOCH};
 
 use cairn_layers::archive::{capture, materialise, EntryKind, LayerPath};
-use cairn_store::{ChunkStore, LocalStore};
+use cairn_store::{collect_garbage, BlobStore, ChunkStore, LocalStore};
 use nix::sys::stat::{makedev, mknod, utimensat, Mode, SFlag, UtimensatFlags};
 use nix::sys::time::TimeSpec;
 use nix::unistd::mkfifo;
@@ -145,6 +148,18 @@ fn mutate(m: &Path) {
     xattr::set(n.join("hello.txt"), "user.empty", b"").unwrap();
     xattr::set(n.join("elsewhere"), "user.dir-label", b"\x00\xffbinary").unwrap();
     write(&n.join("naïve-日本語-🪨.txt"), "unicode ✓".as_bytes());
+    write(
+        &n.join(OsStr::from_bytes(b"not-utf8-\xff\xfe")),
+        b"raw bytes name",
+    );
+    drop(UnixListener::bind(n.join("socket")).unwrap());
+    mknod(
+        &n.join("loop-dev"),
+        SFlag::S_IFBLK,
+        Mode::from_bits_truncate(0o660),
+        makedev(7, 200),
+    )
+    .unwrap();
     write(&n.join("n".repeat(255)), b"longest name");
     overlay::create_deep(&n, 24, 200, b"deep down");
 
@@ -332,14 +347,11 @@ fn capturing_the_same_upper_twice_gives_the_same_layer_id() {
     }
     let store = store_in(&s);
     let first = capture(&upper, &store).unwrap();
-    let objects = cairn_store::BlobStore::list(store.backend()).unwrap().len();
+    let objects = store.backend().list().unwrap().len();
     let second = capture(&upper, &store).unwrap();
     assert_eq!(first.id, second.id);
     // Nothing new stored: content and index deduplicate.
-    assert_eq!(
-        cairn_store::BlobStore::list(store.backend()).unwrap().len(),
-        objects
-    );
+    assert_eq!(store.backend().list().unwrap().len(), objects);
     // Two identical 3 MB files share all their chunks.
     let chunks = |name: &str| match &first
         .index
@@ -456,4 +468,42 @@ fn mtimes_survive_with_nanosecond_precision_on_every_kind() {
             "mtime of {p:?}"
         );
     }
+}
+
+#[test]
+fn gc_rooted_at_a_layer_keeps_it_whole_and_frees_a_dropped_layer() {
+    if !overlay::overlay_available() {
+        return;
+    }
+    let s = Scratch::new();
+    let (kept_upper, dropped_upper) = (s.mkdir("kept"), s.mkdir("dropped"));
+    let shared = pseudo_random(500_000, 11);
+    write(&kept_upper.join("shared"), &shared);
+    write(&kept_upper.join("only-kept"), &pseudo_random(300_000, 21));
+    write(&dropped_upper.join("shared"), &shared);
+    write(
+        &dropped_upper.join("only-dropped"),
+        &pseudo_random(300_000, 41),
+    );
+    let store = store_in(&s);
+    let kept = capture(&kept_upper, &store).unwrap();
+    let dropped = capture(&dropped_upper, &store).unwrap();
+
+    let roots = std::iter::once(*kept.id.as_hash()).chain(kept.index.referenced_chunks());
+    let report = collect_garbage(store.backend(), roots, Duration::ZERO).unwrap();
+    assert!(report.deleted >= 2, "{report:?}");
+    assert!(!store.backend().contains(dropped.id.as_hash()).unwrap());
+    for chunk in dropped.index.referenced_chunks() {
+        let in_kept = kept.index.referenced_chunks().any(|c| c == chunk);
+        assert_eq!(store.backend().contains(&chunk).unwrap(), in_kept);
+    }
+
+    let dest = s.path("kept-layer");
+    materialise(&kept.id, &store, &dest).unwrap();
+    assert_eq!(fs::read(dest.join("shared")).unwrap(), shared);
+    let err = materialise(&dropped.id, &store, &s.path("dropped-layer")).unwrap_err();
+    assert!(
+        err.to_string().contains("is missing from the store"),
+        "{err}"
+    );
 }

@@ -94,6 +94,8 @@ pub enum StoreError {
         context: Box<ReadContext>,
         source: std::io::Error,
     },
+    #[error("zstd could not compress a chunk ({0}); this is a bug or memory exhaustion, so retry with more memory available")]
+    Compress(#[source] std::io::Error),
     #[error("chunk store backend failed: {0}")]
     Backend(#[from] BlobError),
 }
@@ -125,11 +127,7 @@ impl<B: BlobStore> ChunkStore<B> {
     /// stored once.
     pub fn put_chunk(&self, data: &[u8]) -> Result<PutChunk, StoreError> {
         let hash = ChunkHash::of(data);
-        let compressed =
-            zstd::bulk::compress(data, ZSTD_LEVEL).map_err(|source| StoreError::ReadSource {
-                context: Box::default(),
-                source,
-            })?;
+        let compressed = zstd::bulk::compress(data, ZSTD_LEVEL).map_err(StoreError::Compress)?;
         let outcome = self.backend.put(&hash, &compressed)?;
         Ok(PutChunk {
             hash,

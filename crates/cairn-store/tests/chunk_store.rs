@@ -226,7 +226,8 @@ fn a_writer_killed_mid_stream_leaves_only_complete_chunks() {
     // Runs the store in a child process and SIGKILLs it while it writes.
     if let Ok(root) = std::env::var("CAIRN_STORE_KILL_TARGET") {
         let store = ChunkStore::new(LocalStore::open(root).unwrap());
-        for seed in 0.. {
+        // Bounded so an orphaned child still ends by itself.
+        for seed in 0..100 {
             store
                 .store_reader(&random_bytes(4_000_000, seed)[..])
                 .unwrap();
@@ -236,25 +237,34 @@ fn a_writer_killed_mid_stream_leaves_only_complete_chunks() {
     let dir = tempfile::tempdir().unwrap();
     let root = dir.path().join("store");
     LocalStore::open(&root).unwrap();
-    let mut child = std::process::Command::new(std::env::current_exe().unwrap())
-        .args([
-            "--exact",
-            "a_writer_killed_mid_stream_leaves_only_complete_chunks",
-            "--nocapture",
-        ])
-        .env("CAIRN_STORE_KILL_TARGET", &root)
-        .stdout(std::process::Stdio::null())
-        .stderr(std::process::Stdio::null())
-        .spawn()
-        .unwrap();
+    struct KillOnDrop(std::process::Child);
+    impl Drop for KillOnDrop {
+        fn drop(&mut self) {
+            let _ = self.0.kill();
+            let _ = self.0.wait();
+        }
+    }
+    let mut child = KillOnDrop(
+        std::process::Command::new(std::env::current_exe().unwrap())
+            .args([
+                "--exact",
+                "a_writer_killed_mid_stream_leaves_only_complete_chunks",
+                "--nocapture",
+            ])
+            .env("CAIRN_STORE_KILL_TARGET", &root)
+            .stdout(std::process::Stdio::null())
+            .stderr(std::process::Stdio::null())
+            .spawn()
+            .unwrap(),
+    );
     let store = ChunkStore::new(LocalStore::open(&root).unwrap());
     let deadline = std::time::Instant::now() + Duration::from_secs(60);
     while store.backend().list().unwrap().len() < 20 {
         assert!(std::time::Instant::now() < deadline, "child wrote nothing");
         std::thread::sleep(Duration::from_millis(20));
     }
-    child.kill().unwrap();
-    child.wait().unwrap();
+    child.0.kill().unwrap();
+    child.0.wait().unwrap();
 
     let objects = store.backend().list().unwrap();
     for o in &objects {
