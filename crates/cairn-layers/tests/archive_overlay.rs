@@ -12,7 +12,9 @@ use std::os::unix::net::UnixListener;
 use std::path::{Path, PathBuf};
 use std::time::{Duration, UNIX_EPOCH};
 
-use cairn_layers::archive::{capture, materialise, EntryKind, LayerPath};
+use cairn_layers::archive::{
+    capture, materialise, remove_abandoned_materialisations, EntryKind, LayerPath,
+};
 use cairn_store::{collect_garbage, BlobStore, ChunkStore, LocalStore};
 use nix::sys::stat::{makedev, mknod, utimensat, Mode, SFlag, UtimensatFlags};
 use nix::sys::time::TimeSpec;
@@ -506,4 +508,28 @@ fn gc_rooted_at_a_layer_keeps_it_whole_and_frees_a_dropped_layer() {
         err.to_string().contains("is missing from the store"),
         "{err}"
     );
+}
+
+#[test]
+fn temp_directories_of_dead_materialisations_are_removed_and_live_ones_kept() {
+    let s = Scratch::new();
+    let layers = s.mkdir("layers");
+    let mut dead = std::process::Command::new("true").spawn().unwrap();
+    let dead_pid = dead.id();
+    dead.wait().unwrap();
+    let abandoned = layers.join(format!(".abc.materialising-{dead_pid}-17"));
+    fs::create_dir_all(abandoned.join("half/built")).unwrap();
+    write(&abandoned.join("half/built/file"), b"partial");
+    let running = layers.join(format!(".def.materialising-{}-18", std::process::id()));
+    fs::create_dir(&running).unwrap();
+    let finished = layers.join("finished-layer");
+    fs::create_dir(&finished).unwrap();
+
+    assert_eq!(remove_abandoned_materialisations(&layers).unwrap(), 1);
+    assert!(!abandoned.exists());
+    assert!(
+        running.exists(),
+        "a running materialisation's temp dir was removed"
+    );
+    assert!(finished.exists());
 }

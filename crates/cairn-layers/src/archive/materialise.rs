@@ -63,8 +63,7 @@ pub fn materialise<B: BlobStore>(
         .unwrap_or(0);
     let mut temp_name = b".".to_vec();
     temp_name.extend_from_slice(name.as_bytes());
-    temp_name
-        .extend_from_slice(format!(".materialising-{}-{nanos}", std::process::id()).as_bytes());
+    temp_name.extend_from_slice(format!("{TEMP_MARKER}{}-{nanos}", std::process::id()).as_bytes());
     let temp = parent.join(OsStr::from_bytes(&temp_name));
 
     let fail = |action, source| ArchiveError::Materialise {
@@ -90,6 +89,50 @@ pub fn materialise<B: BlobStore>(
         return Err(e);
     }
     Ok(index)
+}
+
+const TEMP_MARKER: &str = ".materialising-";
+
+/// Removes temp directories that a materialisation into `parent` left when
+/// its process died (`.<name>.materialising-<pid>-<nanos>` whose pid is no
+/// longer running). Call at startup; returns how many were removed.
+pub fn remove_abandoned_materialisations(parent: &Path) -> Result<u64, ArchiveError> {
+    let fail = |action, source| ArchiveError::Materialise {
+        path: parent.to_path_buf(),
+        action,
+        source,
+    };
+    let mut removed = 0;
+    for entry in fs::read_dir(parent).map_err(|e| fail("listing the layer directory", e))? {
+        let entry = entry.map_err(|e| fail("listing the layer directory", e))?;
+        let name = entry.file_name();
+        let name = name.as_bytes();
+        let Some(at) = name
+            .windows(TEMP_MARKER.len())
+            .rposition(|w| w == TEMP_MARKER.as_bytes())
+        else {
+            continue;
+        };
+        if !name.starts_with(b".") {
+            continue;
+        }
+        let pid = std::str::from_utf8(&name[at + TEMP_MARKER.len()..])
+            .ok()
+            .and_then(|rest| rest.split('-').next())
+            .and_then(|pid| pid.parse::<i32>().ok());
+        let Some(pid) = pid else { continue };
+        let alive = !matches!(
+            nix::sys::signal::kill(nix::unistd::Pid::from_raw(pid), None),
+            Err(nix::errno::Errno::ESRCH)
+        );
+        if alive {
+            continue;
+        }
+        fs::remove_dir_all(entry.path())
+            .map_err(|e| fail("removing an abandoned materialisation", e))?;
+        removed += 1;
+    }
+    Ok(removed)
 }
 
 /// A directory being filled; its mode and mtime are applied when it is

@@ -12,7 +12,8 @@
 //!   [`LayerId`].
 //! - [`materialise`] rebuilds the directory in a temp directory beside the
 //!   destination and renames it into place, so a crash never leaves a
-//!   half-built layer.
+//!   half-built layer; [`remove_abandoned_materialisations`] clears the
+//!   temp directories of processes that died mid-way.
 //!
 //! Both need root: reading and writing `trusted.*` xattrs, device nodes
 //! and ownership are privileged. The overlay the upper came from must be
@@ -31,7 +32,7 @@ use cairn_store::StoreError;
 
 pub use capture::{capture, CapturedLayer};
 pub use index::{Entry, EntryKind, LayerId, LayerIndex, LayerPath, Metadata, Timestamp, Xattr};
-pub use materialise::materialise;
+pub use materialise::{materialise, remove_abandoned_materialisations};
 
 /// Why a capture or materialisation failed. Nothing is left half-done: a
 /// failed capture stores no index, a failed materialisation removes its
