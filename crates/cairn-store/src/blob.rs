@@ -48,6 +48,10 @@ pub trait BlobStore: Send + Sync {
     fn put(&self, key: &ChunkHash, bytes: &[u8]) -> Result<PutOutcome, BlobError>;
     fn get(&self, key: &ChunkHash) -> Result<Vec<u8>, BlobError>;
     fn contains(&self, key: &ChunkHash) -> Result<bool, BlobError>;
+    /// If the object exists, refreshes its modification time (as a
+    /// re-put would) and returns true; lets a writer skip compressing data
+    /// that is already stored.
+    fn refresh(&self, key: &ChunkHash) -> Result<bool, BlobError>;
     /// Removes the object; `Ok(false)` if it was not there.
     fn delete(&self, key: &ChunkHash) -> Result<bool, BlobError>;
     /// Every complete object. Incomplete writes are never listed.

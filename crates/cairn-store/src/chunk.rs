@@ -127,6 +127,9 @@ impl<B: BlobStore> ChunkStore<B> {
     /// stored once.
     pub fn put_chunk(&self, data: &[u8]) -> Result<PutChunk, StoreError> {
         let hash = ChunkHash::of(data);
+        if self.backend.refresh(&hash)? {
+            return Ok(PutChunk { hash, new: false });
+        }
         let compressed = zstd::bulk::compress(data, ZSTD_LEVEL).map_err(StoreError::Compress)?;
         let outcome = self.backend.put(&hash, &compressed)?;
         Ok(PutChunk {

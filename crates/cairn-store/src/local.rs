@@ -182,17 +182,10 @@ fn is_hex_name(name: &str, len: usize) -> bool {
 
 impl BlobStore for LocalStore {
     fn put(&self, key: &ChunkHash, bytes: &[u8]) -> Result<PutOutcome, BlobError> {
-        let path = self.object_path(key);
-        match OpenOptions::new().write(true).open(&path) {
-            Ok(f) => {
-                // Refresh the mtime so GC's grace period covers this writer.
-                f.set_modified(SystemTime::now())
-                    .map_err(|e| BlobError::io("refresh the modification time of", &path, e))?;
-                return Ok(PutOutcome::AlreadyPresent);
-            }
-            Err(e) if e.kind() == io::ErrorKind::NotFound => {}
-            Err(e) => return Err(BlobError::io("open", &path, e)),
+        if self.refresh(key)? {
+            return Ok(PutOutcome::AlreadyPresent);
         }
+        let path = self.object_path(key);
         let dir = self.ensure_parent(&path)?;
         self.write_atomically(bytes, &dir, &path)?;
         Ok(PutOutcome::Stored)
@@ -215,6 +208,20 @@ impl BlobStore for LocalStore {
             Ok(m) => Ok(m.is_file()),
             Err(e) if e.kind() == io::ErrorKind::NotFound => Ok(false),
             Err(e) => Err(BlobError::io("stat object", &path, e)),
+        }
+    }
+
+    fn refresh(&self, key: &ChunkHash) -> Result<bool, BlobError> {
+        let path = self.object_path(key);
+        match OpenOptions::new().write(true).open(&path) {
+            Ok(f) => {
+                // A new mtime puts this writer under GC's grace period.
+                f.set_modified(SystemTime::now())
+                    .map_err(|e| BlobError::io("refresh the modification time of", &path, e))?;
+                Ok(true)
+            }
+            Err(e) if e.kind() == io::ErrorKind::NotFound => Ok(false),
+            Err(e) => Err(BlobError::io("open", &path, e)),
         }
     }
 

@@ -105,4 +105,27 @@ fn gc_spares_unreferenced_chunks_younger_than_the_grace_period() {
     let report = collect_garbage(store.backend(), [], Duration::ZERO).unwrap();
     assert_eq!(report.deleted, 1);
     assert!(!store.backend().contains(&orphan).unwrap());
+
+    // A writer that deduplicates against an old unreferenced chunk renews
+    // it, so the grace period protects it again.
+    let path = store.backend().object_path(&orphan);
+    store
+        .put_chunk(b"written by a writer that has not committed yet")
+        .unwrap();
+    let old = std::time::SystemTime::now() - Duration::from_secs(7200);
+    std::fs::File::options()
+        .write(true)
+        .open(&path)
+        .unwrap()
+        .set_modified(old)
+        .unwrap();
+    let again = store
+        .put_chunk(b"written by a writer that has not committed yet")
+        .unwrap();
+    assert!(!again.new);
+    let report = collect_garbage(store.backend(), [], Duration::from_secs(3600)).unwrap();
+    assert_eq!(report.kept_young, 1, "a deduplicated chunk was not renewed");
+    let report = collect_garbage(store.backend(), [], Duration::ZERO).unwrap();
+    assert_eq!(report.deleted, 1);
+    assert!(!store.backend().contains(&orphan).unwrap());
 }

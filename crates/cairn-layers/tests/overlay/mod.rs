@@ -76,10 +76,17 @@ impl Drop for Mount {
     }
 }
 
+/// Writes straight to the process's stderr, past libtest's capture, so a
+/// skip is visible in a normal `cargo test` run.
+fn shout(msg: &str) {
+    use std::io::Write;
+    let _ = writeln!(io::stderr(), "{msg}");
+}
+
 /// True when overlay tests can run; otherwise says loudly why not.
 pub fn overlay_available() -> bool {
     if !nix::unistd::geteuid().is_root() {
-        eprintln!("SKIPPED: overlay tests need root (mounts, trusted.* xattrs, device nodes)");
+        shout("SKIPPED: overlay tests need root (mounts, trusted.* xattrs, device nodes)");
         return false;
     }
     let dir = tempfile::tempdir().expect("tempdir");
@@ -90,7 +97,7 @@ pub fn overlay_available() -> bool {
     match Mount::overlay(&[&l], Some((&u, &w)), &m, false) {
         Ok(_m) => true,
         Err(e) => {
-            eprintln!("SKIPPED: overlayfs is not usable here: {e}");
+            shout(&format!("SKIPPED: overlayfs is not usable here: {e}"));
             false
         }
     }
