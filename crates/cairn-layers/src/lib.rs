@@ -239,3 +239,5 @@ mod tests {
         assert!(LayerId::random().to_string().parse::<LayerId>().is_ok());
     }
 }
+
+pub mod archive;

@@ -1,1 +1,29 @@
-//! cairn-store
+//! cairn-store: Cairn's content-addressed chunk store.
+//!
+//! - [`ChunkHash`]: BLAKE3 content address.
+//! - [`BlobStore`]: object-store-shaped backend trait; [`LocalStore`] keeps
+//!   objects in a directory with a two-level hex fan-out.
+//! - [`ChunkStore`]: zstd compression, hash verification on every read,
+//!   framed metadata objects, and the file API ([`FileContent`]) with
+//!   FastCDC content-defined chunking and sparse-file support.
+//! - [`frame`]: the magic/version/length/CRC32 envelope for metadata.
+//! - [`collect_garbage`]: mark-and-sweep from caller-supplied live roots.
+//!
+//! The store knows nothing of sandboxes; callers attach their own context
+//! to reads with [`ReadContext`] so errors name the snapshot and file.
+
+mod blob;
+mod chunk;
+mod file;
+pub mod frame;
+mod gc;
+mod hash;
+mod local;
+
+pub use blob::{BlobError, BlobStore, IncompleteWrites, ObjectInfo, PutOutcome};
+pub use chunk::{ChunkStore, PutChunk, ReadContext, StoreError, MAX_OBJECT};
+pub use file::{ChunkRef, FileContent, AVG_CHUNK, MAX_CHUNK, MIN_CHUNK};
+pub use frame::{FrameError, Framed};
+pub use gc::{collect_garbage, GcReport};
+pub use hash::{ChunkHash, ParseChunkHashError};
+pub use local::LocalStore;

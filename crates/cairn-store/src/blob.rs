@@ -1,0 +1,90 @@
+//! The object-store-shaped backend interface: whole objects by key.
+//!
+//! Backends know nothing of compression, chunking or hashing; they store
+//! opaque bytes under a [`ChunkHash`] key. The local directory backend is
+//! [`crate::LocalStore`]; an S3 backend implements the same trait.
+
+use std::io;
+use std::path::PathBuf;
+use std::time::{Duration, SystemTime};
+
+use crate::frame::FrameError;
+use crate::hash::ChunkHash;
+
+/// What a backend knows about one stored object.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ObjectInfo {
+    pub key: ChunkHash,
+    /// Stored (compressed) size in bytes.
+    pub size: u64,
+    /// Last time the object was written or re-put; GC spares objects
+    /// younger than its grace period.
+    pub modified: SystemTime,
+}
+
+/// Whether a put wrote new bytes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum PutOutcome {
+    Stored,
+    AlreadyPresent,
+}
+
+/// Incomplete writes removed by [`BlobStore::remove_incomplete_writes`].
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct IncompleteWrites {
+    pub removed: u64,
+    pub bytes: u64,
+}
+
+/// Whole-object storage keyed by content hash.
+///
+/// Contract every backend keeps:
+/// - `put` is atomic: a reader sees either no object or all of it.
+/// - `put` of a key that exists may skip the write but must refresh the
+///   object's modification time, so a writer that deduplicates against an
+///   old unreferenced object is protected by the GC grace period.
+/// - `get` of an absent key is [`BlobError::NotFound`].
+pub trait BlobStore: Send + Sync {
+    fn put(&self, key: &ChunkHash, bytes: &[u8]) -> Result<PutOutcome, BlobError>;
+    fn get(&self, key: &ChunkHash) -> Result<Vec<u8>, BlobError>;
+    fn contains(&self, key: &ChunkHash) -> Result<bool, BlobError>;
+    /// If the object exists, refreshes its modification time (as a
+    /// re-put would) and returns true; lets a writer skip compressing data
+    /// that is already stored.
+    fn refresh(&self, key: &ChunkHash) -> Result<bool, BlobError>;
+    /// Removes the object; `Ok(false)` if it was not there.
+    fn delete(&self, key: &ChunkHash) -> Result<bool, BlobError>;
+    /// Every complete object. Incomplete writes are never listed.
+    fn list(&self) -> Result<Vec<ObjectInfo>, BlobError>;
+    /// Removes leftovers of interrupted writes (temp files, abandoned
+    /// multipart uploads) last touched more than `older_than` ago.
+    fn remove_incomplete_writes(&self, older_than: Duration)
+        -> Result<IncompleteWrites, BlobError>;
+}
+
+/// A backend operation that failed.
+#[derive(Debug, thiserror::Error)]
+pub enum BlobError {
+    #[error("object {key} is not in the store")]
+    NotFound { key: ChunkHash },
+    #[error("could not {action} {path}: {source}; check that the store directory exists, is writable by this user and that the disk is not full")]
+    Io {
+        action: &'static str,
+        path: PathBuf,
+        source: io::Error,
+    },
+    #[error("the store at {path} cannot be opened: {source}")]
+    Layout { path: PathBuf, source: FrameError },
+    #[error("{path} exists but is not a Cairn chunk store (no layout marker); point Cairn at an empty or existing store directory")]
+    NotAStore { path: PathBuf },
+}
+
+impl BlobError {
+    pub(crate) fn io(action: &'static str, path: impl Into<PathBuf>, source: io::Error) -> Self {
+        Self::Io {
+            action,
+            path: path.into(),
+            source,
+        }
+    }
+}

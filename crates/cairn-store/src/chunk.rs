@@ -1,0 +1,233 @@
+//! [`ChunkStore`]: hashing, zstd compression and verification on top of a
+//! [`BlobStore`] backend.
+
+use std::fmt;
+use std::io::Read;
+use std::path::PathBuf;
+
+use crate::blob::{BlobError, BlobStore, PutOutcome};
+use crate::frame::{self, FrameError, Framed};
+use crate::hash::ChunkHash;
+
+/// zstd level for chunks: fast, still a good ratio on text and binaries.
+const ZSTD_LEVEL: i32 = 3;
+
+/// Largest uncompressed object the store reads back (data chunks are at
+/// most [`crate::MAX_CHUNK`]; metadata objects are capped by their frame).
+pub const MAX_OBJECT: u64 = 1 << 30;
+
+/// What a read belongs to, so an error can say which snapshot and file a
+/// missing or corrupt chunk breaks. Built by the caller:
+/// `ReadContext::new().owner("snapshot", id).path("/data/genome.fa")`.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct ReadContext {
+    owner: Option<(&'static str, ChunkHash)>,
+    path: Option<PathBuf>,
+}
+
+impl ReadContext {
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    /// The object the read is for, e.g. `("snapshot", id)` or
+    /// `("layer", id)`.
+    pub fn owner(mut self, kind: &'static str, id: ChunkHash) -> Self {
+        self.owner = Some((kind, id));
+        self
+    }
+
+    /// The file inside the owner.
+    pub fn path(mut self, path: impl Into<PathBuf>) -> Self {
+        self.path = Some(path.into());
+        self
+    }
+}
+
+/// Renders as " of /data/genome.fa in snapshot 9c1e…" (empty parts left out).
+impl fmt::Display for ReadContext {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        if let Some(path) = &self.path {
+            write!(f, " of {}", path.display())?;
+        }
+        if let Some((kind, id)) = &self.owner {
+            write!(f, " in {kind} {}", id.short())?;
+        }
+        Ok(())
+    }
+}
+
+/// A chunk-store operation that failed.
+#[derive(Debug, thiserror::Error)]
+pub enum StoreError {
+    #[error("chunk {}{context} is missing from the store; the store has lost data: restore the chunk from a replica or backup, or recapture the data", hash.short())]
+    ChunkMissing {
+        hash: ChunkHash,
+        context: Box<ReadContext>,
+    },
+    #[error("chunk {}{context} is corrupt: {reason}; restore the chunk from a replica or backup, or recapture the data", hash.short())]
+    ChunkCorrupt {
+        hash: ChunkHash,
+        context: Box<ReadContext>,
+        reason: String,
+    },
+    #[error("object {}{context} cannot be read: {source}", hash.short())]
+    Object {
+        hash: ChunkHash,
+        context: Box<ReadContext>,
+        source: FrameError,
+    },
+    #[error("cannot encode an object for the store: {0}")]
+    Encode(#[source] FrameError),
+    #[error("the file record{context} is inconsistent: {reason}; the index or manifest holding it is corrupt")]
+    InvalidContent {
+        context: Box<ReadContext>,
+        reason: String,
+    },
+    #[error("could not read the source data{context}: {source}")]
+    ReadSource {
+        context: Box<ReadContext>,
+        source: std::io::Error,
+    },
+    #[error("could not write the restored data{context}: {source}; check free space and permissions at the destination")]
+    WriteDestination {
+        context: Box<ReadContext>,
+        source: std::io::Error,
+    },
+    #[error("zstd could not compress a chunk ({0}); this is a bug or memory exhaustion, so retry with more memory available")]
+    Compress(#[source] std::io::Error),
+    #[error("chunk store backend failed: {0}")]
+    Backend(#[from] BlobError),
+}
+
+/// A chunk that was put.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct PutChunk {
+    pub hash: ChunkHash,
+    /// False when an identical chunk was already stored.
+    pub new: bool,
+}
+
+/// Content-addressed, compressed, verified chunks over a backend.
+#[derive(Debug)]
+pub struct ChunkStore<B> {
+    backend: B,
+}
+
+impl<B: BlobStore> ChunkStore<B> {
+    pub fn new(backend: B) -> Self {
+        Self { backend }
+    }
+
+    pub fn backend(&self) -> &B {
+        &self.backend
+    }
+
+    /// Stores `data` (compressed) under its BLAKE3 hash; identical data is
+    /// stored once.
+    pub fn put_chunk(&self, data: &[u8]) -> Result<PutChunk, StoreError> {
+        let hash = ChunkHash::of(data);
+        if self.backend.refresh(&hash)? {
+            return Ok(PutChunk { hash, new: false });
+        }
+        let compressed = zstd::bulk::compress(data, ZSTD_LEVEL).map_err(StoreError::Compress)?;
+        let outcome = self.backend.put(&hash, &compressed)?;
+        Ok(PutChunk {
+            hash,
+            new: outcome == PutOutcome::Stored,
+        })
+    }
+
+    /// Reads, decompresses and verifies one chunk.
+    pub fn get_chunk(
+        &self,
+        hash: &ChunkHash,
+        context: &ReadContext,
+    ) -> Result<Vec<u8>, StoreError> {
+        let compressed = match self.backend.get(hash) {
+            Ok(bytes) => bytes,
+            Err(BlobError::NotFound { .. }) => {
+                return Err(StoreError::ChunkMissing {
+                    hash: *hash,
+                    context: Box::new(context.clone()),
+                })
+            }
+            Err(e) => return Err(e.into()),
+        };
+        let corrupt = |reason: String| StoreError::ChunkCorrupt {
+            hash: *hash,
+            context: Box::new(context.clone()),
+            reason,
+        };
+        let mut data = Vec::new();
+        zstd::stream::read::Decoder::new(&compressed[..])
+            .and_then(|d| d.take(MAX_OBJECT + 1).read_to_end(&mut data))
+            .map_err(|e| corrupt(format!("it does not decompress ({e})")))?;
+        if data.len() as u64 > MAX_OBJECT {
+            return Err(corrupt(format!(
+                "it decompresses to more than {MAX_OBJECT} bytes"
+            )));
+        }
+        let actual = ChunkHash::of(&data);
+        if actual != *hash {
+            return Err(corrupt(format!("its content hashes to {}", actual.short())));
+        }
+        Ok(data)
+    }
+
+    /// Frames `value` and stores it; the returned hash is the BLAKE3 of the
+    /// framed bytes and identifies the object.
+    pub fn put_object<T: Framed>(&self, value: &T) -> Result<ChunkHash, StoreError> {
+        let bytes = frame::encode(value).map_err(StoreError::Encode)?;
+        Ok(self.put_chunk(&bytes)?.hash)
+    }
+
+    /// Reads and decodes an object stored by [`Self::put_object`].
+    pub fn get_object<T: Framed>(
+        &self,
+        hash: &ChunkHash,
+        context: &ReadContext,
+    ) -> Result<T, StoreError> {
+        let bytes = self.get_chunk(hash, context)?;
+        frame::decode(&bytes).map_err(|source| StoreError::Object {
+            hash: *hash,
+            context: Box::new(context.clone()),
+            source,
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::LocalStore;
+
+    #[test]
+    fn context_renders_path_and_owner() {
+        let id = ChunkHash::of(b"snap");
+        let ctx = ReadContext::new()
+            .owner("snapshot", id)
+            .path("/data/genome.fa");
+        assert_eq!(
+            ctx.to_string(),
+            format!(" of /data/genome.fa in snapshot {}", id.short())
+        );
+        assert_eq!(ReadContext::new().to_string(), "");
+    }
+
+    #[test]
+    fn chunks_are_stored_compressed_and_read_back() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = ChunkStore::new(LocalStore::open(dir.path()).unwrap());
+        let data = b"ACGT".repeat(10_000);
+        let put = store.put_chunk(&data).unwrap();
+        assert!(put.new);
+        assert!(!store.put_chunk(&data).unwrap().new);
+        let stored = std::fs::metadata(store.backend().object_path(&put.hash)).unwrap();
+        assert!(stored.len() < data.len() as u64 / 10, "not compressed");
+        assert_eq!(
+            store.get_chunk(&put.hash, &ReadContext::new()).unwrap(),
+            data
+        );
+    }
+}
