@@ -8,21 +8,14 @@ use std::process::Command;
 
 fn main() {
     let manifest = PathBuf::from(env::var("CARGO_MANIFEST_DIR").unwrap());
-    let workspace = manifest
-        .parent()
-        .and_then(|p| p.parent())
-        .unwrap()
-        .to_path_buf();
+    let workspace = manifest.parent().and_then(|p| p.parent()).unwrap().to_path_buf();
     let out = PathBuf::from(env::var("OUT_DIR").unwrap());
     let target = env::var("TARGET").unwrap();
     let target_dir = out.join("init-target");
     for dir in ["crates/cairn-init", "crates/cairn-protocol"] {
         println!("cargo:rerun-if-changed={}", workspace.join(dir).display());
     }
-    println!(
-        "cargo:rerun-if-changed={}",
-        workspace.join("Cargo.lock").display()
-    );
+    println!("cargo:rerun-if-changed={}", workspace.join("Cargo.lock").display());
 
     let cargo = env::var("CARGO").unwrap_or_else(|_| "cargo".into());
     let mut cmd = Command::new(cargo);
@@ -43,10 +36,7 @@ fn main() {
         );
     // Inherited profile settings would turn the nested build into a debug one.
     for (key, _) in env::vars() {
-        if key.starts_with("CARGO_PROFILE_")
-            || key.starts_with("CARGO_CFG_")
-            || key == "CARGO_MAKEFLAGS"
-        {
+        if key.starts_with("CARGO_PROFILE_") || key.starts_with("CARGO_CFG_") || key == "CARGO_MAKEFLAGS" {
             cmd.env_remove(key);
         }
     }

@@ -23,7 +23,9 @@ impl Home {
         if let Some(x) = std::env::var_os("XDG_DATA_HOME").filter(|h| !h.is_empty()) {
             return Home::at(PathBuf::from(x).join("cairn"));
         }
-        let home = std::env::var_os("HOME").map(PathBuf::from).unwrap_or_else(|| PathBuf::from("/root"));
+        let home = std::env::var_os("HOME")
+            .map(PathBuf::from)
+            .unwrap_or_else(|| PathBuf::from("/root"));
         Home::at(home.join(".local/share/cairn"))
     }
 
@@ -32,6 +34,12 @@ impl Home {
         // Overlay options and socket paths want an absolute, clean path.
         let root = std::path::absolute(&root).unwrap_or(root);
         Home { root }
+    }
+
+    /// A short stable name for this state directory, which keeps its host
+    /// resources (cgroups) apart from those of other state directories.
+    pub fn scope(&self) -> String {
+        blake3::hash(self.root.as_os_str().as_encoded_bytes()).to_hex()[..12].to_string()
     }
 
     pub fn root(&self) -> &Path {

@@ -73,6 +73,8 @@ pub struct Engine {
     layers: LayerStore,
     native: NativeDriver,
     init_binary: PathBuf,
+    /// Sandboxes the reconciliation at open removed (reported by `gc`).
+    reconciled: Vec<String>,
 }
 
 impl Engine {
@@ -88,11 +90,20 @@ impl Engine {
         mkdir(home.sandboxes())?;
         let db = state::Db::open(&home.db())?;
         let layers = LayerStore::open(home.layers())?;
-        let init_binary = cairn_sandbox::init_binary::install(&home.lib())
-            .map_err(|source| EngineError::Home { path: home.lib(), source })?;
-        let native = NativeDriver::new()?;
-        let mut engine = Engine { home, db, layers, native, init_binary };
-        engine.reconcile()?;
+        let init_binary = cairn_sandbox::init_binary::install(&home.lib()).map_err(|source| EngineError::Home {
+            path: home.lib(),
+            source,
+        })?;
+        let native = NativeDriver::new(&home.scope())?;
+        let mut engine = Engine {
+            home,
+            db,
+            layers,
+            native,
+            init_binary,
+            reconciled: Vec::new(),
+        };
+        engine.reconciled = engine.reconcile()?;
         Ok(engine)
     }
 

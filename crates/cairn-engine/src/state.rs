@@ -21,12 +21,18 @@ const MIGRATIONS: &[&str] = &[include_str!("../migrations/sqlite/0001_sandboxes_
 pub enum StateError {
     #[error("state database: {0}")]
     Sql(#[from] rusqlite::Error),
-    #[error("the state database was written by a newer Cairn (schema {found}, this build knows {known}); upgrade Cairn")]
+    #[error(
+        "the state database was written by a newer Cairn (schema {found}, this build knows {known}); upgrade Cairn"
+    )]
     FutureSchema { found: i64, known: i64 },
     #[error("a sandbox named {0:?} already exists; pick another --name or remove it with `cairn rm -f {0}`")]
     NameTaken(String),
     #[error("sandbox {id} cannot go from {from} to {to}")]
-    InvalidTransition { id: String, from: SandboxState, to: SandboxState },
+    InvalidTransition {
+        id: String,
+        from: SandboxState,
+        to: SandboxState,
+    },
     #[error("sandbox {0} changed state while this command ran; retry")]
     Conflict(String),
 }
@@ -51,7 +57,12 @@ impl SandboxState {
         use SandboxState::*;
         matches!(
             (self, to),
-            (Creating, Running) | (Creating, Exited) | (Creating, Removing) | (Running, Exited) | (Running, Removing) | (Exited, Removing)
+            (Creating, Running)
+                | (Creating, Exited)
+                | (Creating, Removing)
+                | (Running, Exited)
+                | (Running, Removing)
+                | (Exited, Removing)
         )
     }
 
@@ -137,15 +148,19 @@ impl Db {
     pub fn image(&self, name: &str) -> Result<Option<ImageRecord>, StateError> {
         let row = self
             .conn
-            .query_row("SELECT name, source, size_bytes, created_at FROM images WHERE name = ?1", [name], |r| {
-                Ok(ImageRecord {
-                    name: r.get(0)?,
-                    source: r.get(1)?,
-                    size_bytes: r.get::<_, i64>(2)? as u64,
-                    created_at: r.get(3)?,
-                    layers: Vec::new(),
-                })
-            })
+            .query_row(
+                "SELECT name, source, size_bytes, created_at FROM images WHERE name = ?1",
+                [name],
+                |r| {
+                    Ok(ImageRecord {
+                        name: r.get(0)?,
+                        source: r.get(1)?,
+                        size_bytes: r.get::<_, i64>(2)? as u64,
+                        created_at: r.get(3)?,
+                        layers: Vec::new(),
+                    })
+                },
+            )
             .optional()?;
         let Some(mut rec) = row else { return Ok(None) };
         rec.layers = self.layers_of("image_layers", "image", name)?;
@@ -167,7 +182,11 @@ impl Db {
 
     fn layers_of(&self, table: &str, key: &str, value: &str) -> Result<Vec<String>, StateError> {
         let sql = format!("SELECT layer_id FROM {table} WHERE {key} = ?1 ORDER BY position");
-        let layers = self.conn.prepare_cached(&sql)?.query_map([value], |r| r.get(0))?.collect::<Result<_, _>>()?;
+        let layers = self
+            .conn
+            .prepare_cached(&sql)?
+            .query_map([value], |r| r.get(0))?
+            .collect::<Result<_, _>>()?;
         Ok(layers)
     }
 
@@ -180,7 +199,10 @@ impl Db {
             params![rec.name, rec.source, rec.size_bytes as i64, rec.created_at],
         )?;
         for (i, l) in rec.layers.iter().enumerate() {
-            tx.execute("INSERT INTO image_layers (image, position, layer_id) VALUES (?1, ?2, ?3)", params![rec.name, i, l])?;
+            tx.execute(
+                "INSERT INTO image_layers (image, position, layer_id) VALUES (?1, ?2, ?3)",
+                params![rec.name, i, l],
+            )?;
         }
         tx.commit()?;
         Ok(())
@@ -260,9 +282,15 @@ impl Db {
         memory_bytes, cpu_millis, pids_max, created_at, ended_reason, auto_remove";
 
     pub fn sandboxes(&self) -> Result<Vec<SandboxRecord>, StateError> {
-        let sql = format!("SELECT {} FROM sandboxes ORDER BY created_at, id", Self::SANDBOX_COLUMNS);
-        let mut rows: Vec<SandboxRecord> =
-            self.conn.prepare(&sql)?.query_map([], Self::sandbox_from_row)?.collect::<Result<_, _>>()?;
+        let sql = format!(
+            "SELECT {} FROM sandboxes ORDER BY created_at, id",
+            Self::SANDBOX_COLUMNS
+        );
+        let mut rows: Vec<SandboxRecord> = self
+            .conn
+            .prepare(&sql)?
+            .query_map([], Self::sandbox_from_row)?
+            .collect::<Result<_, _>>()?;
         for r in &mut rows {
             r.layers = self.layers_of("sandbox_layers", "sandbox_id", &r.id)?;
         }
@@ -275,8 +303,11 @@ impl Db {
             "SELECT {} FROM sandboxes WHERE name = ?1 OR id = ?1 OR (length(?1) >= 3 AND substr(id, 1, length(?1)) = ?1)",
             Self::SANDBOX_COLUMNS
         );
-        let mut rows: Vec<SandboxRecord> =
-            self.conn.prepare_cached(&sql)?.query_map([key], Self::sandbox_from_row)?.collect::<Result<_, _>>()?;
+        let mut rows: Vec<SandboxRecord> = self
+            .conn
+            .prepare_cached(&sql)?
+            .query_map([key], Self::sandbox_from_row)?
+            .collect::<Result<_, _>>()?;
         // An exact name or id beats prefixes.
         if let Some(exact) = rows.iter().position(|r| r.name == key || r.id == key) {
             rows = vec![rows.swap_remove(exact)];
@@ -297,7 +328,11 @@ impl Db {
         reason: Option<&str>,
     ) -> Result<(), StateError> {
         if !from.valid_transition(to) {
-            return Err(StateError::InvalidTransition { id: id.to_string(), from, to });
+            return Err(StateError::InvalidTransition {
+                id: id.to_string(),
+                from,
+                to,
+            });
         }
         let n = self.conn.execute(
             "UPDATE sandboxes SET state = ?3, ended_reason = COALESCE(?4, ended_reason) WHERE id = ?1 AND state = ?2",
@@ -337,8 +372,15 @@ impl Db {
     /// Every layer id an image or a sandbox refers to.
     pub fn referenced_layers(&self) -> Result<HashSet<String>, StateError> {
         let mut out = HashSet::new();
-        for sql in ["SELECT layer_id FROM image_layers", "SELECT layer_id FROM sandbox_layers"] {
-            let ids: Vec<String> = self.conn.prepare(sql)?.query_map([], |r| r.get(0))?.collect::<Result<_, _>>()?;
+        for sql in [
+            "SELECT layer_id FROM image_layers",
+            "SELECT layer_id FROM sandbox_layers",
+        ] {
+            let ids: Vec<String> = self
+                .conn
+                .prepare(sql)?
+                .query_map([], |r| r.get(0))?
+                .collect::<Result<_, _>>()?;
             out.extend(ids);
         }
         Ok(out)
@@ -404,13 +446,18 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let mut db = Db::open(&dir.path().join("s.db")).unwrap();
         db.insert_sandbox(&sandbox("abc123", "one")).unwrap();
-        let err = db.transition("abc123", SandboxState::Exited, SandboxState::Running, None).unwrap_err();
+        let err = db
+            .transition("abc123", SandboxState::Exited, SandboxState::Running, None)
+            .unwrap_err();
         assert_eq!(err.to_string(), "sandbox abc123 cannot go from exited to running");
         // A lost race is a conflict, not a silent no-op.
-        let err = db.transition("abc123", SandboxState::Running, SandboxState::Exited, None).unwrap_err();
+        let err = db
+            .transition("abc123", SandboxState::Running, SandboxState::Exited, None)
+            .unwrap_err();
         assert!(matches!(err, StateError::Conflict(_)));
         db.set_running("abc123", 10, 20).unwrap();
-        db.transition("abc123", SandboxState::Running, SandboxState::Removing, None).unwrap();
+        db.transition("abc123", SandboxState::Running, SandboxState::Removing, None)
+            .unwrap();
     }
 
     #[test]
@@ -418,7 +465,10 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let path = dir.path().join("s.db");
         drop(Db::open(&path).unwrap());
-        Connection::open(&path).unwrap().pragma_update(None, "user_version", 99).unwrap();
+        Connection::open(&path)
+            .unwrap()
+            .pragma_update(None, "user_version", 99)
+            .unwrap();
         let err = Db::open(&path).err().unwrap();
         assert!(err.to_string().contains("newer Cairn"), "{err}");
     }

@@ -9,8 +9,8 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use cairn_protocol::{
-    encode_frame, read_frame, write_frame, ExecRequest, ExitStatus, FrameError, FromInit,
-    SpawnErrorKind, ToInit, DATA_CHUNK,
+    encode_frame, read_frame, write_frame, ExecRequest, ExitStatus, FrameError, FromInit, SpawnErrorKind, ToInit,
+    DATA_CHUNK,
 };
 use nix::sys::signal::{killpg, Signal};
 use nix::unistd::Pid;
@@ -66,21 +66,15 @@ pub fn run(
             .stdout(Stdio::inherit())
             .stderr(Stdio::inherit());
         let reply = match reaper.spawn_detached(&mut cmd, req.argv.join(" ")) {
-            Ok(child) => FromInit::Started {
-                pid: child.id() as i32,
-            },
+            Ok(child) => FromInit::Started { pid: child.id() as i32 },
             Err(e) => spawn_failed(&req.argv[0], &e),
         };
         return write_frame(&mut writer, &reply);
     }
 
-    cmd.stdin(if req.stdin {
-        Stdio::piped()
-    } else {
-        Stdio::null()
-    })
-    .stdout(Stdio::piped())
-    .stderr(Stdio::piped());
+    cmd.stdin(if req.stdin { Stdio::piped() } else { Stdio::null() })
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped());
     let (mut child, exited) = match reaper.spawn(&mut cmd) {
         Ok(x) => x,
         Err(e) => return write_frame(&mut writer, &spawn_failed(&req.argv[0], &e)),
@@ -219,18 +213,12 @@ fn pump<R: Read + Send + 'static>(
 
 fn spawn_failed(program: &str, e: &io::Error) -> FromInit {
     let (kind, message) = match e.kind() {
-        ErrorKind::NotFound => (
-            SpawnErrorKind::NotFound,
-            format!("{program}: command not found"),
-        ),
+        ErrorKind::NotFound => (SpawnErrorKind::NotFound, format!("{program}: command not found")),
         ErrorKind::PermissionDenied => (
             SpawnErrorKind::PermissionDenied,
             format!("{program}: permission denied"),
         ),
-        _ => (
-            SpawnErrorKind::Other,
-            format!("{program}: cannot start: {e}"),
-        ),
+        _ => (SpawnErrorKind::Other, format!("{program}: cannot start: {e}")),
     };
     FromInit::SpawnFailed { kind, message }
 }

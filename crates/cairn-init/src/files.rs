@@ -6,9 +6,7 @@ use std::os::unix::fs::{chown, MetadataExt, PermissionsExt};
 use std::os::unix::net::UnixStream;
 use std::path::{Path, PathBuf};
 
-use cairn_protocol::{
-    read_frame, write_frame, FileKind, FileMeta, FrameError, FromInit, ToInit, DATA_CHUNK,
-};
+use cairn_protocol::{read_frame, write_frame, FileKind, FileMeta, FrameError, FromInit, ToInit, DATA_CHUNK};
 use nix::sys::stat::{utimensat, UtimensatFlags};
 use nix::sys::time::TimeSpec;
 
@@ -42,11 +40,7 @@ fn meta_of(path: &str, md: &fs::Metadata) -> FileMeta {
 /// Receives a file. The content goes to a temporary file beside the target,
 /// renamed into place only once complete, so an interrupted copy never
 /// leaves a truncated file behind.
-pub fn put<W: Write>(
-    meta: FileMeta,
-    reader: &mut BufReader<UnixStream>,
-    writer: &mut W,
-) -> Result<(), FrameError> {
+pub fn put<W: Write>(meta: FileMeta, reader: &mut BufReader<UnixStream>, writer: &mut W) -> Result<(), FrameError> {
     let reply = match receive(&meta, reader) {
         Ok(()) => FromInit::Done,
         Err(Failure::Protocol(e)) => return Err(e),
@@ -64,9 +58,7 @@ enum Failure {
 
 fn receive(meta: &FileMeta, reader: &mut BufReader<UnixStream>) -> Result<(), Failure> {
     let target = PathBuf::from(&meta.path);
-    let refuse = |what: &str, e: std::io::Error| {
-        Failure::Refused(format!("cannot write {}: {what}: {e}", meta.path))
-    };
+    let refuse = |what: &str, e: std::io::Error| Failure::Refused(format!("cannot write {}: {what}: {e}", meta.path));
     let parent = target
         .parent()
         .filter(|p| !p.as_os_str().is_empty())
@@ -104,9 +96,7 @@ fn receive(meta: &FileMeta, reader: &mut BufReader<UnixStream>) -> Result<(), Fa
             Ok(ToInit::End) => break,
             Ok(_) => {
                 let _ = fs::remove_file(&tmp);
-                return Err(Failure::Refused(
-                    "unexpected frame inside a file transfer".into(),
-                ));
+                return Err(Failure::Refused("unexpected frame inside a file transfer".into()));
             }
             Err(e) => {
                 let _ = fs::remove_file(&tmp);
@@ -120,13 +110,11 @@ fn receive(meta: &FileMeta, reader: &mut BufReader<UnixStream>) -> Result<(), Fa
         }
         file.sync_data().map_err(|e| refuse("sync", e))?;
         chown(&tmp, Some(meta.uid), Some(meta.gid)).map_err(|e| refuse("chown", e))?;
-        fs::set_permissions(&tmp, fs::Permissions::from_mode(meta.mode))
-            .map_err(|e| refuse("chmod", e))?;
+        fs::set_permissions(&tmp, fs::Permissions::from_mode(meta.mode)).map_err(|e| refuse("chmod", e))?;
         let secs = meta.mtime_ns.div_euclid(1_000_000_000) as i64;
         let nsec = meta.mtime_ns.rem_euclid(1_000_000_000) as i64;
         let ts = TimeSpec::new(secs, nsec);
-        utimensat(None, &tmp, &ts, &ts, UtimensatFlags::NoFollowSymlink)
-            .map_err(|e| refuse("set mtime", e.into()))?;
+        utimensat(None, &tmp, &ts, &ts, UtimensatFlags::NoFollowSymlink).map_err(|e| refuse("set mtime", e.into()))?;
         if target.is_dir() {
             return Err(Failure::Refused(format!(
                 "cannot write {}: it is a directory",
@@ -156,10 +144,7 @@ pub fn get<W: Write>(path: &str, writer: &mut W) -> Result<(), FrameError> {
     // Refuse fifos and devices before opening: opening a fifo blocks.
     if let Ok(md) = fs::metadata(path) {
         if !md.is_file() {
-            write_frame(
-                writer,
-                &FromInit::Error(format!("{path} is not a regular file")),
-            )?;
+            write_frame(writer, &FromInit::Error(format!("{path} is not a regular file")))?;
             return Ok(writer.flush()?);
         }
     }
@@ -175,10 +160,7 @@ pub fn get<W: Write>(path: &str, writer: &mut W) -> Result<(), FrameError> {
         }
     };
     if !md.is_file() {
-        write_frame(
-            writer,
-            &FromInit::Error(format!("{path} is not a regular file")),
-        )?;
+        write_frame(writer, &FromInit::Error(format!("{path} is not a regular file")))?;
         return Ok(writer.flush()?);
     }
     write_frame(writer, &FromInit::File(meta_of(path, &md)))?;
@@ -189,10 +171,7 @@ pub fn get<W: Write>(path: &str, writer: &mut W) -> Result<(), FrameError> {
             Ok(0) => break,
             Ok(n) => n,
             Err(e) => {
-                write_frame(
-                    writer,
-                    &FromInit::Error(format!("reading {path} failed: {e}")),
-                )?;
+                write_frame(writer, &FromInit::Error(format!("reading {path} failed: {e}")))?;
                 return Ok(writer.flush()?);
             }
         };

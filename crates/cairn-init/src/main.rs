@@ -15,9 +15,7 @@ use std::os::fd::{FromRawFd, RawFd};
 use std::os::unix::net::{UnixListener, UnixStream};
 use std::sync::Arc;
 
-use cairn_protocol::{
-    read_frame, write_frame, FromInit, ToInit, LISTEN_FD, MAGIC, PROTOCOL_VERSION,
-};
+use cairn_protocol::{read_frame, write_frame, FromInit, ToInit, LISTEN_FD, MAGIC, PROTOCOL_VERSION};
 
 use crate::reaper::Reaper;
 
@@ -27,10 +25,7 @@ fn main() {
         .and_then(|v| v.parse().ok())
         .unwrap_or(LISTEN_FD);
     // Children must not inherit the listening socket.
-    if let Err(e) = nix::fcntl::fcntl(
-        listen_fd,
-        nix::fcntl::FcntlArg::F_SETFD(nix::fcntl::FdFlag::FD_CLOEXEC),
-    ) {
+    if let Err(e) = nix::fcntl::fcntl(listen_fd, nix::fcntl::FcntlArg::F_SETFD(nix::fcntl::FdFlag::FD_CLOEXEC)) {
         eprintln!("cairn-init: no listening socket on fd {listen_fd}: {e}");
         std::process::exit(111);
     }
@@ -132,10 +127,7 @@ fn serve(stream: UnixStream, reaper: &Reaper) {
             }
             ToInit::PutFile(meta) => files::put(meta, &mut reader, &mut writer)?,
             ToInit::GetFile { path } => files::get(&path, &mut writer)?,
-            ToInit::Restored {
-                unix_time_ns,
-                entropy,
-            } => {
+            ToInit::Restored { unix_time_ns, entropy } => {
                 let reply = match files::restored(unix_time_ns, &entropy) {
                     Ok(()) => FromInit::Done,
                     Err(e) => FromInit::Error(e),

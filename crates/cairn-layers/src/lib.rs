@@ -38,10 +38,7 @@ impl fmt::Display for LayerId {
 impl FromStr for LayerId {
     type Err = LayerError;
     fn from_str(s: &str) -> Result<Self, LayerError> {
-        if s.len() == 32
-            && s.bytes()
-                .all(|b| b.is_ascii_digit() || (b'a'..=b'f').contains(&b))
-        {
+        if s.len() == 32 && s.bytes().all(|b| b.is_ascii_digit() || (b'a'..=b'f').contains(&b)) {
             Ok(LayerId(s.to_string()))
         } else {
             Err(LayerError::BadId(s.to_string()))
@@ -175,9 +172,7 @@ impl LayerStore {
         };
         let mut n = 0;
         for e in entries.flatten() {
-            if e.file_name().to_string_lossy().starts_with(".tmp-")
-                && fs::remove_dir_all(e.path()).is_ok()
-            {
+            if e.file_name().to_string_lossy().starts_with(".tmp-") && fs::remove_dir_all(e.path()).is_ok() {
                 n += 1;
             }
         }
@@ -216,10 +211,7 @@ mod tests {
         assert!(store.path(&id).is_err());
         assert!(store.list().unwrap().is_empty());
         let id = pending.commit().unwrap();
-        assert_eq!(
-            fs::read_to_string(store.path(&id).unwrap().join("f")).unwrap(),
-            "x"
-        );
+        assert_eq!(fs::read_to_string(store.path(&id).unwrap().join("f")).unwrap(), "x");
         assert_eq!(store.list().unwrap(), vec![id.clone()]);
         store.remove(&id).unwrap();
         assert!(store.list().unwrap().is_empty());

@@ -12,9 +12,7 @@ use std::os::unix::net::UnixListener;
 use std::path::{Path, PathBuf};
 use std::time::{Duration, UNIX_EPOCH};
 
-use cairn_layers::archive::{
-    capture, materialise, remove_abandoned_materialisations, EntryKind, LayerPath,
-};
+use cairn_layers::archive::{capture, materialise, remove_abandoned_materialisations, EntryKind, LayerPath};
 use cairn_store::{collect_garbage, BlobStore, ChunkStore, LocalStore};
 use nix::sys::stat::{makedev, mknod, utimensat, Mode, SFlag, UtimensatFlags};
 use nix::sys::time::TimeSpec;
@@ -150,10 +148,7 @@ fn mutate(m: &Path) {
     xattr::set(n.join("hello.txt"), "user.empty", b"").unwrap();
     xattr::set(n.join("elsewhere"), "user.dir-label", b"\x00\xffbinary").unwrap();
     write(&n.join("naïve-日本語-🪨.txt"), "unicode ✓".as_bytes());
-    write(
-        &n.join(OsStr::from_bytes(b"not-utf8-\xff\xfe")),
-        b"raw bytes name",
-    );
+    write(&n.join(OsStr::from_bytes(b"not-utf8-\xff\xfe")), b"raw bytes name");
     drop(UnixListener::bind(n.join("socket")).unwrap());
     mknod(
         &n.join("loop-dev"),
@@ -174,12 +169,8 @@ fn mutate(m: &Path) {
         .unwrap();
     sparse.set_len(100 * MB).unwrap();
     let data = pseudo_random(MB as usize, 9);
-    sparse
-        .write_all_at(&data[..(MB / 2) as usize], 10 * MB)
-        .unwrap();
-    sparse
-        .write_all_at(&data[(MB / 2) as usize..], 70 * MB)
-        .unwrap();
+    sparse.write_all_at(&data[..(MB / 2) as usize], 10 * MB).unwrap();
+    sparse.write_all_at(&data[(MB / 2) as usize..], 70 * MB).unwrap();
     drop(sparse);
 
     // Old mtimes, set last so later writes do not bump them.
@@ -228,15 +219,9 @@ fn a_materialised_layer_reproduces_the_merged_view_exactly() {
         .xattrs
         .iter()
         .any(|x| x.name == b"trusted.overlay.redirect"));
-    assert!(matches!(
-        find("new/group-2").kind,
-        EntryKind::HardLink { .. }
-    ));
+    assert!(matches!(find("new/group-2").kind, EntryKind::HardLink { .. }));
     // Capture reads only the upper: untouched lower files are absent.
-    assert!(index
-        .entries
-        .iter()
-        .all(|e| e.path.as_bytes() != b"keep.txt"));
+    assert!(index.entries.iter().all(|e| e.path.as_bytes() != b"keep.txt"));
     // The sparse file's holes were not stored.
     match &find("new/sparse").kind {
         EntryKind::File(c) => {
@@ -248,27 +233,13 @@ fn a_materialised_layer_reproduces_the_merged_view_exactly() {
 
     let rebuilt = s.path("layer");
     materialise(&layer.id, &store, &rebuilt).unwrap();
-    assert!(
-        allocated(&rebuilt.join("new/sparse")) < 4 * MB,
-        "holes were filled in"
-    );
+    assert!(allocated(&rebuilt.join("new/sparse")) < 4 * MB, "holes were filled in");
 
-    let original = Mount::overlay(
-        &[&lower],
-        Some((&upper, &work)),
-        &s.path("view-original"),
-        true,
-    )
-    .unwrap();
-    let restored =
-        Mount::overlay(&[&rebuilt, &lower], None, &s.path("view-restored"), true).unwrap();
+    let original = Mount::overlay(&[&lower], Some((&upper, &work)), &s.path("view-original"), true).unwrap();
+    let restored = Mount::overlay(&[&rebuilt, &lower], None, &s.path("view-restored"), true).unwrap();
     let expected = observe(original.path());
     let actual = observe(restored.path());
-    assert!(
-        expected.len() > 40,
-        "the comparison saw too little: {}",
-        expected.len()
-    );
+    assert!(expected.len() > 40, "the comparison saw too little: {}", expected.len());
     assert!(!expected.contains_key(&b"delete-me.txt"[..]));
     assert!(
         !expected.contains_key(&b"replace-dir/a"[..]),
@@ -305,8 +276,7 @@ fn materialised_layers_stack_like_the_uppers_they_came_from() {
     // Session 2 restored from the snapshot: lower = L1 over the base.
     let (upper2, work2) = (s.mkdir("upper2"), s.mkdir("work2"));
     {
-        let m =
-            Mount::overlay(&[&m1, &base], Some((&upper2, &work2)), &s.path("m2"), false).unwrap();
+        let m = Mount::overlay(&[&m1, &base], Some((&upper2, &work2)), &s.path("m2"), false).unwrap();
         let p = m.path();
         fs::remove_file(p.join("new/hello.txt")).unwrap(); // a file born in L1
         fs::remove_file(p.join("keep.txt")).unwrap(); // a file of the base
@@ -325,8 +295,7 @@ fn materialised_layers_stack_like_the_uppers_they_came_from() {
     let m2 = s.path("L2");
     materialise(&l2.id, &store, &m2).unwrap();
 
-    let reference =
-        Mount::overlay(&[&m1, &base], Some((&upper2, &work2)), &s.path("ref"), true).unwrap();
+    let reference = Mount::overlay(&[&m1, &base], Some((&upper2, &work2)), &s.path("ref"), true).unwrap();
     let stacked = Mount::overlay(&[&m2, &m1, &base], None, &s.path("stacked"), true).unwrap();
     let expected = observe(reference.path());
     assert!(!expected.contains_key(&b"new/hello.txt"[..]));
@@ -410,11 +379,7 @@ fn a_failed_materialisation_leaves_nothing_behind_and_names_the_file() {
         "{msg}"
     );
     assert!(!dest.exists());
-    assert_eq!(
-        fs::read_dir(&out).unwrap().count(),
-        0,
-        "temp directory left behind"
-    );
+    assert_eq!(fs::read_dir(&out).unwrap().count(), 0, "temp directory left behind");
 
     fs::create_dir(&dest).unwrap();
     let err = materialise(&layer.id, &store, &dest).unwrap_err();
@@ -460,15 +425,8 @@ fn mtimes_survive_with_nanosecond_precision_on_every_kind() {
     let dest = s.path("out");
     materialise(&layer.id, &store, &dest).unwrap();
     for (p, sec, nsec) in times {
-        let m = fs::symlink_metadata(dest.join(p))
-            .unwrap()
-            .modified()
-            .unwrap();
-        assert_eq!(
-            m,
-            UNIX_EPOCH + Duration::new(sec as u64, nsec as u32),
-            "mtime of {p:?}"
-        );
+        let m = fs::symlink_metadata(dest.join(p)).unwrap().modified().unwrap();
+        assert_eq!(m, UNIX_EPOCH + Duration::new(sec as u64, nsec as u32), "mtime of {p:?}");
     }
 }
 
@@ -483,10 +441,7 @@ fn gc_rooted_at_a_layer_keeps_it_whole_and_frees_a_dropped_layer() {
     write(&kept_upper.join("shared"), &shared);
     write(&kept_upper.join("only-kept"), &pseudo_random(300_000, 21));
     write(&dropped_upper.join("shared"), &shared);
-    write(
-        &dropped_upper.join("only-dropped"),
-        &pseudo_random(300_000, 41),
-    );
+    write(&dropped_upper.join("only-dropped"), &pseudo_random(300_000, 41));
     let store = store_in(&s);
     let kept = capture(&kept_upper, &store).unwrap();
     let dropped = capture(&dropped_upper, &store).unwrap();
@@ -504,10 +459,7 @@ fn gc_rooted_at_a_layer_keeps_it_whole_and_frees_a_dropped_layer() {
     materialise(&kept.id, &store, &dest).unwrap();
     assert_eq!(fs::read(dest.join("shared")).unwrap(), shared);
     let err = materialise(&dropped.id, &store, &s.path("dropped-layer")).unwrap_err();
-    assert!(
-        err.to_string().contains("is missing from the store"),
-        "{err}"
-    );
+    assert!(err.to_string().contains("is missing from the store"), "{err}");
 }
 
 #[test]
@@ -527,9 +479,6 @@ fn temp_directories_of_dead_materialisations_are_removed_and_live_ones_kept() {
 
     assert_eq!(remove_abandoned_materialisations(&layers).unwrap(), 1);
     assert!(!abandoned.exists());
-    assert!(
-        running.exists(),
-        "a running materialisation's temp dir was removed"
-    );
+    assert!(running.exists(), "a running materialisation's temp dir was removed");
     assert!(finished.exists());
 }

@@ -270,10 +270,7 @@ mod tests {
             let got: ToInit = read_frame(&mut r).unwrap();
             assert_eq!(&got, m);
         }
-        assert!(matches!(
-            read_frame::<ToInit, _>(&mut r),
-            Err(FrameError::Closed)
-        ));
+        assert!(matches!(read_frame::<ToInit, _>(&mut r), Err(FrameError::Closed)));
     }
 
     #[test]
@@ -299,10 +296,7 @@ mod tests {
         wire.extend_from_slice(&[1, 2]);
         let mut r = &wire[..];
         let _: ToInit = read_frame(&mut r).unwrap();
-        assert!(matches!(
-            read_frame::<ToInit, _>(&mut r),
-            Err(FrameError::Io(_))
-        ));
+        assert!(matches!(read_frame::<ToInit, _>(&mut r), Err(FrameError::Io(_))));
     }
 
     #[test]

@@ -1,9 +1,10 @@
 //! Cgroup limits, freezing and cleanup, on cgroup v2 where the host has it
 //! and on v1 controllers where it does not.
 //!
-//! Every sandbox gets `cairn/<id>` in each hierarchy it uses. On v1 that is
-//! one directory per controller (memory, pids, cpu, freezer); on v2 one
-//! directory in the unified tree.
+//! Every sandbox gets `cairn/<scope>/<id>` in each hierarchy it uses, where
+//! the scope names one state directory, so two Cairn homes on a host never
+//! touch each other's sandboxes. On v1 that is one directory per controller
+//! (memory, pids, cpu, freezer); on v2 one directory in the unified tree.
 
 use std::fs;
 use std::io::{self, ErrorKind};
@@ -17,7 +18,9 @@ const CFS_PERIOD_US: u64 = 100_000;
 
 #[derive(Debug, thiserror::Error)]
 pub enum CgroupError {
-    #[error("no usable cgroup hierarchy under {0}: mount cgroup v2, or the v1 memory, pids, cpu and freezer controllers")]
+    #[error(
+        "no usable cgroup hierarchy under {0}: mount cgroup v2, or the v1 memory, pids, cpu and freezer controllers"
+    )]
     NoHierarchy(PathBuf),
     #[error("cannot {what} {path}: {source} (Cairn needs root to manage cgroups)")]
     Io {
@@ -42,25 +45,26 @@ fn io_err<'a>(what: &'static str, path: &'a Path) -> impl FnOnce(io::Error) -> C
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Hierarchy {
     /// One unified tree (`/sys/fs/cgroup`).
-    V2 { root: PathBuf },
+    V2 { root: PathBuf, scope: String },
     /// Separate per-controller mounts (`/sys/fs/cgroup/<controller>`).
-    V1 { root: PathBuf },
+    V1 { root: PathBuf, scope: String },
 }
 
 impl Hierarchy {
     /// Finds the hierarchy under `/sys/fs/cgroup`. Hosts with a hybrid
     /// layout whose v2 tree lacks the controllers use v1.
-    pub fn detect() -> Result<Hierarchy, CgroupError> {
-        Self::detect_at(Path::new("/sys/fs/cgroup"))
+    pub fn detect(scope: &str) -> Result<Hierarchy, CgroupError> {
+        Self::detect_at(Path::new("/sys/fs/cgroup"), scope)
     }
 
-    pub fn detect_at(root: &Path) -> Result<Hierarchy, CgroupError> {
-        let v2_controllers =
-            fs::read_to_string(root.join("cgroup.controllers")).unwrap_or_default();
+    pub fn detect_at(root: &Path, scope: &str) -> Result<Hierarchy, CgroupError> {
+        let scope = scope.to_string();
+        let v2_controllers = fs::read_to_string(root.join("cgroup.controllers")).unwrap_or_default();
         let has = |c: &str| v2_controllers.split_whitespace().any(|x| x == c);
         if has("memory") && has("pids") {
             return Ok(Hierarchy::V2 {
                 root: root.to_path_buf(),
+                scope,
             });
         }
         if V1_CONTROLLERS
@@ -69,6 +73,7 @@ impl Hierarchy {
         {
             return Ok(Hierarchy::V1 {
                 root: root.to_path_buf(),
+                scope,
             });
         }
         Err(CgroupError::NoHierarchy(root.to_path_buf()))
@@ -81,14 +86,20 @@ impl Hierarchy {
         }
     }
 
+    /// The directory holding this scope's sandboxes in `controller`'s tree
+    /// (the controller is ignored on v2).
+    fn parent(&self, controller: &str) -> PathBuf {
+        match self {
+            Hierarchy::V2 { root, scope } => root.join("cairn").join(scope),
+            Hierarchy::V1 { root, scope } => root.join(controller).join("cairn").join(scope),
+        }
+    }
+
     /// The sandbox's cgroup directories.
     pub fn dirs(&self, id: &str) -> Vec<PathBuf> {
         match self {
-            Hierarchy::V2 { root } => vec![root.join("cairn").join(id)],
-            Hierarchy::V1 { root } => V1_CONTROLLERS
-                .iter()
-                .map(|c| root.join(c).join("cairn").join(id))
-                .collect(),
+            Hierarchy::V2 { .. } => vec![self.parent("").join(id)],
+            Hierarchy::V1 { .. } => V1_CONTROLLERS.iter().map(|c| self.parent(c).join(id)).collect(),
         }
     }
 
@@ -108,19 +119,20 @@ impl Hierarchy {
     }
 
     fn create_dirs(&self, id: &str) -> Result<(), CgroupError> {
-        if let Hierarchy::V2 { root } = self {
+        if let Hierarchy::V2 { root, .. } = self {
             // Controllers must be enabled on every level above the leaf.
             enable_v2_controllers(root)?;
-            let parent = root.join("cairn");
-            if !parent.exists() {
-                mkdir(&parent)?;
+            for level in [root.join("cairn"), self.parent("")] {
+                if !level.exists() {
+                    mkdir(&level)?;
+                }
+                enable_v2_controllers(&level)?;
             }
-            enable_v2_controllers(&parent)?;
         }
         for dir in self.dirs(id) {
             if let Some(parent) = dir.parent() {
                 if !parent.exists() {
-                    mkdir(parent)?;
+                    fs::create_dir_all(parent).map_err(io_err("create cgroup", parent))?;
                 }
             }
             mkdir(&dir)?;
@@ -136,20 +148,18 @@ impl Hierarchy {
         }
     }
 
-    /// Ids of sandboxes that have cgroups on this host.
+    /// Ids of this scope's sandboxes that have cgroups on this host.
     pub fn sandbox_ids(&self) -> Vec<String> {
-        let parent = match self {
-            Hierarchy::V2 { root } => root.join("cairn"),
-            Hierarchy::V1 { root } => root.join("memory").join("cairn"),
-        };
-        let Ok(entries) = fs::read_dir(parent) else {
-            return Vec::new();
-        };
-        entries
-            .flatten()
+        let mut ids: Vec<String> = V1_CONTROLLERS
+            .iter()
+            .filter_map(|c| fs::read_dir(self.parent(c)).ok())
+            .flat_map(|entries| entries.flatten())
             .filter(|e| e.path().is_dir())
             .filter_map(|e| e.file_name().into_string().ok())
-            .collect()
+            .collect();
+        ids.sort();
+        ids.dedup();
+        ids
     }
 }
 
@@ -181,10 +191,7 @@ pub struct Cgroup {
 
 impl Cgroup {
     fn dir(&self, controller: &str) -> PathBuf {
-        match &self.hierarchy {
-            Hierarchy::V2 { root } => root.join("cairn").join(&self.id),
-            Hierarchy::V1 { root } => root.join(controller).join("cairn").join(&self.id),
-        }
+        self.hierarchy.parent(controller).join(&self.id)
     }
 
     fn write(&self, controller: &str, file: &str, value: &str) -> Result<(), CgroupError> {
@@ -204,16 +211,8 @@ impl Cgroup {
                 self.write("", "cpu.max", &format!("{quota} {CFS_PERIOD_US}"))?;
             }
             Hierarchy::V1 { .. } => {
-                self.write(
-                    "memory",
-                    "memory.limit_in_bytes",
-                    &limits.memory_bytes.to_string(),
-                )?;
-                if self
-                    .dir("memory")
-                    .join("memory.memsw.limit_in_bytes")
-                    .exists()
-                {
+                self.write("memory", "memory.limit_in_bytes", &limits.memory_bytes.to_string())?;
+                if self.dir("memory").join("memory.memsw.limit_in_bytes").exists() {
                     self.write(
                         "memory",
                         "memory.memsw.limit_in_bytes",
@@ -275,10 +274,7 @@ impl Cgroup {
         if let Some(want) = done {
             let path = self.dir("freezer").join("freezer.state");
             let deadline = Instant::now() + Duration::from_secs(10);
-            while fs::read_to_string(&path)
-                .map(|s| s.trim() != want)
-                .unwrap_or(false)
-            {
+            while fs::read_to_string(&path).map(|s| s.trim() != want).unwrap_or(false) {
                 if Instant::now() > deadline {
                     break;
                 }
@@ -334,10 +330,7 @@ impl Cgroup {
                 return Ok(());
             }
             for pid in pids {
-                let _ = nix::sys::signal::kill(
-                    nix::unistd::Pid::from_raw(pid),
-                    nix::sys::signal::Signal::SIGKILL,
-                );
+                let _ = nix::sys::signal::kill(nix::unistd::Pid::from_raw(pid), nix::sys::signal::Signal::SIGKILL);
             }
             if Instant::now() > deadline {
                 return Err(CgroupError::StillBusy(self.id.clone()));
@@ -355,9 +348,7 @@ impl Cgroup {
                     Ok(()) => break,
                     Err(e) if e.kind() == ErrorKind::NotFound => break,
                     // Exiting tasks may still be accounted for a moment.
-                    Err(e)
-                        if e.raw_os_error() == Some(libc::EBUSY) && Instant::now() < deadline =>
-                    {
+                    Err(e) if e.raw_os_error() == Some(libc::EBUSY) && Instant::now() < deadline => {
                         std::thread::sleep(Duration::from_millis(1));
                     }
                     Err(e) => return Err(io_err("remove cgroup", &dir)(e)),
@@ -375,12 +366,8 @@ mod tests {
     #[test]
     fn detects_v2_when_the_unified_tree_has_the_controllers() {
         let dir = tempfile::tempdir().unwrap();
-        fs::write(
-            dir.path().join("cgroup.controllers"),
-            "cpuset cpu io memory pids\n",
-        )
-        .unwrap();
-        assert_eq!(Hierarchy::detect_at(dir.path()).unwrap().version(), 2);
+        fs::write(dir.path().join("cgroup.controllers"), "cpuset cpu io memory pids\n").unwrap();
+        assert_eq!(Hierarchy::detect_at(dir.path(), "test").unwrap().version(), 2);
     }
 
     #[test]
@@ -392,13 +379,13 @@ mod tests {
             fs::create_dir(dir.path().join(c)).unwrap();
             fs::write(dir.path().join(c).join("cgroup.procs"), "").unwrap();
         }
-        assert_eq!(Hierarchy::detect_at(dir.path()).unwrap().version(), 1);
+        assert_eq!(Hierarchy::detect_at(dir.path(), "test").unwrap().version(), 1);
     }
 
     #[test]
     fn no_controllers_is_a_clear_error() {
         let dir = tempfile::tempdir().unwrap();
-        let err = Hierarchy::detect_at(dir.path()).unwrap_err();
+        let err = Hierarchy::detect_at(dir.path(), "test").unwrap_err();
         assert!(err.to_string().contains("cgroup v2"), "{err}");
     }
 }

@@ -7,8 +7,8 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use cairn_protocol::{
-    encode_frame, hello, read_frame, write_frame, ExecRequest, ExitStatus, FileMeta, FrameError,
-    FromInit, SpawnErrorKind, ToInit, DATA_CHUNK, PROTOCOL_VERSION,
+    encode_frame, hello, read_frame, write_frame, ExecRequest, ExitStatus, FileMeta, FrameError, FromInit,
+    SpawnErrorKind, ToInit, DATA_CHUNK, PROTOCOL_VERSION,
 };
 
 #[derive(Debug, thiserror::Error)]
@@ -19,9 +19,7 @@ pub enum ClientError {
     Frame(#[from] FrameError),
     #[error("the sandbox's init refused the request: {0}")]
     Refused(String),
-    #[error(
-        "the sandbox's init answered {0} where it should not; host and init versions may differ"
-    )]
+    #[error("the sandbox's init answered {0} where it should not; host and init versions may differ")]
     Unexpected(String),
     #[error("{0}")]
     Io(#[from] io::Error),
@@ -42,9 +40,7 @@ pub struct InitClient {
 
 impl InitClient {
     pub fn new(socket: impl Into<PathBuf>) -> InitClient {
-        InitClient {
-            socket: socket.into(),
-        }
+        InitClient { socket: socket.into() }
     }
 
     pub fn socket(&self) -> &Path {
@@ -55,9 +51,7 @@ impl InitClient {
     /// checks the welcome.
     fn open(&self, request: &ToInit) -> Result<(UnixStream, BufReader<UnixStream>), ClientError> {
         let mut stream = UnixStream::connect(&self.socket).map_err(|e| match e.kind() {
-            io::ErrorKind::NotFound | io::ErrorKind::ConnectionRefused => {
-                ClientError::NotRunning(self.socket.clone())
-            }
+            io::ErrorKind::NotFound | io::ErrorKind::ConnectionRefused => ClientError::NotRunning(self.socket.clone()),
             _ => ClientError::Io(e),
         })?;
         let mut buf = Vec::new();
@@ -69,9 +63,7 @@ impl InitClient {
         stream.write_all(&buf).map_err(|e| self.lost(e))?;
         let mut reader = BufReader::with_capacity(DATA_CHUNK + 64, stream.try_clone()?);
         match self.read(&mut reader)? {
-            FromInit::Welcome { version, .. } if version == PROTOCOL_VERSION => {
-                Ok((stream, reader))
-            }
+            FromInit::Welcome { version, .. } if version == PROTOCOL_VERSION => Ok((stream, reader)),
             FromInit::Error(e) => Err(ClientError::Refused(e)),
             other => Err(ClientError::Unexpected(format!("{other:?}"))),
         }
@@ -79,9 +71,7 @@ impl InitClient {
 
     fn lost(&self, e: io::Error) -> ClientError {
         match e.kind() {
-            io::ErrorKind::ConnectionReset | io::ErrorKind::BrokenPipe => {
-                ClientError::NotRunning(self.socket.clone())
-            }
+            io::ErrorKind::ConnectionReset | io::ErrorKind::BrokenPipe => ClientError::NotRunning(self.socket.clone()),
             _ => ClientError::Io(e),
         }
     }
@@ -129,9 +119,7 @@ impl InitClient {
     }
 
     pub fn stat(&self, path: &str) -> Result<Option<FileMeta>, ClientError> {
-        let (_stream, mut reader) = self.open(&ToInit::Stat {
-            path: path.to_string(),
-        })?;
+        let (_stream, mut reader) = self.open(&ToInit::Stat { path: path.to_string() })?;
         match self.read(&mut reader)? {
             FromInit::Stat(meta) => Ok(meta),
             other => Err(ClientError::Unexpected(format!("{other:?}"))),
@@ -162,9 +150,7 @@ impl InitClient {
 
     /// Streams a file out of the sandbox into `dst`; returns its metadata.
     pub fn get_file(&self, path: &str, dst: &mut dyn Write) -> Result<FileMeta, ClientError> {
-        let (_stream, mut reader) = self.open(&ToInit::GetFile {
-            path: path.to_string(),
-        })?;
+        let (_stream, mut reader) = self.open(&ToInit::GetFile { path: path.to_string() })?;
         let meta = match self.read(&mut reader)? {
             FromInit::File(meta) => meta,
             FromInit::Error(e) => return Err(ClientError::Refused(e)),
@@ -182,10 +168,7 @@ impl InitClient {
 
     /// Tells init the sandbox was restored: new wall clock, new entropy.
     pub fn restored(&self, unix_time_ns: u128, entropy: Vec<u8>) -> Result<(), ClientError> {
-        let (_stream, mut reader) = self.open(&ToInit::Restored {
-            unix_time_ns,
-            entropy,
-        })?;
+        let (_stream, mut reader) = self.open(&ToInit::Restored { unix_time_ns, entropy })?;
         self.expect_done(&mut reader)
     }
 
@@ -238,11 +221,7 @@ impl ExecSession {
 
     /// Streams output into `stdout` and `stderr` as it comes until the
     /// process ends. A detached process returns at once with no status.
-    pub fn wait(
-        mut self,
-        stdout: &mut dyn Write,
-        stderr: &mut dyn Write,
-    ) -> Result<Option<ExitStatus>, ClientError> {
+    pub fn wait(mut self, stdout: &mut dyn Write, stderr: &mut dyn Write) -> Result<Option<ExitStatus>, ClientError> {
         if self.detached {
             return Ok(None);
         }

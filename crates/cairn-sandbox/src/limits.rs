@@ -30,9 +30,7 @@ impl Default for Limits {
 
 #[derive(Debug, thiserror::Error, PartialEq, Eq)]
 pub enum LimitsError {
-    #[error(
-        "invalid memory size {0:?}: write a number with an optional unit K, M or G (e.g. 512M, 2G)"
-    )]
+    #[error("invalid memory size {0:?}: write a number with an optional unit K, M or G (e.g. 512M, 2G)")]
     Memory(String),
     #[error("memory limit {0} is below the 4M minimum a sandbox needs")]
     MemoryTooSmall(String),
@@ -98,10 +96,7 @@ pub struct CpuCount(pub u32);
 impl FromStr for CpuCount {
     type Err = LimitsError;
     fn from_str(s: &str) -> Result<Self, LimitsError> {
-        let v: f64 = s
-            .trim()
-            .parse()
-            .map_err(|_| LimitsError::Cpus(s.to_string()))?;
+        let v: f64 = s.trim().parse().map_err(|_| LimitsError::Cpus(s.to_string()))?;
         if !v.is_finite() || v < 0.01 || v > 4096.0 {
             return Err(LimitsError::Cpus(s.to_string()));
         }

@@ -58,8 +58,7 @@ pub trait BlobStore: Send + Sync {
     fn list(&self) -> Result<Vec<ObjectInfo>, BlobError>;
     /// Removes leftovers of interrupted writes (temp files, abandoned
     /// multipart uploads) last touched more than `older_than` ago.
-    fn remove_incomplete_writes(&self, older_than: Duration)
-        -> Result<IncompleteWrites, BlobError>;
+    fn remove_incomplete_writes(&self, older_than: Duration) -> Result<IncompleteWrites, BlobError>;
 }
 
 /// A backend operation that failed.

@@ -61,10 +61,7 @@ impl fmt::Display for ReadContext {
 #[derive(Debug, thiserror::Error)]
 pub enum StoreError {
     #[error("chunk {}{context} is missing from the store; the store has lost data: restore the chunk from a replica or backup, or recapture the data", hash.short())]
-    ChunkMissing {
-        hash: ChunkHash,
-        context: Box<ReadContext>,
-    },
+    ChunkMissing { hash: ChunkHash, context: Box<ReadContext> },
     #[error("chunk {}{context} is corrupt: {reason}; restore the chunk from a replica or backup, or recapture the data", hash.short())]
     ChunkCorrupt {
         hash: ChunkHash,
@@ -80,16 +77,15 @@ pub enum StoreError {
     #[error("cannot encode an object for the store: {0}")]
     Encode(#[source] FrameError),
     #[error("the file record{context} is inconsistent: {reason}; the index or manifest holding it is corrupt")]
-    InvalidContent {
-        context: Box<ReadContext>,
-        reason: String,
-    },
+    InvalidContent { context: Box<ReadContext>, reason: String },
     #[error("could not read the source data{context}: {source}")]
     ReadSource {
         context: Box<ReadContext>,
         source: std::io::Error,
     },
-    #[error("could not write the restored data{context}: {source}; check free space and permissions at the destination")]
+    #[error(
+        "could not write the restored data{context}: {source}; check free space and permissions at the destination"
+    )]
     WriteDestination {
         context: Box<ReadContext>,
         source: std::io::Error,
@@ -139,11 +135,7 @@ impl<B: BlobStore> ChunkStore<B> {
     }
 
     /// Reads, decompresses and verifies one chunk.
-    pub fn get_chunk(
-        &self,
-        hash: &ChunkHash,
-        context: &ReadContext,
-    ) -> Result<Vec<u8>, StoreError> {
+    pub fn get_chunk(&self, hash: &ChunkHash, context: &ReadContext) -> Result<Vec<u8>, StoreError> {
         let compressed = match self.backend.get(hash) {
             Ok(bytes) => bytes,
             Err(BlobError::NotFound { .. }) => {
@@ -164,9 +156,7 @@ impl<B: BlobStore> ChunkStore<B> {
             .and_then(|d| d.take(MAX_OBJECT + 1).read_to_end(&mut data))
             .map_err(|e| corrupt(format!("it does not decompress ({e})")))?;
         if data.len() as u64 > MAX_OBJECT {
-            return Err(corrupt(format!(
-                "it decompresses to more than {MAX_OBJECT} bytes"
-            )));
+            return Err(corrupt(format!("it decompresses to more than {MAX_OBJECT} bytes")));
         }
         let actual = ChunkHash::of(&data);
         if actual != *hash {
@@ -183,11 +173,7 @@ impl<B: BlobStore> ChunkStore<B> {
     }
 
     /// Reads and decodes an object stored by [`Self::put_object`].
-    pub fn get_object<T: Framed>(
-        &self,
-        hash: &ChunkHash,
-        context: &ReadContext,
-    ) -> Result<T, StoreError> {
+    pub fn get_object<T: Framed>(&self, hash: &ChunkHash, context: &ReadContext) -> Result<T, StoreError> {
         let bytes = self.get_chunk(hash, context)?;
         frame::decode(&bytes).map_err(|source| StoreError::Object {
             hash: *hash,
@@ -205,9 +191,7 @@ mod tests {
     #[test]
     fn context_renders_path_and_owner() {
         let id = ChunkHash::of(b"snap");
-        let ctx = ReadContext::new()
-            .owner("snapshot", id)
-            .path("/data/genome.fa");
+        let ctx = ReadContext::new().owner("snapshot", id).path("/data/genome.fa");
         assert_eq!(
             ctx.to_string(),
             format!(" of /data/genome.fa in snapshot {}", id.short())
@@ -225,9 +209,6 @@ mod tests {
         assert!(!store.put_chunk(&data).unwrap().new);
         let stored = std::fs::metadata(store.backend().object_path(&put.hash)).unwrap();
         assert!(stored.len() < data.len() as u64 / 10, "not compressed");
-        assert_eq!(
-            store.get_chunk(&put.hash, &ReadContext::new()).unwrap(),
-            data
-        );
+        assert_eq!(store.get_chunk(&put.hash, &ReadContext::new()).unwrap(), data);
     }
 }

@@ -45,10 +45,7 @@ impl FileContent {
                 return Err(format!("chunk #{i} has length {}", c.len));
             }
             if c.offset < end {
-                return Err(format!(
-                    "chunk #{i} at offset {} overlaps the previous one",
-                    c.offset
-                ));
+                return Err(format!("chunk #{i} at offset {} overlaps the previous one", c.offset));
             }
             end = c
                 .offset
@@ -56,10 +53,7 @@ impl FileContent {
                 .ok_or_else(|| format!("chunk #{i} ends past 2^64"))?;
         }
         if end > self.size {
-            return Err(format!(
-                "chunks end at {end}, past the file size {}",
-                self.size
-            ));
+            return Err(format!("chunks end at {end}, past the file size {}", self.size));
         }
         Ok(())
     }
@@ -99,10 +93,7 @@ impl<B: BlobStore> ChunkStore<B> {
     pub fn store_reader(&self, reader: impl Read) -> Result<FileContent, StoreError> {
         let mut content = FileContent::default();
         self.store_region(reader, 0, &mut content)?;
-        content.size = content
-            .chunks
-            .last()
-            .map_or(0, |c| c.offset + u64::from(c.len));
+        content.size = content.chunks.last().map_or(0, |c| c.offset + u64::from(c.len));
         Ok(content)
     }
 
@@ -146,12 +137,7 @@ impl<B: BlobStore> ChunkStore<B> {
         Ok(content)
     }
 
-    fn store_region(
-        &self,
-        reader: impl Read,
-        base: u64,
-        content: &mut FileContent,
-    ) -> Result<(), StoreError> {
+    fn store_region(&self, reader: impl Read, base: u64, content: &mut FileContent) -> Result<(), StoreError> {
         for chunk in StreamCDC::new(reader, MIN_CHUNK, AVG_CHUNK, MAX_CHUNK) {
             let chunk = chunk.map_err(|e| StoreError::ReadSource {
                 context: Box::default(),
@@ -176,11 +162,7 @@ impl<B: BlobStore> ChunkStore<B> {
             return Err(StoreError::ChunkCorrupt {
                 hash: c.hash,
                 context: Box::new(context.clone()),
-                reason: format!(
-                    "it holds {} bytes where the file record says {}",
-                    data.len(),
-                    c.len
-                ),
+                reason: format!("it holds {} bytes where the file record says {}", data.len(), c.len),
             });
         }
         Ok(data)
@@ -194,12 +176,10 @@ impl<B: BlobStore> ChunkStore<B> {
         mut out: impl Write,
         context: &ReadContext,
     ) -> Result<u64, StoreError> {
-        content
-            .validate()
-            .map_err(|reason| StoreError::InvalidContent {
-                context: Box::new(context.clone()),
-                reason,
-            })?;
+        content.validate().map_err(|reason| StoreError::InvalidContent {
+            context: Box::new(context.clone()),
+            reason,
+        })?;
         let write_err = |source| StoreError::WriteDestination {
             context: Box::new(context.clone()),
             source,
@@ -227,18 +207,11 @@ impl<B: BlobStore> ChunkStore<B> {
 
     /// Restores the file into `file` (truncated first), leaving holes
     /// where no chunk covers the range, so sparse files stay sparse.
-    pub fn restore_to_file(
-        &self,
-        content: &FileContent,
-        file: &File,
-        context: &ReadContext,
-    ) -> Result<(), StoreError> {
-        content
-            .validate()
-            .map_err(|reason| StoreError::InvalidContent {
-                context: Box::new(context.clone()),
-                reason,
-            })?;
+    pub fn restore_to_file(&self, content: &FileContent, file: &File, context: &ReadContext) -> Result<(), StoreError> {
+        content.validate().map_err(|reason| StoreError::InvalidContent {
+            context: Box::new(context.clone()),
+            reason,
+        })?;
         let write_err = |source| StoreError::WriteDestination {
             context: Box::new(context.clone()),
             source,

@@ -51,11 +51,7 @@ pub trait Framed: Serialize + DeserializeOwned {
 #[derive(Debug, thiserror::Error)]
 pub enum FrameError {
     #[error("the {what} is truncated: it has {got} bytes where at least {needed} are needed; it was cut short (interrupted copy or full disk), so restore it from another replica or recapture it")]
-    Truncated {
-        what: &'static str,
-        needed: u64,
-        got: u64,
-    },
+    Truncated { what: &'static str, needed: u64, got: u64 },
     #[error("this is not a {what}: it starts with {found:02x?} instead of the magic {expected:02x?}; check that the right file or object id was given")]
     BadMagic {
         what: &'static str,
@@ -75,11 +71,7 @@ pub enum FrameError {
         supported: u32,
     },
     #[error("the {what} declares a {len}-byte payload, over the {cap}-byte limit for this kind of object; it is corrupt or was not written by Cairn")]
-    TooLarge {
-        what: &'static str,
-        len: u64,
-        cap: u64,
-    },
+    TooLarge { what: &'static str, len: u64, cap: u64 },
     #[error("the {what} declares {declared} payload bytes but {actual} follow the header; it is truncated or has trailing garbage, so restore it from another replica or recapture it")]
     LengthMismatch {
         what: &'static str,
@@ -93,11 +85,10 @@ pub enum FrameError {
         computed: u32,
     },
     #[error("the {what} passed its checksum but its payload does not decode ({source}); it was written by an incompatible build of Cairn")]
-    Decode {
-        what: &'static str,
-        source: bincode::Error,
-    },
-    #[error("cannot encode the {what} ({source}); it is probably larger than the {cap}-byte limit for this kind of object")]
+    Decode { what: &'static str, source: bincode::Error },
+    #[error(
+        "cannot encode the {what} ({source}); it is probably larger than the {cap}-byte limit for this kind of object"
+    )]
     Encode {
         what: &'static str,
         cap: u64,
@@ -115,14 +106,13 @@ fn options(cap: u64) -> impl Options {
 
 /// Serialises `value` into a complete frame.
 pub fn encode<T: Framed>(value: &T) -> Result<Vec<u8>, FrameError> {
-    let payload =
-        options(T::MAX_PAYLOAD)
-            .serialize(value)
-            .map_err(|source| FrameError::Encode {
-                what: T::NAME,
-                cap: T::MAX_PAYLOAD,
-                source,
-            })?;
+    let payload = options(T::MAX_PAYLOAD)
+        .serialize(value)
+        .map_err(|source| FrameError::Encode {
+            what: T::NAME,
+            cap: T::MAX_PAYLOAD,
+            source,
+        })?;
     let mut out = Vec::with_capacity(HEADER_LEN + payload.len());
     out.extend_from_slice(&T::MAGIC);
     out.extend_from_slice(&T::VERSION.to_le_bytes());
@@ -187,11 +177,7 @@ pub fn decode<T: Framed>(bytes: &[u8]) -> Result<T, FrameError> {
         });
     }
     if declared != actual {
-        return Err(FrameError::LengthMismatch {
-            what,
-            declared,
-            actual,
-        });
+        return Err(FrameError::LengthMismatch { what, declared, actual });
     }
     let stored = u32::from_le_bytes(bytes[20..24].try_into().expect("4 bytes"));
     let payload = &bytes[HEADER_LEN..];
@@ -200,11 +186,7 @@ pub fn decode<T: Framed>(bytes: &[u8]) -> Result<T, FrameError> {
     crc.update(payload);
     let computed = crc.finalize();
     if stored != computed {
-        return Err(FrameError::Checksum {
-            what,
-            stored,
-            computed,
-        });
+        return Err(FrameError::Checksum { what, stored, computed });
     }
     if version < T::VERSION {
         if version == 0 {
@@ -221,11 +203,7 @@ pub fn decode<T: Framed>(bytes: &[u8]) -> Result<T, FrameError> {
 
 /// Decodes a bare payload with the frame's bincode options; for
 /// [`Framed::decode_older`] implementations reading a previous layout.
-pub fn decode_payload<U: DeserializeOwned>(
-    what: &'static str,
-    cap: u64,
-    payload: &[u8],
-) -> Result<U, FrameError> {
+pub fn decode_payload<U: DeserializeOwned>(what: &'static str, cap: u64, payload: &[u8]) -> Result<U, FrameError> {
     options(cap)
         .deserialize(payload)
         .map_err(|source| FrameError::Decode { what, source })
@@ -297,9 +275,7 @@ mod tests {
         bytes[last] ^= 0x40;
         let err = decode::<Sample>(&bytes).unwrap_err();
         assert!(matches!(err, FrameError::Checksum { .. }), "{err}");
-        assert!(err
-            .to_string()
-            .contains("test object fails its CRC32 check"));
+        assert!(err.to_string().contains("test object fails its CRC32 check"));
     }
 
     #[test]
@@ -307,10 +283,7 @@ mod tests {
         let bytes = encode(&sample()).unwrap();
         for len in 0..bytes.len() {
             let err = decode::<Sample>(&bytes[..len]).unwrap_err();
-            assert!(
-                matches!(err, FrameError::Truncated { .. }),
-                "len {len}: {err}"
-            );
+            assert!(matches!(err, FrameError::Truncated { .. }), "len {len}: {err}");
         }
     }
 
@@ -378,19 +351,13 @@ mod tests {
         let mut bytes = encode(&sample()).unwrap();
         bytes[..8].copy_from_slice(b"CAIRNLIX");
         let err = decode::<Sample>(&bytes).unwrap_err();
-        assert!(
-            err.to_string().contains("this is not a test object"),
-            "{err}"
-        );
+        assert!(err.to_string().contains("this is not a test object"), "{err}");
     }
 
     #[test]
     fn encoding_over_the_cap_is_refused() {
         let mut big = sample();
         big.blob = vec![0; 2 << 20];
-        assert!(matches!(
-            encode(&big).unwrap_err(),
-            FrameError::Encode { .. }
-        ));
+        assert!(matches!(encode(&big).unwrap_err(), FrameError::Encode { .. }));
     }
 }

@@ -95,10 +95,7 @@ mod tests {
         let h = ChunkHash::of(b"genome");
         assert_eq!(h.to_string(), blake3::hash(b"genome").to_hex().as_str());
         assert_eq!(h.to_string().parse::<ChunkHash>().unwrap(), h);
-        assert_eq!(
-            h.to_string().to_uppercase().parse::<ChunkHash>().unwrap(),
-            h
-        );
+        assert_eq!(h.to_string().to_uppercase().parse::<ChunkHash>().unwrap(), h);
     }
 
     #[test]

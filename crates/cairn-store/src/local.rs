@@ -60,18 +60,16 @@ impl LocalStore {
         let marker = root.join(LAYOUT_FILE);
         match fs::read(&marker) {
             Ok(bytes) => {
-                let layout: StoreLayout =
-                    frame::decode(&bytes).map_err(|source| BlobError::Layout {
-                        path: root.clone(),
-                        source,
-                    })?;
+                let layout: StoreLayout = frame::decode(&bytes).map_err(|source| BlobError::Layout {
+                    path: root.clone(),
+                    source,
+                })?;
                 if layout.fanout_levels != 2 {
                     return Err(BlobError::NotAStore { path: root });
                 }
             }
             Err(e) if e.kind() == io::ErrorKind::NotFound => {
-                fs::create_dir_all(&root)
-                    .map_err(|e| BlobError::io("create the store directory", &root, e))?;
+                fs::create_dir_all(&root).map_err(|e| BlobError::io("create the store directory", &root, e))?;
                 let empty = fs::read_dir(&root)
                     .map_err(|e| BlobError::io("list the store directory", &root, e))?
                     .next()
@@ -79,8 +77,7 @@ impl LocalStore {
                 if !empty {
                     return Err(BlobError::NotAStore { path: root });
                 }
-                let bytes = frame::encode(&StoreLayout { fanout_levels: 2 })
-                    .expect("layout marker is tiny");
+                let bytes = frame::encode(&StoreLayout { fanout_levels: 2 }).expect("layout marker is tiny");
                 store.write_atomically(&bytes, &root, &marker)?;
             }
             Err(e) => return Err(BlobError::io("read the store layout marker", marker, e)),
@@ -99,11 +96,7 @@ impl LocalStore {
     /// Where the object for `key` lives: `objects/3f/2a/3f2a…`.
     pub fn object_path(&self, key: &ChunkHash) -> PathBuf {
         let hex = key.to_hex();
-        self.root
-            .join(OBJECTS_DIR)
-            .join(&hex[0..2])
-            .join(&hex[2..4])
-            .join(hex)
+        self.root.join(OBJECTS_DIR).join(&hex[0..2]).join(&hex[2..4]).join(hex)
     }
 
     /// Directory holding writes in progress.
@@ -122,12 +115,7 @@ impl LocalStore {
     }
 
     /// temp file, fsync, rename to `dest`, fsync `dest_dir`.
-    fn write_atomically(
-        &self,
-        bytes: &[u8],
-        dest_dir: &Path,
-        dest: &Path,
-    ) -> Result<(), BlobError> {
+    fn write_atomically(&self, bytes: &[u8], dest_dir: &Path, dest: &Path) -> Result<(), BlobError> {
         let tmp_dir = self.temp_dir();
         fs::create_dir_all(&tmp_dir).map_err(|e| BlobError::io("create", &tmp_dir, e))?;
         let tmp = self.temp_path();
@@ -139,8 +127,7 @@ impl LocalStore {
                 .map_err(|e| BlobError::io("create temp file", &tmp, e))?;
             f.write_all(bytes)
                 .map_err(|e| BlobError::io("write temp file", &tmp, e))?;
-            f.sync_all()
-                .map_err(|e| BlobError::io("fsync temp file", &tmp, e))?;
+            f.sync_all().map_err(|e| BlobError::io("fsync temp file", &tmp, e))?;
             drop(f);
             fs::rename(&tmp, dest).map_err(|e| BlobError::io("rename temp file into", dest, e))?;
             sync_dir(dest_dir)
@@ -154,10 +141,7 @@ impl LocalStore {
     /// Creates the fan-out directories for `path`, fsyncing each parent
     /// whose entry was created so the object is reachable after a crash.
     fn ensure_parent(&self, path: &Path) -> Result<PathBuf, BlobError> {
-        let leaf = path
-            .parent()
-            .expect("object paths have parents")
-            .to_path_buf();
+        let leaf = path.parent().expect("object paths have parents").to_path_buf();
         let mid = leaf.parent().expect("two fan-out levels").to_path_buf();
         for (dir, parent) in [(&mid, self.root.join(OBJECTS_DIR)), (&leaf, mid.clone())] {
             match fs::create_dir(dir) {
@@ -260,9 +244,7 @@ impl BlobStore for LocalStore {
                     out.push(ObjectInfo {
                         key: name.parse().expect("checked to be 64 hex digits"),
                         size: meta.len(),
-                        modified: meta
-                            .modified()
-                            .map_err(|e| BlobError::io("read mtime of", &path, e))?,
+                        modified: meta.modified().map_err(|e| BlobError::io("read mtime of", &path, e))?,
                     });
                 }
             }
@@ -270,10 +252,7 @@ impl BlobStore for LocalStore {
         Ok(out)
     }
 
-    fn remove_incomplete_writes(
-        &self,
-        older_than: Duration,
-    ) -> Result<IncompleteWrites, BlobError> {
+    fn remove_incomplete_writes(&self, older_than: Duration) -> Result<IncompleteWrites, BlobError> {
         let now = SystemTime::now();
         let mut report = IncompleteWrites::default();
         for (_, path) in read_dir_sorted(&self.temp_dir())? {
@@ -282,9 +261,7 @@ impl BlobStore for LocalStore {
                 Err(e) if e.kind() == io::ErrorKind::NotFound => continue,
                 Err(e) => return Err(BlobError::io("stat temp file", &path, e)),
             };
-            let modified = meta
-                .modified()
-                .map_err(|e| BlobError::io("read mtime of", &path, e))?;
+            let modified = meta.modified().map_err(|e| BlobError::io("read mtime of", &path, e))?;
             // A clock step backwards makes the age an error: keep the file.
             let old = now
                 .duration_since(modified)
@@ -334,17 +311,9 @@ mod tests {
         let key = ChunkHash::of(b"x");
         assert_eq!(store.put(&key, b"payload").unwrap(), PutOutcome::Stored);
         let hex = key.to_hex();
-        let expected = dir
-            .path()
-            .join("s/objects")
-            .join(&hex[..2])
-            .join(&hex[2..4])
-            .join(&hex);
+        let expected = dir.path().join("s/objects").join(&hex[..2]).join(&hex[2..4]).join(&hex);
         assert_eq!(fs::read(expected).unwrap(), b"payload");
-        assert_eq!(
-            store.put(&key, b"payload").unwrap(),
-            PutOutcome::AlreadyPresent
-        );
+        assert_eq!(store.put(&key, b"payload").unwrap(), PutOutcome::AlreadyPresent);
         assert_eq!(store.list().unwrap().len(), 1);
         assert!(store.delete(&key).unwrap());
         assert!(!store.delete(&key).unwrap());
@@ -355,22 +324,13 @@ mod tests {
     fn reopening_keeps_objects_and_a_foreign_directory_is_refused() {
         let dir = tempfile::tempdir().unwrap();
         let key = ChunkHash::of(b"x");
-        LocalStore::open(dir.path())
-            .unwrap()
-            .put(&key, b"1")
-            .unwrap();
-        assert!(LocalStore::open(dir.path())
-            .unwrap()
-            .contains(&key)
-            .unwrap());
+        LocalStore::open(dir.path()).unwrap().put(&key, b"1").unwrap();
+        assert!(LocalStore::open(dir.path()).unwrap().contains(&key).unwrap());
 
         let foreign = tempfile::tempdir().unwrap();
         fs::write(foreign.path().join("notes.txt"), "mine").unwrap();
         let err = LocalStore::open(foreign.path()).unwrap_err();
-        assert!(
-            err.to_string().contains("is not a Cairn chunk store"),
-            "{err}"
-        );
+        assert!(err.to_string().contains("is not a Cairn chunk store"), "{err}");
     }
 
     #[test]

@@ -7,8 +7,7 @@ use std::os::unix::fs::MetadataExt;
 use std::time::{Duration, SystemTime};
 
 use cairn_store::{
-    collect_garbage, BlobStore, ChunkHash, ChunkStore, FileContent, LocalStore, ReadContext,
-    StoreError, MIN_CHUNK,
+    collect_garbage, BlobStore, ChunkHash, ChunkStore, FileContent, LocalStore, ReadContext, StoreError, MIN_CHUNK,
 };
 
 fn random_bytes(len: usize, seed: u64) -> Vec<u8> {
@@ -38,9 +37,7 @@ fn stored_bytes(store: &ChunkStore<LocalStore>) -> (usize, u64) {
 
 fn read_back(store: &ChunkStore<LocalStore>, content: &FileContent) -> Vec<u8> {
     let mut out = Vec::new();
-    store
-        .read_to_writer(content, &mut out, &ReadContext::new())
-        .unwrap();
+    store.read_to_writer(content, &mut out, &ReadContext::new()).unwrap();
     out
 }
 
@@ -121,12 +118,8 @@ fn a_flipped_byte_in_a_chunk_file_is_a_clear_error() {
     fs::write(&path, bytes).unwrap();
 
     let snapshot = ChunkHash::of(b"snapshot 9c1e");
-    let ctx = ReadContext::new()
-        .owner("snapshot", snapshot)
-        .path("/data/genome.fa");
-    let err = store
-        .read_to_writer(&content, std::io::sink(), &ctx)
-        .unwrap_err();
+    let ctx = ReadContext::new().owner("snapshot", snapshot).path("/data/genome.fa");
+    let err = store.read_to_writer(&content, std::io::sink(), &ctx).unwrap_err();
     assert!(matches!(err, StoreError::ChunkCorrupt { .. }), "{err}");
     let msg = err.to_string();
     assert!(
@@ -145,11 +138,7 @@ fn a_chunk_whose_content_was_swapped_fails_hash_verification() {
     let a = store.put_chunk(b"the right bytes").unwrap().hash;
     let b = store.put_chunk(b"some other bytes").unwrap().hash;
     // A valid zstd frame under the wrong name: only the hash check catches it.
-    fs::copy(
-        store.backend().object_path(&b),
-        store.backend().object_path(&a),
-    )
-    .unwrap();
+    fs::copy(store.backend().object_path(&b), store.backend().object_path(&a)).unwrap();
     let err = store.get_chunk(&a, &ReadContext::new()).unwrap_err();
     assert!(err.to_string().contains("its content hashes to"), "{err}");
 }
@@ -163,12 +152,8 @@ fn a_missing_chunk_is_an_error_naming_the_snapshot_and_file() {
     assert!(store.backend().delete(&victim).unwrap());
 
     let snapshot = ChunkHash::of(b"snap");
-    let ctx = ReadContext::new()
-        .owner("snapshot", snapshot)
-        .path("/data/genome.fa");
-    let err = store
-        .read_to_writer(&content, std::io::sink(), &ctx)
-        .unwrap_err();
+    let ctx = ReadContext::new().owner("snapshot", snapshot).path("/data/genome.fa");
+    let err = store.read_to_writer(&content, std::io::sink(), &ctx).unwrap_err();
     assert!(matches!(err, StoreError::ChunkMissing { .. }), "{err}");
     assert!(
         err.to_string().starts_with(&format!(
@@ -200,23 +185,14 @@ fn a_temp_file_left_by_a_killed_writer_is_invisible_and_reclaimed_by_gc() {
     let fresh = store.backend().temp_dir().join("4243-0-2.partial");
     fs::write(&fresh, b"in progress").unwrap();
 
-    let keys: Vec<_> = store
-        .backend()
-        .list()
-        .unwrap()
-        .into_iter()
-        .map(|o| o.key)
-        .collect();
+    let keys: Vec<_> = store.backend().list().unwrap().into_iter().map(|o| o.key).collect();
     assert_eq!(keys, vec![live]);
 
     let report = collect_garbage(store.backend(), [live], Duration::from_secs(600)).unwrap();
     assert_eq!(report.incomplete_writes_removed, 1);
     assert_eq!(report.deleted, 0);
     assert!(!stale.exists(), "stale temp file was not reclaimed");
-    assert!(
-        fresh.exists(),
-        "a concurrent writer's temp file was removed"
-    );
+    assert!(fresh.exists(), "a concurrent writer's temp file was removed");
     assert!(store.get_chunk(&live, &ReadContext::new()).is_ok());
     drop(dir);
 }
@@ -228,9 +204,7 @@ fn a_writer_killed_mid_stream_leaves_only_complete_chunks() {
         let store = ChunkStore::new(LocalStore::open(root).unwrap());
         // Bounded so an orphaned child still ends by itself.
         for seed in 0..100 {
-            store
-                .store_reader(&random_bytes(4_000_000, seed)[..])
-                .unwrap();
+            store.store_reader(&random_bytes(4_000_000, seed)[..]).unwrap();
         }
         return;
     }
@@ -293,10 +267,8 @@ fn sparse_files_keep_their_holes_through_the_store() {
     file.set_len(size).unwrap();
     let block = random_bytes(1024 * 1024, 6);
     use std::os::unix::fs::FileExt;
-    file.write_all_at(&block[..512 * 1024], 8 * 1024 * 1024)
-        .unwrap();
-    file.write_all_at(&block[512 * 1024..], 40 * 1024 * 1024)
-        .unwrap();
+    file.write_all_at(&block[..512 * 1024], 8 * 1024 * 1024).unwrap();
+    file.write_all_at(&block[512 * 1024..], 40 * 1024 * 1024).unwrap();
     file.sync_all().unwrap();
 
     let content = store.store_file(&file).unwrap();
@@ -311,9 +283,7 @@ fn sparse_files_keep_their_holes_through_the_store() {
         .write(true)
         .open(&out_path)
         .unwrap();
-    store
-        .restore_to_file(&content, &out, &ReadContext::new())
-        .unwrap();
+    store.restore_to_file(&content, &out, &ReadContext::new()).unwrap();
     out.sync_all().unwrap();
     let meta = out.metadata().unwrap();
     assert_eq!(meta.len(), size);
@@ -326,14 +296,8 @@ fn sparse_files_keep_their_holes_through_the_store() {
     let mut expected = vec![0u8; size as usize];
     expected[8 << 20..(8 << 20) + (512 << 10)].copy_from_slice(&block[..512 << 10]);
     expected[40 << 20..(40 << 20) + (512 << 10)].copy_from_slice(&block[512 << 10..]);
-    assert!(
-        fs::read(&out_path).unwrap() == expected,
-        "restored content differs"
-    );
-    assert!(
-        read_back(&store, &content) == expected,
-        "streamed content differs"
-    );
+    assert!(fs::read(&out_path).unwrap() == expected, "restored content differs");
+    assert!(read_back(&store, &content) == expected, "streamed content differs");
 }
 
 #[test]

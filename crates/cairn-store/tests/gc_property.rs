@@ -3,9 +3,7 @@
 use std::collections::{BTreeMap, HashSet};
 use std::time::Duration;
 
-use cairn_store::{
-    collect_garbage, BlobStore, ChunkHash, ChunkStore, FileContent, LocalStore, ReadContext,
-};
+use cairn_store::{collect_garbage, BlobStore, ChunkHash, ChunkStore, FileContent, LocalStore, ReadContext};
 use proptest::prelude::*;
 
 /// A snapshot: files by name, built from its parent by edits.
@@ -31,10 +29,7 @@ fn content(seed: u8, len: u16) -> Vec<u8> {
 fn step() -> impl Strategy<Value = Step> {
     (
         any::<prop::sample::Index>(),
-        prop::collection::vec(
-            (0u8..6, prop::option::weighted(0.8, (0u8..4, 0u16..2500))),
-            0..4,
-        ),
+        prop::collection::vec((0u8..6, prop::option::weighted(0.8, (0u8..4, 0u16..2500))), 0..4),
     )
         .prop_map(|(parent, edits)| Step { parent, edits })
 }

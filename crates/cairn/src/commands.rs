@@ -28,7 +28,12 @@ pub fn dispatch(cli: Cli) -> Result<i32> {
             println!("{}", rec.id);
             Ok(0)
         }
-        Command::Exec { sandbox, detach, process, cmd } => {
+        Command::Exec {
+            sandbox,
+            detach,
+            process,
+            cmd,
+        } => {
             let rec = engine.sandbox(&sandbox)?;
             exec(&engine, &rec, &process, cmd, detach)
         }
@@ -67,7 +72,12 @@ pub fn create_options(args: &SandboxArgs, auto_remove: bool) -> CreateOptions {
     if let Some(p) = args.pids {
         limits.pids = p.0;
     }
-    CreateOptions { image: Some(args.image.clone()), name: args.name.clone(), limits, auto_remove }
+    CreateOptions {
+        image: Some(args.image.clone()),
+        name: args.name.clone(),
+        limits,
+        auto_remove,
+    }
 }
 
 fn run(engine: &mut Engine, sandbox: &SandboxArgs, process: &ProcessArgs, cmd: Vec<String>) -> Result<i32> {
@@ -94,7 +104,14 @@ fn request(process: &ProcessArgs, argv: Vec<String>, detach: bool) -> Result<Exe
         Some(t) => bail!("--timeout takes a positive number of seconds, got {t}"),
         None => None,
     };
-    Ok(ExecRequest { argv, env, cwd: process.workdir.clone(), stdin: process.interactive, timeout_ms, detach })
+    Ok(ExecRequest {
+        argv,
+        env,
+        cwd: process.workdir.clone(),
+        stdin: process.interactive,
+        timeout_ms,
+        detach,
+    })
 }
 
 /// Runs a process and returns the exit status to pass on.
@@ -133,7 +150,10 @@ fn exec(engine: &Engine, rec: &SandboxRecord, process: &ProcessArgs, argv: Vec<S
     let status = start.session.wait(&mut io::stdout().lock(), &mut io::stderr().lock())?;
     let Some(status) = status else { return Ok(0) };
     if status.timed_out {
-        eprintln!("cairn: the command timed out after {}s and was killed", process.timeout.unwrap_or_default());
+        eprintln!(
+            "cairn: the command timed out after {}s and was killed",
+            process.timeout.unwrap_or_default()
+        );
         return Ok(124);
     }
     if status.signal == Some(libc::SIGKILL) && engine.oom_killed_since(&start.probe) {
@@ -188,11 +208,17 @@ fn copy(engine: &Engine, src: &str, dst: &str) -> Result<()> {
             let client = engine.client(&rec)?;
             let md = fs::metadata(&from).with_context(|| format!("cannot read {}", from.display()))?;
             if !md.is_file() {
-                bail!("{} is not a regular file; copy directories as a tarball (tar c DIR | cairn exec -i ID -- tar x)", from.display());
+                bail!(
+                    "{} is not a regular file; copy directories as a tarball (tar c DIR | cairn exec -i ID -- tar x)",
+                    from.display()
+                );
             }
             let mut to = to;
             if to.ends_with('/') || client.stat(&to)?.is_some_and(|m| m.kind == FileKind::Dir) {
-                let name = from.file_name().context("the source has no file name")?.to_string_lossy();
+                let name = from
+                    .file_name()
+                    .context("the source has no file name")?
+                    .to_string_lossy();
                 to = format!("{}/{name}", to.trim_end_matches('/'));
             }
             let meta = FileMeta {
@@ -221,26 +247,40 @@ fn copy(engine: &Engine, src: &str, dst: &str) -> Result<()> {
             } else {
                 to
             };
-            let parent = to.parent().filter(|p| !p.as_os_str().is_empty()).unwrap_or(Path::new("."));
+            let parent = to
+                .parent()
+                .filter(|p| !p.as_os_str().is_empty())
+                .unwrap_or(Path::new("."));
             // Into a temporary beside the target, renamed once complete.
-            let tmp = parent.join(format!(".{}.cairn-{}", to.file_name().unwrap_or_default().to_string_lossy(), std::process::id()));
+            let tmp = parent.join(format!(
+                ".{}.cairn-{}",
+                to.file_name().unwrap_or_default().to_string_lossy(),
+                std::process::id()
+            ));
             let mut file = fs::File::create(&tmp).with_context(|| format!("cannot write {}", tmp.display()))?;
-            let result = client.get_file(&from, &mut file).map_err(anyhow::Error::from).and_then(|meta| {
-                file.sync_all()?;
-                fs::set_permissions(&tmp, fs::Permissions::from_mode(meta.mode))?;
-                let secs = meta.mtime_ns.div_euclid(1_000_000_000) as i64;
-                let ts = nix::sys::time::TimeSpec::new(secs, meta.mtime_ns.rem_euclid(1_000_000_000) as i64);
-                nix::sys::stat::utimensat(None, &tmp, &ts, &ts, nix::sys::stat::UtimensatFlags::FollowSymlink)?;
-                fs::rename(&tmp, &to)?;
-                Ok(())
-            });
+            let result = client
+                .get_file(&from, &mut file)
+                .map_err(anyhow::Error::from)
+                .and_then(|meta| {
+                    file.sync_all()?;
+                    fs::set_permissions(&tmp, fs::Permissions::from_mode(meta.mode))?;
+                    let secs = meta.mtime_ns.div_euclid(1_000_000_000) as i64;
+                    let ts = nix::sys::time::TimeSpec::new(secs, meta.mtime_ns.rem_euclid(1_000_000_000) as i64);
+                    nix::sys::stat::utimensat(None, &tmp, &ts, &ts, nix::sys::stat::UtimensatFlags::FollowSymlink)?;
+                    fs::rename(&tmp, &to)?;
+                    Ok(())
+                });
             if result.is_err() {
                 let _ = fs::remove_file(&tmp);
             }
             result
         }
-        (Location::Sandbox(..), Location::Sandbox(..)) => bail!("copy between two sandboxes through the host: cp ID1:/f ./f, then cp ./f ID2:/f"),
-        (Location::Host(_), Location::Host(_)) => bail!("one side of `cairn cp` must be a sandbox path, ID:/path"),
+        (Location::Sandbox(..), Location::Sandbox(..)) => {
+            bail!("copy between two sandboxes through the host: cp ID1:/f ./f, then cp ./f ID2:/f")
+        }
+        (Location::Host(_), Location::Host(_)) => {
+            bail!("one side of `cairn cp` must be a sandbox path, ID:/path")
+        }
     }
 }
 
@@ -253,7 +293,10 @@ fn ps(engine: &mut Engine, quiet: bool, json: bool) -> Result<()> {
             println!("{}", r.id);
         }
     } else {
-        println!("{:<12}  {:<16}  {:<10}  {:<8}  {:>7}  {:>6}  CREATED", "ID", "NAME", "IMAGE", "STATE", "PID", "MEMORY");
+        println!(
+            "{:<12}  {:<16}  {:<10}  {:<8}  {:>7}  {:>6}  CREATED",
+            "ID", "NAME", "IMAGE", "STATE", "PID", "MEMORY"
+        );
         for r in rows {
             let age = (cairn_now_ms() - r.created_at) / 1000;
             println!(
@@ -262,7 +305,10 @@ fn ps(engine: &mut Engine, quiet: bool, json: bool) -> Result<()> {
                 r.name,
                 r.image,
                 r.state,
-                r.pid.filter(|_| r.state == SandboxState::Running).map(|p| p.to_string()).unwrap_or_else(|| "-".into()),
+                r.pid
+                    .filter(|_| r.state == SandboxState::Running)
+                    .map(|p| p.to_string())
+                    .unwrap_or_else(|| "-".into()),
                 MemorySize(r.memory_bytes).to_string(),
                 human_age(age)
             );
@@ -272,7 +318,10 @@ fn ps(engine: &mut Engine, quiet: bool, json: bool) -> Result<()> {
 }
 
 fn cairn_now_ms() -> i64 {
-    std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map(|d| d.as_millis() as i64).unwrap_or(0)
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.as_millis() as i64)
+        .unwrap_or(0)
 }
 
 fn human_age(secs: i64) -> String {
@@ -307,7 +356,10 @@ fn logs(engine: &Engine, key: &str, tail: Option<usize>) -> Result<()> {
 fn remove(engine: &mut Engine, keys: &[String], force: bool) -> Result<i32> {
     let mut failed = 0;
     for key in keys {
-        match engine.sandbox(key).and_then(|rec| engine.remove_sandbox(&rec, force).map(|()| rec.id)) {
+        match engine
+            .sandbox(key)
+            .and_then(|rec| engine.remove_sandbox(&rec, force).map(|()| rec.id))
+        {
             Ok(id) => println!("{id}"),
             Err(e) => {
                 eprintln!("cairn: error: {e}");
@@ -320,7 +372,12 @@ fn remove(engine: &mut Engine, keys: &[String], force: bool) -> Result<i32> {
 
 fn image(engine: &mut Engine, cmd: ImageCommand) -> Result<()> {
     match cmd {
-        ImageCommand::Build { kind, name, packages, suite } => {
+        ImageCommand::Build {
+            kind,
+            name,
+            packages,
+            suite,
+        } => {
             let steps = Steps::new();
             let rec = match kind {
                 ImageKind::Busybox => {
@@ -347,7 +404,13 @@ fn image(engine: &mut Engine, cmd: ImageCommand) -> Result<()> {
             } else {
                 println!("{:<20}  {:>9}  {:>6}  SOURCE", "NAME", "SIZE", "LAYERS");
                 for i in images {
-                    println!("{:<20}  {:>8.1}M  {:>6}  {}", i.name, i.size_bytes as f64 / 1048576.0, i.layers.len(), i.source);
+                    println!(
+                        "{:<20}  {:>8.1}M  {:>6}  {}",
+                        i.name,
+                        i.size_bytes as f64 / 1048576.0,
+                        i.layers.len(),
+                        i.source
+                    );
                 }
             }
         }

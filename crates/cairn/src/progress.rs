@@ -19,7 +19,10 @@ impl Steps {
             bar.enable_steady_tick(Duration::from_millis(100));
             bar
         });
-        Steps { bar, started: Instant::now() }
+        Steps {
+            bar,
+            started: Instant::now(),
+        }
     }
 }
 

@@ -23,10 +23,7 @@ pub struct CapturedLayer {
 
 /// Records every entry under `upper` and stores file contents and the
 /// index in `store`. Only the upper directory is read.
-pub fn capture<B: BlobStore>(
-    upper: &Path,
-    store: &ChunkStore<B>,
-) -> Result<CapturedLayer, ArchiveError> {
+pub fn capture<B: BlobStore>(upper: &Path, store: &ChunkStore<B>) -> Result<CapturedLayer, ArchiveError> {
     let root = open_dir(upper).map_err(|source| ArchiveError::Capture {
         path: upper.to_path_buf(),
         action: "opening the upper directory",
@@ -39,17 +36,14 @@ pub fn capture<B: BlobStore>(
         links: HashMap::new(),
     };
     let st = fstat(root.as_raw_fd()).map_err(|e| walk.err(&LayerPath::root(), "stat", e.into()))?;
-    let xattrs = dirfd::read_xattrs_fd(&root)
-        .map_err(|e| walk.err(&LayerPath::root(), "reading xattrs", e))?;
+    let xattrs = dirfd::read_xattrs_fd(&root).map_err(|e| walk.err(&LayerPath::root(), "reading xattrs", e))?;
     walk.entries.push(Entry {
         path: LayerPath::root(),
         kind: EntryKind::Directory,
         meta: metadata(&st, xattrs),
     });
     walk.directory(&root, &LayerPath::root())?;
-    let index = LayerIndex {
-        entries: walk.entries,
-    };
+    let index = LayerIndex { entries: walk.entries };
     let id = LayerId::from_hash(store.put_object(&index)?);
     Ok(CapturedLayer { id, index })
 }
@@ -97,8 +91,7 @@ impl<B: BlobStore> Walk<'_, B> {
     }
 
     fn directory(&mut self, dir: &File, path: &LayerPath) -> Result<(), ArchiveError> {
-        let names =
-            dirfd::list_names(dir).map_err(|e| self.err(path, "listing the directory", e))?;
+        let names = dirfd::list_names(dir).map_err(|e| self.err(path, "listing the directory", e))?;
         for name in names {
             let child = path.join(&name);
             let st = stat_at(dir, &name).map_err(|e| self.err(&child, "stat", e))?;
@@ -127,10 +120,8 @@ impl<B: BlobStore> Walk<'_, B> {
             }
 
             if is_dir {
-                let sub = open_dir_at(dir, &name)
-                    .map_err(|e| self.err(&child, "opening the directory", e))?;
-                let xattrs = dirfd::read_xattrs_fd(&sub)
-                    .map_err(|e| self.err(&child, "reading xattrs", e))?;
+                let sub = open_dir_at(dir, &name).map_err(|e| self.err(&child, "opening the directory", e))?;
+                let xattrs = dirfd::read_xattrs_fd(&sub).map_err(|e| self.err(&child, "reading xattrs", e))?;
                 self.entries.push(Entry {
                     path: child.clone(),
                     kind: EntryKind::Directory,
@@ -141,10 +132,8 @@ impl<B: BlobStore> Walk<'_, B> {
             }
 
             let (kind, xattrs) = if file_type == SFlag::S_IFREG {
-                let file = open_file_at(dir, &name)
-                    .map_err(|e| self.err(&child, "opening the file", e))?;
-                let opened =
-                    fstat(file.as_raw_fd()).map_err(|e| self.err(&child, "stat", e.into()))?;
+                let file = open_file_at(dir, &name).map_err(|e| self.err(&child, "opening the file", e))?;
+                let opened = fstat(file.as_raw_fd()).map_err(|e| self.err(&child, "stat", e.into()))?;
                 if (opened.st_dev, opened.st_ino) != (st.st_dev, st.st_ino) {
                     return Err(self.err(
                         &child,
@@ -152,24 +141,20 @@ impl<B: BlobStore> Walk<'_, B> {
                         std::io::Error::other("it was replaced during capture"),
                     ));
                 }
-                let xattrs = dirfd::read_xattrs_fd(&file)
-                    .map_err(|e| self.err(&child, "reading xattrs", e))?;
+                let xattrs = dirfd::read_xattrs_fd(&file).map_err(|e| self.err(&child, "reading xattrs", e))?;
                 if is_metacopy(&xattrs) {
                     return Err(ArchiveError::Metacopy {
                         path: self.full_path(&child),
                     });
                 }
                 let content = self.store.store_file(&file).map_err(|e| match e {
-                    cairn_store::StoreError::ReadSource { source, .. } => {
-                        self.err(&child, "reading the file", source)
-                    }
+                    cairn_store::StoreError::ReadSource { source, .. } => self.err(&child, "reading the file", source),
                     other => other.into(),
                 })?;
                 (EntryKind::File(content), xattrs)
             } else {
                 let at = dirfd::proc_path(dir, &name);
-                let xattrs = dirfd::read_xattrs_at(&at)
-                    .map_err(|e| self.err(&child, "reading xattrs", e))?;
+                let xattrs = dirfd::read_xattrs_at(&at).map_err(|e| self.err(&child, "reading xattrs", e))?;
                 let dev = || (major(st.st_rdev) as u32, minor(st.st_rdev) as u32);
                 let kind = match file_type {
                     SFlag::S_IFLNK => {

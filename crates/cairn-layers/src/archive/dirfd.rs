@@ -71,11 +71,7 @@ pub(super) fn create_file_at(parent: &File, name: &[u8]) -> io::Result<File> {
 
 /// `lstat` of `name` inside `parent`.
 pub(super) fn stat_at(parent: &File, name: &[u8]) -> io::Result<FileStat> {
-    Ok(fstatat(
-        Some(parent.as_raw_fd()),
-        name,
-        AtFlags::AT_SYMLINK_NOFOLLOW,
-    )?)
+    Ok(fstatat(Some(parent.as_raw_fd()), name, AtFlags::AT_SYMLINK_NOFOLLOW)?)
 }
 
 /// Names in a directory except `.` and `..`, sorted bytewise so captures

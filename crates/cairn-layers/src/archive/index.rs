@@ -104,10 +104,7 @@ impl LayerPath {
         }
         for c in self.0.split(|&b| b == b'/') {
             if c.is_empty() || c == b"." || c == b".." || c.len() > 255 || c.contains(&0) {
-                return Err(format!(
-                    "path {:?} has an invalid component",
-                    self.display_path()
-                ));
+                return Err(format!("path {:?} has an invalid component", self.display_path()));
             }
         }
         Ok(())
@@ -259,9 +256,7 @@ impl LayerIndex {
                     }
                     Some(_) => {}
                 },
-                EntryKind::File(content) => content
-                    .validate()
-                    .map_err(|r| format!("file {:?}: {r}", e.path))?,
+                EntryKind::File(content) => content.validate().map_err(|r| format!("file {:?}: {r}", e.path))?,
                 _ => {}
             }
             if seen.insert(&e.path, &e.kind).is_some() {
@@ -310,12 +305,7 @@ mod tests {
                         target: LayerPath(b"d/f".to_vec()),
                     },
                 ),
-                entry(
-                    b"\xff\xfe",
-                    EntryKind::Symlink {
-                        target: b"/x".to_vec(),
-                    },
-                ),
+                entry(b"\xff\xfe", EntryKind::Symlink { target: b"/x".to_vec() }),
             ],
         }
     }
@@ -334,10 +324,7 @@ mod tests {
         let mut bytes = cairn_store::frame::encode(&sample()).unwrap();
         bytes[8..12].copy_from_slice(&2u32.to_le_bytes());
         let err = cairn_store::frame::decode::<LayerIndex>(&bytes).unwrap_err();
-        assert!(
-            err.to_string().contains("layer index has format version 2"),
-            "{err}"
-        );
+        assert!(err.to_string().contains("layer index has format version 2"), "{err}");
     }
 
     #[test]
@@ -368,10 +355,7 @@ mod tests {
         let p = LayerPath::root().join(b"a").join(b"b");
         assert_eq!(p.as_bytes(), b"a/b");
         assert_eq!(p.split_last(), Some((&b"a"[..], &b"b"[..])));
-        assert_eq!(
-            LayerPath::root().join(b"a").split_last(),
-            Some((&b""[..], &b"a"[..]))
-        );
+        assert_eq!(LayerPath::root().join(b"a").split_last(), Some((&b""[..], &b"a"[..])));
         assert_eq!(p.components().count(), 2);
     }
 }

@@ -11,8 +11,7 @@ use std::time::SystemTime;
 use cairn_store::{BlobStore, ChunkStore, ReadContext};
 use nix::fcntl::{renameat2, AtFlags, RenameFlags};
 use nix::sys::stat::{
-    fchmod, fchmodat, futimens, makedev, mkdirat, mknodat, utimensat, FchmodatFlags, Mode, SFlag,
-    UtimensatFlags,
+    fchmod, fchmodat, futimens, makedev, mkdirat, mknodat, utimensat, FchmodatFlags, Mode, SFlag, UtimensatFlags,
 };
 use nix::sys::time::TimeSpec;
 use nix::unistd::{fchown, fchownat, linkat, symlinkat, syncfs, Gid, Uid};
@@ -40,10 +39,7 @@ pub fn materialise<B: BlobStore>(
     let index: LayerIndex = store.get_object(layer.as_hash(), &context)?;
     index
         .validate()
-        .map_err(|reason| ArchiveError::InvalidIndex {
-            layer: *layer,
-            reason,
-        })?;
+        .map_err(|reason| ArchiveError::InvalidIndex { layer: *layer, reason })?;
 
     let parent = match dest.parent() {
         Some(p) if !p.as_os_str().is_empty() => p.to_path_buf(),
@@ -52,10 +48,7 @@ pub fn materialise<B: BlobStore>(
     let name = dest.file_name().ok_or_else(|| ArchiveError::Materialise {
         path: dest.to_path_buf(),
         action: "naming the destination",
-        source: io::Error::new(
-            io::ErrorKind::InvalidInput,
-            "the path has no final component",
-        ),
+        source: io::Error::new(io::ErrorKind::InvalidInput, "the path has no final component"),
     })?;
     let nanos = SystemTime::now()
         .duration_since(SystemTime::UNIX_EPOCH)
@@ -72,9 +65,8 @@ pub fn materialise<B: BlobStore>(
         source,
     };
     fs::create_dir(&temp).map_err(|e| fail("creating the temp directory", e))?;
-    let built = build(&index, layer, store, &temp, dest).and_then(|root| {
-        syncfs(root.as_raw_fd()).map_err(|e| fail("flushing the layer to disk", e.into()))
-    });
+    let built = build(&index, layer, store, &temp, dest)
+        .and_then(|root| syncfs(root.as_raw_fd()).map_err(|e| fail("flushing the layer to disk", e.into())));
     let placed = built.and_then(|()| {
         renameat2(None, &temp, None, dest, RenameFlags::RENAME_NOREPLACE)
             .map_err(|e| fail("renaming the finished layer into place", e.into()))?;
@@ -128,8 +120,7 @@ pub fn remove_abandoned_materialisations(parent: &Path) -> Result<u64, ArchiveEr
         if alive {
             continue;
         }
-        fs::remove_dir_all(entry.path())
-            .map_err(|e| fail("removing an abandoned materialisation", e))?;
+        fs::remove_dir_all(entry.path()).map_err(|e| fail("removing an abandoned materialisation", e))?;
         removed += 1;
     }
     Ok(removed)
@@ -172,8 +163,7 @@ fn build<B: BlobStore>(
         stack: Vec::new(),
     };
     let root_entry = &index.entries[0];
-    let root =
-        open_dir(temp).map_err(|e| b.err(&root_entry.path, "opening the temp directory", e))?;
+    let root = open_dir(temp).map_err(|e| b.err(&root_entry.path, "opening the temp directory", e))?;
     b.own_and_label(&root, root_entry)?;
     let root_handle = root
         .try_clone()
@@ -194,10 +184,7 @@ fn build<B: BlobStore>(
         if b.stack.is_empty() {
             return Err(ArchiveError::InvalidIndex {
                 layer: *layer,
-                reason: format!(
-                    "{:?} is not in depth-first order after its parent",
-                    entry.path
-                ),
+                reason: format!("{:?} is not in depth-first order after its parent", entry.path),
             });
         }
         b.create(entry, name)?;
@@ -223,8 +210,7 @@ impl<B: BlobStore> Builder<'_, B> {
     fn own_and_label(&self, file: &File, entry: &Entry) -> Result<(), ArchiveError> {
         let (uid, gid) = ids(&entry.meta);
         fchown(file.as_raw_fd(), uid, gid).map_err(|e| self.err(&entry.path, "chown", e.into()))?;
-        dirfd::write_xattrs_fd(file, &entry.meta.xattrs)
-            .map_err(|e| self.err(&entry.path, "setting xattrs", e))
+        dirfd::write_xattrs_fd(file, &entry.meta.xattrs).map_err(|e| self.err(&entry.path, "setting xattrs", e))
     }
 
     fn close_top(&mut self) -> Result<(), ArchiveError> {
@@ -232,16 +218,13 @@ impl<B: BlobStore> Builder<'_, B> {
         fchmod(top.dir.as_raw_fd(), Mode::from_bits_truncate(top.meta.mode))
             .map_err(|e| self.err(&top.path, "chmod", e.into()))?;
         let t = timespec(top.meta.mtime);
-        futimens(top.dir.as_raw_fd(), &t, &t)
-            .map_err(|e| self.err(&top.path, "setting the mtime", e.into()))
+        futimens(top.dir.as_raw_fd(), &t, &t).map_err(|e| self.err(&top.path, "setting the mtime", e.into()))
     }
 
     /// Opens the directory holding `target` by walking from the root, for
     /// hard links whose target lives elsewhere in the tree.
     fn parent_of(&self, target: &LayerPath) -> Result<File, ArchiveError> {
-        let (parent, _) = target
-            .split_last()
-            .expect("validated: targets are not the root");
+        let (parent, _) = target.split_last().expect("validated: targets are not the root");
         let walk = || -> io::Result<File> {
             let mut dir = self.stack[0].dir.try_clone()?;
             for c in parent.split(|&b| b == b'/').filter(|c| !c.is_empty()) {
@@ -270,8 +253,7 @@ impl<B: BlobStore> Builder<'_, B> {
             EntryKind::Directory => {
                 mkdirat(Some(dir.as_raw_fd()), name, Mode::from_bits_truncate(0o700))
                     .map_err(|e| self.err(path, "mkdir", e.into()))?;
-                let sub = open_dir_at(dir, name)
-                    .map_err(|e| self.err(path, "opening the new directory", e))?;
+                let sub = open_dir_at(dir, name).map_err(|e| self.err(path, "opening the new directory", e))?;
                 self.own_and_label(&sub, entry)?;
                 self.stack.push(OpenDir {
                     path: path.clone(),
@@ -281,8 +263,7 @@ impl<B: BlobStore> Builder<'_, B> {
                 return Ok(());
             }
             EntryKind::File(content) => {
-                let file = create_file_at(dir, name)
-                    .map_err(|e| self.err(path, "creating the file", e))?;
+                let file = create_file_at(dir, name).map_err(|e| self.err(path, "creating the file", e))?;
                 let context = ReadContext::new()
                     .owner("layer", *self.layer.as_hash())
                     .path(path.display_path());
@@ -312,27 +293,19 @@ impl<B: BlobStore> Builder<'_, B> {
                 symlinkat(OsStr::from_bytes(target), Some(dir.as_raw_fd()), name)
                     .map_err(|e| self.err(path, "creating the symlink", e.into()))?;
             }
-            EntryKind::Fifo => {
-                node(SFlag::S_IFIFO, 0, 0).map_err(|e| self.err(path, "mkfifo", e.into()))?
+            EntryKind::Fifo => node(SFlag::S_IFIFO, 0, 0).map_err(|e| self.err(path, "mkfifo", e.into()))?,
+            EntryKind::Socket => node(SFlag::S_IFSOCK, 0, 0).map_err(|e| self.err(path, "mknod", e.into()))?,
+            EntryKind::CharDevice { major, minor } => {
+                node(SFlag::S_IFCHR, *major, *minor).map_err(|e| self.err(path, "mknod", e.into()))?
             }
-            EntryKind::Socket => {
-                node(SFlag::S_IFSOCK, 0, 0).map_err(|e| self.err(path, "mknod", e.into()))?
+            EntryKind::BlockDevice { major, minor } => {
+                node(SFlag::S_IFBLK, *major, *minor).map_err(|e| self.err(path, "mknod", e.into()))?
             }
-            EntryKind::CharDevice { major, minor } => node(SFlag::S_IFCHR, *major, *minor)
-                .map_err(|e| self.err(path, "mknod", e.into()))?,
-            EntryKind::BlockDevice { major, minor } => node(SFlag::S_IFBLK, *major, *minor)
-                .map_err(|e| self.err(path, "mknod", e.into()))?,
         }
         // Symlinks and special files: by name, never following.
         let (uid, gid) = ids(meta);
-        fchownat(
-            Some(dir.as_raw_fd()),
-            name,
-            uid,
-            gid,
-            AtFlags::AT_SYMLINK_NOFOLLOW,
-        )
-        .map_err(|e| self.err(path, "chown", e.into()))?;
+        fchownat(Some(dir.as_raw_fd()), name, uid, gid, AtFlags::AT_SYMLINK_NOFOLLOW)
+            .map_err(|e| self.err(path, "chown", e.into()))?;
         dirfd::write_xattrs_at(&dirfd::proc_path(dir, name), &meta.xattrs)
             .map_err(|e| self.err(path, "setting xattrs", e))?;
         if !matches!(entry.kind, EntryKind::Symlink { .. }) {

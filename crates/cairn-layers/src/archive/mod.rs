@@ -47,7 +47,9 @@ pub enum ArchiveError {
     },
     #[error("cannot capture {path:?}: it is a metacopy-only file whose data is in a lower layer; mount the sandbox overlay with metacopy=off")]
     Metacopy { path: PathBuf },
-    #[error("cannot capture {path:?}: it has unknown file type {mode:#o}; remove it from the sandbox before snapshotting")]
+    #[error(
+        "cannot capture {path:?}: it has unknown file type {mode:#o}; remove it from the sandbox before snapshotting"
+    )]
     UnknownFileType { path: PathBuf, mode: u32 },
     #[error("cannot materialise {path:?}: {action} failed ({source}); materialising needs root (device nodes, ownership, trusted.* xattrs) and free space at the destination")]
     Materialise {

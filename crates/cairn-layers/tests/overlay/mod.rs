@@ -48,16 +48,8 @@ impl Mount {
         } else {
             MsFlags::empty()
         };
-        mount(
-            Some("overlay"),
-            target,
-            Some("overlay"),
-            flags,
-            Some(opts.as_str()),
-        )
-        .map_err(|e| {
-            io::Error::other(format!("mount overlay {opts} on {}: {e}", target.display()))
-        })?;
+        mount(Some("overlay"), target, Some("overlay"), flags, Some(opts.as_str()))
+            .map_err(|e| io::Error::other(format!("mount overlay {opts} on {}: {e}", target.display())))?;
         Ok(Mount {
             target: target.to_path_buf(),
         })
@@ -157,12 +149,7 @@ fn proc_path(dir: &File, name: &[u8]) -> PathBuf {
 /// records every entry by its relative path.
 pub fn observe(root: &Path) -> BTreeMap<Vec<u8>, Observed> {
     let mut out = BTreeMap::new();
-    let dir = open_at(
-        None,
-        root.as_os_str().as_bytes(),
-        OFlag::O_RDONLY | OFlag::O_DIRECTORY,
-    )
-    .unwrap();
+    let dir = open_at(None, root.as_os_str().as_bytes(), OFlag::O_RDONLY | OFlag::O_DIRECTORY).unwrap();
     walk(&dir, b"", &mut out);
     out
 }
@@ -186,23 +173,13 @@ fn walk(dir: &File, prefix: &[u8], out: &mut BTreeMap<Vec<u8>, Observed>) {
             path.push(b'/');
         }
         path.extend_from_slice(&name);
-        let st = fstatat(
-            Some(dir.as_raw_fd()),
-            &name[..],
-            AtFlags::AT_SYMLINK_NOFOLLOW,
-        )
-        .unwrap();
+        let st = fstatat(Some(dir.as_raw_fd()), &name[..], AtFlags::AT_SYMLINK_NOFOLLOW).unwrap();
         let fmt = SFlag::from_bits_truncate(st.st_mode & SFlag::S_IFMT.bits());
         let pp = proc_path(dir, &name);
         let mut user_xattrs: Vec<(Vec<u8>, Vec<u8>)> = xattr::list(&pp)
             .unwrap()
             .filter(|n| n.as_bytes().starts_with(b"user."))
-            .map(|n| {
-                (
-                    n.as_bytes().to_vec(),
-                    xattr::get(&pp, &n).unwrap().unwrap_or_default(),
-                )
-            })
+            .map(|n| (n.as_bytes().to_vec(), xattr::get(&pp, &n).unwrap().unwrap_or_default()))
             .collect();
         user_xattrs.sort();
         let kind = match fmt {
@@ -262,10 +239,7 @@ fn walk(dir: &File, prefix: &[u8], out: &mut BTreeMap<Vec<u8>, Observed>) {
 }
 
 /// Asserts two observed trees are identical, naming the first difference.
-pub fn assert_same_tree(
-    expected: &BTreeMap<Vec<u8>, Observed>,
-    actual: &BTreeMap<Vec<u8>, Observed>,
-) {
+pub fn assert_same_tree(expected: &BTreeMap<Vec<u8>, Observed>, actual: &BTreeMap<Vec<u8>, Observed>) {
     for (path, e) in expected {
         let shown = String::from_utf8_lossy(path);
         let a = actual
@@ -287,21 +261,11 @@ pub fn assert_same_tree(
 /// `content` at the bottom; returns the relative path.
 pub fn create_deep(base: &Path, depth: usize, name_len: usize, content: &[u8]) -> Vec<u8> {
     use std::io::Write;
-    let mut dir = open_at(
-        None,
-        base.as_os_str().as_bytes(),
-        OFlag::O_RDONLY | OFlag::O_DIRECTORY,
-    )
-    .unwrap();
+    let mut dir = open_at(None, base.as_os_str().as_bytes(), OFlag::O_RDONLY | OFlag::O_DIRECTORY).unwrap();
     let mut rel = Vec::new();
     for level in 0..depth {
         let name = vec![b'a' + (level % 26) as u8; name_len];
-        mkdirat(
-            Some(dir.as_raw_fd()),
-            &name[..],
-            Mode::from_bits_truncate(0o755),
-        )
-        .unwrap();
+        mkdirat(Some(dir.as_raw_fd()), &name[..], Mode::from_bits_truncate(0o755)).unwrap();
         dir = open_at(Some(&dir), &name, OFlag::O_RDONLY | OFlag::O_DIRECTORY).unwrap();
         if !rel.is_empty() {
             rel.push(b'/');

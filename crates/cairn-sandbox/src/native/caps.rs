@@ -27,13 +27,11 @@ pub fn drop_to_safe_set() -> Result<(), String> {
     let keep: CapsHashSet = KEEP.into_iter().collect();
     for cap in caps::all() {
         if !keep.contains(&cap) && caps::has_cap(None, CapSet::Bounding, cap).unwrap_or(false) {
-            caps::drop(None, CapSet::Bounding, cap)
-                .map_err(|e| format!("drop {cap} from the bounding set: {e}"))?;
+            caps::drop(None, CapSet::Bounding, cap).map_err(|e| format!("drop {cap} from the bounding set: {e}"))?;
         }
     }
     caps::clear(None, CapSet::Ambient).map_err(|e| format!("clear ambient capabilities: {e}"))?;
-    caps::set(None, CapSet::Inheritable, &CapsHashSet::new())
-        .map_err(|e| format!("set inheritable: {e}"))?;
+    caps::set(None, CapSet::Inheritable, &CapsHashSet::new()).map_err(|e| format!("set inheritable: {e}"))?;
     caps::set(None, CapSet::Effective, &keep).map_err(|e| format!("set effective: {e}"))?;
     caps::set(None, CapSet::Permitted, &keep).map_err(|e| format!("set permitted: {e}"))?;
     Ok(())

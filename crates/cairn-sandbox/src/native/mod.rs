@@ -33,10 +33,11 @@ pub struct NativeDriver {
 }
 
 impl NativeDriver {
-    pub fn new() -> Result<NativeDriver, SandboxError> {
-        let cgroups = Hierarchy::detect()?;
-        let seccomp =
-            seccomp::filters().map_err(|e| SandboxError::Start(format!("seccomp filter: {e}")))?;
+    /// `scope` keeps this driver's cgroups apart from other state
+    /// directories' on the same host.
+    pub fn new(scope: &str) -> Result<NativeDriver, SandboxError> {
+        let cgroups = Hierarchy::detect(scope)?;
+        let seccomp = seccomp::filters().map_err(|e| SandboxError::Start(format!("seccomp filter: {e}")))?;
         Ok(NativeDriver { cgroups, seccomp })
     }
 
@@ -51,8 +52,7 @@ impl NativeDriver {
         }
         for sub in ["upper", "work", "rootfs"] {
             let d = spec.dir.join(sub);
-            fs::create_dir_all(&d)
-                .map_err(|e| SandboxError::setup(format!("create {}", d.display()), e))?;
+            fs::create_dir_all(&d).map_err(|e| SandboxError::setup(format!("create {}", d.display()), e))?;
         }
         let overlay_options = setup::Plan::overlay_options(spec).map_err(SandboxError::Start)?;
         let _ = fs::remove_file(&socket);
@@ -90,8 +90,8 @@ impl NativeDriver {
                 c"PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin",
             )],
         };
-        let (report_r, report_w) = pipe2(nix::fcntl::OFlag::O_CLOEXEC)
-            .map_err(|e| SandboxError::setup("create a pipe", e))?;
+        let (report_r, report_w) =
+            pipe2(nix::fcntl::OFlag::O_CLOEXEC).map_err(|e| SandboxError::setup("create a pipe", e))?;
 
         // SAFETY: the child only performs system calls and small allocations
         // (glibc's fork keeps malloc usable) before it execs or exits; it
@@ -170,8 +170,8 @@ fn parse_report(report: &str) -> Result<SandboxProcess, SandboxError> {
     if let Some(err) = rest.strip_prefix('E') {
         return Err(SandboxError::Start(err.to_string()));
     }
-    let start_time = pid_start_time(pid)
-        .ok_or_else(|| SandboxError::Start("cairn-init exited right after starting".into()))?;
+    let start_time =
+        pid_start_time(pid).ok_or_else(|| SandboxError::Start("cairn-init exited right after starting".into()))?;
     Ok(SandboxProcess { pid, start_time })
 }
 
@@ -199,10 +199,7 @@ impl Driver for NativeDriver {
         // sweep catches anything that escaped the namespace.
         if let Some(p) = process.filter(|p| p.alive()) {
             let _ = cgroup.thaw();
-            let _ = nix::sys::signal::kill(
-                nix::unistd::Pid::from_raw(p.pid),
-                nix::sys::signal::Signal::SIGKILL,
-            );
+            let _ = nix::sys::signal::kill(nix::unistd::Pid::from_raw(p.pid), nix::sys::signal::Signal::SIGKILL);
         }
         cgroup.kill_all()?;
         cgroup.remove()?;

@@ -6,8 +6,7 @@
 use std::collections::BTreeMap;
 
 use seccompiler::{
-    BpfProgram, SeccompAction, SeccompCmpArgLen, SeccompCmpOp, SeccompCondition, SeccompFilter,
-    SeccompRule, TargetArch,
+    BpfProgram, SeccompAction, SeccompCmpArgLen, SeccompCmpOp, SeccompCondition, SeccompFilter, SeccompRule, TargetArch,
 };
 
 const DENIED: &[i64] = &[
@@ -75,18 +74,12 @@ const NAMESPACE_FLAGS: &[u64] = &[
 /// the first filter checks.
 pub fn filters() -> Result<Vec<BpfProgram>, String> {
     let arch = TargetArch::try_from(std::env::consts::ARCH).map_err(|e| e.to_string())?;
-    let mut rules: BTreeMap<i64, Vec<SeccompRule>> =
-        DENIED.iter().map(|&nr| (nr, Vec::new())).collect();
+    let mut rules: BTreeMap<i64, Vec<SeccompRule>> = DENIED.iter().map(|&nr| (nr, Vec::new())).collect();
     let clone_rules = NAMESPACE_FLAGS
         .iter()
         .map(|&flag| {
-            let cond = SeccompCondition::new(
-                0,
-                SeccompCmpArgLen::Qword,
-                SeccompCmpOp::MaskedEq(flag),
-                flag,
-            )
-            .map_err(|e| e.to_string())?;
+            let cond = SeccompCondition::new(0, SeccompCmpArgLen::Qword, SeccompCmpOp::MaskedEq(flag), flag)
+                .map_err(|e| e.to_string())?;
             SeccompRule::new(vec![cond]).map_err(|e| e.to_string())
         })
         .collect::<Result<Vec<_>, String>>()?;
@@ -106,8 +99,7 @@ pub fn filters() -> Result<Vec<BpfProgram>, String> {
     )
     .map_err(|e| e.to_string())?;
     Ok(vec![
-        deny.try_into()
-            .map_err(|e: seccompiler::BackendError| e.to_string())?,
+        deny.try_into().map_err(|e: seccompiler::BackendError| e.to_string())?,
         clone3
             .try_into()
             .map_err(|e: seccompiler::BackendError| e.to_string())?,

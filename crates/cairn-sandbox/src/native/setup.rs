@@ -48,14 +48,8 @@ impl Plan {
         if lowers.is_empty() {
             return Err("a sandbox needs at least one image layer".into());
         }
-        let dir = spec
-            .dir
-            .to_str()
-            .ok_or("the sandbox directory is not UTF-8")?;
-        let options = format!(
-            "lowerdir={},upperdir={dir}/upper,workdir={dir}/work",
-            lowers.join(":")
-        );
+        let dir = spec.dir.to_str().ok_or("the sandbox directory is not UTF-8")?;
+        let options = format!("lowerdir={},upperdir={dir}/upper,workdir={dir}/work", lowers.join(":"));
         // The kernel takes mount options in one page.
         if options.len() >= 4000 {
             return Err(format!(
@@ -109,27 +103,22 @@ fn setup(plan: &Plan) -> Step<Never> {
     mount_dev(root)?;
     let sys = root.join("sys");
     if sys.is_dir() {
-        let flags =
-            MsFlags::MS_RDONLY | MsFlags::MS_NOSUID | MsFlags::MS_NODEV | MsFlags::MS_NOEXEC;
-        ctx(
-            mount(Some("sysfs"), &sys, Some("sysfs"), flags, None::<&str>),
-            || "mount /sys".into(),
-        )?;
+        let flags = MsFlags::MS_RDONLY | MsFlags::MS_NOSUID | MsFlags::MS_NODEV | MsFlags::MS_NOEXEC;
+        ctx(mount(Some("sysfs"), &sys, Some("sysfs"), flags, None::<&str>), || {
+            "mount /sys".into()
+        })?;
     }
     let tmp = root.join("tmp");
     if !tmp.exists() {
         ctx(fs::create_dir(&tmp), || "create /tmp".into())?;
-        ctx(
-            fs::set_permissions(&tmp, fs::Permissions::from_mode(0o1777)),
-            || "chmod /tmp".into(),
-        )?;
+        ctx(fs::set_permissions(&tmp, fs::Permissions::from_mode(0o1777)), || {
+            "chmod /tmp".into()
+        })?;
     }
 
     ctx(chdir(root), || "enter the root".into())?;
     ctx(pivot_root(".", "."), || "pivot_root".into())?;
-    ctx(umount2(".", MntFlags::MNT_DETACH), || {
-        "detach the host root".into()
-    })?;
+    ctx(umount2(".", MntFlags::MNT_DETACH), || "detach the host root".into())?;
     ctx(chdir("/"), || "chdir /".into())?;
 
     ctx(sethostname(&plan.hostname), || {
@@ -142,13 +131,9 @@ fn setup(plan: &Plan) -> Step<Never> {
     wire_fds(plan)?;
 
     super::caps::drop_to_safe_set()?;
-    ctx(nix::sys::prctl::set_no_new_privs(), || {
-        "set no_new_privs".into()
-    })?;
+    ctx(nix::sys::prctl::set_no_new_privs(), || "set no_new_privs".into())?;
     for filter in &plan.seccomp {
-        ctx(seccompiler::apply_filter(filter), || {
-            "load the seccomp filter".into()
-        })?;
+        ctx(seccompiler::apply_filter(filter), || "load the seccomp filter".into())?;
     }
 
     let mut argv: Vec<*const libc::c_char> = plan.argv.iter().map(|a| a.as_ptr()).collect();
@@ -167,10 +152,7 @@ fn setup(plan: &Plan) -> Step<Never> {
             libc::AT_EMPTY_PATH,
         );
     }
-    Err(format!(
-        "execute cairn-init: {}",
-        std::io::Error::last_os_error()
-    ))
+    Err(format!("execute cairn-init: {}", std::io::Error::last_os_error()))
 }
 
 fn mount_proc(root: &Path) -> Step<()> {
@@ -179,10 +161,9 @@ fn mount_proc(root: &Path) -> Step<()> {
         ctx(fs::create_dir(&proc), || "create /proc".into())?;
     }
     let flags = MsFlags::MS_NOSUID | MsFlags::MS_NODEV | MsFlags::MS_NOEXEC;
-    ctx(
-        mount(Some("proc"), &proc, Some("proc"), flags, None::<&str>),
-        || "mount /proc".into(),
-    )?;
+    ctx(mount(Some("proc"), &proc, Some("proc"), flags, None::<&str>), || {
+        "mount /proc".into()
+    })?;
     // Host-wide knobs stay read-only; kernel memory and keys stay hidden.
     for sub in ["sys", "sysrq-trigger", "irq", "bus", "fs"] {
         let p = proc.join(sub);
@@ -198,29 +179,16 @@ fn mount_proc(root: &Path) -> Step<()> {
                 || format!("bind /proc/{sub}"),
             )?;
             let ro = MsFlags::MS_BIND | MsFlags::MS_REMOUNT | MsFlags::MS_RDONLY;
-            ctx(
-                mount(None::<&str>, &p, None::<&str>, ro, None::<&str>),
-                || format!("make /proc/{sub} read-only"),
-            )?;
+            ctx(mount(None::<&str>, &p, None::<&str>, ro, None::<&str>), || {
+                format!("make /proc/{sub} read-only")
+            })?;
         }
     }
-    for sub in [
-        "kcore",
-        "keys",
-        "timer_list",
-        "sched_debug",
-        "latency_stats",
-    ] {
+    for sub in ["kcore", "keys", "timer_list", "sched_debug", "latency_stats"] {
         let p = proc.join(sub);
         if p.exists() {
             ctx(
-                mount(
-                    Some("/dev/null"),
-                    &p,
-                    None::<&str>,
-                    MsFlags::MS_BIND,
-                    None::<&str>,
-                ),
+                mount(Some("/dev/null"), &p, None::<&str>, MsFlags::MS_BIND, None::<&str>),
                 || format!("mask /proc/{sub}"),
             )?;
         }
@@ -235,13 +203,7 @@ fn mount_dev(root: &Path) -> Step<()> {
     }
     let flags = MsFlags::MS_NOSUID | MsFlags::MS_STRICTATIME;
     ctx(
-        mount(
-            Some("tmpfs"),
-            &dev,
-            Some("tmpfs"),
-            flags,
-            Some("mode=755,size=65536k"),
-        ),
+        mount(Some("tmpfs"), &dev, Some("tmpfs"), flags, Some("mode=755,size=65536k")),
         || "mount /dev".into(),
     )?;
     let nodes: [(&str, u64, u64); 6] = [
@@ -264,10 +226,9 @@ fn mount_dev(root: &Path) -> Step<()> {
             || format!("create /dev/{name}"),
         )?;
         // mknod applies the umask.
-        ctx(
-            fs::set_permissions(&path, fs::Permissions::from_mode(0o666)),
-            || format!("chmod /dev/{name}"),
-        )?;
+        ctx(fs::set_permissions(&path, fs::Permissions::from_mode(0o666)), || {
+            format!("chmod /dev/{name}")
+        })?;
     }
     for (link, target) in [
         ("fd", "/proc/self/fd"),
@@ -342,15 +303,10 @@ fn loopback_up() -> Step<()> {
 /// dup2 overwrites a source that is still needed.
 fn wire_fds(plan: &Plan) -> Step<()> {
     use nix::fcntl::{fcntl, FcntlArg, FdFlag, OFlag};
-    let null = ctx(
-        nix::fcntl::open("/dev/null", OFlag::O_RDWR, Mode::empty()),
-        || "open /dev/null".into(),
-    )?;
-    let high = |fd: RawFd| {
-        ctx(fcntl(fd, FcntlArg::F_DUPFD_CLOEXEC(64)), || {
-            "duplicate fds".into()
-        })
-    };
+    let null = ctx(nix::fcntl::open("/dev/null", OFlag::O_RDWR, Mode::empty()), || {
+        "open /dev/null".into()
+    })?;
+    let high = |fd: RawFd| ctx(fcntl(fd, FcntlArg::F_DUPFD_CLOEXEC(64)), || "duplicate fds".into());
     let (null, console, listen) = (high(null)?, high(plan.console_fd)?, high(plan.listen_fd)?);
     for (src, dst) in [
         (null, 0),

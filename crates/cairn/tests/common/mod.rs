@@ -1,0 +1,147 @@
+//! Helpers for end-to-end tests that drive the real `cairn` binary against
+//! real namespaces, cgroups and overlay mounts.
+
+#![allow(dead_code)]
+
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output, Stdio};
+use std::sync::OnceLock;
+
+pub const CAIRN: &str = env!("CARGO_BIN_EXE_cairn");
+
+/// Why end-to-end tests cannot run here, if they cannot.
+pub fn missing_prerequisite() -> Option<String> {
+    if !nix::unistd::geteuid().is_root() {
+        return Some("not root: sandboxes need root for namespaces, cgroups and mounts".into());
+    }
+    if cairn_sandbox::cgroup::Hierarchy::detect("probe").is_err() {
+        return Some("no usable cgroup hierarchy".into());
+    }
+    None
+}
+
+/// Returns true (after saying so loudly) when the test must be skipped.
+pub fn skip(test: &str) -> bool {
+    match missing_prerequisite() {
+        Some(why) => {
+            eprintln!("SKIPPED {test}: {why}");
+            true
+        }
+        None => false,
+    }
+}
+
+/// A fresh state directory with the busybox image, removed (after a gc) on drop.
+pub struct Home {
+    pub dir: tempfile::TempDir,
+}
+
+/// One busybox build for the whole test binary; each home imports it.
+fn busybox_layer() -> &'static Path {
+    static LAYER: OnceLock<PathBuf> = OnceLock::new();
+    LAYER.get_or_init(|| {
+        // Kept between runs under the target directory; built when missing.
+        let shared = Path::new(env!("CARGO_TARGET_TMPDIR")).join("busybox-home");
+        let out = Command::new(CAIRN)
+            .args(["image", "build", "busybox"])
+            .env("CAIRN_HOME", &shared)
+            .stderr(Stdio::inherit())
+            .output()
+            .expect("run cairn");
+        assert!(out.status.success(), "building busybox failed");
+        let layers = shared.join("layers");
+        let layer = std::fs::read_dir(&layers)
+            .unwrap()
+            .flatten()
+            .find(|e| !e.file_name().to_string_lossy().starts_with('.'))
+            .unwrap();
+        layer.path()
+    })
+}
+
+impl Home {
+    pub fn new() -> Home {
+        let dir = tempfile::Builder::new().prefix("cairn-e2e").tempdir_in("/tmp").unwrap();
+        let home = Home { dir };
+        let out = home.cairn(&[
+            "image",
+            "import",
+            busybox_layer().to_str().unwrap(),
+            "--name",
+            "busybox",
+        ]);
+        assert!(
+            out.status.success(),
+            "import failed: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        home
+    }
+
+    pub fn path(&self) -> &Path {
+        self.dir.path()
+    }
+
+    /// The cgroup directories a sandbox of this home would have.
+    pub fn cgroup_dirs(&self, id: &str) -> Vec<PathBuf> {
+        let scope = cairn_engine::Home::at(self.path()).scope();
+        cairn_sandbox::cgroup::Hierarchy::detect(&scope).unwrap().dirs(id)
+    }
+
+    pub fn command(&self, args: &[&str]) -> Command {
+        let mut c = Command::new(CAIRN);
+        c.args(args).env("CAIRN_HOME", self.path()).stdin(Stdio::null());
+        c
+    }
+
+    pub fn cairn(&self, args: &[&str]) -> Output {
+        self.command(args).output().expect("run cairn")
+    }
+
+    /// Runs cairn, asserts success, returns trimmed stdout.
+    pub fn ok(&self, args: &[&str]) -> String {
+        let out = self.cairn(args);
+        assert!(
+            out.status.success(),
+            "cairn {args:?} failed with {}: {}{}",
+            out.status,
+            String::from_utf8_lossy(&out.stdout),
+            String::from_utf8_lossy(&out.stderr)
+        );
+        String::from_utf8_lossy(&out.stdout).trim().to_string()
+    }
+
+    /// Sandboxes as `cairn ps --json` reports them.
+    pub fn ps(&self) -> Vec<serde_json::Value> {
+        serde_json::from_str(&self.ok(&["ps", "--json"])).unwrap()
+    }
+
+    /// Mounts that mention this home (there must be none on the host).
+    pub fn host_mounts(&self) -> Vec<String> {
+        let home = self.path().to_string_lossy().into_owned();
+        std::fs::read_to_string("/proc/self/mountinfo")
+            .unwrap()
+            .lines()
+            .filter(|l| l.contains(&home))
+            .map(str::to_string)
+            .collect()
+    }
+}
+
+impl Drop for Home {
+    fn drop(&mut self) {
+        // Leave nothing running whatever the test did.
+        let ids = self.cairn(&["ps", "-q"]);
+        for id in String::from_utf8_lossy(&ids.stdout).lines() {
+            let _ = self.cairn(&["rm", "-f", id]);
+        }
+    }
+}
+
+pub fn stdout(o: &Output) -> String {
+    String::from_utf8_lossy(&o.stdout).into_owned()
+}
+
+pub fn stderr(o: &Output) -> String {
+    String::from_utf8_lossy(&o.stderr).into_owned()
+}

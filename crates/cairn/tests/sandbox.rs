@@ -1,0 +1,423 @@
+//! End-to-end: the sandbox lifecycle, the CLI contract, limits, isolation
+//! and cleanup, on real namespaces, cgroups and overlay mounts.
+
+mod common;
+
+use std::io::Write;
+use std::os::unix::fs::PermissionsExt;
+use std::process::Stdio;
+use std::time::{Duration, Instant};
+
+use common::{skip, stderr, stdout, Home};
+
+#[test]
+fn run_streams_output_and_exits_with_the_commands_status() {
+    if skip("run_streams_output_and_exits_with_the_commands_status") {
+        return;
+    }
+    let home = Home::new();
+    let out = home.cairn(&["run", "--", "sh", "-c", "echo out; echo err >&2; exit 7"]);
+    assert_eq!(out.status.code(), Some(7));
+    assert_eq!(stdout(&out), "out\n");
+    assert!(stderr(&out).contains("err"));
+    // Killed by a signal: 128 + N.
+    let out = home.cairn(&["run", "--", "sh", "-c", "kill -TERM $$"]);
+    assert_eq!(out.status.code(), Some(143));
+}
+
+#[test]
+fn run_removes_its_sandbox_and_leaves_nothing_on_the_host() {
+    if skip("run_removes_its_sandbox_and_leaves_nothing_on_the_host") {
+        return;
+    }
+    let home = Home::new();
+    let out = home.cairn(&["run", "--", "sh", "-c", "cat /proc/self/cgroup; hostname"]);
+    assert!(out.status.success(), "{}", stderr(&out));
+    assert!(home.ps().is_empty());
+    assert!(home.host_mounts().is_empty());
+    assert_eq!(std::fs::read_dir(home.path().join("sandboxes")).unwrap().count(), 0);
+    let scope = cairn_engine::Home::at(home.path()).scope();
+    let hierarchy = cairn_sandbox::cgroup::Hierarchy::detect(&scope).unwrap();
+    assert!(
+        hierarchy.sandbox_ids().is_empty(),
+        "cgroups left: {:?}",
+        hierarchy.sandbox_ids()
+    );
+}
+
+#[test]
+fn bad_input_gets_a_clear_error_and_creates_nothing() {
+    if skip("bad_input_gets_a_clear_error_and_creates_nothing") {
+        return;
+    }
+    let home = Home::new();
+    let out = home.cairn(&["run", "--image", "nosuchimage", "--", "true"]);
+    assert_eq!(out.status.code(), Some(125));
+    assert!(
+        stderr(&out).contains("no image named \"nosuchimage\""),
+        "{}",
+        stderr(&out)
+    );
+
+    let out = home.cairn(&["exec", "feedfacecafe", "--", "true"]);
+    assert_eq!(out.status.code(), Some(125));
+    assert!(stderr(&out).contains("no sandbox matches"), "{}", stderr(&out));
+
+    let out = home.cairn(&["run", "--memory", "lots", "--", "true"]);
+    assert_eq!(out.status.code(), Some(2));
+    assert!(stderr(&out).contains("512M"), "{}", stderr(&out));
+    let out = home.cairn(&["create", "--cpus", "zero"]);
+    assert_eq!(out.status.code(), Some(2));
+
+    let out = home.cairn(&["run", "--", "no-such-command", "arg"]);
+    assert_eq!(out.status.code(), Some(127));
+    assert!(
+        stderr(&out).contains("no-such-command: command not found"),
+        "{}",
+        stderr(&out)
+    );
+
+    let out = home.cairn(&["create", "--name", "bad_name!"]);
+    assert_eq!(out.status.code(), Some(125));
+    assert!(stderr(&out).contains("invalid sandbox name"), "{}", stderr(&out));
+
+    assert!(home.ps().is_empty(), "a refused command left a sandbox");
+    assert!(home.host_mounts().is_empty());
+    assert_eq!(std::fs::read_dir(home.path().join("sandboxes")).unwrap().count(), 0);
+}
+
+#[test]
+fn exceeding_the_memory_limit_is_an_oom_kill_reported_as_such() {
+    if skip("exceeding_the_memory_limit_is_an_oom_kill_reported_as_such") {
+        return;
+    }
+    let home = Home::new();
+    let out = home.cairn(&[
+        "run",
+        "--memory",
+        "32M",
+        "--",
+        "sh",
+        "-c",
+        "x=aaaaaaaa; while true; do x=$x$x; done",
+    ]);
+    assert_eq!(out.status.code(), Some(137));
+    assert!(stderr(&out).contains("out of memory"), "{}", stderr(&out));
+}
+
+#[test]
+fn a_fork_bomb_stops_at_the_pids_limit() {
+    if skip("a_fork_bomb_stops_at_the_pids_limit") {
+        return;
+    }
+    let home = Home::new();
+    let id = home.ok(&["create", "--pids", "32"]);
+    // The shell gives up when fork fails; the command must end, not hang.
+    let script = "i=0; while [ $i -lt 200 ]; do sleep 30 & i=$((i+1)); done";
+    let out = home.cairn(&["exec", &id, "--", "sh", "-c", script]);
+    assert_ne!(out.status.code(), Some(125), "{}", stderr(&out));
+    let pids_dir = home.cgroup_dirs(&id).into_iter().find(|d| d.join("pids.events").exists()).unwrap();
+    let events = std::fs::read_to_string(pids_dir.join("pids.events")).unwrap();
+    let refused: u64 = events.split_whitespace().nth(1).unwrap().parse().unwrap();
+    assert!(refused > 0, "no fork was refused: {events}");
+    for dir in home.cgroup_dirs(&id) {
+        let procs = std::fs::read_to_string(dir.join("cgroup.procs")).unwrap();
+        assert!(
+            procs.lines().count() <= 32,
+            "{} holds {} processes",
+            dir.display(),
+            procs.lines().count()
+        );
+    }
+    home.ok(&["rm", "-f", &id]);
+    assert!(home.cgroup_dirs(&id).iter().all(|d| !d.exists()));
+}
+
+#[test]
+fn a_sandbox_sees_only_its_own_processes_network_and_files() {
+    if skip("a_sandbox_sees_only_its_own_processes_network_and_files") {
+        return;
+    }
+    let home = Home::new();
+    let secret = home.path().join("host-secret");
+    std::fs::write(&secret, "secret").unwrap();
+    let id = home.ok(&["create", "--name", "iso"]);
+    home.ok(&["exec", "-d", &id, "--", "sleep", "1000"]);
+
+    // Processes: init, the sleeper, and the shell asking.
+    let pids = home.ok(&[
+        "exec",
+        &id,
+        "--",
+        "sh",
+        "-c",
+        "ls -d /proc/[0-9]* | wc -l; cat /proc/1/cmdline",
+    ]);
+    let mut lines = pids.lines();
+    let count: usize = lines.next().unwrap().trim().parse().unwrap();
+    // init, the sleeper, the shell, and the ls and wc it forked.
+    assert!(count <= 5, "the sandbox sees {count} processes");
+    assert!(lines.next().unwrap().starts_with("cairn-init"));
+
+    // Network: loopback only, and it is up.
+    assert_eq!(home.ok(&["exec", &id, "--", "ls", "/sys/class/net"]), "lo");
+    assert_eq!(home.ok(&["exec", &id, "--", "hostname"]), "iso");
+
+    // Host files stay out of reach.
+    let out = home.cairn(&["exec", &id, "--", "cat", secret.to_str().unwrap()]);
+    assert_ne!(out.status.code(), Some(0));
+    assert!(!stdout(&out).contains("secret"));
+
+    // Writes land in the sandbox's upper directory only.
+    home.ok(&[
+        "exec",
+        &id,
+        "--",
+        "sh",
+        "-c",
+        "echo new > /etc/added; rm /bin/vi; mkdir -p /opt/x",
+    ]);
+    let sandbox_dir = home.path().join("sandboxes").join(&id);
+    assert_eq!(
+        std::fs::read_to_string(sandbox_dir.join("upper/etc/added")).unwrap(),
+        "new\n"
+    );
+    assert!(sandbox_dir.join("upper/opt/x").is_dir());
+    let image = home.ok(&["image", "ls", "--json"]);
+    let image: serde_json::Value = serde_json::from_str(&image).unwrap();
+    let layer = home.path().join("layers").join(image[0]["layers"][0].as_str().unwrap());
+    assert!(!layer.join("etc/added").exists());
+    assert!(
+        layer.join("bin/vi").exists(),
+        "a delete inside the sandbox reached the image layer"
+    );
+
+    // No mounting, no kernel modules, no dangerous capabilities.
+    let out = home.cairn(&["exec", &id, "--", "mount", "-t", "tmpfs", "none", "/mnt"]);
+    assert_ne!(out.status.code(), Some(0));
+    let caps = home.ok(&["exec", &id, "--", "grep", "CapBnd", "/proc/self/status"]);
+    let bnd = u64::from_str_radix(caps.split_whitespace().last().unwrap(), 16).unwrap();
+    for (cap, bit) in [
+        ("SYS_ADMIN", 21),
+        ("SYS_MODULE", 16),
+        ("SYS_TIME", 25),
+        ("NET_ADMIN", 12),
+        ("MKNOD", 27),
+    ] {
+        assert_eq!(bnd & (1 << bit), 0, "CAP_{cap} is in the bounding set");
+    }
+    let nnp = home.ok(&["exec", &id, "--", "grep", "NoNewPrivs", "/proc/self/status"]);
+    assert!(nnp.ends_with('1'), "{nnp}");
+    let seccomp = home.ok(&["exec", &id, "--", "grep", "^Seccomp:", "/proc/self/status"]);
+    assert!(seccomp.ends_with('2'), "no seccomp filter: {seccomp}");
+    let out = home.cairn(&["exec", &id, "--", "unshare", "-n", "true"]);
+    assert_ne!(out.status.code(), Some(0), "unshare worked inside the sandbox");
+    // Host-wide kernel knobs are read-only.
+    let out = home.cairn(&["exec", &id, "--", "sh", "-c", "echo 1 > /proc/sys/vm/drop_caches"]);
+    assert_ne!(out.status.code(), Some(0));
+    assert!(home.host_mounts().is_empty(), "sandbox mounts leaked to the host");
+}
+
+#[test]
+fn a_sandbox_outlives_the_cli_and_rm_leaves_no_mount_cgroup_or_process() {
+    if skip("a_sandbox_outlives_the_cli_and_rm_leaves_no_mount_cgroup_or_process") {
+        return;
+    }
+    let home = Home::new();
+    let id = home.ok(&["create", "--name", "keeper"]);
+    let pid = home.ok(&["exec", "-d", "keeper", "--", "sleep", "1000"]);
+    assert!(pid.parse::<i32>().is_ok());
+    // The creating CLI is long gone; ps finds the sandbox and exec works.
+    let ps = home.ps();
+    assert_eq!(ps.len(), 1);
+    assert_eq!(ps[0]["state"], "running");
+    assert_eq!(ps[0]["name"], "keeper");
+    let init_pid = ps[0]["pid"].as_i64().unwrap() as i32;
+    assert_eq!(home.ok(&["exec", &id[..6], "--", "echo", "again"]), "again");
+    assert_eq!(home.ok(&["ps", "-q"]), id);
+
+    // rm without -f refuses a running sandbox and changes nothing.
+    let out = home.cairn(&["rm", &id]);
+    assert_ne!(out.status.code(), Some(0));
+    assert!(stderr(&out).contains("cairn rm -f"), "{}", stderr(&out));
+    assert_eq!(home.ps().len(), 1);
+
+    assert_eq!(home.ok(&["rm", "-f", &id]), id);
+    assert!(home.ps().is_empty());
+    // Gone, or a zombie until the host's init reaps it.
+    let state = std::fs::read_to_string(format!("/proc/{init_pid}/stat")).unwrap_or_default();
+    let state = state.rsplit_once(") ").map(|(_, rest)| &rest[..1]).unwrap_or("gone");
+    assert!(
+        state == "gone" || state == "Z" || state == "X",
+        "init survived rm (state {state})"
+    );
+    assert!(home.cgroup_dirs(&id).iter().all(|d| !d.exists()), "cgroups survived rm");
+    assert!(home.host_mounts().is_empty());
+    assert!(!home.path().join("sandboxes").join(&id).exists());
+}
+
+#[test]
+fn gc_cleans_up_after_everything_was_killed() {
+    if skip("gc_cleans_up_after_everything_was_killed") {
+        return;
+    }
+    let home = Home::new();
+    let a = home.ok(&["create"]);
+    let b = home.ok(&["create"]);
+    home.ok(&["exec", "-d", &a, "--", "sleep", "1000"]);
+    // A `cairn run` whose CLI is killed mid-command.
+    let mut run = home
+        .command(&["run", "--", "sleep", "1000"])
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while home.ps().len() < 3 && Instant::now() < deadline {
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    let ps = home.ps();
+    assert_eq!(ps.len(), 3);
+    let ids: Vec<String> = ps.iter().map(|s| s["id"].as_str().unwrap().to_string()).collect();
+    run.kill().unwrap();
+    run.wait().unwrap();
+    // kill -9 every process of every sandbox.
+    for id in &ids {
+        for dir in home.cgroup_dirs(id) {
+            if let Ok(procs) = std::fs::read_to_string(dir.join("cgroup.procs")) {
+                for pid in procs.lines() {
+                    let _ = nix::sys::signal::kill(
+                        nix::unistd::Pid::from_raw(pid.parse().unwrap()),
+                        nix::sys::signal::Signal::SIGKILL,
+                    );
+                }
+            }
+        }
+    }
+    std::thread::sleep(Duration::from_millis(200));
+    let out = home.ok(&["gc", "--json"]);
+    let report: serde_json::Value = serde_json::from_str(&out).unwrap();
+    let removed: Vec<&str> = report["sandboxes_removed"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|v| v.as_str().unwrap())
+        .collect();
+    for id in &ids {
+        assert!(removed.contains(&id.as_str()), "gc did not remove {id}: {out}");
+        assert!(home.cgroup_dirs(id).iter().all(|d| !d.exists()), "cgroup of {id} left");
+    }
+    assert!(home.ps().is_empty());
+    assert!(home.host_mounts().is_empty());
+    assert_eq!(std::fs::read_dir(home.path().join("sandboxes")).unwrap().count(), 0);
+    let _ = (a, b);
+}
+
+#[test]
+fn exec_forwards_stdin_env_workdir_and_honours_timeouts() {
+    if skip("exec_forwards_stdin_env_workdir_and_honours_timeouts") {
+        return;
+    }
+    let home = Home::new();
+    let id = home.ok(&["create"]);
+    let mut child = home
+        .command(&["exec", "-i", &id, "--", "sh", "-c", "tr a-z A-Z"])
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .spawn()
+        .unwrap();
+    child.stdin.take().unwrap().write_all(b"hello sandbox\n").unwrap();
+    let out = child.wait_with_output().unwrap();
+    assert_eq!(stdout(&out), "HELLO SANDBOX\n");
+
+    let out = home.ok(&[
+        "exec",
+        "-e",
+        "GREETING=hi there",
+        "-w",
+        "/etc",
+        &id,
+        "--",
+        "sh",
+        "-c",
+        "echo $GREETING; pwd",
+    ]);
+    assert_eq!(out, "hi there\n/etc");
+    let out = home.cairn(&["exec", "-w", "/nowhere", &id, "--", "true"]);
+    assert_ne!(out.status.code(), Some(0));
+    assert!(stderr(&out).contains("/nowhere does not exist"), "{}", stderr(&out));
+
+    let started = Instant::now();
+    let out = home.cairn(&["exec", "--timeout", "0.3", &id, "--", "sleep", "30"]);
+    assert_eq!(out.status.code(), Some(124));
+    assert!(started.elapsed() < Duration::from_secs(20));
+    assert!(stderr(&out).contains("timed out"));
+}
+
+#[test]
+fn detached_processes_keep_running_and_log_their_output() {
+    if skip("detached_processes_keep_running_and_log_their_output") {
+        return;
+    }
+    let home = Home::new();
+    let id = home.ok(&["create"]);
+    home.ok(&[
+        "exec",
+        "-d",
+        &id,
+        "--",
+        "sh",
+        "-c",
+        "echo started; sleep 0.2; echo finished",
+    ]);
+    let deadline = Instant::now() + Duration::from_secs(20);
+    let mut logs = String::new();
+    while !logs.contains("ended with status 0") && Instant::now() < deadline {
+        std::thread::sleep(Duration::from_millis(50));
+        logs = home.ok(&["logs", &id]);
+    }
+    assert!(logs.contains("started\nfinished\n"), "{logs}");
+    assert!(logs.contains("ended with status 0"), "{logs}");
+    assert_eq!(home.ok(&["logs", "--tail", "1", &id]).lines().count(), 1);
+}
+
+#[test]
+fn files_copy_in_and_out_with_content_mode_and_mtime() {
+    if skip("files_copy_in_and_out_with_content_mode_and_mtime") {
+        return;
+    }
+    let home = Home::new();
+    let id = home.ok(&["create"]);
+    let work = tempfile::tempdir().unwrap();
+    let src = work.path().join("data.bin");
+    let mut data = vec![0u8; 9 << 20];
+    for (i, b) in data.iter_mut().enumerate() {
+        *b = (i as u64).wrapping_mul(2654435761).to_le_bytes()[3];
+    }
+    std::fs::write(&src, &data).unwrap();
+    std::fs::set_permissions(&src, std::fs::Permissions::from_mode(0o750)).unwrap();
+    home.ok(&["cp", src.to_str().unwrap(), &format!("{id}:/tmp/")]);
+    let listing = home.ok(&["exec", &id, "--", "ls", "-l", "/tmp/data.bin"]);
+    assert!(listing.starts_with("-rwxr-x---"), "{listing}");
+    let back = work.path().join("back.bin");
+    home.ok(&["cp", &format!("{id}:/tmp/data.bin"), back.to_str().unwrap()]);
+    assert!(
+        std::fs::read(&back).unwrap() == data,
+        "content changed in the round trip"
+    );
+    let (a, b) = (std::fs::metadata(&src).unwrap(), std::fs::metadata(&back).unwrap());
+    assert_eq!(b.permissions().mode() & 0o7777, 0o750);
+    assert_eq!(a.modified().unwrap(), b.modified().unwrap());
+
+    let out = home.cairn(&["cp", &format!("{id}:/no/such/file"), back.to_str().unwrap()]);
+    assert_ne!(out.status.code(), Some(0));
+    assert!(stderr(&out).contains("/no/such/file"), "{}", stderr(&out));
+    assert_eq!(
+        std::fs::read(&back).unwrap().len(),
+        data.len(),
+        "a failed copy clobbered the target"
+    );
+    let out = home.cairn(&["cp", src.to_str().unwrap(), &format!("{id}:/no/such/dir/f")]);
+    assert_ne!(out.status.code(), Some(0));
+    assert!(stderr(&out).contains("does not exist"), "{}", stderr(&out));
+}
