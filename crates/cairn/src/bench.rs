@@ -1,16 +1,395 @@
-//! `cairn bench`: medians and p95 of the operations DESIGN.md sets targets for.
+//! `cairn bench`: medians and p95 of the operations DESIGN.md sets targets
+//! for, each beside the peers installed on this host (bwrap, crun) doing the
+//! same job in the same run.
+//!
+//! The benchmark works in a scratch state directory of its own, seeded with
+//! the busybox image from the user's state directory (built if missing), and
+//! removes it afterwards.
 
-use anyhow::Result;
-use cairn_engine::Home;
+use std::io::{self, Read, Write};
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
+use std::time::{Duration, Instant};
+
+use anyhow::{bail, Context, Result};
+use cairn_engine::{CreateOptions, Engine, Home, Silent};
+use cairn_protocol::{ExecRequest, FileKind, FileMeta};
+use serde::Serialize;
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
 pub enum Which {
+    /// Sandbox start to first output of `echo` (`cairn run`), beside bwrap and crun.
     Start,
+    /// Round trip of `true` in a running sandbox.
     Exec,
+    /// File copy throughput into and out of a sandbox.
     Cp,
+    /// Sandbox starts per second with every core busy.
     Throughput,
 }
 
-pub fn run(_home: Home, _which: &[Which], _runs: usize, _json: bool) -> Result<i32> {
-    anyhow::bail!("the benchmark is not built yet")
+#[derive(Debug, Serialize)]
+pub struct Measurement {
+    pub name: String,
+    pub unit: &'static str,
+    pub median: f64,
+    pub p95: f64,
+    pub runs: usize,
+    /// The DESIGN.md target, in `unit`, and whether lower is better.
+    pub target: Option<f64>,
+    pub lower_is_better: bool,
+}
+
+fn summarize(name: &str, unit: &'static str, mut samples: Vec<f64>, target: Option<f64>, lower: bool) -> Measurement {
+    samples.sort_by(|a, b| a.total_cmp(b));
+    let pick = |q: f64| samples[((samples.len() - 1) as f64 * q).round() as usize];
+    Measurement {
+        name: name.into(),
+        unit,
+        median: pick(0.5),
+        p95: if lower { pick(0.95) } else { pick(0.05) },
+        runs: samples.len(),
+        target,
+        lower_is_better: lower,
+    }
+}
+
+struct Bench {
+    exe: PathBuf,
+    home: tempfile_home::ScratchHome,
+    layer: PathBuf,
+}
+
+pub fn run(user_home: Home, which: &[Which], runs: usize, json: bool) -> Result<i32> {
+    if runs < 5 {
+        bail!("--runs must be at least 5 to give a median and a p95");
+    }
+    let bench = Bench::prepare(user_home)?;
+    let mut results = Vec::new();
+    for w in which {
+        eprintln!("cairn bench: measuring {w:?} ({runs} runs)");
+        let r = match w {
+            Which::Start => bench.start(runs),
+            Which::Exec => bench.exec(runs),
+            Which::Cp => bench.copy(runs.min(20)),
+            Which::Throughput => bench.throughput(),
+        };
+        results.extend(r?);
+    }
+    if json {
+        println!("{}", serde_json::to_string_pretty(&results)?);
+    } else {
+        print_table(&results);
+    }
+    Ok(0)
+}
+
+fn print_table(results: &[Measurement]) {
+    println!("{:<44} {:>10} {:>10} {:>6}  {:>10}  unit", "measurement", "median", "p95", "runs", "target");
+    for m in results {
+        let target = match m.target {
+            Some(t) if m.lower_is_better => format!("<= {t}"),
+            Some(t) => format!(">= {t}"),
+            None => "-".into(),
+        };
+        println!("{:<44} {:>10.3} {:>10.3} {:>6}  {:>10}  {}", m.name, m.median, m.p95, m.runs, target, m.unit);
+    }
+}
+
+impl Bench {
+    fn prepare(user_home: Home) -> Result<Bench> {
+        let mut engine = Engine::open(user_home)?;
+        let image = match engine.image("busybox") {
+            Ok(i) => i,
+            Err(_) => engine.build_busybox("busybox", &crate::progress::Steps::new())?,
+        };
+        let layer = engine.home().layers().join(&image.layers[0]);
+        drop(engine);
+        let home = tempfile_home::ScratchHome::new()?;
+        let status = Command::new(std::env::current_exe()?)
+            .args(["image", "import"])
+            .arg(&layer)
+            .args(["--name", "busybox"])
+            .env("CAIRN_HOME", home.path())
+            .stdout(Stdio::null())
+            .status()?;
+        if !status.success() {
+            bail!("cannot seed the benchmark's state directory");
+        }
+        Ok(Bench { exe: std::env::current_exe()?, home, layer })
+    }
+
+    fn engine(&self) -> Result<Engine> {
+        Ok(Engine::open(Home::at(self.home.path()))?)
+    }
+
+    /// Milliseconds from spawning `cmd` to its first byte of stdout, and to its exit.
+    fn first_output(cmd: &mut Command) -> Result<(f64, f64)> {
+        let t0 = Instant::now();
+        let mut child = cmd.stdout(Stdio::piped()).stderr(Stdio::null()).stdin(Stdio::null()).spawn()?;
+        let mut out = child.stdout.take().context("no stdout")?;
+        let mut byte = [0u8; 1];
+        let n = out.read(&mut byte)?;
+        let first = t0.elapsed().as_secs_f64() * 1e3;
+        let mut rest = Vec::new();
+        out.read_to_end(&mut rest)?;
+        let status = child.wait()?;
+        if n == 0 || !status.success() {
+            bail!("{cmd:?} failed ({status}) or printed nothing");
+        }
+        Ok((first, t0.elapsed().as_secs_f64() * 1e3))
+    }
+
+    fn start(&self, runs: usize) -> Result<Vec<Measurement>> {
+        let mut results = Vec::new();
+        let mut cmd = Command::new(&self.exe);
+        cmd.args(["run", "--", "echo", "hi"]).env("CAIRN_HOME", self.home.path());
+        let (firsts, totals) = self.repeat(runs, &mut cmd)?;
+        let cairn = summarize("start: cairn run -- echo (to first output)", "ms", firsts, Some(10.0), true);
+        let cairn_median = cairn.median;
+        results.push(cairn);
+        results.push(summarize("start: cairn run -- echo (whole command, with rm)", "ms", totals, None, true));
+        if let Some(bwrap) = which("bwrap") {
+            let mut cmd = Command::new(bwrap);
+            cmd.args(["--unshare-all", "--die-with-parent", "--ro-bind"])
+                .arg(&self.layer)
+                .args(["/", "--proc", "/proc", "--dev", "/dev", "--tmpfs", "/tmp", "/bin/echo", "hi"]);
+            let (firsts, _) = self.repeat(runs, &mut cmd)?;
+            let m = summarize("start: bwrap echo (peer)", "ms", firsts, None, true);
+            eprintln!("cairn bench: cairn/bwrap start ratio {:.2}", cairn_median / m.median);
+            results.push(m);
+        } else {
+            eprintln!("cairn bench: bwrap is not installed (apt-get install bubblewrap); no bwrap figure");
+        }
+        if let Some(crun) = which("crun") {
+            let bundle = self.crun_bundle(&crun)?;
+            hide_hybrid_cgroup2()?;
+            let mut i = 0u64;
+            let mut firsts = Vec::new();
+            for _ in 0..runs {
+                i += 1;
+                let mut cmd = Command::new(&crun);
+                cmd.args(["run", "--bundle"]).arg(&bundle).arg(format!("cairn-bench-{}-{i}", std::process::id()));
+                firsts.push(Self::first_output(&mut cmd)?.0);
+            }
+            let m = summarize("start: crun run echo (peer)", "ms", firsts, None, true);
+            eprintln!("cairn bench: cairn/crun start ratio {:.2}", cairn_median / m.median);
+            results.push(m);
+        } else {
+            eprintln!("cairn bench: crun is not installed (apt-get install crun); no crun figure");
+        }
+        Ok(results)
+    }
+
+    fn repeat(&self, runs: usize, cmd: &mut Command) -> Result<(Vec<f64>, Vec<f64>)> {
+        for _ in 0..runs.min(5) {
+            Self::first_output(cmd)?;
+        }
+        let mut firsts = Vec::with_capacity(runs);
+        let mut totals = Vec::with_capacity(runs);
+        for _ in 0..runs {
+            let (f, t) = Self::first_output(cmd)?;
+            firsts.push(f);
+            totals.push(t);
+        }
+        Ok((firsts, totals))
+    }
+
+    /// An OCI bundle for crun over the busybox layer, read-only root.
+    fn crun_bundle(&self, crun: &Path) -> Result<PathBuf> {
+        let bundle = self.home.path().join("crun-bundle");
+        std::fs::create_dir_all(&bundle)?;
+        let status = Command::new(crun).arg("spec").current_dir(&bundle).status()?;
+        if !status.success() {
+            bail!("crun spec failed");
+        }
+        let path = bundle.join("config.json");
+        let mut spec: serde_json::Value = serde_json::from_slice(&std::fs::read(&path)?)?;
+        spec["root"] = serde_json::json!({ "path": self.layer, "readonly": true });
+        spec["process"]["terminal"] = false.into();
+        spec["process"]["args"] = serde_json::json!(["/bin/echo", "hi"]);
+        std::fs::write(&path, serde_json::to_vec_pretty(&spec)?)?;
+        Ok(bundle)
+    }
+
+    fn exec(&self, runs: usize) -> Result<Vec<Measurement>> {
+        let mut engine = self.engine()?;
+        let rec = engine.create_sandbox(&CreateOptions::default(), &Silent)?;
+        let client = engine.client(&rec)?;
+        let req = ExecRequest { argv: vec!["true".into()], ..ExecRequest::default() };
+        let mut samples = Vec::with_capacity(runs);
+        for i in 0..runs + 10 {
+            let t0 = Instant::now();
+            let session = client.exec(req.clone())?.map_err(|f| anyhow::anyhow!(f.message))?;
+            let status = session.wait(&mut io::sink(), &mut io::sink())?;
+            let dt = t0.elapsed().as_secs_f64() * 1e3;
+            if status.map(|s| s.code) != Some(Some(0)) {
+                bail!("`true` failed in the sandbox: {status:?}");
+            }
+            if i >= 10 {
+                samples.push(dt);
+            }
+        }
+        let mut cli = Vec::with_capacity(runs / 4);
+        for _ in 0..(runs / 4).max(5) {
+            let t0 = Instant::now();
+            let status = Command::new(&self.exe)
+                .args(["exec", &rec.id, "--", "true"])
+                .env("CAIRN_HOME", self.home.path())
+                .status()?;
+            if !status.success() {
+                bail!("cairn exec failed");
+            }
+            cli.push(t0.elapsed().as_secs_f64() * 1e3);
+        }
+        let rec = engine.sandbox(&rec.id)?;
+        engine.remove_sandbox(&rec, true)?;
+        Ok(vec![
+            summarize("exec: round trip of `true` (engine API)", "ms", samples, Some(1.0), true),
+            summarize("exec: cairn exec ID -- true (whole command)", "ms", cli, None, true),
+        ])
+    }
+
+    fn copy(&self, runs: usize) -> Result<Vec<Measurement>> {
+        const SIZE: usize = 256 << 20;
+        let mut engine = self.engine()?;
+        let rec = engine.create_sandbox(&CreateOptions::default(), &Silent)?;
+        let client = engine.client(&rec)?;
+        let data: Vec<u8> = (0..SIZE as u64).map(|i| (i.wrapping_mul(2654435761) >> 13) as u8).collect();
+        let meta = FileMeta {
+            path: "/tmp/bench.bin".into(),
+            kind: FileKind::File,
+            mode: 0o644,
+            uid: 0,
+            gid: 0,
+            size: SIZE as u64,
+            mtime_ns: 0,
+        };
+        let (mut into, mut out) = (Vec::new(), Vec::new());
+        for _ in 0..runs.max(5) {
+            let t0 = Instant::now();
+            client.put_file(meta.clone(), &mut &data[..])?;
+            into.push(SIZE as f64 / 1048576.0 / t0.elapsed().as_secs_f64());
+            let t0 = Instant::now();
+            let mut sink = CountingSink(0);
+            client.get_file("/tmp/bench.bin", &mut sink)?;
+            if sink.0 != SIZE as u64 {
+                bail!("copied out {} bytes of {SIZE}", sink.0);
+            }
+            out.push(SIZE as f64 / 1048576.0 / t0.elapsed().as_secs_f64());
+        }
+        let rec = engine.sandbox(&rec.id)?;
+        engine.remove_sandbox(&rec, true)?;
+        Ok(vec![
+            summarize("cp: into a sandbox (256 MiB)", "MB/s", into, Some(200.0), false),
+            summarize("cp: out of a sandbox (256 MiB)", "MB/s", out, Some(200.0), false),
+        ])
+    }
+
+    /// `cairn run -- true` from four concurrent loops for a few seconds.
+    fn throughput(&self) -> Result<Vec<Measurement>> {
+        let workers = std::thread::available_parallelism().map(|n| n.get()).unwrap_or(2) * 2;
+        let mut rates = Vec::new();
+        for _ in 0..5 {
+            let duration = Duration::from_secs(2);
+            let t0 = Instant::now();
+            let handles: Vec<_> = (0..workers)
+                .map(|_| {
+                    let exe = self.exe.clone();
+                    let home = self.home.path().to_path_buf();
+                    std::thread::spawn(move || -> Result<usize> {
+                        let mut n = 0;
+                        while t0.elapsed() < duration {
+                            let status = Command::new(&exe)
+                                .args(["run", "--", "true"])
+                                .env("CAIRN_HOME", &home)
+                                .stdin(Stdio::null())
+                                .status()?;
+                            if !status.success() {
+                                bail!("cairn run failed under load");
+                            }
+                            n += 1;
+                        }
+                        Ok(n)
+                    })
+                })
+                .collect();
+            let mut total = 0;
+            for h in handles {
+                total += h.join().map_err(|_| anyhow::anyhow!("a worker panicked"))??;
+            }
+            rates.push(total as f64 / t0.elapsed().as_secs_f64());
+        }
+        Ok(vec![summarize(
+            &format!("throughput: cairn run -- true, {workers} loops"),
+            "starts/s",
+            rates,
+            Some(250.0),
+            false,
+        )])
+    }
+}
+
+struct CountingSink(u64);
+
+impl Write for CountingSink {
+    fn write(&mut self, buf: &[u8]) -> io::Result<usize> {
+        self.0 += buf.len() as u64;
+        Ok(buf.len())
+    }
+    fn flush(&mut self) -> io::Result<()> {
+        Ok(())
+    }
+}
+
+/// crun (1.8) refuses hosts that mount cgroup v2 beside v1 controllers.
+/// Where the v2 tree carries no controllers Cairn uses, the benchmark
+/// detaches it in a private mount namespace of its own, so crun runs on v1
+/// as Cairn does.
+fn hide_hybrid_cgroup2() -> Result<()> {
+    use nix::mount::{mount, umount2, MntFlags, MsFlags};
+    let unified = Path::new("/sys/fs/cgroup/unified");
+    if !unified.join("cgroup.controllers").exists() {
+        return Ok(());
+    }
+    nix::sched::unshare(nix::sched::CloneFlags::CLONE_NEWNS).context("unshare the mount namespace")?;
+    mount(None::<&str>, "/", None::<&str>, MsFlags::MS_REC | MsFlags::MS_PRIVATE, None::<&str>)?;
+    umount2(unified, MntFlags::MNT_DETACH).context("detach the hybrid cgroup v2 mount")?;
+    eprintln!("cairn bench: crun runs with the hybrid cgroup v2 mount detached (crun refuses hybrid hosts)");
+    Ok(())
+}
+
+fn which(tool: &str) -> Option<PathBuf> {
+    std::env::split_paths(&std::env::var_os("PATH")?).map(|d| d.join(tool)).find(|p| p.is_file())
+}
+
+/// The benchmark's own state directory, garbage-collected and removed on drop.
+mod tempfile_home {
+    use std::path::{Path, PathBuf};
+
+    pub struct ScratchHome(PathBuf);
+
+    impl ScratchHome {
+        pub fn new() -> std::io::Result<ScratchHome> {
+            let dir = std::env::temp_dir().join(format!("cairn-bench-{}", std::process::id()));
+            std::fs::create_dir_all(&dir)?;
+            Ok(ScratchHome(dir))
+        }
+        pub fn path(&self) -> &Path {
+            &self.0
+        }
+    }
+
+    impl Drop for ScratchHome {
+        fn drop(&mut self) {
+            if let Ok(mut engine) = cairn_engine::Engine::open(cairn_engine::Home::at(&self.0)) {
+                if let Ok(list) = engine.list_sandboxes() {
+                    for rec in list {
+                        let _ = engine.remove_sandbox(&rec, true);
+                    }
+                }
+            }
+            let _ = std::fs::remove_dir_all(&self.0);
+        }
+    }
 }
