@@ -2,8 +2,6 @@
 
 use std::io::{self, BufReader, ErrorKind, Read, Write};
 use std::os::unix::net::UnixStream;
-use std::os::unix::process::CommandExt;
-use std::process::{Command, Stdio};
 use std::sync::mpsc::{channel, RecvTimeoutError};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
@@ -16,12 +14,11 @@ use nix::sys::signal::{killpg, Signal};
 use nix::unistd::Pid;
 
 use crate::reaper::Reaper;
+use crate::spawn;
 
 /// How long output may keep flowing after the process exited (a background
 /// grandchild can hold the pipes open forever).
 const DRAIN_GRACE: Duration = Duration::from_millis(250);
-
-const DEFAULT_PATH: &str = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin";
 
 pub fn run(
     req: ExecRequest,
@@ -44,42 +41,24 @@ pub fn run(
             },
         );
     }
-    let mut cmd = Command::new(&req.argv[0]);
-    cmd.args(&req.argv[1..])
-        .env_clear()
-        .env("PATH", DEFAULT_PATH)
-        .env("HOME", "/root")
-        .env("TERM", "xterm")
-        .current_dir(cwd)
-        .process_group(0);
-    for (k, v) in &req.env {
-        cmd.env(k, v);
-    }
-    // SAFETY: the closure only calls open/write/close, which are
-    // async-signal-safe, on a static NUL-terminated path.
-    unsafe {
-        cmd.pre_exec(reset_oom_score);
-    }
-
     if req.detach {
-        cmd.stdin(Stdio::null())
-            .stdout(Stdio::inherit())
-            .stderr(Stdio::inherit());
-        let reply = match reaper.spawn_detached(&mut cmd, req.argv.join(" ")) {
-            Ok(child) => FromInit::Started { pid: child.id() as i32 },
+        let name = req.argv.join(" ");
+        let started = reaper.spawn_detached(name, || {
+            spawn::spawn(&req.argv, &req.env, cwd, spawn::Stdio::Console).map(|c| c.pid)
+        });
+        let reply = match started {
+            Ok(pid) => FromInit::Started { pid },
             Err(e) => spawn_failed(&req.argv[0], &e),
         };
         return write_frame(&mut writer, &reply);
     }
 
-    cmd.stdin(if req.stdin { Stdio::piped() } else { Stdio::null() })
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped());
-    let (mut child, exited) = match reaper.spawn(&mut cmd) {
-        Ok(x) => x,
-        Err(e) => return write_frame(&mut writer, &spawn_failed(&req.argv[0], &e)),
-    };
-    let pid = child.id() as i32;
+    let stdio = spawn::Stdio::Piped { stdin: req.stdin };
+    let (mut child, pid, exited) =
+        match reaper.spawn(|| spawn::spawn(&req.argv, &req.env, cwd, stdio).map(|c| (c.pid, c))) {
+            Ok(x) => x,
+            Err(e) => return write_frame(&mut writer, &spawn_failed(&req.argv[0], &e)),
+        };
     let out = Arc::new(Mutex::new(Output {
         stream: writer,
         closed: false,
@@ -221,20 +200,4 @@ fn spawn_failed(program: &str, e: &io::Error) -> FromInit {
         _ => (SpawnErrorKind::Other, format!("{program}: cannot start: {e}")),
     };
     FromInit::SpawnFailed { kind, message }
-}
-
-/// cairn-init protects itself from the OOM killer; the processes it starts
-/// must not inherit that protection.
-fn reset_oom_score() -> io::Result<()> {
-    const PATH: &[u8] = b"/proc/self/oom_score_adj\0";
-    // SAFETY: PATH is NUL-terminated; open/write/close are async-signal-safe
-    // and touch no memory but the static buffers passed in.
-    unsafe {
-        let fd = libc::open(PATH.as_ptr().cast(), libc::O_WRONLY | libc::O_CLOEXEC);
-        if fd >= 0 {
-            libc::write(fd, b"0".as_ptr().cast(), 1);
-            libc::close(fd);
-        }
-    }
-    Ok(())
 }

@@ -8,7 +8,9 @@
 
 mod exec;
 mod files;
+mod native;
 mod reaper;
+mod spawn;
 
 use std::io::{BufReader, BufWriter, Write};
 use std::os::fd::{FromRawFd, RawFd};
@@ -20,10 +22,14 @@ use cairn_protocol::{read_frame, write_frame, FromInit, ToInit, LISTEN_FD, MAGIC
 use crate::reaper::Reaper;
 
 fn main() {
-    let listen_fd: RawFd = std::env::var("CAIRN_INIT_LISTEN_FD")
-        .ok()
-        .and_then(|v| v.parse().ok())
-        .unwrap_or(LISTEN_FD);
+    let args: Vec<String> = std::env::args().collect();
+    let listen_fd: RawFd = match args.get(1).map(String::as_str) {
+        Some("--native-setup") => native::build(),
+        _ => std::env::var("CAIRN_INIT_LISTEN_FD")
+            .ok()
+            .and_then(|v| v.parse().ok())
+            .unwrap_or(LISTEN_FD),
+    };
     // Children must not inherit the listening socket.
     if let Err(e) = nix::fcntl::fcntl(listen_fd, nix::fcntl::FcntlArg::F_SETFD(nix::fcntl::FdFlag::FD_CLOEXEC)) {
         eprintln!("cairn-init: no listening socket on fd {listen_fd}: {e}");

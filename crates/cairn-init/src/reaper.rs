@@ -7,7 +7,6 @@
 
 use std::collections::HashMap;
 use std::io;
-use std::process::{Child, Command};
 use std::sync::mpsc::{channel, Receiver, Sender};
 use std::sync::{Arc, Mutex};
 
@@ -49,21 +48,23 @@ impl Reaper {
         Reaper { waiters }
     }
 
-    /// Spawns `cmd`; the returned receiver yields its exit status.
-    pub fn spawn(&self, cmd: &mut Command) -> io::Result<(Child, Receiver<ExitStatus>)> {
+    /// Runs `spawn` (which starts one process and returns its pid with
+    /// whatever else it made) under the reaper's lock; the receiver yields
+    /// the process's exit status.
+    pub fn spawn<T>(&self, spawn: impl FnOnce() -> io::Result<(i32, T)>) -> io::Result<(T, i32, Receiver<ExitStatus>)> {
         let mut table = self.waiters.lock().unwrap_or_else(|e| e.into_inner());
-        let child = cmd.spawn()?;
+        let (pid, extra) = spawn()?;
         let (tx, rx) = channel();
-        table.insert(child.id() as i32, Waiter::Channel(tx));
-        Ok((child, rx))
+        table.insert(pid, Waiter::Channel(tx));
+        Ok((extra, pid, rx))
     }
 
-    /// Spawns a background process whose end is logged.
-    pub fn spawn_detached(&self, cmd: &mut Command, name: String) -> io::Result<Child> {
+    /// Starts a background process whose end is logged.
+    pub fn spawn_detached(&self, name: String, spawn: impl FnOnce() -> io::Result<i32>) -> io::Result<i32> {
         let mut table = self.waiters.lock().unwrap_or_else(|e| e.into_inner());
-        let child = cmd.spawn()?;
-        table.insert(child.id() as i32, Waiter::Log(name));
-        Ok(child)
+        let pid = spawn()?;
+        table.insert(pid, Waiter::Log(name));
+        Ok(pid)
     }
 }
 

@@ -310,3 +310,48 @@ mod tests {
         assert_eq!(SpawnErrorKind::NotFound.shell_code(), 127);
     }
 }
+
+/// How `cairn-init --native-setup` builds a native sandbox around itself
+/// before it serves: the host's driver decides the policy (layers, limits,
+/// capabilities, seccomp filter) and passes it here; init carries it out in
+/// a small, fresh, single-threaded process, which is what makes starting a
+/// sandbox cheap (no fork of a large host process).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct NativeSetup {
+    /// Must equal [`PROTOCOL_VERSION`].
+    pub version: u16,
+    /// `cgroup.procs` files to join before creating namespaces.
+    pub cgroup_procs: Vec<String>,
+    /// Where to mount the overlay root (a host path).
+    pub rootfs: String,
+    /// The overlayfs mount options (lowerdir, upperdir, workdir).
+    pub overlay_options: String,
+    pub hostname: String,
+    /// Bit mask of the capabilities to keep; all others are dropped from
+    /// every set, the bounding set included.
+    pub keep_capabilities: u64,
+    /// Seccomp filters to install, each a classic BPF program as
+    /// (code, jt, jf, k) instructions.
+    pub seccomp: Vec<Vec<(u16, u8, u8, u32)>>,
+}
+
+#[cfg(test)]
+mod setup_tests {
+    use super::*;
+
+    #[test]
+    fn native_setup_round_trips_as_a_frame() {
+        let s = NativeSetup {
+            version: PROTOCOL_VERSION,
+            cgroup_procs: vec!["/sys/fs/cgroup/x/cgroup.procs".into()],
+            rootfs: "/r".into(),
+            overlay_options: "lowerdir=/a".into(),
+            hostname: "h".into(),
+            keep_capabilities: 0xff,
+            seccomp: vec![vec![(6, 0, 0, 0x7fff0000)]],
+        };
+        let mut wire = Vec::new();
+        write_frame(&mut wire, &s).unwrap();
+        assert_eq!(read_frame::<NativeSetup, _>(&mut &wire[..]).unwrap(), s);
+    }
+}

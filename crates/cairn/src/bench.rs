@@ -85,14 +85,20 @@ pub fn run(user_home: Home, which: &[Which], runs: usize, json: bool) -> Result<
 }
 
 fn print_table(results: &[Measurement]) {
-    println!("{:<44} {:>10} {:>10} {:>6}  {:>10}  unit", "measurement", "median", "p95", "runs", "target");
+    println!(
+        "{:<44} {:>10} {:>10} {:>6}  {:>10}  unit",
+        "measurement", "median", "p95", "runs", "target"
+    );
     for m in results {
         let target = match m.target {
             Some(t) if m.lower_is_better => format!("<= {t}"),
             Some(t) => format!(">= {t}"),
             None => "-".into(),
         };
-        println!("{:<44} {:>10.3} {:>10.3} {:>6}  {:>10}  {}", m.name, m.median, m.p95, m.runs, target, m.unit);
+        println!(
+            "{:<44} {:>10.3} {:>10.3} {:>6}  {:>10}  {}",
+            m.name, m.median, m.p95, m.runs, target, m.unit
+        );
     }
 }
 
@@ -116,7 +122,11 @@ impl Bench {
         if !status.success() {
             bail!("cannot seed the benchmark's state directory");
         }
-        Ok(Bench { exe: std::env::current_exe()?, home, layer })
+        Ok(Bench {
+            exe: std::env::current_exe()?,
+            home,
+            layer,
+        })
     }
 
     fn engine(&self) -> Result<Engine> {
@@ -126,7 +136,11 @@ impl Bench {
     /// Milliseconds from spawning `cmd` to its first byte of stdout, and to its exit.
     fn first_output(cmd: &mut Command) -> Result<(f64, f64)> {
         let t0 = Instant::now();
-        let mut child = cmd.stdout(Stdio::piped()).stderr(Stdio::null()).stdin(Stdio::null()).spawn()?;
+        let mut child = cmd
+            .stdout(Stdio::piped())
+            .stderr(Stdio::null())
+            .stdin(Stdio::null())
+            .spawn()?;
         let mut out = child.stdout.take().context("no stdout")?;
         let mut byte = [0u8; 1];
         let n = out.read(&mut byte)?;
@@ -143,17 +157,40 @@ impl Bench {
     fn start(&self, runs: usize) -> Result<Vec<Measurement>> {
         let mut results = Vec::new();
         let mut cmd = Command::new(&self.exe);
-        cmd.args(["run", "--", "echo", "hi"]).env("CAIRN_HOME", self.home.path());
+        cmd.args(["run", "--", "echo", "hi"])
+            .env("CAIRN_HOME", self.home.path());
         let (firsts, totals) = self.repeat(runs, &mut cmd)?;
-        let cairn = summarize("start: cairn run -- echo (to first output)", "ms", firsts, Some(10.0), true);
+        let cairn = summarize(
+            "start: cairn run -- echo (to first output)",
+            "ms",
+            firsts,
+            Some(10.0),
+            true,
+        );
         let cairn_median = cairn.median;
         results.push(cairn);
-        results.push(summarize("start: cairn run -- echo (whole command, with rm)", "ms", totals, None, true));
+        results.push(summarize(
+            "start: cairn run -- echo (whole command, with rm)",
+            "ms",
+            totals,
+            None,
+            true,
+        ));
         if let Some(bwrap) = which("bwrap") {
             let mut cmd = Command::new(bwrap);
             cmd.args(["--unshare-all", "--die-with-parent", "--ro-bind"])
                 .arg(&self.layer)
-                .args(["/", "--proc", "/proc", "--dev", "/dev", "--tmpfs", "/tmp", "/bin/echo", "hi"]);
+                .args([
+                    "/",
+                    "--proc",
+                    "/proc",
+                    "--dev",
+                    "/dev",
+                    "--tmpfs",
+                    "/tmp",
+                    "/bin/echo",
+                    "hi",
+                ]);
             let (firsts, _) = self.repeat(runs, &mut cmd)?;
             let m = summarize("start: bwrap echo (peer)", "ms", firsts, None, true);
             eprintln!("cairn bench: cairn/bwrap start ratio {:.2}", cairn_median / m.median);
@@ -169,7 +206,9 @@ impl Bench {
             for _ in 0..runs {
                 i += 1;
                 let mut cmd = Command::new(&crun);
-                cmd.args(["run", "--bundle"]).arg(&bundle).arg(format!("cairn-bench-{}-{i}", std::process::id()));
+                cmd.args(["run", "--bundle"])
+                    .arg(&bundle)
+                    .arg(format!("cairn-bench-{}-{i}", std::process::id()));
                 firsts.push(Self::first_output(&mut cmd)?.0);
             }
             let m = summarize("start: crun run echo (peer)", "ms", firsts, None, true);
@@ -216,7 +255,10 @@ impl Bench {
         let mut engine = self.engine()?;
         let rec = engine.create_sandbox(&CreateOptions::default(), &Silent)?;
         let client = engine.client(&rec)?;
-        let req = ExecRequest { argv: vec!["true".into()], ..ExecRequest::default() };
+        let req = ExecRequest {
+            argv: vec!["true".into()],
+            ..ExecRequest::default()
+        };
         let mut samples = Vec::with_capacity(runs);
         for i in 0..runs + 10 {
             let t0 = Instant::now();
@@ -245,7 +287,13 @@ impl Bench {
         let rec = engine.sandbox(&rec.id)?;
         engine.remove_sandbox(&rec, true)?;
         Ok(vec![
-            summarize("exec: round trip of `true` (engine API)", "ms", samples, Some(1.0), true),
+            summarize(
+                "exec: round trip of `true` (engine API)",
+                "ms",
+                samples,
+                Some(1.0),
+                true,
+            ),
             summarize("exec: cairn exec ID -- true (whole command)", "ms", cli, None, true),
         ])
     }
@@ -255,7 +303,9 @@ impl Bench {
         let mut engine = self.engine()?;
         let rec = engine.create_sandbox(&CreateOptions::default(), &Silent)?;
         let client = engine.client(&rec)?;
-        let data: Vec<u8> = (0..SIZE as u64).map(|i| (i.wrapping_mul(2654435761) >> 13) as u8).collect();
+        let data: Vec<u8> = (0..SIZE as u64)
+            .map(|i| (i.wrapping_mul(2654435761) >> 13) as u8)
+            .collect();
         let meta = FileMeta {
             path: "/tmp/bench.bin".into(),
             kind: FileKind::File,
@@ -353,14 +403,22 @@ fn hide_hybrid_cgroup2() -> Result<()> {
         return Ok(());
     }
     nix::sched::unshare(nix::sched::CloneFlags::CLONE_NEWNS).context("unshare the mount namespace")?;
-    mount(None::<&str>, "/", None::<&str>, MsFlags::MS_REC | MsFlags::MS_PRIVATE, None::<&str>)?;
+    mount(
+        None::<&str>,
+        "/",
+        None::<&str>,
+        MsFlags::MS_REC | MsFlags::MS_PRIVATE,
+        None::<&str>,
+    )?;
     umount2(unified, MntFlags::MNT_DETACH).context("detach the hybrid cgroup v2 mount")?;
     eprintln!("cairn bench: crun runs with the hybrid cgroup v2 mount detached (crun refuses hybrid hosts)");
     Ok(())
 }
 
 fn which(tool: &str) -> Option<PathBuf> {
-    std::env::split_paths(&std::env::var_os("PATH")?).map(|d| d.join(tool)).find(|p| p.is_file())
+    std::env::split_paths(&std::env::var_os("PATH")?)
+        .map(|d| d.join(tool))
+        .find(|p| p.is_file())
 }
 
 /// The benchmark's own state directory, garbage-collected and removed on drop.

@@ -116,7 +116,11 @@ fn a_fork_bomb_stops_at_the_pids_limit() {
     let script = "i=0; while [ $i -lt 200 ]; do sleep 30 & i=$((i+1)); done";
     let out = home.cairn(&["exec", &id, "--", "sh", "-c", script]);
     assert_ne!(out.status.code(), Some(125), "{}", stderr(&out));
-    let pids_dir = home.cgroup_dirs(&id).into_iter().find(|d| d.join("pids.events").exists()).unwrap();
+    let pids_dir = home
+        .cgroup_dirs(&id)
+        .into_iter()
+        .find(|d| d.join("pids.events").exists())
+        .unwrap();
     let events = std::fs::read_to_string(pids_dir.join("pids.events")).unwrap();
     let refused: u64 = events.split_whitespace().nth(1).unwrap().parse().unwrap();
     assert!(refused > 0, "no fork was refused: {events}");

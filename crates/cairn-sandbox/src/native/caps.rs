@@ -3,7 +3,7 @@
 //! host disk). Notably absent: SYS_ADMIN (mount), SYS_MODULE, SYS_TIME,
 //! SYS_PTRACE, NET_ADMIN, SYS_RESOURCE.
 
-use caps::{CapSet, Capability, CapsHashSet};
+use caps::Capability;
 
 const KEEP: [Capability; 13] = [
     Capability::CAP_CHOWN,
@@ -21,18 +21,19 @@ const KEEP: [Capability; 13] = [
     Capability::CAP_AUDIT_WRITE,
 ];
 
-/// Drops every other capability from the bounding, inheritable, effective,
-/// permitted and ambient sets of the calling thread.
-pub fn drop_to_safe_set() -> Result<(), String> {
-    let keep: CapsHashSet = KEEP.into_iter().collect();
-    for cap in caps::all() {
-        if !keep.contains(&cap) && caps::has_cap(None, CapSet::Bounding, cap).unwrap_or(false) {
-            caps::drop(None, CapSet::Bounding, cap).map_err(|e| format!("drop {cap} from the bounding set: {e}"))?;
-        }
+/// The capabilities a native sandbox keeps, as a bit mask by capability
+/// number (what `cairn-init` applies).
+pub fn keep_mask() -> u64 {
+    KEEP.iter().fold(0, |mask, cap| mask | (1u64 << cap.index()))
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn the_mask_keeps_chown_and_drops_sys_admin() {
+        let mask = super::keep_mask();
+        assert_ne!(mask & (1 << 0), 0, "CAP_CHOWN");
+        assert_eq!(mask & (1 << 21), 0, "CAP_SYS_ADMIN");
+        assert_eq!(mask & (1 << 27), 0, "CAP_MKNOD");
     }
-    caps::clear(None, CapSet::Ambient).map_err(|e| format!("clear ambient capabilities: {e}"))?;
-    caps::set(None, CapSet::Inheritable, &CapsHashSet::new()).map_err(|e| format!("set inheritable: {e}"))?;
-    caps::set(None, CapSet::Effective, &keep).map_err(|e| format!("set effective: {e}"))?;
-    caps::set(None, CapSet::Permitted, &keep).map_err(|e| format!("set permitted: {e}"))?;
-    Ok(())
 }

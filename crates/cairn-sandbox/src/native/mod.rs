@@ -1,48 +1,69 @@
 //! The native driver: our own runtime on Linux namespaces, cgroups,
 //! seccomp and overlayfs.
 //!
-//! Starting a sandbox forks twice. The first child joins the sandbox's
-//! cgroups and unshares the mount, pid, network, ipc, uts and cgroup
-//! namespaces; its child is PID 1 of the new pid namespace, sets up the root
-//! ([`setup`]) and executes `cairn-init`. The first child exits at once, so
-//! init is re-parented away from the caller: the sandbox outlives the CLI.
-//! The overlay and every other mount live only in the sandbox's mount
-//! namespace and vanish with its last process; nothing is mounted on the
-//! host.
+//! The driver decides the sandbox's shape (layers, limits, capabilities,
+//! seccomp filter) and spawns `cairn-init --native-setup` with it, using
+//! `posix_spawn` (a vfork: the host process's memory is never copied, which
+//! matters on hosts where fork is expensive, and is safe from any thread).
+//! Init joins the cgroups, creates the namespaces, forks PID 1 and builds
+//! the root (see cairn-init's `native` module). The overlay and every other
+//! mount live only in the sandbox's mount namespace and vanish with its last
+//! process; nothing is mounted on the host.
 
 mod caps;
 pub mod seccomp;
-mod setup;
 
-use std::ffi::CString;
-use std::fs::{self, File, OpenOptions};
-use std::io::{Read, Write};
-use std::os::fd::{AsRawFd, OwnedFd};
-use std::os::unix::net::UnixListener;
+use std::fs::{self, OpenOptions};
+use std::io::Read;
+use std::os::fd::OwnedFd;
+use std::os::unix::net::{UnixListener, UnixStream};
+use std::os::unix::process::CommandExt;
+use std::process::{Command, Stdio};
 
-use nix::sched::{unshare, CloneFlags};
-use nix::sys::wait::waitpid;
-use nix::unistd::{fork, pipe2, ForkResult};
+use cairn_protocol::{NativeSetup, PROTOCOL_VERSION};
 
 use crate::cgroup::Hierarchy;
 use crate::{pid_start_time, Capabilities, Driver, SandboxError, SandboxProcess, SandboxSpec};
 
 pub struct NativeDriver {
     cgroups: Hierarchy,
-    seccomp: Vec<seccompiler::BpfProgram>,
 }
 
 impl NativeDriver {
     /// `scope` keeps this driver's cgroups apart from other state
     /// directories' on the same host.
     pub fn new(scope: &str) -> Result<NativeDriver, SandboxError> {
-        let cgroups = Hierarchy::detect(scope)?;
-        let seccomp = seccomp::filters().map_err(|e| SandboxError::Start(format!("seccomp filter: {e}")))?;
-        Ok(NativeDriver { cgroups, seccomp })
+        Ok(NativeDriver {
+            cgroups: Hierarchy::detect(scope)?,
+        })
     }
 
     pub fn cgroups(&self) -> &Hierarchy {
         &self.cgroups
+    }
+
+    fn setup(&self, spec: &SandboxSpec) -> Result<NativeSetup, SandboxError> {
+        let seccomp = seccomp::programs().map_err(|e| SandboxError::Start(format!("seccomp filter: {e}")))?;
+        let path = |p: &std::path::Path| {
+            p.to_str()
+                .map(str::to_string)
+                .ok_or_else(|| SandboxError::Start(format!("{} is not UTF-8", p.display())))
+        };
+        Ok(NativeSetup {
+            version: PROTOCOL_VERSION,
+            cgroup_procs: self
+                .cgroups
+                .cgroup(&spec.id)
+                .procs_files()
+                .iter()
+                .map(|p| path(p))
+                .collect::<Result<_, _>>()?,
+            rootfs: path(&spec.dir.join("rootfs"))?,
+            overlay_options: overlay_options(spec)?,
+            hostname: spec.hostname.clone(),
+            keep_capabilities: caps::keep_mask(),
+            seccomp,
+        })
     }
 
     fn launch(&self, spec: &SandboxSpec) -> Result<SandboxProcess, SandboxError> {
@@ -54,7 +75,7 @@ impl NativeDriver {
             let d = spec.dir.join(sub);
             fs::create_dir_all(&d).map_err(|e| SandboxError::setup(format!("create {}", d.display()), e))?;
         }
-        let overlay_options = setup::Plan::overlay_options(spec).map_err(SandboxError::Start)?;
+        let setup = self.setup(spec)?;
         let _ = fs::remove_file(&socket);
         let listener = UnixListener::bind(&socket)
             .map_err(|e| SandboxError::setup(format!("listen on {}", socket.display()), e))?;
@@ -63,101 +84,65 @@ impl NativeDriver {
             .append(true)
             .open(spec.console_log())
             .map_err(|e| SandboxError::setup("open the console log", e))?;
-        let init = File::open(&spec.init_binary)
-            .map_err(|e| SandboxError::setup(format!("open {}", spec.init_binary.display()), e))?;
-        let procs: Vec<File> = self
-            .cgroups
-            .cgroup(&spec.id)
-            .procs_files()
-            .iter()
-            .map(|p| {
-                OpenOptions::new()
-                    .write(true)
-                    .open(p)
-                    .map_err(|e| SandboxError::setup(format!("open {}", p.display()), e))
-            })
-            .collect::<Result<_, _>>()?;
-        let plan = setup::Plan {
-            rootfs: spec.dir.join("rootfs"),
-            overlay_options,
-            hostname: spec.hostname.clone(),
-            seccomp: self.seccomp.clone(),
-            init_fd: init.as_raw_fd(),
-            listen_fd: listener.as_raw_fd(),
-            console_fd: console.as_raw_fd(),
-            argv: vec![CString::from(c"cairn-init")],
-            envp: vec![CString::from(
-                c"PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin",
-            )],
-        };
-        let (report_r, report_w) =
-            pipe2(nix::fcntl::OFlag::O_CLOEXEC).map_err(|e| SandboxError::setup("create a pipe", e))?;
-
-        // SAFETY: the child only performs system calls and small allocations
-        // (glibc's fork keeps malloc usable) before it execs or exits; it
-        // never returns into the caller's code.
-        match unsafe { fork() }.map_err(|e| SandboxError::setup("fork", e))? {
-            ForkResult::Child => {
-                drop(report_r);
-                let code = intermediate(&plan, &procs, report_w);
-                // SAFETY: _exit skips atexit handlers and destructors that
-                // belong to the parent's copy of this process.
-                unsafe { libc::_exit(code) }
-            }
-            ForkResult::Parent { child } => {
-                drop(report_w);
-                drop(listener);
-                let _ = waitpid(child, None);
-                let mut report = String::new();
-                File::from(report_r)
-                    .read_to_string(&mut report)
-                    .map_err(|e| SandboxError::setup("read the start report", e))?;
-                parse_report(&report)
-            }
-        }
+        let (mut report, init_end) = UnixStream::pair().map_err(|e| SandboxError::setup("create a socket pair", e))?;
+        cairn_protocol::write_frame(&mut report, &setup)
+            .map_err(|e| SandboxError::Start(format!("send the setup to cairn-init: {e}")))?;
+        let mut cmd = Command::new(&spec.init_binary);
+        cmd.arg0("cairn-init")
+            .arg("--native-setup")
+            .env_clear()
+            .env("PATH", "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin")
+            .stdin(Stdio::from(OwnedFd::from(listener)))
+            .stdout(Stdio::from(OwnedFd::from(init_end)))
+            .stderr(Stdio::from(console));
+        let mut child = cmd
+            .spawn()
+            .map_err(|e| SandboxError::setup(format!("start {}", spec.init_binary.display()), e))?;
+        // Our copies of the child's ends must close, or the report never ends.
+        drop(cmd);
+        let mut text = String::new();
+        let read = report.read_to_string(&mut text);
+        let _ = child.wait();
+        read.map_err(|e| SandboxError::setup("read the start report", e))?;
+        parse_report(&text)
     }
 }
 
-/// The first child: join the cgroups, unshare, fork PID 1, report its pid.
-fn intermediate(plan: &setup::Plan, procs: &[File], report: OwnedFd) -> i32 {
-    let mut report = File::from(report);
-    let fail = |report: &mut File, msg: String| {
-        let _ = report.write_all(format!("E{msg}").as_bytes());
-        1
-    };
-    for mut f in procs {
-        if let Err(e) = f.write_all(b"0") {
-            return fail(&mut report, format!("join the sandbox cgroup: {e}"));
+/// The lower layers, the private upper directory and overlayfs' work
+/// directory, as mount options.
+fn overlay_options(spec: &SandboxSpec) -> Result<String, SandboxError> {
+    let mut lowers = Vec::with_capacity(spec.layers.len());
+    for layer in &spec.layers {
+        let s = layer
+            .to_str()
+            .ok_or_else(|| SandboxError::Start(format!("layer path {} is not UTF-8", layer.display())))?;
+        if s.contains([':', ',', '\\']) {
+            return Err(SandboxError::Start(format!(
+                "layer path {s} contains ':', ',' or '\\', which overlayfs cannot take"
+            )));
         }
+        lowers.push(s.to_string());
     }
-    let flags = CloneFlags::CLONE_NEWNS
-        | CloneFlags::CLONE_NEWPID
-        | CloneFlags::CLONE_NEWNET
-        | CloneFlags::CLONE_NEWIPC
-        | CloneFlags::CLONE_NEWUTS
-        | CloneFlags::CLONE_NEWCGROUP;
-    if let Err(e) = unshare(flags) {
-        return fail(&mut report, format!("create namespaces: {e}"));
+    if lowers.is_empty() {
+        return Err(SandboxError::Start("a sandbox needs at least one image layer".into()));
     }
-    // SAFETY: as for the first fork; the grandchild execs or _exits.
-    match unsafe { fork() } {
-        Err(e) => fail(&mut report, format!("fork PID 1: {e}")),
-        Ok(ForkResult::Child) => {
-            let msg = setup::setup_and_exec(plan);
-            let _ = report.write_all(format!("E{msg}").as_bytes());
-            // SAFETY: see above.
-            unsafe { libc::_exit(1) }
-        }
-        Ok(ForkResult::Parent { child }) => {
-            let _ = report.write_all(format!("P{}\n", child.as_raw()).as_bytes());
-            0
-        }
+    let dir = spec
+        .dir
+        .to_str()
+        .ok_or_else(|| SandboxError::Start("the sandbox directory is not UTF-8".into()))?;
+    let options = format!("lowerdir={},upperdir={dir}/upper,workdir={dir}/work", lowers.join(":"));
+    // The kernel takes mount options in one page.
+    if options.len() >= 4000 {
+        return Err(SandboxError::Start(format!(
+            "{} layers make overlay options longer than one page",
+            lowers.len()
+        )));
     }
+    Ok(options)
 }
 
-/// The report is `P<pid>\n` from the first child, followed by `E<message>`
-/// if PID 1 failed before executing init. End of file after the pid means
-/// init is running (the pipe is close-on-exec).
+/// `P<pid>\n` from init's setup process, then `R` once PID 1 is ready, or
+/// `E<message>` from either.
 fn parse_report(report: &str) -> Result<SandboxProcess, SandboxError> {
     let (pid_line, rest) = report.split_once('\n').unwrap_or((report, ""));
     if let Some(err) = pid_line.strip_prefix('E') {
@@ -169,6 +154,11 @@ fn parse_report(report: &str) -> Result<SandboxProcess, SandboxError> {
         .ok_or_else(|| SandboxError::Start(format!("garbled start report {report:?}")))?;
     if let Some(err) = rest.strip_prefix('E') {
         return Err(SandboxError::Start(err.to_string()));
+    }
+    if rest != "R" {
+        return Err(SandboxError::Start(format!(
+            "cairn-init died while setting up the sandbox (report {report:?})"
+        )));
     }
     let start_time =
         pid_start_time(pid).ok_or_else(|| SandboxError::Start("cairn-init exited right after starting".into()))?;

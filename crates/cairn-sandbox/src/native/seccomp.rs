@@ -69,6 +69,14 @@ const NAMESPACE_FLAGS: &[u64] = &[
     libc::CLONE_NEWCGROUP as u64,
 ];
 
+/// The filters as plain instructions, the form `cairn-init` installs.
+pub fn programs() -> Result<Vec<Vec<(u16, u8, u8, u32)>>, String> {
+    Ok(filters()?
+        .into_iter()
+        .map(|p| p.into_iter().map(|i| (i.code, i.jt, i.jf, i.k)).collect())
+        .collect())
+}
+
 /// Compiles the filters. `clone3` answers ENOSYS (its flags sit in memory
 /// where seccomp cannot look), so libc falls back to `clone`, whose flags
 /// the first filter checks.
