@@ -234,16 +234,28 @@ impl Engine {
     /// `cairn run` sandbox whose CLI is gone is removed.
     pub(crate) fn reconcile(&mut self) -> Result<Vec<String>, EngineError> {
         let mut removed = Vec::new();
+        let (me_pid, me_start) = me();
         for rec in self.db.sandboxes()? {
             let owner_alive = cairn_sandbox::process_alive(rec.owner_pid, rec.owner_start);
+            // Every action starts by winning a compare-and-set on the row, so
+            // when several Cairn processes reconcile at once exactly one acts
+            // and the others move on.
             match rec.state {
                 SandboxState::Running if rec.auto_remove && !owner_alive => {
-                    self.db.transition(
+                    if !self.won(self.db.transition(
                         &rec.id,
                         rec.state,
                         SandboxState::Removing,
                         Some("its `cairn run` ended"),
-                    )?;
+                    ))? {
+                        continue;
+                    }
+                    tracing::debug!(
+                        id = rec.id,
+                        owner = rec.owner_pid,
+                        "removing a `cairn run` sandbox whose owner is gone"
+                    );
+                    self.db.set_owner(&rec.id, me_pid, me_start)?;
                     self.release(&rec)?;
                     removed.push(rec.id);
                 }
@@ -253,16 +265,35 @@ impl Engine {
                     } else {
                         "init exited"
                     };
-                    self.driver(&rec.driver).stop(&rec.id, None)?;
-                    match self
-                        .db
-                        .transition(&rec.id, SandboxState::Running, SandboxState::Exited, Some(reason))
-                    {
-                        Ok(()) | Err(crate::StateError::Conflict(_)) => {}
-                        Err(e) => return Err(e.into()),
+                    if !self.won(self.db.transition(
+                        &rec.id,
+                        SandboxState::Running,
+                        SandboxState::Exited,
+                        Some(reason),
+                    ))? {
+                        continue;
                     }
+                    tracing::debug!(id = rec.id, pid = rec.pid, "sandbox init is gone");
+                    self.driver(&rec.driver).stop(&rec.id, None)?;
                 }
                 SandboxState::Creating | SandboxState::Removing if !owner_alive => {
+                    if !self
+                        .db
+                        .take_over(&rec.id, (rec.owner_pid, rec.owner_start), (me_pid, me_start))?
+                    {
+                        continue;
+                    }
+                    if rec.state == SandboxState::Creating
+                        && !self.won(self.db.transition(
+                            &rec.id,
+                            rec.state,
+                            SandboxState::Removing,
+                            Some("its creation was interrupted"),
+                        ))?
+                    {
+                        continue;
+                    }
+                    tracing::debug!(id = rec.id, owner = rec.owner_pid, state = %rec.state, "finishing an interrupted create or remove");
                     self.release(&rec)?;
                     removed.push(rec.id);
                 }
@@ -270,6 +301,16 @@ impl Engine {
             }
         }
         Ok(removed)
+    }
+
+    /// Whether a compare-and-set transition went through; losing the race
+    /// to another process is not an error.
+    fn won(&self, result: Result<(), crate::StateError>) -> Result<bool, EngineError> {
+        match result {
+            Ok(()) => Ok(true),
+            Err(crate::StateError::Conflict(_)) => Ok(false),
+            Err(e) => Err(e.into()),
+        }
     }
 
     /// Reconciles, then removes exited sandboxes, cgroups and directories no

@@ -364,6 +364,16 @@ impl Db {
         Ok(())
     }
 
+    /// Makes `new` the owner of a sandbox if `old` still is (a
+    /// compare-and-set); false when another process took it first.
+    pub fn take_over(&self, id: &str, old: (i32, u64), new: (i32, u64)) -> Result<bool, StateError> {
+        let n = self.conn.execute(
+            "UPDATE sandboxes SET owner_pid = ?4, owner_start = ?5 WHERE id = ?1 AND owner_pid = ?2 AND owner_start = ?3",
+            params![id, old.0, old.1 as i64, new.0, new.1 as i64],
+        )?;
+        Ok(n == 1)
+    }
+
     pub fn delete_sandbox(&self, id: &str) -> Result<(), StateError> {
         self.conn.execute("DELETE FROM sandboxes WHERE id = ?1", [id])?;
         Ok(())

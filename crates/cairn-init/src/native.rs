@@ -12,8 +12,8 @@
 //!
 //! fd 1 is a socket to the host. The host sends the [`NativeSetup`] as one
 //! frame (so nothing of it shows on init's command line); init answers with
-//! `P<pid>\n` from the parent, then `R` from PID 1 once it is ready, or
-//! `E<message>` on failure.
+//! `P<pid>\n` from the parent and `R\n` from PID 1 once it is ready (in
+//! either order), or `E<message>` on failure.
 
 use std::fs;
 use std::io::Write;
@@ -80,7 +80,7 @@ pub fn build() -> RawFd {
     if let Err(e) = setup_root(setup) {
         fail(&mut report, e);
     }
-    if let Err(e) = report.write_all(b"R") {
+    if let Err(e) = report.write_all(b"R\n") {
         fail(&mut report, format!("report readiness: {e}"));
     }
     // stdout joins stderr on the console log; the report pipe closes.

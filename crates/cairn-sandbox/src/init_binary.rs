@@ -24,6 +24,9 @@ pub fn install(dir: &Path) -> io::Result<PathBuf> {
     let mut f = fs::File::create(&tmp)?;
     f.write_all(INIT)?;
     f.sync_all()?;
+    // Closed before it can be executed: a file open for writing cannot be
+    // (ETXTBSY).
+    drop(f);
     fs::set_permissions(&tmp, fs::Permissions::from_mode(0o555))?;
     fs::rename(&tmp, &path)?;
     Ok(path)

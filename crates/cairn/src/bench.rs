@@ -370,13 +370,59 @@ impl Bench {
             }
             rates.push(total as f64 / t0.elapsed().as_secs_f64());
         }
-        Ok(vec![summarize(
+        let cli = summarize(
             &format!("throughput: cairn run -- true, {workers} loops"),
+            "starts/s",
+            rates,
+            None,
+            false,
+        );
+        let mut rates = Vec::new();
+        for _ in 0..5 {
+            let duration = Duration::from_secs(2);
+            let t0 = Instant::now();
+            let handles: Vec<_> = (0..workers)
+                .map(|_| {
+                    let home = self.home.path().to_path_buf();
+                    std::thread::spawn(move || -> Result<usize> {
+                        let mut engine = Engine::open(Home::at(home))?;
+                        let opts = CreateOptions {
+                            auto_remove: true,
+                            ..CreateOptions::default()
+                        };
+                        let req = ExecRequest {
+                            argv: vec!["true".into()],
+                            ..ExecRequest::default()
+                        };
+                        let mut n = 0;
+                        while t0.elapsed() < duration {
+                            let rec = engine.create_sandbox(&opts, &Silent)?;
+                            let start = engine
+                                .exec(&rec, req.clone())?
+                                .map_err(|f| anyhow::anyhow!(f.message))?;
+                            start.session.wait(&mut io::sink(), &mut io::sink())?;
+                            let rec = engine.sandbox(&rec.id)?;
+                            engine.remove_sandbox(&rec, true)?;
+                            n += 1;
+                        }
+                        Ok(n)
+                    })
+                })
+                .collect();
+            let mut total = 0;
+            for h in handles {
+                total += h.join().map_err(|_| anyhow::anyhow!("a worker panicked"))??;
+            }
+            rates.push(total as f64 / t0.elapsed().as_secs_f64());
+        }
+        let api = summarize(
+            &format!("throughput: start+exec+rm (engine API), {workers} threads"),
             "starts/s",
             rates,
             Some(250.0),
             false,
-        )])
+        );
+        Ok(vec![api, cli])
     }
 }
 

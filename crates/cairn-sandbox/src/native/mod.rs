@@ -141,28 +141,51 @@ fn overlay_options(spec: &SandboxSpec) -> Result<String, SandboxError> {
     Ok(options)
 }
 
-/// `P<pid>\n` from init's setup process, then `R` once PID 1 is ready, or
-/// `E<message>` from either.
+/// `P<pid>\n` from init's setup process and `R\n` from PID 1 once it is
+/// ready, in either order; `E<message>` (the rest of the text) from either
+/// on failure.
 fn parse_report(report: &str) -> Result<SandboxProcess, SandboxError> {
-    let (pid_line, rest) = report.split_once('\n').unwrap_or((report, ""));
-    if let Some(err) = pid_line.strip_prefix('E') {
-        return Err(SandboxError::Start(err.to_string()));
+    let (mut pid, mut ready) = (None, false);
+    let mut rest = report;
+    while !rest.is_empty() {
+        if let Some(err) = rest.strip_prefix('E') {
+            return Err(SandboxError::Start(err.to_string()));
+        }
+        let (line, tail) = rest.split_once('\n').unwrap_or((rest, ""));
+        match line.split_at_checked(1) {
+            Some(("P", p)) => pid = p.parse::<i32>().ok(),
+            Some(("R", "")) => ready = true,
+            _ => return Err(SandboxError::Start(format!("garbled start report {report:?}"))),
+        }
+        rest = tail;
     }
-    let pid: i32 = pid_line
-        .strip_prefix('P')
-        .and_then(|p| p.parse().ok())
-        .ok_or_else(|| SandboxError::Start(format!("garbled start report {report:?}")))?;
-    if let Some(err) = rest.strip_prefix('E') {
-        return Err(SandboxError::Start(err.to_string()));
-    }
-    if rest != "R" {
+    let (Some(pid), true) = (pid, ready) else {
         return Err(SandboxError::Start(format!(
             "cairn-init died while setting up the sandbox (report {report:?})"
         )));
-    }
+    };
     let start_time =
         pid_start_time(pid).ok_or_else(|| SandboxError::Start("cairn-init exited right after starting".into()))?;
     Ok(SandboxProcess { pid, start_time })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::parse_report;
+
+    #[test]
+    fn reports_parse_in_either_order_and_errors_win() {
+        let me = std::process::id();
+        assert_eq!(parse_report(&format!("P{me}\nR\n")).unwrap().pid as u32, me);
+        assert_eq!(parse_report(&format!("R\nP{me}\n")).unwrap().pid as u32, me);
+        let err = parse_report(&format!("P{me}\nEmount the overlay root: ENOENT")).unwrap_err();
+        assert!(err.to_string().contains("mount the overlay root"), "{err}");
+        assert!(parse_report(&format!("P{me}\n"))
+            .unwrap_err()
+            .to_string()
+            .contains("died"));
+        assert!(parse_report("garbage").is_err());
+    }
 }
 
 impl Driver for NativeDriver {
