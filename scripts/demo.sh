@@ -1,0 +1,42 @@
+#!/usr/bin/env bash
+# Cairn end to end on the embedded default: build, create a sandbox, work in
+# it, copy files both ways, watch the limits hold, clean up.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+cargo build --release -q -p cairn
+cairn=target/release/cairn
+export CAIRN_HOME="${CAIRN_HOME:-$(mktemp -d /tmp/cairn-demo.XXXXXX)}"
+say() { printf '\n\033[1m== %s\033[0m\n' "$*"; }
+
+say "a one-off command in a fresh sandbox (the busybox image is built on first use)"
+$cairn run -- sh -c 'echo "hello from $(hostname), PID $$, $(ls /sys/class/net) only"'
+
+say "a sandbox that outlives this script's commands"
+id=$($cairn create --name demo --memory 128M --pids 64)
+$cairn ps
+
+say "work inside it: files written land in its private upper layer"
+$cairn exec demo -- sh -c 'mkdir -p /work && seq 1 100000 > /work/numbers && wc -l /work/numbers'
+$cairn exec -d demo -- sh -c 'while true; do date +%T >> /work/clock; sleep 1; done'
+
+say "copy a file in and out"
+printf 'alpha\nbeta\n' > "$CAIRN_HOME/in.txt"
+$cairn cp "$CAIRN_HOME/in.txt" demo:/work/
+$cairn exec demo -- sh -c 'sort -r /work/in.txt > /work/out.txt'
+$cairn cp demo:/work/out.txt "$CAIRN_HOME/out.txt"
+cat "$CAIRN_HOME/out.txt"
+
+say "limits: a memory hog is OOM-killed and reported (exit 137)"
+set +e
+$cairn exec demo -- sh -c 'x=aaaaaaaa; while true; do x=$x$x; done'
+echo "exit status $?"
+set -e
+
+say "isolation: no mounting, only its own processes"
+$cairn exec demo -- sh -c 'mount -t tmpfs none /mnt 2>&1 || true; ls /proc | grep -c "^[0-9]"'
+
+say "clean up"
+$cairn rm -f "$id"
+$cairn gc
+echo "state directory: $CAIRN_HOME"
