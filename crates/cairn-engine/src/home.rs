@@ -3,7 +3,8 @@
 //! ```text
 //! state.db            SQLite state (WAL)
 //! lib/                the installed cairn-init executable
-//! layers/<id>/        read-only layer directories
+//! store/              chunk store (layers, manifests, file contents)
+//! layers/<id>/        read-only layer directories, materialised from the store
 //! sandboxes/<id>/     upper/, work/, rootfs/, init.sock, console.log
 //! ```
 
@@ -53,6 +54,14 @@ impl Home {
     }
     pub fn layers(&self) -> PathBuf {
         self.root.join("layers")
+    }
+    /// The chunk store: layers, snapshot manifests, file contents.
+    pub fn store(&self) -> PathBuf {
+        self.root.join("store")
+    }
+    /// Held shared by snapshot writers, exclusively by the store's GC.
+    pub fn store_lock(&self) -> PathBuf {
+        self.root.join("store.lock")
     }
     pub fn sandboxes(&self) -> PathBuf {
         self.root.join("sandboxes")

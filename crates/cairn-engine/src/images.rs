@@ -122,13 +122,14 @@ impl Engine {
         self.db.delete_image(name)?;
         let referenced = self.db.referenced_layers()?;
         for l in img.layers.iter().filter(|l| !referenced.contains(*l)) {
-            self.layers.remove(&l.parse()?)?;
+            self.layers.remove(&crate::layer_id(l)?)?;
         }
         Ok(())
     }
 
     fn commit_image(&mut self, name: &str, source: String, layer: PendingLayer) -> Result<ImageRecord, EngineError> {
-        let id = layer.commit()?;
+        let _lock = self.lock_store(false)?;
+        let id = layer.commit(&self.store)?;
         let rec = ImageRecord {
             name: name.to_string(),
             source,
@@ -141,7 +142,7 @@ impl Engine {
         if let Some(old) = replaced {
             let referenced = self.db.referenced_layers()?;
             for l in old.layers.iter().filter(|l| !referenced.contains(*l)) {
-                self.layers.remove(&l.parse()?)?;
+                self.layers.remove(&crate::layer_id(l)?)?;
             }
         }
         Ok(rec)
@@ -466,7 +467,8 @@ fn host_mirror() -> String {
                     .and_then(|r| r.split_whitespace().find(|w| w.starts_with("http")))
             });
             if let Some(url) = url.and_then(|u| u.split_whitespace().next()) {
-                if url.starts_with("http") && !url.contains("security") {
+                let debian = url.trim_end_matches('/').ends_with("/debian") || url.contains("debian.org/debian");
+                if url.starts_with("http") && debian && !url.contains("security") {
                     return url.to_string();
                 }
             }

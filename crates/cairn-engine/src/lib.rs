@@ -8,19 +8,22 @@
 pub mod home;
 pub mod images;
 pub mod sandboxes;
+pub mod snapshots;
 pub mod state;
 
 use std::path::PathBuf;
 
-use cairn_layers::{LayerError, LayerStore};
+use cairn_layers::{LayerError, LayerId, LayerStore};
 use cairn_sandbox::client::ClientError;
 use cairn_sandbox::native::NativeDriver;
 use cairn_sandbox::SandboxError;
+use cairn_store::{ChunkStore, LocalStore};
 
 pub use home::Home;
 pub use images::ImageError;
 pub use sandboxes::{CreateOptions, ExecStart, GcReport, OomProbe};
-pub use state::{ImageRecord, SandboxRecord, SandboxState, StateError};
+pub use snapshots::{SnapshotError, SnapshotManifest};
+pub use state::{ImageRecord, SandboxRecord, SandboxState, SnapshotRecord, StateError};
 
 #[derive(Debug, thiserror::Error)]
 pub enum EngineError {
@@ -34,6 +37,10 @@ pub enum EngineError {
     Client(#[from] ClientError),
     #[error(transparent)]
     Image(#[from] ImageError),
+    #[error(transparent)]
+    Snapshot(#[from] SnapshotError),
+    #[error("the state database names layer {0:?}, which is not a layer id; the database is damaged")]
+    BadLayerId(String),
     #[error("no sandbox matches {0:?}; `cairn ps` lists them")]
     NoSuchSandbox(String),
     #[error("{key:?} matches several sandboxes ({}); give more of the id", .ids.join(", "))]
@@ -50,6 +57,8 @@ pub enum EngineError {
         #[source]
         source: std::io::Error,
     },
+    #[error("service {command:?} did not start: {reason}")]
+    Service { command: String, reason: String },
     #[error("Cairn needs root to create sandboxes (namespaces, cgroups, mounts); run it as root")]
     NotRoot,
 }
@@ -73,6 +82,7 @@ pub struct Engine {
     layers: LayerStore,
     native: NativeDriver,
     init_binary: PathBuf,
+    store: ChunkStore<LocalStore>,
     /// Sandboxes the reconciliation at open removed (reported by `gc`).
     reconciled: Vec<String>,
 }
@@ -90,6 +100,7 @@ impl Engine {
         mkdir(home.sandboxes())?;
         let db = state::Db::open(&home.db())?;
         let layers = LayerStore::open(home.layers())?;
+        let store = ChunkStore::new(LocalStore::open(home.store()).map_err(SnapshotError::from)?);
         let init_binary = cairn_sandbox::init_binary::install(&home.lib()).map_err(|source| EngineError::Home {
             path: home.lib(),
             source,
@@ -101,6 +112,7 @@ impl Engine {
             layers,
             native,
             init_binary,
+            store,
             reconciled: Vec::new(),
         };
         engine.reconciled = engine.reconcile()?;
@@ -110,6 +122,10 @@ impl Engine {
     pub fn home(&self) -> &Home {
         &self.home
     }
+}
+
+pub(crate) fn layer_id(s: &str) -> Result<LayerId, EngineError> {
+    s.parse().map_err(|_| EngineError::BadLayerId(s.to_string()))
 }
 
 pub(crate) fn now_ms() -> i64 {

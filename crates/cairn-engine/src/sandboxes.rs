@@ -20,6 +20,19 @@ pub struct CreateOptions {
     pub limits: Limits,
     /// Remove the sandbox once the creating process is gone (`cairn run`).
     pub auto_remove: bool,
+    /// Commands to keep running in the background; restarted after every
+    /// restore, fork and reset.
+    pub services: Vec<String>,
+}
+
+/// Where a new sandbox's root comes from.
+pub(crate) struct Origin {
+    pub image: String,
+    /// Layer ids, topmost first.
+    pub layers: Vec<String>,
+    pub services: Vec<String>,
+    /// The snapshot it starts from, if any (restore, fork).
+    pub snapshot: Option<String>,
 }
 
 /// A process started in a sandbox, with what is needed to explain its end.
@@ -42,6 +55,9 @@ pub struct GcReport {
     pub cgroups_released: Vec<String>,
     pub directories_removed: Vec<String>,
     pub layers_removed: Vec<String>,
+    pub chunks_removed: u64,
+    pub bytes_freed: u64,
+    pub partial_writes_removed: u64,
 }
 
 fn new_sandbox_id() -> String {
@@ -57,24 +73,28 @@ fn valid_hostname(name: &str) -> bool {
         && name.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'-')
 }
 
-fn me() -> (i32, u64) {
+pub(crate) fn me() -> (i32, u64) {
     let pid = std::process::id() as i32;
     (pid, pid_start_time(pid).unwrap_or(0))
 }
 
 impl Engine {
+    pub(crate) fn driver_of(&self, rec: &SandboxRecord) -> &dyn Driver {
+        self.driver(&rec.driver)
+    }
+
     fn driver(&self, name: &str) -> &dyn Driver {
         // One driver today; the row names it so others can join.
         debug_assert_eq!(name, "native");
         &self.native
     }
 
-    fn spec(&self, rec: &SandboxRecord) -> Result<SandboxSpec, EngineError> {
+    pub(crate) fn spec(&self, rec: &SandboxRecord) -> Result<SandboxSpec, EngineError> {
         let layers = rec
             .layers
             .iter()
-            .map(|l| self.layers.path(&l.parse()?))
-            .collect::<Result<Vec<PathBuf>, _>>()?;
+            .map(|l| Ok(self.layers.ensure(&crate::layer_id(l)?, &self.store)?))
+            .collect::<Result<Vec<PathBuf>, EngineError>>()?;
         Ok(SandboxSpec {
             id: rec.id.clone(),
             hostname: rec.name.clone(),
@@ -101,6 +121,17 @@ impl Engine {
             .clone()
             .unwrap_or_else(|| crate::images::DEFAULT_IMAGE.to_string());
         let image = self.image_or_default(&image_name, progress)?;
+        let origin = Origin {
+            image: image.name,
+            layers: image.layers,
+            services: opts.services.clone(),
+            snapshot: None,
+        };
+        self.create_from(origin, opts)
+    }
+
+    /// Creates and starts a sandbox on `origin`'s layers; see [`Engine::create_sandbox`].
+    pub(crate) fn create_from(&mut self, origin: Origin, opts: &CreateOptions) -> Result<SandboxRecord, EngineError> {
         let id = new_sandbox_id();
         let name = opts.name.clone().unwrap_or_else(|| id.clone());
         if !valid_hostname(&name) {
@@ -110,7 +141,7 @@ impl Engine {
         let mut rec = SandboxRecord {
             id: id.clone(),
             name,
-            image: image.name.clone(),
+            image: origin.image,
             driver: "native".into(),
             state: SandboxState::Creating,
             pid: None,
@@ -123,7 +154,9 @@ impl Engine {
             created_at: now_ms(),
             auto_remove: opts.auto_remove,
             ended_reason: None,
-            layers: image.layers.clone(),
+            layers: origin.layers,
+            services: origin.services,
+            last_snapshot: origin.snapshot.clone(),
         };
         // The row comes first: from here on a crash leaves something the
         // garbage collector can find.
@@ -143,7 +176,41 @@ impl Engine {
         rec.state = SandboxState::Running;
         rec.pid = Some(process.pid);
         rec.pid_start = Some(process.start_time);
+        self.after_start(&rec, origin.snapshot.is_some())?;
         Ok(rec)
+    }
+
+    /// After a sandbox (re)started: a restored one gets the wall clock and
+    /// fresh entropy, so forks of one snapshot never share random state;
+    /// then its services start.
+    pub(crate) fn after_start(&self, rec: &SandboxRecord, restored: bool) -> Result<(), EngineError> {
+        if !restored && rec.services.is_empty() {
+            return Ok(());
+        }
+        let client = self.client(rec)?;
+        if restored {
+            let mut entropy = vec![0u8; 64];
+            getrandom::getrandom(&mut entropy).expect("the kernel RNG is available");
+            let now = std::time::SystemTime::now()
+                .duration_since(std::time::UNIX_EPOCH)
+                .map(|d| d.as_nanos())
+                .unwrap_or(0);
+            client.restored(now, entropy)?;
+        }
+        for service in &rec.services {
+            let req = ExecRequest {
+                argv: vec!["/bin/sh".into(), "-c".into(), service.clone()],
+                detach: true,
+                ..ExecRequest::default()
+            };
+            if let Err(failure) = client.exec(req)? {
+                return Err(EngineError::Service {
+                    command: service.clone(),
+                    reason: failure.message,
+                });
+            }
+        }
+        Ok(())
     }
 
     /// Finds a sandbox by name, id or unique id prefix.
@@ -235,7 +302,23 @@ impl Engine {
     pub(crate) fn reconcile(&mut self) -> Result<Vec<String>, EngineError> {
         let mut removed = Vec::new();
         let (me_pid, me_start) = me();
-        for rec in self.db.sandboxes()? {
+        let rows = self.db.sandboxes()?;
+        // A sandbox left frozen by a snapshot whose process died: nobody
+        // holds the store lock, so no snapshot is in progress.
+        if rows
+            .iter()
+            .any(|r| r.state == SandboxState::Running && self.driver_of(r).frozen(&r.id))
+        {
+            if let Some(_lock) = self.try_lock_store() {
+                for r in rows.iter().filter(|r| r.state == SandboxState::Running) {
+                    if self.driver_of(r).frozen(&r.id) {
+                        tracing::debug!(id = r.id, "thawing a sandbox an interrupted snapshot left frozen");
+                        self.driver_of(r).thaw(&r.id)?;
+                    }
+                }
+            }
+        }
+        for rec in rows {
             let owner_alive = cairn_sandbox::process_alive(rec.owner_pid, rec.owner_start);
             // Every action starts by winning a compare-and-set on the row, so
             // when several Cairn processes reconcile at once exactly one acts
@@ -322,14 +405,18 @@ impl Engine {
             sandboxes_removed: removed,
             ..GcReport::default()
         };
-        let rows = self.db.sandboxes()?;
-        for rec in rows.iter().filter(|r| r.state == SandboxState::Exited) {
-            self.db.transition(
+        let (me_pid, me_start) = me();
+        for rec in self.db.sandboxes()?.iter().filter(|r| r.state == SandboxState::Exited) {
+            let moved = self.db.transition(
                 &rec.id,
                 SandboxState::Exited,
                 SandboxState::Removing,
                 Some("garbage collected"),
-            )?;
+            );
+            if !self.won(moved)? {
+                continue;
+            }
+            self.db.set_owner(&rec.id, me_pid, me_start)?;
             self.release(rec)?;
             report.sandboxes_removed.push(rec.id.clone());
         }
@@ -348,15 +435,34 @@ impl Engine {
                 }
             }
         }
+        // Layers and chunks: only while no snapshot or image build is
+        // writing (they hold the store lock shared until their rows exist).
+        let _lock = self.lock_store(true)?;
         let referenced = self.db.referenced_layers()?;
         for layer in self.layers.list()? {
-            if !referenced.contains(layer.as_str()) {
+            if !referenced.contains(&layer.to_string()) {
                 self.layers.remove(&layer)?;
                 report.layers_removed.push(layer.to_string());
             }
         }
         self.layers.sweep_temporaries();
-        let _ = fs::remove_dir_all(self.home.scratch());
+        let store = self.collect_chunks(&referenced)?;
+        report.chunks_removed = store.deleted;
+        report.bytes_freed = store.bytes_freed;
+        report.partial_writes_removed = store.incomplete_writes_removed;
+        if let Ok(entries) = fs::read_dir(self.home.scratch()) {
+            for e in entries.flatten() {
+                let pid = e
+                    .file_name()
+                    .to_string_lossy()
+                    .split('-')
+                    .next()
+                    .and_then(|p| p.parse::<u32>().ok());
+                if pid.is_none_or(|p| !std::path::Path::new(&format!("/proc/{p}")).exists()) {
+                    let _ = fs::remove_dir_all(e.path());
+                }
+            }
+        }
         Ok(report)
     }
 }

@@ -15,7 +15,10 @@ use std::time::Duration;
 use rusqlite::{params, Connection, OptionalExtension};
 use serde::Serialize;
 
-const MIGRATIONS: &[&str] = &[include_str!("../migrations/sqlite/0001_sandboxes_images.sql")];
+const MIGRATIONS: &[&str] = &[
+    include_str!("../migrations/sqlite/0001_sandboxes_images.sql"),
+    include_str!("../migrations/sqlite/0002_snapshots.sql"),
+];
 
 #[derive(Debug, thiserror::Error)]
 pub enum StateError {
@@ -63,6 +66,8 @@ impl SandboxState {
                 | (Running, Exited)
                 | (Running, Removing)
                 | (Exited, Removing)
+                // A reset restarts an exited sandbox on a new layer chain.
+                | (Exited, Creating)
         )
     }
 
@@ -126,6 +131,25 @@ pub struct SandboxRecord {
     #[serde(skip)]
     pub auto_remove: bool,
     pub ended_reason: Option<String>,
+    /// Layer ids, topmost first.
+    pub layers: Vec<String>,
+    /// Background commands started after every start, restore and reset.
+    pub services: Vec<String>,
+    /// The snapshot its next snapshot stacks on.
+    pub last_snapshot: Option<String>,
+}
+
+#[derive(Debug, Clone, Serialize)]
+pub struct SnapshotRecord {
+    pub id: String,
+    pub parent_id: Option<String>,
+    pub sandbox_id: String,
+    pub image: String,
+    pub driver: String,
+    pub label: Option<String>,
+    pub created_at: i64,
+    pub new_bytes: u64,
+    pub stored_bytes: u64,
     /// Layer ids, topmost first.
     pub layers: Vec<String>,
 }
@@ -244,13 +268,123 @@ impl Db {
             }
             other => other?,
         };
+        write_sandbox_layers(&tx, &rec.id, &rec.layers, &rec.services)?;
+        tx.execute(
+            "UPDATE sandboxes SET last_snapshot = ?2 WHERE id = ?1",
+            params![rec.id, rec.last_snapshot],
+        )?;
+        tx.commit()?;
+        Ok(())
+    }
+
+    /// Points a sandbox at a new layer chain (reset), atomically.
+    pub fn set_sandbox_layers(
+        &mut self,
+        id: &str,
+        layers: &[String],
+        services: &[String],
+        last_snapshot: Option<&str>,
+    ) -> Result<(), StateError> {
+        let tx = self.conn.transaction()?;
+        tx.execute("DELETE FROM sandbox_layers WHERE sandbox_id = ?1", [id])?;
+        tx.execute("DELETE FROM sandbox_services WHERE sandbox_id = ?1", [id])?;
+        write_sandbox_layers(&tx, id, layers, services)?;
+        tx.execute(
+            "UPDATE sandboxes SET last_snapshot = ?2 WHERE id = ?1",
+            params![id, last_snapshot],
+        )?;
+        tx.commit()?;
+        Ok(())
+    }
+
+    /// Records a snapshot and makes it the sandbox's last, in one transaction.
+    pub fn insert_snapshot(&mut self, rec: &SnapshotRecord) -> Result<(), StateError> {
+        let tx = self.conn.transaction()?;
+        tx.execute(
+            "INSERT OR IGNORE INTO snapshots (id, parent_id, sandbox_id, image, driver, label, created_at, new_bytes, stored_bytes)
+             VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9)",
+            params![
+                rec.id,
+                rec.parent_id,
+                rec.sandbox_id,
+                rec.image,
+                rec.driver,
+                rec.label,
+                rec.created_at,
+                rec.new_bytes as i64,
+                rec.stored_bytes as i64
+            ],
+        )?;
+        tx.execute("DELETE FROM snapshot_layers WHERE snapshot_id = ?1", [&rec.id])?;
         for (i, l) in rec.layers.iter().enumerate() {
             tx.execute(
-                "INSERT INTO sandbox_layers (sandbox_id, position, layer_id) VALUES (?1, ?2, ?3)",
+                "INSERT INTO snapshot_layers (snapshot_id, position, layer_id) VALUES (?1, ?2, ?3)",
                 params![rec.id, i, l],
             )?;
         }
+        tx.execute(
+            "UPDATE sandboxes SET last_snapshot = ?2 WHERE id = ?1",
+            params![rec.sandbox_id, rec.id],
+        )?;
         tx.commit()?;
+        Ok(())
+    }
+
+    fn snapshot_from_row(r: &rusqlite::Row<'_>) -> rusqlite::Result<SnapshotRecord> {
+        Ok(SnapshotRecord {
+            id: r.get(0)?,
+            parent_id: r.get(1)?,
+            sandbox_id: r.get(2)?,
+            image: r.get(3)?,
+            driver: r.get(4)?,
+            label: r.get(5)?,
+            created_at: r.get(6)?,
+            new_bytes: r.get::<_, i64>(7)? as u64,
+            stored_bytes: r.get::<_, i64>(8)? as u64,
+            layers: Vec::new(),
+        })
+    }
+
+    const SNAPSHOT_COLUMNS: &'static str =
+        "id, parent_id, sandbox_id, image, driver, label, created_at, new_bytes, stored_bytes";
+
+    pub fn snapshots(&self) -> Result<Vec<SnapshotRecord>, StateError> {
+        let sql = format!(
+            "SELECT {} FROM snapshots ORDER BY created_at, id",
+            Self::SNAPSHOT_COLUMNS
+        );
+        let mut rows: Vec<SnapshotRecord> = self
+            .conn
+            .prepare(&sql)?
+            .query_map([], Self::snapshot_from_row)?
+            .collect::<Result<_, _>>()?;
+        for r in &mut rows {
+            r.layers = self.layers_of("snapshot_layers", "snapshot_id", &r.id)?;
+        }
+        Ok(rows)
+    }
+
+    /// Snapshots whose id starts with `key` (at least 4 digits) or whose label is `key`.
+    pub fn find_snapshots(&self, key: &str) -> Result<Vec<SnapshotRecord>, StateError> {
+        let sql = format!(
+            "SELECT {} FROM snapshots WHERE id = ?1 OR label = ?1 OR (length(?1) >= 4 AND substr(id, 1, length(?1)) = ?1)
+             ORDER BY created_at DESC",
+            Self::SNAPSHOT_COLUMNS
+        );
+        let mut rows: Vec<SnapshotRecord> = self
+            .conn
+            .prepare(&sql)?
+            .query_map([key], Self::snapshot_from_row)?
+            .collect::<Result<_, _>>()?;
+        for r in &mut rows {
+            r.layers = self.layers_of("snapshot_layers", "snapshot_id", &r.id)?;
+        }
+        Ok(rows)
+    }
+
+    /// Deletes a snapshot row; its children keep their own layer lists.
+    pub fn delete_snapshot(&self, id: &str) -> Result<(), StateError> {
+        self.conn.execute("DELETE FROM snapshots WHERE id = ?1", [id])?;
         Ok(())
     }
 
@@ -274,12 +408,25 @@ impl Db {
             created_at: r.get(12)?,
             ended_reason: r.get(13)?,
             auto_remove: r.get(14)?,
+            last_snapshot: r.get(15)?,
             layers: Vec::new(),
+            services: Vec::new(),
         })
     }
 
+    /// Fills in the sandbox's layers and services.
+    fn complete(&self, r: &mut SandboxRecord) -> Result<(), StateError> {
+        r.layers = self.layers_of("sandbox_layers", "sandbox_id", &r.id)?;
+        r.services = self
+            .conn
+            .prepare_cached("SELECT command FROM sandbox_services WHERE sandbox_id = ?1 ORDER BY position")?
+            .query_map([&r.id], |row| row.get(0))?
+            .collect::<Result<_, _>>()?;
+        Ok(())
+    }
+
     const SANDBOX_COLUMNS: &'static str = "id, name, image, driver, state, pid, pid_start, owner_pid, owner_start,
-        memory_bytes, cpu_millis, pids_max, created_at, ended_reason, auto_remove";
+        memory_bytes, cpu_millis, pids_max, created_at, ended_reason, auto_remove, last_snapshot";
 
     pub fn sandboxes(&self) -> Result<Vec<SandboxRecord>, StateError> {
         let sql = format!(
@@ -292,7 +439,7 @@ impl Db {
             .query_map([], Self::sandbox_from_row)?
             .collect::<Result<_, _>>()?;
         for r in &mut rows {
-            r.layers = self.layers_of("sandbox_layers", "sandbox_id", &r.id)?;
+            self.complete(r)?;
         }
         Ok(rows)
     }
@@ -313,7 +460,7 @@ impl Db {
             rows = vec![rows.swap_remove(exact)];
         }
         for r in &mut rows {
-            r.layers = self.layers_of("sandbox_layers", "sandbox_id", &r.id)?;
+            self.complete(r)?;
         }
         Ok(rows)
     }
@@ -397,6 +544,27 @@ impl Db {
     }
 }
 
+fn write_sandbox_layers(
+    tx: &rusqlite::Transaction<'_>,
+    id: &str,
+    layers: &[String],
+    services: &[String],
+) -> Result<(), StateError> {
+    for (i, l) in layers.iter().enumerate() {
+        tx.execute(
+            "INSERT INTO sandbox_layers (sandbox_id, position, layer_id) VALUES (?1, ?2, ?3)",
+            params![id, i, l],
+        )?;
+    }
+    for (i, c) in services.iter().enumerate() {
+        tx.execute(
+            "INSERT INTO sandbox_services (sandbox_id, position, command) VALUES (?1, ?2, ?3)",
+            params![id, i, c],
+        )?;
+    }
+    Ok(())
+}
+
 fn migrate(conn: &mut Connection) -> Result<(), StateError> {
     let version: i64 = conn.pragma_query_value(None, "user_version", |r| r.get(0))?;
     let known = MIGRATIONS.len() as i64;
@@ -434,6 +602,8 @@ mod tests {
             auto_remove: false,
             ended_reason: None,
             layers: vec!["a".into(), "b".into()],
+            services: vec!["sleep 1".into()],
+            last_snapshot: None,
         }
     }
 

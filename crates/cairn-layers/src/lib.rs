@@ -2,54 +2,25 @@
 //!
 //! A layer is an immutable directory tree; a sandbox's root is overlayfs
 //! over a chain of layers (topmost first) plus a private upper directory.
-//! [`LayerStore`] keeps the local layer directories. Layers are created by
-//! preparing a directory and committing it, which renames it into place in
-//! one step, so a crash never leaves a half-written layer under a layer id.
+//! [`LayerStore`] keeps the local layer directories, named by the content
+//! id of the layer ([`LayerId`], the hash of its index in the chunk store,
+//! see [`archive`]). Layers are created by preparing a directory, capturing
+//! it into the chunk store and committing it under its id, which renames it
+//! into place in one step, so a crash never leaves a half-written layer
+//! under a layer id. A layer missing locally is materialised from the store.
 
-use std::fmt;
 use std::fs;
 use std::io;
 use std::path::{Path, PathBuf};
-use std::str::FromStr;
 
-/// Names one layer: 32 lowercase hex digits.
-#[derive(Debug, Clone, PartialEq, Eq, Hash, PartialOrd, Ord)]
-pub struct LayerId(String);
+use cairn_store::{BlobStore, ChunkStore};
 
-impl LayerId {
-    /// A fresh random id for a layer built from outside content.
-    pub fn random() -> LayerId {
-        let mut bytes = [0u8; 16];
-        getrandom::getrandom(&mut bytes).expect("the kernel RNG is available");
-        LayerId(bytes.iter().map(|b| format!("{b:02x}")).collect())
-    }
-
-    pub fn as_str(&self) -> &str {
-        &self.0
-    }
-}
-
-impl fmt::Display for LayerId {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(&self.0)
-    }
-}
-
-impl FromStr for LayerId {
-    type Err = LayerError;
-    fn from_str(s: &str) -> Result<Self, LayerError> {
-        if s.len() == 32 && s.bytes().all(|b| b.is_ascii_digit() || (b'a'..=b'f').contains(&b)) {
-            Ok(LayerId(s.to_string()))
-        } else {
-            Err(LayerError::BadId(s.to_string()))
-        }
-    }
-}
+pub use archive::LayerId;
 
 #[derive(Debug, thiserror::Error)]
 pub enum LayerError {
-    #[error("{0:?} is not a layer id (32 hex digits)")]
-    BadId(String),
+    #[error(transparent)]
+    Archive(#[from] archive::ArchiveError),
     #[error("layer {0} is missing from {1}; rebuild or re-import the image that uses it")]
     Missing(LayerId, PathBuf),
     #[error("layer store I/O on {path}: {source}")]
@@ -77,9 +48,8 @@ pub struct LayerStore {
 /// A layer being filled; becomes visible only on [`PendingLayer::commit`].
 /// Dropped without committing, it removes what was written.
 pub struct PendingLayer {
-    id: LayerId,
     tmp: PathBuf,
-    dest: PathBuf,
+    root: PathBuf,
     committed: bool,
 }
 
@@ -89,14 +59,18 @@ impl PendingLayer {
         &self.tmp
     }
 
-    pub fn id(&self) -> &LayerId {
-        &self.id
-    }
-
-    pub fn commit(mut self) -> Result<LayerId, LayerError> {
-        fs::rename(&self.tmp, &self.dest).map_err(io_err(&self.dest))?;
+    /// Captures the directory into `store` and moves it into place under
+    /// its content id. A layer with the same content already present is
+    /// kept and this copy discarded.
+    pub fn commit<B: BlobStore>(mut self, store: &ChunkStore<B>) -> Result<LayerId, LayerError> {
+        let id = archive::capture(&self.tmp, store)?.id;
+        let dest = self.root.join(id.to_string());
+        if dest.is_dir() {
+            return Ok(id);
+        }
+        fs::rename(&self.tmp, &dest).map_err(io_err(&dest))?;
         self.committed = true;
-        Ok(self.id.clone())
+        Ok(id)
     }
 }
 
@@ -121,26 +95,41 @@ impl LayerStore {
 
     /// Starts a new layer in a temporary directory.
     pub fn prepare(&self) -> Result<PendingLayer, LayerError> {
-        let id = LayerId::random();
+        let mut nonce = [0u8; 8];
+        getrandom::getrandom(&mut nonce).expect("the kernel RNG is available");
+        let nonce: String = nonce.iter().map(|b| format!("{b:02x}")).collect();
         // The pid in the name tells the sweeper whether a builder still runs.
-        let tmp = self.root.join(format!(".tmp-{id}-{}", std::process::id()));
+        let tmp = self.root.join(format!(".tmp-{nonce}-{}", std::process::id()));
         fs::create_dir(&tmp).map_err(io_err(&tmp))?;
-        let dest = self.root.join(id.as_str());
         Ok(PendingLayer {
-            id,
             tmp,
-            dest,
+            root: self.root.clone(),
             committed: false,
         })
     }
 
-    /// The directory of a committed layer.
+    /// The directory of a layer present locally.
     pub fn path(&self, id: &LayerId) -> Result<PathBuf, LayerError> {
-        let p = self.root.join(id.as_str());
+        let p = self.root.join(id.to_string());
         if p.is_dir() {
             Ok(p)
         } else {
-            Err(LayerError::Missing(id.clone(), self.root.clone()))
+            Err(LayerError::Missing(*id, self.root.clone()))
+        }
+    }
+
+    /// The directory of a layer, materialised from `store` first when it is
+    /// not present locally (a layer made on another host, or evicted).
+    pub fn ensure<B: BlobStore>(&self, id: &LayerId, store: &ChunkStore<B>) -> Result<PathBuf, LayerError> {
+        let p = self.root.join(id.to_string());
+        if p.is_dir() {
+            return Ok(p);
+        }
+        match archive::materialise(id, store, &p) {
+            Ok(_) => Ok(p),
+            // Another process materialised it first.
+            Err(archive::ArchiveError::DestinationExists { .. }) if p.is_dir() => Ok(p),
+            Err(e) => Err(e.into()),
         }
     }
 
@@ -155,7 +144,7 @@ impl LayerStore {
 
     /// Deletes a layer (the caller checks nothing uses it).
     pub fn remove(&self, id: &LayerId) -> Result<(), LayerError> {
-        let p = self.root.join(id.as_str());
+        let p = self.root.join(id.to_string());
         // Rename first so a crash mid-delete leaves only a temporary.
         let doomed = self.root.join(format!(".tmp-rm-{id}"));
         match fs::rename(&p, &doomed) {
@@ -193,42 +182,39 @@ impl LayerStore {
                 md.len()
             }
         }
-        walk(&self.root.join(id.as_str()))
+        walk(&self.root.join(id.to_string()))
     }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+    use cairn_store::LocalStore;
 
     #[test]
-    fn a_layer_is_visible_only_after_commit() {
+    fn a_layer_is_visible_only_after_commit_and_comes_back_from_the_store() {
         let dir = tempfile::tempdir().unwrap();
-        let store = LayerStore::open(dir.path()).unwrap();
-        let pending = store.prepare().unwrap();
-        let id = pending.id().clone();
+        let store = ChunkStore::new(LocalStore::open(dir.path().join("store")).unwrap());
+        let layers = LayerStore::open(dir.path().join("layers")).unwrap();
+        let pending = layers.prepare().unwrap();
         fs::write(pending.path().join("f"), "x").unwrap();
-        assert!(store.path(&id).is_err());
-        assert!(store.list().unwrap().is_empty());
-        let id = pending.commit().unwrap();
-        assert_eq!(fs::read_to_string(store.path(&id).unwrap().join("f")).unwrap(), "x");
-        assert_eq!(store.list().unwrap(), vec![id.clone()]);
-        store.remove(&id).unwrap();
-        assert!(store.list().unwrap().is_empty());
+        assert!(layers.list().unwrap().is_empty());
+        let id = pending.commit(&store).unwrap();
+        assert_eq!(fs::read_to_string(layers.path(&id).unwrap().join("f")).unwrap(), "x");
+        assert_eq!(layers.list().unwrap(), vec![id]);
+        layers.remove(&id).unwrap();
+        assert!(layers.list().unwrap().is_empty());
+        // Gone locally, it comes back from the store.
+        let back = layers.ensure(&id, &store).unwrap();
+        assert_eq!(fs::read_to_string(back.join("f")).unwrap(), "x");
     }
 
     #[test]
     fn an_abandoned_layer_leaves_nothing() {
         let dir = tempfile::tempdir().unwrap();
-        let store = LayerStore::open(dir.path()).unwrap();
-        drop(store.prepare().unwrap());
+        let layers = LayerStore::open(dir.path()).unwrap();
+        drop(layers.prepare().unwrap());
         assert_eq!(fs::read_dir(dir.path()).unwrap().count(), 0);
-    }
-
-    #[test]
-    fn layer_ids_are_checked() {
-        assert!("xyz".parse::<LayerId>().is_err());
-        assert!(LayerId::random().to_string().parse::<LayerId>().is_ok());
     }
 }
 

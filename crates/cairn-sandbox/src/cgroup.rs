@@ -296,6 +296,18 @@ impl Cgroup {
         Ok(())
     }
 
+    /// Whether the cgroup is frozen (or freezing).
+    pub fn is_frozen(&self) -> bool {
+        match &self.hierarchy {
+            Hierarchy::V2 { .. } => {
+                fs::read_to_string(self.dir("").join("cgroup.freeze")).is_ok_and(|s| s.trim() == "1")
+            }
+            Hierarchy::V1 { .. } => {
+                fs::read_to_string(self.dir("freezer").join("freezer.state")).is_ok_and(|s| s.trim() != "THAWED")
+            }
+        }
+    }
+
     /// How many processes the OOM killer killed in this cgroup.
     pub fn oom_kills(&self) -> u64 {
         let (file, key) = match &self.hierarchy {

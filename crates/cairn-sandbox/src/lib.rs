@@ -108,6 +108,12 @@ pub trait Driver: Send + Sync {
     /// Kills every process of the sandbox and removes its cgroups. Idempotent:
     /// safe on a sandbox that is already dead or half cleaned.
     fn stop(&self, id: &str, process: Option<SandboxProcess>) -> Result<(), SandboxError>;
+    /// Stops every process of the sandbox at once, so its files can be
+    /// captured consistently; [`Driver::thaw`] lets them go on.
+    fn freeze(&self, id: &str) -> Result<(), SandboxError>;
+    fn thaw(&self, id: &str) -> Result<(), SandboxError>;
+    /// Whether the sandbox is frozen now.
+    fn frozen(&self, id: &str) -> bool;
     /// Processes killed by the OOM killer in this sandbox so far.
     fn oom_kills(&self, id: &str) -> u64;
     /// Sandbox ids that have resources on this host (for garbage collection).

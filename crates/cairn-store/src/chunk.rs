@@ -108,11 +108,22 @@ pub struct PutChunk {
 #[derive(Debug)]
 pub struct ChunkStore<B> {
     backend: B,
+    /// Compressed bytes of new chunks written through this handle.
+    written: std::sync::atomic::AtomicU64,
 }
 
 impl<B: BlobStore> ChunkStore<B> {
     pub fn new(backend: B) -> Self {
-        Self { backend }
+        Self {
+            backend,
+            written: std::sync::atomic::AtomicU64::new(0),
+        }
+    }
+
+    /// Compressed bytes this handle added to the store so far (chunks that
+    /// were already stored count nothing): what an operation really cost.
+    pub fn bytes_written(&self) -> u64 {
+        self.written.load(std::sync::atomic::Ordering::Relaxed)
     }
 
     pub fn backend(&self) -> &B {
@@ -128,6 +139,10 @@ impl<B: BlobStore> ChunkStore<B> {
         }
         let compressed = zstd::bulk::compress(data, ZSTD_LEVEL).map_err(StoreError::Compress)?;
         let outcome = self.backend.put(&hash, &compressed)?;
+        if outcome == PutOutcome::Stored {
+            self.written
+                .fetch_add(compressed.len() as u64, std::sync::atomic::Ordering::Relaxed);
+        }
         Ok(PutChunk {
             hash,
             new: outcome == PutOutcome::Stored,

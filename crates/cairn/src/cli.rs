@@ -44,6 +44,27 @@ pub struct SandboxArgs {
     /// Limit on processes and threads (default 1024); stops fork bombs.
     #[arg(long, value_name = "N")]
     pub pids: Option<PidCount>,
+    /// A command to keep running in the background (repeatable); it is
+    /// started again after every restore, fork and reset, e.g.
+    /// --service 'python3 -m http.server'.
+    #[arg(long = "service", value_name = "CMD")]
+    pub services: Vec<String>,
+}
+
+#[derive(Args, Clone)]
+pub struct LimitArgs {
+    /// Sandbox name, also its host name (letters, digits, '-').
+    #[arg(long)]
+    pub name: Option<String>,
+    /// Memory limit, e.g. 512M or 2G (default 1G).
+    #[arg(long, value_name = "SIZE")]
+    pub memory: Option<MemorySize>,
+    /// CPU limit in cores, fractions allowed (default: all cores).
+    #[arg(long, value_name = "N")]
+    pub cpus: Option<CpuCount>,
+    /// Limit on processes and threads (default 1024).
+    #[arg(long, value_name = "N")]
+    pub pids: Option<PidCount>,
 }
 
 #[derive(Args, Clone)]
@@ -127,7 +148,59 @@ pub enum Command {
         #[arg(required = true)]
         sandboxes: Vec<String>,
     },
-    /// Release what crashed or killed Cairn processes left behind.
+    /// Snapshot a sandbox's files; prints the snapshot id.
+    ///
+    /// A running sandbox is frozen while its changes since its last snapshot
+    /// are captured, then keeps running. `cairn snapshot rm SNAPSHOT...`
+    /// forgets snapshots (`cairn gc` then reclaims their storage).
+    #[command(args_conflicts_with_subcommands = true, subcommand_negates_reqs = true)]
+    Snapshot {
+        /// Sandbox id, unique id prefix or name.
+        #[arg(required = true)]
+        sandbox: Option<String>,
+        /// A label to find the snapshot by (`cairn restore LABEL`).
+        #[arg(long)]
+        label: Option<String>,
+        #[arg(long)]
+        json: bool,
+        #[command(subcommand)]
+        command: Option<SnapshotCommand>,
+    },
+    /// List snapshots with their lineage, sizes and labels.
+    Snapshots {
+        /// Draw the lineage as a tree.
+        #[arg(long)]
+        tree: bool,
+        #[arg(long)]
+        json: bool,
+    },
+    /// Start N new sandboxes from a snapshot, or from a sandbox (snapshotted
+    /// first); prints their ids.
+    Fork {
+        /// Sandbox (id, prefix, name) or snapshot (id, prefix, label).
+        source: String,
+        /// How many forks.
+        #[arg(short = 'n', long = "count", default_value_t = 1)]
+        count: usize,
+        #[command(flatten)]
+        limits: LimitArgs,
+    },
+    /// Start a new sandbox from a snapshot; prints its id.
+    Restore {
+        /// Snapshot id, unique prefix or label.
+        snapshot: String,
+        #[command(flatten)]
+        limits: LimitArgs,
+    },
+    /// Rewind a sandbox to a snapshot in place (its processes restart).
+    Reset {
+        /// Sandbox id, unique id prefix or name.
+        sandbox: String,
+        /// Snapshot id, unique prefix or label.
+        snapshot: String,
+    },
+    /// Release what crashed or killed Cairn processes left behind, and the
+    /// layers and chunks nothing uses any more.
     Gc {
         #[arg(long)]
         json: bool,
@@ -145,6 +218,15 @@ pub enum Command {
         runs: usize,
         #[arg(long)]
         json: bool,
+    },
+}
+
+#[derive(Subcommand)]
+pub enum SnapshotCommand {
+    /// Forget snapshots; sandboxes and snapshots made from them are unaffected.
+    Rm {
+        #[arg(required = true)]
+        snapshots: Vec<String>,
     },
 }
 

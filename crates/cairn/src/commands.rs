@@ -8,11 +8,11 @@ use std::path::{Path, PathBuf};
 use anyhow::{bail, Context, Result};
 use cairn_engine::{CreateOptions, Engine, Home, SandboxRecord, SandboxState};
 use cairn_protocol::{ExecRequest, FileKind, FileMeta};
-use cairn_sandbox::limits::MemorySize;
+use cairn_sandbox::limits::{CpuCount, MemorySize, PidCount};
 use cairn_sandbox::Limits;
 use nix::sys::signal::{SigSet, Signal};
 
-use crate::cli::{Cli, Command, ImageCommand, ImageKind, ProcessArgs, SandboxArgs};
+use crate::cli::{Cli, Command, ImageCommand, ImageKind, LimitArgs, ProcessArgs, SandboxArgs, SnapshotCommand};
 use crate::progress::Steps;
 
 pub fn dispatch(cli: Cli) -> Result<i32> {
@@ -57,26 +57,87 @@ pub fn dispatch(cli: Cli) -> Result<i32> {
             Ok(0)
         }
         Command::Image(cmd) => image(&mut engine, cmd).map(|()| 0),
+        Command::Snapshot {
+            command: Some(SnapshotCommand::Rm { snapshots }),
+            ..
+        } => {
+            for key in snapshots {
+                let snap = engine.snapshot_record(&key)?;
+                engine.remove_snapshot(&snap)?;
+                println!("{}", snap.id);
+            }
+            Ok(0)
+        }
+        Command::Snapshot {
+            sandbox,
+            label,
+            json,
+            command: None,
+        } => {
+            let rec = engine.sandbox(sandbox.as_deref().unwrap_or_default())?;
+            let snap = engine.snapshot(&rec, label.as_deref())?;
+            if json {
+                println!("{}", serde_json::to_string_pretty(&snap)?);
+            } else {
+                println!("{}", snap.id);
+            }
+            Ok(0)
+        }
+        Command::Snapshots { tree, json } => crate::lineage::print(&engine.snapshots()?, tree, json).map(|()| 0),
+        Command::Fork { source, count, limits } => {
+            let (snap, forks) = engine.fork(&source, count, &limit_options(&limits))?;
+            eprintln!("cairn: forked {count} from snapshot {}", &snap.id[..12]);
+            for f in forks {
+                println!("{}", f.id);
+            }
+            Ok(0)
+        }
+        Command::Restore { snapshot, limits } => {
+            let snap = engine.snapshot_record(&snapshot)?;
+            let rec = engine.restore(&snap, &limit_options(&limits))?;
+            println!("{}", rec.id);
+            Ok(0)
+        }
+        Command::Reset { sandbox, snapshot } => {
+            let rec = engine.sandbox(&sandbox)?;
+            let snap = engine.snapshot_record(&snapshot)?;
+            let rec = engine.reset(&rec, &snap)?;
+            println!("{}", rec.id);
+            Ok(0)
+        }
         Command::Bench { .. } => unreachable!("handled above"),
     }
 }
 
-pub fn create_options(args: &SandboxArgs, auto_remove: bool) -> CreateOptions {
+fn limits(memory: Option<MemorySize>, cpus: Option<CpuCount>, pids: Option<PidCount>) -> Limits {
     let mut limits = Limits::default();
-    if let Some(m) = args.memory {
+    if let Some(m) = memory {
         limits.memory_bytes = m.0;
     }
-    if let Some(c) = args.cpus {
+    if let Some(c) = cpus {
         limits.cpu_millis = c.0;
     }
-    if let Some(p) = args.pids {
+    if let Some(p) = pids {
         limits.pids = p.0;
     }
+    limits
+}
+
+pub fn create_options(args: &SandboxArgs, auto_remove: bool) -> CreateOptions {
     CreateOptions {
         image: Some(args.image.clone()),
         name: args.name.clone(),
-        limits,
+        limits: limits(args.memory, args.cpus, args.pids),
         auto_remove,
+        services: args.services.clone(),
+    }
+}
+
+fn limit_options(args: &LimitArgs) -> CreateOptions {
+    CreateOptions {
+        name: args.name.clone(),
+        limits: limits(args.memory, args.cpus, args.pids),
+        ..CreateOptions::default()
     }
 }
 

@@ -3,6 +3,7 @@
 mod bench;
 mod cli;
 mod commands;
+mod lineage;
 mod progress;
 
 use std::process::ExitCode;

@@ -12,9 +12,22 @@ const ALLOWED: &[(&str, &[&str])] = &[
     ("cairn-store", &[]),
     ("cairn-layers", &["cairn-store"]),
     ("cairn-sandbox", &["cairn-protocol", "cairn-layers"]),
-    ("cairn-engine", &["cairn-protocol", "cairn-sandbox", "cairn-layers", "cairn-store"]),
+    (
+        "cairn-engine",
+        &["cairn-protocol", "cairn-sandbox", "cairn-layers", "cairn-store"],
+    ),
     ("cairn-api", &["cairn-engine", "cairn-protocol"]),
-    ("cairn", &["cairn-engine", "cairn-sandbox", "cairn-protocol", "cairn-api", "cairn-store", "cairn-layers"]),
+    (
+        "cairn",
+        &[
+            "cairn-engine",
+            "cairn-sandbox",
+            "cairn-protocol",
+            "cairn-api",
+            "cairn-store",
+            "cairn-layers",
+        ],
+    ),
 ];
 
 #[test]
@@ -28,8 +41,12 @@ fn crates_depend_only_downwards() {
     let meta: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
     let allowed: BTreeMap<&str, BTreeSet<&str>> =
         ALLOWED.iter().map(|(k, v)| (*k, v.iter().copied().collect())).collect();
-    let members: BTreeSet<String> =
-        meta["packages"].as_array().unwrap().iter().map(|p| p["name"].as_str().unwrap().to_string()).collect();
+    let members: BTreeSet<String> = meta["packages"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|p| p["name"].as_str().unwrap().to_string())
+        .collect();
     let mut violations = Vec::new();
     for pkg in meta["packages"].as_array().unwrap() {
         let name = pkg["name"].as_str().unwrap();

@@ -24,6 +24,20 @@ pub struct CapturedLayer {
 /// Records every entry under `upper` and stores file contents and the
 /// index in `store`. Only the upper directory is read.
 pub fn capture<B: BlobStore>(upper: &Path, store: &ChunkStore<B>) -> Result<CapturedLayer, ArchiveError> {
+    capture_since(upper, store, None).map(|(layer, _)| layer)
+}
+
+/// Captures what changed in `upper` since the capture that produced
+/// `previous` (everything when `None`), as a layer that goes on top of that
+/// capture's layer: changed and new entries, the directories leading to
+/// them, and whiteouts for entries that disappeared. Unchanged files are
+/// neither read nor stored, so the cost follows the change, plus one `stat`
+/// per entry. Returns the layer and the baseline for the next capture.
+pub fn capture_since<B: BlobStore>(
+    upper: &Path,
+    store: &ChunkStore<B>,
+    previous: Option<&Baseline>,
+) -> Result<(CapturedLayer, Baseline), ArchiveError> {
     let root = open_dir(upper).map_err(|source| ArchiveError::Capture {
         path: upper.to_path_buf(),
         action: "opening the upper directory",
@@ -34,6 +48,8 @@ pub fn capture<B: BlobStore>(upper: &Path, store: &ChunkStore<B>) -> Result<Capt
         store,
         entries: Vec::new(),
         links: HashMap::new(),
+        previous,
+        seen: Baseline::default(),
     };
     let st = fstat(root.as_raw_fd()).map_err(|e| walk.err(&LayerPath::root(), "stat", e.into()))?;
     let xattrs = dirfd::read_xattrs_fd(&root).map_err(|e| walk.err(&LayerPath::root(), "reading xattrs", e))?;
@@ -42,11 +58,54 @@ pub fn capture<B: BlobStore>(upper: &Path, store: &ChunkStore<B>) -> Result<Capt
         kind: EntryKind::Directory,
         meta: metadata(&st, xattrs),
     });
+    walk.seen.entries.insert(LayerPath::root(), Seen::of(&st));
     walk.directory(&root, &LayerPath::root())?;
+    if previous.is_some() {
+        walk.whiteout_vanished()?;
+    }
     let index = LayerIndex { entries: walk.entries };
     let id = LayerId::from_hash(store.put_object(&index)?);
-    Ok(CapturedLayer { id, index })
+    Ok((CapturedLayer { id, index }, walk.seen))
 }
+
+/// What one capture saw of each path: enough to tell, next time, whether
+/// the entry changed. ctime moves on every change to content, metadata,
+/// xattrs or link count, and cannot be set from user space.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+pub struct Seen {
+    dev: u64,
+    ino: u64,
+    ctime_sec: i64,
+    ctime_nsec: i64,
+    is_dir: bool,
+}
+
+impl Seen {
+    fn of(st: &FileStat) -> Seen {
+        Seen {
+            dev: st.st_dev,
+            ino: st.st_ino,
+            ctime_sec: st.st_ctime,
+            ctime_nsec: st.st_ctime_nsec,
+            is_dir: SFlag::from_bits_truncate(st.st_mode & SFlag::S_IFMT.bits()) == SFlag::S_IFDIR,
+        }
+    }
+}
+
+/// The state of an upper directory at its last capture.
+#[derive(Debug, Clone, Default, serde::Serialize, serde::Deserialize)]
+pub struct Baseline {
+    entries: HashMap<LayerPath, Seen>,
+}
+
+impl cairn_store::Framed for Baseline {
+    const MAGIC: [u8; 8] = *b"CAIRNBSL";
+    const VERSION: u32 = 1;
+    const MAX_PAYLOAD: u64 = 1 << 30;
+    const NAME: &'static str = "capture baseline";
+}
+
+const OPAQUE: [&[u8]; 2] = [b"trusted.overlay.opaque", b"user.overlay.opaque"];
 
 struct Walk<'a, B> {
     upper: &'a Path,
@@ -54,6 +113,8 @@ struct Walk<'a, B> {
     entries: Vec<Entry>,
     /// Entry index of the first path seen for each multiply-linked inode.
     links: HashMap<(u64, u64), usize>,
+    previous: Option<&'a Baseline>,
+    seen: Baseline,
 }
 
 fn metadata(st: &FileStat, xattrs: Vec<Xattr>) -> Metadata {
@@ -90,14 +151,33 @@ impl<B: BlobStore> Walk<'_, B> {
         }
     }
 
-    fn directory(&mut self, dir: &File, path: &LayerPath) -> Result<(), ArchiveError> {
+    /// Whether `path` changed since the previous capture (always, without one).
+    fn changed(&self, path: &LayerPath, seen: &Seen) -> bool {
+        self.previous.is_none_or(|p| p.entries.get(path) != Some(seen))
+    }
+
+    /// Whether `path` is a different inode than at the previous capture.
+    fn new_inode(&self, path: &LayerPath, seen: &Seen) -> bool {
+        self.previous
+            .is_none_or(|p| p.entries.get(path).map(|s| (s.dev, s.ino)) != Some((seen.dev, seen.ino)))
+    }
+
+    /// Records the directory's entries; returns whether any was recorded.
+    fn directory(&mut self, dir: &File, path: &LayerPath) -> Result<bool, ArchiveError> {
         let names = dirfd::list_names(dir).map_err(|e| self.err(path, "listing the directory", e))?;
+        let mut any = false;
         for name in names {
             let child = path.join(&name);
             let st = stat_at(dir, &name).map_err(|e| self.err(&child, "stat", e))?;
             let file_type = SFlag::from_bits_truncate(st.st_mode & SFlag::S_IFMT.bits());
             let is_dir = file_type == SFlag::S_IFDIR;
             let is_whiteout = file_type == SFlag::S_IFCHR && st.st_rdev == 0;
+            let seen = Seen::of(&st);
+            self.seen.entries.insert(child.clone(), seen);
+            let changed = self.changed(&child, &seen);
+            if !changed && !is_dir {
+                continue;
+            }
 
             // Whiteouts may share one inode (overlayfs links them to a
             // single whiteout); they carry no data, so each stands alone.
@@ -113,6 +193,7 @@ impl<B: BlobStore> Walk<'_, B> {
                         meta: target.meta.clone(),
                     };
                     self.entries.push(entry);
+                    any = true;
                     continue;
                 }
                 // Non-directories push exactly one entry below.
@@ -121,13 +202,25 @@ impl<B: BlobStore> Walk<'_, B> {
 
             if is_dir {
                 let sub = open_dir_at(dir, &name).map_err(|e| self.err(&child, "opening the directory", e))?;
-                let xattrs = dirfd::read_xattrs_fd(&sub).map_err(|e| self.err(&child, "reading xattrs", e))?;
+                let mut xattrs = dirfd::read_xattrs_fd(&sub).map_err(|e| self.err(&child, "reading xattrs", e))?;
+                // An opaque mark hides everything below this layer; it is
+                // carried only by the capture that first sees the directory,
+                // or a later layer would hide unchanged entries of earlier ones.
+                if !self.new_inode(&child, &seen) {
+                    xattrs.retain(|x| !OPAQUE.contains(&x.name.as_slice()));
+                }
+                let mark = self.entries.len();
                 self.entries.push(Entry {
                     path: child.clone(),
                     kind: EntryKind::Directory,
                     meta: metadata(&st, xattrs),
                 });
-                self.directory(&sub, &child)?;
+                let below = self.directory(&sub, &child)?;
+                if changed || below {
+                    any = true;
+                } else {
+                    self.entries.truncate(mark);
+                }
                 continue;
             }
 
@@ -183,12 +276,121 @@ impl<B: BlobStore> Walk<'_, B> {
                 };
                 (kind, xattrs)
             };
+            any = true;
             self.entries.push(Entry {
                 path: child,
                 kind,
                 meta: metadata(&st, xattrs),
             });
         }
+        Ok(any)
+    }
+
+    /// Adds whiteouts for paths the previous capture saw that are gone now,
+    /// with the directories leading to them, then restores the index order
+    /// (parents first, siblings by name, hard-link targets before links).
+    fn whiteout_vanished(&mut self) -> Result<(), ArchiveError> {
+        let Some(previous) = self.previous else { return Ok(()) };
+        let mut gone: Vec<&LayerPath> = previous
+            .entries
+            .keys()
+            .filter(|p| !self.seen.entries.contains_key(*p))
+            // A vanished path under another vanished path, or under what is
+            // no longer a directory, is hidden by that one.
+            .filter(|p| {
+                p.split_last().is_some_and(|(parent, _)| {
+                    self.seen
+                        .entries
+                        .get(&LayerPath::from_bytes(parent))
+                        .is_some_and(|s| s.is_dir)
+                })
+            })
+            .collect();
+        if gone.is_empty() {
+            return Ok(());
+        }
+        gone.sort();
+        let mut present: std::collections::HashSet<LayerPath> = self.entries.iter().map(|e| e.path.clone()).collect();
+        for path in gone {
+            // The directories above the whiteout, as they are now.
+            let mut ancestors = Vec::new();
+            let mut cur = path.clone();
+            while let Some((parent, _)) = cur.split_last() {
+                let parent = LayerPath::from_bytes(parent);
+                if present.contains(&parent) {
+                    break;
+                }
+                ancestors.push(parent.clone());
+                cur = parent;
+            }
+            for dir in ancestors.into_iter().rev() {
+                let full = self.full_path(&dir);
+                let st = nix::sys::stat::lstat(&full).map_err(|e| self.err(&dir, "stat", e.into()))?;
+                let mut xattrs = dirfd::read_xattrs_at(&full).map_err(|e| self.err(&dir, "reading xattrs", e))?;
+                xattrs.retain(|x| !OPAQUE.contains(&x.name.as_slice()));
+                present.insert(dir.clone());
+                self.entries.push(Entry {
+                    path: dir,
+                    kind: EntryKind::Directory,
+                    meta: metadata(&st, xattrs),
+                });
+            }
+            present.insert(path.clone());
+            self.entries.push(Entry {
+                path: path.clone(),
+                kind: EntryKind::CharDevice { major: 0, minor: 0 },
+                meta: Metadata {
+                    mode: 0,
+                    uid: 0,
+                    gid: 0,
+                    mtime: Timestamp { sec: 0, nsec: 0 },
+                    xattrs: Vec::new(),
+                },
+            });
+        }
+        self.entries
+            .sort_by(|a, b| a.path.components().cmp(b.path.components()));
+        reorder_links(&mut self.entries);
         Ok(())
+    }
+}
+
+/// After sorting, makes the first path of each hard-link group hold the
+/// content and every other path link to it.
+fn reorder_links(entries: &mut [Entry]) {
+    let mut first_of: HashMap<LayerPath, LayerPath> = HashMap::new();
+    let mut position: HashMap<LayerPath, usize> = HashMap::new();
+    for (i, e) in entries.iter().enumerate() {
+        position.insert(e.path.clone(), i);
+    }
+    for i in 0..entries.len() {
+        let EntryKind::HardLink { target } = &entries[i].kind else {
+            continue;
+        };
+        let target = target.clone();
+        let Some(&t) = position.get(&target) else { continue };
+        if t > i {
+            // This link comes first: it takes the content.
+            let content = std::mem::replace(
+                &mut entries[t].kind,
+                EntryKind::HardLink {
+                    target: entries[i].path.clone(),
+                },
+            );
+            entries[i].kind = content;
+            first_of.insert(target, entries[i].path.clone());
+        } else if let Some(first) = first_of.get(&target) {
+            entries[i].kind = EntryKind::HardLink { target: first.clone() };
+        }
+    }
+    // Links that pointed at a demoted target now point at the new first.
+    for e in entries.iter_mut() {
+        if let EntryKind::HardLink { target } = &mut e.kind {
+            if let Some(first) = first_of.get(target) {
+                if *first != e.path {
+                    *target = first.clone();
+                }
+            }
+        }
     }
 }

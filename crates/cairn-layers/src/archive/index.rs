@@ -55,6 +55,10 @@ impl LayerPath {
         Self(Vec::new())
     }
 
+    pub fn from_bytes(bytes: &[u8]) -> Self {
+        Self(bytes.to_vec())
+    }
+
     pub fn as_bytes(&self) -> &[u8] {
         &self.0
     }

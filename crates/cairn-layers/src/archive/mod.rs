@@ -30,7 +30,7 @@ use std::path::PathBuf;
 
 use cairn_store::StoreError;
 
-pub use capture::{capture, CapturedLayer};
+pub use capture::{capture, capture_since, Baseline, CapturedLayer};
 pub use index::{Entry, EntryKind, LayerId, LayerIndex, LayerPath, Metadata, Timestamp, Xattr};
 pub use materialise::{materialise, remove_abandoned_materialisations};
 

@@ -219,6 +219,18 @@ impl Driver for NativeDriver {
         Ok(())
     }
 
+    fn freeze(&self, id: &str) -> Result<(), SandboxError> {
+        Ok(self.cgroups.cgroup(id).freeze()?)
+    }
+
+    fn thaw(&self, id: &str) -> Result<(), SandboxError> {
+        Ok(self.cgroups.cgroup(id).thaw()?)
+    }
+
+    fn frozen(&self, id: &str) -> bool {
+        self.cgroups.cgroup(id).is_frozen()
+    }
+
     fn oom_kills(&self, id: &str) -> u64 {
         self.cgroups.cgroup(id).oom_kills()
     }

@@ -1,0 +1,405 @@
+//! Snapshots: capture a sandbox's files as a content-addressed layer on top
+//! of what it started from; restore, fork and reset from them.
+//!
+//! A snapshot is a manifest in the chunk store (its id is the BLAKE3 of the
+//! framed manifest): the layer chain, topmost first, the parent snapshot,
+//! the image and the services. Capturing freezes the sandbox (cgroup
+//! freezer) and records only what changed since the sandbox's previous
+//! snapshot (see `cairn_layers::archive::capture_since`): the new layer goes
+//! on top of the previous snapshot's chain. Restoring mounts the chain under
+//! a fresh upper directory, which costs the same whatever the chain holds.
+
+use std::collections::HashSet;
+use std::fs::{self, File};
+use std::path::Path;
+use std::time::Duration;
+
+use cairn_layers::archive::{capture_since, Baseline, LayerIndex};
+use cairn_layers::LayerId;
+use cairn_store::{BlobError, ChunkHash, Framed, ReadContext, StoreError};
+use nix::fcntl::{Flock, FlockArg};
+use serde::{Deserialize, Serialize};
+
+use crate::sandboxes::{CreateOptions, Origin};
+use crate::state::{SandboxRecord, SandboxState, SnapshotRecord};
+use crate::{layer_id, now_ms, Engine, EngineError};
+
+/// What a snapshot is, as stored in the chunk store.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct SnapshotManifest {
+    pub parent: Option<ChunkHash>,
+    /// Topmost first; the last ones are the image's.
+    pub layers: Vec<LayerId>,
+    pub image: String,
+    pub driver: String,
+    pub services: Vec<String>,
+    pub label: Option<String>,
+    pub sandbox: String,
+    pub created_at_ms: i64,
+}
+
+impl Framed for SnapshotManifest {
+    const MAGIC: [u8; 8] = *b"CAIRNSNP";
+    const VERSION: u32 = 1;
+    const MAX_PAYLOAD: u64 = 16 << 20;
+    const NAME: &'static str = "snapshot manifest";
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum SnapshotError {
+    #[error(transparent)]
+    Store(#[from] StoreError),
+    #[error("chunk store: {0}")]
+    Backend(#[from] BlobError),
+    #[error(transparent)]
+    Archive(#[from] cairn_layers::archive::ArchiveError),
+    #[error("no snapshot matches {0:?}; `cairn snapshots` lists them")]
+    NotFound(String),
+    #[error("{key:?} matches several snapshots ({}); give more of the id", .ids.join(", "))]
+    Ambiguous { key: String, ids: Vec<String> },
+    #[error("sandbox {id} is {state}; only a running or exited sandbox can be snapshotted")]
+    NotSnapshottable { id: String, state: SandboxState },
+    #[error("invalid label {0:?}: use 1 to 64 printable characters")]
+    BadLabel(String),
+    #[error("fork needs a count of at least 1, got {0}")]
+    BadCount(usize),
+    #[error("cannot lock the chunk store ({path}): {source}")]
+    Lock {
+        path: std::path::PathBuf,
+        #[source]
+        source: std::io::Error,
+    },
+}
+
+impl Engine {
+    /// Locks the chunk store: shared for writers of snapshots and images
+    /// (until their rows exist), exclusive for its garbage collector.
+    pub(crate) fn lock_store(&self, exclusive: bool) -> Result<Flock<File>, EngineError> {
+        let path = self.home.store_lock();
+        let lock_err = |source: std::io::Error| SnapshotError::Lock {
+            path: path.clone(),
+            source,
+        };
+        let file = File::options()
+            .create(true)
+            .append(true)
+            .open(&path)
+            .map_err(lock_err)?;
+        let arg = if exclusive {
+            FlockArg::LockExclusive
+        } else {
+            FlockArg::LockShared
+        };
+        Ok(Flock::lock(file, arg).map_err(|(_, e)| lock_err(e.into()))?)
+    }
+
+    /// The exclusive store lock if nobody holds it now.
+    pub(crate) fn try_lock_store(&self) -> Option<Flock<File>> {
+        let file = File::options()
+            .create(true)
+            .append(true)
+            .open(self.home.store_lock())
+            .ok()?;
+        Flock::lock(file, FlockArg::LockExclusiveNonblock).ok()
+    }
+
+    /// Finds a snapshot by id, unique id prefix or label (the newest wins).
+    pub fn snapshot_record(&self, key: &str) -> Result<SnapshotRecord, EngineError> {
+        let mut found = self.db.find_snapshots(key)?;
+        if let Some(i) = found.iter().position(|s| s.id == key) {
+            return Ok(found.swap_remove(i));
+        }
+        let by_label: Vec<usize> = (0..found.len())
+            .filter(|&i| found[i].label.as_deref() == Some(key))
+            .collect();
+        if let Some(&i) = by_label.first() {
+            return Ok(found.swap_remove(i));
+        }
+        match found.len() {
+            0 => Err(SnapshotError::NotFound(key.to_string()).into()),
+            1 => Ok(found.remove(0)),
+            _ => Err(SnapshotError::Ambiguous {
+                key: key.into(),
+                ids: found.into_iter().map(|s| s.id).collect(),
+            }
+            .into()),
+        }
+    }
+
+    pub fn snapshots(&self) -> Result<Vec<SnapshotRecord>, EngineError> {
+        Ok(self.db.snapshots()?)
+    }
+
+    fn manifest(&self, snap: &SnapshotRecord) -> Result<SnapshotManifest, EngineError> {
+        let hash: ChunkHash = snap.id.parse().map_err(|_| SnapshotError::NotFound(snap.id.clone()))?;
+        let context = ReadContext::new().owner("snapshot", hash);
+        Ok(self.store.get_object(&hash, &context).map_err(SnapshotError::from)?)
+    }
+
+    /// Takes a snapshot of a sandbox's files. A running sandbox is frozen
+    /// while its changes are captured and keeps running afterwards.
+    pub fn snapshot(&mut self, rec: &SandboxRecord, label: Option<&str>) -> Result<SnapshotRecord, EngineError> {
+        if let Some(l) = label {
+            if l.is_empty() || l.len() > 64 || l.chars().any(char::is_control) {
+                return Err(SnapshotError::BadLabel(l.to_string()).into());
+            }
+        }
+        if !matches!(rec.state, SandboxState::Running | SandboxState::Exited) {
+            return Err(SnapshotError::NotSnapshottable {
+                id: rec.id.clone(),
+                state: rec.state,
+            }
+            .into());
+        }
+        let _lock = self.lock_store(false)?;
+        let dir = self.home.sandbox(&rec.id);
+        let previous = rec
+            .last_snapshot
+            .as_ref()
+            .and_then(|s| self.db.find_snapshots(s).ok()?.into_iter().find(|r| r.id == *s));
+        // The baseline tells what the previous snapshot already holds; with
+        // it the new layer stacks on that snapshot, without it the whole
+        // upper directory is captured onto the sandbox's base layers.
+        let baseline = previous
+            .as_ref()
+            .and_then(|p| read_baseline(&dir.join(format!("baseline-{}", p.id))));
+        let below: Vec<String> = match (&baseline, &previous) {
+            (Some(_), Some(p)) => p.layers.clone(),
+            _ => rec.layers.clone(),
+        };
+        let written_before = self.store.bytes_written();
+        let driver = self.driver_of(rec);
+        let running = rec.state == SandboxState::Running;
+        if running {
+            driver.freeze(&rec.id)?;
+        }
+        let captured = capture_since(&dir.join("upper"), &self.store, baseline.as_ref());
+        if running {
+            driver.thaw(&rec.id)?;
+        }
+        let (layer, next_baseline) = captured.map_err(SnapshotError::from)?;
+        // A snapshot with no change adds no layer.
+        let unchanged = baseline.is_some() && layer.index.entries.len() == 1;
+        let mut layers: Vec<LayerId> = Vec::with_capacity(below.len() + 1);
+        if !unchanged {
+            layers.push(layer.id);
+        }
+        for l in &below {
+            layers.push(layer_id(l)?);
+        }
+        let manifest = SnapshotManifest {
+            parent: previous.as_ref().and_then(|p| p.id.parse().ok()),
+            layers: layers.clone(),
+            image: rec.image.clone(),
+            driver: rec.driver.clone(),
+            services: rec.services.clone(),
+            label: label.map(str::to_string),
+            sandbox: rec.id.clone(),
+            created_at_ms: now_ms(),
+        };
+        let id = self.store.put_object(&manifest).map_err(SnapshotError::from)?;
+        if !unchanged {
+            // Materialised now, so forks and restores start at once.
+            self.layers.ensure(&layer.id, &self.store)?;
+        }
+        let snap = SnapshotRecord {
+            id: id.to_string(),
+            parent_id: previous.map(|p| p.id),
+            sandbox_id: rec.id.clone(),
+            image: rec.image.clone(),
+            driver: rec.driver.clone(),
+            label: label.map(str::to_string),
+            created_at: manifest.created_at_ms,
+            new_bytes: if unchanged { 0 } else { layer.index.file_bytes() },
+            stored_bytes: self.store.bytes_written() - written_before,
+            layers: layers.iter().map(|l| l.to_string()).collect(),
+        };
+        self.db.insert_snapshot(&snap)?;
+        // Only once the row exists: a baseline newer than the sandbox's last
+        // snapshot would make the next one miss changes.
+        write_baseline(&dir, &snap.id, &next_baseline);
+        Ok(snap)
+    }
+
+    /// Starts a new sandbox from a snapshot.
+    pub fn restore(&mut self, snap: &SnapshotRecord, opts: &CreateOptions) -> Result<SandboxRecord, EngineError> {
+        let manifest = self.manifest(snap)?;
+        let origin = Origin {
+            image: manifest.image,
+            layers: snap.layers.clone(),
+            services: if opts.services.is_empty() {
+                manifest.services
+            } else {
+                opts.services.clone()
+            },
+            snapshot: Some(snap.id.clone()),
+        };
+        self.create_from(origin, opts)
+    }
+
+    /// `count` new sandboxes from a snapshot, or from a sandbox (snapshotted
+    /// first). Returns the snapshot used and the new sandboxes.
+    pub fn fork(
+        &mut self,
+        key: &str,
+        count: usize,
+        opts: &CreateOptions,
+    ) -> Result<(SnapshotRecord, Vec<SandboxRecord>), EngineError> {
+        if count == 0 {
+            return Err(SnapshotError::BadCount(count).into());
+        }
+        let mut opts = opts.clone();
+        let snap = match self.sandbox(key) {
+            Ok(rec) => {
+                opts.limits = cairn_sandbox::Limits {
+                    memory_bytes: rec.memory_bytes,
+                    cpu_millis: rec.cpu_millis,
+                    pids: rec.pids_max,
+                };
+                self.snapshot(&rec, None)?
+            }
+            Err(EngineError::NoSuchSandbox(_)) => self.snapshot_record(key)?,
+            Err(e) => return Err(e),
+        };
+        let mut forks = Vec::with_capacity(count);
+        for _ in 0..count {
+            match self.restore(&snap, &opts) {
+                Ok(rec) => forks.push(rec),
+                Err(e) => {
+                    // All or nothing.
+                    for f in &forks {
+                        let _ = self.sandbox(&f.id).and_then(|r| self.remove_sandbox(&r, true));
+                    }
+                    return Err(e);
+                }
+            }
+        }
+        Ok((snap, forks))
+    }
+
+    /// Rewinds a sandbox to a snapshot in place: its processes stop, its
+    /// files become the snapshot's, it starts again (services too) under
+    /// the same id and name.
+    pub fn reset(&mut self, rec: &SandboxRecord, snap: &SnapshotRecord) -> Result<SandboxRecord, EngineError> {
+        let manifest = self.manifest(snap)?;
+        for l in &snap.layers {
+            self.layers.ensure(&layer_id(l)?, &self.store)?;
+        }
+        match rec.state {
+            SandboxState::Running => {
+                self.db
+                    .transition(&rec.id, SandboxState::Running, SandboxState::Exited, Some("reset"))?;
+            }
+            SandboxState::Exited => {}
+            state => {
+                return Err(EngineError::NotRunning {
+                    id: rec.id.clone(),
+                    state,
+                })
+            }
+        }
+        let process = rec
+            .pid
+            .zip(rec.pid_start)
+            .map(|(pid, start_time)| cairn_sandbox::SandboxProcess { pid, start_time });
+        self.driver_of(rec).stop(&rec.id, process)?;
+        let dir = self.home.sandbox(&rec.id);
+        for sub in ["upper", "work"] {
+            let p = dir.join(sub);
+            match fs::remove_dir_all(&p) {
+                Ok(()) => {}
+                Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+                Err(source) => return Err(EngineError::Home { path: p, source }),
+            }
+        }
+        remove_baselines(&dir);
+        self.db
+            .set_sandbox_layers(&rec.id, &snap.layers, &manifest.services, Some(&snap.id))?;
+        self.db
+            .transition(&rec.id, SandboxState::Exited, SandboxState::Creating, None)?;
+        let (pid, start) = crate::sandboxes::me();
+        self.db.set_owner(&rec.id, pid, start)?;
+        let mut fresh = self.sandbox(&rec.id)?;
+        let spec = self.spec(&fresh)?;
+        let process = match self.driver_of(&fresh).start(&spec) {
+            Ok(p) => p,
+            Err(e) => {
+                let _ = self.db.transition(
+                    &rec.id,
+                    SandboxState::Creating,
+                    SandboxState::Exited,
+                    Some("reset failed"),
+                );
+                return Err(e.into());
+            }
+        };
+        self.db.set_running(&rec.id, process.pid, process.start_time)?;
+        fresh.state = SandboxState::Running;
+        fresh.pid = Some(process.pid);
+        fresh.pid_start = Some(process.start_time);
+        self.after_start(&fresh, true)?;
+        Ok(fresh)
+    }
+
+    /// Forgets a snapshot. Its layers and chunks stay while anything else
+    /// uses them; `cairn gc` reclaims the rest.
+    pub fn remove_snapshot(&mut self, snap: &SnapshotRecord) -> Result<(), EngineError> {
+        Ok(self.db.delete_snapshot(&snap.id)?)
+    }
+
+    /// Sweeps the chunk store (under the exclusive store lock): everything
+    /// not reachable from a live layer or snapshot goes, including partial
+    /// writes of interrupted snapshots.
+    pub(crate) fn collect_chunks(&self, referenced: &HashSet<String>) -> Result<cairn_store::GcReport, EngineError> {
+        let mut live: Vec<ChunkHash> = Vec::new();
+        for l in referenced {
+            let id = layer_id(l)?;
+            let context = ReadContext::new().owner("layer", *id.as_hash());
+            let index: LayerIndex = self
+                .store
+                .get_object(id.as_hash(), &context)
+                .map_err(SnapshotError::from)?;
+            live.push(*id.as_hash());
+            live.extend(index.referenced_chunks());
+        }
+        for snap in self.db.snapshots()? {
+            if let Ok(h) = snap.id.parse() {
+                live.push(h);
+            }
+        }
+        Ok(cairn_store::collect_garbage(self.store.backend(), live, Duration::ZERO).map_err(SnapshotError::from)?)
+    }
+}
+
+fn read_baseline(path: &Path) -> Option<Baseline> {
+    let bytes = fs::read(path).ok()?;
+    cairn_store::frame::decode(&bytes).ok()
+}
+
+/// Replaces the sandbox's baseline with the one for `snapshot`, atomically.
+fn write_baseline(dir: &Path, snapshot: &str, baseline: &Baseline) {
+    let Ok(bytes) = cairn_store::frame::encode(baseline) else {
+        return;
+    };
+    let tmp = dir.join(".baseline.tmp");
+    if fs::write(&tmp, bytes).is_ok() && fs::rename(&tmp, dir.join(format!("baseline-{snapshot}"))).is_ok() {
+        if let Ok(entries) = fs::read_dir(dir) {
+            for e in entries.flatten() {
+                let name = e.file_name().to_string_lossy().into_owned();
+                if name.starts_with("baseline-") && name != format!("baseline-{snapshot}") {
+                    let _ = fs::remove_file(e.path());
+                }
+            }
+        }
+    }
+}
+
+fn remove_baselines(dir: &Path) {
+    if let Ok(entries) = fs::read_dir(dir) {
+        for e in entries.flatten() {
+            if e.file_name().to_string_lossy().starts_with("baseline-") {
+                let _ = fs::remove_file(e.path());
+            }
+        }
+    }
+}
