@@ -40,8 +40,19 @@ pub struct Home {
 fn busybox_layer() -> &'static Path {
     static LAYER: OnceLock<PathBuf> = OnceLock::new();
     LAYER.get_or_init(|| {
-        // Kept between runs under the target directory; built when missing.
+        // Kept between runs under the target directory; rebuilt when missing
+        // or written by an older build.
         let shared = Path::new(env!("CARGO_TARGET_TMPDIR")).join("busybox-home");
+        let layer_of = || -> Option<PathBuf> {
+            let out = Command::new(CAIRN).args(["image", "ls", "--json"]).env("CAIRN_HOME", &shared).output().ok()?;
+            let images: serde_json::Value = serde_json::from_slice(&out.stdout).ok()?;
+            let layer = images.as_array()?.iter().find(|i| i["name"] == "busybox")?["layers"][0].as_str()?.to_string();
+            Some(shared.join("layers").join(layer)).filter(|p| p.is_dir())
+        };
+        if let Some(layer) = layer_of() {
+            return layer;
+        }
+        let _ = std::fs::remove_dir_all(&shared);
         let out = Command::new(CAIRN)
             .args(["image", "build", "busybox"])
             .env("CAIRN_HOME", &shared)
@@ -49,13 +60,7 @@ fn busybox_layer() -> &'static Path {
             .output()
             .expect("run cairn");
         assert!(out.status.success(), "building busybox failed");
-        let layers = shared.join("layers");
-        let layer = std::fs::read_dir(&layers)
-            .unwrap()
-            .flatten()
-            .find(|e| !e.file_name().to_string_lossy().starts_with('.'))
-            .unwrap();
-        layer.path()
+        layer_of().expect("the busybox image just built")
     })
 }
 
