@@ -44,9 +44,15 @@ fn busybox_layer() -> &'static Path {
         // or written by an older build.
         let shared = Path::new(env!("CARGO_TARGET_TMPDIR")).join("busybox-home");
         let layer_of = || -> Option<PathBuf> {
-            let out = Command::new(CAIRN).args(["image", "ls", "--json"]).env("CAIRN_HOME", &shared).output().ok()?;
+            let out = Command::new(CAIRN)
+                .args(["image", "ls", "--json"])
+                .env("CAIRN_HOME", &shared)
+                .output()
+                .ok()?;
             let images: serde_json::Value = serde_json::from_slice(&out.stdout).ok()?;
-            let layer = images.as_array()?.iter().find(|i| i["name"] == "busybox")?["layers"][0].as_str()?.to_string();
+            let layer = images.as_array()?.iter().find(|i| i["name"] == "busybox")?["layers"][0]
+                .as_str()?
+                .to_string();
             Some(shared.join("layers").join(layer)).filter(|p| p.is_dir())
         };
         if let Some(layer) = layer_of() {
@@ -149,4 +155,95 @@ pub fn stdout(o: &Output) -> String {
 
 pub fn stderr(o: &Output) -> String {
     String::from_utf8_lossy(&o.stderr).into_owned()
+}
+
+/// One entry of a sandbox's file tree as the host sees it through
+/// `/proc/PID/root`: everything a snapshot must keep.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Seen {
+    pub kind: &'static str,
+    pub mode: u32,
+    pub uid: u32,
+    pub gid: u32,
+    pub size: u64,
+    pub nlink: u64,
+    pub mtime: (i64, i64),
+    pub target: Option<PathBuf>,
+    pub content: Option<String>,
+    pub xattrs: Vec<(String, Vec<u8>)>,
+}
+
+/// The sandbox's tree (without /proc, /sys, /dev), keyed by path.
+pub fn tree(init_pid: i32) -> std::collections::BTreeMap<String, Seen> {
+    use std::os::unix::fs::{FileTypeExt, MetadataExt};
+    let root = PathBuf::from(format!("/proc/{init_pid}/root"));
+    let mut out = std::collections::BTreeMap::new();
+    let mut stack = vec![root.clone()];
+    while let Some(dir) = stack.pop() {
+        for e in std::fs::read_dir(&dir).unwrap().flatten() {
+            let path = e.path();
+            let rel = path.strip_prefix(&root).unwrap().to_string_lossy().into_owned();
+            if ["proc", "sys", "dev"].contains(&rel.as_str()) {
+                continue;
+            }
+            let md = std::fs::symlink_metadata(&path).unwrap();
+            let ft = md.file_type();
+            let kind = if ft.is_dir() {
+                stack.push(path.clone());
+                "dir"
+            } else if ft.is_symlink() {
+                "symlink"
+            } else if ft.is_fifo() {
+                "fifo"
+            } else if ft.is_file() {
+                "file"
+            } else {
+                "other"
+            };
+            let content = ft
+                .is_file()
+                .then(|| blake3::hash(&std::fs::read(&path).unwrap()).to_hex().to_string());
+            let mut xattrs: Vec<(String, Vec<u8>)> = if ft.is_symlink() {
+                Vec::new()
+            } else {
+                xattr::list(&path)
+                    .map(|names| {
+                        names
+                            .filter_map(|n| {
+                                let n = n.to_string_lossy().into_owned();
+                                n.starts_with("user.")
+                                    .then(|| (n.clone(), xattr::get(&path, &n).ok().flatten().unwrap_or_default()))
+                            })
+                            .collect()
+                    })
+                    .unwrap_or_default()
+            };
+            xattrs.sort();
+            out.insert(
+                rel,
+                Seen {
+                    kind,
+                    mode: md.mode(),
+                    uid: md.uid(),
+                    gid: md.gid(),
+                    size: if ft.is_dir() { 0 } else { md.size() },
+                    nlink: if ft.is_dir() { 0 } else { md.nlink() },
+                    mtime: (md.mtime(), md.mtime_nsec()),
+                    target: ft.is_symlink().then(|| std::fs::read_link(&path).unwrap()),
+                    content,
+                    xattrs,
+                },
+            );
+        }
+    }
+    out
+}
+
+/// cairn-init's host pid for a sandbox.
+pub fn init_pid(home: &Home, id: &str) -> i32 {
+    home.ps()
+        .iter()
+        .find(|s| s["id"] == id)
+        .and_then(|s| s["pid"].as_i64())
+        .expect("a running sandbox") as i32
 }

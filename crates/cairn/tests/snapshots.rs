@@ -1,0 +1,371 @@
+//! End-to-end: snapshots, forks, restores and resets of real sandboxes.
+
+mod common;
+
+use std::process::Stdio;
+use std::time::Duration;
+
+use common::{init_pid, skip, stderr, tree, Home};
+
+/// Changes through the sandbox that exercise every overlay case.
+const FIRST_ROUND: &str = r#"
+set -e
+rm /bin/vi                                     # whiteout over an image file
+rm -rf /var && mkdir -p /var/new && echo v > /var/new/f   # opaque directory
+mv /etc/hosts /etc/hosts.moved                 # rename of an image file
+mkdir -p /d1/sub && echo a > /d1/sub/f && mv /d1 /d2      # rename of a new directory
+rm -rf /root && echo file > /root              # directory replaced by a file
+rm /etc/group && mkdir /etc/group && echo x > /etc/group/inner   # file replaced by a directory
+echo h > /h1 && ln /h1 /h2 && ln /h1 /tmp/h3   # hard links
+ln -s /etc/passwd /link && ln -s /nowhere /dangling       # symlinks
+mkfifo /fifo
+mkdir -p /data && echo owned > /data/owned && chown 1234:5678 /data/owned && chmod 4750 /data/owned
+echo old > /data/old && touch -d '2001-02-03 04:05:06' /data/old
+dd if=/dev/zero of=/data/sparse bs=1 count=0 seek=100M 2>/dev/null
+echo middle | dd of=/data/sparse bs=1M seek=50 conv=notrunc 2>/dev/null
+: > /data/empty
+mkdir '/data/ünïcødé dir' && echo u > '/data/ünïcødé dir/ファイル'
+touch "/data/$(printf 'n%.0s' $(seq 255))"
+dd if=/dev/urandom of=/data/random bs=64k count=40 2>/dev/null
+"#;
+
+/// Changes after the first snapshot: the second, incremental, snapshot must
+/// carry deletions of things the first one holds.
+const SECOND_ROUND: &str = r#"
+set -e
+rm /h2 /dangling /fifo                         # delete what snapshot 1 holds
+rm -rf /d2                                     # and a whole directory of it
+echo changed > /var/new/f                      # change a file of snapshot 1
+rm /bin/sh.static 2>/dev/null || true
+rm /bin/ls                                     # a new whiteout over the image
+mkdir -p /var/new/deeper && echo deep > /var/new/deeper/f
+chmod 600 /data/old                            # metadata-only change
+dd if=/dev/urandom of=/data/random bs=64k count=1 seek=3 conv=notrunc 2>/dev/null
+"#;
+
+#[test]
+fn every_overlay_case_round_trips_through_two_snapshots_and_a_fork() {
+    if skip("every_overlay_case_round_trips_through_two_snapshots_and_a_fork") {
+        return;
+    }
+    let home = Home::new();
+    let id = home.ok(&["create"]);
+    let out = home.cairn(&["exec", &id, "--", "sh", "-c", FIRST_ROUND]);
+    assert!(out.status.success(), "{}", stderr(&out));
+    // An xattr, set through the sandbox's root from the host (busybox has no setfattr).
+    let pid = init_pid(&home, &id);
+    xattr::set(format!("/proc/{pid}/root/data/owned"), "user.origin", b"test").unwrap();
+
+    let first = home.ok(&["snapshot", &id, "--label", "first"]);
+    let fork1 = home.ok(&["fork", &first]);
+    let source = tree(pid);
+    let forked = tree(init_pid(&home, &fork1));
+    assert_trees_equal(&source, &forked);
+    assert_eq!(source["h1"].nlink, 3);
+    assert_eq!(
+        source["data/owned"].xattrs,
+        vec![("user.origin".to_string(), b"test".to_vec())]
+    );
+    assert!(!source.contains_key("bin/vi"));
+
+    let out = home.cairn(&["exec", &id, "--", "sh", "-c", SECOND_ROUND]);
+    assert!(out.status.success(), "{}", stderr(&out));
+    let second = home.ok(&["snapshot", &id]);
+    let snaps: serde_json::Value = serde_json::from_str(&home.ok(&["snapshots", "--json"])).unwrap();
+    let second_rec = snaps
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|s| s["id"] == second.as_str())
+        .unwrap();
+    assert_eq!(second_rec["parent_id"], first.as_str());
+    // Incremental: only the changes were stored, not the 2.5 MB of the first round again.
+    assert!(second_rec["stored_bytes"].as_u64().unwrap() < 1_200_000, "{second_rec}");
+
+    let fork2 = home.ok(&["fork", &second]);
+    let source = tree(pid);
+    let forked = tree(init_pid(&home, &fork2));
+    assert_trees_equal(&source, &forked);
+    for gone in ["h2", "dangling", "fifo", "d2", "bin/ls"] {
+        assert!(!forked.contains_key(gone), "{gone} came back in the fork");
+    }
+    assert_eq!(forked["h1"].nlink, 2);
+    assert!(forked.contains_key("var/new/deeper/f"));
+}
+
+fn assert_trees_equal(
+    a: &std::collections::BTreeMap<String, common::Seen>,
+    b: &std::collections::BTreeMap<String, common::Seen>,
+) {
+    let only_a: Vec<&String> = a.keys().filter(|k| !b.contains_key(*k)).collect();
+    let only_b: Vec<&String> = b.keys().filter(|k| !a.contains_key(*k)).collect();
+    assert!(
+        only_a.is_empty() && only_b.is_empty(),
+        "only in source: {only_a:?}; only in fork: {only_b:?}"
+    );
+    for (path, seen) in a {
+        assert_eq!(seen, &b[path], "{path} differs");
+    }
+}
+
+#[test]
+fn forks_diverge_and_reset_rewinds() {
+    if skip("forks_diverge_and_reset_rewinds") {
+        return;
+    }
+    let home = Home::new();
+    let id = home.ok(&["create", "--name", "origin"]);
+    home.ok(&[
+        "exec",
+        &id,
+        "--",
+        "sh",
+        "-c",
+        "echo base > /shared; echo keep > /deleted-later",
+    ]);
+    let snap = home.ok(&["snapshot", &id, "--label", "start"]);
+    let forks: Vec<String> = home
+        .ok(&["fork", "start", "-n", "3"])
+        .lines()
+        .map(str::to_string)
+        .collect();
+    assert_eq!(forks.len(), 3);
+    for (i, f) in forks.iter().enumerate() {
+        home.ok(&[
+            "exec",
+            f,
+            "--",
+            "sh",
+            "-c",
+            &format!("echo fork{i} > /shared; echo {i} > /mine-{i}"),
+        ]);
+    }
+    for (i, f) in forks.iter().enumerate() {
+        assert_eq!(home.ok(&["exec", f, "--", "cat", "/shared"]), format!("fork{i}"));
+        let listing = home.ok(&["exec", f, "--", "sh", "-c", "ls / | grep mine- || true"]);
+        assert_eq!(listing, format!("mine-{i}"), "fork {i} sees another fork's files");
+    }
+    assert_eq!(home.ok(&["exec", &id, "--", "cat", "/shared"]), "base");
+
+    // Reset: files created after the snapshot go, deleted ones come back.
+    home.ok(&[
+        "exec",
+        &id,
+        "--",
+        "sh",
+        "-c",
+        "echo later > /created-later; rm /deleted-later; echo x > /shared",
+    ]);
+    home.ok(&["exec", "-d", &id, "--", "sleep", "1000"]);
+    assert_eq!(home.ok(&["reset", "origin", &snap[..10]]), id);
+    let after = home.ok(&[
+        "exec",
+        &id,
+        "--",
+        "sh",
+        "-c",
+        "ls /created-later 2>&1; cat /deleted-later /shared",
+    ]);
+    assert!(after.contains("No such file"), "{after}");
+    assert!(after.ends_with("keep\nbase"), "{after}");
+    let procs = home.ok(&["exec", &id, "--", "sh", "-c", "ps -o comm | grep -cx sleep || true"]);
+    assert_eq!(procs, "0", "the old processes survived the reset");
+    assert_eq!(
+        home.ps().iter().find(|s| s["id"] == id.as_str()).unwrap()["name"],
+        "origin"
+    );
+}
+
+#[test]
+fn a_snapshot_taken_while_a_process_writes_is_consistent_and_the_process_goes_on() {
+    if skip("a_snapshot_taken_while_a_process_writes_is_consistent_and_the_process_goes_on") {
+        return;
+    }
+    let home = Home::new();
+    let id = home.ok(&["create"]);
+    // Shell builtins only: a and b are written in turn with the same number.
+    home.ok(&[
+        "exec",
+        "-d",
+        &id,
+        "--",
+        "sh",
+        "-c",
+        "i=0; while true; do i=$((i+1)); echo $i > /a; echo $i > /b; done",
+    ]);
+    std::thread::sleep(Duration::from_millis(200));
+    let mut last = 0u64;
+    for _ in 0..8 {
+        let snap = home.ok(&["snapshot", &id]);
+        let fork = home.ok(&["restore", &snap]);
+        let out = home.cairn(&["exec", &fork, "--", "cat", "/a", "/b"]);
+        let ab = common::stdout(&out);
+        let (a, b) = ab.split_once('\n').unwrap_or((&ab, ""));
+        let (a, b): (u64, u64) = (a.trim().parse().unwrap_or(0), b.trim().parse().unwrap_or(0));
+        // Frozen between the two writes or after both: b is a or a - 1 (an
+        // empty file is a write caught between truncate and write).
+        assert!(
+            b == a || b + 1 == a || a == 0 || b == 0,
+            "inconsistent snapshot: a={a} b={b}"
+        );
+        home.ok(&["rm", "-f", &fork]);
+        let now = counter(&home, &id);
+        assert!(now >= last, "the writer went backwards");
+        last = now;
+    }
+    std::thread::sleep(Duration::from_millis(100));
+    let later = counter(&home, &id);
+    assert!(
+        later > last,
+        "the writer stopped after the snapshots ({later} <= {last})"
+    );
+}
+
+/// The writer's counter (a read can land between truncate and write).
+fn counter(home: &Home, id: &str) -> u64 {
+    (0..100)
+        .find_map(|_| home.ok(&["exec", id, "--", "cat", "/b"]).parse().ok())
+        .expect("the counter file stays readable")
+}
+
+#[test]
+fn a_killed_snapshot_leaves_only_restorable_snapshots_and_gc_reclaims_its_chunks() {
+    if skip("a_killed_snapshot_leaves_only_restorable_snapshots_and_gc_reclaims_its_chunks") {
+        return;
+    }
+    let home = Home::new();
+    let id = home.ok(&["create"]);
+    for round in 0..8u64 {
+        home.ok(&[
+            "exec",
+            &id,
+            "--",
+            "sh",
+            "-c",
+            &format!("dd if=/dev/urandom of=/f{round} bs=1M count=4 2>/dev/null"),
+        ]);
+        let mut child = home
+            .command(&["snapshot", &id])
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .unwrap();
+        std::thread::sleep(Duration::from_millis(5 + round * 9));
+        let _ = child.kill();
+        let _ = child.wait();
+    }
+    // The sandbox is not left frozen: it answers.
+    assert_eq!(home.ok(&["exec", &id, "--", "echo", "alive"]), "alive");
+    let snaps: serde_json::Value = serde_json::from_str(&home.ok(&["snapshots", "--json"])).unwrap();
+    for s in snaps.as_array().unwrap() {
+        let fork = home.ok(&["restore", s["id"].as_str().unwrap()]);
+        home.ok(&["exec", &fork, "--", "ls", "/"]);
+        home.ok(&["rm", "-f", &fork]);
+    }
+    let report: serde_json::Value = serde_json::from_str(&home.ok(&["gc", "--json"])).unwrap();
+    let tmp = home.path().join("store/tmp");
+    let leftovers = std::fs::read_dir(&tmp).map(|d| d.count()).unwrap_or(0);
+    assert_eq!(leftovers, 0, "partial writes survived gc: {report}");
+    // What gc kept is still enough: every snapshot restores from the store alone.
+    std::fs::remove_dir_all(home.path().join("layers")).unwrap();
+    for s in snaps.as_array().unwrap() {
+        let fork = home.ok(&["restore", s["id"].as_str().unwrap()]);
+        home.ok(&["rm", "-f", &fork]);
+    }
+    // A final complete snapshot works.
+    home.ok(&["snapshot", &id]);
+}
+
+#[test]
+fn a_flipped_byte_in_a_chunk_makes_restore_fail_with_a_clear_error() {
+    if skip("a_flipped_byte_in_a_chunk_makes_restore_fail_with_a_clear_error") {
+        return;
+    }
+    let home = Home::new();
+    let id = home.ok(&["create"]);
+    home.ok(&[
+        "exec",
+        &id,
+        "--",
+        "sh",
+        "-c",
+        "dd if=/dev/urandom of=/payload bs=1M count=2 2>/dev/null",
+    ]);
+    let snap = home.ok(&["snapshot", &id]);
+    // Another host: nothing materialised locally; everything comes from the store.
+    std::fs::remove_dir_all(home.path().join("layers")).unwrap();
+    let mut objects: Vec<(u64, std::path::PathBuf)> = Vec::new();
+    let mut stack = vec![home.path().join("store/objects")];
+    while let Some(d) = stack.pop() {
+        for e in std::fs::read_dir(d).unwrap().flatten() {
+            if e.path().is_dir() {
+                stack.push(e.path());
+            } else {
+                objects.push((e.metadata().unwrap().len(), e.path()));
+            }
+        }
+    }
+    objects.sort();
+    let (_, biggest) = objects.last().unwrap();
+    let mut bytes = std::fs::read(biggest).unwrap();
+    let mid = bytes.len() / 2;
+    bytes[mid] ^= 0x55;
+    std::fs::write(biggest, bytes).unwrap();
+    let before = home.ps().len();
+    let out = home.cairn(&["restore", &snap]);
+    assert_eq!(out.status.code(), Some(125));
+    let err = stderr(&out);
+    assert!(err.contains("corrupt") || err.contains("does not decompress"), "{err}");
+    assert!(
+        err.contains("payload") || err.contains("layer"),
+        "the error names neither file nor layer: {err}"
+    );
+    assert_eq!(home.ps().len(), before, "a failed restore left a sandbox");
+}
+
+#[test]
+fn services_come_back_in_every_fork() {
+    if skip("services_come_back_in_every_fork") {
+        return;
+    }
+    let home = Home::new();
+    let id = home.ok(&[
+        "create",
+        "--service",
+        "while true; do date +%s >> /tmp/ticks; sleep 0.1; done",
+    ]);
+    std::thread::sleep(Duration::from_millis(300));
+    let forks: Vec<String> = home.ok(&["fork", &id, "-n", "2"]).lines().map(str::to_string).collect();
+    std::thread::sleep(Duration::from_millis(500));
+    for f in &forks {
+        let ps = home.ok(&["exec", f, "--", "ps"]);
+        assert!(ps.contains("date +%s"), "no service in fork {f}: {ps}");
+        let before = home.ok(&["exec", f, "--", "wc", "-l", "/tmp/ticks"]);
+        std::thread::sleep(Duration::from_millis(400));
+        let after = home.ok(&["exec", f, "--", "wc", "-l", "/tmp/ticks"]);
+        assert_ne!(before, after, "the service in fork {f} is not running");
+    }
+}
+
+#[test]
+fn snapshot_commands_refuse_bad_input_and_change_nothing() {
+    if skip("snapshot_commands_refuse_bad_input_and_change_nothing") {
+        return;
+    }
+    let home = Home::new();
+    let id = home.ok(&["create"]);
+    for (args, needle) in [
+        (vec!["snapshot", "nosuchbox"], "no sandbox matches"),
+        (vec!["restore", "feedbeef"], "no snapshot matches"),
+        (vec!["fork", "nosuch"], "no snapshot matches"),
+        (vec!["fork", id.as_str(), "-n", "0"], "at least 1"),
+        (vec!["snapshot", id.as_str(), "--label", ""], "invalid label"),
+        (vec!["reset", id.as_str(), "feedbeef"], "no snapshot matches"),
+    ] {
+        let out = home.cairn(&args);
+        assert_eq!(out.status.code(), Some(125), "{args:?}");
+        assert!(stderr(&out).contains(needle), "{args:?}: {}", stderr(&out));
+    }
+    assert_eq!(home.ps().len(), 1);
+    assert_eq!(home.ok(&["snapshots", "--json"]), "[]");
+}
