@@ -26,6 +26,12 @@ pub enum Which {
     Cp,
     /// Sandbox starts per second with every core busy.
     Throughput,
+    /// Snapshot after a 1 MB change; small sandbox and one over a 2 GiB lower layer.
+    Snapshot,
+    /// Fork of a live sandbox to first command output; both sizes.
+    Fork,
+    /// Restore of a snapshot to first command output; both sizes; disk used by 100 forks.
+    Restore,
 }
 
 #[derive(Debug, Serialize)]
@@ -73,6 +79,7 @@ pub fn run(user_home: Home, which: &[Which], runs: usize, json: bool) -> Result<
             Which::Exec => bench.exec(runs),
             Which::Cp => bench.copy(runs.min(20)),
             Which::Throughput => bench.throughput(),
+            Which::Snapshot | Which::Fork | Which::Restore => bench.snapshots(*w, runs.min(30)),
         };
         results.extend(r?);
     }
@@ -423,6 +430,180 @@ impl Bench {
             false,
         );
         Ok(vec![api, cli])
+    }
+}
+
+/// A running sandbox and a snapshot of it, small or over a 2 GiB layer.
+struct Scenario {
+    name: &'static str,
+    sandbox: cairn_engine::SandboxRecord,
+    snapshot: cairn_engine::SnapshotRecord,
+}
+
+impl Bench {
+    fn scenario(&self, engine: &mut Engine, big: bool) -> Result<Scenario> {
+        let echo = |engine: &Engine, rec: &cairn_engine::SandboxRecord, cmd: &str| -> Result<()> {
+            let req = ExecRequest {
+                argv: vec!["sh".into(), "-c".into(), cmd.into()],
+                ..ExecRequest::default()
+            };
+            let start = engine.exec(rec, req)?.map_err(|f| anyhow::anyhow!(f.message))?;
+            match start.session.wait(&mut io::sink(), &mut io::sink())? {
+                Some(s) if s.code == Some(0) => Ok(()),
+                other => bail!("`{cmd}` failed in the sandbox: {other:?}"),
+            }
+        };
+        // Both scenarios have the same shape (a file in a lower layer from a
+        // snapshot, a running sandbox over it), so only the size differs.
+        let mut rec = engine.create_sandbox(&CreateOptions::default(), &Silent)?;
+        let count = if big { 2048 } else { 1 };
+        if big {
+            eprintln!("cairn bench: writing a 2 GiB file and snapshotting it (once)");
+        }
+        echo(
+            engine,
+            &rec,
+            &format!("mkdir -p /work && dd if=/dev/urandom of=/work/lower bs=1M count={count} 2>/dev/null"),
+        )?;
+        let lower = engine.snapshot(&rec, None)?;
+        let old = rec;
+        rec = engine.restore(&lower, &CreateOptions::default())?;
+        let old = engine.sandbox(&old.id)?;
+        engine.remove_sandbox(&old, true)?;
+        echo(engine, &rec, "seq 1 10000 > /work/small")?;
+        let snapshot = engine.snapshot(&rec, None)?;
+        Ok(Scenario {
+            name: if big { "2 GiB lower layer" } else { "1 MiB lower layer" },
+            sandbox: rec,
+            snapshot,
+        })
+    }
+
+    /// Time from asking to the first byte of `echo`'s output in `rec`.
+    fn first_echo(engine: &Engine, rec: &cairn_engine::SandboxRecord) -> Result<()> {
+        let req = ExecRequest {
+            argv: vec!["echo".into(), "hi".into()],
+            ..ExecRequest::default()
+        };
+        let start = engine.exec(rec, req)?.map_err(|f| anyhow::anyhow!(f.message))?;
+        let mut first = FirstByte(false);
+        start.session.wait(&mut first, &mut io::sink())?;
+        if !first.0 {
+            bail!("echo printed nothing");
+        }
+        Ok(())
+    }
+
+    fn snapshots(&self, which: Which, runs: usize) -> Result<Vec<Measurement>> {
+        let mut engine = self.engine()?;
+        let mut out = Vec::new();
+        let mut medians = Vec::new();
+        for big in [false, true] {
+            let sc = self.scenario(&mut engine, big)?;
+            let mut samples = Vec::with_capacity(runs);
+            let mut stored = Vec::new();
+            for _ in 0..runs {
+                match which {
+                    Which::Snapshot => {
+                        let req = ExecRequest {
+                            argv: vec![
+                                "sh".into(),
+                                "-c".into(),
+                                "dd if=/dev/urandom of=/work/change bs=1M count=1 2>/dev/null".into(),
+                            ],
+                            ..ExecRequest::default()
+                        };
+                        let start = engine.exec(&sc.sandbox, req)?.map_err(|f| anyhow::anyhow!(f.message))?;
+                        start.session.wait(&mut io::sink(), &mut io::sink())?;
+                        let t0 = Instant::now();
+                        let snap = engine.snapshot(&engine.sandbox(&sc.sandbox.id)?, None)?;
+                        samples.push(t0.elapsed().as_secs_f64() * 1e3);
+                        stored.push(snap.stored_bytes as f64 / 1e6);
+                    }
+                    Which::Fork => {
+                        let t0 = Instant::now();
+                        let (_, forks) = engine.fork(&sc.sandbox.id, 1, &CreateOptions::default())?;
+                        Self::first_echo(&engine, &forks[0])?;
+                        samples.push(t0.elapsed().as_secs_f64() * 1e3);
+                        let f = engine.sandbox(&forks[0].id)?;
+                        engine.remove_sandbox(&f, true)?;
+                    }
+                    _ => {
+                        let t0 = Instant::now();
+                        let rec = engine.restore(&sc.snapshot, &CreateOptions::default())?;
+                        Self::first_echo(&engine, &rec)?;
+                        samples.push(t0.elapsed().as_secs_f64() * 1e3);
+                        let rec = engine.sandbox(&rec.id)?;
+                        engine.remove_sandbox(&rec, true)?;
+                    }
+                }
+            }
+            let (label, target) = match which {
+                Which::Snapshot => ("snapshot after a 1 MB change", 20.0),
+                Which::Fork => ("fork a live sandbox to first output", 15.0),
+                _ => ("restore a snapshot to first output", 15.0),
+            };
+            let m = summarize(&format!("{label} ({})", sc.name), "ms", samples, Some(target), true);
+            medians.push(m.median);
+            out.push(m);
+            if which == Which::Snapshot {
+                out.push(summarize(
+                    &format!("stored per 1 MB-change snapshot ({})", sc.name),
+                    "MB",
+                    stored,
+                    Some(1.05),
+                    true,
+                ));
+            }
+            if which == Which::Restore && big {
+                out.push(self.hundred_forks(&mut engine, &sc)?);
+            }
+            let rec = engine.sandbox(&sc.sandbox.id)?;
+            engine.remove_sandbox(&rec, true)?;
+        }
+        eprintln!(
+            "cairn bench: {which:?} 2 GiB / small median ratio {:.2} (target <= 1.2)",
+            medians[1] / medians[0]
+        );
+        Ok(out)
+    }
+
+    /// Disk space 100 live forks of the 2 GiB snapshot take.
+    fn hundred_forks(&self, engine: &mut Engine, sc: &Scenario) -> Result<Measurement> {
+        let free = || -> Result<u64> {
+            let st = nix::sys::statvfs::statvfs(self.home.path())?;
+            Ok(st.blocks_available() as u64 * st.fragment_size() as u64)
+        };
+        let before = free()?;
+        let mut forks = Vec::new();
+        for _ in 0..100 {
+            forks.push(engine.restore(&sc.snapshot, &CreateOptions::default())?);
+        }
+        let used = before.saturating_sub(free()?) as f64 / 1e6;
+        for f in forks {
+            let f = engine.sandbox(&f.id)?;
+            engine.remove_sandbox(&f, true)?;
+        }
+        Ok(summarize(
+            "disk added by 100 forks of the 2 GiB snapshot",
+            "MB",
+            vec![used],
+            Some(50.0),
+            true,
+        ))
+    }
+}
+
+/// Records whether anything was written.
+struct FirstByte(bool);
+
+impl Write for FirstByte {
+    fn write(&mut self, buf: &[u8]) -> io::Result<usize> {
+        self.0 |= !buf.is_empty();
+        Ok(buf.len())
+    }
+    fn flush(&mut self) -> io::Result<()> {
+        Ok(())
     }
 }
 
