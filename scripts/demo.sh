@@ -36,7 +36,27 @@ set -e
 say "isolation: no mounting, only its own processes"
 $cairn exec demo -- sh -c 'mount -t tmpfs none /mnt 2>&1 || true; ls /proc | grep -c "^[0-9]"'
 
+say "snapshot: prepare once (an 'index'), fork three hypotheses from it"
+$cairn exec demo -- sh -c 'seq 1 200000 | sort -rn > /work/index'
+snap=$($cairn snapshot demo --label indexed)
+forks=$($cairn fork indexed -n 3)
+i=0
+for f in $forks; do
+  i=$((i + 1))
+  $cairn exec "$f" -- sh -c "head -n $i /work/index | tail -n 1 > /work/answer; echo fork $i: \$(cat /work/answer)"
+done
+
+say "a step corrupts the sandbox; reset rewinds it"
+$cairn exec demo -- sh -c 'rm -rf /work; ls /work 2>&1 || true'
+$cairn reset demo indexed >/dev/null
+$cairn exec demo -- sh -c 'wc -l /work/index'
+
+say "lineage"
+$cairn snapshot demo --label after-reset >/dev/null
+$cairn snapshots --tree
+
 say "clean up"
-$cairn rm -f "$id"
+$cairn rm -f "$id" $forks
+$cairn snapshot rm "$snap" after-reset >/dev/null
 $cairn gc
 echo "state directory: $CAIRN_HOME"

@@ -179,7 +179,7 @@ impl Engine {
         }
         let (layer, next_baseline) = captured.map_err(SnapshotError::from)?;
         // A snapshot with no change adds no layer.
-        let unchanged = baseline.is_some() && layer.index.entries.len() == 1;
+        let unchanged = layer.index.entries.len() == 1;
         let mut layers: Vec<LayerId> = Vec::with_capacity(below.len() + 1);
         if !unchanged {
             layers.push(layer.id);
