@@ -17,7 +17,7 @@
 
 use std::fs;
 use std::io::Write;
-use std::os::fd::{FromRawFd, RawFd};
+use std::os::fd::{AsRawFd, FromRawFd, RawFd};
 use std::os::unix::fs::PermissionsExt;
 use std::path::Path;
 
@@ -108,16 +108,7 @@ fn setup_root(plan: &NativeSetup) -> Step<()> {
         ),
         || "make mounts private".into(),
     )?;
-    ctx(
-        mount(
-            Some("overlay"),
-            root,
-            Some("overlay"),
-            MsFlags::empty(),
-            Some(plan.overlay_options.as_str()),
-        ),
-        || format!("mount the overlay root ({})", plan.overlay_options),
-    )?;
+    mount_overlay(plan, root)?;
     mount_proc(root)?;
     mount_dev(root)?;
     let sys = root.join("sys");
@@ -151,6 +142,116 @@ fn setup_root(plan: &NativeSetup) -> Step<()> {
     for filter in &plan.seccomp {
         install_seccomp(filter)?;
     }
+    Ok(())
+}
+
+/// Mounts the overlay root. The new mount API takes the layers one by one
+/// (`lowerdir+`, Linux 6.8), so a chain of any depth up to overlayfs' own
+/// limit fits; older kernels get the classic mount, whose options must fit
+/// in one page.
+fn mount_overlay(plan: &NativeSetup, root: &Path) -> Step<()> {
+    match mount_overlay_fsconfig(plan, root) {
+        Ok(()) => return Ok(()),
+        // No new mount API, or no `lowerdir+`: fall back.
+        Err(e) if matches!(e.raw_os_error(), Some(libc::ENOSYS) | Some(libc::EINVAL)) => {}
+        Err(e) => {
+            return Err(format!(
+                "mount the overlay root ({} layers): {e}",
+                plan.lower_dirs.len()
+            ))
+        }
+    }
+    let options = format!(
+        "lowerdir={},upperdir={},workdir={}",
+        plan.lower_dirs.join(":"),
+        plan.upper_dir,
+        plan.work_dir
+    );
+    if options.len() >= 4000 {
+        return Err(format!(
+            "{} layers make overlay options longer than this kernel accepts; Linux 6.8 or newer takes up to 500",
+            plan.lower_dirs.len()
+        ));
+    }
+    ctx(
+        mount(
+            Some("overlay"),
+            root,
+            Some("overlay"),
+            MsFlags::empty(),
+            Some(options.as_str()),
+        ),
+        || format!("mount the overlay root ({options})"),
+    )
+}
+
+fn mount_overlay_fsconfig(plan: &NativeSetup, root: &Path) -> std::io::Result<()> {
+    use std::ffi::CString;
+    use std::os::fd::{FromRawFd, OwnedFd};
+    const FSCONFIG_SET_STRING: libc::c_uint = 1;
+    const FSCONFIG_CMD_CREATE: libc::c_uint = 6;
+    const MOVE_MOUNT_F_EMPTY_PATH: libc::c_uint = 0x4;
+    let cstr = |s: &str| CString::new(s).map_err(|_| std::io::Error::from_raw_os_error(libc::EINVAL));
+    let check = |rc: libc::c_long| {
+        if rc < 0 {
+            Err(std::io::Error::last_os_error())
+        } else {
+            Ok(rc)
+        }
+    };
+    let name = cstr("overlay")?;
+    // SAFETY: fsopen takes a NUL-terminated name and flags; the returned fd
+    // is owned below.
+    let fs = unsafe { OwnedFd::from_raw_fd(check(libc::syscall(libc::SYS_fsopen, name.as_ptr(), 1))? as i32) };
+    let set = |key: &str, value: &str| -> std::io::Result<()> {
+        let (k, v) = (cstr(key)?, cstr(value)?);
+        // SAFETY: key and value are NUL-terminated strings alive for the call.
+        check(unsafe {
+            libc::syscall(
+                libc::SYS_fsconfig,
+                fs.as_raw_fd(),
+                FSCONFIG_SET_STRING,
+                k.as_ptr(),
+                v.as_ptr(),
+                0,
+            )
+        })
+        .map(|_| ())
+    };
+    for lower in &plan.lower_dirs {
+        set("lowerdir+", lower)?;
+    }
+    set("upperdir", &plan.upper_dir)?;
+    set("workdir", &plan.work_dir)?;
+    // SAFETY: a command with no key or value.
+    check(unsafe {
+        libc::syscall(
+            libc::SYS_fsconfig,
+            fs.as_raw_fd(),
+            FSCONFIG_CMD_CREATE,
+            std::ptr::null::<u8>(),
+            std::ptr::null::<u8>(),
+            0,
+        )
+    })?;
+    // SAFETY: fsmount takes the configured fs fd and flags (FSMOUNT_CLOEXEC).
+    let mnt = unsafe { OwnedFd::from_raw_fd(check(libc::syscall(libc::SYS_fsmount, fs.as_raw_fd(), 1, 0))? as i32) };
+    let target = cstr(
+        root.to_str()
+            .ok_or_else(|| std::io::Error::from_raw_os_error(libc::EINVAL))?,
+    )?;
+    let empty = cstr("")?;
+    // SAFETY: moves the detached mount `mnt` onto the NUL-terminated target path.
+    check(unsafe {
+        libc::syscall(
+            libc::SYS_move_mount,
+            mnt.as_raw_fd(),
+            empty.as_ptr(),
+            libc::AT_FDCWD,
+            target.as_ptr(),
+            MOVE_MOUNT_F_EMPTY_PATH,
+        )
+    })?;
     Ok(())
 }
 

@@ -324,8 +324,11 @@ pub struct NativeSetup {
     pub cgroup_procs: Vec<String>,
     /// Where to mount the overlay root (a host path).
     pub rootfs: String,
-    /// The overlayfs mount options (lowerdir, upperdir, workdir).
-    pub overlay_options: String,
+    /// Read-only layers, topmost first (host paths).
+    pub lower_dirs: Vec<String>,
+    /// The sandbox's private upper directory and overlayfs' work directory.
+    pub upper_dir: String,
+    pub work_dir: String,
     pub hostname: String,
     /// Bit mask of the capabilities to keep; all others are dropped from
     /// every set, the bounding set included.
@@ -345,7 +348,9 @@ mod setup_tests {
             version: PROTOCOL_VERSION,
             cgroup_procs: vec!["/sys/fs/cgroup/x/cgroup.procs".into()],
             rootfs: "/r".into(),
-            overlay_options: "lowerdir=/a".into(),
+            lower_dirs: vec!["/a".into()],
+            upper_dir: "/u".into(),
+            work_dir: "/w".into(),
             hostname: "h".into(),
             keep_capabilities: 0xff,
             seccomp: vec![vec![(6, 0, 0, 0x7fff0000)]],

@@ -369,3 +369,29 @@ fn snapshot_commands_refuse_bad_input_and_change_nothing() {
     assert_eq!(home.ps().len(), 1);
     assert_eq!(home.ok(&["snapshots", "--json"]), "[]");
 }
+
+#[test]
+fn a_chain_of_seventy_snapshots_still_restores() {
+    if skip("a_chain_of_seventy_snapshots_still_restores") {
+        return;
+    }
+    let home = Home::new();
+    let id = home.ok(&["create"]);
+    let mut last = String::new();
+    for i in 1..=70 {
+        home.ok(&["exec", &id, "--", "sh", "-c", &format!("echo {i} > /f{i}")]);
+        last = home.ok(&["snapshot", &id]);
+    }
+    let snaps: serde_json::Value = serde_json::from_str(&home.ok(&["snapshots", "--json"])).unwrap();
+    let deepest = snaps
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|s| s["id"] == last.as_str())
+        .unwrap();
+    // Past what overlay options in one page can name (about 38 layers here).
+    assert_eq!(deepest["layers"].as_array().unwrap().len(), 71);
+    let fork = home.ok(&["restore", &last]);
+    assert_eq!(home.ok(&["exec", &fork, "--", "sh", "-c", "ls / | grep -c '^f'"]), "70");
+    assert_eq!(home.ok(&["exec", &fork, "--", "cat", "/f1", "/f70"]), "1\n70");
+}

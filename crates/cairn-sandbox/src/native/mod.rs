@@ -59,7 +59,9 @@ impl NativeDriver {
                 .map(|p| path(p))
                 .collect::<Result<_, _>>()?,
             rootfs: path(&spec.dir.join("rootfs"))?,
-            overlay_options: overlay_options(spec)?,
+            lower_dirs: lower_dirs(spec)?,
+            upper_dir: path(&spec.dir.join("upper"))?,
+            work_dir: path(&spec.dir.join("work"))?,
             hostname: spec.hostname.clone(),
             keep_capabilities: caps::keep_mask(),
             seccomp,
@@ -108,37 +110,32 @@ impl NativeDriver {
     }
 }
 
-/// The lower layers, the private upper directory and overlayfs' work
-/// directory, as mount options.
-fn overlay_options(spec: &SandboxSpec) -> Result<String, SandboxError> {
-    let mut lowers = Vec::with_capacity(spec.layers.len());
-    for layer in &spec.layers {
-        let s = layer
-            .to_str()
-            .ok_or_else(|| SandboxError::Start(format!("layer path {} is not UTF-8", layer.display())))?;
-        if s.contains([':', ',', '\\']) {
-            return Err(SandboxError::Start(format!(
-                "layer path {s} contains ':', ',' or '\\', which overlayfs cannot take"
-            )));
-        }
-        lowers.push(s.to_string());
-    }
-    if lowers.is_empty() {
+/// The lower layers as host paths, checked for what overlayfs refuses.
+fn lower_dirs(spec: &SandboxSpec) -> Result<Vec<String>, SandboxError> {
+    if spec.layers.is_empty() {
         return Err(SandboxError::Start("a sandbox needs at least one image layer".into()));
     }
-    let dir = spec
-        .dir
-        .to_str()
-        .ok_or_else(|| SandboxError::Start("the sandbox directory is not UTF-8".into()))?;
-    let options = format!("lowerdir={},upperdir={dir}/upper,workdir={dir}/work", lowers.join(":"));
-    // The kernel takes mount options in one page.
-    if options.len() >= 4000 {
+    // overlayfs stacks at most 500 layers.
+    if spec.layers.len() > 500 {
         return Err(SandboxError::Start(format!(
-            "{} layers make overlay options longer than one page",
-            lowers.len()
+            "{} layers are more than overlayfs stacks (500); flatten the snapshot chain",
+            spec.layers.len()
         )));
     }
-    Ok(options)
+    spec.layers
+        .iter()
+        .map(|layer| {
+            let s = layer
+                .to_str()
+                .ok_or_else(|| SandboxError::Start(format!("layer path {} is not UTF-8", layer.display())))?;
+            if s.contains([':', ',', '\\']) {
+                return Err(SandboxError::Start(format!(
+                    "layer path {s} contains ':', ',' or '\\', which overlayfs cannot take"
+                )));
+            }
+            Ok(s.to_string())
+        })
+        .collect()
 }
 
 /// `P<pid>\n` from init's setup process and `R\n` from PID 1 once it is
