@@ -1,0 +1,60 @@
+//! End-to-end: images built from Debian's tools and imported from tarballs.
+
+mod common;
+
+use std::process::Command;
+
+use common::{skip, stderr, Home};
+
+#[test]
+fn a_debian_image_with_extra_packages_runs_them() {
+    if skip("a_debian_image_with_extra_packages_runs_them") {
+        return;
+    }
+    if Command::new("debootstrap").arg("--version").output().is_err() {
+        eprintln!("SKIPPED a_debian_image_with_extra_packages_runs_them: debootstrap is not installed (apt-get install debootstrap)");
+        return;
+    }
+    let home = Home::new();
+    let out = home.cairn(&["image", "build", "debian", "--packages", "jq", "--name", "deb-jq"]);
+    if !out.status.success() && stderr(&out).contains("Failed getting release file") {
+        eprintln!("SKIPPED a_debian_image_with_extra_packages_runs_them: the Debian mirror is unreachable: {}", stderr(&out));
+        return;
+    }
+    assert!(out.status.success(), "{}", stderr(&out));
+    let got = home.ok(&["run", "--image", "deb-jq", "--", "sh", "-c", "echo '{\"answer\": 42}' | jq .answer; cat /etc/debian_version"]);
+    let mut lines = got.lines();
+    assert_eq!(lines.next(), Some("42"));
+    assert!(lines.next().is_some_and(|v| v.chars().next().is_some_and(|c| c.is_ascii_digit())), "{got}");
+}
+
+#[test]
+fn a_gzipped_tarball_imports_and_a_bad_one_is_refused() {
+    if skip("a_gzipped_tarball_imports_and_a_bad_one_is_refused") {
+        return;
+    }
+    let home = Home::new();
+    let images: serde_json::Value = serde_json::from_str(&home.ok(&["image", "ls", "--json"])).unwrap();
+    let layer = home.path().join("layers").join(images[0]["layers"][0].as_str().unwrap());
+    let work = tempfile::tempdir().unwrap();
+    let tarball = work.path().join("root.tar.gz");
+    let status = Command::new("tar").arg("-C").arg(&layer).arg("-czf").arg(&tarball).arg(".").status().unwrap();
+    assert!(status.success());
+    home.ok(&["image", "import", tarball.to_str().unwrap(), "--name", "fromtar"]);
+    assert_eq!(home.ok(&["run", "--image", "fromtar", "--", "sh", "-c", "echo imported"]), "imported");
+    let listing = home.ok(&["image", "ls"]);
+    assert!(listing.contains("fromtar"), "{listing}");
+
+    let junk = work.path().join("junk.tar");
+    std::fs::write(&junk, b"this is not a tarball at all, not even close........").unwrap();
+    let out = home.cairn(&["image", "import", junk.to_str().unwrap(), "--name", "junk"]);
+    assert_eq!(out.status.code(), Some(125));
+    assert!(stderr(&out).contains("cannot import"), "{}", stderr(&out));
+    let out = home.cairn(&["image", "import", "/no/such/path", "--name", "gone"]);
+    assert_eq!(out.status.code(), Some(125));
+    let out = home.cairn(&["image", "import", tarball.to_str().unwrap(), "--name", "Bad Name"]);
+    assert!(stderr(&out).contains("invalid image name"), "{}", stderr(&out));
+    assert!(!home.ok(&["image", "ls"]).contains("junk"));
+    home.ok(&["image", "rm", "fromtar"]);
+    assert!(!home.ok(&["image", "ls"]).contains("fromtar"));
+}
