@@ -217,32 +217,35 @@ impl Db {
     /// Inserts or replaces an image, atomically.
     pub fn put_image(&mut self, rec: &ImageRecord) -> Result<(), StateError> {
         let tx = self.conn.transaction()?;
-        tx.execute("DELETE FROM images WHERE name = ?1", [&rec.name])?;
-        tx.execute(
-            "INSERT INTO images (name, source, size_bytes, created_at) VALUES (?1, ?2, ?3, ?4)",
-            params![rec.name, rec.source, rec.size_bytes as i64, rec.created_at],
-        )?;
+        tx.prepare_cached("DELETE FROM images WHERE name = ?1")?
+            .execute([&rec.name])?;
+        tx.prepare_cached("INSERT INTO images (name, source, size_bytes, created_at) VALUES (?1, ?2, ?3, ?4)")?
+            .execute(params![rec.name, rec.source, rec.size_bytes as i64, rec.created_at])?;
         for (i, l) in rec.layers.iter().enumerate() {
-            tx.execute(
-                "INSERT INTO image_layers (image, position, layer_id) VALUES (?1, ?2, ?3)",
-                params![rec.name, i, l],
-            )?;
+            tx.prepare_cached("INSERT INTO image_layers (image, position, layer_id) VALUES (?1, ?2, ?3)")?
+                .execute(params![rec.name, i, l])?;
         }
         tx.commit()?;
         Ok(())
     }
 
     pub fn delete_image(&self, name: &str) -> Result<bool, StateError> {
-        Ok(self.conn.execute("DELETE FROM images WHERE name = ?1", [name])? > 0)
+        Ok(self
+            .conn
+            .prepare_cached("DELETE FROM images WHERE name = ?1")?
+            .execute([name])?
+            > 0)
     }
 
     pub fn insert_sandbox(&mut self, rec: &SandboxRecord) -> Result<(), StateError> {
         let tx = self.conn.transaction()?;
-        let inserted = tx.execute(
-            "INSERT INTO sandboxes (id, name, image, driver, state, pid, pid_start, owner_pid, owner_start,
+        let inserted = tx
+            .prepare_cached(
+                "INSERT INTO sandboxes (id, name, image, driver, state, pid, pid_start, owner_pid, owner_start,
                  memory_bytes, cpu_millis, pids_max, created_at, ended_reason, auto_remove)
              VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13, ?14, ?15)",
-            params![
+            )?
+            .execute(params![
                 rec.id,
                 rec.name,
                 rec.image,
@@ -258,8 +261,7 @@ impl Db {
                 rec.created_at,
                 rec.ended_reason,
                 rec.auto_remove,
-            ],
-        );
+            ]);
         match inserted {
             Err(rusqlite::Error::SqliteFailure(e, Some(msg)))
                 if e.code == rusqlite::ErrorCode::ConstraintViolation && msg.contains("sandboxes.name") =>
@@ -269,10 +271,8 @@ impl Db {
             other => other?,
         };
         write_sandbox_layers(&tx, &rec.id, &rec.layers, &rec.services)?;
-        tx.execute(
-            "UPDATE sandboxes SET last_snapshot = ?2 WHERE id = ?1",
-            params![rec.id, rec.last_snapshot],
-        )?;
+        tx.prepare_cached("UPDATE sandboxes SET last_snapshot = ?2 WHERE id = ?1")?
+            .execute(params![rec.id, rec.last_snapshot])?;
         tx.commit()?;
         Ok(())
     }
@@ -286,13 +286,13 @@ impl Db {
         last_snapshot: Option<&str>,
     ) -> Result<(), StateError> {
         let tx = self.conn.transaction()?;
-        tx.execute("DELETE FROM sandbox_layers WHERE sandbox_id = ?1", [id])?;
-        tx.execute("DELETE FROM sandbox_services WHERE sandbox_id = ?1", [id])?;
+        tx.prepare_cached("DELETE FROM sandbox_layers WHERE sandbox_id = ?1")?
+            .execute([id])?;
+        tx.prepare_cached("DELETE FROM sandbox_services WHERE sandbox_id = ?1")?
+            .execute([id])?;
         write_sandbox_layers(&tx, id, layers, services)?;
-        tx.execute(
-            "UPDATE sandboxes SET last_snapshot = ?2 WHERE id = ?1",
-            params![id, last_snapshot],
-        )?;
+        tx.prepare_cached("UPDATE sandboxes SET last_snapshot = ?2 WHERE id = ?1")?
+            .execute(params![id, last_snapshot])?;
         tx.commit()?;
         Ok(())
     }
@@ -300,9 +300,8 @@ impl Db {
     /// Records a snapshot and makes it the sandbox's last, in one transaction.
     pub fn insert_snapshot(&mut self, rec: &SnapshotRecord) -> Result<(), StateError> {
         let tx = self.conn.transaction()?;
-        tx.execute(
-            "INSERT OR IGNORE INTO snapshots (id, parent_id, sandbox_id, image, driver, label, created_at, new_bytes, stored_bytes)
-             VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9)",
+        tx.prepare_cached("INSERT OR IGNORE INTO snapshots (id, parent_id, sandbox_id, image, driver, label, created_at, new_bytes, stored_bytes)
+             VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9)")?.execute(
             params![
                 rec.id,
                 rec.parent_id,
@@ -315,17 +314,14 @@ impl Db {
                 rec.stored_bytes as i64
             ],
         )?;
-        tx.execute("DELETE FROM snapshot_layers WHERE snapshot_id = ?1", [&rec.id])?;
+        tx.prepare_cached("DELETE FROM snapshot_layers WHERE snapshot_id = ?1")?
+            .execute([&rec.id])?;
         for (i, l) in rec.layers.iter().enumerate() {
-            tx.execute(
-                "INSERT INTO snapshot_layers (snapshot_id, position, layer_id) VALUES (?1, ?2, ?3)",
-                params![rec.id, i, l],
-            )?;
+            tx.prepare_cached("INSERT INTO snapshot_layers (snapshot_id, position, layer_id) VALUES (?1, ?2, ?3)")?
+                .execute(params![rec.id, i, l])?;
         }
-        tx.execute(
-            "UPDATE sandboxes SET last_snapshot = ?2 WHERE id = ?1",
-            params![rec.sandbox_id, rec.id],
-        )?;
+        tx.prepare_cached("UPDATE sandboxes SET last_snapshot = ?2 WHERE id = ?1")?
+            .execute(params![rec.sandbox_id, rec.id])?;
         tx.commit()?;
         Ok(())
     }
@@ -384,7 +380,9 @@ impl Db {
 
     /// Deletes a snapshot row; its children keep their own layer lists.
     pub fn delete_snapshot(&self, id: &str) -> Result<(), StateError> {
-        self.conn.execute("DELETE FROM snapshots WHERE id = ?1", [id])?;
+        self.conn
+            .prepare_cached("DELETE FROM snapshots WHERE id = ?1")?
+            .execute([id])?;
         Ok(())
     }
 
@@ -481,8 +479,7 @@ impl Db {
                 to,
             });
         }
-        let n = self.conn.execute(
-            "UPDATE sandboxes SET state = ?3, ended_reason = COALESCE(?4, ended_reason) WHERE id = ?1 AND state = ?2",
+        let n = self.conn.prepare_cached("UPDATE sandboxes SET state = ?3, ended_reason = COALESCE(?4, ended_reason) WHERE id = ?1 AND state = ?2")?.execute(
             params![id, from.as_str(), to.as_str(), reason],
         )?;
         if n == 0 {
@@ -492,10 +489,12 @@ impl Db {
     }
 
     pub fn set_running(&self, id: &str, pid: i32, pid_start: u64) -> Result<(), StateError> {
-        let n = self.conn.execute(
-            "UPDATE sandboxes SET state = 'running', pid = ?2, pid_start = ?3 WHERE id = ?1 AND state = 'creating'",
-            params![id, pid, pid_start as i64],
-        )?;
+        let n = self
+            .conn
+            .prepare_cached(
+                "UPDATE sandboxes SET state = 'running', pid = ?2, pid_start = ?3 WHERE id = ?1 AND state = 'creating'",
+            )?
+            .execute(params![id, pid, pid_start as i64])?;
         if n == 0 {
             return Err(StateError::Conflict(id.to_string()));
         }
@@ -504,25 +503,25 @@ impl Db {
 
     /// Records which process now owns an operation on the sandbox.
     pub fn set_owner(&self, id: &str, pid: i32, start: u64) -> Result<(), StateError> {
-        self.conn.execute(
-            "UPDATE sandboxes SET owner_pid = ?2, owner_start = ?3 WHERE id = ?1",
-            params![id, pid, start as i64],
-        )?;
+        self.conn
+            .prepare_cached("UPDATE sandboxes SET owner_pid = ?2, owner_start = ?3 WHERE id = ?1")?
+            .execute(params![id, pid, start as i64])?;
         Ok(())
     }
 
     /// Makes `new` the owner of a sandbox if `old` still is (a
     /// compare-and-set); false when another process took it first.
     pub fn take_over(&self, id: &str, old: (i32, u64), new: (i32, u64)) -> Result<bool, StateError> {
-        let n = self.conn.execute(
-            "UPDATE sandboxes SET owner_pid = ?4, owner_start = ?5 WHERE id = ?1 AND owner_pid = ?2 AND owner_start = ?3",
+        let n = self.conn.prepare_cached("UPDATE sandboxes SET owner_pid = ?4, owner_start = ?5 WHERE id = ?1 AND owner_pid = ?2 AND owner_start = ?3")?.execute(
             params![id, old.0, old.1 as i64, new.0, new.1 as i64],
         )?;
         Ok(n == 1)
     }
 
     pub fn delete_sandbox(&self, id: &str) -> Result<(), StateError> {
-        self.conn.execute("DELETE FROM sandboxes WHERE id = ?1", [id])?;
+        self.conn
+            .prepare_cached("DELETE FROM sandboxes WHERE id = ?1")?
+            .execute([id])?;
         Ok(())
     }
 
@@ -551,16 +550,12 @@ fn write_sandbox_layers(
     services: &[String],
 ) -> Result<(), StateError> {
     for (i, l) in layers.iter().enumerate() {
-        tx.execute(
-            "INSERT INTO sandbox_layers (sandbox_id, position, layer_id) VALUES (?1, ?2, ?3)",
-            params![id, i, l],
-        )?;
+        tx.prepare_cached("INSERT INTO sandbox_layers (sandbox_id, position, layer_id) VALUES (?1, ?2, ?3)")?
+            .execute(params![id, i, l])?;
     }
     for (i, c) in services.iter().enumerate() {
-        tx.execute(
-            "INSERT INTO sandbox_services (sandbox_id, position, command) VALUES (?1, ?2, ?3)",
-            params![id, i, c],
-        )?;
+        tx.prepare_cached("INSERT INTO sandbox_services (sandbox_id, position, command) VALUES (?1, ?2, ?3)")?
+            .execute(params![id, i, c])?;
     }
     Ok(())
 }

@@ -18,14 +18,30 @@ fn a_debian_image_with_extra_packages_runs_them() {
     let home = Home::new();
     let out = home.cairn(&["image", "build", "debian", "--packages", "jq", "--name", "deb-jq"]);
     if !out.status.success() && stderr(&out).contains("Failed getting release file") {
-        eprintln!("SKIPPED a_debian_image_with_extra_packages_runs_them: the Debian mirror is unreachable: {}", stderr(&out));
+        eprintln!(
+            "SKIPPED a_debian_image_with_extra_packages_runs_them: the Debian mirror is unreachable: {}",
+            stderr(&out)
+        );
         return;
     }
     assert!(out.status.success(), "{}", stderr(&out));
-    let got = home.ok(&["run", "--image", "deb-jq", "--", "sh", "-c", "echo '{\"answer\": 42}' | jq .answer; cat /etc/debian_version"]);
+    let got = home.ok(&[
+        "run",
+        "--image",
+        "deb-jq",
+        "--",
+        "sh",
+        "-c",
+        "echo '{\"answer\": 42}' | jq .answer; cat /etc/debian_version",
+    ]);
     let mut lines = got.lines();
     assert_eq!(lines.next(), Some("42"));
-    assert!(lines.next().is_some_and(|v| v.chars().next().is_some_and(|c| c.is_ascii_digit())), "{got}");
+    assert!(
+        lines
+            .next()
+            .is_some_and(|v| v.chars().next().is_some_and(|c| c.is_ascii_digit())),
+        "{got}"
+    );
 }
 
 #[test]
@@ -35,13 +51,26 @@ fn a_gzipped_tarball_imports_and_a_bad_one_is_refused() {
     }
     let home = Home::new();
     let images: serde_json::Value = serde_json::from_str(&home.ok(&["image", "ls", "--json"])).unwrap();
-    let layer = home.path().join("layers").join(images[0]["layers"][0].as_str().unwrap());
+    let layer = home
+        .path()
+        .join("layers")
+        .join(images[0]["layers"][0].as_str().unwrap());
     let work = tempfile::tempdir().unwrap();
     let tarball = work.path().join("root.tar.gz");
-    let status = Command::new("tar").arg("-C").arg(&layer).arg("-czf").arg(&tarball).arg(".").status().unwrap();
+    let status = Command::new("tar")
+        .arg("-C")
+        .arg(&layer)
+        .arg("-czf")
+        .arg(&tarball)
+        .arg(".")
+        .status()
+        .unwrap();
     assert!(status.success());
     home.ok(&["image", "import", tarball.to_str().unwrap(), "--name", "fromtar"]);
-    assert_eq!(home.ok(&["run", "--image", "fromtar", "--", "sh", "-c", "echo imported"]), "imported");
+    assert_eq!(
+        home.ok(&["run", "--image", "fromtar", "--", "sh", "-c", "echo imported"]),
+        "imported"
+    );
     let listing = home.ok(&["image", "ls"]);
     assert!(listing.contains("fromtar"), "{listing}");
 
