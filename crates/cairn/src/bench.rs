@@ -384,6 +384,23 @@ impl Bench {
             None,
             false,
         );
+        let peer = match which("bwrap") {
+            Some(bwrap) => {
+                let mut cmd = Command::new(bwrap);
+                cmd.args(["--unshare-all", "--die-with-parent", "--ro-bind"])
+                    .arg(&self.layer)
+                    .args(["/", "--proc", "/proc", "--dev", "/dev", "--tmpfs", "/tmp", "/bin/true"]);
+                let rates = self.loops(workers, &cmd)?;
+                Some(summarize(
+                    &format!("throughput: bwrap true (peer), {workers} loops"),
+                    "starts/s",
+                    rates,
+                    None,
+                    false,
+                ))
+            }
+            None => None,
+        };
         let mut rates = Vec::new();
         for _ in 0..5 {
             let duration = Duration::from_secs(2);
@@ -429,7 +446,39 @@ impl Bench {
             Some(250.0),
             false,
         );
-        Ok(vec![api, cli])
+        Ok([Some(api), Some(cli), peer].into_iter().flatten().collect())
+    }
+
+    /// Completions per second of `cmd` run back to back by `workers` loops.
+    fn loops(&self, workers: usize, cmd: &Command) -> Result<Vec<f64>> {
+        let mut rates = Vec::new();
+        for _ in 0..5 {
+            let duration = Duration::from_secs(2);
+            let t0 = Instant::now();
+            let handles: Vec<_> = (0..workers)
+                .map(|_| {
+                    let program = cmd.get_program().to_owned();
+                    let args: Vec<_> = cmd.get_args().map(|a| a.to_owned()).collect();
+                    std::thread::spawn(move || -> Result<usize> {
+                        let mut n = 0;
+                        while t0.elapsed() < duration {
+                            let status = Command::new(&program).args(&args).stdin(Stdio::null()).status()?;
+                            if !status.success() {
+                                bail!("{program:?} failed under load");
+                            }
+                            n += 1;
+                        }
+                        Ok(n)
+                    })
+                })
+                .collect();
+            let mut total = 0;
+            for h in handles {
+                total += h.join().map_err(|_| anyhow::anyhow!("a worker panicked"))??;
+            }
+            rates.push(total as f64 / t0.elapsed().as_secs_f64());
+        }
+        Ok(rates)
     }
 }
 
