@@ -7,6 +7,7 @@
 
 pub mod home;
 pub mod images;
+pub mod pipeline;
 pub mod sandboxes;
 pub mod snapshots;
 pub mod state;

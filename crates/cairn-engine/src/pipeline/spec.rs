@@ -1,0 +1,591 @@
+//! The pipeline file (TOML), parsed and checked before anything runs.
+//!
+//! ```toml
+//! [pipeline]
+//! name = "variant-calling"
+//! image = "busybox"                 # where the first stages start
+//!
+//! [params]
+//! sample = "NA12878"
+//!
+//! [[stage]]
+//! name = "prepare"
+//! key = "prepare-{params.sample}-v1"   # a completed key is never run again
+//! run = ["mkdir -p /work", "seq 1 1000 > /work/reference"]
+//! artifacts = ["/work/reference"]
+//! timeout = "6h"
+//! retries = 2
+//! checkpoint_every = "10m"
+//!
+//! [[stage]]
+//! name = "fit"
+//! after = "prepare"
+//! key = "fit-{params.sample}-{hypothesis}"
+//! run = ["solve --ff {hypothesis.ff} > /work/energy"]
+//! [stage.branches]
+//! select = "min"                    # first_success | min | max
+//! metric = "file:/work/energy"      # or "output": the last number printed
+//! hypotheses = [{ name = "amber", ff = "amber99" }, { name = "charmm", ff = "charmm36" }]
+//! ```
+//!
+//! Every error names the line at fault.
+
+use std::collections::{BTreeMap, HashMap, HashSet};
+use std::time::Duration;
+
+use serde::Deserialize;
+use toml::Spanned;
+
+#[derive(Debug, thiserror::Error, PartialEq, Eq)]
+#[error("{file}:{line}: {message}")]
+pub struct PipelineError {
+    pub file: String,
+    pub line: usize,
+    pub message: String,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawFile {
+    pipeline: RawHeader,
+    #[serde(default)]
+    params: BTreeMap<String, String>,
+    #[serde(default, rename = "stage")]
+    stages: Vec<Spanned<RawStage>>,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawHeader {
+    name: Spanned<String>,
+    image: Option<String>,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawStage {
+    name: Spanned<String>,
+    key: Spanned<String>,
+    /// The stage whose output snapshot this one forks (one input).
+    after: Option<Spanned<String>>,
+    #[serde(default)]
+    run: Vec<String>,
+    #[serde(default)]
+    edits: Vec<RawEdit>,
+    #[serde(default)]
+    artifacts: Vec<String>,
+    timeout: Option<Spanned<String>>,
+    #[serde(default)]
+    retries: u32,
+    checkpoint_every: Option<Spanned<String>>,
+    branches: Option<Spanned<RawBranches>>,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawEdit {
+    path: String,
+    content: String,
+    #[serde(default = "default_mode")]
+    mode: u32,
+}
+
+fn default_mode() -> u32 {
+    0o644
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawBranches {
+    select: Spanned<String>,
+    metric: Option<Spanned<String>>,
+    hypotheses: Vec<Spanned<BTreeMap<String, String>>>,
+}
+
+/// A checked pipeline.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Pipeline {
+    pub name: String,
+    pub image: Option<String>,
+    pub params: BTreeMap<String, String>,
+    /// In an order where every stage comes after the stages it needs.
+    pub stages: Vec<Stage>,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Stage {
+    pub name: String,
+    /// The key template, e.g. `fit-{params.sample}-{hypothesis}`.
+    pub key: String,
+    pub after: Vec<String>,
+    pub run: Vec<String>,
+    pub edits: Vec<Edit>,
+    pub artifacts: Vec<String>,
+    pub timeout: Option<Duration>,
+    pub retries: u32,
+    pub checkpoint_every: Option<Duration>,
+    pub branches: Option<Branches>,
+    /// Line of the stage in the file, for later messages.
+    pub line: usize,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Edit {
+    pub path: String,
+    pub content: String,
+    pub mode: u32,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Branches {
+    pub select: Selection,
+    /// Each hypothesis: a name and its values (`{hypothesis.KEY}`).
+    pub hypotheses: Vec<BTreeMap<String, String>>,
+}
+
+/// How a branch group picks its winner.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Selection {
+    FirstSuccess,
+    Min(Metric),
+    Max(Metric),
+}
+
+/// Where a branch's number comes from.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Metric {
+    /// The first number in a file inside the sandbox.
+    File(String),
+    /// The last number the stage printed.
+    Output,
+}
+
+/// Parses a duration such as `6h`, `30m`, `1h30m`, `45s` or `500ms`.
+pub fn parse_duration(text: &str) -> Option<Duration> {
+    let mut total = Duration::ZERO;
+    let mut rest = text.trim();
+    if rest.is_empty() {
+        return None;
+    }
+    while !rest.is_empty() {
+        let digits = rest.find(|c: char| !c.is_ascii_digit()).unwrap_or(rest.len());
+        if digits == 0 {
+            return None;
+        }
+        let n: u64 = rest[..digits].parse().ok()?;
+        rest = &rest[digits..];
+        let unit_len = rest.find(|c: char| c.is_ascii_digit()).unwrap_or(rest.len());
+        let unit = match &rest[..unit_len] {
+            "ms" => Duration::from_millis(n),
+            "s" => Duration::from_secs(n),
+            "m" => Duration::from_secs(n * 60),
+            "h" => Duration::from_secs(n * 3600),
+            "d" => Duration::from_secs(n * 86400),
+            _ => return None,
+        };
+        total += unit;
+        rest = &rest[unit_len..];
+    }
+    Some(total)
+}
+
+struct Lines<'a> {
+    file: &'a str,
+    starts: Vec<usize>,
+}
+
+impl Lines<'_> {
+    fn line(&self, offset: usize) -> usize {
+        self.starts.partition_point(|&s| s <= offset)
+    }
+    fn err(&self, offset: usize, message: impl Into<String>) -> PipelineError {
+        PipelineError {
+            file: self.file.to_string(),
+            line: self.line(offset),
+            message: message.into(),
+        }
+    }
+}
+
+/// Checks that every `{...}` in `template` names a parameter, the stage or
+/// (in a branch group) the hypothesis.
+fn check_template(
+    template: &str,
+    params: &BTreeMap<String, String>,
+    hypothesis_keys: Option<&HashSet<String>>,
+) -> Result<(), String> {
+    let mut rest = template;
+    while let Some(open) = rest.find('{') {
+        let close = rest[open..]
+            .find('}')
+            .ok_or_else(|| format!("unclosed '{{' in {template:?}"))?
+            + open;
+        let name = &rest[open + 1..close];
+        let known = match name.split_once('.') {
+            Some(("params", p)) => params.contains_key(p),
+            Some(("hypothesis", k)) => hypothesis_keys.is_some_and(|keys| keys.contains(k)),
+            None => matches!(name, "stage" | "pipeline") || (name == "hypothesis" && hypothesis_keys.is_some()),
+            _ => false,
+        };
+        if !known {
+            let hint = match name.split_once('.') {
+                Some(("params", p)) => {
+                    format!("there is no parameter {p:?}; add it under [params] or pass --param {p}=...")
+                }
+                Some(("hypothesis", _)) | None if hypothesis_keys.is_none() && name.starts_with("hypothesis") => {
+                    "{hypothesis...} is only defined in a stage with [stage.branches]".into()
+                }
+                _ => "use {params.NAME}, {stage}, {pipeline}, or in branches {hypothesis} and {hypothesis.KEY}".into(),
+            };
+            return Err(format!("{{{name}}} in {template:?} does not resolve: {hint}"));
+        }
+        rest = &rest[close + 1..];
+    }
+    Ok(())
+}
+
+/// Parses and checks a pipeline file. `overrides` (from `--param k=v`)
+/// replace or add parameters.
+pub fn parse(file: &str, text: &str, overrides: &BTreeMap<String, String>) -> Result<Pipeline, PipelineError> {
+    let lines = Lines {
+        file,
+        starts: std::iter::once(0)
+            .chain(text.match_indices('\n').map(|(i, _)| i + 1))
+            .collect(),
+    };
+    let raw: RawFile = toml::from_str(text).map_err(|e| {
+        let offset = e.span().map(|s| s.start).unwrap_or(0);
+        lines.err(offset, e.message().to_string())
+    })?;
+    let mut params = raw.params;
+    params.extend(overrides.iter().map(|(k, v)| (k.clone(), v.clone())));
+    if raw.pipeline.name.get_ref().trim().is_empty() {
+        return Err(lines.err(raw.pipeline.name.span().start, "the pipeline needs a name"));
+    }
+    if raw.stages.is_empty() {
+        return Err(lines.err(text.len(), "the pipeline has no [[stage]]"));
+    }
+
+    let mut stages = Vec::new();
+    let mut by_name: HashMap<String, usize> = HashMap::new();
+    for spanned in &raw.stages {
+        let s = spanned.get_ref();
+        let at = |sp: &std::ops::Range<usize>| sp.start;
+        let name = s.name.get_ref().clone();
+        if name.is_empty() || !name.chars().all(|c| c.is_ascii_alphanumeric() || c == '-' || c == '_') {
+            return Err(lines.err(
+                at(&s.name.span()),
+                format!("stage name {name:?}: use letters, digits, '-' and '_'"),
+            ));
+        }
+        if by_name.insert(name.clone(), stages.len()).is_some() {
+            return Err(lines.err(at(&s.name.span()), format!("a stage named {name:?} already exists")));
+        }
+        if s.run.is_empty() {
+            return Err(lines.err(
+                at(&spanned.span()),
+                format!("stage {name:?} has nothing to run: add run = [\"command\", ...]"),
+            ));
+        }
+        let duration = |field: &Option<Spanned<String>>, what: &str| -> Result<Option<Duration>, PipelineError> {
+            match field {
+                None => Ok(None),
+                Some(d) => parse_duration(d.get_ref())
+                    .filter(|d| !d.is_zero())
+                    .map(Some)
+                    .ok_or_else(|| {
+                        lines.err(
+                            at(&d.span()),
+                            format!(
+                                "{what} {:?} is not a duration: write e.g. 6h, 30m, 1h30m, 45s",
+                                d.get_ref()
+                            ),
+                        )
+                    }),
+            }
+        };
+        let timeout = duration(&s.timeout, "timeout")?;
+        let checkpoint_every = duration(&s.checkpoint_every, "checkpoint_every")?;
+        let branches = match &s.branches {
+            None => None,
+            Some(b) => {
+                let raw_b = b.get_ref();
+                let metric = match raw_b.metric.as_ref().map(|m| (m.get_ref().as_str(), m.span())) {
+                    None => None,
+                    Some(("output", _)) => Some(Metric::Output),
+                    Some((m, sp)) => match m.strip_prefix("file:") {
+                        Some(path) if path.starts_with('/') => Some(Metric::File(path.to_string())),
+                        _ => {
+                            return Err(lines.err(
+                                sp.start,
+                                format!("metric {m:?}: write \"output\" or \"file:/absolute/path\""),
+                            ))
+                        }
+                    },
+                };
+                let select = match (raw_b.select.get_ref().as_str(), metric) {
+                    ("first_success", _) => Selection::FirstSuccess,
+                    ("min", Some(m)) => Selection::Min(m),
+                    ("max", Some(m)) => Selection::Max(m),
+                    ("min" | "max", None) => {
+                        return Err(lines.err(
+                            at(&raw_b.select.span()),
+                            "select = min or max needs a metric (\"output\" or \"file:/path\")",
+                        ))
+                    }
+                    (other, _) => {
+                        return Err(lines.err(
+                            at(&raw_b.select.span()),
+                            format!("select {other:?}: use first_success, min or max"),
+                        ))
+                    }
+                };
+                if raw_b.hypotheses.len() < 2 {
+                    return Err(lines.err(at(&b.span()), "a branch group needs at least two hypotheses"));
+                }
+                let mut names = HashSet::new();
+                for h in &raw_b.hypotheses {
+                    match h.get_ref().get("name") {
+                        Some(n) if names.insert(n.clone()) => {}
+                        Some(n) => return Err(lines.err(at(&h.span()), format!("two hypotheses are named {n:?}"))),
+                        None => return Err(lines.err(at(&h.span()), "every hypothesis needs a name = \"...\"")),
+                    }
+                }
+                Some(Branches {
+                    select,
+                    hypotheses: raw_b.hypotheses.iter().map(|h| h.get_ref().clone()).collect(),
+                })
+            }
+        };
+        let hypothesis_keys: Option<HashSet<String>> = branches.as_ref().map(|b| {
+            // Only keys every hypothesis defines are safe to use.
+            let mut keys: HashSet<String> = b.hypotheses[0].keys().cloned().collect();
+            for h in &b.hypotheses[1..] {
+                keys.retain(|k| h.contains_key(k));
+            }
+            keys
+        });
+        check_template(s.key.get_ref(), &params, hypothesis_keys.as_ref())
+            .map_err(|m| lines.err(at(&s.key.span()), m))?;
+        if branches.is_some() && !s.key.get_ref().contains("{hypothesis") {
+            return Err(lines.err(
+                at(&s.key.span()),
+                "a branching stage's key must contain {hypothesis}, or every branch would share one key",
+            ));
+        }
+        for cmd in &s.run {
+            check_template(cmd, &params, hypothesis_keys.as_ref()).map_err(|m| lines.err(at(&spanned.span()), m))?;
+        }
+        let after: Vec<Spanned<String>> = s.after.iter().cloned().collect();
+        stages.push((
+            Stage {
+                name,
+                key: s.key.get_ref().clone(),
+                after: after.iter().map(|a| a.get_ref().clone()).collect(),
+                run: s.run.clone(),
+                edits: s
+                    .edits
+                    .iter()
+                    .map(|e| Edit {
+                        path: e.path.clone(),
+                        content: e.content.clone(),
+                        mode: e.mode,
+                    })
+                    .collect(),
+                artifacts: s.artifacts.clone(),
+                timeout,
+                retries: s.retries,
+                checkpoint_every,
+                branches,
+                line: lines.line(at(&spanned.span())),
+            },
+            after,
+        ));
+    }
+    for (stage, after) in &stages {
+        for a in after {
+            if !by_name.contains_key(a.get_ref()) {
+                return Err(lines.err(
+                    a.span().start,
+                    format!(
+                        "stage {:?} comes after {:?}, which is not a stage",
+                        stage.name,
+                        a.get_ref()
+                    ),
+                ));
+            }
+        }
+        for e in &stage.edits {
+            if !e.path.starts_with('/') {
+                return Err(PipelineError {
+                    file: file.into(),
+                    line: stage.line,
+                    message: format!("edit path {:?} must be absolute", e.path),
+                });
+            }
+        }
+    }
+    if raw.pipeline.image.is_none() {
+        if let Some((root, _)) = stages.iter().find(|(s, _)| s.after.is_empty()) {
+            return Err(PipelineError {
+                file: file.into(),
+                line: root.line,
+                message: format!(
+                    "stage {:?} starts the pipeline but [pipeline] names no image = \"...\"",
+                    root.name
+                ),
+            });
+        }
+    }
+    // Order: Kahn's algorithm; what is left over is a cycle.
+    let mut order = Vec::with_capacity(stages.len());
+    let mut placed: HashSet<String> = HashSet::new();
+    while order.len() < stages.len() {
+        let before = order.len();
+        for (stage, _) in &stages {
+            if !placed.contains(&stage.name) && stage.after.iter().all(|a| placed.contains(a)) {
+                placed.insert(stage.name.clone());
+                order.push(stage.clone());
+            }
+        }
+        if order.len() == before {
+            let stuck: Vec<&Stage> = stages
+                .iter()
+                .map(|(s, _)| s)
+                .filter(|s| !placed.contains(&s.name))
+                .collect();
+            let names: Vec<&str> = stuck.iter().map(|s| s.name.as_str()).collect();
+            return Err(PipelineError {
+                file: file.into(),
+                line: stuck[0].line,
+                message: format!("stages {} depend on each other in a cycle", names.join(", ")),
+            });
+        }
+    }
+    Ok(Pipeline {
+        name: raw.pipeline.name.into_inner(),
+        image: raw.pipeline.image,
+        params,
+        stages: order,
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const GOOD: &str = r#"[pipeline]
+name = "demo"
+image = "busybox"
+
+[params]
+sample = "s1"
+
+[[stage]]
+name = "prepare"
+key = "prepare-{params.sample}"
+run = ["seq 1 10 > /work/ref"]
+timeout = "6h"
+checkpoint_every = "10m"
+retries = 2
+
+[[stage]]
+name = "fit"
+after = "prepare"
+key = "fit-{hypothesis}"
+run = ["echo {hypothesis.ff} > /work/energy"]
+[stage.branches]
+select = "min"
+metric = "file:/work/energy"
+hypotheses = [{ name = "a", ff = "1" }, { name = "b", ff = "2" }]
+"#;
+
+    fn bad(text: &str) -> PipelineError {
+        parse("p.toml", text, &BTreeMap::new()).unwrap_err()
+    }
+
+    #[test]
+    fn a_good_pipeline_parses_in_dependency_order() {
+        let p = parse("p.toml", GOOD, &BTreeMap::new()).unwrap();
+        assert_eq!(
+            p.stages.iter().map(|s| s.name.as_str()).collect::<Vec<_>>(),
+            ["prepare", "fit"]
+        );
+        assert_eq!(p.stages[0].timeout, Some(Duration::from_secs(6 * 3600)));
+        assert_eq!(p.stages[0].line, 8);
+        let b = p.stages[1].branches.as_ref().unwrap();
+        assert_eq!(b.select, Selection::Min(Metric::File("/work/energy".into())));
+        assert_eq!(b.hypotheses.len(), 2);
+    }
+
+    #[test]
+    fn an_unknown_key_is_refused_with_its_line() {
+        let e = bad(&GOOD.replace("retries = 2", "retries = 2\nretry_forever = true"));
+        assert_eq!(e.line, 15, "{e}");
+        assert!(e.message.contains("retry_forever"), "{e}");
+    }
+
+    #[test]
+    fn a_missing_field_is_refused() {
+        let e = bad(&GOOD.replace("key = \"prepare-{params.sample}\"\n", ""));
+        assert!(e.message.contains("key"), "{e}");
+        assert!(e.line >= 8, "{e}");
+    }
+
+    #[test]
+    fn a_cycle_is_refused_with_the_stages_named() {
+        let text = GOOD.replace("name = \"prepare\"\n", "name = \"prepare\"\nafter = \"fit\"\n");
+        let e = bad(&text);
+        assert!(
+            e.message.contains("cycle") && e.message.contains("prepare") && e.message.contains("fit"),
+            "{e}"
+        );
+        assert_eq!(e.line, 8);
+    }
+
+    #[test]
+    fn an_unresolvable_key_template_is_refused_at_its_line() {
+        let e = bad(&GOOD.replace("prepare-{params.sample}", "prepare-{params.genome}"));
+        assert_eq!(e.line, 10, "{e}");
+        assert!(e.message.contains("genome"), "{e}");
+        // A --param makes it resolve.
+        let overrides = BTreeMap::from([("genome".to_string(), "hg38".to_string())]);
+        assert!(parse(
+            "p.toml",
+            &GOOD.replace("prepare-{params.sample}", "prepare-{params.genome}"),
+            &overrides
+        )
+        .is_ok());
+        let e = bad(&GOOD.replace("prepare-{params.sample}", "prepare-{hypothesis}"));
+        assert!(e.message.contains("branches"), "{e}");
+    }
+
+    #[test]
+    fn bad_values_are_refused_with_a_hint() {
+        assert!(bad(&GOOD.replace("\"6h\"", "\"six hours\""))
+            .message
+            .contains("not a duration"));
+        assert!(bad(&GOOD.replace("after = \"prepare\"", "after = \"nope\""))
+            .message
+            .contains("not a stage"));
+        assert!(bad(&GOOD.replace("select = \"min\"", "select = \"best\""))
+            .message
+            .contains("first_success"));
+        assert!(bad(&GOOD.replace("metric = \"file:/work/energy\"\n", ""))
+            .message
+            .contains("needs a metric"));
+        assert!(bad(&GOOD.replace("image = \"busybox\"\n", ""))
+            .message
+            .contains("no image"));
+        assert!(bad("[pipeline]\nname = \"x\"\n").message.contains("no [[stage]]"));
+        assert!(bad("not toml at all [").line >= 1);
+    }
+
+    #[test]
+    fn durations_parse() {
+        assert_eq!(parse_duration("1h30m"), Some(Duration::from_secs(5400)));
+        assert_eq!(parse_duration("500ms"), Some(Duration::from_millis(500)));
+        assert_eq!(parse_duration("10"), None);
+        assert_eq!(parse_duration("h"), None);
+    }
+}
