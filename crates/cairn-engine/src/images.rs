@@ -149,12 +149,10 @@ impl Engine {
     }
 
     fn scratch_dir(&self) -> Result<tempfile_dir::ScratchDir, EngineError> {
-        Ok(
-            tempfile_dir::ScratchDir::new(&self.home.scratch()).map_err(|source| EngineError::Home {
-                path: self.home.scratch(),
-                source,
-            })?,
-        )
+        tempfile_dir::ScratchDir::new(&self.home.scratch()).map_err(|source| EngineError::Home {
+            path: self.home.scratch(),
+            source,
+        })
     }
 
     /// A minimal root from Debian's static busybox: the binary, a link per

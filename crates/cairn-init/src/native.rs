@@ -473,7 +473,7 @@ fn drop_capabilities(keep: u64) -> Step<()> {
     Ok(())
 }
 
-fn install_seccomp(program: &[(u16, u8, u8, u32)]) -> Step<()> {
+fn install_seccomp(program: &[cairn_protocol::BpfInstruction]) -> Step<()> {
     let mut filter: Vec<libc::sock_filter> = program
         .iter()
         .map(|&(code, jt, jf, k)| libc::sock_filter { code, jt, jf, k })

@@ -333,10 +333,12 @@ pub struct NativeSetup {
     /// Bit mask of the capabilities to keep; all others are dropped from
     /// every set, the bounding set included.
     pub keep_capabilities: u64,
-    /// Seccomp filters to install, each a classic BPF program as
-    /// (code, jt, jf, k) instructions.
-    pub seccomp: Vec<Vec<(u16, u8, u8, u32)>>,
+    /// Seccomp filters to install, each a classic BPF program.
+    pub seccomp: Vec<Vec<BpfInstruction>>,
 }
+
+/// One classic BPF instruction: (code, jt, jf, k).
+pub type BpfInstruction = (u16, u8, u8, u32);
 
 #[cfg(test)]
 mod setup_tests {

@@ -166,22 +166,55 @@ fn parse_report(report: &str) -> Result<SandboxProcess, SandboxError> {
     Ok(SandboxProcess { pid, start_time })
 }
 
-#[cfg(test)]
-mod tests {
-    use super::parse_report;
+impl Driver for NativeDriver {
+    fn name(&self) -> &'static str {
+        "native"
+    }
 
-    #[test]
-    fn reports_parse_in_either_order_and_errors_win() {
-        let me = std::process::id();
-        assert_eq!(parse_report(&format!("P{me}\nR\n")).unwrap().pid as u32, me);
-        assert_eq!(parse_report(&format!("R\nP{me}\n")).unwrap().pid as u32, me);
-        let err = parse_report(&format!("P{me}\nEmount the overlay root: ENOENT")).unwrap_err();
-        assert!(err.to_string().contains("mount the overlay root"), "{err}");
-        assert!(parse_report(&format!("P{me}\n"))
-            .unwrap_err()
-            .to_string()
-            .contains("died"));
-        assert!(parse_report("garbage").is_err());
+    fn capabilities(&self) -> Capabilities {
+        Capabilities {
+            memory_snapshots: false,
+        }
+    }
+
+    fn start(&self, spec: &SandboxSpec) -> Result<SandboxProcess, SandboxError> {
+        self.cgroups.create(&spec.id, &spec.limits)?;
+        self.launch(spec).inspect_err(|_| {
+            let _ = self.stop(&spec.id, None);
+        })
+    }
+
+    fn stop(&self, id: &str, process: Option<SandboxProcess>) -> Result<(), SandboxError> {
+        let cgroup = self.cgroups.cgroup(id);
+        // Killing PID 1 takes the whole pid namespace with it; the cgroup
+        // sweep catches anything that escaped the namespace.
+        if let Some(p) = process.filter(|p| p.alive()) {
+            let _ = cgroup.thaw();
+            let _ = nix::sys::signal::kill(nix::unistd::Pid::from_raw(p.pid), nix::sys::signal::Signal::SIGKILL);
+        }
+        cgroup.kill_all()?;
+        cgroup.remove()?;
+        Ok(())
+    }
+
+    fn freeze(&self, id: &str) -> Result<(), SandboxError> {
+        Ok(self.cgroups.cgroup(id).freeze()?)
+    }
+
+    fn thaw(&self, id: &str) -> Result<(), SandboxError> {
+        Ok(self.cgroups.cgroup(id).thaw()?)
+    }
+
+    fn frozen(&self, id: &str) -> bool {
+        self.cgroups.cgroup(id).is_frozen()
+    }
+
+    fn oom_kills(&self, id: &str) -> u64 {
+        self.cgroups.cgroup(id).oom_kills()
+    }
+
+    fn leftovers(&self) -> Vec<String> {
+        self.cgroups.sandbox_ids()
     }
 }
 
@@ -234,5 +267,24 @@ impl Driver for NativeDriver {
 
     fn leftovers(&self) -> Vec<String> {
         self.cgroups.sandbox_ids()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::parse_report;
+
+    #[test]
+    fn reports_parse_in_either_order_and_errors_win() {
+        let me = std::process::id();
+        assert_eq!(parse_report(&format!("P{me}\nR\n")).unwrap().pid as u32, me);
+        assert_eq!(parse_report(&format!("R\nP{me}\n")).unwrap().pid as u32, me);
+        let err = parse_report(&format!("P{me}\nEmount the overlay root: ENOENT")).unwrap_err();
+        assert!(err.to_string().contains("mount the overlay root"), "{err}");
+        assert!(parse_report(&format!("P{me}\n"))
+            .unwrap_err()
+            .to_string()
+            .contains("died"));
+        assert!(parse_report("garbage").is_err());
     }
 }

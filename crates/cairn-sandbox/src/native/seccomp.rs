@@ -70,7 +70,7 @@ const NAMESPACE_FLAGS: &[u64] = &[
 ];
 
 /// The filters as plain instructions, the form `cairn-init` installs.
-pub fn programs() -> Result<Vec<Vec<(u16, u8, u8, u32)>>, String> {
+pub fn programs() -> Result<Vec<Vec<cairn_protocol::BpfInstruction>>, String> {
     Ok(filters()?
         .into_iter()
         .map(|p| p.into_iter().map(|i| (i.code, i.jt, i.jf, i.k)).collect())
