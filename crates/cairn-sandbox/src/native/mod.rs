@@ -218,58 +218,6 @@ impl Driver for NativeDriver {
     }
 }
 
-impl Driver for NativeDriver {
-    fn name(&self) -> &'static str {
-        "native"
-    }
-
-    fn capabilities(&self) -> Capabilities {
-        Capabilities {
-            memory_snapshots: false,
-        }
-    }
-
-    fn start(&self, spec: &SandboxSpec) -> Result<SandboxProcess, SandboxError> {
-        self.cgroups.create(&spec.id, &spec.limits)?;
-        self.launch(spec).inspect_err(|_| {
-            let _ = self.stop(&spec.id, None);
-        })
-    }
-
-    fn stop(&self, id: &str, process: Option<SandboxProcess>) -> Result<(), SandboxError> {
-        let cgroup = self.cgroups.cgroup(id);
-        // Killing PID 1 takes the whole pid namespace with it; the cgroup
-        // sweep catches anything that escaped the namespace.
-        if let Some(p) = process.filter(|p| p.alive()) {
-            let _ = cgroup.thaw();
-            let _ = nix::sys::signal::kill(nix::unistd::Pid::from_raw(p.pid), nix::sys::signal::Signal::SIGKILL);
-        }
-        cgroup.kill_all()?;
-        cgroup.remove()?;
-        Ok(())
-    }
-
-    fn freeze(&self, id: &str) -> Result<(), SandboxError> {
-        Ok(self.cgroups.cgroup(id).freeze()?)
-    }
-
-    fn thaw(&self, id: &str) -> Result<(), SandboxError> {
-        Ok(self.cgroups.cgroup(id).thaw()?)
-    }
-
-    fn frozen(&self, id: &str) -> bool {
-        self.cgroups.cgroup(id).is_frozen()
-    }
-
-    fn oom_kills(&self, id: &str) -> u64 {
-        self.cgroups.cgroup(id).oom_kills()
-    }
-
-    fn leftovers(&self) -> Vec<String> {
-        self.cgroups.sandbox_ids()
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::parse_report;
