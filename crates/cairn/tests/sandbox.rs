@@ -425,3 +425,32 @@ fn files_copy_in_and_out_with_content_mode_and_mtime() {
     assert_ne!(out.status.code(), Some(0));
     assert!(stderr(&out).contains("does not exist"), "{}", stderr(&out));
 }
+
+#[test]
+fn a_sandbox_whose_init_died_shows_as_exited_and_refuses_exec_clearly() {
+    if skip("a_sandbox_whose_init_died_shows_as_exited_and_refuses_exec_clearly") {
+        return;
+    }
+    let home = Home::new();
+    let id = home.ok(&["create"]);
+    let pid = home.ps()[0]["pid"].as_i64().unwrap() as i32;
+    nix::sys::signal::kill(nix::unistd::Pid::from_raw(pid), nix::sys::signal::Signal::SIGKILL).unwrap();
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while cairn_sandbox::pid_start_time(pid).is_some() && Instant::now() < deadline {
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    let ps = home.ps();
+    assert_eq!(ps[0]["state"], "exited", "{ps:?}");
+    assert_eq!(ps[0]["ended_reason"], "init exited");
+    assert!(
+        home.cgroup_dirs(&id).iter().all(|d| !d.exists()),
+        "an exited sandbox keeps its cgroups"
+    );
+    let out = home.cairn(&["exec", &id, "--", "true"]);
+    assert_eq!(out.status.code(), Some(125));
+    assert!(stderr(&out).contains("is exited, not running"), "{}", stderr(&out));
+    // Its files are still there to snapshot, and plain rm removes it.
+    home.ok(&["snapshot", &id]);
+    assert_eq!(home.ok(&["rm", &id]), id);
+    assert!(home.ps().is_empty());
+}
