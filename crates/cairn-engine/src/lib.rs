@@ -40,6 +40,8 @@ pub enum EngineError {
     Image(#[from] ImageError),
     #[error(transparent)]
     Snapshot(#[from] SnapshotError),
+    #[error(transparent)]
+    Run(#[from] pipeline::run::RunError),
     #[error("the state database names layer {0:?}, which is not a layer id; the database is damaged")]
     BadLayerId(String),
     #[error("no sandbox matches {0:?}; `cairn ps` lists them")]

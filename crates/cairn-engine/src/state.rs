@@ -18,6 +18,7 @@ use serde::Serialize;
 const MIGRATIONS: &[&str] = &[
     include_str!("../migrations/sqlite/0001_sandboxes_images.sql"),
     include_str!("../migrations/sqlite/0002_snapshots.sql"),
+    include_str!("../migrations/sqlite/0003_runs.sql"),
 ];
 
 #[derive(Debug, thiserror::Error)]
@@ -155,7 +156,7 @@ pub struct SnapshotRecord {
 }
 
 pub struct Db {
-    conn: Connection,
+    pub(crate) conn: Connection,
 }
 
 impl Db {

@@ -89,6 +89,7 @@ pub enum Command {
     ///
     /// Exits with the command's status (128+N when killed by signal N, 127
     /// when the command does not exist).
+    #[command(args_conflicts_with_subcommands = true, subcommand_negates_reqs = true)]
     Run {
         #[command(flatten)]
         sandbox: SandboxArgs,
@@ -97,7 +98,23 @@ pub enum Command {
         /// The command and its arguments.
         #[arg(last = true, required = true, value_name = "CMD")]
         cmd: Vec<String>,
+        #[command(subcommand)]
+        show: Option<RunCommand>,
     },
+    /// Run pipelines: stages in sandboxes forked from snapshots.
+    #[command(subcommand)]
+    Pipeline(PipelineCommand),
+    /// List pipeline runs.
+    Runs {
+        #[arg(long)]
+        json: bool,
+    },
+    /// The dead-letter queue: stages whose retries ran out.
+    #[command(subcommand)]
+    Dlq(DlqCommand),
+    /// Pipeline artifacts (files collected from stages into the store).
+    #[command(subcommand)]
+    Artifact(ArtifactCommand),
     /// Create a sandbox that keeps running; prints its id.
     Create {
         #[command(flatten)]
@@ -133,9 +150,12 @@ pub enum Command {
         #[arg(long)]
         json: bool,
     },
-    /// Print a sandbox's log: init's messages and background processes' output.
+    /// Print a sandbox's log (init's messages, background processes'
+    /// output), or with a stage, a pipeline stage's output: `cairn logs RUN STAGE`.
     Logs {
         sandbox: String,
+        /// A stage of the run given first (`stage` or `stage.branch`).
+        stage: Option<String>,
         /// Only the last N lines.
         #[arg(long, value_name = "N")]
         tail: Option<usize>,
@@ -218,6 +238,62 @@ pub enum Command {
         runs: usize,
         #[arg(long)]
         json: bool,
+    },
+}
+
+#[derive(Subcommand)]
+pub enum RunCommand {
+    /// A pipeline run's lineage: stages, branches, winners, retries,
+    /// checkpoints, dead letters, artifacts.
+    Show {
+        run: String,
+        #[arg(long)]
+        json: bool,
+    },
+}
+
+#[derive(Subcommand)]
+pub enum PipelineCommand {
+    /// Check a pipeline file, then run it; prints the run id.
+    Run {
+        file: PathBuf,
+        /// Set a parameter (repeatable), overriding [params].
+        #[arg(long = "param", value_name = "KEY=VALUE")]
+        params: Vec<String>,
+        /// Only check the file.
+        #[arg(long)]
+        check: bool,
+    },
+    /// Continue a run after a crash or a kill: completed stages are not run again.
+    Resume { run: String },
+}
+
+#[derive(Subcommand)]
+pub enum DlqCommand {
+    /// List dead letters.
+    Ls {
+        #[arg(long)]
+        json: bool,
+    },
+    /// One dead letter, with its failure and input snapshots.
+    Show { id: String },
+    /// Run the stage again (fresh retries), then the rest of its run.
+    Retry { id: String },
+}
+
+#[derive(Subcommand)]
+pub enum ArtifactCommand {
+    /// List artifacts (of one run).
+    Ls {
+        run: Option<String>,
+        #[arg(long)]
+        json: bool,
+    },
+    /// Write an artifact's content to a file or stdout (`-`).
+    Get {
+        id: String,
+        #[arg(short, long, default_value = "-")]
+        output: PathBuf,
     },
 }
 

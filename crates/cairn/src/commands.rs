@@ -22,7 +22,20 @@ pub fn dispatch(cli: Cli) -> Result<i32> {
     }
     let mut engine = Engine::open(home)?;
     match cli.command {
-        Command::Run { sandbox, process, cmd } => run(&mut engine, &sandbox, &process, cmd),
+        Command::Run {
+            show: Some(crate::cli::RunCommand::Show { run, json }),
+            ..
+        } => crate::pipelines::show(&engine, &run, json).map(|()| 0),
+        Command::Run {
+            sandbox,
+            process,
+            cmd,
+            show: None,
+        } => run(&mut engine, &sandbox, &process, cmd),
+        Command::Pipeline(cmd) => crate::pipelines::pipeline(&mut engine, cmd),
+        Command::Runs { json } => crate::pipelines::runs(&engine, json).map(|()| 0),
+        Command::Dlq(cmd) => crate::pipelines::dlq(&mut engine, cmd),
+        Command::Artifact(cmd) => crate::pipelines::artifact(&engine, cmd).map(|()| 0),
         Command::Create { sandbox } => {
             let rec = engine.create_sandbox(&create_options(&sandbox, false), &Steps::new())?;
             println!("{}", rec.id);
@@ -39,7 +52,16 @@ pub fn dispatch(cli: Cli) -> Result<i32> {
         }
         Command::Cp { src, dst } => copy(&engine, &src, &dst).map(|()| 0),
         Command::Ps { quiet, json } => ps(&mut engine, quiet, json).map(|()| 0),
-        Command::Logs { sandbox, tail } => logs(&engine, &sandbox, tail).map(|()| 0),
+        Command::Logs {
+            sandbox,
+            stage: Some(stage),
+            tail,
+        } => crate::pipelines::stage_log(&engine, &sandbox, &stage, tail).map(|()| 0),
+        Command::Logs {
+            sandbox,
+            stage: None,
+            tail,
+        } => logs(&engine, &sandbox, tail).map(|()| 0),
         Command::Rm { force, sandboxes } => remove(&mut engine, &sandboxes, force),
         Command::Gc { json } => {
             let report = engine.gc()?;
@@ -394,16 +416,10 @@ fn human_age(secs: i64) -> String {
     }
 }
 
-fn logs(engine: &Engine, key: &str, tail: Option<usize>) -> Result<()> {
-    let rec = engine.sandbox(key)?;
-    let text = match fs::read(engine.log_path(&rec)) {
-        Ok(t) => t,
-        Err(e) if e.kind() == io::ErrorKind::NotFound => Vec::new(),
-        Err(e) => return Err(e.into()),
-    };
+pub fn print_tail(text: &[u8], tail: Option<usize>) -> Result<()> {
     let mut out = io::stdout().lock();
     match tail {
-        None => out.write_all(&text)?,
+        None => out.write_all(text)?,
         Some(n) => {
             let lines: Vec<&[u8]> = text.split_inclusive(|b| *b == b'\n').collect();
             for l in &lines[lines.len().saturating_sub(n)..] {
@@ -412,6 +428,16 @@ fn logs(engine: &Engine, key: &str, tail: Option<usize>) -> Result<()> {
         }
     }
     Ok(())
+}
+
+fn logs(engine: &Engine, key: &str, tail: Option<usize>) -> Result<()> {
+    let rec = engine.sandbox(key)?;
+    let text = match fs::read(engine.log_path(&rec)) {
+        Ok(t) => t,
+        Err(e) if e.kind() == io::ErrorKind::NotFound => Vec::new(),
+        Err(e) => return Err(e.into()),
+    };
+    print_tail(&text, tail)
 }
 
 fn remove(engine: &mut Engine, keys: &[String], force: bool) -> Result<i32> {

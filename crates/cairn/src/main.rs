@@ -4,6 +4,7 @@ mod bench;
 mod cli;
 mod commands;
 mod lineage;
+mod pipelines;
 mod progress;
 
 use std::process::ExitCode;

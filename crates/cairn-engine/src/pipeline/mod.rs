@@ -3,6 +3,8 @@
 //! This module holds the pipeline file format and its validation; the
 //! orchestrator that runs stages against the state store builds on it.
 
+pub mod records;
+pub mod run;
 pub mod spec;
 
 pub use spec::{parse, Pipeline, PipelineError, Selection, Stage};

@@ -207,20 +207,48 @@ impl Lines<'_> {
     }
 }
 
-/// Checks that every `{...}` in `template` names a parameter, the stage or
-/// (in a branch group) the hypothesis.
+/// The placeholders of a template: `{name}` where name is an identifier
+/// (letters, digits, `_`, `.`, `-`). `{{` and `}}` stand for literal braces,
+/// and braces around anything else (awk programs, shell) are literal too.
+pub fn placeholders(template: &str) -> Vec<&str> {
+    let mut out = Vec::new();
+    let bytes = template.as_bytes();
+    let mut i = 0;
+    while i < bytes.len() {
+        if bytes[i] == b'{' {
+            if bytes.get(i + 1) == Some(&b'{') {
+                i += 2;
+                continue;
+            }
+            if let Some(len) = template[i + 1..].find('}') {
+                let name = &template[i + 1..i + 1 + len];
+                if is_ident(name) {
+                    out.push(name);
+                    i += len + 2;
+                    continue;
+                }
+            }
+        }
+        i += 1;
+    }
+    out
+}
+
+pub(crate) fn is_ident(name: &str) -> bool {
+    name.chars().next().is_some_and(|c| c.is_ascii_alphabetic() || c == '_')
+        && name
+            .chars()
+            .all(|c| c.is_ascii_alphanumeric() || matches!(c, '_' | '.' | '-'))
+}
+
+/// Checks that every placeholder in `template` names a parameter, the stage,
+/// the pipeline or (in a branch group) the hypothesis.
 fn check_template(
     template: &str,
     params: &BTreeMap<String, String>,
     hypothesis_keys: Option<&HashSet<String>>,
 ) -> Result<(), String> {
-    let mut rest = template;
-    while let Some(open) = rest.find('{') {
-        let close = rest[open..]
-            .find('}')
-            .ok_or_else(|| format!("unclosed '{{' in {template:?}"))?
-            + open;
-        let name = &rest[open + 1..close];
+    for name in placeholders(template) {
         let known = match name.split_once('.') {
             Some(("params", p)) => params.contains_key(p),
             Some(("hypothesis", k)) => hypothesis_keys.is_some_and(|keys| keys.contains(k)),
@@ -229,17 +257,14 @@ fn check_template(
         };
         if !known {
             let hint = match name.split_once('.') {
-                Some(("params", p)) => {
-                    format!("there is no parameter {p:?}; add it under [params] or pass --param {p}=...")
-                }
-                Some(("hypothesis", _)) | None if hypothesis_keys.is_none() && name.starts_with("hypothesis") => {
+                Some(("params", p)) => format!("there is no parameter {p:?}; add it under [params] or pass --param {p}=..."),
+                _ if hypothesis_keys.is_none() && name.starts_with("hypothesis") => {
                     "{hypothesis...} is only defined in a stage with [stage.branches]".into()
                 }
-                _ => "use {params.NAME}, {stage}, {pipeline}, or in branches {hypothesis} and {hypothesis.KEY}".into(),
+                _ => "use {params.NAME}, {stage}, {pipeline}, in branches {hypothesis} and {hypothesis.KEY}; write {{ and }} for literal braces".into(),
             };
             return Err(format!("{{{name}}} in {template:?} does not resolve: {hint}"));
         }
-        rest = &rest[close + 1..];
     }
     Ok(())
 }

@@ -1,0 +1,433 @@
+//! Rows of runs, stages, checkpoints, artifacts, dead letters and events.
+
+use rusqlite::{params, OptionalExtension};
+use serde::Serialize;
+
+use crate::state::{Db, StateError};
+
+#[derive(Debug, Clone, Serialize)]
+pub struct RunRecord {
+    pub id: String,
+    pub pipeline: String,
+    pub file: String,
+    #[serde(skip)]
+    pub spec: String,
+    pub params: String,
+    pub status: String,
+    pub created_at: i64,
+    pub ended_at: Option<i64>,
+    pub error: Option<String>,
+}
+
+#[derive(Debug, Clone, Serialize)]
+pub struct StageRecord {
+    pub run_id: String,
+    pub stage: String,
+    pub branch: String,
+    pub stage_key: String,
+    pub status: String,
+    pub attempts: u32,
+    pub input_snapshot: Option<String>,
+    pub output_snapshot: Option<String>,
+    pub sandbox_id: Option<String>,
+    pub started_at: Option<i64>,
+    pub ended_at: Option<i64>,
+    pub error: Option<String>,
+    pub metric: Option<f64>,
+}
+
+#[derive(Debug, Clone, Serialize)]
+pub struct EventRecord {
+    pub seq: i64,
+    pub stage: Option<String>,
+    pub branch: Option<String>,
+    pub kind: String,
+    pub detail: String,
+    pub snapshot_id: Option<String>,
+    pub created_at: i64,
+}
+
+#[derive(Debug, Clone, Serialize)]
+pub struct ArtifactRecord {
+    pub id: String,
+    pub run_id: String,
+    pub stage: String,
+    pub branch: String,
+    pub path: String,
+    pub size_bytes: u64,
+    pub content_hash: String,
+    pub snapshot_id: String,
+}
+
+#[derive(Debug, Clone, Serialize)]
+pub struct DeadLetter {
+    pub id: String,
+    pub run_id: String,
+    pub stage: String,
+    pub branch: String,
+    pub error: String,
+    pub failure_snapshot: Option<String>,
+    pub input_snapshot: Option<String>,
+    pub created_at: i64,
+    pub retried_at: Option<i64>,
+}
+
+fn run_row(r: &rusqlite::Row<'_>) -> rusqlite::Result<RunRecord> {
+    Ok(RunRecord {
+        id: r.get(0)?,
+        pipeline: r.get(1)?,
+        file: r.get(2)?,
+        spec: r.get(3)?,
+        params: r.get(4)?,
+        status: r.get(5)?,
+        created_at: r.get(6)?,
+        ended_at: r.get(7)?,
+        error: r.get(8)?,
+    })
+}
+
+fn stage_row(r: &rusqlite::Row<'_>) -> rusqlite::Result<StageRecord> {
+    Ok(StageRecord {
+        run_id: r.get(0)?,
+        stage: r.get(1)?,
+        branch: r.get(2)?,
+        stage_key: r.get(3)?,
+        status: r.get(4)?,
+        attempts: r.get(5)?,
+        input_snapshot: r.get(6)?,
+        output_snapshot: r.get(7)?,
+        sandbox_id: r.get(8)?,
+        started_at: r.get(9)?,
+        ended_at: r.get(10)?,
+        error: r.get(11)?,
+        metric: r.get(12)?,
+    })
+}
+
+const RUN_COLUMNS: &str = "id, pipeline, file, spec, params, status, created_at, ended_at, error";
+const STAGE_COLUMNS: &str = "run_id, stage, branch, stage_key, status, attempts, input_snapshot, output_snapshot, \
+     sandbox_id, started_at, ended_at, error, metric";
+
+impl Db {
+    pub fn insert_run(&self, r: &RunRecord) -> Result<(), StateError> {
+        self.conn
+            .prepare_cached(&format!(
+                "INSERT INTO runs ({RUN_COLUMNS}) VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9)"
+            ))?
+            .execute(params![
+                r.id,
+                r.pipeline,
+                r.file,
+                r.spec,
+                r.params,
+                r.status,
+                r.created_at,
+                r.ended_at,
+                r.error
+            ])?;
+        Ok(())
+    }
+
+    pub fn runs(&self) -> Result<Vec<RunRecord>, StateError> {
+        let rows = self
+            .conn
+            .prepare_cached(&format!("SELECT {RUN_COLUMNS} FROM runs ORDER BY created_at"))?
+            .query_map([], run_row)?
+            .collect::<Result<_, _>>()?;
+        Ok(rows)
+    }
+
+    pub fn find_runs(&self, key: &str) -> Result<Vec<RunRecord>, StateError> {
+        let rows = self
+            .conn
+            .prepare_cached(&format!(
+                "SELECT {RUN_COLUMNS} FROM runs WHERE id = ?1 OR (length(?1) >= 3 AND substr(id, 1, length(?1)) = ?1)"
+            ))?
+            .query_map([key], run_row)?
+            .collect::<Result<_, _>>()?;
+        Ok(rows)
+    }
+
+    pub fn finish_run(&self, id: &str, status: &str, error: Option<&str>, at: i64) -> Result<(), StateError> {
+        self.conn
+            .prepare_cached("UPDATE runs SET status = ?2, error = ?3, ended_at = ?4 WHERE id = ?1")?
+            .execute(params![id, status, error, at])?;
+        Ok(())
+    }
+
+    pub fn stage(&self, run: &str, stage: &str, branch: &str) -> Result<Option<StageRecord>, StateError> {
+        Ok(self
+            .conn
+            .prepare_cached(&format!(
+                "SELECT {STAGE_COLUMNS} FROM stages WHERE run_id = ?1 AND stage = ?2 AND branch = ?3"
+            ))?
+            .query_row(params![run, stage, branch], stage_row)
+            .optional()?)
+    }
+
+    pub fn stages_of(&self, run: &str) -> Result<Vec<StageRecord>, StateError> {
+        let rows = self
+            .conn
+            .prepare_cached(&format!(
+                "SELECT {STAGE_COLUMNS} FROM stages WHERE run_id = ?1 ORDER BY started_at, stage, branch"
+            ))?
+            .query_map([run], stage_row)?
+            .collect::<Result<_, _>>()?;
+        Ok(rows)
+    }
+
+    /// Writes a stage's row (insert or replace) with an event, in one transaction.
+    pub fn put_stage(&mut self, s: &StageRecord, event: Option<(&str, &str, Option<&str>)>) -> Result<(), StateError> {
+        let tx = self.conn.transaction()?;
+        tx.prepare_cached(&format!(
+            "INSERT OR REPLACE INTO stages ({STAGE_COLUMNS}) VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13)"
+        ))?
+        .execute(params![
+            s.run_id,
+            s.stage,
+            s.branch,
+            s.stage_key,
+            s.status,
+            s.attempts,
+            s.input_snapshot,
+            s.output_snapshot,
+            s.sandbox_id,
+            s.started_at,
+            s.ended_at,
+            s.error,
+            s.metric
+        ])?;
+        if let Some((kind, detail, snapshot)) = event {
+            insert_event(&tx, &s.run_id, Some(&s.stage), Some(&s.branch), kind, detail, snapshot)?;
+        }
+        if s.status == "completed" && s.branch.is_empty() {
+            if let Some(out) = &s.output_snapshot {
+                tx.prepare_cached(
+                    "INSERT OR IGNORE INTO stage_keys (stage_key, output_snapshot, run_id, stage, completed_at, metric)
+                     VALUES (?1, ?2, ?3, ?4, ?5, ?6)",
+                )?
+                .execute(params![
+                    s.stage_key,
+                    out,
+                    s.run_id,
+                    s.stage,
+                    s.ended_at.unwrap_or(0),
+                    s.metric
+                ])?;
+            }
+        }
+        tx.commit()?;
+        Ok(())
+    }
+
+    /// The output snapshot, run and metric of a completed stage key, from any run.
+    pub fn completed_key(&self, key: &str) -> Result<Option<(String, String, Option<f64>)>, StateError> {
+        Ok(self
+            .conn
+            .prepare_cached("SELECT output_snapshot, run_id, metric FROM stage_keys WHERE stage_key = ?1")?
+            .query_row([key], |r| Ok((r.get(0)?, r.get(1)?, r.get(2)?)))
+            .optional()?)
+    }
+
+    /// Records a completed branch's key (branch winners and losers alike keep
+    /// their work: re-running the group reuses them).
+    pub fn complete_key(&self, s: &StageRecord, at: i64) -> Result<(), StateError> {
+        self.conn
+            .prepare_cached(
+                "INSERT OR IGNORE INTO stage_keys (stage_key, output_snapshot, run_id, stage, completed_at, metric)
+                 VALUES (?1, ?2, ?3, ?4, ?5, ?6)",
+            )?
+            .execute(params![s.stage_key, s.output_snapshot, s.run_id, s.stage, at, s.metric])?;
+        Ok(())
+    }
+
+    pub fn event(
+        &self,
+        run: &str,
+        stage: Option<&str>,
+        branch: Option<&str>,
+        kind: &str,
+        detail: &str,
+        snapshot: Option<&str>,
+    ) -> Result<(), StateError> {
+        insert_event(&self.conn, run, stage, branch, kind, detail, snapshot)
+    }
+
+    pub fn events_of(&self, run: &str) -> Result<Vec<EventRecord>, StateError> {
+        let rows = self
+            .conn
+            .prepare_cached(
+                "SELECT seq, stage, branch, kind, detail, snapshot_id, created_at FROM events WHERE run_id = ?1 ORDER BY seq",
+            )?
+            .query_map([run], |r| {
+                Ok(EventRecord {
+                    seq: r.get(0)?,
+                    stage: r.get(1)?,
+                    branch: r.get(2)?,
+                    kind: r.get(3)?,
+                    detail: r.get(4)?,
+                    snapshot_id: r.get(5)?,
+                    created_at: r.get(6)?,
+                })
+            })?
+            .collect::<Result<_, _>>()?;
+        Ok(rows)
+    }
+
+    pub fn add_checkpoint(
+        &self,
+        run: &str,
+        stage: &str,
+        branch: &str,
+        snapshot: &str,
+        at: i64,
+    ) -> Result<(), StateError> {
+        let tx = self.conn.unchecked_transaction()?;
+        tx.prepare_cached(
+            "INSERT INTO checkpoints (run_id, stage, branch, snapshot_id, created_at) VALUES (?1, ?2, ?3, ?4, ?5)",
+        )?
+        .execute(params![run, stage, branch, snapshot, at])?;
+        insert_event(
+            &tx,
+            run,
+            Some(stage),
+            Some(branch),
+            "checkpoint",
+            "periodic checkpoint of the running stage",
+            Some(snapshot),
+        )?;
+        tx.commit()?;
+        Ok(())
+    }
+
+    pub fn newest_checkpoint(&self, run: &str, stage: &str, branch: &str) -> Result<Option<String>, StateError> {
+        Ok(self
+            .conn
+            .prepare_cached(
+                "SELECT snapshot_id FROM checkpoints WHERE run_id = ?1 AND stage = ?2 AND branch = ?3
+                 ORDER BY created_at DESC, rowid DESC LIMIT 1",
+            )?
+            .query_row(params![run, stage, branch], |r| r.get(0))
+            .optional()?)
+    }
+
+    pub fn insert_artifact(&self, a: &ArtifactRecord) -> Result<(), StateError> {
+        self.conn
+            .prepare_cached(
+                "INSERT OR REPLACE INTO artifacts (id, run_id, stage, branch, path, size_bytes, content_hash, snapshot_id)
+                 VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8)",
+            )?
+            .execute(params![a.id, a.run_id, a.stage, a.branch, a.path, a.size_bytes as i64, a.content_hash, a.snapshot_id])?;
+        Ok(())
+    }
+
+    pub fn artifacts(&self, run: Option<&str>) -> Result<Vec<ArtifactRecord>, StateError> {
+        let rows = self
+            .conn
+            .prepare_cached(
+                "SELECT id, run_id, stage, branch, path, size_bytes, content_hash, snapshot_id FROM artifacts
+                 WHERE ?1 IS NULL OR run_id = ?1 ORDER BY run_id, stage, path",
+            )?
+            .query_map([run], |r| {
+                Ok(ArtifactRecord {
+                    id: r.get(0)?,
+                    run_id: r.get(1)?,
+                    stage: r.get(2)?,
+                    branch: r.get(3)?,
+                    path: r.get(4)?,
+                    size_bytes: r.get::<_, i64>(5)? as u64,
+                    content_hash: r.get(6)?,
+                    snapshot_id: r.get(7)?,
+                })
+            })?
+            .collect::<Result<_, _>>()?;
+        Ok(rows)
+    }
+
+    pub fn insert_dead_letter(&self, d: &DeadLetter) -> Result<(), StateError> {
+        self.conn
+            .prepare_cached(
+                "INSERT INTO dead_letters (id, run_id, stage, branch, error, failure_snapshot, input_snapshot, created_at, retried_at)
+                 VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9)",
+            )?
+            .execute(params![
+                d.id,
+                d.run_id,
+                d.stage,
+                d.branch,
+                d.error,
+                d.failure_snapshot,
+                d.input_snapshot,
+                d.created_at,
+                d.retried_at
+            ])?;
+        Ok(())
+    }
+
+    pub fn dead_letters(&self) -> Result<Vec<DeadLetter>, StateError> {
+        let rows = self
+            .conn
+            .prepare_cached(
+                "SELECT id, run_id, stage, branch, error, failure_snapshot, input_snapshot, created_at, retried_at
+                 FROM dead_letters ORDER BY created_at",
+            )?
+            .query_map([], |r| {
+                Ok(DeadLetter {
+                    id: r.get(0)?,
+                    run_id: r.get(1)?,
+                    stage: r.get(2)?,
+                    branch: r.get(3)?,
+                    error: r.get(4)?,
+                    failure_snapshot: r.get(5)?,
+                    input_snapshot: r.get(6)?,
+                    created_at: r.get(7)?,
+                    retried_at: r.get(8)?,
+                })
+            })?
+            .collect::<Result<_, _>>()?;
+        Ok(rows)
+    }
+
+    pub fn mark_dead_letter_retried(&self, id: &str, at: i64) -> Result<(), StateError> {
+        self.conn
+            .prepare_cached("UPDATE dead_letters SET retried_at = ?2 WHERE id = ?1")?
+            .execute(params![id, at])?;
+        Ok(())
+    }
+
+    /// Snapshot ids the pipeline records keep alive (outputs, checkpoints,
+    /// dead letters), for garbage collection.
+    pub fn pipeline_snapshots(&self) -> Result<Vec<String>, StateError> {
+        let mut out = Vec::new();
+        for sql in [
+            "SELECT output_snapshot FROM stage_keys",
+            "SELECT snapshot_id FROM checkpoints",
+            "SELECT failure_snapshot FROM dead_letters WHERE failure_snapshot IS NOT NULL",
+            "SELECT input_snapshot FROM dead_letters WHERE input_snapshot IS NOT NULL",
+        ] {
+            let ids: Vec<String> = self
+                .conn
+                .prepare(sql)?
+                .query_map([], |r| r.get(0))?
+                .collect::<Result<_, _>>()?;
+            out.extend(ids);
+        }
+        Ok(out)
+    }
+}
+
+fn insert_event(
+    conn: &rusqlite::Connection,
+    run: &str,
+    stage: Option<&str>,
+    branch: Option<&str>,
+    kind: &str,
+    detail: &str,
+    snapshot: Option<&str>,
+) -> Result<(), StateError> {
+    conn.prepare_cached(
+        "INSERT INTO events (run_id, stage, branch, kind, detail, snapshot_id, created_at) VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7)",
+    )?
+    .execute(params![run, stage, branch, kind, detail, snapshot, crate::now_ms()])?;
+    Ok(())
+}

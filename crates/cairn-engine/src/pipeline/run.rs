@@ -1,0 +1,885 @@
+//! Running a pipeline: stages in sandboxes forked from snapshots, with stage
+//! keys, checkpoints, retries that restore the newest checkpoint, a
+//! dead-letter queue, branch groups and a lineage of events.
+//!
+//! Every transition is a row written in one transaction before the next
+//! step, so `resume` after a crash (even `kill -9`) continues from the
+//! records: completed stages are never run again, a cut-short attempt is
+//! discarded with its sandbox and restarted from the stage's newest
+//! checkpoint. Nothing is replayed: the records are data, not history.
+
+use std::collections::BTreeMap;
+use std::fs;
+use std::io::Write;
+use std::path::{Path, PathBuf};
+use std::sync::mpsc;
+use std::time::{Duration, Instant};
+
+use cairn_protocol::{ExecRequest, FileKind, FileMeta};
+use cairn_store::{ChunkHash, FileContent, Framed};
+use serde::{Deserialize, Serialize};
+
+use super::records::{ArtifactRecord, DeadLetter, RunRecord, StageRecord};
+use super::spec::{self, Branches, Metric, Pipeline, Selection, Stage};
+use crate::sandboxes::CreateOptions;
+use crate::{now_ms, Engine, EngineError, Home, Silent};
+
+#[derive(Debug, thiserror::Error)]
+pub enum RunError {
+    #[error(transparent)]
+    Spec(#[from] spec::PipelineError),
+    #[error("cannot read {0}: {1}")]
+    Read(PathBuf, std::io::Error),
+    #[error("no run matches {0:?}; `cairn runs` lists them")]
+    NoSuchRun(String),
+    #[error("run {0} already completed")]
+    Completed(String),
+    #[error("no dead letter matches {0:?}; `cairn dlq ls` lists them")]
+    NoSuchDeadLetter(String),
+    #[error("dead letter {0} was already retried")]
+    AlreadyRetried(String),
+    #[error("no artifact matches {0:?}; `cairn run show RUN` lists a run's artifacts")]
+    NoSuchArtifact(String),
+    #[error("--param takes KEY=VALUE, got {0:?}")]
+    BadParam(String),
+}
+
+/// The chunk list of an artifact, stored as an object.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct ArtifactObject {
+    pub path: String,
+    pub content: FileContent,
+}
+
+impl Framed for ArtifactObject {
+    const MAGIC: [u8; 8] = *b"CAIRNART";
+    const VERSION: u32 = 1;
+    const MAX_PAYLOAD: u64 = 64 << 20;
+    const NAME: &'static str = "artifact";
+}
+
+/// Receives progress of a run.
+pub trait RunWatcher: Sync {
+    /// A stage (or branch) changed state.
+    fn stage(&self, stage: &str, branch: &str, status: &str, detail: &str);
+    /// Output of a stage's commands.
+    fn output(&self, stage: &str, branch: &str, data: &[u8]);
+}
+
+pub struct Quiet;
+
+impl RunWatcher for Quiet {
+    fn stage(&self, _: &str, _: &str, _: &str, _: &str) {}
+    fn output(&self, _: &str, _: &str, _: &[u8]) {}
+}
+
+/// Parses `k=v` overrides.
+pub fn parse_params(raw: &[String]) -> Result<BTreeMap<String, String>, RunError> {
+    raw.iter()
+        .map(|kv| match kv.split_once('=') {
+            Some((k, v)) if !k.is_empty() => Ok((k.to_string(), v.to_string())),
+            _ => Err(RunError::BadParam(kv.clone())),
+        })
+        .collect()
+}
+
+fn new_id(len: usize) -> String {
+    let mut b = vec![0u8; len / 2];
+    getrandom::getrandom(&mut b).expect("the kernel RNG is available");
+    b.iter().map(|x| format!("{x:02x}")).collect()
+}
+
+/// Fills `{params.X}`, `{stage}`, `{pipeline}`, `{hypothesis}` and
+/// `{hypothesis.K}` (checked by the parser, so every name resolves); `{{`
+/// and `}}` become braces, other braces stay as they are.
+fn render(template: &str, p: &Pipeline, stage: &Stage, hypothesis: Option<&BTreeMap<String, String>>) -> String {
+    let mut out = String::with_capacity(template.len());
+    let mut i = 0;
+    let bytes = template.as_bytes();
+    while i < bytes.len() {
+        let rest = &template[i..];
+        if rest.starts_with("{{") || rest.starts_with("}}") {
+            out.push_str(&rest[..1]);
+            i += 2;
+            continue;
+        }
+        if rest.starts_with('{') {
+            if let Some(len) = rest[1..].find('}') {
+                let name = &rest[1..1 + len];
+                if spec::is_ident(name) {
+                    let value = match name.split_once('.') {
+                        Some(("params", k)) => p.params.get(k).cloned(),
+                        Some(("hypothesis", k)) => hypothesis.and_then(|h| h.get(k).cloned()),
+                        None if name == "stage" => Some(stage.name.clone()),
+                        None if name == "pipeline" => Some(p.name.clone()),
+                        None if name == "hypothesis" => hypothesis.and_then(|h| h.get("name").cloned()),
+                        _ => None,
+                    };
+                    out.push_str(&value.unwrap_or_else(|| rest[..len + 2].to_string()));
+                    i += len + 2;
+                    continue;
+                }
+            }
+        }
+        let ch = rest.chars().next().expect("not at the end");
+        out.push(ch);
+        i += ch.len_utf8();
+    }
+    out
+}
+
+/// The first number in `text` (metric files), or the last (`output`).
+fn number(text: &str, last: bool) -> Option<f64> {
+    let mut nums = text
+        .split(|c: char| !(c.is_ascii_digit() || c == '.' || c == '-' || c == 'e' || c == 'E' || c == '+'))
+        .filter_map(|w| w.parse::<f64>().ok())
+        .filter(|n| n.is_finite());
+    if last {
+        nums.last()
+    } else {
+        nums.next()
+    }
+}
+
+/// How one attempt of a stage ended.
+enum Outcome {
+    Succeeded {
+        output: String,
+        metric: Option<f64>,
+    },
+    Failed {
+        error: String,
+        failure_snapshot: Option<String>,
+    },
+}
+
+impl Engine {
+    /// Checks a pipeline file and records a new run; nothing runs yet.
+    pub fn start_run(&mut self, file: &Path, params: &BTreeMap<String, String>) -> Result<RunRecord, EngineError> {
+        let text = fs::read_to_string(file).map_err(|e| RunError::Read(file.to_path_buf(), e))?;
+        let pipeline = spec::parse(&file.display().to_string(), &text, params).map_err(RunError::from)?;
+        let run = RunRecord {
+            id: new_id(12),
+            pipeline: pipeline.name.clone(),
+            file: file.display().to_string(),
+            spec: text,
+            params: params.iter().map(|(k, v)| format!("{k}={v}\n")).collect(),
+            status: "running".into(),
+            created_at: now_ms(),
+            ended_at: None,
+            error: None,
+        };
+        self.db.insert_run(&run)?;
+        self.db.event(
+            &run.id,
+            None,
+            None,
+            "started",
+            &format!("pipeline {} from {}", pipeline.name, run.file),
+            None,
+        )?;
+        Ok(run)
+    }
+
+    pub fn run_record(&self, key: &str) -> Result<RunRecord, EngineError> {
+        let mut found = self.db.find_runs(key)?;
+        if found.len() == 1 {
+            return Ok(found.remove(0));
+        }
+        Err(RunError::NoSuchRun(key.to_string()).into())
+    }
+
+    pub fn runs(&self) -> Result<Vec<RunRecord>, EngineError> {
+        Ok(self.db.runs()?)
+    }
+
+    pub fn run_stages(&self, run: &str) -> Result<Vec<StageRecord>, EngineError> {
+        Ok(self.db.stages_of(run)?)
+    }
+
+    pub fn run_events(&self, run: &str) -> Result<Vec<super::records::EventRecord>, EngineError> {
+        Ok(self.db.events_of(run)?)
+    }
+
+    pub fn artifacts(&self, run: Option<&str>) -> Result<Vec<ArtifactRecord>, EngineError> {
+        Ok(self.db.artifacts(run)?)
+    }
+
+    pub fn dead_letters(&self) -> Result<Vec<DeadLetter>, EngineError> {
+        Ok(self.db.dead_letters()?)
+    }
+
+    /// The directory holding a run's stage logs.
+    pub fn run_dir(&self, run: &str) -> PathBuf {
+        self.home.root().join("runs").join(run)
+    }
+
+    /// Runs (or resumes) every stage not completed yet, in order. Returns the
+    /// run's final record: completed, or failed with the stage at fault in
+    /// the dead-letter queue.
+    pub fn execute_run(&mut self, run_id: &str, watch: &dyn RunWatcher) -> Result<RunRecord, EngineError> {
+        let run = self.run_record(run_id)?;
+        if run.status == "completed" {
+            return Err(RunError::Completed(run.id).into());
+        }
+        let overrides = run
+            .params
+            .lines()
+            .filter_map(|l| l.split_once('='))
+            .map(|(k, v)| (k.into(), v.into()))
+            .collect();
+        let pipeline = spec::parse(&run.file, &run.spec, &overrides).map_err(RunError::from)?;
+        fs::create_dir_all(self.run_dir(&run.id)).map_err(|e| RunError::Read(self.run_dir(&run.id), e))?;
+        if run.status != "running" {
+            self.db.finish_run(&run.id, "running", None, 0)?;
+        }
+        let mut outputs: BTreeMap<String, String> = BTreeMap::new();
+        for stage in &pipeline.stages {
+            let input = match &stage.after {
+                v if v.is_empty() => None,
+                v => Some(outputs.get(&v[0]).cloned().expect("stages come after their inputs")),
+            };
+            let result = match &stage.branches {
+                None => self.run_stage(&run, &pipeline, stage, "", None, input.as_deref(), watch)?,
+                Some(b) => self.run_branches(&run, &pipeline, stage, b, input.as_deref(), watch)?,
+            };
+            match result {
+                Some(output) => {
+                    outputs.insert(stage.name.clone(), output);
+                }
+                None => {
+                    let msg = format!("stage {} went to the dead-letter queue", stage.name);
+                    self.db.finish_run(&run.id, "failed", Some(&msg), now_ms())?;
+                    self.db.event(&run.id, Some(&stage.name), None, "failed", &msg, None)?;
+                    return self.run_record(&run.id);
+                }
+            }
+        }
+        self.db.finish_run(&run.id, "completed", None, now_ms())?;
+        self.db.event(
+            &run.id,
+            None,
+            None,
+            "completed",
+            "every stage completed",
+            outputs.values().last().map(|s| s.as_str()),
+        )?;
+        self.run_record(&run.id)
+    }
+
+    /// One stage (or one branch of a group). `Some(output snapshot)` when it
+    /// completed (now or before), `None` when it went to the dead letters.
+    #[allow(clippy::too_many_arguments)]
+    fn run_stage(
+        &mut self,
+        run: &RunRecord,
+        p: &Pipeline,
+        stage: &Stage,
+        branch: &str,
+        hypothesis: Option<&BTreeMap<String, String>>,
+        input: Option<&str>,
+        watch: &dyn RunWatcher,
+    ) -> Result<Option<String>, EngineError> {
+        let key = render(&stage.key, p, stage, hypothesis);
+        let existing = self.db.stage(&run.id, &stage.name, branch)?;
+        if let Some(done) = existing.as_ref().filter(|s| s.status == "completed") {
+            return Ok(done.output_snapshot.clone());
+        }
+        if existing.as_ref().is_some_and(|s| s.status == "dead") {
+            return Ok(None);
+        }
+        let mut rec = existing.clone().unwrap_or(StageRecord {
+            run_id: run.id.clone(),
+            stage: stage.name.clone(),
+            branch: branch.to_string(),
+            stage_key: key.clone(),
+            status: "pending".into(),
+            attempts: 0,
+            input_snapshot: input.map(str::to_string),
+            output_snapshot: None,
+            sandbox_id: None,
+            started_at: Some(now_ms()),
+            ended_at: None,
+            error: None,
+            metric: None,
+        });
+        // A completed key returns its recorded output without running anything.
+        if let Some((output, from_run, metric)) = self.db.completed_key(&key)? {
+            rec.status = "completed".into();
+            rec.output_snapshot = Some(output.clone());
+            rec.metric = metric;
+            rec.ended_at = Some(now_ms());
+            let detail = format!("stage key {key} completed in run {from_run}; its output is reused");
+            self.db.put_stage(&rec, Some(("reused", &detail, Some(&output))))?;
+            watch.stage(&stage.name, branch, "reused", &detail);
+            return Ok(Some(output));
+        }
+        // A cut-short attempt (the orchestrator died) is discarded with its sandbox.
+        if let Some(sandbox) = rec.sandbox_id.take().filter(|_| rec.status == "running") {
+            if let Ok(sb) = self.sandbox(&sandbox) {
+                let _ = self.remove_sandbox(&sb, true);
+            }
+            self.db.event(
+                &run.id,
+                Some(&stage.name),
+                Some(branch),
+                "resumed",
+                &format!("discarded the interrupted attempt in sandbox {sandbox}"),
+                None,
+            )?;
+        }
+        // A stage gets 1 + retries attempts each time it starts afresh (new,
+        // or retried from the dead-letter queue); attempts keep counting.
+        let limit = if rec.status == "pending" { rec.attempts } else { 0 } + stage.retries + 1;
+        while rec.attempts < limit {
+            rec.attempts += 1;
+            let checkpoint = self.db.newest_checkpoint(&run.id, &stage.name, branch)?;
+            let from = checkpoint.clone().or(input.map(str::to_string));
+            let opts = CreateOptions {
+                image: p.image.clone(),
+                ..CreateOptions::default()
+            };
+            let sandbox = match &from {
+                Some(snap) => {
+                    let snap = self.snapshot_record(snap)?;
+                    self.restore(&snap, &opts)?
+                }
+                None => self.create_sandbox(&opts, &Silent)?,
+            };
+            rec.status = "running".into();
+            rec.sandbox_id = Some(sandbox.id.clone());
+            let detail = match (&checkpoint, input) {
+                (Some(c), _) => format!("attempt {} restores checkpoint {}", rec.attempts, &c[..12]),
+                (None, Some(i)) => format!("attempt {} forks {}", rec.attempts, &i[..12.min(i.len())]),
+                (None, None) => format!(
+                    "attempt {} starts from image {}",
+                    rec.attempts,
+                    p.image.as_deref().unwrap_or("busybox")
+                ),
+            };
+            let kind = if rec.attempts > 1 { "retry" } else { "forked" };
+            self.db.put_stage(&rec, Some((kind, &detail, from.as_deref())))?;
+            watch.stage(&stage.name, branch, "running", &detail);
+            let outcome = self.attempt(
+                run,
+                p,
+                stage,
+                branch,
+                hypothesis,
+                &sandbox,
+                (checkpoint.is_none(), rec.attempts),
+                watch,
+            )?;
+            if let Ok(sb) = self.sandbox(&sandbox.id) {
+                self.remove_sandbox(&sb, true)?;
+            }
+            rec.sandbox_id = None;
+            match outcome {
+                Outcome::Succeeded { output, metric } => {
+                    rec.status = "completed".into();
+                    rec.output_snapshot = Some(output.clone());
+                    rec.metric = metric;
+                    rec.error = None;
+                    rec.ended_at = Some(now_ms());
+                    let detail = format!("completed on attempt {}", rec.attempts);
+                    self.db.put_stage(&rec, Some(("completed", &detail, Some(&output))))?;
+                    if !branch.is_empty() {
+                        self.db.complete_key(&rec, now_ms())?;
+                    }
+                    watch.stage(&stage.name, branch, "completed", &detail);
+                    return Ok(Some(output));
+                }
+                Outcome::Failed {
+                    error,
+                    failure_snapshot,
+                } => {
+                    rec.status = "failed".into();
+                    rec.error = Some(error.clone());
+                    self.db
+                        .put_stage(&rec, Some(("failed", &error, failure_snapshot.as_deref())))?;
+                    watch.stage(&stage.name, branch, "failed", &error);
+                    if rec.attempts >= limit {
+                        rec.status = "dead".into();
+                        rec.ended_at = Some(now_ms());
+                        let dl = DeadLetter {
+                            id: new_id(12),
+                            run_id: run.id.clone(),
+                            stage: stage.name.clone(),
+                            branch: branch.to_string(),
+                            error: error.clone(),
+                            failure_snapshot,
+                            input_snapshot: input.map(str::to_string),
+                            created_at: now_ms(),
+                            retried_at: None,
+                        };
+                        self.db.insert_dead_letter(&dl)?;
+                        let detail = format!(
+                            "retries exhausted after {} attempts; dead letter {}",
+                            rec.attempts, dl.id
+                        );
+                        self.db
+                            .put_stage(&rec, Some(("dead", &detail, dl.failure_snapshot.as_deref())))?;
+                        watch.stage(&stage.name, branch, "dead", &detail);
+                        return Ok(None);
+                    }
+                }
+            }
+        }
+        Ok(None)
+    }
+
+    /// One attempt in `sandbox`: edits, commands (with the stage timeout and
+    /// periodic checkpoints), then artifacts and the output snapshot.
+    #[allow(clippy::too_many_arguments)]
+    fn attempt(
+        &mut self,
+        run: &RunRecord,
+        p: &Pipeline,
+        stage: &Stage,
+        branch: &str,
+        hypothesis: Option<&BTreeMap<String, String>>,
+        sandbox: &crate::SandboxRecord,
+        (fresh, attempt): (bool, u32),
+        watch: &dyn RunWatcher,
+    ) -> Result<Outcome, EngineError> {
+        let client = self.client(sandbox)?;
+        let log_name = if branch.is_empty() {
+            format!("{}.log", stage.name)
+        } else {
+            format!("{}.{branch}.log", stage.name)
+        };
+        let mut log = fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(self.run_dir(&run.id).join(log_name))
+            .map_err(|e| RunError::Read(self.run_dir(&run.id), e))?;
+        let fail = |engine: &mut Engine, error: String| -> Result<Outcome, EngineError> {
+            let failure_snapshot = engine
+                .sandbox(&sandbox.id)
+                .ok()
+                .and_then(|sb| engine.snapshot(&sb, None).ok())
+                .map(|s| s.id);
+            Ok(Outcome::Failed {
+                error,
+                failure_snapshot,
+            })
+        };
+        if fresh {
+            for edit in &stage.edits {
+                let parent = Path::new(&edit.path)
+                    .parent()
+                    .map(|d| d.to_string_lossy().into_owned())
+                    .unwrap_or("/".into());
+                let mkdir = ExecRequest {
+                    argv: vec!["mkdir".into(), "-p".into(), parent],
+                    ..ExecRequest::default()
+                };
+                if let Ok(s) = client.exec(mkdir)? {
+                    s.wait(&mut std::io::sink(), &mut std::io::sink())?;
+                }
+                let content = render(&edit.content, p, stage, hypothesis);
+                let meta = FileMeta {
+                    path: edit.path.clone(),
+                    kind: FileKind::File,
+                    mode: edit.mode,
+                    uid: 0,
+                    gid: 0,
+                    size: content.len() as u64,
+                    mtime_ns: now_ms() as i128 * 1_000_000,
+                };
+                if let Err(e) = client.put_file(meta, &mut content.as_bytes()) {
+                    return fail(self, format!("edit {}: {e}", edit.path));
+                }
+            }
+        }
+        // Periodic checkpoints from a thread with its own engine.
+        let (stop_tx, stop_rx) = mpsc::channel::<()>();
+        let checkpointer = stage.checkpoint_every.map(|every| {
+            let home = self.home.clone();
+            let (run_id, stage_name, branch, sandbox_id) = (
+                run.id.clone(),
+                stage.name.clone(),
+                branch.to_string(),
+                sandbox.id.clone(),
+            );
+            std::thread::spawn(move || {
+                checkpoint_loop(home, every, stop_rx, &run_id, &stage_name, &branch, &sandbox_id)
+            })
+        });
+        let deadline = stage.timeout.map(|t| Instant::now() + t);
+        let mut output = Vec::new();
+        let mut failure = None;
+        for (i, cmd) in stage.run.iter().enumerate() {
+            let cmd = render(cmd, p, stage, hypothesis);
+            let left = deadline.map(|d| d.saturating_duration_since(Instant::now()));
+            if left.is_some_and(|l| l.is_zero()) {
+                failure = Some(format!(
+                    "timed out after {:?} before command {}",
+                    stage.timeout.unwrap_or_default(),
+                    i + 1
+                ));
+                break;
+            }
+            let req = ExecRequest {
+                argv: vec!["/bin/sh".into(), "-c".into(), cmd.clone()],
+                env: vec![
+                    ("CAIRN_RUN".into(), run.id.clone()),
+                    ("CAIRN_STAGE".into(), stage.name.clone()),
+                    ("CAIRN_BRANCH".into(), branch.into()),
+                    ("CAIRN_ATTEMPT".into(), attempt.to_string()),
+                ],
+                timeout_ms: left.map(|l| l.as_millis() as u64),
+                ..ExecRequest::default()
+            };
+            let session = match client.exec(req)? {
+                Ok(s) => s,
+                Err(f) => {
+                    failure = Some(format!("command {} did not start: {}", i + 1, f.message));
+                    break;
+                }
+            };
+            let mut err_log = log.try_clone().map_err(|e| RunError::Read(self.run_dir(&run.id), e))?;
+            let mut errors = Vec::new();
+            let status = session.wait(
+                &mut Tee {
+                    log: &mut log,
+                    buf: &mut output,
+                    watch,
+                    stage: &stage.name,
+                    branch,
+                },
+                &mut Tee {
+                    log: &mut err_log,
+                    buf: &mut errors,
+                    watch,
+                    stage: &stage.name,
+                    branch,
+                },
+            )?;
+            match status {
+                Some(s) if s.code == Some(0) => {}
+                Some(s) if s.timed_out => {
+                    failure = Some(format!(
+                        "command {} timed out after {:?}",
+                        i + 1,
+                        stage.timeout.unwrap_or_default()
+                    ));
+                    break;
+                }
+                Some(s) => {
+                    failure = Some(format!(
+                        "command {} `{cmd}` exited with status {}",
+                        i + 1,
+                        s.shell_code()
+                    ));
+                    break;
+                }
+                None => {}
+            }
+        }
+        drop(stop_tx);
+        if let Some(t) = checkpointer {
+            let _ = t.join();
+        }
+        if let Some(error) = failure {
+            return fail(self, error);
+        }
+        let metric = match stage.branches.as_ref().map(|b| &b.select) {
+            Some(Selection::Min(m)) | Some(Selection::Max(m)) => match m {
+                Metric::Output => number(&String::from_utf8_lossy(&output), true),
+                Metric::File(path) => {
+                    let mut buf = Vec::new();
+                    client
+                        .get_file(path, &mut buf)
+                        .ok()
+                        .and_then(|_| number(&String::from_utf8_lossy(&buf), false))
+                }
+            },
+            _ => None,
+        };
+        let sb = self.sandbox(&sandbox.id)?;
+        let out = self.snapshot(
+            &sb,
+            Some(&format!(
+                "{}/{}{}",
+                run.id,
+                stage.name,
+                if branch.is_empty() {
+                    String::new()
+                } else {
+                    format!("/{branch}")
+                }
+            )),
+        )?;
+        for path in &stage.artifacts {
+            if let Err(e) = self.collect_artifact(&client, run, stage, branch, path, &out.id) {
+                return fail(self, format!("artifact {path}: {e}"));
+            }
+        }
+        Ok(Outcome::Succeeded { output: out.id, metric })
+    }
+
+    fn collect_artifact(
+        &self,
+        client: &cairn_sandbox::client::InitClient,
+        run: &RunRecord,
+        stage: &Stage,
+        branch: &str,
+        path: &str,
+        snapshot: &str,
+    ) -> Result<(), EngineError> {
+        let tmp_dir = self
+            .home
+            .scratch()
+            .join(format!("{}-{}", std::process::id(), new_id(8)));
+        fs::create_dir_all(&tmp_dir).map_err(|e| RunError::Read(tmp_dir.clone(), e))?;
+        let tmp = tmp_dir.join("artifact");
+        let result = (|| -> Result<(), EngineError> {
+            let mut f = fs::File::create(&tmp).map_err(|e| RunError::Read(tmp.clone(), e))?;
+            client.get_file(path, &mut f)?;
+            let f = fs::File::open(&tmp).map_err(|e| RunError::Read(tmp.clone(), e))?;
+            let content = self.store.store_file(&f).map_err(crate::SnapshotError::from)?;
+            let hash = blake3::hash(&fs::read(&tmp).map_err(|e| RunError::Read(tmp.clone(), e))?)
+                .to_hex()
+                .to_string();
+            let size = content.size;
+            let object = ArtifactObject {
+                path: path.to_string(),
+                content,
+            };
+            let id = self.store.put_object(&object).map_err(crate::SnapshotError::from)?;
+            self.db.insert_artifact(&ArtifactRecord {
+                id: id.to_string(),
+                run_id: run.id.clone(),
+                stage: stage.name.clone(),
+                branch: branch.to_string(),
+                path: path.to_string(),
+                size_bytes: size,
+                content_hash: hash,
+                snapshot_id: snapshot.to_string(),
+            })?;
+            Ok(())
+        })();
+        let _ = fs::remove_dir_all(&tmp_dir);
+        result
+    }
+
+    /// A branch group: every hypothesis forks the input in parallel (each in
+    /// a thread with its own engine); the selection rule keeps one winner.
+    fn run_branches(
+        &mut self,
+        run: &RunRecord,
+        p: &Pipeline,
+        stage: &Stage,
+        branches: &Branches,
+        input: Option<&str>,
+        watch: &dyn RunWatcher,
+    ) -> Result<Option<String>, EngineError> {
+        if let Some(done) = self
+            .db
+            .stage(&run.id, &stage.name, "")?
+            .filter(|s| s.status == "completed")
+        {
+            return Ok(done.output_snapshot);
+        }
+        let home = self.home.clone();
+        let results: Vec<Result<Option<String>, String>> = std::thread::scope(|scope| {
+            let handles: Vec<_> = branches
+                .hypotheses
+                .iter()
+                .map(|h| {
+                    let home = home.clone();
+                    let name = h.get("name").cloned().unwrap_or_default();
+                    scope.spawn(move || -> Result<Option<String>, String> {
+                        let mut engine = Engine::open(Home::at(home.root())).map_err(|e| e.to_string())?;
+                        engine
+                            .run_stage(run, p, stage, &name, Some(h), input, watch)
+                            .map_err(|e| e.to_string())
+                    })
+                })
+                .collect();
+            handles
+                .into_iter()
+                .map(|h| h.join().unwrap_or_else(|_| Err("a branch panicked".into())))
+                .collect()
+        });
+        for r in &results {
+            if let Err(e) = r {
+                return Err(EngineError::Service {
+                    command: format!("branch of {}", stage.name),
+                    reason: e.clone(),
+                });
+            }
+        }
+        let rows: Vec<StageRecord> = self
+            .db
+            .stages_of(&run.id)?
+            .into_iter()
+            .filter(|s| s.stage == stage.name && !s.branch.is_empty())
+            .collect();
+        let done: Vec<&StageRecord> = rows.iter().filter(|s| s.status == "completed").collect();
+        let winner = match &branches.select {
+            Selection::FirstSuccess => done.iter().min_by_key(|s| s.ended_at.unwrap_or(i64::MAX)).copied(),
+            Selection::Min(_) => done
+                .iter()
+                .filter(|s| s.metric.is_some())
+                .min_by(|a, b| a.metric.unwrap().total_cmp(&b.metric.unwrap()))
+                .copied(),
+            Selection::Max(_) => done
+                .iter()
+                .filter(|s| s.metric.is_some())
+                .max_by(|a, b| a.metric.unwrap().total_cmp(&b.metric.unwrap()))
+                .copied(),
+        };
+        let rule = match &branches.select {
+            Selection::FirstSuccess => "first_success".to_string(),
+            Selection::Min(_) => "min".into(),
+            Selection::Max(_) => "max".into(),
+        };
+        let Some(winner) = winner else {
+            return Ok(None);
+        };
+        for s in &rows {
+            if s.branch == winner.branch {
+                continue;
+            }
+            let why = match (&s.status[..], s.metric) {
+                ("completed", Some(m)) => format!(
+                    "lost under {rule}: metric {m} against the winner's {}",
+                    winner.metric.unwrap_or(f64::NAN)
+                ),
+                ("completed", None) => format!("lost under {rule}: finished later than {}", winner.branch),
+                (status, _) => format!("lost: it ended {status}"),
+            };
+            self.db.event(
+                &run.id,
+                Some(&stage.name),
+                Some(&s.branch),
+                "lost",
+                &why,
+                s.output_snapshot.as_deref(),
+            )?;
+        }
+        let rec = StageRecord {
+            run_id: run.id.clone(),
+            stage: stage.name.clone(),
+            branch: String::new(),
+            stage_key: format!("{}#{}", stage.name, winner.stage_key),
+            status: "completed".into(),
+            attempts: 1,
+            input_snapshot: input.map(str::to_string),
+            output_snapshot: winner.output_snapshot.clone(),
+            sandbox_id: None,
+            started_at: rows.iter().filter_map(|s| s.started_at).min(),
+            ended_at: Some(now_ms()),
+            error: None,
+            metric: winner.metric,
+        };
+        let detail = format!(
+            "{} won under {rule}{}",
+            winner.branch,
+            winner.metric.map(|m| format!(" with {m}")).unwrap_or_default()
+        );
+        self.db
+            .put_stage(&rec, Some(("won", &detail, winner.output_snapshot.as_deref())))?;
+        watch.stage(&stage.name, &winner.branch, "won", &detail);
+        Ok(winner.output_snapshot.clone())
+    }
+
+    /// Retries a dead letter: its stage runs again (from its newest
+    /// checkpoint or its input, with fresh retries), then the rest of the run.
+    pub fn retry_dead_letter(&mut self, key: &str, watch: &dyn RunWatcher) -> Result<RunRecord, EngineError> {
+        let dl = self
+            .db
+            .dead_letters()?
+            .into_iter()
+            .find(|d| d.id == key || (key.len() >= 4 && d.id.starts_with(key)))
+            .ok_or_else(|| RunError::NoSuchDeadLetter(key.to_string()))?;
+        if dl.retried_at.is_some() {
+            return Err(RunError::AlreadyRetried(dl.id).into());
+        }
+        if let Some(mut rec) = self.db.stage(&dl.run_id, &dl.stage, &dl.branch)? {
+            rec.status = "pending".into();
+            rec.error = None;
+            self.db
+                .put_stage(&rec, Some(("retry", &format!("dead letter {} retried", dl.id), None)))?;
+        }
+        self.db.mark_dead_letter_retried(&dl.id, now_ms())?;
+        self.execute_run(&dl.run_id, watch)
+    }
+
+    /// Writes an artifact's content to `out`, verified chunk by chunk.
+    pub fn artifact_get(&self, key: &str, out: &mut dyn Write) -> Result<ArtifactRecord, EngineError> {
+        let a = self
+            .db
+            .artifacts(None)?
+            .into_iter()
+            .find(|a| a.id == key || (key.len() >= 4 && a.id.starts_with(key)))
+            .ok_or_else(|| RunError::NoSuchArtifact(key.to_string()))?;
+        let hash: ChunkHash = a.id.parse().map_err(|_| RunError::NoSuchArtifact(key.to_string()))?;
+        let ctx = cairn_store::ReadContext::new()
+            .owner("artifact", hash)
+            .path(a.path.clone());
+        let object: ArtifactObject = self.store.get_object(&hash, &ctx).map_err(crate::SnapshotError::from)?;
+        self.store
+            .read_to_writer(&object.content, out, &ctx)
+            .map_err(crate::SnapshotError::from)?;
+        Ok(a)
+    }
+}
+
+fn checkpoint_loop(
+    home: Home,
+    every: Duration,
+    stop: mpsc::Receiver<()>,
+    run: &str,
+    stage: &str,
+    branch: &str,
+    sandbox: &str,
+) {
+    while let Err(mpsc::RecvTimeoutError::Timeout) = stop.recv_timeout(every) {
+        let Ok(mut engine) = Engine::open(home.clone()) else {
+            return;
+        };
+        let Ok(sb) = engine.sandbox(sandbox) else { return };
+        match engine.snapshot(
+            &sb,
+            Some(&format!(
+                "{run}/{stage}{}/checkpoint",
+                if branch.is_empty() {
+                    String::new()
+                } else {
+                    format!("/{branch}")
+                }
+            )),
+        ) {
+            Ok(snap) => {
+                let _ = engine.db.add_checkpoint(run, stage, branch, &snap.id, crate::now_ms());
+            }
+            Err(e) => tracing::warn!(stage, "checkpoint failed: {e}"),
+        }
+    }
+}
+
+/// Stage output to the stage log, to memory (for metrics) and to the watcher.
+struct Tee<'a> {
+    log: &'a mut fs::File,
+    buf: &'a mut Vec<u8>,
+    watch: &'a dyn RunWatcher,
+    stage: &'a str,
+    branch: &'a str,
+}
+
+impl Write for Tee<'_> {
+    fn write(&mut self, data: &[u8]) -> std::io::Result<usize> {
+        self.log.write_all(data)?;
+        if self.buf.len() < 1 << 20 {
+            self.buf.extend_from_slice(data);
+        }
+        self.watch.output(self.stage, self.branch, data);
+        Ok(data.len())
+    }
+    fn flush(&mut self) -> std::io::Result<()> {
+        self.log.flush()
+    }
+}

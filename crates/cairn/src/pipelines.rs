@@ -1,0 +1,271 @@
+//! Pipeline commands: run, resume, runs, run show, dlq, artifacts, stage logs.
+
+use std::io::Write;
+
+use anyhow::{bail, Context, Result};
+use cairn_engine::pipeline::run::{parse_params, RunWatcher};
+use cairn_engine::Engine;
+
+use crate::cli::{ArtifactCommand, DlqCommand, PipelineCommand};
+
+/// Stage progress and a live tail of stage output, on stderr.
+struct Progress;
+
+impl RunWatcher for Progress {
+    fn stage(&self, stage: &str, branch: &str, status: &str, detail: &str) {
+        let name = if branch.is_empty() {
+            stage.to_string()
+        } else {
+            format!("{stage}[{branch}]")
+        };
+        eprintln!("cairn: {name:<24} {status:<10} {detail}");
+    }
+    fn output(&self, stage: &str, branch: &str, data: &[u8]) {
+        let name = if branch.is_empty() {
+            stage.to_string()
+        } else {
+            format!("{stage}[{branch}]")
+        };
+        let mut err = std::io::stderr().lock();
+        for line in String::from_utf8_lossy(data).lines() {
+            let _ = writeln!(err, "  {name} | {line}");
+        }
+    }
+}
+
+pub fn pipeline(engine: &mut Engine, cmd: PipelineCommand) -> Result<i32> {
+    let run = match cmd {
+        PipelineCommand::Run { file, params, check } => {
+            let params = parse_params(&params)?;
+            if check {
+                let text = std::fs::read_to_string(&file).with_context(|| format!("cannot read {}", file.display()))?;
+                let p = cairn_engine::pipeline::parse(&file.display().to_string(), &text, &params)?;
+                eprintln!(
+                    "cairn: {} is a valid pipeline of {} stages",
+                    file.display(),
+                    p.stages.len()
+                );
+                return Ok(0);
+            }
+            let run = engine.start_run(&file, &params)?;
+            eprintln!("cairn: run {} of {}", run.id, run.pipeline);
+            println!("{}", run.id);
+            engine.execute_run(&run.id, &Progress)?
+        }
+        PipelineCommand::Resume { run } => {
+            let run = engine.run_record(&run)?;
+            eprintln!("cairn: resuming run {}", run.id);
+            engine.execute_run(&run.id, &Progress)?
+        }
+    };
+    eprintln!("cairn: run {} {}", run.id, run.status);
+    if let Some(e) = &run.error {
+        eprintln!("cairn: {e}; `cairn dlq ls` shows it, `cairn dlq retry ID` runs it again");
+    }
+    Ok(if run.status == "completed" { 0 } else { 1 })
+}
+
+pub fn runs(engine: &Engine, json: bool) -> Result<()> {
+    let runs = engine.runs()?;
+    if json {
+        println!("{}", serde_json::to_string_pretty(&runs)?);
+        return Ok(());
+    }
+    println!("{:<12}  {:<20}  {:<10}  FILE", "RUN", "PIPELINE", "STATUS");
+    for r in runs {
+        println!("{:<12}  {:<20}  {:<10}  {}", r.id, r.pipeline, r.status, r.file);
+    }
+    Ok(())
+}
+
+/// The lineage of a run as a tree: stages in order, branches under their
+/// group, each with its attempts and events.
+pub fn show(engine: &Engine, key: &str, json: bool) -> Result<()> {
+    let run = engine.run_record(key)?;
+    let stages = engine.run_stages(&run.id)?;
+    let events = engine.run_events(&run.id)?;
+    let artifacts = engine.artifacts(Some(&run.id))?;
+    if json {
+        let v = serde_json::json!({ "run": run, "stages": stages, "events": events, "artifacts": artifacts });
+        println!("{}", serde_json::to_string_pretty(&v)?);
+        return Ok(());
+    }
+    println!(
+        "run {} · {} · {}{}",
+        run.id,
+        run.pipeline,
+        run.status,
+        run.error.as_deref().map(|e| format!(" · {e}")).unwrap_or_default()
+    );
+    let mut names: Vec<&str> = Vec::new();
+    for s in &stages {
+        if !names.contains(&s.stage.as_str()) {
+            names.push(&s.stage);
+        }
+    }
+    for (i, name) in names.iter().enumerate() {
+        let last = i + 1 == names.len();
+        let (head, pad) = if last { ("└─", "   ") } else { ("├─", "│  ") };
+        let group = stages.iter().find(|s| s.stage == *name && s.branch.is_empty());
+        let summary = group
+            .map(|g| {
+                format!(
+                    "{} · key {} · {} attempt(s){}",
+                    g.status,
+                    g.stage_key,
+                    g.attempts,
+                    g.output_snapshot
+                        .as_deref()
+                        .map(|o| format!(" · output {}", &o[..12]))
+                        .unwrap_or_default()
+                )
+            })
+            .unwrap_or_else(|| "branches".into());
+        println!("{head} {name}: {summary}");
+        let stage_events: Vec<_> = events.iter().filter(|e| e.stage.as_deref() == Some(name)).collect();
+        let branches: Vec<&str> = {
+            let mut b: Vec<&str> = stages
+                .iter()
+                .filter(|s| s.stage == *name && !s.branch.is_empty())
+                .map(|s| s.branch.as_str())
+                .collect();
+            b.dedup();
+            b
+        };
+        for e in stage_events
+            .iter()
+            .filter(|e| e.branch.as_deref().unwrap_or("").is_empty())
+        {
+            println!(
+                "{pad}  · {} {}{}",
+                e.kind,
+                e.detail,
+                e.snapshot_id
+                    .as_deref()
+                    .map(|s| format!(" [{}]", &s[..12]))
+                    .unwrap_or_default()
+            );
+        }
+        for (j, b) in branches.iter().enumerate() {
+            let bl = j + 1 == branches.len();
+            let row = stages.iter().find(|s| s.stage == *name && s.branch == *b).unwrap();
+            println!(
+                "{pad}{} {b}: {}{}",
+                if bl { "└─" } else { "├─" },
+                row.status,
+                row.metric.map(|m| format!(" · metric {m}")).unwrap_or_default()
+            );
+            for e in stage_events.iter().filter(|e| e.branch.as_deref() == Some(*b)) {
+                println!(
+                    "{pad}{}  · {} {}{}",
+                    if bl { "   " } else { "│  " },
+                    e.kind,
+                    e.detail,
+                    e.snapshot_id
+                        .as_deref()
+                        .map(|s| format!(" [{}]", &s[..12]))
+                        .unwrap_or_default()
+                );
+            }
+        }
+        for a in artifacts.iter().filter(|a| a.stage == *name) {
+            println!("{pad}  ◆ artifact {} {} ({} bytes)", &a.id[..12], a.path, a.size_bytes);
+        }
+    }
+    Ok(())
+}
+
+pub fn dlq(engine: &mut Engine, cmd: DlqCommand) -> Result<i32> {
+    match cmd {
+        DlqCommand::Ls { json } => {
+            let all = engine.dead_letters()?;
+            if json {
+                println!("{}", serde_json::to_string_pretty(&all)?);
+            } else {
+                println!("{:<12}  {:<12}  {:<16}  {:<8}  ERROR", "ID", "RUN", "STAGE", "RETRIED");
+                for d in all {
+                    let stage = if d.branch.is_empty() {
+                        d.stage.clone()
+                    } else {
+                        format!("{}[{}]", d.stage, d.branch)
+                    };
+                    println!(
+                        "{:<12}  {:<12}  {:<16}  {:<8}  {}",
+                        d.id,
+                        d.run_id,
+                        stage,
+                        d.retried_at.is_some(),
+                        d.error
+                    );
+                }
+            }
+            Ok(0)
+        }
+        DlqCommand::Show { id } => {
+            let d = engine
+                .dead_letters()?
+                .into_iter()
+                .find(|d| d.id.starts_with(&id))
+                .with_context(|| format!("no dead letter matches {id:?}; `cairn dlq ls` lists them"))?;
+            println!("{}", serde_json::to_string_pretty(&d)?);
+            Ok(0)
+        }
+        DlqCommand::Retry { id } => {
+            let run = engine.retry_dead_letter(&id, &Progress)?;
+            eprintln!("cairn: run {} {}", run.id, run.status);
+            Ok(if run.status == "completed" { 0 } else { 1 })
+        }
+    }
+}
+
+pub fn artifact(engine: &Engine, cmd: ArtifactCommand) -> Result<()> {
+    match cmd {
+        ArtifactCommand::Ls { run, json } => {
+            let run = match run {
+                Some(r) => Some(engine.run_record(&r)?.id),
+                None => None,
+            };
+            let all = engine.artifacts(run.as_deref())?;
+            if json {
+                println!("{}", serde_json::to_string_pretty(&all)?);
+            } else {
+                for a in all {
+                    println!(
+                        "{}  {}  {}  {}  {} bytes",
+                        &a.id[..12],
+                        a.run_id,
+                        a.stage,
+                        a.path,
+                        a.size_bytes
+                    );
+                }
+            }
+        }
+        ArtifactCommand::Get { id, output } => {
+            if output.as_os_str() == "-" {
+                engine.artifact_get(&id, &mut std::io::stdout().lock())?;
+            } else {
+                let tmp = output.with_extension("cairn-partial");
+                let mut f = std::fs::File::create(&tmp).with_context(|| format!("cannot write {}", tmp.display()))?;
+                if let Err(e) = engine.artifact_get(&id, &mut f) {
+                    let _ = std::fs::remove_file(&tmp);
+                    return Err(e.into());
+                }
+                std::fs::rename(&tmp, &output)?;
+            }
+        }
+    }
+    Ok(())
+}
+
+pub fn stage_log(engine: &Engine, run: &str, stage: &str, tail: Option<usize>) -> Result<()> {
+    let run = engine.run_record(run)?;
+    let path = engine.run_dir(&run.id).join(format!("{stage}.log"));
+    if !path.exists() {
+        bail!(
+            "run {} has no log for stage {stage:?} (for a branch, write STAGE.BRANCH)",
+            run.id
+        );
+    }
+    crate::commands::print_tail(&std::fs::read(&path)?, tail)
+}
