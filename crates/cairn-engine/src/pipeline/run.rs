@@ -316,6 +316,8 @@ impl Engine {
         }
         // A cut-short attempt (the orchestrator died) is discarded with its sandbox.
         if let Some(sandbox) = rec.sandbox_id.take().filter(|_| rec.status == "running") {
+            // It did not fail: the orchestrator stopped. It costs no retry.
+            rec.attempts = rec.attempts.saturating_sub(1);
             if let Ok(sb) = self.sandbox(&sandbox) {
                 let _ = self.remove_sandbox(&sb, true);
             }

@@ -1,0 +1,350 @@
+//! End-to-end: pipelines on the embedded store.
+
+mod common;
+
+use std::process::Stdio;
+use std::time::{Duration, Instant};
+
+use common::{skip, stderr, stdout, Home};
+
+fn write(home: &Home, name: &str, text: &str) -> String {
+    let path = home.path().join(name);
+    std::fs::write(&path, text).unwrap();
+    path.to_string_lossy().into_owned()
+}
+
+fn show(home: &Home, run: &str) -> serde_json::Value {
+    serde_json::from_str(&home.ok(&["run", "show", run, "--json"])).unwrap()
+}
+
+fn events<'a>(v: &'a serde_json::Value, kind: &str) -> Vec<&'a serde_json::Value> {
+    v["events"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|e| e["kind"] == kind)
+        .collect()
+}
+
+const CHECKPOINTED: &str = r#"
+[pipeline]
+name = "checkpointed"
+image = "busybox"
+
+[[stage]]
+name = "long"
+key = "long-v1"
+retries = 2
+checkpoint_every = "300ms"
+run = [
+  "mkdir -p /work; if [ -e /work/after-checkpoint ]; then echo LEAK; fi; echo attempt $CAIRN_ATTEMPT",
+  "[ -e /work/before ] || { echo written > /work/before; sleep 1.5; }",
+  "echo late > /work/after-checkpoint; if [ $CAIRN_ATTEMPT -le 2 ]; then exit 7; fi",
+]
+"#;
+
+#[test]
+fn a_failing_stage_retries_from_its_checkpoint_each_time() {
+    if skip("a_failing_stage_retries_from_its_checkpoint_each_time") {
+        return;
+    }
+    let home = Home::new();
+    let file = write(&home, "p.toml", CHECKPOINTED);
+    let out = home.cairn(&["pipeline", "run", &file]);
+    assert!(out.status.success(), "{}", stderr(&out));
+    let run = stdout(&out).trim().to_string();
+    let log = home.ok(&["logs", &run, "long"]);
+    assert!(log.contains("attempt 3"), "{log}");
+    // The file written after the checkpoint is gone on every retry.
+    assert!(
+        !log.contains("LEAK"),
+        "a retry saw work from after the checkpoint:\n{log}"
+    );
+    let v = show(&home, &run);
+    assert_eq!(events(&v, "retry").len(), 2);
+    assert!(events(&v, "retry")
+        .iter()
+        .all(|e| e["detail"].as_str().unwrap().contains("restores checkpoint")));
+    assert!(!events(&v, "checkpoint").is_empty());
+    assert_eq!(v["run"]["status"], "completed");
+}
+
+const DEAD: &str = r#"
+[pipeline]
+name = "dead"
+image = "busybox"
+
+[[stage]]
+name = "first"
+key = "first-{params.tag}"
+run = ["mkdir -p /work && echo ok > /work/first"]
+artifacts = ["/work/first"]
+
+[[stage]]
+name = "flaky"
+after = "first"
+key = "flaky-{params.tag}"
+retries = 1
+run = ["echo attempt $CAIRN_ATTEMPT > /work/flaky; [ $CAIRN_ATTEMPT -ge 3 ]"]
+
+[params]
+tag = "a"
+"#;
+
+#[test]
+fn exhausted_retries_land_in_the_dlq_and_dlq_retry_completes_the_run() {
+    if skip("exhausted_retries_land_in_the_dlq_and_dlq_retry_completes_the_run") {
+        return;
+    }
+    let home = Home::new();
+    let file = write(&home, "p.toml", DEAD);
+    let out = home.cairn(&["pipeline", "run", &file]);
+    assert_eq!(out.status.code(), Some(1), "{}", stderr(&out));
+    let run = stdout(&out).trim().to_string();
+    let dlq: serde_json::Value = serde_json::from_str(&home.ok(&["dlq", "ls", "--json"])).unwrap();
+    let dl = &dlq[0];
+    assert_eq!(dl["stage"], "flaky");
+    // Both snapshots restore.
+    for snap in [
+        dl["failure_snapshot"].as_str().unwrap(),
+        dl["input_snapshot"].as_str().unwrap(),
+    ] {
+        let sb = home.ok(&["restore", snap]);
+        home.ok(&["exec", &sb, "--", "cat", "/work/first"]);
+        home.ok(&["rm", "-f", &sb]);
+    }
+    let failed = home.ok(&["restore", dl["failure_snapshot"].as_str().unwrap()]);
+    assert_eq!(home.ok(&["exec", &failed, "--", "cat", "/work/flaky"]), "attempt 2");
+    let out = home.cairn(&["dlq", "retry", dl["id"].as_str().unwrap()]);
+    assert!(out.status.success(), "{}", stderr(&out));
+    let v = show(&home, &run);
+    assert_eq!(v["run"]["status"], "completed");
+    // The first stage did not run again.
+    let completed_first = v["events"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|e| e["stage"] == "first" && e["kind"] == "completed")
+        .count();
+    assert_eq!(completed_first, 1);
+    let out = home.cairn(&["dlq", "retry", dl["id"].as_str().unwrap()]);
+    assert!(stderr(&out).contains("already retried"), "{}", stderr(&out));
+    // The artifact comes back out of the store.
+    let artifact = v["artifacts"][0]["id"].as_str().unwrap();
+    assert_eq!(home.ok(&["artifact", "get", artifact]), "ok");
+}
+
+fn branches(select: &str, metric: &str) -> String {
+    format!(
+        r#"
+[pipeline]
+name = "branches"
+image = "busybox"
+
+[[stage]]
+name = "base"
+key = "base"
+run = ["mkdir -p /work"]
+
+[[stage]]
+name = "pick"
+after = "base"
+key = "pick-{{hypothesis}}"
+run = ["sleep {{hypothesis.delay}}; echo {{hypothesis.value}} > /work/value; echo value {{hypothesis.value}}"]
+[stage.branches]
+select = "{select}"
+{metric}
+hypotheses = [
+  {{ name = "slow-low", value = "1", delay = "0.6" }},
+  {{ name = "fast-mid", value = "5", delay = "0" }},
+  {{ name = "slow-high", value = "9", delay = "0.6" }},
+]
+"#
+    )
+}
+
+#[test]
+fn a_branch_group_keeps_the_right_winner_under_each_rule() {
+    if skip("a_branch_group_keeps_the_right_winner_under_each_rule") {
+        return;
+    }
+    for (select, metric, winner) in [
+        ("min", "metric = \"file:/work/value\"", "slow-low"),
+        ("max", "metric = \"output\"", "slow-high"),
+        ("first_success", "", "fast-mid"),
+    ] {
+        let home = Home::new();
+        let file = write(&home, "p.toml", &branches(select, metric));
+        let out = home.cairn(&["pipeline", "run", &file]);
+        assert!(out.status.success(), "{select}: {}", stderr(&out));
+        let v = show(&home, stdout(&out).trim());
+        let won = events(&v, "won");
+        assert_eq!(won.len(), 1, "{select}");
+        assert!(
+            won[0]["detail"].as_str().unwrap().starts_with(winner),
+            "{select}: {}",
+            won[0]["detail"]
+        );
+        assert_eq!(events(&v, "lost").len(), 2, "{select}: the losers keep their reason");
+        // The winner's files continue the run.
+        let group = v["stages"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|s| s["stage"] == "pick" && s["branch"] == "")
+            .unwrap();
+        let sb = home.ok(&["restore", group["output_snapshot"].as_str().unwrap()]);
+        let value = home.ok(&["exec", &sb, "--", "cat", "/work/value"]);
+        let expected = match winner {
+            "slow-low" => "1",
+            "fast-mid" => "5",
+            _ => "9",
+        };
+        assert_eq!(value, expected, "{select}");
+    }
+}
+
+#[test]
+fn a_bad_pipeline_is_refused_before_anything_runs() {
+    if skip("a_bad_pipeline_is_refused_before_anything_runs") {
+        return;
+    }
+    let home = Home::new();
+    let file = write(
+        &home,
+        "bad.toml",
+        &DEAD.replace("retries = 1", "retries = 1\nretrys = 3"),
+    );
+    let out = home.cairn(&["pipeline", "run", &file]);
+    assert_eq!(out.status.code(), Some(125));
+    assert!(stderr(&out).contains("bad.toml:17"), "{}", stderr(&out));
+    let file = write(
+        &home,
+        "cycle.toml",
+        &DEAD.replace(
+            "key = \"first-{params.tag}\"",
+            "key = \"first-{params.tag}\"\nafter = \"flaky\"",
+        ),
+    );
+    let out = home.cairn(&["pipeline", "run", &file]);
+    assert!(stderr(&out).contains("cycle"), "{}", stderr(&out));
+    let out = home.cairn(&["pipeline", "run", &write(&home, "p.toml", DEAD), "--param", "nokey"]);
+    assert!(stderr(&out).contains("KEY=VALUE"), "{}", stderr(&out));
+    assert_eq!(home.ok(&["runs", "--json"]), "[]");
+    assert!(home.ps().is_empty());
+}
+
+const FOUR: &str = r#"
+[pipeline]
+name = "four"
+image = "busybox"
+
+[[stage]]
+name = "s1"
+key = "s1"
+run = ["mkdir -p /work && sleep 0.3 && echo 1 >> /work/trail"]
+
+[[stage]]
+name = "s2"
+after = "s1"
+key = "s2"
+checkpoint_every = "200ms"
+run = ["sleep 0.5 && echo 2 >> /work/trail"]
+
+[[stage]]
+name = "s3"
+after = "s2"
+key = "s3"
+run = ["sleep 0.3 && echo 3 >> /work/trail"]
+
+[[stage]]
+name = "s4"
+after = "s3"
+key = "s4"
+run = ["echo 4 >> /work/trail"]
+artifacts = ["/work/trail"]
+"#;
+
+#[test]
+fn a_run_killed_at_random_instants_resumes_to_the_right_result() {
+    if skip("a_run_killed_at_random_instants_resumes_to_the_right_result") {
+        return;
+    }
+    let home = Home::new();
+    let file = write(&home, "p.toml", FOUR);
+    let mut child = home
+        .command(&["pipeline", "run", &file])
+        .stdout(Stdio::piped())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    std::thread::sleep(Duration::from_millis(150));
+    let _ = child.kill();
+    let out = child.wait_with_output().unwrap();
+    let run = stdout(&out).trim().to_string();
+    assert!(!run.is_empty(), "the run id is printed first");
+    let mut seed = 0x2545f4914f6cdd1du64;
+    let deadline = Instant::now() + Duration::from_secs(240);
+    for _ in 0..12 {
+        seed ^= seed << 13;
+        seed ^= seed >> 7;
+        seed ^= seed << 17;
+        let mut child = home
+            .command(&["pipeline", "resume", &run])
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .unwrap();
+        std::thread::sleep(Duration::from_millis(50 + seed % 700));
+        let _ = child.kill();
+        let _ = child.wait();
+        assert!(Instant::now() < deadline);
+    }
+    // Resume until done (a completed run refuses to resume).
+    for _ in 0..5 {
+        let v = show(&home, &run);
+        if v["run"]["status"] == "completed" {
+            break;
+        }
+        let _ = home.cairn(&["pipeline", "resume", &run]);
+    }
+    let v = show(&home, &run);
+    assert_eq!(v["run"]["status"], "completed", "{v}");
+    // Every stage completed exactly once; a cut-short attempt was discarded with its fork.
+    for s in ["s1", "s2", "s3", "s4"] {
+        let n = v["events"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .filter(|e| e["stage"] == s && e["kind"] == "completed")
+            .count();
+        assert_eq!(n, 1, "stage {s} completed {n} times");
+    }
+    // Work inside the sandboxes was applied once per stage: the trail has each step once.
+    let trail = home.ok(&["artifact", "get", v["artifacts"][0]["id"].as_str().unwrap()]);
+    assert_eq!(trail, "1\n2\n3\n4");
+    // No sandbox of an interrupted attempt is left running.
+    let _ = home.cairn(&["gc"]);
+    assert!(home.ps().is_empty(), "{:?}", home.ps());
+    let out = home.cairn(&["pipeline", "resume", &run]);
+    assert!(stderr(&out).contains("already completed"), "{}", stderr(&out));
+}
+
+#[test]
+fn the_quickstart_runs_and_a_second_run_reuses_every_stage() {
+    if skip("the_quickstart_runs_and_a_second_run_reuses_every_stage") {
+        return;
+    }
+    let home = Home::new();
+    let quickstart = concat!(env!("CARGO_MANIFEST_DIR"), "/../../examples/quickstart.toml");
+    let out = home.cairn(&["pipeline", "run", quickstart, "--param", "size=20000"]);
+    assert!(out.status.success(), "{}", stderr(&out));
+    let v = show(&home, stdout(&out).trim());
+    assert_eq!(events(&v, "won").len(), 1);
+    assert_eq!(events(&v, "retry").len(), 1);
+    let out = home.cairn(&["pipeline", "run", quickstart, "--param", "size=20000"]);
+    assert!(out.status.success());
+    let v = show(&home, stdout(&out).trim());
+    assert!(events(&v, "forked").is_empty(), "the second run ran something: {v}");
+    assert_eq!(events(&v, "reused").len(), 5);
+}
