@@ -337,8 +337,11 @@ impl Engine {
             rec.attempts += 1;
             let checkpoint = self.db.newest_checkpoint(&run.id, &stage.name, branch)?;
             let from = checkpoint.clone().or(input.map(str::to_string));
+            // Owned by this process: if it dies mid-attempt, the next Cairn
+            // command removes the sandbox (the attempt is redone anyway).
             let opts = CreateOptions {
                 image: p.image.clone(),
+                auto_remove: true,
                 ..CreateOptions::default()
             };
             let sandbox = match &from {
