@@ -367,6 +367,15 @@ impl Engine {
                 live.push(h);
             }
         }
+        // Pipeline artifacts: their chunk lists and content.
+        for a in self.db.artifacts(None)? {
+            let Ok(h) = a.id.parse::<ChunkHash>() else { continue };
+            let context = ReadContext::new().owner("artifact", h).path(a.path.clone());
+            let object: crate::pipeline::run::ArtifactObject =
+                self.store.get_object(&h, &context).map_err(SnapshotError::from)?;
+            live.push(h);
+            live.extend(object.content.chunk_hashes());
+        }
         Ok(cairn_store::collect_garbage(self.store.backend(), live, Duration::ZERO).map_err(SnapshotError::from)?)
     }
 }

@@ -526,12 +526,13 @@ impl Db {
         Ok(())
     }
 
-    /// Every layer id an image or a sandbox refers to.
+    /// Every layer id an image, a sandbox or a snapshot refers to.
     pub fn referenced_layers(&self) -> Result<HashSet<String>, StateError> {
         let mut out = HashSet::new();
         for sql in [
             "SELECT layer_id FROM image_layers",
             "SELECT layer_id FROM sandbox_layers",
+            "SELECT layer_id FROM snapshot_layers",
         ] {
             let ids: Vec<String> = self
                 .conn

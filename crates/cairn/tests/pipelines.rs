@@ -348,3 +348,29 @@ fn the_quickstart_runs_and_a_second_run_reuses_every_stage() {
     assert!(events(&v, "forked").is_empty(), "the second run ran something: {v}");
     assert_eq!(events(&v, "reused").len(), 5);
 }
+
+#[test]
+fn gc_keeps_artifacts_and_the_snapshots_runs_need() {
+    if skip("gc_keeps_artifacts_and_the_snapshots_runs_need") {
+        return;
+    }
+    let home = Home::new();
+    let file = write(&home, "p.toml", DEAD.replace("retries = 1", "retries = 5").as_str());
+    let out = home.cairn(&["pipeline", "run", &file]);
+    assert!(out.status.success(), "{}", stderr(&out));
+    let v = show(&home, stdout(&out).trim());
+    home.ok(&["gc"]);
+    std::fs::remove_dir_all(home.path().join("layers")).unwrap();
+    assert_eq!(
+        home.ok(&["artifact", "get", v["artifacts"][0]["id"].as_str().unwrap()]),
+        "ok"
+    );
+    let last = v["stages"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|s| s["stage"] == "flaky")
+        .unwrap();
+    let sb = home.ok(&["restore", last["output_snapshot"].as_str().unwrap()]);
+    assert_eq!(home.ok(&["exec", &sb, "--", "cat", "/work/flaky"]), "attempt 3");
+}

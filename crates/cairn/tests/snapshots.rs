@@ -235,6 +235,16 @@ fn a_killed_snapshot_leaves_only_restorable_snapshots_and_gc_reclaims_its_chunks
     }
     let home = Home::new();
     let id = home.ok(&["create"]);
+    // One complete snapshot, whose storage gc must keep.
+    home.ok(&[
+        "exec",
+        &id,
+        "--",
+        "sh",
+        "-c",
+        "dd if=/dev/urandom of=/kept bs=1M count=2 2>/dev/null",
+    ]);
+    let kept = home.ok(&["snapshot", &id]);
     for round in 0..8u64 {
         home.ok(&[
             "exec",
@@ -266,14 +276,18 @@ fn a_killed_snapshot_leaves_only_restorable_snapshots_and_gc_reclaims_its_chunks
     let tmp = home.path().join("store/tmp");
     let leftovers = std::fs::read_dir(&tmp).map(|d| d.count()).unwrap_or(0);
     assert_eq!(leftovers, 0, "partial writes survived gc: {report}");
+    assert!(snaps.as_array().unwrap().iter().any(|s| s["id"] == kept.as_str()));
     // What gc kept is still enough: every snapshot restores from the store alone.
+    home.ok(&["rm", "-f", &id]);
+    home.ok(&["gc"]);
     std::fs::remove_dir_all(home.path().join("layers")).unwrap();
     for s in snaps.as_array().unwrap() {
         let fork = home.ok(&["restore", s["id"].as_str().unwrap()]);
+        if s["id"] == kept.as_str() {
+            assert_eq!(home.ok(&["exec", &fork, "--", "sh", "-c", "wc -c < /kept"]), "2097152");
+        }
         home.ok(&["rm", "-f", &fork]);
     }
-    // A final complete snapshot works.
-    home.ok(&["snapshot", &id]);
 }
 
 #[test]
