@@ -55,6 +55,10 @@ say "lineage"
 $cairn snapshot demo --label after-reset >/dev/null
 $cairn snapshots --tree
 
+say "a pipeline: prepare once, three hypotheses in parallel, a crash resumed from its checkpoint"
+run=$($cairn pipeline run examples/quickstart.toml)
+$cairn run show "$run"
+
 say "clean up"
 $cairn rm -f "$id" $forks
 $cairn snapshot rm "$snap" after-reset >/dev/null
