@@ -32,6 +32,9 @@ pub enum Which {
     Fork,
     /// Restore of a snapshot to first command output; both sizes; disk used by 100 forks.
     Restore,
+    /// Pipeline stages: a no-op stage end to end, the orchestrator's own
+    /// bookkeeping per stage, and 100,000 stage records (first vs last 1,000).
+    Stages,
 }
 
 #[derive(Debug, Serialize)]
@@ -80,6 +83,7 @@ pub fn run(user_home: Home, which: &[Which], runs: usize, json: bool) -> Result<
             Which::Cp => bench.copy(runs.min(20)),
             Which::Throughput => bench.throughput(),
             Which::Snapshot | Which::Fork | Which::Restore => bench.snapshots(*w, runs.min(30)),
+            Which::Stages => bench.stages(runs.min(50)),
         };
         results.extend(r?);
     }
@@ -640,6 +644,65 @@ impl Bench {
             Some(50.0),
             true,
         ))
+    }
+}
+
+impl Bench {
+    fn stages(&self, runs: usize) -> Result<Vec<Measurement>> {
+        use cairn_engine::pipeline::run::Quiet;
+        let dir = self.home.path().join("pipelines");
+        std::fs::create_dir_all(&dir)?;
+        let mut engine = self.engine()?;
+        let (mut end_to_end, mut bookkeeping) = (Vec::new(), Vec::new());
+        for i in 0..runs {
+            let file = dir.join(format!("noop-{i}.toml"));
+            let text = format!(
+                "[pipeline]\nname = \"noop\"\nimage = \"busybox\"\n\n[[stage]]\nname = \"noop\"\nkey = \"noop-{}-{i}\"\nrun = [\"true\"]\n",
+                std::process::id()
+            );
+            std::fs::write(&file, text)?;
+            // A fresh key: fork, run `true`, snapshot, remove.
+            let run = engine.start_run(&file, &Default::default())?;
+            let t0 = Instant::now();
+            engine.execute_run(&run.id, &Quiet)?;
+            end_to_end.push(t0.elapsed().as_secs_f64() * 1e3);
+            // The same key again: only the orchestrator's records.
+            let run = engine.start_run(&file, &Default::default())?;
+            let t0 = Instant::now();
+            engine.execute_run(&run.id, &Quiet)?;
+            bookkeeping.push(t0.elapsed().as_secs_f64() * 1e3);
+        }
+        let (first, last) = engine.bench_stage_records(100_000, 1_000)?;
+        Ok(vec![
+            summarize(
+                "stages: no-op stage, ready to done (fork, run, snapshot, rm)",
+                "ms",
+                end_to_end,
+                None,
+                true,
+            ),
+            summarize(
+                "stages: dispatch overhead (records and key lookup per stage)",
+                "ms",
+                bookkeeping,
+                Some(5.0),
+                true,
+            ),
+            summarize(
+                "stages: 100,000 stage records, first 1,000",
+                "ms/1000",
+                vec![first],
+                None,
+                true,
+            ),
+            summarize(
+                "stages: 100,000 stage records, last 1,000",
+                "ms/1000",
+                vec![last],
+                None,
+                true,
+            ),
+        ])
     }
 }
 

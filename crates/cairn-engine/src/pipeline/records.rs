@@ -148,6 +148,25 @@ impl Db {
         Ok(rows)
     }
 
+    /// Deletes a run with its stages, keys, checkpoints, artifacts, dead
+    /// letters and events.
+    pub fn delete_run(&mut self, id: &str) -> Result<(), StateError> {
+        let tx = self.conn.transaction()?;
+        for table in [
+            "stage_keys",
+            "checkpoints",
+            "artifacts",
+            "dead_letters",
+            "events",
+            "stages",
+        ] {
+            tx.execute(&format!("DELETE FROM {table} WHERE run_id = ?1"), [id])?;
+        }
+        tx.execute("DELETE FROM runs WHERE id = ?1", [id])?;
+        tx.commit()?;
+        Ok(())
+    }
+
     pub fn finish_run(&self, id: &str, status: &str, error: Option<&str>, at: i64) -> Result<(), StateError> {
         self.conn
             .prepare_cached("UPDATE runs SET status = ?2, error = ?3, ended_at = ?4 WHERE id = ?1")?

@@ -888,3 +888,58 @@ impl Write for Tee<'_> {
         self.log.flush()
     }
 }
+
+impl Engine {
+    /// Writes `total` stage records (each a transition with its event, as a
+    /// running stage does) into one synthetic run and returns the time taken
+    /// by the first and the last `window` of them, in milliseconds: the cost
+    /// per stage must not grow with the run's length.
+    pub fn bench_stage_records(&mut self, total: usize, window: usize) -> Result<(f64, f64), EngineError> {
+        let run = RunRecord {
+            id: new_id(12),
+            pipeline: "bench-records".into(),
+            file: "-".into(),
+            spec: String::new(),
+            params: String::new(),
+            status: "completed".into(),
+            created_at: now_ms(),
+            ended_at: Some(now_ms()),
+            error: None,
+        };
+        self.db.insert_run(&run)?;
+        let (mut first, mut last) = (0.0, 0.0);
+        let mut t0 = Instant::now();
+        for i in 0..total {
+            let rec = StageRecord {
+                run_id: run.id.clone(),
+                stage: format!("s{i}"),
+                branch: String::new(),
+                stage_key: format!("bench-{}-{i}", run.id),
+                status: "completed".into(),
+                attempts: 1,
+                input_snapshot: None,
+                output_snapshot: Some(format!("{:064x}", i)),
+                sandbox_id: None,
+                started_at: Some(now_ms()),
+                ended_at: Some(now_ms()),
+                error: None,
+                metric: None,
+            };
+            self.db.put_stage(&rec, Some(("completed", "bench record", None)))?;
+            if i + 1 == window {
+                first = t0.elapsed().as_secs_f64() * 1e3;
+            }
+            if i + 1 == total - window {
+                t0 = Instant::now();
+            }
+        }
+        last = if total > window {
+            t0.elapsed().as_secs_f64() * 1e3
+        } else {
+            last
+        };
+        // The synthetic run leaves nothing behind.
+        self.db.delete_run(&run.id)?;
+        Ok((first, last))
+    }
+}
