@@ -103,9 +103,9 @@ fn render(template: &str, p: &Pipeline, stage: &Stage, hypothesis: Option<&BTree
             i += 2;
             continue;
         }
-        if rest.starts_with('{') {
-            if let Some(len) = rest[1..].find('}') {
-                let name = &rest[1..1 + len];
+        if let Some(after) = rest.strip_prefix('{') {
+            if let Some(len) = after.find('}') {
+                let name = &after[..len];
                 if spec::is_ident(name) {
                     let value = match name.split_once('.') {
                         Some(("params", k)) => p.params.get(k).cloned(),
@@ -135,7 +135,7 @@ fn number(text: &str, last: bool) -> Option<f64> {
         .filter_map(|w| w.parse::<f64>().ok())
         .filter(|n| n.is_finite());
     if last {
-        nums.last()
+        nums.next_back()
     } else {
         nums.next()
     }
