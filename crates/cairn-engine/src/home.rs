@@ -23,7 +23,9 @@ impl Home {
         if let Some(x) = std::env::var_os("XDG_DATA_HOME").filter(|h| !h.is_empty()) {
             return Home::at(PathBuf::from(x).join("cairn"));
         }
-        let home = std::env::var_os("HOME").map(PathBuf::from).unwrap_or_else(|| PathBuf::from("/root"));
+        let home = std::env::var_os("HOME")
+            .map(PathBuf::from)
+            .unwrap_or_else(|| PathBuf::from("/root"));
         Home::at(home.join(".local/share/cairn"))
     }
 

@@ -24,7 +24,10 @@ pub enum ImageError {
     #[error("invalid image name {0:?}: use lowercase letters, digits, '.', '_' and '-', at most 64, starting with a letter or digit")]
     BadName(String),
     #[error("{tool} is not installed; install it with `apt-get install {package}`")]
-    MissingTool { tool: &'static str, package: &'static str },
+    MissingTool {
+        tool: &'static str,
+        package: &'static str,
+    },
     #[error("{what} failed: {detail}")]
     Command { what: String, detail: String },
     #[error("cannot import {path}: {reason}")]
@@ -38,7 +41,10 @@ pub enum ImageError {
 }
 
 fn io_err(path: &Path) -> impl FnOnce(std::io::Error) -> ImageError + '_ {
-    move |source| ImageError::Io { path: path.to_path_buf(), source }
+    move |source| ImageError::Io {
+        path: path.to_path_buf(),
+        source,
+    }
 }
 
 pub fn valid_image_name(name: &str) -> bool {
@@ -46,15 +52,25 @@ pub fn valid_image_name(name: &str) -> bool {
     !b.is_empty()
         && b.len() <= 64
         && b[0].is_ascii_alphanumeric()
-        && b.iter().all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || b"._-".contains(c))
+        && b.iter()
+            .all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || b"._-".contains(c))
 }
 
 /// Runs a command, returning its stdout; a failure carries its stderr.
 fn run(cmd: &mut Command, what: &str) -> Result<Vec<u8>, ImageError> {
-    let out = cmd.stdin(Stdio::null()).output().map_err(|e| ImageError::Command { what: what.into(), detail: e.to_string() })?;
+    let out = cmd
+        .stdin(Stdio::null())
+        .output()
+        .map_err(|e| ImageError::Command {
+            what: what.into(),
+            detail: e.to_string(),
+        })?;
     if !out.status.success() {
         let detail = String::from_utf8_lossy(&out.stderr).trim().to_string();
-        return Err(ImageError::Command { what: what.into(), detail: format!("{} ({})", detail, out.status) });
+        return Err(ImageError::Command {
+            what: what.into(),
+            detail: format!("{} ({})", detail, out.status),
+        });
     }
     Ok(out.stdout)
 }
@@ -67,7 +83,9 @@ fn have(tool: &str) -> bool {
 
 /// Whether `path` is an ELF executable without an interpreter (static).
 fn is_static_elf(path: &Path) -> bool {
-    let Ok(bytes) = fs::read(path) else { return false };
+    let Ok(bytes) = fs::read(path) else {
+        return false;
+    };
     if bytes.len() < 64 || &bytes[..4] != b"\x7fELF" || bytes[4] != 2 {
         return false;
     }
@@ -83,7 +101,11 @@ fn is_static_elf(path: &Path) -> bool {
 
 impl Engine {
     /// Looks up an image; the default image is built on first use.
-    pub(crate) fn image_or_default(&mut self, name: &str, progress: &dyn Progress) -> Result<ImageRecord, EngineError> {
+    pub(crate) fn image_or_default(
+        &mut self,
+        name: &str,
+        progress: &dyn Progress,
+    ) -> Result<ImageRecord, EngineError> {
         if let Some(img) = self.db.image(name)? {
             return Ok(img);
         }
@@ -99,7 +121,9 @@ impl Engine {
     }
 
     pub fn image(&self, name: &str) -> Result<ImageRecord, EngineError> {
-        self.db.image(name)?.ok_or_else(|| ImageError::NotFound(name.to_string()).into())
+        self.db
+            .image(name)?
+            .ok_or_else(|| ImageError::NotFound(name.to_string()).into())
     }
 
     /// Removes an image; layers no image or sandbox uses go with it.
@@ -113,7 +137,12 @@ impl Engine {
         Ok(())
     }
 
-    fn commit_image(&mut self, name: &str, source: String, layer: PendingLayer) -> Result<ImageRecord, EngineError> {
+    fn commit_image(
+        &mut self,
+        name: &str,
+        source: String,
+        layer: PendingLayer,
+    ) -> Result<ImageRecord, EngineError> {
         let id = layer.commit()?;
         let rec = ImageRecord {
             name: name.to_string(),
@@ -134,13 +163,23 @@ impl Engine {
     }
 
     fn scratch_dir(&self) -> Result<tempfile_dir::ScratchDir, EngineError> {
-        Ok(tempfile_dir::ScratchDir::new(&self.home.scratch())
-            .map_err(|source| EngineError::Home { path: self.home.scratch(), source })?)
+        Ok(
+            tempfile_dir::ScratchDir::new(&self.home.scratch()).map_err(|source| {
+                EngineError::Home {
+                    path: self.home.scratch(),
+                    source,
+                }
+            })?,
+        )
     }
 
     /// A minimal root from Debian's static busybox: the binary, a link per
     /// applet, /etc/passwd and friends.
-    pub fn build_busybox(&mut self, name: &str, progress: &dyn Progress) -> Result<ImageRecord, EngineError> {
+    pub fn build_busybox(
+        &mut self,
+        name: &str,
+        progress: &dyn Progress,
+    ) -> Result<ImageRecord, EngineError> {
         if !valid_image_name(name) {
             return Err(ImageError::BadName(name.to_string()).into());
         }
@@ -149,19 +188,31 @@ impl Engine {
         progress.step("laying out the busybox root");
         let layer = self.layers.prepare()?;
         let root = layer.path();
-        for d in ["bin", "sbin", "usr/bin", "usr/sbin", "etc", "root", "home", "proc", "sys", "dev", "run", "var/tmp", "tmp"] {
+        for d in [
+            "bin", "sbin", "usr/bin", "usr/sbin", "etc", "root", "home", "proc", "sys", "dev",
+            "run", "var/tmp", "tmp",
+        ] {
             let p = root.join(d);
             fs::create_dir_all(&p).map_err(io_err(&p))?;
         }
         for d in ["tmp", "var/tmp"] {
-            fs::set_permissions(root.join(d), fs::Permissions::from_mode(0o1777)).map_err(io_err(&root.join(d)))?;
+            fs::set_permissions(root.join(d), fs::Permissions::from_mode(0o1777))
+                .map_err(io_err(&root.join(d)))?;
         }
-        fs::set_permissions(root.join("root"), fs::Permissions::from_mode(0o700)).map_err(io_err(&root.join("root")))?;
+        fs::set_permissions(root.join("root"), fs::Permissions::from_mode(0o700))
+            .map_err(io_err(&root.join("root")))?;
         let target = root.join("bin/busybox");
         fs::copy(&busybox, &target).map_err(io_err(&target))?;
         fs::set_permissions(&target, fs::Permissions::from_mode(0o755)).map_err(io_err(&target))?;
-        let list = run(Command::new(&target).arg("--list-full"), "listing busybox applets")?;
-        for applet in String::from_utf8_lossy(&list).lines().map(str::trim).filter(|l| !l.is_empty()) {
+        let list = run(
+            Command::new(&target).arg("--list-full"),
+            "listing busybox applets",
+        )?;
+        for applet in String::from_utf8_lossy(&list)
+            .lines()
+            .map(str::trim)
+            .filter(|l| !l.is_empty())
+        {
             let link = root.join(applet);
             if link.exists() || applet == "bin/busybox" {
                 continue;
@@ -193,11 +244,24 @@ impl Engine {
         if !valid_image_name(name) {
             return Err(ImageError::BadName(name.to_string()).into());
         }
-        if let Some(bad) = packages.iter().find(|p| p.is_empty() || !p.bytes().all(|b| b.is_ascii_alphanumeric() || b"+-.:".contains(&b))) {
-            return Err(ImageError::Command { what: "debian image".into(), detail: format!("{bad:?} is not a Debian package name") }.into());
+        if let Some(bad) = packages.iter().find(|p| {
+            p.is_empty()
+                || !p
+                    .bytes()
+                    .all(|b| b.is_ascii_alphanumeric() || b"+-.:".contains(&b))
+        }) {
+            return Err(ImageError::Command {
+                what: "debian image".into(),
+                detail: format!("{bad:?} is not a Debian package name"),
+            }
+            .into());
         }
         if !have("debootstrap") {
-            return Err(ImageError::MissingTool { tool: "debootstrap", package: "debootstrap" }.into());
+            return Err(ImageError::MissingTool {
+                tool: "debootstrap",
+                package: "debootstrap",
+            }
+            .into());
         }
         let suite = suite.map(str::to_string).unwrap_or_else(host_suite);
         let mirror = host_mirror();
@@ -205,7 +269,13 @@ impl Engine {
         let mut cmd = Command::new("unshare");
         // A private mount namespace: whatever debootstrap mounts inside the
         // target goes away with it, even if it is killed.
-        cmd.args(["--mount", "--propagation", "private", "debootstrap", "--variant=minbase"]);
+        cmd.args([
+            "--mount",
+            "--propagation",
+            "private",
+            "debootstrap",
+            "--variant=minbase",
+        ]);
         if !packages.is_empty() {
             cmd.arg(format!("--include={}", packages.join(",")));
         }
@@ -216,7 +286,10 @@ impl Engine {
             .stdout(Stdio::piped())
             .stderr(Stdio::piped())
             .spawn()
-            .map_err(|e| ImageError::Command { what: "debootstrap".into(), detail: e.to_string() })?;
+            .map_err(|e| ImageError::Command {
+                what: "debootstrap".into(),
+                detail: e.to_string(),
+            })?;
         let stderr = child.stderr.take();
         let err_reader = std::thread::spawn(move || {
             let mut s = String::new();
@@ -237,11 +310,23 @@ impl Engine {
                 }
             }
         }
-        let status = child.wait().map_err(|e| ImageError::Command { what: "debootstrap".into(), detail: e.to_string() })?;
+        let status = child.wait().map_err(|e| ImageError::Command {
+            what: "debootstrap".into(),
+            detail: e.to_string(),
+        })?;
         let stderr = err_reader.join().unwrap_or_default();
         if !status.success() {
-            let detail = format!("{}\n{}\n(see {}/debootstrap/debootstrap.log)", last.join("\n"), stderr.trim(), layer.path().display());
-            return Err(ImageError::Command { what: format!("debootstrap {suite}"), detail }.into());
+            let detail = format!(
+                "{}\n{}\n(see {}/debootstrap/debootstrap.log)",
+                last.join("\n"),
+                stderr.trim(),
+                layer.path().display()
+            );
+            return Err(ImageError::Command {
+                what: format!("debootstrap {suite}"),
+                detail,
+            }
+            .into());
         }
         progress.step("cleaning the package cache");
         for d in ["var/cache/apt/archives", "var/lib/apt/lists"] {
@@ -253,22 +338,40 @@ impl Engine {
                 }
             }
         }
-        let source = if packages.is_empty() { format!("debian {suite}") } else { format!("debian {suite} +{}", packages.join(",")) };
+        let source = if packages.is_empty() {
+            format!("debian {suite}")
+        } else {
+            format!("debian {suite} +{}", packages.join(","))
+        };
         self.commit_image(name, source, layer)
     }
 
     /// Imports a directory tree or a tarball (plain, gzip or zstd) as an image.
-    pub fn import_image(&mut self, path: &Path, name: &str, progress: &dyn Progress) -> Result<ImageRecord, EngineError> {
+    pub fn import_image(
+        &mut self,
+        path: &Path,
+        name: &str,
+        progress: &dyn Progress,
+    ) -> Result<ImageRecord, EngineError> {
         if !valid_image_name(name) {
             return Err(ImageError::BadName(name.to_string()).into());
         }
-        let md = fs::metadata(path).map_err(|e| ImageError::Import { path: path.into(), reason: e.to_string() })?;
+        let md = fs::metadata(path).map_err(|e| ImageError::Import {
+            path: path.into(),
+            reason: e.to_string(),
+        })?;
         let layer = self.layers.prepare()?;
         if md.is_dir() {
             progress.step(&format!("copying {}", path.display()));
             let mut src = path.as_os_str().to_owned();
             src.push("/.");
-            run(Command::new("cp").args(["-a", "--reflink=auto"]).arg(src).arg(layer.path()), "copying the directory")?;
+            run(
+                Command::new("cp")
+                    .args(["-a", "--reflink=auto"])
+                    .arg(src)
+                    .arg(layer.path()),
+                "copying the directory",
+            )?;
         } else {
             progress.step(&format!("unpacking {}", path.display()));
             unpack(path, layer.path())?;
@@ -278,14 +381,19 @@ impl Engine {
 }
 
 fn unpack(path: &Path, dest: &Path) -> Result<(), ImageError> {
-    let bad = |reason: String| ImageError::Import { path: path.into(), reason };
+    let bad = |reason: String| ImageError::Import {
+        path: path.into(),
+        reason,
+    };
     let mut file = fs::File::open(path).map_err(|e| bad(e.to_string()))?;
     let mut magic = [0u8; 4];
     let n = file.read(&mut magic).map_err(|e| bad(e.to_string()))?;
     let file = fs::File::open(path).map_err(|e| bad(e.to_string()))?;
     let reader: Box<dyn Read> = match &magic[..n] {
         [0x1f, 0x8b, ..] => Box::new(flate2::read::GzDecoder::new(file)),
-        [0x28, 0xb5, 0x2f, 0xfd] => Box::new(zstd::Decoder::new(file).map_err(|e| bad(e.to_string()))?),
+        [0x28, 0xb5, 0x2f, 0xfd] => {
+            Box::new(zstd::Decoder::new(file).map_err(|e| bad(e.to_string()))?)
+        }
         _ => Box::new(file),
     };
     let mut archive = tar::Archive::new(reader);
@@ -295,10 +403,18 @@ fn unpack(path: &Path, dest: &Path) -> Result<(), ImageError> {
     archive.set_unpack_xattrs(true);
     archive.set_overwrite(true);
     let mut entries = 0usize;
-    for entry in archive.entries().map_err(|e| bad(format!("not a tar archive: {e}")))? {
+    for entry in archive
+        .entries()
+        .map_err(|e| bad(format!("not a tar archive: {e}")))?
+    {
         let mut entry = entry.map_err(|e| bad(format!("corrupt tar archive: {e}")))?;
         // unpack_in refuses entries that would land outside `dest`.
-        entry.unpack_in(dest).map_err(|e| bad(format!("cannot unpack {:?}: {e}", entry.path().unwrap_or_default())))?;
+        entry.unpack_in(dest).map_err(|e| {
+            bad(format!(
+                "cannot unpack {:?}: {e}",
+                entry.path().unwrap_or_default()
+            ))
+        })?;
         entries += 1;
     }
     if entries == 0 {
@@ -316,34 +432,56 @@ fn find_static_busybox(scratch: &Path, progress: &dyn Progress) -> Result<PathBu
         }
     }
     if !have("apt-get") || !have("dpkg-deb") {
-        return Err(ImageError::MissingTool { tool: "a static busybox", package: "busybox-static" });
+        return Err(ImageError::MissingTool {
+            tool: "a static busybox",
+            package: "busybox-static",
+        });
     }
     progress.step("downloading busybox-static with apt-get");
-    run(Command::new("apt-get").args(["download", "-q", "busybox-static"]).current_dir(scratch), "apt-get download busybox-static")
-        .map_err(|e| ImageError::Command {
-            what: "fetching busybox-static".into(),
-            detail: format!("{e}; run `apt-get update` or `apt-get install busybox-static`"),
-        })?;
+    run(
+        Command::new("apt-get")
+            .args(["download", "-q", "busybox-static"])
+            .current_dir(scratch),
+        "apt-get download busybox-static",
+    )
+    .map_err(|e| ImageError::Command {
+        what: "fetching busybox-static".into(),
+        detail: format!("{e}; run `apt-get update` or `apt-get install busybox-static`"),
+    })?;
     let deb = fs::read_dir(scratch)
         .map_err(io_err(scratch))?
         .flatten()
         .map(|e| e.path())
         .find(|p| p.extension().is_some_and(|x| x == "deb"))
-        .ok_or_else(|| ImageError::Command { what: "apt-get download".into(), detail: "no .deb was downloaded".into() })?;
+        .ok_or_else(|| ImageError::Command {
+            what: "apt-get download".into(),
+            detail: "no .deb was downloaded".into(),
+        })?;
     let unpacked = scratch.join("deb");
-    run(Command::new("dpkg-deb").arg("-x").arg(&deb).arg(&unpacked), "unpacking busybox-static")?;
+    run(
+        Command::new("dpkg-deb").arg("-x").arg(&deb).arg(&unpacked),
+        "unpacking busybox-static",
+    )?;
     for p in ["bin/busybox", "usr/bin/busybox"] {
         if is_static_elf(&unpacked.join(p)) {
             return Ok(unpacked.join(p));
         }
     }
-    Err(ImageError::Command { what: "busybox-static".into(), detail: "the package holds no static busybox".into() })
+    Err(ImageError::Command {
+        what: "busybox-static".into(),
+        detail: "the package holds no static busybox".into(),
+    })
 }
 
 fn host_suite() -> String {
     fs::read_to_string("/etc/os-release")
         .ok()
-        .and_then(|s| s.lines().find_map(|l| l.strip_prefix("VERSION_CODENAME=").map(|v| v.trim_matches('"').to_string())))
+        .and_then(|s| {
+            s.lines().find_map(|l| {
+                l.strip_prefix("VERSION_CODENAME=")
+                    .map(|v| v.trim_matches('"').to_string())
+            })
+        })
         .filter(|s| !s.is_empty())
         .unwrap_or_else(|| "bookworm".into())
 }
@@ -352,14 +490,18 @@ fn host_suite() -> String {
 fn host_mirror() -> String {
     let mut texts = vec![fs::read_to_string("/etc/apt/sources.list").unwrap_or_default()];
     if let Ok(entries) = fs::read_dir("/etc/apt/sources.list.d") {
-        texts.extend(entries.flatten().filter_map(|e| fs::read_to_string(e.path()).ok()));
+        texts.extend(
+            entries
+                .flatten()
+                .filter_map(|e| fs::read_to_string(e.path()).ok()),
+        );
     }
     for text in texts {
         for line in text.lines().map(str::trim).filter(|l| !l.starts_with('#')) {
-            let url = line
-                .strip_prefix("URIs:")
-                .map(str::trim)
-                .or_else(|| line.strip_prefix("deb ").and_then(|r| r.split_whitespace().find(|w| w.starts_with("http"))));
+            let url = line.strip_prefix("URIs:").map(str::trim).or_else(|| {
+                line.strip_prefix("deb ")
+                    .and_then(|r| r.split_whitespace().find(|w| w.starts_with("http")))
+            });
             if let Some(url) = url.and_then(|u| u.split_whitespace().next()) {
                 if url.starts_with("http") && !url.contains("security") {
                     return url.to_string();

@@ -83,15 +83,27 @@ impl Engine {
         if !nix::unistd::geteuid().is_root() {
             return Err(EngineError::NotRoot);
         }
-        let mkdir = |p: PathBuf| std::fs::create_dir_all(&p).map_err(|source| EngineError::Home { path: p, source });
+        let mkdir = |p: PathBuf| {
+            std::fs::create_dir_all(&p).map_err(|source| EngineError::Home { path: p, source })
+        };
         mkdir(home.root().to_path_buf())?;
         mkdir(home.sandboxes())?;
         let db = state::Db::open(&home.db())?;
         let layers = LayerStore::open(home.layers())?;
-        let init_binary = cairn_sandbox::init_binary::install(&home.lib())
-            .map_err(|source| EngineError::Home { path: home.lib(), source })?;
+        let init_binary = cairn_sandbox::init_binary::install(&home.lib()).map_err(|source| {
+            EngineError::Home {
+                path: home.lib(),
+                source,
+            }
+        })?;
         let native = NativeDriver::new()?;
-        let mut engine = Engine { home, db, layers, native, init_binary };
+        let mut engine = Engine {
+            home,
+            db,
+            layers,
+            native,
+            init_binary,
+        };
         engine.reconcile()?;
         Ok(engine)
     }

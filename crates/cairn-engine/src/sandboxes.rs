@@ -80,15 +80,26 @@ impl Engine {
             hostname: rec.name.clone(),
             dir: self.home.sandbox(&rec.id),
             layers,
-            limits: Limits { memory_bytes: rec.memory_bytes, cpu_millis: rec.cpu_millis, pids: rec.pids_max },
+            limits: Limits {
+                memory_bytes: rec.memory_bytes,
+                cpu_millis: rec.cpu_millis,
+                pids: rec.pids_max,
+            },
             init_binary: self.init_binary.clone(),
         })
     }
 
     /// Creates and starts a sandbox. On any error nothing is left behind:
     /// no row, no directory, no cgroup, no process.
-    pub fn create_sandbox(&mut self, opts: &CreateOptions, progress: &dyn Progress) -> Result<SandboxRecord, EngineError> {
-        let image_name = opts.image.clone().unwrap_or_else(|| crate::images::DEFAULT_IMAGE.to_string());
+    pub fn create_sandbox(
+        &mut self,
+        opts: &CreateOptions,
+        progress: &dyn Progress,
+    ) -> Result<SandboxRecord, EngineError> {
+        let image_name = opts
+            .image
+            .clone()
+            .unwrap_or_else(|| crate::images::DEFAULT_IMAGE.to_string());
         let image = self.image_or_default(&image_name, progress)?;
         let id = new_sandbox_id();
         let name = opts.name.clone().unwrap_or_else(|| id.clone());
@@ -117,7 +128,9 @@ impl Engine {
         // The row comes first: from here on a crash leaves something the
         // garbage collector can find.
         self.db.insert_sandbox(&rec)?;
-        let started = self.spec(&rec).and_then(|spec| Ok(self.driver(&rec.driver).start(&spec)?));
+        let started = self
+            .spec(&rec)
+            .and_then(|spec| Ok(self.driver(&rec.driver).start(&spec)?));
         let process = match started {
             Ok(p) => p,
             Err(e) => {
@@ -139,24 +152,41 @@ impl Engine {
         match found.len() {
             0 => Err(EngineError::NoSuchSandbox(key.to_string())),
             1 => Ok(found.remove(0)),
-            _ => Err(EngineError::AmbiguousSandbox { key: key.to_string(), ids: found.into_iter().map(|r| r.id).collect() }),
+            _ => Err(EngineError::AmbiguousSandbox {
+                key: key.to_string(),
+                ids: found.into_iter().map(|r| r.id).collect(),
+            }),
         }
     }
 
     /// A client for a running sandbox's init.
     pub fn client(&self, rec: &SandboxRecord) -> Result<InitClient, EngineError> {
         if rec.state != SandboxState::Running {
-            return Err(EngineError::NotRunning { id: rec.id.clone(), state: rec.state });
+            return Err(EngineError::NotRunning {
+                id: rec.id.clone(),
+                state: rec.state,
+            });
         }
-        Ok(InitClient::new(self.home.sandbox(&rec.id).join("init.sock")))
+        Ok(InitClient::new(
+            self.home.sandbox(&rec.id).join("init.sock"),
+        ))
     }
 
     /// Starts a process in a running sandbox.
-    pub fn exec(&self, rec: &SandboxRecord, req: ExecRequest) -> Result<Result<ExecStart, SpawnFailure>, EngineError> {
+    pub fn exec(
+        &self,
+        rec: &SandboxRecord,
+        req: ExecRequest,
+    ) -> Result<Result<ExecStart, SpawnFailure>, EngineError> {
         let client = self.client(rec)?;
         let oom_kills_before = self.driver(&rec.driver).oom_kills(&rec.id);
-        let probe = OomProbe { sandbox_id: rec.id.clone(), oom_kills_before };
-        Ok(client.exec(req)?.map(|session| ExecStart { session, probe }))
+        let probe = OomProbe {
+            sandbox_id: rec.id.clone(),
+            oom_kills_before,
+        };
+        Ok(client
+            .exec(req)?
+            .map(|session| ExecStart { session, probe }))
     }
 
     /// Whether the sandbox's OOM killer fired since the probe was taken: a
@@ -179,9 +209,13 @@ impl Engine {
     /// sandbox needs `force`.
     pub fn remove_sandbox(&mut self, rec: &SandboxRecord, force: bool) -> Result<(), EngineError> {
         match rec.state {
-            SandboxState::Running if !force => return Err(EngineError::StillRunning(rec.id.clone())),
+            SandboxState::Running if !force => {
+                return Err(EngineError::StillRunning(rec.id.clone()))
+            }
             SandboxState::Removing => {}
-            from => self.db.transition(&rec.id, from, SandboxState::Removing, Some("removed"))?,
+            from => self
+                .db
+                .transition(&rec.id, from, SandboxState::Removing, Some("removed"))?,
         }
         let (pid, start) = me();
         self.db.set_owner(&rec.id, pid, start)?;
@@ -214,14 +248,28 @@ impl Engine {
             let owner_alive = cairn_sandbox::process_alive(rec.owner_pid, rec.owner_start);
             match rec.state {
                 SandboxState::Running if rec.auto_remove && !owner_alive => {
-                    self.db.transition(&rec.id, rec.state, SandboxState::Removing, Some("its `cairn run` ended"))?;
+                    self.db.transition(
+                        &rec.id,
+                        rec.state,
+                        SandboxState::Removing,
+                        Some("its `cairn run` ended"),
+                    )?;
                     self.release(&rec)?;
                     removed.push(rec.id);
                 }
                 SandboxState::Running if !process_of(&rec).is_some_and(|p| p.alive()) => {
-                    let reason = if self.native.oom_kills(&rec.id) > 0 { "init was killed (out of memory)" } else { "init exited" };
+                    let reason = if self.native.oom_kills(&rec.id) > 0 {
+                        "init was killed (out of memory)"
+                    } else {
+                        "init exited"
+                    };
                     self.driver(&rec.driver).stop(&rec.id, None)?;
-                    match self.db.transition(&rec.id, SandboxState::Running, SandboxState::Exited, Some(reason)) {
+                    match self.db.transition(
+                        &rec.id,
+                        SandboxState::Running,
+                        SandboxState::Exited,
+                        Some(reason),
+                    ) {
                         Ok(()) | Err(crate::StateError::Conflict(_)) => {}
                         Err(e) => return Err(e.into()),
                     }
@@ -239,10 +287,18 @@ impl Engine {
     /// Reconciles, then removes exited sandboxes, cgroups and directories no
     /// row accounts for, unreferenced layers and interrupted temporaries.
     pub fn gc(&mut self) -> Result<GcReport, EngineError> {
-        let mut report = GcReport { sandboxes_removed: self.reconcile()?, ..GcReport::default() };
+        let mut report = GcReport {
+            sandboxes_removed: self.reconcile()?,
+            ..GcReport::default()
+        };
         let rows = self.db.sandboxes()?;
         for rec in rows.iter().filter(|r| r.state == SandboxState::Exited) {
-            self.db.transition(&rec.id, SandboxState::Exited, SandboxState::Removing, Some("garbage collected"))?;
+            self.db.transition(
+                &rec.id,
+                SandboxState::Exited,
+                SandboxState::Removing,
+                Some("garbage collected"),
+            )?;
             self.release(rec)?;
             report.sandboxes_removed.push(rec.id.clone());
         }
@@ -275,7 +331,10 @@ impl Engine {
 }
 
 fn process_of(rec: &SandboxRecord) -> Option<SandboxProcess> {
-    Some(SandboxProcess { pid: rec.pid?, start_time: rec.pid_start? })
+    Some(SandboxProcess {
+        pid: rec.pid?,
+        start_time: rec.pid_start?,
+    })
 }
 
 #[cfg(test)]

@@ -15,7 +15,9 @@ use std::time::Duration;
 use rusqlite::{params, Connection, OptionalExtension};
 use serde::Serialize;
 
-const MIGRATIONS: &[&str] = &[include_str!("../migrations/sqlite/0001_sandboxes_images.sql")];
+const MIGRATIONS: &[&str] = &[include_str!(
+    "../migrations/sqlite/0001_sandboxes_images.sql"
+)];
 
 #[derive(Debug, thiserror::Error)]
 pub enum StateError {
@@ -26,7 +28,11 @@ pub enum StateError {
     #[error("a sandbox named {0:?} already exists; pick another --name or remove it with `cairn rm -f {0}`")]
     NameTaken(String),
     #[error("sandbox {id} cannot go from {from} to {to}")]
-    InvalidTransition { id: String, from: SandboxState, to: SandboxState },
+    InvalidTransition {
+        id: String,
+        from: SandboxState,
+        to: SandboxState,
+    },
     #[error("sandbox {0} changed state while this command ran; retry")]
     Conflict(String),
 }
@@ -51,7 +57,12 @@ impl SandboxState {
         use SandboxState::*;
         matches!(
             (self, to),
-            (Creating, Running) | (Creating, Exited) | (Creating, Removing) | (Running, Exited) | (Running, Removing) | (Exited, Removing)
+            (Creating, Running)
+                | (Creating, Exited)
+                | (Creating, Removing)
+                | (Running, Exited)
+                | (Running, Removing)
+                | (Exited, Removing)
         )
     }
 
@@ -137,15 +148,19 @@ impl Db {
     pub fn image(&self, name: &str) -> Result<Option<ImageRecord>, StateError> {
         let row = self
             .conn
-            .query_row("SELECT name, source, size_bytes, created_at FROM images WHERE name = ?1", [name], |r| {
-                Ok(ImageRecord {
-                    name: r.get(0)?,
-                    source: r.get(1)?,
-                    size_bytes: r.get::<_, i64>(2)? as u64,
-                    created_at: r.get(3)?,
-                    layers: Vec::new(),
-                })
-            })
+            .query_row(
+                "SELECT name, source, size_bytes, created_at FROM images WHERE name = ?1",
+                [name],
+                |r| {
+                    Ok(ImageRecord {
+                        name: r.get(0)?,
+                        source: r.get(1)?,
+                        size_bytes: r.get::<_, i64>(2)? as u64,
+                        created_at: r.get(3)?,
+                        layers: Vec::new(),
+                    })
+                },
+            )
             .optional()?;
         let Some(mut rec) = row else { return Ok(None) };
         rec.layers = self.layers_of("image_layers", "image", name)?;
@@ -167,7 +182,11 @@ impl Db {
 
     fn layers_of(&self, table: &str, key: &str, value: &str) -> Result<Vec<String>, StateError> {
         let sql = format!("SELECT layer_id FROM {table} WHERE {key} = ?1 ORDER BY position");
-        let layers = self.conn.prepare_cached(&sql)?.query_map([value], |r| r.get(0))?.collect::<Result<_, _>>()?;
+        let layers = self
+            .conn
+            .prepare_cached(&sql)?
+            .query_map([value], |r| r.get(0))?
+            .collect::<Result<_, _>>()?;
         Ok(layers)
     }
 
@@ -180,14 +199,20 @@ impl Db {
             params![rec.name, rec.source, rec.size_bytes as i64, rec.created_at],
         )?;
         for (i, l) in rec.layers.iter().enumerate() {
-            tx.execute("INSERT INTO image_layers (image, position, layer_id) VALUES (?1, ?2, ?3)", params![rec.name, i, l])?;
+            tx.execute(
+                "INSERT INTO image_layers (image, position, layer_id) VALUES (?1, ?2, ?3)",
+                params![rec.name, i, l],
+            )?;
         }
         tx.commit()?;
         Ok(())
     }
 
     pub fn delete_image(&self, name: &str) -> Result<bool, StateError> {
-        Ok(self.conn.execute("DELETE FROM images WHERE name = ?1", [name])? > 0)
+        Ok(self
+            .conn
+            .execute("DELETE FROM images WHERE name = ?1", [name])?
+            > 0)
     }
 
     pub fn insert_sandbox(&mut self, rec: &SandboxRecord) -> Result<(), StateError> {
@@ -216,7 +241,8 @@ impl Db {
         );
         match inserted {
             Err(rusqlite::Error::SqliteFailure(e, Some(msg)))
-                if e.code == rusqlite::ErrorCode::ConstraintViolation && msg.contains("sandboxes.name") =>
+                if e.code == rusqlite::ErrorCode::ConstraintViolation
+                    && msg.contains("sandboxes.name") =>
             {
                 return Err(StateError::NameTaken(rec.name.clone()))
             }
@@ -256,13 +282,20 @@ impl Db {
         })
     }
 
-    const SANDBOX_COLUMNS: &'static str = "id, name, image, driver, state, pid, pid_start, owner_pid, owner_start,
+    const SANDBOX_COLUMNS: &'static str =
+        "id, name, image, driver, state, pid, pid_start, owner_pid, owner_start,
         memory_bytes, cpu_millis, pids_max, created_at, ended_reason, auto_remove";
 
     pub fn sandboxes(&self) -> Result<Vec<SandboxRecord>, StateError> {
-        let sql = format!("SELECT {} FROM sandboxes ORDER BY created_at, id", Self::SANDBOX_COLUMNS);
-        let mut rows: Vec<SandboxRecord> =
-            self.conn.prepare(&sql)?.query_map([], Self::sandbox_from_row)?.collect::<Result<_, _>>()?;
+        let sql = format!(
+            "SELECT {} FROM sandboxes ORDER BY created_at, id",
+            Self::SANDBOX_COLUMNS
+        );
+        let mut rows: Vec<SandboxRecord> = self
+            .conn
+            .prepare(&sql)?
+            .query_map([], Self::sandbox_from_row)?
+            .collect::<Result<_, _>>()?;
         for r in &mut rows {
             r.layers = self.layers_of("sandbox_layers", "sandbox_id", &r.id)?;
         }
@@ -275,8 +308,11 @@ impl Db {
             "SELECT {} FROM sandboxes WHERE name = ?1 OR id = ?1 OR (length(?1) >= 3 AND substr(id, 1, length(?1)) = ?1)",
             Self::SANDBOX_COLUMNS
         );
-        let mut rows: Vec<SandboxRecord> =
-            self.conn.prepare_cached(&sql)?.query_map([key], Self::sandbox_from_row)?.collect::<Result<_, _>>()?;
+        let mut rows: Vec<SandboxRecord> = self
+            .conn
+            .prepare_cached(&sql)?
+            .query_map([key], Self::sandbox_from_row)?
+            .collect::<Result<_, _>>()?;
         // An exact name or id beats prefixes.
         if let Some(exact) = rows.iter().position(|r| r.name == key || r.id == key) {
             rows = vec![rows.swap_remove(exact)];
@@ -297,7 +333,11 @@ impl Db {
         reason: Option<&str>,
     ) -> Result<(), StateError> {
         if !from.valid_transition(to) {
-            return Err(StateError::InvalidTransition { id: id.to_string(), from, to });
+            return Err(StateError::InvalidTransition {
+                id: id.to_string(),
+                from,
+                to,
+            });
         }
         let n = self.conn.execute(
             "UPDATE sandboxes SET state = ?3, ended_reason = COALESCE(?4, ended_reason) WHERE id = ?1 AND state = ?2",
@@ -330,15 +370,23 @@ impl Db {
     }
 
     pub fn delete_sandbox(&self, id: &str) -> Result<(), StateError> {
-        self.conn.execute("DELETE FROM sandboxes WHERE id = ?1", [id])?;
+        self.conn
+            .execute("DELETE FROM sandboxes WHERE id = ?1", [id])?;
         Ok(())
     }
 
     /// Every layer id an image or a sandbox refers to.
     pub fn referenced_layers(&self) -> Result<HashSet<String>, StateError> {
         let mut out = HashSet::new();
-        for sql in ["SELECT layer_id FROM image_layers", "SELECT layer_id FROM sandbox_layers"] {
-            let ids: Vec<String> = self.conn.prepare(sql)?.query_map([], |r| r.get(0))?.collect::<Result<_, _>>()?;
+        for sql in [
+            "SELECT layer_id FROM image_layers",
+            "SELECT layer_id FROM sandbox_layers",
+        ] {
+            let ids: Vec<String> = self
+                .conn
+                .prepare(sql)?
+                .query_map([], |r| r.get(0))?
+                .collect::<Result<_, _>>()?;
             out.extend(ids);
         }
         Ok(out)
@@ -349,7 +397,10 @@ fn migrate(conn: &mut Connection) -> Result<(), StateError> {
     let version: i64 = conn.pragma_query_value(None, "user_version", |r| r.get(0))?;
     let known = MIGRATIONS.len() as i64;
     if version > known {
-        return Err(StateError::FutureSchema { found: version, known });
+        return Err(StateError::FutureSchema {
+            found: version,
+            known,
+        });
     }
     for (i, sql) in MIGRATIONS.iter().enumerate().skip(version as usize) {
         let tx = conn.transaction()?;
@@ -404,13 +455,26 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let mut db = Db::open(&dir.path().join("s.db")).unwrap();
         db.insert_sandbox(&sandbox("abc123", "one")).unwrap();
-        let err = db.transition("abc123", SandboxState::Exited, SandboxState::Running, None).unwrap_err();
-        assert_eq!(err.to_string(), "sandbox abc123 cannot go from exited to running");
+        let err = db
+            .transition("abc123", SandboxState::Exited, SandboxState::Running, None)
+            .unwrap_err();
+        assert_eq!(
+            err.to_string(),
+            "sandbox abc123 cannot go from exited to running"
+        );
         // A lost race is a conflict, not a silent no-op.
-        let err = db.transition("abc123", SandboxState::Running, SandboxState::Exited, None).unwrap_err();
+        let err = db
+            .transition("abc123", SandboxState::Running, SandboxState::Exited, None)
+            .unwrap_err();
         assert!(matches!(err, StateError::Conflict(_)));
         db.set_running("abc123", 10, 20).unwrap();
-        db.transition("abc123", SandboxState::Running, SandboxState::Removing, None).unwrap();
+        db.transition(
+            "abc123",
+            SandboxState::Running,
+            SandboxState::Removing,
+            None,
+        )
+        .unwrap();
     }
 
     #[test]
@@ -418,7 +482,10 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let path = dir.path().join("s.db");
         drop(Db::open(&path).unwrap());
-        Connection::open(&path).unwrap().pragma_update(None, "user_version", 99).unwrap();
+        Connection::open(&path)
+            .unwrap()
+            .pragma_update(None, "user_version", 99)
+            .unwrap();
         let err = Db::open(&path).err().unwrap();
         assert!(err.to_string().contains("newer Cairn"), "{err}");
     }

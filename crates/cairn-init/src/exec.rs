@@ -15,6 +15,7 @@ use cairn_protocol::{
 use nix::sys::signal::{killpg, Signal};
 use nix::unistd::Pid;
 
+use crate::listen::Live;
 use crate::reaper::Reaper;
 
 /// How long output may keep flowing after the process exited (a background
@@ -28,6 +29,7 @@ pub fn run(
     mut reader: BufReader<UnixStream>,
     mut writer: UnixStream,
     reaper: &Reaper,
+    live: Arc<Live>,
 ) -> Result<(), FrameError> {
     if req.argv.is_empty() {
         write_frame(&mut writer, &FromInit::Error("no command given".into()))?;
@@ -87,7 +89,8 @@ pub fn run(
     };
     let pid = child.id() as i32;
     let out = Arc::new(Mutex::new(Output {
-        stream: writer,
+        stream: Some(writer),
+        live: Some(Arc::clone(&live)),
         closed: false,
         buf: Vec::new(),
     }));
@@ -110,6 +113,8 @@ pub fn run(
     // Frames from the host: stdin data and signals, until the host hangs up.
     let mut stdin = child.stdin.take();
     std::thread::spawn(move || loop {
+        // Holds the connection live (for quiescing) as long as it reads.
+        let _live = &live;
         match read_frame::<ToInit, _>(&mut reader) {
             Ok(ToInit::Stdin(data)) => {
                 if let Some(s) = stdin.as_mut() {
@@ -166,13 +171,19 @@ pub fn run(
         }
     }
     let mut out = out.lock().unwrap_or_else(|e| e.into_inner());
-    out.send(&FromInit::Exited(status))?;
+    let sent = out.send(&FromInit::Exited(status));
     out.closed = true;
-    Ok(())
+    // A background grandchild may hold the pipes for ever; the connection
+    // must not live as long (a quiesce waits for every connection to end).
+    out.stream = None;
+    out.live = None;
+    sent
 }
 
 struct Output {
-    stream: UnixStream,
+    /// `None` once `Exited` went out.
+    stream: Option<UnixStream>,
+    live: Option<Arc<Live>>,
     /// Set once `Exited` went out: late output is dropped.
     closed: bool,
     buf: Vec<u8>,
@@ -180,11 +191,11 @@ struct Output {
 
 impl Output {
     fn send(&mut self, msg: &FromInit) -> Result<(), FrameError> {
-        if self.closed {
+        let Some(stream) = self.stream.as_mut().filter(|_| !self.closed) else {
             return Ok(());
-        }
+        };
         encode_frame(msg, &mut self.buf)?;
-        self.stream.write_all(&self.buf)?;
+        stream.write_all(&self.buf)?;
         Ok(())
     }
 }

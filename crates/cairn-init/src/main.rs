@@ -1,6 +1,7 @@
 //! `cairn-init`: PID 1 inside every Cairn sandbox, whatever the driver.
 //!
-//! It receives a listening Unix socket on fd [`LISTEN_FD`] from the driver,
+//! It receives a listening Unix socket on fd [`LISTEN_FD`] from the driver
+//! (or binds one itself at `CAIRN_INIT_LISTEN_PATH`),
 //! serves one operation per connection (exec, files, signals, ping) on its
 //! own thread, and reaps every process of the sandbox, including orphans.
 //! It is linked statically so that it runs in any image, even one without a
@@ -8,6 +9,7 @@
 
 mod exec;
 mod files;
+mod listen;
 mod reaper;
 
 use std::io::{BufReader, BufWriter, Write};
@@ -19,9 +21,33 @@ use cairn_protocol::{
     read_frame, write_frame, FromInit, ToInit, LISTEN_FD, MAGIC, PROTOCOL_VERSION,
 };
 
+use crate::listen::{Live, Server, Source};
 use crate::reaper::Reaper;
 
 fn main() {
+    let source = match std::env::var_os("CAIRN_INIT_LISTEN_PATH") {
+        Some(path) => Source::Path(path.into()),
+        None => Source::Inherited(inherited_listener()),
+    };
+
+    // SIGCHLD and SIGUSR2 must be blocked in every thread before any thread
+    // starts, so that only the reaper's and the accept loop's sigwait see them.
+    listen::block_relisten_signal();
+    let reaper = Arc::new(Reaper::start());
+    ignore_terminal_signals();
+
+    let server = Arc::new(Server::new(source));
+    let for_serve = Arc::clone(&server);
+    server.accept_loop(move |stream, live| {
+        let reaper = Arc::clone(&reaper);
+        let server = Arc::clone(&for_serve);
+        std::thread::spawn(move || serve(stream, &reaper, &server, live));
+    });
+}
+
+/// The listening socket the driver passed on fd [`LISTEN_FD`] (or
+/// `CAIRN_INIT_LISTEN_FD`): the native driver's way.
+fn inherited_listener() -> UnixListener {
     let listen_fd: RawFd = std::env::var("CAIRN_INIT_LISTEN_FD")
         .ok()
         .and_then(|v| v.parse().ok())
@@ -36,22 +62,7 @@ fn main() {
     }
     // SAFETY: the driver hands us fd `listen_fd` as a bound, listening Unix
     // socket; nothing else in this process owns it.
-    let listener = unsafe { UnixListener::from_raw_fd(listen_fd) };
-
-    // SIGCHLD must be blocked in every thread before any thread starts, so
-    // that only the reaper's sigwait sees it.
-    let reaper = Arc::new(Reaper::start());
-    ignore_terminal_signals();
-
-    for conn in listener.incoming() {
-        match conn {
-            Ok(stream) => {
-                let reaper = Arc::clone(&reaper);
-                std::thread::spawn(move || serve(stream, &reaper));
-            }
-            Err(e) => eprintln!("cairn-init: accept failed: {e}"),
-        }
-    }
+    unsafe { UnixListener::from_raw_fd(listen_fd) }
 }
 
 /// PID 1 gets no default signal actions, but when run outside a pid
@@ -65,7 +76,7 @@ fn ignore_terminal_signals() {
 }
 
 /// Serves one connection: hello, then one operation.
-fn serve(stream: UnixStream, reaper: &Reaper) {
+fn serve(stream: UnixStream, reaper: &Reaper, server: &Server, live: Arc<Live>) {
     let Ok(read_half) = stream.try_clone() else {
         return;
     };
@@ -113,7 +124,7 @@ fn serve(stream: UnixStream, reaper: &Reaper) {
             }
             ToInit::Exec(req) => {
                 let writer = writer.into_inner().map_err(|e| e.into_error())?;
-                exec::run(req, reader, writer, reaper)?;
+                exec::run(req, reader, writer, reaper, live)?;
             }
             ToInit::Kill { pid, signal } => {
                 let reply = match nix::sys::signal::Signal::try_from(signal) {
@@ -132,6 +143,22 @@ fn serve(stream: UnixStream, reaper: &Reaper) {
             }
             ToInit::PutFile(meta) => files::put(meta, &mut reader, &mut writer)?,
             ToInit::GetFile { path } => files::get(&path, &mut writer)?,
+            ToInit::Quiesce => {
+                let reply = if !server.can_quiesce() {
+                    FromInit::Error(
+                        "this init was handed its socket by the driver and cannot reopen it; \
+                         only the gVisor driver quiesces"
+                            .into(),
+                    )
+                } else {
+                    match server.conns.quiesce(&live, &server.wake_tx) {
+                        Ok(()) => FromInit::Done,
+                        Err(e) => FromInit::Error(e),
+                    }
+                };
+                write_frame(&mut writer, &reply)?;
+                writer.flush()?;
+            }
             ToInit::Restored {
                 unix_time_ns,
                 entropy,
@@ -174,5 +201,6 @@ fn name(msg: &ToInit) -> &'static str {
         ToInit::Data(_) => "Data",
         ToInit::End => "End",
         ToInit::Restored { .. } => "Restored",
+        ToInit::Quiesce => "Quiesce",
     }
 }

@@ -81,9 +81,9 @@ impl FromStr for MemorySize {
 impl fmt::Display for MemorySize {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         let b = self.0;
-        if b % (1 << 30) == 0 {
+        if b.is_multiple_of(1 << 30) {
             write!(f, "{}G", b >> 30)
-        } else if b % (1 << 20) == 0 {
+        } else if b.is_multiple_of(1 << 20) {
             write!(f, "{}M", b >> 20)
         } else {
             write!(f, "{b}")
@@ -102,7 +102,7 @@ impl FromStr for CpuCount {
             .trim()
             .parse()
             .map_err(|_| LimitsError::Cpus(s.to_string()))?;
-        if !v.is_finite() || v < 0.01 || v > 4096.0 {
+        if !v.is_finite() || !(0.01..=4096.0).contains(&v) {
             return Err(LimitsError::Cpus(s.to_string()));
         }
         Ok(CpuCount((v * 1000.0).round() as u32))

@@ -22,13 +22,22 @@ pub fn dispatch(cli: Cli) -> Result<i32> {
     }
     let mut engine = Engine::open(home)?;
     match cli.command {
-        Command::Run { sandbox, process, cmd } => run(&mut engine, &sandbox, &process, cmd),
+        Command::Run {
+            sandbox,
+            process,
+            cmd,
+        } => run(&mut engine, &sandbox, &process, cmd),
         Command::Create { sandbox } => {
             let rec = engine.create_sandbox(&create_options(&sandbox, false), &Steps::new())?;
             println!("{}", rec.id);
             Ok(0)
         }
-        Command::Exec { sandbox, detach, process, cmd } => {
+        Command::Exec {
+            sandbox,
+            detach,
+            process,
+            cmd,
+        } => {
             let rec = engine.sandbox(&sandbox)?;
             exec(&engine, &rec, &process, cmd, detach)
         }
@@ -67,16 +76,28 @@ pub fn create_options(args: &SandboxArgs, auto_remove: bool) -> CreateOptions {
     if let Some(p) = args.pids {
         limits.pids = p.0;
     }
-    CreateOptions { image: Some(args.image.clone()), name: args.name.clone(), limits, auto_remove }
+    CreateOptions {
+        image: Some(args.image.clone()),
+        name: args.name.clone(),
+        limits,
+        auto_remove,
+    }
 }
 
-fn run(engine: &mut Engine, sandbox: &SandboxArgs, process: &ProcessArgs, cmd: Vec<String>) -> Result<i32> {
+fn run(
+    engine: &mut Engine,
+    sandbox: &SandboxArgs,
+    process: &ProcessArgs,
+    cmd: Vec<String>,
+) -> Result<i32> {
     let rec = engine.create_sandbox(&create_options(sandbox, true), &Steps::new())?;
     let result = exec(engine, &rec, process, cmd, false);
     // Removal happens whatever the command did; a removal failure is
     // reported, and `cairn gc` finishes it later.
     let rec = engine.sandbox(&rec.id)?;
-    engine.remove_sandbox(&rec, true).context("removing the sandbox")?;
+    engine
+        .remove_sandbox(&rec, true)
+        .context("removing the sandbox")?;
     result
 }
 
@@ -94,11 +115,24 @@ fn request(process: &ProcessArgs, argv: Vec<String>, detach: bool) -> Result<Exe
         Some(t) => bail!("--timeout takes a positive number of seconds, got {t}"),
         None => None,
     };
-    Ok(ExecRequest { argv, env, cwd: process.workdir.clone(), stdin: process.interactive, timeout_ms, detach })
+    Ok(ExecRequest {
+        argv,
+        env,
+        cwd: process.workdir.clone(),
+        stdin: process.interactive,
+        timeout_ms,
+        detach,
+    })
 }
 
 /// Runs a process and returns the exit status to pass on.
-fn exec(engine: &Engine, rec: &SandboxRecord, process: &ProcessArgs, argv: Vec<String>, detach: bool) -> Result<i32> {
+fn exec(
+    engine: &Engine,
+    rec: &SandboxRecord,
+    process: &ProcessArgs,
+    argv: Vec<String>,
+    detach: bool,
+) -> Result<i32> {
     let req = request(process, argv, detach)?;
     let start = match engine.exec(rec, req)? {
         Ok(start) => start,
@@ -130,10 +164,15 @@ fn exec(engine: &Engine, rec: &SandboxRecord, process: &ProcessArgs, argv: Vec<S
             let _ = control.close_stdin();
         });
     }
-    let status = start.session.wait(&mut io::stdout().lock(), &mut io::stderr().lock())?;
+    let status = start
+        .session
+        .wait(&mut io::stdout().lock(), &mut io::stderr().lock())?;
     let Some(status) = status else { return Ok(0) };
     if status.timed_out {
-        eprintln!("cairn: the command timed out after {}s and was killed", process.timeout.unwrap_or_default());
+        eprintln!(
+            "cairn: the command timed out after {}s and was killed",
+            process.timeout.unwrap_or_default()
+        );
         return Ok(124);
     }
     if status.signal == Some(libc::SIGKILL) && engine.oom_killed_since(&start.probe) {
@@ -148,7 +187,12 @@ fn exec(engine: &Engine, rec: &SandboxRecord, process: &ProcessArgs, argv: Vec<S
 /// Ctrl-C and friends go to the process in the sandbox, not to Cairn.
 fn forward_signals(control: cairn_sandbox::client::ExecControl) {
     let mut set = SigSet::empty();
-    for s in [Signal::SIGINT, Signal::SIGTERM, Signal::SIGHUP, Signal::SIGQUIT] {
+    for s in [
+        Signal::SIGINT,
+        Signal::SIGTERM,
+        Signal::SIGHUP,
+        Signal::SIGQUIT,
+    ] {
         set.add(s);
     }
     if set.thread_block().is_err() {
@@ -186,13 +230,17 @@ fn copy(engine: &Engine, src: &str, dst: &str) -> Result<()> {
         (Location::Host(from), Location::Sandbox(id, to)) => {
             let rec = engine.sandbox(&id)?;
             let client = engine.client(&rec)?;
-            let md = fs::metadata(&from).with_context(|| format!("cannot read {}", from.display()))?;
+            let md =
+                fs::metadata(&from).with_context(|| format!("cannot read {}", from.display()))?;
             if !md.is_file() {
                 bail!("{} is not a regular file; copy directories as a tarball (tar c DIR | cairn exec -i ID -- tar x)", from.display());
             }
             let mut to = to;
             if to.ends_with('/') || client.stat(&to)?.is_some_and(|m| m.kind == FileKind::Dir) {
-                let name = from.file_name().context("the source has no file name")?.to_string_lossy();
+                let name = from
+                    .file_name()
+                    .context("the source has no file name")?
+                    .to_string_lossy();
                 to = format!("{}/{name}", to.trim_end_matches('/'));
             }
             let meta = FileMeta {
@@ -216,31 +264,57 @@ fn copy(engine: &Engine, src: &str, dst: &str) -> Result<()> {
                 return Ok(());
             }
             let to = if to.is_dir() {
-                let name = Path::new(&from).file_name().context("the source has no file name")?;
+                let name = Path::new(&from)
+                    .file_name()
+                    .context("the source has no file name")?;
                 to.join(name)
             } else {
                 to
             };
-            let parent = to.parent().filter(|p| !p.as_os_str().is_empty()).unwrap_or(Path::new("."));
+            let parent = to
+                .parent()
+                .filter(|p| !p.as_os_str().is_empty())
+                .unwrap_or(Path::new("."));
             // Into a temporary beside the target, renamed once complete.
-            let tmp = parent.join(format!(".{}.cairn-{}", to.file_name().unwrap_or_default().to_string_lossy(), std::process::id()));
-            let mut file = fs::File::create(&tmp).with_context(|| format!("cannot write {}", tmp.display()))?;
-            let result = client.get_file(&from, &mut file).map_err(anyhow::Error::from).and_then(|meta| {
-                file.sync_all()?;
-                fs::set_permissions(&tmp, fs::Permissions::from_mode(meta.mode))?;
-                let secs = meta.mtime_ns.div_euclid(1_000_000_000) as i64;
-                let ts = nix::sys::time::TimeSpec::new(secs, meta.mtime_ns.rem_euclid(1_000_000_000) as i64);
-                nix::sys::stat::utimensat(None, &tmp, &ts, &ts, nix::sys::stat::UtimensatFlags::FollowSymlink)?;
-                fs::rename(&tmp, &to)?;
-                Ok(())
-            });
+            let tmp = parent.join(format!(
+                ".{}.cairn-{}",
+                to.file_name().unwrap_or_default().to_string_lossy(),
+                std::process::id()
+            ));
+            let mut file = fs::File::create(&tmp)
+                .with_context(|| format!("cannot write {}", tmp.display()))?;
+            let result = client
+                .get_file(&from, &mut file)
+                .map_err(anyhow::Error::from)
+                .and_then(|meta| {
+                    file.sync_all()?;
+                    fs::set_permissions(&tmp, fs::Permissions::from_mode(meta.mode))?;
+                    let secs = meta.mtime_ns.div_euclid(1_000_000_000) as i64;
+                    let ts = nix::sys::time::TimeSpec::new(
+                        secs,
+                        meta.mtime_ns.rem_euclid(1_000_000_000) as i64,
+                    );
+                    nix::sys::stat::utimensat(
+                        None,
+                        &tmp,
+                        &ts,
+                        &ts,
+                        nix::sys::stat::UtimensatFlags::FollowSymlink,
+                    )?;
+                    fs::rename(&tmp, &to)?;
+                    Ok(())
+                });
             if result.is_err() {
                 let _ = fs::remove_file(&tmp);
             }
             result
         }
-        (Location::Sandbox(..), Location::Sandbox(..)) => bail!("copy between two sandboxes through the host: cp ID1:/f ./f, then cp ./f ID2:/f"),
-        (Location::Host(_), Location::Host(_)) => bail!("one side of `cairn cp` must be a sandbox path, ID:/path"),
+        (Location::Sandbox(..), Location::Sandbox(..)) => {
+            bail!("copy between two sandboxes through the host: cp ID1:/f ./f, then cp ./f ID2:/f")
+        }
+        (Location::Host(_), Location::Host(_)) => {
+            bail!("one side of `cairn cp` must be a sandbox path, ID:/path")
+        }
     }
 }
 
@@ -253,7 +327,10 @@ fn ps(engine: &mut Engine, quiet: bool, json: bool) -> Result<()> {
             println!("{}", r.id);
         }
     } else {
-        println!("{:<12}  {:<16}  {:<10}  {:<8}  {:>7}  {:>6}  CREATED", "ID", "NAME", "IMAGE", "STATE", "PID", "MEMORY");
+        println!(
+            "{:<12}  {:<16}  {:<10}  {:<8}  {:>7}  {:>6}  CREATED",
+            "ID", "NAME", "IMAGE", "STATE", "PID", "MEMORY"
+        );
         for r in rows {
             let age = (cairn_now_ms() - r.created_at) / 1000;
             println!(
@@ -262,7 +339,10 @@ fn ps(engine: &mut Engine, quiet: bool, json: bool) -> Result<()> {
                 r.name,
                 r.image,
                 r.state,
-                r.pid.filter(|_| r.state == SandboxState::Running).map(|p| p.to_string()).unwrap_or_else(|| "-".into()),
+                r.pid
+                    .filter(|_| r.state == SandboxState::Running)
+                    .map(|p| p.to_string())
+                    .unwrap_or_else(|| "-".into()),
                 MemorySize(r.memory_bytes).to_string(),
                 human_age(age)
             );
@@ -272,7 +352,10 @@ fn ps(engine: &mut Engine, quiet: bool, json: bool) -> Result<()> {
 }
 
 fn cairn_now_ms() -> i64 {
-    std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map(|d| d.as_millis() as i64).unwrap_or(0)
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.as_millis() as i64)
+        .unwrap_or(0)
 }
 
 fn human_age(secs: i64) -> String {
@@ -307,7 +390,10 @@ fn logs(engine: &Engine, key: &str, tail: Option<usize>) -> Result<()> {
 fn remove(engine: &mut Engine, keys: &[String], force: bool) -> Result<i32> {
     let mut failed = 0;
     for key in keys {
-        match engine.sandbox(key).and_then(|rec| engine.remove_sandbox(&rec, force).map(|()| rec.id)) {
+        match engine
+            .sandbox(key)
+            .and_then(|rec| engine.remove_sandbox(&rec, force).map(|()| rec.id))
+        {
             Ok(id) => println!("{id}"),
             Err(e) => {
                 eprintln!("cairn: error: {e}");
@@ -320,7 +406,12 @@ fn remove(engine: &mut Engine, keys: &[String], force: bool) -> Result<i32> {
 
 fn image(engine: &mut Engine, cmd: ImageCommand) -> Result<()> {
     match cmd {
-        ImageCommand::Build { kind, name, packages, suite } => {
+        ImageCommand::Build {
+            kind,
+            name,
+            packages,
+            suite,
+        } => {
             let steps = Steps::new();
             let rec = match kind {
                 ImageKind::Busybox => {
@@ -329,9 +420,12 @@ fn image(engine: &mut Engine, cmd: ImageCommand) -> Result<()> {
                     }
                     engine.build_busybox(name.as_deref().unwrap_or("busybox"), &steps)?
                 }
-                ImageKind::Debian => {
-                    engine.build_debian(name.as_deref().unwrap_or("debian"), suite.as_deref(), &packages, &steps)?
-                }
+                ImageKind::Debian => engine.build_debian(
+                    name.as_deref().unwrap_or("debian"),
+                    suite.as_deref(),
+                    &packages,
+                    &steps,
+                )?,
             };
             drop(steps);
             println!("{}", rec.name);
@@ -347,7 +441,13 @@ fn image(engine: &mut Engine, cmd: ImageCommand) -> Result<()> {
             } else {
                 println!("{:<20}  {:>9}  {:>6}  SOURCE", "NAME", "SIZE", "LAYERS");
                 for i in images {
-                    println!("{:<20}  {:>8.1}M  {:>6}  {}", i.name, i.size_bytes as f64 / 1048576.0, i.layers.len(), i.source);
+                    println!(
+                        "{:<20}  {:>8.1}M  {:>6}  {}",
+                        i.name,
+                        i.size_bytes as f64 / 1048576.0,
+                        i.layers.len(),
+                        i.source
+                    );
                 }
             }
         }

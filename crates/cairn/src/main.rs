@@ -17,7 +17,10 @@ fn main() -> ExitCode {
     let filter = if cli.verbose { "debug" } else { "warn" };
     tracing_subscriber::fmt()
         .with_writer(std::io::stderr)
-        .with_env_filter(tracing_subscriber::EnvFilter::try_from_env("CAIRN_LOG").unwrap_or_else(|_| filter.into()))
+        .with_env_filter(
+            tracing_subscriber::EnvFilter::try_from_env("CAIRN_LOG")
+                .unwrap_or_else(|_| filter.into()),
+        )
         .without_time()
         .init();
     match commands::dispatch(cli) {

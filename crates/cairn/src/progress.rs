@@ -15,11 +15,17 @@ impl Steps {
     pub fn new() -> Steps {
         let bar = std::io::stderr().is_terminal().then(|| {
             let bar = ProgressBar::new_spinner();
-            bar.set_style(ProgressStyle::with_template("{spinner} [{elapsed:>3}] {msg}").expect("valid template"));
+            bar.set_style(
+                ProgressStyle::with_template("{spinner} [{elapsed:>3}] {msg}")
+                    .expect("valid template"),
+            );
             bar.enable_steady_tick(Duration::from_millis(100));
             bar
         });
-        Steps { bar, started: Instant::now() }
+        Steps {
+            bar,
+            started: Instant::now(),
+        }
     }
 }
 
@@ -27,7 +33,10 @@ impl Progress for Steps {
     fn step(&self, message: &str) {
         match &self.bar {
             Some(bar) => bar.set_message(message.to_string()),
-            None => eprintln!("cairn: [{:>5.1}s] {message}", self.started.elapsed().as_secs_f64()),
+            None => eprintln!(
+                "cairn: [{:>5.1}s] {message}",
+                self.started.elapsed().as_secs_f64()
+            ),
         }
     }
 }

@@ -27,6 +27,12 @@ use nix::unistd::{fork, pipe2, ForkResult};
 use crate::cgroup::Hierarchy;
 use crate::{pid_start_time, Capabilities, Driver, SandboxError, SandboxProcess, SandboxSpec};
 
+/// The overlay mount options for `spec`'s root (shared with the gVisor
+/// driver, which mounts the same root).
+pub(crate) fn overlay_options(spec: &SandboxSpec) -> Result<String, String> {
+    setup::Plan::overlay_options(spec)
+}
+
 pub struct NativeDriver {
     cgroups: Hierarchy,
     seccomp: Vec<seccompiler::BpfProgram>,
