@@ -107,8 +107,8 @@ impl Env {
             !mountinfo.contains(dir),
             "a mount under {dir} is left:\n{mountinfo}"
         );
-        let state = self.tmp.path().join("state");
-        let state = state.to_str().unwrap();
+        // runsc's processes name their state directory, which names the id.
+        let marker = format!("/{}/runsc", spec.id);
         let procs: Vec<String> = fs::read_dir("/proc")
             .unwrap()
             .filter_map(Result::ok)
@@ -120,7 +120,7 @@ impl Env {
             })
             .filter_map(|e| fs::read(e.path().join("cmdline")).ok())
             .map(|c| String::from_utf8_lossy(&c).replace('\0', " "))
-            .filter(|c| c.contains(state) || c.contains(&spec.id))
+            .filter(|c| c.contains(&marker))
             .collect();
         assert!(
             procs.is_empty(),
