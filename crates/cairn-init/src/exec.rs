@@ -62,6 +62,10 @@ pub fn run(
     unsafe {
         cmd.pre_exec(reset_oom_score);
     }
+    // SAFETY: prctl is async-signal-safe and touches no memory.
+    unsafe {
+        cmd.pre_exec(drop_sys_admin);
+    }
 
     if req.detach {
         cmd.stdin(Stdio::null())
@@ -258,6 +262,19 @@ fn reset_oom_score() -> io::Result<()> {
             libc::write(fd, b"0".as_ptr().cast(), 1);
             libc::close(fd);
         }
+    }
+    Ok(())
+}
+
+/// Init keeps CAP_SYS_ADMIN under gVisor to remount `/proc` when quiescing
+/// (see `listen::fresh_procfs`); the commands it runs do not get it. Where
+/// init never had it (the native driver) this changes nothing.
+fn drop_sys_admin() -> io::Result<()> {
+    /// `CAP_SYS_ADMIN` from `<linux/capability.h>`.
+    const CAP_SYS_ADMIN: libc::c_ulong = 21;
+    // SAFETY: a prctl with integer arguments only; async-signal-safe.
+    unsafe {
+        libc::prctl(libc::PR_CAPBSET_DROP, CAP_SYS_ADMIN, 0, 0, 0);
     }
     Ok(())
 }

@@ -242,6 +242,20 @@ fn init_runs_commands_and_moves_files_inside_gvisor() {
         "not running under gVisor: {dmesg:?}"
     );
 
+    // Init keeps CAP_SYS_ADMIN to remount /proc; commands must not get it.
+    let (_, bounding) = sh(&client, "grep CapBnd /proc/self/status");
+    let bounding = u64::from_str_radix(bounding.split_whitespace().nth(1).unwrap(), 16).unwrap();
+    assert_eq!(
+        bounding & (1 << 21),
+        0,
+        "commands may use CAP_SYS_ADMIN: {bounding:x}"
+    );
+    assert_ne!(
+        bounding & (1 << 0),
+        0,
+        "commands lost CAP_CHOWN: {bounding:x}"
+    );
+
     let content = b"some bytes\nfor the sandbox\n".repeat(5000);
     let meta = FileMeta {
         path: "/root/put.txt".into(),
@@ -299,6 +313,10 @@ fn a_restored_sandbox_continues_its_processes_from_memory_with_the_host_clock() 
         "the counter restarted instead of continuing"
     );
     assert!(after <= saved + 50, "count jumped from {saved} to {after}");
+
+    // /proc was remounted while quiescing; it still works.
+    let (_, status) = sh(&client, "grep -c ^Pid: /proc/self/status");
+    assert_eq!(status.trim(), "1");
 
     let (_, inside) = sh(&client, "date +%s");
     let inside: i64 = inside.trim().parse().unwrap();

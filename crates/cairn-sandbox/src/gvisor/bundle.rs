@@ -17,9 +17,12 @@ pub const SOCKET_DIR: &str = "/run/cairn";
 /// The socket init binds, inside the sandbox.
 pub const SOCKET_PATH: &str = "/run/cairn/init.sock";
 
-/// The capabilities of the sandbox's root user: the usual container set.
-/// The sandbox kernel is gVisor's, so these never reach the host kernel.
-const CAPABILITIES: [&str; 14] = [
+/// The capabilities of init: the usual container set, plus CAP_SYS_ADMIN so
+/// init can remount `/proc` before a checkpoint (it drops it from the
+/// bounding set of every command it runs). These are capabilities in
+/// gVisor's kernel, never the host's.
+const CAPABILITIES: [&str; 15] = [
+    "CAP_SYS_ADMIN",
     "CAP_CHOWN",
     "CAP_DAC_OVERRIDE",
     "CAP_FSETID",

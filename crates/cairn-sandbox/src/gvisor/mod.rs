@@ -77,6 +77,12 @@ pub struct Checkpoint {
     pub image_dir: PathBuf,
     /// Size of the image in bytes (runsc compresses it with flate).
     pub image_bytes: u64,
+    /// Time init took to end its connections and trim its kernel state.
+    pub quiesce: Duration,
+    /// Time `runsc checkpoint` took (saving the sentry).
+    pub save: Duration,
+    /// Time removing the stopped sandbox's processes, cgroup and state took.
+    pub cleanup: Duration,
 }
 
 pub struct GvisorDriver {
@@ -133,6 +139,7 @@ impl GvisorDriver {
             .ok_or_else(|| GvisorError::Unknown(id.to_string()))?;
         let client = InitClient::new(dir.join("init.sock"));
         let root = self.runsc_root(id);
+        let t = Instant::now();
         if let Err(e) = client.quiesce(QUIESCE_TIMEOUT) {
             if matches!(e, ClientError::Refused(_)) {
                 // Init stopped listening before giving up; make it listen again.
@@ -140,8 +147,10 @@ impl GvisorDriver {
             }
             return Err(GvisorError::Quiesce(e));
         }
+        let quiesce = t.elapsed();
         fs::create_dir_all(image_dir)
             .map_err(|e| GvisorError::io(format!("create {}", image_dir.display()), e))?;
+        let t = Instant::now();
         let mut cmd = self.runsc.command(&root);
         cmd.arg("checkpoint")
             .arg("--image-path")
@@ -151,7 +160,9 @@ impl GvisorDriver {
             let _ = self.relisten(&root, id);
             return Err(e);
         }
+        let save = t.elapsed();
         let image_bytes = image_size(image_dir);
+        let t = Instant::now();
         self.teardown(id).map_err(|e| GvisorError::Runsc {
             what: "checkpoint (cleaning up the stopped sandbox)".into(),
             message: e.to_string(),
@@ -159,6 +170,9 @@ impl GvisorDriver {
         Ok(Checkpoint {
             image_dir: image_dir.to_path_buf(),
             image_bytes,
+            quiesce,
+            save,
+            cleanup: t.elapsed(),
         })
     }
 
