@@ -13,6 +13,7 @@ use cairn_protocol::{
 use nix::sys::signal::{killpg, Signal};
 use nix::unistd::Pid;
 
+use crate::listen::Live;
 use crate::reaper::Reaper;
 use crate::spawn;
 
@@ -25,6 +26,7 @@ pub fn run(
     mut reader: BufReader<UnixStream>,
     mut writer: UnixStream,
     reaper: &Reaper,
+    live: Arc<Live>,
 ) -> Result<(), FrameError> {
     if req.argv.is_empty() {
         write_frame(&mut writer, &FromInit::Error("no command given".into()))?;
@@ -60,7 +62,8 @@ pub fn run(
             Err(e) => return write_frame(&mut writer, &spawn_failed(&req.argv[0], &e)),
         };
     let out = Arc::new(Mutex::new(Output {
-        stream: writer,
+        stream: Some(writer),
+        live: Some(Arc::clone(&live)),
         closed: false,
         buf: Vec::new(),
     }));
@@ -83,6 +86,8 @@ pub fn run(
     // Frames from the host: stdin data and signals, until the host hangs up.
     let mut stdin = child.stdin.take();
     std::thread::spawn(move || loop {
+        // Holds the connection live (for quiescing) as long as it reads.
+        let _live = &live;
         match read_frame::<ToInit, _>(&mut reader) {
             Ok(ToInit::Stdin(data)) => {
                 if let Some(s) = stdin.as_mut() {
@@ -139,13 +144,19 @@ pub fn run(
         }
     }
     let mut out = out.lock().unwrap_or_else(|e| e.into_inner());
-    out.send(&FromInit::Exited(status))?;
+    let sent = out.send(&FromInit::Exited(status));
     out.closed = true;
-    Ok(())
+    // A background grandchild may hold the pipes for ever; the connection
+    // must not live as long (a quiesce waits for every connection to end).
+    out.stream = None;
+    out.live = None;
+    sent
 }
 
 struct Output {
-    stream: UnixStream,
+    /// `None` once `Exited` went out.
+    stream: Option<UnixStream>,
+    live: Option<Arc<Live>>,
     /// Set once `Exited` went out: late output is dropped.
     closed: bool,
     buf: Vec<u8>,
@@ -153,11 +164,11 @@ struct Output {
 
 impl Output {
     fn send(&mut self, msg: &FromInit) -> Result<(), FrameError> {
-        if self.closed {
+        let Some(stream) = self.stream.as_mut().filter(|_| !self.closed) else {
             return Ok(());
-        }
+        };
         encode_frame(msg, &mut self.buf)?;
-        self.stream.write_all(&self.buf)?;
+        stream.write_all(&self.buf)?;
         Ok(())
     }
 }

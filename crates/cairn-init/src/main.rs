@@ -1,6 +1,9 @@
 //! `cairn-init`: PID 1 inside every Cairn sandbox, whatever the driver.
 //!
-//! It receives a listening Unix socket on fd [`LISTEN_FD`] from the driver,
+//! With `--native-setup` it first builds a native sandbox around itself
+//! (see [`native`]) and then serves on the socket the driver handed it.
+//! Otherwise it receives a listening Unix socket on fd [`LISTEN_FD`] from
+//! the driver (or binds one itself at `CAIRN_INIT_LISTEN_PATH`, under gVisor),
 //! serves one operation per connection (exec, files, signals, ping) on its
 //! own thread, and reaps every process of the sandbox, including orphans.
 //! It is linked statically so that it runs in any image, even one without a
@@ -8,6 +11,7 @@
 
 mod exec;
 mod files;
+mod listen;
 mod native;
 mod reaper;
 mod spawn;
@@ -19,17 +23,69 @@ use std::sync::Arc;
 
 use cairn_protocol::{read_frame, write_frame, FromInit, ToInit, LISTEN_FD, MAGIC, PROTOCOL_VERSION};
 
+use crate::listen::{Live, Server, Source};
 use crate::reaper::Reaper;
 
 fn main() {
-    let args: Vec<String> = std::env::args().collect();
-    let listen_fd: RawFd = match args.get(1).map(String::as_str) {
-        Some("--native-setup") => native::build(),
-        _ => std::env::var("CAIRN_INIT_LISTEN_FD")
-            .ok()
-            .and_then(|v| v.parse().ok())
-            .unwrap_or(LISTEN_FD),
+    let native = std::env::args().nth(1).as_deref() == Some("--native-setup");
+    let source = if native {
+        Source::Inherited(listener_on(native::build()))
+    } else {
+        match std::env::var_os("CAIRN_INIT_LISTEN_PATH") {
+            Some(path) => {
+                keep_sys_admin_from_children();
+                Source::Path(path.into())
+            }
+            None => Source::Inherited(inherited_listener()),
+        }
     };
+
+    // SIGCHLD and SIGUSR2 must be blocked in every thread before any thread
+    // starts, so that only the reaper's and the accept loop's sigwait see them.
+    listen::block_relisten_signal();
+    let reaper = Arc::new(Reaper::start());
+    ignore_terminal_signals();
+
+    let server = Arc::new(Server::new(source));
+    let for_serve = Arc::clone(&server);
+    server.accept_loop(move |stream, live| {
+        let reaper = Arc::clone(&reaper);
+        let server = Arc::clone(&for_serve);
+        std::thread::spawn(move || serve(stream, &reaper, &server, live));
+    });
+}
+
+/// The listening socket the driver passed on fd [`LISTEN_FD`] (or
+/// `CAIRN_INIT_LISTEN_FD`).
+fn inherited_listener() -> UnixListener {
+    let listen_fd: RawFd = std::env::var("CAIRN_INIT_LISTEN_FD")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(LISTEN_FD);
+    listener_on(listen_fd)
+}
+
+/// Under gVisor init keeps CAP_SYS_ADMIN to remount `/proc` when quiescing
+/// (see `listen`); the commands it starts must not get it. Without it in the
+/// bounding set, inheritable or ambient sets, no exec regains it, while init
+/// keeps it in its own effective set.
+fn keep_sys_admin_from_children() {
+    /// `CAP_SYS_ADMIN` from `<linux/capability.h>`.
+    const CAP_SYS_ADMIN: libc::c_ulong = 21;
+    // SAFETY: prctl calls with integer arguments only.
+    unsafe {
+        libc::prctl(libc::PR_CAPBSET_DROP, CAP_SYS_ADMIN, 0, 0, 0);
+        libc::prctl(
+            libc::PR_CAP_AMBIENT,
+            libc::PR_CAP_AMBIENT_CLEAR_ALL as libc::c_ulong,
+            0,
+            0,
+            0,
+        );
+    }
+}
+
+fn listener_on(listen_fd: RawFd) -> UnixListener {
     // Children must not inherit the listening socket.
     if let Err(e) = nix::fcntl::fcntl(listen_fd, nix::fcntl::FcntlArg::F_SETFD(nix::fcntl::FdFlag::FD_CLOEXEC)) {
         eprintln!("cairn-init: no listening socket on fd {listen_fd}: {e}");
@@ -37,22 +93,7 @@ fn main() {
     }
     // SAFETY: the driver hands us fd `listen_fd` as a bound, listening Unix
     // socket; nothing else in this process owns it.
-    let listener = unsafe { UnixListener::from_raw_fd(listen_fd) };
-
-    // SIGCHLD must be blocked in every thread before any thread starts, so
-    // that only the reaper's sigwait sees it.
-    let reaper = Arc::new(Reaper::start());
-    ignore_terminal_signals();
-
-    for conn in listener.incoming() {
-        match conn {
-            Ok(stream) => {
-                let reaper = Arc::clone(&reaper);
-                std::thread::spawn(move || serve(stream, &reaper));
-            }
-            Err(e) => eprintln!("cairn-init: accept failed: {e}"),
-        }
-    }
+    unsafe { UnixListener::from_raw_fd(listen_fd) }
 }
 
 /// PID 1 gets no default signal actions, but when run outside a pid
@@ -66,7 +107,7 @@ fn ignore_terminal_signals() {
 }
 
 /// Serves one connection: hello, then one operation.
-fn serve(stream: UnixStream, reaper: &Reaper) {
+fn serve(stream: UnixStream, reaper: &Reaper, server: &Server, live: Arc<Live>) {
     let Ok(read_half) = stream.try_clone() else {
         return;
     };
@@ -114,7 +155,7 @@ fn serve(stream: UnixStream, reaper: &Reaper) {
             }
             ToInit::Exec(req) => {
                 let writer = writer.into_inner().map_err(|e| e.into_error())?;
-                exec::run(req, reader, writer, reaper)?;
+                exec::run(req, reader, writer, reaper, live)?;
             }
             ToInit::Kill { pid, signal } => {
                 let reply = match nix::sys::signal::Signal::try_from(signal) {
@@ -133,6 +174,22 @@ fn serve(stream: UnixStream, reaper: &Reaper) {
             }
             ToInit::PutFile(meta) => files::put(meta, &mut reader, &mut writer)?,
             ToInit::GetFile { path } => files::get(&path, &mut writer)?,
+            ToInit::Quiesce => {
+                let reply = if !server.can_quiesce() {
+                    FromInit::Error(
+                        "this init was handed its socket by the driver and cannot reopen it; \
+                         only the gVisor driver quiesces"
+                            .into(),
+                    )
+                } else {
+                    match server.conns.quiesce(&live, &server.wake_tx) {
+                        Ok(()) => FromInit::Done,
+                        Err(e) => FromInit::Error(e),
+                    }
+                };
+                write_frame(&mut writer, &reply)?;
+                writer.flush()?;
+            }
             ToInit::Restored { unix_time_ns, entropy } => {
                 let reply = match files::restored(unix_time_ns, &entropy) {
                     Ok(()) => FromInit::Done,
@@ -172,5 +229,6 @@ fn name(msg: &ToInit) -> &'static str {
         ToInit::Data(_) => "Data",
         ToInit::End => "End",
         ToInit::Restored { .. } => "Restored",
+        ToInit::Quiesce => "Quiesce",
     }
 }

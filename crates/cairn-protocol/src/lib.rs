@@ -62,6 +62,11 @@ pub enum ToInit {
         #[serde(with = "serde_bytes")]
         entropy: Vec<u8>,
     },
+    /// Before a memory checkpoint: stop listening, end every other
+    /// connection, answer [`FromInit::Done`] once none is left, then close
+    /// this one. Init listens again on SIGUSR2. Only an init that binds its
+    /// own socket (`CAIRN_INIT_LISTEN_PATH`, the gVisor driver) can do this.
+    Quiesce,
 }
 
 /// A reply or stream item sent by cairn-init.

@@ -172,6 +172,19 @@ impl InitClient {
         self.expect_done(&mut reader)
     }
 
+    /// Asks init to stop listening and end every connection before a memory
+    /// checkpoint (gVisor cannot save host sockets); returns once init has
+    /// closed this last connection too. Init listens again on SIGUSR2.
+    pub fn quiesce(&self, timeout: Duration) -> Result<(), ClientError> {
+        let (stream, mut reader) = self.open(&ToInit::Quiesce)?;
+        stream.set_read_timeout(Some(timeout))?;
+        self.expect_done(&mut reader)?;
+        let mut rest = Vec::new();
+        // End of file: init dropped its side of the last host socket.
+        reader.read_to_end(&mut rest)?;
+        Ok(())
+    }
+
     fn expect_done(&self, reader: &mut BufReader<UnixStream>) -> Result<(), ClientError> {
         match self.read(reader)? {
             FromInit::Done => Ok(()),

@@ -7,6 +7,7 @@
 
 pub mod cgroup;
 pub mod client;
+pub mod gvisor;
 pub mod init_binary;
 pub mod limits;
 pub mod native;
@@ -87,6 +88,8 @@ pub enum SandboxError {
     SocketPathTooLong(PathBuf),
     #[error("cannot stop the sandbox: {0}")]
     Stop(String),
+    #[error(transparent)]
+    Gvisor(#[from] gvisor::GvisorError),
 }
 
 impl SandboxError {

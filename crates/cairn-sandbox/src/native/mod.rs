@@ -25,6 +25,22 @@ use cairn_protocol::{NativeSetup, PROTOCOL_VERSION};
 use crate::cgroup::Hierarchy;
 use crate::{pid_start_time, Capabilities, Driver, SandboxError, SandboxProcess, SandboxSpec};
 
+/// The overlay mount options for `spec`'s root, for the gVisor driver,
+/// which mounts the same root with a classic mount (its options must fit in
+/// one page).
+pub(crate) fn overlay_options(spec: &SandboxSpec) -> Result<String, String> {
+    let lowers = lower_dirs(spec).map_err(|e| e.to_string())?;
+    let dir = spec.dir.to_str().ok_or("the sandbox directory is not UTF-8")?;
+    let options = format!("lowerdir={},upperdir={dir}/upper,workdir={dir}/work", lowers.join(":"));
+    if options.len() >= 4000 {
+        return Err(format!(
+            "{} layers make overlay options longer than one page",
+            lowers.len()
+        ));
+    }
+    Ok(options)
+}
+
 pub struct NativeDriver {
     cgroups: Hierarchy,
 }

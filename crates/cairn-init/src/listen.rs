@@ -1,0 +1,257 @@
+//! Where init listens, and quiescing for memory checkpoints.
+//!
+//! Under gVisor the socket init listens on is a host Unix socket reached
+//! through the gofer (`--host-uds`), and gVisor refuses to checkpoint a
+//! sandbox holding any such socket, listening or connected. So, on
+//! [`ToInit::Quiesce`](cairn_protocol::ToInit::Quiesce), init closes its
+//! listener, removes the socket file, shuts every other connection down and
+//! waits until none is left; it listens again on SIGUSR2, which the driver
+//! sends (`runsc kill`) once the checkpoint is taken or restored.
+
+use std::collections::HashMap;
+use std::io::Write;
+use std::net::Shutdown;
+use std::os::fd::AsFd;
+use std::os::unix::net::UnixListener;
+use std::os::unix::net::UnixStream;
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::mpsc::{channel, Receiver, Sender};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use nix::poll::{poll, PollFd, PollFlags, PollTimeout};
+use nix::sys::signal::{SigSet, Signal};
+
+/// How long a quiesce waits for connections to end.
+const QUIESCE_WAIT: Duration = Duration::from_secs(5);
+
+/// The signal that makes a quiesced init listen again.
+pub const RELISTEN_SIGNAL: Signal = Signal::SIGUSR2;
+
+/// Blocks [`RELISTEN_SIGNAL`] in the calling thread; call before any thread
+/// starts so that only [`Server::accept_loop`]'s sigwait takes it (and an
+/// early one is not fatal). Children start with an empty mask (std resets it).
+pub fn block_relisten_signal() {
+    let mut set = SigSet::empty();
+    set.add(RELISTEN_SIGNAL);
+    set.thread_block().expect("blocking SIGUSR2 cannot fail");
+}
+
+/// Every open host connection, so a quiesce can end them.
+#[derive(Default)]
+pub struct Connections {
+    streams: Mutex<HashMap<u64, UnixStream>>,
+    next: AtomicU64,
+    /// Set by a quiesce request; the accept loop answers on the sender.
+    quiesce: Mutex<Option<Sender<()>>>,
+}
+
+/// One connection's registration: dropped by the last thread that holds a
+/// copy of the connection's socket, which removes it from [`Connections`].
+pub struct Live {
+    id: u64,
+    conns: Arc<Connections>,
+}
+
+impl Drop for Live {
+    fn drop(&mut self) {
+        self.conns
+            .streams
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .remove(&self.id);
+    }
+}
+
+impl Connections {
+    pub fn register(self: &Arc<Self>, stream: &UnixStream) -> Arc<Live> {
+        let id = self.next.fetch_add(1, Ordering::Relaxed);
+        if let Ok(copy) = stream.try_clone() {
+            self.streams.lock().unwrap_or_else(|e| e.into_inner()).insert(id, copy);
+        }
+        Arc::new(Live {
+            id,
+            conns: Arc::clone(self),
+        })
+    }
+
+    /// Stops listening and ends every connection but `own`; returns once
+    /// only `own` is left, or an error saying what still holds on.
+    pub fn quiesce(&self, own: &Live, wake: &UnixStream) -> Result<(), String> {
+        let (tx, rx): (Sender<()>, Receiver<()>) = channel();
+        *self.quiesce.lock().unwrap_or_else(|e| e.into_inner()) = Some(tx);
+        // Wake the accept loop, which closes the listener and answers.
+        let mut wake = wake;
+        let _ = wake.write_all(&[1]);
+        rx.recv_timeout(QUIESCE_WAIT)
+            .map_err(|_| "init's accept loop did not stop listening".to_string())?;
+        let deadline = Instant::now() + QUIESCE_WAIT;
+        loop {
+            {
+                let streams = self.streams.lock().unwrap_or_else(|e| e.into_inner());
+                let others: Vec<&UnixStream> = streams
+                    .iter()
+                    .filter(|(id, _)| **id != own.id)
+                    .map(|(_, s)| s)
+                    .collect();
+                if others.is_empty() {
+                    drop(streams);
+                    fresh_procfs();
+                    return Ok(());
+                }
+                for s in others {
+                    let _ = s.shutdown(Shutdown::Both);
+                }
+                if Instant::now() > deadline {
+                    return Err(format!(
+                        "{} connections to init are still open (an attached command still running?); \
+                         wait for them to finish or start long commands detached",
+                        streams.len() - 1
+                    ));
+                }
+            }
+            std::thread::sleep(Duration::from_millis(1));
+        }
+    }
+}
+
+/// Where connections come from.
+pub enum Source {
+    /// A listening socket passed in by the driver (native): cannot be
+    /// reopened, so quiescing is refused.
+    Inherited(UnixListener),
+    /// A path init binds itself (gVisor).
+    Path(PathBuf),
+}
+
+/// The accept loop with its wake-up pair.
+pub struct Server {
+    source: Source,
+    /// Read end polled by the accept loop; the write end wakes it.
+    wake_rx: UnixStream,
+    pub wake_tx: UnixStream,
+    pub conns: Arc<Connections>,
+}
+
+impl Server {
+    pub fn new(source: Source) -> Server {
+        let (wake_tx, wake_rx) = UnixStream::pair().unwrap_or_else(|e| {
+            eprintln!("cairn-init: cannot create a socket pair: {e}");
+            std::process::exit(111);
+        });
+        Server {
+            source,
+            wake_rx,
+            wake_tx,
+            conns: Arc::default(),
+        }
+    }
+
+    pub fn can_quiesce(&self) -> bool {
+        matches!(self.source, Source::Path(_))
+    }
+
+    /// Serves connections for ever, handing each to `serve`.
+    pub fn accept_loop(&self, serve: impl Fn(UnixStream, Arc<Live>)) {
+        loop {
+            let listener = match &self.source {
+                Source::Inherited(l) => l.try_clone().unwrap_or_else(|e| {
+                    eprintln!("cairn-init: cannot use the listening socket: {e}");
+                    std::process::exit(111);
+                }),
+                Source::Path(path) => listen_on_path(path),
+            };
+            self.accept_until_quiesced(&listener, &serve);
+            drop(listener);
+            if let Source::Path(path) = &self.source {
+                let _ = std::fs::remove_file(path);
+            }
+            if let Some(tx) = self.conns.quiesce.lock().unwrap_or_else(|e| e.into_inner()).take() {
+                let _ = tx.send(());
+            }
+            wait_for_relisten();
+        }
+    }
+
+    fn accept_until_quiesced(&self, listener: &UnixListener, serve: &impl Fn(UnixStream, Arc<Live>)) {
+        loop {
+            let mut fds = [
+                PollFd::new(listener.as_fd(), PollFlags::POLLIN),
+                PollFd::new(self.wake_rx.as_fd(), PollFlags::POLLIN),
+            ];
+            match poll(&mut fds, PollTimeout::NONE) {
+                Ok(_) => {}
+                Err(nix::errno::Errno::EINTR) => continue,
+                Err(e) => {
+                    eprintln!("cairn-init: poll failed: {e}");
+                    std::thread::sleep(Duration::from_millis(10));
+                    continue;
+                }
+            }
+            let woken = fds[1].revents().is_some_and(|r| !r.is_empty());
+            let incoming = fds[0].revents().is_some_and(|r| !r.is_empty());
+            if woken {
+                let mut byte = [0u8; 64];
+                let _ = std::io::Read::read(&mut &self.wake_rx, &mut byte);
+                if self.can_quiesce() && self.conns.quiesce.lock().unwrap_or_else(|e| e.into_inner()).is_some() {
+                    return;
+                }
+            }
+            if incoming {
+                match listener.accept() {
+                    Ok((stream, _)) => {
+                        let live = self.conns.register(&stream);
+                        serve(stream, live);
+                    }
+                    Err(e) => eprintln!("cairn-init: accept failed: {e}"),
+                }
+            }
+        }
+    }
+}
+
+/// Binds and listens on `path`: for runtimes that cannot pass a listening
+/// socket in (gVisor's runsc), where the path lies in a directory shared with
+/// the host, so the host connects to the same socket file. std's listener is
+/// close-on-exec, so commands never inherit it.
+fn listen_on_path(path: &Path) -> UnixListener {
+    // A socket file left by an earlier listener would make bind fail;
+    // nothing else lives at this path.
+    let _ = std::fs::remove_file(path);
+    match UnixListener::bind(path) {
+        Ok(l) => l,
+        Err(e) => {
+            eprintln!("cairn-init: cannot listen on {}: {e}", path.display());
+            std::process::exit(111);
+        }
+    }
+}
+
+fn wait_for_relisten() {
+    let mut set = SigSet::empty();
+    set.add(RELISTEN_SIGNAL);
+    while set.wait() != Ok(RELISTEN_SIGNAL) {}
+}
+
+/// Replaces `/proc` with a fresh procfs and detaches the old one.
+///
+/// Every process that looked at `/proc/self` (glibc's `pthread_getattr_np`,
+/// busybox running an applet) leaves its `/proc/<pid>` directory in gVisor's
+/// procfs dentry cache after it exits (up to 1000 entries), and the cached
+/// inodes keep the dead task alive: a checkpoint then saves up to ~1000 dead
+/// tasks, seconds of work, however little still runs. A detached procfs
+/// that nothing uses is released with its cache, so the checkpoint's cost
+/// follows what is alive. Needs CAP_SYS_ADMIN; without it the checkpoint is
+/// only slower.
+fn fresh_procfs() {
+    use nix::mount::{mount, umount2, MntFlags, MsFlags};
+    if let Err(e) = umount2("/proc", MntFlags::MNT_DETACH) {
+        eprintln!("cairn-init: cannot detach /proc before a checkpoint: {e}");
+        return;
+    }
+    let flags = MsFlags::MS_NOSUID | MsFlags::MS_NODEV | MsFlags::MS_NOEXEC;
+    if let Err(e) = mount(Some("proc"), "/proc", Some("proc"), flags, None::<&str>) {
+        eprintln!("cairn-init: cannot mount a fresh /proc: {e}");
+    }
+}

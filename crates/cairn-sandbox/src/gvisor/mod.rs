@@ -1,0 +1,403 @@
+//! The gVisor driver: sandboxes run under `runsc` (ptrace platform), so a
+//! checkpoint captures memory and every process, and a restore continues
+//! them. See `docs/gvisor.md` for the measurements behind the choices.
+//!
+//! Layout: the bundle is the sandbox directory itself (`config.json` next to
+//! `upper/`, `work/`, `rootfs/`); init creates its socket in `uds/`, which is
+//! bind-mounted into the sandbox, and `init.sock` is a symlink to it, so
+//! [`InitClient`] connects to `SandboxSpec::socket_path()` as with the
+//! native driver. runsc's own state for sandbox `id` lives in
+//! `<state_dir>/<id>/runsc`, found again by id alone (for `stop`, after the
+//! process that started the sandbox has exited).
+
+mod bundle;
+mod runsc;
+
+use std::fs;
+use std::io;
+use std::path::{Path, PathBuf};
+use std::time::{Duration, Instant};
+
+use crate::cgroup::Hierarchy;
+use crate::client::{ClientError, InitClient};
+use crate::{pid_start_time, Capabilities, Driver, SandboxError, SandboxProcess, SandboxSpec};
+use runsc::{Launch, Runsc};
+
+/// How long a started or restored sandbox may take to answer on its socket.
+const READY_TIMEOUT: Duration = Duration::from_secs(20);
+/// How long init may take to end its connections before a checkpoint.
+const QUIESCE_TIMEOUT: Duration = Duration::from_secs(10);
+
+#[derive(Debug, thiserror::Error)]
+pub enum GvisorError {
+    #[error("runsc (gVisor) is not installed; install it with `apt-get install runsc`")]
+    RunscMissing,
+    #[error("cannot run {0}: {1}; check that runsc is executable or set CAIRN_RUNSC")]
+    Exec(PathBuf, #[source] io::Error),
+    #[error("runsc {what} failed: {message}")]
+    Runsc { what: String, message: String },
+    #[error("cannot write the sandbox bundle: {0}")]
+    Bundle(String),
+    #[error("{what}: {source}")]
+    Io {
+        what: String,
+        #[source]
+        source: io::Error,
+    },
+    #[error("no gVisor sandbox {0} runs on this host (`cairn ps` lists sandboxes)")]
+    Unknown(String),
+    #[error("the sandbox's init did not answer within {timeout:?} after {what}: {last}; its console log is {console}")]
+    NotReady {
+        what: &'static str,
+        timeout: Duration,
+        last: String,
+        console: PathBuf,
+    },
+    #[error("cannot quiesce the sandbox's init before the checkpoint: {0}")]
+    Quiesce(#[source] ClientError),
+    #[error("the checkpoint image {0} does not exist or is empty; checkpoint the sandbox first")]
+    NoImage(PathBuf),
+    #[error(transparent)]
+    Cgroup(#[from] crate::cgroup::CgroupError),
+}
+
+impl GvisorError {
+    fn io(what: impl Into<String>, source: io::Error) -> GvisorError {
+        GvisorError::Io {
+            what: what.into(),
+            source,
+        }
+    }
+}
+
+/// A checkpoint written by [`GvisorDriver::checkpoint`].
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Checkpoint {
+    /// The directory holding runsc's image (`checkpoint.img`).
+    pub image_dir: PathBuf,
+    /// Size of the image in bytes (runsc compresses it with flate).
+    pub image_bytes: u64,
+    /// Time init took to end its connections and trim its kernel state.
+    pub quiesce: Duration,
+    /// Time `runsc checkpoint` took (saving the sentry).
+    pub save: Duration,
+    /// Time removing the stopped sandbox's processes, cgroup and state took.
+    pub cleanup: Duration,
+}
+
+pub struct GvisorDriver {
+    runsc: Runsc,
+    cgroups: Hierarchy,
+    state_dir: PathBuf,
+}
+
+impl GvisorDriver {
+    /// A driver keeping runsc's per-sandbox state under `state_dir`; `scope`
+    /// keeps its cgroups apart from other state directories' (as for the
+    /// native driver).
+    pub fn new(state_dir: impl Into<PathBuf>, scope: &str) -> Result<GvisorDriver, SandboxError> {
+        let runsc = Runsc::find()?;
+        let cgroups = Hierarchy::detect(scope)?;
+        let state_dir = state_dir.into();
+        fs::create_dir_all(&state_dir)
+            .map_err(|e| SandboxError::setup(format!("create {}", state_dir.display()), e))?;
+        Ok(GvisorDriver {
+            runsc,
+            cgroups,
+            state_dir,
+        })
+    }
+
+    pub fn runsc_binary(&self) -> &Path {
+        &self.runsc.binary
+    }
+
+    fn sandbox_state(&self, id: &str) -> PathBuf {
+        self.state_dir.join(id)
+    }
+
+    fn runsc_root(&self, id: &str) -> PathBuf {
+        self.sandbox_state(id).join("runsc")
+    }
+
+    /// The sandbox directory recorded at start.
+    fn sandbox_dir(&self, id: &str) -> Option<PathBuf> {
+        fs::read_link(self.sandbox_state(id).join("sandbox")).ok()
+    }
+
+    /// Writes a memory checkpoint of sandbox `id` into `image_dir` and stops
+    /// the sandbox (runsc ends a sandbox it checkpointed); [`Self::restore`]
+    /// continues it, as often as wanted, each restore from the same image.
+    ///
+    /// The files of the root are not in the image: they are in the sandbox's
+    /// upper directory, which must be captured (as a layer) before anything
+    /// else writes to it; a restore mounts that same file state. Commands
+    /// attached to a connection must have finished: gVisor cannot save a
+    /// host socket, so init ends every connection first (detached processes
+    /// keep running and are in the image).
+    pub fn checkpoint(&self, id: &str, image_dir: &Path) -> Result<Checkpoint, GvisorError> {
+        let dir = self
+            .sandbox_dir(id)
+            .ok_or_else(|| GvisorError::Unknown(id.to_string()))?;
+        let client = InitClient::new(dir.join("init.sock"));
+        let root = self.runsc_root(id);
+        let t = Instant::now();
+        if let Err(e) = client.quiesce(QUIESCE_TIMEOUT) {
+            if matches!(e, ClientError::Refused(_)) {
+                // Init stopped listening before giving up; make it listen again.
+                let _ = self.relisten(&root, id);
+            }
+            return Err(GvisorError::Quiesce(e));
+        }
+        let quiesce = t.elapsed();
+        fs::create_dir_all(image_dir).map_err(|e| GvisorError::io(format!("create {}", image_dir.display()), e))?;
+        let t = Instant::now();
+        let mut cmd = self.runsc.command(&root);
+        cmd.arg("checkpoint").arg("--image-path").arg(image_dir).arg(id);
+        if let Err(e) = self.runsc.run_to_end("checkpoint", cmd) {
+            let _ = self.relisten(&root, id);
+            return Err(e);
+        }
+        let save = t.elapsed();
+        let image_bytes = image_size(image_dir);
+        let t = Instant::now();
+        self.teardown(id).map_err(|e| GvisorError::Runsc {
+            what: "checkpoint (cleaning up the stopped sandbox)".into(),
+            message: e.to_string(),
+        })?;
+        Ok(Checkpoint {
+            image_dir: image_dir.to_path_buf(),
+            image_bytes,
+            quiesce,
+            save,
+            cleanup: t.elapsed(),
+        })
+    }
+
+    /// Starts sandbox `spec` from a checkpoint image: every process continues
+    /// where it was. `spec.layers` plus `spec.upper_dir()` must hold the
+    /// files as they were at the checkpoint. Call
+    /// [`InitClient::restored`] next, so the clock and the RNG move on.
+    pub fn restore(&self, spec: &SandboxSpec, image_dir: &Path) -> Result<SandboxProcess, GvisorError> {
+        if image_size(image_dir) == 0 {
+            return Err(GvisorError::NoImage(image_dir.to_path_buf()));
+        }
+        let process = self.launch(spec, Some(image_dir)).inspect_err(|_| {
+            let _ = self.teardown(&spec.id);
+        })?;
+        Ok(process)
+    }
+
+    /// Sends init the signal that makes a quiesced init listen again.
+    fn relisten(&self, root: &Path, id: &str) -> Result<(), GvisorError> {
+        let mut cmd = self.runsc.command(root);
+        cmd.args(["kill", id, "USR2"]);
+        self.runsc.run_to_end("kill (relisten)", cmd)
+    }
+
+    fn launch(&self, spec: &SandboxSpec, image: Option<&Path>) -> Result<SandboxProcess, GvisorError> {
+        let uds = spec.dir.join("uds");
+        let socket = uds.join("init.sock");
+        if socket.as_os_str().len() >= 100 {
+            return Err(GvisorError::Bundle(format!(
+                "the sandbox directory path {} is too long for a Unix socket (108 bytes); use a shorter CAIRN_HOME",
+                spec.dir.display()
+            )));
+        }
+        for sub in ["upper", "work", "rootfs", "uds"] {
+            let d = spec.dir.join(sub);
+            fs::create_dir_all(&d).map_err(|e| GvisorError::io(format!("create {}", d.display()), e))?;
+        }
+        let _ = fs::remove_file(&socket);
+        let link = spec.socket_path();
+        let _ = fs::remove_file(&link);
+        std::os::unix::fs::symlink("uds/init.sock", &link)
+            .map_err(|e| GvisorError::io(format!("create {}", link.display()), e))?;
+
+        let state = self.sandbox_state(&spec.id);
+        let root = self.runsc_root(&spec.id);
+        // A leftover runsc state (a crashed host) would make runsc refuse the id.
+        let _ = fs::remove_dir_all(&state);
+        fs::create_dir_all(&root).map_err(|e| GvisorError::io(format!("create {}", root.display()), e))?;
+        std::os::unix::fs::symlink(&spec.dir, state.join("sandbox"))
+            .map_err(|e| GvisorError::io(format!("record the sandbox directory in {}", state.display()), e))?;
+
+        let rootfs = spec.dir.join("rootfs");
+        let config = bundle::config(spec, &rootfs, &uds)?;
+        let config_path = spec.dir.join("config.json");
+        let text = serde_json::to_vec_pretty(&config).map_err(|e| GvisorError::Bundle(e.to_string()))?;
+        fs::write(&config_path, text).map_err(|e| GvisorError::io(format!("write {}", config_path.display()), e))?;
+        let overlay_options = crate::native::overlay_options(spec).map_err(GvisorError::Bundle)?;
+
+        let cgroup = self.cgroups.create(&spec.id, &spec.limits)?;
+        let pid_file = state.join("sandbox.pid");
+        let launch = Launch {
+            root: &root,
+            rootfs: &rootfs,
+            overlay_options: &overlay_options,
+            cgroup_procs: &cgroup.procs_files(),
+            console: &spec.console_log(),
+        };
+        let bundle_dir = spec.dir.as_os_str();
+        match image {
+            None => self.runsc.launch(
+                "run",
+                &launch,
+                &[
+                    "run".as_ref(),
+                    "--detach".as_ref(),
+                    "--pid-file".as_ref(),
+                    pid_file.as_os_str(),
+                    "--bundle".as_ref(),
+                    bundle_dir,
+                    spec.id.as_ref(),
+                ],
+            )?,
+            Some(image) => {
+                self.runsc.launch(
+                    "restore",
+                    &launch,
+                    &[
+                        "restore".as_ref(),
+                        "--detach".as_ref(),
+                        "--image-path".as_ref(),
+                        image.as_os_str(),
+                        "--pid-file".as_ref(),
+                        pid_file.as_os_str(),
+                        "--bundle".as_ref(),
+                        bundle_dir,
+                        spec.id.as_ref(),
+                    ],
+                )?;
+                // The image's init is quiesced (it was when checkpointed).
+                self.relisten(&root, &spec.id)?;
+            }
+        }
+        let pid: i32 = fs::read_to_string(&pid_file)
+            .ok()
+            .and_then(|s| s.trim().parse().ok())
+            .ok_or_else(|| GvisorError::Runsc {
+                what: "run".into(),
+                message: format!("no sandbox pid in {}", pid_file.display()),
+            })?;
+        let start_time = pid_start_time(pid).ok_or_else(|| GvisorError::Runsc {
+            what: "run".into(),
+            message: "the sandbox exited right after starting".into(),
+        })?;
+        self.wait_ready(spec, if image.is_some() { "restore" } else { "start" })?;
+        Ok(SandboxProcess { pid, start_time })
+    }
+
+    /// Waits until init answers a ping on the sandbox's socket.
+    fn wait_ready(&self, spec: &SandboxSpec, what: &'static str) -> Result<(), GvisorError> {
+        let client = InitClient::new(spec.socket_path());
+        let deadline = Instant::now() + READY_TIMEOUT;
+        let mut delay = Duration::from_micros(200);
+        loop {
+            let last = match client.ping(Duration::from_secs(2)) {
+                Ok(()) => return Ok(()),
+                Err(e) => e,
+            };
+            if Instant::now() >= deadline {
+                return Err(GvisorError::NotReady {
+                    what,
+                    timeout: READY_TIMEOUT,
+                    last: last.to_string(),
+                    console: spec.console_log(),
+                });
+            }
+            std::thread::sleep(delay);
+            delay = (delay * 2).min(Duration::from_millis(5));
+        }
+    }
+
+    /// Kills every process of the sandbox (runsc, gofer, sentry and its
+    /// ptrace stubs all live in its cgroup), removes the cgroup and runsc's
+    /// state. `runsc delete` would do the same but waits about 1.7 s for a
+    /// sandbox that is already gone. The root overlay lives in the sandbox's
+    /// own mount namespace and goes with its last process.
+    fn teardown(&self, id: &str) -> Result<(), SandboxError> {
+        let cgroup = self.cgroups.cgroup(id);
+        if cgroup.exists() {
+            let _ = cgroup.thaw();
+            cgroup.kill_all()?;
+            cgroup.remove()?;
+        }
+        if let Some(dir) = self.sandbox_dir(id) {
+            let _ = fs::remove_file(dir.join("uds").join("init.sock"));
+        }
+        let state = self.sandbox_state(id);
+        match fs::remove_dir_all(&state) {
+            Ok(()) => Ok(()),
+            Err(e) if e.kind() == io::ErrorKind::NotFound => Ok(()),
+            Err(e) => Err(SandboxError::setup(format!("remove {}", state.display()), e)),
+        }
+    }
+}
+
+/// Total size of the files in `dir` (0 when missing).
+fn image_size(dir: &Path) -> u64 {
+    fs::read_dir(dir)
+        .map(|entries| {
+            entries
+                .filter_map(Result::ok)
+                .filter_map(|e| e.metadata().ok())
+                .filter(|m| m.is_file())
+                .map(|m| m.len())
+                .sum()
+        })
+        .unwrap_or(0)
+}
+
+impl Driver for GvisorDriver {
+    // The sentry and its processes live in the sandbox's cgroup, so the
+    // cgroup freezer stops them all at once, as for native sandboxes.
+    fn freeze(&self, id: &str) -> Result<(), SandboxError> {
+        Ok(self.cgroups.cgroup(id).freeze()?)
+    }
+
+    fn thaw(&self, id: &str) -> Result<(), SandboxError> {
+        Ok(self.cgroups.cgroup(id).thaw()?)
+    }
+
+    fn frozen(&self, id: &str) -> bool {
+        self.cgroups.cgroup(id).is_frozen()
+    }
+
+    fn name(&self) -> &'static str {
+        "gvisor"
+    }
+
+    fn capabilities(&self) -> Capabilities {
+        Capabilities { memory_snapshots: true }
+    }
+
+    fn start(&self, spec: &SandboxSpec) -> Result<SandboxProcess, SandboxError> {
+        self.launch(spec, None).map_err(|e| {
+            let _ = self.teardown(&spec.id);
+            SandboxError::from(e)
+        })
+    }
+
+    fn stop(&self, id: &str, _process: Option<SandboxProcess>) -> Result<(), SandboxError> {
+        // The sentry, gofer and stubs are all in the cgroup, whatever the
+        // recorded pid says.
+        self.teardown(id)
+    }
+
+    fn oom_kills(&self, id: &str) -> u64 {
+        self.cgroups.cgroup(id).oom_kills()
+    }
+
+    fn leftovers(&self) -> Vec<String> {
+        fs::read_dir(&self.state_dir)
+            .map(|entries| {
+                entries
+                    .filter_map(Result::ok)
+                    .filter(|e| e.path().is_dir())
+                    .filter_map(|e| e.file_name().into_string().ok())
+                    .collect()
+            })
+            .unwrap_or_default()
+    }
+}

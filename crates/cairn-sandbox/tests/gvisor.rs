@@ -1,0 +1,359 @@
+//! The gVisor driver against the real runsc: start, exec and files through
+//! init, memory checkpoints that processes continue from, divergent forks,
+//! and a clean stop after the sentry was killed.
+//!
+//! Needs root and runsc; otherwise each test prints `SKIPPED: <reason>` and
+//! passes.
+
+mod support;
+
+use std::cell::RefCell;
+use std::fs;
+use std::path::{Path, PathBuf};
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+
+use cairn_protocol::{ExecRequest, FileKind, FileMeta};
+use cairn_sandbox::cgroup::Hierarchy;
+use cairn_sandbox::client::InitClient;
+use cairn_sandbox::gvisor::{GvisorDriver, GvisorError};
+use cairn_sandbox::{init_binary, Driver, Limits, SandboxError, SandboxSpec};
+
+struct Env {
+    tmp: tempfile::TempDir,
+    driver: GvisorDriver,
+    init: PathBuf,
+    base: PathBuf,
+    started: RefCell<Vec<String>>,
+}
+
+impl Drop for Env {
+    fn drop(&mut self) {
+        for id in self.started.borrow().iter() {
+            let _ = self.driver.stop(id, None);
+        }
+    }
+}
+
+fn env() -> Option<Env> {
+    if !nix::unistd::geteuid().is_root() {
+        eprintln!("SKIPPED: the gVisor driver tests need root (runsc, cgroups and mounts)");
+        return None;
+    }
+    // Short paths: the init socket path must fit in 108 bytes.
+    let tmp = tempfile::Builder::new().prefix("gvt").tempdir_in("/tmp").unwrap();
+    let driver = match GvisorDriver::new(tmp.path().join("state"), "gvisor-test") {
+        Ok(d) => d,
+        Err(SandboxError::Gvisor(GvisorError::RunscMissing)) => {
+            eprintln!("SKIPPED: runsc (gVisor) is not installed");
+            return None;
+        }
+        Err(e) => panic!("cannot create the gVisor driver: {e}"),
+    };
+    let base = match support::busybox_root() {
+        Ok(b) => b,
+        Err(e) => {
+            eprintln!("SKIPPED: no busybox root: {e}");
+            return None;
+        }
+    };
+    let init = init_binary::install(&tmp.path().join("bin")).unwrap();
+    Some(Env {
+        tmp,
+        driver,
+        init,
+        base,
+        started: RefCell::default(),
+    })
+}
+
+impl Env {
+    fn spec(&self, name: &str, layers: Vec<PathBuf>) -> SandboxSpec {
+        let dir = self.tmp.path().join(name);
+        fs::create_dir_all(&dir).unwrap();
+        SandboxSpec {
+            id: format!("gvt{}-{name}", std::process::id()),
+            hostname: name.into(),
+            dir,
+            layers,
+            limits: Limits::default(),
+            init_binary: self.init.clone(),
+        }
+    }
+
+    fn start(&self, spec: &SandboxSpec) -> InitClient {
+        self.started.borrow_mut().push(spec.id.clone());
+        self.driver
+            .start(spec)
+            .unwrap_or_else(|e| panic!("start {}: {e}", spec.id));
+        InitClient::new(spec.socket_path())
+    }
+
+    fn restore(&self, spec: &SandboxSpec, image: &Path) -> InitClient {
+        self.started.borrow_mut().push(spec.id.clone());
+        self.driver
+            .restore(spec, image)
+            .unwrap_or_else(|e| panic!("restore {}: {e}", spec.id));
+        InitClient::new(spec.socket_path())
+    }
+
+    /// Asserts that nothing of sandbox `spec` is left on the host.
+    fn assert_nothing_left(&self, spec: &SandboxSpec) {
+        let mountinfo = fs::read_to_string("/proc/self/mountinfo").unwrap();
+        let dir = spec.dir.to_str().unwrap();
+        assert!(!mountinfo.contains(dir), "a mount under {dir} is left:\n{mountinfo}");
+        // runsc's processes name their state directory, which names the id.
+        let marker = format!("/{}/runsc", spec.id);
+        let procs: Vec<String> = fs::read_dir("/proc")
+            .unwrap()
+            .filter_map(Result::ok)
+            .filter(|e| e.file_name().to_string_lossy().chars().all(|c| c.is_ascii_digit()))
+            .filter_map(|e| fs::read(e.path().join("cmdline")).ok())
+            .map(|c| String::from_utf8_lossy(&c).replace('\0', " "))
+            .filter(|c| c.contains(&marker))
+            .collect();
+        assert!(procs.is_empty(), "processes of {} are left: {procs:?}", spec.id);
+        for d in Hierarchy::detect("gvisor-test").unwrap().dirs(&spec.id) {
+            assert!(!d.exists(), "cgroup {} is left", d.display());
+        }
+        assert!(
+            !self.driver.leftovers().contains(&spec.id),
+            "the driver still lists {} as a leftover",
+            spec.id
+        );
+    }
+}
+
+/// Runs `script` with `sh -c` and returns its exit code and stdout.
+fn sh(client: &InitClient, script: &str) -> (Option<i32>, String) {
+    let session = client
+        .exec(ExecRequest {
+            argv: vec!["/bin/sh".into(), "-c".into(), script.into()],
+            env: vec![],
+            cwd: None,
+            stdin: false,
+            timeout_ms: Some(20_000),
+            detach: false,
+        })
+        .unwrap()
+        .unwrap_or_else(|f| panic!("spawn failed: {f:?}"));
+    let (mut out, mut err) = (Vec::new(), Vec::new());
+    let status = session.wait(&mut out, &mut err).unwrap().unwrap();
+    assert!(
+        err.is_empty(),
+        "stderr of {script:?}: {}",
+        String::from_utf8_lossy(&err)
+    );
+    (status.code, String::from_utf8(out).unwrap())
+}
+
+fn detach(client: &InitClient, script: &str) {
+    client
+        .exec(ExecRequest {
+            argv: vec!["/bin/sh".into(), "-c".into(), script.into()],
+            env: vec![],
+            cwd: None,
+            stdin: false,
+            timeout_ms: None,
+            detach: true,
+        })
+        .unwrap()
+        .unwrap_or_else(|f| panic!("spawn failed: {f:?}"));
+}
+
+fn read_file(client: &InitClient, path: &str) -> String {
+    let mut buf = Vec::new();
+    client.get_file(path, &mut buf).unwrap();
+    String::from_utf8(buf).unwrap()
+}
+
+/// A counter whose nonce exists only in the shell's memory; it writes
+/// `<nonce> <count>` to `/root/count` ten times a second.
+const COUNTER: &str = "n=$(head -c 8 /dev/urandom | od -An -tx1 | tr -d ' \\n'); i=0; \
+    while true; do i=$((i+1)); echo \"$n $i\" > /root/count.tmp; mv /root/count.tmp /root/count; sleep 0.1; done";
+
+/// Waits until `/root/count` holds a count above `above`; returns (nonce, count).
+fn count_above(client: &InitClient, above: u64) -> (String, u64) {
+    let deadline = Instant::now() + Duration::from_secs(20);
+    loop {
+        let (_, text) = sh(client, "cat /root/count 2>/dev/null || true");
+        if let Some((nonce, n)) = text.trim().split_once(' ') {
+            let n: u64 = n.parse().unwrap();
+            if n > above {
+                return (nonce.to_string(), n);
+            }
+        }
+        assert!(Instant::now() < deadline, "the counter did not pass {above}: {text:?}");
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}
+
+fn now_ns() -> u128 {
+    SystemTime::now().duration_since(UNIX_EPOCH).unwrap().as_nanos()
+}
+
+fn fresh_entropy() -> Vec<u8> {
+    let mut e = vec![0u8; 64];
+    getrandom(&mut e);
+    e
+}
+
+fn getrandom(buf: &mut [u8]) {
+    use std::io::Read;
+    fs::File::open("/dev/urandom").unwrap().read_exact(buf).unwrap();
+}
+
+#[test]
+fn init_runs_commands_and_moves_files_inside_gvisor() {
+    let Some(env) = env() else { return };
+    let spec = env.spec("files", vec![env.base.clone()]);
+    let client = env.start(&spec);
+
+    let (code, out) = sh(&client, "echo hello from $(hostname)");
+    assert_eq!(code, Some(0));
+    assert_eq!(out, "hello from files\n");
+    // Really gVisor: its kernel answers dmesg with its own boot story.
+    let (_, dmesg) = sh(&client, "dmesg | head -1");
+    assert!(dmesg.contains("gVisor"), "not running under gVisor: {dmesg:?}");
+
+    // Init keeps CAP_SYS_ADMIN to remount /proc; commands must not get it.
+    let (_, bounding) = sh(&client, "grep CapBnd /proc/self/status");
+    let bounding = u64::from_str_radix(bounding.split_whitespace().nth(1).unwrap(), 16).unwrap();
+    assert_eq!(bounding & (1 << 21), 0, "commands may use CAP_SYS_ADMIN: {bounding:x}");
+    assert_ne!(bounding & (1 << 0), 0, "commands lost CAP_CHOWN: {bounding:x}");
+
+    let content = b"some bytes\nfor the sandbox\n".repeat(5000);
+    let meta = FileMeta {
+        path: "/root/put.txt".into(),
+        kind: FileKind::File,
+        mode: 0o640,
+        uid: 0,
+        gid: 0,
+        size: content.len() as u64,
+        mtime_ns: 0,
+    };
+    client.put_file(meta, &mut content.as_slice()).unwrap();
+    let (_, sum) = sh(&client, "wc -c < /root/put.txt");
+    assert_eq!(sum.trim(), content.len().to_string());
+    let mut back = Vec::new();
+    client.get_file("/root/put.txt", &mut back).unwrap();
+    assert_eq!(back, content);
+    // Files land in the private upper directory on the host.
+    assert_eq!(fs::read(spec.upper_dir().join("root/put.txt")).unwrap(), content);
+
+    env.driver.stop(&spec.id, None).unwrap();
+    env.assert_nothing_left(&spec);
+    assert!(client.ping(Duration::from_secs(1)).is_err());
+}
+
+#[test]
+fn a_restored_sandbox_continues_its_processes_from_memory_with_the_host_clock() {
+    let Some(env) = env() else { return };
+    let spec = env.spec("cont", vec![env.base.clone()]);
+    let client = env.start(&spec);
+    detach(&client, COUNTER);
+    let (nonce, _) = count_above(&client, 5);
+
+    let image = env.tmp.path().join("cont-image");
+    let cp = env.driver.checkpoint(&spec.id, &image).unwrap();
+    assert!(cp.image_bytes > 0);
+    assert!(
+        client.ping(Duration::from_secs(1)).is_err(),
+        "the checkpointed sandbox still answers"
+    );
+    let at_checkpoint = fs::read_to_string(spec.upper_dir().join("root/count")).unwrap();
+    let (saved_nonce, saved) = at_checkpoint.trim().split_once(' ').unwrap();
+    let saved: u64 = saved.parse().unwrap();
+    assert_eq!(saved_nonce, nonce);
+    // Long enough that a clock restored from the image would be visibly off.
+    std::thread::sleep(Duration::from_millis(1500));
+
+    let client = env.restore(&spec, &image);
+    client.restored(now_ns(), fresh_entropy()).unwrap();
+    let (after_nonce, after) = count_above(&client, saved);
+    assert_eq!(after_nonce, nonce, "the counter restarted instead of continuing");
+    assert!(after <= saved + 50, "count jumped from {saved} to {after}");
+
+    // /proc was remounted while quiescing; it still works.
+    let (_, status) = sh(&client, "grep -c ^Pid: /proc/self/status");
+    assert_eq!(status.trim(), "1");
+
+    let (_, inside) = sh(&client, "date +%s");
+    let inside: i64 = inside.trim().parse().unwrap();
+    let host = (now_ns() / 1_000_000_000) as i64;
+    assert!((inside - host).abs() <= 1, "sandbox clock {inside}, host {host}");
+
+    env.driver.stop(&spec.id, None).unwrap();
+    env.assert_nothing_left(&spec);
+}
+
+#[test]
+fn two_restores_of_one_checkpoint_diverge_and_reseed() {
+    let Some(env) = env() else { return };
+    let spec = env.spec("orig", vec![env.base.clone()]);
+    let client = env.start(&spec);
+    detach(&client, COUNTER);
+    let (nonce, _) = count_above(&client, 3);
+    let image = env.tmp.path().join("orig-image");
+    env.driver.checkpoint(&spec.id, &image).unwrap();
+    // Freeze the files of the checkpoint as a layer, as the engine does.
+    let layer = env.tmp.path().join("orig-layer");
+    support::copy_tree(&spec.upper_dir(), &layer);
+    let saved: u64 = fs::read_to_string(layer.join("root/count"))
+        .unwrap()
+        .trim()
+        .split_once(' ')
+        .unwrap()
+        .1
+        .parse()
+        .unwrap();
+
+    let a = env.spec("fork-a", vec![layer.clone(), env.base.clone()]);
+    let b = env.spec("fork-b", vec![layer.clone(), env.base.clone()]);
+    let ca = env.restore(&a, &image);
+    let cb = env.restore(&b, &image);
+    for c in [&ca, &cb] {
+        c.restored(now_ns(), fresh_entropy()).unwrap();
+        let (n, _) = count_above(c, saved);
+        assert_eq!(n, nonce, "a fork lost the checkpointed memory");
+    }
+    assert_eq!(sh(&ca, "echo a > /root/mine").0, Some(0));
+    assert_eq!(sh(&cb, "echo b > /root/mine").0, Some(0));
+    assert_eq!(read_file(&ca, "/root/mine"), "a\n");
+    assert_eq!(read_file(&cb, "/root/mine"), "b\n");
+    assert!(!layer.join("root/mine").exists(), "a fork wrote into the shared layer");
+
+    let random = |c: &InitClient| sh(c, "head -c 16 /dev/urandom | od -An -tx1").1;
+    let (ra, rb) = (random(&ca), random(&cb));
+    assert_eq!(ra.split_whitespace().count(), 16);
+    assert_ne!(ra, rb, "two forks produce the same random bytes");
+
+    for s in [&spec, &a, &b] {
+        env.driver.stop(&s.id, None).unwrap();
+        env.assert_nothing_left(s);
+    }
+}
+
+#[test]
+fn stop_after_the_sentry_was_killed_leaves_nothing_behind() {
+    let Some(env) = env() else { return };
+    let spec = env.spec("killed", vec![env.base.clone()]);
+    let process = env.driver.start(&spec).unwrap();
+    env.started.borrow_mut().push(spec.id.clone());
+    let client = InitClient::new(spec.socket_path());
+    detach(&client, "sleep 1000");
+    nix::sys::signal::kill(
+        nix::unistd::Pid::from_raw(process.pid),
+        nix::sys::signal::Signal::SIGKILL,
+    )
+    .unwrap();
+    let deadline = Instant::now() + Duration::from_secs(5);
+    while process.alive() {
+        assert!(Instant::now() < deadline, "the sentry survived SIGKILL");
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    assert!(env.driver.leftovers().contains(&spec.id));
+    env.driver.stop(&spec.id, Some(process)).unwrap();
+    env.assert_nothing_left(&spec);
+    // Stopping again is harmless.
+    env.driver.stop(&spec.id, Some(process)).unwrap();
+}
