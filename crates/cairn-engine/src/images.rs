@@ -148,7 +148,7 @@ impl Engine {
         Ok(rec)
     }
 
-    fn scratch_dir(&self) -> Result<tempfile_dir::ScratchDir, EngineError> {
+    fn scratch_dir(&self) -> Result<ScratchDir, EngineError> {
         tempfile_dir::ScratchDir::new(&self.home.scratch()).map_err(|source| EngineError::Home {
             path: self.home.scratch(),
             source,
@@ -474,6 +474,8 @@ fn host_mirror() -> String {
     }
     "http://deb.debian.org/debian".into()
 }
+
+pub(crate) use tempfile_dir::ScratchDir;
 
 /// A per-process scratch directory under `$CAIRN_HOME/tmp`, removed on drop.
 mod tempfile_dir {

@@ -60,6 +60,12 @@ pub enum EngineError {
         #[source]
         source: std::io::Error,
     },
+    #[error("{0}")]
+    DriverUnavailable(String),
+    #[error("unknown driver {0:?}: use native or gvisor")]
+    UnknownDriver(String),
+    #[error("snapshot {snapshot} holds the memory of a gvisor sandbox; the {driver} driver cannot restore memory (use --driver gvisor, the default for it)")]
+    NoMemorySnapshots { snapshot: String, driver: String },
     #[error("service {command:?} did not start: {reason}")]
     Service { command: String, reason: String },
     #[error("Cairn needs root to create sandboxes (namespaces, cgroups, mounts); run it as root")]
@@ -84,6 +90,8 @@ pub struct Engine {
     db: state::Db,
     layers: LayerStore,
     native: NativeDriver,
+    /// The gVisor driver, or why it is not available here.
+    gvisor: Result<cairn_sandbox::gvisor::GvisorDriver, String>,
     init_binary: PathBuf,
     store: ChunkStore<LocalStore>,
     /// Sandboxes the reconciliation at open removed (reported by `gc`).
@@ -109,11 +117,14 @@ impl Engine {
             source,
         })?;
         let native = NativeDriver::new(&home.scope())?;
+        let gvisor = cairn_sandbox::gvisor::GvisorDriver::new(home.root().join("gvisor"), &home.scope())
+            .map_err(|e| e.to_string());
         let mut engine = Engine {
             home,
             db,
             layers,
             native,
+            gvisor,
             init_binary,
             store,
             reconciled: Vec::new(),

@@ -23,6 +23,8 @@ pub struct CreateOptions {
     /// Commands to keep running in the background; restarted after every
     /// restore, fork and reset.
     pub services: Vec<String>,
+    /// `native` (the default) or `gvisor`.
+    pub driver: Option<String>,
 }
 
 /// Where a new sandbox's root comes from.
@@ -33,6 +35,9 @@ pub(crate) struct Origin {
     pub services: Vec<String>,
     /// The snapshot it starts from, if any (restore, fork).
     pub snapshot: Option<String>,
+    /// A memory image to resume from (gvisor snapshots), materialised.
+    pub memory: Option<PathBuf>,
+    pub driver: String,
 }
 
 /// A process started in a sandbox, with what is needed to explain its end.
@@ -79,14 +84,22 @@ pub(crate) fn me() -> (i32, u64) {
 }
 
 impl Engine {
-    pub(crate) fn driver_of(&self, rec: &SandboxRecord) -> &dyn Driver {
+    pub(crate) fn driver_of(&self, rec: &SandboxRecord) -> Result<&dyn Driver, EngineError> {
         self.driver(&rec.driver)
     }
 
-    fn driver(&self, name: &str) -> &dyn Driver {
-        // One driver today; the row names it so others can join.
-        debug_assert_eq!(name, "native");
-        &self.native
+    pub(crate) fn driver(&self, name: &str) -> Result<&dyn Driver, EngineError> {
+        match name {
+            "native" => Ok(&self.native),
+            "gvisor" => Ok(self.gvisor()?),
+            other => Err(EngineError::UnknownDriver(other.to_string())),
+        }
+    }
+
+    pub(crate) fn gvisor(&self) -> Result<&cairn_sandbox::gvisor::GvisorDriver, EngineError> {
+        self.gvisor
+            .as_ref()
+            .map_err(|e| EngineError::DriverUnavailable(e.clone()))
     }
 
     pub(crate) fn spec(&self, rec: &SandboxRecord) -> Result<SandboxSpec, EngineError> {
@@ -126,6 +139,8 @@ impl Engine {
             layers: image.layers,
             services: opts.services.clone(),
             snapshot: None,
+            memory: None,
+            driver: opts.driver.clone().unwrap_or_else(|| "native".into()),
         };
         self.create_from(origin, opts)
     }
@@ -142,7 +157,7 @@ impl Engine {
             id: id.clone(),
             name,
             image: origin.image,
-            driver: "native".into(),
+            driver: origin.driver.clone(),
             state: SandboxState::Creating,
             pid: None,
             pid_start: None,
@@ -158,12 +173,24 @@ impl Engine {
             services: origin.services,
             last_snapshot: origin.snapshot.clone(),
         };
+        // The driver first: an unavailable one fails before anything exists.
+        self.driver(&origin.driver)?;
+        if origin.memory.is_some() && !self.driver(&origin.driver)?.capabilities().memory_snapshots {
+            return Err(EngineError::NoMemorySnapshots {
+                snapshot: origin.snapshot.clone().unwrap_or_default(),
+                driver: origin.driver.clone(),
+            });
+        }
         // The row comes first: from here on a crash leaves something the
         // garbage collector can find.
         self.db.insert_sandbox(&rec)?;
-        let started = self
-            .spec(&rec)
-            .and_then(|spec| Ok(self.driver(&rec.driver).start(&spec)?));
+        let started = self.spec(&rec).and_then(|spec| match &origin.memory {
+            Some(image) => Ok(self
+                .gvisor()?
+                .restore(&spec, image)
+                .map_err(cairn_sandbox::SandboxError::from)?),
+            None => Ok(self.driver(&rec.driver)?.start(&spec)?),
+        });
         let process = match started {
             Ok(p) => p,
             Err(e) => {
@@ -240,7 +267,7 @@ impl Engine {
     /// Starts a process in a running sandbox.
     pub fn exec(&self, rec: &SandboxRecord, req: ExecRequest) -> Result<Result<ExecStart, SpawnFailure>, EngineError> {
         let client = self.client(rec)?;
-        let oom_kills_before = self.driver(&rec.driver).oom_kills(&rec.id);
+        let oom_kills_before = self.driver(&rec.driver)?.oom_kills(&rec.id);
         let probe = OomProbe {
             sandbox_id: rec.id.clone(),
             oom_kills_before,
@@ -284,7 +311,7 @@ impl Engine {
     /// finished by whoever comes next.
     fn release(&self, rec: &SandboxRecord) -> Result<(), EngineError> {
         let process = process_of(rec);
-        self.driver(&rec.driver).stop(&rec.id, process)?;
+        self.driver(&rec.driver)?.stop(&rec.id, process)?;
         let dir = self.home.sandbox(&rec.id);
         match fs::remove_dir_all(&dir) {
             Ok(()) => {}
@@ -307,13 +334,13 @@ impl Engine {
         // holds the store lock, so no snapshot is in progress.
         if rows
             .iter()
-            .any(|r| r.state == SandboxState::Running && self.driver_of(r).frozen(&r.id))
+            .any(|r| r.state == SandboxState::Running && self.driver_of(r).is_ok_and(|d| d.frozen(&r.id)))
         {
             if let Some(_lock) = self.try_lock_store() {
                 for r in rows.iter().filter(|r| r.state == SandboxState::Running) {
-                    if self.driver_of(r).frozen(&r.id) {
+                    if self.driver_of(r)?.frozen(&r.id) {
                         tracing::debug!(id = r.id, "thawing a sandbox an interrupted snapshot left frozen");
-                        self.driver_of(r).thaw(&r.id)?;
+                        self.driver_of(r)?.thaw(&r.id)?;
                     }
                 }
             }
@@ -357,7 +384,7 @@ impl Engine {
                         continue;
                     }
                     tracing::debug!(id = rec.id, pid = rec.pid, "sandbox init is gone");
-                    self.driver(&rec.driver).stop(&rec.id, None)?;
+                    self.driver(&rec.driver)?.stop(&rec.id, None)?;
                 }
                 SandboxState::Creating | SandboxState::Removing if !owner_alive => {
                     if !self

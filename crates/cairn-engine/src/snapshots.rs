@@ -36,13 +36,58 @@ pub struct SnapshotManifest {
     pub label: Option<String>,
     pub sandbox: String,
     pub created_at_ms: i64,
+    /// Memory and processes, from a driver that can (gvisor): the files of
+    /// its checkpoint image, chunked into the store.
+    pub memory: Option<MemoryImage>,
+}
+
+/// A driver's checkpoint image: its files, by name, in the chunk store.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct MemoryImage {
+    pub driver: String,
+    pub files: Vec<(String, cairn_store::FileContent)>,
+}
+
+/// Version 1 manifests had no memory image.
+#[derive(Deserialize)]
+struct ManifestV1 {
+    parent: Option<ChunkHash>,
+    layers: Vec<LayerId>,
+    image: String,
+    driver: String,
+    services: Vec<String>,
+    label: Option<String>,
+    sandbox: String,
+    created_at_ms: i64,
 }
 
 impl Framed for SnapshotManifest {
     const MAGIC: [u8; 8] = *b"CAIRNSNP";
-    const VERSION: u32 = 1;
+    const VERSION: u32 = 2;
     const MAX_PAYLOAD: u64 = 16 << 20;
     const NAME: &'static str = "snapshot manifest";
+
+    fn decode_older(version: u32, payload: &[u8]) -> Result<Self, cairn_store::FrameError> {
+        if version != 1 {
+            return Err(cairn_store::FrameError::UnsupportedOldVersion {
+                what: Self::NAME,
+                found: version,
+                supported: 2,
+            });
+        }
+        let v1: ManifestV1 = cairn_store::frame::decode_payload(Self::NAME, Self::MAX_PAYLOAD, payload)?;
+        Ok(SnapshotManifest {
+            parent: v1.parent,
+            layers: v1.layers,
+            image: v1.image,
+            driver: v1.driver,
+            services: v1.services,
+            label: v1.label,
+            sandbox: v1.sandbox,
+            created_at_ms: v1.created_at_ms,
+            memory: None,
+        })
+    }
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -168,15 +213,20 @@ impl Engine {
             _ => rec.layers.clone(),
         };
         let written_before = self.store.bytes_written();
-        let driver = self.driver_of(rec);
         let running = rec.state == SandboxState::Running;
-        if running {
-            driver.freeze(&rec.id)?;
-        }
-        let captured = capture_since(&dir.join("upper"), &self.store, baseline.as_ref());
-        if running {
-            driver.thaw(&rec.id)?;
-        }
+        let (captured, memory) = if running && self.driver_of(rec)?.capabilities().memory_snapshots {
+            self.capture_with_memory(rec, baseline.as_ref())?
+        } else {
+            let driver = self.driver_of(rec)?;
+            if running {
+                driver.freeze(&rec.id)?;
+            }
+            let captured = capture_since(&dir.join("upper"), &self.store, baseline.as_ref());
+            if running {
+                driver.thaw(&rec.id)?;
+            }
+            (captured, None)
+        };
         let (layer, next_baseline) = captured.map_err(SnapshotError::from)?;
         // A snapshot with no change adds no layer.
         let unchanged = layer.index.entries.len() == 1;
@@ -196,6 +246,7 @@ impl Engine {
             label: label.map(str::to_string),
             sandbox: rec.id.clone(),
             created_at_ms: now_ms(),
+            memory,
         };
         let id = self.store.put_object(&manifest).map_err(SnapshotError::from)?;
         if !unchanged {
@@ -224,6 +275,19 @@ impl Engine {
     /// Starts a new sandbox from a snapshot.
     pub fn restore(&mut self, snap: &SnapshotRecord, opts: &CreateOptions) -> Result<SandboxRecord, EngineError> {
         let manifest = self.manifest(snap)?;
+        let driver = opts.driver.clone().unwrap_or_else(|| manifest.driver.clone());
+        let scratch = match &manifest.memory {
+            Some(memory) => {
+                if !self.driver(&driver)?.capabilities().memory_snapshots {
+                    return Err(EngineError::NoMemorySnapshots {
+                        snapshot: snap.id.clone(),
+                        driver,
+                    });
+                }
+                Some(self.materialise_memory(snap, memory)?)
+            }
+            None => None,
+        };
         let origin = Origin {
             image: manifest.image,
             layers: snap.layers.clone(),
@@ -233,10 +297,96 @@ impl Engine {
                 opts.services.clone()
             },
             snapshot: Some(snap.id.clone()),
+            memory: scratch.as_ref().map(|d| d.path().to_path_buf()),
+            driver,
         };
         self.create_from(origin, opts)
     }
 
+    /// Checkpoints a sandbox whose driver keeps memory: the image and the
+    /// files at one stopped instant, then the sandbox goes on from the image.
+    #[allow(clippy::type_complexity)]
+    fn capture_with_memory(
+        &self,
+        rec: &SandboxRecord,
+        baseline: Option<&Baseline>,
+    ) -> Result<
+        (
+            Result<(cairn_layers::archive::CapturedLayer, Baseline), cairn_layers::archive::ArchiveError>,
+            Option<MemoryImage>,
+        ),
+        EngineError,
+    > {
+        let gvisor = self.gvisor()?;
+        let dir = self.home.sandbox(&rec.id);
+        let scratch = crate::images::ScratchDir::new(&self.home.scratch()).map_err(|source| EngineError::Home {
+            path: self.home.scratch(),
+            source,
+        })?;
+        gvisor
+            .checkpoint(&rec.id, scratch.path())
+            .map_err(cairn_sandbox::SandboxError::from)?;
+        // Everything is stopped: the files match the memory image exactly.
+        let captured = capture_since(&dir.join("upper"), &self.store, baseline);
+        let mut files = Vec::new();
+        let mut names: Vec<_> = fs::read_dir(scratch.path())
+            .map_err(|source| EngineError::Home {
+                path: scratch.path().to_path_buf(),
+                source,
+            })?
+            .flatten()
+            .filter(|e| e.path().is_file())
+            .map(|e| e.file_name().to_string_lossy().into_owned())
+            .collect();
+        names.sort();
+        for name in names {
+            let f = File::open(scratch.path().join(&name)).map_err(|source| EngineError::Home {
+                path: scratch.path().join(&name),
+                source,
+            })?;
+            files.push((name, self.store.store_file(&f).map_err(SnapshotError::from)?));
+        }
+        // The sandbox goes on where it stopped, as after any snapshot.
+        let spec = self.spec(rec)?;
+        let process = gvisor
+            .restore(&spec, scratch.path())
+            .map_err(cairn_sandbox::SandboxError::from)?;
+        self.db.set_process(&rec.id, process.pid, process.start_time)?;
+        Ok((
+            captured,
+            Some(MemoryImage {
+                driver: rec.driver.clone(),
+                files,
+            }),
+        ))
+    }
+
+    /// Writes a snapshot's memory image into a scratch directory.
+    fn materialise_memory(
+        &self,
+        snap: &SnapshotRecord,
+        memory: &MemoryImage,
+    ) -> Result<crate::images::ScratchDir, EngineError> {
+        let scratch = crate::images::ScratchDir::new(&self.home.scratch()).map_err(|source| EngineError::Home {
+            path: self.home.scratch(),
+            source,
+        })?;
+        let hash: ChunkHash = snap.id.parse().map_err(|_| SnapshotError::NotFound(snap.id.clone()))?;
+        for (name, content) in &memory.files {
+            let path = scratch.path().join(name);
+            let f = File::create(&path).map_err(|source| EngineError::Home {
+                path: path.clone(),
+                source,
+            })?;
+            let context = ReadContext::new()
+                .owner("snapshot", hash)
+                .path(format!("memory image {name}"));
+            self.store
+                .restore_to_file(content, &f, &context)
+                .map_err(SnapshotError::from)?;
+        }
+        Ok(scratch)
+    }
     /// `count` new sandboxes from a snapshot, or from a sandbox (snapshotted
     /// first). Returns the snapshot used and the new sandboxes.
     pub fn fork(
@@ -302,7 +452,7 @@ impl Engine {
             .pid
             .zip(rec.pid_start)
             .map(|(pid, start_time)| cairn_sandbox::SandboxProcess { pid, start_time });
-        self.driver_of(rec).stop(&rec.id, process)?;
+        self.driver_of(rec)?.stop(&rec.id, process)?;
         let dir = self.home.sandbox(&rec.id);
         for sub in ["upper", "work"] {
             let p = dir.join(sub);
@@ -321,7 +471,7 @@ impl Engine {
         self.db.set_owner(&rec.id, pid, start)?;
         let mut fresh = self.sandbox(&rec.id)?;
         let spec = self.spec(&fresh)?;
-        let process = match self.driver_of(&fresh).start(&spec) {
+        let process = match self.driver_of(&fresh)?.start(&spec) {
             Ok(p) => p,
             Err(e) => {
                 let _ = self.db.transition(
@@ -365,6 +515,9 @@ impl Engine {
         for snap in self.db.snapshots()? {
             if let Ok(h) = snap.id.parse() {
                 live.push(h);
+                if let Some(memory) = self.manifest(&snap)?.memory {
+                    live.extend(memory.files.iter().flat_map(|(_, c)| c.chunk_hashes()));
+                }
             }
         }
         // Pipeline artifacts: their chunk lists and content.

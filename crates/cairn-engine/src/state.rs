@@ -502,6 +502,15 @@ impl Db {
         Ok(())
     }
 
+    /// Records a running sandbox's new init process (after a driver
+    /// restarted it from a checkpoint).
+    pub fn set_process(&self, id: &str, pid: i32, pid_start: u64) -> Result<(), StateError> {
+        self.conn
+            .prepare_cached("UPDATE sandboxes SET pid = ?2, pid_start = ?3 WHERE id = ?1")?
+            .execute(params![id, pid, pid_start as i64])?;
+        Ok(())
+    }
+
     /// Records which process now owns an operation on the sandbox.
     pub fn set_owner(&self, id: &str, pid: i32, start: u64) -> Result<(), StateError> {
         self.conn

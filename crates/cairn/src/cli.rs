@@ -49,6 +49,10 @@ pub struct SandboxArgs {
     /// --service 'python3 -m http.server'.
     #[arg(long = "service", value_name = "CMD")]
     pub services: Vec<String>,
+    /// `native` (namespaces; snapshots keep files) or `gvisor` (runsc;
+    /// snapshots keep memory and running processes too).
+    #[arg(long, default_value = "native", value_parser = ["native", "gvisor"])]
+    pub driver: String,
 }
 
 #[derive(Args, Clone)]
@@ -65,6 +69,9 @@ pub struct LimitArgs {
     /// Limit on processes and threads (default 1024).
     #[arg(long, value_name = "N")]
     pub pids: Option<PidCount>,
+    /// Driver to restore with (default: the snapshot's).
+    #[arg(long, value_parser = ["native", "gvisor"])]
+    pub driver: Option<String>,
 }
 
 #[derive(Args, Clone)]

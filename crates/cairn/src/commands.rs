@@ -152,6 +152,7 @@ pub fn create_options(args: &SandboxArgs, auto_remove: bool) -> CreateOptions {
         limits: limits(args.memory, args.cpus, args.pids),
         auto_remove,
         services: args.services.clone(),
+        driver: Some(args.driver.clone()),
     }
 }
 
@@ -159,6 +160,7 @@ fn limit_options(args: &LimitArgs) -> CreateOptions {
     CreateOptions {
         name: args.name.clone(),
         limits: limits(args.memory, args.cpus, args.pids),
+        driver: args.driver.clone(),
         ..CreateOptions::default()
     }
 }
