@@ -1,0 +1,99 @@
+//! End-to-end: the gvisor driver through the CLI: memory snapshots, forks
+//! that continue running processes, fresh entropy and the host's clock.
+
+mod common;
+
+use std::time::Duration;
+
+use common::{skip, stderr, Home};
+
+fn runsc_missing(test: &str) -> bool {
+    if std::process::Command::new("runsc").arg("--version").output().is_err() {
+        eprintln!("SKIPPED {test}: runsc (gVisor) is not installed; apt-get install runsc");
+        return true;
+    }
+    false
+}
+
+fn count(home: &Home, id: &str) -> u64 {
+    (0..50)
+        .find_map(|_| home.ok(&["exec", id, "--", "cat", "/tmp/count"]).parse().ok())
+        .expect("a counter")
+}
+
+#[test]
+fn forks_of_a_memory_snapshot_keep_counting_from_where_it_was() {
+    let name = "forks_of_a_memory_snapshot_keep_counting_from_where_it_was";
+    if skip(name) || runsc_missing(name) {
+        return;
+    }
+    let home = Home::new();
+    let id = home.ok(&["create", "--driver", "gvisor"]);
+    // The counter and a nonce live only in the shell's memory.
+    home.ok(&[
+        "exec",
+        "-d",
+        &id,
+        "--",
+        "sh",
+        "-c",
+        "nonce=$RANDOM$RANDOM; i=0; while true; do i=$((i+1)); echo $i > /tmp/count; echo $nonce > /tmp/nonce; sleep 0.05; done",
+    ]);
+    std::thread::sleep(Duration::from_millis(400));
+    let snap = home.ok(&["snapshot", &id, "--label", "mem"]);
+    let at_snapshot = count(&home, &id);
+    let nonce = home.ok(&["exec", &id, "--", "cat", "/tmp/nonce"]);
+    // The source keeps running after its snapshot.
+    std::thread::sleep(Duration::from_millis(300));
+    assert!(
+        count(&home, &id) > at_snapshot,
+        "the snapshotted sandbox stopped counting"
+    );
+
+    let forks: Vec<String> = home
+        .ok(&["fork", "mem", "-n", "2"])
+        .lines()
+        .map(str::to_string)
+        .collect();
+    std::thread::sleep(Duration::from_millis(300));
+    let mut randoms = Vec::new();
+    for f in &forks {
+        let c = count(&home, f);
+        // From where it was (within a few ticks of the snapshot), not from 0.
+        assert!(
+            c >= at_snapshot.saturating_sub(5),
+            "fork {f} restarted its counter: {c} < {at_snapshot}"
+        );
+        assert_eq!(
+            home.ok(&["exec", f, "--", "cat", "/tmp/nonce"]),
+            nonce,
+            "the in-memory nonce changed"
+        );
+        home.ok(&["exec", f, "--", "sh", "-c", &format!("echo {f} > /tmp/mine")]);
+        randoms.push(home.ok(&["exec", f, "--", "sh", "-c", "head -c 16 /dev/urandom | od -An -tx1"]));
+        // The clock is the host's, within a second.
+        let inside: i64 = home.ok(&["exec", f, "--", "date", "+%s"]).parse().unwrap();
+        let host = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .unwrap()
+            .as_secs() as i64;
+        assert!((inside - host).abs() <= 1, "clock off by {} s", inside - host);
+    }
+    assert_ne!(randoms[0], randoms[1], "two forks share their entropy");
+    for f in &forks {
+        assert_eq!(
+            home.ok(&["exec", f, "--", "cat", "/tmp/mine"]),
+            *f,
+            "forks see each other's files"
+        );
+    }
+    // A memory snapshot refuses a driver that cannot restore memory.
+    let out = home.cairn(&["restore", &snap, "--driver", "native"]);
+    assert_eq!(out.status.code(), Some(125));
+    assert!(stderr(&out).contains("cannot restore memory"), "{}", stderr(&out));
+    for f in forks.iter().chain([&id]) {
+        home.ok(&["rm", "-f", f]);
+    }
+    assert!(home.ps().is_empty());
+    assert!(home.host_mounts().is_empty(), "{:?}", home.host_mounts());
+}
