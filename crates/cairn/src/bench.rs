@@ -35,6 +35,9 @@ pub enum Which {
     /// Pipeline stages: a no-op stage end to end, the orchestrator's own
     /// bookkeeping per stage, and 100,000 stage records (first vs last 1,000).
     Stages,
+    /// gvisor: memory snapshot and restore to first output, fresh and after
+    /// 30 s of process churn.
+    Gvisor,
 }
 
 #[derive(Debug, Serialize)]
@@ -84,6 +87,7 @@ pub fn run(user_home: Home, which: &[Which], runs: usize, json: bool) -> Result<
             Which::Throughput => bench.throughput(),
             Which::Snapshot | Which::Fork | Which::Restore => bench.snapshots(*w, runs.min(30)),
             Which::Stages => bench.stages(runs.min(50)),
+            Which::Gvisor => bench.gvisor(runs.min(10)),
         };
         results.extend(r?);
     }
@@ -703,6 +707,85 @@ impl Bench {
                 true,
             ),
         ])
+    }
+}
+
+impl Bench {
+    fn gvisor(&self, runs: usize) -> Result<Vec<Measurement>> {
+        let mut engine = self.engine()?;
+        let opts = CreateOptions {
+            driver: Some("gvisor".into()),
+            ..CreateOptions::default()
+        };
+        let mut out = Vec::new();
+        for (name, churn) in [("fresh", 0u64), ("after 30 s of churn", 30)] {
+            let rec = engine.create_sandbox(&opts, &Silent)?;
+            let detach = |engine: &Engine, cmd: &str| -> Result<()> {
+                let req = ExecRequest {
+                    argv: vec!["sh".into(), "-c".into(), cmd.into()],
+                    detach: true,
+                    ..ExecRequest::default()
+                };
+                engine
+                    .exec(&engine.sandbox(&rec.id)?, req)?
+                    .map_err(|f| anyhow::anyhow!(f.message))?;
+                Ok(())
+            };
+            detach(
+                &engine,
+                "i=0; while true; do i=$((i+1)); echo $i > /tmp/count; sleep 1; done",
+            )?;
+            if churn > 0 {
+                eprintln!("cairn bench: {churn} s of a shell loop forking `sleep` ten times a second");
+                detach(&engine, "while true; do sleep 0.1; done")?;
+                std::thread::sleep(Duration::from_secs(churn));
+            }
+            let (mut snaps, mut restores, mut stored) = (Vec::new(), Vec::new(), Vec::new());
+            for _ in 0..runs {
+                let t0 = Instant::now();
+                let snap = engine.snapshot(&engine.sandbox(&rec.id)?, None)?;
+                snaps.push(t0.elapsed().as_secs_f64() * 1e3);
+                stored.push(snap.stored_bytes as f64 / 1e6);
+                let t0 = Instant::now();
+                let fork = engine.restore(&snap, &CreateOptions::default())?;
+                Self::first_echo(&engine, &fork)?;
+                restores.push(t0.elapsed().as_secs_f64() * 1e3);
+                let fork = engine.sandbox(&fork.id)?;
+                engine.remove_sandbox(&fork, true)?;
+            }
+            let first = stored.first().copied().unwrap_or(0.0);
+            out.push(summarize(
+                &format!("gvisor: memory snapshot, sandbox goes on ({name})"),
+                "ms",
+                snaps,
+                Some(if churn > 0 { 1000.0 } else { 300.0 }),
+                true,
+            ));
+            out.push(summarize(
+                &format!("gvisor: restore with memory to first output ({name})"),
+                "ms",
+                restores,
+                Some(if churn > 0 { 1000.0 } else { 200.0 }),
+                true,
+            ));
+            out.push(summarize(
+                &format!("gvisor: first snapshot stored ({name})"),
+                "MB",
+                vec![first],
+                None,
+                true,
+            ));
+            out.push(summarize(
+                &format!("gvisor: later snapshots stored ({name})"),
+                "MB",
+                stored[1..].to_vec(),
+                None,
+                true,
+            ));
+            let rec = engine.sandbox(&rec.id)?;
+            engine.remove_sandbox(&rec, true)?;
+        }
+        Ok(out)
     }
 }
 
