@@ -351,180 +351,130 @@ impl Bench {
         ])
     }
 
-    /// `cairn run -- true` from four concurrent loops for a few seconds.
+    /// Sandbox starts per second with every core busy: starts alone, start +
+    /// exec + remove through the engine, `cairn run`, and bwrap's loop.
     fn throughput(&self) -> Result<Vec<Measurement>> {
         let workers = std::thread::available_parallelism().map(|n| n.get()).unwrap_or(2) * 2;
-        let mut rates = Vec::new();
-        for _ in 0..5 {
-            let duration = Duration::from_secs(2);
-            let t0 = Instant::now();
-            let handles: Vec<_> = (0..workers)
-                .map(|_| {
-                    let exe = self.exe.clone();
-                    let home = self.home.path().to_path_buf();
-                    std::thread::spawn(move || -> Result<usize> {
-                        let mut n = 0;
-                        while t0.elapsed() < duration {
-                            let status = Command::new(&exe)
-                                .args(["run", "--", "true"])
-                                .env("CAIRN_HOME", &home)
-                                .stdin(Stdio::null())
-                                .status()?;
-                            if !status.success() {
-                                bail!("cairn run failed under load");
-                            }
-                            n += 1;
-                        }
-                        Ok(n)
-                    })
-                })
-                .collect();
-            let mut total = 0;
-            for h in handles {
-                total += h.join().map_err(|_| anyhow::anyhow!("a worker panicked"))??;
+        let home = self.home.path().to_path_buf();
+        // Starts alone: each worker removes what it started after the window.
+        let starts = rounds(workers, |deadline| {
+            let mut engine = Engine::open(Home::at(&home))?;
+            let mut ids = Vec::new();
+            while Instant::now() < deadline {
+                ids.push(engine.create_sandbox(&CreateOptions::default(), &Silent)?.id);
             }
-            rates.push(total as f64 / t0.elapsed().as_secs_f64());
-        }
-        let cli = summarize(
-            &format!("throughput: cairn run -- true, {workers} loops"),
-            "starts/s",
-            rates,
-            None,
-            false,
-        );
-        let peer = match which("bwrap") {
-            Some(bwrap) => {
-                let mut cmd = Command::new(bwrap);
-                cmd.args(["--unshare-all", "--die-with-parent", "--ro-bind"])
-                    .arg(&self.layer)
-                    .args(["/", "--proc", "/proc", "--dev", "/dev", "--tmpfs", "/tmp", "/bin/true"]);
-                let rates = self.loops(workers, &cmd)?;
-                Some(summarize(
-                    &format!("throughput: bwrap true (peer), {workers} loops"),
-                    "starts/s",
-                    rates,
-                    None,
-                    false,
-                ))
-            }
-            None => None,
-        };
-        let mut rates = Vec::new();
-        for _ in 0..5 {
-            let duration = Duration::from_secs(2);
-            let t0 = Instant::now();
-            let handles: Vec<_> = (0..workers)
-                .map(|_| {
-                    let home = self.home.path().to_path_buf();
-                    std::thread::spawn(move || -> Result<usize> {
-                        let mut engine = Engine::open(Home::at(home))?;
-                        let opts = CreateOptions {
-                            auto_remove: true,
-                            ..CreateOptions::default()
-                        };
-                        let req = ExecRequest {
-                            argv: vec!["true".into()],
-                            ..ExecRequest::default()
-                        };
-                        let mut n = 0;
-                        while t0.elapsed() < duration {
-                            let rec = engine.create_sandbox(&opts, &Silent)?;
-                            let start = engine
-                                .exec(&rec, req.clone())?
-                                .map_err(|f| anyhow::anyhow!(f.message))?;
-                            start.session.wait(&mut io::sink(), &mut io::sink())?;
-                            let rec = engine.sandbox(&rec.id)?;
-                            engine.remove_sandbox(&rec, true)?;
-                            n += 1;
-                        }
-                        Ok(n)
-                    })
-                })
-                .collect();
-            let mut total = 0;
-            for h in handles {
-                total += h.join().map_err(|_| anyhow::anyhow!("a worker panicked"))??;
-            }
-            rates.push(total as f64 / t0.elapsed().as_secs_f64());
-        }
-        // Starts alone: sandboxes created back to back and kept (their
-        // removal happens after each timed window).
-        let mut start_rates = Vec::new();
-        for _ in 0..5 {
-            let duration = Duration::from_secs(2);
-            let t0 = Instant::now();
-            let handles: Vec<_> = (0..workers)
-                .map(|_| {
-                    let home = self.home.path().to_path_buf();
-                    std::thread::spawn(move || -> Result<Vec<String>> {
-                        let mut engine = Engine::open(Home::at(home))?;
-                        let mut ids = Vec::new();
-                        while t0.elapsed() < duration {
-                            ids.push(engine.create_sandbox(&CreateOptions::default(), &Silent)?.id);
-                        }
-                        Ok(ids)
-                    })
-                })
-                .collect();
-            let mut started = Vec::new();
-            for h in handles {
-                started.extend(h.join().map_err(|_| anyhow::anyhow!("a worker panicked"))??);
-            }
-            start_rates.push(started.len() as f64 / t0.elapsed().as_secs_f64());
-            let mut engine = self.engine()?;
-            for id in started {
-                let rec = engine.sandbox(&id)?;
+            for id in &ids {
+                let rec = engine.sandbox(id)?;
                 engine.remove_sandbox(&rec, true)?;
             }
-        }
-        let only = summarize(
-            &format!("throughput: sandbox starts (engine API), {workers} threads"),
-            "starts/s",
-            start_rates,
-            Some(250.0),
-            false,
-        );
-        let api = summarize(
-            &format!("throughput: start+exec+rm (engine API), {workers} threads"),
-            "starts/s",
-            rates,
-            None,
-            false,
-        );
-        Ok([Some(only), Some(api), Some(cli), peer].into_iter().flatten().collect())
-    }
-
-    /// Completions per second of `cmd` run back to back by `workers` loops.
-    fn loops(&self, workers: usize, cmd: &Command) -> Result<Vec<f64>> {
-        let mut rates = Vec::new();
-        for _ in 0..5 {
-            let duration = Duration::from_secs(2);
-            let t0 = Instant::now();
-            let handles: Vec<_> = (0..workers)
-                .map(|_| {
-                    let program = cmd.get_program().to_owned();
-                    let args: Vec<_> = cmd.get_args().map(|a| a.to_owned()).collect();
-                    std::thread::spawn(move || -> Result<usize> {
-                        let mut n = 0;
-                        while t0.elapsed() < duration {
-                            let status = Command::new(&program).args(&args).stdin(Stdio::null()).status()?;
-                            if !status.success() {
-                                bail!("{program:?} failed under load");
-                            }
-                            n += 1;
-                        }
-                        Ok(n)
-                    })
-                })
-                .collect();
-            let mut total = 0;
-            for h in handles {
-                total += h.join().map_err(|_| anyhow::anyhow!("a worker panicked"))??;
+            Ok(ids.len())
+        })?;
+        let cycles = rounds(workers, |deadline| {
+            let mut engine = Engine::open(Home::at(&home))?;
+            let opts = CreateOptions {
+                auto_remove: true,
+                ..CreateOptions::default()
+            };
+            let req = ExecRequest {
+                argv: vec!["true".into()],
+                ..ExecRequest::default()
+            };
+            let mut n = 0;
+            while Instant::now() < deadline {
+                let rec = engine.create_sandbox(&opts, &Silent)?;
+                let start = engine
+                    .exec(&rec, req.clone())?
+                    .map_err(|f| anyhow::anyhow!(f.message))?;
+                start.session.wait(&mut io::sink(), &mut io::sink())?;
+                let rec = engine.sandbox(&rec.id)?;
+                engine.remove_sandbox(&rec, true)?;
+                n += 1;
             }
-            rates.push(total as f64 / t0.elapsed().as_secs_f64());
+            Ok(n)
+        })?;
+        let mut run = Command::new(&self.exe);
+        run.args(["run", "--", "true"]).env("CAIRN_HOME", &home);
+        let mut out = vec![
+            summarize(
+                &format!("throughput: sandbox starts (engine API), {workers} threads"),
+                "starts/s",
+                starts,
+                Some(250.0),
+                false,
+            ),
+            summarize(
+                &format!("throughput: start+exec+rm (engine API), {workers} threads"),
+                "starts/s",
+                cycles,
+                None,
+                false,
+            ),
+            summarize(
+                &format!("throughput: cairn run -- true, {workers} loops"),
+                "starts/s",
+                command_rounds(workers, &run)?,
+                None,
+                false,
+            ),
+        ];
+        if let Some(bwrap) = which("bwrap") {
+            let mut cmd = Command::new(bwrap);
+            cmd.args(["--unshare-all", "--die-with-parent", "--ro-bind"])
+                .arg(&self.layer)
+                .args(["/", "--proc", "/proc", "--dev", "/dev", "--tmpfs", "/tmp", "/bin/true"]);
+            out.push(summarize(
+                &format!("throughput: bwrap true (peer), {workers} loops"),
+                "starts/s",
+                command_rounds(workers, &cmd)?,
+                None,
+                false,
+            ));
         }
-        Ok(rates)
+        Ok(out)
     }
+}
+
+/// Five rounds of `workers` threads each running `work` until a deadline 2 s
+/// away; `work` returns how many it completed by then. Completions per second.
+fn rounds(workers: usize, work: impl Fn(Instant) -> Result<usize> + Sync) -> Result<Vec<f64>> {
+    let window = Duration::from_secs(2);
+    let mut rates = Vec::new();
+    for _ in 0..5 {
+        let deadline = Instant::now() + window;
+        let done: Vec<Result<usize>> = std::thread::scope(|scope| {
+            let handles: Vec<_> = (0..workers).map(|_| scope.spawn(|| work(deadline))).collect();
+            handles
+                .into_iter()
+                .map(|h| h.join().unwrap_or_else(|_| Err(anyhow::anyhow!("a worker panicked"))))
+                .collect()
+        });
+        let total: usize = done.into_iter().sum::<Result<usize>>()?;
+        rates.push(total as f64 / window.as_secs_f64());
+    }
+    Ok(rates)
+}
+
+/// [`rounds`] of `cmd` run back to back.
+fn command_rounds(workers: usize, cmd: &Command) -> Result<Vec<f64>> {
+    let envs: Vec<_> = cmd
+        .get_envs()
+        .filter_map(|(k, v)| Some((k.to_owned(), v?.to_owned())))
+        .collect();
+    rounds(workers, |deadline| {
+        let mut n = 0;
+        while Instant::now() < deadline {
+            let status = Command::new(cmd.get_program())
+                .args(cmd.get_args())
+                .envs(envs.clone())
+                .stdin(Stdio::null())
+                .status()?;
+            if !status.success() {
+                bail!("{:?} failed under load", cmd.get_program());
+            }
+            n += 1;
+        }
+        Ok(n)
+    })
 }
 
 /// A running sandbox and a snapshot of it, small or over a 2 GiB layer.
