@@ -32,18 +32,8 @@ pub struct SandboxArgs {
     /// Image to start from (`cairn image ls`); the default is built on first use.
     #[arg(long, default_value = "busybox")]
     pub image: String,
-    /// Sandbox name, also its host name (letters, digits, '-').
-    #[arg(long)]
-    pub name: Option<String>,
-    /// Memory limit, e.g. 512M or 2G (default 1G); exceeding it OOM-kills.
-    #[arg(long, value_name = "SIZE")]
-    pub memory: Option<MemorySize>,
-    /// CPU limit in cores, fractions allowed (default: all cores).
-    #[arg(long, value_name = "N")]
-    pub cpus: Option<CpuCount>,
-    /// Limit on processes and threads (default 1024); stops fork bombs.
-    #[arg(long, value_name = "N")]
-    pub pids: Option<PidCount>,
+    #[command(flatten)]
+    pub limits: LimitArgs,
     /// A command to keep running in the background (repeatable); it is
     /// started again after every restore, fork and reset, e.g.
     /// --service 'python3 -m http.server'.
@@ -60,18 +50,15 @@ pub struct LimitArgs {
     /// Sandbox name, also its host name (letters, digits, '-').
     #[arg(long)]
     pub name: Option<String>,
-    /// Memory limit, e.g. 512M or 2G (default 1G).
+    /// Memory limit, e.g. 512M or 2G (default 1G); exceeding it OOM-kills.
     #[arg(long, value_name = "SIZE")]
     pub memory: Option<MemorySize>,
     /// CPU limit in cores, fractions allowed (default: all cores).
     #[arg(long, value_name = "N")]
     pub cpus: Option<CpuCount>,
-    /// Limit on processes and threads (default 1024).
+    /// Limit on processes and threads (default 1024); stops fork bombs.
     #[arg(long, value_name = "N")]
     pub pids: Option<PidCount>,
-    /// Driver to restore with (default: the snapshot's).
-    #[arg(long, value_parser = ["native", "gvisor"])]
-    pub driver: Option<String>,
 }
 
 #[derive(Args, Clone)]
@@ -211,6 +198,9 @@ pub enum Command {
         count: usize,
         #[command(flatten)]
         limits: LimitArgs,
+        /// Driver to restore with (default: the snapshot's).
+        #[arg(long, value_parser = ["native", "gvisor"])]
+        driver: Option<String>,
     },
     /// Start a new sandbox from a snapshot; prints its id.
     Restore {
@@ -218,6 +208,9 @@ pub enum Command {
         snapshot: String,
         #[command(flatten)]
         limits: LimitArgs,
+        /// Driver to restore with (default: the snapshot's).
+        #[arg(long, value_parser = ["native", "gvisor"])]
+        driver: Option<String>,
     },
     /// Rewind a sandbox to a snapshot in place (its processes restart).
     Reset {

@@ -106,17 +106,17 @@ pub fn dispatch(cli: Cli) -> Result<i32> {
             Ok(0)
         }
         Command::Snapshots { tree, json } => crate::lineage::print(&engine.snapshots()?, tree, json).map(|()| 0),
-        Command::Fork { source, count, limits } => {
-            let (snap, forks) = engine.fork(&source, count, &limit_options(&limits))?;
+        Command::Fork { source, count, limits, driver } => {
+            let (snap, forks) = engine.fork(&source, count, &limit_options(&limits, driver))?;
             eprintln!("cairn: forked {count} from snapshot {}", &snap.id[..12]);
             for f in forks {
                 println!("{}", f.id);
             }
             Ok(0)
         }
-        Command::Restore { snapshot, limits } => {
+        Command::Restore { snapshot, limits, driver } => {
             let snap = engine.snapshot_record(&snapshot)?;
-            let rec = engine.restore(&snap, &limit_options(&limits))?;
+            let rec = engine.restore(&snap, &limit_options(&limits, driver))?;
             println!("{}", rec.id);
             Ok(0)
         }
@@ -148,19 +148,17 @@ fn limits(memory: Option<MemorySize>, cpus: Option<CpuCount>, pids: Option<PidCo
 pub fn create_options(args: &SandboxArgs, auto_remove: bool) -> CreateOptions {
     CreateOptions {
         image: Some(args.image.clone()),
-        name: args.name.clone(),
-        limits: limits(args.memory, args.cpus, args.pids),
         auto_remove,
         services: args.services.clone(),
-        driver: Some(args.driver.clone()),
+        ..limit_options(&args.limits, Some(args.driver.clone()))
     }
 }
 
-fn limit_options(args: &LimitArgs) -> CreateOptions {
+fn limit_options(args: &LimitArgs, driver: Option<String>) -> CreateOptions {
     CreateOptions {
         name: args.name.clone(),
         limits: limits(args.memory, args.cpus, args.pids),
-        driver: args.driver.clone(),
+        driver,
         ..CreateOptions::default()
     }
 }
