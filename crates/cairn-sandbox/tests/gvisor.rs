@@ -341,7 +341,7 @@ fn two_restores_of_one_checkpoint_diverge_and_reseed() {
     env.driver.checkpoint(&spec.id, &image).unwrap();
     // Freeze the files of the checkpoint as a layer, as the engine does.
     let layer = env.tmp.path().join("orig-layer");
-    support::copy_tree(&spec.upper_dir(), &layer);
+    copy_tree(&spec.upper_dir(), &layer);
     let saved: u64 = fs::read_to_string(layer.join("root/count"))
         .unwrap()
         .trim()
@@ -447,4 +447,17 @@ fn a_checkpoint_with_a_command_still_attached_is_refused_and_the_sandbox_keeps_s
     assert_eq!((code, out.as_str()), (Some(0), "restored\n"));
     env.driver.stop(&spec.id, None).unwrap();
     env.assert_nothing_left(&spec);
+}
+
+/// Copies `src` into `dst` with ownership, modes and times (`cp -a`), as the
+/// engine's layer capture would freeze an upper directory.
+pub fn copy_tree(src: &Path, dst: &Path) {
+    let ok = std::process::Command::new("cp")
+        .arg("-a")
+        .arg(src)
+        .arg(dst)
+        .status()
+        .expect("run cp")
+        .success();
+    assert!(ok, "cp -a {} {}", src.display(), dst.display());
 }
