@@ -45,6 +45,9 @@ pub struct Connections {
     next: AtomicU64,
     /// Set by a quiesce request; the accept loop answers on the sender.
     quiesce: Mutex<Option<Sender<()>>>,
+    /// From the start of a quiesce until init listens again: new
+    /// connections are closed at once.
+    quiescing: std::sync::atomic::AtomicBool,
 }
 
 /// One connection's registration: dropped by the last thread that holds a
@@ -76,16 +79,35 @@ impl Connections {
         })
     }
 
-    /// Stops listening and ends every connection but `own`; returns once
-    /// only `own` is left, or an error saying what still holds on.
+    /// Ends every connection but `own`, then stops listening; returns once
+    /// only `own` is left, or an error saying what still holds on, in which
+    /// case init keeps listening as before.
     pub fn quiesce(&self, own: &Live, wake: &UnixStream) -> Result<(), String> {
-        let (tx, rx): (Sender<()>, Receiver<()>) = channel();
-        *self.quiesce.lock().unwrap_or_else(|e| e.into_inner()) = Some(tx);
-        // Wake the accept loop, which closes the listener and answers.
-        let mut wake = wake;
-        let _ = wake.write_all(&[1]);
-        rx.recv_timeout(QUIESCE_WAIT)
-            .map_err(|_| "init's accept loop did not stop listening".to_string())?;
+        self.quiescing.store(true, Ordering::SeqCst);
+        let stopped = self.end_others(own).and_then(|()| {
+            let (tx, rx): (Sender<()>, Receiver<()>) = channel();
+            *self.quiesce.lock().unwrap_or_else(|e| e.into_inner()) = Some(tx);
+            // Wake the accept loop, which closes the listener and answers.
+            let mut wake = wake;
+            let _ = wake.write_all(&[1]);
+            rx.recv_timeout(QUIESCE_WAIT)
+                .map_err(|_| "init's accept loop did not stop listening".to_string())
+        });
+        if let Err(e) = stopped {
+            self.quiescing.store(false, Ordering::SeqCst);
+            return Err(e);
+        }
+        // Anything accepted in between is being dropped; wait for it.
+        self.end_others(own)?;
+        fresh_procfs();
+        Ok(())
+    }
+
+    fn is_quiescing(&self) -> bool {
+        self.quiescing.load(Ordering::SeqCst)
+    }
+
+    fn end_others(&self, own: &Live) -> Result<(), String> {
         let deadline = Instant::now() + QUIESCE_WAIT;
         loop {
             {
@@ -96,8 +118,6 @@ impl Connections {
                     .map(|(_, s)| s)
                     .collect();
                 if others.is_empty() {
-                    drop(streams);
-                    fresh_procfs();
                     return Ok(());
                 }
                 for s in others {
@@ -132,6 +152,8 @@ pub struct Server {
     wake_rx: UnixStream,
     pub wake_tx: UnixStream,
     pub conns: Arc<Connections>,
+    /// How many times init has listened (names the socket file).
+    generation: AtomicU64,
 }
 
 impl Server {
@@ -145,6 +167,7 @@ impl Server {
             wake_rx,
             wake_tx,
             conns: Arc::default(),
+            generation: AtomicU64::new(0),
         }
     }
 
@@ -160,17 +183,22 @@ impl Server {
                     eprintln!("cairn-init: cannot use the listening socket: {e}");
                     std::process::exit(111);
                 }),
-                Source::Path(path) => listen_on_path(path),
+                Source::Path(base) => listen_on_path(base, &self.generation),
             };
             self.accept_until_quiesced(&listener, &serve);
+            let bound = listener.local_addr().ok();
             drop(listener);
-            if let Source::Path(path) = &self.source {
+            if let Some(path) = bound.as_ref().and_then(|a| a.as_pathname()) {
                 let _ = std::fs::remove_file(path);
             }
+            // A relisten signal can only be meant for this quiesce once it is
+            // answered; one already pending is a stale repeat.
+            drain_relisten_signals();
             if let Some(tx) = self.conns.quiesce.lock().unwrap_or_else(|e| e.into_inner()).take() {
                 let _ = tx.send(());
             }
             wait_for_relisten();
+            self.conns.quiescing.store(false, Ordering::SeqCst);
         }
     }
 
@@ -200,6 +228,7 @@ impl Server {
             }
             if incoming {
                 match listener.accept() {
+                    Ok((stream, _)) if self.conns.is_quiescing() => drop(stream),
                     Ok((stream, _)) => {
                         let live = self.conns.register(&stream);
                         serve(stream, live);
@@ -211,21 +240,55 @@ impl Server {
     }
 }
 
-/// Binds and listens on `path`: for runtimes that cannot pass a listening
-/// socket in (gVisor's runsc), where the path lies in a directory shared with
-/// the host, so the host connects to the same socket file. std's listener is
-/// close-on-exec, so commands never inherit it.
-fn listen_on_path(path: &Path) -> UnixListener {
-    // A socket file left by an earlier listener would make bind fail;
-    // nothing else lives at this path.
-    let _ = std::fs::remove_file(path);
-    match UnixListener::bind(path) {
-        Ok(l) => l,
-        Err(e) => {
-            eprintln!("cairn-init: cannot listen on {}: {e}", path.display());
-            std::process::exit(111);
+/// Binds and listens at `path` (generation 0) or `path.<generation>`:
+/// for runtimes that cannot pass a listening socket in (gVisor's runsc),
+/// where the path lies in a directory shared with the host, so the host
+/// connects to the same socket file. Each listen after a quiesce takes a new
+/// name, because gVisor refuses every operation on the name of a host socket
+/// that was bound and removed in the same sandbox (EPERM); the driver
+/// connects to the highest generation. std's listener is close-on-exec, so
+/// commands never inherit it. Only the first listen may give up (the driver
+/// then reports a failed start); later ones retry, since an init that exits
+/// takes the sandbox with it.
+fn listen_on_path(base: &Path, generation: &AtomicU64) -> UnixListener {
+    let mut delay = Duration::from_millis(1);
+    loop {
+        let g = generation.fetch_add(1, Ordering::Relaxed);
+        let path = if g == 0 {
+            base.to_path_buf()
+        } else {
+            let mut p = base.as_os_str().to_owned();
+            p.push(format!(".{g}"));
+            PathBuf::from(p)
+        };
+        // A socket file left by an earlier init (a restarted sandbox) would
+        // make bind fail; nothing else lives at this path.
+        let _ = std::fs::remove_file(&path);
+        match UnixListener::bind(&path) {
+            Ok(l) => return l,
+            Err(e) if g == 0 => {
+                eprintln!("cairn-init: cannot listen on {}: {e}", path.display());
+                std::process::exit(111);
+            }
+            Err(e) => {
+                eprintln!(
+                    "cairn-init: cannot listen on {}: {e}; trying the next name",
+                    path.display()
+                );
+                std::thread::sleep(delay);
+                delay = (delay * 2).min(Duration::from_secs(1));
+            }
         }
     }
+}
+
+fn drain_relisten_signals() {
+    let mut set = SigSet::empty();
+    set.add(RELISTEN_SIGNAL);
+    let zero = libc::timespec { tv_sec: 0, tv_nsec: 0 };
+    // SAFETY: `set` and `zero` are valid for the call; a null siginfo
+    // pointer is allowed. The signal is blocked, so this only dequeues it.
+    while unsafe { libc::sigtimedwait(set.as_ref(), std::ptr::null_mut(), &zero) } > 0 {}
 }
 
 fn wait_for_relisten() {

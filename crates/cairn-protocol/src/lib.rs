@@ -265,6 +265,7 @@ mod tests {
                 unix_time_ns: 1,
                 entropy: vec![1, 2, 3],
             },
+            ToInit::Quiesce,
         ];
         let mut wire = Vec::new();
         for m in &msgs {

@@ -297,7 +297,7 @@ fn two_restores_of_one_checkpoint_diverge_and_reseed() {
     env.driver.checkpoint(&spec.id, &image).unwrap();
     // Freeze the files of the checkpoint as a layer, as the engine does.
     let layer = env.tmp.path().join("orig-layer");
-    support::copy_tree(&spec.upper_dir(), &layer);
+    copy_tree(&spec.upper_dir(), &layer);
     let saved: u64 = fs::read_to_string(layer.join("root/count"))
         .unwrap()
         .trim()
@@ -356,4 +356,61 @@ fn stop_after_the_sentry_was_killed_leaves_nothing_behind() {
     env.assert_nothing_left(&spec);
     // Stopping again is harmless.
     env.driver.stop(&spec.id, Some(process)).unwrap();
+}
+
+#[test]
+fn a_checkpoint_with_a_command_still_attached_is_refused_and_the_sandbox_keeps_serving() {
+    let Some(env) = env() else { return };
+    let spec = env.spec("busy", vec![env.base.clone()]);
+    let client = env.start(&spec);
+    let session = client
+        .exec(ExecRequest {
+            argv: vec!["/bin/sleep".into(), "60".into()],
+            env: vec![],
+            cwd: None,
+            stdin: false,
+            timeout_ms: None,
+            detach: false,
+        })
+        .unwrap()
+        .unwrap();
+    let image = env.tmp.path().join("busy-image");
+    let err = env.driver.checkpoint(&spec.id, &image).unwrap_err();
+    assert!(
+        matches!(err, GvisorError::Quiesce(_)) && err.to_string().contains("attached command"),
+        "{err}"
+    );
+    let pid = session.pid;
+    drop(session);
+    // Init listens again and the sandbox is whole.
+    let (code, out) = sh(&client, "echo still here");
+    assert_eq!((code, out.as_str()), (Some(0), "still here\n"));
+    // Once the command is gone, a checkpoint goes through and restores.
+    client.kill(pid, 9).unwrap();
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        match env.driver.checkpoint(&spec.id, &image) {
+            Ok(_) => break,
+            Err(e) if Instant::now() < deadline => eprintln!("retrying: {e}"),
+            Err(e) => panic!("checkpoint after the command ended: {e}"),
+        }
+    }
+    let client = env.restore(&spec, &image);
+    let (code, out) = sh(&client, "echo restored");
+    assert_eq!((code, out.as_str()), (Some(0), "restored\n"));
+    env.driver.stop(&spec.id, None).unwrap();
+    env.assert_nothing_left(&spec);
+}
+
+/// Copies `src` into `dst` with ownership, modes and times (`cp -a`), as the
+/// engine's layer capture would freeze an upper directory.
+pub fn copy_tree(src: &Path, dst: &Path) {
+    let ok = std::process::Command::new("cp")
+        .arg("-a")
+        .arg(src)
+        .arg(dst)
+        .status()
+        .expect("run cp")
+        .success();
+    assert!(ok, "cp -a {} {}", src.display(), dst.display());
 }

@@ -106,7 +106,12 @@ pub fn dispatch(cli: Cli) -> Result<i32> {
             Ok(0)
         }
         Command::Snapshots { tree, json } => crate::lineage::print(&engine.snapshots()?, tree, json).map(|()| 0),
-        Command::Fork { source, count, limits, driver } => {
+        Command::Fork {
+            source,
+            count,
+            limits,
+            driver,
+        } => {
             let (snap, forks) = engine.fork(&source, count, &limit_options(&limits, driver))?;
             eprintln!("cairn: forked {count} from snapshot {}", &snap.id[..12]);
             for f in forks {
@@ -114,7 +119,11 @@ pub fn dispatch(cli: Cli) -> Result<i32> {
             }
             Ok(0)
         }
-        Command::Restore { snapshot, limits, driver } => {
+        Command::Restore {
+            snapshot,
+            limits,
+            driver,
+        } => {
             let snap = engine.snapshot_record(&snapshot)?;
             let rec = engine.restore(&snap, &limit_options(&limits, driver))?;
             println!("{}", rec.id);

@@ -142,20 +142,15 @@ impl GvisorDriver {
         let client = InitClient::new(dir.join("init.sock"));
         let root = self.runsc_root(id);
         let t = Instant::now();
-        if let Err(e) = client.quiesce(QUIESCE_TIMEOUT) {
-            if matches!(e, ClientError::Refused(_)) {
-                // Init stopped listening before giving up; make it listen again.
-                let _ = self.relisten(&root, id);
-            }
-            return Err(GvisorError::Quiesce(e));
-        }
+        // A refused quiesce leaves init listening as before.
+        client.quiesce(QUIESCE_TIMEOUT).map_err(GvisorError::Quiesce)?;
         let quiesce = t.elapsed();
         fs::create_dir_all(image_dir).map_err(|e| GvisorError::io(format!("create {}", image_dir.display()), e))?;
         let t = Instant::now();
         let mut cmd = self.runsc.command(&root);
         cmd.arg("checkpoint").arg("--image-path").arg(image_dir).arg(id);
         if let Err(e) = self.runsc.run_to_end("checkpoint", cmd) {
-            let _ = self.relisten(&root, id);
+            self.resume_after_failed_checkpoint(&root, id, &dir);
             return Err(e);
         }
         let save = t.elapsed();
@@ -270,7 +265,7 @@ impl GvisorDriver {
                     ],
                 )?;
                 // The image's init is quiesced (it was when checkpointed).
-                self.relisten(&root, &spec.id)?;
+                self.relisten_and_wait(&root, &spec.id, &spec.dir, "restore")?;
             }
         }
         let pid: i32 = fs::read_to_string(&pid_file)
@@ -284,30 +279,58 @@ impl GvisorDriver {
             what: "run".into(),
             message: "the sandbox exited right after starting".into(),
         })?;
-        self.wait_ready(spec, if image.is_some() { "restore" } else { "start" })?;
+        self.wait_ready(&spec.dir, if image.is_some() { "restore" } else { "start" })?;
         Ok(SandboxProcess { pid, start_time })
     }
 
-    /// Waits until init answers a ping on the sandbox's socket.
-    fn wait_ready(&self, spec: &SandboxSpec, what: &'static str) -> Result<(), GvisorError> {
-        let client = InitClient::new(spec.socket_path());
-        let deadline = Instant::now() + READY_TIMEOUT;
+    /// Waits until init answers a ping on the sandbox's socket in `dir`.
+    fn wait_ready(&self, dir: &Path, what: &'static str) -> Result<(), GvisorError> {
+        self.wait_ready_for(dir, what, READY_TIMEOUT)
+    }
+
+    fn wait_ready_for(&self, dir: &Path, what: &'static str, timeout: Duration) -> Result<(), GvisorError> {
+        let client = InitClient::new(dir.join("init.sock"));
+        let deadline = Instant::now() + timeout;
         let mut delay = Duration::from_micros(200);
         loop {
-            let last = match client.ping(Duration::from_secs(2)) {
+            let _ = point_socket_link(dir);
+            let last = match client.ping(Duration::from_millis(500).min(timeout)) {
                 Ok(()) => return Ok(()),
                 Err(e) => e,
             };
             if Instant::now() >= deadline {
                 return Err(GvisorError::NotReady {
                     what,
-                    timeout: READY_TIMEOUT,
+                    timeout,
                     last: last.to_string(),
-                    console: spec.console_log(),
+                    console: dir.join("console.log"),
                 });
             }
             std::thread::sleep(delay);
             delay = (delay * 2).min(Duration::from_millis(5));
+        }
+    }
+
+    /// After a failed checkpoint: init listens again, the sandbox runs on.
+    fn resume_after_failed_checkpoint(&self, root: &Path, id: &str, dir: &Path) {
+        if let Err(e) = self.relisten_and_wait(root, id, dir, "a failed checkpoint") {
+            tracing::warn!(sandbox = id, "init did not listen again after a failed checkpoint: {e}");
+        }
+    }
+
+    /// Signals a quiesced init to listen again until it answers. The signal
+    /// is repeated because a delivery to a busy init was seen to be lost
+    /// now and then; init discards repeats that arrive after it listens.
+    fn relisten_and_wait(&self, root: &Path, id: &str, dir: &Path, what: &'static str) -> Result<(), GvisorError> {
+        let deadline = Instant::now() + READY_TIMEOUT;
+        loop {
+            self.relisten(root, id)?;
+            let wait = Duration::from_secs(1).min(deadline.saturating_duration_since(Instant::now()));
+            match self.wait_ready_for(dir, what, wait) {
+                Ok(()) => return Ok(()),
+                Err(e) if Instant::now() >= deadline => return Err(e),
+                Err(_) => continue,
+            }
         }
     }
 
@@ -333,6 +356,36 @@ impl GvisorDriver {
             Err(e) => Err(SandboxError::setup(format!("remove {}", state.display()), e)),
         }
     }
+}
+
+/// Points `<dir>/init.sock` at init's newest socket in `<dir>/uds`:
+/// `init.sock`, then `init.sock.<n>` after the n-th re-listen (see
+/// cairn-init's `listen_on_path`).
+fn point_socket_link(dir: &Path) -> io::Result<()> {
+    let newest = fs::read_dir(dir.join("uds"))?
+        .filter_map(Result::ok)
+        .filter_map(|e| e.file_name().into_string().ok())
+        .filter_map(|name| {
+            let generation = match name.strip_prefix("init.sock") {
+                Some("") => 0,
+                Some(rest) => rest.strip_prefix('.')?.parse::<u64>().ok()?,
+                None => return None,
+            };
+            Some((generation, name))
+        })
+        .max();
+    let Some((_, name)) = newest else {
+        return Ok(());
+    };
+    let target = PathBuf::from("uds").join(name);
+    let link = dir.join("init.sock");
+    if fs::read_link(&link).ok().as_ref() == Some(&target) {
+        return Ok(());
+    }
+    let tmp = dir.join(".init.sock.new");
+    let _ = fs::remove_file(&tmp);
+    std::os::unix::fs::symlink(&target, &tmp)?;
+    fs::rename(&tmp, &link)
 }
 
 /// Total size of the files in `dir` (0 when missing).

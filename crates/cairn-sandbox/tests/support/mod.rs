@@ -2,7 +2,7 @@
 
 use std::fs;
 use std::os::unix::fs::symlink;
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use std::process::Command;
 
 /// A root with a static busybox and its applet links: `/bin/busybox` when
@@ -77,17 +77,4 @@ fn host_busybox_is_static() -> bool {
     };
     // A dynamic executable names its interpreter.
     !bytes.windows(b"ld-linux".len()).any(|w| w == b"ld-linux")
-}
-
-/// Copies `src` into `dst` with ownership, modes and times (`cp -a`), as the
-/// engine's layer capture would freeze an upper directory.
-pub fn copy_tree(src: &Path, dst: &Path) {
-    let ok = Command::new("cp")
-        .arg("-a")
-        .arg(src)
-        .arg(dst)
-        .status()
-        .expect("run cp")
-        .success();
-    assert!(ok, "cp -a {} {}", src.display(), dst.display());
 }
