@@ -1,8 +1,9 @@
 //! Running a process for the host: streamed output, stdin, signals, timeout.
 
+use std::fs::File;
 use std::io::{self, BufReader, ErrorKind, Read, Write};
 use std::os::unix::net::UnixStream;
-use std::sync::mpsc::{channel, RecvTimeoutError};
+use std::sync::mpsc::{channel, Receiver, RecvTimeoutError};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
@@ -23,7 +24,7 @@ const DRAIN_GRACE: Duration = Duration::from_millis(250);
 
 pub fn run(
     req: ExecRequest,
-    mut reader: BufReader<UnixStream>,
+    reader: BufReader<UnixStream>,
     mut writer: UnixStream,
     reaper: &Reaper,
     live: Arc<Live>,
@@ -55,57 +56,61 @@ pub fn run(
         return write_frame(&mut writer, &reply);
     }
 
-    let stdio = spawn::Stdio::Piped { stdin: req.stdin };
-    let (mut child, pid, exited) =
-        match reaper.spawn(|| spawn::spawn(&req.argv, &req.env, cwd, stdio).map(|c| (c.pid, c))) {
-            Ok(x) => x,
-            Err(e) => return write_frame(&mut writer, &spawn_failed(&req.argv[0], &e)),
-        };
+    // Every thread this exec needs starts before the command does: a
+    // command that uses up the sandbox's process limit (a fork bomb) must
+    // not leave init unable to serve it. The threads receive their pipes
+    // once the command runs.
     let out = Arc::new(Mutex::new(Output {
         stream: Some(writer),
         live: Some(Arc::clone(&live)),
         closed: false,
         buf: Vec::new(),
     }));
+    let (done_tx, done_rx) = channel::<()>();
+    let (stdout_tx, stdout_rx) = channel::<File>();
+    let (stderr_tx, stderr_rx) = channel::<File>();
+    let (control_tx, control_rx) = channel::<(Option<File>, i32)>();
+    let threads_ok = pump(stdout_rx, Arc::clone(&out), FromInit::Stdout, done_tx.clone())
+        && pump(stderr_rx, Arc::clone(&out), FromInit::Stderr, done_tx.clone())
+        && host_frames(control_rx, reader, live);
+    drop(done_tx);
+    if !threads_ok {
+        let mut out = out.lock().unwrap_or_else(|e| e.into_inner());
+        let message = "the sandbox is at its process limit (--pids): init cannot start a thread for this command; \
+                       wait for processes to end or raise --pids"
+            .to_string();
+        let sent = out.send(&FromInit::SpawnFailed {
+            kind: SpawnErrorKind::Other,
+            message,
+        });
+        out.closed = true;
+        out.stream = None;
+        return sent;
+    }
+
+    let stdio = spawn::Stdio::Piped { stdin: req.stdin };
+    let (mut child, pid, exited) =
+        match reaper.spawn(|| spawn::spawn(&req.argv, &req.env, cwd, stdio).map(|c| (c.pid, c))) {
+            Ok(x) => x,
+            Err(e) => {
+                let mut out = out.lock().unwrap_or_else(|e| e.into_inner());
+                let sent = out.send(&spawn_failed(&req.argv[0], &e));
+                out.closed = true;
+                out.stream = None;
+                return sent;
+            }
+        };
     out.lock()
         .unwrap_or_else(|e| e.into_inner())
         .send(&FromInit::Started { pid })?;
-
-    let (done_tx, done_rx) = channel::<()>();
-    let mut pumps = 0;
-    if let Some(stdout) = child.stdout.take() {
-        pumps += 1;
-        pump(stdout, Arc::clone(&out), FromInit::Stdout, done_tx.clone());
-    }
-    if let Some(stderr) = child.stderr.take() {
-        pumps += 1;
-        pump(stderr, Arc::clone(&out), FromInit::Stderr, done_tx.clone());
-    }
-    drop(done_tx);
-
-    // Frames from the host: stdin data and signals, until the host hangs up.
-    let mut stdin = child.stdin.take();
-    std::thread::spawn(move || loop {
-        // Holds the connection live (for quiescing) as long as it reads.
-        let _live = &live;
-        match read_frame::<ToInit, _>(&mut reader) {
-            Ok(ToInit::Stdin(data)) => {
-                if let Some(s) = stdin.as_mut() {
-                    if s.write_all(&data).is_err() {
-                        stdin = None;
-                    }
-                }
-            }
-            Ok(ToInit::StdinEof) => stdin = None,
-            Ok(ToInit::Signal(sig)) => {
-                if let Ok(sig) = Signal::try_from(sig) {
-                    let _ = killpg(Pid::from_raw(pid), sig);
-                }
-            }
-            Ok(_) => {}
-            Err(_) => return,
-        }
-    });
+    let pumps = [
+        child.stdout.take().map(|f| stdout_tx.send(f)),
+        child.stderr.take().map(|f| stderr_tx.send(f)),
+    ]
+    .into_iter()
+    .flatten()
+    .count();
+    let _ = control_tx.send((child.stdin.take(), pid));
 
     let status = match req.timeout_ms {
         None => exited.recv().unwrap_or(ExitStatus {
@@ -173,32 +178,68 @@ impl Output {
     }
 }
 
-fn pump<R: Read + Send + 'static>(
-    mut src: R,
+/// Streams the pipe it is sent to the host, on a new thread; false if none
+/// could start.
+fn pump(
+    src: Receiver<File>,
     out: Arc<Mutex<Output>>,
     wrap: fn(Vec<u8>) -> FromInit,
     done: std::sync::mpsc::Sender<()>,
-) {
-    std::thread::spawn(move || {
-        let mut buf = vec![0u8; DATA_CHUNK];
-        let mut host_gone = false;
-        loop {
-            match src.read(&mut buf) {
-                Ok(0) => break,
-                Ok(n) => {
-                    // Keep draining after the host hung up, so the process
-                    // never blocks on a full pipe.
-                    if !host_gone {
-                        let mut out = out.lock().unwrap_or_else(|e| e.into_inner());
-                        host_gone = out.send(&wrap(buf[..n].to_vec())).is_err();
+) -> bool {
+    std::thread::Builder::new()
+        .spawn(move || {
+            let Ok(mut src) = src.recv() else { return };
+            let mut buf = vec![0u8; DATA_CHUNK];
+            let mut host_gone = false;
+            loop {
+                match src.read(&mut buf) {
+                    Ok(0) => break,
+                    Ok(n) => {
+                        // Keep draining after the host hung up, so the
+                        // process never blocks on a full pipe.
+                        if !host_gone {
+                            let mut out = out.lock().unwrap_or_else(|e| e.into_inner());
+                            host_gone = out.send(&wrap(buf[..n].to_vec())).is_err();
+                        }
                     }
+                    Err(e) if e.kind() == ErrorKind::Interrupted => {}
+                    Err(_) => break,
                 }
-                Err(e) if e.kind() == ErrorKind::Interrupted => {}
-                Err(_) => break,
             }
-        }
-        let _ = done.send(());
-    });
+            let _ = done.send(());
+        })
+        .is_ok()
+}
+
+/// Frames from the host (stdin data and signals) for the command it is sent,
+/// until the host hangs up, on a new thread; false if none could start.
+fn host_frames(command: Receiver<(Option<File>, i32)>, mut reader: BufReader<UnixStream>, live: Arc<Live>) -> bool {
+    std::thread::Builder::new()
+        .spawn(move || {
+            // Holds the connection live (for quiescing) as long as it reads.
+            let _live = live;
+            let Ok((mut stdin, pid)) = command.recv() else { return };
+            loop {
+                match read_frame::<ToInit, _>(&mut reader) {
+                    Ok(ToInit::Stdin(data)) => {
+                        if let Some(s) = stdin.as_mut() {
+                            if s.write_all(&data).is_err() {
+                                stdin = None;
+                            }
+                        }
+                    }
+                    Ok(ToInit::StdinEof) => stdin = None,
+                    Ok(ToInit::Signal(sig)) => {
+                        if let Ok(sig) = Signal::try_from(sig) {
+                            let _ = killpg(Pid::from_raw(pid), sig);
+                        }
+                    }
+                    Ok(_) => {}
+                    Err(_) => return,
+                }
+            }
+        })
+        .is_ok()
 }
 
 fn spawn_failed(program: &str, e: &io::Error) -> FromInit {

@@ -51,8 +51,28 @@ fn main() {
     server.accept_loop(move |stream, live| {
         let reaper = Arc::clone(&reaper);
         let server = Arc::clone(&for_serve);
-        std::thread::spawn(move || serve(stream, &reaper, &server, live));
+        spawn_or_run(move || serve(stream, &reaper, &server, live));
     });
+}
+
+/// Runs `job` on a new thread; when none can start (the sandbox is at its
+/// process limit, which counts init's threads too), runs it on this one, so
+/// the host is still answered.
+fn spawn_or_run(job: impl FnOnce() + Send + 'static) {
+    let slot = Arc::new(std::sync::Mutex::new(Some(job)));
+    let theirs = Arc::clone(&slot);
+    let started = std::thread::Builder::new().spawn(move || {
+        let job = theirs.lock().unwrap_or_else(|e| e.into_inner()).take();
+        if let Some(job) = job {
+            job();
+        }
+    });
+    if started.is_err() {
+        let job = slot.lock().unwrap_or_else(|e| e.into_inner()).take();
+        if let Some(job) = job {
+            job();
+        }
+    }
 }
 
 /// The listening socket the driver passed on fd [`LISTEN_FD`] (or
