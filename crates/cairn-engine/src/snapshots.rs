@@ -524,7 +524,7 @@ impl Engine {
         for a in self.db.artifacts(None)? {
             let Ok(h) = a.id.parse::<ChunkHash>() else { continue };
             let context = ReadContext::new().owner("artifact", h).path(a.path.clone());
-            let object: crate::pipeline::run::ArtifactObject =
+            let object: crate::pipeline::artifacts::ArtifactObject =
                 self.store.get_object(&h, &context).map_err(SnapshotError::from)?;
             live.push(h);
             live.extend(object.content.chunk_hashes());

@@ -1,8 +1,12 @@
 //! Pipelines: a file of stages that run in sandboxes forked from snapshots.
 //!
-//! This module holds the pipeline file format and its validation; the
-//! orchestrator that runs stages against the state store builds on it.
+//! `spec` parses and checks the file; `run` is the orchestrator (stage keys,
+//! attempts, checkpoints, retries, dead letters); `branches` runs branch
+//! groups and picks winners; `artifacts` collects files into the chunk
+//! store; `records` holds the rows all of it writes.
 
+pub mod artifacts;
+mod branches;
 pub mod records;
 pub mod run;
 pub mod spec;

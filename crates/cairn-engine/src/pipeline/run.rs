@@ -16,11 +16,9 @@ use std::sync::mpsc;
 use std::time::{Duration, Instant};
 
 use cairn_protocol::{ExecRequest, FileKind, FileMeta};
-use cairn_store::{ChunkHash, FileContent, Framed};
-use serde::{Deserialize, Serialize};
 
 use super::records::{ArtifactRecord, DeadLetter, RunRecord, StageRecord};
-use super::spec::{self, Branches, Metric, Pipeline, Selection, Stage};
+use super::spec::{self, Metric, Pipeline, Selection, Stage};
 use crate::sandboxes::CreateOptions;
 use crate::{now_ms, Engine, EngineError, Home, Silent};
 
@@ -42,20 +40,6 @@ pub enum RunError {
     NoSuchArtifact(String),
     #[error("--param takes KEY=VALUE, got {0:?}")]
     BadParam(String),
-}
-
-/// The chunk list of an artifact, stored as an object.
-#[derive(Debug, Clone, Serialize, Deserialize)]
-pub struct ArtifactObject {
-    pub path: String,
-    pub content: FileContent,
-}
-
-impl Framed for ArtifactObject {
-    const MAGIC: [u8; 8] = *b"CAIRNART";
-    const VERSION: u32 = 1;
-    const MAX_PAYLOAD: u64 = 64 << 20;
-    const NAME: &'static str = "artifact";
 }
 
 /// Receives progress of a run.
@@ -83,7 +67,7 @@ pub fn parse_params(raw: &[String]) -> Result<BTreeMap<String, String>, RunError
         .collect()
 }
 
-fn new_id(len: usize) -> String {
+pub(super) fn new_id(len: usize) -> String {
     let mut b = vec![0u8; len / 2];
     getrandom::getrandom(&mut b).expect("the kernel RNG is available");
     b.iter().map(|x| format!("{x:02x}")).collect()
@@ -270,7 +254,7 @@ impl Engine {
     /// One stage (or one branch of a group). `Some(output snapshot)` when it
     /// completed (now or before), `None` when it went to the dead letters.
     #[allow(clippy::too_many_arguments)]
-    fn run_stage(
+    pub(super) fn run_stage(
         &mut self,
         run: &RunRecord,
         p: &Pipeline,
@@ -624,173 +608,6 @@ impl Engine {
         Ok(Outcome::Succeeded { output: out.id, metric })
     }
 
-    fn collect_artifact(
-        &self,
-        client: &cairn_sandbox::client::InitClient,
-        run: &RunRecord,
-        stage: &Stage,
-        branch: &str,
-        path: &str,
-        snapshot: &str,
-    ) -> Result<(), EngineError> {
-        let tmp_dir = self
-            .home
-            .scratch()
-            .join(format!("{}-{}", std::process::id(), new_id(8)));
-        fs::create_dir_all(&tmp_dir).map_err(|e| RunError::Read(tmp_dir.clone(), e))?;
-        let tmp = tmp_dir.join("artifact");
-        let result = (|| -> Result<(), EngineError> {
-            let mut f = fs::File::create(&tmp).map_err(|e| RunError::Read(tmp.clone(), e))?;
-            client.get_file(path, &mut f)?;
-            let f = fs::File::open(&tmp).map_err(|e| RunError::Read(tmp.clone(), e))?;
-            let content = self.store.store_file(&f).map_err(crate::SnapshotError::from)?;
-            let hash = blake3::hash(&fs::read(&tmp).map_err(|e| RunError::Read(tmp.clone(), e))?)
-                .to_hex()
-                .to_string();
-            let size = content.size;
-            let object = ArtifactObject {
-                path: path.to_string(),
-                content,
-            };
-            let id = self.store.put_object(&object).map_err(crate::SnapshotError::from)?;
-            self.db.insert_artifact(&ArtifactRecord {
-                id: id.to_string(),
-                run_id: run.id.clone(),
-                stage: stage.name.clone(),
-                branch: branch.to_string(),
-                path: path.to_string(),
-                size_bytes: size,
-                content_hash: hash,
-                snapshot_id: snapshot.to_string(),
-            })?;
-            Ok(())
-        })();
-        let _ = fs::remove_dir_all(&tmp_dir);
-        result
-    }
-
-    /// A branch group: every hypothesis forks the input in parallel (each in
-    /// a thread with its own engine); the selection rule keeps one winner.
-    fn run_branches(
-        &mut self,
-        run: &RunRecord,
-        p: &Pipeline,
-        stage: &Stage,
-        branches: &Branches,
-        input: Option<&str>,
-        watch: &dyn RunWatcher,
-    ) -> Result<Option<String>, EngineError> {
-        if let Some(done) = self
-            .db
-            .stage(&run.id, &stage.name, "")?
-            .filter(|s| s.status == "completed")
-        {
-            return Ok(done.output_snapshot);
-        }
-        let home = self.home.clone();
-        let results: Vec<Result<Option<String>, String>> = std::thread::scope(|scope| {
-            let handles: Vec<_> = branches
-                .hypotheses
-                .iter()
-                .map(|h| {
-                    let home = home.clone();
-                    let name = h.get("name").cloned().unwrap_or_default();
-                    scope.spawn(move || -> Result<Option<String>, String> {
-                        let mut engine = Engine::open(Home::at(home.root())).map_err(|e| e.to_string())?;
-                        engine
-                            .run_stage(run, p, stage, &name, Some(h), input, watch)
-                            .map_err(|e| e.to_string())
-                    })
-                })
-                .collect();
-            handles
-                .into_iter()
-                .map(|h| h.join().unwrap_or_else(|_| Err("a branch panicked".into())))
-                .collect()
-        });
-        for r in &results {
-            if let Err(e) = r {
-                return Err(EngineError::Service {
-                    command: format!("branch of {}", stage.name),
-                    reason: e.clone(),
-                });
-            }
-        }
-        let rows: Vec<StageRecord> = self
-            .db
-            .stages_of(&run.id)?
-            .into_iter()
-            .filter(|s| s.stage == stage.name && !s.branch.is_empty())
-            .collect();
-        let done: Vec<&StageRecord> = rows.iter().filter(|s| s.status == "completed").collect();
-        let winner = match &branches.select {
-            Selection::FirstSuccess => done.iter().min_by_key(|s| s.ended_at.unwrap_or(i64::MAX)).copied(),
-            Selection::Min(_) => done
-                .iter()
-                .filter(|s| s.metric.is_some())
-                .min_by(|a, b| a.metric.unwrap().total_cmp(&b.metric.unwrap()))
-                .copied(),
-            Selection::Max(_) => done
-                .iter()
-                .filter(|s| s.metric.is_some())
-                .max_by(|a, b| a.metric.unwrap().total_cmp(&b.metric.unwrap()))
-                .copied(),
-        };
-        let rule = match &branches.select {
-            Selection::FirstSuccess => "first_success".to_string(),
-            Selection::Min(_) => "min".into(),
-            Selection::Max(_) => "max".into(),
-        };
-        let Some(winner) = winner else {
-            return Ok(None);
-        };
-        for s in &rows {
-            if s.branch == winner.branch {
-                continue;
-            }
-            let why = match (&s.status[..], s.metric) {
-                ("completed", Some(m)) => format!(
-                    "lost under {rule}: metric {m} against the winner's {}",
-                    winner.metric.unwrap_or(f64::NAN)
-                ),
-                ("completed", None) => format!("lost under {rule}: finished later than {}", winner.branch),
-                (status, _) => format!("lost: it ended {status}"),
-            };
-            self.db.event(
-                &run.id,
-                Some(&stage.name),
-                Some(&s.branch),
-                "lost",
-                &why,
-                s.output_snapshot.as_deref(),
-            )?;
-        }
-        let rec = StageRecord {
-            run_id: run.id.clone(),
-            stage: stage.name.clone(),
-            branch: String::new(),
-            stage_key: format!("{}#{}", stage.name, winner.stage_key),
-            status: "completed".into(),
-            attempts: 1,
-            input_snapshot: input.map(str::to_string),
-            output_snapshot: winner.output_snapshot.clone(),
-            sandbox_id: None,
-            started_at: rows.iter().filter_map(|s| s.started_at).min(),
-            ended_at: Some(now_ms()),
-            error: None,
-            metric: winner.metric,
-        };
-        let detail = format!(
-            "{} won under {rule}{}",
-            winner.branch,
-            winner.metric.map(|m| format!(" with {m}")).unwrap_or_default()
-        );
-        self.db
-            .put_stage(&rec, Some(("won", &detail, winner.output_snapshot.as_deref())))?;
-        watch.stage(&stage.name, &winner.branch, "won", &detail);
-        Ok(winner.output_snapshot.clone())
-    }
-
     /// Retries a dead letter: its stage runs again (from its newest
     /// checkpoint or its input, with fresh retries), then the rest of the run.
     pub fn retry_dead_letter(&mut self, key: &str, watch: &dyn RunWatcher) -> Result<RunRecord, EngineError> {
@@ -811,25 +628,6 @@ impl Engine {
         }
         self.db.mark_dead_letter_retried(&dl.id, now_ms())?;
         self.execute_run(&dl.run_id, watch)
-    }
-
-    /// Writes an artifact's content to `out`, verified chunk by chunk.
-    pub fn artifact_get(&self, key: &str, out: &mut dyn Write) -> Result<ArtifactRecord, EngineError> {
-        let a = self
-            .db
-            .artifacts(None)?
-            .into_iter()
-            .find(|a| a.id == key || (key.len() >= 4 && a.id.starts_with(key)))
-            .ok_or_else(|| RunError::NoSuchArtifact(key.to_string()))?;
-        let hash: ChunkHash = a.id.parse().map_err(|_| RunError::NoSuchArtifact(key.to_string()))?;
-        let ctx = cairn_store::ReadContext::new()
-            .owner("artifact", hash)
-            .path(a.path.clone());
-        let object: ArtifactObject = self.store.get_object(&hash, &ctx).map_err(crate::SnapshotError::from)?;
-        self.store
-            .read_to_writer(&object.content, out, &ctx)
-            .map_err(crate::SnapshotError::from)?;
-        Ok(a)
     }
 }
 

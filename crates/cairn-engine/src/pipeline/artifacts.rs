@@ -1,0 +1,93 @@
+//! Pipeline artifacts: files collected from a stage's sandbox into the
+//! chunk store, recorded with their size and hash.
+
+use std::fs;
+use std::io::Write;
+
+use cairn_store::{ChunkHash, FileContent, Framed};
+use serde::{Deserialize, Serialize};
+
+use super::records::{ArtifactRecord, RunRecord};
+use super::run::{new_id, RunError};
+use super::spec::Stage;
+use crate::{Engine, EngineError};
+
+/// The chunk list of an artifact, stored as an object.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct ArtifactObject {
+    pub path: String,
+    pub content: FileContent,
+}
+
+impl Framed for ArtifactObject {
+    const MAGIC: [u8; 8] = *b"CAIRNART";
+    const VERSION: u32 = 1;
+    const MAX_PAYLOAD: u64 = 64 << 20;
+    const NAME: &'static str = "artifact";
+}
+
+impl Engine {
+    pub(super) fn collect_artifact(
+        &self,
+        client: &cairn_sandbox::client::InitClient,
+        run: &RunRecord,
+        stage: &Stage,
+        branch: &str,
+        path: &str,
+        snapshot: &str,
+    ) -> Result<(), EngineError> {
+        let tmp_dir = self
+            .home
+            .scratch()
+            .join(format!("{}-{}", std::process::id(), new_id(8)));
+        fs::create_dir_all(&tmp_dir).map_err(|e| RunError::Read(tmp_dir.clone(), e))?;
+        let tmp = tmp_dir.join("artifact");
+        let result = (|| -> Result<(), EngineError> {
+            let mut f = fs::File::create(&tmp).map_err(|e| RunError::Read(tmp.clone(), e))?;
+            client.get_file(path, &mut f)?;
+            let f = fs::File::open(&tmp).map_err(|e| RunError::Read(tmp.clone(), e))?;
+            let content = self.store.store_file(&f).map_err(crate::SnapshotError::from)?;
+            let hash = blake3::hash(&fs::read(&tmp).map_err(|e| RunError::Read(tmp.clone(), e))?)
+                .to_hex()
+                .to_string();
+            let size = content.size;
+            let object = ArtifactObject {
+                path: path.to_string(),
+                content,
+            };
+            let id = self.store.put_object(&object).map_err(crate::SnapshotError::from)?;
+            self.db.insert_artifact(&ArtifactRecord {
+                id: id.to_string(),
+                run_id: run.id.clone(),
+                stage: stage.name.clone(),
+                branch: branch.to_string(),
+                path: path.to_string(),
+                size_bytes: size,
+                content_hash: hash,
+                snapshot_id: snapshot.to_string(),
+            })?;
+            Ok(())
+        })();
+        let _ = fs::remove_dir_all(&tmp_dir);
+        result
+    }
+
+    /// Writes an artifact's content to `out`, verified chunk by chunk.
+    pub fn artifact_get(&self, key: &str, out: &mut dyn Write) -> Result<ArtifactRecord, EngineError> {
+        let a = self
+            .db
+            .artifacts(None)?
+            .into_iter()
+            .find(|a| a.id == key || (key.len() >= 4 && a.id.starts_with(key)))
+            .ok_or_else(|| RunError::NoSuchArtifact(key.to_string()))?;
+        let hash: ChunkHash = a.id.parse().map_err(|_| RunError::NoSuchArtifact(key.to_string()))?;
+        let ctx = cairn_store::ReadContext::new()
+            .owner("artifact", hash)
+            .path(a.path.clone());
+        let object: ArtifactObject = self.store.get_object(&hash, &ctx).map_err(crate::SnapshotError::from)?;
+        self.store
+            .read_to_writer(&object.content, out, &ctx)
+            .map_err(crate::SnapshotError::from)?;
+        Ok(a)
+    }
+}

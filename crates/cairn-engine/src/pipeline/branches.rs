@@ -1,0 +1,131 @@
+//! Branch groups: hypotheses forked from one snapshot in parallel, and the
+//! selection rule that keeps one winner.
+
+use super::records::{RunRecord, StageRecord};
+use super::run::RunWatcher;
+use super::spec::{Branches, Pipeline, Selection, Stage};
+use crate::{now_ms, Engine, EngineError, Home};
+
+impl Engine {
+    /// A branch group: every hypothesis forks the input in parallel (each in
+    /// a thread with its own engine); the selection rule keeps one winner.
+    pub(super) fn run_branches(
+        &mut self,
+        run: &RunRecord,
+        p: &Pipeline,
+        stage: &Stage,
+        branches: &Branches,
+        input: Option<&str>,
+        watch: &dyn RunWatcher,
+    ) -> Result<Option<String>, EngineError> {
+        if let Some(done) = self
+            .db
+            .stage(&run.id, &stage.name, "")?
+            .filter(|s| s.status == "completed")
+        {
+            return Ok(done.output_snapshot);
+        }
+        let home = self.home.clone();
+        let results: Vec<Result<Option<String>, String>> = std::thread::scope(|scope| {
+            let handles: Vec<_> = branches
+                .hypotheses
+                .iter()
+                .map(|h| {
+                    let home = home.clone();
+                    let name = h.get("name").cloned().unwrap_or_default();
+                    scope.spawn(move || -> Result<Option<String>, String> {
+                        let mut engine = Engine::open(Home::at(home.root())).map_err(|e| e.to_string())?;
+                        engine
+                            .run_stage(run, p, stage, &name, Some(h), input, watch)
+                            .map_err(|e| e.to_string())
+                    })
+                })
+                .collect();
+            handles
+                .into_iter()
+                .map(|h| h.join().unwrap_or_else(|_| Err("a branch panicked".into())))
+                .collect()
+        });
+        for r in &results {
+            if let Err(e) = r {
+                return Err(EngineError::Service {
+                    command: format!("branch of {}", stage.name),
+                    reason: e.clone(),
+                });
+            }
+        }
+        let rows: Vec<StageRecord> = self
+            .db
+            .stages_of(&run.id)?
+            .into_iter()
+            .filter(|s| s.stage == stage.name && !s.branch.is_empty())
+            .collect();
+        let done: Vec<&StageRecord> = rows.iter().filter(|s| s.status == "completed").collect();
+        let winner = match &branches.select {
+            Selection::FirstSuccess => done.iter().min_by_key(|s| s.ended_at.unwrap_or(i64::MAX)).copied(),
+            Selection::Min(_) => done
+                .iter()
+                .filter(|s| s.metric.is_some())
+                .min_by(|a, b| a.metric.unwrap().total_cmp(&b.metric.unwrap()))
+                .copied(),
+            Selection::Max(_) => done
+                .iter()
+                .filter(|s| s.metric.is_some())
+                .max_by(|a, b| a.metric.unwrap().total_cmp(&b.metric.unwrap()))
+                .copied(),
+        };
+        let rule = match &branches.select {
+            Selection::FirstSuccess => "first_success".to_string(),
+            Selection::Min(_) => "min".into(),
+            Selection::Max(_) => "max".into(),
+        };
+        let Some(winner) = winner else {
+            return Ok(None);
+        };
+        for s in &rows {
+            if s.branch == winner.branch {
+                continue;
+            }
+            let why = match (&s.status[..], s.metric) {
+                ("completed", Some(m)) => format!(
+                    "lost under {rule}: metric {m} against the winner's {}",
+                    winner.metric.unwrap_or(f64::NAN)
+                ),
+                ("completed", None) => format!("lost under {rule}: finished later than {}", winner.branch),
+                (status, _) => format!("lost: it ended {status}"),
+            };
+            self.db.event(
+                &run.id,
+                Some(&stage.name),
+                Some(&s.branch),
+                "lost",
+                &why,
+                s.output_snapshot.as_deref(),
+            )?;
+        }
+        let rec = StageRecord {
+            run_id: run.id.clone(),
+            stage: stage.name.clone(),
+            branch: String::new(),
+            stage_key: format!("{}#{}", stage.name, winner.stage_key),
+            status: "completed".into(),
+            attempts: 1,
+            input_snapshot: input.map(str::to_string),
+            output_snapshot: winner.output_snapshot.clone(),
+            sandbox_id: None,
+            started_at: rows.iter().filter_map(|s| s.started_at).min(),
+            ended_at: Some(now_ms()),
+            error: None,
+            metric: winner.metric,
+        };
+        let detail = format!(
+            "{} won under {rule}{}",
+            winner.branch,
+            winner.metric.map(|m| format!(" with {m}")).unwrap_or_default()
+        );
+        self.db
+            .put_stage(&rec, Some(("won", &detail, winner.output_snapshot.as_deref())))?;
+        watch.stage(&stage.name, &winner.branch, "won", &detail);
+        Ok(winner.output_snapshot.clone())
+    }
+}
