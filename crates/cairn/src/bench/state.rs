@@ -1,0 +1,323 @@
+//! Benchmarks of snapshots, forks, restores, pipeline stages and the gvisor
+//! driver: the layer, store and orchestration side of `cairn bench`.
+
+use std::io::{self, Write};
+use std::time::{Duration, Instant};
+
+use anyhow::{bail, Result};
+use cairn_engine::{CreateOptions, Engine, Silent};
+use cairn_protocol::ExecRequest;
+
+use super::{summarize, Bench, Measurement, Which};
+
+/// A running sandbox and a snapshot of it, small or over a 2 GiB layer.
+struct Scenario {
+    name: &'static str,
+    sandbox: cairn_engine::SandboxRecord,
+    snapshot: cairn_engine::SnapshotRecord,
+}
+
+impl Bench {
+    fn scenario(&self, engine: &mut Engine, big: bool) -> Result<Scenario> {
+        let echo = |engine: &Engine, rec: &cairn_engine::SandboxRecord, cmd: &str| -> Result<()> {
+            let req = ExecRequest {
+                argv: vec!["sh".into(), "-c".into(), cmd.into()],
+                ..ExecRequest::default()
+            };
+            let start = engine.exec(rec, req)?.map_err(|f| anyhow::anyhow!(f.message))?;
+            match start.session.wait(&mut io::sink(), &mut io::sink())? {
+                Some(s) if s.code == Some(0) => Ok(()),
+                other => bail!("`{cmd}` failed in the sandbox: {other:?}"),
+            }
+        };
+        // Both scenarios have the same shape (a file in a lower layer from a
+        // snapshot, a running sandbox over it), so only the size differs.
+        let mut rec = engine.create_sandbox(&CreateOptions::default(), &Silent)?;
+        let count = if big { 2048 } else { 1 };
+        if big {
+            eprintln!("cairn bench: writing a 2 GiB file and snapshotting it (once)");
+        }
+        echo(
+            engine,
+            &rec,
+            &format!("mkdir -p /work && dd if=/dev/urandom of=/work/lower bs=1M count={count} 2>/dev/null"),
+        )?;
+        let lower = engine.snapshot(&rec, None)?;
+        let old = rec;
+        rec = engine.restore(&lower, &CreateOptions::default())?;
+        let old = engine.sandbox(&old.id)?;
+        engine.remove_sandbox(&old, true)?;
+        echo(engine, &rec, "seq 1 10000 > /work/small")?;
+        let snapshot = engine.snapshot(&rec, None)?;
+        Ok(Scenario {
+            name: if big { "2 GiB lower layer" } else { "1 MiB lower layer" },
+            sandbox: rec,
+            snapshot,
+        })
+    }
+
+    /// Time from asking to the first byte of `echo`'s output in `rec`.
+    fn first_echo(engine: &Engine, rec: &cairn_engine::SandboxRecord) -> Result<()> {
+        let req = ExecRequest {
+            argv: vec!["echo".into(), "hi".into()],
+            ..ExecRequest::default()
+        };
+        let start = engine.exec(rec, req)?.map_err(|f| anyhow::anyhow!(f.message))?;
+        let mut first = FirstByte(false);
+        start.session.wait(&mut first, &mut io::sink())?;
+        if !first.0 {
+            bail!("echo printed nothing");
+        }
+        Ok(())
+    }
+
+    pub(super) fn snapshots(&self, which: Which, runs: usize) -> Result<Vec<Measurement>> {
+        let mut engine = self.engine()?;
+        let mut out = Vec::new();
+        let mut medians = Vec::new();
+        for big in [false, true] {
+            let sc = self.scenario(&mut engine, big)?;
+            let mut samples = Vec::with_capacity(runs);
+            let mut stored = Vec::new();
+            for _ in 0..runs {
+                match which {
+                    Which::Snapshot => {
+                        let req = ExecRequest {
+                            argv: vec![
+                                "sh".into(),
+                                "-c".into(),
+                                "dd if=/dev/urandom of=/work/change bs=1M count=1 2>/dev/null".into(),
+                            ],
+                            ..ExecRequest::default()
+                        };
+                        let start = engine.exec(&sc.sandbox, req)?.map_err(|f| anyhow::anyhow!(f.message))?;
+                        start.session.wait(&mut io::sink(), &mut io::sink())?;
+                        let t0 = Instant::now();
+                        let snap = engine.snapshot(&engine.sandbox(&sc.sandbox.id)?, None)?;
+                        samples.push(t0.elapsed().as_secs_f64() * 1e3);
+                        stored.push(snap.stored_bytes as f64 / 1e6);
+                    }
+                    Which::Fork => {
+                        let t0 = Instant::now();
+                        let (_, forks) = engine.fork(&sc.sandbox.id, 1, &CreateOptions::default())?;
+                        Self::first_echo(&engine, &forks[0])?;
+                        samples.push(t0.elapsed().as_secs_f64() * 1e3);
+                        let f = engine.sandbox(&forks[0].id)?;
+                        engine.remove_sandbox(&f, true)?;
+                    }
+                    _ => {
+                        let t0 = Instant::now();
+                        let rec = engine.restore(&sc.snapshot, &CreateOptions::default())?;
+                        Self::first_echo(&engine, &rec)?;
+                        samples.push(t0.elapsed().as_secs_f64() * 1e3);
+                        let rec = engine.sandbox(&rec.id)?;
+                        engine.remove_sandbox(&rec, true)?;
+                    }
+                }
+            }
+            let (label, target) = match which {
+                Which::Snapshot => ("snapshot after a 1 MB change", 20.0),
+                Which::Fork => ("fork a live sandbox to first output", 15.0),
+                _ => ("restore a snapshot to first output", 15.0),
+            };
+            let m = summarize(&format!("{label} ({})", sc.name), "ms", samples, Some(target), true);
+            medians.push(m.median);
+            out.push(m);
+            if which == Which::Snapshot {
+                out.push(summarize(
+                    &format!("stored per 1 MB-change snapshot ({})", sc.name),
+                    "MB",
+                    stored,
+                    Some(1.05),
+                    true,
+                ));
+            }
+            if which == Which::Restore && big {
+                out.push(self.hundred_forks(&mut engine, &sc)?);
+            }
+            let rec = engine.sandbox(&sc.sandbox.id)?;
+            engine.remove_sandbox(&rec, true)?;
+        }
+        eprintln!(
+            "cairn bench: {which:?} 2 GiB / small median ratio {:.2} (target <= 1.2)",
+            medians[1] / medians[0]
+        );
+        Ok(out)
+    }
+
+    /// Disk space 100 live forks of the 2 GiB snapshot take.
+    fn hundred_forks(&self, engine: &mut Engine, sc: &Scenario) -> Result<Measurement> {
+        let free = || -> Result<u64> {
+            let st = nix::sys::statvfs::statvfs(self.home.path())?;
+            Ok(st.blocks_available() as u64 * st.fragment_size() as u64)
+        };
+        let before = free()?;
+        let mut forks = Vec::new();
+        for _ in 0..100 {
+            forks.push(engine.restore(&sc.snapshot, &CreateOptions::default())?);
+        }
+        let used = before.saturating_sub(free()?) as f64 / 1e6;
+        for f in forks {
+            let f = engine.sandbox(&f.id)?;
+            engine.remove_sandbox(&f, true)?;
+        }
+        Ok(summarize(
+            "disk added by 100 forks of the 2 GiB snapshot",
+            "MB",
+            vec![used],
+            Some(50.0),
+            true,
+        ))
+    }
+}
+
+impl Bench {
+    pub(super) fn stages(&self, runs: usize) -> Result<Vec<Measurement>> {
+        use cairn_engine::pipeline::run::Quiet;
+        let dir = self.home.path().join("pipelines");
+        std::fs::create_dir_all(&dir)?;
+        let mut engine = self.engine()?;
+        let (mut end_to_end, mut bookkeeping) = (Vec::new(), Vec::new());
+        for i in 0..runs {
+            let file = dir.join(format!("noop-{i}.toml"));
+            let text = format!(
+                "[pipeline]\nname = \"noop\"\nimage = \"busybox\"\n\n[[stage]]\nname = \"noop\"\nkey = \"noop-{}-{i}\"\nrun = [\"true\"]\n",
+                std::process::id()
+            );
+            std::fs::write(&file, text)?;
+            // A fresh key: fork, run `true`, snapshot, remove.
+            let run = engine.start_run(&file, &Default::default())?;
+            let t0 = Instant::now();
+            engine.execute_run(&run.id, &Quiet)?;
+            end_to_end.push(t0.elapsed().as_secs_f64() * 1e3);
+            // The same key again: only the orchestrator's records.
+            let run = engine.start_run(&file, &Default::default())?;
+            let t0 = Instant::now();
+            engine.execute_run(&run.id, &Quiet)?;
+            bookkeeping.push(t0.elapsed().as_secs_f64() * 1e3);
+        }
+        let (first, last) = engine.bench_stage_records(100_000, 1_000)?;
+        Ok(vec![
+            summarize(
+                "stages: no-op stage, ready to done (fork, run, snapshot, rm)",
+                "ms",
+                end_to_end,
+                None,
+                true,
+            ),
+            summarize(
+                "stages: dispatch overhead (records and key lookup per stage)",
+                "ms",
+                bookkeeping,
+                Some(5.0),
+                true,
+            ),
+            summarize(
+                "stages: 100,000 stage records, first 1,000",
+                "ms/1000",
+                vec![first],
+                None,
+                true,
+            ),
+            summarize(
+                "stages: 100,000 stage records, last 1,000",
+                "ms/1000",
+                vec![last],
+                None,
+                true,
+            ),
+        ])
+    }
+}
+
+impl Bench {
+    pub(super) fn gvisor(&self, runs: usize) -> Result<Vec<Measurement>> {
+        let mut engine = self.engine()?;
+        let opts = CreateOptions {
+            driver: Some("gvisor".into()),
+            ..CreateOptions::default()
+        };
+        let mut out = Vec::new();
+        for (name, churn) in [("fresh", 0u64), ("after 30 s of churn", 30)] {
+            let rec = engine.create_sandbox(&opts, &Silent)?;
+            let detach = |engine: &Engine, cmd: &str| -> Result<()> {
+                let req = ExecRequest {
+                    argv: vec!["sh".into(), "-c".into(), cmd.into()],
+                    detach: true,
+                    ..ExecRequest::default()
+                };
+                engine
+                    .exec(&engine.sandbox(&rec.id)?, req)?
+                    .map_err(|f| anyhow::anyhow!(f.message))?;
+                Ok(())
+            };
+            detach(
+                &engine,
+                "i=0; while true; do i=$((i+1)); echo $i > /tmp/count; sleep 1; done",
+            )?;
+            if churn > 0 {
+                eprintln!("cairn bench: {churn} s of a shell loop forking `sleep` ten times a second");
+                detach(&engine, "while true; do sleep 0.1; done")?;
+                std::thread::sleep(Duration::from_secs(churn));
+            }
+            let (mut snaps, mut restores, mut stored) = (Vec::new(), Vec::new(), Vec::new());
+            for _ in 0..runs {
+                let t0 = Instant::now();
+                let snap = engine.snapshot(&engine.sandbox(&rec.id)?, None)?;
+                snaps.push(t0.elapsed().as_secs_f64() * 1e3);
+                stored.push(snap.stored_bytes as f64 / 1e6);
+                let t0 = Instant::now();
+                let fork = engine.restore(&snap, &CreateOptions::default())?;
+                Self::first_echo(&engine, &fork)?;
+                restores.push(t0.elapsed().as_secs_f64() * 1e3);
+                let fork = engine.sandbox(&fork.id)?;
+                engine.remove_sandbox(&fork, true)?;
+            }
+            let first = stored.first().copied().unwrap_or(0.0);
+            out.push(summarize(
+                &format!("gvisor: memory snapshot, sandbox goes on ({name})"),
+                "ms",
+                snaps,
+                Some(if churn > 0 { 1000.0 } else { 300.0 }),
+                true,
+            ));
+            out.push(summarize(
+                &format!("gvisor: restore with memory to first output ({name})"),
+                "ms",
+                restores,
+                Some(if churn > 0 { 1000.0 } else { 200.0 }),
+                true,
+            ));
+            out.push(summarize(
+                &format!("gvisor: first snapshot stored ({name})"),
+                "MB",
+                vec![first],
+                None,
+                true,
+            ));
+            out.push(summarize(
+                &format!("gvisor: later snapshots stored ({name})"),
+                "MB",
+                stored[1..].to_vec(),
+                None,
+                true,
+            ));
+            let rec = engine.sandbox(&rec.id)?;
+            engine.remove_sandbox(&rec, true)?;
+        }
+        Ok(out)
+    }
+}
+
+/// Records whether anything was written.
+struct FirstByte(bool);
+
+impl Write for FirstByte {
+    fn write(&mut self, buf: &[u8]) -> io::Result<usize> {
+        self.0 |= !buf.is_empty();
+        Ok(buf.len())
+    }
+    fn flush(&mut self) -> io::Result<()> {
+        Ok(())
+    }
+}
