@@ -106,6 +106,8 @@ pub enum SnapshotError {
     NotSnapshottable { id: String, state: SandboxState },
     #[error("invalid label {0:?}: use 1 to 64 printable characters")]
     BadLabel(String),
+    #[error("snapshot {0} is a pipeline stage's output, checkpoint or dead letter; a run or a stage key needs it, so it stays")]
+    NeededByPipeline(String),
     #[error("fork needs a count of at least 1, got {0}")]
     BadCount(usize),
     #[error("cannot lock the chunk store ({path}): {source}")]
@@ -494,6 +496,9 @@ impl Engine {
     /// Forgets a snapshot. Its layers and chunks stay while anything else
     /// uses them; `cairn gc` reclaims the rest.
     pub fn remove_snapshot(&mut self, snap: &SnapshotRecord) -> Result<(), EngineError> {
+        if self.db.pipeline_snapshots()?.contains(&snap.id) {
+            return Err(SnapshotError::NeededByPipeline(snap.id.clone()).into());
+        }
         Ok(self.db.delete_snapshot(&snap.id)?)
     }
 

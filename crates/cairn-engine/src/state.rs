@@ -537,18 +537,23 @@ impl Db {
 
     /// Every layer id an image, a sandbox or a snapshot refers to.
     pub fn referenced_layers(&self) -> Result<HashSet<String>, StateError> {
-        let mut out = HashSet::new();
-        for sql in [
+        self.strings(&[
             "SELECT layer_id FROM image_layers",
             "SELECT layer_id FROM sandbox_layers",
             "SELECT layer_id FROM snapshot_layers",
-        ] {
-            let ids: Vec<String> = self
+        ])
+    }
+
+    /// The union of the single text column each query selects.
+    pub(crate) fn strings(&self, queries: &[&str]) -> Result<HashSet<String>, StateError> {
+        let mut out = HashSet::new();
+        for sql in queries {
+            let values: Vec<String> = self
                 .conn
-                .prepare(sql)?
+                .prepare_cached(sql)?
                 .query_map([], |r| r.get(0))?
                 .collect::<Result<_, _>>()?;
-            out.extend(ids);
+            out.extend(values);
         }
         Ok(out)
     }

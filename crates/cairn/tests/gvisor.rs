@@ -15,12 +15,6 @@ fn runsc_missing(test: &str) -> bool {
     false
 }
 
-fn count(home: &Home, id: &str) -> u64 {
-    (0..50)
-        .find_map(|_| home.ok(&["exec", id, "--", "cat", "/tmp/count"]).parse().ok())
-        .expect("a counter")
-}
-
 #[test]
 fn forks_of_a_memory_snapshot_keep_counting_from_where_it_was() {
     let name = "forks_of_a_memory_snapshot_keep_counting_from_where_it_was";
@@ -30,23 +24,15 @@ fn forks_of_a_memory_snapshot_keep_counting_from_where_it_was() {
     let home = Home::new();
     let id = home.ok(&["create", "--driver", "gvisor"]);
     // The counter and a nonce live only in the shell's memory.
-    home.ok(&[
-        "exec",
-        "-d",
-        &id,
-        "--",
-        "sh",
-        "-c",
-        "nonce=$RANDOM$RANDOM; i=0; while true; do i=$((i+1)); echo $i > /tmp/count; echo $nonce > /tmp/nonce; sleep 0.05; done",
-    ]);
+    home.sh_detached(&id, "nonce=$RANDOM$RANDOM; i=0; while true; do i=$((i+1)); echo $i > /tmp/count; echo $nonce > /tmp/nonce; sleep 0.05; done");
     std::thread::sleep(Duration::from_millis(400));
     let snap = home.ok(&["snapshot", &id, "--label", "mem"]);
-    let at_snapshot = count(&home, &id);
+    let at_snapshot = home.read_number(&id, "/tmp/count");
     let nonce = home.ok(&["exec", &id, "--", "cat", "/tmp/nonce"]);
     // The source keeps running after its snapshot.
     std::thread::sleep(Duration::from_millis(300));
     assert!(
-        count(&home, &id) > at_snapshot,
+        home.read_number(&id, "/tmp/count") > at_snapshot,
         "the snapshotted sandbox stopped counting"
     );
 
@@ -58,7 +44,7 @@ fn forks_of_a_memory_snapshot_keep_counting_from_where_it_was() {
     std::thread::sleep(Duration::from_millis(300));
     let mut randoms = Vec::new();
     for f in &forks {
-        let c = count(&home, f);
+        let c = home.read_number(f, "/tmp/count");
         // From where it was (within a few ticks of the snapshot), not from 0.
         assert!(
             c >= at_snapshot.saturating_sub(5),
@@ -70,7 +56,7 @@ fn forks_of_a_memory_snapshot_keep_counting_from_where_it_was() {
             "the in-memory nonce changed"
         );
         home.ok(&["exec", f, "--", "sh", "-c", &format!("echo {f} > /tmp/mine")]);
-        randoms.push(home.ok(&["exec", f, "--", "sh", "-c", "head -c 16 /dev/urandom | od -An -tx1"]));
+        randoms.push(home.sh(f, "head -c 16 /dev/urandom | od -An -tx1"));
         // The clock is the host's, within a second.
         let inside: i64 = home.ok(&["exec", f, "--", "date", "+%s"]).parse().unwrap();
         let host = std::time::SystemTime::now()

@@ -360,6 +360,11 @@ fn gc_keeps_artifacts_and_the_snapshots_runs_need() {
     let out = home.cairn(&["pipeline", "run", &file]);
     assert!(out.status.success(), "{}", stderr(&out));
     let v = show(&home, stdout(&out).trim());
+    // A stage's output stays: its key returns it to later runs.
+    let output = v["stages"][0]["output_snapshot"].as_str().unwrap();
+    let refused = home.cairn(&["snapshot", "rm", output]);
+    assert_eq!(refused.status.code(), Some(125));
+    assert!(stderr(&refused).contains("needs it"), "{}", stderr(&refused));
     home.ok(&["gc"]);
     std::fs::remove_dir_all(home.path().join("layers")).unwrap();
     assert_eq!(

@@ -149,14 +149,7 @@ fn a_sandbox_sees_only_its_own_processes_network_and_files() {
     home.ok(&["exec", "-d", &id, "--", "sleep", "1000"]);
 
     // Processes: init, the sleeper, and the shell asking.
-    let pids = home.ok(&[
-        "exec",
-        &id,
-        "--",
-        "sh",
-        "-c",
-        "ls -d /proc/[0-9]* | wc -l; cat /proc/1/cmdline",
-    ]);
+    let pids = home.sh(&id, "ls -d /proc/[0-9]* | wc -l; cat /proc/1/cmdline");
     let mut lines = pids.lines();
     let count: usize = lines.next().unwrap().trim().parse().unwrap();
     // init, the sleeper, the shell, and the ls and wc it forked.
@@ -173,14 +166,7 @@ fn a_sandbox_sees_only_its_own_processes_network_and_files() {
     assert!(!stdout(&out).contains("secret"));
 
     // Writes land in the sandbox's upper directory only.
-    home.ok(&[
-        "exec",
-        &id,
-        "--",
-        "sh",
-        "-c",
-        "echo new > /etc/added; rm /bin/vi; mkdir -p /opt/x",
-    ]);
+    home.sh(&id, "echo new > /etc/added; rm /bin/vi; mkdir -p /opt/x");
     let sandbox_dir = home.path().join("sandboxes").join(&id);
     assert_eq!(
         std::fs::read_to_string(sandbox_dir.join("upper/etc/added")).unwrap(),
@@ -365,15 +351,7 @@ fn detached_processes_keep_running_and_log_their_output() {
     }
     let home = Home::new();
     let id = home.ok(&["create"]);
-    home.ok(&[
-        "exec",
-        "-d",
-        &id,
-        "--",
-        "sh",
-        "-c",
-        "echo started; sleep 0.2; echo finished",
-    ]);
+    home.sh_detached(&id, "echo started; sleep 0.2; echo finished");
     let deadline = Instant::now() + Duration::from_secs(20);
     let mut logs = String::new();
     while !logs.contains("ended with status 0") && Instant::now() < deadline {

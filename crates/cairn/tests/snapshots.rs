@@ -115,14 +115,7 @@ fn forks_diverge_and_reset_rewinds() {
     }
     let home = Home::new();
     let id = home.ok(&["create", "--name", "origin"]);
-    home.ok(&[
-        "exec",
-        &id,
-        "--",
-        "sh",
-        "-c",
-        "echo base > /shared; echo keep > /deleted-later",
-    ]);
+    home.sh(&id, "echo base > /shared; echo keep > /deleted-later");
     let snap = home.ok(&["snapshot", &id, "--label", "start"]);
     let forks: Vec<String> = home
         .ok(&["fork", "start", "-n", "3"])
@@ -142,33 +135,19 @@ fn forks_diverge_and_reset_rewinds() {
     }
     for (i, f) in forks.iter().enumerate() {
         assert_eq!(home.ok(&["exec", f, "--", "cat", "/shared"]), format!("fork{i}"));
-        let listing = home.ok(&["exec", f, "--", "sh", "-c", "ls / | grep mine- || true"]);
+        let listing = home.sh(f, "ls / | grep mine- || true");
         assert_eq!(listing, format!("mine-{i}"), "fork {i} sees another fork's files");
     }
     assert_eq!(home.ok(&["exec", &id, "--", "cat", "/shared"]), "base");
 
     // Reset: files created after the snapshot go, deleted ones come back.
-    home.ok(&[
-        "exec",
-        &id,
-        "--",
-        "sh",
-        "-c",
-        "echo later > /created-later; rm /deleted-later; echo x > /shared",
-    ]);
+    home.sh(&id, "echo later > /created-later; rm /deleted-later; echo x > /shared");
     home.ok(&["exec", "-d", &id, "--", "sleep", "1000"]);
     assert_eq!(home.ok(&["reset", "origin", &snap[..10]]), id);
-    let after = home.ok(&[
-        "exec",
-        &id,
-        "--",
-        "sh",
-        "-c",
-        "ls /created-later 2>&1; cat /deleted-later /shared",
-    ]);
+    let after = home.sh(&id, "ls /created-later 2>&1; cat /deleted-later /shared");
     assert!(after.contains("No such file"), "{after}");
     assert!(after.ends_with("keep\nbase"), "{after}");
-    let procs = home.ok(&["exec", &id, "--", "sh", "-c", "ps -o comm | grep -cx sleep || true"]);
+    let procs = home.sh(&id, "ps -o comm | grep -cx sleep || true");
     assert_eq!(procs, "0", "the old processes survived the reset");
     assert_eq!(
         home.ps().iter().find(|s| s["id"] == id.as_str()).unwrap()["name"],
@@ -184,15 +163,7 @@ fn a_snapshot_taken_while_a_process_writes_is_consistent_and_the_process_goes_on
     let home = Home::new();
     let id = home.ok(&["create"]);
     // Shell builtins only: a and b are written in turn with the same number.
-    home.ok(&[
-        "exec",
-        "-d",
-        &id,
-        "--",
-        "sh",
-        "-c",
-        "i=0; while true; do i=$((i+1)); echo $i > /a; echo $i > /b; done",
-    ]);
+    home.sh_detached(&id, "i=0; while true; do i=$((i+1)); echo $i > /a; echo $i > /b; done");
     std::thread::sleep(Duration::from_millis(200));
     let mut last = 0u64;
     for _ in 0..8 {
@@ -209,23 +180,16 @@ fn a_snapshot_taken_while_a_process_writes_is_consistent_and_the_process_goes_on
             "inconsistent snapshot: a={a} b={b}"
         );
         home.ok(&["rm", "-f", &fork]);
-        let now = counter(&home, &id);
+        let now = home.read_number(&id, "/b");
         assert!(now >= last, "the writer went backwards");
         last = now;
     }
     std::thread::sleep(Duration::from_millis(100));
-    let later = counter(&home, &id);
+    let later = home.read_number(&id, "/b");
     assert!(
         later > last,
         "the writer stopped after the snapshots ({later} <= {last})"
     );
-}
-
-/// The writer's counter (a read can land between truncate and write).
-fn counter(home: &Home, id: &str) -> u64 {
-    (0..100)
-        .find_map(|_| home.ok(&["exec", id, "--", "cat", "/b"]).parse().ok())
-        .expect("the counter file stays readable")
 }
 
 #[test]
@@ -236,14 +200,7 @@ fn a_killed_snapshot_leaves_only_restorable_snapshots_and_gc_reclaims_its_chunks
     let home = Home::new();
     let id = home.ok(&["create"]);
     // One complete snapshot, whose storage gc must keep.
-    home.ok(&[
-        "exec",
-        &id,
-        "--",
-        "sh",
-        "-c",
-        "dd if=/dev/urandom of=/kept bs=1M count=2 2>/dev/null",
-    ]);
+    home.sh(&id, "dd if=/dev/urandom of=/kept bs=1M count=2 2>/dev/null");
     let kept = home.ok(&["snapshot", &id]);
     for round in 0..8u64 {
         home.ok(&[
@@ -284,7 +241,7 @@ fn a_killed_snapshot_leaves_only_restorable_snapshots_and_gc_reclaims_its_chunks
     for s in snaps.as_array().unwrap() {
         let fork = home.ok(&["restore", s["id"].as_str().unwrap()]);
         if s["id"] == kept.as_str() {
-            assert_eq!(home.ok(&["exec", &fork, "--", "sh", "-c", "wc -c < /kept"]), "2097152");
+            assert_eq!(home.sh(&fork, "wc -c < /kept"), "2097152");
         }
         home.ok(&["rm", "-f", &fork]);
     }
@@ -297,14 +254,7 @@ fn a_flipped_byte_in_a_chunk_makes_restore_fail_with_a_clear_error() {
     }
     let home = Home::new();
     let id = home.ok(&["create"]);
-    home.ok(&[
-        "exec",
-        &id,
-        "--",
-        "sh",
-        "-c",
-        "dd if=/dev/urandom of=/payload bs=1M count=2 2>/dev/null",
-    ]);
+    home.sh(&id, "dd if=/dev/urandom of=/payload bs=1M count=2 2>/dev/null");
     let snap = home.ok(&["snapshot", &id]);
     // Another host: nothing materialised locally; everything comes from the store.
     std::fs::remove_dir_all(home.path().join("layers")).unwrap();
@@ -406,6 +356,6 @@ fn a_chain_of_seventy_snapshots_still_restores() {
     // Past what overlay options in one page can name (about 38 layers here).
     assert_eq!(deepest["layers"].as_array().unwrap().len(), 71);
     let fork = home.ok(&["restore", &last]);
-    assert_eq!(home.ok(&["exec", &fork, "--", "sh", "-c", "ls / | grep -c '^f'"]), "70");
+    assert_eq!(home.sh(&fork, "ls / | grep -c '^f'"), "70");
     assert_eq!(home.ok(&["exec", &fork, "--", "cat", "/f1", "/f70"]), "1\n70");
 }

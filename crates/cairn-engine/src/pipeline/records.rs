@@ -414,24 +414,15 @@ impl Db {
         Ok(())
     }
 
-    /// Snapshot ids the pipeline records keep alive (outputs, checkpoints,
-    /// dead letters), for garbage collection.
-    pub fn pipeline_snapshots(&self) -> Result<Vec<String>, StateError> {
-        let mut out = Vec::new();
-        for sql in [
+    /// Snapshot ids the pipeline records need (stage outputs that keys
+    /// return, checkpoints retries restore, dead letters' snapshots).
+    pub fn pipeline_snapshots(&self) -> Result<std::collections::HashSet<String>, StateError> {
+        self.strings(&[
             "SELECT output_snapshot FROM stage_keys",
             "SELECT snapshot_id FROM checkpoints",
             "SELECT failure_snapshot FROM dead_letters WHERE failure_snapshot IS NOT NULL",
             "SELECT input_snapshot FROM dead_letters WHERE input_snapshot IS NOT NULL",
-        ] {
-            let ids: Vec<String> = self
-                .conn
-                .prepare(sql)?
-                .query_map([], |r| r.get(0))?
-                .collect::<Result<_, _>>()?;
-            out.extend(ids);
-        }
-        Ok(out)
+        ])
     }
 }
 

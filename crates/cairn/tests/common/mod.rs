@@ -122,6 +122,24 @@ impl Home {
         String::from_utf8_lossy(&out.stdout).trim().to_string()
     }
 
+    /// Runs a shell script in a sandbox, asserts success, returns its output.
+    pub fn sh(&self, id: &str, script: &str) -> String {
+        self.ok(&["exec", id, "--", "sh", "-c", script])
+    }
+
+    /// Starts a shell script in the background in a sandbox.
+    pub fn sh_detached(&self, id: &str, script: &str) -> String {
+        self.ok(&["exec", "-d", id, "--", "sh", "-c", script])
+    }
+
+    /// The number in a file a background process keeps rewriting (a read can
+    /// land between its truncate and its write).
+    pub fn read_number(&self, id: &str, path: &str) -> u64 {
+        (0..100)
+            .find_map(|_| self.ok(&["exec", id, "--", "cat", path]).parse().ok())
+            .unwrap_or_else(|| panic!("{path} never held a number"))
+    }
+
     /// Sandboxes as `cairn ps --json` reports them.
     pub fn ps(&self) -> Vec<serde_json::Value> {
         serde_json::from_str(&self.ok(&["ps", "--json"])).unwrap()
