@@ -91,7 +91,8 @@ pub struct Engine {
     layers: LayerStore,
     native: NativeDriver,
     /// The gVisor driver, or why it is not available here.
-    gvisor: Result<cairn_sandbox::gvisor::GvisorDriver, String>,
+    /// Made on first use: most commands never need it.
+    gvisor: std::sync::OnceLock<Result<cairn_sandbox::gvisor::GvisorDriver, String>>,
     init_binary: PathBuf,
     store: ChunkStore<LocalStore>,
     /// Sandboxes the reconciliation at open removed (reported by `gc`).
@@ -117,14 +118,12 @@ impl Engine {
             source,
         })?;
         let native = NativeDriver::new(&home.scope())?;
-        let gvisor = cairn_sandbox::gvisor::GvisorDriver::new(home.root().join("gvisor"), &home.scope())
-            .map_err(|e| e.to_string());
         let mut engine = Engine {
             home,
             db,
             layers,
             native,
-            gvisor,
+            gvisor: std::sync::OnceLock::new(),
             init_binary,
             store,
             reconciled: Vec::new(),

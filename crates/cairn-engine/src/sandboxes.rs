@@ -98,6 +98,10 @@ impl Engine {
 
     pub(crate) fn gvisor(&self) -> Result<&cairn_sandbox::gvisor::GvisorDriver, EngineError> {
         self.gvisor
+            .get_or_init(|| {
+                cairn_sandbox::gvisor::GvisorDriver::new(self.home.root().join("gvisor"), &self.home.scope())
+                    .map_err(|e| e.to_string())
+            })
             .as_ref()
             .map_err(|e| EngineError::DriverUnavailable(e.clone()))
     }
@@ -448,8 +452,19 @@ impl Engine {
             report.sandboxes_removed.push(rec.id.clone());
         }
         let known: HashSet<String> = self.db.sandboxes()?.into_iter().map(|r| r.id).collect();
+        // gVisor sandboxes no row accounts for: their runsc state goes too.
+        if self.home.root().join("gvisor").is_dir() {
+            if let Ok(gvisor) = self.gvisor() {
+                for id in gvisor.leftovers() {
+                    if !known.contains(&id) {
+                        gvisor.stop(&id, None)?;
+                        report.cgroups_released.push(id);
+                    }
+                }
+            }
+        }
         for id in self.native.leftovers() {
-            if !known.contains(&id) {
+            if !known.contains(&id) && !report.cgroups_released.contains(&id) {
                 self.native.stop(&id, None)?;
                 report.cgroups_released.push(id);
             }
