@@ -209,6 +209,17 @@ impl Driver for NativeDriver {
             let _ = nix::sys::signal::kill(nix::unistd::Pid::from_raw(p.pid), nix::sys::signal::Signal::SIGKILL);
         }
         cgroup.kill_all()?;
+        // PID 1 of a pid namespace finishes dying only after every process
+        // in the namespace is gone; stop returns once it has.
+        if let Some(p) = process {
+            let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+            while p.alive() {
+                if std::time::Instant::now() > deadline {
+                    return Err(SandboxError::Stop(format!("process {} outlived SIGKILL for 10 s", p.pid)));
+                }
+                std::thread::sleep(std::time::Duration::from_micros(500));
+            }
+        }
         cgroup.remove()?;
         Ok(())
     }
