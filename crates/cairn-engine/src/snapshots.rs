@@ -11,6 +11,7 @@
 
 use std::collections::HashSet;
 use std::fs::{self, File};
+use std::io::Seek;
 use std::path::Path;
 use std::time::Duration;
 
@@ -45,7 +46,46 @@ pub struct SnapshotManifest {
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct MemoryImage {
     pub driver: String,
-    pub files: Vec<(String, cairn_store::FileContent)>,
+    pub files: Vec<MemoryFile>,
+}
+
+/// One file of a checkpoint image.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct MemoryFile {
+    pub name: String,
+    pub form: MemoryForm,
+    pub content: cairn_store::FileContent,
+}
+
+/// How a checkpoint file's bytes are kept.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub enum MemoryForm {
+    /// As the driver wrote it.
+    AsWritten,
+    /// A gVisor state file unpacked: `content` is its inflated state
+    /// stream, `header` the bytes before its first chunk (see
+    /// `cairn_sandbox::gvisor::statefile`).
+    GvisorStateStream { header: Vec<u8> },
+}
+
+/// Version 2 manifests kept every checkpoint file as written.
+#[derive(Deserialize)]
+struct ManifestV2 {
+    parent: Option<ChunkHash>,
+    layers: Vec<LayerId>,
+    image: String,
+    driver: String,
+    services: Vec<String>,
+    label: Option<String>,
+    sandbox: String,
+    created_at_ms: i64,
+    memory: Option<MemoryImageV2>,
+}
+
+#[derive(Deserialize)]
+struct MemoryImageV2 {
+    driver: String,
+    files: Vec<(String, cairn_store::FileContent)>,
 }
 
 /// Version 1 manifests had no memory image.
@@ -63,16 +103,41 @@ struct ManifestV1 {
 
 impl Framed for SnapshotManifest {
     const MAGIC: [u8; 8] = *b"CAIRNSNP";
-    const VERSION: u32 = 2;
+    const VERSION: u32 = 3;
     const MAX_PAYLOAD: u64 = 16 << 20;
     const NAME: &'static str = "snapshot manifest";
 
     fn decode_older(version: u32, payload: &[u8]) -> Result<Self, cairn_store::FrameError> {
+        if version == 2 {
+            let v2: ManifestV2 = cairn_store::frame::decode_payload(Self::NAME, Self::MAX_PAYLOAD, payload)?;
+            return Ok(SnapshotManifest {
+                parent: v2.parent,
+                layers: v2.layers,
+                image: v2.image,
+                driver: v2.driver,
+                services: v2.services,
+                label: v2.label,
+                sandbox: v2.sandbox,
+                created_at_ms: v2.created_at_ms,
+                memory: v2.memory.map(|m| MemoryImage {
+                    driver: m.driver,
+                    files: m
+                        .files
+                        .into_iter()
+                        .map(|(name, content)| MemoryFile {
+                            name,
+                            form: MemoryForm::AsWritten,
+                            content,
+                        })
+                        .collect(),
+                }),
+            });
+        }
         if version != 1 {
             return Err(cairn_store::FrameError::UnsupportedOldVersion {
                 what: Self::NAME,
                 found: version,
-                supported: 2,
+                supported: 3,
             });
         }
         let v1: ManifestV1 = cairn_store::frame::decode_payload(Self::NAME, Self::MAX_PAYLOAD, payload)?;
@@ -342,11 +407,7 @@ impl Engine {
             .collect();
         names.sort();
         for name in names {
-            let f = File::open(scratch.path().join(&name)).map_err(|source| EngineError::Home {
-                path: scratch.path().join(&name),
-                source,
-            })?;
-            files.push((name, self.store.store_file(&f).map_err(SnapshotError::from)?));
+            files.push(self.store_memory_file(scratch.path(), name)?);
         }
         // The sandbox goes on where it stopped, as after any snapshot.
         let spec = self.spec(rec)?;
@@ -363,6 +424,35 @@ impl Engine {
         ))
     }
 
+    /// Stores one checkpoint file, a gVisor state file unpacked so that
+    /// checkpoints share what did not change.
+    fn store_memory_file(&self, dir: &Path, name: String) -> Result<MemoryFile, EngineError> {
+        let path = dir.join(&name);
+        let home = |path: &Path| {
+            let path = path.to_path_buf();
+            move |source| EngineError::Home { path, source }
+        };
+        let mut f = File::open(&path).map_err(home(&path))?;
+        let raw_path = dir.join(format!(".{name}.stream"));
+        let mut raw = File::options()
+            .read(true)
+            .write(true)
+            .create_new(true)
+            .open(&raw_path)
+            .map_err(home(&raw_path))?;
+        let unpacked = cairn_sandbox::gvisor::statefile::unpack(&mut f, &mut raw).map_err(home(&path));
+        let _ = fs::remove_file(&raw_path);
+        let (form, stored) = match unpacked? {
+            Some(header) => (MemoryForm::GvisorStateStream { header }, &raw),
+            None => (MemoryForm::AsWritten, &f),
+        };
+        let content = self
+            .store
+            .store_file_chunked(stored, cairn_store::ChunkSizes::FINE)
+            .map_err(SnapshotError::from)?;
+        Ok(MemoryFile { name, form, content })
+    }
+
     /// Writes a snapshot's memory image into a scratch directory.
     fn materialise_memory(
         &self,
@@ -374,18 +464,40 @@ impl Engine {
             source,
         })?;
         let hash: ChunkHash = snap.id.parse().map_err(|_| SnapshotError::NotFound(snap.id.clone()))?;
-        for (name, content) in &memory.files {
-            let path = scratch.path().join(name);
-            let f = File::create(&path).map_err(|source| EngineError::Home {
-                path: path.clone(),
-                source,
-            })?;
+        for file in &memory.files {
+            let path = scratch.path().join(&file.name);
+            let home = |path: &Path| {
+                let path = path.to_path_buf();
+                move |source| EngineError::Home { path, source }
+            };
             let context = ReadContext::new()
                 .owner("snapshot", hash)
-                .path(format!("memory image {name}"));
-            self.store
-                .restore_to_file(content, &f, &context)
-                .map_err(SnapshotError::from)?;
+                .path(format!("memory image {}", file.name));
+            match &file.form {
+                MemoryForm::AsWritten => {
+                    let f = File::create(&path).map_err(home(&path))?;
+                    self.store
+                        .restore_to_file(&file.content, &f, &context)
+                        .map_err(SnapshotError::from)?;
+                }
+                MemoryForm::GvisorStateStream { header } => {
+                    let raw_path = scratch.path().join(format!(".{}.stream", file.name));
+                    let mut raw = File::options()
+                        .read(true)
+                        .write(true)
+                        .create_new(true)
+                        .open(&raw_path)
+                        .map_err(home(&raw_path))?;
+                    self.store
+                        .restore_to_file(&file.content, &raw, &context)
+                        .map_err(SnapshotError::from)?;
+                    raw.seek(std::io::SeekFrom::Start(0)).map_err(home(&raw_path))?;
+                    let mut out = File::create(&path).map_err(home(&path))?;
+                    cairn_sandbox::gvisor::statefile::pack(header, &mut std::io::BufReader::new(raw), &mut out)
+                        .map_err(home(&path))?;
+                    fs::remove_file(&raw_path).map_err(home(&raw_path))?;
+                }
+            }
         }
         Ok(scratch)
     }
@@ -521,7 +633,7 @@ impl Engine {
             if let Ok(h) = snap.id.parse() {
                 live.push(h);
                 if let Some(memory) = self.manifest(&snap)?.memory {
-                    live.extend(memory.files.iter().flat_map(|(_, c)| c.chunk_hashes()));
+                    live.extend(memory.files.iter().flat_map(|f| f.content.chunk_hashes()));
                 }
             }
         }

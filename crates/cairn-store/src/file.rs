@@ -19,6 +19,30 @@ pub const MIN_CHUNK: u32 = 64 * 1024;
 pub const AVG_CHUNK: u32 = 256 * 1024;
 pub const MAX_CHUNK: u32 = 1024 * 1024;
 
+/// FastCDC bounds for one kind of data.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ChunkSizes {
+    pub min: u32,
+    pub avg: u32,
+    pub max: u32,
+}
+
+impl ChunkSizes {
+    /// Files in layers: large chunks, few objects.
+    pub const FILES: ChunkSizes = ChunkSizes {
+        min: MIN_CHUNK,
+        avg: AVG_CHUNK,
+        max: MAX_CHUNK,
+    };
+    /// Memory images, whose changes between two checkpoints are scattered
+    /// and small: chunks a few pages long, so unchanged pages are shared.
+    pub const FINE: ChunkSizes = ChunkSizes {
+        min: 4 * 1024,
+        avg: 16 * 1024,
+        max: 64 * 1024,
+    };
+}
+
 /// One chunk of a file and where it goes.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 pub struct ChunkRef {
@@ -92,7 +116,7 @@ impl<B: BlobStore> ChunkStore<B> {
     /// in memory.
     pub fn store_reader(&self, reader: impl Read) -> Result<FileContent, StoreError> {
         let mut content = FileContent::default();
-        self.store_region(reader, 0, &mut content)?;
+        self.store_region(reader, 0, ChunkSizes::FILES, &mut content)?;
         content.size = content.chunks.last().map_or(0, |c| c.offset + u64::from(c.len));
         Ok(content)
     }
@@ -100,6 +124,11 @@ impl<B: BlobStore> ChunkStore<B> {
     /// Stores a regular file, skipping holes found with SEEK_DATA/SEEK_HOLE
     /// (on filesystems without them the whole file is data).
     pub fn store_file(&self, file: &File) -> Result<FileContent, StoreError> {
+        self.store_file_chunked(file, ChunkSizes::FILES)
+    }
+
+    /// [`ChunkStore::store_file`] with chunks of the given sizes.
+    pub fn store_file_chunked(&self, file: &File, sizes: ChunkSizes) -> Result<FileContent, StoreError> {
         let read_err = |source| StoreError::ReadSource {
             context: Box::default(),
             source,
@@ -131,14 +160,20 @@ impl<B: BlobStore> ChunkStore<B> {
                 pos: data,
                 end: hole,
             };
-            self.store_region(reader, data, &mut content)?;
+            self.store_region(reader, data, sizes, &mut content)?;
             pos = hole.max(data + 1);
         }
         Ok(content)
     }
 
-    fn store_region(&self, reader: impl Read, base: u64, content: &mut FileContent) -> Result<(), StoreError> {
-        for chunk in StreamCDC::new(reader, MIN_CHUNK, AVG_CHUNK, MAX_CHUNK) {
+    fn store_region(
+        &self,
+        reader: impl Read,
+        base: u64,
+        sizes: ChunkSizes,
+        content: &mut FileContent,
+    ) -> Result<(), StoreError> {
+        for chunk in StreamCDC::new(reader, sizes.min, sizes.avg, sizes.max) {
             let chunk = chunk.map_err(|e| StoreError::ReadSource {
                 context: Box::default(),
                 source: match e {

@@ -22,7 +22,7 @@ mod local;
 
 pub use blob::{BlobError, BlobStore, IncompleteWrites, ObjectInfo, PutOutcome};
 pub use chunk::{ChunkStore, PutChunk, ReadContext, StoreError, MAX_OBJECT};
-pub use file::{ChunkRef, FileContent, AVG_CHUNK, MAX_CHUNK, MIN_CHUNK};
+pub use file::{ChunkRef, ChunkSizes, FileContent, AVG_CHUNK, MAX_CHUNK, MIN_CHUNK};
 pub use frame::{FrameError, Framed};
 pub use gc::{collect_garbage, GcReport};
 pub use hash::{ChunkHash, ParseChunkHashError};

@@ -12,6 +12,7 @@
 
 mod bundle;
 mod runsc;
+pub mod statefile;
 
 use std::fs;
 use std::io;

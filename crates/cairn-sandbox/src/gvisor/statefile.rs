@@ -1,0 +1,290 @@
+//! runsc's state file, unpacked for the chunk store and packed again for a
+//! restore.
+//!
+//! runsc writes its checkpoint (`checkpoint.img`) as gVisor's state file:
+//!
+//! ```text
+//! magic "gVisorSF" (8) | metadata length N (u64 BE) | metadata (N bytes of JSON)
+//! | [HMAC-SHA256 of the above (32), in runsc releases before 2023]
+//! | chunk size C (u32 BE) | { length L (u32 BE) | L bytes of raw DEFLATE }*
+//! ```
+//!
+//! where every DEFLATE chunk inflates to C bytes of the state stream (the
+//! last to at most C). Compressed that way, two checkpoints of one sandbox
+//! share almost no bytes even when its memory barely changed: one changed
+//! byte changes its whole 1 MiB chunk's output. Unpacked, the state stream
+//! is the kernel's objects and memory pages as they are, and the chunk
+//! store's content-defined chunks find what two checkpoints share.
+//!
+//! [`unpack`] keeps the header (everything before the first chunk) verbatim
+//! and writes the inflated stream; [`pack`] writes the header back and
+//! re-frames the stream in stored (uncompressed) DEFLATE blocks, which runsc
+//! reads at copying speed. A file in any other form (a keyed stream, an
+//! uncompressed one from a newer runsc, a different file) is not unpacked;
+//! the caller keeps it as it is.
+
+use std::fs::File;
+use std::io::{self, BufReader, BufWriter, Read, Seek, SeekFrom, Write};
+
+use flate2::read::DeflateDecoder;
+use flate2::write::DeflateEncoder;
+use flate2::Compression;
+
+const MAGIC: &[u8; 8] = b"gVisorSF";
+const MAX_METADATA: u64 = 16 << 20;
+const MAC_LEN: u64 = 32;
+const MIN_CHUNK: u32 = 4 << 10;
+const MAX_CHUNK: u32 = 64 << 20;
+
+/// Unpacks the state file `image` into `raw` and returns its header, or
+/// `None` (and nothing useful in `raw`) when `image` is not a state file
+/// this module knows. I/O errors on either side are errors.
+pub fn unpack(image: &mut File, raw: &mut File) -> io::Result<Option<Vec<u8>>> {
+    let len = image.metadata()?.len();
+    let Some(metadata_end) = metadata_end(image, len)? else {
+        return Ok(None);
+    };
+    // Releases before 2023 always follow the metadata with its MAC; later
+    // ones only when keyed. The first chunk tells which layout this is.
+    for mac in [MAC_LEN, 0] {
+        let header_len = metadata_end + mac + 4;
+        if header_len > len {
+            continue;
+        }
+        image.seek(SeekFrom::Start(metadata_end + mac))?;
+        let chunk_size = read_u32(image)?;
+        if !(MIN_CHUNK..=MAX_CHUNK).contains(&chunk_size) {
+            continue;
+        }
+        raw.set_len(0)?;
+        raw.seek(SeekFrom::Start(0))?;
+        if inflate_chunks(image, len, chunk_size, raw)? {
+            image.seek(SeekFrom::Start(0))?;
+            let mut header = vec![0; header_len as usize];
+            image.read_exact(&mut header)?;
+            raw.flush()?;
+            return Ok(Some(header));
+        }
+    }
+    raw.set_len(0)?;
+    Ok(None)
+}
+
+/// Writes a state file runsc can restore from: `header` as [`unpack`]
+/// returned it, then the stream from `raw` in stored DEFLATE chunks.
+pub fn pack(header: &[u8], raw: &mut impl Read, out: &mut impl Write) -> io::Result<()> {
+    if header.len() < 4 + 16 || &header[..8] != MAGIC {
+        return Err(io::Error::new(io::ErrorKind::InvalidData, "not a gVisor state file header"));
+    }
+    let chunk_size = u32::from_be_bytes(header[header.len() - 4..].try_into().expect("4 bytes"));
+    if !(MIN_CHUNK..=MAX_CHUNK).contains(&chunk_size) {
+        return Err(io::Error::new(
+            io::ErrorKind::InvalidData,
+            format!("state file header names a chunk size of {chunk_size} bytes"),
+        ));
+    }
+    let mut out = BufWriter::with_capacity(1 << 20, out);
+    out.write_all(header)?;
+    let mut chunk = vec![0; chunk_size as usize];
+    let mut framed = Vec::with_capacity(chunk_size as usize + chunk_size as usize / 1024 + 64);
+    loop {
+        let n = read_full(raw, &mut chunk)?;
+        if n == 0 {
+            break;
+        }
+        framed.clear();
+        let mut encoder = DeflateEncoder::new(&mut framed, Compression::none());
+        encoder.write_all(&chunk[..n])?;
+        encoder.finish()?;
+        out.write_all(&(framed.len() as u32).to_be_bytes())?;
+        out.write_all(&framed)?;
+        if n < chunk.len() {
+            break;
+        }
+    }
+    out.flush()
+}
+
+/// The offset just past the metadata, if `image` starts like a state file.
+fn metadata_end(image: &mut File, len: u64) -> io::Result<Option<u64>> {
+    if len < 16 {
+        return Ok(None);
+    }
+    image.seek(SeekFrom::Start(0))?;
+    let mut start = [0; 16];
+    image.read_exact(&mut start)?;
+    if &start[..8] != MAGIC {
+        return Ok(None);
+    }
+    let n = u64::from_be_bytes(start[8..].try_into().expect("8 bytes"));
+    if n > MAX_METADATA || 16 + n > len {
+        return Ok(None);
+    }
+    let mut json = vec![0; n as usize];
+    image.read_exact(&mut json)?;
+    let Ok(metadata) = serde_json::from_slice::<std::collections::BTreeMap<String, String>>(&json) else {
+        return Ok(None);
+    };
+    // Newer releases name the compression; only DEFLATE chunks are ours.
+    if metadata.get("compression").is_some_and(|c| c != "flate-best-speed") {
+        return Ok(None);
+    }
+    Ok(Some(16 + n))
+}
+
+/// Inflates the chunks from the current offset to `len` into `raw`.
+/// `Ok(false)` when they are not DEFLATE chunks of `chunk_size` bytes.
+fn inflate_chunks(image: &mut File, len: u64, chunk_size: u32, raw: &mut File) -> io::Result<bool> {
+    let mut offset = image.stream_position()?;
+    let mut input = BufReader::with_capacity(1 << 20, &mut *image);
+    let mut out = BufWriter::with_capacity(1 << 20, &mut *raw);
+    let mut chunk = Vec::with_capacity(chunk_size as usize);
+    let mut short = false;
+    while offset < len {
+        if short || offset + 4 > len {
+            return Ok(false);
+        }
+        let mut l = [0; 4];
+        input.read_exact(&mut l)?;
+        let l = u64::from(u32::from_be_bytes(l));
+        offset += 4;
+        if offset + l > len {
+            return Ok(false);
+        }
+        chunk.clear();
+        let mut decoder = DeflateDecoder::new((&mut input).take(l));
+        match (&mut decoder).take(u64::from(chunk_size) + 1).read_to_end(&mut chunk) {
+            Ok(_) => {}
+            Err(e) if e.kind() == io::ErrorKind::InvalidInput || e.kind() == io::ErrorKind::InvalidData => {
+                return Ok(false)
+            }
+            Err(e) => return Err(e),
+        }
+        // The DEFLATE data must fill its length exactly.
+        let mut rest = decoder.into_inner();
+        if rest.limit() != 0 {
+            let mut tail = Vec::new();
+            rest.read_to_end(&mut tail)?;
+            if !tail.is_empty() {
+                return Ok(false);
+            }
+        }
+        if chunk.len() > chunk_size as usize || chunk.is_empty() {
+            return Ok(false);
+        }
+        short = chunk.len() < chunk_size as usize;
+        out.write_all(&chunk)?;
+        offset += l;
+    }
+    out.flush()?;
+    Ok(true)
+}
+
+fn read_u32(r: &mut impl Read) -> io::Result<u32> {
+    let mut b = [0; 4];
+    r.read_exact(&mut b)?;
+    Ok(u32::from_be_bytes(b))
+}
+
+/// Reads until `buf` is full or the input ends; returns the bytes read.
+fn read_full(r: &mut impl Read, buf: &mut [u8]) -> io::Result<usize> {
+    let mut n = 0;
+    while n < buf.len() {
+        match r.read(&mut buf[n..]) {
+            Ok(0) => break,
+            Ok(k) => n += k,
+            Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+            Err(e) => return Err(e),
+        }
+    }
+    Ok(n)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A state file as runsc 2022 writes it: MAC after the metadata,
+    /// DEFLATE chunks at level 1.
+    fn state_file(stream: &[u8], chunk_size: u32, mac: bool) -> Vec<u8> {
+        let mut f = Vec::new();
+        let json = br#"{"_timestamp":"2026-11-30 03:37:45 +0000 UTC"}"#;
+        f.extend_from_slice(MAGIC);
+        f.extend_from_slice(&(json.len() as u64).to_be_bytes());
+        f.extend_from_slice(json);
+        if mac {
+            f.extend_from_slice(&[0xAB; 32]);
+        }
+        f.extend_from_slice(&chunk_size.to_be_bytes());
+        for piece in stream.chunks(chunk_size as usize) {
+            let mut e = DeflateEncoder::new(Vec::new(), Compression::fast());
+            e.write_all(piece).unwrap();
+            let c = e.finish().unwrap();
+            f.extend_from_slice(&(c.len() as u32).to_be_bytes());
+            f.extend_from_slice(&c);
+        }
+        f
+    }
+
+    fn stream(len: usize) -> Vec<u8> {
+        (0..len).map(|i| (i * 7 / 13 % 251) as u8).collect()
+    }
+
+    fn file_with(bytes: &[u8]) -> File {
+        let mut f = tempfile::tempfile().unwrap();
+        f.write_all(bytes).unwrap();
+        f.seek(SeekFrom::Start(0)).unwrap();
+        f
+    }
+
+    fn unpacked(image: &[u8]) -> Option<(Vec<u8>, Vec<u8>)> {
+        let mut raw = tempfile::tempfile().unwrap();
+        let header = unpack(&mut file_with(image), &mut raw).unwrap()?;
+        raw.seek(SeekFrom::Start(0)).unwrap();
+        let mut bytes = Vec::new();
+        raw.read_to_end(&mut bytes).unwrap();
+        Some((header, bytes))
+    }
+
+    #[test]
+    fn unpack_then_pack_gives_the_same_stream_in_stored_chunks() {
+        for (len, mac) in [(0, true), (1, true), (4096, true), (3 * 4096 + 17, true), (10_000, false)] {
+            let s = stream(len);
+            let image = state_file(&s, 4096, mac);
+            let (header, raw) = unpacked(&image).unwrap_or_else(|| panic!("len {len} mac {mac}"));
+            assert_eq!(raw, s);
+            assert_eq!(header, image[..header.len()]);
+            let mut packed = Vec::new();
+            pack(&header, &mut &raw[..], &mut packed).unwrap();
+            assert_eq!(packed[..header.len()], header[..]);
+            // Unpacking the packed file gives the stream once more.
+            let (h2, raw2) = unpacked(&packed).unwrap();
+            assert_eq!((h2, raw2), (header, s));
+        }
+    }
+
+    #[test]
+    fn other_files_are_left_alone() {
+        assert!(unpacked(b"").is_none());
+        assert!(unpacked(b"not a state file at all, just bytes").is_none());
+        let mut image = state_file(&stream(9000), 4096, true);
+        // A corrupted chunk is not ours to reinterpret.
+        let n = image.len();
+        image[n - 10] ^= 0xFF;
+        image.truncate(n - 3);
+        assert!(unpacked(&image).is_none());
+        // A newer runsc's uncompressed stream.
+        let json = br#"{"compression":"none"}"#;
+        let mut f = MAGIC.to_vec();
+        f.extend_from_slice(&(json.len() as u64).to_be_bytes());
+        f.extend_from_slice(json);
+        f.extend_from_slice(&4096u32.to_be_bytes());
+        assert!(unpacked(&f).is_none());
+    }
+
+    #[test]
+    fn a_header_that_is_not_one_is_refused() {
+        let err = pack(b"short", &mut &b""[..], &mut Vec::new()).unwrap_err();
+        assert_eq!(err.kind(), io::ErrorKind::InvalidData);
+    }
+}
