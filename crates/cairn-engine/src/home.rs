@@ -72,4 +72,12 @@ impl Home {
     pub fn scratch(&self) -> PathBuf {
         self.root.join("tmp")
     }
+    /// Local copies of memory snapshots' checkpoint images, as the driver
+    /// wrote them, so a restore on this host reads them directly.
+    pub fn memory_images(&self) -> PathBuf {
+        self.root.join("memory")
+    }
+    pub fn memory_image(&self, snapshot: &str) -> PathBuf {
+        self.memory_images().join(snapshot)
+    }
 }

@@ -492,6 +492,12 @@ mod tempfile_dir {
         pub fn path(&self) -> &Path {
             &self.0
         }
+        /// Moves the directory to `to` (same file system) and keeps it.
+        pub fn persist(self, to: &Path) -> std::io::Result<()> {
+            std::fs::rename(&self.0, to)?;
+            std::mem::forget(self);
+            Ok(())
+        }
     }
 
     impl Drop for ScratchDir {

@@ -488,6 +488,7 @@ impl Engine {
             }
         }
         self.layers.sweep_temporaries();
+        self.sweep_memory_images()?;
         let store = self.collect_chunks(&referenced)?;
         report.chunks_removed = store.deleted;
         report.bytes_freed = store.bytes_freed;

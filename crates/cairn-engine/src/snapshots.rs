@@ -281,8 +281,11 @@ impl Engine {
         };
         let written_before = self.store.bytes_written();
         let running = rec.state == SandboxState::Running;
+        let mut image_dir = None;
         let (captured, memory) = if running && self.driver_of(rec)?.capabilities().memory_snapshots {
-            self.capture_with_memory(rec, baseline.as_ref())?
+            let (captured, memory, dir) = self.capture_with_memory(rec, baseline.as_ref())?;
+            image_dir = Some(dir);
+            (captured, Some(memory))
         } else {
             let driver = self.driver_of(rec)?;
             if running {
@@ -336,6 +339,14 @@ impl Engine {
         // Only once the row exists: a baseline newer than the sandbox's last
         // snapshot would make the next one miss changes.
         write_baseline(&dir, &snap.id, &next_baseline);
+        if let Some(image) = image_dir {
+            // The image as the driver wrote it, for restores on this host;
+            // without it a restore rebuilds it from the store.
+            let cache = self.home.memory_image(&snap.id);
+            if fs::create_dir_all(self.home.memory_images()).is_ok() && !cache.exists() {
+                let _ = image.persist(&cache);
+            }
+        }
         Ok(snap)
     }
 
@@ -351,7 +362,14 @@ impl Engine {
                         driver,
                     });
                 }
-                Some(self.materialise_memory(snap, memory)?)
+                let cached = self.home.memory_image(&snap.id);
+                if memory.files.iter().all(|f| {
+                    fs::metadata(cached.join(&f.name)).is_ok_and(|m| m.is_file() && m.len() > 0)
+                }) {
+                    Some(MemoryDir::Cached(cached))
+                } else {
+                    Some(MemoryDir::Scratch(self.materialise_memory(snap, memory)?))
+                }
             }
             None => None,
         };
@@ -372,6 +390,7 @@ impl Engine {
 
     /// Checkpoints a sandbox whose driver keeps memory: the image and the
     /// files at one stopped instant, then the sandbox goes on from the image.
+    /// Returns the captured files, the stored image and the image directory.
     #[allow(clippy::type_complexity)]
     fn capture_with_memory(
         &self,
@@ -380,7 +399,8 @@ impl Engine {
     ) -> Result<
         (
             Result<(cairn_layers::archive::CapturedLayer, Baseline), cairn_layers::archive::ArchiveError>,
-            Option<MemoryImage>,
+            MemoryImage,
+            crate::images::ScratchDir,
         ),
         EngineError,
     > {
@@ -417,10 +437,11 @@ impl Engine {
         self.db.set_process(&rec.id, process.pid, process.start_time)?;
         Ok((
             captured,
-            Some(MemoryImage {
+            MemoryImage {
                 driver: rec.driver.clone(),
                 files,
-            }),
+            },
+            scratch,
         ))
     }
 
@@ -611,7 +632,24 @@ impl Engine {
         if self.db.pipeline_snapshots()?.contains(&snap.id) {
             return Err(SnapshotError::NeededByPipeline(snap.id.clone()).into());
         }
-        Ok(self.db.delete_snapshot(&snap.id)?)
+        self.db.delete_snapshot(&snap.id)?;
+        let _ = fs::remove_dir_all(self.home.memory_image(&snap.id));
+        Ok(())
+    }
+
+    /// Removes local memory images whose snapshot is gone.
+    pub(crate) fn sweep_memory_images(&self) -> Result<Vec<String>, EngineError> {
+        let known: HashSet<String> = self.db.snapshots()?.into_iter().map(|s| s.id).collect();
+        let mut removed = Vec::new();
+        if let Ok(entries) = fs::read_dir(self.home.memory_images()) {
+            for e in entries.flatten() {
+                let name = e.file_name().to_string_lossy().into_owned();
+                if !known.contains(&name) && fs::remove_dir_all(e.path()).is_ok() {
+                    removed.push(name);
+                }
+            }
+        }
+        Ok(removed)
     }
 
     /// Sweeps the chunk store (under the exclusive store lock): everything
@@ -679,6 +717,23 @@ fn remove_baselines(dir: &Path) {
             if e.file_name().to_string_lossy().starts_with("baseline-") {
                 let _ = fs::remove_file(e.path());
             }
+        }
+    }
+}
+
+/// Where a restore reads a memory image from.
+enum MemoryDir {
+    /// The local copy kept when the snapshot was taken.
+    Cached(std::path::PathBuf),
+    /// Rebuilt from the store; removed when dropped.
+    Scratch(crate::images::ScratchDir),
+}
+
+impl MemoryDir {
+    fn path(&self) -> &Path {
+        match self {
+            MemoryDir::Cached(p) => p,
+            MemoryDir::Scratch(s) => s.path(),
         }
     }
 }

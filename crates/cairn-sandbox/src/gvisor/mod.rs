@@ -15,7 +15,8 @@ mod runsc;
 pub mod statefile;
 
 use std::fs;
-use std::io;
+use std::fs::OpenOptions;
+use std::io::{self, Write};
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
@@ -28,6 +29,9 @@ use runsc::{Launch, Runsc};
 const READY_TIMEOUT: Duration = Duration::from_secs(20);
 /// How long init may take to end its connections before a checkpoint.
 const QUIESCE_TIMEOUT: Duration = Duration::from_secs(10);
+/// How long a restore waits for init to notice the restore mark before it
+/// signals init instead.
+const MARK_NOTICE: Duration = Duration::from_millis(100);
 
 #[derive(Debug, thiserror::Error)]
 pub enum GvisorError {
@@ -225,6 +229,20 @@ impl GvisorDriver {
         fs::write(&config_path, text).map_err(|e| GvisorError::io(format!("write {}", config_path.display()), e))?;
         let overlay_options = crate::native::overlay_options(spec).map_err(GvisorError::Bundle)?;
 
+        // A restored init that was quiesced listens again as soon as it sees
+        // its stdin grow: one byte more per restore.
+        let restore_mark = spec.dir.join("restore-mark");
+        let mut mark = OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(&restore_mark)
+            .map_err(|e| GvisorError::io(format!("open {}", restore_mark.display()), e))?;
+        if image.is_some() {
+            mark.write_all(b"r")
+                .map_err(|e| GvisorError::io(format!("write {}", restore_mark.display()), e))?;
+        }
+        drop(mark);
+
         let cgroup = self.cgroups.create(&spec.id, &spec.limits)?;
         let pid_file = state.join("sandbox.pid");
         let launch = Launch {
@@ -233,6 +251,7 @@ impl GvisorDriver {
             overlay_options: &overlay_options,
             cgroup_procs: &cgroup.procs_files(),
             console: &spec.console_log(),
+            restore_mark: &restore_mark,
         };
         let bundle_dir = spec.dir.as_os_str();
         match image {
@@ -266,7 +285,7 @@ impl GvisorDriver {
                     ],
                 )?;
                 // The image's init is quiesced (it was when checkpointed).
-                self.relisten_and_wait(&root, &spec.id, &spec.dir, "restore")?;
+                self.relisten_and_wait(&root, &spec.id, &spec.dir, "restore", true)?;
             }
         }
         let pid: i32 = fs::read_to_string(&pid_file)
@@ -314,7 +333,7 @@ impl GvisorDriver {
 
     /// After a failed checkpoint: init listens again, the sandbox runs on.
     fn resume_after_failed_checkpoint(&self, root: &Path, id: &str, dir: &Path) {
-        if let Err(e) = self.relisten_and_wait(root, id, dir, "a failed checkpoint") {
+        if let Err(e) = self.relisten_and_wait(root, id, dir, "a failed checkpoint", false) {
             tracing::warn!(sandbox = id, "init did not listen again after a failed checkpoint: {e}");
         }
     }
@@ -322,8 +341,21 @@ impl GvisorDriver {
     /// Signals a quiesced init to listen again until it answers. The signal
     /// is repeated because a delivery to a busy init was seen to be lost
     /// now and then; init discards repeats that arrive after it listens.
-    fn relisten_and_wait(&self, root: &Path, id: &str, dir: &Path, what: &'static str) -> Result<(), GvisorError> {
+    fn relisten_and_wait(
+        &self,
+        root: &Path,
+        id: &str,
+        dir: &Path,
+        what: &'static str,
+        marked: bool,
+    ) -> Result<(), GvisorError> {
         let deadline = Instant::now() + READY_TIMEOUT;
+        // After a restore, init notices the restore mark itself within a few
+        // milliseconds; the signal (a runsc start-up, 25-40 ms) is the
+        // fallback.
+        if marked && self.wait_ready_for(dir, what, MARK_NOTICE).is_ok() {
+            return Ok(());
+        }
         loop {
             self.relisten(root, id)?;
             let wait = Duration::from_secs(1).min(deadline.saturating_duration_since(Instant::now()));

@@ -40,6 +40,9 @@ pub struct Launch<'a> {
     pub cgroup_procs: &'a [PathBuf],
     /// Receives the sandbox's stdout and stderr, and runsc's own errors.
     pub console: &'a Path,
+    /// The sandbox's stdin: a file only the driver writes, one byte per
+    /// restore, which a quiesced init watches (see `GvisorDriver::restore`).
+    pub restore_mark: &'a Path,
 }
 
 impl Runsc {
@@ -123,9 +126,11 @@ impl Runsc {
         let options = cstring(OsStr::new(l.overlay_options))?;
         let console_len = std::fs::metadata(l.console).map(|m| m.len()).unwrap_or(0);
 
+        let mark = File::open(l.restore_mark)
+            .map_err(|e| GvisorError::io(format!("open {}", l.restore_mark.display()), e))?;
         let mut cmd = self.command(l.root);
         cmd.args(args)
-            .stdin(Stdio::null())
+            .stdin(mark)
             .stdout(console_for("stdout")?)
             .stderr(console_for("stderr")?);
         // SAFETY: the closure runs between fork and exec; it only makes

@@ -2,6 +2,7 @@
 //! driver: the layer, store and orchestration side of `cairn bench`.
 
 use std::io::{self, Write};
+use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
 use anyhow::{bail, Result};
@@ -304,8 +305,130 @@ impl Bench {
             ));
             let rec = engine.sandbox(&rec.id)?;
             engine.remove_sandbox(&rec, true)?;
+            let ours = [out[out.len() - 4].median, out[out.len() - 3].median];
+            match self.plain_runsc(name, churn, if churn > 0 { runs.min(5) } else { runs }) {
+                Ok(peer) => {
+                    eprintln!(
+                        "cairn bench: plain runsc / cairn ({name}): checkpoint {:.1}x, restore {:.1}x",
+                        peer[0].median / ours[0],
+                        peer[1].median / ours[1]
+                    );
+                    out.extend(peer);
+                }
+                Err(e) => eprintln!("cairn bench: no plain runsc figure ({name}): {e:#}"),
+            }
         }
         Ok(out)
+    }
+
+    /// The same job with the plain runsc CLI, as a user of runsc alone would
+    /// do it: `runsc run --detach` of the busybox root (read-only, /tmp in
+    /// memory) running the same counter loop (and churn), then for each run
+    /// `runsc checkpoint` and `runsc restore --detach` + `runsc exec echo`
+    /// to first output. Each restore takes a new container id (a checkpoint
+    /// leaves the old one stopped).
+    fn plain_runsc(&self, name: &str, churn: u64, runs: usize) -> Result<Vec<Measurement>> {
+        let runsc = super::which("runsc").ok_or_else(|| anyhow::anyhow!("runsc is not installed"))?;
+        let work = self.home.path().join(format!("plain-runsc-{churn}"));
+        let bundle = work.join("bundle");
+        let root = work.join("root");
+        std::fs::create_dir_all(&bundle)?;
+        std::fs::create_dir_all(&root)?;
+        let status = Command::new(&runsc).arg("spec").current_dir(&bundle).status()?;
+        if !status.success() {
+            bail!("runsc spec failed");
+        }
+        let path = bundle.join("config.json");
+        let mut spec: serde_json::Value = serde_json::from_slice(&std::fs::read(&path)?)?;
+        spec["root"] = serde_json::json!({ "path": self.layer, "readonly": true });
+        spec["process"]["terminal"] = false.into();
+        let mut script = "i=0; while true; do i=$((i+1)); echo $i > /tmp/count; sleep 1; done".to_string();
+        if churn > 0 {
+            script = format!("({script}) & while true; do sleep 0.1; done");
+        }
+        spec["process"]["args"] = serde_json::json!(["/bin/sh", "-c", script]);
+        if let Some(mounts) = spec["mounts"].as_array_mut() {
+            mounts.push(serde_json::json!({"destination": "/tmp", "type": "tmpfs", "source": "tmpfs"}));
+        }
+        std::fs::write(&path, serde_json::to_vec_pretty(&spec)?)?;
+        let runsc_cmd = |args: &[&std::ffi::OsStr]| {
+            let mut cmd = Command::new(&runsc);
+            cmd.arg("--root")
+                .arg(&root)
+                .args(["--platform", "ptrace", "--network", "none"])
+                .args(args)
+                .stdin(Stdio::null())
+                .stdout(Stdio::null())
+                .stderr(Stdio::piped());
+            cmd
+        };
+        let run_ok = |mut cmd: Command, what: &str| -> Result<()> {
+            let out = cmd.output()?;
+            if !out.status.success() {
+                bail!("runsc {what} failed: {}", String::from_utf8_lossy(&out.stderr).trim());
+            }
+            Ok(())
+        };
+        let id = |i: usize| format!("cairn-bench-{}-{churn}-{i}", std::process::id());
+        let mut ids = vec![id(0)];
+        let result = (|| -> Result<Vec<Measurement>> {
+            run_ok(
+                runsc_cmd(&["run".as_ref(), "--detach".as_ref(), "--bundle".as_ref(), bundle.as_os_str(), id(0).as_ref()]),
+                "run",
+            )?;
+            if churn > 0 {
+                eprintln!("cairn bench: plain runsc: {churn} s of the same churn");
+                std::thread::sleep(Duration::from_secs(churn));
+            } else {
+                std::thread::sleep(Duration::from_millis(500));
+            }
+            let (mut checkpoints, mut restores) = (Vec::new(), Vec::new());
+            for i in 0..runs {
+                let image = work.join(format!("image-{i}"));
+                let t0 = Instant::now();
+                run_ok(
+                    runsc_cmd(&["checkpoint".as_ref(), "--image-path".as_ref(), image.as_os_str(), id(i).as_ref()]),
+                    "checkpoint",
+                )?;
+                checkpoints.push(t0.elapsed().as_secs_f64() * 1e3);
+                ids.push(id(i + 1));
+                let t0 = Instant::now();
+                run_ok(
+                    runsc_cmd(&[
+                        "restore".as_ref(),
+                        "--detach".as_ref(),
+                        "--image-path".as_ref(),
+                        image.as_os_str(),
+                        "--bundle".as_ref(),
+                        bundle.as_os_str(),
+                        id(i + 1).as_ref(),
+                    ]),
+                    "restore",
+                )?;
+                let mut exec = runsc_cmd(&["exec".as_ref(), id(i + 1).as_ref(), "/bin/echo".as_ref(), "hi".as_ref()]);
+                exec.stdout(Stdio::piped());
+                let out = exec.output()?;
+                if !out.status.success() || out.stdout.is_empty() {
+                    bail!("runsc exec failed: {}", String::from_utf8_lossy(&out.stderr).trim());
+                }
+                restores.push(t0.elapsed().as_secs_f64() * 1e3);
+            }
+            Ok(vec![
+                summarize(&format!("gvisor: plain runsc checkpoint (peer, {name})"), "ms", checkpoints, None, true),
+                summarize(
+                    &format!("gvisor: plain runsc restore + exec echo (peer, {name})"),
+                    "ms",
+                    restores,
+                    None,
+                    true,
+                ),
+            ])
+        })();
+        for id in &ids {
+            let _ = runsc_cmd(&["delete".as_ref(), "--force".as_ref(), id.as_ref()]).output();
+        }
+        let _ = std::fs::remove_dir_all(&work);
+        result
     }
 }
 
