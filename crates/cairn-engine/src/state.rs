@@ -519,6 +519,14 @@ impl Db {
         Ok(())
     }
 
+    /// Whether the sandbox goes when its owner process dies.
+    pub fn set_auto_remove(&self, id: &str, auto_remove: bool) -> Result<(), StateError> {
+        self.conn
+            .prepare_cached("UPDATE sandboxes SET auto_remove = ?2 WHERE id = ?1")?
+            .execute(params![id, auto_remove])?;
+        Ok(())
+    }
+
     /// Makes `new` the owner of a sandbox if `old` still is (a
     /// compare-and-set); false when another process took it first.
     pub fn take_over(&self, id: &str, old: (i32, u64), new: (i32, u64)) -> Result<bool, StateError> {

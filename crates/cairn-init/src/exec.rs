@@ -20,7 +20,7 @@ use crate::spawn;
 
 /// How long output may keep flowing after the process exited (a background
 /// grandchild can hold the pipes open forever).
-const DRAIN_GRACE: Duration = Duration::from_millis(250);
+pub(crate) const DRAIN_GRACE: Duration = Duration::from_millis(250);
 
 pub fn run(
     req: ExecRequest,
@@ -242,7 +242,7 @@ fn host_frames(command: Receiver<(Option<File>, i32)>, mut reader: BufReader<Uni
         .is_ok()
 }
 
-fn spawn_failed(program: &str, e: &io::Error) -> FromInit {
+pub(crate) fn spawn_failed(program: &str, e: &io::Error) -> FromInit {
     let (kind, message) = match e.kind() {
         ErrorKind::NotFound => (SpawnErrorKind::NotFound, format!("{program}: command not found")),
         ErrorKind::PermissionDenied => (

@@ -11,6 +11,7 @@
 
 mod exec;
 mod files;
+mod jobs;
 mod listen;
 mod native;
 mod reaper;
@@ -210,6 +211,20 @@ fn serve(stream: UnixStream, reaper: &Reaper, server: &Server, live: Arc<Live>) 
                 write_frame(&mut writer, &reply)?;
                 writer.flush()?;
             }
+            ToInit::StartJob { name, request } => {
+                let mut stream = writer.into_inner().map_err(|e| e.into_error())?;
+                jobs::JOBS.start(name, request, reaper, &mut stream)?;
+            }
+            ToInit::AttachJob {
+                name,
+                stdout_from,
+                stderr_from,
+            } => {
+                // A quiesce shuts this connection down; the follower notices
+                // within a tenth of a second and lets go of it.
+                let mut stream = writer.into_inner().map_err(|e| e.into_error())?;
+                jobs::JOBS.attach(&name, [stdout_from, stderr_from], &mut stream)?;
+            }
             ToInit::Restored { unix_time_ns, entropy } => {
                 let reply = match files::restored(unix_time_ns, &entropy) {
                     Ok(()) => FromInit::Done,
@@ -250,5 +265,7 @@ fn name(msg: &ToInit) -> &'static str {
         ToInit::End => "End",
         ToInit::Restored { .. } => "Restored",
         ToInit::Quiesce => "Quiesce",
+        ToInit::StartJob { .. } => "StartJob",
+        ToInit::AttachJob { .. } => "AttachJob",
     }
 }

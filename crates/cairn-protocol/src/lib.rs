@@ -67,6 +67,19 @@ pub enum ToInit {
     /// this one. Init listens again on SIGUSR2. Only an init that binds its
     /// own socket (`CAIRN_INIT_LISTEN_PATH`, the gVisor driver) can do this.
     Quiesce,
+    /// Start a named job: a process whose output init keeps and whose end
+    /// any later connection can wait for ([`ToInit::AttachJob`]). Answered
+    /// with [`FromInit::Started`], [`FromInit::SpawnFailed`] or an error when
+    /// the name is taken. `request.stdin` and `request.detach` are ignored.
+    StartJob { name: String, request: ExecRequest },
+    /// Follow a job: [`FromInit::Started`], then its stdout and stderr from
+    /// these byte offsets as they come, then [`FromInit::Exited`]. An error
+    /// when init has no job of that name.
+    AttachJob {
+        name: String,
+        stdout_from: u64,
+        stderr_from: u64,
+    },
 }
 
 /// A reply or stream item sent by cairn-init.

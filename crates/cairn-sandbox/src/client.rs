@@ -113,6 +113,48 @@ impl InitClient {
     }
 
     /// Signals any process in the sandbox.
+    /// Starts a named job (see [`ToInit::StartJob`]); returns its pid.
+    pub fn start_job(&self, name: &str, request: ExecRequest) -> Result<Result<i32, SpawnFailure>, ClientError> {
+        let (_stream, mut reader) = self.open(&ToInit::StartJob {
+            name: name.to_string(),
+            request,
+        })?;
+        match self.read(&mut reader)? {
+            FromInit::Started { pid } => Ok(Ok(pid)),
+            FromInit::SpawnFailed { kind, message } => Ok(Err(SpawnFailure { kind, message })),
+            FromInit::Error(e) => Err(ClientError::Refused(e)),
+            other => Err(ClientError::Unexpected(format!("{other:?}"))),
+        }
+    }
+
+    /// Follows job `name` from the given output offsets: `None` when init
+    /// has no such job, else a session whose `wait` streams the rest of its
+    /// output and returns its exit status.
+    pub fn attach_job(
+        &self,
+        name: &str,
+        stdout_from: u64,
+        stderr_from: u64,
+    ) -> Result<Option<ExecSession>, ClientError> {
+        let (stream, mut reader) = self.open(&ToInit::AttachJob {
+            name: name.to_string(),
+            stdout_from,
+            stderr_from,
+        })?;
+        match self.read(&mut reader)? {
+            FromInit::Started { pid } => Ok(Some(ExecSession {
+                pid,
+                detached: false,
+                writer: Arc::new(Mutex::new(stream)),
+                reader,
+                client: self.clone(),
+            })),
+            FromInit::Error(e) if e.starts_with("no job named") => Ok(None),
+            FromInit::Error(e) => Err(ClientError::Refused(e)),
+            other => Err(ClientError::Unexpected(format!("{other:?}"))),
+        }
+    }
+
     pub fn kill(&self, pid: i32, signal: i32) -> Result<(), ClientError> {
         let (_stream, mut reader) = self.open(&ToInit::Kill { pid, signal })?;
         self.expect_done(&mut reader)

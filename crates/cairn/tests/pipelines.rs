@@ -380,3 +380,70 @@ fn gc_keeps_artifacts_and_the_snapshots_runs_need() {
     let sb = home.ok(&["restore", last["output_snapshot"].as_str().unwrap()]);
     assert_eq!(home.ok(&["exec", &sb, "--", "cat", "/work/flaky"]), "attempt 3");
 }
+
+const LONG_COMMAND: &str = r#"
+[pipeline]
+name = "reattach"
+image = "busybox"
+
+[[stage]]
+name = "long"
+key = "long-reattach-v1"
+run = ["mkdir -p /work; echo start >> /work/trail; sleep 3; echo done >> /work/trail; echo finished"]
+artifacts = ["/work/trail"]
+"#;
+
+#[test]
+fn a_resumed_run_reattaches_to_the_command_still_running_in_its_sandbox() {
+    if skip("a_resumed_run_reattaches_to_the_command_still_running_in_its_sandbox") {
+        return;
+    }
+    let home = Home::new();
+    let file = write(&home, "p.toml", LONG_COMMAND);
+    let mut child = home
+        .command(&["pipeline", "run", &file])
+        .stdout(Stdio::piped())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    // Wait until the command runs, then kill the orchestrator.
+    let deadline = Instant::now() + Duration::from_secs(60);
+    let run = loop {
+        assert!(Instant::now() < deadline, "the stage never started");
+        let runs: serde_json::Value = serde_json::from_str(&home.ok(&["runs", "--json"])).unwrap();
+        if let Some(id) = runs.as_array().and_then(|a| a.first()).and_then(|r| r["id"].as_str()) {
+            let v = show(&home, id);
+            if v["stages"][0]["status"] == "running" {
+                std::thread::sleep(Duration::from_millis(500));
+                break id.to_string();
+            }
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    };
+    child.kill().unwrap();
+    child.wait().unwrap();
+    // The stage's sandbox outlives the orchestrator, its command still running.
+    let sandbox = show(&home, &run)["stages"][0]["sandbox_id"]
+        .as_str()
+        .unwrap()
+        .to_string();
+    let ids = |home: &Home| -> Vec<String> {
+        home.ps()
+            .iter()
+            .map(|s| s["id"].as_str().unwrap().to_string())
+            .collect()
+    };
+    assert!(ids(&home).contains(&sandbox), "{:?} lacks {sandbox}", ids(&home));
+    let out = home.cairn(&["pipeline", "resume", &run]);
+    assert!(out.status.success(), "{}", stderr(&out));
+    let v = show(&home, &run);
+    assert_eq!(v["run"]["status"], "completed", "{v}");
+    assert_eq!(events(&v, "reattached").len(), 1, "{v}");
+    assert!(events(&v, "resumed").is_empty(), "the attempt was not discarded: {v}");
+    // The command ran once, from start to end, across the two orchestrators.
+    let trail = home.ok(&["artifact", "get", v["artifacts"][0]["id"].as_str().unwrap()]);
+    assert_eq!(trail, "start\ndone");
+    assert!(home.ok(&["logs", &run, "long"]).contains("finished"));
+    // Its sandbox went with the attempt.
+    assert!(!ids(&home).contains(&sandbox));
+}

@@ -40,6 +40,8 @@ pub enum RunError {
     NoSuchArtifact(String),
     #[error("--param takes KEY=VALUE, got {0:?}")]
     BadParam(String),
+    #[error("{0}")]
+    Lost(String),
 }
 
 /// Receives progress of a run.
@@ -298,57 +300,93 @@ impl Engine {
             watch.stage(&stage.name, branch, "reused", &detail);
             return Ok(Some(output));
         }
-        // A cut-short attempt (the orchestrator died) is discarded with its sandbox.
+        // An attempt cut short (the orchestrator died) goes on in its
+        // sandbox if that still runs: its commands are init's jobs, which
+        // outlived the orchestrator. Otherwise it is discarded with its
+        // sandbox and the stage resumes from its newest checkpoint.
+        let mut reattach = None;
         if let Some(sandbox) = rec.sandbox_id.take().filter(|_| rec.status == "running") {
-            // It did not fail: the orchestrator stopped. It costs no retry.
-            rec.attempts = rec.attempts.saturating_sub(1);
-            if let Ok(sb) = self.sandbox(&sandbox) {
-                let _ = self.remove_sandbox(&sb, true);
+            match self.live_sandbox(&sandbox) {
+                Some(sb) => {
+                    self.db.event(
+                        &run.id,
+                        Some(&stage.name),
+                        Some(branch),
+                        "reattached",
+                        &format!("attempt {} goes on in sandbox {sandbox}", rec.attempts),
+                        None,
+                    )?;
+                    watch.stage(&stage.name, branch, "running", "re-attached to its sandbox");
+                    rec.sandbox_id = Some(sandbox);
+                    reattach = Some(sb);
+                }
+                None => {
+                    // It did not fail: the orchestrator stopped. It costs no retry.
+                    rec.attempts = rec.attempts.saturating_sub(1);
+                    if let Ok(sb) = self.sandbox(&sandbox) {
+                        let _ = self.remove_sandbox(&sb, true);
+                    }
+                    self.db.event(
+                        &run.id,
+                        Some(&stage.name),
+                        Some(branch),
+                        "resumed",
+                        &format!("discarded the interrupted attempt in sandbox {sandbox}"),
+                        None,
+                    )?;
+                }
             }
-            self.db.event(
-                &run.id,
-                Some(&stage.name),
-                Some(branch),
-                "resumed",
-                &format!("discarded the interrupted attempt in sandbox {sandbox}"),
-                None,
-            )?;
         }
         // A stage gets 1 + retries attempts each time it starts afresh (new,
         // or retried from the dead-letter queue); attempts keep counting.
         let limit = if rec.status == "pending" { rec.attempts } else { 0 } + stage.retries + 1;
-        while rec.attempts < limit {
-            rec.attempts += 1;
-            let checkpoint = self.db.newest_checkpoint(&run.id, &stage.name, branch)?;
-            let from = checkpoint.clone().or(input.map(str::to_string));
-            // Owned by this process: if it dies mid-attempt, the next Cairn
-            // command removes the sandbox (the attempt is redone anyway).
-            let opts = CreateOptions {
-                image: p.image.clone(),
-                auto_remove: true,
-                ..CreateOptions::default()
-            };
-            let sandbox = match &from {
-                Some(snap) => {
-                    let snap = self.snapshot_record(snap)?;
-                    self.restore(&snap, &opts)?
+        loop {
+            let (sandbox, fresh, reattached) = match reattach.take() {
+                Some(sb) => {
+                    let fresh = self.db.newest_checkpoint(&run.id, &stage.name, branch)?.is_none();
+                    (sb, fresh, true)
                 }
-                None => self.create_sandbox(&opts, &Silent)?,
+                None => {
+                    if rec.attempts >= limit {
+                        break;
+                    }
+                    rec.attempts += 1;
+                    let checkpoint = self.db.newest_checkpoint(&run.id, &stage.name, branch)?;
+                    let from = checkpoint.clone().or(input.map(str::to_string));
+                    // Owned by this process until the stage row names it: if
+                    // the process dies before, the next Cairn command removes it.
+                    let opts = CreateOptions {
+                        image: p.image.clone(),
+                        auto_remove: true,
+                        ..CreateOptions::default()
+                    };
+                    let sandbox = match &from {
+                        Some(snap) => {
+                            let snap = self.snapshot_record(snap)?;
+                            self.restore(&snap, &opts)?
+                        }
+                        None => self.create_sandbox(&opts, &Silent)?,
+                    };
+                    rec.status = "running".into();
+                    rec.sandbox_id = Some(sandbox.id.clone());
+                    let detail = match (&checkpoint, input) {
+                        (Some(c), _) => format!("attempt {} restores checkpoint {}", rec.attempts, &c[..12]),
+                        (None, Some(i)) => format!("attempt {} forks {}", rec.attempts, &i[..12.min(i.len())]),
+                        (None, None) => format!(
+                            "attempt {} starts from image {}",
+                            rec.attempts,
+                            p.image.as_deref().unwrap_or("busybox")
+                        ),
+                    };
+                    let kind = if rec.attempts > 1 { "retry" } else { "forked" };
+                    self.db.put_stage(&rec, Some((kind, &detail, from.as_deref())))?;
+                    // The stage row owns the sandbox now: it outlives this
+                    // process, and a resume re-attaches to it.
+                    self.db.set_auto_remove(&sandbox.id, false)?;
+                    watch.stage(&stage.name, branch, "running", &detail);
+                    (sandbox, checkpoint.is_none(), false)
+                }
             };
-            rec.status = "running".into();
-            rec.sandbox_id = Some(sandbox.id.clone());
-            let detail = match (&checkpoint, input) {
-                (Some(c), _) => format!("attempt {} restores checkpoint {}", rec.attempts, &c[..12]),
-                (None, Some(i)) => format!("attempt {} forks {}", rec.attempts, &i[..12.min(i.len())]),
-                (None, None) => format!(
-                    "attempt {} starts from image {}",
-                    rec.attempts,
-                    p.image.as_deref().unwrap_or("busybox")
-                ),
-            };
-            let kind = if rec.attempts > 1 { "retry" } else { "forked" };
-            self.db.put_stage(&rec, Some((kind, &detail, from.as_deref())))?;
-            watch.stage(&stage.name, branch, "running", &detail);
             let outcome = self.attempt(
                 run,
                 p,
@@ -356,9 +394,18 @@ impl Engine {
                 branch,
                 hypothesis,
                 &sandbox,
-                (checkpoint.is_none(), rec.attempts),
+                Attempt {
+                    fresh,
+                    number: rec.attempts,
+                    reattached,
+                },
                 watch,
             )?;
+            // This process owns the sandbox again until it is gone: dying
+            // in between leaves it to the next Cairn command to remove.
+            self.db.set_auto_remove(&sandbox.id, true)?;
+            let me = crate::sandboxes::me();
+            self.db.set_owner(&sandbox.id, me.0, me.1)?;
             if let Ok(sb) = self.sandbox(&sandbox.id) {
                 self.remove_sandbox(&sb, true)?;
             }
@@ -428,7 +475,11 @@ impl Engine {
         branch: &str,
         hypothesis: Option<&BTreeMap<String, String>>,
         sandbox: &crate::SandboxRecord,
-        (fresh, attempt): (bool, u32),
+        Attempt {
+            fresh,
+            number: attempt,
+            reattached,
+        }: Attempt,
         watch: &dyn RunWatcher,
     ) -> Result<Outcome, EngineError> {
         let client = self.client(sandbox)?;
@@ -453,7 +504,11 @@ impl Engine {
                 failure_snapshot,
             })
         };
-        if fresh {
+        let job = |i: usize| format!("{}.{}.{branch}.{attempt}.{i}", run.id, stage.name);
+        // Edits go first; a re-attached attempt whose first command started
+        // has them already.
+        let started = reattached && client.attach_job(&job(0), u64::MAX, u64::MAX)?.is_some();
+        if fresh && !started {
             for edit in &stage.edits {
                 let parent = Path::new(&edit.path)
                     .parent()
@@ -509,22 +564,39 @@ impl Engine {
                 ));
                 break;
             }
-            let req = ExecRequest {
-                argv: vec!["/bin/sh".into(), "-c".into(), cmd.clone()],
-                env: vec![
-                    ("CAIRN_RUN".into(), run.id.clone()),
-                    ("CAIRN_STAGE".into(), stage.name.clone()),
-                    ("CAIRN_BRANCH".into(), branch.into()),
-                    ("CAIRN_ATTEMPT".into(), attempt.to_string()),
-                ],
-                timeout_ms: left.map(|l| l.as_millis() as u64),
-                ..ExecRequest::default()
-            };
-            let session = match client.exec(req)? {
-                Ok(s) => s,
-                Err(f) => {
-                    failure = Some(format!("command {} did not start: {}", i + 1, f.message));
-                    break;
+            // Each command is a job of init's: it outlives this process, and
+            // a resumed orchestrator follows it from the start of its output.
+            let session = match client.attach_job(&job(i), 0, 0)? {
+                Some(s) => {
+                    let note = format!(
+                        "[cairn: re-attached to command {}; its output follows from the start]\n",
+                        i + 1
+                    );
+                    let _ = log.write_all(note.as_bytes());
+                    s
+                }
+                None => {
+                    let req = ExecRequest {
+                        argv: vec!["/bin/sh".into(), "-c".into(), cmd.clone()],
+                        env: vec![
+                            ("CAIRN_RUN".into(), run.id.clone()),
+                            ("CAIRN_STAGE".into(), stage.name.clone()),
+                            ("CAIRN_BRANCH".into(), branch.into()),
+                            ("CAIRN_ATTEMPT".into(), attempt.to_string()),
+                        ],
+                        timeout_ms: left.map(|l| l.as_millis() as u64),
+                        ..ExecRequest::default()
+                    };
+                    if let Err(f) = client.start_job(&job(i), req)? {
+                        failure = Some(format!("command {} did not start: {}", i + 1, f.message));
+                        break;
+                    }
+                    client.attach_job(&job(i), 0, 0)?.ok_or_else(|| {
+                        EngineError::from(RunError::Lost(format!(
+                            "init lost job {} right after starting it",
+                            job(i)
+                        )))
+                    })?
                 }
             };
             let mut err_log = log.try_clone().map_err(|e| RunError::Read(self.run_dir(&run.id), e))?;
@@ -606,6 +678,14 @@ impl Engine {
             }
         }
         Ok(Outcome::Succeeded { output: out.id, metric })
+    }
+
+    /// The sandbox if it runs and its init answers.
+    fn live_sandbox(&self, id: &str) -> Option<crate::SandboxRecord> {
+        let sb = self.sandbox(id).ok()?;
+        let client = self.client(&sb).ok()?;
+        client.ping(Duration::from_secs(5)).ok()?;
+        Some(sb)
     }
 
     /// Retries a dead letter: its stage runs again (from its newest
@@ -740,4 +820,13 @@ impl Engine {
         self.db.delete_run(&run.id)?;
         Ok((first, last))
     }
+}
+
+/// Which attempt of a stage runs, and how.
+struct Attempt {
+    /// Started from the stage's input (not a checkpoint): edits apply.
+    fresh: bool,
+    number: u32,
+    /// Resumed in the sandbox of an orchestrator that died.
+    reattached: bool,
 }

@@ -1,0 +1,276 @@
+//! Named jobs: commands that outlive the connection that started them.
+//!
+//! A pipeline stage's commands run for hours; the orchestrator that started
+//! them may die and come back. A job is started with a name, runs with its
+//! output kept by init (the newest [`KEEP`] bytes of each stream), and any
+//! later connection attaches to it by name from byte offsets, receiving the
+//! output it has not seen yet and, once the job ended, its exit status.
+//! Jobs live as long as init.
+
+use std::collections::HashMap;
+use std::fs::File;
+use std::io::{ErrorKind, Read, Write};
+use std::os::fd::AsFd;
+use std::os::unix::net::UnixStream;
+use std::sync::{Arc, Condvar, Mutex};
+use std::time::Duration;
+
+use cairn_protocol::{encode_frame, write_frame, ExecRequest, ExitStatus, FrameError, FromInit, DATA_CHUNK};
+use nix::poll::{poll, PollFd, PollFlags, PollTimeout};
+use nix::sys::signal::{killpg, Signal};
+use nix::unistd::Pid;
+
+use crate::reaper::Reaper;
+use crate::spawn;
+
+/// Bytes of each output stream a job keeps for attaching clients.
+pub const KEEP: usize = 8 << 20;
+
+/// Init's jobs.
+pub static JOBS: std::sync::LazyLock<Jobs> = std::sync::LazyLock::new(Jobs::default);
+
+#[derive(Default)]
+pub struct Jobs {
+    table: Mutex<HashMap<String, Arc<Job>>>,
+}
+
+struct Job {
+    pid: i32,
+    state: Mutex<JobState>,
+    changed: Condvar,
+}
+
+#[derive(Default)]
+struct JobState {
+    streams: [Stream; 2],
+    /// Output pipes still open.
+    open: usize,
+    status: Option<ExitStatus>,
+    /// Set a grace period after the exit: a background grandchild may hold
+    /// the pipes for ever, and the job is over all the same.
+    drained: bool,
+}
+
+/// The tail of one output stream: `data` holds bytes `[start, start+len)`.
+#[derive(Default)]
+struct Stream {
+    start: u64,
+    data: Vec<u8>,
+}
+
+impl Stream {
+    fn end(&self) -> u64 {
+        self.start + self.data.len() as u64
+    }
+
+    fn push(&mut self, bytes: &[u8]) {
+        self.data.extend_from_slice(bytes);
+        if self.data.len() > KEEP {
+            let drop = self.data.len() - KEEP;
+            self.data.drain(..drop);
+            self.start += drop as u64;
+        }
+    }
+}
+
+impl JobState {
+    fn finished(&self) -> bool {
+        self.status.is_some() && (self.open == 0 || self.drained)
+    }
+}
+
+impl Jobs {
+    /// Starts job `name`; answers `Started`, `SpawnFailed` or an error when
+    /// the name is taken.
+    pub fn start(
+        &self,
+        name: String,
+        req: ExecRequest,
+        reaper: &Reaper,
+        writer: &mut UnixStream,
+    ) -> Result<(), FrameError> {
+        let reply = self.start_job(name, req, reaper);
+        write_frame(writer, &reply)
+    }
+
+    fn start_job(&self, name: String, req: ExecRequest, reaper: &Reaper) -> FromInit {
+        if req.argv.is_empty() {
+            return FromInit::Error("no command given".into());
+        }
+        if name.is_empty() || name.len() > 200 {
+            return FromInit::Error("a job name has 1 to 200 bytes".into());
+        }
+        let mut table = self.table.lock().unwrap_or_else(|e| e.into_inner());
+        if table.contains_key(&name) {
+            return FromInit::Error(format!("a job named {name:?} exists; attach to it instead"));
+        }
+        let cwd = req.cwd.clone().unwrap_or_else(|| "/".into());
+        let started = reaper.spawn(|| {
+            spawn::spawn(&req.argv, &req.env, &cwd, spawn::Stdio::Piped { stdin: false }).map(|c| (c.pid, c))
+        });
+        let (mut child, pid, exited) = match started {
+            Ok(x) => x,
+            Err(e) => return crate::exec::spawn_failed(&req.argv[0], &e),
+        };
+        let job = Arc::new(Job {
+            pid,
+            state: Mutex::new(JobState {
+                open: 2,
+                ..JobState::default()
+            }),
+            changed: Condvar::new(),
+        });
+        let pipes = [child.stdout.take(), child.stderr.take()];
+        for (i, pipe) in pipes.into_iter().enumerate() {
+            let job = Arc::clone(&job);
+            let pumped = std::thread::Builder::new().spawn(move || pump(pipe, &job, i));
+            if pumped.is_err() {
+                let _ = killpg(Pid::from_raw(pid), Signal::SIGKILL);
+                return FromInit::Error(
+                    "the sandbox is at its process limit (--pids): init cannot start a thread for this job".into(),
+                );
+            }
+        }
+        let waiter = Arc::clone(&job);
+        let timeout = req.timeout_ms.map(Duration::from_millis);
+        let watched = std::thread::Builder::new().spawn(move || {
+            let status = match timeout {
+                None => exited.recv().ok(),
+                Some(t) => match exited.recv_timeout(t) {
+                    Ok(s) => Some(s),
+                    Err(_) => {
+                        let _ = killpg(Pid::from_raw(pid), Signal::SIGKILL);
+                        exited.recv().ok().map(|mut s| {
+                            s.timed_out = true;
+                            s
+                        })
+                    }
+                },
+            };
+            let mut state = waiter.state.lock().unwrap_or_else(|e| e.into_inner());
+            state.status = Some(status.unwrap_or(ExitStatus {
+                code: None,
+                signal: None,
+                timed_out: false,
+            }));
+            waiter.changed.notify_all();
+            let (mut state, _) = waiter
+                .changed
+                .wait_timeout_while(state, crate::exec::DRAIN_GRACE, |s| s.open > 0)
+                .unwrap_or_else(|e| e.into_inner());
+            state.drained = true;
+            waiter.changed.notify_all();
+        });
+        if watched.is_err() {
+            let _ = killpg(Pid::from_raw(pid), Signal::SIGKILL);
+            return FromInit::Error("init cannot start a thread for this job".into());
+        }
+        table.insert(name, job);
+        FromInit::Started { pid }
+    }
+
+    /// Streams job `name`'s output from the given offsets, then its exit
+    /// status; follows a running job until it ends or the host hangs up.
+    pub fn attach(&self, name: &str, from: [u64; 2], writer: &mut UnixStream) -> Result<(), FrameError> {
+        let job = self.table.lock().unwrap_or_else(|e| e.into_inner()).get(name).cloned();
+        let Some(job) = job else {
+            return write_frame(writer, &FromInit::Error(format!("no job named {name:?}")));
+        };
+        write_frame(writer, &FromInit::Started { pid: job.pid })?;
+        let mut sent = from;
+        let mut buf = Vec::new();
+        loop {
+            let (chunks, status) = {
+                let mut state = job.state.lock().unwrap_or_else(|e| e.into_inner());
+                while !state.finished() && state.streams.iter().zip(sent).all(|(s, at)| s.end() <= at) {
+                    let (s, _) = job
+                        .changed
+                        .wait_timeout(state, Duration::from_millis(100))
+                        .unwrap_or_else(|e| e.into_inner());
+                    state = s;
+                    if host_gone(writer) {
+                        return Ok(());
+                    }
+                }
+                let mut chunks = Vec::new();
+                for (i, s) in state.streams.iter().enumerate() {
+                    if sent[i] < s.start {
+                        let note = format!("[cairn: {} bytes of output were not kept]\n", s.start - sent[i]);
+                        chunks.push((i, note.into_bytes()));
+                        sent[i] = s.start;
+                    }
+                    let at = (sent[i] - s.start) as usize;
+                    for piece in s.data[at.min(s.data.len())..].chunks(DATA_CHUNK) {
+                        chunks.push((i, piece.to_vec()));
+                    }
+                    sent[i] = s.end();
+                }
+                (chunks, state.finished().then_some(state.status).flatten())
+            };
+            for (i, data) in chunks {
+                let msg = if i == 0 {
+                    FromInit::Stdout(data)
+                } else {
+                    FromInit::Stderr(data)
+                };
+                buf.clear();
+                encode_frame(&msg, &mut buf)?;
+                writer.write_all(&buf)?;
+            }
+            if let Some(status) = status {
+                return write_frame(writer, &FromInit::Exited(status));
+            }
+        }
+    }
+}
+
+/// Whether the host closed (or shut down) its end: it sends nothing after
+/// `AttachJob`, so anything readable is the end.
+fn host_gone(stream: &UnixStream) -> bool {
+    let mut fds = [PollFd::new(
+        stream.as_fd(),
+        PollFlags::POLLIN | PollFlags::from_bits_retain(libc::POLLRDHUP),
+    )];
+    match poll(&mut fds, PollTimeout::ZERO) {
+        Ok(0) => false,
+        Ok(_) => fds[0].revents().is_some_and(|r| !r.is_empty()),
+        Err(_) => true,
+    }
+}
+
+fn pump(pipe: Option<File>, job: &Job, stream: usize) {
+    if let Some(mut src) = pipe {
+        let mut buf = vec![0u8; DATA_CHUNK];
+        loop {
+            match src.read(&mut buf) {
+                Ok(0) => break,
+                Ok(n) => {
+                    let mut state = job.state.lock().unwrap_or_else(|e| e.into_inner());
+                    state.streams[stream].push(&buf[..n]);
+                    job.changed.notify_all();
+                }
+                Err(e) if e.kind() == ErrorKind::Interrupted => {}
+                Err(_) => break,
+            }
+        }
+    }
+    let mut state = job.state.lock().unwrap_or_else(|e| e.into_inner());
+    state.open -= 1;
+    job.changed.notify_all();
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_stream_keeps_its_newest_bytes_and_counts_the_rest() {
+        let mut s = Stream::default();
+        s.push(&vec![1u8; KEEP - 10]);
+        s.push(&[2u8; 30]);
+        assert_eq!(s.data.len(), KEEP);
+        assert_eq!(s.start, 20);
+        assert_eq!(s.end(), (KEEP + 20) as u64);
+        assert_eq!(*s.data.last().unwrap(), 2);
+    }
+}
