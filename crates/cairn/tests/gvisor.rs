@@ -83,3 +83,55 @@ fn forks_of_a_memory_snapshot_keep_counting_from_where_it_was() {
     assert!(home.ps().is_empty());
     assert!(home.host_mounts().is_empty(), "{:?}", home.host_mounts());
 }
+
+#[test]
+fn a_second_checkpoint_stores_what_changed_and_restores_from_the_store_alone() {
+    let name = "a_second_checkpoint_stores_what_changed_and_restores_from_the_store_alone";
+    if skip(name) || runsc_missing(name) {
+        return;
+    }
+    let home = Home::new();
+    let id = home.ok(&["create", "--driver", "gvisor"]);
+    home.sh_detached(&id, "i=0; while true; do i=$((i+1)); echo $i > /tmp/count; sleep 0.05; done");
+    std::thread::sleep(Duration::from_millis(300));
+    let first = home.ok(&["snapshot", &id]);
+    home.ok(&["exec", &id, "--", "sh", "-c", "echo changed > /tmp/note"]);
+    let second = home.ok(&["snapshot", &id]);
+    let at_second = home.read_number(&id, "/tmp/count");
+    let snaps: Vec<serde_json::Value> = serde_json::from_str(&home.ok(&["snapshots", "--json"])).unwrap();
+    let stored = |snap: &str| {
+        snaps
+            .iter()
+            .find(|s| s["id"] == snap)
+            .and_then(|s| s["stored_bytes"].as_u64())
+            .unwrap()
+    };
+    // The image is unpacked before chunking: unchanged memory is shared.
+    assert!(
+        stored(&second) * 3 < stored(&first),
+        "second checkpoint stored {} bytes, the first {}",
+        stored(&second),
+        stored(&first)
+    );
+    // Without the local copy of the image, a restore rebuilds it from the store.
+    let local = home.path().join("memory").join(&second);
+    assert!(local.is_dir(), "no local image at {}", local.display());
+    std::fs::remove_dir_all(&local).unwrap();
+    let restored = home.ok(&["restore", &second]);
+    std::thread::sleep(Duration::from_millis(200));
+    let c = home.read_number(&restored, "/tmp/count");
+    assert!(c >= at_second.saturating_sub(5), "restored counter {c} < {at_second}");
+    assert_eq!(home.ok(&["exec", &restored, "--", "cat", "/tmp/note"]), "changed");
+    // Removing a snapshot removes its local image; gc removes orphans.
+    assert!(home.path().join("memory").join(&first).is_dir());
+    home.ok(&["snapshot", "rm", &first]);
+    assert!(!home.path().join("memory").join(&first).exists());
+    let orphan = home.path().join("memory").join("0".repeat(64));
+    std::fs::create_dir_all(&orphan).unwrap();
+    home.ok(&["gc"]);
+    assert!(!orphan.exists(), "gc left an orphaned memory image");
+    for s in [&restored, &id] {
+        home.ok(&["rm", "-f", s]);
+    }
+    assert!(home.ps().is_empty());
+}
