@@ -135,3 +135,34 @@ fn a_second_checkpoint_stores_what_changed_and_restores_from_the_store_alone() {
     }
     assert!(home.ps().is_empty());
 }
+
+#[test]
+fn a_snapshot_restored_minutes_later_runs_on_the_host_clock() {
+    let name = "a_snapshot_restored_minutes_later_runs_on_the_host_clock";
+    if skip(name) || runsc_missing(name) {
+        return;
+    }
+    let home = Home::new();
+    let id = home.ok(&["create", "--driver", "gvisor"]);
+    home.sh_detached(&id, "i=0; while true; do i=$((i+1)); echo $i > /tmp/count; sleep 0.05; done");
+    std::thread::sleep(Duration::from_millis(300));
+    let snap = home.ok(&["snapshot", &id]);
+    let at_snapshot = home.read_number(&id, "/tmp/count");
+    home.ok(&["rm", "-f", &id]);
+    // Two minutes and more: a clock carried in the image would be far off.
+    std::thread::sleep(Duration::from_secs(125));
+    let restored = home.ok(&["restore", &snap]);
+    let inside: i64 = home.ok(&["exec", &restored, "--", "date", "+%s"]).parse().unwrap();
+    let host = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_secs() as i64;
+    assert!((inside - host).abs() <= 1, "clock off by {} s", inside - host);
+    let c = home.read_number(&restored, "/tmp/count");
+    assert!(
+        c >= at_snapshot.saturating_sub(5) && c < at_snapshot + 1000,
+        "counter {c} did not continue from {at_snapshot}"
+    );
+    home.ok(&["rm", "-f", &restored]);
+    assert!(home.ps().is_empty());
+}
