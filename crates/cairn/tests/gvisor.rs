@@ -92,7 +92,10 @@ fn a_second_checkpoint_stores_what_changed_and_restores_from_the_store_alone() {
     }
     let home = Home::new();
     let id = home.ok(&["create", "--driver", "gvisor"]);
-    home.sh_detached(&id, "i=0; while true; do i=$((i+1)); echo $i > /tmp/count; sleep 0.05; done");
+    home.sh_detached(
+        &id,
+        "i=0; while true; do i=$((i+1)); echo $i > /tmp/count; sleep 0.05; done",
+    );
     std::thread::sleep(Duration::from_millis(300));
     let first = home.ok(&["snapshot", &id]);
     home.ok(&["exec", &id, "--", "sh", "-c", "echo changed > /tmp/note"]);
@@ -144,7 +147,10 @@ fn a_snapshot_restored_minutes_later_runs_on_the_host_clock() {
     }
     let home = Home::new();
     let id = home.ok(&["create", "--driver", "gvisor"]);
-    home.sh_detached(&id, "i=0; while true; do i=$((i+1)); echo $i > /tmp/count; sleep 0.05; done");
+    home.sh_detached(
+        &id,
+        "i=0; while true; do i=$((i+1)); echo $i > /tmp/count; sleep 0.05; done",
+    );
     std::thread::sleep(Duration::from_millis(300));
     let snap = home.ok(&["snapshot", &id]);
     let at_snapshot = home.read_number(&id, "/tmp/count");

@@ -26,6 +26,8 @@ use super::GvisorError;
 #[derive(Debug, Clone)]
 pub struct Runsc {
     pub binary: PathBuf,
+    /// `systrap` where this runsc offers it, else `ptrace`.
+    pub platform: &'static str,
 }
 
 /// What `run` and `restore` need besides their arguments.
@@ -48,26 +50,26 @@ pub struct Launch<'a> {
 impl Runsc {
     /// Finds runsc: `$CAIRN_RUNSC`, else the first `runsc` on `PATH`.
     pub fn find() -> Result<Runsc, GvisorError> {
-        if let Some(p) = std::env::var_os("CAIRN_RUNSC") {
-            let p = PathBuf::from(p);
-            return if p.is_file() {
-                Ok(Runsc { binary: p })
-            } else {
-                Err(GvisorError::RunscMissing)
-            };
+        let binary = match std::env::var_os("CAIRN_RUNSC") {
+            Some(p) => Some(PathBuf::from(p)).filter(|p| p.is_file()),
+            None => {
+                let path = std::env::var_os("PATH").unwrap_or_else(|| "/usr/sbin:/usr/bin:/sbin:/bin".into());
+                std::env::split_paths(&path)
+                    .map(|d| d.join("runsc"))
+                    .find(|p| p.is_file())
+            }
         }
-        let path = std::env::var_os("PATH").unwrap_or_else(|| "/usr/sbin:/usr/bin:/sbin:/bin".into());
-        std::env::split_paths(&path)
-            .map(|d| d.join("runsc"))
-            .find(|p| p.is_file())
-            .map(|binary| Runsc { binary })
-            .ok_or(GvisorError::RunscMissing)
+        .ok_or(GvisorError::RunscMissing)?;
+        let platform = platform_of(&binary);
+        Ok(Runsc { binary, platform })
     }
 
     /// `runsc` with the global flags for the sandbox whose state lives in `root`.
     ///
-    /// - `ptrace`: the only platform this kind of host has (no KVM, and this
-    ///   runsc predates `systrap`).
+    /// - `systrap` where this runsc has it (faster system calls than
+    ///   `ptrace`, no hardware virtualisation needed), else `ptrace`; runsc
+    ///   releases before mid-2023 (Debian 12's) have only `ptrace` and `kvm`,
+    ///   and `kvm` needs a usable /dev/kvm.
     /// - `--network none`: a loopback-only netstack; nothing to save or
     ///   restore but `lo`.
     /// - `--host-uds create`: lets init bind its socket in a gofer-served
@@ -77,7 +79,7 @@ impl Runsc {
         let mut cmd = Command::new(&self.binary);
         cmd.arg("--root")
             .arg(root)
-            .args(["--platform", "ptrace", "--network", "none"])
+            .args(["--platform", self.platform, "--network", "none"])
             .args(["--host-uds", "create", "--ignore-cgroups"]);
         if let Some(dir) = std::env::var_os("CAIRN_RUNSC_DEBUG_LOG") {
             let mut d = dir.clone();
@@ -189,5 +191,43 @@ fn first_lines(s: &str) -> String {
         "runsc failed without a message".into()
     } else {
         out
+    }
+}
+
+/// The platform to use with `binary`: `systrap` when its `-platform` flag
+/// lists it (`runsc flags`), else `ptrace`.
+fn platform_of(binary: &Path) -> &'static str {
+    let out = Command::new(binary).arg("flags").stdin(Stdio::null()).output();
+    let text = out
+        .map(|o| [o.stdout, o.stderr].concat())
+        .map(|b| String::from_utf8_lossy(&b).into_owned())
+        .unwrap_or_default();
+    platform_in(&text)
+}
+
+fn platform_in(flags: &str) -> &'static str {
+    let mut lines = flags.lines();
+    while let Some(line) = lines.next() {
+        if line.trim_start().starts_with("-platform ") {
+            if lines.next().is_some_and(|d| d.contains("systrap")) {
+                return "systrap";
+            }
+            break;
+        }
+    }
+    "ptrace"
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn systrap_is_chosen_only_where_runsc_lists_it() {
+        let old = "  -pidfile string\n  -platform string\n    \tspecifies which platform to use: ptrace (default), kvm. (default \"ptrace\")\n";
+        let new = "  -platform string\n    \tspecifies which platform to use: systrap (default), ptrace, kvm. (default \"systrap\")\n";
+        assert_eq!(platform_in(old), "ptrace");
+        assert_eq!(platform_in(new), "systrap");
+        assert_eq!(platform_in(""), "ptrace");
     }
 }
