@@ -85,7 +85,8 @@ impl Home {
         // Written whole under a private name, then linked into place: of two
         // processes racing here, one id wins and both read it.
         std::fs::create_dir_all(&self.root)?;
-        let tmp = self.root.join(format!("home-id.{}.tmp", std::process::id()));
+        // Named by the id itself: unique to this caller, thread or process.
+        let tmp = self.root.join(format!("home-id.{id}.tmp"));
         let mut f = std::fs::File::create(&tmp)?;
         f.write_all(format!("{id}\n").as_bytes())?;
         f.sync_all()?;

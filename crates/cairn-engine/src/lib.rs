@@ -11,6 +11,8 @@ pub mod pipeline;
 pub mod sandboxes;
 pub mod snapshots;
 pub mod state;
+#[cfg(feature = "test-support")]
+pub mod testing;
 
 use std::path::PathBuf;
 
