@@ -194,7 +194,7 @@ pub enum StateLocation {
     /// An SQLite file (by default `$CAIRN_HOME/state.db`).
     Sqlite(PathBuf),
     /// A PostgreSQL database.
-    Postgres(PostgresTarget),
+    Postgres(Box<PostgresTarget>),
 }
 
 impl StateLocation {
@@ -205,7 +205,7 @@ impl StateLocation {
             return Ok(StateLocation::Sqlite(home.db()));
         };
         if url.starts_with("postgres://") || url.starts_with("postgresql://") {
-            return Ok(StateLocation::Postgres(PostgresTarget::parse(url)?));
+            return Ok(StateLocation::Postgres(Box::new(PostgresTarget::parse(url)?)));
         }
         if let Some(path) = url.strip_prefix("sqlite:") {
             let path = path.strip_prefix("//").unwrap_or(path);
@@ -277,7 +277,7 @@ impl Db {
     /// Runs `f` in one transaction: all of it is committed, or none.
     pub fn transaction<T>(&self, f: impl FnOnce(&mut dyn Backend) -> Result<T, StateError>) -> Result<T, StateError> {
         let mut backend = self.lock();
-        (&mut **backend).transaction(f)
+        (**backend).transaction(f)
     }
 
     pub fn image(&self, name: &str) -> Result<Option<ImageRecord>, StateError> {
