@@ -750,6 +750,7 @@ fn an_unreachable_postgres_store_says_what_to_do_without_the_password() {
     let msg = err.to_string();
     assert!(matches!(err, StateError::Connect { .. }), "{msg}");
     assert!(msg.contains("127.0.0.1:1/state"), "{msg}");
+    assert!(msg.contains("refused"), "the cause is named: {msg}");
     assert!(msg.contains("CAIRN_STATE"), "{msg}");
     assert!(!msg.contains("hunter2"), "{msg}");
 }

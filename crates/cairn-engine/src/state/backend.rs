@@ -225,7 +225,7 @@ impl fmt::Display for BackendKind {
 pub enum BackendError {
     #[error("{0}")]
     Sqlite(#[from] rusqlite::Error),
-    #[error("{0}")]
+    #[error("{}", error_chain(.0))]
     Postgres(#[from] postgres::Error),
     /// A unique or primary key constraint refused a row. `target` is
     /// `table.column` for single-column unique constraints on both
@@ -243,6 +243,23 @@ pub enum BackendError {
     Bind { index: usize, value: String, ty: String },
     #[error("a query expected one row and got {0}")]
     RowCount(usize),
+}
+
+/// An error and its causes, one sentence: the `postgres` crate puts the
+/// server's message ("db error") and the OS error ("error connecting to
+/// server") in the source, not in the message.
+pub fn error_chain(e: &dyn std::error::Error) -> String {
+    let mut out = e.to_string();
+    let mut next = e.source();
+    while let Some(cause) = next {
+        let text = cause.to_string();
+        if !out.ends_with(&text) {
+            out.push_str(": ");
+            out.push_str(&text);
+        }
+        next = cause.source();
+    }
+    out
 }
 
 /// A connection to a state database. Object safe: the `Db` holds a

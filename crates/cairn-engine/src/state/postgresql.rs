@@ -16,7 +16,7 @@ use postgres::error::SqlState;
 use postgres::types::{ToSql, Type};
 use postgres::{Client, Config, NoTls, Statement};
 
-use super::backend::{Backend, BackendError, BackendKind, Row, Value};
+use super::backend::{error_chain, Backend, BackendError, BackendKind, Row, Value};
 use super::StateError;
 
 /// The schema version is the number of migrations applied, as SQLite's
@@ -62,7 +62,7 @@ impl PostgresTarget {
     pub fn parse(url: &str) -> Result<PostgresTarget, StateError> {
         let mut config = Config::from_str(url).map_err(|e| StateError::BadLocation {
             shown: redact(url),
-            reason: e.to_string(),
+            reason: scrub(&error_chain(&e), url),
         })?;
         if config.get_connect_timeout().is_none() {
             config.connect_timeout(Duration::from_secs(10));
@@ -120,6 +120,21 @@ pub(crate) fn redact(url: &str) -> String {
     }
 }
 
+/// `text` without the password `url` holds, should a message quote it.
+fn scrub(text: &str, url: &str) -> String {
+    let Some((_, rest)) = url.split_once("://") else {
+        return text.to_string();
+    };
+    let authority = &rest[..rest.find(['/', '?']).unwrap_or(rest.len())];
+    match authority
+        .rsplit_once('@')
+        .and_then(|(userinfo, _)| userinfo.split_once(':'))
+    {
+        Some((_, password)) if password.len() >= 4 => text.replace(password, "***"),
+        _ => text.to_string(),
+    }
+}
+
 fn redact_query(tail: &str) -> String {
     let Some((path, query)) = tail.split_once('?') else {
         return tail.to_string();
@@ -151,7 +166,11 @@ impl PostgresBackend {
     pub fn open(target: &PostgresTarget, home: &Claimant<'_>) -> Result<PostgresBackend, StateError> {
         let mut client = target.config.connect(NoTls).map_err(|e| StateError::Connect {
             target: target.shown.clone(),
-            reason: e.to_string(),
+            reason: match target.config.get_password() {
+                Some(p) if p.len() >= 4 => error_chain(&e).replace(&*String::from_utf8_lossy(p), "***"),
+                Some(_) => error_chain(&e),
+                None => error_chain(&e),
+            },
         })?;
         migrate(&mut client, target, home)?;
         Ok(PostgresBackend {
