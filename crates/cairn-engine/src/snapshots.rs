@@ -363,11 +363,9 @@ impl Engine {
                     });
                 }
                 let cached = self.home.memory_image(&snap.id);
-                if memory
-                    .files
-                    .iter()
-                    .all(|f| fs::metadata(cached.join(&f.name)).is_ok_and(|m| m.is_file() && m.len() > 0))
-                {
+                if memory.files.iter().all(|f| {
+                    fs::metadata(cached.join(&f.name)).is_ok_and(|m| m.is_file() && m.len() > 0)
+                }) {
                     Some(MemoryDir::Cached(cached))
                 } else {
                     Some(MemoryDir::Scratch(self.materialise_memory(snap, memory)?))

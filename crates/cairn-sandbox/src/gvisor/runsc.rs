@@ -126,8 +126,8 @@ impl Runsc {
         let options = cstring(OsStr::new(l.overlay_options))?;
         let console_len = std::fs::metadata(l.console).map(|m| m.len()).unwrap_or(0);
 
-        let mark =
-            File::open(l.restore_mark).map_err(|e| GvisorError::io(format!("open {}", l.restore_mark.display()), e))?;
+        let mark = File::open(l.restore_mark)
+            .map_err(|e| GvisorError::io(format!("open {}", l.restore_mark.display()), e))?;
         let mut cmd = self.command(l.root);
         cmd.args(args)
             .stdin(mark)

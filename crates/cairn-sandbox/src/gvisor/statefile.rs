@@ -74,10 +74,7 @@ pub fn unpack(image: &mut File, raw: &mut File) -> io::Result<Option<Vec<u8>>> {
 /// returned it, then the stream from `raw` in stored DEFLATE chunks.
 pub fn pack(header: &[u8], raw: &mut impl Read, out: &mut impl Write) -> io::Result<()> {
     if header.len() < 4 + 16 || &header[..8] != MAGIC {
-        return Err(io::Error::new(
-            io::ErrorKind::InvalidData,
-            "not a gVisor state file header",
-        ));
+        return Err(io::Error::new(io::ErrorKind::InvalidData, "not a gVisor state file header"));
     }
     let chunk_size = u32::from_be_bytes(header[header.len() - 4..].try_into().expect("4 bytes"));
     if !(MIN_CHUNK..=MAX_CHUNK).contains(&chunk_size) {
@@ -251,13 +248,7 @@ mod tests {
 
     #[test]
     fn unpack_then_pack_gives_the_same_stream_in_stored_chunks() {
-        for (len, mac) in [
-            (0, true),
-            (1, true),
-            (4096, true),
-            (3 * 4096 + 17, true),
-            (10_000, false),
-        ] {
+        for (len, mac) in [(0, true), (1, true), (4096, true), (3 * 4096 + 17, true), (10_000, false)] {
             let s = stream(len);
             let image = state_file(&s, 4096, mac);
             let (header, raw) = unpacked(&image).unwrap_or_else(|| panic!("len {len} mac {mac}"));

@@ -215,10 +215,7 @@ impl Driver for NativeDriver {
             let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
             while p.alive() {
                 if std::time::Instant::now() > deadline {
-                    return Err(SandboxError::Stop(format!(
-                        "process {} outlived SIGKILL for 10 s",
-                        p.pid
-                    )));
+                    return Err(SandboxError::Stop(format!("process {} outlived SIGKILL for 10 s", p.pid)));
                 }
                 std::thread::sleep(std::time::Duration::from_micros(500));
             }

@@ -373,13 +373,7 @@ impl Bench {
         let mut ids = vec![id(0)];
         let result = (|| -> Result<Vec<Measurement>> {
             run_ok(
-                runsc_cmd(&[
-                    "run".as_ref(),
-                    "--detach".as_ref(),
-                    "--bundle".as_ref(),
-                    bundle.as_os_str(),
-                    id(0).as_ref(),
-                ]),
+                runsc_cmd(&["run".as_ref(), "--detach".as_ref(), "--bundle".as_ref(), bundle.as_os_str(), id(0).as_ref()]),
                 "run",
             )?;
             if churn > 0 {
@@ -393,12 +387,7 @@ impl Bench {
                 let image = work.join(format!("image-{i}"));
                 let t0 = Instant::now();
                 run_ok(
-                    runsc_cmd(&[
-                        "checkpoint".as_ref(),
-                        "--image-path".as_ref(),
-                        image.as_os_str(),
-                        id(i).as_ref(),
-                    ]),
+                    runsc_cmd(&["checkpoint".as_ref(), "--image-path".as_ref(), image.as_os_str(), id(i).as_ref()]),
                     "checkpoint",
                 )?;
                 checkpoints.push(t0.elapsed().as_secs_f64() * 1e3);
@@ -425,13 +414,7 @@ impl Bench {
                 restores.push(t0.elapsed().as_secs_f64() * 1e3);
             }
             Ok(vec![
-                summarize(
-                    &format!("gvisor: plain runsc checkpoint (peer, {name})"),
-                    "ms",
-                    checkpoints,
-                    None,
-                    true,
-                ),
+                summarize(&format!("gvisor: plain runsc checkpoint (peer, {name})"), "ms", checkpoints, None, true),
                 summarize(
                     &format!("gvisor: plain runsc restore + exec echo (peer, {name})"),
                     "ms",
