@@ -1,40 +1,109 @@
 //! The state directory (`$CAIRN_HOME`, default `~/.local/share/cairn`).
 //!
 //! ```text
-//! state.db            SQLite state (WAL)
+//! state.db            SQLite state (WAL), unless --state names a PostgreSQL database
+//! home-id             this directory's identity, which a PostgreSQL state store records
 //! lib/                the installed cairn-init executable
 //! store/              chunk store (layers, manifests, file contents)
 //! layers/<id>/        read-only layer directories, materialised from the store
 //! sandboxes/<id>/     upper/, work/, rootfs/, init.sock, console.log
 //! ```
 
+use std::io::{self, Write};
 use std::path::{Path, PathBuf};
 
-#[derive(Debug, Clone)]
+#[derive(Clone)]
 pub struct Home {
     root: PathBuf,
+    /// `--state`/`CAIRN_STATE`: where the state store is (None: `state.db`).
+    state: Option<String>,
+}
+
+impl std::fmt::Debug for Home {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        // The state URL may hold a password.
+        f.debug_struct("Home")
+            .field("root", &self.root)
+            .field("state", &self.state.as_deref().map(crate::state::postgresql::redact))
+            .finish()
+    }
 }
 
 impl Home {
-    /// `$CAIRN_HOME`, else `$XDG_DATA_HOME/cairn`, else `~/.local/share/cairn`.
+    /// `$CAIRN_HOME`, else `$XDG_DATA_HOME/cairn`, else `~/.local/share/cairn`;
+    /// the state store `$CAIRN_STATE` names, else the directory's `state.db`.
     pub fn from_env() -> Home {
-        if let Some(h) = std::env::var_os("CAIRN_HOME").filter(|h| !h.is_empty()) {
-            return Home::at(h);
+        let home = if let Some(h) = std::env::var_os("CAIRN_HOME").filter(|h| !h.is_empty()) {
+            Home::at(h)
+        } else if let Some(x) = std::env::var_os("XDG_DATA_HOME").filter(|h| !h.is_empty()) {
+            Home::at(PathBuf::from(x).join("cairn"))
+        } else {
+            let home = std::env::var_os("HOME")
+                .map(PathBuf::from)
+                .unwrap_or_else(|| PathBuf::from("/root"));
+            Home::at(home.join(".local/share/cairn"))
+        };
+        match std::env::var("CAIRN_STATE") {
+            Ok(url) if !url.is_empty() => home.with_state(url),
+            _ => home,
         }
-        if let Some(x) = std::env::var_os("XDG_DATA_HOME").filter(|h| !h.is_empty()) {
-            return Home::at(PathBuf::from(x).join("cairn"));
-        }
-        let home = std::env::var_os("HOME")
-            .map(PathBuf::from)
-            .unwrap_or_else(|| PathBuf::from("/root"));
-        Home::at(home.join(".local/share/cairn"))
     }
 
     pub fn at(root: impl Into<PathBuf>) -> Home {
         let root: PathBuf = root.into();
         // Overlay options and socket paths want an absolute, clean path.
         let root = std::path::absolute(&root).unwrap_or(root);
-        Home { root }
+        Home { root, state: None }
+    }
+
+    /// Keeps the state in the store `url` names (`postgres://…`,
+    /// `sqlite:PATH`) instead of the directory's `state.db`.
+    pub fn with_state(mut self, url: impl Into<String>) -> Home {
+        self.state = Some(url.into()).filter(|u| !u.is_empty());
+        self
+    }
+
+    /// The state store's URL, when it is not the directory's `state.db`.
+    pub fn state_url(&self) -> Option<&str> {
+        self.state.as_deref()
+    }
+
+    /// This directory's identity: a random id made on first use and kept in
+    /// `home-id`, so a shared state store can tell state directories apart
+    /// (paths are not unique across hosts).
+    pub fn identity(&self) -> io::Result<String> {
+        let path = self.identity_file();
+        match std::fs::read_to_string(&path) {
+            Ok(id) if !id.trim().is_empty() => return Ok(id.trim().to_string()),
+            Ok(_) => {}
+            Err(e) if e.kind() == io::ErrorKind::NotFound => {}
+            Err(e) => return Err(e),
+        }
+        let mut bytes = [0u8; 16];
+        getrandom::getrandom(&mut bytes).map_err(|e| io::Error::other(e.to_string()))?;
+        let id: String = bytes.iter().map(|b| format!("{b:02x}")).collect();
+        // Written whole under a private name, then linked into place: of two
+        // processes racing here, one id wins and both read it.
+        std::fs::create_dir_all(&self.root)?;
+        // Named by the id itself: unique to this caller, thread or process.
+        let tmp = self.root.join(format!("home-id.{id}.tmp"));
+        let mut f = std::fs::File::create(&tmp)?;
+        f.write_all(format!("{id}\n").as_bytes())?;
+        f.sync_all()?;
+        drop(f);
+        let linked = std::fs::hard_link(&tmp, &path);
+        let _ = std::fs::remove_file(&tmp);
+        match linked {
+            Ok(()) => Ok(id),
+            Err(e) if e.kind() == io::ErrorKind::AlreadyExists => {
+                Ok(std::fs::read_to_string(&path)?.trim().to_string())
+            }
+            Err(e) => Err(e),
+        }
+    }
+
+    pub fn identity_file(&self) -> PathBuf {
+        self.root.join("home-id")
     }
 
     /// A short stable name for this state directory, which keeps its host

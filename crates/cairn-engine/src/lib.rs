@@ -11,6 +11,8 @@ pub mod pipeline;
 pub mod sandboxes;
 pub mod snapshots;
 pub mod state;
+#[cfg(feature = "test-support")]
+pub mod testing;
 
 use std::path::PathBuf;
 
@@ -24,7 +26,7 @@ pub use home::Home;
 pub use images::ImageError;
 pub use sandboxes::{CreateOptions, ExecStart, GcReport, OomProbe};
 pub use snapshots::{SnapshotError, SnapshotManifest};
-pub use state::{ImageRecord, SandboxRecord, SandboxState, SnapshotRecord, StateError};
+pub use state::{ImageRecord, SandboxRecord, SandboxState, SnapshotRecord, StateError, StateLocation};
 
 #[derive(Debug, thiserror::Error)]
 pub enum EngineError {
@@ -110,7 +112,7 @@ impl Engine {
         let mkdir = |p: PathBuf| std::fs::create_dir_all(&p).map_err(|source| EngineError::Home { path: p, source });
         mkdir(home.root().to_path_buf())?;
         mkdir(home.sandboxes())?;
-        let db = state::Db::open(&home.db())?;
+        let db = state::Db::open_home(&home)?;
         let layers = LayerStore::open(home.layers())?;
         let store = ChunkStore::new(LocalStore::open(home.store()).map_err(SnapshotError::from)?);
         let init_binary = cairn_sandbox::init_binary::install(&home.lib()).map_err(|source| EngineError::Home {

@@ -20,6 +20,12 @@ pub struct Cli {
     /// State directory (default: $CAIRN_HOME, else ~/.local/share/cairn).
     #[arg(long, global = true, value_name = "DIR")]
     pub home: Option<PathBuf>,
+    /// Where the state store is: postgres://USER@HOST:PORT/DATABASE (or
+    /// postgresql://) for PostgreSQL, one database per state directory;
+    /// sqlite:PATH, or unset, for the embedded SQLite store
+    /// (the state directory's state.db).
+    #[arg(long, global = true, value_name = "URL", env = "CAIRN_STATE", hide_env_values = true)]
+    pub state: Option<String>,
     /// Show debug logs on stderr.
     #[arg(long, short, global = true)]
     pub verbose: bool,

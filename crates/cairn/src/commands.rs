@@ -16,7 +16,10 @@ use crate::cli::{Cli, Command, ImageCommand, ImageKind, LimitArgs, ProcessArgs, 
 use crate::progress::Steps;
 
 pub fn dispatch(cli: Cli) -> Result<i32> {
-    let home = cli.home.map(Home::at).unwrap_or_else(Home::from_env);
+    let mut home = cli.home.map(Home::at).unwrap_or_else(Home::from_env);
+    if let Some(url) = cli.state {
+        home = home.with_state(url);
+    }
     if let Command::Bench { which, runs, json } = cli.command {
         return crate::bench::run(home, &which, runs, json);
     }

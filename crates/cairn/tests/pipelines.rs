@@ -1,4 +1,4 @@
-//! End-to-end: pipelines on the embedded store.
+//! End-to-end: pipelines on the embedded store, and on PostgreSQL.
 
 mod common;
 
@@ -446,4 +446,88 @@ fn a_resumed_run_reattaches_to_the_command_still_running_in_its_sandbox() {
     assert!(home.ok(&["logs", &run, "long"]).contains("finished"));
     // Its sandbox went with the attempt.
     assert!(!ids(&home).contains(&sandbox));
+}
+
+const ON_POSTGRES: &str = r#"
+[pipeline]
+name = "on-postgres"
+image = "busybox"
+
+[[stage]]
+name = "make"
+key = "make-v1"
+run = ["mkdir -p /work && echo made > /work/made"]
+artifacts = ["/work/made"]
+
+[[stage]]
+name = "pick"
+after = "make"
+key = "pick-{hypothesis}"
+run = ["cat /work/made && echo {hypothesis.value} > /work/value"]
+[stage.branches]
+select = "first_success"
+hypotheses = [
+  { name = "one", value = "1" },
+  { name = "two", value = "2" },
+]
+"#;
+
+#[test]
+fn a_pipeline_runs_on_a_postgres_state_store_and_its_keys_are_reused() {
+    let test = "a_pipeline_runs_on_a_postgres_state_store_and_its_keys_are_reused";
+    if skip(test) {
+        return;
+    }
+    let Some(db) = cairn_engine::testing::postgres_database(test) else {
+        return;
+    };
+    let home = Home::with_state(Some(db.url.clone()));
+    let file = write(&home, "p.toml", ON_POSTGRES);
+    let out = home.cairn(&["pipeline", "run", &file]);
+    assert!(out.status.success(), "{}", stderr(&out));
+    let first = stdout(&out).trim().to_string();
+    // --state names the store as CAIRN_STATE does.
+    let mut runs = home.command(&["--state", &db.url, "runs", "--json"]);
+    runs.env_remove("CAIRN_STATE");
+    let runs = runs.output().unwrap();
+    assert!(runs.status.success(), "{}", stderr(&runs));
+    let runs: serde_json::Value = serde_json::from_slice(&runs.stdout).unwrap();
+    assert_eq!(runs[0]["id"], first.as_str());
+    assert_eq!(runs[0]["status"], "completed");
+    // The rows are in PostgreSQL, not in an SQLite file of the home.
+    assert!(!home.path().join("state.db").exists());
+    assert_eq!(db.count(&format!("SELECT count(*) FROM runs WHERE id = '{first}'")), 1);
+    assert_eq!(
+        db.count("SELECT count(*) FROM stage_keys WHERE stage_key IN ('make-v1', 'pick-one', 'pick-two')"),
+        3
+    );
+    assert!(db.count("SELECT count(*) FROM snapshots") >= 2);
+    assert_eq!(db.count("SELECT count(*) FROM artifacts"), 1);
+    // A second run reuses every completed key and runs nothing.
+    let out = home.cairn(&["pipeline", "run", &file]);
+    assert!(out.status.success(), "{}", stderr(&out));
+    let v = show(&home, stdout(&out).trim());
+    assert_eq!(v["run"]["status"], "completed");
+    assert!(events(&v, "forked").is_empty(), "the second run ran something: {v}");
+    assert!(!events(&v, "reused").is_empty(), "{v}");
+    let make = v["stages"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|s| s["stage"] == "make")
+        .unwrap();
+    assert_eq!(
+        make["output_snapshot"].as_str().unwrap(),
+        db.client()
+            .query_one(
+                "SELECT output_snapshot FROM stage_keys WHERE stage_key = 'make-v1'",
+                &[]
+            )
+            .unwrap()
+            .get::<_, String>(0)
+    );
+    // Without the URL the home's embedded store knows nothing of the runs.
+    let mut embedded = home.command(&["runs", "--json"]);
+    embedded.env_remove("CAIRN_STATE");
+    assert_eq!(stdout(&embedded.output().unwrap()).trim(), "[]");
 }

@@ -4,7 +4,7 @@
 use super::records::{RunRecord, StageRecord};
 use super::run::RunWatcher;
 use super::spec::{Branches, Pipeline, Selection, Stage};
-use crate::{now_ms, Engine, EngineError, Home};
+use crate::{now_ms, Engine, EngineError};
 
 impl Engine {
     /// A branch group: every hypothesis forks the input in parallel (each in
@@ -34,7 +34,7 @@ impl Engine {
                     let home = home.clone();
                     let name = h.get("name").cloned().unwrap_or_default();
                     scope.spawn(move || -> Result<Option<String>, String> {
-                        let mut engine = Engine::open(Home::at(home.root())).map_err(|e| e.to_string())?;
+                        let mut engine = Engine::open(home).map_err(|e| e.to_string())?;
                         engine
                             .run_stage(run, p, stage, &name, Some(h), input, watch)
                             .map_err(|e| e.to_string())

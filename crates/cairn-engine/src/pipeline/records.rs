@@ -1,9 +1,8 @@
 //! Rows of runs, stages, checkpoints, artifacts, dead letters and events.
 
-use rusqlite::{params, OptionalExtension};
 use serde::Serialize;
 
-use crate::state::{Db, StateError};
+use crate::state::{params, Backend, Db, Row, StateError};
 
 #[derive(Debug, Clone, Serialize)]
 pub struct RunRecord {
@@ -72,7 +71,7 @@ pub struct DeadLetter {
     pub retried_at: Option<i64>,
 }
 
-fn run_row(r: &rusqlite::Row<'_>) -> rusqlite::Result<RunRecord> {
+fn run_row(r: &Row) -> Result<RunRecord, StateError> {
     Ok(RunRecord {
         id: r.get(0)?,
         pipeline: r.get(1)?,
@@ -86,7 +85,7 @@ fn run_row(r: &rusqlite::Row<'_>) -> rusqlite::Result<RunRecord> {
     })
 }
 
-fn stage_row(r: &rusqlite::Row<'_>) -> rusqlite::Result<StageRecord> {
+fn stage_row(r: &Row) -> Result<StageRecord, StateError> {
     Ok(StageRecord {
         run_id: r.get(0)?,
         stage: r.get(1)?,
@@ -104,160 +103,183 @@ fn stage_row(r: &rusqlite::Row<'_>) -> rusqlite::Result<StageRecord> {
     })
 }
 
+fn rows<T>(rows: Vec<Row>, f: impl Fn(&Row) -> Result<T, StateError>) -> Result<Vec<T>, StateError> {
+    rows.iter().map(f).collect()
+}
+
 const RUN_COLUMNS: &str = "id, pipeline, file, spec, params, status, created_at, ended_at, error";
 const STAGE_COLUMNS: &str = "run_id, stage, branch, stage_key, status, attempts, input_snapshot, output_snapshot, \
      sandbox_id, started_at, ended_at, error, metric";
 
+/// Records a completed stage key; the first completion of a key stays.
+const INSERT_STAGE_KEY: &str =
+    "INSERT INTO stage_keys (stage_key, output_snapshot, run_id, stage, completed_at, metric)
+     VALUES ($1, $2, $3, $4, $5, $6) ON CONFLICT (stage_key) DO NOTHING";
+
 impl Db {
     pub fn insert_run(&self, r: &RunRecord) -> Result<(), StateError> {
-        self.conn
-            .prepare_cached(&format!(
-                "INSERT INTO runs ({RUN_COLUMNS}) VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9)"
-            ))?
-            .execute(params![
-                r.id,
-                r.pipeline,
-                r.file,
-                r.spec,
-                r.params,
-                r.status,
-                r.created_at,
-                r.ended_at,
-                r.error
-            ])?;
-        Ok(())
+        self.with(|b| {
+            b.execute(
+                &format!("INSERT INTO runs ({RUN_COLUMNS}) VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9)"),
+                params![
+                    &r.id,
+                    &r.pipeline,
+                    &r.file,
+                    &r.spec,
+                    &r.params,
+                    &r.status,
+                    r.created_at,
+                    r.ended_at,
+                    &r.error
+                ],
+            )?;
+            Ok(())
+        })
     }
 
     pub fn runs(&self) -> Result<Vec<RunRecord>, StateError> {
-        let rows = self
-            .conn
-            .prepare_cached(&format!("SELECT {RUN_COLUMNS} FROM runs ORDER BY created_at"))?
-            .query_map([], run_row)?
-            .collect::<Result<_, _>>()?;
-        Ok(rows)
+        self.with(|b| {
+            rows(
+                b.query(&format!("SELECT {RUN_COLUMNS} FROM runs ORDER BY created_at"), &[])?,
+                run_row,
+            )
+        })
     }
 
     pub fn find_runs(&self, key: &str) -> Result<Vec<RunRecord>, StateError> {
-        let rows = self
-            .conn
-            .prepare_cached(&format!(
-                "SELECT {RUN_COLUMNS} FROM runs WHERE id = ?1 OR (length(?1) >= 3 AND substr(id, 1, length(?1)) = ?1)"
-            ))?
-            .query_map([key], run_row)?
-            .collect::<Result<_, _>>()?;
-        Ok(rows)
+        self.with(|b| {
+            rows(
+                b.query(
+                    &format!(
+                        "SELECT {RUN_COLUMNS} FROM runs WHERE id = $1 OR (length($1) >= 3 AND substr(id, 1, length($1)) = $1)"
+                    ),
+                    params![key],
+                )?,
+                run_row,
+            )
+        })
     }
 
     /// Deletes a run with its stages, keys, checkpoints, artifacts, dead
     /// letters and events.
     pub fn delete_run(&mut self, id: &str) -> Result<(), StateError> {
-        let tx = self.conn.transaction()?;
-        for table in [
-            "stage_keys",
-            "checkpoints",
-            "artifacts",
-            "dead_letters",
-            "events",
-            "stages",
-        ] {
-            tx.execute(&format!("DELETE FROM {table} WHERE run_id = ?1"), [id])?;
-        }
-        tx.execute("DELETE FROM runs WHERE id = ?1", [id])?;
-        tx.commit()?;
-        Ok(())
+        self.transaction(|b| {
+            for table in [
+                "stage_keys",
+                "checkpoints",
+                "artifacts",
+                "dead_letters",
+                "events",
+                "stages",
+            ] {
+                b.execute(&format!("DELETE FROM {table} WHERE run_id = $1"), params![id])?;
+            }
+            b.execute("DELETE FROM runs WHERE id = $1", params![id])?;
+            Ok(())
+        })
     }
 
     pub fn finish_run(&self, id: &str, status: &str, error: Option<&str>, at: i64) -> Result<(), StateError> {
-        self.conn
-            .prepare_cached("UPDATE runs SET status = ?2, error = ?3, ended_at = ?4 WHERE id = ?1")?
-            .execute(params![id, status, error, at])?;
-        Ok(())
+        self.with(|b| {
+            b.execute(
+                "UPDATE runs SET status = $2, error = $3, ended_at = $4 WHERE id = $1",
+                params![id, status, error, at],
+            )?;
+            Ok(())
+        })
     }
 
     pub fn stage(&self, run: &str, stage: &str, branch: &str) -> Result<Option<StageRecord>, StateError> {
-        Ok(self
-            .conn
-            .prepare_cached(&format!(
-                "SELECT {STAGE_COLUMNS} FROM stages WHERE run_id = ?1 AND stage = ?2 AND branch = ?3"
-            ))?
-            .query_row(params![run, stage, branch], stage_row)
-            .optional()?)
+        self.with(|b| {
+            b.query_opt(
+                &format!("SELECT {STAGE_COLUMNS} FROM stages WHERE run_id = $1 AND stage = $2 AND branch = $3"),
+                params![run, stage, branch],
+            )?
+            .as_ref()
+            .map(stage_row)
+            .transpose()
+        })
     }
 
     pub fn stages_of(&self, run: &str) -> Result<Vec<StageRecord>, StateError> {
-        let rows = self
-            .conn
-            .prepare_cached(&format!(
-                "SELECT {STAGE_COLUMNS} FROM stages WHERE run_id = ?1 ORDER BY started_at, stage, branch"
-            ))?
-            .query_map([run], stage_row)?
-            .collect::<Result<_, _>>()?;
-        Ok(rows)
+        self.with(|b| {
+            rows(
+                b.query(
+                    &format!("SELECT {STAGE_COLUMNS} FROM stages WHERE run_id = $1 ORDER BY started_at, stage, branch"),
+                    params![run],
+                )?,
+                stage_row,
+            )
+        })
     }
 
     /// Writes a stage's row (insert or replace) with an event, in one transaction.
     pub fn put_stage(&mut self, s: &StageRecord, event: Option<(&str, &str, Option<&str>)>) -> Result<(), StateError> {
-        let tx = self.conn.transaction()?;
-        tx.prepare_cached(&format!(
-            "INSERT OR REPLACE INTO stages ({STAGE_COLUMNS}) VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13)"
-        ))?
-        .execute(params![
-            s.run_id,
-            s.stage,
-            s.branch,
-            s.stage_key,
-            s.status,
-            s.attempts,
-            s.input_snapshot,
-            s.output_snapshot,
-            s.sandbox_id,
-            s.started_at,
-            s.ended_at,
-            s.error,
-            s.metric
-        ])?;
-        if let Some((kind, detail, snapshot)) = event {
-            insert_event(&tx, &s.run_id, Some(&s.stage), Some(&s.branch), kind, detail, snapshot)?;
-        }
-        if s.status == "completed" && s.branch.is_empty() {
-            if let Some(out) = &s.output_snapshot {
-                tx.prepare_cached(
-                    "INSERT OR IGNORE INTO stage_keys (stage_key, output_snapshot, run_id, stage, completed_at, metric)
-                     VALUES (?1, ?2, ?3, ?4, ?5, ?6)",
-                )?
-                .execute(params![
-                    s.stage_key,
-                    out,
-                    s.run_id,
-                    s.stage,
-                    s.ended_at.unwrap_or(0),
+        self.transaction(|b| {
+            b.execute(
+                &format!(
+                    "INSERT INTO stages ({STAGE_COLUMNS}) VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13)
+                     ON CONFLICT (run_id, stage, branch) DO UPDATE SET stage_key = excluded.stage_key,
+                     status = excluded.status, attempts = excluded.attempts,
+                     input_snapshot = excluded.input_snapshot, output_snapshot = excluded.output_snapshot,
+                     sandbox_id = excluded.sandbox_id, started_at = excluded.started_at,
+                     ended_at = excluded.ended_at, error = excluded.error, metric = excluded.metric"
+                ),
+                params![
+                    &s.run_id,
+                    &s.stage,
+                    &s.branch,
+                    &s.stage_key,
+                    &s.status,
+                    s.attempts,
+                    &s.input_snapshot,
+                    &s.output_snapshot,
+                    &s.sandbox_id,
+                    s.started_at,
+                    s.ended_at,
+                    &s.error,
                     s.metric
-                ])?;
+                ],
+            )?;
+            if let Some((kind, detail, snapshot)) = event {
+                insert_event(b, &s.run_id, Some(&s.stage), Some(&s.branch), kind, detail, snapshot)?;
             }
-        }
-        tx.commit()?;
-        Ok(())
+            if s.status == "completed" && s.branch.is_empty() {
+                if let Some(out) = &s.output_snapshot {
+                    b.execute(
+                        INSERT_STAGE_KEY,
+                        params![&s.stage_key, out, &s.run_id, &s.stage, s.ended_at.unwrap_or(0), s.metric],
+                    )?;
+                }
+            }
+            Ok(())
+        })
     }
 
     /// The output snapshot, run and metric of a completed stage key, from any run.
     pub fn completed_key(&self, key: &str) -> Result<Option<(String, String, Option<f64>)>, StateError> {
-        Ok(self
-            .conn
-            .prepare_cached("SELECT output_snapshot, run_id, metric FROM stage_keys WHERE stage_key = ?1")?
-            .query_row([key], |r| Ok((r.get(0)?, r.get(1)?, r.get(2)?)))
-            .optional()?)
+        self.with(|b| {
+            let row = b.query_opt(
+                "SELECT output_snapshot, run_id, metric FROM stage_keys WHERE stage_key = $1",
+                params![key],
+            )?;
+            Ok(match row {
+                Some(r) => Some((r.get(0)?, r.get(1)?, r.get(2)?)),
+                None => None,
+            })
+        })
     }
 
     /// Records a completed branch's key (branch winners and losers alike keep
     /// their work: re-running the group reuses them).
     pub fn complete_key(&self, s: &StageRecord, at: i64) -> Result<(), StateError> {
-        self.conn
-            .prepare_cached(
-                "INSERT OR IGNORE INTO stage_keys (stage_key, output_snapshot, run_id, stage, completed_at, metric)
-                 VALUES (?1, ?2, ?3, ?4, ?5, ?6)",
-            )?
-            .execute(params![s.stage_key, s.output_snapshot, s.run_id, s.stage, at, s.metric])?;
-        Ok(())
+        self.with(|b| {
+            b.execute(
+                INSERT_STAGE_KEY,
+                params![&s.stage_key, &s.output_snapshot, &s.run_id, &s.stage, at, s.metric],
+            )?;
+            Ok(())
+        })
     }
 
     pub fn event(
@@ -269,28 +291,30 @@ impl Db {
         detail: &str,
         snapshot: Option<&str>,
     ) -> Result<(), StateError> {
-        insert_event(&self.conn, run, stage, branch, kind, detail, snapshot)
+        self.with(|b| insert_event(b, run, stage, branch, kind, detail, snapshot))
     }
 
     pub fn events_of(&self, run: &str) -> Result<Vec<EventRecord>, StateError> {
-        let rows = self
-            .conn
-            .prepare_cached(
-                "SELECT seq, stage, branch, kind, detail, snapshot_id, created_at FROM events WHERE run_id = ?1 ORDER BY seq",
-            )?
-            .query_map([run], |r| {
-                Ok(EventRecord {
-                    seq: r.get(0)?,
-                    stage: r.get(1)?,
-                    branch: r.get(2)?,
-                    kind: r.get(3)?,
-                    detail: r.get(4)?,
-                    snapshot_id: r.get(5)?,
-                    created_at: r.get(6)?,
-                })
-            })?
-            .collect::<Result<_, _>>()?;
-        Ok(rows)
+        self.with(|b| {
+            rows(
+                b.query(
+                    "SELECT seq, stage, branch, kind, detail, snapshot_id, created_at FROM events WHERE run_id = $1
+                     ORDER BY seq",
+                    params![run],
+                )?,
+                |r| {
+                    Ok(EventRecord {
+                        seq: r.get(0)?,
+                        stage: r.get(1)?,
+                        branch: r.get(2)?,
+                        kind: r.get(3)?,
+                        detail: r.get(4)?,
+                        snapshot_id: r.get(5)?,
+                        created_at: r.get(6)?,
+                    })
+                },
+            )
+        })
     }
 
     pub fn add_checkpoint(
@@ -301,117 +325,132 @@ impl Db {
         snapshot: &str,
         at: i64,
     ) -> Result<(), StateError> {
-        let tx = self.conn.unchecked_transaction()?;
-        tx.prepare_cached(
-            "INSERT INTO checkpoints (run_id, stage, branch, snapshot_id, created_at) VALUES (?1, ?2, ?3, ?4, ?5)",
-        )?
-        .execute(params![run, stage, branch, snapshot, at])?;
-        insert_event(
-            &tx,
-            run,
-            Some(stage),
-            Some(branch),
-            "checkpoint",
-            "periodic checkpoint of the running stage",
-            Some(snapshot),
-        )?;
-        tx.commit()?;
-        Ok(())
+        self.transaction(|b| {
+            b.execute(
+                "INSERT INTO checkpoints (run_id, stage, branch, snapshot_id, created_at) VALUES ($1, $2, $3, $4, $5)",
+                params![run, stage, branch, snapshot, at],
+            )?;
+            insert_event(
+                b,
+                run,
+                Some(stage),
+                Some(branch),
+                "checkpoint",
+                "periodic checkpoint of the running stage",
+                Some(snapshot),
+            )
+        })
     }
 
     pub fn newest_checkpoint(&self, run: &str, stage: &str, branch: &str) -> Result<Option<String>, StateError> {
-        Ok(self
-            .conn
-            .prepare_cached(
-                "SELECT snapshot_id FROM checkpoints WHERE run_id = ?1 AND stage = ?2 AND branch = ?3
+        self.with(|b| {
+            let row = b.query_opt(
+                "SELECT snapshot_id FROM checkpoints WHERE run_id = $1 AND stage = $2 AND branch = $3
                  ORDER BY created_at DESC, rowid DESC LIMIT 1",
-            )?
-            .query_row(params![run, stage, branch], |r| r.get(0))
-            .optional()?)
+                params![run, stage, branch],
+            )?;
+            Ok(row.map(|r| r.get(0)).transpose()?)
+        })
     }
 
     pub fn insert_artifact(&self, a: &ArtifactRecord) -> Result<(), StateError> {
-        self.conn
-            .prepare_cached(
-                "INSERT OR REPLACE INTO artifacts (id, run_id, stage, branch, path, size_bytes, content_hash, snapshot_id)
-                 VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8)",
-            )?
-            .execute(params![a.id, a.run_id, a.stage, a.branch, a.path, a.size_bytes as i64, a.content_hash, a.snapshot_id])?;
-        Ok(())
+        self.with(|b| {
+            b.execute(
+                "INSERT INTO artifacts (id, run_id, stage, branch, path, size_bytes, content_hash, snapshot_id)
+                 VALUES ($1, $2, $3, $4, $5, $6, $7, $8)
+                 ON CONFLICT (id) DO UPDATE SET run_id = excluded.run_id, stage = excluded.stage,
+                 branch = excluded.branch, path = excluded.path, size_bytes = excluded.size_bytes,
+                 content_hash = excluded.content_hash, snapshot_id = excluded.snapshot_id",
+                params![
+                    &a.id,
+                    &a.run_id,
+                    &a.stage,
+                    &a.branch,
+                    &a.path,
+                    a.size_bytes,
+                    &a.content_hash,
+                    &a.snapshot_id
+                ],
+            )?;
+            Ok(())
+        })
     }
 
     pub fn artifacts(&self, run: Option<&str>) -> Result<Vec<ArtifactRecord>, StateError> {
-        let rows = self
-            .conn
-            .prepare_cached(
-                "SELECT id, run_id, stage, branch, path, size_bytes, content_hash, snapshot_id FROM artifacts
-                 WHERE ?1 IS NULL OR run_id = ?1 ORDER BY run_id, stage, path",
-            )?
-            .query_map([run], |r| {
-                Ok(ArtifactRecord {
-                    id: r.get(0)?,
-                    run_id: r.get(1)?,
-                    stage: r.get(2)?,
-                    branch: r.get(3)?,
-                    path: r.get(4)?,
-                    size_bytes: r.get::<_, i64>(5)? as u64,
-                    content_hash: r.get(6)?,
-                    snapshot_id: r.get(7)?,
-                })
-            })?
-            .collect::<Result<_, _>>()?;
-        Ok(rows)
+        self.with(|b| {
+            rows(
+                b.query(
+                    "SELECT id, run_id, stage, branch, path, size_bytes, content_hash, snapshot_id FROM artifacts
+                     WHERE CAST($1 AS TEXT) IS NULL OR run_id = $1 ORDER BY run_id, stage, path",
+                    params![run],
+                )?,
+                |r| {
+                    Ok(ArtifactRecord {
+                        id: r.get(0)?,
+                        run_id: r.get(1)?,
+                        stage: r.get(2)?,
+                        branch: r.get(3)?,
+                        path: r.get(4)?,
+                        size_bytes: r.get(5)?,
+                        content_hash: r.get(6)?,
+                        snapshot_id: r.get(7)?,
+                    })
+                },
+            )
+        })
     }
 
     pub fn insert_dead_letter(&self, d: &DeadLetter) -> Result<(), StateError> {
-        self.conn
-            .prepare_cached(
-                "INSERT INTO dead_letters (id, run_id, stage, branch, error, failure_snapshot, input_snapshot, created_at, retried_at)
-                 VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9)",
-            )?
-            .execute(params![
-                d.id,
-                d.run_id,
-                d.stage,
-                d.branch,
-                d.error,
-                d.failure_snapshot,
-                d.input_snapshot,
-                d.created_at,
-                d.retried_at
-            ])?;
-        Ok(())
+        self.with(|b| {
+            b.execute(
+                "INSERT INTO dead_letters (id, run_id, stage, branch, error, failure_snapshot, input_snapshot,
+                 created_at, retried_at) VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9)",
+                params![
+                    &d.id,
+                    &d.run_id,
+                    &d.stage,
+                    &d.branch,
+                    &d.error,
+                    &d.failure_snapshot,
+                    &d.input_snapshot,
+                    d.created_at,
+                    d.retried_at
+                ],
+            )?;
+            Ok(())
+        })
     }
 
     pub fn dead_letters(&self) -> Result<Vec<DeadLetter>, StateError> {
-        let rows = self
-            .conn
-            .prepare_cached(
-                "SELECT id, run_id, stage, branch, error, failure_snapshot, input_snapshot, created_at, retried_at
-                 FROM dead_letters ORDER BY created_at",
-            )?
-            .query_map([], |r| {
-                Ok(DeadLetter {
-                    id: r.get(0)?,
-                    run_id: r.get(1)?,
-                    stage: r.get(2)?,
-                    branch: r.get(3)?,
-                    error: r.get(4)?,
-                    failure_snapshot: r.get(5)?,
-                    input_snapshot: r.get(6)?,
-                    created_at: r.get(7)?,
-                    retried_at: r.get(8)?,
-                })
-            })?
-            .collect::<Result<_, _>>()?;
-        Ok(rows)
+        self.with(|b| {
+            rows(
+                b.query(
+                    "SELECT id, run_id, stage, branch, error, failure_snapshot, input_snapshot, created_at, retried_at
+                     FROM dead_letters ORDER BY created_at",
+                    &[],
+                )?,
+                |r| {
+                    Ok(DeadLetter {
+                        id: r.get(0)?,
+                        run_id: r.get(1)?,
+                        stage: r.get(2)?,
+                        branch: r.get(3)?,
+                        error: r.get(4)?,
+                        failure_snapshot: r.get(5)?,
+                        input_snapshot: r.get(6)?,
+                        created_at: r.get(7)?,
+                        retried_at: r.get(8)?,
+                    })
+                },
+            )
+        })
     }
 
     pub fn mark_dead_letter_retried(&self, id: &str, at: i64) -> Result<(), StateError> {
-        self.conn
-            .prepare_cached("UPDATE dead_letters SET retried_at = ?2 WHERE id = ?1")?
-            .execute(params![id, at])?;
-        Ok(())
+        self.with(|b| {
+            b.execute("UPDATE dead_letters SET retried_at = $2 WHERE id = $1", params![id, at])?;
+            Ok(())
+        })
     }
 
     /// Snapshot ids the pipeline records need (stage outputs that keys
@@ -427,7 +466,7 @@ impl Db {
 }
 
 fn insert_event(
-    conn: &rusqlite::Connection,
+    b: &mut dyn Backend,
     run: &str,
     stage: Option<&str>,
     branch: Option<&str>,
@@ -435,9 +474,10 @@ fn insert_event(
     detail: &str,
     snapshot: Option<&str>,
 ) -> Result<(), StateError> {
-    conn.prepare_cached(
-        "INSERT INTO events (run_id, stage, branch, kind, detail, snapshot_id, created_at) VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7)",
-    )?
-    .execute(params![run, stage, branch, kind, detail, snapshot, crate::now_ms()])?;
+    b.execute(
+        "INSERT INTO events (run_id, stage, branch, kind, detail, snapshot_id, created_at)
+         VALUES ($1, $2, $3, $4, $5, $6, $7)",
+        params![run, stage, branch, kind, detail, snapshot, crate::now_ms()],
+    )?;
     Ok(())
 }

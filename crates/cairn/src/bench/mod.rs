@@ -78,6 +78,9 @@ pub fn run(user_home: Home, which: &[Which], runs: usize, json: bool) -> Result<
     if runs < 5 {
         bail!("--runs must be at least 5 to give a median and a p95");
     }
+    // The benchmark's scratch state directories keep their own embedded
+    // stores; the `cairn` processes it starts must not inherit the user's.
+    std::env::remove_var("CAIRN_STATE");
     let bench = Bench::prepare(user_home)?;
     let mut results = Vec::new();
     for w in which {

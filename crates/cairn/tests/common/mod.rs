@@ -34,6 +34,8 @@ pub fn skip(test: &str) -> bool {
 /// A fresh state directory with the busybox image, removed (after a gc) on drop.
 pub struct Home {
     pub dir: tempfile::TempDir,
+    /// The state store's URL (`CAIRN_STATE`); None: the embedded store.
+    pub state: Option<String>,
 }
 
 /// One busybox build for the whole test binary; each home imports it.
@@ -72,8 +74,13 @@ fn busybox_layer() -> &'static Path {
 
 impl Home {
     pub fn new() -> Home {
+        Home::with_state(None)
+    }
+
+    /// A home whose state is in the store `state` names (e.g. a PostgreSQL URL).
+    pub fn with_state(state: Option<String>) -> Home {
         let dir = tempfile::Builder::new().prefix("cairn-e2e").tempdir_in("/tmp").unwrap();
-        let home = Home { dir };
+        let home = Home { dir, state };
         let out = home.cairn(&[
             "image",
             "import",
@@ -102,6 +109,10 @@ impl Home {
     pub fn command(&self, args: &[&str]) -> Command {
         let mut c = Command::new(CAIRN);
         c.args(args).env("CAIRN_HOME", self.path()).stdin(Stdio::null());
+        match &self.state {
+            Some(url) => c.env("CAIRN_STATE", url),
+            None => c.env_remove("CAIRN_STATE"),
+        };
         c
     }
 

@@ -1,0 +1,419 @@
+//! The state store on PostgreSQL (`--state postgres://…`), for state that
+//! must outlive the host or be shared by many processes.
+//!
+//! READ COMMITTED: every compare-and-set is one `UPDATE … WHERE state = $x`,
+//! which PostgreSQL re-checks against the newest row version after waiting
+//! for a concurrent writer, so exactly one of two racing transitions wins.
+//! A database belongs to one Cairn state directory (its chunk store,
+//! layers and sandboxes are local): the first open records the home's
+//! identity and later opens from another home are refused.
+
+use std::collections::HashMap;
+use std::str::FromStr;
+use std::time::Duration;
+
+use postgres::error::SqlState;
+use postgres::types::{ToSql, Type};
+use postgres::{Client, Config, NoTls, Statement};
+
+use super::backend::{error_chain, Backend, BackendError, BackendKind, Row, Value};
+use super::StateError;
+
+/// The schema version is the number of migrations applied, as SQLite's
+/// `user_version` is; the two lists stay in step, one file each.
+const MIGRATIONS: &[&str] = &[
+    include_str!("../../migrations/postgres/0001_sandboxes_images.sql"),
+    include_str!("../../migrations/postgres/0002_snapshots.sql"),
+    include_str!("../../migrations/postgres/0003_runs.sql"),
+];
+
+/// Serialises migrations (and the home claim) between processes opening
+/// one database at once: "cairn" and a version of this lock's meaning.
+const MIGRATION_LOCK: i64 = 0x6361_6972_6e00_0001;
+
+/// The bookkeeping tables, outside the numbered migrations: the schema
+/// version and the state directory the database belongs to.
+const BOOKKEEPING: &str = "
+CREATE TABLE IF NOT EXISTS cairn_schema (
+    version  BIGINT NOT NULL
+);
+CREATE TABLE IF NOT EXISTS cairn_home (
+    singleton   BOOLEAN PRIMARY KEY DEFAULT TRUE CHECK (singleton),
+    home_id     TEXT NOT NULL,
+    home_path   TEXT NOT NULL,
+    claimed_at  BIGINT NOT NULL
+);
+";
+
+/// A parsed `postgres://` URL and how to name it without its password.
+#[derive(Clone)]
+pub struct PostgresTarget {
+    config: Config,
+    shown: String,
+}
+
+impl std::fmt::Debug for PostgresTarget {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(&self.shown)
+    }
+}
+
+impl PostgresTarget {
+    pub fn parse(url: &str) -> Result<PostgresTarget, StateError> {
+        let mut config = Config::from_str(url).map_err(|e| StateError::BadLocation {
+            shown: redact(url),
+            reason: scrub(&error_chain(&e), url),
+        })?;
+        if config.get_connect_timeout().is_none() {
+            config.connect_timeout(Duration::from_secs(10));
+        }
+        let hosts: Vec<String> = config
+            .get_hosts()
+            .iter()
+            .enumerate()
+            .map(|(i, h)| {
+                let port = config
+                    .get_ports()
+                    .get(i)
+                    .or(config.get_ports().first())
+                    .unwrap_or(&5432);
+                match h {
+                    postgres::config::Host::Tcp(name) => format!("{name}:{port}"),
+                    postgres::config::Host::Unix(dir) => format!("{}:{port}", dir.display()),
+                }
+            })
+            .collect();
+        let hosts = if hosts.is_empty() {
+            "localhost:5432".to_string()
+        } else {
+            hosts.join(",")
+        };
+        let db = config.get_dbname().or(config.get_user()).unwrap_or("postgres");
+        Ok(PostgresTarget {
+            shown: format!("{hosts}/{db}"),
+            config,
+        })
+    }
+
+    /// `HOST:PORT/DATABASE`: never the user's password.
+    pub fn shown(&self) -> &str {
+        &self.shown
+    }
+}
+
+/// The URL with any password replaced by `***`, for error messages.
+pub(crate) fn redact(url: &str) -> String {
+    let Some((scheme, rest)) = url.split_once("://") else {
+        return url.to_string();
+    };
+    let authority_end = rest.find(['/', '?']).unwrap_or(rest.len());
+    let (authority, tail) = rest.split_at(authority_end);
+    match authority.rsplit_once('@') {
+        Some((userinfo, host)) => {
+            let user = userinfo.split_once(':').map_or(userinfo, |(u, _)| u);
+            let hidden = if userinfo.contains(':') { ":***" } else { "" };
+            // A password in the query string (`?password=…`) goes too.
+            let tail = redact_query(tail);
+            format!("{scheme}://{user}{hidden}@{host}{tail}")
+        }
+        None => format!("{scheme}://{authority}{}", redact_query(tail)),
+    }
+}
+
+/// `text` without the password `url` holds, should a message quote it.
+fn scrub(text: &str, url: &str) -> String {
+    let Some((_, rest)) = url.split_once("://") else {
+        return text.to_string();
+    };
+    let authority = &rest[..rest.find(['/', '?']).unwrap_or(rest.len())];
+    match authority
+        .rsplit_once('@')
+        .and_then(|(userinfo, _)| userinfo.split_once(':'))
+    {
+        Some((_, password)) if password.len() >= 4 => text.replace(password, "***"),
+        _ => text.to_string(),
+    }
+}
+
+fn redact_query(tail: &str) -> String {
+    let Some((path, query)) = tail.split_once('?') else {
+        return tail.to_string();
+    };
+    let query: Vec<String> = query
+        .split('&')
+        .map(|kv| match kv.split_once('=') {
+            Some((k, _)) if k.eq_ignore_ascii_case("password") => format!("{k}=***"),
+            _ => kv.to_string(),
+        })
+        .collect();
+    format!("{path}?{}", query.join("&"))
+}
+
+/// Who opens the database: the state directory's identity and path.
+pub struct Claimant<'a> {
+    pub id: &'a str,
+    pub path: &'a str,
+}
+
+pub struct PostgresBackend {
+    client: Client,
+    statements: HashMap<String, Statement>,
+}
+
+impl PostgresBackend {
+    /// Connects, migrates, and claims the database for `home` (or checks
+    /// that it already belongs to it).
+    pub fn open(target: &PostgresTarget, home: &Claimant<'_>) -> Result<PostgresBackend, StateError> {
+        let mut client = target.config.connect(NoTls).map_err(|e| StateError::Connect {
+            target: target.shown.clone(),
+            reason: match target.config.get_password() {
+                Some(p) if p.len() >= 4 => error_chain(&e).replace(&*String::from_utf8_lossy(p), "***"),
+                Some(_) => error_chain(&e),
+                None => error_chain(&e),
+            },
+        })?;
+        migrate(&mut client, target, home)?;
+        Ok(PostgresBackend {
+            client,
+            statements: HashMap::new(),
+        })
+    }
+
+    fn statement(&mut self, sql: &str) -> Result<Statement, BackendError> {
+        if let Some(s) = self.statements.get(sql) {
+            return Ok(s.clone());
+        }
+        let s = self.client.prepare(sql).map_err(classify)?;
+        self.statements.insert(sql.to_string(), s.clone());
+        Ok(s)
+    }
+
+    fn bound(stmt: &Statement, params: &[Value]) -> Result<Vec<Box<dyn ToSql + Sync>>, BackendError> {
+        stmt.params()
+            .iter()
+            .zip(params)
+            .enumerate()
+            .map(|(i, (ty, v))| bind(i, v, ty))
+            .collect()
+    }
+}
+
+fn migrate(client: &mut Client, target: &PostgresTarget, home: &Claimant<'_>) -> Result<(), StateError> {
+    let mut tx = client.transaction().map_err(BackendError::from)?;
+    tx.execute("SELECT pg_advisory_xact_lock($1)", &[&MIGRATION_LOCK])
+        .map_err(BackendError::from)?;
+    tx.batch_execute(BOOKKEEPING).map_err(BackendError::from)?;
+    let version: i64 = match tx
+        .query_opt("SELECT version FROM cairn_schema", &[])
+        .map_err(BackendError::from)?
+    {
+        Some(row) => row.get(0),
+        None => {
+            tx.execute("INSERT INTO cairn_schema (version) VALUES (0)", &[])
+                .map_err(BackendError::from)?;
+            0
+        }
+    };
+    let known = MIGRATIONS.len() as i64;
+    if version > known {
+        return Err(StateError::FutureSchema { found: version, known });
+    }
+    for (i, sql) in MIGRATIONS.iter().enumerate().skip(version as usize) {
+        tx.batch_execute(sql).map_err(BackendError::from)?;
+        tx.execute("UPDATE cairn_schema SET version = $1", &[&(i as i64 + 1)])
+            .map_err(BackendError::from)?;
+    }
+    tx.execute(
+        "INSERT INTO cairn_home (home_id, home_path, claimed_at) VALUES ($1, $2, $3) ON CONFLICT DO NOTHING",
+        &[&home.id, &home.path, &crate::now_ms()],
+    )
+    .map_err(BackendError::from)?;
+    let owner = tx
+        .query_one("SELECT home_id, home_path FROM cairn_home", &[])
+        .map_err(BackendError::from)?;
+    let (owner_id, owner_path): (String, String) = (owner.get(0), owner.get(1));
+    if owner_id != home.id {
+        return Err(StateError::ForeignHome {
+            target: target.shown.clone(),
+            owner: owner_path,
+            home: home.path.to_string(),
+        });
+    }
+    tx.commit().map_err(BackendError::from)?;
+    Ok(())
+}
+
+/// A value for a parameter of type `ty`; a value that does not fit is an
+/// error naming the parameter.
+fn bind(index: usize, v: &Value, ty: &Type) -> Result<Box<dyn ToSql + Sync>, BackendError> {
+    let mismatch = || BackendError::Bind {
+        index: index + 1,
+        value: format!("{v:?}"),
+        ty: ty.to_string(),
+    };
+    Ok(match v {
+        Value::Null => {
+            if *ty == Type::INT8 {
+                Box::new(None::<i64>)
+            } else if *ty == Type::INT4 {
+                Box::new(None::<i32>)
+            } else if *ty == Type::INT2 {
+                Box::new(None::<i16>)
+            } else if *ty == Type::FLOAT8 {
+                Box::new(None::<f64>)
+            } else if *ty == Type::BOOL {
+                Box::new(None::<bool>)
+            } else if *ty == Type::BYTEA {
+                Box::new(None::<Vec<u8>>)
+            } else {
+                Box::new(None::<String>)
+            }
+        }
+        Value::Int(i) => {
+            if *ty == Type::INT8 {
+                Box::new(*i)
+            } else if *ty == Type::INT4 {
+                Box::new(i32::try_from(*i).map_err(|_| mismatch())?)
+            } else if *ty == Type::INT2 {
+                Box::new(i16::try_from(*i).map_err(|_| mismatch())?)
+            } else if *ty == Type::FLOAT8 {
+                Box::new(*i as f64)
+            } else if *ty == Type::BOOL {
+                Box::new(*i != 0)
+            } else {
+                return Err(mismatch());
+            }
+        }
+        Value::Real(r) => {
+            if *ty == Type::FLOAT8 {
+                Box::new(*r)
+            } else {
+                return Err(mismatch());
+            }
+        }
+        Value::Text(s) => {
+            if <String as ToSql>::accepts(ty) {
+                Box::new(s.clone())
+            } else {
+                return Err(mismatch());
+            }
+        }
+        Value::Blob(b) => {
+            if *ty == Type::BYTEA {
+                Box::new(b.clone())
+            } else {
+                return Err(mismatch());
+            }
+        }
+    })
+}
+
+fn value_at(row: &postgres::Row, i: usize) -> Result<Value, BackendError> {
+    let ty = row.columns()[i].type_();
+    let v = if *ty == Type::INT8 {
+        row.try_get::<_, Option<i64>>(i)?.map(Value::Int)
+    } else if *ty == Type::INT4 {
+        row.try_get::<_, Option<i32>>(i)?.map(|v| Value::Int(v.into()))
+    } else if *ty == Type::INT2 {
+        row.try_get::<_, Option<i16>>(i)?.map(|v| Value::Int(v.into()))
+    } else if *ty == Type::FLOAT8 {
+        row.try_get::<_, Option<f64>>(i)?.map(Value::Real)
+    } else if *ty == Type::FLOAT4 {
+        row.try_get::<_, Option<f32>>(i)?.map(|v| Value::Real(v.into()))
+    } else if *ty == Type::BOOL {
+        row.try_get::<_, Option<bool>>(i)?.map(|v| Value::Int(v.into()))
+    } else if *ty == Type::BYTEA {
+        row.try_get::<_, Option<Vec<u8>>>(i)?.map(Value::Blob)
+    } else {
+        row.try_get::<_, Option<String>>(i)?.map(Value::Text)
+    };
+    Ok(v.unwrap_or(Value::Null))
+}
+
+/// Maps unique violations to [`BackendError::Unique`], naming single-column
+/// constraints `table.column` as SQLite does.
+fn classify(e: postgres::Error) -> BackendError {
+    if e.code() == Some(&SqlState::UNIQUE_VIOLATION) {
+        if let Some(db) = e.as_db_error() {
+            let constraint = db.constraint().unwrap_or_default();
+            let column = db.table().and_then(|t| {
+                constraint
+                    .strip_prefix(t)
+                    .and_then(|c| c.strip_prefix('_'))
+                    .and_then(|c| c.strip_suffix("_key"))
+                    .map(|c| format!("{t}.{c}"))
+            });
+            return BackendError::Unique {
+                target: column.unwrap_or_else(|| constraint.to_string()),
+            };
+        }
+    }
+    BackendError::Postgres(e)
+}
+
+impl Backend for PostgresBackend {
+    fn kind(&self) -> BackendKind {
+        BackendKind::Postgres
+    }
+
+    fn execute(&mut self, sql: &str, params: &[Value]) -> Result<u64, BackendError> {
+        let stmt = self.statement(sql)?;
+        let bound = Self::bound(&stmt, params)?;
+        let refs: Vec<&(dyn ToSql + Sync)> = bound.iter().map(|b| b.as_ref()).collect();
+        self.client.execute(&stmt, &refs).map_err(classify)
+    }
+
+    fn query(&mut self, sql: &str, params: &[Value]) -> Result<Vec<Row>, BackendError> {
+        let stmt = self.statement(sql)?;
+        let bound = Self::bound(&stmt, params)?;
+        let refs: Vec<&(dyn ToSql + Sync)> = bound.iter().map(|b| b.as_ref()).collect();
+        let rows = self.client.query(&stmt, &refs).map_err(classify)?;
+        rows.iter()
+            .map(|r| {
+                (0..r.len())
+                    .map(|i| value_at(r, i))
+                    .collect::<Result<Vec<_>, _>>()
+                    .map(Row)
+            })
+            .collect()
+    }
+
+    fn batch(&mut self, sql: &str) -> Result<(), BackendError> {
+        self.client.batch_execute(sql).map_err(classify)
+    }
+
+    fn begin(&mut self) -> Result<(), BackendError> {
+        Ok(self.client.batch_execute("BEGIN")?)
+    }
+
+    fn commit(&mut self) -> Result<(), BackendError> {
+        Ok(self.client.batch_execute("COMMIT")?)
+    }
+
+    fn rollback(&mut self) -> Result<(), BackendError> {
+        Ok(self.client.batch_execute("ROLLBACK")?)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn passwords_never_show() {
+        assert_eq!(
+            redact("postgres://cairn:s3cret@db.example:5433/state?sslmode=disable&password=x"),
+            "postgres://cairn:***@db.example:5433/state?sslmode=disable&password=***"
+        );
+        assert_eq!(redact("postgresql://db/state"), "postgresql://db/state");
+        let t = PostgresTarget::parse("postgres://cairn:s3cret@db.example:5433/state").unwrap();
+        assert_eq!(t.shown(), "db.example:5433/state");
+        assert!(!format!("{t:?}").contains("s3cret"));
+    }
+
+    #[test]
+    fn a_url_without_a_database_names_the_users_database() {
+        let t = PostgresTarget::parse("postgresql://alice@127.0.0.1").unwrap();
+        assert_eq!(t.shown(), "127.0.0.1:5432/alice");
+    }
+}

@@ -1,0 +1,240 @@
+//! The embedded state store on SQLite (the default: `$CAIRN_HOME/state.db`).
+//!
+//! WAL mode with `synchronous=NORMAL`: a commit survives a crash of any
+//! process (the WAL is in the OS page cache) and costs no fsync; only a
+//! power loss can drop the last commits, and then the garbage collector
+//! reconciles the host with the rows. Several Cairn processes may use one
+//! state directory at once; writers wait for each other (`busy_timeout`).
+
+use std::path::Path;
+use std::time::Duration;
+
+use rusqlite::types::{ToSqlOutput, ValueRef};
+use rusqlite::{Connection, ToSql};
+
+use super::backend::{Backend, BackendError, BackendKind, Row, Value};
+use super::StateError;
+
+/// `PRAGMA user_version` counts the migrations applied.
+const MIGRATIONS: &[&str] = &[
+    include_str!("../../migrations/sqlite/0001_sandboxes_images.sql"),
+    include_str!("../../migrations/sqlite/0002_snapshots.sql"),
+    include_str!("../../migrations/sqlite/0003_runs.sql"),
+];
+
+pub struct SqliteBackend {
+    conn: Connection,
+}
+
+impl SqliteBackend {
+    /// Opens (creating if needed) and migrates the database at `path`.
+    pub fn open(path: &Path) -> Result<SqliteBackend, StateError> {
+        let open = || -> Result<Connection, rusqlite::Error> {
+            let conn = Connection::open(path)?;
+            conn.busy_timeout(Duration::from_secs(30))?;
+            conn.pragma_update(None, "journal_mode", "WAL")?;
+            conn.pragma_update(None, "synchronous", "NORMAL")?;
+            conn.pragma_update(None, "foreign_keys", "ON")?;
+            Ok(conn)
+        };
+        let mut conn = open().map_err(BackendError::from)?;
+        migrate(&mut conn)?;
+        Ok(SqliteBackend { conn })
+    }
+
+    /// The schema version the database records.
+    pub fn schema_version(&self) -> Result<i64, BackendError> {
+        Ok(self.conn.pragma_query_value(None, "user_version", |r| r.get(0))?)
+    }
+}
+
+fn migrate(conn: &mut Connection) -> Result<(), StateError> {
+    let version: i64 = conn
+        .pragma_query_value(None, "user_version", |r| r.get(0))
+        .map_err(BackendError::from)?;
+    let known = MIGRATIONS.len() as i64;
+    if version > known {
+        return Err(StateError::FutureSchema { found: version, known });
+    }
+    for (i, sql) in MIGRATIONS.iter().enumerate().skip(version as usize) {
+        let mut step = || -> Result<(), rusqlite::Error> {
+            let tx = conn.transaction_with_behavior(rusqlite::TransactionBehavior::Immediate)?;
+            // Another process may have migrated while this one waited.
+            let now: i64 = tx.pragma_query_value(None, "user_version", |r| r.get(0))?;
+            if now <= i as i64 {
+                tx.execute_batch(sql)?;
+                tx.pragma_update(None, "user_version", i as i64 + 1)?;
+            }
+            tx.commit()
+        };
+        step().map_err(BackendError::from)?;
+    }
+    Ok(())
+}
+
+/// Rewrites PostgreSQL's `$N` placeholders to SQLite's `?N` (the same
+/// numbered semantics; SQLite reads a bare `$1` as a *named* parameter,
+/// numbered by first appearance). Quoted strings and identifiers are
+/// copied as they are.
+pub(crate) fn sqlite_placeholders(sql: &str) -> String {
+    let mut out = String::with_capacity(sql.len());
+    let mut quote: Option<char> = None;
+    let mut chars = sql.chars().peekable();
+    while let Some(c) = chars.next() {
+        match quote {
+            Some(q) => {
+                if c == q {
+                    quote = None;
+                }
+                out.push(c);
+            }
+            None if c == '\'' || c == '"' => {
+                quote = Some(c);
+                out.push(c);
+            }
+            None if c == '$' && chars.peek().is_some_and(char::is_ascii_digit) => out.push('?'),
+            None => out.push(c),
+        }
+    }
+    out
+}
+
+impl ToSql for Value {
+    fn to_sql(&self) -> rusqlite::Result<ToSqlOutput<'_>> {
+        Ok(ToSqlOutput::Borrowed(match self {
+            Value::Null => ValueRef::Null,
+            Value::Int(i) => ValueRef::Integer(*i),
+            Value::Real(r) => ValueRef::Real(*r),
+            Value::Text(s) => ValueRef::Text(s.as_bytes()),
+            Value::Blob(b) => ValueRef::Blob(b),
+        }))
+    }
+}
+
+fn value_of(v: ValueRef<'_>) -> Value {
+    match v {
+        ValueRef::Null => Value::Null,
+        ValueRef::Integer(i) => Value::Int(i),
+        ValueRef::Real(r) => Value::Real(r),
+        ValueRef::Text(t) => Value::Text(String::from_utf8_lossy(t).into_owned()),
+        ValueRef::Blob(b) => Value::Blob(b.to_vec()),
+    }
+}
+
+/// Maps "UNIQUE constraint failed: sandboxes.name" to [`BackendError::Unique`].
+fn classify(e: rusqlite::Error) -> BackendError {
+    if let rusqlite::Error::SqliteFailure(f, Some(msg)) = &e {
+        if f.code == rusqlite::ErrorCode::ConstraintViolation {
+            for prefix in ["UNIQUE constraint failed: ", "PRIMARY KEY constraint failed: "] {
+                if let Some(target) = msg.strip_prefix(prefix) {
+                    return BackendError::Unique {
+                        target: target.to_string(),
+                    };
+                }
+            }
+        }
+    }
+    BackendError::Sqlite(e)
+}
+
+impl Backend for SqliteBackend {
+    fn kind(&self) -> BackendKind {
+        BackendKind::Sqlite
+    }
+
+    fn execute(&mut self, sql: &str, params: &[Value]) -> Result<u64, BackendError> {
+        let mut stmt = self.conn.prepare_cached(&sqlite_placeholders(sql))?;
+        let n = stmt
+            .execute(rusqlite::params_from_iter(params.iter()))
+            .map_err(classify)?;
+        Ok(n as u64)
+    }
+
+    fn query(&mut self, sql: &str, params: &[Value]) -> Result<Vec<Row>, BackendError> {
+        let mut stmt = self.conn.prepare_cached(&sqlite_placeholders(sql))?;
+        let width = stmt.column_count();
+        let mut rows = stmt
+            .query(rusqlite::params_from_iter(params.iter()))
+            .map_err(classify)?;
+        let mut out = Vec::new();
+        while let Some(r) = rows.next().map_err(classify)? {
+            let mut values = Vec::with_capacity(width);
+            for i in 0..width {
+                values.push(value_of(r.get_ref(i)?));
+            }
+            out.push(Row(values));
+        }
+        Ok(out)
+    }
+
+    fn batch(&mut self, sql: &str) -> Result<(), BackendError> {
+        self.conn.execute_batch(sql).map_err(classify)
+    }
+
+    fn begin(&mut self) -> Result<(), BackendError> {
+        Ok(self.conn.execute_batch("BEGIN IMMEDIATE")?)
+    }
+
+    fn commit(&mut self) -> Result<(), BackendError> {
+        Ok(self.conn.execute_batch("COMMIT")?)
+    }
+
+    fn rollback(&mut self) -> Result<(), BackendError> {
+        Ok(self.conn.execute_batch("ROLLBACK")?)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn placeholders_become_numbered_outside_quotes() {
+        assert_eq!(
+            sqlite_placeholders("UPDATE t SET a = $2, b = '$1', \"c$1\" = $10 WHERE id = $1"),
+            "UPDATE t SET a = ?2, b = '$1', \"c$1\" = ?10 WHERE id = ?1"
+        );
+        assert_eq!(sqlite_placeholders("SELECT '$' || $1"), "SELECT '$' || ?1");
+    }
+
+    #[test]
+    fn placeholders_keep_their_numbers_out_of_order() {
+        let dir = tempfile::tempdir().unwrap();
+        let mut b = SqliteBackend::open(&dir.path().join("s.db")).unwrap();
+        let rows = b
+            .query("SELECT $2, $1, $2", &[Value::Int(1), Value::Text("two".into())])
+            .unwrap();
+        assert_eq!(
+            rows[0].0,
+            vec![Value::Text("two".into()), Value::Int(1), Value::Text("two".into())]
+        );
+    }
+
+    #[test]
+    fn a_database_of_an_older_schema_is_migrated_and_keeps_its_rows() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("s.db");
+        {
+            // What the first release wrote: migration 1, user_version 1.
+            let conn = Connection::open(&path).unwrap();
+            conn.execute_batch(MIGRATIONS[0]).unwrap();
+            conn.pragma_update(None, "user_version", 1).unwrap();
+            conn.execute(
+                "INSERT INTO sandboxes (id, name, image, driver, state, owner_pid, owner_start, memory_bytes,
+                 cpu_millis, pids_max, created_at, auto_remove) VALUES ('abc', 'old', 'busybox', 'native',
+                 'exited', 1, 1, 1, 1, 1, 5, 0)",
+                [],
+            )
+            .unwrap();
+        }
+        let mut b = SqliteBackend::open(&path).unwrap();
+        assert_eq!(b.schema_version().unwrap(), MIGRATIONS.len() as i64);
+        let rows = b
+            .query(
+                "SELECT name, last_snapshot FROM sandboxes WHERE id = $1",
+                &[Value::from("abc")],
+            )
+            .unwrap();
+        assert_eq!(rows[0].0, vec![Value::Text("old".into()), Value::Null]);
+    }
+}

@@ -1,0 +1,779 @@
+//! One conformance suite for every state store backend: each test below
+//! runs on SQLite (a temporary file) and on PostgreSQL (a database of its
+//! own on the throwaway cluster `cairn_engine::testing` starts, or on
+//! `CAIRN_TEST_POSTGRES`).
+
+use std::sync::{Arc, Barrier};
+use std::time::Duration;
+
+use cairn_engine::pipeline::records::{ArtifactRecord, DeadLetter, RunRecord, StageRecord};
+use cairn_engine::state::{BackendKind, Db, Value};
+use cairn_engine::testing::{self, TestDatabase};
+use cairn_engine::{Home, ImageRecord, SandboxRecord, SandboxState, SnapshotRecord, StateError};
+
+/// A state store to test: a state directory and, for PostgreSQL, its database.
+struct Store {
+    kind: BackendKind,
+    dir: tempfile::TempDir,
+    db: Option<TestDatabase>,
+}
+
+impl Store {
+    fn sqlite() -> Store {
+        Store {
+            kind: BackendKind::Sqlite,
+            dir: tempfile::tempdir().unwrap(),
+            db: None,
+        }
+    }
+
+    fn postgres(test: &str) -> Option<Store> {
+        Some(Store {
+            kind: BackendKind::Postgres,
+            dir: tempfile::tempdir().unwrap(),
+            db: Some(testing::postgres_database(test)?),
+        })
+    }
+
+    fn home(&self) -> Home {
+        let home = Home::at(self.dir.path());
+        match &self.db {
+            Some(db) => home.with_state(&db.url),
+            None => home,
+        }
+    }
+
+    /// A new connection to the store.
+    fn open(&self) -> Db {
+        let db = Db::open_home(&self.home()).unwrap_or_else(|e| panic!("open the {:?} store: {e}", self.kind));
+        assert_eq!(db.kind(), self.kind);
+        db
+    }
+
+    fn set_schema_version(&self, db: &Db, version: i64) {
+        let sql = match self.kind {
+            BackendKind::Sqlite => format!("PRAGMA user_version = {version}"),
+            BackendKind::Postgres => format!("UPDATE cairn_schema SET version = {version}"),
+        };
+        db.with(|b| Ok(b.batch(&sql)?)).unwrap();
+    }
+}
+
+macro_rules! conformance {
+    ($($name:ident),* $(,)?) => {
+        mod sqlite {
+            $(
+                #[test]
+                fn $name() {
+                    super::$name(&super::Store::sqlite());
+                }
+            )*
+        }
+        mod postgres {
+            $(
+                #[test]
+                fn $name() {
+                    if let Some(store) = super::Store::postgres(stringify!($name)) {
+                        super::$name(&store);
+                    }
+                }
+            )*
+        }
+    };
+}
+
+conformance!(
+    sandboxes_round_trip_with_every_field_and_their_layers_in_order,
+    a_taken_name_is_refused_and_leaves_the_store_usable,
+    invalid_transitions_name_both_states_and_lost_races_conflict,
+    owners_change_only_by_compare_and_set,
+    of_concurrent_transitions_from_several_connections_exactly_one_wins,
+    a_transition_waits_for_a_concurrent_transaction_then_conflicts,
+    images_are_replaced_whole_and_keep_layer_order,
+    layers_stay_referenced_while_an_image_sandbox_or_snapshot_names_them,
+    snapshots_keep_parents_labels_and_layers,
+    runs_are_found_by_prefix_finished_and_deleted_with_everything,
+    stages_upsert_and_record_the_first_completion_of_a_key,
+    checkpoints_newest_wins_even_within_one_millisecond,
+    artifacts_are_replaced_by_id_and_listed_per_run,
+    dead_letters_round_trip_and_remember_their_retry,
+    events_keep_their_order_and_snapshots,
+    a_newer_schema_is_refused,
+    a_failing_transaction_leaves_nothing,
+    reopening_keeps_everything,
+    stores_opened_at_once_migrate_once,
+);
+
+fn sandbox(id: &str, name: &str) -> SandboxRecord {
+    SandboxRecord {
+        id: id.into(),
+        name: name.into(),
+        image: "busybox".into(),
+        driver: "native".into(),
+        state: SandboxState::Creating,
+        pid: None,
+        pid_start: None,
+        owner_pid: 1,
+        owner_start: 1,
+        memory_bytes: 1 << 30,
+        cpu_millis: 1000,
+        pids_max: 100,
+        created_at: 5,
+        auto_remove: false,
+        ended_reason: None,
+        layers: vec!["b".into(), "a".into(), "c".into()],
+        services: vec!["sleep 1".into(), "httpd".into()],
+        last_snapshot: None,
+    }
+}
+
+fn snapshot(id: &str, parent: Option<&str>, sandbox: &str, label: Option<&str>, at: i64) -> SnapshotRecord {
+    SnapshotRecord {
+        id: id.into(),
+        parent_id: parent.map(Into::into),
+        sandbox_id: sandbox.into(),
+        image: "busybox".into(),
+        driver: "native".into(),
+        label: label.map(Into::into),
+        created_at: at,
+        new_bytes: 10,
+        stored_bytes: u64::MAX / 2,
+        layers: vec![format!("{id}-top"), "base".into()],
+    }
+}
+
+fn run(id: &str, at: i64) -> RunRecord {
+    RunRecord {
+        id: id.into(),
+        pipeline: "p".into(),
+        file: "p.toml".into(),
+        spec: "[pipeline]".into(),
+        params: "k=v".into(),
+        status: "running".into(),
+        created_at: at,
+        ended_at: None,
+        error: None,
+    }
+}
+
+fn stage(run: &str, name: &str, branch: &str, status: &str) -> StageRecord {
+    StageRecord {
+        run_id: run.into(),
+        stage: name.into(),
+        branch: branch.into(),
+        stage_key: format!("{name}{branch}-v1"),
+        status: status.into(),
+        attempts: 1,
+        input_snapshot: Some("in".into()),
+        output_snapshot: None,
+        sandbox_id: Some("sb".into()),
+        started_at: Some(100),
+        ended_at: None,
+        error: None,
+        metric: None,
+    }
+}
+
+fn sandboxes_round_trip_with_every_field_and_their_layers_in_order(store: &Store) {
+    let mut db = store.open();
+    let mut rec = sandbox("abc123", "one");
+    rec.pid_start = Some(u64::MAX - 1);
+    rec.owner_start = 1 << 40;
+    rec.auto_remove = true;
+    rec.last_snapshot = Some("snap".into());
+    db.insert_sandbox(&rec).unwrap();
+    db.insert_sandbox(&sandbox("abd456", "two")).unwrap();
+    let got = db.find_sandboxes("one").unwrap();
+    assert_eq!(got.len(), 1);
+    let got = &got[0];
+    assert_eq!(got.id, "abc123");
+    assert_eq!(got.layers, vec!["b", "a", "c"]);
+    assert_eq!(got.services, vec!["sleep 1", "httpd"]);
+    assert_eq!(got.pid_start, Some(u64::MAX - 1));
+    assert_eq!(got.owner_start, 1 << 40);
+    assert_eq!(got.memory_bytes, 1 << 30);
+    assert!(got.auto_remove);
+    assert_eq!(got.state, SandboxState::Creating);
+    assert_eq!(got.last_snapshot.as_deref(), Some("snap"));
+    // Prefixes of at least three characters match; an exact id wins.
+    assert_eq!(db.find_sandboxes("ab").unwrap().len(), 0);
+    assert_eq!(db.find_sandboxes("abc").unwrap().len(), 1);
+    assert_eq!(db.find_sandboxes("ab_").unwrap().len(), 0, "no LIKE wildcards");
+    assert_eq!(db.find_sandboxes("abc123").unwrap()[0].name, "one");
+    let all: Vec<String> = db.sandboxes().unwrap().into_iter().map(|s| s.id).collect();
+    assert_eq!(all, vec!["abc123", "abd456"]);
+    db.set_sandbox_layers("abc123", &["z".into()], &[], Some("other"))
+        .unwrap();
+    let got = &db.find_sandboxes("abc123").unwrap()[0];
+    assert_eq!(got.layers, vec!["z"]);
+    assert!(got.services.is_empty());
+    assert_eq!(got.last_snapshot.as_deref(), Some("other"));
+    db.delete_sandbox("abc123").unwrap();
+    assert!(db.find_sandboxes("abc123").unwrap().is_empty());
+}
+
+fn a_taken_name_is_refused_and_leaves_the_store_usable(store: &Store) {
+    let mut db = store.open();
+    db.insert_sandbox(&sandbox("abc123", "one")).unwrap();
+    let err = db.insert_sandbox(&sandbox("def456", "one")).unwrap_err();
+    assert!(matches!(err, StateError::NameTaken(ref n) if n == "one"), "{err}");
+    assert!(err.to_string().contains("cairn rm -f one"), "{err}");
+    // Nothing of the refused sandbox stayed, and the next write works.
+    assert!(db.find_sandboxes("def456").unwrap().is_empty());
+    db.insert_sandbox(&sandbox("def456", "two")).unwrap();
+    assert_eq!(db.find_sandboxes("def456").unwrap()[0].layers.len(), 3);
+    // A duplicate id is an error too, but not a taken name.
+    let err = db.insert_sandbox(&sandbox("def456", "three")).unwrap_err();
+    assert!(!matches!(err, StateError::NameTaken(_)), "{err}");
+}
+
+fn invalid_transitions_name_both_states_and_lost_races_conflict(store: &Store) {
+    let mut db = store.open();
+    db.insert_sandbox(&sandbox("abc123", "one")).unwrap();
+    let err = db
+        .transition("abc123", SandboxState::Exited, SandboxState::Running, None)
+        .unwrap_err();
+    assert_eq!(err.to_string(), "sandbox abc123 cannot go from exited to running");
+    let err = db
+        .transition("abc123", SandboxState::Running, SandboxState::Exited, None)
+        .unwrap_err();
+    assert!(matches!(err, StateError::Conflict(_)), "{err}");
+    db.set_running("abc123", 10, 20).unwrap();
+    assert!(matches!(db.set_running("abc123", 11, 21), Err(StateError::Conflict(_))));
+    let got = &db.find_sandboxes("abc123").unwrap()[0];
+    assert_eq!(
+        (got.state, got.pid, got.pid_start),
+        (SandboxState::Running, Some(10), Some(20))
+    );
+    db.set_process("abc123", 12, 22).unwrap();
+    db.transition("abc123", SandboxState::Running, SandboxState::Exited, Some("killed"))
+        .unwrap();
+    // No reason keeps the recorded one.
+    db.transition("abc123", SandboxState::Exited, SandboxState::Removing, None)
+        .unwrap();
+    let got = &db.find_sandboxes("abc123").unwrap()[0];
+    assert_eq!(got.state, SandboxState::Removing);
+    assert_eq!(got.pid, Some(12));
+    assert_eq!(got.ended_reason.as_deref(), Some("killed"));
+    assert!(matches!(
+        db.transition("nope", SandboxState::Creating, SandboxState::Running, None),
+        Err(StateError::Conflict(_))
+    ));
+}
+
+fn owners_change_only_by_compare_and_set(store: &Store) {
+    let mut db = store.open();
+    db.insert_sandbox(&sandbox("abc123", "one")).unwrap();
+    assert!(!db.take_over("abc123", (2, 2), (3, 3)).unwrap());
+    assert!(db.take_over("abc123", (1, 1), (3, u64::MAX)).unwrap());
+    assert!(!db.take_over("abc123", (1, 1), (4, 4)).unwrap());
+    let got = &db.find_sandboxes("abc123").unwrap()[0];
+    assert_eq!((got.owner_pid, got.owner_start), (3, u64::MAX));
+    db.set_owner("abc123", 5, 6).unwrap();
+    assert!(db.take_over("abc123", (5, 6), (7, 8)).unwrap());
+}
+
+fn of_concurrent_transitions_from_several_connections_exactly_one_wins(store: &Store) {
+    const ROUNDS: usize = 10;
+    const RACERS: usize = 4;
+    let mut setup = store.open();
+    for i in 0..ROUNDS {
+        setup
+            .insert_sandbox(&sandbox(&format!("race{i:03}"), &format!("r{i}")))
+            .unwrap();
+    }
+    let conns: Vec<Db> = (0..RACERS).map(|_| store.open()).collect();
+    let barrier = Arc::new(Barrier::new(RACERS));
+    let wins: Vec<Vec<bool>> = std::thread::scope(|s| {
+        let handles: Vec<_> = conns
+            .iter()
+            .map(|db| {
+                let barrier = barrier.clone();
+                s.spawn(move || {
+                    (0..ROUNDS)
+                        .map(|i| {
+                            barrier.wait();
+                            match db.transition(
+                                &format!("race{i:03}"),
+                                SandboxState::Creating,
+                                SandboxState::Exited,
+                                None,
+                            ) {
+                                Ok(()) => true,
+                                Err(StateError::Conflict(_)) => false,
+                                Err(e) => panic!("a racing transition failed: {e}"),
+                            }
+                        })
+                        .collect()
+                })
+            })
+            .collect();
+        handles.into_iter().map(|h| h.join().unwrap()).collect()
+    });
+    for i in 0..ROUNDS {
+        let winners = wins.iter().filter(|w| w[i]).count();
+        assert_eq!(winners, 1, "round {i}: {winners} connections won the same transition");
+    }
+}
+
+fn a_transition_waits_for_a_concurrent_transaction_then_conflicts(store: &Store) {
+    let mut a = store.open();
+    let b = store.open();
+    a.insert_sandbox(&sandbox("abc123", "one")).unwrap();
+    let (moved, go) = std::sync::mpsc::channel();
+    std::thread::scope(|s| {
+        let racer = s.spawn(move || {
+            go.recv().unwrap();
+            b.transition("abc123", SandboxState::Creating, SandboxState::Removing, None)
+        });
+        a.transaction(|tx| {
+            let n = tx.execute(
+                "UPDATE sandboxes SET state = 'exited' WHERE id = $1 AND state = 'creating'",
+                &[Value::from("abc123")],
+            )?;
+            assert_eq!(n, 1);
+            moved.send(()).unwrap();
+            // The other connection's compare-and-set must wait for this
+            // commit, then see that the sandbox is no longer creating.
+            std::thread::sleep(Duration::from_millis(300));
+            Ok(())
+        })
+        .unwrap();
+        let err = racer.join().unwrap().unwrap_err();
+        assert!(matches!(err, StateError::Conflict(_)), "{err}");
+    });
+    assert_eq!(a.find_sandboxes("abc123").unwrap()[0].state, SandboxState::Exited);
+}
+
+fn images_are_replaced_whole_and_keep_layer_order(store: &Store) {
+    let mut db = store.open();
+    let mut img = ImageRecord {
+        name: "img".into(),
+        source: "test".into(),
+        size_bytes: 1 << 33,
+        created_at: 7,
+        layers: vec!["top".into(), "mid".into(), "base".into()],
+    };
+    db.put_image(&img).unwrap();
+    let got = db.image("img").unwrap().unwrap();
+    assert_eq!(got.layers, vec!["top", "mid", "base"]);
+    assert_eq!(got.size_bytes, 1 << 33);
+    img.layers = vec!["new".into()];
+    img.source = "rebuilt".into();
+    db.put_image(&img).unwrap();
+    let got = db.image("img").unwrap().unwrap();
+    assert_eq!(
+        (got.source.as_str(), got.layers.clone()),
+        ("rebuilt", vec!["new".to_string()])
+    );
+    img.name = "another".into();
+    db.put_image(&img).unwrap();
+    let names: Vec<String> = db.images().unwrap().into_iter().map(|i| i.name).collect();
+    assert_eq!(names, vec!["another", "img"]);
+    assert!(db.delete_image("img").unwrap());
+    assert!(!db.delete_image("img").unwrap());
+    assert!(db.image("img").unwrap().is_none());
+}
+
+fn layers_stay_referenced_while_an_image_sandbox_or_snapshot_names_them(store: &Store) {
+    let mut db = store.open();
+    db.put_image(&ImageRecord {
+        name: "img".into(),
+        source: "test".into(),
+        size_bytes: 1,
+        created_at: 0,
+        layers: vec!["a".into()],
+    })
+    .unwrap();
+    db.insert_sandbox(&sandbox("abc123", "one")).unwrap();
+    db.insert_snapshot(&snapshot("s1", None, "abc123", None, 1)).unwrap();
+    assert!(db.delete_image("img").unwrap());
+    let refs = db.referenced_layers().unwrap();
+    assert!(
+        refs.contains("a") && refs.contains("s1-top") && refs.contains("base"),
+        "{refs:?}"
+    );
+    db.delete_sandbox("abc123").unwrap();
+    db.delete_snapshot("s1").unwrap();
+    assert!(db.referenced_layers().unwrap().is_empty());
+}
+
+fn snapshots_keep_parents_labels_and_layers(store: &Store) {
+    let mut db = store.open();
+    db.insert_sandbox(&sandbox("abc123", "one")).unwrap();
+    db.insert_snapshot(&snapshot("aaaa1111", None, "abc123", Some("base"), 1))
+        .unwrap();
+    db.insert_snapshot(&snapshot("aaaa2222", Some("aaaa1111"), "abc123", None, 2))
+        .unwrap();
+    db.insert_snapshot(&snapshot("bbbb3333", Some("aaaa2222"), "gone", Some("tip"), 3))
+        .unwrap();
+    assert_eq!(
+        db.find_sandboxes("abc123").unwrap()[0].last_snapshot.as_deref(),
+        Some("aaaa2222")
+    );
+    let all = db.snapshots().unwrap();
+    let lineage: Vec<(String, Option<String>)> = all.iter().map(|s| (s.id.clone(), s.parent_id.clone())).collect();
+    assert_eq!(
+        lineage,
+        vec![
+            ("aaaa1111".into(), None),
+            ("aaaa2222".into(), Some("aaaa1111".into())),
+            ("bbbb3333".into(), Some("aaaa2222".into()))
+        ]
+    );
+    assert_eq!(all[2].layers, vec!["bbbb3333-top", "base"]);
+    assert_eq!(all[2].stored_bytes, u64::MAX / 2);
+    // By label, by a prefix of at least four characters, newest first.
+    assert_eq!(db.find_snapshots("tip").unwrap()[0].id, "bbbb3333");
+    assert_eq!(db.find_snapshots("base").unwrap()[0].id, "aaaa1111");
+    let by_prefix: Vec<String> = db.find_snapshots("aaaa").unwrap().into_iter().map(|s| s.id).collect();
+    assert_eq!(by_prefix, vec!["aaaa2222", "aaaa1111"]);
+    assert!(db.find_snapshots("aaa").unwrap().is_empty());
+    // Recording the same snapshot again keeps one row.
+    db.insert_snapshot(&snapshot("aaaa1111", None, "abc123", Some("base"), 1))
+        .unwrap();
+    assert_eq!(db.snapshots().unwrap().len(), 3);
+    assert_eq!(db.find_snapshots("aaaa1111").unwrap()[0].layers.len(), 2);
+    db.delete_snapshot("aaaa1111").unwrap();
+    let left = db.find_snapshots("aaaa2222").unwrap();
+    assert_eq!(
+        left[0].parent_id.as_deref(),
+        Some("aaaa1111"),
+        "children keep their lineage"
+    );
+    assert_eq!(left[0].layers.len(), 2);
+}
+
+fn runs_are_found_by_prefix_finished_and_deleted_with_everything(store: &Store) {
+    let mut db = store.open();
+    db.insert_run(&run("run111", 1)).unwrap();
+    db.insert_run(&run("run222", 2)).unwrap();
+    db.insert_run(&run("xyz333", 3)).unwrap();
+    assert_eq!(db.find_runs("run").unwrap().len(), 2);
+    assert_eq!(db.find_runs("ru").unwrap().len(), 0);
+    assert_eq!(db.find_runs("xyz333").unwrap()[0].params, "k=v");
+    db.finish_run("run111", "failed", Some("stage a died"), 50).unwrap();
+    let got = &db.find_runs("run111").unwrap()[0];
+    assert_eq!(
+        (got.status.as_str(), got.error.as_deref(), got.ended_at),
+        ("failed", Some("stage a died"), Some(50))
+    );
+    let mut done = stage("run111", "a", "", "completed");
+    done.output_snapshot = Some("out".into());
+    db.put_stage(&done, Some(("completed", "ok", Some("out")))).unwrap();
+    db.add_checkpoint("run111", "a", "", "cp", 3).unwrap();
+    db.insert_artifact(&artifact("art1", "run111", "/o")).unwrap();
+    db.insert_dead_letter(&dead_letter("dl1", "run111")).unwrap();
+    db.put_stage(&stage("run222", "a", "", "running"), None).unwrap();
+    db.delete_run("run111").unwrap();
+    assert!(db.find_runs("run111").unwrap().is_empty());
+    assert!(db.stages_of("run111").unwrap().is_empty());
+    assert!(db.events_of("run111").unwrap().is_empty());
+    assert!(db.artifacts(Some("run111")).unwrap().is_empty());
+    assert!(db.dead_letters().unwrap().is_empty());
+    assert!(db.completed_key("a-v1").unwrap().is_none());
+    assert!(db.newest_checkpoint("run111", "a", "").unwrap().is_none());
+    assert!(db.pipeline_snapshots().unwrap().is_empty());
+    // Other runs are untouched.
+    assert_eq!(db.stages_of("run222").unwrap().len(), 1);
+    let ids: Vec<String> = db.runs().unwrap().into_iter().map(|r| r.id).collect();
+    assert_eq!(ids, vec!["run222", "xyz333"]);
+}
+
+fn stages_upsert_and_record_the_first_completion_of_a_key(store: &Store) {
+    let mut db = store.open();
+    db.insert_run(&run("run111", 1)).unwrap();
+    db.insert_run(&run("run222", 2)).unwrap();
+    let mut s = stage("run111", "train", "", "running");
+    db.put_stage(&s, Some(("started", "attempt 1", None))).unwrap();
+    assert!(db.completed_key("train-v1").unwrap().is_none());
+    s.attempts = 2;
+    s.status = "failed".into();
+    s.error = Some("exit 7".into());
+    db.put_stage(&s, Some(("retry", "attempt 2", None))).unwrap();
+    let got = db.stage("run111", "train", "").unwrap().unwrap();
+    assert_eq!(
+        (got.attempts, got.status.as_str(), got.error.as_deref()),
+        (2, "failed", Some("exit 7"))
+    );
+    s.status = "completed".into();
+    s.error = None;
+    s.output_snapshot = Some("out1".into());
+    s.ended_at = Some(200);
+    s.metric = Some(0.25);
+    db.put_stage(&s, Some(("completed", "done", Some("out1")))).unwrap();
+    assert_eq!(
+        db.completed_key("train-v1").unwrap(),
+        Some(("out1".into(), "run111".into(), Some(0.25)))
+    );
+    // A later completion of the same key keeps the first.
+    let mut again = s.clone();
+    again.run_id = "run222".into();
+    again.output_snapshot = Some("out2".into());
+    db.put_stage(&again, None).unwrap();
+    assert_eq!(db.completed_key("train-v1").unwrap().unwrap().0, "out1");
+    // Branch stages record their keys through complete_key only.
+    let mut branch = stage("run111", "search", "h1", "completed");
+    branch.output_snapshot = Some("bout".into());
+    branch.metric = Some(-3.5);
+    db.put_stage(&branch, None).unwrap();
+    assert!(db.completed_key("searchh1-v1").unwrap().is_none());
+    db.complete_key(&branch, 300).unwrap();
+    assert_eq!(db.completed_key("searchh1-v1").unwrap().unwrap().2, Some(-3.5));
+    assert!(db.stage("run111", "search", "h2").unwrap().is_none());
+    let mut late = stage("run111", "eval", "", "pending");
+    late.started_at = Some(400);
+    db.put_stage(&late, None).unwrap();
+    let order: Vec<(String, String)> = db
+        .stages_of("run111")
+        .unwrap()
+        .into_iter()
+        .map(|s| (s.stage, s.branch))
+        .collect();
+    assert_eq!(
+        order,
+        vec![
+            ("search".into(), "h1".into()),
+            ("train".into(), "".into()),
+            ("eval".into(), "".into())
+        ]
+    );
+    let kinds: Vec<String> = db.events_of("run111").unwrap().into_iter().map(|e| e.kind).collect();
+    assert_eq!(kinds, vec!["started", "retry", "completed"]);
+    assert!(db.pipeline_snapshots().unwrap().contains("out1"));
+}
+
+fn checkpoints_newest_wins_even_within_one_millisecond(store: &Store) {
+    let db = store.open();
+    db.add_checkpoint("r", "s", "", "cp1", 10).unwrap();
+    db.add_checkpoint("r", "s", "", "cp2", 20).unwrap();
+    db.add_checkpoint("r", "s", "", "cp3", 20).unwrap();
+    db.add_checkpoint("r", "s", "b", "other-branch", 30).unwrap();
+    assert_eq!(db.newest_checkpoint("r", "s", "").unwrap().as_deref(), Some("cp3"));
+    assert_eq!(
+        db.newest_checkpoint("r", "s", "b").unwrap().as_deref(),
+        Some("other-branch")
+    );
+    assert!(db.newest_checkpoint("r", "t", "").unwrap().is_none());
+    let events = db.events_of("r").unwrap();
+    assert_eq!(events.len(), 4);
+    assert!(events.iter().all(|e| e.kind == "checkpoint"));
+    assert_eq!(events[2].snapshot_id.as_deref(), Some("cp3"));
+    assert!(db.pipeline_snapshots().unwrap().contains("cp1"));
+}
+
+fn artifact(id: &str, run: &str, path: &str) -> ArtifactRecord {
+    ArtifactRecord {
+        id: id.into(),
+        run_id: run.into(),
+        stage: "a".into(),
+        branch: "".into(),
+        path: path.into(),
+        size_bytes: 1 << 40,
+        content_hash: "h".into(),
+        snapshot_id: "snap".into(),
+    }
+}
+
+fn artifacts_are_replaced_by_id_and_listed_per_run(store: &Store) {
+    let db = store.open();
+    db.insert_artifact(&artifact("a1", "r1", "/b")).unwrap();
+    db.insert_artifact(&artifact("a2", "r1", "/a")).unwrap();
+    db.insert_artifact(&artifact("a3", "r2", "/c")).unwrap();
+    let mut replaced = artifact("a1", "r1", "/z");
+    replaced.content_hash = "h2".into();
+    db.insert_artifact(&replaced).unwrap();
+    let r1: Vec<(String, String)> = db
+        .artifacts(Some("r1"))
+        .unwrap()
+        .into_iter()
+        .map(|a| (a.id, a.path))
+        .collect();
+    assert_eq!(r1, vec![("a2".into(), "/a".into()), ("a1".into(), "/z".into())]);
+    let all = db.artifacts(None).unwrap();
+    assert_eq!(all.len(), 3);
+    assert_eq!(all[0].size_bytes, 1 << 40);
+    assert!(db.artifacts(Some("r3")).unwrap().is_empty());
+}
+
+fn dead_letter(id: &str, run: &str) -> DeadLetter {
+    DeadLetter {
+        id: id.into(),
+        run_id: run.into(),
+        stage: "a".into(),
+        branch: "".into(),
+        error: "exit 1".into(),
+        failure_snapshot: Some("fail".into()),
+        input_snapshot: None,
+        created_at: 9,
+        retried_at: None,
+    }
+}
+
+fn dead_letters_round_trip_and_remember_their_retry(store: &Store) {
+    let db = store.open();
+    db.insert_dead_letter(&dead_letter("dl1", "r1")).unwrap();
+    let mut second = dead_letter("dl2", "r1");
+    second.created_at = 10;
+    second.input_snapshot = Some("input".into());
+    db.insert_dead_letter(&second).unwrap();
+    assert!(
+        db.insert_dead_letter(&second).is_err(),
+        "a dead letter is recorded once"
+    );
+    db.mark_dead_letter_retried("dl1", 99).unwrap();
+    let got = db.dead_letters().unwrap();
+    assert_eq!(got.len(), 2);
+    assert_eq!((got[0].id.as_str(), got[0].retried_at), ("dl1", Some(99)));
+    assert_eq!(got[1].retried_at, None);
+    let kept = db.pipeline_snapshots().unwrap();
+    assert!(kept.contains("fail") && kept.contains("input"), "{kept:?}");
+}
+
+fn events_keep_their_order_and_snapshots(store: &Store) {
+    let db = store.open();
+    for i in 0..20 {
+        let snapshot = (i % 2 == 0).then(|| format!("s{i}"));
+        db.event("r", Some("st"), None, &format!("k{i}"), "d", snapshot.as_deref())
+            .unwrap();
+    }
+    db.event("other", None, Some("b"), "x", "d", None).unwrap();
+    let events = db.events_of("r").unwrap();
+    let kinds: Vec<String> = events.iter().map(|e| e.kind.clone()).collect();
+    assert_eq!(kinds, (0..20).map(|i| format!("k{i}")).collect::<Vec<_>>());
+    assert!(events.windows(2).all(|w| w[0].seq < w[1].seq));
+    assert_eq!(events[0].snapshot_id.as_deref(), Some("s0"));
+    assert_eq!(events[1].snapshot_id, None);
+    assert_eq!(
+        (events[0].stage.as_deref(), events[0].branch.as_deref()),
+        (Some("st"), None)
+    );
+    assert!(events[0].created_at > 0);
+    assert_eq!(db.events_of("other").unwrap()[0].branch.as_deref(), Some("b"));
+}
+
+fn a_newer_schema_is_refused(store: &Store) {
+    let db = store.open();
+    store.set_schema_version(&db, 99);
+    drop(db);
+    let err = Db::open_home(&store.home()).err().expect("a newer schema opened");
+    assert!(matches!(err, StateError::FutureSchema { found: 99, .. }), "{err}");
+    assert!(err.to_string().contains("newer Cairn"), "{err}");
+}
+
+fn a_failing_transaction_leaves_nothing(store: &Store) {
+    let mut db = store.open();
+    db.insert_sandbox(&sandbox("taken1", "taken")).unwrap();
+    let insert = "INSERT INTO runs (id, pipeline, file, spec, params, status, created_at)
+                  VALUES ($1, 'p', 'f', 's', '', 'running', 1)";
+    // An error the caller returns rolls everything back.
+    let err = db
+        .transaction(|b| {
+            b.execute(insert, &[Value::from("gone1")])?;
+            Err::<(), _>(StateError::Conflict("test".into()))
+        })
+        .unwrap_err();
+    assert!(matches!(err, StateError::Conflict(_)));
+    // So does a failing statement after a good one.
+    let err = db
+        .transaction(|b| {
+            b.execute(insert, &[Value::from("gone2")])?;
+            b.execute(
+                "INSERT INTO sandboxes (id, name, image, driver, state, owner_pid, owner_start, memory_bytes,
+                 cpu_millis, pids_max, created_at, auto_remove)
+                 VALUES ('x', 'taken', 'i', 'd', 'creating', 1, 1, 1, 1, 1, 1, 0)",
+                &[],
+            )?;
+            Ok(())
+        })
+        .unwrap_err();
+    assert!(err.to_string().contains("sandboxes.name"), "{err}");
+    assert!(db.find_runs("gone1").unwrap().is_empty());
+    assert!(db.find_runs("gone2").unwrap().is_empty());
+    // The connection is usable afterwards and commits what succeeds.
+    db.transaction(|b| Ok(b.execute(insert, &[Value::from("kept1")])?))
+        .unwrap();
+    assert_eq!(store.open().find_runs("kept1").unwrap().len(), 1);
+}
+
+fn reopening_keeps_everything(store: &Store) {
+    let mut db = store.open();
+    db.insert_sandbox(&sandbox("abc123", "one")).unwrap();
+    db.insert_run(&run("run111", 1)).unwrap();
+    drop(db);
+    let db = store.open();
+    assert_eq!(db.find_sandboxes("one").unwrap()[0].layers.len(), 3);
+    assert_eq!(db.runs().unwrap().len(), 1);
+}
+
+fn stores_opened_at_once_migrate_once(store: &Store) {
+    let dbs: Vec<Db> = std::thread::scope(|s| {
+        let handles: Vec<_> = (0..4).map(|_| s.spawn(|| store.open())).collect();
+        handles.into_iter().map(|h| h.join().unwrap()).collect()
+    });
+    dbs[0].insert_run(&run("run111", 1)).unwrap();
+    for db in &dbs {
+        assert_eq!(db.runs().unwrap().len(), 1);
+    }
+}
+
+// PostgreSQL only: one database belongs to one state directory.
+
+#[test]
+fn a_postgres_store_of_another_state_directory_is_refused() {
+    let Some(store) = Store::postgres("a_postgres_store_of_another_state_directory_is_refused") else {
+        return;
+    };
+    drop(store.open());
+    let id = std::fs::read_to_string(store.dir.path().join("home-id")).unwrap();
+    assert_eq!(id.trim().len(), 32, "{id:?}");
+    let other = tempfile::tempdir().unwrap();
+    let err = Db::open_home(&Home::at(other.path()).with_state(&store.db.as_ref().unwrap().url))
+        .err()
+        .expect("another home opened the database");
+    assert!(matches!(err, StateError::ForeignHome { .. }), "{err}");
+    let msg = err.to_string();
+    assert!(msg.contains(&store.dir.path().display().to_string()), "{msg}");
+    assert!(msg.contains("--home"), "{msg}");
+    // The owner still opens it.
+    drop(store.open());
+}
+
+#[test]
+fn an_unreachable_postgres_store_says_what_to_do_without_the_password() {
+    let home = tempfile::tempdir().unwrap();
+    // Port 1 on loopback: nothing listens there.
+    let url = "postgres://cairn:hunter2@127.0.0.1:1/state?connect_timeout=5";
+    let err = Db::open_home(&Home::at(home.path()).with_state(url))
+        .err()
+        .expect("connected to nothing");
+    let msg = err.to_string();
+    assert!(matches!(err, StateError::Connect { .. }), "{msg}");
+    assert!(msg.contains("127.0.0.1:1/state"), "{msg}");
+    assert!(msg.contains("refused"), "the cause is named: {msg}");
+    assert!(msg.contains("CAIRN_STATE"), "{msg}");
+    assert!(!msg.contains("hunter2"), "{msg}");
+}
+
+#[test]
+fn bad_state_urls_are_refused_with_the_forms_that_work() {
+    let home = tempfile::tempdir().unwrap();
+    for url in [
+        "mysql://root:hunter2@db/x",
+        "sqlite:",
+        "postgres://u:hunter2@h:notaport/db",
+    ] {
+        let err = Db::open_home(&Home::at(home.path()).with_state(url))
+            .err()
+            .unwrap_or_else(|| panic!("{url} opened"));
+        let msg = err.to_string();
+        assert!(matches!(err, StateError::BadLocation { .. }), "{url}: {msg}");
+        assert!(msg.contains("postgres://USER@HOST:PORT/DATABASE"), "{msg}");
+        assert!(!msg.contains("hunter2"), "{msg}");
+    }
+    // sqlite:PATH is the embedded store at that path.
+    let path = home.path().join("elsewhere.db");
+    let db = Db::open_home(&Home::at(home.path()).with_state(format!("sqlite:{}", path.display()))).unwrap();
+    assert_eq!(db.kind(), BackendKind::Sqlite);
+    assert!(path.exists());
+}
