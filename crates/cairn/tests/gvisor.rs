@@ -15,6 +15,22 @@ fn runsc_missing(test: &str) -> bool {
     false
 }
 
+/// A home with a gvisor sandbox counting in memory (to `/tmp/count`), or
+/// `None` when the test cannot run here.
+fn counting_sandbox(test: &str) -> Option<(Home, String)> {
+    if skip(test) || runsc_missing(test) {
+        return None;
+    }
+    let home = Home::new();
+    let id = home.ok(&["create", "--driver", "gvisor"]);
+    home.sh_detached(
+        &id,
+        "i=0; while true; do i=$((i+1)); echo $i > /tmp/count; sleep 0.05; done",
+    );
+    std::thread::sleep(Duration::from_millis(300));
+    Some((home, id))
+}
+
 #[test]
 fn forks_of_a_memory_snapshot_keep_counting_from_where_it_was() {
     let name = "forks_of_a_memory_snapshot_keep_counting_from_where_it_was";
@@ -87,16 +103,9 @@ fn forks_of_a_memory_snapshot_keep_counting_from_where_it_was() {
 #[test]
 fn a_second_checkpoint_stores_what_changed_and_restores_from_the_store_alone() {
     let name = "a_second_checkpoint_stores_what_changed_and_restores_from_the_store_alone";
-    if skip(name) || runsc_missing(name) {
+    let Some((home, id)) = counting_sandbox(name) else {
         return;
-    }
-    let home = Home::new();
-    let id = home.ok(&["create", "--driver", "gvisor"]);
-    home.sh_detached(
-        &id,
-        "i=0; while true; do i=$((i+1)); echo $i > /tmp/count; sleep 0.05; done",
-    );
-    std::thread::sleep(Duration::from_millis(300));
+    };
     let first = home.ok(&["snapshot", &id]);
     home.ok(&["exec", &id, "--", "sh", "-c", "echo changed > /tmp/note"]);
     let second = home.ok(&["snapshot", &id]);
@@ -142,16 +151,9 @@ fn a_second_checkpoint_stores_what_changed_and_restores_from_the_store_alone() {
 #[test]
 fn a_snapshot_restored_minutes_later_runs_on_the_host_clock() {
     let name = "a_snapshot_restored_minutes_later_runs_on_the_host_clock";
-    if skip(name) || runsc_missing(name) {
+    let Some((home, id)) = counting_sandbox(name) else {
         return;
-    }
-    let home = Home::new();
-    let id = home.ok(&["create", "--driver", "gvisor"]);
-    home.sh_detached(
-        &id,
-        "i=0; while true; do i=$((i+1)); echo $i > /tmp/count; sleep 0.05; done",
-    );
-    std::thread::sleep(Duration::from_millis(300));
+    };
     let snap = home.ok(&["snapshot", &id]);
     let at_snapshot = home.read_number(&id, "/tmp/count");
     home.ok(&["rm", "-f", &id]);
