@@ -416,27 +416,22 @@ impl Engine {
             .checkpoint(&rec.id, scratch.path())
             .map_err(cairn_sandbox::SandboxError::from)?;
         // Everything is stopped: the files match the memory image exactly.
+        // They are captured before the sandbox goes on and writes again.
         let captured = capture_since(&dir.join("upper"), &self.store, baseline);
-        let mut files = Vec::new();
-        let mut names: Vec<_> = fs::read_dir(scratch.path())
-            .map_err(|source| EngineError::Home {
-                path: scratch.path().to_path_buf(),
-                source,
-            })?
-            .flatten()
-            .filter(|e| e.path().is_file())
-            .map(|e| e.file_name().to_string_lossy().into_owned())
-            .collect();
-        names.sort();
-        for name in names {
-            files.push(self.store_memory_file(scratch.path(), name)?);
-        }
-        // The sandbox goes on where it stopped, as after any snapshot.
+        // The sandbox goes on where it stopped, as after any snapshot, while
+        // the image is stored beside it (runsc only reads it); it goes on
+        // even when storing fails.
         let spec = self.spec(rec)?;
-        let process = gvisor
-            .restore(&spec, scratch.path())
+        let (restored, files) = std::thread::scope(|s| {
+            let restore = s.spawn(|| gvisor.restore(&spec, scratch.path()));
+            let files = self.store_memory_files(scratch.path());
+            (restore.join(), files)
+        });
+        let process = restored
+            .unwrap_or_else(|e| std::panic::resume_unwind(e))
             .map_err(cairn_sandbox::SandboxError::from)?;
         self.db.set_process(&rec.id, process.pid, process.start_time)?;
+        let files = files?;
         Ok((
             captured,
             MemoryImage {
@@ -445,6 +440,24 @@ impl Engine {
             },
             scratch,
         ))
+    }
+
+    /// Stores every file of a checkpoint image directory, by name.
+    fn store_memory_files(&self, dir: &Path) -> Result<Vec<MemoryFile>, EngineError> {
+        let mut names: Vec<_> = fs::read_dir(dir)
+            .map_err(|source| EngineError::Home {
+                path: dir.to_path_buf(),
+                source,
+            })?
+            .flatten()
+            .filter(|e| e.path().is_file())
+            .map(|e| e.file_name().to_string_lossy().into_owned())
+            .collect();
+        names.sort();
+        names
+            .into_iter()
+            .map(|name| self.store_memory_file(dir, name))
+            .collect()
     }
 
     /// Stores one checkpoint file, a gVisor state file unpacked so that

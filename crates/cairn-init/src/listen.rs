@@ -302,7 +302,7 @@ fn restore_mark() -> Option<(u64, i64)> {
 /// Returns on the relisten signal, or once the restore mark changed: a
 /// restored sandbox's stdin is the restoring runsc's, which the driver
 /// marked, so init notices a restore without being told (checked every
-/// 2 ms; while quiesced, nothing else runs in init).
+/// millisecond; while quiesced, nothing else runs in init).
 fn wait_for_relisten(mark: Option<(u64, i64)>) {
     let mut set = SigSet::empty();
     set.add(RELISTEN_SIGNAL);
@@ -312,7 +312,7 @@ fn wait_for_relisten(mark: Option<(u64, i64)>) {
     };
     let tick = libc::timespec {
         tv_sec: 0,
-        tv_nsec: 2_000_000,
+        tv_nsec: 1_000_000,
     };
     loop {
         // SAFETY: `set` and `tick` are valid for the call; a null siginfo

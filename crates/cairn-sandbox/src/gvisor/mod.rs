@@ -327,7 +327,9 @@ impl GvisorDriver {
                 });
             }
             std::thread::sleep(delay);
-            delay = (delay * 2).min(Duration::from_millis(5));
+            // A refused connect costs microseconds: poll often, so a ready
+            // init is noticed within a millisecond.
+            delay = (delay * 2).min(Duration::from_millis(1));
         }
     }
 
