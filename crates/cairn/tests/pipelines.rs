@@ -531,3 +531,113 @@ fn a_pipeline_runs_on_a_postgres_state_store_and_its_keys_are_reused() {
     embedded.env_remove("CAIRN_STATE");
     assert_eq!(stdout(&embedded.output().unwrap()).trim(), "[]");
 }
+
+const IN_MEMORY: &str = r#"
+[pipeline]
+name = "in-memory"
+image = "busybox"
+driver = "gvisor"
+
+[[stage]]
+name = "count"
+key = "count-in-memory-v1"
+retries = 2
+checkpoint_every = "700ms"
+run = ["mkdir -p /work; echo start >> /work/starts; i=0; while [ $i -lt 40 ]; do i=$((i+1)); echo $i > /work/progress; sleep 0.1; done; echo counted to $i"]
+artifacts = ["/work/starts"]
+"#;
+
+#[test]
+fn a_gvisor_stage_whose_sandbox_died_goes_on_from_its_memory_checkpoint() {
+    let name = "a_gvisor_stage_whose_sandbox_died_goes_on_from_its_memory_checkpoint";
+    if skip(name) {
+        return;
+    }
+    if std::process::Command::new("runsc").arg("--version").output().is_err() {
+        eprintln!("SKIPPED {name}: runsc (gVisor) is not installed; apt-get install runsc");
+        return;
+    }
+    let home = Home::new();
+    let file = write(&home, "p.toml", IN_MEMORY);
+    let mut child = home
+        .command(&["pipeline", "run", &file])
+        .stdout(Stdio::piped())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    // Once a memory checkpoint of the running stage exists, the host
+    // "crashes": the orchestrator and the stage's sandbox are killed.
+    let deadline = Instant::now() + Duration::from_secs(90);
+    let (run, sandbox) = loop {
+        assert!(
+            Instant::now() < deadline,
+            "no checkpoint of the running stage was taken"
+        );
+        let runs: serde_json::Value = serde_json::from_str(&home.ok(&["runs", "--json"])).unwrap();
+        if let Some(id) = runs.as_array().and_then(|a| a.first()).and_then(|r| r["id"].as_str()) {
+            let v = show(&home, id);
+            if !events(&v, "checkpoint").is_empty() && v["stages"][0]["status"] == "running" {
+                break (
+                    id.to_string(),
+                    v["stages"][0]["sandbox_id"].as_str().unwrap().to_string(),
+                );
+            }
+        }
+        std::thread::sleep(Duration::from_millis(100));
+    };
+    child.kill().unwrap();
+    child.wait().unwrap();
+    home.ok(&["rm", "-f", &sandbox]);
+    let out = home.cairn(&["pipeline", "resume", &run]);
+    assert!(out.status.success(), "{}", stderr(&out));
+    let v = show(&home, &run);
+    assert_eq!(v["run"]["status"], "completed", "{v}");
+    assert_eq!(events(&v, "resumed").len(), 1, "the dead attempt is discarded: {v}");
+    assert!(
+        v["events"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .any(|e| e["detail"].as_str().unwrap_or("").contains("restores checkpoint")),
+        "{v}"
+    );
+    // The command went on from the checkpoint's memory: it never started again.
+    let starts = home.ok(&["artifact", "get", v["artifacts"][0]["id"].as_str().unwrap()]);
+    assert_eq!(starts, "start");
+    assert!(home.ok(&["logs", &run, "count"]).contains("counted to 40"));
+    let _ = home.cairn(&["gc"]);
+    assert!(home.ps().is_empty(), "{:?}", home.ps());
+}
+
+#[test]
+fn a_gvisor_stage_is_followed_through_its_memory_checkpoints() {
+    let name = "a_gvisor_stage_is_followed_through_its_memory_checkpoints";
+    if skip(name) {
+        return;
+    }
+    if std::process::Command::new("runsc").arg("--version").output().is_err() {
+        eprintln!("SKIPPED {name}: runsc (gVisor) is not installed; apt-get install runsc");
+        return;
+    }
+    let home = Home::new();
+    // Each checkpoint quiesces init, which ends the orchestrator's
+    // connection to the running command; it follows on from the bytes seen.
+    let file = write(
+        &home,
+        "p.toml",
+        &IN_MEMORY.replace(
+            "echo $i > /work/progress; sleep 0.1",
+            "echo $i > /work/progress; echo line $i; sleep 0.1",
+        ),
+    );
+    let out = home.cairn(&["pipeline", "run", &file]);
+    assert!(out.status.success(), "{}", stderr(&out));
+    let run = stdout(&out).trim().to_string();
+    let v = show(&home, &run);
+    assert!(events(&v, "checkpoint").len() >= 2, "{v}");
+    let log = home.ok(&["logs", &run, "count"]);
+    let lines: Vec<&str> = log.lines().filter(|l| l.starts_with("line ")).collect();
+    let expected: Vec<String> = (1..=40).map(|i| format!("line {i}")).collect();
+    assert_eq!(lines, expected, "every line once, in order: {log}");
+    assert!(log.contains("counted to 40"));
+}

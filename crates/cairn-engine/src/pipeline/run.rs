@@ -357,6 +357,7 @@ impl Engine {
                     // the process dies before, the next Cairn command removes it.
                     let opts = CreateOptions {
                         image: p.image.clone(),
+                        driver: p.driver.clone(),
                         auto_remove: true,
                         ..CreateOptions::default()
                     };
@@ -504,7 +505,10 @@ impl Engine {
                 failure_snapshot,
             })
         };
-        let job = |i: usize| format!("{}.{}.{branch}.{attempt}.{i}", run.id, stage.name);
+        // Named by stage, not attempt: a retry restored from a memory
+        // checkpoint finds the commands that were running in it, and
+        // follows them on from where they were.
+        let job = |i: usize| format!("{}.{}.{branch}.{i}", run.id, stage.name);
         // Edits go first; a re-attached attempt whose first command started
         // has them already.
         let started = reattached && client.attach_job(&job(0), u64::MAX, u64::MAX)?.is_some();
@@ -564,59 +568,84 @@ impl Engine {
                 ));
                 break;
             }
-            // Each command is a job of init's: it outlives this process, and
-            // a resumed orchestrator follows it from the start of its output.
-            let session = match client.attach_job(&job(i), 0, 0)? {
-                Some(s) => {
-                    let note = format!(
-                        "[cairn: re-attached to command {}; its output follows from the start]\n",
-                        i + 1
-                    );
-                    let _ = log.write_all(note.as_bytes());
-                    s
-                }
-                None => {
-                    let req = ExecRequest {
-                        argv: vec!["/bin/sh".into(), "-c".into(), cmd.clone()],
-                        env: vec![
-                            ("CAIRN_RUN".into(), run.id.clone()),
-                            ("CAIRN_STAGE".into(), stage.name.clone()),
-                            ("CAIRN_BRANCH".into(), branch.into()),
-                            ("CAIRN_ATTEMPT".into(), attempt.to_string()),
-                        ],
-                        timeout_ms: left.map(|l| l.as_millis() as u64),
-                        ..ExecRequest::default()
-                    };
-                    if let Err(f) = client.start_job(&job(i), req)? {
-                        failure = Some(format!("command {} did not start: {}", i + 1, f.message));
-                        break;
-                    }
-                    client.attach_job(&job(i), 0, 0)?.ok_or_else(|| {
-                        EngineError::from(RunError::Lost(format!(
-                            "init lost job {} right after starting it",
-                            job(i)
-                        )))
-                    })?
-                }
-            };
+            // Each command is a job of init's: it outlives this process (and
+            // a memory checkpoint), and a resumed orchestrator follows it
+            // from the start of its output. A connection that a checkpoint
+            // ends (gvisor quiesces init) is followed again from the bytes
+            // already seen.
             let mut err_log = log.try_clone().map_err(|e| RunError::Read(self.run_dir(&run.id), e))?;
             let mut errors = Vec::new();
-            let status = session.wait(
-                &mut Tee {
-                    log: &mut log,
-                    buf: &mut output,
-                    watch,
-                    stage: &stage.name,
-                    branch,
-                },
-                &mut Tee {
-                    log: &mut err_log,
-                    buf: &mut errors,
-                    watch,
-                    stage: &stage.name,
-                    branch,
-                },
-            )?;
+            let (out_base, mut started) = (output.len(), false);
+            let status = loop {
+                let seen = ((output.len() - out_base) as u64, errors.len() as u64);
+                let session = match client.attach_job(&job(i), seen.0, seen.1) {
+                    Ok(Some(s)) => {
+                        if !started && seen == (0, 0) {
+                            let note = format!(
+                                "[cairn: re-attached to command {}; its output follows from the start]\n",
+                                i + 1
+                            );
+                            let _ = log.write_all(note.as_bytes());
+                        }
+                        started = true;
+                        s
+                    }
+                    Ok(None) if !started => {
+                        let req = ExecRequest {
+                            argv: vec!["/bin/sh".into(), "-c".into(), cmd.clone()],
+                            env: vec![
+                                ("CAIRN_RUN".into(), run.id.clone()),
+                                ("CAIRN_STAGE".into(), stage.name.clone()),
+                                ("CAIRN_BRANCH".into(), branch.into()),
+                                ("CAIRN_ATTEMPT".into(), attempt.to_string()),
+                            ],
+                            timeout_ms: left.map(|l| l.as_millis() as u64),
+                            ..ExecRequest::default()
+                        };
+                        if let Err(f) = client.start_job(&job(i), req)? {
+                            break Err(format!("command {} did not start: {}", i + 1, f.message));
+                        }
+                        started = true;
+                        continue;
+                    }
+                    Ok(None) => {
+                        return Err(RunError::Lost(format!("the sandbox's init lost job {}", job(i))).into());
+                    }
+                    Err(e) if lost(&e) => {
+                        self.wait_for_init(&client, sandbox, e)?;
+                        continue;
+                    }
+                    Err(e) => return Err(e.into()),
+                };
+                let waited = session.wait(
+                    &mut Tee {
+                        log: &mut log,
+                        buf: &mut output,
+                        watch,
+                        stage: &stage.name,
+                        branch,
+                    },
+                    &mut Tee {
+                        log: &mut err_log,
+                        buf: &mut errors,
+                        watch,
+                        stage: &stage.name,
+                        branch,
+                    },
+                );
+                match waited {
+                    Ok(status) => break Ok(status),
+                    Err(e) if lost(&e) => self.wait_for_init(&client, sandbox, e)?,
+                    Err(e) => return Err(e.into()),
+                }
+            };
+            let status = match status {
+                Ok(status) => status,
+                Err(message) => {
+                    failure = Some(message);
+                    break;
+                }
+            };
             match status {
                 Some(s) if s.code == Some(0) => {}
                 Some(s) if s.timed_out => {
@@ -678,6 +707,30 @@ impl Engine {
             }
         }
         Ok(Outcome::Succeeded { output: out.id, metric })
+    }
+
+    /// After the connection to a stage's init was lost: waits until init
+    /// answers again (a gvisor sandbox is checkpointed and restored under a
+    /// running stage, its init quiescing meanwhile), or gives up with `lost`.
+    fn wait_for_init(
+        &self,
+        client: &cairn_sandbox::client::InitClient,
+        sandbox: &crate::SandboxRecord,
+        lost: cairn_sandbox::client::ClientError,
+    ) -> Result<(), EngineError> {
+        let patience = if sandbox.driver == "gvisor" {
+            Duration::from_secs(120)
+        } else {
+            Duration::from_secs(5)
+        };
+        let deadline = Instant::now() + patience;
+        while Instant::now() < deadline {
+            if client.ping(Duration::from_secs(1)).is_ok() {
+                return Ok(());
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        Err(lost.into())
     }
 
     /// The sandbox if it runs and its init answers.
@@ -829,4 +882,14 @@ struct Attempt {
     number: u32,
     /// Resumed in the sandbox of an orchestrator that died.
     reattached: bool,
+}
+
+/// Whether a client error means the connection went away (init quiesced
+/// for a checkpoint, or the sandbox died) rather than a refusal.
+fn lost(e: &cairn_sandbox::client::ClientError) -> bool {
+    use cairn_sandbox::client::ClientError;
+    matches!(
+        e,
+        ClientError::NotRunning(_) | ClientError::Frame(_) | ClientError::Io(_)
+    )
 }

@@ -4,6 +4,7 @@
 //! [pipeline]
 //! name = "variant-calling"
 //! image = "busybox"                 # where the first stages start
+//! driver = "native"                 # or "gvisor": checkpoints keep memory too
 //!
 //! [params]
 //! sample = "NA12878"
@@ -59,6 +60,7 @@ struct RawFile {
 struct RawHeader {
     name: Spanned<String>,
     image: Option<String>,
+    driver: Option<Spanned<String>>,
 }
 
 #[derive(Debug, Deserialize)]
@@ -107,6 +109,9 @@ struct RawBranches {
 pub struct Pipeline {
     pub name: String,
     pub image: Option<String>,
+    /// The driver stage sandboxes run on (`native` when absent); with
+    /// `gvisor`, checkpoints keep memory and processes too.
+    pub driver: Option<String>,
     pub params: BTreeMap<String, String>,
     /// In an order where every stage comes after the stages it needs.
     pub stages: Vec<Stage>,
@@ -462,6 +467,14 @@ pub fn parse(file: &str, text: &str, overrides: &BTreeMap<String, String>) -> Re
             });
         }
     }
+    if let Some(d) = &raw.pipeline.driver {
+        if !["native", "gvisor"].contains(&d.get_ref().as_str()) {
+            return Err(lines.err(
+                d.span().start,
+                format!("driver {:?} is not one of native, gvisor", d.get_ref()),
+            ));
+        }
+    }
     // Order: Kahn's algorithm; what is left over is a cycle.
     let mut order = Vec::with_capacity(stages.len());
     let mut placed: HashSet<String> = HashSet::new();
@@ -490,6 +503,7 @@ pub fn parse(file: &str, text: &str, overrides: &BTreeMap<String, String>) -> Re
     Ok(Pipeline {
         name: raw.pipeline.name.into_inner(),
         image: raw.pipeline.image,
+        driver: raw.pipeline.driver.map(Spanned::into_inner),
         params,
         stages: order,
     })
