@@ -616,6 +616,9 @@ hypotheses = [{ name = "a", ff = "1" }, { name = "b", ff = "2" }]
         assert!(bad(&GOOD.replace("image = \"busybox\"\n", ""))
             .message
             .contains("no image"));
+        let e = bad(&GOOD.replace("image = \"busybox\"\n", "image = \"busybox\"\ndriver = \"kvm\"\n"));
+        assert!(e.message.contains("not one of native, gvisor"), "{e}");
+        assert_eq!(e.line, 4);
         assert!(bad("[pipeline]\nname = \"x\"\n").message.contains("no [[stage]]"));
         assert!(bad("not toml at all [").line >= 1);
     }
