@@ -37,15 +37,40 @@ impl SqliteBackend {
             conn.pragma_update(None, "foreign_keys", "ON")?;
             Ok(conn)
         };
-        let mut conn = open().map_err(BackendError::from)?;
-        migrate(&mut conn)?;
-        Ok(SqliteBackend { conn })
+        // Several processes opening a new database at once contend for the
+        // switch to WAL and the first migration; SQLite answers some of that
+        // contention with SQLITE_BUSY at once (without waiting, to break a
+        // lock cycle), so the whole open is retried until the busy timeout.
+        let deadline = std::time::Instant::now() + Duration::from_secs(30);
+        let mut delay = Duration::from_millis(2);
+        loop {
+            let opened = open()
+                .map_err(|e| StateError::from(BackendError::from(e)))
+                .and_then(|mut conn| migrate(&mut conn).map(|()| conn));
+            match opened {
+                Ok(conn) => return Ok(SqliteBackend { conn }),
+                Err(e) if is_busy(&e) && std::time::Instant::now() < deadline => {
+                    std::thread::sleep(delay);
+                    delay = (delay * 2).min(Duration::from_millis(100));
+                }
+                Err(e) => return Err(e),
+            }
+        }
     }
 
     /// The schema version the database records.
     pub fn schema_version(&self) -> Result<i64, BackendError> {
         Ok(self.conn.pragma_query_value(None, "user_version", |r| r.get(0))?)
     }
+}
+
+/// Whether `e` is SQLite saying another connection holds the lock.
+fn is_busy(e: &StateError) -> bool {
+    matches!(
+        e,
+        StateError::Backend(BackendError::Sqlite(rusqlite::Error::SqliteFailure(f, _)))
+            if matches!(f.code, rusqlite::ErrorCode::DatabaseBusy | rusqlite::ErrorCode::DatabaseLocked)
+    )
 }
 
 fn migrate(conn: &mut Connection) -> Result<(), StateError> {
