@@ -242,26 +242,26 @@ image = "busybox"
 [[stage]]
 name = "s1"
 key = "s1"
-run = ["mkdir -p /work && sleep 0.3 && echo 1 >> /work/trail"]
+run = ["mkdir -p /work && sleep 0.3 && echo 1 >> /work/trail", "echo key-s1"]
 
 [[stage]]
 name = "s2"
 after = "s1"
 key = "s2"
 checkpoint_every = "200ms"
-run = ["sleep 0.5 && echo 2 >> /work/trail"]
+run = ["sleep 0.5 && echo 2 >> /work/trail", "echo key-s2"]
 
 [[stage]]
 name = "s3"
 after = "s2"
 key = "s3"
-run = ["sleep 0.3 && echo 3 >> /work/trail"]
+run = ["sleep 0.3 && echo 3 >> /work/trail", "echo key-s3"]
 
 [[stage]]
 name = "s4"
 after = "s3"
 key = "s4"
-run = ["echo 4 >> /work/trail"]
+run = ["echo 4 >> /work/trail", "echo key-s4"]
 artifacts = ["/work/trail"]
 "#;
 
@@ -320,6 +320,40 @@ fn a_run_killed_at_random_instants_resumes_to_the_right_result() {
             .filter(|e| e["stage"] == s && e["kind"] == "completed")
             .count();
         assert_eq!(n, 1, "stage {s} completed {n} times");
+    }
+    // Each stage's last command printed its key to the stage log, which is
+    // outside the sandbox and the store and is never rolled back. A key
+    // repeats only where the store records an interruption of that stage
+    // (its attempt re-attached, which replays the command's output, or
+    // discarded and redone); a stage recorded as completed never ran again.
+    for s in ["s1", "s2", "s3", "s4"] {
+        let stage_events: Vec<&serde_json::Value> = v["events"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .filter(|e| e["stage"] == s)
+            .collect();
+        let completed = stage_events.iter().find(|e| e["kind"] == "completed").unwrap()["seq"]
+            .as_i64()
+            .unwrap();
+        let started_again = stage_events.iter().find(|e| {
+            e["seq"].as_i64().unwrap() > completed
+                && ["forked", "retry", "reattached", "resumed"].contains(&e["kind"].as_str().unwrap())
+        });
+        assert!(
+            started_again.is_none(),
+            "stage {s} ran after it completed: {started_again:?}"
+        );
+        let interruptions = stage_events
+            .iter()
+            .filter(|e| e["kind"] == "reattached" || e["kind"] == "resumed")
+            .count();
+        let log = home.ok(&["logs", &run, s]);
+        let keys = log.lines().filter(|l| *l == format!("key-{s}")).count();
+        assert!(
+            keys >= 1 && keys <= 1 + interruptions,
+            "stage {s}: key printed {keys} times with {interruptions} interruptions:\n{log}"
+        );
     }
     // Work inside the sandboxes was applied once per stage: the trail has each step once.
     let trail = home.ok(&["artifact", "get", v["artifacts"][0]["id"].as_str().unwrap()]);
