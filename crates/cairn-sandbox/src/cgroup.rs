@@ -110,7 +110,18 @@ impl Hierarchy {
             hierarchy: self.clone(),
             id: id.to_string(),
         };
-        let result = self.create_dirs(id).and_then(|()| cgroup.apply(limits));
+        // A scope directory is removed with its last sandbox (see
+        // `Cgroup::remove`); one removed under this create is made again.
+        let mut result = self.create_dirs(id);
+        for _ in 0..5 {
+            match &result {
+                Err(CgroupError::Io { source, .. }) if source.kind() == ErrorKind::NotFound => {
+                    result = self.create_dirs(id);
+                }
+                _ => break,
+            }
+        }
+        let result = result.and_then(|()| cgroup.apply(limits));
         if let Err(e) = result {
             let _ = cgroup.remove();
             return Err(e);
@@ -365,6 +376,11 @@ impl Cgroup {
                     }
                     Err(e) => return Err(io_err("remove cgroup", &dir)(e)),
                 }
+            }
+            // The scope goes with its last sandbox (a busy scope stays), so
+            // state directories that are gone leave no cgroups behind.
+            if let Some(scope) = dir.parent() {
+                let _ = fs::remove_dir(scope);
             }
         }
         Ok(())

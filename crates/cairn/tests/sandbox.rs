@@ -43,6 +43,11 @@ fn run_removes_its_sandbox_and_leaves_nothing_on_the_host() {
         "cgroups left: {:?}",
         hierarchy.sandbox_ids()
     );
+    // The home's scope went with its last sandbox.
+    for dir in home.cgroup_dirs("x") {
+        let scope = dir.parent().unwrap();
+        assert!(!scope.exists(), "scope cgroup {} left behind", scope.display());
+    }
 }
 
 #[test]
