@@ -174,3 +174,44 @@ fn a_snapshot_restored_minutes_later_runs_on_the_host_clock() {
     home.ok(&["rm", "-f", &restored]);
     assert!(home.ps().is_empty());
 }
+
+#[test]
+fn a_killed_sentry_leaves_nothing_behind_after_rm_or_gc() {
+    let name = "a_killed_sentry_leaves_nothing_behind_after_rm_or_gc";
+    if skip(name) || runsc_missing(name) {
+        return;
+    }
+    let home = Home::new();
+    let ids: Vec<String> = (0..2).map(|_| home.ok(&["create", "--driver", "gvisor"])).collect();
+    for id in &ids {
+        home.sh_detached(id, "sleep 1000");
+        let pid = home
+            .ps()
+            .iter()
+            .find(|s| s["id"] == id.as_str())
+            .and_then(|s| s["pid"].as_i64())
+            .unwrap();
+        nix::sys::signal::kill(
+            nix::unistd::Pid::from_raw(pid as i32),
+            nix::sys::signal::Signal::SIGKILL,
+        )
+        .unwrap();
+    }
+    // One goes with `cairn rm`, the other with `cairn gc`.
+    home.ok(&["rm", "-f", &ids[0]]);
+    home.ok(&["gc"]);
+    assert!(home.ps().is_empty(), "{:?}", home.ps());
+    assert!(home.host_mounts().is_empty(), "{:?}", home.host_mounts());
+    for id in &ids {
+        assert!(home.cgroup_dirs(id).iter().all(|d| !d.exists()), "cgroups of {id} left");
+        // No runsc, gofer or sentry process of the sandbox is left.
+        let left: Vec<String> = std::fs::read_dir("/proc")
+            .unwrap()
+            .flatten()
+            .filter_map(|e| std::fs::read(e.path().join("cmdline")).ok())
+            .map(|c| String::from_utf8_lossy(&c).replace('\0', " "))
+            .filter(|c| c.contains("runsc") && c.contains(id.as_str()))
+            .collect();
+        assert!(left.is_empty(), "processes of {id} left: {left:?}");
+    }
+}
