@@ -374,6 +374,19 @@ impl Engine {
                     removed.push(rec.id);
                 }
                 SandboxState::Running if !process_of(&rec).is_some_and(|p| p.alive()) => {
+                    // A memory snapshot replaces the process under its
+                    // lifecycle lock; the row is read again once it is ours.
+                    // (Without a sandbox directory nothing can hold it.)
+                    let _lifecycle = match self.lock_sandbox(&rec.id, false) {
+                        Ok(None) => continue,
+                        Ok(Some(lock)) => Some(lock),
+                        Err(_) => None,
+                    };
+                    let now = self.db.find_sandboxes(&rec.id)?.into_iter().find(|r| r.id == rec.id);
+                    if now.is_none_or(|r| r.state != SandboxState::Running || process_of(&r).is_some_and(|p| p.alive()))
+                    {
+                        continue;
+                    }
                     let reason = if self.native.oom_kills(&rec.id) > 0 {
                         "init was killed (out of memory)"
                     } else {

@@ -215,6 +215,29 @@ impl Engine {
         Flock::lock(file, FlockArg::LockExclusiveNonblock).ok()
     }
 
+    /// Locks a sandbox's lifecycle while its process is replaced (a memory
+    /// snapshot stops and restores it): reconciliation, which takes it
+    /// without waiting, leaves the sandbox alone meanwhile. `Ok(None)` when
+    /// `wait` is false and another process holds it; an error when there is
+    /// no sandbox directory to hold the lock. The lock goes with the process
+    /// holding it, however it dies.
+    pub(crate) fn lock_sandbox(&self, id: &str, wait: bool) -> std::io::Result<Option<Flock<File>>> {
+        let file = File::options()
+            .create(true)
+            .append(true)
+            .open(self.home.sandbox(id).join("lifecycle.lock"))?;
+        let arg = if wait {
+            FlockArg::LockExclusive
+        } else {
+            FlockArg::LockExclusiveNonblock
+        };
+        match Flock::lock(file, arg) {
+            Ok(lock) => Ok(Some(lock)),
+            Err((_, nix::errno::Errno::EWOULDBLOCK)) => Ok(None),
+            Err((_, e)) => Err(e.into()),
+        }
+    }
+
     /// Finds a snapshot by id, unique id prefix or label (the newest wins).
     pub fn snapshot_record(&self, key: &str) -> Result<SnapshotRecord, EngineError> {
         let mut found = self.db.find_snapshots(key)?;
@@ -410,6 +433,13 @@ impl Engine {
         let dir = self.home.sandbox(&rec.id);
         let scratch = crate::images::ScratchDir::new(&self.home.scratch()).map_err(|source| EngineError::Home {
             path: self.home.scratch(),
+            source,
+        })?;
+        // From the checkpoint until the restored process is recorded, the
+        // recorded process is gone: reconciliation must not take that for
+        // a dead sandbox.
+        let _lifecycle = self.lock_sandbox(&rec.id, true).map_err(|source| EngineError::Home {
+            path: self.home.sandbox(&rec.id),
             source,
         })?;
         gvisor

@@ -637,7 +637,7 @@ fn a_gvisor_stage_whose_sandbox_died_goes_on_from_its_memory_checkpoint() {
     );
     // The command went on from the checkpoint's memory: it never started again.
     let starts = home.ok(&["artifact", "get", v["artifacts"][0]["id"].as_str().unwrap()]);
-    assert_eq!(starts, "start");
+    assert_eq!(starts, "start", "{v:#}\n{}", home.ok(&["logs", &run, "count"]));
     assert!(home.ok(&["logs", &run, "count"]).contains("counted to 40"));
     let _ = home.cairn(&["gc"]);
     assert!(home.ps().is_empty(), "{:?}", home.ps());
