@@ -431,17 +431,13 @@ impl Engine {
     > {
         let gvisor = self.gvisor()?;
         let dir = self.home.sandbox(&rec.id);
-        let scratch = crate::images::ScratchDir::new(&self.home.scratch()).map_err(|source| EngineError::Home {
-            path: self.home.scratch(),
-            source,
-        })?;
+        let scratch = crate::images::ScratchDir::new(&self.home.scratch()).map_err(home_err(&self.home.scratch()))?;
         // From the checkpoint until the restored process is recorded, the
         // recorded process is gone: reconciliation must not take that for
         // a dead sandbox.
-        let _lifecycle = self.lock_sandbox(&rec.id, true).map_err(|source| EngineError::Home {
-            path: self.home.sandbox(&rec.id),
-            source,
-        })?;
+        let _lifecycle = self
+            .lock_sandbox(&rec.id, true)
+            .map_err(home_err(&self.home.sandbox(&rec.id)))?;
         gvisor
             .checkpoint(&rec.id, scratch.path())
             .map_err(cairn_sandbox::SandboxError::from)?;
@@ -475,10 +471,7 @@ impl Engine {
     /// Stores every file of a checkpoint image directory, by name.
     fn store_memory_files(&self, dir: &Path) -> Result<Vec<MemoryFile>, EngineError> {
         let mut names: Vec<_> = fs::read_dir(dir)
-            .map_err(|source| EngineError::Home {
-                path: dir.to_path_buf(),
-                source,
-            })?
+            .map_err(home_err(dir))?
             .flatten()
             .filter(|e| e.path().is_file())
             .map(|e| e.file_name().to_string_lossy().into_owned())
@@ -494,21 +487,10 @@ impl Engine {
     /// checkpoints share what did not change.
     fn store_memory_file(&self, dir: &Path, name: String) -> Result<MemoryFile, EngineError> {
         let path = dir.join(&name);
-        let home = |path: &Path| {
-            let path = path.to_path_buf();
-            move |source| EngineError::Home { path, source }
-        };
-        let mut f = File::open(&path).map_err(home(&path))?;
-        let raw_path = dir.join(format!(".{name}.stream"));
-        let mut raw = File::options()
-            .read(true)
-            .write(true)
-            .create_new(true)
-            .open(&raw_path)
-            .map_err(home(&raw_path))?;
-        let unpacked = cairn_sandbox::gvisor::statefile::unpack(&mut f, &mut raw).map_err(home(&path));
-        let _ = fs::remove_file(&raw_path);
-        let (form, stored) = match unpacked? {
+        let mut f = File::open(&path).map_err(home_err(&path))?;
+        let mut raw = scratch_stream(dir)?;
+        let unpacked = cairn_sandbox::gvisor::statefile::unpack(&mut f, &mut raw).map_err(home_err(&path))?;
+        let (form, stored) = match unpacked {
             Some(header) => (MemoryForm::GvisorStateStream { header }, &raw),
             None => (MemoryForm::AsWritten, &f),
         };
@@ -525,43 +507,29 @@ impl Engine {
         snap: &SnapshotRecord,
         memory: &MemoryImage,
     ) -> Result<crate::images::ScratchDir, EngineError> {
-        let scratch = crate::images::ScratchDir::new(&self.home.scratch()).map_err(|source| EngineError::Home {
-            path: self.home.scratch(),
-            source,
-        })?;
+        let scratch = crate::images::ScratchDir::new(&self.home.scratch()).map_err(home_err(&self.home.scratch()))?;
         let hash: ChunkHash = snap.id.parse().map_err(|_| SnapshotError::NotFound(snap.id.clone()))?;
         for file in &memory.files {
             let path = scratch.path().join(&file.name);
-            let home = |path: &Path| {
-                let path = path.to_path_buf();
-                move |source| EngineError::Home { path, source }
-            };
             let context = ReadContext::new()
                 .owner("snapshot", hash)
                 .path(format!("memory image {}", file.name));
             match &file.form {
                 MemoryForm::AsWritten => {
-                    let f = File::create(&path).map_err(home(&path))?;
+                    let f = File::create(&path).map_err(home_err(&path))?;
                     self.store
                         .restore_to_file(&file.content, &f, &context)
                         .map_err(SnapshotError::from)?;
                 }
                 MemoryForm::GvisorStateStream { header } => {
-                    let raw_path = scratch.path().join(format!(".{}.stream", file.name));
-                    let mut raw = File::options()
-                        .read(true)
-                        .write(true)
-                        .create_new(true)
-                        .open(&raw_path)
-                        .map_err(home(&raw_path))?;
+                    let mut raw = scratch_stream(scratch.path())?;
                     self.store
                         .restore_to_file(&file.content, &raw, &context)
                         .map_err(SnapshotError::from)?;
-                    raw.seek(std::io::SeekFrom::Start(0)).map_err(home(&raw_path))?;
-                    let mut out = File::create(&path).map_err(home(&path))?;
+                    raw.seek(std::io::SeekFrom::Start(0)).map_err(home_err(&path))?;
+                    let mut out = File::create(&path).map_err(home_err(&path))?;
                     cairn_sandbox::gvisor::statefile::pack(header, &mut std::io::BufReader::new(raw), &mut out)
-                        .map_err(home(&path))?;
-                    fs::remove_file(&raw_path).map_err(home(&raw_path))?;
+                        .map_err(home_err(&path))?;
                 }
             }
         }
@@ -764,6 +732,27 @@ fn remove_baselines(dir: &Path) {
             }
         }
     }
+}
+
+fn home_err(path: &Path) -> impl FnOnce(std::io::Error) -> EngineError {
+    let path = path.to_path_buf();
+    move |source| EngineError::Home { path, source }
+}
+
+/// A scratch file in `dir` for a gVisor state stream, unlinked at once: it
+/// goes when closed, or with the process however it ends.
+fn scratch_stream(dir: &Path) -> Result<File, EngineError> {
+    static NEXT: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+    let n = NEXT.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+    let path = dir.join(format!(".stream-{}-{n}", std::process::id()));
+    let file = File::options()
+        .read(true)
+        .write(true)
+        .create_new(true)
+        .open(&path)
+        .map_err(home_err(&path))?;
+    fs::remove_file(&path).map_err(home_err(&path))?;
+    Ok(file)
 }
 
 /// Where a restore reads a memory image from.

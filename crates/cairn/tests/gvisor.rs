@@ -5,20 +5,12 @@ mod common;
 
 use std::time::Duration;
 
-use common::{skip, stderr, Home};
-
-fn runsc_missing(test: &str) -> bool {
-    if std::process::Command::new("runsc").arg("--version").output().is_err() {
-        eprintln!("SKIPPED {test}: runsc (gVisor) is not installed; apt-get install runsc");
-        return true;
-    }
-    false
-}
+use common::{skip_without_runsc, stderr, Home};
 
 /// A home with a gvisor sandbox counting in memory (to `/tmp/count`), or
 /// `None` when the test cannot run here.
 fn counting_sandbox(test: &str) -> Option<(Home, String)> {
-    if skip(test) || runsc_missing(test) {
+    if skip_without_runsc(test) {
         return None;
     }
     let home = Home::new();
@@ -34,7 +26,7 @@ fn counting_sandbox(test: &str) -> Option<(Home, String)> {
 #[test]
 fn forks_of_a_memory_snapshot_keep_counting_from_where_it_was() {
     let name = "forks_of_a_memory_snapshot_keep_counting_from_where_it_was";
-    if skip(name) || runsc_missing(name) {
+    if skip_without_runsc(name) {
         return;
     }
     let home = Home::new();
@@ -187,7 +179,7 @@ fn a_snapshot_restored_minutes_later_runs_on_the_host_clock() {
 #[test]
 fn a_killed_sentry_leaves_nothing_behind_after_rm_or_gc() {
     let name = "a_killed_sentry_leaves_nothing_behind_after_rm_or_gc";
-    if skip(name) || runsc_missing(name) {
+    if skip_without_runsc(name) {
         return;
     }
     let home = Home::new();

@@ -5,7 +5,7 @@ mod common;
 use std::process::Stdio;
 use std::time::{Duration, Instant};
 
-use common::{skip, stderr, stdout, Home};
+use common::{skip, skip_without_runsc, stderr, stdout, Home};
 
 fn write(home: &Home, name: &str, text: &str) -> String {
     let path = home.path().join(name);
@@ -15,6 +15,43 @@ fn write(home: &Home, name: &str, text: &str) -> String {
 
 fn show(home: &Home, run: &str) -> serde_json::Value {
     serde_json::from_str(&home.ok(&["run", "show", run, "--json"])).unwrap()
+}
+
+/// Starts `cairn pipeline run FILE` in the background, polls its only run
+/// until `ready` holds for `cairn run show --json`, waits `then`, and kills
+/// the orchestrator (`kill -9`); returns the run id.
+fn kill_run_when(
+    home: &Home,
+    file: &str,
+    why: &str,
+    then: Duration,
+    ready: impl Fn(&serde_json::Value) -> bool,
+) -> String {
+    let mut child = home
+        .command(&["pipeline", "run", file])
+        .stdout(Stdio::piped())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    let deadline = Instant::now() + Duration::from_secs(90);
+    let run = loop {
+        if Instant::now() >= deadline {
+            break None;
+        }
+        let runs: serde_json::Value = serde_json::from_str(&home.ok(&["runs", "--json"])).unwrap();
+        if let Some(id) = runs.as_array().and_then(|a| a.first()).and_then(|r| r["id"].as_str()) {
+            if ready(&show(home, id)) {
+                break Some(id.to_string());
+            }
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    };
+    if run.is_some() {
+        std::thread::sleep(then);
+    }
+    let _ = child.kill();
+    let _ = child.wait();
+    run.unwrap_or_else(|| panic!("{why}"))
 }
 
 fn events<'a>(v: &'a serde_json::Value, kind: &str) -> Vec<&'a serde_json::Value> {
@@ -434,28 +471,14 @@ fn a_resumed_run_reattaches_to_the_command_still_running_in_its_sandbox() {
     }
     let home = Home::new();
     let file = write(&home, "p.toml", LONG_COMMAND);
-    let mut child = home
-        .command(&["pipeline", "run", &file])
-        .stdout(Stdio::piped())
-        .stderr(Stdio::null())
-        .spawn()
-        .unwrap();
-    // Wait until the command runs, then kill the orchestrator.
-    let deadline = Instant::now() + Duration::from_secs(60);
-    let run = loop {
-        assert!(Instant::now() < deadline, "the stage never started");
-        let runs: serde_json::Value = serde_json::from_str(&home.ok(&["runs", "--json"])).unwrap();
-        if let Some(id) = runs.as_array().and_then(|a| a.first()).and_then(|r| r["id"].as_str()) {
-            let v = show(&home, id);
-            if v["stages"][0]["status"] == "running" {
-                std::thread::sleep(Duration::from_millis(500));
-                break id.to_string();
-            }
-        }
-        std::thread::sleep(Duration::from_millis(50));
-    };
-    child.kill().unwrap();
-    child.wait().unwrap();
+    // Once the command runs, the orchestrator is killed.
+    let run = kill_run_when(
+        &home,
+        &file,
+        "the stage never started",
+        Duration::from_millis(500),
+        |v| v["stages"][0]["status"] == "running",
+    );
     // The stage's sandbox outlives the orchestrator, its command still running.
     let sandbox = show(&home, &run)["stages"][0]["sandbox_id"]
         .as_str()
@@ -584,43 +607,24 @@ artifacts = ["/work/starts"]
 #[test]
 fn a_gvisor_stage_whose_sandbox_died_goes_on_from_its_memory_checkpoint() {
     let name = "a_gvisor_stage_whose_sandbox_died_goes_on_from_its_memory_checkpoint";
-    if skip(name) {
-        return;
-    }
-    if std::process::Command::new("runsc").arg("--version").output().is_err() {
-        eprintln!("SKIPPED {name}: runsc (gVisor) is not installed; apt-get install runsc");
+    if skip_without_runsc(name) {
         return;
     }
     let home = Home::new();
     let file = write(&home, "p.toml", IN_MEMORY);
-    let mut child = home
-        .command(&["pipeline", "run", &file])
-        .stdout(Stdio::piped())
-        .stderr(Stdio::null())
-        .spawn()
-        .unwrap();
     // Once a memory checkpoint of the running stage exists, the host
     // "crashes": the orchestrator and the stage's sandbox are killed.
-    let deadline = Instant::now() + Duration::from_secs(90);
-    let (run, sandbox) = loop {
-        assert!(
-            Instant::now() < deadline,
-            "no checkpoint of the running stage was taken"
-        );
-        let runs: serde_json::Value = serde_json::from_str(&home.ok(&["runs", "--json"])).unwrap();
-        if let Some(id) = runs.as_array().and_then(|a| a.first()).and_then(|r| r["id"].as_str()) {
-            let v = show(&home, id);
-            if !events(&v, "checkpoint").is_empty() && v["stages"][0]["status"] == "running" {
-                break (
-                    id.to_string(),
-                    v["stages"][0]["sandbox_id"].as_str().unwrap().to_string(),
-                );
-            }
-        }
-        std::thread::sleep(Duration::from_millis(100));
-    };
-    child.kill().unwrap();
-    child.wait().unwrap();
+    let run = kill_run_when(
+        &home,
+        &file,
+        "no checkpoint of the running stage was taken",
+        Duration::ZERO,
+        |v| !events(v, "checkpoint").is_empty() && v["stages"][0]["status"] == "running",
+    );
+    let sandbox = show(&home, &run)["stages"][0]["sandbox_id"]
+        .as_str()
+        .unwrap()
+        .to_string();
     home.ok(&["rm", "-f", &sandbox]);
     let out = home.cairn(&["pipeline", "resume", &run]);
     assert!(out.status.success(), "{}", stderr(&out));
@@ -646,11 +650,7 @@ fn a_gvisor_stage_whose_sandbox_died_goes_on_from_its_memory_checkpoint() {
 #[test]
 fn a_gvisor_stage_is_followed_through_its_memory_checkpoints() {
     let name = "a_gvisor_stage_is_followed_through_its_memory_checkpoints";
-    if skip(name) {
-        return;
-    }
-    if std::process::Command::new("runsc").arg("--version").output().is_err() {
-        eprintln!("SKIPPED {name}: runsc (gVisor) is not installed; apt-get install runsc");
+    if skip_without_runsc(name) {
         return;
     }
     let home = Home::new();

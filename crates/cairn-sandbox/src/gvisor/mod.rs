@@ -101,9 +101,9 @@ impl GvisorDriver {
     /// keeps its cgroups apart from other state directories' (as for the
     /// native driver).
     pub fn new(state_dir: impl Into<PathBuf>, scope: &str) -> Result<GvisorDriver, SandboxError> {
-        let runsc = Runsc::find()?;
-        let cgroups = Hierarchy::detect(scope)?;
         let state_dir = state_dir.into();
+        let runsc = Runsc::find(&state_dir)?;
+        let cgroups = Hierarchy::detect(scope)?;
         fs::create_dir_all(&state_dir)
             .map_err(|e| SandboxError::setup(format!("create {}", state_dir.display()), e))?;
         Ok(GvisorDriver {

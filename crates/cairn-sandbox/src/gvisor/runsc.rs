@@ -48,8 +48,11 @@ pub struct Launch<'a> {
 }
 
 impl Runsc {
-    /// Finds runsc: `$CAIRN_RUNSC`, else the first `runsc` on `PATH`.
-    pub fn find() -> Result<Runsc, GvisorError> {
+    /// Finds runsc: `$CAIRN_RUNSC`, else the first `runsc` on `PATH`. The
+    /// platform it offers is asked once per runsc binary and remembered in
+    /// `cache_dir` (asking costs a runsc start-up, ~20 ms, which every
+    /// command touching a gvisor sandbox would otherwise pay).
+    pub fn find(cache_dir: &Path) -> Result<Runsc, GvisorError> {
         let binary = match std::env::var_os("CAIRN_RUNSC") {
             Some(p) => Some(PathBuf::from(p)).filter(|p| p.is_file()),
             None => {
@@ -60,7 +63,7 @@ impl Runsc {
             }
         }
         .ok_or(GvisorError::RunscMissing)?;
-        let platform = platform_of(&binary);
+        let platform = cached_platform(&binary, &cache_dir.join("runsc-platform"));
         Ok(Runsc { binary, platform })
     }
 
@@ -194,6 +197,38 @@ fn first_lines(s: &str) -> String {
     }
 }
 
+/// [`platform_of`], remembered in `cache` for this binary (its path, size
+/// and modification time): a reinstalled runsc is asked again.
+fn cached_platform(binary: &Path, cache: &Path) -> &'static str {
+    let identity = std::fs::metadata(binary).ok().map(|m| {
+        use std::os::unix::fs::MetadataExt;
+        format!(
+            "{} {} {}",
+            binary.display(),
+            m.len(),
+            m.mtime_nsec() + m.mtime() * 1_000_000_000
+        )
+    });
+    if let (Some(id), Ok(text)) = (&identity, std::fs::read_to_string(cache)) {
+        if let Some((platform, seen)) = text.trim_end().split_once(' ') {
+            if seen == id {
+                if let Some(p) = ["systrap", "ptrace"].into_iter().find(|p| *p == platform) {
+                    return p;
+                }
+            }
+        }
+    }
+    let platform = platform_of(binary);
+    if let Some(id) = identity {
+        // Written whole, then renamed: a reader sees the old answer or the new.
+        let tmp = cache.with_extension(format!("tmp{}", std::process::id()));
+        if std::fs::write(&tmp, format!("{platform} {id}\n")).is_ok() {
+            let _ = std::fs::rename(&tmp, cache);
+        }
+    }
+    platform
+}
+
 /// The platform to use with `binary`: `systrap` when its `-platform` flag
 /// lists it (`runsc flags`), else `ptrace`.
 fn platform_of(binary: &Path) -> &'static str {
@@ -229,5 +264,30 @@ mod tests {
         assert_eq!(platform_in(old), "ptrace");
         assert_eq!(platform_in(new), "systrap");
         assert_eq!(platform_in(""), "ptrace");
+    }
+
+    #[test]
+    fn the_platform_is_asked_once_per_runsc_binary() {
+        use std::os::unix::fs::PermissionsExt;
+        let dir = tempfile::tempdir().unwrap();
+        let binary = dir.path().join("runsc");
+        let cache = dir.path().join("runsc-platform");
+        let script = |platforms: &str| {
+            std::fs::write(
+                &binary,
+                format!("#!/bin/sh\nprintf '  -platform string\\n    \\tuse: {platforms}\\n'\n"),
+            )
+            .unwrap();
+            std::fs::set_permissions(&binary, std::fs::Permissions::from_mode(0o755)).unwrap();
+        };
+        script("systrap (default), ptrace, kvm");
+        assert_eq!(cached_platform(&binary, &cache), "systrap");
+        // Not asked again: a binary that can no longer answer still gets the
+        // remembered platform.
+        std::fs::set_permissions(&binary, std::fs::Permissions::from_mode(0o644)).unwrap();
+        assert_eq!(cached_platform(&binary, &cache), "systrap");
+        // Another binary at that path is asked again.
+        script("ptrace (default), kvm, and more");
+        assert_eq!(cached_platform(&binary, &cache), "ptrace");
     }
 }

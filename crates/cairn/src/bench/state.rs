@@ -275,20 +275,23 @@ impl Bench {
                 engine.remove_sandbox(&fork, true)?;
             }
             let first = stored.first().copied().unwrap_or(0.0);
-            out.push(summarize(
+            let snapshot = summarize(
                 &format!("gvisor: memory snapshot, sandbox goes on ({name})"),
                 "ms",
                 snaps,
                 Some(if churn > 0 { 1000.0 } else { 300.0 }),
                 true,
-            ));
-            out.push(summarize(
+            );
+            let restore = summarize(
                 &format!("gvisor: restore with memory to first output ({name})"),
                 "ms",
                 restores,
                 Some(if churn > 0 { 1000.0 } else { 200.0 }),
                 true,
-            ));
+            );
+            let ours = [snapshot.median, restore.median];
+            out.push(snapshot);
+            out.push(restore);
             out.push(summarize(
                 &format!("gvisor: first snapshot stored ({name})"),
                 "MB",
@@ -305,7 +308,6 @@ impl Bench {
             ));
             let rec = engine.sandbox(&rec.id)?;
             engine.remove_sandbox(&rec, true)?;
-            let ours = [out[out.len() - 4].median, out[out.len() - 3].median];
             match self.plain_runsc(name, churn, if churn > 0 { runs.min(5) } else { runs }) {
                 Ok(peer) => {
                     eprintln!(

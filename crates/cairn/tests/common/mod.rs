@@ -31,6 +31,18 @@ pub fn skip(test: &str) -> bool {
     }
 }
 
+/// [`skip`], and also when runsc (gVisor) is missing.
+pub fn skip_without_runsc(test: &str) -> bool {
+    if skip(test) {
+        return true;
+    }
+    if Command::new("runsc").arg("--version").output().is_err() {
+        eprintln!("SKIPPED {test}: runsc (gVisor) is not installed; apt-get install runsc");
+        return true;
+    }
+    false
+}
+
 /// A fresh state directory with the busybox image, removed (after a gc) on drop.
 pub struct Home {
     pub dir: tempfile::TempDir,
