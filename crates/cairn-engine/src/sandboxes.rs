@@ -376,7 +376,7 @@ impl Engine {
                 SandboxState::Running if !process_of(&rec).is_some_and(|p| p.alive()) => {
                     // A memory snapshot replaces the process under its
                     // lifecycle lock; the row is read again once it is ours.
-                    // (Without a sandbox directory nothing can hold it.)
+                    // (Without a sandbox directory or lock file nothing holds it.)
                     let _lifecycle = match self.lock_sandbox(&rec.id, false) {
                         Ok(None) => continue,
                         Ok(Some(lock)) => Some(lock),

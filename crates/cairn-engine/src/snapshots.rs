@@ -220,10 +220,12 @@ impl Engine {
     /// without waiting, leaves the sandbox alone meanwhile. `Ok(None)` when
     /// `wait` is false and another process holds it; an error when there is
     /// no sandbox directory to hold the lock. The lock goes with the process
-    /// holding it, however it dies.
+    /// holding it, however it dies. Only the waiting side (the owner) creates
+    /// the lock file: a reconciler must never add an entry to a directory its
+    /// remover may be emptying (it finds no file, so nobody held the lock).
     pub(crate) fn lock_sandbox(&self, id: &str, wait: bool) -> std::io::Result<Option<Flock<File>>> {
         let file = File::options()
-            .create(true)
+            .create(wait)
             .append(true)
             .open(self.home.sandbox(id).join("lifecycle.lock"))?;
         let arg = if wait {

@@ -52,6 +52,19 @@ pub struct Measurement {
     /// The DESIGN.md target, in `unit`, and whether lower is better.
     pub target: Option<f64>,
     pub lower_is_better: bool,
+    /// For a peer's figure (bwrap, crun): Cairn's median for the same job
+    /// divided by the peer's (below 1 means Cairn is faster, for times;
+    /// above 1 means Cairn is faster, for rates).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub cairn_ratio: Option<f64>,
+}
+
+impl Measurement {
+    /// This measurement as a peer's figure for the job `cairn` measured.
+    fn peer_of(mut self, cairn: &Measurement) -> Measurement {
+        self.cairn_ratio = Some(cairn.median / self.median);
+        self
+    }
 }
 
 fn summarize(name: &str, unit: &'static str, mut samples: Vec<f64>, target: Option<f64>, lower: bool) -> Measurement {
@@ -65,6 +78,7 @@ fn summarize(name: &str, unit: &'static str, mut samples: Vec<f64>, target: Opti
         runs: samples.len(),
         target,
         lower_is_better: lower,
+        cairn_ratio: None,
     }
 }
 
@@ -106,8 +120,8 @@ pub fn run(user_home: Home, which: &[Which], runs: usize, json: bool) -> Result<
 
 fn print_table(results: &[Measurement]) {
     println!(
-        "{:<44} {:>10} {:>10} {:>6}  {:>10}  unit",
-        "measurement", "median", "p95", "runs", "target"
+        "{:<52} {:>10} {:>10} {:>6}  {:>10}  {:>10}  unit",
+        "measurement", "median", "p95", "runs", "target", "cairn/peer"
     );
     for m in results {
         let target = match m.target {
@@ -115,9 +129,10 @@ fn print_table(results: &[Measurement]) {
             Some(t) => format!(">= {t}"),
             None => "-".into(),
         };
+        let ratio = m.cairn_ratio.map_or("-".into(), |r| format!("{r:.2}"));
         println!(
-            "{:<44} {:>10.3} {:>10.3} {:>6}  {:>10}  {}",
-            m.name, m.median, m.p95, m.runs, target, m.unit
+            "{:<52} {:>10.3} {:>10.3} {:>6}  {:>10}  {:>10}  {}",
+            m.name, m.median, m.p95, m.runs, target, ratio, m.unit
         );
     }
 }
@@ -187,8 +202,7 @@ impl Bench {
             Some(10.0),
             true,
         );
-        let cairn_median = cairn.median;
-        results.push(cairn);
+        let first_output = cairn;
         results.push(summarize(
             "start: cairn run -- echo (whole command, with rm)",
             "ms",
@@ -196,48 +210,32 @@ impl Bench {
             None,
             true,
         ));
-        if let Some(bwrap) = which("bwrap") {
-            let mut cmd = Command::new(bwrap);
-            cmd.args(["--unshare-all", "--die-with-parent", "--ro-bind"])
-                .arg(&self.layer)
-                .args([
-                    "/",
-                    "--proc",
-                    "/proc",
-                    "--dev",
-                    "/dev",
-                    "--tmpfs",
-                    "/tmp",
-                    "/bin/echo",
-                    "hi",
-                ]);
+        if let Some(bwrap) = peer("bwrap", "bubblewrap") {
+            let mut cmd = self.bwrap(&bwrap, &["/bin/echo", "hi"]);
             let (firsts, _) = self.repeat(runs, &mut cmd)?;
-            let m = summarize("start: bwrap echo (peer)", "ms", firsts, None, true);
-            eprintln!("cairn bench: cairn/bwrap start ratio {:.2}", cairn_median / m.median);
-            results.push(m);
-        } else {
-            eprintln!("cairn bench: bwrap is not installed (apt-get install bubblewrap); no bwrap figure");
+            results.push(summarize("start: bwrap echo (peer)", "ms", firsts, None, true).peer_of(&first_output));
         }
-        if let Some(crun) = which("crun") {
-            let bundle = self.crun_bundle(&crun)?;
-            hide_hybrid_cgroup2()?;
-            let mut i = 0u64;
-            let mut firsts = Vec::new();
-            for _ in 0..runs {
-                i += 1;
-                let mut cmd = Command::new(&crun);
-                cmd.args(["run", "--bundle"])
-                    .arg(&bundle)
-                    .arg(format!("cairn-bench-{}-{i}", std::process::id()));
-                firsts.push(Self::first_output(&mut cmd)?.0);
-            }
-            let m = summarize("start: crun run echo (peer)", "ms", firsts, None, true);
-            eprintln!("cairn bench: cairn/crun start ratio {:.2}", cairn_median / m.median);
-            results.push(m);
-        } else {
-            eprintln!("cairn bench: crun is not installed (apt-get install crun); no crun figure");
+        if let Some(crun) = peer("crun", "crun") {
+            let bundle = self.crun_bundle(&crun, &["/bin/echo", "hi"])?;
+            let firsts = in_crun_namespace(|| {
+                (0..runs)
+                    .map(|_| Self::first_output(&mut crun_run(&crun, &bundle)).map(|(first, _)| first))
+                    .collect::<Result<Vec<f64>>>()
+            })?;
+            results.push(summarize("start: crun run echo (peer)", "ms", firsts, None, true).peer_of(&first_output));
         }
+        results.insert(0, first_output);
         Ok(results)
+    }
+
+    /// bwrap over the busybox layer (read-only), with fresh /proc, /dev, /tmp.
+    fn bwrap(&self, bwrap: &Path, argv: &[&str]) -> Command {
+        let mut cmd = Command::new(bwrap);
+        cmd.args(["--unshare-all", "--die-with-parent", "--ro-bind"])
+            .arg(&self.layer)
+            .args(["/", "--proc", "/proc", "--dev", "/dev", "--tmpfs", "/tmp"])
+            .args(argv);
+        cmd
     }
 
     fn repeat(&self, runs: usize, cmd: &mut Command) -> Result<(Vec<f64>, Vec<f64>)> {
@@ -254,9 +252,13 @@ impl Bench {
         Ok((firsts, totals))
     }
 
-    /// An OCI bundle for crun over the busybox layer, read-only root.
-    fn crun_bundle(&self, crun: &Path) -> Result<PathBuf> {
-        let bundle = self.home.path().join("crun-bundle");
+    /// An OCI bundle for crun over the busybox layer (read-only root, a
+    /// tmpfs on /tmp) running `argv`.
+    fn crun_bundle(&self, crun: &Path, argv: &[&str]) -> Result<PathBuf> {
+        let bundle = self
+            .home
+            .path()
+            .join(format!("crun-bundle-{}", argv.join("-").replace('/', "_")));
         std::fs::create_dir_all(&bundle)?;
         let status = Command::new(crun).arg("spec").current_dir(&bundle).status()?;
         if !status.success() {
@@ -266,7 +268,12 @@ impl Bench {
         let mut spec: serde_json::Value = serde_json::from_slice(&std::fs::read(&path)?)?;
         spec["root"] = serde_json::json!({ "path": self.layer, "readonly": true });
         spec["process"]["terminal"] = false.into();
-        spec["process"]["args"] = serde_json::json!(["/bin/echo", "hi"]);
+        spec["process"]["args"] = serde_json::json!(argv);
+        if let Some(mounts) = spec["mounts"].as_array_mut() {
+            mounts.push(serde_json::json!({
+                "destination": "/tmp", "type": "tmpfs", "source": "tmpfs", "options": ["nosuid", "nodev"]
+            }));
+        }
         std::fs::write(&path, serde_json::to_vec_pretty(&spec)?)?;
         Ok(bundle)
     }
@@ -306,16 +313,34 @@ impl Bench {
         }
         let rec = engine.sandbox(&rec.id)?;
         engine.remove_sandbox(&rec, true)?;
-        Ok(vec![
-            summarize(
-                "exec: round trip of `true` (engine API)",
-                "ms",
-                samples,
-                Some(1.0),
-                true,
-            ),
-            summarize("exec: cairn exec ID -- true (whole command)", "ms", cli, None, true),
-        ])
+        let cli = summarize("exec: cairn exec ID -- true (whole command)", "ms", cli, None, true);
+        let mut out = vec![summarize(
+            "exec: round trip of `true` (engine API)",
+            "ms",
+            samples,
+            Some(1.0),
+            true,
+        )];
+        if let Some(crun) = peer("crun", "crun") {
+            let bundle = self.crun_bundle(&crun, &["/bin/sleep", "1000000"])?;
+            let peer_samples = in_crun_namespace(|| {
+                let container = CrunContainer::start(&crun, &bundle, "exec")?;
+                (0..cli.runs)
+                    .map(|_| {
+                        let t0 = Instant::now();
+                        let status = container.exec(&["/bin/true"]).stdin(Stdio::null()).status()?;
+                        if !status.success() {
+                            bail!("crun exec failed ({status})");
+                        }
+                        Ok(t0.elapsed().as_secs_f64() * 1e3)
+                    })
+                    .collect::<Result<Vec<f64>>>()
+            })?;
+            out.push(summarize("exec: crun exec ID true (peer)", "ms", peer_samples, None, true).peer_of(&cli));
+        }
+        eprintln!("cairn bench: bwrap has no running sandbox to exec into; no bwrap exec figure");
+        out.insert(1, cli);
+        Ok(out)
     }
 
     fn copy(&self, runs: usize) -> Result<Vec<Measurement>> {
@@ -350,10 +375,49 @@ impl Bench {
         }
         let rec = engine.sandbox(&rec.id)?;
         engine.remove_sandbox(&rec, true)?;
-        Ok(vec![
-            summarize("cp: into a sandbox (256 MiB)", "MB/s", into, Some(200.0), false),
-            summarize("cp: out of a sandbox (256 MiB)", "MB/s", out, Some(200.0), false),
-        ])
+        let into = summarize("cp: into a sandbox (256 MiB)", "MB/s", into, Some(200.0), false);
+        let out = summarize("cp: out of a sandbox (256 MiB)", "MB/s", out, Some(200.0), false);
+        let mut results = Vec::new();
+        if let Some(crun) = peer("crun", "crun") {
+            // crun has no copy command: the same bytes through `crun exec`
+            // into and out of a file in the container (its /tmp is tmpfs).
+            let bundle = self.crun_bundle(&crun, &["/bin/sleep", "1000000"])?;
+            let (peer_in, peer_out) = in_crun_namespace(|| {
+                let container = CrunContainer::start(&crun, &bundle, "cp")?;
+                let (mut peer_in, mut peer_out) = (Vec::new(), Vec::new());
+                for _ in 0..into.runs {
+                    let t0 = Instant::now();
+                    let mut child = container
+                        .exec(&["/bin/sh", "-c", "cat > /tmp/bench.bin"])
+                        .stdin(Stdio::piped())
+                        .spawn()?;
+                    child.stdin.take().context("no stdin")?.write_all(&data)?;
+                    if !child.wait()?.success() {
+                        bail!("crun exec (copy in) failed");
+                    }
+                    peer_in.push(SIZE as f64 / 1048576.0 / t0.elapsed().as_secs_f64());
+                    let t0 = Instant::now();
+                    let mut child = container
+                        .exec(&["/bin/cat", "/tmp/bench.bin"])
+                        .stdin(Stdio::null())
+                        .stdout(Stdio::piped())
+                        .spawn()?;
+                    let mut sink = CountingSink(0);
+                    io::copy(&mut child.stdout.take().context("no stdout")?, &mut sink)?;
+                    if !child.wait()?.success() || sink.0 != SIZE as u64 {
+                        bail!("crun exec (copy out) failed or copied {} bytes of {SIZE}", sink.0);
+                    }
+                    peer_out.push(SIZE as f64 / 1048576.0 / t0.elapsed().as_secs_f64());
+                }
+                Ok((peer_in, peer_out))
+            })?;
+            results.push(summarize("cp: into crun via exec cat (peer)", "MB/s", peer_in, None, false).peer_of(&into));
+            results.push(summarize("cp: out of crun via exec cat (peer)", "MB/s", peer_out, None, false).peer_of(&out));
+        }
+        eprintln!("cairn bench: bwrap has no running sandbox to copy into; no bwrap copy figure");
+        results.insert(0, out);
+        results.insert(0, into);
+        Ok(results)
     }
 
     /// Sandbox starts per second with every core busy: starts alone, start +
@@ -397,8 +461,17 @@ impl Bench {
             }
             Ok(n)
         })?;
-        let mut run = Command::new(&self.exe);
-        run.args(["run", "--", "true"]).env("CAIRN_HOME", &home);
+        let cairn_run = summarize(
+            &format!("throughput: cairn run -- true, {workers} loops"),
+            "starts/s",
+            command_rounds(workers, || {
+                let mut run = Command::new(&self.exe);
+                run.args(["run", "--", "true"]).env("CAIRN_HOME", &home);
+                Ok(run)
+            })?,
+            None,
+            false,
+        );
         let mut out = vec![
             summarize(
                 &format!("throughput: sandbox starts (engine API), {workers} threads"),
@@ -414,37 +487,50 @@ impl Bench {
                 None,
                 false,
             ),
-            summarize(
-                &format!("throughput: cairn run -- true, {workers} loops"),
-                "starts/s",
-                command_rounds(workers, &run)?,
-                None,
-                false,
-            ),
         ];
-        if let Some(bwrap) = which("bwrap") {
-            let mut cmd = Command::new(bwrap);
-            cmd.args(["--unshare-all", "--die-with-parent", "--ro-bind"])
-                .arg(&self.layer)
-                .args(["/", "--proc", "/proc", "--dev", "/dev", "--tmpfs", "/tmp", "/bin/true"]);
-            out.push(summarize(
-                &format!("throughput: bwrap true (peer), {workers} loops"),
-                "starts/s",
-                command_rounds(workers, &cmd)?,
-                None,
-                false,
-            ));
+        if let Some(bwrap) = peer("bwrap", "bubblewrap") {
+            let rates = command_rounds(workers, || Ok(self.bwrap(&bwrap, &["/bin/true"])))?;
+            out.push(
+                summarize(
+                    &format!("throughput: bwrap true (peer), {workers} loops"),
+                    "starts/s",
+                    rates,
+                    None,
+                    false,
+                )
+                .peer_of(&cairn_run),
+            );
         }
+        if let Some(crun) = peer("crun", "crun") {
+            let bundle = self.crun_bundle(&crun, &["/bin/true"])?;
+            let rates = command_rounds(workers, || {
+                hide_hybrid_cgroup2()?;
+                Ok(crun_run(&crun, &bundle))
+            })?;
+            out.push(
+                summarize(
+                    &format!("throughput: crun run true (peer), {workers} loops"),
+                    "starts/s",
+                    rates,
+                    None,
+                    false,
+                )
+                .peer_of(&cairn_run),
+            );
+        }
+        out.insert(2, cairn_run);
         Ok(out)
     }
 }
 
-/// Five rounds of `workers` threads each running `work` until a deadline 2 s
+const ROUNDS: usize = 8;
+
+/// [`ROUNDS`] rounds of `workers` threads each running `work` until a deadline 2 s
 /// away; `work` returns how many it completed by then. Completions per second.
 fn rounds(workers: usize, work: impl Fn(Instant) -> Result<usize> + Sync) -> Result<Vec<f64>> {
     let window = Duration::from_secs(2);
     let mut rates = Vec::new();
-    for _ in 0..5 {
+    for _ in 0..ROUNDS {
         let deadline = Instant::now() + window;
         let done: Vec<Result<usize>> = std::thread::scope(|scope| {
             let handles: Vec<_> = (0..workers).map(|_| scope.spawn(|| work(deadline))).collect();
@@ -459,22 +545,19 @@ fn rounds(workers: usize, work: impl Fn(Instant) -> Result<usize> + Sync) -> Res
     Ok(rates)
 }
 
-/// [`rounds`] of `cmd` run back to back.
-fn command_rounds(workers: usize, cmd: &Command) -> Result<Vec<f64>> {
-    let envs: Vec<_> = cmd
-        .get_envs()
-        .filter_map(|(k, v)| Some((k.to_owned(), v?.to_owned())))
-        .collect();
+/// [`rounds`] of the commands `make` gives, run back to back.
+fn command_rounds(workers: usize, make: impl Fn() -> Result<Command> + Sync) -> Result<Vec<f64>> {
     rounds(workers, |deadline| {
         let mut n = 0;
         while Instant::now() < deadline {
-            let status = Command::new(cmd.get_program())
-                .args(cmd.get_args())
-                .envs(envs.clone())
-                .stdin(Stdio::null())
-                .status()?;
-            if !status.success() {
-                bail!("{:?} failed under load", cmd.get_program());
+            let mut cmd = make()?;
+            let out = cmd.stdin(Stdio::null()).stdout(Stdio::null()).output()?;
+            if !out.status.success() {
+                bail!(
+                    "{:?} failed under load: {}",
+                    cmd.get_program(),
+                    String::from_utf8_lossy(&out.stderr).trim()
+                );
             }
             n += 1;
         }
@@ -495,15 +578,19 @@ impl Write for CountingSink {
 }
 
 /// crun (1.8) refuses hosts that mount cgroup v2 beside v1 controllers.
-/// Where the v2 tree carries no controllers Cairn uses, the benchmark
-/// detaches it in a private mount namespace of its own, so crun runs on v1
-/// as Cairn does.
+/// Where the v2 tree carries no controllers Cairn uses, crun runs from a
+/// thread that has detached it in a private mount namespace of its own (the
+/// rest of the benchmark keeps the host's view), so crun runs on v1 as Cairn
+/// does. Once per thread.
 fn hide_hybrid_cgroup2() -> Result<()> {
     use nix::mount::{mount, umount2, MntFlags, MsFlags};
+    thread_local!(static HIDDEN: std::cell::Cell<bool> = const { std::cell::Cell::new(false) });
     let unified = Path::new("/sys/fs/cgroup/unified");
-    if !unified.join("cgroup.controllers").exists() {
+    if HIDDEN.get() || !unified.join("cgroup.controllers").exists() {
         return Ok(());
     }
+    // unshare(CLONE_NEWNS) from one thread of many gives that thread its own
+    // filesystem context and mount namespace; its children inherit them.
     nix::sched::unshare(nix::sched::CloneFlags::CLONE_NEWNS).context("unshare the mount namespace")?;
     mount(
         None::<&str>,
@@ -513,8 +600,89 @@ fn hide_hybrid_cgroup2() -> Result<()> {
         None::<&str>,
     )?;
     umount2(unified, MntFlags::MNT_DETACH).context("detach the hybrid cgroup v2 mount")?;
-    eprintln!("cairn bench: crun runs with the hybrid cgroup v2 mount detached (crun refuses hybrid hosts)");
+    HIDDEN.set(true);
+    static SAID: std::sync::Once = std::sync::Once::new();
+    SAID.call_once(|| {
+        eprintln!("cairn bench: crun runs with the hybrid cgroup v2 mount detached (crun refuses hybrid hosts)")
+    });
     Ok(())
+}
+
+/// Runs `f` on a thread of its own where crun can run ([`hide_hybrid_cgroup2`]).
+fn in_crun_namespace<T: Send>(f: impl FnOnce() -> Result<T> + Send) -> Result<T> {
+    std::thread::scope(|scope| {
+        scope
+            .spawn(|| {
+                hide_hybrid_cgroup2()?;
+                f()
+            })
+            .join()
+            .unwrap_or_else(|_| Err(anyhow::anyhow!("the crun thread panicked")))
+    })
+}
+
+/// `crun run` of `bundle` under a container name not used before.
+fn crun_run(crun: &Path, bundle: &Path) -> Command {
+    static NEXT: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+    let i = NEXT.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+    let mut cmd = Command::new(crun);
+    cmd.args(["run", "--bundle"])
+        .arg(bundle)
+        .arg(format!("cairn-bench-{}-{i}", std::process::id()));
+    cmd
+}
+
+/// A detached crun container (`sleep`ing), deleted on drop. Made and used
+/// on a thread where crun can run ([`in_crun_namespace`]).
+struct CrunContainer {
+    crun: PathBuf,
+    name: String,
+}
+
+impl CrunContainer {
+    fn start(crun: &Path, bundle: &Path, job: &str) -> Result<CrunContainer> {
+        let name = format!("cairn-bench-{}-{job}", std::process::id());
+        // The container inherits crun's stdio: no pipe may be left open to it.
+        let status = Command::new(crun)
+            .args(["run", "--detach", "--bundle"])
+            .arg(bundle)
+            .arg(&name)
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .status()?;
+        if !status.success() {
+            bail!("`crun run --detach --bundle {}` failed ({status})", bundle.display());
+        }
+        Ok(CrunContainer {
+            crun: crun.to_owned(),
+            name,
+        })
+    }
+
+    fn exec(&self, argv: &[&str]) -> Command {
+        let mut cmd = Command::new(&self.crun);
+        cmd.arg("exec").arg(&self.name).args(argv);
+        cmd
+    }
+}
+
+impl Drop for CrunContainer {
+    fn drop(&mut self) {
+        let _ = Command::new(&self.crun)
+            .args(["delete", "--force", &self.name])
+            .stderr(Stdio::null())
+            .status();
+    }
+}
+
+/// A peer tool on PATH, or a loud note that its figures are left out.
+fn peer(tool: &str, package: &str) -> Option<PathBuf> {
+    let found = which(tool);
+    if found.is_none() {
+        eprintln!("cairn bench: {tool} is not installed (apt-get install {package}); no {tool} figures");
+    }
+    found
 }
 
 fn which(tool: &str) -> Option<PathBuf> {
