@@ -437,3 +437,31 @@ fn a_sandbox_whose_init_died_shows_as_exited_and_refuses_exec_clearly() {
     assert_eq!(home.ok(&["rm", &id]), id);
     assert!(home.ps().is_empty());
 }
+
+#[test]
+fn a_service_that_cannot_start_leaves_no_sandbox_behind() {
+    if skip("a_service_that_cannot_start_leaves_no_sandbox_behind") {
+        return;
+    }
+    let home = Home::new();
+    // An image without /bin/sh: no service can start in it.
+    let root = tempfile::tempdir().unwrap();
+    std::fs::create_dir_all(root.path().join("etc")).unwrap();
+    std::fs::write(root.path().join("etc/hostname"), "bare\n").unwrap();
+    home.ok(&["image", "import", root.path().to_str().unwrap(), "--name", "bare"]);
+    let out = home.cairn(&["create", "--image", "bare", "--service", "sleep 1000"]);
+    assert_eq!(out.status.code(), Some(125), "{}", stderr(&out));
+    assert!(
+        stderr(&out).contains("service \"sleep 1000\" did not start"),
+        "{}",
+        stderr(&out)
+    );
+    assert!(
+        home.ps().is_empty(),
+        "a sandbox whose service failed lives on: {:?}",
+        home.ps()
+    );
+    assert!(home.host_mounts().is_empty());
+    assert_eq!(std::fs::read_dir(home.path().join("sandboxes")).unwrap().count(), 0);
+    assert!(home.cgroup_scopes_left().is_empty(), "{:?}", home.cgroup_scopes_left());
+}
