@@ -64,15 +64,40 @@ fn bad_input_gets_a_clear_error_and_creates_nothing() {
         stderr(&out)
     );
 
-    let out = home.cairn(&["exec", "feedfacecafe", "--", "true"]);
-    assert_eq!(out.status.code(), Some(125));
-    assert!(stderr(&out).contains("no sandbox matches"), "{}", stderr(&out));
+    // An unknown sandbox is Cairn's own failure, named in the message.
+    let copied = home.path().join("copied");
+    let copy_from = "feedfacecafe:/etc/passwd".to_string();
+    for args in [
+        vec!["exec", "feedfacecafe", "--", "true"],
+        vec!["rm", "feedfacecafe"],
+        vec!["rm", "-f", "feedfacecafe"],
+        vec!["logs", "feedfacecafe"],
+        vec!["cp", &copy_from, copied.to_str().unwrap()],
+    ] {
+        let out = home.cairn(&args);
+        assert_eq!(out.status.code(), Some(125), "cairn {args:?}: {}", stderr(&out));
+        assert!(
+            stderr(&out).contains("no sandbox matches \"feedfacecafe\""),
+            "cairn {args:?}: {}",
+            stderr(&out)
+        );
+    }
+    assert!(
+        !copied.exists(),
+        "a copy from an unknown sandbox wrote {}",
+        copied.display()
+    );
 
     let out = home.cairn(&["run", "--memory", "lots", "--", "true"]);
     assert_eq!(out.status.code(), Some(2));
     assert!(stderr(&out).contains("512M"), "{}", stderr(&out));
     let out = home.cairn(&["create", "--cpus", "zero"]);
     assert_eq!(out.status.code(), Some(2));
+    assert!(
+        stderr(&out).contains("invalid CPU count \"zero\"") && stderr(&out).contains("0.5"),
+        "{}",
+        stderr(&out)
+    );
 
     let out = home.cairn(&["run", "--", "no-such-command", "arg"]);
     assert_eq!(out.status.code(), Some(127));
@@ -89,6 +114,11 @@ fn bad_input_gets_a_clear_error_and_creates_nothing() {
     assert!(home.ps().is_empty(), "a refused command left a sandbox");
     assert!(home.host_mounts().is_empty());
     assert_eq!(std::fs::read_dir(home.path().join("sandboxes")).unwrap().count(), 0);
+    assert!(
+        home.cgroup_scopes_left().is_empty(),
+        "a refused command left cgroups: {:?}",
+        home.cgroup_scopes_left()
+    );
 }
 
 #[test]
