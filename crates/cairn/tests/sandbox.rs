@@ -283,7 +283,7 @@ fn a_sandbox_outlives_the_cli_and_rm_leaves_no_mount_cgroup_or_process() {
 
     // rm without -f refuses a running sandbox and changes nothing.
     let out = home.cairn(&["rm", &id]);
-    assert_ne!(out.status.code(), Some(0));
+    assert_eq!(out.status.code(), Some(125));
     assert!(stderr(&out).contains("cairn rm -f"), "{}", stderr(&out));
     assert_eq!(home.ps().len(), 1);
 
