@@ -207,7 +207,14 @@ impl Engine {
         rec.state = SandboxState::Running;
         rec.pid = Some(process.pid);
         rec.pid_start = Some(process.start_time);
-        self.after_start(&rec, origin.snapshot.is_some())?;
+        if let Err(e) = self.after_start(&rec, origin.snapshot.is_some()) {
+            // A sandbox whose services did not start is not handed out:
+            // the error is the answer, and nothing stays running.
+            if let Err(cleanup) = self.remove_sandbox(&rec, true) {
+                tracing::warn!(sandbox = %rec.id, "removing a sandbox whose start failed: {cleanup}");
+            }
+            return Err(e);
+        }
         Ok(rec)
     }
 

@@ -112,7 +112,6 @@ impl InitClient {
         }
     }
 
-    /// Signals any process in the sandbox.
     /// Starts a named job (see [`ToInit::StartJob`]); returns its pid.
     pub fn start_job(&self, name: &str, request: ExecRequest) -> Result<Result<i32, SpawnFailure>, ClientError> {
         let (_stream, mut reader) = self.open(&ToInit::StartJob {
@@ -155,6 +154,7 @@ impl InitClient {
         }
     }
 
+    /// Signals any process in the sandbox by its pid there.
     pub fn kill(&self, pid: i32, signal: i32) -> Result<(), ClientError> {
         let (_stream, mut reader) = self.open(&ToInit::Kill { pid, signal })?;
         self.expect_done(&mut reader)

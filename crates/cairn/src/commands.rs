@@ -466,7 +466,7 @@ fn remove(engine: &mut Engine, keys: &[String], force: bool) -> Result<i32> {
             }
         }
     }
-    Ok(if failed > 0 { 1 } else { 0 })
+    Ok(if failed > 0 { i32::from(crate::CAIRN_FAILED) } else { 0 })
 }
 
 fn image(engine: &mut Engine, cmd: ImageCommand) -> Result<()> {

@@ -12,7 +12,7 @@ use std::process::ExitCode;
 use clap::Parser;
 
 /// Exit status for Cairn's own failures (as opposed to the command's).
-const CAIRN_FAILED: u8 = 125;
+pub(crate) const CAIRN_FAILED: u8 = 125;
 
 fn main() -> ExitCode {
     let cli = cli::Cli::parse();

@@ -33,6 +33,15 @@ fn run_removes_its_sandbox_and_leaves_nothing_on_the_host() {
     let home = Home::new();
     let out = home.cairn(&["run", "--", "sh", "-c", "cat /proc/self/cgroup; hostname"]);
     assert!(out.status.success(), "{}", stderr(&out));
+    // Its own cgroup namespace: the sandbox's cgroups are its roots.
+    let seen = stdout(&out);
+    let (cgroups, hostname) = seen.trim_end().rsplit_once('\n').unwrap();
+    assert!(
+        cgroups.lines().all(|l| l.ends_with(":/")),
+        "the sandbox sees cgroup paths of the host:\n{cgroups}"
+    );
+    let host_name = std::fs::read_to_string("/proc/sys/kernel/hostname").unwrap();
+    assert_ne!(hostname, host_name.trim(), "the sandbox has the host's hostname");
     assert!(home.ps().is_empty());
     assert!(home.host_mounts().is_empty());
     assert_eq!(std::fs::read_dir(home.path().join("sandboxes")).unwrap().count(), 0);
@@ -64,15 +73,40 @@ fn bad_input_gets_a_clear_error_and_creates_nothing() {
         stderr(&out)
     );
 
-    let out = home.cairn(&["exec", "feedfacecafe", "--", "true"]);
-    assert_eq!(out.status.code(), Some(125));
-    assert!(stderr(&out).contains("no sandbox matches"), "{}", stderr(&out));
+    // An unknown sandbox is Cairn's own failure, named in the message.
+    let copied = home.path().join("copied");
+    let copy_from = "feedfacecafe:/etc/passwd".to_string();
+    for args in [
+        vec!["exec", "feedfacecafe", "--", "true"],
+        vec!["rm", "feedfacecafe"],
+        vec!["rm", "-f", "feedfacecafe"],
+        vec!["logs", "feedfacecafe"],
+        vec!["cp", &copy_from, copied.to_str().unwrap()],
+    ] {
+        let out = home.cairn(&args);
+        assert_eq!(out.status.code(), Some(125), "cairn {args:?}: {}", stderr(&out));
+        assert!(
+            stderr(&out).contains("no sandbox matches \"feedfacecafe\""),
+            "cairn {args:?}: {}",
+            stderr(&out)
+        );
+    }
+    assert!(
+        !copied.exists(),
+        "a copy from an unknown sandbox wrote {}",
+        copied.display()
+    );
 
     let out = home.cairn(&["run", "--memory", "lots", "--", "true"]);
     assert_eq!(out.status.code(), Some(2));
     assert!(stderr(&out).contains("512M"), "{}", stderr(&out));
     let out = home.cairn(&["create", "--cpus", "zero"]);
     assert_eq!(out.status.code(), Some(2));
+    assert!(
+        stderr(&out).contains("invalid CPU count \"zero\"") && stderr(&out).contains("0.5"),
+        "{}",
+        stderr(&out)
+    );
 
     let out = home.cairn(&["run", "--", "no-such-command", "arg"]);
     assert_eq!(out.status.code(), Some(127));
@@ -89,6 +123,11 @@ fn bad_input_gets_a_clear_error_and_creates_nothing() {
     assert!(home.ps().is_empty(), "a refused command left a sandbox");
     assert!(home.host_mounts().is_empty());
     assert_eq!(std::fs::read_dir(home.path().join("sandboxes")).unwrap().count(), 0);
+    assert!(
+        home.cgroup_scopes_left().is_empty(),
+        "a refused command left cgroups: {:?}",
+        home.cgroup_scopes_left()
+    );
 }
 
 #[test]
@@ -190,6 +229,17 @@ fn a_sandbox_sees_only_its_own_processes_network_and_files() {
     // No mounting, no kernel modules, no dangerous capabilities.
     let out = home.cairn(&["exec", &id, "--", "mount", "-t", "tmpfs", "none", "/mnt"]);
     assert_ne!(out.status.code(), Some(0));
+    // Loading a module is refused by the kernel, not just absent from the caps.
+    let out = home.cairn(&[
+        "exec",
+        &id,
+        "--",
+        "sh",
+        "-c",
+        "head -c 4096 /dev/zero > /tmp/m.ko; insmod /tmp/m.ko",
+    ]);
+    assert_ne!(out.status.code(), Some(0), "insmod worked inside the sandbox");
+    assert!(stderr(&out).contains("Operation not permitted"), "{}", stderr(&out));
     let caps = home.ok(&["exec", &id, "--", "grep", "CapBnd", "/proc/self/status"]);
     let bnd = u64::from_str_radix(caps.split_whitespace().last().unwrap(), 16).unwrap();
     for (cap, bit) in [
@@ -233,7 +283,7 @@ fn a_sandbox_outlives_the_cli_and_rm_leaves_no_mount_cgroup_or_process() {
 
     // rm without -f refuses a running sandbox and changes nothing.
     let out = home.cairn(&["rm", &id]);
-    assert_ne!(out.status.code(), Some(0));
+    assert_eq!(out.status.code(), Some(125));
     assert!(stderr(&out).contains("cairn rm -f"), "{}", stderr(&out));
     assert_eq!(home.ps().len(), 1);
 
@@ -436,4 +486,304 @@ fn a_sandbox_whose_init_died_shows_as_exited_and_refuses_exec_clearly() {
     home.ok(&["snapshot", &id]);
     assert_eq!(home.ok(&["rm", &id]), id);
     assert!(home.ps().is_empty());
+}
+
+#[test]
+fn the_default_image_is_built_on_first_use() {
+    if skip("the_default_image_is_built_on_first_use") {
+        return;
+    }
+    let home = Home::empty();
+    assert_eq!(home.ok(&["image", "ls", "--json"]), "[]");
+    let out = home.cairn(&["run", "--", "echo", "hi"]);
+    if !out.status.success() && stderr(&out).contains("apt-get") {
+        eprintln!(
+            "SKIPPED the_default_image_is_built_on_first_use: busybox-static cannot be fetched here: {}",
+            stderr(&out)
+        );
+        return;
+    }
+    assert!(out.status.success(), "{}", stderr(&out));
+    assert_eq!(stdout(&out), "hi\n");
+    assert!(
+        stderr(&out).contains("building the default busybox image"),
+        "no progress on stderr: {}",
+        stderr(&out)
+    );
+    let images: serde_json::Value = serde_json::from_str(&home.ok(&["image", "ls", "--json"])).unwrap();
+    let names: Vec<&str> = images
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter_map(|i| i["name"].as_str())
+        .collect();
+    assert_eq!(names, ["busybox"]);
+    // Built once: the next run uses it as it is.
+    let out = home.cairn(&["run", "--", "echo", "again"]);
+    assert_eq!(stdout(&out), "again\n");
+    assert!(!stderr(&out).contains("building"), "{}", stderr(&out));
+}
+
+#[test]
+fn a_sandbox_has_its_own_namespaces_and_a_minimal_dev_fresh_proc_and_writable_tmp() {
+    if skip("a_sandbox_has_its_own_namespaces_and_a_minimal_dev_fresh_proc_and_writable_tmp") {
+        return;
+    }
+    let home = Home::new();
+    let id = home.ok(&["create"]);
+    let kinds = ["ipc", "cgroup", "uts", "net", "pid", "mnt"];
+    let inside = home.sh(
+        &id,
+        "for n in ipc cgroup uts net pid mnt; do readlink /proc/self/ns/$n; done",
+    );
+    assert_eq!(inside.lines().count(), kinds.len(), "{inside}");
+    for (kind, seen) in kinds.iter().zip(inside.lines()) {
+        let host = std::fs::read_link(format!("/proc/self/ns/{kind}")).unwrap();
+        assert!(seen.starts_with(&format!("{kind}:[")), "{seen}");
+        assert_ne!(
+            seen,
+            host.to_str().unwrap(),
+            "the sandbox shares the host's {kind} namespace"
+        );
+    }
+    let cgroups = home.ok(&["exec", &id, "--", "cat", "/proc/self/cgroup"]);
+    assert!(
+        cgroups.lines().all(|l| l.ends_with(":/")),
+        "the sandbox sees cgroup paths of the host:\n{cgroups}"
+    );
+
+    // /dev holds the usual nodes and nothing of the host's.
+    let dev = home.ok(&["exec", &id, "--", "ls", "-A", "/dev"]);
+    let dev: Vec<&str> = dev.split_whitespace().collect();
+    assert_eq!(
+        dev,
+        ["fd", "full", "null", "ptmx", "pts", "random", "shm", "stderr", "stdin", "stdout", "tty", "urandom", "zero"],
+        "unexpected /dev"
+    );
+    let nodes = home.sh(
+        &id,
+        "for d in full null random tty urandom zero; do stat -c '%n %F %t:%T' /dev/$d; done",
+    );
+    assert_eq!(
+        nodes,
+        "/dev/full character special file 1:7\n/dev/null character special file 1:3\n\
+         /dev/random character special file 1:8\n/dev/tty character special file 5:0\n\
+         /dev/urandom character special file 1:9\n/dev/zero character special file 1:5"
+    );
+    assert_eq!(home.ok(&["exec", &id, "--", "ls", "-A", "/dev/pts"]), "ptmx");
+
+    // /proc is the sandbox's own: its pid 1 is cairn-init.
+    let proc_mount = home.sh(&id, "grep ' /proc ' /proc/mounts; tr '\\0' ' ' < /proc/1/cmdline");
+    assert!(proc_mount.starts_with("proc /proc proc "), "{proc_mount}");
+    assert!(
+        proc_mount.lines().nth(1).unwrap().starts_with("cairn-init"),
+        "{proc_mount}"
+    );
+
+    // /tmp is there for everyone, sticky, and takes writes.
+    let tmp = home.sh(&id, "echo written > /tmp/probe && cat /tmp/probe && stat -c %a /tmp");
+    assert_eq!(tmp, "written\n1777");
+}
+
+#[test]
+fn limits_apply_to_the_cgroup_and_default_when_none_are_given() {
+    if skip("limits_apply_to_the_cgroup_and_default_when_none_are_given") {
+        return;
+    }
+    let home = Home::new();
+    let v2 = home.cgroup_dirs("x").len() == 1;
+    let cgroup_of = |id: &str| {
+        if v2 {
+            let (quota, period) = home
+                .cgroup_file(id, "cpu.max")
+                .split_once(' ')
+                .map(|(q, p)| (q.to_string(), p.to_string()))
+                .unwrap();
+            (
+                home.cgroup_file(id, "memory.max"),
+                home.cgroup_file(id, "pids.max"),
+                quota,
+                period,
+            )
+        } else {
+            (
+                home.cgroup_file(id, "memory.limit_in_bytes"),
+                home.cgroup_file(id, "pids.max"),
+                home.cgroup_file(id, "cpu.cfs_quota_us"),
+                home.cgroup_file(id, "cpu.cfs_period_us"),
+            )
+        }
+    };
+    let id = home.ok(&["create", "--cpus", "0.5", "--memory", "64M", "--pids", "100"]);
+    let (memory, pids, quota, period) = cgroup_of(&id);
+    assert_eq!(memory, (64u64 << 20).to_string());
+    assert_eq!(pids, "100");
+    assert_eq!((quota.as_str(), period.as_str()), ("50000", "100000"), "--cpus 0.5");
+
+    // No flags: 1G of memory, 1024 processes, every core of the host.
+    let id = home.ok(&["create"]);
+    let (memory, pids, quota, period) = cgroup_of(&id);
+    assert_eq!(memory, (1u64 << 30).to_string());
+    assert_eq!(pids, "1024");
+    let cores = std::thread::available_parallelism().unwrap().get() as u64;
+    assert_eq!(period, "100000");
+    assert_eq!(
+        quota,
+        (cores * 100_000).to_string(),
+        "default CPU quota on {cores} cores"
+    );
+}
+
+/// The state letter of every process in a sandbox, by pid.
+fn process_states(home: &Home, id: &str) -> Vec<(String, char)> {
+    home.sh(id, "for f in /proc/[0-9]*/stat; do cat $f 2>/dev/null; echo; done")
+        .lines()
+        .filter_map(|l| {
+            let (pid, rest) = l.split_once(' ')?;
+            let state = rest.rsplit_once(") ")?.1.chars().next()?;
+            Some((pid.to_string(), state))
+        })
+        .collect()
+}
+
+#[test]
+fn init_reaps_orphaned_zombies() {
+    if skip("init_reaps_orphaned_zombies") {
+        return;
+    }
+    let home = Home::new();
+    let id = home.ok(&["create"]);
+    // A parent that never waits: its children stay zombies while it lives.
+    let parent = home.sh_detached(&id, "for i in 1 2 3 4 5; do true & done; exec sleep 1000");
+    let mut zombies = 0;
+    for _ in 0..200 {
+        zombies = process_states(&home, &id).iter().filter(|(_, s)| *s == 'Z').count();
+        if zombies == 5 {
+            break;
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    assert_eq!(
+        zombies,
+        5,
+        "the setup made no zombies: {:?}",
+        process_states(&home, &id)
+    );
+    // Its death hands the zombies to init, which must collect them.
+    home.ok(&["exec", &id, "--", "kill", &parent]);
+    let mut states = process_states(&home, &id);
+    for _ in 0..200 {
+        if states.iter().all(|(_, s)| *s != 'Z') {
+            break;
+        }
+        std::thread::sleep(Duration::from_millis(50));
+        states = process_states(&home, &id);
+    }
+    assert!(states.iter().all(|(_, s)| *s != 'Z'), "zombies left: {states:?}");
+    assert!(
+        !states.iter().any(|(pid, _)| *pid == parent),
+        "the parent survived kill"
+    );
+}
+
+/// Starts `cairn` with both output streams piped.
+fn spawn_piped(home: &Home, args: &[&str]) -> std::process::Child {
+    home.command(args)
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap()
+}
+
+/// A script that prints `first` on `stream`, waits (at most 60s) for
+/// /tmp/go, then prints `second` there, or `gave up` when it never came.
+const SPEAK_WAIT_SPEAK: &str = "echo first >&$1; i=0; while [ ! -e /tmp/go ] && [ $i -lt 600 ]; do sleep 0.1; \
+     i=$((i+1)); done; if [ -e /tmp/go ]; then echo second >&$1; else echo gave up >&$1; fi";
+
+#[test]
+fn output_is_streamed_while_the_command_runs() {
+    if skip("output_is_streamed_while_the_command_runs") {
+        return;
+    }
+    use std::io::{BufRead, BufReader, Read};
+    let home = Home::new();
+    // `cairn run`, stdout: the file appears only once the test saw the
+    // first line, so output held back until exit would say `gave up`.
+    let mut run = spawn_piped(&home, &["run", "--", "sh", "-c", SPEAK_WAIT_SPEAK, "sh", "1"]);
+    let mut out = BufReader::new(run.stdout.take().unwrap());
+    let mut line = String::new();
+    out.read_line(&mut line).unwrap();
+    assert_eq!(line, "first\n");
+    let ps = home.ps();
+    assert_eq!(ps.len(), 1, "the run ended before its first line was read: {ps:?}");
+    home.ok(&["exec", ps[0]["id"].as_str().unwrap(), "--", "touch", "/tmp/go"]);
+    let mut rest = String::new();
+    out.read_to_string(&mut rest).unwrap();
+    assert_eq!(rest, "second\n");
+    assert!(run.wait().unwrap().success());
+
+    // `cairn exec`, stderr.
+    let id = home.ok(&["create"]);
+    let mut exec = spawn_piped(&home, &["exec", &id, "--", "sh", "-c", SPEAK_WAIT_SPEAK, "sh", "2"]);
+    let mut err = BufReader::new(exec.stderr.take().unwrap());
+    let mut line = String::new();
+    err.read_line(&mut line).unwrap();
+    assert_eq!(line, "first\n");
+    home.ok(&["exec", &id, "--", "touch", "/tmp/go"]);
+    let mut rest = String::new();
+    err.read_to_string(&mut rest).unwrap();
+    assert_eq!(rest, "second\n");
+    assert!(exec.wait().unwrap().success());
+}
+
+#[test]
+fn signals_to_the_exec_cli_reach_the_command() {
+    if skip("signals_to_the_exec_cli_reach_the_command") {
+        return;
+    }
+    use nix::sys::signal::{kill, Signal};
+    use std::io::{BufRead, BufReader};
+    let home = Home::new();
+    let id = home.ok(&["create"]);
+    for (signal, code) in [(Signal::SIGTERM, 143), (Signal::SIGINT, 130), (Signal::SIGHUP, 129)] {
+        let mut exec = spawn_piped(&home, &["exec", &id, "--", "sh", "-c", "echo ready; exec sleep 300"]);
+        let mut line = String::new();
+        BufReader::new(exec.stdout.take().unwrap())
+            .read_line(&mut line)
+            .unwrap();
+        assert_eq!(line, "ready\n");
+        kill(nix::unistd::Pid::from_raw(exec.id() as i32), signal).unwrap();
+        let status = exec.wait().unwrap();
+        assert_eq!(status.code(), Some(code), "after {signal}: {status}");
+    }
+    let left = home.ok(&["exec", &id, "--", "ps"]);
+    assert!(!left.contains("sleep 300"), "a signalled command lives on:\n{left}");
+}
+
+#[test]
+fn a_service_that_cannot_start_leaves_no_sandbox_behind() {
+    if skip("a_service_that_cannot_start_leaves_no_sandbox_behind") {
+        return;
+    }
+    let home = Home::new();
+    // An image without /bin/sh: no service can start in it.
+    let root = tempfile::tempdir().unwrap();
+    std::fs::create_dir_all(root.path().join("etc")).unwrap();
+    std::fs::write(root.path().join("etc/hostname"), "bare\n").unwrap();
+    home.ok(&["image", "import", root.path().to_str().unwrap(), "--name", "bare"]);
+    let out = home.cairn(&["create", "--image", "bare", "--service", "sleep 1000"]);
+    assert_eq!(out.status.code(), Some(125), "{}", stderr(&out));
+    assert!(
+        stderr(&out).contains("service \"sleep 1000\" did not start"),
+        "{}",
+        stderr(&out)
+    );
+    assert!(
+        home.ps().is_empty(),
+        "a sandbox whose service failed lives on: {:?}",
+        home.ps()
+    );
+    assert!(home.host_mounts().is_empty());
+    assert_eq!(std::fs::read_dir(home.path().join("sandboxes")).unwrap().count(), 0);
+    assert!(home.cgroup_scopes_left().is_empty(), "{:?}", home.cgroup_scopes_left());
 }

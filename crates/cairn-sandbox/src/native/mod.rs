@@ -113,9 +113,23 @@ impl NativeDriver {
             .stdin(Stdio::from(OwnedFd::from(listener)))
             .stdout(Stdio::from(OwnedFd::from(init_end)))
             .stderr(Stdio::from(console));
-        let mut child = cmd
-            .spawn()
-            .map_err(|e| SandboxError::setup(format!("start {}", spec.init_binary.display()), e))?;
+        // Another thread of this process may be spawning while a third writes
+        // an executable (another init install, a download): the child holds
+        // that write descriptor until it execs, and the kernel refuses to run
+        // a file open for writing (ETXTBSY). The window is one spawn long.
+        let mut busy = 0;
+        let mut child = loop {
+            match cmd.spawn() {
+                Err(e) if e.kind() == std::io::ErrorKind::ExecutableFileBusy && busy < 100 => {
+                    busy += 1;
+                    std::thread::sleep(std::time::Duration::from_millis(5));
+                }
+                spawned => {
+                    break spawned
+                        .map_err(|e| SandboxError::setup(format!("start {}", spec.init_binary.display()), e))?
+                }
+            }
+        };
         // Our copies of the child's ends must close, or the report never ends.
         drop(cmd);
         let mut text = String::new();

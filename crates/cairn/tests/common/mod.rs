@@ -89,6 +89,12 @@ impl Home {
         Home::with_state(None)
     }
 
+    /// A fresh state directory with no image at all.
+    pub fn empty() -> Home {
+        let dir = tempfile::Builder::new().prefix("cairn-e2e").tempdir_in("/tmp").unwrap();
+        Home { dir, state: None }
+    }
+
     /// A home whose state is in the store `state` names (e.g. a PostgreSQL URL).
     pub fn with_state(state: Option<String>) -> Home {
         let dir = tempfile::Builder::new().prefix("cairn-e2e").tempdir_in("/tmp").unwrap();
@@ -116,6 +122,28 @@ impl Home {
     pub fn cgroup_dirs(&self, id: &str) -> Vec<PathBuf> {
         let scope = cairn_engine::Home::at(self.path()).scope();
         cairn_sandbox::cgroup::Hierarchy::detect(&scope).unwrap().dirs(id)
+    }
+
+    /// This home's cgroup scope directories that exist: any sandbox cgroup
+    /// left behind keeps its scope (the scope goes with its last sandbox).
+    pub fn cgroup_scopes_left(&self) -> Vec<PathBuf> {
+        self.cgroup_dirs("x")
+            .iter()
+            .filter_map(|d| d.parent())
+            .filter(|scope| scope.exists())
+            .map(Path::to_path_buf)
+            .collect()
+    }
+
+    /// The content of a sandbox's cgroup file (`cpu.max`, `pids.max`, ...),
+    /// from whichever of its cgroup directories holds it.
+    pub fn cgroup_file(&self, id: &str, file: &str) -> String {
+        self.cgroup_dirs(id)
+            .iter()
+            .find_map(|d| std::fs::read_to_string(d.join(file)).ok())
+            .unwrap_or_else(|| panic!("no cgroup of {id} has {file}"))
+            .trim()
+            .to_string()
     }
 
     pub fn command(&self, args: &[&str]) -> Command {
