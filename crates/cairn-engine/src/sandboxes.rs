@@ -63,6 +63,9 @@ pub struct GcReport {
     pub chunks_removed: u64,
     pub bytes_freed: u64,
     pub partial_writes_removed: u64,
+    /// Layer directories that builds, deletes and materialisations killed
+    /// mid-way left behind.
+    pub partial_layers_removed: u64,
 }
 
 fn new_sandbox_id() -> String {
@@ -507,7 +510,11 @@ impl Engine {
                 report.layers_removed.push(layer.to_string());
             }
         }
-        self.layers.sweep_temporaries();
+        report.partial_layers_removed = self.layers.sweep_temporaries() as u64;
+        // Materialisations run outside the store lock (a restore of a
+        // layer missing locally): only those whose process is gone go.
+        report.partial_layers_removed += cairn_layers::archive::remove_abandoned_materialisations(self.layers.root())
+            .map_err(cairn_layers::LayerError::from)?;
         self.sweep_memory_images()?;
         let store = self.collect_chunks(&referenced)?;
         report.chunks_removed = store.deleted;

@@ -314,7 +314,12 @@ impl Engine {
         } else {
             let driver = self.driver_of(rec)?;
             if running {
-                driver.freeze(&rec.id)?;
+                if let Err(e) = driver.freeze(&rec.id) {
+                    // Half frozen is still frozen to some processes: let
+                    // them go on, and capture nothing of an unfrozen tree.
+                    let _ = driver.thaw(&rec.id);
+                    return Err(e.into());
+                }
             }
             let captured = capture_since(&dir.join("upper"), &self.store, baseline.as_ref());
             if running {

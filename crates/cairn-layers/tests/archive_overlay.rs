@@ -12,7 +12,9 @@ use std::os::unix::net::UnixListener;
 use std::path::{Path, PathBuf};
 use std::time::{Duration, UNIX_EPOCH};
 
-use cairn_layers::archive::{capture, materialise, remove_abandoned_materialisations, EntryKind, LayerPath};
+use cairn_layers::archive::{
+    capture, capture_since, materialise, remove_abandoned_materialisations, EntryKind, LayerPath,
+};
 use cairn_store::{collect_garbage, BlobStore, ChunkStore, LocalStore};
 use nix::sys::stat::{makedev, mknod, utimensat, Mode, SFlag, UtimensatFlags};
 use nix::sys::time::TimeSpec;
@@ -481,4 +483,57 @@ fn temp_directories_of_dead_materialisations_are_removed_and_live_ones_kept() {
     assert!(!abandoned.exists());
     assert!(running.exists(), "a running materialisation's temp dir was removed");
     assert!(finished.exists());
+}
+
+#[test]
+fn a_rewrite_in_the_same_clock_tick_as_the_capture_is_seen_by_the_next_capture() {
+    if !overlay::overlay_available() {
+        return;
+    }
+    use std::os::unix::fs::MetadataExt;
+    let s = Scratch::new();
+    let fs_root = Mount::ext4_with_second_timestamps(&s.path("seconds.img"), &s.path("seconds")).unwrap();
+    let upper = fs_root.path().join("upper");
+    fs::create_dir(&upper).unwrap();
+    let file = upper.join("counter");
+    let store = store_in(&s);
+    let ctime = |p: &Path| {
+        let md = fs::metadata(p).unwrap();
+        (md.ctime(), md.ctime_nsec())
+    };
+    // The rewrite must keep the ctime the capture saw (the race under test);
+    // a try that crosses a second boundary is not that case and is retried.
+    let (layer, before, after) = (0..20)
+        .find_map(|round| {
+            let before = format!("first {round:03}");
+            let after = format!("later {round:03}");
+            write(&file, before.as_bytes());
+            let written = ctime(&file);
+            let (_, baseline) = capture_since(&upper, &store, None).unwrap();
+            OpenOptions::new()
+                .write(true)
+                .open(&file)
+                .unwrap()
+                .write_all_at(after.as_bytes(), 0)
+                .unwrap();
+            if ctime(&file) != written {
+                return None;
+            }
+            let (layer, _) = capture_since(&upper, &store, Some(&baseline)).unwrap();
+            Some((layer, before, after))
+        })
+        .expect("every rewrite crossed a second boundary");
+    assert_eq!(before.len(), after.len());
+    assert!(
+        layer
+            .index
+            .entries
+            .iter()
+            .any(|e| e.path == LayerPath::root().join(b"counter")),
+        "the rewrite was missed: {:?}",
+        layer.index.entries
+    );
+    let rebuilt = s.path("layer");
+    materialise(&layer.id, &store, &rebuilt).unwrap();
+    assert_eq!(fs::read_to_string(rebuilt.join("counter")).unwrap(), after);
 }

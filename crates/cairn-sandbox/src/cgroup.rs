@@ -31,6 +31,8 @@ pub enum CgroupError {
     },
     #[error("processes of sandbox {0} did not exit within 10 s after SIGKILL")]
     StillBusy(String),
+    #[error("cgroup {cgroup} did not become {want} within 10 s; a process may be stuck in the kernel (uninterruptible I/O), so retry once it has finished")]
+    NotSettled { cgroup: PathBuf, want: &'static str },
 }
 
 fn io_err<'a>(what: &'static str, path: &'a Path) -> impl FnOnce(io::Error) -> CgroupError + 'a {
@@ -281,30 +283,28 @@ impl Cgroup {
             ),
         };
         self.write("freezer", file, value)?;
-        // v1 freezing is asynchronous: wait until the state settles.
-        if let Some(want) = done {
-            let path = self.dir("freezer").join("freezer.state");
-            let deadline = Instant::now() + Duration::from_secs(10);
-            while fs::read_to_string(&path).map(|s| s.trim() != want).unwrap_or(false) {
-                if Instant::now() > deadline {
-                    break;
-                }
-                std::thread::sleep(Duration::from_micros(200));
+        // Freezing settles asynchronously (v1 thawing too): wait until it
+        // has, or fail, since a caller that goes on would act on a cgroup
+        // whose processes still run.
+        let (path, want) = match done {
+            Some(want) => (self.dir("freezer").join("freezer.state"), want),
+            None if frozen => (self.dir("").join("cgroup.events"), "frozen 1"),
+            None => return Ok(()),
+        };
+        let deadline = Instant::now() + Duration::from_secs(10);
+        loop {
+            let state = fs::read_to_string(&path).map_err(io_err("read", &path))?;
+            if state.lines().any(|l| l.trim() == want) {
+                return Ok(());
             }
-        } else if frozen {
-            let path = self.dir("").join("cgroup.events");
-            let deadline = Instant::now() + Duration::from_secs(10);
-            while fs::read_to_string(&path)
-                .map(|s| !s.contains("frozen 1"))
-                .unwrap_or(false)
-            {
-                if Instant::now() > deadline {
-                    break;
-                }
-                std::thread::sleep(Duration::from_micros(200));
+            if Instant::now() > deadline {
+                return Err(CgroupError::NotSettled {
+                    cgroup: path.parent().unwrap_or(&path).to_path_buf(),
+                    want: if frozen { "frozen" } else { "thawed" },
+                });
             }
+            std::thread::sleep(Duration::from_micros(200));
         }
-        Ok(())
     }
 
     /// Whether the cgroup is frozen (or freezing).

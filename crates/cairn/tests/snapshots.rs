@@ -248,6 +248,40 @@ fn a_killed_snapshot_leaves_only_restorable_snapshots_and_gc_reclaims_its_chunks
 }
 
 #[test]
+fn gc_removes_the_half_built_layers_of_killed_processes_and_keeps_those_being_built() {
+    if skip("gc_removes_the_half_built_layers_of_killed_processes_and_keeps_those_being_built") {
+        return;
+    }
+    let home = Home::new();
+    let images: serde_json::Value = serde_json::from_str(&home.ok(&["image", "ls", "--json"])).unwrap();
+    let layer = images[0]["layers"][0].as_str().unwrap().to_string();
+    let layers = home.path().join("layers");
+    // As a restore killed while it materialised a layer leaves it.
+    let mut killed = std::process::Command::new("sleep").arg("1000").spawn().unwrap();
+    let killed_pid = killed.id();
+    killed.kill().unwrap();
+    killed.wait().unwrap();
+    let abandoned = layers.join(format!(".{layer}.materialising-{killed_pid}-1796000000000000000"));
+    std::fs::create_dir_all(abandoned.join("usr/bin")).unwrap();
+    std::fs::write(abandoned.join("usr/bin/half"), "partial").unwrap();
+    // And one whose process still writes it.
+    let mut writer = std::process::Command::new("sleep").arg("1000").spawn().unwrap();
+    let building = layers.join(format!(".{layer}.materialising-{}-1796000000000000001", writer.id()));
+    std::fs::create_dir_all(building.join("usr")).unwrap();
+
+    let report: serde_json::Value = serde_json::from_str(&home.ok(&["gc", "--json"])).unwrap();
+    let building_survived = building.exists();
+    writer.kill().unwrap();
+    writer.wait().unwrap();
+    assert!(!abandoned.exists(), "a killed materialisation survived gc: {report}");
+    assert!(building_survived, "gc removed a materialisation still in progress");
+    assert_eq!(report["partial_layers_removed"], 1, "{report}");
+    // The image itself is untouched.
+    let id = home.ok(&["create"]);
+    assert_eq!(home.ok(&["exec", &id, "--", "echo", "alive"]), "alive");
+}
+
+#[test]
 fn a_flipped_byte_in_a_chunk_makes_restore_fail_with_a_clear_error() {
     if skip("a_flipped_byte_in_a_chunk_makes_restore_fail_with_a_clear_error") {
         return;

@@ -38,6 +38,8 @@ pub fn capture_since<B: BlobStore>(
     store: &ChunkStore<B>,
     previous: Option<&Baseline>,
 ) -> Result<(CapturedLayer, Baseline), ArchiveError> {
+    // Taken before anything is looked at: see [`Seen::settled`].
+    let settled_before = settled_before(std::time::SystemTime::now());
     let root = open_dir(upper).map_err(|source| ArchiveError::Capture {
         path: upper.to_path_buf(),
         action: "opening the upper directory",
@@ -50,6 +52,7 @@ pub fn capture_since<B: BlobStore>(
         links: HashMap::new(),
         previous,
         seen: Baseline::default(),
+        settled_before,
     };
     let st = fstat(root.as_raw_fd()).map_err(|e| walk.err(&LayerPath::root(), "stat", e.into()))?;
     let xattrs = dirfd::read_xattrs_fd(&root).map_err(|e| walk.err(&LayerPath::root(), "reading xattrs", e))?;
@@ -58,7 +61,9 @@ pub fn capture_since<B: BlobStore>(
         kind: EntryKind::Directory,
         meta: metadata(&st, xattrs),
     });
-    walk.seen.entries.insert(LayerPath::root(), Seen::of(&st));
+    walk.seen
+        .entries
+        .insert(LayerPath::root(), Seen::of(&st, settled_before));
     walk.directory(&root, &LayerPath::root())?;
     if previous.is_some() {
         walk.whiteout_vanished()?;
@@ -66,6 +71,21 @@ pub fn capture_since<B: BlobStore>(
     let index = LayerIndex { entries: walk.entries };
     let id = LayerId::from_hash(store.put_object(&index)?);
     Ok((CapturedLayer { id, index }, walk.seen))
+}
+
+/// How far behind the clock a ctime may lag: the kernel stamps inodes from
+/// a coarse clock (one tick, up to 10 ms) read when the change is made.
+/// Generous, since being wrong only costs a file read.
+const CLOCK_SLACK: std::time::Duration = std::time::Duration::from_secs(1);
+
+/// The (seconds, nanoseconds) before which a ctime is safely in the past
+/// for a capture starting at `start`.
+fn settled_before(start: std::time::SystemTime) -> (i64, i64) {
+    let t = start
+        .checked_sub(CLOCK_SLACK)
+        .and_then(|t| t.duration_since(std::time::UNIX_EPOCH).ok())
+        .unwrap_or_default();
+    (t.as_secs() as i64, i64::from(t.subsec_nanos()))
 }
 
 /// What one capture saw of each path: enough to tell, next time, whether
@@ -77,18 +97,42 @@ pub struct Seen {
     ino: u64,
     ctime_sec: i64,
     ctime_nsec: i64,
+    size: u64,
     is_dir: bool,
+    /// Whether the ctime was older than the capture's start (less the
+    /// clock's slack). A change made in the same clock tick as the one
+    /// before it leaves the ctime as it was, so an entry changed just
+    /// before a capture (git's "racily clean" index entries) may change
+    /// again after it without its ctime moving: the next capture reads such
+    /// an entry again, whatever its stat says.
+    settled: bool,
 }
 
 impl Seen {
-    fn of(st: &FileStat) -> Seen {
+    fn of(st: &FileStat, settled_before: (i64, i64)) -> Seen {
         Seen {
             dev: st.st_dev,
             ino: st.st_ino,
             ctime_sec: st.st_ctime,
             ctime_nsec: st.st_ctime_nsec,
+            size: st.st_size as u64,
             is_dir: SFlag::from_bits_truncate(st.st_mode & SFlag::S_IFMT.bits()) == SFlag::S_IFDIR,
+            settled: (st.st_ctime, st.st_ctime_nsec) < settled_before,
         }
+    }
+
+    /// Whether `now` is this entry unchanged: settled then, and the same
+    /// inode, ctime, size and kind now.
+    fn unchanged_at(&self, now: &Seen) -> bool {
+        self.settled
+            && (
+                self.dev,
+                self.ino,
+                self.ctime_sec,
+                self.ctime_nsec,
+                self.size,
+                self.is_dir,
+            ) == (now.dev, now.ino, now.ctime_sec, now.ctime_nsec, now.size, now.is_dir)
     }
 }
 
@@ -98,11 +142,61 @@ pub struct Baseline {
     entries: HashMap<LayerPath, Seen>,
 }
 
+/// Version 1 entries had no size and no settled mark.
+#[derive(serde::Deserialize)]
+#[cfg_attr(test, derive(serde::Serialize))]
+struct SeenV1 {
+    dev: u64,
+    ino: u64,
+    ctime_sec: i64,
+    ctime_nsec: i64,
+    is_dir: bool,
+}
+
+#[derive(serde::Deserialize)]
+#[cfg_attr(test, derive(serde::Serialize))]
+struct BaselineV1 {
+    entries: HashMap<LayerPath, SeenV1>,
+}
+
 impl cairn_store::Framed for Baseline {
     const MAGIC: [u8; 8] = *b"CAIRNBSL";
-    const VERSION: u32 = 1;
+    const VERSION: u32 = 2;
     const MAX_PAYLOAD: u64 = 1 << 30;
     const NAME: &'static str = "capture baseline";
+
+    /// A version 1 baseline cannot tell racily clean entries from the
+    /// others, so every entry counts as unsettled: the next capture reads
+    /// each file once more (the store keeps only what changed) and still
+    /// whites out what vanished.
+    fn decode_older(version: u32, payload: &[u8]) -> Result<Self, cairn_store::FrameError> {
+        if version != 1 {
+            return Err(cairn_store::FrameError::UnsupportedOldVersion {
+                what: Self::NAME,
+                found: version,
+                supported: Self::VERSION,
+            });
+        }
+        let v1: BaselineV1 = cairn_store::frame::decode_payload(Self::NAME, Self::MAX_PAYLOAD, payload)?;
+        Ok(Baseline {
+            entries: v1
+                .entries
+                .into_iter()
+                .map(|(path, s)| {
+                    let seen = Seen {
+                        dev: s.dev,
+                        ino: s.ino,
+                        ctime_sec: s.ctime_sec,
+                        ctime_nsec: s.ctime_nsec,
+                        size: 0,
+                        is_dir: s.is_dir,
+                        settled: false,
+                    };
+                    (path, seen)
+                })
+                .collect(),
+        })
+    }
 }
 
 const OPAQUE: [&[u8]; 2] = [b"trusted.overlay.opaque", b"user.overlay.opaque"];
@@ -115,6 +209,8 @@ struct Walk<'a, B> {
     links: HashMap<(u64, u64), usize>,
     previous: Option<&'a Baseline>,
     seen: Baseline,
+    /// See [`Seen::settled`].
+    settled_before: (i64, i64),
 }
 
 fn metadata(st: &FileStat, xattrs: Vec<Xattr>) -> Metadata {
@@ -153,7 +249,8 @@ impl<B: BlobStore> Walk<'_, B> {
 
     /// Whether `path` changed since the previous capture (always, without one).
     fn changed(&self, path: &LayerPath, seen: &Seen) -> bool {
-        self.previous.is_none_or(|p| p.entries.get(path) != Some(seen))
+        self.previous
+            .is_none_or(|p| !p.entries.get(path).is_some_and(|old| old.unchanged_at(seen)))
     }
 
     /// Whether `path` is a different inode than at the previous capture.
@@ -172,7 +269,7 @@ impl<B: BlobStore> Walk<'_, B> {
             let file_type = SFlag::from_bits_truncate(st.st_mode & SFlag::S_IFMT.bits());
             let is_dir = file_type == SFlag::S_IFDIR;
             let is_whiteout = file_type == SFlag::S_IFCHR && st.st_rdev == 0;
-            let seen = Seen::of(&st);
+            let seen = Seen::of(&st, self.settled_before);
             self.seen.entries.insert(child.clone(), seen);
             let changed = self.changed(&child, &seen);
             if !changed && !is_dir {
@@ -392,5 +489,50 @@ fn reorder_links(entries: &mut [Entry]) {
                 }
             }
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Writes version 1 baselines, as older Cairn did.
+    impl cairn_store::Framed for BaselineV1 {
+        const MAGIC: [u8; 8] = *b"CAIRNBSL";
+        const VERSION: u32 = 1;
+        const MAX_PAYLOAD: u64 = 1 << 30;
+        const NAME: &'static str = "capture baseline";
+    }
+
+    #[test]
+    fn a_version_1_baseline_is_read_with_every_entry_unsettled() {
+        let path = LayerPath::root().join(b"f");
+        let old = BaselineV1 {
+            entries: HashMap::from([(
+                path.clone(),
+                SeenV1 {
+                    dev: 1,
+                    ino: 2,
+                    ctime_sec: 3,
+                    ctime_nsec: 4,
+                    is_dir: false,
+                },
+            )]),
+        };
+        let bytes = cairn_store::frame::encode(&old).unwrap();
+        let read: Baseline = cairn_store::frame::decode(&bytes).unwrap();
+        let seen = read.entries[&path];
+        assert_eq!((seen.dev, seen.ino, seen.ctime_sec, seen.ctime_nsec), (1, 2, 3, 4));
+        assert!(!seen.settled);
+        // Unsettled: the same stat still counts as a change.
+        assert!(!seen.unchanged_at(&seen));
+        let again: Baseline = cairn_store::frame::decode(&cairn_store::frame::encode(&read).unwrap()).unwrap();
+        assert_eq!(again.entries, read.entries);
+    }
+
+    #[test]
+    fn only_a_ctime_older_than_the_clock_slack_is_settled() {
+        let start = std::time::UNIX_EPOCH + std::time::Duration::new(100, 500);
+        assert_eq!(settled_before(start), (99, 500));
     }
 }

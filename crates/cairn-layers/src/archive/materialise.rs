@@ -120,8 +120,12 @@ pub fn remove_abandoned_materialisations(parent: &Path) -> Result<u64, ArchiveEr
         if alive {
             continue;
         }
-        fs::remove_dir_all(entry.path()).map_err(|e| fail("removing an abandoned materialisation", e))?;
-        removed += 1;
+        match fs::remove_dir_all(entry.path()) {
+            Ok(()) => removed += 1,
+            // Another sweeper got there first.
+            Err(e) if e.kind() == io::ErrorKind::NotFound => {}
+            Err(e) => return Err(fail("removing an abandoned materialisation", e)),
+        }
     }
     Ok(removed)
 }

@@ -55,6 +55,36 @@ impl Mount {
         })
     }
 
+    /// A fresh ext4 filesystem in `image` whose timestamps have whole
+    /// seconds only (128-byte inodes), mounted on `target`: every change
+    /// within one second leaves the same ctime, as a coarse clock tick
+    /// does on kernels without fine-grained timestamps.
+    pub fn ext4_with_second_timestamps(image: &Path, target: &Path) -> io::Result<Mount> {
+        fs::create_dir_all(target)?;
+        fs::File::create(image)?.set_len(32 << 20)?;
+        let run = |cmd: &mut std::process::Command| -> io::Result<()> {
+            let out = cmd.output()?;
+            if out.status.success() {
+                Ok(())
+            } else {
+                Err(io::Error::other(format!(
+                    "{cmd:?}: {}",
+                    String::from_utf8_lossy(&out.stderr)
+                )))
+            }
+        };
+        run(std::process::Command::new("mkfs.ext4")
+            .args(["-q", "-F", "-I", "128"])
+            .arg(image))?;
+        run(std::process::Command::new("mount")
+            .args(["-o", "loop"])
+            .arg(image)
+            .arg(target))?;
+        Ok(Mount {
+            target: target.to_path_buf(),
+        })
+    }
+
     pub fn path(&self) -> &Path {
         &self.target
     }
