@@ -339,7 +339,8 @@ mod tests {
 pub struct NativeSetup {
     /// Must equal [`PROTOCOL_VERSION`].
     pub version: u16,
-    /// `cgroup.procs` files to join before creating namespaces.
+    /// cgroup files (v1 `tasks`, v2 `cgroup.procs`) to write `0` to, joining
+    /// the sandbox cgroup before creating namespaces (setup is single-threaded).
     pub cgroup_procs: Vec<String>,
     /// Where to mount the overlay root (a host path).
     pub rootfs: String,

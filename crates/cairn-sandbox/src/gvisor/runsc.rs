@@ -38,7 +38,7 @@ pub struct Launch<'a> {
     pub rootfs: &'a Path,
     /// `lowerdir=…,upperdir=…,workdir=…`.
     pub overlay_options: &'a str,
-    /// The sandbox cgroup's `cgroup.procs` files.
+    /// The files that join the sandbox cgroup (`Cgroup::procs_files`).
     pub cgroup_procs: &'a [PathBuf],
     /// Receives the sandbox's stdout and stderr, and runsc's own errors.
     pub console: &'a Path,

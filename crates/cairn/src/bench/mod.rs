@@ -259,6 +259,9 @@ impl Bench {
             .home
             .path()
             .join(format!("crun-bundle-{}", argv.join("-").replace('/', "_")));
+        if bundle.join("config.json").exists() {
+            return Ok(bundle);
+        }
         std::fs::create_dir_all(&bundle)?;
         let status = Command::new(crun).arg("spec").current_dir(&bundle).status()?;
         if !status.success() {
