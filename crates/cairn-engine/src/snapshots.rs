@@ -334,8 +334,16 @@ impl Engine {
         if !unchanged {
             layers.push(layer.id);
         }
+        // Entries changed within a clock tick of the previous capture are
+        // captured again, so an otherwise unchanged snapshot can make a layer
+        // the chain already holds. Overlayfs refuses a layer twice; keeping
+        // only the top-most copy is the same stack (every path the layer
+        // touches is decided by that copy).
         for l in &below {
-            layers.push(layer_id(l)?);
+            let l = layer_id(l)?;
+            if !layers.contains(&l) {
+                layers.push(l);
+            }
         }
         let manifest = SnapshotManifest {
             parent: previous.as_ref().and_then(|p| p.id.parse().ok()),

@@ -321,28 +321,102 @@ fn a_flipped_byte_in_a_chunk_makes_restore_fail_with_a_clear_error() {
     assert_eq!(home.ps().len(), before, "a failed restore left a sandbox");
 }
 
+/// The service of `services_come_back_after_every_fork_restore_and_reset`,
+/// as `ps` shows its shell.
+const TICKER: &str = "while true; do date +%s >> /tmp/ticks; sleep 0.1; done";
+
+/// Waits (up to a minute) for the sandbox's ticker service to add lines to
+/// /tmp/ticks, and checks exactly one copy of it runs.
+fn assert_ticking(home: &Home, id: &str, when: &str) {
+    let ticks = || home.ok(&["exec", id, "--", "sh", "-c", "cat /tmp/ticks 2>/dev/null | wc -l"]);
+    let before = ticks();
+    let deadline = std::time::Instant::now() + Duration::from_secs(60);
+    while ticks() == before {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "{when}: the service in {id} adds no ticks"
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    let ps = home.ok(&["exec", id, "--", "ps", "-o", "args"]);
+    let copies = ps.lines().filter(|l| l.contains("while true")).count();
+    assert_eq!(copies, 1, "{when}: {copies} copies of the service in {id}:\n{ps}");
+}
+
 #[test]
-fn services_come_back_in_every_fork() {
-    if skip("services_come_back_in_every_fork") {
+fn services_come_back_after_every_fork_restore_and_reset() {
+    if skip("services_come_back_after_every_fork_restore_and_reset") {
         return;
     }
     let home = Home::new();
-    let id = home.ok(&[
-        "create",
-        "--service",
-        "while true; do date +%s >> /tmp/ticks; sleep 0.1; done",
-    ]);
-    std::thread::sleep(Duration::from_millis(300));
+    let id = home.ok(&["create", "--service", TICKER]);
+    assert_ticking(&home, &id, "after create");
     let forks: Vec<String> = home.ok(&["fork", &id, "-n", "2"]).lines().map(str::to_string).collect();
-    std::thread::sleep(Duration::from_millis(500));
     for f in &forks {
-        let ps = home.ok(&["exec", f, "--", "ps"]);
-        assert!(ps.contains("date +%s"), "no service in fork {f}: {ps}");
-        let before = home.ok(&["exec", f, "--", "wc", "-l", "/tmp/ticks"]);
-        std::thread::sleep(Duration::from_millis(400));
-        let after = home.ok(&["exec", f, "--", "wc", "-l", "/tmp/ticks"]);
-        assert_ne!(before, after, "the service in fork {f} is not running");
+        assert_ticking(&home, f, "after fork");
     }
+    let snap = home.ok(&["snapshot", &forks[0]]);
+    let restored = home.ok(&["restore", &snap]);
+    assert_ticking(&home, &restored, "after restore");
+    // A reset replaces the sandbox's processes: the service runs once again,
+    // not beside its old copy.
+    home.ok(&["reset", &forks[1], &snap]);
+    assert_ticking(&home, &forks[1], "after reset");
+}
+
+#[test]
+fn the_lineage_tree_nests_each_snapshot_under_its_parent() {
+    if skip("the_lineage_tree_nests_each_snapshot_under_its_parent") {
+        return;
+    }
+    let home = Home::new();
+    let id = home.ok(&["create"]);
+    let base = home.ok(&["snapshot", &id, "--label", "base"]);
+    let forks: Vec<String> = home
+        .ok(&["fork", "base", "-n", "2"])
+        .lines()
+        .map(str::to_string)
+        .collect();
+    home.sh(&forks[0], "echo a > /a");
+    let a = home.ok(&["snapshot", &forks[0], "--label", "left"]);
+    home.sh(&forks[0], "echo b > /b");
+    let a2 = home.ok(&["snapshot", &forks[0], "--label", "left-again"]);
+    home.sh(&forks[1], "echo c > /c");
+    let b = home.ok(&["snapshot", &forks[1], "--label", "right"]);
+    let text = home.ok(&["snapshots", "--tree"]);
+    // Each snapshot once, on a line whose indent shows its depth, below its parent.
+    let line = |snap: &str| -> (usize, usize) {
+        let found: Vec<(usize, &str)> = text
+            .lines()
+            .enumerate()
+            .filter(|(_, l)| l.contains(&snap[..12]))
+            .collect();
+        assert_eq!(found.len(), 1, "{snap} not once in:\n{text}");
+        let (n, l) = found[0];
+        (n, l.find(|c: char| c.is_ascii_hexdigit()).unwrap())
+    };
+    let (base_line, base_indent) = line(&base);
+    for (child, parent, label) in [(&a, &base, "[left]"), (&a2, &a, "[left-again]"), (&b, &base, "[right]")] {
+        let ((cl, ci), (pl, pi)) = (line(child), line(parent));
+        assert!(cl > pl && ci > pi, "{child} is not nested under {parent}:\n{text}");
+        assert!(
+            text.lines().nth(cl).unwrap().contains(label),
+            "{label} missing:\n{text}"
+        );
+    }
+    assert_eq!(base_line, 0, "{text}");
+    assert!(base_indent < line(&a2).1);
+    let json: serde_json::Value = serde_json::from_str(&home.ok(&["snapshots", "--tree", "--json"])).unwrap();
+    let parent_of = |snap: &str| {
+        json.as_array()
+            .unwrap()
+            .iter()
+            .find(|s| s["id"] == snap)
+            .map(|s| s["parent_id"].clone())
+            .unwrap()
+    };
+    assert_eq!(parent_of(&a2), serde_json::json!(a));
+    assert_eq!(parent_of(&b), serde_json::json!(base));
 }
 
 #[test]
@@ -392,4 +466,37 @@ fn a_chain_of_seventy_snapshots_still_restores() {
     let fork = home.ok(&["restore", &last]);
     assert_eq!(home.sh(&fork, "ls / | grep -c '^f'"), "70");
     assert_eq!(home.ok(&["exec", &fork, "--", "cat", "/f1", "/f70"]), "1\n70");
+}
+
+#[test]
+fn snapshots_taken_back_to_back_each_restore() {
+    if skip("snapshots_taken_back_to_back_each_restore") {
+        return;
+    }
+    // Entries changed within a clock tick of a capture are captured again by
+    // the next snapshot, so back-to-back snapshots of an unchanged sandbox
+    // can make the same layer twice; each must still mount and restore.
+    let home = Home::new();
+    let id = home.ok(&["create"]);
+    home.sh(&id, "echo one > /f && mkdir -p /d && echo two > /d/g");
+    let snaps: Vec<String> = (0..3).map(|_| home.ok(&["snapshot", &id])).collect();
+    home.sh(&id, "rm /f");
+    let after_rm = home.ok(&["snapshot", &id]);
+    for snap in &snaps {
+        let r = home.ok(&["restore", snap]);
+        assert_eq!(home.sh(&r, "cat /f /d/g"), "one\ntwo", "restored from {snap}");
+    }
+    let r = home.ok(&["restore", &after_rm]);
+    assert_eq!(home.sh(&r, "ls /f 2>/dev/null; cat /d/g"), "two");
+    let json: serde_json::Value = serde_json::from_str(&home.ok(&["snapshots", "--json"])).unwrap();
+    for s in json.as_array().unwrap() {
+        let layers: Vec<&str> = s["layers"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|l| l.as_str().unwrap())
+            .collect();
+        let distinct: std::collections::HashSet<&&str> = layers.iter().collect();
+        assert_eq!(distinct.len(), layers.len(), "a layer twice in {}: {layers:?}", s["id"]);
+    }
 }
