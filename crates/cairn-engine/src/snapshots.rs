@@ -328,8 +328,11 @@ impl Engine {
             (captured, None)
         };
         let (layer, next_baseline) = captured.map_err(SnapshotError::from)?;
-        // A snapshot with no change adds no layer.
-        let unchanged = layer.index.entries.len() == 1;
+        // A snapshot with no change adds no layer. Entries changed within a
+        // second of the previous capture are read again (racily clean): when
+        // nothing else changed since, that is the same layer as the one on
+        // top, and stacking it twice would make an overlay that cannot mount.
+        let unchanged = layer.index.entries.len() == 1 || below.first().is_some_and(|top| *top == layer.id.to_string());
         let mut layers: Vec<LayerId> = Vec::with_capacity(below.len() + 1);
         if !unchanged {
             layers.push(layer.id);
