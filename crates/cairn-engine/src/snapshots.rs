@@ -337,11 +337,9 @@ impl Engine {
         if !unchanged {
             layers.push(layer.id);
         }
-        // Entries changed within a clock tick of the previous capture are
-        // captured again, so an otherwise unchanged snapshot can make a layer
-        // the chain already holds. Overlayfs refuses a layer twice; keeping
-        // only the top-most copy is the same stack (every path the layer
-        // touches is decided by that copy).
+        // A layer equal to one deeper in the chain (the same re-read entries,
+        // a few snapshots later) is kept only at the top: overlayfs refuses a
+        // layer twice, and the top-most copy decides every path it touches.
         for l in &below {
             let l = layer_id(l)?;
             if !layers.contains(&l) {
