@@ -777,3 +777,42 @@ fn bad_state_urls_are_refused_with_the_forms_that_work() {
     assert_eq!(db.kind(), BackendKind::Sqlite);
     assert!(path.exists());
 }
+
+/// Ends every other session on the test's database, as a server restart or
+/// a dropped network path would.
+fn drop_connections(db: &TestDatabase) {
+    let ended = db.count(
+        "SELECT count(pg_terminate_backend(pid)) FROM pg_stat_activity \
+         WHERE datname = current_database() AND pid <> pg_backend_pid()",
+    );
+    assert!(ended >= 1, "no session of the store was there to end");
+}
+
+#[test]
+fn a_postgres_store_reconnects_after_its_connection_is_dropped() {
+    let Some(store) = Store::postgres("a_postgres_store_reconnects_after_its_connection_is_dropped") else {
+        return;
+    };
+    let mut db = store.open();
+    let image = |name: &str| ImageRecord {
+        name: name.into(),
+        source: "test".into(),
+        size_bytes: 1,
+        created_at: 1,
+        layers: vec!["00".repeat(32)],
+    };
+    db.put_image(&image("before")).unwrap();
+    let test_db = store.db.as_ref().unwrap();
+    // Dropped while idle (a long stage runs): a transaction comes next.
+    drop_connections(test_db);
+    std::thread::sleep(Duration::from_millis(300));
+    db.put_image(&image("after")).unwrap();
+    let names: Vec<String> = db.images().unwrap().into_iter().map(|i| i.name).collect();
+    assert_eq!(names, ["after", "before"]);
+    // Again, with single statements next.
+    drop_connections(test_db);
+    std::thread::sleep(Duration::from_millis(300));
+    db.insert_run(&run("reconnected", 5)).unwrap();
+    assert!(db.runs().unwrap().iter().any(|r| r.id == "reconnected"));
+    assert!(db.image("before").unwrap().is_some());
+}

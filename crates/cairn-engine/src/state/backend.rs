@@ -243,6 +243,17 @@ pub enum BackendError {
     Bind { index: usize, value: String, ty: String },
     #[error("a query expected one row and got {0}")]
     RowCount(usize),
+    /// The PostgreSQL server went away and did not come back in time.
+    #[error(
+        "lost the connection to the PostgreSQL state store at {target} and could not reconnect for {waited} s \
+         ({reason}); check that the server is running, then run the command again (`cairn pipeline resume` \
+         continues a run)"
+    )]
+    Lost {
+        target: String,
+        reason: String,
+        waited: u64,
+    },
 }
 
 /// An error and its causes, one sentence: the `postgres` crate puts the

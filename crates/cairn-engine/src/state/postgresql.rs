@@ -10,7 +10,7 @@
 
 use std::collections::HashMap;
 use std::str::FromStr;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use postgres::error::SqlState;
 use postgres::types::{ToSql, Type};
@@ -121,6 +121,14 @@ pub(crate) fn redact(url: &str) -> String {
 }
 
 /// `text` without the password `url` holds, should a message quote it.
+/// `text` without the target's password.
+fn scrub_password(text: &str, target: &PostgresTarget) -> String {
+    match target.config.get_password() {
+        Some(p) if p.len() >= 4 => text.replace(&*String::from_utf8_lossy(p), "***"),
+        _ => text.to_string(),
+    }
+}
+
 fn scrub(text: &str, url: &str) -> String {
     let Some((_, rest)) = url.split_once("://") else {
         return text.to_string();
@@ -155,9 +163,20 @@ pub struct Claimant<'a> {
     pub path: &'a str,
 }
 
+/// A connection idle this long is checked (one round trip) before it is
+/// used again, so a server restarted or a connection dropped during a long
+/// stage costs a reconnect, not the orchestrator.
+const IDLE_CHECK: Duration = Duration::from_millis(200);
+
+/// How long a lost server is waited for (it may be restarting).
+const RECONNECT_FOR: Duration = Duration::from_secs(60);
+
 pub struct PostgresBackend {
     client: Client,
     statements: HashMap<String, Statement>,
+    target: PostgresTarget,
+    last_used: Instant,
+    in_transaction: bool,
 }
 
 impl PostgresBackend {
@@ -166,17 +185,70 @@ impl PostgresBackend {
     pub fn open(target: &PostgresTarget, home: &Claimant<'_>) -> Result<PostgresBackend, StateError> {
         let mut client = target.config.connect(NoTls).map_err(|e| StateError::Connect {
             target: target.shown.clone(),
-            reason: match target.config.get_password() {
-                Some(p) if p.len() >= 4 => error_chain(&e).replace(&*String::from_utf8_lossy(p), "***"),
-                Some(_) => error_chain(&e),
-                None => error_chain(&e),
-            },
+            reason: scrub_password(&error_chain(&e), target),
         })?;
         migrate(&mut client, target, home)?;
         Ok(PostgresBackend {
             client,
             statements: HashMap::new(),
+            target: target.clone(),
+            last_used: Instant::now(),
+            in_transaction: false,
         })
+    }
+
+    /// Makes sure the connection is alive before a statement that starts
+    /// something new (never inside a transaction, whose statements only the
+    /// caller can run again): a connection closed by an error, or one that
+    /// was idle and no longer answers, is replaced. Statements already sent
+    /// are never sent again, so a compare-and-set cannot apply twice.
+    fn ensure_connected(&mut self) -> Result<(), BackendError> {
+        if self.in_transaction {
+            return Ok(());
+        }
+        let stale = self.last_used.elapsed() >= IDLE_CHECK && self.client.is_valid(Duration::from_secs(5)).is_err();
+        if self.client.is_closed() || stale {
+            self.reconnect()?;
+        }
+        Ok(())
+    }
+
+    /// Connects again, waiting up to [`RECONNECT_FOR`] for the server.
+    fn reconnect(&mut self) -> Result<(), BackendError> {
+        let deadline = Instant::now() + RECONNECT_FOR;
+        let mut pause = Duration::from_millis(50);
+        loop {
+            match self.target.config.connect(NoTls) {
+                Ok(client) => {
+                    tracing::warn!(target = self.target.shown, "reconnected to the PostgreSQL state store");
+                    self.client = client;
+                    // Prepared statements belonged to the old session.
+                    self.statements.clear();
+                    return Ok(());
+                }
+                Err(e) if Instant::now() + pause < deadline => {
+                    tracing::debug!(error = %error_chain(&e), "the PostgreSQL state store is away; retrying");
+                    std::thread::sleep(pause);
+                    pause = (pause * 2).min(Duration::from_secs(2));
+                }
+                Err(e) => {
+                    let url = self.target.shown.clone();
+                    return Err(BackendError::Lost {
+                        reason: scrub_password(&error_chain(&e), &self.target),
+                        target: url,
+                        waited: RECONNECT_FOR.as_secs(),
+                    });
+                }
+            }
+        }
+    }
+
+    /// Runs `f` on a live connection and notes when the connection was last used.
+    fn on_connection<T>(&mut self, f: impl FnOnce(&mut Self) -> Result<T, BackendError>) -> Result<T, BackendError> {
+        self.ensure_connected()?;
+        let out = f(self);
+        self.last_used = Instant::now();
+        out
     }
 
     fn statement(&mut self, sql: &str) -> Result<Statement, BackendError> {
@@ -357,17 +429,21 @@ impl Backend for PostgresBackend {
     }
 
     fn execute(&mut self, sql: &str, params: &[Value]) -> Result<u64, BackendError> {
-        let stmt = self.statement(sql)?;
-        let bound = Self::bound(&stmt, params)?;
-        let refs: Vec<&(dyn ToSql + Sync)> = bound.iter().map(|b| b.as_ref()).collect();
-        self.client.execute(&stmt, &refs).map_err(classify)
+        self.on_connection(|this| {
+            let stmt = this.statement(sql)?;
+            let bound = Self::bound(&stmt, params)?;
+            let refs: Vec<&(dyn ToSql + Sync)> = bound.iter().map(|b| b.as_ref()).collect();
+            this.client.execute(&stmt, &refs).map_err(classify)
+        })
     }
 
     fn query(&mut self, sql: &str, params: &[Value]) -> Result<Vec<Row>, BackendError> {
-        let stmt = self.statement(sql)?;
-        let bound = Self::bound(&stmt, params)?;
-        let refs: Vec<&(dyn ToSql + Sync)> = bound.iter().map(|b| b.as_ref()).collect();
-        let rows = self.client.query(&stmt, &refs).map_err(classify)?;
+        let rows = self.on_connection(|this| {
+            let stmt = this.statement(sql)?;
+            let bound = Self::bound(&stmt, params)?;
+            let refs: Vec<&(dyn ToSql + Sync)> = bound.iter().map(|b| b.as_ref()).collect();
+            this.client.query(&stmt, &refs).map_err(classify)
+        })?;
         rows.iter()
             .map(|r| {
                 (0..r.len())
@@ -379,18 +455,31 @@ impl Backend for PostgresBackend {
     }
 
     fn batch(&mut self, sql: &str) -> Result<(), BackendError> {
-        self.client.batch_execute(sql).map_err(classify)
+        self.on_connection(|this| this.client.batch_execute(sql).map_err(classify))
     }
 
     fn begin(&mut self) -> Result<(), BackendError> {
-        Ok(self.client.batch_execute("BEGIN")?)
+        self.on_connection(|this| Ok(this.client.batch_execute("BEGIN")?))?;
+        self.in_transaction = true;
+        Ok(())
     }
 
+    // The end of a transaction goes to the connection that began it, never
+    // to a new one: a COMMIT on a fresh session would succeed with nothing
+    // to commit.
     fn commit(&mut self) -> Result<(), BackendError> {
+        self.in_transaction = false;
+        self.last_used = Instant::now();
         Ok(self.client.batch_execute("COMMIT")?)
     }
 
     fn rollback(&mut self) -> Result<(), BackendError> {
+        self.in_transaction = false;
+        self.last_used = Instant::now();
+        if self.client.is_closed() {
+            // The transaction went with the connection.
+            return Ok(());
+        }
         Ok(self.client.batch_execute("ROLLBACK")?)
     }
 }
