@@ -505,6 +505,84 @@ fn a_resumed_run_reattaches_to_the_command_still_running_in_its_sandbox() {
     assert!(!ids(&home).contains(&sandbox));
 }
 
+const GATED_COMMAND: &str = r#"
+[pipeline]
+name = "gated"
+image = "busybox"
+
+[[stage]]
+name = "gated"
+key = "gated-v1"
+run = ["mkdir -p /work; echo start >> /work/trail; until [ -e /work/go ]; do sleep 0.05; done; echo done >> /work/trail"]
+artifacts = ["/work/trail"]
+"#;
+
+#[test]
+fn a_run_is_executed_by_one_orchestrator_at_a_time() {
+    if skip("a_run_is_executed_by_one_orchestrator_at_a_time") {
+        return;
+    }
+    let home = Home::new();
+    let file = write(&home, "p.toml", GATED_COMMAND);
+    let mut first = home
+        .command(&["pipeline", "run", &file])
+        .stdout(Stdio::piped())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    // Wait until its command runs (it waits for /work/go).
+    let deadline = Instant::now() + Duration::from_secs(90);
+    let (run, sandbox) = loop {
+        assert!(Instant::now() < deadline, "the stage never started");
+        let runs: serde_json::Value = serde_json::from_str(&home.ok(&["runs", "--json"])).unwrap();
+        if let Some(id) = runs.as_array().and_then(|a| a.first()).and_then(|r| r["id"].as_str()) {
+            let v = show(&home, id);
+            let stage = &v["stages"][0];
+            if stage["status"] == "running" && stage["sandbox_id"].is_string() {
+                let sandbox = stage["sandbox_id"].as_str().unwrap().to_string();
+                let trail = home.cairn(&["exec", &sandbox, "--", "cat", "/work/trail"]);
+                if stdout(&trail).trim() == "start" {
+                    break (id.to_string(), sandbox);
+                }
+            }
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    };
+    // A second orchestrator is refused, naming the first, and changes nothing
+    // (one that ran instead would wait on the gate: it is stopped after a minute).
+    let mut second = home
+        .command(&["pipeline", "resume", &run])
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let deadline = Instant::now() + Duration::from_secs(60);
+    while second.try_wait().unwrap().is_none() {
+        if Instant::now() > deadline {
+            let _ = second.kill();
+            panic!("a second orchestrator ran the run beside the first");
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    let out = second.wait_with_output().unwrap();
+    assert_eq!(out.status.code(), Some(125), "{}", stderr(&out));
+    let msg = stderr(&out);
+    assert!(msg.contains("another cairn process"), "{msg}");
+    assert!(msg.contains(&format!("pid {}", first.id())), "{msg}");
+    assert_eq!(show(&home, &run)["stages"][0]["attempts"], 1);
+    // The first goes on and completes; the command ran once.
+    home.ok(&["exec", &sandbox, "--", "touch", "/work/go"]);
+    let status = first.wait().unwrap();
+    assert!(status.success(), "the first orchestrator failed: {status}");
+    let v = show(&home, &run);
+    assert_eq!(v["run"]["status"], "completed", "{v}");
+    let trail = home.ok(&["artifact", "get", v["artifacts"][0]["id"].as_str().unwrap()]);
+    assert_eq!(trail, "start\ndone");
+    // With the first gone, the lock is free: resuming says the run is done.
+    let out = home.cairn(&["pipeline", "resume", &run]);
+    assert!(stderr(&out).contains("already completed"), "{}", stderr(&out));
+}
+
 const ON_POSTGRES: &str = r#"
 [pipeline]
 name = "on-postgres"

@@ -10,12 +10,14 @@
 
 use std::collections::BTreeMap;
 use std::fs;
-use std::io::Write;
+use std::io::{Read, Write};
+use std::os::unix::fs::FileExt;
 use std::path::{Path, PathBuf};
 use std::sync::mpsc;
 use std::time::{Duration, Instant};
 
 use cairn_protocol::{ExecRequest, FileKind, FileMeta};
+use nix::fcntl::{Flock, FlockArg};
 
 use super::records::{ArtifactRecord, DeadLetter, RunRecord, StageRecord};
 use super::spec::{self, Metric, Pipeline, Selection, Stage};
@@ -42,6 +44,12 @@ pub enum RunError {
     BadParam(String),
     #[error("{0}")]
     Lost(String),
+    #[error(
+        "run {run} is being executed by another cairn process{}; wait for it to end, or stop it and \
+         run `cairn pipeline resume {run}`",
+        .pid.map(|p| format!(" (pid {p})")).unwrap_or_default()
+    )]
+    Busy { run: String, pid: Option<u32> },
 }
 
 /// Receives progress of a run.
@@ -204,6 +212,46 @@ impl Engine {
     /// run's final record: completed, or failed with the stage at fault in
     /// the dead-letter queue.
     pub fn execute_run(&mut self, run_id: &str, watch: &dyn RunWatcher) -> Result<RunRecord, EngineError> {
+        let run = self.run_record(run_id)?;
+        let _orchestrating = self.lock_run(&run.id)?;
+        self.execute_locked_run(&run.id, watch)
+    }
+
+    /// Takes a run's orchestrator lock (`runs/<run>/orchestrator.lock`, with
+    /// the holder's pid in it): one process executes a run at a time, or a
+    /// second `resume` beside a live orchestrator would start its stages
+    /// again. The lock goes with the process, however it dies.
+    fn lock_run(&self, run: &str) -> Result<Flock<fs::File>, EngineError> {
+        let dir = self.run_dir(run);
+        fs::create_dir_all(&dir).map_err(|e| RunError::Read(dir.clone(), e))?;
+        let path = dir.join("orchestrator.lock");
+        let file = fs::File::options()
+            .create(true)
+            .truncate(false)
+            .read(true)
+            .write(true)
+            .open(&path)
+            .map_err(|e| RunError::Read(path.clone(), e))?;
+        match Flock::lock(file, FlockArg::LockExclusiveNonblock) {
+            Ok(lock) => {
+                let pid = std::process::id().to_string();
+                let _ = lock.set_len(0).and_then(|()| lock.write_all_at(pid.as_bytes(), 0));
+                Ok(lock)
+            }
+            Err((file, nix::errno::Errno::EWOULDBLOCK)) => {
+                let mut text = String::new();
+                let _ = (&file).read_to_string(&mut text);
+                Err(RunError::Busy {
+                    run: run.to_string(),
+                    pid: text.trim().parse().ok(),
+                }
+                .into())
+            }
+            Err((_, e)) => Err(RunError::Read(path, e.into()).into()),
+        }
+    }
+
+    fn execute_locked_run(&mut self, run_id: &str, watch: &dyn RunWatcher) -> Result<RunRecord, EngineError> {
         let run = self.run_record(run_id)?;
         if run.status == "completed" {
             return Err(RunError::Completed(run.id).into());
@@ -750,6 +798,14 @@ impl Engine {
             .into_iter()
             .find(|d| d.id == key || (key.len() >= 4 && d.id.starts_with(key)))
             .ok_or_else(|| RunError::NoSuchDeadLetter(key.to_string()))?;
+        let _orchestrating = self.lock_run(&dl.run_id)?;
+        // Read again under the lock: another retry may have just taken it.
+        let dl = self
+            .db
+            .dead_letters()?
+            .into_iter()
+            .find(|d| d.id == dl.id)
+            .ok_or_else(|| RunError::NoSuchDeadLetter(key.to_string()))?;
         if dl.retried_at.is_some() {
             return Err(RunError::AlreadyRetried(dl.id).into());
         }
@@ -760,7 +816,7 @@ impl Engine {
                 .put_stage(&rec, Some(("retry", &format!("dead letter {} retried", dl.id), None)))?;
         }
         self.db.mark_dead_letter_retried(&dl.id, now_ms())?;
-        self.execute_run(&dl.run_id, watch)
+        self.execute_locked_run(&dl.run_id, watch)
     }
 }
 
