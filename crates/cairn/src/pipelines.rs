@@ -65,15 +65,48 @@ pub fn pipeline(engine: &mut Engine, cmd: PipelineCommand) -> Result<i32> {
     Ok(if run.status == "completed" { 0 } else { 1 })
 }
 
+/// A run record as listed: with the pid of the process executing it, and
+/// `interrupted` when it is recorded as running but nothing executes it
+/// (its orchestrator died; `cairn pipeline resume` continues it).
+fn listed(engine: &Engine, run: &cairn_engine::pipeline::records::RunRecord) -> Result<serde_json::Value> {
+    let pid = engine.run_orchestrator(&run.id);
+    let mut v = serde_json::to_value(run)?;
+    v["orchestrator_pid"] = pid.into();
+    v["interrupted"] = (run.status == "running" && pid.is_none()).into();
+    Ok(v)
+}
+
+/// The status column: `interrupted` for a running run nothing executes.
+fn shown_status(v: &serde_json::Value) -> &str {
+    if v["interrupted"] == true {
+        "interrupted"
+    } else {
+        v["status"].as_str().unwrap_or("?")
+    }
+}
+
 pub fn runs(engine: &Engine, json: bool) -> Result<()> {
-    let runs = engine.runs()?;
+    let runs = engine
+        .runs()?
+        .iter()
+        .map(|r| listed(engine, r))
+        .collect::<Result<Vec<_>>>()?;
     if json {
         println!("{}", serde_json::to_string_pretty(&runs)?);
         return Ok(());
     }
-    println!("{:<12}  {:<20}  {:<10}  FILE", "RUN", "PIPELINE", "STATUS");
-    for r in runs {
-        println!("{:<12}  {:<20}  {:<10}  {}", r.id, r.pipeline, r.status, r.file);
+    println!("{:<12}  {:<20}  {:<12}  FILE", "RUN", "PIPELINE", "STATUS");
+    for r in &runs {
+        println!(
+            "{:<12}  {:<20}  {:<12}  {}",
+            r["id"].as_str().unwrap_or_default(),
+            r["pipeline"].as_str().unwrap_or_default(),
+            shown_status(r),
+            r["file"].as_str().unwrap_or_default()
+        );
+    }
+    if runs.iter().any(|r| r["interrupted"] == true) {
+        eprintln!("cairn: an interrupted run's orchestrator is gone; `cairn pipeline resume RUN` continues it");
     }
     Ok(())
 }
@@ -85,17 +118,23 @@ pub fn show(engine: &Engine, key: &str, json: bool) -> Result<()> {
     let stages = engine.run_stages(&run.id)?;
     let events = engine.run_events(&run.id)?;
     let artifacts = engine.artifacts(Some(&run.id))?;
+    let listed = listed(engine, &run)?;
     if json {
-        let v = serde_json::json!({ "run": run, "stages": stages, "events": events, "artifacts": artifacts });
+        let v = serde_json::json!({ "run": listed, "stages": stages, "events": events, "artifacts": artifacts });
         println!("{}", serde_json::to_string_pretty(&v)?);
         return Ok(());
     }
     println!(
-        "run {} · {} · {}{}",
+        "run {} · {} · {}{}{}",
         run.id,
         run.pipeline,
-        run.status,
-        run.error.as_deref().map(|e| format!(" · {e}")).unwrap_or_default()
+        shown_status(&listed),
+        run.error.as_deref().map(|e| format!(" · {e}")).unwrap_or_default(),
+        match (listed["orchestrator_pid"].as_u64(), listed["interrupted"] == true) {
+            (Some(pid), _) => format!(" · executed by pid {pid}"),
+            (None, true) => format!(" · `cairn pipeline resume {}` continues it", run.id),
+            _ => String::new(),
+        }
     );
     let mut names: Vec<&str> = Vec::new();
     for s in &stages {

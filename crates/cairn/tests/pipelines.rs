@@ -491,6 +491,12 @@ fn a_resumed_run_reattaches_to_the_command_still_running_in_its_sandbox() {
             .collect()
     };
     assert!(ids(&home).contains(&sandbox), "{:?} lacks {sandbox}", ids(&home));
+    // The run is listed as interrupted: recorded as running, executed by nobody.
+    let v = show(&home, &run);
+    assert_eq!(v["run"]["status"], "running", "{v}");
+    assert_eq!(v["run"]["interrupted"], true, "{v}");
+    assert!(home.ok(&["runs"]).contains("interrupted"));
+    assert!(home.ok(&["run", "show", &run]).contains("pipeline resume"));
     let out = home.cairn(&["pipeline", "resume", &run]);
     assert!(out.status.success(), "{}", stderr(&out));
     let v = show(&home, &run);
@@ -569,13 +575,17 @@ fn a_run_is_executed_by_one_orchestrator_at_a_time() {
     let msg = stderr(&out);
     assert!(msg.contains("another cairn process"), "{msg}");
     assert!(msg.contains(&format!("pid {}", first.id())), "{msg}");
-    assert_eq!(show(&home, &run)["stages"][0]["attempts"], 1);
+    let v = show(&home, &run);
+    assert_eq!(v["stages"][0]["attempts"], 1);
+    assert_eq!(v["run"]["orchestrator_pid"], first.id(), "{v}");
+    assert_eq!(v["run"]["interrupted"], false, "{v}");
     // The first goes on and completes; the command ran once.
     home.ok(&["exec", &sandbox, "--", "touch", "/work/go"]);
     let status = first.wait().unwrap();
     assert!(status.success(), "the first orchestrator failed: {status}");
     let v = show(&home, &run);
     assert_eq!(v["run"]["status"], "completed", "{v}");
+    assert_eq!(v["run"]["orchestrator_pid"], serde_json::Value::Null, "{v}");
     let trail = home.ok(&["artifact", "get", v["artifacts"][0]["id"].as_str().unwrap()]);
     assert_eq!(trail, "start\ndone");
     // With the first gone, the lock is free: resuming says the run is done.
