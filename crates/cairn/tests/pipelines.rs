@@ -511,6 +511,61 @@ fn a_resumed_run_reattaches_to_the_command_still_running_in_its_sandbox() {
     assert!(!ids(&home).contains(&sandbox));
 }
 
+const TIMED_STAGE: &str = r#"
+[pipeline]
+name = "deadline"
+image = "busybox"
+
+[[stage]]
+name = "slow"
+key = "slow-deadline-v1"
+timeout = "4s"
+retries = 0
+run = ["mkdir -p /work; sleep 3; touch /work/one-done", "sleep 2; echo second-finished"]
+"#;
+
+#[test]
+fn a_reattached_stage_keeps_the_deadline_its_attempt_began_with() {
+    if skip("a_reattached_stage_keeps_the_deadline_its_attempt_began_with") {
+        return;
+    }
+    // 3 s + 2 s of commands under a 4 s stage timeout: the attempt must time
+    // out in its second command, across a killed orchestrator too (a resumed
+    // one that restarted the clock would give the second command 4 s).
+    let home = Home::new();
+    let file = write(&home, "p.toml", TIMED_STAGE);
+    let run = kill_run_when(
+        &home,
+        &file,
+        "the stage never started",
+        Duration::from_millis(300),
+        |v| v["stages"][0]["status"] == "running",
+    );
+    // The orchestrator stays away until the first command has finished: the
+    // time it was away counts against the stage.
+    let sandbox = show(&home, &run)["stages"][0]["sandbox_id"]
+        .as_str()
+        .unwrap()
+        .to_string();
+    let deadline = Instant::now() + Duration::from_secs(60);
+    while !home
+        .cairn(&["exec", &sandbox, "--", "test", "-e", "/work/one-done"])
+        .status
+        .success()
+    {
+        assert!(Instant::now() < deadline, "the first command never finished");
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    let out = home.cairn(&["pipeline", "resume", &run]);
+    assert!(!out.status.success(), "{}", stderr(&out));
+    let v = show(&home, &run);
+    assert_eq!(events(&v, "reattached").len(), 1, "{v}");
+    assert_eq!(v["run"]["status"], "failed", "{v}");
+    let error = v["stages"][0]["error"].as_str().unwrap_or_default();
+    assert!(error.contains("timed out") || error.contains("timeout"), "{v}");
+    assert!(!home.ok(&["logs", &run, "slow"]).contains("second-finished"));
+}
+
 const GATED_COMMAND: &str = r#"
 [pipeline]
 name = "gated"

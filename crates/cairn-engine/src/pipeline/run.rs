@@ -411,10 +411,23 @@ impl Engine {
         // A stage gets 1 + retries attempts each time it starts afresh (new,
         // or retried from the dead-letter queue); attempts keep counting.
         let limit = if rec.status == "pending" { rec.attempts } else { 0 } + stage.retries + 1;
+        let mut began_ms = None;
         loop {
             let (sandbox, fresh, reattached) = match reattach.take() {
                 Some(sb) => {
                     let fresh = self.db.newest_checkpoint(&run.id, &stage.name, branch)?.is_none();
+                    // The attempt began with its newest `forked` or `retry` event.
+                    began_ms = self
+                        .db
+                        .events_of(&run.id)?
+                        .iter()
+                        .rev()
+                        .find(|e| {
+                            e.stage.as_deref() == Some(stage.name.as_str())
+                                && e.branch.as_deref().unwrap_or("") == branch
+                                && (e.kind == "forked" || e.kind == "retry")
+                        })
+                        .map(|e| e.created_at);
                     (sb, fresh, true)
                 }
                 None => {
@@ -470,6 +483,7 @@ impl Engine {
                     fresh,
                     number: rec.attempts,
                     reattached,
+                    began_ms: began_ms.take(),
                 },
                 watch,
             )?;
@@ -551,6 +565,7 @@ impl Engine {
             fresh,
             number: attempt,
             reattached,
+            began_ms,
         }: Attempt,
         watch: &dyn RunWatcher,
     ) -> Result<Outcome, EngineError> {
@@ -625,7 +640,10 @@ impl Engine {
                 checkpoint_loop(home, every, stop_rx, &run_id, &stage_name, &branch, &sandbox_id)
             })
         });
-        let deadline = stage.timeout.map(|t| Instant::now() + t);
+        // A re-attached attempt keeps the deadline it began with (its running
+        // command keeps its own inside init); the rest get what is left.
+        let spent = began_ms.map_or(Duration::ZERO, |b| Duration::from_millis((now_ms() - b).max(0) as u64));
+        let deadline = stage.timeout.map(|t| Instant::now() + t.saturating_sub(spent));
         let mut output = Vec::new();
         let mut failure = None;
         for (i, cmd) in stage.run.iter().enumerate() {
@@ -961,6 +979,9 @@ struct Attempt {
     number: u32,
     /// Resumed in the sandbox of an orchestrator that died.
     reattached: bool,
+    /// When the attempt began (ms since the epoch), if before this process:
+    /// the stage timeout counts from then.
+    began_ms: Option<i64>,
 }
 
 /// Whether a client error means the connection went away (init quiesced
