@@ -33,25 +33,38 @@ fn kill_run_when(
         .stderr(Stdio::null())
         .spawn()
         .unwrap();
-    let deadline = Instant::now() + Duration::from_secs(90);
-    let run = loop {
-        if Instant::now() >= deadline {
-            break None;
-        }
-        let runs: serde_json::Value = serde_json::from_str(&home.ok(&["runs", "--json"])).unwrap();
-        if let Some(id) = runs.as_array().and_then(|a| a.first()).and_then(|r| r["id"].as_str()) {
-            if ready(&show(home, id)) {
-                break Some(id.to_string());
-            }
-        }
-        std::thread::sleep(Duration::from_millis(50));
-    };
+    let run = the_run_when(home, ready);
     if run.is_some() {
         std::thread::sleep(then);
     }
     let _ = child.kill();
     let _ = child.wait();
     run.unwrap_or_else(|| panic!("{why}"))
+}
+
+/// The home's only run once `ready` holds for `cairn run show --json`
+/// (polled for up to 90 s).
+fn the_run_when(home: &Home, ready: impl Fn(&serde_json::Value) -> bool) -> Option<String> {
+    let deadline = Instant::now() + Duration::from_secs(90);
+    while Instant::now() < deadline {
+        let runs: serde_json::Value = serde_json::from_str(&home.ok(&["runs", "--json"])).unwrap();
+        if let Some(id) = runs.as_array().and_then(|a| a.first()).and_then(|r| r["id"].as_str()) {
+            if ready(&show(home, id)) {
+                return Some(id.to_string());
+            }
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    None
+}
+
+/// Waits (up to a minute) until `done` holds.
+fn wait_for(why: &str, done: impl Fn() -> bool) {
+    let deadline = Instant::now() + Duration::from_secs(60);
+    while !done() {
+        assert!(Instant::now() < deadline, "{why}");
+        std::thread::sleep(Duration::from_millis(50));
+    }
 }
 
 fn events<'a>(v: &'a serde_json::Value, kind: &str) -> Vec<&'a serde_json::Value> {
@@ -547,15 +560,11 @@ fn a_reattached_stage_keeps_the_deadline_its_attempt_began_with() {
         .as_str()
         .unwrap()
         .to_string();
-    let deadline = Instant::now() + Duration::from_secs(60);
-    while !home
-        .cairn(&["exec", &sandbox, "--", "test", "-e", "/work/one-done"])
-        .status
-        .success()
-    {
-        assert!(Instant::now() < deadline, "the first command never finished");
-        std::thread::sleep(Duration::from_millis(50));
-    }
+    wait_for("the first command never finished", || {
+        home.cairn(&["exec", &sandbox, "--", "test", "-e", "/work/one-done"])
+            .status
+            .success()
+    });
     let out = home.cairn(&["pipeline", "resume", &run]);
     assert!(!out.status.success(), "{}", stderr(&out));
     let v = show(&home, &run);
@@ -592,23 +601,19 @@ fn a_run_is_executed_by_one_orchestrator_at_a_time() {
         .spawn()
         .unwrap();
     // Wait until its command runs (it waits for /work/go).
-    let deadline = Instant::now() + Duration::from_secs(90);
-    let (run, sandbox) = loop {
-        assert!(Instant::now() < deadline, "the stage never started");
-        let runs: serde_json::Value = serde_json::from_str(&home.ok(&["runs", "--json"])).unwrap();
-        if let Some(id) = runs.as_array().and_then(|a| a.first()).and_then(|r| r["id"].as_str()) {
-            let v = show(&home, id);
-            let stage = &v["stages"][0];
-            if stage["status"] == "running" && stage["sandbox_id"].is_string() {
-                let sandbox = stage["sandbox_id"].as_str().unwrap().to_string();
-                let trail = home.cairn(&["exec", &sandbox, "--", "cat", "/work/trail"]);
-                if stdout(&trail).trim() == "start" {
-                    break (id.to_string(), sandbox);
-                }
-            }
-        }
-        std::thread::sleep(Duration::from_millis(50));
-    };
+    let run = the_run_when(&home, |v| {
+        let stage = &v["stages"][0];
+        stage["status"] == "running"
+            && stage["sandbox_id"].as_str().is_some_and(|sandbox| {
+                let trail = home.cairn(&["exec", sandbox, "--", "cat", "/work/trail"]);
+                stdout(&trail).trim() == "start"
+            })
+    })
+    .expect("the stage never started");
+    let sandbox = show(&home, &run)["stages"][0]["sandbox_id"]
+        .as_str()
+        .unwrap()
+        .to_string();
     // A second orchestrator is refused, naming the first, and changes nothing
     // (one that ran instead would wait on the gate: it is stopped after a minute).
     let mut second = home
