@@ -74,72 +74,53 @@ impl Bench {
 
     pub(super) fn snapshots(&self, which: Which, runs: usize) -> Result<Vec<Measurement>> {
         let mut engine = self.engine()?;
-        let mut out = Vec::new();
-        let mut medians = Vec::new();
-        for big in [false, true] {
-            let sc = self.scenario(&mut engine, big)?;
-            let mut samples = Vec::with_capacity(runs);
-            let mut stored = Vec::new();
-            for _ in 0..runs {
-                match which {
-                    Which::Snapshot => {
-                        let req = ExecRequest {
-                            argv: vec![
-                                "sh".into(),
-                                "-c".into(),
-                                "dd if=/dev/urandom of=/work/change bs=1M count=1 2>/dev/null".into(),
-                            ],
-                            ..ExecRequest::default()
-                        };
-                        let start = engine.exec(&sc.sandbox, req)?.map_err(|f| anyhow::anyhow!(f.message))?;
-                        start.session.wait(&mut io::sink(), &mut io::sink())?;
-                        let t0 = Instant::now();
-                        let snap = engine.snapshot(&engine.sandbox(&sc.sandbox.id)?, None)?;
-                        samples.push(t0.elapsed().as_secs_f64() * 1e3);
-                        stored.push(snap.stored_bytes as f64 / 1e6);
-                    }
-                    Which::Fork => {
-                        let t0 = Instant::now();
-                        let (_, forks) = engine.fork(&sc.sandbox.id, 1, &CreateOptions::default())?;
-                        Self::first_echo(&engine, &forks[0])?;
-                        samples.push(t0.elapsed().as_secs_f64() * 1e3);
-                        let f = engine.sandbox(&forks[0].id)?;
-                        engine.remove_sandbox(&f, true)?;
-                    }
-                    _ => {
-                        let t0 = Instant::now();
-                        let rec = engine.restore(&sc.snapshot, &CreateOptions::default())?;
-                        Self::first_echo(&engine, &rec)?;
-                        samples.push(t0.elapsed().as_secs_f64() * 1e3);
-                        let rec = engine.sandbox(&rec.id)?;
-                        engine.remove_sandbox(&rec, true)?;
-                    }
+        // Both scenarios first, then their samples in turn: the writeback of
+        // the 2 GiB setup (gigabytes to the disk, the store and the layer
+        // cache) and any other disk noise fall on both sizes alike, so the
+        // ratio shows what size costs.
+        let scenarios = [self.scenario(&mut engine, false)?, self.scenario(&mut engine, true)?];
+        let mut samples = [Vec::with_capacity(runs), Vec::with_capacity(runs)];
+        let mut stored = [Vec::new(), Vec::new()];
+        // The first few rounds warm caches and are not kept.
+        const WARM_UP: usize = 3;
+        for round in 0..WARM_UP + runs {
+            for (k, sc) in scenarios.iter().enumerate() {
+                let (ms, bytes) = self.sample(&mut engine, which, sc)?;
+                if round >= WARM_UP {
+                    samples[k].push(ms);
+                    stored[k].extend(bytes);
                 }
             }
-            let (label, target) = match which {
-                Which::Snapshot => ("snapshot after a 1 MB change", 20.0),
-                Which::Fork => ("fork a live sandbox to first output", 15.0),
-                _ => ("restore a snapshot to first output", 15.0),
-            };
-            let m = summarize(&format!("{label} ({})", sc.name), "ms", samples, Some(target), true);
+        }
+        let (label, target) = match which {
+            Which::Snapshot => ("snapshot after a 1 MB change", 20.0),
+            Which::Fork => ("fork a live sandbox to first output", 15.0),
+            _ => ("restore a snapshot to first output", 15.0),
+        };
+        let mut out = Vec::new();
+        let mut medians = Vec::new();
+        for (k, sc) in scenarios.iter().enumerate() {
+            let m = summarize(
+                &format!("{label} ({})", sc.name),
+                "ms",
+                std::mem::take(&mut samples[k]),
+                Some(target),
+                true,
+            );
             medians.push((m.median, m.p95));
             out.push(m);
             if which == Which::Snapshot {
                 out.push(summarize(
                     &format!("stored per 1 MB-change snapshot ({})", sc.name),
                     "MB",
-                    stored,
+                    std::mem::take(&mut stored[k]),
                     Some(1.05),
                     true,
                 ));
             }
-            if which != Which::Snapshot && big {
-                out.push(self.hundred_forks(&mut engine, &sc, which)?);
-            }
-            let rec = engine.sandbox(&sc.sandbox.id)?;
-            engine.remove_sandbox(&rec, true)?;
         }
         if which != Which::Snapshot {
+            out.push(self.hundred_forks(&mut engine, &scenarios[1], which)?);
             // Flatness: the same operation over the 2 GiB layer as over the small one.
             out.push(Measurement {
                 name: format!(
@@ -155,7 +136,51 @@ impl Bench {
                 cairn_ratio: None,
             });
         }
+        for sc in &scenarios {
+            let rec = engine.sandbox(&sc.sandbox.id)?;
+            engine.remove_sandbox(&rec, true)?;
+        }
         Ok(out)
+    }
+
+    /// One timed operation on a scenario: milliseconds, and for a snapshot
+    /// the megabytes it stored.
+    fn sample(&self, engine: &mut Engine, which: Which, sc: &Scenario) -> Result<(f64, Option<f64>)> {
+        match which {
+            Which::Snapshot => {
+                let req = ExecRequest {
+                    argv: vec![
+                        "sh".into(),
+                        "-c".into(),
+                        "dd if=/dev/urandom of=/work/change bs=1M count=1 2>/dev/null".into(),
+                    ],
+                    ..ExecRequest::default()
+                };
+                let start = engine.exec(&sc.sandbox, req)?.map_err(|f| anyhow::anyhow!(f.message))?;
+                start.session.wait(&mut io::sink(), &mut io::sink())?;
+                let t0 = Instant::now();
+                let snap = engine.snapshot(&engine.sandbox(&sc.sandbox.id)?, None)?;
+                Ok((t0.elapsed().as_secs_f64() * 1e3, Some(snap.stored_bytes as f64 / 1e6)))
+            }
+            Which::Fork => {
+                let t0 = Instant::now();
+                let (_, forks) = engine.fork(&sc.sandbox.id, 1, &CreateOptions::default())?;
+                Self::first_echo(engine, &forks[0])?;
+                let ms = t0.elapsed().as_secs_f64() * 1e3;
+                let f = engine.sandbox(&forks[0].id)?;
+                engine.remove_sandbox(&f, true)?;
+                Ok((ms, None))
+            }
+            _ => {
+                let t0 = Instant::now();
+                let rec = engine.restore(&sc.snapshot, &CreateOptions::default())?;
+                Self::first_echo(engine, &rec)?;
+                let ms = t0.elapsed().as_secs_f64() * 1e3;
+                let rec = engine.sandbox(&rec.id)?;
+                engine.remove_sandbox(&rec, true)?;
+                Ok((ms, None))
+            }
+        }
     }
 
     /// Disk space 100 live forks of the 2 GiB snapshot take (`fork -n 100`
