@@ -110,14 +110,9 @@ impl Engine {
     }
 
     pub(crate) fn spec(&self, rec: &SandboxRecord) -> Result<SandboxSpec, EngineError> {
-        // A layer listed twice (older snapshots could stack one on itself)
-        // counts once, where it is topmost: everything the lower copy holds
-        // the upper one covers, and overlayfs refuses a directory given twice.
-        let mut seen = std::collections::HashSet::new();
         let layers = rec
             .layers
             .iter()
-            .filter(|l| seen.insert(l.as_str()))
             .map(|l| Ok(self.layers.ensure(&crate::layer_id(l)?, &self.store)?))
             .collect::<Result<Vec<PathBuf>, EngineError>>()?;
         Ok(SandboxSpec {

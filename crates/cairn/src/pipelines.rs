@@ -3,6 +3,7 @@
 use std::io::Write;
 
 use anyhow::{bail, Context, Result};
+use cairn_engine::pipeline::records::RunRecord;
 use cairn_engine::pipeline::run::{parse_params, RunWatcher};
 use cairn_engine::Engine;
 
@@ -68,29 +69,41 @@ pub fn pipeline(engine: &mut Engine, cmd: PipelineCommand) -> Result<i32> {
 /// A run record as listed: with the pid of the process executing it, and
 /// `interrupted` when it is recorded as running but nothing executes it
 /// (its orchestrator died; `cairn pipeline resume` continues it).
-fn listed(engine: &Engine, run: &cairn_engine::pipeline::records::RunRecord) -> Result<serde_json::Value> {
-    let pid = engine.run_orchestrator(&run.id);
-    let mut v = serde_json::to_value(run)?;
-    v["orchestrator_pid"] = pid.into();
-    v["interrupted"] = (run.status == "running" && pid.is_none()).into();
-    Ok(v)
+#[derive(serde::Serialize)]
+struct Listed<'a> {
+    #[serde(flatten)]
+    run: &'a RunRecord,
+    orchestrator_pid: Option<u32>,
+    interrupted: bool,
 }
 
-/// The status column: `interrupted` for a running run nothing executes.
-fn shown_status(v: &serde_json::Value) -> &str {
-    if v["interrupted"] == true {
-        "interrupted"
-    } else {
-        v["status"].as_str().unwrap_or("?")
+impl Listed<'_> {
+    fn of<'a>(engine: &Engine, run: &'a RunRecord) -> Listed<'a> {
+        // Only a running run has an orchestrator (one starting sets the
+        // status first thing).
+        let orchestrator_pid = (run.status == "running")
+            .then(|| engine.run_orchestrator(&run.id))
+            .flatten();
+        Listed {
+            run,
+            orchestrator_pid,
+            interrupted: run.status == "running" && orchestrator_pid.is_none(),
+        }
+    }
+
+    /// The status column: `interrupted` for a running run nothing executes.
+    fn status(&self) -> &str {
+        if self.interrupted {
+            "interrupted"
+        } else {
+            &self.run.status
+        }
     }
 }
 
 pub fn runs(engine: &Engine, json: bool) -> Result<()> {
-    let runs = engine
-        .runs()?
-        .iter()
-        .map(|r| listed(engine, r))
-        .collect::<Result<Vec<_>>>()?;
+    let records = engine.runs()?;
+    let runs: Vec<Listed> = records.iter().map(|r| Listed::of(engine, r)).collect();
     if json {
         println!("{}", serde_json::to_string_pretty(&runs)?);
         return Ok(());
@@ -99,13 +112,13 @@ pub fn runs(engine: &Engine, json: bool) -> Result<()> {
     for r in &runs {
         println!(
             "{:<12}  {:<20}  {:<12}  {}",
-            r["id"].as_str().unwrap_or_default(),
-            r["pipeline"].as_str().unwrap_or_default(),
-            shown_status(r),
-            r["file"].as_str().unwrap_or_default()
+            r.run.id,
+            r.run.pipeline,
+            r.status(),
+            r.run.file
         );
     }
-    if runs.iter().any(|r| r["interrupted"] == true) {
+    if runs.iter().any(|r| r.interrupted) {
         eprintln!("cairn: an interrupted run's orchestrator is gone; `cairn pipeline resume RUN` continues it");
     }
     Ok(())
@@ -118,7 +131,7 @@ pub fn show(engine: &Engine, key: &str, json: bool) -> Result<()> {
     let stages = engine.run_stages(&run.id)?;
     let events = engine.run_events(&run.id)?;
     let artifacts = engine.artifacts(Some(&run.id))?;
-    let listed = listed(engine, &run)?;
+    let listed = Listed::of(engine, &run);
     if json {
         let v = serde_json::json!({ "run": listed, "stages": stages, "events": events, "artifacts": artifacts });
         println!("{}", serde_json::to_string_pretty(&v)?);
@@ -128,9 +141,9 @@ pub fn show(engine: &Engine, key: &str, json: bool) -> Result<()> {
         "run {} · {} · {}{}{}",
         run.id,
         run.pipeline,
-        shown_status(&listed),
+        listed.status(),
         run.error.as_deref().map(|e| format!(" · {e}")).unwrap_or_default(),
-        match (listed["orchestrator_pid"].as_u64(), listed["interrupted"] == true) {
+        match (listed.orchestrator_pid, listed.interrupted) {
             (Some(pid), _) => format!(" · executed by pid {pid}"),
             (None, true) => format!(" · `cairn pipeline resume {}` continues it", run.id),
             _ => String::new(),

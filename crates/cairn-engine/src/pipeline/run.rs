@@ -10,8 +10,7 @@
 
 use std::collections::BTreeMap;
 use std::fs;
-use std::io::{Read, Write};
-use std::os::unix::fs::FileExt;
+use std::io::Write;
 use std::path::{Path, PathBuf};
 use std::sync::mpsc;
 use std::time::{Duration, Instant};
@@ -240,10 +239,10 @@ impl Engine {
         self.execute_locked_run(&run.id, watch)
     }
 
-    /// Takes a run's orchestrator lock (`runs/<run>/orchestrator.lock`, with
-    /// the holder's pid in it): one process executes a run at a time, or a
-    /// second `resume` beside a live orchestrator would start its stages
-    /// again. The lock goes with the process, however it dies.
+    /// Takes a run's orchestrator lock (`runs/<run>/orchestrator.lock`): one
+    /// process executes a run at a time, or a second `resume` beside a live
+    /// orchestrator would start its stages again. The lock goes with the
+    /// process, however it dies; [`Engine::run_orchestrator`] names its holder.
     fn lock_run(&self, run: &str) -> Result<Flock<fs::File>, EngineError> {
         let dir = self.run_dir(run);
         fs::create_dir_all(&dir).map_err(|e| RunError::Read(dir.clone(), e))?;
@@ -251,25 +250,16 @@ impl Engine {
         let file = fs::File::options()
             .create(true)
             .truncate(false)
-            .read(true)
             .write(true)
             .open(&path)
             .map_err(|e| RunError::Read(path.clone(), e))?;
         match Flock::lock(file, FlockArg::LockExclusiveNonblock) {
-            Ok(lock) => {
-                let pid = std::process::id().to_string();
-                let _ = lock.set_len(0).and_then(|()| lock.write_all_at(pid.as_bytes(), 0));
-                Ok(lock)
+            Ok(lock) => Ok(lock),
+            Err((_, nix::errno::Errno::EWOULDBLOCK)) => Err(RunError::Busy {
+                run: run.to_string(),
+                pid: self.run_orchestrator(run),
             }
-            Err((file, nix::errno::Errno::EWOULDBLOCK)) => {
-                let mut text = String::new();
-                let _ = (&file).read_to_string(&mut text);
-                Err(RunError::Busy {
-                    run: run.to_string(),
-                    pid: text.trim().parse().ok(),
-                }
-                .into())
-            }
+            .into()),
             Err((_, e)) => Err(RunError::Read(path, e.into()).into()),
         }
     }
@@ -411,13 +401,12 @@ impl Engine {
         // A stage gets 1 + retries attempts each time it starts afresh (new,
         // or retried from the dead-letter queue); attempts keep counting.
         let limit = if rec.status == "pending" { rec.attempts } else { 0 } + stage.retries + 1;
-        let mut began_ms = None;
         loop {
-            let (sandbox, fresh, reattached) = match reattach.take() {
+            let (sandbox, fresh, reattached, began_ms) = match reattach.take() {
                 Some(sb) => {
                     let fresh = self.db.newest_checkpoint(&run.id, &stage.name, branch)?.is_none();
                     // The attempt began with its newest `forked` or `retry` event.
-                    began_ms = self
+                    let began_ms = self
                         .db
                         .events_of(&run.id)?
                         .iter()
@@ -428,7 +417,7 @@ impl Engine {
                                 && (e.kind == "forked" || e.kind == "retry")
                         })
                         .map(|e| e.created_at);
-                    (sb, fresh, true)
+                    (sb, fresh, true, began_ms)
                 }
                 None => {
                     if rec.attempts >= limit {
@@ -469,7 +458,7 @@ impl Engine {
                     // process, and a resume re-attaches to it.
                     self.db.set_auto_remove(&sandbox.id, false)?;
                     watch.stage(&stage.name, branch, "running", &detail);
-                    (sandbox, checkpoint.is_none(), false)
+                    (sandbox, checkpoint.is_none(), false, None)
                 }
             };
             let outcome = self.attempt(
@@ -483,7 +472,7 @@ impl Engine {
                     fresh,
                     number: rec.attempts,
                     reattached,
-                    began_ms: began_ms.take(),
+                    began_ms,
                 },
                 watch,
             )?;

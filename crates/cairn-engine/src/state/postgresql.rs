@@ -120,8 +120,7 @@ pub(crate) fn redact(url: &str) -> String {
     }
 }
 
-/// `text` without the password `url` holds, should a message quote it.
-/// `text` without the target's password.
+/// `text` without the target's password, should a message quote it.
 fn scrub_password(text: &str, target: &PostgresTarget) -> String {
     match target.config.get_password() {
         Some(p) if p.len() >= 4 => text.replace(&*String::from_utf8_lossy(p), "***"),
@@ -129,6 +128,7 @@ fn scrub_password(text: &str, target: &PostgresTarget) -> String {
     }
 }
 
+/// `text` without the password `url` holds, should a message quote it.
 fn scrub(text: &str, url: &str) -> String {
     let Some((_, rest)) = url.split_once("://") else {
         return text.to_string();

@@ -191,18 +191,19 @@ impl Bench {
 
     fn start(&self, runs: usize) -> Result<Vec<Measurement>> {
         let mut results = Vec::new();
-        let mut cmd = Command::new(&self.exe);
-        cmd.args(["run", "--", "echo", "hi"])
-            .env("CAIRN_HOME", self.home.path());
-        let (firsts, totals) = self.repeat(runs, &mut cmd)?;
-        let cairn = summarize(
+        let (firsts, totals) = repeat(runs, || {
+            let mut cmd = Command::new(&self.exe);
+            cmd.args(["run", "--", "echo", "hi"])
+                .env("CAIRN_HOME", self.home.path());
+            cmd
+        })?;
+        let first_output = summarize(
             "start: cairn run -- echo (to first output)",
             "ms",
             firsts,
             Some(10.0),
             true,
         );
-        let first_output = cairn;
         results.push(summarize(
             "start: cairn run -- echo (whole command, with rm)",
             "ms",
@@ -211,17 +212,12 @@ impl Bench {
             true,
         ));
         if let Some(bwrap) = peer("bwrap", "bubblewrap") {
-            let mut cmd = self.bwrap(&bwrap, &["/bin/echo", "hi"]);
-            let (firsts, _) = self.repeat(runs, &mut cmd)?;
+            let (firsts, _) = repeat(runs, || self.bwrap(&bwrap, &["/bin/echo", "hi"]))?;
             results.push(summarize("start: bwrap echo (peer)", "ms", firsts, None, true).peer_of(&first_output));
         }
         if let Some(crun) = peer("crun", "crun") {
             let bundle = self.crun_bundle(&crun, &["/bin/echo", "hi"])?;
-            let firsts = in_crun_namespace(|| {
-                (0..runs)
-                    .map(|_| Self::first_output(&mut crun_run(&crun, &bundle)).map(|(first, _)| first))
-                    .collect::<Result<Vec<f64>>>()
-            })?;
+            let (firsts, _) = in_crun_namespace(|| repeat(runs, || crun_run(&crun, &bundle)))?;
             results.push(summarize("start: crun run echo (peer)", "ms", firsts, None, true).peer_of(&first_output));
         }
         results.insert(0, first_output);
@@ -236,20 +232,6 @@ impl Bench {
             .args(["/", "--proc", "/proc", "--dev", "/dev", "--tmpfs", "/tmp"])
             .args(argv);
         cmd
-    }
-
-    fn repeat(&self, runs: usize, cmd: &mut Command) -> Result<(Vec<f64>, Vec<f64>)> {
-        for _ in 0..runs.min(5) {
-            Self::first_output(cmd)?;
-        }
-        let mut firsts = Vec::with_capacity(runs);
-        let mut totals = Vec::with_capacity(runs);
-        for _ in 0..runs {
-            let (f, t) = Self::first_output(cmd)?;
-            firsts.push(f);
-            totals.push(t);
-        }
-        Ok((firsts, totals))
     }
 
     /// An OCI bundle for crun over the busybox layer (read-only root, a
@@ -367,14 +349,14 @@ impl Bench {
         for _ in 0..runs.max(5) {
             let t0 = Instant::now();
             client.put_file(meta.clone(), &mut &data[..])?;
-            into.push(SIZE as f64 / 1048576.0 / t0.elapsed().as_secs_f64());
+            into.push(rate(SIZE, t0));
             let t0 = Instant::now();
             let mut sink = CountingSink(0);
             client.get_file("/tmp/bench.bin", &mut sink)?;
             if sink.0 != SIZE as u64 {
                 bail!("copied out {} bytes of {SIZE}", sink.0);
             }
-            out.push(SIZE as f64 / 1048576.0 / t0.elapsed().as_secs_f64());
+            out.push(rate(SIZE, t0));
         }
         let rec = engine.sandbox(&rec.id)?;
         engine.remove_sandbox(&rec, true)?;
@@ -398,7 +380,7 @@ impl Bench {
                     if !child.wait()?.success() {
                         bail!("crun exec (copy in) failed");
                     }
-                    peer_in.push(SIZE as f64 / 1048576.0 / t0.elapsed().as_secs_f64());
+                    peer_in.push(rate(SIZE, t0));
                     let t0 = Instant::now();
                     let mut child = container
                         .exec(&["/bin/cat", "/tmp/bench.bin"])
@@ -410,7 +392,7 @@ impl Bench {
                     if !child.wait()?.success() || sink.0 != SIZE as u64 {
                         bail!("crun exec (copy out) failed or copied {} bytes of {SIZE}", sink.0);
                     }
-                    peer_out.push(SIZE as f64 / 1048576.0 / t0.elapsed().as_secs_f64());
+                    peer_out.push(rate(SIZE, t0));
                 }
                 Ok((peer_in, peer_out))
             })?;
@@ -546,6 +528,27 @@ fn rounds(workers: usize, work: impl Fn(Instant) -> Result<usize> + Sync) -> Res
         rates.push(total as f64 / window.as_secs_f64());
     }
     Ok(rates)
+}
+
+/// Milliseconds to first output and to exit of `runs` commands `make`
+/// gives, after a few unmeasured ones.
+fn repeat(runs: usize, make: impl Fn() -> Command) -> Result<(Vec<f64>, Vec<f64>)> {
+    for _ in 0..runs.min(5) {
+        Bench::first_output(&mut make())?;
+    }
+    let mut firsts = Vec::with_capacity(runs);
+    let mut totals = Vec::with_capacity(runs);
+    for _ in 0..runs {
+        let (f, t) = Bench::first_output(&mut make())?;
+        firsts.push(f);
+        totals.push(t);
+    }
+    Ok((firsts, totals))
+}
+
+/// MiB per second for `bytes` moved since `t0`.
+fn rate(bytes: usize, t0: Instant) -> f64 {
+    bytes as f64 / 1048576.0 / t0.elapsed().as_secs_f64()
 }
 
 /// [`rounds`] of the commands `make` gives, run back to back.
