@@ -111,6 +111,7 @@ impl Engine {
         }
         let mkdir = |p: PathBuf| std::fs::create_dir_all(&p).map_err(|source| EngineError::Home { path: p, source });
         mkdir(home.root().to_path_buf())?;
+        private(home.root())?;
         mkdir(home.sandboxes())?;
         let db = state::Db::open_home(&home)?;
         let layers = LayerStore::open(home.layers())?;
@@ -137,6 +138,22 @@ impl Engine {
     pub fn home(&self) -> &Home {
         &self.home
     }
+}
+
+/// Makes the state directory root's alone (mode 0700): sandboxes' files in
+/// it carry whatever modes and owners the sandbox gave them (a setuid
+/// program among them), and no other host user may reach them.
+fn private(root: &std::path::Path) -> Result<(), EngineError> {
+    use std::os::unix::fs::PermissionsExt;
+    let home_err = |source| EngineError::Home {
+        path: root.to_path_buf(),
+        source,
+    };
+    let mode = std::fs::metadata(root).map_err(home_err)?.permissions().mode();
+    if mode & 0o077 != 0 {
+        std::fs::set_permissions(root, std::fs::Permissions::from_mode(0o700)).map_err(home_err)?;
+    }
+    Ok(())
 }
 
 pub(crate) fn layer_id(s: &str) -> Result<LayerId, EngineError> {

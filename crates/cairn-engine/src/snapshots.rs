@@ -15,7 +15,7 @@ use std::io::Seek;
 use std::path::Path;
 use std::time::Duration;
 
-use cairn_layers::archive::{capture_since, Baseline, LayerIndex};
+use cairn_layers::archive::{capture_since, capture_since_mapped, Baseline, LayerIndex};
 use cairn_layers::LayerId;
 use cairn_store::{BlobError, ChunkHash, Framed, ReadContext, StoreError};
 use nix::fcntl::{Flock, FlockArg};
@@ -321,7 +321,12 @@ impl Engine {
                     return Err(e.into());
                 }
             }
-            let captured = capture_since(&dir.join("upper"), &self.store, baseline.as_ref());
+            let captured = capture_since_mapped(
+                &dir.join("upper"),
+                &self.store,
+                baseline.as_ref(),
+                driver.capabilities().host_ids,
+            );
             if running {
                 driver.thaw(&rec.id)?;
             }

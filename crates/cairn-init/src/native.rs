@@ -17,14 +17,15 @@
 
 use std::fs;
 use std::io::Write;
-use std::os::fd::{AsRawFd, FromRawFd, RawFd};
+use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
 use std::os::unix::fs::PermissionsExt;
 use std::path::Path;
 
 use cairn_protocol::{NativeSetup, LISTEN_FD};
+use nix::fcntl::{AtFlags, OFlag};
 use nix::mount::{mount, umount2, MntFlags, MsFlags};
 use nix::sched::{unshare, CloneFlags};
-use nix::sys::stat::{makedev, mknod, Mode, SFlag};
+use nix::sys::stat::{makedev, mknod, FchmodatFlags, Mode, SFlag};
 use nix::unistd::{chdir, fork, pivot_root, sethostname, ForkResult};
 
 /// Builds the sandbox. Returns (in PID 1 only) the listening socket's fd;
@@ -58,6 +59,10 @@ pub fn build() -> RawFd {
             fail(&mut report, format!("join the sandbox cgroup {procs}: {e}"));
         }
     }
+    let userns = match user_namespace(setup.host_id_base, setup.id_count) {
+        Ok(fd) => fd,
+        Err(e) => fail(&mut report, e),
+    };
     let flags = CloneFlags::CLONE_NEWNS
         | CloneFlags::CLONE_NEWPID
         | CloneFlags::CLONE_NEWNET
@@ -77,7 +82,7 @@ pub fn build() -> RawFd {
         }
         Ok(ForkResult::Child) => {}
     }
-    if let Err(e) = setup_root(setup) {
+    if let Err(e) = setup_root(setup, userns) {
         fail(&mut report, e);
     }
     if let Err(e) = report.write_all(b"R\n") {
@@ -96,7 +101,7 @@ fn ctx<T, E: std::fmt::Display>(r: Result<T, E>, what: impl FnOnce() -> String) 
     r.map_err(|e| format!("{}: {e}", what()))
 }
 
-fn setup_root(plan: &NativeSetup) -> Step<()> {
+fn setup_root(plan: &NativeSetup, userns: OwnedFd) -> Step<()> {
     let root = Path::new(&plan.rootfs);
     ctx(
         mount(
@@ -108,23 +113,45 @@ fn setup_root(plan: &NativeSetup) -> Step<()> {
         ),
         || "make mounts private".into(),
     )?;
-    mount_overlay(plan, root)?;
+    mount_overlay(plan, root, &userns)?;
+    // Mount points and /tmp are made as the sandbox's root, whose files
+    // they are (a host id outside the namespace's map would show as nobody).
+    // Relative to the root's descriptor: the host path leading to it is
+    // not the sandbox root's to traverse.
+    let top = ctx(
+        nix::fcntl::open(
+            root,
+            OFlag::O_PATH | OFlag::O_DIRECTORY | OFlag::O_CLOEXEC,
+            Mode::empty(),
+        ),
+        || "open the root".into(),
+    )?;
+    as_sandbox_root(plan.host_id_base, || {
+        for (dir, mode) in [("proc", 0o555), ("dev", 0o755), ("sys", 0o555), ("tmp", 0o1777)] {
+            if nix::sys::stat::fstatat(Some(top), dir, AtFlags::AT_SYMLINK_NOFOLLOW).is_ok() {
+                continue;
+            }
+            ctx(
+                nix::sys::stat::mkdirat(Some(top), dir, Mode::from_bits_truncate(mode)),
+                || format!("create /{dir}"),
+            )?;
+            // mkdir applies the umask and drops the sticky bit.
+            ctx(
+                nix::sys::stat::fchmodat(
+                    Some(top),
+                    dir,
+                    Mode::from_bits_truncate(mode),
+                    FchmodatFlags::NoFollowSymlink,
+                ),
+                || format!("chmod /{dir}"),
+            )?;
+        }
+        Ok(())
+    })?;
+    let _ = nix::unistd::close(top);
     mount_proc(root)?;
-    mount_dev(root)?;
-    let sys = root.join("sys");
-    if sys.is_dir() {
-        let flags = MsFlags::MS_RDONLY | MsFlags::MS_NOSUID | MsFlags::MS_NODEV | MsFlags::MS_NOEXEC;
-        ctx(mount(Some("sysfs"), &sys, Some("sysfs"), flags, None::<&str>), || {
-            "mount /sys".into()
-        })?;
-    }
-    let tmp = root.join("tmp");
-    if !tmp.exists() {
-        ctx(fs::create_dir(&tmp), || "create /tmp".into())?;
-        ctx(fs::set_permissions(&tmp, fs::Permissions::from_mode(0o1777)), || {
-            "chmod /tmp".into()
-        })?;
-    }
+    mount_dev(root, plan.host_id_base)?;
+    mount_sys(root)?;
 
     ctx(chdir(root), || "enter the root".into())?;
     ctx(pivot_root(".", "."), || "pivot_root".into())?;
@@ -136,6 +163,9 @@ fn setup_root(plan: &NativeSetup) -> Step<()> {
     })?;
     loopback_up()?;
     ctx(nix::unistd::setsid(), || "setsid".into())?;
+    // Closes `userns` before fd 3 is taken for the listening socket: the
+    // namespace's descriptor may be fd 3.
+    enter_user_namespace(userns)?;
     wire_fds()?;
     drop_capabilities(plan.keep_capabilities)?;
     ctx(nix::sys::prctl::set_no_new_privs(), || "set no_new_privs".into())?;
@@ -145,125 +175,318 @@ fn setup_root(plan: &NativeSetup) -> Step<()> {
     Ok(())
 }
 
-/// Mounts the overlay root. The new mount API takes the layers one by one
-/// (`lowerdir+`, Linux 6.8), so a chain of any depth up to overlayfs' own
-/// limit fits; older kernels get the classic mount, whose options must fit
-/// in one page.
-fn mount_overlay(plan: &NativeSetup, root: &Path) -> Step<()> {
-    match mount_overlay_fsconfig(plan, root) {
-        Ok(()) => return Ok(()),
-        // No new mount API, or no `lowerdir+`: fall back.
-        Err(e) if matches!(e.raw_os_error(), Some(libc::ENOSYS) | Some(libc::EINVAL)) => {}
-        Err(e) => {
-            return Err(format!(
-                "mount the overlay root ({} layers): {e}",
-                plan.lower_dirs.len()
-            ))
-        }
-    }
-    let options = format!(
-        "lowerdir={},upperdir={},workdir={}",
-        plan.lower_dirs.join(":"),
-        plan.upper_dir,
-        plan.work_dir
-    );
-    if options.len() >= 4000 {
-        return Err(format!(
-            "{} layers make overlay options longer than this kernel accepts; Linux 6.8 or newer takes up to 500",
-            plan.lower_dirs.len()
-        ));
-    }
-    ctx(
-        mount(
-            Some("overlay"),
-            root,
-            Some("overlay"),
-            MsFlags::empty(),
-            Some(options.as_str()),
-        ),
-        || format!("mount the overlay root ({options})"),
-    )
-}
-
-fn mount_overlay_fsconfig(plan: &NativeSetup, root: &Path) -> std::io::Result<()> {
-    use std::ffi::CString;
-    use std::os::fd::{FromRawFd, OwnedFd};
-    const FSCONFIG_SET_STRING: libc::c_uint = 1;
-    const FSCONFIG_CMD_CREATE: libc::c_uint = 6;
-    const MOVE_MOUNT_F_EMPTY_PATH: libc::c_uint = 0x4;
-    let cstr = |s: &str| CString::new(s).map_err(|_| std::io::Error::from_raw_os_error(libc::EINVAL));
-    let check = |rc: libc::c_long| {
-        if rc < 0 {
-            Err(std::io::Error::last_os_error())
+/// Mounts the overlay root with the new mount API, every layer given as a
+/// file descriptor (Linux 6.13): each lower layer is an idmapped clone
+/// that shows the layer's ids (sandbox ids, as stored) as the host ids of
+/// the sandbox's user namespace; the upper and work directories come from
+/// a clone of the sandbox directory. The overlay is `nosuid,nodev`, and
+/// since every layer is a detached mount, the sandbox's mount table names
+/// no host path.
+fn mount_overlay(plan: &NativeSetup, root: &Path, userns: &OwnedFd) -> Step<()> {
+    let layers = plan.lower_dirs.len();
+    let old_kernel = |step: &str, e: std::io::Error| {
+        if matches!(e.raw_os_error(), Some(libc::ENOSYS) | Some(libc::EINVAL)) {
+            format!(
+                "mount the overlay root ({layers} layers): {step}: {e}; native sandboxes need Linux 6.13 or newer \
+                 (idmapped overlayfs layers given as file descriptors), or use --driver gvisor"
+            )
         } else {
-            Ok(rc)
+            format!("mount the overlay root ({layers} layers): {step}: {e}")
         }
     };
-    let name = cstr("overlay")?;
-    // SAFETY: fsopen takes a NUL-terminated name and flags; the returned fd
-    // is owned below.
-    let fs = unsafe { OwnedFd::from_raw_fd(check(libc::syscall(libc::SYS_fsopen, name.as_ptr(), 1))? as i32) };
-    let set = |key: &str, value: &str| -> std::io::Result<()> {
-        let (k, v) = (cstr(key)?, cstr(value)?);
-        // SAFETY: key and value are NUL-terminated strings alive for the call.
-        check(unsafe {
+    let fs = ctx(mount_api::fsopen("overlay"), || "open an overlay context".into())?;
+    // A detached mount lives while its descriptor is open: every clone is
+    // kept until the overlay has taken its own private copies.
+    let mut clones = Vec::with_capacity(layers + 1);
+    for lower in &plan.lower_dirs {
+        let clone = ctx(mount_api::idmapped_clone(lower, userns), || {
+            format!("make an idmapped mount of layer {lower}")
+        })?;
+        let dir = ctx(mount_api::open_dir_at(&clone, "."), || format!("open layer {lower}"))?;
+        mount_api::set_fd(&fs, "lowerdir+", &dir).map_err(|e| old_kernel("lowerdir+", e))?;
+        clones.push(clone);
+    }
+    let upper = Path::new(&plan.upper_dir);
+    let sandbox_dir = upper
+        .parent()
+        .filter(|d| Path::new(&plan.work_dir).parent() == Some(*d))
+        .ok_or_else(|| "the upper and work directories must share one sandbox directory".to_string())?;
+    let dir = ctx(mount_api::clone(sandbox_dir), || {
+        format!("clone {}", sandbox_dir.display())
+    })?;
+    for (key, path) in [("upperdir", &plan.upper_dir), ("workdir", &plan.work_dir)] {
+        let name = Path::new(path).file_name().unwrap_or_default();
+        let fd = ctx(mount_api::open_dir_at(&dir, name), || format!("open {path}"))?;
+        mount_api::set_fd(&fs, key, &fd).map_err(|e| old_kernel(key, e))?;
+    }
+    let mnt = mount_api::create(&fs, mount_api::MOUNT_ATTR_NOSUID | mount_api::MOUNT_ATTR_NODEV)
+        .map_err(|e| old_kernel("create", e))?;
+    ctx(mount_api::attach(&mnt, root), || "attach the overlay root".into())
+}
+
+/// The new mount API's calls, which nix does not wrap.
+mod mount_api {
+    use std::ffi::{CString, OsStr};
+    use std::io;
+    use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
+    use std::os::unix::ffi::OsStrExt;
+    use std::path::Path;
+
+    pub const MOUNT_ATTR_RDONLY: u64 = 0x1;
+    pub const MOUNT_ATTR_NOSUID: u64 = 0x2;
+    pub const MOUNT_ATTR_NODEV: u64 = 0x4;
+    const MOUNT_ATTR_IDMAP: u64 = 0x0010_0000;
+    const FSOPEN_CLOEXEC: libc::c_uint = 1;
+    const FSMOUNT_CLOEXEC: libc::c_uint = 1;
+    const FSCONFIG_SET_FD: libc::c_uint = 5;
+    const FSCONFIG_CMD_CREATE: libc::c_uint = 6;
+    const OPEN_TREE_CLONE: libc::c_uint = 1;
+    const MOVE_MOUNT_F_EMPTY_PATH: libc::c_uint = 0x4;
+
+    /// `struct mount_attr` from `<linux/mount.h>`.
+    #[repr(C)]
+    struct MountAttr {
+        attr_set: u64,
+        attr_clr: u64,
+        propagation: u64,
+        userns_fd: u64,
+    }
+
+    fn cstr(s: &OsStr) -> io::Result<CString> {
+        CString::new(s.as_bytes()).map_err(|_| io::Error::from_raw_os_error(libc::EINVAL))
+    }
+
+    fn fd(rc: libc::c_long) -> io::Result<OwnedFd> {
+        if rc < 0 {
+            return Err(io::Error::last_os_error());
+        }
+        // SAFETY: the kernel just returned this descriptor to us alone.
+        Ok(unsafe { OwnedFd::from_raw_fd(rc as i32) })
+    }
+
+    fn unit(rc: libc::c_long) -> io::Result<()> {
+        if rc < 0 {
+            Err(io::Error::last_os_error())
+        } else {
+            Ok(())
+        }
+    }
+
+    pub fn fsopen(fs_type: &str) -> io::Result<OwnedFd> {
+        let name = cstr(OsStr::new(fs_type))?;
+        // SAFETY: a NUL-terminated name and flags.
+        fd(unsafe { libc::syscall(libc::SYS_fsopen, name.as_ptr(), FSOPEN_CLOEXEC) })
+    }
+
+    /// Sets `key` of the filesystem context `fs` to the file `value`.
+    pub fn set_fd(fs: &OwnedFd, key: &str, value: &OwnedFd) -> io::Result<()> {
+        let key = cstr(OsStr::new(key))?;
+        // SAFETY: a NUL-terminated key, no value pointer, an fd as `aux`.
+        unit(unsafe {
             libc::syscall(
                 libc::SYS_fsconfig,
                 fs.as_raw_fd(),
-                FSCONFIG_SET_STRING,
-                k.as_ptr(),
-                v.as_ptr(),
-                0,
+                FSCONFIG_SET_FD,
+                key.as_ptr(),
+                std::ptr::null::<u8>(),
+                value.as_raw_fd(),
             )
         })
-        .map(|_| ())
-    };
-    for lower in &plan.lower_dirs {
-        set("lowerdir+", lower)?;
     }
-    set("upperdir", &plan.upper_dir)?;
-    set("workdir", &plan.work_dir)?;
-    // SAFETY: a command with no key or value.
-    check(unsafe {
-        libc::syscall(
-            libc::SYS_fsconfig,
-            fs.as_raw_fd(),
-            FSCONFIG_CMD_CREATE,
-            std::ptr::null::<u8>(),
-            std::ptr::null::<u8>(),
-            0,
-        )
+
+    /// Creates the filesystem and returns a detached mount of it.
+    pub fn create(fs: &OwnedFd, attrs: u64) -> io::Result<OwnedFd> {
+        // SAFETY: a command with no key or value.
+        unit(unsafe {
+            libc::syscall(
+                libc::SYS_fsconfig,
+                fs.as_raw_fd(),
+                FSCONFIG_CMD_CREATE,
+                std::ptr::null::<u8>(),
+                std::ptr::null::<u8>(),
+                0,
+            )
+        })?;
+        // SAFETY: the configured context's fd, flags and mount attributes.
+        fd(unsafe { libc::syscall(libc::SYS_fsmount, fs.as_raw_fd(), FSMOUNT_CLOEXEC, attrs) })
+    }
+
+    /// A detached copy of the mount at `path` (not of its submounts).
+    pub fn clone(path: &Path) -> io::Result<OwnedFd> {
+        let p = cstr(path.as_os_str())?;
+        // SAFETY: a NUL-terminated path and flags.
+        fd(unsafe {
+            libc::syscall(
+                libc::SYS_open_tree,
+                libc::AT_FDCWD,
+                p.as_ptr(),
+                OPEN_TREE_CLONE | libc::O_CLOEXEC as libc::c_uint,
+            )
+        })
+    }
+
+    /// A detached, read-only, `nosuid,nodev` copy of the directory `path`
+    /// whose ids are mapped as `userns` maps them.
+    pub fn idmapped_clone(path: &str, userns: &OwnedFd) -> io::Result<OwnedFd> {
+        let tree = clone(Path::new(path))?;
+        let attr = MountAttr {
+            attr_set: MOUNT_ATTR_IDMAP | MOUNT_ATTR_RDONLY | MOUNT_ATTR_NOSUID | MOUNT_ATTR_NODEV,
+            attr_clr: 0,
+            propagation: 0,
+            userns_fd: userns.as_raw_fd() as u64,
+        };
+        let empty = cstr(OsStr::new(""))?;
+        // SAFETY: `attr` is a `struct mount_attr` alive for the call, and
+        // its size is passed with it.
+        unit(unsafe {
+            libc::syscall(
+                libc::SYS_mount_setattr,
+                tree.as_raw_fd(),
+                empty.as_ptr(),
+                libc::AT_EMPTY_PATH,
+                &attr as *const MountAttr,
+                std::mem::size_of::<MountAttr>(),
+            )
+        })?;
+        Ok(tree)
+    }
+
+    /// Opens the directory `name` under `dir` (which may be a mount's
+    /// O_PATH root), never following a symlink.
+    pub fn open_dir_at(dir: &OwnedFd, name: impl AsRef<OsStr>) -> io::Result<OwnedFd> {
+        let p = cstr(name.as_ref())?;
+        // SAFETY: a NUL-terminated relative path under an fd we own.
+        fd(unsafe {
+            libc::openat(
+                dir.as_raw_fd(),
+                p.as_ptr(),
+                libc::O_RDONLY | libc::O_DIRECTORY | libc::O_NOFOLLOW | libc::O_CLOEXEC,
+            ) as libc::c_long
+        })
+    }
+
+    /// Attaches the detached mount `mnt` at `target`.
+    pub fn attach(mnt: &OwnedFd, target: &Path) -> io::Result<()> {
+        let (empty, t) = (cstr(OsStr::new(""))?, cstr(target.as_os_str())?);
+        // SAFETY: NUL-terminated paths; `mnt` is a detached mount we own.
+        unit(unsafe {
+            libc::syscall(
+                libc::SYS_move_mount,
+                mnt.as_raw_fd(),
+                empty.as_ptr(),
+                libc::AT_FDCWD,
+                t.as_ptr(),
+                MOVE_MOUNT_F_EMPTY_PATH,
+            )
+        })
+    }
+}
+
+/// A user namespace mapping ids `0..count` to host ids `base..base +
+/// count`, held by a descriptor: a short-lived child creates it, this
+/// process (root on the host) writes its maps, and the child exits.
+fn user_namespace(base: u32, count: u32) -> Step<OwnedFd> {
+    if count == 0 || base.checked_add(count).is_none() || base == 0 {
+        return Err(format!("host id range {base}+{count} is not one a sandbox can use"));
+    }
+    let (hold, release) = ctx(nix::unistd::pipe2(nix::fcntl::OFlag::O_CLOEXEC), || {
+        "create a pipe".into()
     })?;
-    // SAFETY: fsmount takes the configured fs fd and flags (FSMOUNT_CLOEXEC).
-    let mnt = unsafe { OwnedFd::from_raw_fd(check(libc::syscall(libc::SYS_fsmount, fs.as_raw_fd(), 1, 0))? as i32) };
-    let target = cstr(
-        root.to_str()
-            .ok_or_else(|| std::io::Error::from_raw_os_error(libc::EINVAL))?,
-    )?;
-    let empty = cstr("")?;
-    // SAFETY: moves the detached mount `mnt` onto the NUL-terminated target path.
-    check(unsafe {
+    // SAFETY: this process is single-threaded; like fork, clone without
+    // CLONE_VM gives the child its own copy of the stack, and the child
+    // only makes async-signal-safe calls (close, read, _exit).
+    let pid = unsafe {
         libc::syscall(
-            libc::SYS_move_mount,
-            mnt.as_raw_fd(),
-            empty.as_ptr(),
-            libc::AT_FDCWD,
-            target.as_ptr(),
-            MOVE_MOUNT_F_EMPTY_PATH,
+            libc::SYS_clone,
+            (libc::CLONE_NEWUSER | libc::SIGCHLD) as libc::c_ulong,
+            0usize,
+            0usize,
+            0usize,
+            0usize,
         )
+    };
+    if pid == 0 {
+        // SAFETY: plain descriptor calls; the read returns when the parent
+        // closes its end (or dies).
+        unsafe {
+            libc::close(release.as_raw_fd());
+            let mut byte = 0u8;
+            libc::read(hold.as_raw_fd(), (&mut byte as *mut u8).cast(), 1);
+            libc::_exit(0);
+        }
+    }
+    if pid < 0 {
+        return Err(format!("create a user namespace: {}", std::io::Error::last_os_error()));
+    }
+    drop(hold);
+    let map = format!("0 {base} {count}\n");
+    let made = (|| -> Step<OwnedFd> {
+        for file in ["uid_map", "gid_map"] {
+            ctx(fs::write(format!("/proc/{pid}/{file}"), &map), || {
+                format!("write the user namespace's {file} ({map:?})")
+            })?;
+        }
+        let ns = ctx(fs::File::open(format!("/proc/{pid}/ns/user")), || {
+            "open the user namespace".into()
+        })?;
+        Ok(OwnedFd::from(ns))
+    })();
+    drop(release);
+    let _ = nix::sys::wait::waitpid(nix::unistd::Pid::from_raw(pid as i32), None);
+    made
+}
+
+/// Runs `f` with file system ids of the sandbox's root (host id `base`),
+/// so that what it creates on the overlay belongs to the sandbox.
+fn as_sandbox_root<T>(base: u32, f: impl FnOnce() -> Step<T>) -> Step<T> {
+    nix::unistd::setfsgid(nix::unistd::Gid::from_raw(base));
+    nix::unistd::setfsuid(nix::unistd::Uid::from_raw(base));
+    let result = f();
+    nix::unistd::setfsuid(nix::unistd::Uid::from_raw(0));
+    nix::unistd::setfsgid(nix::unistd::Gid::from_raw(0));
+    result
+}
+
+/// Moves PID 1 into the sandbox's user namespace as its root: from here on
+/// it holds capabilities only over the sandbox's own files and processes,
+/// none over its namespaces (mounts, network, host name stay as set up),
+/// and none on the host. It stays non-dumpable, so no process of the
+/// sandbox can trace it, read its memory or take its descriptors, even
+/// with the same ids.
+fn enter_user_namespace(userns: OwnedFd) -> Step<()> {
+    ctx(nix::sched::setns(&userns, CloneFlags::CLONE_NEWUSER), || {
+        "enter the user namespace".into()
     })?;
+    drop(userns);
+    ctx(nix::unistd::setgroups(&[]), || "clear supplementary groups".into())?;
+    let root_gid = nix::unistd::Gid::from_raw(0);
+    ctx(nix::unistd::setresgid(root_gid, root_gid, root_gid), || {
+        "become the sandbox's root group".into()
+    })?;
+    let root = nix::unistd::Uid::from_raw(0);
+    ctx(nix::unistd::setresuid(root, root, root), || {
+        "become the sandbox's root".into()
+    })?;
+    ctx(nix::sys::prctl::set_dumpable(false), || "make init non-dumpable".into())?;
     Ok(())
 }
 
 fn mount_proc(root: &Path) -> Step<()> {
     let proc = root.join("proc");
-    if !proc.exists() {
-        ctx(fs::create_dir(&proc), || "create /proc".into())?;
-    }
     let flags = MsFlags::MS_NOSUID | MsFlags::MS_NODEV | MsFlags::MS_NOEXEC;
     ctx(mount(Some("proc"), &proc, Some("proc"), flags, None::<&str>), || {
         "mount /proc".into()
     })?;
+    // The sandbox's root holds no capability over its network namespace
+    // (it belongs to the host's user namespace), so what root could do
+    // there by capability is opened to every process of the sandbox: bind
+    // any port, send pings. Both settings are the namespace's own.
+    for (knob, value) in [
+        ("net/ipv4/ip_unprivileged_port_start", "0"),
+        ("net/ipv4/ping_group_range", "0 2147483647"),
+    ] {
+        ctx(fs::write(proc.join("sys").join(knob), value), || format!("set {knob}"))?;
+    }
     // Host-wide knobs stay read-only; kernel memory and keys stay hidden.
     for sub in ["sys", "sysrq-trigger", "irq", "bus", "fs"] {
         let p = proc.join(sub);
@@ -293,19 +516,53 @@ fn mount_proc(root: &Path) -> Step<()> {
             )?;
         }
     }
+    // The host's hardware stays out of sight.
+    for sub in ["acpi", "scsi", "asound"] {
+        mask_dir(&proc.join(sub), &format!("/proc/{sub}"))?;
+    }
     Ok(())
 }
 
-fn mount_dev(root: &Path) -> Step<()> {
-    let dev = root.join("dev");
-    if !dev.exists() {
-        ctx(fs::create_dir(&dev), || "create /dev".into())?;
+/// A read-only `/sys` without the host's firmware tables (ACPI, EFI, DMI)
+/// or power-capping counters (which time other tenants' work).
+fn mount_sys(root: &Path) -> Step<()> {
+    let sys = root.join("sys");
+    let flags = MsFlags::MS_RDONLY | MsFlags::MS_NOSUID | MsFlags::MS_NODEV | MsFlags::MS_NOEXEC;
+    ctx(mount(Some("sysfs"), &sys, Some("sysfs"), flags, None::<&str>), || {
+        "mount /sys".into()
+    })?;
+    for sub in ["firmware", "devices/virtual/powercap"] {
+        mask_dir(&sys.join(sub), &format!("/sys/{sub}"))?;
     }
-    let flags = MsFlags::MS_NOSUID | MsFlags::MS_STRICTATIME;
+    Ok(())
+}
+
+/// Covers the directory `dir` (when there is one) with an empty read-only
+/// tmpfs.
+fn mask_dir(dir: &Path, name: &str) -> Step<()> {
+    if !dir.is_dir() {
+        return Ok(());
+    }
+    let flags = MsFlags::MS_RDONLY | MsFlags::MS_NOSUID | MsFlags::MS_NODEV | MsFlags::MS_NOEXEC;
     ctx(
-        mount(Some("tmpfs"), &dev, Some("tmpfs"), flags, Some("mode=755,size=65536k")),
+        mount(Some("tmpfs"), dir, Some("tmpfs"), flags, Some("size=0,mode=555")),
+        || format!("mask {name}"),
+    )
+}
+
+/// A minimal `/dev`, owned by the sandbox's root (host id `base`).
+fn mount_dev(root: &Path, base: u32) -> Step<()> {
+    let dev = root.join("dev");
+    let flags = MsFlags::MS_NOSUID | MsFlags::MS_STRICTATIME;
+    let options = format!("mode=755,size=65536k,uid={base},gid={base}");
+    ctx(
+        mount(Some("tmpfs"), &dev, Some("tmpfs"), flags, Some(options.as_str())),
         || "mount /dev".into(),
     )?;
+    let owner = (
+        Some(nix::unistd::Uid::from_raw(base)),
+        Some(nix::unistd::Gid::from_raw(base)),
+    );
     let nodes: [(&str, u64, u64); 6] = [
         ("null", 1, 3),
         ("zero", 1, 5),
@@ -329,6 +586,9 @@ fn mount_dev(root: &Path) -> Step<()> {
         ctx(fs::set_permissions(&path, fs::Permissions::from_mode(0o666)), || {
             format!("chmod /dev/{name}")
         })?;
+        ctx(nix::unistd::chown(&path, owner.0, owner.1), || {
+            format!("chown /dev/{name}")
+        })?;
     }
     for (link, target) in [
         ("fd", "/proc/self/fd"),
@@ -340,9 +600,20 @@ fn mount_dev(root: &Path) -> Step<()> {
         ctx(std::os::unix::fs::symlink(target, dev.join(link)), || {
             format!("link /dev/{link}")
         })?;
+        ctx(
+            std::os::unix::fs::lchown(dev.join(link), Some(base), Some(base)),
+            || format!("chown /dev/{link}"),
+        )?;
     }
     let pts = dev.join("pts");
     ctx(fs::create_dir(&pts), || "create /dev/pts".into())?;
+    let shm = dev.join("shm");
+    ctx(fs::create_dir(&shm), || "create /dev/shm".into())?;
+    for d in [&pts, &shm] {
+        ctx(nix::unistd::chown(d, owner.0, owner.1), || {
+            format!("chown {}", d.display())
+        })?;
+    }
     ctx(
         mount(
             Some("devpts"),
@@ -353,15 +624,13 @@ fn mount_dev(root: &Path) -> Step<()> {
         ),
         || "mount /dev/pts".into(),
     )?;
-    let shm = dev.join("shm");
-    ctx(fs::create_dir(&shm), || "create /dev/shm".into())?;
     ctx(
         mount(
             Some("shm"),
             &shm,
             Some("tmpfs"),
             MsFlags::MS_NOSUID | MsFlags::MS_NODEV | MsFlags::MS_NOEXEC,
-            Some("mode=1777,size=65536k"),
+            Some(format!("mode=1777,size=65536k,uid={base},gid={base}").as_str()),
         ),
         || "mount /dev/shm".into(),
     )?;

@@ -350,6 +350,11 @@ pub struct NativeSetup {
     pub upper_dir: String,
     pub work_dir: String,
     pub hostname: String,
+    /// The sandbox's user namespace maps its ids `0..id_count` to host ids
+    /// `host_id_base..host_id_base + id_count` (uids and gids alike): the
+    /// sandbox's root is an unprivileged host id.
+    pub host_id_base: u32,
+    pub id_count: u32,
     /// Bit mask of the capabilities to keep; all others are dropped from
     /// every set, the bounding set included.
     pub keep_capabilities: u64,
@@ -374,6 +379,8 @@ mod setup_tests {
             upper_dir: "/u".into(),
             work_dir: "/w".into(),
             hostname: "h".into(),
+            host_id_base: 0x7000_0000,
+            id_count: 65536,
             keep_capabilities: 0xff,
             seccomp: vec![vec![(6, 0, 0, 0x7fff0000)]],
         };

@@ -23,6 +23,9 @@ pub use proc::{pid_start_time, process_alive};
 pub struct Capabilities {
     /// Snapshots include memory and running processes.
     pub memory_snapshots: bool,
+    /// The sandbox's files are written through a user namespace whose ids
+    /// are these host ids; captures record them as the sandbox's own.
+    pub host_ids: Option<cairn_layers::archive::HostIds>,
 }
 
 /// Everything a driver needs to start one sandbox.

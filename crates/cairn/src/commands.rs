@@ -358,7 +358,10 @@ fn copy(engine: &Engine, src: &str, dst: &str) -> Result<()> {
                 .map_err(anyhow::Error::from)
                 .and_then(|meta| {
                     file.sync_all()?;
-                    fs::set_permissions(&tmp, fs::Permissions::from_mode(meta.mode))?;
+                    // The user's umask decides, never the sandbox: no setuid,
+                    // setgid or sticky bit reaches the host.
+                    let mode = meta.mode & 0o777 & !crate::user_umask();
+                    fs::set_permissions(&tmp, fs::Permissions::from_mode(mode))?;
                     let secs = meta.mtime_ns.div_euclid(1_000_000_000) as i64;
                     let ts = nix::sys::time::TimeSpec::new(secs, meta.mtime_ns.rem_euclid(1_000_000_000) as i64);
                     nix::sys::stat::utimensat(None, &tmp, &ts, &ts, nix::sys::stat::UtimensatFlags::FollowSymlink)?;

@@ -14,7 +14,19 @@ use clap::Parser;
 /// Exit status for Cairn's own failures (as opposed to the command's).
 pub(crate) const CAIRN_FAILED: u8 = 125;
 
+/// The umask Cairn was started with: files it writes for the user outside
+/// the state directory (`cairn cp` out) follow it.
+pub(crate) fn user_umask() -> u32 {
+    *USER_UMASK.get().unwrap_or(&0o022)
+}
+
+static USER_UMASK: std::sync::OnceLock<u32> = std::sync::OnceLock::new();
+
 fn main() -> ExitCode {
+    // Everything Cairn itself creates (state, store, layers, logs) is
+    // root's alone: 0600 files, 0700 directories.
+    let old = nix::sys::stat::umask(nix::sys::stat::Mode::from_bits_truncate(0o077));
+    let _ = USER_UMASK.set(old.bits());
     let cli = cli::Cli::parse();
     let filter = if cli.verbose { "debug" } else { "warn" };
     tracing_subscriber::fmt()

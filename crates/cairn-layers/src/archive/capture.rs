@@ -12,7 +12,7 @@ use std::os::unix::ffi::OsStrExt;
 
 use super::dirfd::{self, open_dir, open_dir_at, open_file_at, stat_at};
 use super::index::{Entry, EntryKind, LayerId, LayerIndex, LayerPath, Metadata, Timestamp, Xattr};
-use super::ArchiveError;
+use super::{ArchiveError, HostIds};
 
 /// A layer that was captured and stored.
 #[derive(Debug, Clone)]
@@ -38,6 +38,18 @@ pub fn capture_since<B: BlobStore>(
     store: &ChunkStore<B>,
     previous: Option<&Baseline>,
 ) -> Result<(CapturedLayer, Baseline), ArchiveError> {
+    capture_since_mapped(upper, store, previous, None)
+}
+
+/// [`capture_since`] of an upper directory written through a user
+/// namespace: owners in `ids`' host range are recorded as the sandbox ids
+/// they stand for, so the layer holds the ids its sandbox saw.
+pub fn capture_since_mapped<B: BlobStore>(
+    upper: &Path,
+    store: &ChunkStore<B>,
+    previous: Option<&Baseline>,
+    ids: Option<HostIds>,
+) -> Result<(CapturedLayer, Baseline), ArchiveError> {
     // Taken before anything is looked at: see [`Seen::settled`].
     let settled_before = settled_before(std::time::SystemTime::now());
     let root = open_dir(upper).map_err(|source| ArchiveError::Capture {
@@ -48,6 +60,7 @@ pub fn capture_since<B: BlobStore>(
     let mut walk = Walk {
         upper,
         store,
+        ids,
         entries: Vec::new(),
         links: HashMap::new(),
         previous,
@@ -59,7 +72,7 @@ pub fn capture_since<B: BlobStore>(
     walk.entries.push(Entry {
         path: LayerPath::root(),
         kind: EntryKind::Directory,
-        meta: metadata(&st, xattrs),
+        meta: metadata(&st, xattrs, ids),
     });
     walk.seen
         .entries
@@ -204,6 +217,7 @@ const OPAQUE: [&[u8]; 2] = [b"trusted.overlay.opaque", b"user.overlay.opaque"];
 struct Walk<'a, B> {
     upper: &'a Path,
     store: &'a ChunkStore<B>,
+    ids: Option<HostIds>,
     entries: Vec<Entry>,
     /// Entry index of the first path seen for each multiply-linked inode.
     links: HashMap<(u64, u64), usize>,
@@ -213,11 +227,12 @@ struct Walk<'a, B> {
     settled_before: (i64, i64),
 }
 
-fn metadata(st: &FileStat, xattrs: Vec<Xattr>) -> Metadata {
+fn metadata(st: &FileStat, xattrs: Vec<Xattr>, ids: Option<HostIds>) -> Metadata {
+    let sandbox_id = |id| ids.map_or(id, |ids| ids.sandbox_id(id));
     Metadata {
         mode: st.st_mode & 0o7777,
-        uid: st.st_uid,
-        gid: st.st_gid,
+        uid: sandbox_id(st.st_uid),
+        gid: sandbox_id(st.st_gid),
         mtime: Timestamp {
             sec: st.st_mtime,
             nsec: st.st_mtime_nsec as u32,
@@ -310,7 +325,7 @@ impl<B: BlobStore> Walk<'_, B> {
                 self.entries.push(Entry {
                     path: child.clone(),
                     kind: EntryKind::Directory,
-                    meta: metadata(&st, xattrs),
+                    meta: metadata(&st, xattrs, self.ids),
                 });
                 let below = self.directory(&sub, &child)?;
                 if changed || below {
@@ -377,7 +392,7 @@ impl<B: BlobStore> Walk<'_, B> {
             self.entries.push(Entry {
                 path: child,
                 kind,
-                meta: metadata(&st, xattrs),
+                meta: metadata(&st, xattrs, self.ids),
             });
         }
         Ok(any)
@@ -429,7 +444,7 @@ impl<B: BlobStore> Walk<'_, B> {
                 self.entries.push(Entry {
                     path: dir,
                     kind: EntryKind::Directory,
-                    meta: metadata(&st, xattrs),
+                    meta: metadata(&st, xattrs, self.ids),
                 });
             }
             present.insert(path.clone());

@@ -30,9 +30,28 @@ use std::path::PathBuf;
 
 use cairn_store::StoreError;
 
-pub use capture::{capture, capture_since, Baseline, CapturedLayer};
+pub use capture::{capture, capture_since, capture_since_mapped, Baseline, CapturedLayer};
 pub use index::{Entry, EntryKind, LayerId, LayerIndex, LayerPath, Metadata, Timestamp, Xattr};
 pub use materialise::{materialise, remove_abandoned_materialisations};
+
+/// The host ids a user namespace maps a sandbox's ids `0..count` to:
+/// `base..base + count`, uids and gids alike.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct HostIds {
+    pub base: u32,
+    pub count: u32,
+}
+
+impl HostIds {
+    /// The sandbox id a host id stands for. Ids outside the range (the
+    /// upper directory's own root, whiteouts, made by the host) are kept.
+    pub fn sandbox_id(self, host: u32) -> u32 {
+        match host.checked_sub(self.base) {
+            Some(id) if id < self.count => id,
+            _ => host,
+        }
+    }
+}
 
 /// Why a capture or materialisation failed. Nothing is left half-done: a
 /// failed capture stores no index, a failed materialisation removes its

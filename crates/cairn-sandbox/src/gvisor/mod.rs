@@ -457,7 +457,10 @@ impl Driver for GvisorDriver {
     }
 
     fn capabilities(&self) -> Capabilities {
-        Capabilities { memory_snapshots: true }
+        Capabilities {
+            memory_snapshots: true,
+            host_ids: None,
+        }
     }
 
     fn start(&self, spec: &SandboxSpec) -> Result<SandboxProcess, SandboxError> {

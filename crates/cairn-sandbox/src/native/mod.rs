@@ -20,6 +20,7 @@ use std::os::unix::net::{UnixListener, UnixStream};
 use std::os::unix::process::CommandExt;
 use std::process::{Command, Stdio};
 
+use cairn_layers::archive::HostIds;
 use cairn_protocol::{NativeSetup, PROTOCOL_VERSION};
 
 use crate::cgroup::Hierarchy;
@@ -40,6 +41,18 @@ pub(crate) fn overlay_options(spec: &SandboxSpec) -> Result<String, String> {
     }
     Ok(options)
 }
+
+/// The host ids a native sandbox's user namespace maps its ids to: sandbox
+/// root is host uid and gid 1879048192 (0x7000_0000), an id no host
+/// account has and outside the ranges systemd hands to its own containers
+/// (524288..1879048191); 65536 ids, like a subordinate range in
+/// `/etc/subuid`. Every native sandbox shares the range (as Podman's and
+/// LXC's root containers do): a process that escaped one lands as an
+/// unprivileged host id that owns nothing outside the state directory.
+pub const HOST_IDS: HostIds = HostIds {
+    base: 0x7000_0000,
+    count: 65536,
+};
 
 pub struct NativeDriver {
     cgroups: Hierarchy,
@@ -79,6 +92,8 @@ impl NativeDriver {
             upper_dir: path(&spec.dir.join("upper"))?,
             work_dir: path(&spec.dir.join("work"))?,
             hostname: spec.hostname.clone(),
+            host_id_base: HOST_IDS.base,
+            id_count: HOST_IDS.count,
             keep_capabilities: caps::keep_mask(),
             seccomp,
         })
@@ -91,7 +106,15 @@ impl NativeDriver {
         }
         for sub in ["upper", "work", "rootfs"] {
             let d = spec.dir.join(sub);
+            if d.is_dir() {
+                continue;
+            }
             fs::create_dir_all(&d).map_err(|e| SandboxError::setup(format!("create {}", d.display()), e))?;
+            // The upper directory is the sandbox's `/`, owned by its root.
+            if sub == "upper" {
+                std::os::unix::fs::chown(&d, Some(HOST_IDS.base), Some(HOST_IDS.base))
+                    .map_err(|e| SandboxError::setup(format!("chown {}", d.display()), e))?;
+            }
         }
         let setup = self.setup(spec)?;
         let _ = fs::remove_file(&socket);
@@ -204,6 +227,7 @@ impl Driver for NativeDriver {
     fn capabilities(&self) -> Capabilities {
         Capabilities {
             memory_snapshots: false,
+            host_ids: Some(HOST_IDS),
         }
     }
 

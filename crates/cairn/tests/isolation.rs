@@ -1,0 +1,232 @@
+//! End-to-end: what a sandboxed process can reach, tried as an attacker
+//! inside the sandbox would: PID 1 and its control channel, host ids, the
+//! host's paths and hardware, the state directory.
+
+mod common;
+
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::time::{Duration, Instant};
+
+use cairn_protocol::{write_frame, ExitStatus, FromInit, PROTOCOL_VERSION};
+use common::{skip, stderr, stdout, Home};
+
+/// Host id of a native sandbox's root (its user namespace's map).
+const SANDBOX_ROOT_ON_HOST: u32 = 0x7000_0000;
+
+/// Compiles the C program `attacks/<name>.c` statically (so that it runs in
+/// any image); None (after saying why) when no C compiler is here, which
+/// fails the test under CI.
+fn compile(name: &str, dir: &Path) -> Option<PathBuf> {
+    let source = Path::new(env!("CARGO_MANIFEST_DIR")).join(format!("tests/attacks/{name}.c"));
+    let binary = dir.join(name);
+    match Command::new("cc")
+        .args(["-static", "-O1", "-o"])
+        .arg(&binary)
+        .arg(&source)
+        .output()
+    {
+        Ok(out) if out.status.success() => Some(binary),
+        result => {
+            let why = match result {
+                Ok(out) => String::from_utf8_lossy(&out.stderr).into_owned(),
+                Err(e) => e.to_string(),
+            };
+            assert!(
+                std::env::var_os("CI").is_none(),
+                "cannot compile {name}.c ({why}); apt-get install gcc libc6-dev"
+            );
+            eprintln!("SKIPPED: cannot compile {name}.c ({why}); apt-get install gcc libc6-dev");
+            None
+        }
+    }
+}
+
+/// Waits until the sandbox's log (background output) has a line ending the
+/// attacker's attempts.
+fn attacker_report(home: &Home, id: &str) -> String {
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        let log = stdout(&home.cairn(&["logs", id]));
+        if log.contains("took the socket") || log.contains("no socket") || Instant::now() > deadline {
+            return log;
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}
+
+#[test]
+fn a_process_in_the_sandbox_cannot_take_over_init_or_forge_what_exec_reports() {
+    if skip("a_process_in_the_sandbox_cannot_take_over_init_or_forge_what_exec_reports") {
+        return;
+    }
+    let home = Home::new();
+    let Some(attacker) = compile("takeover", home.path()) else {
+        return;
+    };
+    // What the attacker answers in init's place: `false` "exited 0" and
+    // printed "forged".
+    let mut forged = Vec::new();
+    for frame in [
+        FromInit::Welcome {
+            version: PROTOCOL_VERSION,
+            init_pid: 1,
+        },
+        FromInit::Started { pid: 4242 },
+        FromInit::Stdout(b"forged\n".to_vec()),
+        FromInit::Exited(ExitStatus {
+            code: Some(0),
+            signal: None,
+            timed_out: false,
+        }),
+    ] {
+        write_frame(&mut forged, &frame).unwrap();
+    }
+    let frames = home.path().join("frames");
+    std::fs::write(&frames, forged).unwrap();
+
+    let id = home.ok(&["create"]);
+    let target = format!("{id}:/tmp/");
+    home.ok(&["cp", attacker.to_str().unwrap(), &target]);
+    home.ok(&["cp", frames.to_str().unwrap(), &target]);
+    home.ok(&["exec", "-d", &id, "--", "/tmp/takeover", "/tmp/frames"]);
+    let report = attacker_report(&home, &id);
+    assert!(
+        report.contains("no socket"),
+        "the attacker took init's socket:\n{report}"
+    );
+    for attempt in [
+        "pidfd_getfd",
+        "open_proc_fd",
+        "ptrace_seize",
+        "process_vm_readv",
+        "kcmp",
+        "open_proc_mem",
+        "open_proc_environ",
+    ] {
+        let line = report
+            .lines()
+            .find(|l| l.starts_with(&format!("{attempt} ")))
+            .unwrap_or_else(|| panic!("no {attempt} attempt in\n{report}"));
+        assert!(!line.ends_with(" ok"), "{line}");
+    }
+    // Whatever the attacker still runs, every answer is init's.
+    for _ in 0..20 {
+        let out = home.cairn(&["exec", &id, "--", "false"]);
+        assert_eq!(out.status.code(), Some(1), "{}", stderr(&out));
+        assert_eq!(stdout(&out), "");
+    }
+    assert_eq!(home.ok(&["exec", &id, "--", "echo", "real"]), "real");
+    home.ok(&["rm", "-f", &id]);
+}
+
+#[test]
+fn sandbox_root_is_an_unprivileged_host_id_and_snapshots_keep_sandbox_ids() {
+    if skip("sandbox_root_is_an_unprivileged_host_id_and_snapshots_keep_sandbox_ids") {
+        return;
+    }
+    let home = Home::new();
+    let id = home.ok(&["create"]);
+    let map = home.ok(&["exec", &id, "--", "cat", "/proc/self/uid_map"]);
+    let map: Vec<&str> = map.split_whitespace().collect();
+    assert_eq!(map, ["0", &SANDBOX_ROOT_ON_HOST.to_string(), "65536"]);
+    assert_eq!(home.ok(&["exec", &id, "--", "id", "-u"]), "0");
+    // Files the sandbox writes belong on the host to its unprivileged ids.
+    home.sh(&id, "echo x > /root-file; touch /user-file; chown 1000:1000 /user-file");
+    let upper = home.path().join("sandboxes").join(&id).join("upper");
+    let owner = |p: &Path| {
+        use std::os::unix::fs::MetadataExt;
+        let m = std::fs::symlink_metadata(p).unwrap();
+        (m.uid(), m.gid())
+    };
+    let base = SANDBOX_ROOT_ON_HOST;
+    assert_eq!(owner(&upper.join("root-file")), (base, base));
+    assert_eq!(owner(&upper.join("user-file")), (base + 1000, base + 1000));
+    // The image's files, owned by root in the layer, are root's inside.
+    assert_eq!(
+        home.ok(&["exec", &id, "--", "stat", "-c", "%u:%g", "/bin/busybox"]),
+        "0:0"
+    );
+    // A snapshot records the ids the sandbox saw, and a restore shows them.
+    let snap = home.ok(&["snapshot", &id]);
+    let restored = home.ok(&["restore", &snap]);
+    let ids = home.sh(&restored, "stat -c %u:%g /root-file /user-file");
+    assert_eq!(ids, "0:0\n1000:1000");
+    // Host root's own files stay out of the sandbox's reach, even where a
+    // path to them exists (the state directory is not traversable).
+    let out = home.cairn(&["exec", &id, "--", "cat", "/proc/1/root/etc/shadow"]);
+    assert_ne!(out.status.code(), Some(0));
+    home.ok(&["rm", "-f", &id, &restored]);
+}
+
+#[test]
+fn the_sandbox_sees_no_host_path_or_firmware_and_its_root_is_nosuid_nodev() {
+    if skip("the_sandbox_sees_no_host_path_or_firmware_and_its_root_is_nosuid_nodev") {
+        return;
+    }
+    let home = Home::new();
+    let id = home.ok(&["create"]);
+    let mountinfo = home.ok(&["exec", &id, "--", "cat", "/proc/self/mountinfo"]);
+    let home_path = home.path().to_str().unwrap();
+    assert!(
+        !mountinfo.contains(home_path),
+        "the mount table shows the state directory:\n{mountinfo}"
+    );
+    let root = mountinfo
+        .lines()
+        .find(|l| l.split_whitespace().nth(4) == Some("/"))
+        .unwrap_or_else(|| panic!("no root mount in\n{mountinfo}"));
+    let options = root.split_whitespace().nth(5).unwrap();
+    for flag in ["nosuid", "nodev"] {
+        assert!(
+            options.split(',').any(|o| o == flag),
+            "root mount without {flag}: {root}"
+        );
+    }
+    // The host's hardware: firmware tables, power counters, ACPI and SCSI.
+    for dir in [
+        "/sys/firmware",
+        "/sys/devices/virtual/powercap",
+        "/proc/acpi",
+        "/proc/scsi",
+    ] {
+        if !Path::new(dir).is_dir() {
+            continue;
+        }
+        let listing = home.sh(&id, &format!("ls -A {dir} 2>/dev/null | wc -l"));
+        assert_eq!(listing, "0", "{dir} is readable inside the sandbox");
+    }
+    home.ok(&["rm", "-f", &id]);
+}
+
+#[test]
+fn the_state_directory_is_private_to_root() {
+    if skip("the_state_directory_is_private_to_root") {
+        return;
+    }
+    use std::os::unix::fs::PermissionsExt;
+    let home = Home::new();
+    let id = home.ok(&["create"]);
+    home.sh(&id, "echo x > /f");
+    let mode = |p: &Path| std::fs::metadata(p).unwrap().permissions().mode() & 0o777;
+    // A state directory made by Cairn, and one made open beforehand.
+    for open in [false, true] {
+        let fresh = home.path().join(format!("fresh-{open}"));
+        if open {
+            std::fs::create_dir(&fresh).unwrap();
+            std::fs::set_permissions(&fresh, std::fs::Permissions::from_mode(0o755)).unwrap();
+        }
+        let out = Command::new(common::CAIRN)
+            .arg("ps")
+            .env("CAIRN_HOME", &fresh)
+            .output()
+            .unwrap();
+        assert!(out.status.success(), "{}", stderr(&out));
+        assert_eq!(mode(&fresh), 0o700, "{}", fresh.display());
+    }
+    for entry in ["state.db", "sandboxes"] {
+        let p = home.path().join(entry);
+        assert_eq!(mode(&p) & 0o077, 0, "{} is open to other users", p.display());
+    }
+    home.ok(&["rm", "-f", &id]);
+}
