@@ -128,7 +128,12 @@ fn setup_root(plan: &NativeSetup, userns: OwnedFd) -> Step<()> {
     )?;
     as_sandbox_root(plan.host_id_base, || {
         for (dir, mode) in [("proc", 0o555), ("dev", 0o755), ("sys", 0o555), ("tmp", 0o1777)] {
-            if nix::sys::stat::fstatat(Some(top), dir, AtFlags::AT_SYMLINK_NOFOLLOW).is_ok() {
+            // Mounts go on these paths while the host's root is still `/`:
+            // an image's symlink there would point them at host paths.
+            if let Ok(st) = nix::sys::stat::fstatat(Some(top), dir, AtFlags::AT_SYMLINK_NOFOLLOW) {
+                if SFlag::from_bits_truncate(st.st_mode & SFlag::S_IFMT.bits()) != SFlag::S_IFDIR {
+                    return Err(format!("the image's /{dir} is not a directory; a sandbox mounts its own there"));
+                }
                 continue;
             }
             ctx(

@@ -230,3 +230,30 @@ fn the_state_directory_is_private_to_root() {
     }
     home.ok(&["rm", "-f", &id]);
 }
+
+#[test]
+fn an_image_whose_mount_points_are_symlinks_is_refused_clearly() {
+    if skip("an_image_whose_mount_points_are_symlinks_is_refused_clearly") {
+        return;
+    }
+    let home = Home::new();
+    let images: serde_json::Value = serde_json::from_str(&home.ok(&["image", "ls", "--json"])).unwrap();
+    let busybox = home.path().join("layers").join(images[0]["layers"][0].as_str().unwrap());
+    for (mount_point, target) in [("dev", "/"), ("proc", "/etc"), ("sys", "../../..")] {
+        let dir = home.path().join(format!("evil-{mount_point}"));
+        std::fs::create_dir_all(dir.join("bin")).unwrap();
+        std::fs::copy(busybox.join("bin/busybox"), dir.join("bin/busybox")).unwrap();
+        std::os::unix::fs::symlink(target, dir.join(mount_point)).unwrap();
+        let name = format!("evil-{mount_point}");
+        home.ok(&["image", "import", dir.to_str().unwrap(), "--name", &name]);
+        let out = home.cairn(&["create", "--image", &name]);
+        assert_eq!(out.status.code(), Some(125), "{}", stderr(&out));
+        assert!(
+            stderr(&out).contains(&format!("the image's /{mount_point} is not a directory")),
+            "{}",
+            stderr(&out)
+        );
+    }
+    assert!(home.ps().is_empty(), "a refused create left a sandbox");
+    assert!(home.host_mounts().is_empty(), "a refused create left a mount");
+}
