@@ -515,7 +515,8 @@ const RET_KILL_PROCESS: u32 = libc::SECCOMP_RET_KILL_PROCESS;
 const RET_EPERM: u32 = libc::SECCOMP_RET_ERRNO | libc::EPERM as u32;
 const RET_ENOSYS: u32 = libc::SECCOMP_RET_ERRNO | libc::ENOSYS as u32;
 
-/// The filters as plain instructions, the form `cairn-init` installs.
+/// The filter as plain instructions, the form `cairn-init` installs (one
+/// program; the setup carries a list).
 pub fn programs() -> Result<Vec<Vec<BpfInstruction>>, String> {
     Ok(vec![program(&[])?])
 }

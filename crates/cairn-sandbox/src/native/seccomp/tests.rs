@@ -29,9 +29,9 @@ impl Call {
         match offset {
             0 => self.nr,
             4 => self.arch,
-            16..=63 if offset % 4 == 0 => {
+            16..=63 if offset.is_multiple_of(4) => {
                 let arg = self.args[(offset as usize - 16) / 8];
-                if offset % 8 == 0 {
+                if offset.is_multiple_of(8) {
                     arg as u32
                 } else {
                     (arg >> 32) as u32
