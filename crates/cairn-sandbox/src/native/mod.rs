@@ -56,6 +56,8 @@ pub const HOST_IDS: HostIds = HostIds {
 
 pub struct NativeDriver {
     cgroups: Hierarchy,
+    /// Sandboxes get [`seccomp::programs`] unless a test set another filter.
+    seccomp: Option<Vec<Vec<cairn_protocol::BpfInstruction>>>,
 }
 
 impl NativeDriver {
@@ -64,7 +66,19 @@ impl NativeDriver {
     pub fn new(scope: &str) -> Result<NativeDriver, SandboxError> {
         Ok(NativeDriver {
             cgroups: Hierarchy::detect(scope)?,
+            seccomp: None,
         })
+    }
+
+    /// Starts sandboxes with `programs` for a seccomp filter: for tests that
+    /// show a refusal is what stops a call (see
+    /// [`seccomp::programs_also_allowing`]).
+    #[doc(hidden)]
+    pub fn with_seccomp(self, programs: Vec<Vec<cairn_protocol::BpfInstruction>>) -> NativeDriver {
+        NativeDriver {
+            seccomp: Some(programs),
+            ..self
+        }
     }
 
     pub fn cgroups(&self) -> &Hierarchy {
@@ -72,7 +86,10 @@ impl NativeDriver {
     }
 
     fn setup(&self, spec: &SandboxSpec) -> Result<NativeSetup, SandboxError> {
-        let seccomp = seccomp::programs().map_err(|e| SandboxError::Start(format!("seccomp filter: {e}")))?;
+        let seccomp = match &self.seccomp {
+            Some(programs) => programs.clone(),
+            None => seccomp::programs().map_err(|e| SandboxError::Start(format!("seccomp filter: {e}")))?,
+        };
         let path = |p: &std::path::Path| {
             p.to_str()
                 .map(str::to_string)
