@@ -221,9 +221,8 @@ impl InitClient {
         let (stream, mut reader) = self.open(&ToInit::Quiesce)?;
         stream.set_read_timeout(Some(timeout))?;
         self.expect_done(&mut reader)?;
-        let mut rest = Vec::new();
         // End of file: init dropped its side of the last host socket.
-        reader.read_to_end(&mut rest)?;
+        io::copy(&mut reader, &mut io::sink())?;
         Ok(())
     }
 
