@@ -5,7 +5,9 @@
 //! output kept by init (the newest [`KEEP`] bytes of each stream), and any
 //! later connection attaches to it by name from byte offsets, receiving the
 //! output it has not seen yet and, once the job ended, its exit status.
-//! Jobs live as long as init.
+//! While a host is attached, none of the output is dropped: a job writing
+//! faster than the host takes it waits for it, as on a pipe. With none
+//! attached, the oldest bytes go. Jobs live as long as init.
 
 use std::collections::HashMap;
 use std::fs::File;
@@ -46,9 +48,16 @@ struct JobState {
     /// Output pipes still open.
     open: usize,
     status: Option<ExitStatus>,
-    /// Set a grace period after the exit: a background grandchild may hold
-    /// the pipes for ever, and the job is over all the same.
+    /// Set once the exit is followed by a grace period with no output: a
+    /// background grandchild may hold the pipes for ever, and the job is
+    /// over all the same.
     drained: bool,
+    /// How far each attached host has taken each stream: the pumps wait for
+    /// the slowest rather than drop bytes it has not taken.
+    readers: HashMap<u64, [u64; 2]>,
+    next_reader: u64,
+    /// Pumps holding output until a reader takes what it would push out.
+    held: usize,
 }
 
 /// The tail of one output stream: `data` holds bytes `[start, start+len)`.
@@ -76,6 +85,35 @@ impl Stream {
 impl JobState {
     fn finished(&self) -> bool {
         self.status.is_some() && (self.open == 0 || self.drained)
+    }
+
+    /// Bytes the job has written so far, on both streams.
+    fn written(&self) -> u64 {
+        self.streams.iter().map(Stream::end).sum()
+    }
+}
+
+/// An attached host, known to the pumps until its connection ends.
+struct Reader<'a> {
+    job: &'a Job,
+    id: u64,
+}
+
+impl<'a> Reader<'a> {
+    fn new(job: &'a Job, from: [u64; 2]) -> Reader<'a> {
+        let mut state = job.state.lock().unwrap_or_else(|e| e.into_inner());
+        let id = state.next_reader;
+        state.next_reader += 1;
+        state.readers.insert(id, from);
+        Reader { job, id }
+    }
+}
+
+impl Drop for Reader<'_> {
+    fn drop(&mut self) {
+        let mut state = self.job.state.lock().unwrap_or_else(|e| e.into_inner());
+        state.readers.remove(&self.id);
+        self.job.changed.notify_all();
     }
 }
 
@@ -154,10 +192,21 @@ impl Jobs {
                 timed_out: false,
             }));
             waiter.changed.notify_all();
-            let (mut state, _) = waiter
-                .changed
-                .wait_timeout_while(state, crate::exec::DRAIN_GRACE, |s| s.open > 0)
-                .unwrap_or_else(|e| e.into_inner());
+            // Drained when the pipes close, or once they stayed quiet for the
+            // grace period with nothing held for a slow reader.
+            while state.open > 0 {
+                let written = state.written();
+                let (s, waited) = waiter
+                    .changed
+                    .wait_timeout_while(state, crate::exec::DRAIN_GRACE, |s| {
+                        s.open > 0 && s.written() == written
+                    })
+                    .unwrap_or_else(|e| e.into_inner());
+                state = s;
+                if waited.timed_out() && state.held == 0 {
+                    break;
+                }
+            }
             state.drained = true;
             waiter.changed.notify_all();
         });
@@ -177,6 +226,7 @@ impl Jobs {
             return write_frame(writer, &FromInit::Error(format!("no job named {name:?}")));
         };
         write_frame(writer, &FromInit::Started { pid: job.pid })?;
+        let reader = Reader::new(&job, from);
         let mut sent = from;
         let mut buf = Vec::new();
         loop {
@@ -205,6 +255,8 @@ impl Jobs {
                     }
                     sent[i] = s.end();
                 }
+                state.readers.insert(reader.id, sent);
+                job.changed.notify_all();
                 (chunks, state.finished().then_some(state.status).flatten())
             };
             for (i, data) in chunks {
@@ -246,6 +298,17 @@ fn pump(pipe: Option<File>, job: &Job, stream: usize) {
                 Ok(0) => break,
                 Ok(n) => {
                     let mut state = job.state.lock().unwrap_or_else(|e| e.into_inner());
+                    // Hold the bytes while the push would drop ones an
+                    // attached reader has not taken yet.
+                    loop {
+                        let kept_from = (state.streams[stream].end() + n as u64).saturating_sub(KEEP as u64);
+                        if state.readers.values().all(|at| at[stream] >= kept_from) {
+                            break;
+                        }
+                        state.held += 1;
+                        state = job.changed.wait(state).unwrap_or_else(|e| e.into_inner());
+                        state.held -= 1;
+                    }
                     state.streams[stream].push(&buf[..n]);
                     job.changed.notify_all();
                 }
