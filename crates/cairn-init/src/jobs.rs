@@ -9,7 +9,7 @@
 //! faster than the host takes it waits for it, as on a pipe. With none
 //! attached, the oldest bytes go. Jobs live as long as init.
 
-use std::collections::HashMap;
+use std::collections::{HashMap, VecDeque};
 use std::fs::File;
 use std::io::{ErrorKind, Read, Write};
 use std::os::fd::AsFd;
@@ -60,11 +60,12 @@ struct JobState {
     held: usize,
 }
 
-/// The tail of one output stream: `data` holds bytes `[start, start+len)`.
+/// The tail of one output stream: `data` holds bytes `[start, start+len)`,
+/// in a ring, so dropping the oldest bytes moves none of the others.
 #[derive(Default)]
 struct Stream {
     start: u64,
-    data: Vec<u8>,
+    data: VecDeque<u8>,
 }
 
 impl Stream {
@@ -73,12 +74,23 @@ impl Stream {
     }
 
     fn push(&mut self, bytes: &[u8]) {
-        self.data.extend_from_slice(bytes);
+        self.data.extend(bytes);
         if self.data.len() > KEEP {
             let drop = self.data.len() - KEEP;
             self.data.drain(..drop);
             self.start += drop as u64;
         }
+    }
+
+    /// The kept bytes from offset `at` on, in pieces of at most [`DATA_CHUNK`].
+    fn since(&self, at: u64) -> impl Iterator<Item = &[u8]> {
+        let skip = at.saturating_sub(self.start).min(self.data.len() as u64) as usize;
+        let (front, back) = self.data.as_slices();
+        let (front, back) = match front.get(skip..) {
+            Some(rest) => (rest, back),
+            None => (&front[..0], &back[skip - front.len()..]),
+        };
+        front.chunks(DATA_CHUNK).chain(back.chunks(DATA_CHUNK))
     }
 }
 
@@ -249,8 +261,7 @@ impl Jobs {
                         chunks.push((i, note.into_bytes()));
                         sent[i] = s.start;
                     }
-                    let at = (sent[i] - s.start) as usize;
-                    for piece in s.data[at.min(s.data.len())..].chunks(DATA_CHUNK) {
+                    for piece in s.since(sent[i]) {
                         chunks.push((i, piece.to_vec()));
                     }
                     sent[i] = s.end();
@@ -334,6 +345,32 @@ mod tests {
         assert_eq!(s.data.len(), KEEP);
         assert_eq!(s.start, 20);
         assert_eq!(s.end(), (KEEP + 20) as u64);
-        assert_eq!(*s.data.last().unwrap(), 2);
+        assert_eq!(*s.data.back().unwrap(), 2);
+        // Read back from any offset, across the ring's two halves.
+        for at in [
+            0,
+            20,
+            21,
+            KEEP as u64,
+            KEEP as u64 + 19,
+            KEEP as u64 + 20,
+            KEEP as u64 + 99,
+        ] {
+            let read: Vec<u8> = s.since(at).flatten().copied().collect();
+            let from = at.clamp(20, KEEP as u64 + 20);
+            assert_eq!(read.len() as u64, KEEP as u64 + 20 - from, "from {at}");
+            assert!(read.iter().rev().take(30.min(read.len())).all(|&b| b == 2), "from {at}");
+        }
+        // Many pushes wrap the ring: what is read back is still the newest bytes in order.
+        let mut all = Vec::new();
+        for i in 0..300u32 {
+            let piece: Vec<u8> = (0..100_003u32).map(|j| (i * 7 + j) as u8).collect();
+            s.push(&piece);
+            all.extend_from_slice(&piece);
+        }
+        let newest = &all[all.len() - KEEP..];
+        let read: Vec<u8> = s.since(s.start).flatten().copied().collect();
+        assert!(read == newest, "the ring reads back out of order");
+        assert!(s.since(s.start).all(|piece| piece.len() <= DATA_CHUNK));
     }
 }
