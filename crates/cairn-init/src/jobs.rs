@@ -6,8 +6,10 @@
 //! later connection attaches to it by name from byte offsets, receiving the
 //! output it has not seen yet and, once the job ended, its exit status.
 //! While a host is attached, none of the output is dropped: a job writing
-//! faster than the host takes it waits for it, as on a pipe. With none
-//! attached, the oldest bytes go. Jobs live as long as init.
+//! faster than the host takes it waits for it, as on a pipe; so it does from
+//! its start until the first host attaches (the one that started it, on its
+//! next connection). With none attached after that, the oldest bytes go.
+//! Jobs live as long as init.
 
 use std::collections::{HashMap, VecDeque};
 use std::fs::File;
@@ -117,9 +119,15 @@ impl<'a> Reader<'a> {
         let id = state.next_reader;
         state.next_reader += 1;
         state.readers.insert(id, from);
+        // The first host to attach takes over from the one that started it.
+        state.readers.remove(&STARTER);
+        job.changed.notify_all();
         Reader { job, id }
     }
 }
+
+/// The reader a new job holds its output for until a host attaches.
+const STARTER: u64 = 0;
 
 impl Drop for Reader<'_> {
     fn drop(&mut self) {
@@ -166,6 +174,8 @@ impl Jobs {
             pid,
             state: Mutex::new(JobState {
                 open: 2,
+                readers: HashMap::from([(STARTER, [0, 0])]),
+                next_reader: STARTER + 1,
                 ..JobState::default()
             }),
             changed: Condvar::new(),
