@@ -5,9 +5,13 @@
 //! output kept by init (the newest [`KEEP`] bytes of each stream), and any
 //! later connection attaches to it by name from byte offsets, receiving the
 //! output it has not seen yet and, once the job ended, its exit status.
+//! While a host is attached, none of the output is dropped: a job writing
+//! faster than the host takes it waits for it, as on a pipe; so it does from
+//! its start until the first host attaches (the one that started it, on its
+//! next connection). With none attached after that, the oldest bytes go.
 //! Jobs live as long as init.
 
-use std::collections::HashMap;
+use std::collections::{HashMap, VecDeque};
 use std::fs::File;
 use std::io::{ErrorKind, Read, Write};
 use std::os::fd::AsFd;
@@ -46,16 +50,24 @@ struct JobState {
     /// Output pipes still open.
     open: usize,
     status: Option<ExitStatus>,
-    /// Set a grace period after the exit: a background grandchild may hold
-    /// the pipes for ever, and the job is over all the same.
+    /// Set once the exit is followed by a grace period with no output: a
+    /// background grandchild may hold the pipes for ever, and the job is
+    /// over all the same.
     drained: bool,
+    /// How far each attached host has taken each stream: the pumps wait for
+    /// the slowest rather than drop bytes it has not taken.
+    readers: HashMap<u64, [u64; 2]>,
+    next_reader: u64,
+    /// Pumps holding output until a reader takes what it would push out.
+    held: usize,
 }
 
-/// The tail of one output stream: `data` holds bytes `[start, start+len)`.
+/// The tail of one output stream: `data` holds bytes `[start, start+len)`,
+/// in a ring, so dropping the oldest bytes moves none of the others.
 #[derive(Default)]
 struct Stream {
     start: u64,
-    data: Vec<u8>,
+    data: VecDeque<u8>,
 }
 
 impl Stream {
@@ -64,18 +76,64 @@ impl Stream {
     }
 
     fn push(&mut self, bytes: &[u8]) {
-        self.data.extend_from_slice(bytes);
+        self.data.extend(bytes);
         if self.data.len() > KEEP {
             let drop = self.data.len() - KEEP;
             self.data.drain(..drop);
             self.start += drop as u64;
         }
     }
+
+    /// The kept bytes from offset `at` on, in pieces of at most [`DATA_CHUNK`].
+    fn since(&self, at: u64) -> impl Iterator<Item = &[u8]> {
+        let skip = at.saturating_sub(self.start).min(self.data.len() as u64) as usize;
+        let (front, back) = self.data.as_slices();
+        let (front, back) = match front.get(skip..) {
+            Some(rest) => (rest, back),
+            None => (&front[..0], &back[skip - front.len()..]),
+        };
+        front.chunks(DATA_CHUNK).chain(back.chunks(DATA_CHUNK))
+    }
 }
 
 impl JobState {
     fn finished(&self) -> bool {
         self.status.is_some() && (self.open == 0 || self.drained)
+    }
+
+    /// Bytes the job has written so far, on both streams.
+    fn written(&self) -> u64 {
+        self.streams.iter().map(Stream::end).sum()
+    }
+}
+
+/// An attached host, known to the pumps until its connection ends.
+struct Reader<'a> {
+    job: &'a Job,
+    id: u64,
+}
+
+impl<'a> Reader<'a> {
+    fn new(job: &'a Job, from: [u64; 2]) -> Reader<'a> {
+        let mut state = job.state.lock().unwrap_or_else(|e| e.into_inner());
+        let id = state.next_reader;
+        state.next_reader += 1;
+        state.readers.insert(id, from);
+        // The first host to attach takes over from the one that started it.
+        state.readers.remove(&STARTER);
+        job.changed.notify_all();
+        Reader { job, id }
+    }
+}
+
+/// The reader a new job holds its output for until a host attaches.
+const STARTER: u64 = 0;
+
+impl Drop for Reader<'_> {
+    fn drop(&mut self) {
+        let mut state = self.job.state.lock().unwrap_or_else(|e| e.into_inner());
+        state.readers.remove(&self.id);
+        self.job.changed.notify_all();
     }
 }
 
@@ -116,6 +174,8 @@ impl Jobs {
             pid,
             state: Mutex::new(JobState {
                 open: 2,
+                readers: HashMap::from([(STARTER, [0, 0])]),
+                next_reader: STARTER + 1,
                 ..JobState::default()
             }),
             changed: Condvar::new(),
@@ -154,10 +214,21 @@ impl Jobs {
                 timed_out: false,
             }));
             waiter.changed.notify_all();
-            let (mut state, _) = waiter
-                .changed
-                .wait_timeout_while(state, crate::exec::DRAIN_GRACE, |s| s.open > 0)
-                .unwrap_or_else(|e| e.into_inner());
+            // Drained when the pipes close, or once they stayed quiet for the
+            // grace period with nothing held for a slow reader.
+            while state.open > 0 {
+                let written = state.written();
+                let (s, waited) = waiter
+                    .changed
+                    .wait_timeout_while(state, crate::exec::DRAIN_GRACE, |s| {
+                        s.open > 0 && s.written() == written
+                    })
+                    .unwrap_or_else(|e| e.into_inner());
+                state = s;
+                if waited.timed_out() && state.held == 0 {
+                    break;
+                }
+            }
             state.drained = true;
             waiter.changed.notify_all();
         });
@@ -177,6 +248,7 @@ impl Jobs {
             return write_frame(writer, &FromInit::Error(format!("no job named {name:?}")));
         };
         write_frame(writer, &FromInit::Started { pid: job.pid })?;
+        let reader = Reader::new(&job, from);
         let mut sent = from;
         let mut buf = Vec::new();
         loop {
@@ -199,12 +271,13 @@ impl Jobs {
                         chunks.push((i, note.into_bytes()));
                         sent[i] = s.start;
                     }
-                    let at = (sent[i] - s.start) as usize;
-                    for piece in s.data[at.min(s.data.len())..].chunks(DATA_CHUNK) {
+                    for piece in s.since(sent[i]) {
                         chunks.push((i, piece.to_vec()));
                     }
                     sent[i] = s.end();
                 }
+                state.readers.insert(reader.id, sent);
+                job.changed.notify_all();
                 (chunks, state.finished().then_some(state.status).flatten())
             };
             for (i, data) in chunks {
@@ -246,6 +319,17 @@ fn pump(pipe: Option<File>, job: &Job, stream: usize) {
                 Ok(0) => break,
                 Ok(n) => {
                     let mut state = job.state.lock().unwrap_or_else(|e| e.into_inner());
+                    // Hold the bytes while the push would drop ones an
+                    // attached reader has not taken yet.
+                    loop {
+                        let kept_from = (state.streams[stream].end() + n as u64).saturating_sub(KEEP as u64);
+                        if state.readers.values().all(|at| at[stream] >= kept_from) {
+                            break;
+                        }
+                        state.held += 1;
+                        state = job.changed.wait(state).unwrap_or_else(|e| e.into_inner());
+                        state.held -= 1;
+                    }
                     state.streams[stream].push(&buf[..n]);
                     job.changed.notify_all();
                 }
@@ -271,6 +355,32 @@ mod tests {
         assert_eq!(s.data.len(), KEEP);
         assert_eq!(s.start, 20);
         assert_eq!(s.end(), (KEEP + 20) as u64);
-        assert_eq!(*s.data.last().unwrap(), 2);
+        assert_eq!(*s.data.back().unwrap(), 2);
+        // Read back from any offset, across the ring's two halves.
+        for at in [
+            0,
+            20,
+            21,
+            KEEP as u64,
+            KEEP as u64 + 19,
+            KEEP as u64 + 20,
+            KEEP as u64 + 99,
+        ] {
+            let read: Vec<u8> = s.since(at).flatten().copied().collect();
+            let from = at.clamp(20, KEEP as u64 + 20);
+            assert_eq!(read.len() as u64, KEEP as u64 + 20 - from, "from {at}");
+            assert!(read.iter().rev().take(30.min(read.len())).all(|&b| b == 2), "from {at}");
+        }
+        // Many pushes wrap the ring: what is read back is still the newest bytes in order.
+        let mut all = Vec::new();
+        for i in 0..300u32 {
+            let piece: Vec<u8> = (0..100_003u32).map(|j| (i * 7 + j) as u8).collect();
+            s.push(&piece);
+            all.extend_from_slice(&piece);
+        }
+        let newest = &all[all.len() - KEEP..];
+        let read: Vec<u8> = s.since(s.start).flatten().copied().collect();
+        assert!(read == newest, "the ring reads back out of order");
+        assert!(s.since(s.start).all(|piece| piece.len() <= DATA_CHUNK));
     }
 }

@@ -25,6 +25,29 @@ pub enum ClientError {
     Io(#[from] io::Error),
 }
 
+/// The most of a message from init (an error, a spawn failure) the host
+/// keeps: init is inside the sandbox, and its messages end up in errors,
+/// pipeline events and the state store.
+pub const MESSAGE_MAX: usize = 4 << 10;
+
+/// `message` cut to [`MESSAGE_MAX`] bytes, saying how much was cut.
+fn bounded(mut message: String) -> String {
+    if message.len() > MESSAGE_MAX {
+        let end = (0..=MESSAGE_MAX)
+            .rev()
+            .find(|&i| message.is_char_boundary(i))
+            .unwrap_or(0);
+        let cut = message.len() - end;
+        message.truncate(end);
+        message.push_str(&format!(" [{cut} more bytes cut]"));
+    }
+    message
+}
+
+fn unexpected(msg: &FromInit) -> ClientError {
+    ClientError::Unexpected(bounded(format!("{msg:?}")))
+}
+
 /// A process could not be started.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct SpawnFailure {
@@ -65,7 +88,7 @@ impl InitClient {
         match self.read(&mut reader)? {
             FromInit::Welcome { version, .. } if version == PROTOCOL_VERSION => Ok((stream, reader)),
             FromInit::Error(e) => Err(ClientError::Refused(e)),
-            other => Err(ClientError::Unexpected(format!("{other:?}"))),
+            other => Err(unexpected(&other)),
         }
     }
 
@@ -77,10 +100,18 @@ impl InitClient {
     }
 
     fn read(&self, reader: &mut BufReader<UnixStream>) -> Result<FromInit, ClientError> {
-        read_frame(reader).map_err(|e| match e {
+        let msg = read_frame(reader).map_err(|e| match e {
             FrameError::Closed => ClientError::NotRunning(self.socket.clone()),
             FrameError::Io(io) => self.lost(io),
             other => ClientError::Frame(other),
+        })?;
+        Ok(match msg {
+            FromInit::Error(e) => FromInit::Error(bounded(e)),
+            FromInit::SpawnFailed { kind, message } => FromInit::SpawnFailed {
+                kind,
+                message: bounded(message),
+            },
+            other => other,
         })
     }
 
@@ -90,7 +121,7 @@ impl InitClient {
         stream.set_read_timeout(Some(timeout))?;
         match self.read(&mut reader)? {
             FromInit::Pong => Ok(()),
-            other => Err(ClientError::Unexpected(format!("{other:?}"))),
+            other => Err(unexpected(&other)),
         }
     }
 
@@ -108,7 +139,7 @@ impl InitClient {
             })),
             FromInit::SpawnFailed { kind, message } => Ok(Err(SpawnFailure { kind, message })),
             FromInit::Error(e) => Err(ClientError::Refused(e)),
-            other => Err(ClientError::Unexpected(format!("{other:?}"))),
+            other => Err(unexpected(&other)),
         }
     }
 
@@ -122,7 +153,7 @@ impl InitClient {
             FromInit::Started { pid } => Ok(Ok(pid)),
             FromInit::SpawnFailed { kind, message } => Ok(Err(SpawnFailure { kind, message })),
             FromInit::Error(e) => Err(ClientError::Refused(e)),
-            other => Err(ClientError::Unexpected(format!("{other:?}"))),
+            other => Err(unexpected(&other)),
         }
     }
 
@@ -150,7 +181,7 @@ impl InitClient {
             })),
             FromInit::Error(e) if e.starts_with("no job named") => Ok(None),
             FromInit::Error(e) => Err(ClientError::Refused(e)),
-            other => Err(ClientError::Unexpected(format!("{other:?}"))),
+            other => Err(unexpected(&other)),
         }
     }
 
@@ -164,7 +195,7 @@ impl InitClient {
         let (_stream, mut reader) = self.open(&ToInit::Stat { path: path.to_string() })?;
         match self.read(&mut reader)? {
             FromInit::Stat(meta) => Ok(meta),
-            other => Err(ClientError::Unexpected(format!("{other:?}"))),
+            other => Err(unexpected(&other)),
         }
     }
 
@@ -196,14 +227,14 @@ impl InitClient {
         let meta = match self.read(&mut reader)? {
             FromInit::File(meta) => meta,
             FromInit::Error(e) => return Err(ClientError::Refused(e)),
-            other => return Err(ClientError::Unexpected(format!("{other:?}"))),
+            other => return Err(unexpected(&other)),
         };
         loop {
             match self.read(&mut reader)? {
                 FromInit::Data(d) => dst.write_all(&d)?,
                 FromInit::End => return Ok(meta),
                 FromInit::Error(e) => return Err(ClientError::Refused(e)),
-                other => return Err(ClientError::Unexpected(format!("{other:?}"))),
+                other => return Err(unexpected(&other)),
             }
         }
     }
@@ -221,9 +252,8 @@ impl InitClient {
         let (stream, mut reader) = self.open(&ToInit::Quiesce)?;
         stream.set_read_timeout(Some(timeout))?;
         self.expect_done(&mut reader)?;
-        let mut rest = Vec::new();
         // End of file: init dropped its side of the last host socket.
-        reader.read_to_end(&mut rest)?;
+        io::copy(&mut reader, &mut io::sink())?;
         Ok(())
     }
 
@@ -231,7 +261,7 @@ impl InitClient {
         match self.read(reader)? {
             FromInit::Done => Ok(()),
             FromInit::Error(e) => Err(ClientError::Refused(e)),
-            other => Err(ClientError::Unexpected(format!("{other:?}"))),
+            other => Err(unexpected(&other)),
         }
     }
 }
@@ -292,8 +322,25 @@ impl ExecSession {
                 }
                 FromInit::Exited(status) => return Ok(Some(status)),
                 FromInit::Error(e) => return Err(ClientError::Refused(e)),
-                other => return Err(ClientError::Unexpected(format!("{other:?}"))),
+                other => return Err(unexpected(&other)),
             }
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_long_message_from_init_is_cut_on_a_character_boundary() {
+        let long = "é".repeat(MESSAGE_MAX);
+        let cut = bounded(long.clone());
+        assert!(cut.len() < MESSAGE_MAX + 40, "{} bytes kept", cut.len());
+        assert!(cut.starts_with(&long[..MESSAGE_MAX]));
+        assert!(cut.ends_with(&format!(" [{} more bytes cut]", long.len() - MESSAGE_MAX)));
+        assert_eq!(bounded("short".into()), "short");
+        let frame = unexpected(&FromInit::Stdout(vec![0; 1 << 20])).to_string();
+        assert!(frame.len() < 2 * MESSAGE_MAX, "{} bytes kept", frame.len());
     }
 }

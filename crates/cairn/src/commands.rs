@@ -1,7 +1,7 @@
 //! What each command does, in terms of engine services.
 
 use std::fs;
-use std::io::{self, Read, Write};
+use std::io::{self, Read, Seek, SeekFrom};
 use std::os::unix::fs::{MetadataExt, PermissionsExt};
 use std::path::{Path, PathBuf};
 
@@ -431,28 +431,54 @@ fn human_age(secs: i64) -> String {
     }
 }
 
-pub fn print_tail(text: &[u8], tail: Option<usize>) -> Result<()> {
-    let mut out = io::stdout().lock();
-    match tail {
-        None => out.write_all(text)?,
-        Some(n) => {
-            let lines: Vec<&[u8]> = text.split_inclusive(|b| *b == b'\n').collect();
-            for l in &lines[lines.len().saturating_sub(n)..] {
-                out.write_all(l)?;
+/// Prints a log (written from inside a sandbox, so of any size), or its
+/// last `tail` lines, as a stream: a block at a time is in memory.
+pub fn print_log(mut log: fs::File, tail: Option<usize>) -> Result<()> {
+    let start = match tail {
+        Some(n) => tail_start(&mut log, n)?,
+        None => 0,
+    };
+    log.seek(SeekFrom::Start(start))?;
+    io::copy(&mut log, &mut io::stdout().lock())?;
+    Ok(())
+}
+
+/// Where the last `n` lines of `log` begin, scanning back from its end.
+fn tail_start(log: &mut (impl Read + Seek), n: usize) -> io::Result<u64> {
+    let len = log.seek(SeekFrom::End(0))?;
+    if n == 0 {
+        return Ok(len);
+    }
+    let mut block = vec![0; 256 << 10];
+    let (mut end, mut newlines) = (len, 0);
+    while end > 0 {
+        let size = end.min(block.len() as u64) as usize;
+        let at = end - size as u64;
+        log.seek(SeekFrom::Start(at))?;
+        log.read_exact(&mut block[..size])?;
+        for i in memchr::memrchr_iter(b'\n', &block[..size]) {
+            let after = at + i as u64 + 1;
+            // A newline that ends the log ends its last line; it starts none.
+            if after == len {
+                continue;
+            }
+            newlines += 1;
+            if newlines == n {
+                return Ok(after);
             }
         }
+        end = at;
     }
-    Ok(())
+    Ok(0)
 }
 
 fn logs(engine: &Engine, key: &str, tail: Option<usize>) -> Result<()> {
     let rec = engine.sandbox(key)?;
-    let text = match fs::read(engine.log_path(&rec)) {
-        Ok(t) => t,
-        Err(e) if e.kind() == io::ErrorKind::NotFound => Vec::new(),
-        Err(e) => return Err(e.into()),
-    };
-    print_tail(&text, tail)
+    match fs::File::open(engine.log_path(&rec)) {
+        Ok(log) => print_log(log, tail),
+        Err(e) if e.kind() == io::ErrorKind::NotFound => Ok(()),
+        Err(e) => Err(e.into()),
+    }
 }
 
 fn remove(engine: &mut Engine, keys: &[String], force: bool) -> Result<i32> {
@@ -524,4 +550,36 @@ fn image(engine: &mut Engine, cmd: ImageCommand) -> Result<()> {
         }
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_tail_of_a_log_starts_where_its_last_lines_do() {
+        // Lines longer than the block read back at a time, and short ones.
+        let long = "x".repeat(300 << 10);
+        let texts = [
+            String::new(),
+            "one".into(),
+            "one\n".into(),
+            "one\ntwo\n\nfour".into(),
+            format!("{long}\nshort\n{long}\n{long}"),
+            format!("a\n{long}\n"),
+        ];
+        for text in &texts {
+            for n in 0..6 {
+                let lines: Vec<&str> = text.split_inclusive('\n').collect();
+                let expected: String = lines[lines.len().saturating_sub(n)..].concat();
+                let start = tail_start(&mut io::Cursor::new(text.as_bytes()), n).unwrap();
+                assert_eq!(
+                    &text[start as usize..],
+                    expected,
+                    "{n} lines of {:?}",
+                    &text[..text.len().min(20)]
+                );
+            }
+        }
+    }
 }

@@ -319,5 +319,5 @@ pub fn stage_log(engine: &Engine, run: &str, stage: &str, tail: Option<usize>) -
             run.id
         );
     }
-    crate::commands::print_tail(&std::fs::read(&path)?, tail)
+    crate::commands::print_log(std::fs::File::open(&path)?, tail)
 }

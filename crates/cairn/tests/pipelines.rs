@@ -823,3 +823,128 @@ fn a_gvisor_stage_is_followed_through_its_memory_checkpoints() {
     assert_eq!(lines, expected, "every line once, in order: {log}");
     assert!(log.contains("counted to 40"));
 }
+
+/// Runs `cmd` to its end with stdout piped; returns its exit code, its
+/// stdout and its peak resident set size in bytes (the kernel's high-water
+/// mark for that process, from `wait4`).
+#[allow(clippy::zombie_processes, reason = "wait4 reaps it, and gives its resource usage")]
+fn run_measured(cmd: &mut std::process::Command) -> (i32, String, u64) {
+    use std::io::Read;
+    let mut child = cmd.stdout(Stdio::piped()).spawn().unwrap();
+    let mut out = String::new();
+    child.stdout.take().unwrap().read_to_string(&mut out).unwrap();
+    let mut status = 0;
+    // SAFETY: an all-zero rusage is a valid value for wait4 to overwrite.
+    let mut usage: libc::rusage = unsafe { std::mem::zeroed() };
+    // SAFETY: the pid is our unreaped child (std's Child is not waited on
+    // after this), and both pointers are to live locals.
+    let pid = unsafe { libc::wait4(child.id() as i32, &mut status, 0, &mut usage) };
+    assert_eq!(pid, child.id() as i32, "wait4: {}", std::io::Error::last_os_error());
+    let code = if libc::WIFEXITED(status) {
+        libc::WEXITSTATUS(status)
+    } else {
+        128 + libc::WTERMSIG(status)
+    };
+    // ru_maxrss is in KiB on Linux.
+    (code, out, usage.ru_maxrss as u64 * 1024)
+}
+
+const NOISY: &str = r#"
+[pipeline]
+name = "noisy"
+image = "busybox"
+
+[[stage]]
+name = "noisy"
+key = "noisy-v1"
+run = ["head -c 2147483648 /dev/zero; echo; echo the last line"]
+"#;
+
+/// What a host process may grow to while 2 GiB of stage output pass through.
+const RSS_BOUND: u64 = 256 << 20;
+
+#[test]
+fn a_stage_printing_2_gib_leaves_the_orchestrator_small_and_its_log_whole() {
+    if skip("a_stage_printing_2_gib_leaves_the_orchestrator_small_and_its_log_whole") {
+        return;
+    }
+    let home = Home::new();
+    let file = write(&home, "p.toml", NOISY);
+    // The orchestrator echoes stage output on stderr: 2 GiB nobody reads here.
+    let (code, out, peak) = run_measured(home.command(&["pipeline", "run", &file]).stderr(Stdio::null()));
+    let run = out.trim().to_string();
+    assert_eq!(code, 0, "the run failed: {}", home.ok(&["run", "show", &run]));
+    eprintln!("cairn pipeline run: peak RSS {} MiB", peak >> 20);
+    assert!(
+        peak < RSS_BOUND,
+        "the orchestrator grew to {} MiB passing 2 GiB of stage output",
+        peak >> 20
+    );
+    // The log on disk holds every byte (a note would mark dropped ones).
+    let log = home.path().join("runs").join(&run).join("noisy.log");
+    let size = std::fs::metadata(&log).unwrap().len();
+    assert_eq!(
+        size,
+        (2 << 30) + "\nthe last line\n".len() as u64,
+        "the log lost output"
+    );
+    // Its tail reads back without reading the log into memory.
+    let (code, tail, peak) = run_measured(&mut home.command(&["logs", &run, "noisy", "--tail", "1"]));
+    assert_eq!(code, 0);
+    assert_eq!(tail, "the last line\n");
+    eprintln!("cairn logs --tail 1: peak RSS {} MiB", peak >> 20);
+    assert!(
+        peak < RSS_BOUND,
+        "cairn logs grew to {} MiB printing the tail of a 2 GiB log",
+        peak >> 20
+    );
+}
+
+const BIG_METRIC: &str = r#"
+[pipeline]
+name = "big-metric"
+image = "busybox"
+
+[[stage]]
+name = "pick"
+key = "pick-{hypothesis}"
+run = ["mkdir -p /work && { echo {hypothesis.value}; head -c {hypothesis.filler} /dev/zero; } > /work/metric"]
+[stage.branches]
+select = "min"
+metric = "file:/work/metric"
+hypotheses = [
+  { name = "huge", value = "1", filler = "2097152" },
+  { name = "small", value = "5", filler = "0" },
+]
+"#;
+
+#[test]
+fn a_metric_file_above_1_mib_fails_its_branch_with_a_clear_error() {
+    if skip("a_metric_file_above_1_mib_fails_its_branch_with_a_clear_error") {
+        return;
+    }
+    let home = Home::new();
+    let file = write(&home, "p.toml", BIG_METRIC);
+    let out = home.cairn(&["pipeline", "run", &file]);
+    assert!(out.status.success(), "{}", stderr(&out));
+    let v = show(&home, stdout(&out).trim());
+    let won = events(&v, "won");
+    assert_eq!(won.len(), 1);
+    assert!(
+        won[0]["detail"].as_str().unwrap().starts_with("small"),
+        "{}",
+        won[0]["detail"]
+    );
+    let huge = v["stages"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|s| s["stage"] == "pick" && s["branch"] == "huge")
+        .unwrap();
+    assert_eq!(huge["status"], "dead", "{huge}");
+    let error = huge["error"].as_str().unwrap();
+    assert!(
+        error.contains("/work/metric") && error.contains("1 MiB") && error.contains("artifact"),
+        "the error does not say what is wrong and what to do: {error}"
+    );
+}

@@ -47,9 +47,12 @@ impl Engine {
             client.get_file(path, &mut f)?;
             let f = fs::File::open(&tmp).map_err(|e| RunError::Read(tmp.clone(), e))?;
             let content = self.store.store_file(&f).map_err(crate::SnapshotError::from)?;
-            let hash = blake3::hash(&fs::read(&tmp).map_err(|e| RunError::Read(tmp.clone(), e))?)
-                .to_hex()
-                .to_string();
+            // Streamed: an artifact may be larger than memory.
+            let mut hasher = blake3::Hasher::new();
+            hasher
+                .update_reader(fs::File::open(&tmp).map_err(|e| RunError::Read(tmp.clone(), e))?)
+                .map_err(|e| RunError::Read(tmp.clone(), e))?;
+            let hash = hasher.finalize().to_hex().to_string();
             let size = content.size;
             let object = ArtifactObject {
                 path: path.to_string(),

@@ -3,12 +3,15 @@
 //! `spec` parses and checks the file; `run` is the orchestrator (stage keys,
 //! attempts, checkpoints, retries, dead letters); `branches` runs branch
 //! groups and picks winners; `artifacts` collects files into the chunk
-//! store; `records` holds the rows all of it writes.
+//! store; `output` takes stage output in with bounded memory; `records`
+//! holds the rows all of it writes.
 
 pub mod artifacts;
 mod branches;
+mod output;
 pub mod records;
 pub mod run;
 pub mod spec;
 
+pub use output::{METRIC_FILE_MAX, OUTPUT_TAIL};
 pub use spec::{parse, Pipeline, PipelineError, Selection, Stage};

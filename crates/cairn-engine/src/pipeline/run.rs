@@ -18,6 +18,7 @@ use std::time::{Duration, Instant};
 use cairn_protocol::{ExecRequest, FileKind, FileMeta};
 use nix::fcntl::{Flock, FlockArg};
 
+use super::output::{Capped, Tail, Tee, METRIC_FILE_MAX};
 use super::records::{ArtifactRecord, DeadLetter, RunRecord, StageRecord};
 use super::spec::{self, Metric, Pipeline, Selection, Stage};
 use crate::sandboxes::CreateOptions;
@@ -43,6 +44,12 @@ pub enum RunError {
     BadParam(String),
     #[error("{0}")]
     Lost(String),
+    #[error(
+        "metric file {0} holds more than {limit} MiB, the most a metric file may hold; write the number alone \
+         (or a short summary) to it, and keep larger results as artifacts",
+        limit = METRIC_FILE_MAX >> 20
+    )]
+    MetricTooLarge(String),
     #[error(
         "run {run} is being executed by another cairn process{}; wait for it to end, or stop it and \
          run `cairn pipeline resume {run}`",
@@ -633,7 +640,7 @@ impl Engine {
         // command keeps its own inside init); the rest get what is left.
         let spent = began_ms.map_or(Duration::ZERO, |b| Duration::from_millis((now_ms() - b).max(0) as u64));
         let deadline = stage.timeout.map(|t| Instant::now() + t.saturating_sub(spent));
-        let mut output = Vec::new();
+        let mut output = Tail::default();
         let mut failure = None;
         for (i, cmd) in stage.run.iter().enumerate() {
             let cmd = render(cmd, p, stage, hypothesis);
@@ -652,10 +659,9 @@ impl Engine {
             // ends (gvisor quiesces init) is followed again from the bytes
             // already seen.
             let mut err_log = log.try_clone().map_err(|e| RunError::Read(self.run_dir(&run.id), e))?;
-            let mut errors = Vec::new();
-            let (out_base, mut started) = (output.len(), false);
+            let (mut out_seen, mut err_seen, mut started) = (0, 0, false);
             let status = loop {
-                let seen = ((output.len() - out_base) as u64, errors.len() as u64);
+                let seen = (out_seen, err_seen);
                 let session = match client.attach_job(&job(i), seen.0, seen.1) {
                     Ok(Some(s)) => {
                         if !started && seen == (0, 0) {
@@ -698,14 +704,16 @@ impl Engine {
                 let waited = session.wait(
                     &mut Tee {
                         log: &mut log,
-                        buf: &mut output,
+                        seen: &mut out_seen,
+                        tail: Some(&mut output),
                         watch,
                         stage: &stage.name,
                         branch,
                     },
                     &mut Tee {
                         log: &mut err_log,
-                        buf: &mut errors,
+                        seen: &mut err_seen,
+                        tail: None,
                         watch,
                         stage: &stage.name,
                         branch,
@@ -754,13 +762,15 @@ impl Engine {
         }
         let metric = match stage.branches.as_ref().map(|b| &b.select) {
             Some(Selection::Min(m)) | Some(Selection::Max(m)) => match m {
-                Metric::Output => number(&String::from_utf8_lossy(&output), true),
+                Metric::Output => number(&output.text(), true),
                 Metric::File(path) => {
-                    let mut buf = Vec::new();
-                    client
-                        .get_file(path, &mut buf)
-                        .ok()
-                        .and_then(|_| number(&String::from_utf8_lossy(&buf), false))
+                    let mut file = Capped::default();
+                    match client.get_file(path, &mut file) {
+                        Ok(_) => number(&String::from_utf8_lossy(&file.bytes), false),
+                        Err(_) if file.over => return fail(self, RunError::MetricTooLarge(path.clone()).to_string()),
+                        // No metric file: the branch has no metric and cannot win on one.
+                        Err(_) => None,
+                    }
                 }
             },
             _ => None,
@@ -880,29 +890,6 @@ fn checkpoint_loop(
             }
             Err(e) => tracing::warn!(stage, "checkpoint failed: {e}"),
         }
-    }
-}
-
-/// Stage output to the stage log, to memory (for metrics) and to the watcher.
-struct Tee<'a> {
-    log: &'a mut fs::File,
-    buf: &'a mut Vec<u8>,
-    watch: &'a dyn RunWatcher,
-    stage: &'a str,
-    branch: &'a str,
-}
-
-impl Write for Tee<'_> {
-    fn write(&mut self, data: &[u8]) -> std::io::Result<usize> {
-        self.log.write_all(data)?;
-        if self.buf.len() < 1 << 20 {
-            self.buf.extend_from_slice(data);
-        }
-        self.watch.output(self.stage, self.branch, data);
-        Ok(data.len())
-    }
-    fn flush(&mut self) -> std::io::Result<()> {
-        self.log.flush()
     }
 }
 

@@ -169,12 +169,17 @@ impl Runsc {
         if status.success() {
             return Ok(());
         }
-        // runsc's errors went to the console log, behind what was there.
-        let log = std::fs::read(l.console).unwrap_or_default();
-        let fresh = log.get(console_len as usize..).unwrap_or_default();
+        // runsc's errors went to the console log, behind what was there (the
+        // sandbox's own output, of any size): its first lines are enough.
+        let mut fresh = Vec::new();
+        if let Ok(mut log) = std::fs::File::open(l.console) {
+            use std::io::{Read, Seek, SeekFrom};
+            let _ = log.seek(SeekFrom::Start(console_len));
+            let _ = log.take(64 << 10).read_to_end(&mut fresh);
+        }
         Err(GvisorError::Runsc {
             what: what.to_string(),
-            message: first_lines(&String::from_utf8_lossy(fresh)),
+            message: first_lines(&String::from_utf8_lossy(&fresh)),
         })
     }
 }
