@@ -240,3 +240,53 @@ fn check_whole(out: &Path, artifact: &serde_json::Value) {
         artifact["path"]
     );
 }
+
+#[test]
+fn gc_removes_a_temporary_only_when_its_writer_is_dead() {
+    if skip("gc_removes_a_temporary_only_when_its_writer_is_dead") {
+        return;
+    }
+    let home = Home::new();
+    let pid = std::process::id() as i32;
+    let live = format!("{pid}+{}", cairn_sandbox::pid_start_time(pid).unwrap());
+    // This test's pid with another start time: a writer whose pid was reused.
+    let reused = format!("{pid}+{}", cairn_sandbox::pid_start_time(pid).unwrap() + 1);
+    let mut child = std::process::Command::new("true").spawn().unwrap();
+    let dead = format!("{}+1", child.id());
+    child.wait().unwrap();
+    let layer = "ab".repeat(32);
+    let at = |p: String| home.path().join(p);
+    let kept = [
+        at(format!("store/tmp/{live}-0-1.partial")),
+        at(format!("layers/.tmp-0011223344556677-{live}")),
+        at(format!("layers/.tmp-rm-{layer}-{live}")),
+        at(format!("layers/.{layer}.materialising-{live}-1")),
+        at(format!("tmp/{live}-1-0")),
+    ];
+    let removed: Vec<_> = [dead, reused]
+        .iter()
+        .flat_map(|w| {
+            [
+                at(format!("store/tmp/{w}-0-1.partial")),
+                at(format!("layers/.tmp-0011223344556677-{w}")),
+                at(format!("layers/.tmp-rm-{layer}-{w}")),
+                at(format!("layers/.{layer}.materialising-{w}-1")),
+                at(format!("tmp/{w}-1-0")),
+            ]
+        })
+        .collect();
+    for p in kept.iter().chain(&removed) {
+        if p.extension().is_some_and(|e| e == "partial") {
+            std::fs::write(p, b"half").unwrap();
+        } else {
+            std::fs::create_dir_all(p.join("half/built")).unwrap();
+        }
+    }
+    home.ok(&["gc"]);
+    for p in &kept {
+        assert!(p.exists(), "gc removed {} while its writer runs", p.display());
+    }
+    for p in &removed {
+        assert!(!p.exists(), "gc kept {} though its writer is dead", p.display());
+    }
+}
