@@ -7,6 +7,7 @@
 //! store/              chunk store (layers, manifests, file contents)
 //! layers/<id>/        read-only layer directories, materialised from the store
 //! sandboxes/<id>/     upper/, work/, rootfs/, init.sock, console.log
+//! tmp/<writer>-…/     scratch, named after its process; gc removes it once that process is dead
 //! ```
 
 use std::io::{self, Write};

@@ -477,15 +477,23 @@ fn host_mirror() -> String {
 
 pub(crate) use tempfile_dir::ScratchDir;
 
-/// A per-process scratch directory under `$CAIRN_HOME/tmp`, removed on drop.
+/// A scratch directory under `$CAIRN_HOME/tmp`, removed on drop, named
+/// `<writer>-<ms>-<n>` after the process that owns it (`<pid>+<start time>`,
+/// see `cairn_store::process`), so `cairn gc` removes it only once that
+/// process is dead.
 mod tempfile_dir {
     use std::path::{Path, PathBuf};
+    use std::sync::atomic::{AtomicU64, Ordering};
+
+    use cairn_store::process::WriterId;
 
     pub struct ScratchDir(PathBuf);
 
     impl ScratchDir {
         pub fn new(parent: &Path) -> std::io::Result<ScratchDir> {
-            let dir = parent.join(format!("{}-{}", std::process::id(), crate::now_ms()));
+            static NEXT: AtomicU64 = AtomicU64::new(0);
+            let n = NEXT.fetch_add(1, Ordering::Relaxed);
+            let dir = parent.join(format!("{}-{}-{n}", WriterId::current(), crate::now_ms()));
             std::fs::create_dir_all(&dir)?;
             Ok(ScratchDir(dir))
         }

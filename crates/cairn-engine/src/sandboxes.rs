@@ -510,9 +510,11 @@ impl Engine {
                 report.layers_removed.push(layer.to_string());
             }
         }
+        // Layer temporaries name their process: only those of dead processes
+        // go. Imports fill theirs before they take the store lock, and
+        // materialisations run outside it (a restore of a layer missing
+        // locally).
         report.partial_layers_removed = self.layers.sweep_temporaries() as u64;
-        // Materialisations run outside the store lock (a restore of a
-        // layer missing locally): only those whose process is gone go.
         report.partial_layers_removed += cairn_layers::archive::remove_abandoned_materialisations(self.layers.root())
             .map_err(cairn_layers::LayerError::from)?;
         self.sweep_memory_images()?;
@@ -520,15 +522,15 @@ impl Engine {
         report.chunks_removed = store.deleted;
         report.bytes_freed = store.bytes_freed;
         report.partial_writes_removed = store.incomplete_writes_removed;
+        // Scratch directories name their process (`ScratchDir`): only those
+        // of dead processes go.
         if let Ok(entries) = fs::read_dir(self.home.scratch()) {
             for e in entries.flatten() {
-                let pid = e
-                    .file_name()
-                    .to_string_lossy()
-                    .split('-')
-                    .next()
-                    .and_then(|p| p.parse::<u32>().ok());
-                if pid.is_none_or(|p| !std::path::Path::new(&format!("/proc/{p}")).exists()) {
+                let name = e.file_name().to_string_lossy().into_owned();
+                let Ok(modified) = e.metadata().and_then(|m| m.modified()) else {
+                    continue;
+                };
+                if cairn_store::process::is_abandoned(&name, modified) {
                     let _ = fs::remove_dir_all(e.path());
                 }
             }

@@ -184,8 +184,9 @@ pub enum SnapshotError {
 }
 
 impl Engine {
-    /// Locks the chunk store: shared for writers of snapshots and images
-    /// (until their rows exist), exclusive for its garbage collector.
+    /// Locks the chunk store: shared for writers of snapshots, images and
+    /// artifacts (until their rows exist), exclusive for its garbage
+    /// collector.
     pub(crate) fn lock_store(&self, exclusive: bool) -> Result<Flock<File>, EngineError> {
         let path = self.home.store_lock();
         let lock_err = |source: std::io::Error| SnapshotError::Lock {
@@ -718,6 +719,12 @@ impl Engine {
             live.push(h);
             live.extend(object.content.chunk_hashes());
         }
+        // No grace period: every writer of chunks (snapshots, image builds
+        // and imports, pipeline artifacts) holds the store lock shared from
+        // its first chunk until the row that references them is committed,
+        // and this runs under the exclusive lock, so an unreferenced chunk
+        // here is garbage however young. Writes still in progress keep
+        // their temp files while their process runs.
         Ok(cairn_store::collect_garbage(self.store.backend(), live, Duration::ZERO).map_err(SnapshotError::from)?)
     }
 }

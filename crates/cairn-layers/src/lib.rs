@@ -13,6 +13,7 @@ use std::fs;
 use std::io;
 use std::path::{Path, PathBuf};
 
+use cairn_store::process::{self, WriterId};
 use cairn_store::{BlobStore, ChunkStore};
 
 pub use archive::LayerId;
@@ -38,8 +39,12 @@ fn io_err(path: &Path) -> impl FnOnce(io::Error) -> LayerError + '_ {
     }
 }
 
-/// The local directory of layers: `<root>/<id>/` for committed layers,
-/// `<root>/.tmp-<id>/` while one is being prepared.
+/// The local directory of layers: `<root>/<id>/` for committed layers;
+/// temporaries, each naming its writer (`<pid>+<start time>`, see
+/// [`cairn_store::process`]), for work in progress: `.tmp-<nonce>-<writer>/`
+/// while a layer is prepared (built, imported, captured),
+/// `.tmp-rm-<id>-<writer>/` while one is deleted, and
+/// `.<id>.materialising-<writer>-<nanos>/` while one is materialised.
 #[derive(Debug, Clone)]
 pub struct LayerStore {
     root: PathBuf,
@@ -98,8 +103,8 @@ impl LayerStore {
         let mut nonce = [0u8; 8];
         getrandom::getrandom(&mut nonce).expect("the kernel RNG is available");
         let nonce: String = nonce.iter().map(|b| format!("{b:02x}")).collect();
-        // The pid in the name tells the sweeper whether a builder still runs.
-        let tmp = self.root.join(format!(".tmp-{nonce}-{}", std::process::id()));
+        // The writer in the name tells the sweeper whether the builder still runs.
+        let tmp = self.root.join(format!(".tmp-{nonce}-{}", WriterId::current()));
         fs::create_dir(&tmp).map_err(io_err(&tmp))?;
         Ok(PendingLayer {
             tmp,
@@ -146,7 +151,7 @@ impl LayerStore {
     pub fn remove(&self, id: &LayerId) -> Result<(), LayerError> {
         let p = self.root.join(id.to_string());
         // Rename first so a crash mid-delete leaves only a temporary.
-        let doomed = self.root.join(format!(".tmp-rm-{id}"));
+        let doomed = self.root.join(format!(".tmp-rm-{id}-{}", WriterId::current()));
         match fs::rename(&p, &doomed) {
             Ok(()) => fs::remove_dir_all(&doomed).map_err(io_err(&doomed)),
             Err(e) if e.kind() == io::ErrorKind::NotFound => Ok(()),
@@ -154,14 +159,24 @@ impl LayerStore {
         }
     }
 
-    /// Removes temporaries left by interrupted builds and deletes.
+    /// Removes the temporaries of builds and deletes whose process is dead
+    /// (see [`cairn_store::process::is_abandoned`]); one whose process
+    /// still runs is kept, however long it takes. Materialisations'
+    /// temporaries: [`archive::remove_abandoned_materialisations`].
     pub fn sweep_temporaries(&self) -> usize {
         let Ok(entries) = fs::read_dir(&self.root) else {
             return 0;
         };
         let mut n = 0;
         for e in entries.flatten() {
-            if e.file_name().to_string_lossy().starts_with(".tmp-") && fs::remove_dir_all(e.path()).is_ok() {
+            let name = e.file_name().to_string_lossy().into_owned();
+            if !name.starts_with(".tmp-") {
+                continue;
+            }
+            let Ok(modified) = e.metadata().and_then(|m| m.modified()) else {
+                continue;
+            };
+            if process::is_abandoned(&name, modified) && fs::remove_dir_all(e.path()).is_ok() {
                 n += 1;
             }
         }
@@ -207,6 +222,51 @@ mod tests {
         // Gone locally, it comes back from the store.
         let back = layers.ensure(&id, &store).unwrap();
         assert_eq!(fs::read_to_string(back.join("f")).unwrap(), "x");
+    }
+
+    #[test]
+    fn sweeping_keeps_a_layer_being_prepared_and_removes_those_of_dead_writers() {
+        let dir = tempfile::tempdir().unwrap();
+        let layers = LayerStore::open(dir.path()).unwrap();
+        let long_ago = std::time::SystemTime::now() - process::UNIDENTIFIED_GRACE - std::time::Duration::from_secs(60);
+        let age = |p: &Path| fs::File::open(p).unwrap().set_modified(long_ago).unwrap();
+        // A layer this process is still filling, for longer than any grace period.
+        let pending = layers.prepare().unwrap();
+        fs::write(pending.path().join("f"), "x").unwrap();
+        age(pending.path());
+        // One whose builder was killed, and one whose builder's pid now
+        // belongs to another process.
+        let mut child = std::process::Command::new("true").spawn().unwrap();
+        let killed = WriterId {
+            pid: child.id() as i32,
+            start_time: 1,
+        };
+        child.wait().unwrap();
+        let me = WriterId::current();
+        let reused = WriterId {
+            start_time: me.start_time + 1,
+            ..me
+        };
+        let dead = dir.path().join(format!(".tmp-00ff-{killed}"));
+        let deleting = dir.path().join(format!(".tmp-rm-{}-{reused}", "ab".repeat(32)));
+        for d in [&dead, &deleting] {
+            fs::create_dir_all(d.join("sub")).unwrap();
+        }
+        // Names from before writers were named: only age tells.
+        let unnamed_young = dir.path().join(format!(".tmp-00fe-{}", std::process::id()));
+        let unnamed_old = dir.path().join(format!(".tmp-00fd-{}", std::process::id()));
+        fs::create_dir(&unnamed_young).unwrap();
+        fs::create_dir(&unnamed_old).unwrap();
+        age(&unnamed_old);
+
+        assert_eq!(layers.sweep_temporaries(), 3);
+        assert!(pending.path().join("f").exists(), "a layer being prepared was swept");
+        assert!(!dead.exists() && !deleting.exists());
+        assert!(
+            unnamed_young.exists(),
+            "a young temporary of an older version was swept"
+        );
+        assert!(!unnamed_old.exists());
     }
 
     #[test]

@@ -15,6 +15,7 @@ use std::time::{Duration, UNIX_EPOCH};
 use cairn_layers::archive::{
     capture, capture_since, materialise, remove_abandoned_materialisations, EntryKind, LayerPath,
 };
+use cairn_store::process::{WriterId, UNIDENTIFIED_GRACE};
 use cairn_store::{collect_garbage, BlobStore, ChunkStore, LocalStore};
 use nix::sys::stat::{makedev, mknod, utimensat, Mode, SFlag, UtimensatFlags};
 use nix::sys::time::TimeSpec;
@@ -468,21 +469,48 @@ fn gc_rooted_at_a_layer_keeps_it_whole_and_frees_a_dropped_layer() {
 fn temp_directories_of_dead_materialisations_are_removed_and_live_ones_kept() {
     let s = Scratch::new();
     let layers = s.mkdir("layers");
-    let mut dead = std::process::Command::new("true").spawn().unwrap();
-    let dead_pid = dead.id();
-    dead.wait().unwrap();
-    let abandoned = layers.join(format!(".abc.materialising-{dead_pid}-17"));
+    let mut child = std::process::Command::new("true").spawn().unwrap();
+    let dead = WriterId {
+        pid: child.id() as i32,
+        start_time: 1,
+    };
+    child.wait().unwrap();
+    let abandoned = layers.join(format!(".abc.materialising-{dead}-17"));
     fs::create_dir_all(abandoned.join("half/built")).unwrap();
     write(&abandoned.join("half/built/file"), b"partial");
-    let running = layers.join(format!(".def.materialising-{}-18", std::process::id()));
+    let me = WriterId::current();
+    let reused = WriterId {
+        start_time: me.start_time + 1,
+        ..me
+    };
+    let reused = layers.join(format!(".abd.materialising-{reused}-17"));
+    fs::create_dir(&reused).unwrap();
+    // A running materialisation is kept however long it has taken.
+    let running = layers.join(format!(".def.materialising-{me}-18"));
     fs::create_dir(&running).unwrap();
+    let long_ago = std::time::SystemTime::now() - UNIDENTIFIED_GRACE - Duration::from_secs(60);
+    fs::File::open(&running).unwrap().set_modified(long_ago).unwrap();
+    // Names from before writers were named: only age tells.
+    let unnamed_young = layers.join(format!(".ghi.materialising-{}-19", std::process::id()));
+    fs::create_dir(&unnamed_young).unwrap();
     let finished = layers.join("finished-layer");
     fs::create_dir(&finished).unwrap();
 
-    assert_eq!(remove_abandoned_materialisations(&layers).unwrap(), 1);
+    assert_eq!(remove_abandoned_materialisations(&layers).unwrap(), 2);
     assert!(!abandoned.exists());
+    assert!(
+        !reused.exists(),
+        "the temp dir of a materialisation whose pid was reused was kept"
+    );
     assert!(running.exists(), "a running materialisation's temp dir was removed");
+    assert!(
+        unnamed_young.exists(),
+        "a young temp dir of an older version was removed"
+    );
     assert!(finished.exists());
+    fs::File::open(&unnamed_young).unwrap().set_modified(long_ago).unwrap();
+    assert_eq!(remove_abandoned_materialisations(&layers).unwrap(), 1);
+    assert!(!unnamed_young.exists());
 }
 
 #[test]

@@ -11,12 +11,13 @@ pub mod gvisor;
 pub mod init_binary;
 pub mod limits;
 pub mod native;
-mod proc;
 
 use std::path::PathBuf;
 
 pub use limits::{Limits, LimitsError};
-pub use proc::{pid_start_time, process_alive};
+// Process liveness by start time lives with the chunk store, whose
+// temporaries name their writers the same way.
+pub use cairn_store::process::{pid_start_time, process_alive};
 
 /// What a driver can do; declared, never faked.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]

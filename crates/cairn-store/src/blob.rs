@@ -6,7 +6,7 @@
 
 use std::io;
 use std::path::PathBuf;
-use std::time::{Duration, SystemTime};
+use std::time::SystemTime;
 
 use crate::frame::FrameError;
 use crate::hash::ChunkHash;
@@ -57,8 +57,11 @@ pub trait BlobStore: Send + Sync {
     /// Every complete object. Incomplete writes are never listed.
     fn list(&self) -> Result<Vec<ObjectInfo>, BlobError>;
     /// Removes leftovers of interrupted writes (temp files, abandoned
-    /// multipart uploads) last touched more than `older_than` ago.
-    fn remove_incomplete_writes(&self, older_than: Duration) -> Result<IncompleteWrites, BlobError>;
+    /// multipart uploads) whose writer is dead; one whose writer cannot be
+    /// told only once it is older than
+    /// [`UNIDENTIFIED_GRACE`](crate::process::UNIDENTIFIED_GRACE). A write
+    /// in progress is never removed, however long it takes.
+    fn remove_incomplete_writes(&self) -> Result<IncompleteWrites, BlobError>;
 }
 
 /// A backend operation that failed.

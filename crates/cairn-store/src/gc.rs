@@ -3,9 +3,11 @@
 //! The caller marks: it supplies every chunk hash reachable from a live
 //! root (snapshot manifests, layer indexes and the file chunks they list).
 //! The sweep deletes every other object older than the grace period and
-//! removes temp files of interrupted writes older than the same period.
-//! The grace period protects a concurrent writer whose chunks are stored
-//! but not yet referenced by a committed root.
+//! removes temp files of interrupted writes whose writer is dead (see
+//! [`crate::process`]). The grace period protects a concurrent writer
+//! whose chunks are stored but not yet referenced by a committed root; a
+//! caller whose writers all exclude the collector until their root is
+//! committed (a lock) may pass zero.
 
 use std::collections::HashSet;
 use std::time::{Duration, SystemTime};
@@ -25,12 +27,12 @@ pub struct GcReport {
     pub kept_young: u64,
     pub deleted: u64,
     pub bytes_freed: u64,
-    /// Temp files of interrupted writes that were removed.
+    /// Temp files of interrupted writes (their writer dead) that were removed.
     pub incomplete_writes_removed: u64,
 }
 
-/// Sweeps `backend`, keeping every object in `live` and every object
-/// touched within `grace`.
+/// Sweeps `backend`, keeping every object in `live`, every object
+/// touched within `grace`, and every write in progress.
 pub fn collect_garbage<B: BlobStore + ?Sized>(
     backend: &B,
     live: impl IntoIterator<Item = ChunkHash>,
@@ -59,6 +61,6 @@ pub fn collect_garbage<B: BlobStore + ?Sized>(
             report.bytes_freed += object.size;
         }
     }
-    report.incomplete_writes_removed = backend.remove_incomplete_writes(grace)?.removed;
+    report.incomplete_writes_removed = backend.remove_incomplete_writes()?.removed;
     Ok(report)
 }

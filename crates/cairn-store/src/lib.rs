@@ -8,6 +8,8 @@
 //!   FastCDC content-defined chunking and sparse-file support.
 //! - [`frame`]: the magic/version/length/CRC32 envelope for metadata.
 //! - [`collect_garbage`]: mark-and-sweep from caller-supplied live roots.
+//! - [`process`]: processes told apart by start time; the writer named in
+//!   a temporary's name, which decides when a sweeper may remove it.
 //!
 //! The store knows nothing of sandboxes; callers attach their own context
 //! to reads with [`ReadContext`] so errors name the snapshot and file.
@@ -19,6 +21,7 @@ pub mod frame;
 mod gc;
 mod hash;
 mod local;
+pub mod process;
 
 pub use blob::{BlobError, BlobStore, IncompleteWrites, ObjectInfo, PutOutcome};
 pub use chunk::{ChunkStore, PutChunk, ReadContext, StoreError, MAX_OBJECT};

@@ -3,24 +3,26 @@
 //! ```text
 //! <root>/LAYOUT                      framed StoreLayout marker
 //! <root>/objects/3f/2a/3f2a…(64 hex) one file per object
-//! <root>/tmp/<pid>-<n>-<nanos>.partial   writes in progress
+//! <root>/tmp/<pid>+<start>-<n>-<nanos>.partial   writes in progress
 //! ```
 //!
 //! A write goes to `tmp/`, is fsynced, renamed into its fan-out directory
 //! and the directory is fsynced, so a crash leaves either a complete
-//! object or a temp file that GC removes later.
+//! object or a temp file that GC removes once its writer (named in the
+//! temp file's name, see [`crate::process`]) is dead.
 
 use std::fs::{self, File, OpenOptions};
 use std::io::{self, Write};
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::time::{Duration, SystemTime};
+use std::time::SystemTime;
 
 use serde::{Deserialize, Serialize};
 
 use crate::blob::{BlobError, BlobStore, IncompleteWrites, ObjectInfo, PutOutcome};
 use crate::frame::{self, Framed};
 use crate::hash::ChunkHash;
+use crate::process::{self, WriterId};
 
 const LAYOUT_FILE: &str = "LAYOUT";
 const OBJECTS_DIR: &str = "objects";
@@ -110,8 +112,9 @@ impl LocalStore {
             .duration_since(SystemTime::UNIX_EPOCH)
             .map(|d| d.as_nanos())
             .unwrap_or(0);
+        // The writer in the name tells GC whether this write may still finish.
         self.temp_dir()
-            .join(format!("{}-{n}-{nanos}{TMP_SUFFIX}", std::process::id()))
+            .join(format!("{}-{n}-{nanos}{TMP_SUFFIX}", WriterId::current()))
     }
 
     /// temp file, fsync, rename to `dest`, fsync `dest_dir`.
@@ -252,22 +255,16 @@ impl BlobStore for LocalStore {
         Ok(out)
     }
 
-    fn remove_incomplete_writes(&self, older_than: Duration) -> Result<IncompleteWrites, BlobError> {
-        let now = SystemTime::now();
+    fn remove_incomplete_writes(&self) -> Result<IncompleteWrites, BlobError> {
         let mut report = IncompleteWrites::default();
-        for (_, path) in read_dir_sorted(&self.temp_dir())? {
+        for (name, path) in read_dir_sorted(&self.temp_dir())? {
             let meta = match fs::symlink_metadata(&path) {
                 Ok(m) => m,
                 Err(e) if e.kind() == io::ErrorKind::NotFound => continue,
                 Err(e) => return Err(BlobError::io("stat temp file", &path, e)),
             };
             let modified = meta.modified().map_err(|e| BlobError::io("read mtime of", &path, e))?;
-            // A clock step backwards makes the age an error: keep the file.
-            let old = now
-                .duration_since(modified)
-                .map(|age| age >= older_than)
-                .unwrap_or(false);
-            if !old {
+            if !process::is_abandoned(&name, modified) {
                 continue;
             }
             match fs::remove_file(&path) {
@@ -318,6 +315,15 @@ mod tests {
         assert!(store.delete(&key).unwrap());
         assert!(!store.delete(&key).unwrap());
         assert!(matches!(store.get(&key), Err(BlobError::NotFound { .. })));
+    }
+
+    #[test]
+    fn a_temp_file_names_its_writer() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = LocalStore::open(dir.path()).unwrap();
+        let name = store.temp_path().file_name().unwrap().to_str().unwrap().to_string();
+        assert_eq!(WriterId::in_name(&name), Some(WriterId::current()), "{name}");
+        assert!(name.ends_with(TMP_SUFFIX), "{name}");
     }
 
     #[test]

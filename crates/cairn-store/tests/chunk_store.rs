@@ -6,6 +6,7 @@ use std::io::Write;
 use std::os::unix::fs::MetadataExt;
 use std::time::{Duration, SystemTime};
 
+use cairn_store::process::{WriterId, UNIDENTIFIED_GRACE};
 use cairn_store::{
     collect_garbage, BlobStore, ChunkHash, ChunkStore, FileContent, LocalStore, ReadContext, StoreError, MIN_CHUNK,
 };
@@ -166,33 +167,63 @@ fn a_missing_chunk_is_an_error_naming_the_snapshot_and_file() {
 }
 
 #[test]
-fn a_temp_file_left_by_a_killed_writer_is_invisible_and_reclaimed_by_gc() {
+fn a_temp_file_is_reclaimed_by_gc_only_when_its_writer_is_dead() {
     let (dir, store) = open_store();
     let live = store.put_chunk(b"committed").unwrap().hash;
-
-    // What a writer killed between create and rename leaves behind: a
-    // partial file in tmp/, named like the store's own temp files.
-    let stale = store.backend().temp_dir().join("4242-0-1.partial");
-    fs::write(&stale, b"half a chu").unwrap();
-    let old = SystemTime::now() - Duration::from_secs(3600);
-    File::options()
-        .write(true)
-        .open(&stale)
-        .unwrap()
-        .set_modified(old)
-        .unwrap();
-    // And one from a writer that is still running.
-    let fresh = store.backend().temp_dir().join("4243-0-2.partial");
-    fs::write(&fresh, b"in progress").unwrap();
+    let tmp = store.backend().temp_dir();
+    let long_ago = SystemTime::now() - UNIDENTIFIED_GRACE - Duration::from_secs(60);
+    let partial = |name: &str, modified: SystemTime| {
+        let path = tmp.join(name);
+        fs::write(&path, b"half a chu").unwrap();
+        File::options()
+            .write(true)
+            .open(&path)
+            .unwrap()
+            .set_modified(modified)
+            .unwrap();
+        path
+    };
+    let me = WriterId::current();
+    // A write in progress, however long it has taken.
+    let running = partial(&format!("{me}-0-1.partial"), long_ago);
+    // What a writer killed between create and rename leaves behind.
+    let mut child = std::process::Command::new("true").spawn().unwrap();
+    let killed = WriterId {
+        pid: child.id() as i32,
+        start_time: 1,
+    };
+    child.wait().unwrap();
+    let dead = partial(&format!("{killed}-0-2.partial"), SystemTime::now());
+    // A pid now used by another process than the writer.
+    let reused = WriterId {
+        start_time: me.start_time + 1,
+        ..me
+    };
+    let reused = partial(&format!("{reused}-0-3.partial"), SystemTime::now());
+    // Names from before writers were named: only age tells.
+    let unnamed_young = partial("4243-0-2.partial", SystemTime::now());
+    let unnamed_old = partial("4242-0-1.partial", long_ago);
 
     let keys: Vec<_> = store.backend().list().unwrap().into_iter().map(|o| o.key).collect();
     assert_eq!(keys, vec![live]);
 
-    let report = collect_garbage(store.backend(), [live], Duration::from_secs(600)).unwrap();
-    assert_eq!(report.incomplete_writes_removed, 1);
+    let report = collect_garbage(store.backend(), [live], Duration::ZERO).unwrap();
+    assert_eq!(report.incomplete_writes_removed, 3);
     assert_eq!(report.deleted, 0);
-    assert!(!stale.exists(), "stale temp file was not reclaimed");
-    assert!(fresh.exists(), "a concurrent writer's temp file was removed");
+    assert!(running.exists(), "a running writer's temp file was removed");
+    assert!(!dead.exists(), "a dead writer's temp file was not reclaimed");
+    assert!(
+        !reused.exists(),
+        "the temp file of a writer whose pid was reused was not reclaimed"
+    );
+    assert!(
+        unnamed_young.exists(),
+        "a young temp file of an older version was removed"
+    );
+    assert!(
+        !unnamed_old.exists(),
+        "an old temp file of an older version was not reclaimed"
+    );
     assert!(store.get_chunk(&live, &ReadContext::new()).is_ok());
     drop(dir);
 }

@@ -11,7 +11,7 @@ const ALLOWED: &[(&str, &[&str])] = &[
     ("cairn-init", &["cairn-protocol"]),
     ("cairn-store", &[]),
     ("cairn-layers", &["cairn-store"]),
-    ("cairn-sandbox", &["cairn-protocol", "cairn-layers"]),
+    ("cairn-sandbox", &["cairn-protocol", "cairn-layers", "cairn-store"]),
     (
         "cairn-engine",
         &["cairn-protocol", "cairn-sandbox", "cairn-layers", "cairn-store"],

@@ -257,16 +257,24 @@ fn gc_removes_the_half_built_layers_of_killed_processes_and_keeps_those_being_bu
     let layer = images[0]["layers"][0].as_str().unwrap().to_string();
     let layers = home.path().join("layers");
     // As a restore killed while it materialised a layer leaves it.
+    // Temporaries name their writer as `<pid>+<start time>`.
+    let writer_of = |p: &std::process::Child| {
+        let pid = p.id() as i32;
+        format!("{pid}+{}", cairn_sandbox::pid_start_time(pid).unwrap())
+    };
     let mut killed = std::process::Command::new("sleep").arg("1000").spawn().unwrap();
-    let killed_pid = killed.id();
+    let killed_writer = writer_of(&killed);
     killed.kill().unwrap();
     killed.wait().unwrap();
-    let abandoned = layers.join(format!(".{layer}.materialising-{killed_pid}-1796000000000000000"));
+    let abandoned = layers.join(format!(".{layer}.materialising-{killed_writer}-1796000000000000000"));
     std::fs::create_dir_all(abandoned.join("usr/bin")).unwrap();
     std::fs::write(abandoned.join("usr/bin/half"), "partial").unwrap();
     // And one whose process still writes it.
     let mut writer = std::process::Command::new("sleep").arg("1000").spawn().unwrap();
-    let building = layers.join(format!(".{layer}.materialising-{}-1796000000000000001", writer.id()));
+    let building = layers.join(format!(
+        ".{layer}.materialising-{}-1796000000000000001",
+        writer_of(&writer)
+    ));
     std::fs::create_dir_all(building.join("usr")).unwrap();
 
     let report: serde_json::Value = serde_json::from_str(&home.ok(&["gc", "--json"])).unwrap();

@@ -8,7 +8,7 @@ use cairn_store::{ChunkHash, FileContent, Framed};
 use serde::{Deserialize, Serialize};
 
 use super::records::{ArtifactRecord, RunRecord};
-use super::run::{new_id, RunError};
+use super::run::RunError;
 use super::spec::Stage;
 use crate::{Engine, EngineError};
 
@@ -36,43 +36,40 @@ impl Engine {
         path: &str,
         snapshot: &str,
     ) -> Result<(), EngineError> {
-        let tmp_dir = self
-            .home
-            .scratch()
-            .join(format!("{}-{}", std::process::id(), new_id(8)));
-        fs::create_dir_all(&tmp_dir).map_err(|e| RunError::Read(tmp_dir.clone(), e))?;
-        let tmp = tmp_dir.join("artifact");
-        let result = (|| -> Result<(), EngineError> {
-            let mut f = fs::File::create(&tmp).map_err(|e| RunError::Read(tmp.clone(), e))?;
-            client.get_file(path, &mut f)?;
-            let f = fs::File::open(&tmp).map_err(|e| RunError::Read(tmp.clone(), e))?;
-            let content = self.store.store_file(&f).map_err(crate::SnapshotError::from)?;
-            // Streamed: an artifact may be larger than memory.
-            let mut hasher = blake3::Hasher::new();
-            hasher
-                .update_reader(fs::File::open(&tmp).map_err(|e| RunError::Read(tmp.clone(), e))?)
-                .map_err(|e| RunError::Read(tmp.clone(), e))?;
-            let hash = hasher.finalize().to_hex().to_string();
-            let size = content.size;
-            let object = ArtifactObject {
-                path: path.to_string(),
-                content,
-            };
-            let id = self.store.put_object(&object).map_err(crate::SnapshotError::from)?;
-            self.db.insert_artifact(&ArtifactRecord {
-                id: id.to_string(),
-                run_id: run.id.clone(),
-                stage: stage.name.clone(),
-                branch: branch.to_string(),
-                path: path.to_string(),
-                size_bytes: size,
-                content_hash: hash,
-                snapshot_id: snapshot.to_string(),
-            })?;
-            Ok(())
-        })();
-        let _ = fs::remove_dir_all(&tmp_dir);
-        result
+        let scratch =
+            crate::images::ScratchDir::new(&self.home.scratch()).map_err(|e| RunError::Read(self.home.scratch(), e))?;
+        let tmp = scratch.path().join("artifact");
+        let mut f = fs::File::create(&tmp).map_err(|e| RunError::Read(tmp.clone(), e))?;
+        client.get_file(path, &mut f)?;
+        // Streamed: an artifact may be larger than memory.
+        let mut hasher = blake3::Hasher::new();
+        hasher
+            .update_reader(fs::File::open(&tmp).map_err(|e| RunError::Read(tmp.clone(), e))?)
+            .map_err(|e| RunError::Read(tmp.clone(), e))?;
+        let hash = hasher.finalize().to_hex().to_string();
+        let f = fs::File::open(&tmp).map_err(|e| RunError::Read(tmp.clone(), e))?;
+        // From the first chunk stored until the row that references them is
+        // committed, the chunks are garbage to the collector: it waits for
+        // this shared lock (it sweeps with no grace period).
+        let _lock = self.lock_store(false)?;
+        let content = self.store.store_file(&f).map_err(crate::SnapshotError::from)?;
+        let size = content.size;
+        let object = ArtifactObject {
+            path: path.to_string(),
+            content,
+        };
+        let id = self.store.put_object(&object).map_err(crate::SnapshotError::from)?;
+        self.db.insert_artifact(&ArtifactRecord {
+            id: id.to_string(),
+            run_id: run.id.clone(),
+            stage: stage.name.clone(),
+            branch: branch.to_string(),
+            path: path.to_string(),
+            size_bytes: size,
+            content_hash: hash,
+            snapshot_id: snapshot.to_string(),
+        })?;
+        Ok(())
     }
 
     /// Writes an artifact's content to `out`, verified chunk by chunk.

@@ -8,6 +8,7 @@ use std::os::unix::ffi::OsStrExt;
 use std::path::{Path, PathBuf};
 use std::time::SystemTime;
 
+use cairn_store::process::{self, WriterId};
 use cairn_store::{BlobStore, ChunkStore, ReadContext};
 use nix::fcntl::{renameat2, AtFlags, RenameFlags};
 use nix::sys::stat::{
@@ -56,7 +57,7 @@ pub fn materialise<B: BlobStore>(
         .unwrap_or(0);
     let mut temp_name = b".".to_vec();
     temp_name.extend_from_slice(name.as_bytes());
-    temp_name.extend_from_slice(format!("{TEMP_MARKER}{}-{nanos}", std::process::id()).as_bytes());
+    temp_name.extend_from_slice(format!("{TEMP_MARKER}{}-{nanos}", WriterId::current()).as_bytes());
     let temp = parent.join(OsStr::from_bytes(&temp_name));
 
     let fail = |action, source| ArchiveError::Materialise {
@@ -86,8 +87,9 @@ pub fn materialise<B: BlobStore>(
 const TEMP_MARKER: &str = ".materialising-";
 
 /// Removes temp directories that a materialisation into `parent` left when
-/// its process died (`.<name>.materialising-<pid>-<nanos>` whose pid is no
-/// longer running). Call at startup; returns how many were removed.
+/// its process died (`.<name>.materialising-<writer>-<nanos>` whose writer,
+/// pid and start time, no longer runs; see [`cairn_store::process`]).
+/// Returns how many were removed.
 pub fn remove_abandoned_materialisations(parent: &Path) -> Result<u64, ArchiveError> {
     let fail = |action, source| ArchiveError::Materialise {
         path: parent.to_path_buf(),
@@ -98,26 +100,17 @@ pub fn remove_abandoned_materialisations(parent: &Path) -> Result<u64, ArchiveEr
     for entry in fs::read_dir(parent).map_err(|e| fail("listing the layer directory", e))? {
         let entry = entry.map_err(|e| fail("listing the layer directory", e))?;
         let name = entry.file_name();
-        let name = name.as_bytes();
-        let Some(at) = name
-            .windows(TEMP_MARKER.len())
-            .rposition(|w| w == TEMP_MARKER.as_bytes())
-        else {
-            continue;
-        };
-        if !name.starts_with(b".") {
+        let name = name.to_string_lossy();
+        if !name.starts_with('.') || !name.contains(TEMP_MARKER) {
             continue;
         }
-        let pid = std::str::from_utf8(&name[at + TEMP_MARKER.len()..])
-            .ok()
-            .and_then(|rest| rest.split('-').next())
-            .and_then(|pid| pid.parse::<i32>().ok());
-        let Some(pid) = pid else { continue };
-        let alive = !matches!(
-            nix::sys::signal::kill(nix::unistd::Pid::from_raw(pid), None),
-            Err(nix::errno::Errno::ESRCH)
-        );
-        if alive {
+        let modified = match entry.metadata().and_then(|m| m.modified()) {
+            Ok(m) => m,
+            // Another sweeper got there first.
+            Err(e) if e.kind() == io::ErrorKind::NotFound => continue,
+            Err(e) => return Err(fail("reading a temp directory's age", e)),
+        };
+        if !process::is_abandoned(&name, modified) {
             continue;
         }
         match fs::remove_dir_all(entry.path()) {
