@@ -36,21 +36,45 @@ pub struct SpawnFailure {
 #[derive(Debug, Clone)]
 pub struct InitClient {
     socket: PathBuf,
+    /// `socket` is a directory the sandbox can write, holding init's
+    /// socket among its generations (gVisor; see [`crate::gvisor::sockets`]).
+    shared_directory: bool,
 }
 
 impl InitClient {
+    /// A client for the socket at `socket`, which the host made.
     pub fn new(socket: impl Into<PathBuf>) -> InitClient {
-        InitClient { socket: socket.into() }
+        InitClient {
+            socket: socket.into(),
+            shared_directory: false,
+        }
+    }
+
+    /// A client for init's socket inside `dir`, a directory the sandbox can
+    /// write: nothing there is followed, only init's sockets are used.
+    pub fn in_shared_directory(dir: impl Into<PathBuf>) -> InitClient {
+        InitClient {
+            socket: dir.into(),
+            shared_directory: true,
+        }
     }
 
     pub fn socket(&self) -> &Path {
         &self.socket
     }
 
+    fn connect(&self) -> io::Result<UnixStream> {
+        if self.shared_directory {
+            crate::gvisor::sockets::connect(&self.socket)
+        } else {
+            UnixStream::connect(&self.socket)
+        }
+    }
+
     /// Connects and sends `request` right behind the hello (one write), then
     /// checks the welcome.
     fn open(&self, request: &ToInit) -> Result<(UnixStream, BufReader<UnixStream>), ClientError> {
-        let mut stream = UnixStream::connect(&self.socket).map_err(|e| match e.kind() {
+        let mut stream = self.connect().map_err(|e| match e.kind() {
             io::ErrorKind::NotFound | io::ErrorKind::ConnectionRefused => ClientError::NotRunning(self.socket.clone()),
             _ => ClientError::Io(e),
         })?;
