@@ -74,10 +74,22 @@ impl InitClient {
     /// Connects and sends `request` right behind the hello (one write), then
     /// checks the welcome.
     fn open(&self, request: &ToInit) -> Result<(UnixStream, BufReader<UnixStream>), ClientError> {
+        self.open_within(request, None)
+    }
+
+    /// [`Self::open`], every read on the connection (the welcome included)
+    /// giving up after `timeout`: a peer that accepts and never answers
+    /// cannot hold the host.
+    fn open_within(
+        &self,
+        request: &ToInit,
+        timeout: Option<Duration>,
+    ) -> Result<(UnixStream, BufReader<UnixStream>), ClientError> {
         let mut stream = self.connect().map_err(|e| match e.kind() {
             io::ErrorKind::NotFound | io::ErrorKind::ConnectionRefused => ClientError::NotRunning(self.socket.clone()),
             _ => ClientError::Io(e),
         })?;
+        stream.set_read_timeout(timeout)?;
         let mut buf = Vec::new();
         let mut frame = Vec::new();
         encode_frame(&hello(), &mut frame)?;
@@ -110,8 +122,7 @@ impl InitClient {
 
     /// Checks that init answers within `timeout`.
     pub fn ping(&self, timeout: Duration) -> Result<(), ClientError> {
-        let (stream, mut reader) = self.open(&ToInit::Ping)?;
-        stream.set_read_timeout(Some(timeout))?;
+        let (_stream, mut reader) = self.open_within(&ToInit::Ping, Some(timeout))?;
         match self.read(&mut reader)? {
             FromInit::Pong => Ok(()),
             other => Err(ClientError::Unexpected(format!("{other:?}"))),
@@ -242,8 +253,7 @@ impl InitClient {
     /// checkpoint (gVisor cannot save host sockets); returns once init has
     /// closed this last connection too. Init listens again on SIGUSR2.
     pub fn quiesce(&self, timeout: Duration) -> Result<(), ClientError> {
-        let (stream, mut reader) = self.open(&ToInit::Quiesce)?;
-        stream.set_read_timeout(Some(timeout))?;
+        let (_stream, mut reader) = self.open_within(&ToInit::Quiesce, Some(timeout))?;
         self.expect_done(&mut reader)?;
         let mut rest = Vec::new();
         // End of file: init dropped its side of the last host socket.
@@ -319,5 +329,29 @@ impl ExecSession {
                 other => return Err(ClientError::Unexpected(format!("{other:?}"))),
             }
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::os::unix::net::UnixListener;
+    use std::sync::mpsc;
+
+    #[test]
+    fn a_peer_that_accepts_and_never_answers_fails_a_ping_rather_than_holding_it() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("silent.sock");
+        // Connections wait in its backlog; nothing ever answers.
+        let _silent = UnixListener::bind(&path).unwrap();
+        let client = InitClient::new(&path);
+        let (tx, rx) = mpsc::channel();
+        std::thread::spawn(move || tx.send(client.ping(Duration::from_millis(50)).is_err()));
+        // Only a guard against hanging the test run, not a speed check.
+        assert_eq!(
+            rx.recv_timeout(Duration::from_secs(120)),
+            Ok(true),
+            "ping waited for the welcome for ever"
+        );
     }
 }
