@@ -48,7 +48,7 @@ pub fn connect(dir: &Path) -> io::Result<UnixStream> {
         .into_iter()
         .filter_map(|name| generation(&name).map(|g| (g, name)))
         .collect();
-    names.sort_unstable_by(|a, b| b.0.cmp(&a.0));
+    names.sort_unstable_by_key(|(generation, _)| std::cmp::Reverse(*generation));
     let mut last = io::Error::new(
         io::ErrorKind::NotFound,
         "no init socket in the sandbox's socket directory",
