@@ -6,7 +6,7 @@
 //! lib/                the installed cairn-init executable
 //! store/              chunk store (layers, manifests, file contents)
 //! layers/<id>/        read-only layer directories, materialised from the store
-//! sandboxes/<id>/     upper/, work/, rootfs/, init.sock, console.log
+//! sandboxes/<id>/     upper/, work/, rootfs/, init.sock (native) or uds/ (gvisor), console.log
 //! tmp/<writer>-…/     scratch, named after its process; gc removes it once that process is dead
 //! ```
 

@@ -129,7 +129,9 @@ impl Engine {
 
     fn commit_image(&mut self, name: &str, source: String, layer: PendingLayer) -> Result<ImageRecord, EngineError> {
         let _lock = self.lock_store(false)?;
-        let id = layer.commit(&self.store)?;
+        let committed = layer.commit(&self.store)?;
+        warn_devices_left_out(name, committed.dropped_devices);
+        let id = committed.id;
         let rec = ImageRecord {
             name: name.to_string(),
             source,
@@ -348,13 +350,21 @@ impl Engine {
             )?;
         } else {
             progress.step(&format!("unpacking {}", path.display()));
-            unpack(path, layer.path())?;
+            warn_devices_left_out(name, unpack(path, layer.path())?);
         }
         self.commit_image(name, format!("import {}", path.display()), layer)
     }
 }
 
-fn unpack(path: &Path, dest: &Path) -> Result<(), ImageError> {
+fn warn_devices_left_out(image: &str, count: usize) {
+    if count > 0 {
+        tracing::warn!("image {image}: left out {count} device node(s); images never hold block or character devices");
+    }
+}
+
+/// Unpacks the tarball at `path` into `dest`, but device nodes (the tar
+/// crate would make them empty files); returns how many were left out.
+fn unpack(path: &Path, dest: &Path) -> Result<usize, ImageError> {
     let bad = |reason: String| ImageError::Import {
         path: path.into(),
         reason,
@@ -375,18 +385,24 @@ fn unpack(path: &Path, dest: &Path) -> Result<(), ImageError> {
     archive.set_unpack_xattrs(true);
     archive.set_overwrite(true);
     let mut entries = 0usize;
+    let mut devices = 0usize;
     for entry in archive.entries().map_err(|e| bad(format!("not a tar archive: {e}")))? {
         let mut entry = entry.map_err(|e| bad(format!("corrupt tar archive: {e}")))?;
+        entries += 1;
+        let kind = entry.header().entry_type();
+        if kind.is_block_special() || kind.is_character_special() {
+            devices += 1;
+            continue;
+        }
         // unpack_in refuses entries that would land outside `dest`.
         entry
             .unpack_in(dest)
             .map_err(|e| bad(format!("cannot unpack {:?}: {e}", entry.path().unwrap_or_default())))?;
-        entries += 1;
     }
     if entries == 0 {
         return Err(bad("the archive is empty or not a tar archive".into()));
     }
-    Ok(())
+    Ok(devices)
 }
 
 /// The static busybox: the host's when it is static, else Debian's

@@ -275,7 +275,7 @@ impl Engine {
                 state: rec.state,
             });
         }
-        Ok(InitClient::new(self.home.sandbox(&rec.id).join("init.sock")))
+        Ok(self.driver_of(rec)?.client(&self.home.sandbox(&rec.id)))
     }
 
     /// Starts a process in a running sandbox.

@@ -334,6 +334,13 @@ impl Engine {
             (captured, None)
         };
         let (layer, next_baseline) = captured.map_err(SnapshotError::from)?;
+        if layer.dropped_devices > 0 {
+            tracing::warn!(
+                sandbox = %rec.id,
+                "the snapshot leaves out {} device node(s) the sandbox made; snapshots never hold devices",
+                layer.dropped_devices
+            );
+        }
         // A snapshot with no change adds no layer. Entries changed within a
         // second of the previous capture are read again (racily clean): when
         // nothing else changed since, that is the same layer as the one on

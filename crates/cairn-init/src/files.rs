@@ -2,12 +2,13 @@
 
 use std::fs::{self, File};
 use std::io::{BufReader, Read, Write};
-use std::os::unix::fs::{chown, MetadataExt, PermissionsExt};
+use std::os::fd::AsRawFd;
+use std::os::unix::fs::{fchown, MetadataExt, OpenOptionsExt, PermissionsExt};
 use std::os::unix::net::UnixStream;
 use std::path::{Path, PathBuf};
 
 use cairn_protocol::{read_frame, write_frame, FileKind, FileMeta, FrameError, FromInit, ToInit, DATA_CHUNK};
-use nix::sys::stat::{utimensat, UtimensatFlags};
+use nix::sys::stat::futimens;
 use nix::sys::time::TimeSpec;
 
 pub fn stat(path: &str) -> Option<FileMeta> {
@@ -75,9 +76,8 @@ fn receive(meta: &FileMeta, reader: &mut BufReader<UnixStream>) -> Result<(), Fa
         .file_name()
         .map(|n| n.to_string_lossy().into_owned())
         .unwrap_or_default();
-    let tmp = parent.join(format!(".{name}.cairn-{}", std::process::id()));
-    let mut file = match File::create(&tmp) {
-        Ok(f) => f,
+    let (tmp, mut file) = match create_temporary(parent, &name) {
+        Ok(created) => created,
         Err(e) => {
             drain(reader).map_err(Failure::Protocol)?;
             return Err(refuse("create", e));
@@ -109,12 +109,14 @@ fn receive(meta: &FileMeta, reader: &mut BufReader<UnixStream>) -> Result<(), Fa
             return Err(refuse("write", e));
         }
         file.sync_data().map_err(|e| refuse("sync", e))?;
-        chown(&tmp, Some(meta.uid), Some(meta.gid)).map_err(|e| refuse("chown", e))?;
-        fs::set_permissions(&tmp, fs::Permissions::from_mode(meta.mode)).map_err(|e| refuse("chmod", e))?;
+        // Through the handle: the name may have been replaced meanwhile.
+        fchown(&file, Some(meta.uid), Some(meta.gid)).map_err(|e| refuse("chown", e))?;
+        file.set_permissions(fs::Permissions::from_mode(meta.mode))
+            .map_err(|e| refuse("chmod", e))?;
         let secs = meta.mtime_ns.div_euclid(1_000_000_000) as i64;
         let nsec = meta.mtime_ns.rem_euclid(1_000_000_000) as i64;
         let ts = TimeSpec::new(secs, nsec);
-        utimensat(None, &tmp, &ts, &ts, UtimensatFlags::NoFollowSymlink).map_err(|e| refuse("set mtime", e.into()))?;
+        futimens(file.as_raw_fd(), &ts, &ts).map_err(|e| refuse("set mtime", e.into()))?;
         if target.is_dir() {
             return Err(Failure::Refused(format!(
                 "cannot write {}: it is a directory",
@@ -128,6 +130,30 @@ fn receive(meta: &FileMeta, reader: &mut BufReader<UnixStream>) -> Result<(), Fa
         let _ = fs::remove_file(&tmp);
     }
     result
+}
+
+/// A new file beside the target, created exclusively (never through a
+/// symlink another process in the sandbox put at the name) and owner-only
+/// until complete.
+fn create_temporary(parent: &Path, name: &str) -> std::io::Result<(PathBuf, File)> {
+    let mut attempt = 0u32;
+    loop {
+        let nanos = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map(|d| d.subsec_nanos())
+            .unwrap_or(0);
+        let tmp = parent.join(format!(".{name}.cairn-{nanos:08x}{attempt}"));
+        match fs::OpenOptions::new()
+            .write(true)
+            .create_new(true)
+            .mode(0o600)
+            .open(&tmp)
+        {
+            Ok(file) => return Ok((tmp, file)),
+            Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists && attempt < 16 => attempt += 1,
+            Err(e) => return Err(e),
+        }
+    }
 }
 
 fn drain(reader: &mut BufReader<UnixStream>) -> Result<(), FrameError> {

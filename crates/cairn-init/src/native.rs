@@ -132,7 +132,9 @@ fn setup_root(plan: &NativeSetup, userns: OwnedFd) -> Step<()> {
             // an image's symlink there would point them at host paths.
             if let Ok(st) = nix::sys::stat::fstatat(Some(top), dir, AtFlags::AT_SYMLINK_NOFOLLOW) {
                 if SFlag::from_bits_truncate(st.st_mode & SFlag::S_IFMT.bits()) != SFlag::S_IFDIR {
-                    return Err(format!("the image's /{dir} is not a directory; a sandbox mounts its own there"));
+                    return Err(format!(
+                        "the image's /{dir} is not a directory; a sandbox mounts its own there"
+                    ));
                 }
                 continue;
             }

@@ -50,6 +50,14 @@ pub struct LayerStore {
     root: PathBuf,
 }
 
+/// A layer [`PendingLayer::commit`] put in place.
+#[derive(Debug, Clone, Copy)]
+pub struct CommittedLayer {
+    pub id: LayerId,
+    /// Device nodes removed from the directory before it was captured.
+    pub dropped_devices: usize,
+}
+
 /// A layer being filled; becomes visible only on [`PendingLayer::commit`].
 /// Dropped without committing, it removes what was written.
 pub struct PendingLayer {
@@ -64,18 +72,21 @@ impl PendingLayer {
         &self.tmp
     }
 
-    /// Captures the directory into `store` and moves it into place under
-    /// its content id. A layer with the same content already present is
-    /// kept and this copy discarded.
-    pub fn commit<B: BlobStore>(mut self, store: &ChunkStore<B>) -> Result<LayerId, LayerError> {
+    /// Removes device nodes from the directory (a layer never holds one;
+    /// see [`archive::remove_device_nodes`]), captures it into `store` and
+    /// moves it into place under its content id. A layer with the same
+    /// content already present is kept and this copy discarded.
+    pub fn commit<B: BlobStore>(mut self, store: &ChunkStore<B>) -> Result<CommittedLayer, LayerError> {
+        let dropped_devices = archive::remove_device_nodes(&self.tmp)?;
         let id = archive::capture(&self.tmp, store)?.id;
+        let committed = CommittedLayer { id, dropped_devices };
         let dest = self.root.join(id.to_string());
         if dest.is_dir() {
-            return Ok(id);
+            return Ok(committed);
         }
         fs::rename(&self.tmp, &dest).map_err(io_err(&dest))?;
         self.committed = true;
-        Ok(id)
+        Ok(committed)
     }
 }
 
@@ -214,7 +225,7 @@ mod tests {
         let pending = layers.prepare().unwrap();
         fs::write(pending.path().join("f"), "x").unwrap();
         assert!(layers.list().unwrap().is_empty());
-        let id = pending.commit(&store).unwrap();
+        let id = pending.commit(&store).unwrap().id;
         assert_eq!(fs::read_to_string(layers.path(&id).unwrap().join("f")).unwrap(), "x");
         assert_eq!(layers.list().unwrap(), vec![id]);
         layers.remove(&id).unwrap();

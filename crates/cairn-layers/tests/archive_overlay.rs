@@ -13,7 +13,8 @@ use std::path::{Path, PathBuf};
 use std::time::{Duration, UNIX_EPOCH};
 
 use cairn_layers::archive::{
-    capture, capture_since, materialise, remove_abandoned_materialisations, EntryKind, LayerPath,
+    capture, capture_since, materialise, remove_abandoned_materialisations, Entry, EntryKind, LayerId, LayerIndex,
+    LayerPath, Metadata, Timestamp,
 };
 use cairn_store::process::{WriterId, UNIDENTIFIED_GRACE};
 use cairn_store::{collect_garbage, BlobStore, ChunkStore, LocalStore};
@@ -225,6 +226,14 @@ fn a_materialised_layer_reproduces_the_merged_view_exactly() {
     assert!(matches!(find("new/group-2").kind, EntryKind::HardLink { .. }));
     // Capture reads only the upper: untouched lower files are absent.
     assert!(index.entries.iter().all(|e| e.path.as_bytes() != b"keep.txt"));
+    // Device nodes are left out; the fifo and the socket stay.
+    assert_eq!(layer.dropped_devices, 2);
+    for device in ["new/null", "new/loop-dev"] {
+        let path = LayerPath::root().join(device.as_bytes());
+        assert!(index.entries.iter().all(|e| e.path != path), "{device} captured");
+    }
+    assert!(matches!(find("new/fifo").kind, EntryKind::Fifo));
+    assert!(matches!(find("new/socket").kind, EntryKind::Socket));
     // The sparse file's holes were not stored.
     match &find("new/sparse").kind {
         EntryKind::File(c) => {
@@ -240,9 +249,13 @@ fn a_materialised_layer_reproduces_the_merged_view_exactly() {
 
     let original = Mount::overlay(&[&lower], Some((&upper, &work)), &s.path("view-original"), true).unwrap();
     let restored = Mount::overlay(&[&rebuilt, &lower], None, &s.path("view-restored"), true).unwrap();
-    let expected = observe(original.path());
+    let mut expected = observe(original.path());
     let actual = observe(restored.path());
     assert!(expected.len() > 40, "the comparison saw too little: {}", expected.len());
+    let devices: [&[u8]; 2] = [b"new/null", b"new/loop-dev"];
+    for device in devices {
+        assert!(expected.remove(device).is_some() && !actual.contains_key(device));
+    }
     assert!(!expected.contains_key(&b"delete-me.txt"[..]));
     assert!(
         !expected.contains_key(&b"replace-dir/a"[..]),
@@ -251,8 +264,11 @@ fn a_materialised_layer_reproduces_the_merged_view_exactly() {
     assert_same_tree(&expected, &actual);
 
     // And the materialised directory itself matches the upper it came from.
-    let upper_view = observe(&upper);
+    let mut upper_view = observe(&upper);
     let rebuilt_view = observe(&rebuilt);
+    for device in devices {
+        upper_view.remove(device);
+    }
     assert_same_tree(&upper_view, &rebuilt_view);
 }
 
@@ -305,6 +321,54 @@ fn materialised_layers_stack_like_the_uppers_they_came_from() {
     assert!(!expected.contains_key(&b"keep.txt"[..]));
     assert!(!expected.contains_key(&b"new/elsewhere/group-3"[..]));
     assert_same_tree(&expected, &observe(stacked.path()));
+}
+
+#[test]
+fn device_nodes_in_a_layer_index_are_not_materialised() {
+    let s = Scratch::new();
+    let store = store_in(&s);
+    let meta = |mode| Metadata {
+        mode,
+        uid: 0,
+        gid: 0,
+        mtime: Timestamp { sec: 1, nsec: 0 },
+        xattrs: Vec::new(),
+    };
+    let entry = |path: &str, kind, mode| Entry {
+        path: LayerPath::root().join(path.as_bytes()),
+        kind,
+        meta: meta(mode),
+    };
+    // As an older Cairn wrote them, or anyone with write access to the store.
+    let index = LayerIndex {
+        entries: vec![
+            Entry {
+                path: LayerPath::root(),
+                kind: EntryKind::Directory,
+                meta: meta(0o755),
+            },
+            entry("disk", EntryKind::BlockDevice { major: 7, minor: 0 }, 0o666),
+            entry(
+                "disk-too",
+                EntryKind::HardLink {
+                    target: LayerPath::root().join(b"disk"),
+                },
+                0o666,
+            ),
+            entry("gone", EntryKind::CharDevice { major: 0, minor: 0 }, 0),
+            entry("mem", EntryKind::CharDevice { major: 1, minor: 1 }, 0o666),
+            entry("pipe", EntryKind::Fifo, 0o600),
+        ],
+    };
+    let id = LayerId::from_hash(store.put_object(&index).unwrap());
+    let dest = s.path("out");
+    materialise(&id, &store, &dest).unwrap();
+    let mut names: Vec<String> = fs::read_dir(&dest)
+        .unwrap()
+        .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+        .collect();
+    names.sort();
+    assert_eq!(names, ["gone", "pipe"], "device nodes were made");
 }
 
 #[test]

@@ -41,7 +41,7 @@ fn main() {
         let s = spec("s");
         let t = Instant::now();
         driver.start(&s).unwrap();
-        let client = InitClient::new(s.socket_path());
+        let client = driver.client(&s.dir);
         run_sh(&client, "true", false);
         let start = t.elapsed();
         run_sh(

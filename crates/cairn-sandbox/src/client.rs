@@ -59,24 +59,60 @@ pub struct SpawnFailure {
 #[derive(Debug, Clone)]
 pub struct InitClient {
     socket: PathBuf,
+    /// `socket` is a directory the sandbox can write, holding init's
+    /// socket among its generations (gVisor; see [`crate::gvisor::sockets`]).
+    shared_directory: bool,
 }
 
 impl InitClient {
+    /// A client for the socket at `socket`, which the host made.
     pub fn new(socket: impl Into<PathBuf>) -> InitClient {
-        InitClient { socket: socket.into() }
+        InitClient {
+            socket: socket.into(),
+            shared_directory: false,
+        }
+    }
+
+    /// A client for init's socket inside `dir`, a directory the sandbox can
+    /// write: nothing there is followed, only init's sockets are used.
+    pub fn in_shared_directory(dir: impl Into<PathBuf>) -> InitClient {
+        InitClient {
+            socket: dir.into(),
+            shared_directory: true,
+        }
     }
 
     pub fn socket(&self) -> &Path {
         &self.socket
     }
 
+    fn connect(&self) -> io::Result<UnixStream> {
+        if self.shared_directory {
+            crate::gvisor::sockets::connect(&self.socket)
+        } else {
+            UnixStream::connect(&self.socket)
+        }
+    }
+
     /// Connects and sends `request` right behind the hello (one write), then
     /// checks the welcome.
     fn open(&self, request: &ToInit) -> Result<(UnixStream, BufReader<UnixStream>), ClientError> {
-        let mut stream = UnixStream::connect(&self.socket).map_err(|e| match e.kind() {
+        self.open_within(request, None)
+    }
+
+    /// [`Self::open`], every read on the connection (the welcome included)
+    /// giving up after `timeout`: a peer that accepts and never answers
+    /// cannot hold the host.
+    fn open_within(
+        &self,
+        request: &ToInit,
+        timeout: Option<Duration>,
+    ) -> Result<(UnixStream, BufReader<UnixStream>), ClientError> {
+        let mut stream = self.connect().map_err(|e| match e.kind() {
             io::ErrorKind::NotFound | io::ErrorKind::ConnectionRefused => ClientError::NotRunning(self.socket.clone()),
             _ => ClientError::Io(e),
         })?;
+        stream.set_read_timeout(timeout)?;
         let mut buf = Vec::new();
         let mut frame = Vec::new();
         encode_frame(&hello(), &mut frame)?;
@@ -117,8 +153,7 @@ impl InitClient {
 
     /// Checks that init answers within `timeout`.
     pub fn ping(&self, timeout: Duration) -> Result<(), ClientError> {
-        let (stream, mut reader) = self.open(&ToInit::Ping)?;
-        stream.set_read_timeout(Some(timeout))?;
+        let (_stream, mut reader) = self.open_within(&ToInit::Ping, Some(timeout))?;
         match self.read(&mut reader)? {
             FromInit::Pong => Ok(()),
             other => Err(unexpected(&other)),
@@ -249,8 +284,7 @@ impl InitClient {
     /// checkpoint (gVisor cannot save host sockets); returns once init has
     /// closed this last connection too. Init listens again on SIGUSR2.
     pub fn quiesce(&self, timeout: Duration) -> Result<(), ClientError> {
-        let (stream, mut reader) = self.open(&ToInit::Quiesce)?;
-        stream.set_read_timeout(Some(timeout))?;
+        let (_stream, mut reader) = self.open_within(&ToInit::Quiesce, Some(timeout))?;
         self.expect_done(&mut reader)?;
         // End of file: init dropped its side of the last host socket.
         io::copy(&mut reader, &mut io::sink())?;
@@ -342,5 +376,25 @@ mod tests {
         assert_eq!(bounded("short".into()), "short");
         let frame = unexpected(&FromInit::Stdout(vec![0; 1 << 20])).to_string();
         assert!(frame.len() < 2 * MESSAGE_MAX, "{} bytes kept", frame.len());
+    }
+
+    use std::os::unix::net::UnixListener;
+    use std::sync::mpsc;
+
+    #[test]
+    fn a_peer_that_accepts_and_never_answers_fails_a_ping_rather_than_holding_it() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("silent.sock");
+        // Connections wait in its backlog; nothing ever answers.
+        let _silent = UnixListener::bind(&path).unwrap();
+        let client = InitClient::new(&path);
+        let (tx, rx) = mpsc::channel();
+        std::thread::spawn(move || tx.send(client.ping(Duration::from_millis(50)).is_err()));
+        // Only a guard against hanging the test run, not a speed check.
+        assert_eq!(
+            rx.recv_timeout(Duration::from_secs(120)),
+            Ok(true),
+            "ping waited for the welcome for ever"
+        );
     }
 }

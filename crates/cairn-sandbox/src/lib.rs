@@ -12,7 +12,7 @@ pub mod init_binary;
 pub mod limits;
 pub mod native;
 
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 
 pub use limits::{Limits, LimitsError};
 // Process liveness by start time lives with the chunk store, whose
@@ -37,7 +37,8 @@ pub struct SandboxSpec {
     /// Host name inside the sandbox.
     pub hostname: String,
     /// The sandbox's private directory on the host: `upper/`, `work/`,
-    /// `rootfs/`, `init.sock`, `console.log` live here.
+    /// `rootfs/`, `console.log` and init's socket (`init.sock`, or `uds/`
+    /// for gVisor) live here.
     pub dir: PathBuf,
     /// Read-only layers, topmost first.
     pub layers: Vec<PathBuf>,
@@ -47,6 +48,7 @@ pub struct SandboxSpec {
 }
 
 impl SandboxSpec {
+    /// Where the native driver binds init's socket.
     pub fn socket_path(&self) -> PathBuf {
         self.dir.join("init.sock")
     }
@@ -125,4 +127,8 @@ pub trait Driver: Send + Sync {
     fn oom_kills(&self, id: &str) -> u64;
     /// Sandbox ids that have resources on this host (for garbage collection).
     fn leftovers(&self) -> Vec<String>;
+    /// A client for the init of the sandbox whose directory is `dir`.
+    fn client(&self, dir: &Path) -> client::InitClient {
+        client::InitClient::new(dir.join("init.sock"))
+    }
 }

@@ -85,7 +85,7 @@ impl Env {
         self.driver
             .start(spec)
             .unwrap_or_else(|e| panic!("start {}: {e}", spec.id));
-        InitClient::new(spec.socket_path())
+        self.driver.client(&spec.dir)
     }
 
     fn restore(&self, spec: &SandboxSpec, image: &Path) -> InitClient {
@@ -93,7 +93,7 @@ impl Env {
         self.driver
             .restore(spec, image)
             .unwrap_or_else(|e| panic!("restore {}: {e}", spec.id));
-        InitClient::new(spec.socket_path())
+        self.driver.client(&spec.dir)
     }
 
     /// Asserts that nothing of sandbox `spec` is left on the host.
@@ -339,7 +339,7 @@ fn stop_after_the_sentry_was_killed_leaves_nothing_behind() {
     let spec = env.spec("killed", vec![env.base.clone()]);
     let process = env.driver.start(&spec).unwrap();
     env.started.borrow_mut().push(spec.id.clone());
-    let client = InitClient::new(spec.socket_path());
+    let client = env.driver.client(&spec.dir);
     detach(&client, "sleep 1000");
     nix::sys::signal::kill(
         nix::unistd::Pid::from_raw(process.pid),

@@ -139,8 +139,11 @@ pub enum Command {
     /// Copy a file into or out of a sandbox; one side is ID:/path.
     ///
     /// `cairn cp ./in.txt ID:/tmp/` copies in; `cairn cp ID:/tmp/out.txt .`
-    /// copies out; `-` as the destination writes to stdout. Modes and
-    /// modification times are kept.
+    /// copies out; `-` as the destination writes to stdout. Modification
+    /// times and permission bits are kept; a file copied out gets its
+    /// permission bits less the umask, never setuid, setgid or sticky. A
+    /// destination that is a symlink is replaced by the copy, not written
+    /// through (one to a directory gets the file inside).
     Cp { src: String, dst: String },
     /// List sandboxes.
     Ps {

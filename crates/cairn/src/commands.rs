@@ -2,12 +2,14 @@
 
 use std::fs;
 use std::io::{self, Read, Seek, SeekFrom};
+use std::os::fd::AsRawFd;
 use std::os::unix::fs::{MetadataExt, PermissionsExt};
 use std::path::{Path, PathBuf};
 
 use anyhow::{bail, Context, Result};
 use cairn_engine::{CreateOptions, Engine, Home, SandboxRecord, SandboxState};
 use cairn_protocol::{ExecRequest, FileKind, FileMeta};
+use cairn_sandbox::client::InitClient;
 use cairn_sandbox::limits::{CpuCount, MemorySize, PidCount};
 use cairn_sandbox::Limits;
 use nix::sys::signal::{SigSet, Signal};
@@ -342,36 +344,7 @@ fn copy(engine: &Engine, src: &str, dst: &str) -> Result<()> {
             } else {
                 to
             };
-            let parent = to
-                .parent()
-                .filter(|p| !p.as_os_str().is_empty())
-                .unwrap_or(Path::new("."));
-            // Into a temporary beside the target, renamed once complete.
-            let tmp = parent.join(format!(
-                ".{}.cairn-{}",
-                to.file_name().unwrap_or_default().to_string_lossy(),
-                std::process::id()
-            ));
-            let mut file = fs::File::create(&tmp).with_context(|| format!("cannot write {}", tmp.display()))?;
-            let result = client
-                .get_file(&from, &mut file)
-                .map_err(anyhow::Error::from)
-                .and_then(|meta| {
-                    file.sync_all()?;
-                    // The user's umask decides, never the sandbox: no setuid,
-                    // setgid or sticky bit reaches the host.
-                    let mode = meta.mode & 0o777 & !crate::user_umask();
-                    fs::set_permissions(&tmp, fs::Permissions::from_mode(mode))?;
-                    let secs = meta.mtime_ns.div_euclid(1_000_000_000) as i64;
-                    let ts = nix::sys::time::TimeSpec::new(secs, meta.mtime_ns.rem_euclid(1_000_000_000) as i64);
-                    nix::sys::stat::utimensat(None, &tmp, &ts, &ts, nix::sys::stat::UtimensatFlags::FollowSymlink)?;
-                    fs::rename(&tmp, &to)?;
-                    Ok(())
-                });
-            if result.is_err() {
-                let _ = fs::remove_file(&tmp);
-            }
-            result
+            copy_out(&client, &from, &to)
         }
         (Location::Sandbox(..), Location::Sandbox(..)) => {
             bail!("copy between two sandboxes through the host: cp ID1:/f ./f, then cp ./f ID2:/f")
@@ -380,6 +353,42 @@ fn copy(engine: &Engine, src: &str, dst: &str) -> Result<()> {
             bail!("one side of `cairn cp` must be a sandbox path, ID:/path")
         }
     }
+}
+
+/// Writes the sandbox's file `from` to `to` on the host: into a new
+/// temporary beside `to` (created exclusively under a random name,
+/// owner-only while written), renamed over `to` once complete, so a symlink
+/// at `to` is replaced rather than written through. The sandbox chose the
+/// mode: only its permission bits are kept, less the umask, so no copy is
+/// ever setuid, setgid or sticky on the host.
+fn copy_out(client: &InitClient, from: &str, to: &Path) -> Result<()> {
+    let mut tmp = temporary_beside(to)?;
+    let meta = client.get_file(from, tmp.as_file_mut())?;
+    let file = tmp.as_file();
+    file.sync_all()?;
+    file.set_permissions(fs::Permissions::from_mode(meta.mode & 0o777 & !crate::user_umask()))?;
+    let secs = meta.mtime_ns.div_euclid(1_000_000_000) as i64;
+    let ts = nix::sys::time::TimeSpec::new(secs, meta.mtime_ns.rem_euclid(1_000_000_000) as i64);
+    nix::sys::stat::futimens(file.as_raw_fd(), &ts, &ts)?;
+    tmp.persist(to)
+        .with_context(|| format!("cannot write {}", to.display()))?;
+    Ok(())
+}
+
+/// A new file in `to`'s directory, to be renamed to `to` once complete:
+/// created exclusively under a random name (never through a symlink someone
+/// put at a name they guessed), owner-only, removed when dropped unrenamed.
+pub(crate) fn temporary_beside(to: &Path) -> Result<tempfile::NamedTempFile> {
+    let parent = to
+        .parent()
+        .filter(|p| !p.as_os_str().is_empty())
+        .unwrap_or(Path::new("."));
+    let name = to.file_name().context("the destination has no file name")?;
+    tempfile::Builder::new()
+        .prefix(&format!(".{}.", name.to_string_lossy()))
+        .suffix(".cairn")
+        .tempfile_in(parent)
+        .with_context(|| format!("cannot write in {}", parent.display()))
 }
 
 fn ps(engine: &mut Engine, quiet: bool, json: bool) -> Result<()> {

@@ -15,7 +15,7 @@ use clap::Parser;
 pub(crate) const CAIRN_FAILED: u8 = 125;
 
 /// The umask Cairn was started with: files it writes for the user outside
-/// the state directory (`cairn cp` out) follow it.
+/// the state directory (`cairn cp` out, `artifact get -o`) follow it.
 pub(crate) fn user_umask() -> u32 {
     *USER_UMASK.get().unwrap_or(&0o022)
 }

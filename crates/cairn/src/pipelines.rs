@@ -297,13 +297,14 @@ pub fn artifact(engine: &Engine, cmd: ArtifactCommand) -> Result<()> {
             if output.as_os_str() == "-" {
                 engine.artifact_get(&id, &mut std::io::stdout().lock())?;
             } else {
-                let tmp = output.with_extension("cairn-partial");
-                let mut f = std::fs::File::create(&tmp).with_context(|| format!("cannot write {}", tmp.display()))?;
-                if let Err(e) = engine.artifact_get(&id, &mut f) {
-                    let _ = std::fs::remove_file(&tmp);
-                    return Err(e.into());
-                }
-                std::fs::rename(&tmp, &output)?;
+                let mut tmp = crate::commands::temporary_beside(&output)?;
+                engine.artifact_get(&id, tmp.as_file_mut())?;
+                // Readable as a file the user made would be.
+                let mode = 0o666 & !crate::user_umask();
+                tmp.as_file()
+                    .set_permissions(std::os::unix::fs::PermissionsExt::from_mode(mode))?;
+                tmp.persist(&output)
+                    .with_context(|| format!("cannot write {}", output.display()))?;
             }
         }
     }

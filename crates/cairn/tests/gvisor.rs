@@ -219,3 +219,34 @@ fn a_killed_sentry_leaves_nothing_behind_after_rm_or_gc() {
         assert!(left.is_empty(), "processes of {id} left: {left:?}");
     }
 }
+
+#[test]
+fn a_link_planted_in_the_socket_directory_is_never_followed() {
+    let name = "a_link_planted_in_the_socket_directory_is_never_followed";
+    if skip_without_runsc(name) {
+        return;
+    }
+    let home = Home::new();
+    let id = home.ok(&["create", "--driver", "gvisor"]);
+    // A host socket the sandbox names as init's newest.
+    let elsewhere = tempfile::tempdir().unwrap();
+    let bait_path = elsewhere.path().join("bait.sock");
+    let bait = std::os::unix::net::UnixListener::bind(&bait_path).unwrap();
+    bait.set_nonblocking(true).unwrap();
+    home.sh(&id, &format!("ln -s {} /run/cairn/init.sock.99", bait_path.display()));
+    assert_eq!(home.ok(&["exec", &id, "--", "echo", "before"]), "before");
+    // A snapshot ends in a restore, after which init listens under a new
+    // name that the host looks for.
+    home.ok(&["snapshot", &id]);
+    assert_eq!(home.ok(&["exec", &id, "--", "echo", "after"]), "after");
+    let running = home
+        .ps()
+        .iter()
+        .any(|s| s["id"] == id.as_str() && s["state"] == "running");
+    assert!(running, "{:?}", home.ps());
+    assert!(
+        bait.accept().is_err_and(|e| e.kind() == std::io::ErrorKind::WouldBlock),
+        "the host connected to the socket the sandbox pointed at"
+    );
+    home.ok(&["rm", "-f", &id]);
+}

@@ -87,3 +87,65 @@ fn a_gzipped_tarball_imports_and_a_bad_one_is_refused() {
     home.ok(&["image", "rm", "fromtar"]);
     assert!(!home.ok(&["image", "ls"]).contains("fromtar"));
 }
+
+#[test]
+fn device_nodes_are_left_out_of_imported_directories_and_tarballs() {
+    if skip("device_nodes_are_left_out_of_imported_directories_and_tarballs") {
+        return;
+    }
+    let home = Home::new();
+    let images: serde_json::Value = serde_json::from_str(&home.ok(&["image", "ls", "--json"])).unwrap();
+    let layer = home
+        .path()
+        .join("layers")
+        .join(images[0]["layers"][0].as_str().unwrap());
+    let work = tempfile::tempdir().unwrap();
+    let root = work.path().join("root");
+    let mut copy = Command::new("cp");
+    assert!(copy.arg("-a").arg(&layer).arg(&root).status().unwrap().success());
+    // The host's memory and a block device, under paths the sandbox's own
+    // /dev does not cover; a fifo is harmless and stays.
+    let mode = nix::sys::stat::Mode::from_bits_truncate(0o666);
+    nix::sys::stat::mknod(
+        &root.join("mem"),
+        nix::sys::stat::SFlag::S_IFCHR,
+        mode,
+        nix::sys::stat::makedev(1, 1),
+    )
+    .unwrap();
+    std::fs::create_dir(root.join("deep")).unwrap();
+    nix::sys::stat::mknod(
+        &root.join("deep/disk"),
+        nix::sys::stat::SFlag::S_IFBLK,
+        mode,
+        nix::sys::stat::makedev(7, 0),
+    )
+    .unwrap();
+    nix::unistd::mkfifo(&root.join("pipe"), mode).unwrap();
+    let tarball = work.path().join("root.tar");
+    assert!(Command::new("tar")
+        .arg("-C")
+        .arg(&root)
+        .arg("-cf")
+        .arg(&tarball)
+        .arg(".")
+        .status()
+        .unwrap()
+        .success());
+
+    for (source, name) in [(&root, "fromdir"), (&tarball, "fromtar")] {
+        let out = home.cairn(&["image", "import", source.to_str().unwrap(), "--name", name]);
+        assert!(out.status.success(), "{}", stderr(&out));
+        let seen = home.ok(&[
+            "run",
+            "--image",
+            name,
+            "--",
+            "sh",
+            "-c",
+            "for f in /mem /deep/disk /pipe; do if [ -e $f ] || [ -L $f ]; then echo $f; fi; done",
+        ]);
+        assert_eq!(seen, "/pipe", "image {name} kept device nodes");
+        assert!(stderr(&out).contains("2 device node"), "no warning: {}", stderr(&out));
+    }
+}

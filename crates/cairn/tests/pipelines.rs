@@ -182,6 +182,17 @@ fn exhausted_retries_land_in_the_dlq_and_dlq_retry_completes_the_run() {
     // The artifact comes back out of the store.
     let artifact = v["artifacts"][0]["id"].as_str().unwrap();
     assert_eq!(home.ok(&["artifact", "get", artifact]), "ok");
+    // Into a file, never through a link planted at a name the copy might
+    // write first.
+    let work = tempfile::tempdir().unwrap();
+    let victim = work.path().join("victim");
+    std::fs::write(&victim, "precious").unwrap();
+    std::os::unix::fs::symlink(&victim, work.path().join("out.cairn-partial")).unwrap();
+    let out = work.path().join("out.txt");
+    home.ok(&["artifact", "get", artifact, "-o", out.to_str().unwrap()]);
+    assert!(std::fs::symlink_metadata(&out).unwrap().is_file());
+    assert_eq!(std::fs::read_to_string(&out).unwrap().trim(), "ok");
+    assert_eq!(std::fs::read_to_string(&victim).unwrap(), "precious");
 }
 
 fn branches(select: &str, metric: &str) -> String {

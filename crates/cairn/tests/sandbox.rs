@@ -460,6 +460,55 @@ fn files_copy_in_and_out_with_content_mode_and_mtime() {
 }
 
 #[test]
+fn a_file_copied_out_is_never_setuid_follows_the_umask_and_no_planted_link() {
+    if skip("a_file_copied_out_is_never_setuid_follows_the_umask_and_no_planted_link") {
+        return;
+    }
+    let home = Home::new();
+    let id = home.ok(&["create"]);
+    home.sh(&id, "echo copied > /tmp/s && chmod 6777 /tmp/s");
+    let work = tempfile::tempdir().unwrap();
+    let elsewhere = tempfile::tempdir().unwrap();
+    let victim = elsewhere.path().join("victim");
+    std::fs::write(&victim, "precious").unwrap();
+    std::fs::set_permissions(&victim, std::fs::Permissions::from_mode(0o600)).unwrap();
+    // A symlink at the destination itself, and one at the temporary name a
+    // copy used to write through first (`.<name>.cairn-<pid>`): the shell
+    // plants it under its own pid, then becomes cairn.
+    let out = work.path().join("out");
+    std::os::unix::fs::symlink(&victim, &out).unwrap();
+    let copy = std::process::Command::new("sh")
+        .current_dir(work.path())
+        .env("CAIRN_HOME", home.path())
+        .env_remove("CAIRN_STATE")
+        .args([
+            "-c",
+            "umask 027; ln -s \"$0\" .out.cairn-$$; exec \"$1\" cp \"$2\" out",
+            victim.to_str().unwrap(),
+            common::CAIRN,
+            &format!("{id}:/tmp/s"),
+        ])
+        .output()
+        .unwrap();
+    assert!(copy.status.success(), "{}", stderr(&copy));
+    let md = std::fs::symlink_metadata(&out).unwrap();
+    assert!(md.is_file(), "the destination is not a file of its own");
+    assert_eq!(std::fs::read_to_string(&out).unwrap(), "copied\n");
+    assert_eq!(
+        md.permissions().mode() & 0o7777,
+        0o750,
+        "mode 6777 copied out under umask 027"
+    );
+    assert_eq!(
+        std::fs::read_to_string(&victim).unwrap(),
+        "precious",
+        "a planted link was written through"
+    );
+    assert_eq!(std::fs::metadata(&victim).unwrap().permissions().mode() & 0o7777, 0o600);
+    home.ok(&["rm", "-f", &id]);
+}
+
+#[test]
 fn a_sandbox_whose_init_died_shows_as_exited_and_refuses_exec_clearly() {
     if skip("a_sandbox_whose_init_died_shows_as_exited_and_refuses_exec_clearly") {
         return;

@@ -19,10 +19,19 @@ use super::{ArchiveError, HostIds};
 pub struct CapturedLayer {
     pub id: LayerId,
     pub index: LayerIndex,
+    /// Block and character devices found and left out (see [`is_device`]).
+    pub dropped_devices: usize,
 }
 
-/// Records every entry under `upper` and stores file contents and the
-/// index in `store`. Only the upper directory is read.
+/// Whether a file type and device number make a device node, which no layer
+/// keeps: opened inside a sandbox it would reach the host's device. A
+/// character device 0:0 is an overlayfs whiteout, not a device.
+pub(crate) fn is_device(file_type: SFlag, rdev: u64) -> bool {
+    file_type == SFlag::S_IFBLK || (file_type == SFlag::S_IFCHR && rdev != 0)
+}
+
+/// Records every entry under `upper` but device nodes and stores file
+/// contents and the index in `store`. Only the upper directory is read.
 pub fn capture<B: BlobStore>(upper: &Path, store: &ChunkStore<B>) -> Result<CapturedLayer, ArchiveError> {
     capture_since(upper, store, None).map(|(layer, _)| layer)
 }
@@ -66,6 +75,7 @@ pub fn capture_since_mapped<B: BlobStore>(
         previous,
         seen: Baseline::default(),
         settled_before,
+        dropped_devices: 0,
     };
     let st = fstat(root.as_raw_fd()).map_err(|e| walk.err(&LayerPath::root(), "stat", e.into()))?;
     let xattrs = dirfd::read_xattrs_fd(&root).map_err(|e| walk.err(&LayerPath::root(), "reading xattrs", e))?;
@@ -83,7 +93,53 @@ pub fn capture_since_mapped<B: BlobStore>(
     }
     let index = LayerIndex { entries: walk.entries };
     let id = LayerId::from_hash(store.put_object(&index)?);
-    Ok((CapturedLayer { id, index }, walk.seen))
+    Ok((
+        CapturedLayer {
+            id,
+            index,
+            dropped_devices: walk.dropped_devices,
+        },
+        walk.seen,
+    ))
+}
+
+/// Removes every device node under `root` (whiteouts stay; see
+/// [`is_device`]), never following a symlink; returns how many went. For a
+/// directory that becomes a layer as it is (an imported image), not only
+/// its index.
+pub fn remove_device_nodes(root: &Path) -> Result<usize, ArchiveError> {
+    fn walk(dir: &File, at: &Path) -> Result<usize, ArchiveError> {
+        let fail = |action, source| ArchiveError::Capture {
+            path: at.to_path_buf(),
+            action,
+            source,
+        };
+        let mut removed = 0;
+        for name in dirfd::list_names(dir).map_err(|e| fail("listing the directory", e))? {
+            let path = at.join(std::ffi::OsStr::from_bytes(&name));
+            let st = stat_at(dir, &name).map_err(|e| fail("stat", e))?;
+            let file_type = SFlag::from_bits_truncate(st.st_mode & SFlag::S_IFMT.bits());
+            if file_type == SFlag::S_IFDIR {
+                let sub = open_dir_at(dir, &name).map_err(|e| fail("opening the directory", e))?;
+                removed += walk(&sub, &path)?;
+            } else if is_device(file_type, st.st_rdev) {
+                nix::unistd::unlinkat(
+                    Some(dir.as_raw_fd()),
+                    &name[..],
+                    nix::unistd::UnlinkatFlags::NoRemoveDir,
+                )
+                .map_err(|e| fail("removing a device node", e.into()))?;
+                removed += 1;
+            }
+        }
+        Ok(removed)
+    }
+    let dir = open_dir(root).map_err(|source| ArchiveError::Capture {
+        path: root.to_path_buf(),
+        action: "opening the directory",
+        source,
+    })?;
+    walk(&dir, root)
 }
 
 /// How far behind the clock a ctime may lag: the kernel stamps inodes from
@@ -225,6 +281,7 @@ struct Walk<'a, B> {
     seen: Baseline,
     /// See [`Seen::settled`].
     settled_before: (i64, i64),
+    dropped_devices: usize,
 }
 
 fn metadata(st: &FileStat, xattrs: Vec<Xattr>, ids: Option<HostIds>) -> Metadata {
@@ -282,6 +339,12 @@ impl<B: BlobStore> Walk<'_, B> {
             let child = path.join(&name);
             let st = stat_at(dir, &name).map_err(|e| self.err(&child, "stat", e))?;
             let file_type = SFlag::from_bits_truncate(st.st_mode & SFlag::S_IFMT.bits());
+            if is_device(file_type, st.st_rdev) {
+                // Left unseen: if it replaced an entry of the previous
+                // capture, that entry is whited out.
+                self.dropped_devices += 1;
+                continue;
+            }
             let is_dir = file_type == SFlag::S_IFDIR;
             let is_whiteout = file_type == SFlag::S_IFCHR && st.st_rdev == 0;
             let seen = Seen::of(&st, self.settled_before);
@@ -371,13 +434,10 @@ impl<B: BlobStore> Walk<'_, B> {
                     }
                     SFlag::S_IFIFO => EntryKind::Fifo,
                     SFlag::S_IFSOCK => EntryKind::Socket,
+                    // Only whiteouts are left (devices were dropped above).
                     SFlag::S_IFCHR => {
                         let (major, minor) = dev();
                         EntryKind::CharDevice { major, minor }
-                    }
-                    SFlag::S_IFBLK => {
-                        let (major, minor) = dev();
-                        EntryKind::BlockDevice { major, minor }
                     }
                     _ => {
                         return Err(ArchiveError::UnknownFileType {

@@ -1,5 +1,6 @@
 //! Rebuilding a layer directory from its index.
 
+use std::collections::HashSet;
 use std::ffi::OsStr;
 use std::fs::{self, File};
 use std::io;
@@ -23,7 +24,8 @@ use super::ArchiveError;
 
 /// Rebuilds layer `layer` from `store` as the new directory `dest`, exactly
 /// as captured: whiteouts, opaque and redirect xattrs, ownership, modes,
-/// hard links, holes and mtimes. The tree is built in a temp directory
+/// hard links, holes and mtimes; device nodes an index holds are left out
+/// (with a warning). The tree is built in a temp directory
 /// beside `dest`, flushed, and renamed into place; on failure the temp
 /// directory is removed and `dest` is untouched.
 pub fn materialise<B: BlobStore>(
@@ -136,6 +138,8 @@ struct Builder<'a, B> {
     layer: &'a LayerId,
     dest: &'a Path,
     stack: Vec<OpenDir>,
+    /// Device nodes left out, and hard links to them.
+    skipped: HashSet<&'a LayerPath>,
 }
 
 fn timespec(t: Timestamp) -> TimeSpec {
@@ -158,6 +162,7 @@ fn build<B: BlobStore>(
         layer,
         dest,
         stack: Vec::new(),
+        skipped: HashSet::new(),
     };
     let root_entry = &index.entries[0];
     let root = open_dir(temp).map_err(|e| b.err(&root_entry.path, "opening the temp directory", e))?;
@@ -184,10 +189,29 @@ fn build<B: BlobStore>(
                 reason: format!("{:?} is not in depth-first order after its parent", entry.path),
             });
         }
+        // A device node in an index (written by an older Cairn, or not by
+        // Cairn at all) would give the sandbox a host device.
+        let device = match &entry.kind {
+            EntryKind::CharDevice { .. } => !entry.kind.is_whiteout(),
+            EntryKind::BlockDevice { .. } => true,
+            EntryKind::HardLink { target } => b.skipped.contains(target),
+            _ => false,
+        };
+        if device {
+            b.skipped.insert(&entry.path);
+            continue;
+        }
         b.create(entry, name)?;
     }
     while !b.stack.is_empty() {
         b.close_top()?;
+    }
+    if !b.skipped.is_empty() {
+        tracing::warn!(
+            layer = %layer,
+            "left out {} device node(s) the layer's index holds; layers never give a sandbox a device",
+            b.skipped.len()
+        );
     }
     Ok(root_handle)
 }

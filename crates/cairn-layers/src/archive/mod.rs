@@ -5,9 +5,11 @@
 //! - [`capture`] walks only the upper directory (cost proportional to the
 //!   changes, not the lower layers) and records every entry: files (their
 //!   content chunked into the store, holes kept), directories, symlinks,
-//!   fifos, sockets, devices and whiteouts (char 0:0), hard-link groups,
+//!   fifos, sockets and whiteouts (char 0:0), hard-link groups,
 //!   mode, ownership, nanosecond mtimes and every xattr, including
-//!   `trusted.overlay.*` (opaque directories, redirects).
+//!   `trusted.overlay.*` (opaque directories, redirects). Block and
+//!   character devices are left out: a layer never gives a sandbox a host
+//!   device, and [`materialise`] skips any an index holds.
 //! - The [`LayerIndex`] is stored as one framed object; its hash is the
 //!   [`LayerId`].
 //! - [`materialise`] rebuilds the directory in a temp directory beside the
@@ -30,7 +32,7 @@ use std::path::PathBuf;
 
 use cairn_store::StoreError;
 
-pub use capture::{capture, capture_since, capture_since_mapped, Baseline, CapturedLayer};
+pub use capture::{capture, capture_since, capture_since_mapped, remove_device_nodes, Baseline, CapturedLayer};
 pub use index::{Entry, EntryKind, LayerId, LayerIndex, LayerPath, Metadata, Timestamp, Xattr};
 pub use materialise::{materialise, remove_abandoned_materialisations};
 

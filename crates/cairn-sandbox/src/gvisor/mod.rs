@@ -4,14 +4,15 @@
 //!
 //! Layout: the bundle is the sandbox directory itself (`config.json` next to
 //! `upper/`, `work/`, `rootfs/`); init creates its socket in `uds/`, which is
-//! bind-mounted into the sandbox, and `init.sock` is a symlink to it, so
-//! [`InitClient`] connects to `SandboxSpec::socket_path()` as with the
-//! native driver. runsc's own state for sandbox `id` lives in
+//! bind-mounted read-write into the sandbox, so the host reaches it only
+//! through [`sockets`], which follows nothing the sandbox put there
+//! ([`GvisorDriver::client`]). runsc's own state for sandbox `id` lives in
 //! `<state_dir>/<id>/runsc`, found again by id alone (for `stop`, after the
 //! process that started the sandbox has exited).
 
 mod bundle;
 mod runsc;
+pub mod sockets;
 pub mod statefile;
 
 use std::fs;
@@ -144,7 +145,7 @@ impl GvisorDriver {
         let dir = self
             .sandbox_dir(id)
             .ok_or_else(|| GvisorError::Unknown(id.to_string()))?;
-        let client = InitClient::new(dir.join("init.sock"));
+        let client = client_in(&dir);
         let root = self.runsc_root(id);
         let t = Instant::now();
         // A refused quiesce leaves init listening as before.
@@ -209,10 +210,6 @@ impl GvisorDriver {
             fs::create_dir_all(&d).map_err(|e| GvisorError::io(format!("create {}", d.display()), e))?;
         }
         let _ = fs::remove_file(&socket);
-        let link = spec.socket_path();
-        let _ = fs::remove_file(&link);
-        std::os::unix::fs::symlink("uds/init.sock", &link)
-            .map_err(|e| GvisorError::io(format!("create {}", link.display()), e))?;
 
         let state = self.sandbox_state(&spec.id);
         let root = self.runsc_root(&spec.id);
@@ -309,11 +306,10 @@ impl GvisorDriver {
     }
 
     fn wait_ready_for(&self, dir: &Path, what: &'static str, timeout: Duration) -> Result<(), GvisorError> {
-        let client = InitClient::new(dir.join("init.sock"));
+        let client = client_in(dir);
         let deadline = Instant::now() + timeout;
         let mut delay = Duration::from_micros(200);
         loop {
-            let _ = point_socket_link(dir);
             let last = match client.ping(Duration::from_millis(500).min(timeout)) {
                 Ok(()) => return Ok(()),
                 Err(e) => e,
@@ -393,34 +389,9 @@ impl GvisorDriver {
     }
 }
 
-/// Points `<dir>/init.sock` at init's newest socket in `<dir>/uds`:
-/// `init.sock`, then `init.sock.<n>` after the n-th re-listen (see
-/// cairn-init's `listen_on_path`).
-fn point_socket_link(dir: &Path) -> io::Result<()> {
-    let newest = fs::read_dir(dir.join("uds"))?
-        .filter_map(Result::ok)
-        .filter_map(|e| e.file_name().into_string().ok())
-        .filter_map(|name| {
-            let generation = match name.strip_prefix("init.sock") {
-                Some("") => 0,
-                Some(rest) => rest.strip_prefix('.')?.parse::<u64>().ok()?,
-                None => return None,
-            };
-            Some((generation, name))
-        })
-        .max();
-    let Some((_, name)) = newest else {
-        return Ok(());
-    };
-    let target = PathBuf::from("uds").join(name);
-    let link = dir.join("init.sock");
-    if fs::read_link(&link).ok().as_ref() == Some(&target) {
-        return Ok(());
-    }
-    let tmp = dir.join(".init.sock.new");
-    let _ = fs::remove_file(&tmp);
-    std::os::unix::fs::symlink(&target, &tmp)?;
-    fs::rename(&tmp, &link)
+/// A client for the init of the sandbox whose directory is `dir`.
+fn client_in(dir: &Path) -> InitClient {
+    InitClient::in_shared_directory(dir.join("uds"))
 }
 
 /// Total size of the files in `dir` (0 when missing).
@@ -461,6 +432,12 @@ impl Driver for GvisorDriver {
             memory_snapshots: true,
             host_ids: None,
         }
+    }
+
+    /// Init binds its socket in `uds/`, which the sandbox can write: the
+    /// client uses only init's sockets there and follows no link.
+    fn client(&self, dir: &Path) -> InitClient {
+        client_in(dir)
     }
 
     fn start(&self, spec: &SandboxSpec) -> Result<SandboxProcess, SandboxError> {
