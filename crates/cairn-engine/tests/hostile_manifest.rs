@@ -117,7 +117,15 @@ fn a_valid_manifest_decodes_and_validates() {
 
 #[test]
 fn memory_file_names_that_leave_the_image_directory_are_refused() {
-    for name in ["", ".", "..", "../../etc/cron.d/evil", "/etc/passwd", "a/b", "nul\0byte"] {
+    for name in [
+        "",
+        ".",
+        "..",
+        "../../etc/cron.d/evil",
+        "/etc/passwd",
+        "a/b",
+        "nul\0byte",
+    ] {
         let mut m = manifest();
         m.memory.as_mut().unwrap().files[1].name = name.into();
         // It survives the frame: the check is the manifest's own.

@@ -50,8 +50,16 @@ hypotheses = [{ name = "a", ff = "1" }, { name = "b", ff = "2" }]
 fn parse_checked(text: &str) -> Result<(), PipelineError> {
     let (result, usage) = alloc_meter::measure(|| parse("p.toml", text, &BTreeMap::new()));
     // Parsing costs memory in proportion to the text, whatever it says.
-    assert!(usage.peak <= 64 * text.len() + (64 << 10), "{} bytes: {usage:?}", text.len());
-    assert!(usage.largest <= 16 * text.len() + (16 << 10), "{} bytes: {usage:?}", text.len());
+    assert!(
+        usage.peak <= 64 * text.len() + (64 << 10),
+        "{} bytes: {usage:?}",
+        text.len()
+    );
+    assert!(
+        usage.largest <= 16 * text.len() + (16 << 10),
+        "{} bytes: {usage:?}",
+        text.len()
+    );
     match result {
         Ok(p) => {
             assert!(!p.stages.is_empty());
@@ -59,7 +67,11 @@ fn parse_checked(text: &str) -> Result<(), PipelineError> {
         }
         Err(e) => {
             assert_eq!(e.file, "p.toml");
-            assert!(e.line >= 1 && e.line <= text.lines().count() + 1, "line {} of {text:?}: {e}", e.line);
+            assert!(
+                e.line >= 1 && e.line <= text.lines().count() + 1,
+                "line {} of {text:?}: {e}",
+                e.line
+            );
             assert!(!e.message.is_empty(), "{text:?}");
             Err(e)
         }
@@ -92,7 +104,12 @@ fn deep_nesting_is_an_error_not_a_stack_overflow() {
 
 #[test]
 fn durations_past_what_a_duration_holds_are_refused() {
-    for text in ["18446744073709551615h", "5124095576030432h", "213503982334602d", "18446744073709551615s1s"] {
+    for text in [
+        "18446744073709551615h",
+        "5124095576030432h",
+        "213503982334602d",
+        "18446744073709551615s1s",
+    ] {
         assert_eq!(parse_duration(text), None, "{text}");
         let e = parse_checked(&GOOD.replace("\"6h\"", &format!("{text:?}"))).unwrap_err();
         assert!(e.message.contains("not a duration"), "{e}");

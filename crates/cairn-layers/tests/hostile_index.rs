@@ -30,7 +30,10 @@ fn meta(mode: u32) -> Metadata {
         mode,
         uid: 1000,
         gid: 1000,
-        mtime: Timestamp { sec: 1_700_000_000, nsec: 5 },
+        mtime: Timestamp {
+            sec: 1_700_000_000,
+            nsec: 5,
+        },
         xattrs: vec![Xattr {
             name: b"trusted.overlay.opaque".to_vec(),
             value: b"y".to_vec(),

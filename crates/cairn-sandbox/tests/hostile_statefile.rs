@@ -52,8 +52,7 @@ fn stream(seed: u8, len: usize) -> Vec<u8> {
 /// stream. Checks what that allocates.
 fn unpack_checked(image: &[u8]) -> Option<(Vec<u8>, Vec<u8>)> {
     let mut raw = Vec::new();
-    let (result, usage) =
-        alloc_meter::measure(|| unpack_from(&mut Cursor::new(image), image.len() as u64, &mut raw));
+    let (result, usage) = alloc_meter::measure(|| unpack_from(&mut Cursor::new(image), image.len() as u64, &mut raw));
     assert!(usage.largest <= MAX_CHUNK, "{usage:?}");
     // The inflated stream is the caller's (a file in production); beyond
     // it, one chunk and the buffers.
@@ -88,9 +87,8 @@ fn a_chunk_inflating_past_its_size_is_not_unpacked() {
     let c = e.finish().unwrap();
     image.extend_from_slice(&(c.len() as u32).to_be_bytes());
     image.extend_from_slice(&c);
-    let (result, usage) = alloc_meter::measure(|| {
-        unpack_from(&mut Cursor::new(&image), image.len() as u64, &mut Vec::new()).unwrap()
-    });
+    let (result, usage) =
+        alloc_meter::measure(|| unpack_from(&mut Cursor::new(&image), image.len() as u64, &mut Vec::new()).unwrap());
     assert!(result.is_none());
     assert!(usage.largest <= BUFFERS, "{usage:?}");
 }

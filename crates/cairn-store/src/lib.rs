@@ -21,7 +21,8 @@ mod hash;
 mod local;
 
 pub use blob::{BlobError, BlobStore, IncompleteWrites, ObjectInfo, PutOutcome};
-pub use chunk::{decode_chunk, ChunkDecodeError, ChunkStore, PutChunk, ReadContext, StoreError, MAX_OBJECT, MAX_WINDOW_LOG,
+pub use chunk::{
+    decode_chunk, ChunkDecodeError, ChunkStore, PutChunk, ReadContext, StoreError, MAX_OBJECT, MAX_WINDOW_LOG,
 };
 pub use file::{ChunkRef, ChunkSizes, FileContent, AVG_CHUNK, MAX_CHUNK, MIN_CHUNK};
 pub use frame::{FrameError, Framed};

@@ -60,7 +60,9 @@ fn object() -> Object {
     };
     Object {
         name: "root".into(),
-        sizes: [("a".to_string(), 1), ("b".to_string(), u64::MAX)].into_iter().collect(),
+        sizes: [("a".to_string(), 1), ("b".to_string(), u64::MAX)]
+            .into_iter()
+            .collect(),
         children: vec![Object {
             name: "child".into(),
             sizes: BTreeMap::new(),
@@ -147,7 +149,10 @@ fn a_chunk_that_inflates_past_its_cap_is_refused_once_past_it() {
     assert!(bomb.len() < 64 << 10);
     let cap = u64::from(MAX_CHUNK);
     let (err, usage) = alloc_meter::measure(|| decode_chunk(&ChunkHash::of(&data), &bomb, cap).unwrap_err());
-    assert!(matches!(err, ChunkDecodeError::TooLarge { cap: c } if c == cap), "{err}");
+    assert!(
+        matches!(err, ChunkDecodeError::TooLarge { cap: c } if c == cap),
+        "{err}"
+    );
     assert!(err.to_string().contains("more than 1048576 bytes"), "{err}");
     assert!(usage.largest as u64 <= 2 * (cap + 1), "{usage:?}");
 }

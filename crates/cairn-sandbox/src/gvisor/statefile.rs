@@ -196,10 +196,11 @@ fn inflate_chunks(image: &mut (impl Read + Seek), len: u64, chunk_size: u32, raw
             // Not DEFLATE, or cut short within its declared length (the
             // length was checked against the file, so the end of input is
             // the stream's, not the file's).
-            Err(e) if matches!(
-                e.kind(),
-                io::ErrorKind::InvalidInput | io::ErrorKind::InvalidData | io::ErrorKind::UnexpectedEof
-            ) =>
+            Err(e)
+                if matches!(
+                    e.kind(),
+                    io::ErrorKind::InvalidInput | io::ErrorKind::InvalidData | io::ErrorKind::UnexpectedEof
+                ) =>
             {
                 return Ok(false)
             }
