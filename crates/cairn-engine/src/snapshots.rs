@@ -155,6 +155,32 @@ impl Framed for SnapshotManifest {
     }
 }
 
+impl SnapshotManifest {
+    /// What a restore trusts beyond the frame: every memory file is named
+    /// by one plain file name (it becomes a path under the image
+    /// directory, so `..`, `/` or an empty name would write elsewhere),
+    /// once, and its chunk list is consistent.
+    pub fn validate(&self) -> Result<(), String> {
+        let Some(memory) = &self.memory else {
+            return Ok(());
+        };
+        let mut names = HashSet::new();
+        for file in &memory.files {
+            let name = &file.name;
+            if name.is_empty() || name == "." || name == ".." || name.len() > 255 || name.contains(['/', '\0']) {
+                return Err(format!("memory file {name:?} is not a plain file name"));
+            }
+            if !names.insert(name.as_str()) {
+                return Err(format!("memory file {name:?} appears twice"));
+            }
+            file.content
+                .validate()
+                .map_err(|reason| format!("memory file {name:?}: {reason}"))?;
+        }
+        Ok(())
+    }
+}
+
 #[derive(Debug, thiserror::Error)]
 pub enum SnapshotError {
     #[error(transparent)]
@@ -163,6 +189,8 @@ pub enum SnapshotError {
     Backend(#[from] BlobError),
     #[error(transparent)]
     Archive(#[from] cairn_layers::archive::ArchiveError),
+    #[error("snapshot {id} has an invalid manifest: {reason}; it is corrupt or was not written by Cairn, so remove it with `cairn snapshot rm {id}`")]
+    InvalidManifest { id: String, reason: String },
     #[error("no snapshot matches {0:?}; `cairn snapshots` lists them")]
     NotFound(String),
     #[error("{key:?} matches several snapshots ({}); give more of the id", .ids.join(", "))]
@@ -271,7 +299,12 @@ impl Engine {
     fn manifest(&self, snap: &SnapshotRecord) -> Result<SnapshotManifest, EngineError> {
         let hash: ChunkHash = snap.id.parse().map_err(|_| SnapshotError::NotFound(snap.id.clone()))?;
         let context = ReadContext::new().owner("snapshot", hash);
-        Ok(self.store.get_object(&hash, &context).map_err(SnapshotError::from)?)
+        let manifest: SnapshotManifest = self.store.get_object(&hash, &context).map_err(SnapshotError::from)?;
+        manifest.validate().map_err(|reason| SnapshotError::InvalidManifest {
+            id: snap.id.clone(),
+            reason,
+        })?;
+        Ok(manifest)
     }
 
     /// Takes a snapshot of a sandbox's files. A running sandbox is frozen

@@ -12,6 +12,7 @@
 
 use std::io::{self, Read, Write};
 
+use bincode::Options;
 use serde::{Deserialize, Serialize};
 
 /// Identifies a Cairn init connection ("CRNI").
@@ -211,11 +212,24 @@ pub enum FrameError {
     Closed,
 }
 
+/// The payload encoding: bincode 1.3's default layout (fixed-width little
+/// endian integers), no trailing bytes, and no length inside a payload
+/// beyond [`MAX_FRAME_LEN`].
+fn options() -> impl Options {
+    bincode::DefaultOptions::new()
+        .with_fixint_encoding()
+        .with_little_endian()
+        .with_limit(u64::from(MAX_FRAME_LEN))
+        .reject_trailing_bytes()
+}
+
 /// Encodes `msg` as one frame into `buf` (cleared first), ready for one write.
 pub fn encode_frame<T: Serialize>(msg: &T, buf: &mut Vec<u8>) -> Result<(), FrameError> {
     buf.clear();
     buf.extend_from_slice(&[0; 4]);
-    bincode::serialize_into(&mut *buf, msg).map_err(|e| FrameError::Encode(e.to_string()))?;
+    options()
+        .serialize_into(&mut *buf, msg)
+        .map_err(|e| FrameError::Encode(e.to_string()))?;
     let len = u32::try_from(buf.len() - 4).map_err(|_| FrameError::TooLarge(u32::MAX))?;
     if len > MAX_FRAME_LEN {
         return Err(FrameError::TooLarge(len));
@@ -246,7 +260,18 @@ pub fn read_frame<T: for<'de> Deserialize<'de>, R: Read>(r: &mut R) -> Result<T,
     }
     let mut payload = vec![0u8; len as usize];
     r.read_exact(&mut payload)?;
-    bincode::deserialize(&payload).map_err(|e| FrameError::Decode(e.to_string()))
+    decode_payload(&payload)
+}
+
+/// Decodes one frame's payload (the bytes after its length). A payload is
+/// hostile: the host decodes what a sandbox sends, init what a host
+/// process sends. Lengths inside it are checked against the bytes that are
+/// there before anything is allocated for them, and a payload with bytes
+/// left over is refused.
+pub fn decode_payload<T: for<'de> Deserialize<'de>>(payload: &[u8]) -> Result<T, FrameError> {
+    options()
+        .deserialize(payload)
+        .map_err(|e| FrameError::Decode(e.to_string()))
 }
 
 /// The hello every client sends first.
@@ -305,6 +330,28 @@ mod tests {
         wire.extend_from_slice(&[0xff, 0xff, 0xff]);
         let err = read_frame::<ToInit, _>(&mut &wire[..]).unwrap_err();
         assert!(matches!(err, FrameError::Decode(_)), "{err}");
+    }
+
+    #[test]
+    fn trailing_bytes_after_a_message_are_refused() {
+        let mut wire = Vec::new();
+        write_frame(&mut wire, &ToInit::Ping).unwrap();
+        wire[0] += 1;
+        wire.push(0);
+        let err = read_frame::<ToInit, _>(&mut &wire[..]).unwrap_err();
+        assert!(matches!(err, FrameError::Decode(_)), "{err}");
+    }
+
+    #[test]
+    fn the_encoding_is_bincode_default_layout() {
+        // The wire format: a u32 variant index, then fixed-width fields.
+        let mut wire = Vec::new();
+        write_frame(&mut wire, &hello()).unwrap();
+        let mut expected = 10u32.to_le_bytes().to_vec();
+        expected.extend_from_slice(&0u32.to_le_bytes());
+        expected.extend_from_slice(&MAGIC.to_le_bytes());
+        expected.extend_from_slice(&PROTOCOL_VERSION.to_le_bytes());
+        assert_eq!(wire, expected);
     }
 
     #[test]

@@ -16,6 +16,12 @@ const ZSTD_LEVEL: i32 = 3;
 /// most [`crate::MAX_CHUNK`]; metadata objects are capped by their frame).
 pub const MAX_OBJECT: u64 = 1 << 30;
 
+/// Largest zstd window (log2 bytes) a stored chunk may ask its reader to
+/// hold: 8 MiB. Level 3 writes windows of at most 2 MiB; a frame asking for
+/// more is refused before its window is allocated (zstd's own default
+/// would allow 128 MiB).
+pub const MAX_WINDOW_LOG: u32 = 23;
+
 /// What a read belongs to, so an error can say which snapshot and file a
 /// missing or corrupt chunk breaks. Built by the caller:
 /// `ReadContext::new().owner("snapshot", id).path("/data/genome.fa")`.
@@ -149,8 +155,21 @@ impl<B: BlobStore> ChunkStore<B> {
         })
     }
 
-    /// Reads, decompresses and verifies one chunk.
+    /// Reads, decompresses and verifies one chunk of at most
+    /// [`MAX_OBJECT`] bytes.
     pub fn get_chunk(&self, hash: &ChunkHash, context: &ReadContext) -> Result<Vec<u8>, StoreError> {
+        self.get_chunk_capped(hash, MAX_OBJECT, context)
+    }
+
+    /// [`Self::get_chunk`] for a chunk the caller knows to hold at most
+    /// `cap` bytes: a corrupt or hostile object is refused once it
+    /// decompresses past that, not at [`MAX_OBJECT`].
+    pub(crate) fn get_chunk_capped(
+        &self,
+        hash: &ChunkHash,
+        cap: u64,
+        context: &ReadContext,
+    ) -> Result<Vec<u8>, StoreError> {
         let compressed = match self.backend.get(hash) {
             Ok(bytes) => bytes,
             Err(BlobError::NotFound { .. }) => {
@@ -161,23 +180,11 @@ impl<B: BlobStore> ChunkStore<B> {
             }
             Err(e) => return Err(e.into()),
         };
-        let corrupt = |reason: String| StoreError::ChunkCorrupt {
+        decode_chunk(hash, &compressed, cap).map_err(|e| StoreError::ChunkCorrupt {
             hash: *hash,
             context: Box::new(context.clone()),
-            reason,
-        };
-        let mut data = Vec::new();
-        zstd::stream::read::Decoder::new(&compressed[..])
-            .and_then(|d| d.take(MAX_OBJECT + 1).read_to_end(&mut data))
-            .map_err(|e| corrupt(format!("it does not decompress ({e})")))?;
-        if data.len() as u64 > MAX_OBJECT {
-            return Err(corrupt(format!("it decompresses to more than {MAX_OBJECT} bytes")));
-        }
-        let actual = ChunkHash::of(&data);
-        if actual != *hash {
-            return Err(corrupt(format!("its content hashes to {}", actual.short())));
-        }
-        Ok(data)
+            reason: e.to_string(),
+        })
     }
 
     /// Frames `value` and stores it; the returned hash is the BLAKE3 of the
@@ -189,13 +196,48 @@ impl<B: BlobStore> ChunkStore<B> {
 
     /// Reads and decodes an object stored by [`Self::put_object`].
     pub fn get_object<T: Framed>(&self, hash: &ChunkHash, context: &ReadContext) -> Result<T, StoreError> {
-        let bytes = self.get_chunk(hash, context)?;
+        let cap = frame::HEADER_LEN as u64 + T::MAX_PAYLOAD;
+        let bytes = self.get_chunk_capped(hash, cap, context)?;
         frame::decode(&bytes).map_err(|source| StoreError::Object {
             hash: *hash,
             context: Box::new(context.clone()),
             source,
         })
     }
+}
+
+/// Why stored bytes are not the chunk they are stored as.
+#[derive(Debug, thiserror::Error)]
+pub enum ChunkDecodeError {
+    #[error("it does not decompress ({0})")]
+    Decompress(#[source] std::io::Error),
+    #[error("it decompresses to more than {cap} bytes")]
+    TooLarge { cap: u64 },
+    #[error("its content hashes to {}", actual.short())]
+    HashMismatch { actual: ChunkHash },
+}
+
+/// Decompresses a stored chunk (one zstd frame) and checks it is the
+/// content `hash` names. The bytes are hostile (anyone who can write the
+/// store can change them): decompression stops once past `cap` bytes, a
+/// window over 2^[`MAX_WINDOW_LOG`] bytes is refused, and memory grows with
+/// the bytes produced, not with any size the frame declares.
+pub fn decode_chunk(hash: &ChunkHash, compressed: &[u8], cap: u64) -> Result<Vec<u8>, ChunkDecodeError> {
+    let mut data = Vec::new();
+    zstd::stream::read::Decoder::with_buffer(compressed)
+        .and_then(|mut d| {
+            d.window_log_max(MAX_WINDOW_LOG)?;
+            d.take(cap.saturating_add(1)).read_to_end(&mut data)
+        })
+        .map_err(ChunkDecodeError::Decompress)?;
+    if data.len() as u64 > cap {
+        return Err(ChunkDecodeError::TooLarge { cap });
+    }
+    let actual = ChunkHash::of(&data);
+    if actual != *hash {
+        return Err(ChunkDecodeError::HashMismatch { actual });
+    }
+    Ok(data)
 }
 
 #[cfg(test)]

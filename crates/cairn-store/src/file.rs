@@ -192,7 +192,9 @@ impl<B: BlobStore> ChunkStore<B> {
     }
 
     fn checked_chunk(&self, c: &ChunkRef, context: &ReadContext) -> Result<Vec<u8>, StoreError> {
-        let data = self.get_chunk(&c.hash, context)?;
+        // The record says how long the chunk is (validated: at most
+        // MAX_CHUNK); one byte more is already corrupt.
+        let data = self.get_chunk_capped(&c.hash, u64::from(c.len), context)?;
         if data.len() != c.len as usize {
             return Err(StoreError::ChunkCorrupt {
                 hash: c.hash,

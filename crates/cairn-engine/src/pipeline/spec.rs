@@ -183,12 +183,12 @@ pub fn parse_duration(text: &str) -> Option<Duration> {
         let unit = match &rest[..unit_len] {
             "ms" => Duration::from_millis(n),
             "s" => Duration::from_secs(n),
-            "m" => Duration::from_secs(n * 60),
-            "h" => Duration::from_secs(n * 3600),
-            "d" => Duration::from_secs(n * 86400),
+            "m" => Duration::from_secs(n.checked_mul(60)?),
+            "h" => Duration::from_secs(n.checked_mul(3600)?),
+            "d" => Duration::from_secs(n.checked_mul(86400)?),
             _ => return None,
         };
-        total += unit;
+        total = total.checked_add(unit)?;
         rest = &rest[unit_len..];
     }
     Some(total)
@@ -274,9 +274,23 @@ fn check_template(
     Ok(())
 }
 
+/// Largest pipeline file accepted, in bytes: far above any real pipeline,
+/// and it bounds what parsing a hostile file can cost.
+pub const MAX_FILE_LEN: usize = 1 << 20;
+
 /// Parses and checks a pipeline file. `overrides` (from `--param k=v`)
 /// replace or add parameters.
 pub fn parse(file: &str, text: &str, overrides: &BTreeMap<String, String>) -> Result<Pipeline, PipelineError> {
+    if text.len() > MAX_FILE_LEN {
+        return Err(PipelineError {
+            file: file.to_string(),
+            line: 1,
+            message: format!(
+                "the file has {} bytes, over the {MAX_FILE_LEN}-byte limit for a pipeline file; split it or move data into the stages' inputs",
+                text.len()
+            ),
+        });
+    }
     let lines = Lines {
         file,
         starts: std::iter::once(0)
@@ -285,7 +299,13 @@ pub fn parse(file: &str, text: &str, overrides: &BTreeMap<String, String>) -> Re
     };
     let raw: RawFile = toml::from_str(text).map_err(|e| {
         let offset = e.span().map(|s| s.start).unwrap_or(0);
-        lines.err(offset, e.message().to_string())
+        // Some syntax errors (a key with no value at the end of the file)
+        // come without a message.
+        let message = match e.message().trim() {
+            "" => "this is not valid TOML: a value, key or bracket is missing or out of place",
+            message => message,
+        };
+        lines.err(offset, message)
     })?;
     let mut params = raw.params;
     params.extend(overrides.iter().map(|(k, v)| (k.clone(), v.clone())));
@@ -621,6 +641,9 @@ hypotheses = [{ name = "a", ff = "1" }, { name = "b", ff = "2" }]
         assert_eq!(e.line, 4);
         assert!(bad("[pipeline]\nname = \"x\"\n").message.contains("no [[stage]]"));
         assert!(bad("not toml at all [").line >= 1);
+        let e = bad("[pipeline]\nname = ");
+        assert_eq!(e.line, 2, "{e}");
+        assert!(e.message.contains("not valid TOML"), "{e}");
     }
 
     #[test]
@@ -629,5 +652,8 @@ hypotheses = [{ name = "a", ff = "1" }, { name = "b", ff = "2" }]
         assert_eq!(parse_duration("500ms"), Some(Duration::from_millis(500)));
         assert_eq!(parse_duration("10"), None);
         assert_eq!(parse_duration("h"), None);
+        // Past what a Duration holds: refused, not a panic or a wrap.
+        assert_eq!(parse_duration("18446744073709551615h"), None);
+        assert_eq!(parse_duration("18446744073709551615s1s"), None);
     }
 }

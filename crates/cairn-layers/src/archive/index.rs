@@ -216,7 +216,8 @@ impl LayerIndex {
             .map(|c| c.hash)
     }
 
-    /// Total file bytes (apparent size) in the layer.
+    /// Total file bytes (apparent size) in the layer; saturates, as a
+    /// hostile index can declare sizes that overflow a sum.
     pub fn file_bytes(&self) -> u64 {
         self.entries
             .iter()
@@ -224,7 +225,7 @@ impl LayerIndex {
                 EntryKind::File(c) => c.size,
                 _ => 0,
             })
-            .sum()
+            .fold(0, u64::saturating_add)
     }
 
     /// Structural checks a reader makes before trusting the index: a root

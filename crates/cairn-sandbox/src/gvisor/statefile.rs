@@ -41,6 +41,35 @@ const MAX_CHUNK: u32 = 64 << 20;
 /// this module knows. I/O errors on either side are errors.
 pub fn unpack(image: &mut File, raw: &mut File) -> io::Result<Option<Vec<u8>>> {
     let len = image.metadata()?.len();
+    unpack_from(image, len, raw)
+}
+
+/// Where [`unpack_from`] writes the state stream. It starts again from
+/// nothing when the first layout it tried turns out not to be the file's.
+pub trait StreamOut: Write {
+    /// Discards everything written so far.
+    fn restart(&mut self) -> io::Result<()>;
+}
+
+impl StreamOut for File {
+    fn restart(&mut self) -> io::Result<()> {
+        self.set_len(0)?;
+        self.seek(SeekFrom::Start(0)).map(drop)
+    }
+}
+
+impl StreamOut for Vec<u8> {
+    fn restart(&mut self) -> io::Result<()> {
+        self.clear();
+        Ok(())
+    }
+}
+
+/// [`unpack`] over any seekable input of `len` bytes. The input is hostile
+/// (a sandbox's gVisor sentry wrote it): nothing is allocated for a length
+/// it declares before that length is checked against the input and a cap
+/// (16 MiB of metadata, chunks of 4 KiB to 64 MiB).
+pub fn unpack_from<R: Read + Seek, W: StreamOut>(image: &mut R, len: u64, raw: &mut W) -> io::Result<Option<Vec<u8>>> {
     let Some(metadata_end) = metadata_end(image, len)? else {
         return Ok(None);
     };
@@ -56,8 +85,7 @@ pub fn unpack(image: &mut File, raw: &mut File) -> io::Result<Option<Vec<u8>>> {
         if !(MIN_CHUNK..=MAX_CHUNK).contains(&chunk_size) {
             continue;
         }
-        raw.set_len(0)?;
-        raw.seek(SeekFrom::Start(0))?;
+        raw.restart()?;
         if inflate_chunks(image, len, chunk_size, raw)? {
             image.seek(SeekFrom::Start(0))?;
             let mut header = vec![0; header_len as usize];
@@ -66,7 +94,7 @@ pub fn unpack(image: &mut File, raw: &mut File) -> io::Result<Option<Vec<u8>>> {
             return Ok(Some(header));
         }
     }
-    raw.set_len(0)?;
+    raw.restart()?;
     Ok(None)
 }
 
@@ -109,7 +137,7 @@ pub fn pack(header: &[u8], raw: &mut impl Read, out: &mut impl Write) -> io::Res
 }
 
 /// The offset just past the metadata, if `image` starts like a state file.
-fn metadata_end(image: &mut File, len: u64) -> io::Result<Option<u64>> {
+fn metadata_end(image: &mut (impl Read + Seek), len: u64) -> io::Result<Option<u64>> {
     if len < 16 {
         return Ok(None);
     }
@@ -137,7 +165,7 @@ fn metadata_end(image: &mut File, len: u64) -> io::Result<Option<u64>> {
 
 /// Inflates the chunks from the current offset to `len` into `raw`.
 /// `Ok(false)` when they are not DEFLATE chunks of `chunk_size` bytes.
-fn inflate_chunks(image: &mut File, len: u64, chunk_size: u32, raw: &mut File) -> io::Result<bool> {
+fn inflate_chunks(image: &mut (impl Read + Seek), len: u64, chunk_size: u32, raw: &mut impl Write) -> io::Result<bool> {
     let mut offset = image.stream_position()?;
     let mut input = BufReader::with_capacity(1 << 20, &mut *image);
     let mut out = BufWriter::with_capacity(1 << 20, &mut *raw);
@@ -156,23 +184,35 @@ fn inflate_chunks(image: &mut File, len: u64, chunk_size: u32, raw: &mut File) -
         }
         chunk.clear();
         let mut decoder = DeflateDecoder::new((&mut input).take(l));
-        match (&mut decoder).take(u64::from(chunk_size) + 1).read_to_end(&mut chunk) {
-            Ok(_) => {}
-            Err(e) if e.kind() == io::ErrorKind::InvalidInput || e.kind() == io::ErrorKind::InvalidData => {
+        // At most `chunk_size` bytes are kept; one more means the chunk is
+        // not ours.
+        let inflated = (&mut decoder)
+            .take(u64::from(chunk_size))
+            .read_to_end(&mut chunk)
+            .and_then(|_| decoder.read(&mut [0; 1]));
+        match inflated {
+            Ok(0) => {}
+            Ok(_) => return Ok(false),
+            // Not DEFLATE, or cut short within its declared length (the
+            // length was checked against the file, so the end of input is
+            // the stream's, not the file's).
+            Err(e)
+                if matches!(
+                    e.kind(),
+                    io::ErrorKind::InvalidInput | io::ErrorKind::InvalidData | io::ErrorKind::UnexpectedEof
+                ) =>
+            {
                 return Ok(false)
             }
             Err(e) => return Err(e),
         }
-        // The DEFLATE data must fill its length exactly.
+        // The DEFLATE data must fill its length exactly. What is left is
+        // counted, not kept: it can be gigabytes.
         let mut rest = decoder.into_inner();
-        if rest.limit() != 0 {
-            let mut tail = Vec::new();
-            rest.read_to_end(&mut tail)?;
-            if !tail.is_empty() {
-                return Ok(false);
-            }
+        if rest.limit() != 0 && io::copy(&mut rest, &mut io::sink())? != 0 {
+            return Ok(false);
         }
-        if chunk.len() > chunk_size as usize || chunk.is_empty() {
+        if chunk.is_empty() {
             return Ok(false);
         }
         short = chunk.len() < chunk_size as usize;
@@ -289,6 +329,26 @@ mod tests {
         f.extend_from_slice(json);
         f.extend_from_slice(&4096u32.to_be_bytes());
         assert!(unpacked(&f).is_none());
+    }
+
+    #[test]
+    fn a_chunk_cut_short_within_its_length_is_left_alone() {
+        // The last chunk's DEFLATE data ends before its final block.
+        let mut image = state_file(&stream(9000), 4096, true);
+        let n = image.len();
+        image.truncate(n - 2);
+        let last_len_at = {
+            let mut at = 16 + 46 + 32 + 4;
+            let mut last = at;
+            while at + 4 <= image.len() {
+                last = at;
+                at += 4 + u32::from_be_bytes(image[at..at + 4].try_into().unwrap()) as usize;
+            }
+            last
+        };
+        let shorter = u32::from_be_bytes(image[last_len_at..last_len_at + 4].try_into().unwrap()) - 2;
+        image[last_len_at..last_len_at + 4].copy_from_slice(&shorter.to_be_bytes());
+        assert!(unpacked(&image).is_none());
     }
 
     #[test]
