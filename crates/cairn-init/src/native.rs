@@ -59,8 +59,8 @@ pub fn build() -> RawFd {
             fail(&mut report, format!("join the sandbox cgroup {procs}: {e}"));
         }
     }
-    let userns = match user_namespace(setup.host_id_base, setup.id_count) {
-        Ok(fd) => fd,
+    let (userns, holder) = match user_namespace(setup.host_id_base, setup.id_count) {
+        Ok(made) => made,
         Err(e) => fail(&mut report, e),
     };
     let flags = CloneFlags::CLONE_NEWNS
@@ -78,6 +78,9 @@ pub fn build() -> RawFd {
         Err(e) => fail(&mut report, format!("fork PID 1: {e}")),
         Ok(ForkResult::Parent { child }) => {
             let _ = report.write_all(format!("P{}\n", child.as_raw()).as_bytes());
+            // The namespace's first holder exited once its pipe closed;
+            // reaped here, off the path to PID 1's readiness.
+            let _ = nix::sys::wait::waitpid(holder, None);
             std::process::exit(0)
         }
         Ok(ForkResult::Child) => {}
@@ -156,9 +159,10 @@ fn setup_root(plan: &NativeSetup, userns: OwnedFd) -> Step<()> {
         Ok(())
     })?;
     let _ = nix::unistd::close(top);
-    mount_proc(root)?;
+    let mut masks = Masks::default();
+    mount_proc(root, &mut masks)?;
     mount_dev(root, plan.host_id_base)?;
-    mount_sys(root)?;
+    mount_sys(root, &mut masks)?;
 
     ctx(chdir(root), || "enter the root".into())?;
     ctx(pivot_root(".", "."), || "pivot_root".into())?;
@@ -391,8 +395,9 @@ mod mount_api {
 
 /// A user namespace mapping ids `0..count` to host ids `base..base +
 /// count`, held by a descriptor: a short-lived child creates it, this
-/// process (root on the host) writes its maps, and the child exits.
-fn user_namespace(base: u32, count: u32) -> Step<OwnedFd> {
+/// process (root on the host) writes its maps, and the child exits. Returns
+/// the descriptor and the child, for the caller to reap.
+fn user_namespace(base: u32, count: u32) -> Step<(OwnedFd, nix::unistd::Pid)> {
     if count == 0 || base.checked_add(count).is_none() || base == 0 {
         return Err(format!("host id range {base}+{count} is not one a sandbox can use"));
     }
@@ -439,8 +444,14 @@ fn user_namespace(base: u32, count: u32) -> Step<OwnedFd> {
         Ok(OwnedFd::from(ns))
     })();
     drop(release);
-    let _ = nix::sys::wait::waitpid(nix::unistd::Pid::from_raw(pid as i32), None);
-    made
+    let child = nix::unistd::Pid::from_raw(pid as i32);
+    match made {
+        Ok(fd) => Ok((fd, child)),
+        Err(e) => {
+            let _ = nix::sys::wait::waitpid(child, None);
+            Err(e)
+        }
+    }
 }
 
 /// Runs `f` with file system ids of the sandbox's root (host id `base`),
@@ -478,7 +489,7 @@ fn enter_user_namespace(userns: OwnedFd) -> Step<()> {
     Ok(())
 }
 
-fn mount_proc(root: &Path) -> Step<()> {
+fn mount_proc(root: &Path, masks: &mut Masks) -> Step<()> {
     let proc = root.join("proc");
     let flags = MsFlags::MS_NOSUID | MsFlags::MS_NODEV | MsFlags::MS_NOEXEC;
     ctx(mount(Some("proc"), &proc, Some("proc"), flags, None::<&str>), || {
@@ -525,36 +536,56 @@ fn mount_proc(root: &Path) -> Step<()> {
     }
     // The host's hardware stays out of sight.
     for sub in ["acpi", "scsi", "asound"] {
-        mask_dir(&proc.join(sub), &format!("/proc/{sub}"))?;
+        masks.cover(&proc.join(sub), &format!("/proc/{sub}"))?;
     }
     Ok(())
 }
 
 /// A read-only `/sys` without the host's firmware tables (ACPI, EFI, DMI)
 /// or power-capping counters (which time other tenants' work).
-fn mount_sys(root: &Path) -> Step<()> {
+fn mount_sys(root: &Path, masks: &mut Masks) -> Step<()> {
     let sys = root.join("sys");
     let flags = MsFlags::MS_RDONLY | MsFlags::MS_NOSUID | MsFlags::MS_NODEV | MsFlags::MS_NOEXEC;
     ctx(mount(Some("sysfs"), &sys, Some("sysfs"), flags, None::<&str>), || {
         "mount /sys".into()
     })?;
     for sub in ["firmware", "devices/virtual/powercap"] {
-        mask_dir(&sys.join(sub), &format!("/sys/{sub}"))?;
+        masks.cover(&sys.join(sub), &format!("/sys/{sub}"))?;
     }
     Ok(())
 }
 
-/// Covers the directory `dir` (when there is one) with an empty read-only
-/// tmpfs.
-fn mask_dir(dir: &Path, name: &str) -> Step<()> {
-    if !dir.is_dir() {
-        return Ok(());
+/// Empty read-only directories laid over those the sandbox must not see:
+/// one tmpfs, bound over each after the first (a bind is a quarter of a
+/// new tmpfs's cost, and sandbox start pays for every mask).
+#[derive(Default)]
+struct Masks {
+    empty: Option<std::path::PathBuf>,
+}
+
+impl Masks {
+    /// Covers the directory `dir`, when there is one.
+    fn cover(&mut self, dir: &Path, name: &str) -> Step<()> {
+        if !dir.is_dir() {
+            return Ok(());
+        }
+        let flags = MsFlags::MS_RDONLY | MsFlags::MS_NOSUID | MsFlags::MS_NODEV | MsFlags::MS_NOEXEC;
+        match &self.empty {
+            // The bind keeps the tmpfs's read-only flags.
+            Some(empty) => ctx(
+                mount(Some(empty.as_path()), dir, None::<&str>, MsFlags::MS_BIND, None::<&str>),
+                || format!("mask {name}"),
+            ),
+            None => {
+                ctx(
+                    mount(Some("tmpfs"), dir, Some("tmpfs"), flags, Some("size=0,mode=555")),
+                    || format!("mask {name}"),
+                )?;
+                self.empty = Some(dir.to_path_buf());
+                Ok(())
+            }
+        }
     }
-    let flags = MsFlags::MS_RDONLY | MsFlags::MS_NOSUID | MsFlags::MS_NODEV | MsFlags::MS_NOEXEC;
-    ctx(
-        mount(Some("tmpfs"), dir, Some("tmpfs"), flags, Some("size=0,mode=555")),
-        || format!("mask {name}"),
-    )
 }
 
 /// A minimal `/dev`, owned by the sandbox's root (host id `base`).
