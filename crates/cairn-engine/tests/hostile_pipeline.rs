@@ -9,7 +9,7 @@ mod mutation;
 
 use std::collections::BTreeMap;
 
-use cairn_engine::pipeline::spec::{parse_duration, MAX_FILE_LEN};
+use cairn_engine::pipeline::spec::{parse_duration, read_file, MAX_FILE_LEN};
 use cairn_engine::pipeline::{parse, PipelineError};
 use proptest::prelude::*;
 
@@ -91,6 +91,19 @@ fn a_file_over_the_cap_is_refused_before_parsing() {
     assert_eq!(err.line, 1);
     assert!(err.message.contains("limit"), "{err}");
     assert!(usage.peak < 4096, "{usage:?}");
+}
+
+#[test]
+fn a_file_of_any_size_is_read_no_further_than_the_cap() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("huge.toml");
+    let file = std::fs::File::create(&path).unwrap();
+    file.set_len(64 * MAX_FILE_LEN as u64).unwrap();
+    let (text, usage) = alloc_meter::measure(|| read_file(&path).unwrap());
+    assert_eq!(text.len(), MAX_FILE_LEN + 1);
+    assert!(usage.peak <= 4 * MAX_FILE_LEN, "{usage:?}");
+    let err = parse("huge.toml", &text, &BTreeMap::new()).unwrap_err();
+    assert!(err.message.contains("limit"), "{err}");
 }
 
 #[test]

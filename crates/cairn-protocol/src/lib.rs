@@ -258,8 +258,13 @@ pub fn read_frame<T: for<'de> Deserialize<'de>, R: Read>(r: &mut R) -> Result<T,
     if len > MAX_FRAME_LEN {
         return Err(FrameError::TooLarge(len));
     }
-    let mut payload = vec![0u8; len as usize];
-    r.read_exact(&mut payload)?;
+    // Grown as bytes arrive: a peer that declares 8 MiB and sends nothing
+    // costs no more than what it sent.
+    let mut payload = Vec::with_capacity((len as usize).min(64 * 1024));
+    r.take(u64::from(len)).read_to_end(&mut payload)?;
+    if payload.len() < len as usize {
+        return Err(io::Error::from(io::ErrorKind::UnexpectedEof).into());
+    }
     decode_payload(&payload)
 }
 

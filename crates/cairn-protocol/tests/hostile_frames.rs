@@ -190,6 +190,15 @@ fn a_declared_length_past_the_cap_is_refused_before_allocating() {
 }
 
 #[test]
+fn a_frame_declaring_the_cap_and_sending_little_costs_what_was_sent() {
+    let mut wire = MAX_FRAME_LEN.to_le_bytes().to_vec();
+    wire.extend_from_slice(&[0; 16]);
+    let (err, usage) = alloc_meter::measure(|| read_frame::<FromInit, _>(&mut &wire[..]).unwrap_err());
+    assert!(matches!(err, FrameError::Io(_)), "{err}");
+    assert!(usage.largest <= 64 * 1024, "{usage:?}");
+}
+
+#[test]
 fn a_string_declaring_a_huge_length_allocates_nothing_for_it() {
     // FromInit::Error(String) whose length says 2^62 bytes.
     let mut payload = 12u32.to_le_bytes().to_vec();

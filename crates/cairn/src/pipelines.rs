@@ -39,7 +39,8 @@ pub fn pipeline(engine: &mut Engine, cmd: PipelineCommand) -> Result<i32> {
         PipelineCommand::Run { file, params, check } => {
             let params = parse_params(&params)?;
             if check {
-                let text = std::fs::read_to_string(&file).with_context(|| format!("cannot read {}", file.display()))?;
+                let text = cairn_engine::pipeline::spec::read_file(&file)
+                    .with_context(|| format!("cannot read {}", file.display()))?;
                 let p = cairn_engine::pipeline::parse(&file.display().to_string(), &text, &params)?;
                 eprintln!(
                     "cairn: {} is a valid pipeline of {} stages",

@@ -156,7 +156,7 @@ enum Outcome {
 impl Engine {
     /// Checks a pipeline file and records a new run; nothing runs yet.
     pub fn start_run(&mut self, file: &Path, params: &BTreeMap<String, String>) -> Result<RunRecord, EngineError> {
-        let text = fs::read_to_string(file).map_err(|e| RunError::Read(file.to_path_buf(), e))?;
+        let text = spec::read_file(file).map_err(|e| RunError::Read(file.to_path_buf(), e))?;
         let pipeline = spec::parse(&file.display().to_string(), &text, params).map_err(RunError::from)?;
         let run = RunRecord {
             id: new_id(12),

@@ -278,6 +278,17 @@ fn check_template(
 /// and it bounds what parsing a hostile file can cost.
 pub const MAX_FILE_LEN: usize = 1 << 20;
 
+/// Reads a pipeline file as [`parse`] takes it: at most one byte past
+/// [`MAX_FILE_LEN`], so a file of any size costs no more than the cap.
+pub fn read_file(path: &std::path::Path) -> std::io::Result<String> {
+    use std::io::Read;
+    let mut text = String::new();
+    std::fs::File::open(path)?
+        .take(MAX_FILE_LEN as u64 + 1)
+        .read_to_string(&mut text)?;
+    Ok(text)
+}
+
 /// Parses and checks a pipeline file. `overrides` (from `--param k=v`)
 /// replace or add parameters.
 pub fn parse(file: &str, text: &str, overrides: &BTreeMap<String, String>) -> Result<Pipeline, PipelineError> {
@@ -286,8 +297,7 @@ pub fn parse(file: &str, text: &str, overrides: &BTreeMap<String, String>) -> Re
             file: file.to_string(),
             line: 1,
             message: format!(
-                "the file has {} bytes, over the {MAX_FILE_LEN}-byte limit for a pipeline file; split it or move data into the stages' inputs",
-                text.len()
+                "the file is over the {MAX_FILE_LEN}-byte limit for a pipeline file; split it or move data into the stages' inputs"
             ),
         });
     }
