@@ -260,3 +260,22 @@ fn an_image_whose_mount_points_are_symlinks_is_refused_clearly() {
     assert!(home.ps().is_empty(), "a refused create left a sandbox");
     assert!(home.host_mounts().is_empty(), "a refused create left a mount");
 }
+
+#[test]
+fn a_file_capability_set_inside_survives_a_snapshot_as_the_sandboxs_own() {
+    if skip("a_file_capability_set_inside_survives_a_snapshot_as_the_sandboxs_own") {
+        return;
+    }
+    let home = Home::new();
+    let Some(tool) = compile("fcaps", home.path()) else {
+        return;
+    };
+    let id = home.ok(&["create"]);
+    home.ok(&["cp", tool.to_str().unwrap(), &format!("{id}:/bin/")]);
+    home.sh(&id, "cp /bin/busybox /bin/server; /bin/fcaps set /bin/server");
+    assert_eq!(home.sh(&id, "/bin/fcaps get /bin/server"), "rev 2 permitted 400");
+    let snap = home.ok(&["snapshot", &id]);
+    let restored = home.ok(&["restore", &snap]);
+    assert_eq!(home.sh(&restored, "/bin/fcaps get /bin/server"), "rev 2 permitted 400");
+    home.ok(&["rm", "-f", &id, &restored]);
+}

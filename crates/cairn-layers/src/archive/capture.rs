@@ -284,8 +284,13 @@ struct Walk<'a, B> {
     dropped_devices: usize,
 }
 
-fn metadata(st: &FileStat, xattrs: Vec<Xattr>, ids: Option<HostIds>) -> Metadata {
+fn metadata(st: &FileStat, mut xattrs: Vec<Xattr>, ids: Option<HostIds>) -> Metadata {
     let sandbox_id = |id| ids.map_or(id, |ids| ids.sandbox_id(id));
+    if let Some(ids) = ids {
+        for x in &mut xattrs {
+            x.value = ids.sandbox_xattr(&x.name, std::mem::take(&mut x.value));
+        }
+    }
     Metadata {
         mode: st.st_mode & 0o7777,
         uid: sandbox_id(st.st_uid),

@@ -53,6 +53,66 @@ impl HostIds {
             _ => host,
         }
     }
+
+    /// An xattr as the sandbox saw it. A file capability set inside the
+    /// namespace is stored in version 3, naming the namespace's root as a
+    /// host id; it is recorded in the plain version 2 form, which the next
+    /// sandbox's idmapped mount shows as its own root's. Anything else is
+    /// kept as it is.
+    pub fn sandbox_xattr(self, name: &[u8], value: Vec<u8>) -> Vec<u8> {
+        const REVISION_MASK: u32 = 0xff00_0000;
+        const REVISION_2: u32 = 0x0200_0000;
+        const REVISION_3: u32 = 0x0300_0000;
+        if name != b"security.capability" || value.len() != 24 {
+            return value;
+        }
+        let word = |at: usize| u32::from_le_bytes([value[at], value[at + 1], value[at + 2], value[at + 3]]);
+        let (magic, root) = (word(0), word(20));
+        if magic & REVISION_MASK != REVISION_3 || root != self.base {
+            return value;
+        }
+        let mut v2 = value[..20].to_vec();
+        v2[..4].copy_from_slice(&((magic & !REVISION_MASK) | REVISION_2).to_le_bytes());
+        v2
+    }
+}
+
+#[cfg(test)]
+mod host_ids_tests {
+    use super::HostIds;
+
+    const IDS: HostIds = HostIds {
+        base: 0x7000_0000,
+        count: 65536,
+    };
+
+    #[test]
+    fn host_ids_in_the_range_become_sandbox_ids_and_others_stay() {
+        assert_eq!(IDS.sandbox_id(0x7000_0000), 0);
+        assert_eq!(IDS.sandbox_id(0x7000_0000 + 1000), 1000);
+        assert_eq!(IDS.sandbox_id(0x7000_0000 + 65536), 0x7000_0000 + 65536);
+        assert_eq!(IDS.sandbox_id(0), 0);
+        assert_eq!(IDS.sandbox_id(5), 5);
+    }
+
+    #[test]
+    fn a_capability_naming_the_namespace_root_is_recorded_in_version_2() {
+        // cap_net_raw permitted and effective, root = the namespace's root.
+        let mut v3 = (0x0300_0000u32 | 1).to_le_bytes().to_vec();
+        v3.extend_from_slice(&(1u32 << 13).to_le_bytes());
+        v3.extend_from_slice(&[0; 12]);
+        v3.extend_from_slice(&0x7000_0000u32.to_le_bytes());
+        let v2 = IDS.sandbox_xattr(b"security.capability", v3.clone());
+        assert_eq!(v2.len(), 20);
+        assert_eq!(&v2[..4], &(0x0200_0000u32 | 1).to_le_bytes());
+        assert_eq!(&v2[4..20], &v3[4..20]);
+        // Another root, another xattr, or a version 2 value: unchanged.
+        let mut other = v3.clone();
+        other[20..].copy_from_slice(&5u32.to_le_bytes());
+        assert_eq!(IDS.sandbox_xattr(b"security.capability", other.clone()), other);
+        assert_eq!(IDS.sandbox_xattr(b"user.x", v3.clone()), v3);
+        assert_eq!(IDS.sandbox_xattr(b"security.capability", v2.clone()), v2);
+    }
 }
 
 /// Why a capture or materialisation failed. Nothing is left half-done: a
