@@ -420,16 +420,29 @@ fn find_static_busybox(scratch: &Path, progress: &dyn Progress) -> Result<PathBu
         });
     }
     progress.step("downloading busybox-static with apt-get");
-    run(
-        Command::new("apt-get")
-            .args(["download", "-q", "busybox-static"])
-            .current_dir(scratch),
-        "apt-get download busybox-static",
-    )
-    .map_err(|e| ImageError::Command {
-        what: "fetching busybox-static".into(),
-        detail: format!("{e}; run `apt-get update` or `apt-get install busybox-static`"),
-    })?;
+    let download = || {
+        run(
+            Command::new("apt-get")
+                .args(["download", "-q", "busybox-static"])
+                .current_dir(scratch),
+            "apt-get download busybox-static",
+        )
+    };
+    download()
+        .or_else(|first| {
+            // A fresh machine has no package lists yet, an old one stale
+            // lists whose versions the mirror no longer has: update once.
+            progress.step(&format!(
+                "apt-get download failed ({}); updating the package lists with apt-get update and trying again",
+                first.to_string().lines().last().unwrap_or_default()
+            ));
+            run(Command::new("apt-get").args(["update", "-q"]), "apt-get update")?;
+            download()
+        })
+        .map_err(|e| ImageError::Command {
+            what: "fetching busybox-static".into(),
+            detail: format!("{e}; run `apt-get update` or `apt-get install busybox-static`"),
+        })?;
     let deb = fs::read_dir(scratch)
         .map_err(io_err(scratch))?
         .flatten()

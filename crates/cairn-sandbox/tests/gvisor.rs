@@ -36,7 +36,7 @@ impl Drop for Env {
 
 fn env() -> Option<Env> {
     if !nix::unistd::geteuid().is_root() {
-        eprintln!("SKIPPED: the gVisor driver tests need root (runsc, cgroups and mounts)");
+        support::skipped("the gVisor driver tests need root (runsc, cgroups and mounts)");
         return None;
     }
     // Short paths: the init socket path must fit in 108 bytes.
@@ -44,7 +44,7 @@ fn env() -> Option<Env> {
     let driver = match GvisorDriver::new(tmp.path().join("state"), "gvisor-test") {
         Ok(d) => d,
         Err(SandboxError::Gvisor(GvisorError::RunscMissing)) => {
-            eprintln!("SKIPPED: runsc (gVisor) is not installed");
+            support::skipped("runsc (gVisor) is not installed; apt-get install runsc");
             return None;
         }
         Err(e) => panic!("cannot create the gVisor driver: {e}"),
@@ -52,7 +52,7 @@ fn env() -> Option<Env> {
     let base = match support::busybox_root() {
         Ok(b) => b,
         Err(e) => {
-            eprintln!("SKIPPED: no busybox root: {e}");
+            support::skipped(&format!("no busybox root: {e}"));
             return None;
         }
     };

@@ -27,13 +27,13 @@ impl Native {
     /// Starts one, or says why it cannot (then the test passes, loudly).
     fn start(test: &str) -> Option<Native> {
         if !nix::unistd::geteuid().is_root() {
-            eprintln!("SKIPPED {test}: the native driver test needs root");
+            support::skipped(&format!("{test}: the native driver test needs root"));
             return None;
         }
         let base = match support::busybox_root() {
             Ok(b) => b,
             Err(e) => {
-                eprintln!("SKIPPED {test}: no busybox root: {e}");
+                support::skipped(&format!("{test}: no busybox root: {e}"));
                 return None;
             }
         };

@@ -114,13 +114,13 @@ fn lifting_one_refusal_lets_exactly_that_call_through() {
 /// returns each call's outcome, or None (and says why) when it cannot.
 fn probe_report(test: &str, programs: Vec<Vec<BpfInstruction>>) -> Option<BTreeMap<String, Outcome>> {
     if !nix::unistd::geteuid().is_root() {
-        eprintln!("SKIPPED {test}: the seccomp test needs root");
+        support::skipped(&format!("{test}: the seccomp test needs root"));
         return None;
     }
     let base = match support::busybox_root() {
         Ok(b) => b,
         Err(e) => {
-            eprintln!("SKIPPED {test}: no busybox root: {e}");
+            support::skipped(&format!("{test}: no busybox root: {e}"));
             return None;
         }
     };
@@ -208,9 +208,6 @@ fn compile_probe(dir: &Path) -> Option<PathBuf> {
         ),
         Err(e) => format!("cannot run cc ({e}); {install}"),
     };
-    if std::env::var("CI").is_ok_and(|v| v == "true") {
-        panic!("{why}");
-    }
-    eprintln!("SKIPPED: {why}");
+    support::skipped(&why);
     None
 }

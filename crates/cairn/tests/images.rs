@@ -12,16 +12,18 @@ fn a_debian_image_with_extra_packages_runs_them() {
         return;
     }
     if Command::new("debootstrap").arg("--version").output().is_err() {
-        eprintln!("SKIPPED a_debian_image_with_extra_packages_runs_them: debootstrap is not installed (apt-get install debootstrap)");
+        common::skipped(
+            "a_debian_image_with_extra_packages_runs_them: debootstrap is not installed; apt-get install debootstrap",
+        );
         return;
     }
     let home = Home::new();
     let out = home.cairn(&["image", "build", "debian", "--packages", "jq", "--name", "deb-jq"]);
     if !out.status.success() && stderr(&out).contains("Failed getting release file") {
-        eprintln!(
-            "SKIPPED a_debian_image_with_extra_packages_runs_them: the Debian mirror is unreachable: {}",
+        common::skipped(&format!(
+            "a_debian_image_with_extra_packages_runs_them: the Debian mirror is unreachable: {}",
             stderr(&out)
-        );
+        ));
         return;
     }
     assert!(out.status.success(), "{}", stderr(&out));
@@ -148,4 +150,38 @@ fn device_nodes_are_left_out_of_imported_directories_and_tarballs() {
         assert_eq!(seen, "/pipe", "image {name} kept device nodes");
         assert!(stderr(&out).contains("2 device node"), "no warning: {}", stderr(&out));
     }
+}
+
+#[test]
+fn the_default_image_is_built_where_the_package_lists_are_missing() {
+    let test = "the_default_image_is_built_where_the_package_lists_are_missing";
+    if skip(test) {
+        return;
+    }
+    if ["/bin/busybox", "/usr/bin/busybox"]
+        .iter()
+        .any(|p| std::fs::read(p).is_ok_and(|elf| !elf.windows(16).any(|w| w == b"/lib64/ld-linux-")))
+    {
+        eprintln!("SKIPPED {test}: the host's busybox is static, so no package is fetched");
+        return;
+    }
+    // A fresh machine, as apt sees it: no package lists at all.
+    let home = Home::empty();
+    let lists = home.path().join("apt-lists");
+    std::fs::create_dir_all(lists.join("partial")).unwrap();
+    let config = home.path().join("apt.conf");
+    std::fs::write(&config, format!("Dir::State::Lists \"{}\";\n", lists.display())).unwrap();
+    let out = home
+        .command(&["image", "build", "busybox"])
+        .env("APT_CONFIG", &config)
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{}", stderr(&out));
+    assert!(
+        stderr(&out).contains("apt-get update"),
+        "no word of the update on stderr: {}",
+        stderr(&out)
+    );
+    assert!(std::fs::read_dir(&lists).unwrap().count() > 2, "apt-get update fetched no lists");
+    assert_eq!(home.ok(&["run", "--", "echo", "hi"]), "hi");
 }

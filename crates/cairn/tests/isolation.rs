@@ -32,11 +32,9 @@ fn compile(name: &str, dir: &Path) -> Option<PathBuf> {
                 Ok(out) => String::from_utf8_lossy(&out.stderr).into_owned(),
                 Err(e) => e.to_string(),
             };
-            assert!(
-                std::env::var_os("CI").is_none(),
+            common::skipped(&format!(
                 "cannot compile {name}.c ({why}); apt-get install gcc libc6-dev"
-            );
-            eprintln!("SKIPPED: cannot compile {name}.c ({why}); apt-get install gcc libc6-dev");
+            ));
             None
         }
     }

@@ -546,10 +546,10 @@ fn the_default_image_is_built_on_first_use() {
     assert_eq!(home.ok(&["image", "ls", "--json"]), "[]");
     let out = home.cairn(&["run", "--", "echo", "hi"]);
     if !out.status.success() && stderr(&out).contains("apt-get") {
-        eprintln!(
-            "SKIPPED the_default_image_is_built_on_first_use: busybox-static cannot be fetched here: {}",
+        common::skipped(&format!(
+            "the_default_image_is_built_on_first_use: busybox-static cannot be fetched here: {}",
             stderr(&out)
-        );
+        ));
         return;
     }
     assert!(out.status.success(), "{}", stderr(&out));

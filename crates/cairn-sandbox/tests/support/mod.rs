@@ -5,6 +5,16 @@ use std::os::unix::fs::symlink;
 use std::path::PathBuf;
 use std::process::Command;
 
+/// Says loudly that a test is skipped, and why; under CI (`CI=true`) a
+/// missing part fails the test instead.
+#[allow(dead_code)]
+pub fn skipped(message: &str) {
+    if std::env::var("CI").is_ok_and(|v| v == "true") {
+        panic!("{message} (CI=true: a missing part fails the test)");
+    }
+    eprintln!("SKIPPED {message}");
+}
+
 /// A root with a static busybox and its applet links: `/bin/busybox` when
 /// the host's is static, else the `busybox-static` Debian package fetched
 /// with `apt-get download`. Built once under the temp directory.

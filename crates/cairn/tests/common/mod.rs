@@ -20,11 +20,21 @@ pub fn missing_prerequisite() -> Option<String> {
     None
 }
 
+/// Says loudly that a test is skipped, and why (with the command that
+/// installs what is missing); under CI (`CI=true`) a missing part fails the
+/// test instead.
+pub fn skipped(message: &str) {
+    if std::env::var("CI").is_ok_and(|v| v == "true") {
+        panic!("{message} (CI=true: a missing part fails the test)");
+    }
+    eprintln!("SKIPPED {message}");
+}
+
 /// Returns true (after saying so loudly) when the test must be skipped.
 pub fn skip(test: &str) -> bool {
     match missing_prerequisite() {
         Some(why) => {
-            eprintln!("SKIPPED {test}: {why}");
+            skipped(&format!("{test}: {why}"));
             true
         }
         None => false,
@@ -37,7 +47,9 @@ pub fn skip_without_runsc(test: &str) -> bool {
         return true;
     }
     if Command::new("runsc").arg("--version").output().is_err() {
-        eprintln!("SKIPPED {test}: runsc (gVisor) is not installed; apt-get install runsc");
+        skipped(&format!(
+            "{test}: runsc (gVisor) is not installed; apt-get install runsc"
+        ));
         return true;
     }
     false
