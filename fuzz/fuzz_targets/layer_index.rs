@@ -4,7 +4,7 @@
 //! whole frame and, sealed with a right CRC, as a payload.
 #![no_main]
 
-use cairn_fuzz::seal;
+use cairn_store::frame::seal;
 use cairn_layers::archive::{Baseline, LayerIndex};
 use cairn_store::frame::decode;
 use cairn_store::Framed;

@@ -6,7 +6,7 @@
 
 use cairn_engine::pipeline::artifacts::ArtifactObject;
 use cairn_engine::SnapshotManifest;
-use cairn_fuzz::seal;
+use cairn_store::frame::seal;
 use cairn_store::frame::decode;
 use cairn_store::Framed;
 use libfuzzer_sys::fuzz_target;

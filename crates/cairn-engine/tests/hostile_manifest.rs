@@ -5,10 +5,7 @@
 //! the caps; a manifest that decodes is then valid or refused by
 //! `validate`, which keeps memory file names from leaving their directory.
 
-#[path = "support/alloc_meter.rs"]
-mod alloc_meter;
-#[path = "support/mutation.rs"]
-mod mutation;
+use cairn_testkit::{alloc_meter, mutation};
 
 use cairn_engine::pipeline::artifacts::ArtifactObject;
 use cairn_engine::snapshots::{MemoryFile, MemoryForm, MemoryImage};
@@ -68,19 +65,6 @@ fn manifest() -> SnapshotManifest {
         }),
     }
 }
-
-fn seal<T: Framed>(version: u32, payload: &[u8]) -> Vec<u8> {
-    let mut out = T::MAGIC.to_vec();
-    out.extend_from_slice(&version.to_le_bytes());
-    out.extend_from_slice(&(payload.len() as u64).to_le_bytes());
-    let mut crc = crc32fast::Hasher::new();
-    crc.update(&out);
-    crc.update(payload);
-    out.extend_from_slice(&crc.finalize().to_le_bytes());
-    out.extend_from_slice(payload);
-    out
-}
-
 /// Decodes `bytes` as a manifest and as an artifact, as restores and the
 /// garbage collector do, and checks what that allocates.
 fn decode_both(bytes: &[u8]) {
@@ -146,7 +130,7 @@ fn a_manifest_declaring_a_huge_layer_count_preallocates_at_most_a_mebibyte() {
     // No parent, then 2^50 layers.
     let mut payload = vec![0, 0xFD];
     payload.extend_from_slice(&(1u64 << 50).to_le_bytes());
-    let bytes = seal::<SnapshotManifest>(SnapshotManifest::VERSION, &payload);
+    let bytes = frame::seal::<SnapshotManifest>(SnapshotManifest::VERSION, &payload);
     let (err, usage) = alloc_meter::measure(|| frame::decode::<SnapshotManifest>(&bytes).unwrap_err());
     assert!(err.to_string().contains("does not decode"), "{err}");
     assert!(usage.largest <= SEQUENCE_PREALLOCATION, "{usage:?}");
@@ -161,8 +145,8 @@ proptest! {
         version in 0u32..5,
     ) {
         decode_both(&bytes);
-        decode_both(&seal::<SnapshotManifest>(version, &bytes));
-        decode_both(&seal::<ArtifactObject>(version, &bytes));
+        decode_both(&frame::seal::<SnapshotManifest>(version, &bytes));
+        decode_both(&frame::seal::<ArtifactObject>(version, &bytes));
     }
 
     #[test]
@@ -177,7 +161,7 @@ proptest! {
             // decoders see hostile payloads too.
             let mut payload = bytes.split_off(HEADER_LEN);
             mutation::apply(&mut payload, &muts);
-            bytes = seal::<SnapshotManifest>(version, &payload);
+            bytes = frame::seal::<SnapshotManifest>(version, &payload);
         } else {
             mutation::apply(&mut bytes, &muts);
         }
@@ -189,6 +173,6 @@ proptest! {
         let artifact = ArtifactObject { path: "/work/out".into(), content: content() };
         let mut payload = frame::encode(&artifact).unwrap().split_off(HEADER_LEN);
         mutation::apply(&mut payload, &muts);
-        decode_both(&seal::<ArtifactObject>(1, &payload));
+        decode_both(&frame::seal::<ArtifactObject>(1, &payload));
     }
 }

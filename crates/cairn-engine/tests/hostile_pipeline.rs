@@ -2,10 +2,7 @@
 //! mutations of a valid pipeline give an error naming a line of the file,
 //! never a panic; a file over the size cap is refused before it is parsed.
 
-#[path = "support/alloc_meter.rs"]
-mod alloc_meter;
-#[path = "support/mutation.rs"]
-mod mutation;
+use cairn_testkit::{alloc_meter, mutation};
 
 use std::collections::BTreeMap;
 

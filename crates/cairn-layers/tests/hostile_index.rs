@@ -4,10 +4,7 @@
 //! allocation past the caps; an index that decodes is then either valid or
 //! refused by `validate` with a reason.
 
-#[path = "support/alloc_meter.rs"]
-mod alloc_meter;
-#[path = "support/mutation.rs"]
-mod mutation;
+use cairn_testkit::{alloc_meter, mutation};
 
 use cairn_layers::archive::{Baseline, Entry, EntryKind, LayerIndex, LayerPath, Metadata, Timestamp, Xattr};
 use cairn_store::frame::{self, HEADER_LEN};
@@ -83,19 +80,6 @@ fn index() -> LayerIndex {
         ],
     }
 }
-
-fn seal<T: Framed>(payload: &[u8]) -> Vec<u8> {
-    let mut out = T::MAGIC.to_vec();
-    out.extend_from_slice(&T::VERSION.to_le_bytes());
-    out.extend_from_slice(&(payload.len() as u64).to_le_bytes());
-    let mut crc = crc32fast::Hasher::new();
-    crc.update(&out);
-    crc.update(payload);
-    out.extend_from_slice(&crc.finalize().to_le_bytes());
-    out.extend_from_slice(payload);
-    out
-}
-
 /// Decodes `bytes` as a layer index and as a baseline, as the store and the
 /// next capture would, and checks what they allocate.
 fn decode_both(bytes: &[u8]) {
@@ -138,7 +122,7 @@ fn a_valid_index_decodes_and_validates() {
 fn an_index_declaring_a_huge_entry_count_allocates_at_most_a_mebibyte() {
     let mut payload = vec![0xFD];
     payload.extend_from_slice(&(1u64 << 50).to_le_bytes());
-    let bytes = seal::<LayerIndex>(&payload);
+    let bytes = frame::seal::<LayerIndex>(LayerIndex::VERSION, &payload);
     let (err, usage) = alloc_meter::measure(|| frame::decode::<LayerIndex>(&bytes).unwrap_err());
     assert!(matches!(err, FrameError::Decode { .. }), "{err}");
     assert!(usage.largest <= SEQUENCE_PREALLOCATION, "{usage:?}");
@@ -166,8 +150,8 @@ proptest! {
     #[test]
     fn arbitrary_bytes_are_refused_cleanly(bytes in proptest::collection::vec(any::<u8>(), 0..1024)) {
         decode_both(&bytes);
-        decode_both(&seal::<LayerIndex>(&bytes));
-        decode_both(&seal::<Baseline>(&bytes));
+        decode_both(&frame::seal::<LayerIndex>(LayerIndex::VERSION, &bytes));
+        decode_both(&frame::seal::<Baseline>(Baseline::VERSION, &bytes));
     }
 
     #[test]
@@ -176,7 +160,7 @@ proptest! {
         if reseal {
             let mut payload = bytes.split_off(HEADER_LEN);
             mutation::apply(&mut payload, &muts);
-            bytes = seal::<LayerIndex>(&payload);
+            bytes = frame::seal::<LayerIndex>(LayerIndex::VERSION, &payload);
         } else {
             mutation::apply(&mut bytes, &muts);
         }

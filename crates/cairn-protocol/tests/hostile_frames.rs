@@ -4,10 +4,7 @@
 //! error, never a panic, and never make a reader allocate past the frame
 //! cap.
 
-#[path = "support/alloc_meter.rs"]
-mod alloc_meter;
-#[path = "support/mutation.rs"]
-mod mutation;
+use cairn_testkit::{alloc_meter, mutation};
 
 use cairn_protocol::{
     decode_payload, hello, read_frame, write_frame, ExecRequest, ExitStatus, FileKind, FileMeta, FrameError, FromInit,

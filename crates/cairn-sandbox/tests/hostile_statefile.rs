@@ -4,10 +4,7 @@
 //! valid state files are unpacked or left alone (never an error, never a
 //! panic), and nothing allocated is larger than one chunk (at most 64 MiB).
 
-#[path = "support/alloc_meter.rs"]
-mod alloc_meter;
-#[path = "support/mutation.rs"]
-mod mutation;
+use cairn_testkit::{alloc_meter, mutation};
 
 use std::io::{self, Cursor, Write};
 

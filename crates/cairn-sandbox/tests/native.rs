@@ -9,87 +9,9 @@ mod support;
 use std::os::unix::net::UnixStream;
 use std::time::Duration;
 
-use cairn_protocol::{read_frame, write_frame, ExecRequest, FromInit, ToInit, MAGIC, PROTOCOL_VERSION};
-use cairn_sandbox::client::{ClientError, InitClient};
-use cairn_sandbox::native::NativeDriver;
-use cairn_sandbox::{init_binary, Driver, Limits, SandboxProcess, SandboxSpec};
-
-/// A running native sandbox on a busybox root, stopped on drop.
-struct Native {
-    driver: NativeDriver,
-    spec: SandboxSpec,
-    process: SandboxProcess,
-    client: InitClient,
-    _tmp: tempfile::TempDir,
-}
-
-impl Native {
-    /// Starts one, or says why it cannot (then the test passes, loudly).
-    fn start(test: &str) -> Option<Native> {
-        if !nix::unistd::geteuid().is_root() {
-            support::skipped(&format!("{test}: the native driver test needs root"));
-            return None;
-        }
-        let base = match support::busybox_root() {
-            Ok(b) => b,
-            Err(e) => {
-                support::skipped(&format!("{test}: no busybox root: {e}"));
-                return None;
-            }
-        };
-        let tmp = tempfile::Builder::new().prefix("nvt").tempdir_in("/tmp").unwrap();
-        // A scope per test: tests run in parallel, and a scope goes with its
-        // last sandbox.
-        let driver = NativeDriver::new(&format!("native-test-{}-{test}", std::process::id())).unwrap();
-        let spec = SandboxSpec {
-            id: format!("nvt{}{test}", std::process::id()),
-            hostname: "native".into(),
-            dir: tmp.path().join("s"),
-            layers: vec![base],
-            limits: Limits::default(),
-            init_binary: init_binary::install(&tmp.path().join("bin")).unwrap(),
-        };
-        std::fs::create_dir_all(&spec.dir).unwrap();
-        let process = driver.start(&spec).unwrap();
-        let client = InitClient::new(spec.socket_path());
-        Some(Native {
-            driver,
-            spec,
-            process,
-            client,
-            _tmp: tmp,
-        })
-    }
-
-    fn exec(&self, argv: &[&str], detach: bool) -> cairn_sandbox::client::ExecSession {
-        self.client
-            .exec(ExecRequest {
-                argv: argv.iter().map(|a| a.to_string()).collect(),
-                timeout_ms: Some(60_000),
-                detach,
-                ..ExecRequest::default()
-            })
-            .unwrap()
-            .unwrap()
-    }
-
-    /// Runs a command to its end; returns its stdout.
-    fn run(&self, argv: &[&str]) -> String {
-        let mut out = Vec::new();
-        self.exec(argv, false).wait(&mut out, &mut Vec::new()).unwrap();
-        String::from_utf8(out).unwrap()
-    }
-
-    fn stop(&self) {
-        self.driver.stop(&self.spec.id, Some(self.process)).unwrap();
-    }
-}
-
-impl Drop for Native {
-    fn drop(&mut self) {
-        let _ = self.driver.stop(&self.spec.id, Some(self.process));
-    }
-}
+use cairn_protocol::{read_frame, write_frame, FromInit, ToInit, MAGIC, PROTOCOL_VERSION};
+use cairn_sandbox::client::ClientError;
+use support::Native;
 
 #[test]
 fn a_native_sandbox_answers_and_refuses_to_quiesce() {

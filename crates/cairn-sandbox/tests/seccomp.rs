@@ -16,8 +16,8 @@ use std::process::Command;
 
 use cairn_protocol::{BpfInstruction, ExecRequest, FileKind, FileMeta};
 use cairn_sandbox::client::InitClient;
-use cairn_sandbox::native::{seccomp, NativeDriver};
-use cairn_sandbox::{init_binary, Driver, Limits, SandboxSpec};
+use cairn_sandbox::native::seccomp;
+use support::Native;
 
 /// How one of the probe's calls ended.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -113,34 +113,11 @@ fn lifting_one_refusal_lets_exactly_that_call_through() {
 /// Runs the probe in a native sandbox whose seccomp filter is `programs`;
 /// returns each call's outcome, or None (and says why) when it cannot.
 fn probe_report(test: &str, programs: Vec<Vec<BpfInstruction>>) -> Option<BTreeMap<String, Outcome>> {
-    if !nix::unistd::geteuid().is_root() {
-        support::skipped(&format!("{test}: the seccomp test needs root"));
-        return None;
-    }
-    let base = match support::busybox_root() {
-        Ok(b) => b,
-        Err(e) => {
-            support::skipped(&format!("{test}: no busybox root: {e}"));
-            return None;
-        }
-    };
     let tmp = tempfile::Builder::new().prefix("sct").tempdir_in("/tmp").unwrap();
     let probe = compile_probe(tmp.path())?;
-    let driver = NativeDriver::new(&format!("seccomp-test-{}-{test}", std::process::id()))
-        .unwrap()
-        .with_seccomp(programs);
-    let spec = SandboxSpec {
-        id: format!("sct{}{test}", std::process::id()),
-        hostname: "seccomp".into(),
-        dir: tmp.path().join("s"),
-        layers: vec![base],
-        limits: Limits::default(),
-        init_binary: init_binary::install(&tmp.path().join("bin")).unwrap(),
-    };
-    std::fs::create_dir_all(&spec.dir).unwrap();
-    let process = driver.start(&spec).unwrap();
-    let output = run_probe(&InitClient::new(spec.socket_path()), &probe);
-    driver.stop(&spec.id, Some(process)).unwrap();
+    let sandbox = Native::start_with(test, |driver| driver.with_seccomp(programs))?;
+    let output = run_probe(&sandbox.client, &probe);
+    sandbox.stop();
     Some(parse(&output))
 }
 

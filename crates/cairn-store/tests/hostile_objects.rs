@@ -3,10 +3,7 @@
 //! arbitrary bytes and as mutations of valid encodings, give a clear error,
 //! never a panic, and never make a reader allocate past the caps.
 
-#[path = "support/alloc_meter.rs"]
-mod alloc_meter;
-#[path = "support/mutation.rs"]
-mod mutation;
+use cairn_testkit::{alloc_meter, mutation};
 
 use std::collections::BTreeMap;
 
@@ -75,20 +72,6 @@ fn object() -> Object {
         content: Some(content),
         kind: Kind::Device { major: 0, minor: 0 },
     }
-}
-
-/// A frame header with a right CRC around `payload`, so a mutated payload
-/// reaches the payload decoder instead of stopping at the checksum.
-fn seal(payload: &[u8]) -> Vec<u8> {
-    let mut out = Object::MAGIC.to_vec();
-    out.extend_from_slice(&Object::VERSION.to_le_bytes());
-    out.extend_from_slice(&(payload.len() as u64).to_le_bytes());
-    let mut crc = crc32fast::Hasher::new();
-    crc.update(&out);
-    crc.update(payload);
-    out.extend_from_slice(&crc.finalize().to_le_bytes());
-    out.extend_from_slice(payload);
-    out
 }
 
 /// Decodes `bytes` as an object, checking the error is one of the frame's
@@ -186,14 +169,14 @@ fn a_payload_declaring_huge_lengths_allocates_little() {
     // name: a string of 2^60 bytes.
     let mut payload = vec![0xFD];
     payload.extend_from_slice(&(1u64 << 60).to_le_bytes());
-    let bytes = seal(&payload);
+    let bytes = frame::seal::<Object>(Object::VERSION, &payload);
     let (err, usage) = alloc_meter::measure(|| frame::decode::<Object>(&bytes).unwrap_err());
     assert!(matches!(err, FrameError::Decode { .. }), "{err}");
     assert!(usage.largest < 4096, "{usage:?}");
     // children: a sequence of 2^40 objects after an empty name and map.
     let mut payload = vec![0, 0, 0xFD];
     payload.extend_from_slice(&(1u64 << 40).to_le_bytes());
-    let bytes = seal(&payload);
+    let bytes = frame::seal::<Object>(Object::VERSION, &payload);
     let (err, usage) = alloc_meter::measure(|| frame::decode::<Object>(&bytes).unwrap_err());
     assert!(matches!(err, FrameError::Decode { .. }), "{err}");
     assert!(usage.largest <= SEQUENCE_PREALLOCATION, "{usage:?}");
@@ -205,7 +188,7 @@ proptest! {
     #[test]
     fn arbitrary_bytes_are_refused_as_objects(bytes in proptest::collection::vec(any::<u8>(), 0..1024)) {
         decode_object(&bytes);
-        decode_object(&seal(&bytes));
+        decode_object(&frame::seal::<Object>(Object::VERSION, &bytes));
     }
 
     #[test]
@@ -214,7 +197,7 @@ proptest! {
         if reseal {
             let mut payload = bytes.split_off(HEADER_LEN);
             mutation::apply(&mut payload, &muts);
-            bytes = seal(&payload);
+            bytes = frame::seal::<Object>(Object::VERSION, &payload);
         } else {
             mutation::apply(&mut bytes, &muts);
         }

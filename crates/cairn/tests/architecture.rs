@@ -8,6 +8,7 @@ use std::process::Command;
 /// For each workspace crate, the workspace crates it may depend on.
 const ALLOWED: &[(&str, &[&str])] = &[
     ("cairn-protocol", &[]),
+    ("cairn-testkit", &[]),
     ("cairn-init", &["cairn-protocol"]),
     ("cairn-store", &[]),
     ("cairn-layers", &["cairn-store"]),

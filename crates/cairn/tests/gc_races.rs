@@ -82,11 +82,7 @@ fn an_image_imported_while_gc_runs_is_complete() {
     }
     let home = Home::new();
     // A busybox root (so the image runs) plus thousands of small files.
-    let images: serde_json::Value = serde_json::from_str(&home.ok(&["image", "ls", "--json"])).unwrap();
-    let busybox = home
-        .path()
-        .join("layers")
-        .join(images[0]["layers"][0].as_str().unwrap());
+    let busybox = home.busybox_layer();
     let src = tempfile::tempdir().unwrap();
     let cp = std::process::Command::new("cp")
         .arg("-a")

@@ -52,11 +52,7 @@ fn a_gzipped_tarball_imports_and_a_bad_one_is_refused() {
         return;
     }
     let home = Home::new();
-    let images: serde_json::Value = serde_json::from_str(&home.ok(&["image", "ls", "--json"])).unwrap();
-    let layer = home
-        .path()
-        .join("layers")
-        .join(images[0]["layers"][0].as_str().unwrap());
+    let layer = home.busybox_layer();
     let work = tempfile::tempdir().unwrap();
     let tarball = work.path().join("root.tar.gz");
     let status = Command::new("tar")
@@ -96,11 +92,7 @@ fn device_nodes_are_left_out_of_imported_directories_and_tarballs() {
         return;
     }
     let home = Home::new();
-    let images: serde_json::Value = serde_json::from_str(&home.ok(&["image", "ls", "--json"])).unwrap();
-    let layer = home
-        .path()
-        .join("layers")
-        .join(images[0]["layers"][0].as_str().unwrap());
+    let layer = home.busybox_layer();
     let work = tempfile::tempdir().unwrap();
     let root = work.path().join("root");
     let mut copy = Command::new("cp");
@@ -182,6 +174,9 @@ fn the_default_image_is_built_where_the_package_lists_are_missing() {
         "no word of the update on stderr: {}",
         stderr(&out)
     );
-    assert!(std::fs::read_dir(&lists).unwrap().count() > 2, "apt-get update fetched no lists");
+    assert!(
+        std::fs::read_dir(&lists).unwrap().count() > 2,
+        "apt-get update fetched no lists"
+    );
     assert_eq!(home.ok(&["run", "--", "echo", "hi"]), "hi");
 }

@@ -235,11 +235,7 @@ fn an_image_whose_mount_points_are_symlinks_is_refused_clearly() {
         return;
     }
     let home = Home::new();
-    let images: serde_json::Value = serde_json::from_str(&home.ok(&["image", "ls", "--json"])).unwrap();
-    let busybox = home
-        .path()
-        .join("layers")
-        .join(images[0]["layers"][0].as_str().unwrap());
+    let busybox = home.busybox_layer();
     for (mount_point, target) in [("dev", "/"), ("proc", "/etc"), ("sys", "../../..")] {
         let dir = home.path().join(format!("evil-{mount_point}"));
         std::fs::create_dir_all(dir.join("bin")).unwrap();

@@ -1,13 +1,20 @@
-//! Test support: a busybox root file system built once per host.
+//! Test support: a busybox root file system built once per host, and a
+//! native sandbox on it.
+
+#![allow(dead_code)]
 
 use std::fs;
 use std::os::unix::fs::symlink;
 use std::path::PathBuf;
 use std::process::Command;
 
+use cairn_protocol::ExecRequest;
+use cairn_sandbox::client::InitClient;
+use cairn_sandbox::native::NativeDriver;
+use cairn_sandbox::{init_binary, Driver, Limits, SandboxProcess, SandboxSpec};
+
 /// Says loudly that a test is skipped, and why; under CI (`CI=true`) a
 /// missing part fails the test instead.
-#[allow(dead_code)]
 pub fn skipped(message: &str) {
     if std::env::var("CI").is_ok_and(|v| v == "true") {
         panic!("{message} (CI=true: a missing part fails the test)");
@@ -87,4 +94,87 @@ fn host_busybox_is_static() -> bool {
     };
     // A dynamic executable names its interpreter.
     !bytes.windows(b"ld-linux".len()).any(|w| w == b"ld-linux")
+}
+
+/// A running native sandbox on a busybox root, stopped on drop.
+pub struct Native {
+    pub driver: NativeDriver,
+    pub spec: SandboxSpec,
+    pub process: SandboxProcess,
+    pub client: InitClient,
+    _tmp: tempfile::TempDir,
+}
+
+impl Native {
+    /// Starts one, or says why it cannot (then the test passes, loudly).
+    pub fn start(test: &str) -> Option<Native> {
+        Native::start_with(test, |driver| driver)
+    }
+
+    /// [`Native::start`] with a driver `configure` made (a test's own
+    /// seccomp filter, say).
+    pub fn start_with(test: &str, configure: impl FnOnce(NativeDriver) -> NativeDriver) -> Option<Native> {
+        if !nix::unistd::geteuid().is_root() {
+            skipped(&format!("{test}: the native driver test needs root"));
+            return None;
+        }
+        let base = match busybox_root() {
+            Ok(b) => b,
+            Err(e) => {
+                skipped(&format!("{test}: no busybox root: {e}"));
+                return None;
+            }
+        };
+        let tmp = tempfile::Builder::new().prefix("nvt").tempdir_in("/tmp").unwrap();
+        // A scope per test: tests run in parallel, and a scope goes with its
+        // last sandbox.
+        let driver = configure(NativeDriver::new(&format!("native-test-{}-{test}", std::process::id())).unwrap());
+        let spec = SandboxSpec {
+            id: format!("nvt{}{test}", std::process::id()),
+            hostname: "native".into(),
+            dir: tmp.path().join("s"),
+            layers: vec![base],
+            limits: Limits::default(),
+            init_binary: init_binary::install(&tmp.path().join("bin")).unwrap(),
+        };
+        std::fs::create_dir_all(&spec.dir).unwrap();
+        let process = driver.start(&spec).unwrap();
+        let client = InitClient::new(spec.socket_path());
+        Some(Native {
+            driver,
+            spec,
+            process,
+            client,
+            _tmp: tmp,
+        })
+    }
+
+    pub fn exec(&self, argv: &[&str], detach: bool) -> cairn_sandbox::client::ExecSession {
+        self.client
+            .exec(ExecRequest {
+                argv: argv.iter().map(|a| a.to_string()).collect(),
+                timeout_ms: Some(60_000),
+                detach,
+                ..ExecRequest::default()
+            })
+            .unwrap()
+            .unwrap()
+    }
+
+    /// Runs a command to its end; returns its stdout.
+    pub fn run(&self, argv: &[&str]) -> String {
+        let mut out = Vec::new();
+        self.exec(argv, false).wait(&mut out, &mut Vec::new()).unwrap();
+        String::from_utf8(out).unwrap()
+    }
+
+    pub fn stop(&self) {
+        self.driver.stop(&self.spec.id, Some(self.process)).unwrap();
+    }
+}
+
+impl Drop for Native {
+    fn drop(&mut self) {
+        let _ = self.driver.stop(&self.spec.id, Some(self.process));
+    }
 }

@@ -130,6 +130,16 @@ impl Home {
         self.dir.path()
     }
 
+    /// The directory of the busybox image's layer in this home.
+    pub fn busybox_layer(&self) -> PathBuf {
+        let images: serde_json::Value = serde_json::from_str(&self.ok(&["image", "ls", "--json"])).unwrap();
+        let image = images
+            .as_array()
+            .and_then(|all| all.iter().find(|i| i["name"] == "busybox"))
+            .expect("the busybox image");
+        self.path().join("layers").join(image["layers"][0].as_str().unwrap())
+    }
+
     /// The cgroup directories a sandbox of this home would have.
     pub fn cgroup_dirs(&self, id: &str) -> Vec<PathBuf> {
         let scope = cairn_engine::Home::at(self.path()).scope();
