@@ -418,7 +418,7 @@ fn a_run_killed_at_random_instants_resumes_to_the_right_result() {
     }
     // Work inside the sandboxes was applied once per stage: the trail has each step once.
     let trail = home.ok(&["artifact", "get", v["artifacts"][0]["id"].as_str().unwrap()]);
-    assert_eq!(trail, "1\n2\n3\n4");
+    assert_eq!(trail, "1\n2\n3\n4", "{:#}", v["events"]);
     // No sandbox of an interrupted attempt is left running.
     let _ = home.cairn(&["gc"]);
     assert!(home.ps().is_empty(), "{:?}", home.ps());

@@ -215,7 +215,26 @@ impl Db {
 
     /// Writes a stage's row (insert or replace) with an event, in one transaction.
     pub fn put_stage(&mut self, s: &StageRecord, event: Option<(&str, &str, Option<&str>)>) -> Result<(), StateError> {
+        self.put_stage_releasing(s, event, None)
+    }
+
+    /// [`put_stage`](Self::put_stage) for an attempt's outcome, in the same
+    /// transaction handing its sandbox back to `owner` to remove: the
+    /// outcome is recorded before the sandbox can go, and a sandbox whose
+    /// remover dies is removed by the next Cairn command.
+    pub fn put_stage_releasing(
+        &mut self,
+        s: &StageRecord,
+        event: Option<(&str, &str, Option<&str>)>,
+        release: Option<(&str, (i32, u64))>,
+    ) -> Result<(), StateError> {
         self.transaction(|b| {
+            if let Some((sandbox, (pid, start))) = release {
+                b.execute(
+                    "UPDATE sandboxes SET auto_remove = $2, owner_pid = $3, owner_start = $4 WHERE id = $1",
+                    params![sandbox, true, pid, start],
+                )?;
+            }
             b.execute(
                 &format!(
                     "INSERT INTO stages ({STAGE_COLUMNS}) VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13)

@@ -483,15 +483,20 @@ impl Engine {
                 },
                 watch,
             )?;
-            // This process owns the sandbox again until it is gone: dying
-            // in between leaves it to the next Cairn command to remove.
-            self.db.set_auto_remove(&sandbox.id, true)?;
-            let me = crate::sandboxes::me();
-            self.db.set_owner(&sandbox.id, me.0, me.1)?;
-            if let Ok(sb) = self.sandbox(&sandbox.id) {
-                self.remove_sandbox(&sb, true)?;
-            }
+            // The outcome is recorded, and in the same transaction this
+            // process owns the sandbox again, before it is removed: a resume
+            // never finds a finished attempt without its sandbox (it would
+            // run the attempt's commands again on its newest checkpoint), and
+            // dying before the removal leaves the sandbox to the next Cairn
+            // command to remove.
             rec.sandbox_id = None;
+            let release = Some((sandbox.id.as_str(), crate::sandboxes::me()));
+            let remove = |engine: &mut Engine| -> Result<(), EngineError> {
+                if let Ok(sb) = engine.sandbox(&sandbox.id) {
+                    engine.remove_sandbox(&sb, true)?;
+                }
+                Ok(())
+            };
             match outcome {
                 Outcome::Succeeded { output, metric } => {
                     rec.status = "completed".into();
@@ -500,7 +505,9 @@ impl Engine {
                     rec.error = None;
                     rec.ended_at = Some(now_ms());
                     let detail = format!("completed on attempt {}", rec.attempts);
-                    self.db.put_stage(&rec, Some(("completed", &detail, Some(&output))))?;
+                    self.db
+                        .put_stage_releasing(&rec, Some(("completed", &detail, Some(&output))), release)?;
+                    remove(self)?;
                     if !branch.is_empty() {
                         self.db.complete_key(&rec, now_ms())?;
                     }
@@ -513,8 +520,12 @@ impl Engine {
                 } => {
                     rec.status = "failed".into();
                     rec.error = Some(error.clone());
-                    self.db
-                        .put_stage(&rec, Some(("failed", &error, failure_snapshot.as_deref())))?;
+                    self.db.put_stage_releasing(
+                        &rec,
+                        Some(("failed", &error, failure_snapshot.as_deref())),
+                        release,
+                    )?;
+                    remove(self)?;
                     watch.stage(&stage.name, branch, "failed", &error);
                     if rec.attempts >= limit {
                         rec.status = "dead".into();
