@@ -5,6 +5,7 @@
 //! services: images ([`images`]) and sandboxes ([`sandboxes`]). Clients (the
 //! CLI, later the HTTP API) call these services, never the tables.
 
+pub mod access;
 pub mod home;
 pub mod images;
 pub mod pipeline;
@@ -44,6 +45,8 @@ pub enum EngineError {
     Snapshot(#[from] SnapshotError),
     #[error(transparent)]
     Run(#[from] pipeline::run::RunError),
+    #[error(transparent)]
+    Access(#[from] access::AccessError),
     #[error("the state database names layer {0:?}, which is not a layer id; the database is damaged")]
     BadLayerId(String),
     #[error("no sandbox matches {0:?}; `cairn ps` lists them")]

@@ -6,6 +6,7 @@
 use std::sync::{Arc, Barrier};
 use std::time::Duration;
 
+use cairn_engine::access::{Claim, TokenRecord};
 use cairn_engine::pipeline::records::{ArtifactRecord, DeadLetter, RunRecord, StageRecord};
 use cairn_engine::state::{BackendKind, Db, Value};
 use cairn_engine::testing::{self, TestDatabase};
@@ -102,6 +103,8 @@ conformance!(
     a_failing_transaction_leaves_nothing,
     reopening_keeps_everything,
     stores_opened_at_once_migrate_once,
+    tokens_are_found_by_hash_only_and_revoked_by_id_or_name,
+    an_idempotency_key_answers_once_and_refuses_another_body,
 );
 
 fn sandbox(id: &str, name: &str) -> SandboxRecord {
@@ -815,4 +818,74 @@ fn a_postgres_store_reconnects_after_its_connection_is_dropped() {
     db.insert_run(&run("reconnected", 5)).unwrap();
     assert!(db.runs().unwrap().iter().any(|r| r.id == "reconnected"));
     assert!(db.image("before").unwrap().is_some());
+}
+
+fn tokens_are_found_by_hash_only_and_revoked_by_id_or_name(store: &Store) {
+    let db = store.open();
+    let token = |id: &str, name: &str| TokenRecord {
+        id: id.into(),
+        name: name.into(),
+        created_at: 1,
+        last_used: None,
+    };
+    db.insert_token(&token("t1", "ci"), "hash-1").unwrap();
+    db.insert_token(&token("t2", "laptop"), "hash-2").unwrap();
+    assert!(
+        db.insert_token(&token("t3", "again"), "hash-1").is_err(),
+        "a hash is unique"
+    );
+    assert_eq!(
+        db.use_token("t1", 5).unwrap().map(|t| t.id),
+        None,
+        "an id is not a secret"
+    );
+    let used = db.use_token("hash-2", 100_000).unwrap().unwrap();
+    assert_eq!(used.name, "laptop");
+    assert_eq!(db.tokens().unwrap()[1].last_used, Some(100_000));
+    assert_eq!(db.delete_token("laptop").unwrap(), 1);
+    assert_eq!(db.delete_token("t1").unwrap(), 1);
+    assert_eq!(db.delete_token("t1").unwrap(), 0);
+    assert!(
+        db.use_token("hash-2", 5).unwrap().is_none(),
+        "a revoked token is refused"
+    );
+    assert!(db.tokens().unwrap().is_empty());
+}
+
+fn an_idempotency_key_answers_once_and_refuses_another_body(store: &Store) {
+    let db = store.open();
+    assert_eq!(db.claim_idempotency("create", "k", "body", 10, 0).unwrap(), Claim::New);
+    assert_eq!(
+        db.claim_idempotency("create", "k", "body", 11, 0).unwrap(),
+        Claim::InFlight
+    );
+    assert_eq!(
+        db.claim_idempotency("create", "k", "other", 11, 0).unwrap(),
+        Claim::Mismatch
+    );
+    assert_eq!(
+        db.claim_idempotency("fork", "k", "body", 11, 0).unwrap(),
+        Claim::New,
+        "keys are per route"
+    );
+    // A claim older than the server's start belonged to a server that is gone.
+    assert_eq!(db.claim_idempotency("create", "k", "body", 20, 15).unwrap(), Claim::New);
+    db.answer_idempotency("create", "k", 201, "{\"id\":\"x\"}").unwrap();
+    let answered = Claim::Answered {
+        status: 201,
+        body: "{\"id\":\"x\"}".into(),
+    };
+    assert_eq!(db.claim_idempotency("create", "k", "body", 30, 25).unwrap(), answered);
+    db.release_idempotency("create", "k").unwrap();
+    assert_eq!(
+        db.claim_idempotency("create", "k", "body", 31, 0).unwrap(),
+        answered,
+        "an answer stays"
+    );
+    db.release_idempotency("fork", "k").unwrap();
+    assert_eq!(
+        db.claim_idempotency("fork", "k", "body", 32, 0).unwrap(),
+        Claim::New,
+        "a released claim is free"
+    );
 }

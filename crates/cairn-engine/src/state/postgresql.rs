@@ -25,6 +25,7 @@ const MIGRATIONS: &[&str] = &[
     include_str!("../../migrations/postgres/0001_sandboxes_images.sql"),
     include_str!("../../migrations/postgres/0002_snapshots.sql"),
     include_str!("../../migrations/postgres/0003_runs.sql"),
+    include_str!("../../migrations/postgres/0004_api.sql"),
 ];
 
 /// Serialises migrations (and the home claim) between processes opening

@@ -20,6 +20,7 @@ const MIGRATIONS: &[&str] = &[
     include_str!("../../migrations/sqlite/0001_sandboxes_images.sql"),
     include_str!("../../migrations/sqlite/0002_snapshots.sql"),
     include_str!("../../migrations/sqlite/0003_runs.sql"),
+    include_str!("../../migrations/sqlite/0004_api.sql"),
 ];
 
 pub struct SqliteBackend {
