@@ -237,6 +237,32 @@ pub enum Command {
     /// Build, import, list and remove images.
     #[command(subcommand)]
     Image(ImageCommand),
+    /// Serve the HTTP API (docs/api.md) until SIGINT or SIGTERM.
+    ///
+    /// Listens on a Unix socket in the state directory (mode 0600; no token
+    /// needed) and, with --listen, on TCP, where every request needs
+    /// `Authorization: Bearer TOKEN` (`cairn token create`). The CLI keeps
+    /// working beside it on the same state directory. Stopping the server
+    /// lets requests in flight finish; sandboxes keep running, and runs it
+    /// was executing are resumed by the next `cairn serve`.
+    #[command(after_help = "Examples:\n  cairn serve\n  curl --unix-socket ~/.local/share/cairn/cairn.sock http://cairn/v1/sandboxes\n  cairn token create ci && cairn serve --listen 127.0.0.1:7070")]
+    Serve {
+        /// The Unix socket (default: cairn.sock in the state directory).
+        #[arg(long, value_name = "PATH")]
+        socket: Option<PathBuf>,
+        /// Listen on TCP too, e.g. 127.0.0.1:7070 (bearer tokens required).
+        #[arg(long, value_name = "ADDR")]
+        listen: Option<std::net::SocketAddr>,
+        /// The largest file upload accepted (413 above it), e.g. 512M, 4G.
+        #[arg(long, default_value = "1G", value_name = "SIZE")]
+        max_upload: MemorySize,
+        /// Print the OpenAPI document and exit.
+        #[arg(long)]
+        openapi: bool,
+    },
+    /// API tokens for `cairn serve --listen` (stored as hashes).
+    #[command(subcommand)]
+    Token(TokenCommand),
     /// Measure Cairn against the targets (and bwrap/crun where installed).
     Bench {
         /// What to measure.
@@ -353,4 +379,25 @@ pub enum ImageCommand {
 pub enum ImageKind {
     Busybox,
     Debian,
+}
+
+#[derive(Subcommand)]
+pub enum TokenCommand {
+    /// Make a token; its secret is printed once, to stdout.
+    Create {
+        /// A name to tell tokens apart (letters, digits, '-', '_', '.').
+        name: String,
+        #[arg(long)]
+        json: bool,
+    },
+    /// List tokens (names and ids; secrets are never shown again).
+    Ls {
+        #[arg(long)]
+        json: bool,
+    },
+    /// Revoke tokens by id or name; requests using them are refused at once.
+    Rm {
+        #[arg(required = true)]
+        tokens: Vec<String>,
+    },
 }

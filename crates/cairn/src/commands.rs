@@ -25,6 +25,31 @@ pub fn dispatch(cli: Cli) -> Result<i32> {
     if let Command::Bench { which, runs, json } = cli.command {
         return crate::bench::run(home, &which, runs, json);
     }
+    if let Command::Serve {
+        socket,
+        listen,
+        max_upload,
+        openapi,
+    } = cli.command
+    {
+        if openapi {
+            print!("{}", cairn_api::openapi_json());
+            return Ok(0);
+        }
+        let opts = cairn_api::ServeOptions {
+            socket,
+            listen,
+            settings: cairn_api::Settings {
+                max_upload: max_upload.0,
+            },
+        };
+        let runtime = tokio::runtime::Builder::new_multi_thread()
+            .enable_all()
+            .build()
+            .context("starting the server's runtime")?;
+        runtime.block_on(cairn_api::serve(home, opts))?;
+        return Ok(0);
+    }
     let mut engine = Engine::open(home)?;
     match cli.command {
         Command::Run {
@@ -41,6 +66,7 @@ pub fn dispatch(cli: Cli) -> Result<i32> {
         Command::Runs { json } => crate::pipelines::runs(&engine, json).map(|()| 0),
         Command::Dlq(cmd) => crate::pipelines::dlq(&mut engine, cmd),
         Command::Artifact(cmd) => crate::pipelines::artifact(&engine, cmd).map(|()| 0),
+        Command::Token(cmd) => token(&engine, cmd).map(|()| 0),
         Command::Create { sandbox } => {
             let rec = engine.create_sandbox(&create_options(&sandbox, false), &Steps::new())?;
             println!("{}", rec.id);
@@ -141,7 +167,7 @@ pub fn dispatch(cli: Cli) -> Result<i32> {
             println!("{}", rec.id);
             Ok(0)
         }
-        Command::Bench { .. } => unreachable!("handled above"),
+        Command::Bench { .. } | Command::Serve { .. } => unreachable!("handled above"),
     }
 }
 
@@ -591,4 +617,51 @@ mod tests {
             }
         }
     }
+}
+
+fn token(engine: &Engine, cmd: crate::cli::TokenCommand) -> Result<()> {
+    use crate::cli::TokenCommand;
+    match cmd {
+        TokenCommand::Create { name, json } => {
+            let t = engine.create_token(&name)?;
+            if json {
+                println!("{}", serde_json::to_string_pretty(&t)?);
+            } else {
+                eprintln!("cairn: token {} ({}) made; its secret follows and is not shown again", t.record.name, t.record.id);
+                println!("{}", t.secret);
+            }
+        }
+        TokenCommand::Ls { json } => {
+            let all = engine.tokens()?;
+            if json {
+                println!("{}", serde_json::to_string_pretty(&all)?);
+            } else {
+                println!("{:<14} {:<24} {:<12} LAST USED", "ID", "NAME", "CREATED");
+                let now = cairn_now_ms();
+                for t in all {
+                    let used = t
+                        .last_used
+                        .map(|u| format!("{} ago", human_age((now - u) / 1000)))
+                        .unwrap_or_else(|| "never".into());
+                    println!("{:<14} {:<24} {:<12} {used}", t.id, t.name, format!("{} ago", human_age((now - t.created_at) / 1000)));
+                }
+            }
+        }
+        TokenCommand::Rm { tokens } => {
+            let mut failed = None;
+            for key in tokens {
+                match engine.remove_token(&key) {
+                    Ok(()) => println!("{key}"),
+                    Err(e) => {
+                        eprintln!("cairn: {e}");
+                        failed = Some(e);
+                    }
+                }
+            }
+            if let Some(e) = failed {
+                return Err(e.into());
+            }
+        }
+    }
+    Ok(())
 }

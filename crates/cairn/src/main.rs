@@ -28,7 +28,13 @@ fn main() -> ExitCode {
     let old = nix::sys::stat::umask(nix::sys::stat::Mode::from_bits_truncate(0o077));
     let _ = USER_UMASK.set(old.bits());
     let cli = cli::Cli::parse();
-    let filter = if cli.verbose { "debug" } else { "warn" };
+    // The server logs each request; the CLI only what went wrong.
+    let serving = matches!(cli.command, cli::Command::Serve { openapi: false, .. });
+    let filter = match (cli.verbose, serving) {
+        (true, _) => "debug",
+        (false, true) => "info",
+        (false, false) => "warn",
+    };
     tracing_subscriber::fmt()
         .with_writer(std::io::stderr)
         .with_env_filter(tracing_subscriber::EnvFilter::try_from_env("CAIRN_LOG").unwrap_or_else(|_| filter.into()))

@@ -157,11 +157,22 @@ impl Engine {
     /// Checks a pipeline file and records a new run; nothing runs yet.
     pub fn start_run(&mut self, file: &Path, params: &BTreeMap<String, String>) -> Result<RunRecord, EngineError> {
         let text = spec::read_file(file).map_err(|e| RunError::Read(file.to_path_buf(), e))?;
-        let pipeline = spec::parse(&file.display().to_string(), &text, params).map_err(RunError::from)?;
+        self.start_run_text(&file.display().to_string(), text, params)
+    }
+
+    /// [`start_run`](Self::start_run) for a pipeline file's text that
+    /// came from elsewhere (an API request); `file` names it in messages.
+    pub fn start_run_text(
+        &mut self,
+        file: &str,
+        text: String,
+        params: &BTreeMap<String, String>,
+    ) -> Result<RunRecord, EngineError> {
+        let pipeline = spec::parse(file, &text, params).map_err(RunError::from)?;
         let run = RunRecord {
             id: new_id(12),
             pipeline: pipeline.name.clone(),
-            file: file.display().to_string(),
+            file: file.to_string(),
             spec: text,
             params: params.iter().map(|(k, v)| format!("{k}={v}\n")).collect(),
             status: "running".into(),

@@ -1,0 +1,164 @@
+//! What every handler shares: the state directory, a pool of engines
+//! (each with its own state store connection), operations in progress per
+//! sandbox, metrics and the event stream.
+
+use std::collections::{HashMap, HashSet};
+use std::sync::{Arc, Mutex};
+
+use cairn_engine::{Engine, EngineError, Home};
+use cairn_sandbox::client::ExecControl;
+use serde::Serialize;
+use tokio::sync::broadcast;
+use utoipa::ToSchema;
+
+use crate::error::{ApiError, ApiResult};
+use crate::metrics::Metrics;
+
+/// Settings of a running server.
+#[derive(Debug, Clone)]
+pub struct Settings {
+    /// The largest file upload accepted, in bytes (413 above it).
+    pub max_upload: u64,
+}
+
+impl Default for Settings {
+    fn default() -> Self {
+        Settings { max_upload: 1 << 30 }
+    }
+}
+
+/// Something that happened, for `GET /v1/events`.
+#[derive(Debug, Clone, Serialize, ToSchema)]
+pub struct Event {
+    /// `sandbox.created`, `sandbox.removed`, `snapshot.created`,
+    /// `snapshot.removed`, `sandbox.reset`, `run.started`, `run.stage`,
+    /// `run.ended`, `image.built`.
+    pub kind: String,
+    /// The sandbox, snapshot, run or image it is about.
+    pub id: String,
+    pub detail: String,
+    /// Milliseconds since the epoch.
+    pub at: i64,
+}
+
+pub struct App {
+    pub home: Home,
+    pub settings: Settings,
+    /// When this server started (ms): idempotency claims older than this
+    /// belonged to a server that is gone.
+    pub started_ms: i64,
+    pool: Mutex<Vec<Engine>>,
+    busy: Mutex<HashSet<String>>,
+    /// Processes started by streamed execs, for their stdin.
+    processes: Mutex<HashMap<(String, i32), ExecControl>>,
+    pub metrics: Metrics,
+    pub events: broadcast::Sender<Event>,
+}
+
+/// A sandbox claimed for one operation; released when dropped.
+pub struct Busy {
+    app: Arc<App>,
+    id: String,
+}
+
+impl Drop for Busy {
+    fn drop(&mut self) {
+        self.app.busy.lock().unwrap_or_else(|e| e.into_inner()).remove(&self.id);
+    }
+}
+
+pub fn now_ms() -> i64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.as_millis() as i64)
+        .unwrap_or(0)
+}
+
+impl App {
+    /// Opens the state directory once (migrating and reconciling it).
+    pub fn open(home: Home, settings: Settings) -> Result<Arc<App>, EngineError> {
+        let engine = Engine::open(home.clone())?;
+        let (events, _) = broadcast::channel(1024);
+        Ok(Arc::new(App {
+            home,
+            settings,
+            started_ms: now_ms(),
+            pool: Mutex::new(vec![engine]),
+            busy: Mutex::new(HashSet::new()),
+            processes: Mutex::new(HashMap::new()),
+            metrics: Metrics::default(),
+            events,
+        }))
+    }
+
+    /// Runs `f` on an engine from the pool, on a blocking thread.
+    pub async fn engine<T: Send + 'static>(
+        self: &Arc<Self>,
+        f: impl FnOnce(&mut Engine) -> Result<T, ApiError> + Send + 'static,
+    ) -> ApiResult<T> {
+        let app = Arc::clone(self);
+        tokio::task::spawn_blocking(move || {
+            let mut engine = app.take_engine()?;
+            let out = f(&mut engine);
+            app.give_back(engine);
+            out
+        })
+        .await
+        .map_err(|e| ApiError::internal(format!("a worker thread failed: {e}")))?
+    }
+
+    /// An engine for a blocking thread of the caller's own (pipeline runs).
+    pub fn take_engine(&self) -> ApiResult<Engine> {
+        let pooled = self.pool.lock().unwrap_or_else(|e| e.into_inner()).pop();
+        match pooled {
+            Some(e) => Ok(e),
+            None => Ok(Engine::open(self.home.clone())?),
+        }
+    }
+
+    pub fn give_back(&self, engine: Engine) {
+        let mut pool = self.pool.lock().unwrap_or_else(|e| e.into_inner());
+        if pool.len() < 16 {
+            pool.push(engine);
+        }
+    }
+
+    /// Claims sandbox `id` for an operation that must not overlap another
+    /// on it (snapshot, reset, fork, remove); 409 while one is in progress.
+    pub fn claim(self: &Arc<Self>, id: &str, what: &str) -> ApiResult<Busy> {
+        let mut busy = self.busy.lock().unwrap_or_else(|e| e.into_inner());
+        if !busy.insert(id.to_string()) {
+            return Err(ApiError::conflict(format!(
+                "sandbox {id} is busy with another operation; retry the {what} when it is done"
+            )));
+        }
+        Ok(Busy {
+            app: Arc::clone(self),
+            id: id.to_string(),
+        })
+    }
+
+    pub fn register(&self, sandbox: &str, pid: i32, control: ExecControl) {
+        let mut p = self.processes.lock().unwrap_or_else(|e| e.into_inner());
+        p.insert((sandbox.to_string(), pid), control);
+    }
+
+    pub fn unregister(&self, sandbox: &str, pid: i32) {
+        let mut p = self.processes.lock().unwrap_or_else(|e| e.into_inner());
+        p.remove(&(sandbox.to_string(), pid));
+    }
+
+    pub fn control(&self, sandbox: &str, pid: i32) -> Option<ExecControl> {
+        let p = self.processes.lock().unwrap_or_else(|e| e.into_inner());
+        p.get(&(sandbox.to_string(), pid)).cloned()
+    }
+
+    pub fn emit(&self, kind: &str, id: &str, detail: impl Into<String>) {
+        let _ = self.events.send(Event {
+            kind: kind.into(),
+            id: id.into(),
+            detail: detail.into(),
+            at: now_ms(),
+        });
+    }
+}

@@ -1,0 +1,176 @@
+//! One error shape, `{"error": {"code", "message"}}`, and the one mapping
+//! from engine errors to HTTP statuses.
+
+use axum::extract::rejection::{JsonRejection, QueryRejection};
+use axum::http::StatusCode;
+use axum::response::{IntoResponse, Response};
+use axum::Json;
+use cairn_engine::access::AccessError;
+use cairn_engine::pipeline::run::RunError;
+use cairn_engine::{EngineError, ImageError, SnapshotError, StateError};
+use cairn_sandbox::client::ClientError;
+use serde::Serialize;
+use utoipa::ToSchema;
+
+/// What every failed request answers.
+#[derive(Debug, Serialize, ToSchema)]
+pub struct ErrorBody {
+    pub error: ErrorDetail,
+}
+
+#[derive(Debug, Serialize, ToSchema)]
+pub struct ErrorDetail {
+    /// Stable, machine-readable: `not_found`, `bad_request`, `conflict`,
+    /// `unauthorized`, `too_large`, `unavailable`, `internal`.
+    pub code: String,
+    /// What went wrong and what to do, for a person.
+    pub message: String,
+}
+
+#[derive(Debug)]
+pub struct ApiError {
+    pub status: StatusCode,
+    pub message: String,
+}
+
+impl ApiError {
+    pub fn new(status: StatusCode, message: impl Into<String>) -> ApiError {
+        ApiError {
+            status,
+            message: message.into(),
+        }
+    }
+    pub fn bad_request(message: impl Into<String>) -> ApiError {
+        ApiError::new(StatusCode::BAD_REQUEST, message)
+    }
+    pub fn not_found(message: impl Into<String>) -> ApiError {
+        ApiError::new(StatusCode::NOT_FOUND, message)
+    }
+    pub fn conflict(message: impl Into<String>) -> ApiError {
+        ApiError::new(StatusCode::CONFLICT, message)
+    }
+    pub fn internal(message: impl Into<String>) -> ApiError {
+        ApiError::new(StatusCode::INTERNAL_SERVER_ERROR, message)
+    }
+
+    pub fn code(&self) -> &'static str {
+        code_of(self.status)
+    }
+}
+
+pub fn code_of(status: StatusCode) -> &'static str {
+    match status {
+        StatusCode::BAD_REQUEST | StatusCode::UNPROCESSABLE_ENTITY => "bad_request",
+        StatusCode::UNAUTHORIZED => "unauthorized",
+        StatusCode::NOT_FOUND => "not_found",
+        StatusCode::CONFLICT => "conflict",
+        StatusCode::PAYLOAD_TOO_LARGE => "too_large",
+        StatusCode::METHOD_NOT_ALLOWED => "method_not_allowed",
+        StatusCode::NOT_IMPLEMENTED => "not_supported",
+        StatusCode::SERVICE_UNAVAILABLE => "unavailable",
+        _ => "internal",
+    }
+}
+
+impl IntoResponse for ApiError {
+    fn into_response(self) -> Response {
+        if self.status.is_server_error() {
+            tracing::error!(status = %self.status, "{}", self.message);
+        }
+        let body = ErrorBody {
+            error: ErrorDetail {
+                code: self.code().into(),
+                message: self.message,
+            },
+        };
+        (self.status, Json(body)).into_response()
+    }
+}
+
+/// The status an engine error answers with.
+fn status_of(e: &EngineError) -> StatusCode {
+    use StatusCode as S;
+    match e {
+        EngineError::NoSuchSandbox(_) => S::NOT_FOUND,
+        EngineError::AmbiguousSandbox { .. } | EngineError::BadName(_) | EngineError::UnknownDriver(_) => {
+            S::BAD_REQUEST
+        }
+        EngineError::NotRunning { .. } | EngineError::StillRunning(_) => S::CONFLICT,
+        EngineError::NoMemorySnapshots { .. } => S::BAD_REQUEST,
+        EngineError::DriverUnavailable(_) => S::SERVICE_UNAVAILABLE,
+        EngineError::Service { .. } => S::BAD_REQUEST,
+        EngineError::Snapshot(s) => match s {
+            SnapshotError::NotFound(_) => S::NOT_FOUND,
+            SnapshotError::Ambiguous { .. } | SnapshotError::BadLabel(_) | SnapshotError::BadCount(_) => {
+                S::BAD_REQUEST
+            }
+            SnapshotError::NotSnapshottable { .. } | SnapshotError::NeededByPipeline(_) => S::CONFLICT,
+            _ => S::INTERNAL_SERVER_ERROR,
+        },
+        EngineError::Image(i) => match i {
+            ImageError::NotFound(_) => S::NOT_FOUND,
+            ImageError::BadName(_) | ImageError::Import { .. } => S::BAD_REQUEST,
+            ImageError::MissingTool { .. } => S::SERVICE_UNAVAILABLE,
+            _ => S::INTERNAL_SERVER_ERROR,
+        },
+        EngineError::Run(r) => match r {
+            RunError::NoSuchRun(_) | RunError::NoSuchDeadLetter(_) | RunError::NoSuchArtifact(_) => S::NOT_FOUND,
+            RunError::Spec(_) | RunError::BadParam(_) => S::BAD_REQUEST,
+            RunError::Completed(_) | RunError::AlreadyRetried(_) | RunError::Busy { .. } => S::CONFLICT,
+            _ => S::INTERNAL_SERVER_ERROR,
+        },
+        EngineError::Access(a) => match a {
+            AccessError::NoSuchToken(_) => S::NOT_FOUND,
+            AccessError::BadTokenName(_) => S::BAD_REQUEST,
+        },
+        EngineError::State(s) => match s {
+            StateError::NameTaken(_) => S::CONFLICT,
+            StateError::InvalidTransition { .. } | StateError::Conflict(_) => S::CONFLICT,
+            _ => S::INTERNAL_SERVER_ERROR,
+        },
+        EngineError::Client(c) => client_status(c),
+        _ => S::INTERNAL_SERVER_ERROR,
+    }
+}
+
+/// Init's answers about files name the errno's text; those are the
+/// client's mistakes, not the server's.
+pub fn client_status(c: &ClientError) -> StatusCode {
+    match c {
+        ClientError::NotRunning(_) => StatusCode::CONFLICT,
+        ClientError::Refused(m) if m.contains("No such file") || m.contains("not found") => StatusCode::NOT_FOUND,
+        ClientError::Refused(_) => StatusCode::BAD_REQUEST,
+        _ => StatusCode::BAD_GATEWAY,
+    }
+}
+
+impl From<EngineError> for ApiError {
+    fn from(e: EngineError) -> ApiError {
+        ApiError::new(status_of(&e), e.to_string())
+    }
+}
+
+impl From<ClientError> for ApiError {
+    fn from(e: ClientError) -> ApiError {
+        ApiError::new(client_status(&e), e.to_string())
+    }
+}
+
+impl From<JsonRejection> for ApiError {
+    fn from(r: JsonRejection) -> ApiError {
+        let status = match r {
+            JsonRejection::MissingJsonContentType(_) => StatusCode::UNSUPPORTED_MEDIA_TYPE,
+            JsonRejection::BytesRejection(_) => StatusCode::PAYLOAD_TOO_LARGE,
+            _ => StatusCode::BAD_REQUEST,
+        };
+        ApiError::new(status, format!("invalid JSON body: {}", r.body_text()))
+    }
+}
+
+impl From<QueryRejection> for ApiError {
+    fn from(r: QueryRejection) -> ApiError {
+        ApiError::bad_request(format!("invalid query: {}", r.body_text()))
+    }
+}
+
+pub type ApiResult<T> = Result<T, ApiError>;

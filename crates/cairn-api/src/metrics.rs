@@ -1,0 +1,123 @@
+//! `GET /metrics`: Prometheus text format.
+
+use std::sync::Mutex;
+use std::time::Duration;
+
+use prometheus_client::encoding::text::encode;
+use prometheus_client::encoding::EncodeLabelSet;
+use prometheus_client::metrics::counter::Counter;
+use prometheus_client::metrics::family::Family;
+use prometheus_client::metrics::gauge::Gauge;
+use prometheus_client::metrics::histogram::{exponential_buckets, Histogram};
+use prometheus_client::registry::Registry;
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct Op {
+    pub op: String,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct Outcome {
+    pub outcome: String,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct State {
+    pub state: String,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct Request {
+    pub method: String,
+    pub status: u16,
+}
+
+pub struct Metrics {
+    registry: Mutex<Registry>,
+    latency: Family<Op, Histogram>,
+    stages: Family<Outcome, Counter>,
+    sandboxes: Family<State, Gauge>,
+    store_bytes: Gauge,
+    requests: Family<Request, Counter>,
+}
+
+impl Default for Metrics {
+    fn default() -> Self {
+        let latency = Family::<Op, Histogram>::new_with_constructor(|| {
+            // 1 ms to ~65 s.
+            Histogram::new(exponential_buckets(0.001, 2.0, 17))
+        });
+        let stages = Family::<Outcome, Counter>::default();
+        let sandboxes = Family::<State, Gauge>::default();
+        let store_bytes = Gauge::default();
+        let requests = Family::<Request, Counter>::default();
+        let mut registry = Registry::with_prefix("cairn");
+        registry.register(
+            "operation_seconds",
+            "Latency of sandbox operations (create, snapshot, fork, restore, reset) through the API",
+            latency.clone(),
+        );
+        registry.register("stage_outcomes", "Pipeline stage outcomes seen by this server", stages.clone());
+        registry.register("sandboxes", "Sandboxes by state", sandboxes.clone());
+        registry.register("store_bytes", "Bytes in the chunk store on disk", store_bytes.clone());
+        registry.register("http_requests", "HTTP requests answered, by method and status", requests.clone());
+        Metrics {
+            registry: Mutex::new(registry),
+            latency,
+            stages,
+            sandboxes,
+            store_bytes,
+            requests,
+        }
+    }
+}
+
+impl Metrics {
+    pub fn observe(&self, op: &str, took: Duration) {
+        self.latency.get_or_create(&Op { op: op.into() }).observe(took.as_secs_f64());
+    }
+
+    pub fn stage(&self, outcome: &str) {
+        self.stages.get_or_create(&Outcome { outcome: outcome.into() }).inc();
+    }
+
+    pub fn request(&self, method: &str, status: u16) {
+        self.requests
+            .get_or_create(&Request {
+                method: method.into(),
+                status,
+            })
+            .inc();
+    }
+
+    /// The text exposition, with the gauges set from `states` and `store_bytes`.
+    pub fn render(&self, states: &[(&str, i64)], store_bytes: u64) -> String {
+        for (state, n) in states {
+            self.sandboxes.get_or_create(&State { state: (*state).into() }).set(*n);
+        }
+        self.store_bytes.set(store_bytes.min(i64::MAX as u64) as i64);
+        let mut out = String::new();
+        let registry = self.registry.lock().unwrap_or_else(|e| e.into_inner());
+        encode(&mut out, &registry).expect("writing to a String does not fail");
+        out
+    }
+}
+
+/// Bytes of the files under `dir` (the chunk store: two levels of
+/// fan-out directories), without following symlinks.
+pub fn dir_bytes(dir: &std::path::Path) -> u64 {
+    let mut total = 0;
+    let mut stack = vec![dir.to_path_buf()];
+    while let Some(d) = stack.pop() {
+        let Ok(entries) = std::fs::read_dir(&d) else { continue };
+        for e in entries.flatten() {
+            let Ok(meta) = e.metadata() else { continue };
+            if meta.is_dir() {
+                stack.push(e.path());
+            } else if meta.is_file() {
+                total += meta.len();
+            }
+        }
+    }
+    total
+}

@@ -1,0 +1,564 @@
+//! The API's wire types: what clients send and get. The engine's records
+//! stay the engine's; these are mapped from them, and the OpenAPI document
+//! is generated from these.
+
+use std::collections::BTreeMap;
+
+use cairn_engine::pipeline::records::{ArtifactRecord, DeadLetter, EventRecord, RunRecord, StageRecord};
+use cairn_engine::{ImageRecord, SandboxRecord, SnapshotRecord};
+use serde::{Deserialize, Serialize};
+use utoipa::{IntoParams, ToSchema};
+
+#[derive(Debug, Serialize, Deserialize, ToSchema)]
+pub struct Sandbox {
+    pub id: String,
+    pub name: String,
+    pub image: String,
+    /// `native` or `gvisor`.
+    pub driver: String,
+    /// `creating`, `running`, `exited` or `removing`.
+    pub state: String,
+    pub pid: Option<i32>,
+    pub memory_bytes: u64,
+    pub cpu_millis: u32,
+    pub pids_max: u32,
+    /// Milliseconds since the epoch.
+    pub created_at: i64,
+    pub ended_reason: Option<String>,
+    /// Background commands started after every start, restore, fork and reset.
+    pub services: Vec<String>,
+    /// The sandbox's newest snapshot, if any.
+    pub last_snapshot: Option<String>,
+}
+
+impl From<SandboxRecord> for Sandbox {
+    fn from(r: SandboxRecord) -> Sandbox {
+        Sandbox {
+            id: r.id,
+            name: r.name,
+            image: r.image,
+            driver: r.driver,
+            state: r.state.to_string(),
+            pid: r.pid,
+            memory_bytes: r.memory_bytes,
+            cpu_millis: r.cpu_millis,
+            pids_max: r.pids_max,
+            created_at: r.created_at,
+            ended_reason: r.ended_reason,
+            services: r.services,
+            last_snapshot: r.last_snapshot,
+        }
+    }
+}
+
+/// Limits of a new sandbox; each defaults as `cairn create` does.
+#[derive(Debug, Default, Serialize, Deserialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct Limits {
+    /// Memory limit, e.g. `512M` or `2G` (default 1G).
+    pub memory: Option<String>,
+    /// CPU limit in cores, fractions allowed, e.g. `1.5` (default: all).
+    pub cpus: Option<String>,
+    /// Processes and threads (default 1024).
+    pub pids: Option<u32>,
+}
+
+#[derive(Debug, Default, Serialize, Deserialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct CreateSandbox {
+    /// Image to start from (default `busybox`, built on first use).
+    pub image: Option<String>,
+    /// Start from this snapshot instead of an image (a restore).
+    pub snapshot: Option<String>,
+    /// `native` (default) or `gvisor`.
+    pub driver: Option<String>,
+    /// Name, also the host name (letters, digits, '-').
+    pub name: Option<String>,
+    #[serde(default)]
+    pub limits: Limits,
+    /// Commands kept running in the background.
+    #[serde(default)]
+    pub services: Vec<String>,
+}
+
+#[derive(Debug, Serialize, Deserialize, ToSchema)]
+pub struct SandboxPage {
+    pub items: Vec<Sandbox>,
+    /// Pass as `after` for the next page; absent on the last one.
+    pub next: Option<String>,
+}
+
+#[derive(Debug, Deserialize, IntoParams)]
+#[serde(deny_unknown_fields)]
+pub struct SandboxQuery {
+    /// Only sandboxes in this state.
+    pub state: Option<String>,
+    /// Only sandboxes from this image.
+    pub image: Option<String>,
+    /// At most this many (default 100, at most 1000).
+    pub limit: Option<usize>,
+    /// The `next` of the previous page.
+    pub after: Option<String>,
+}
+
+#[derive(Debug, Deserialize, IntoParams)]
+#[serde(deny_unknown_fields)]
+pub struct RemoveQuery {
+    /// Remove a running sandbox (its processes are killed).
+    #[serde(default)]
+    pub force: bool,
+}
+
+#[derive(Debug, Default, Serialize, Deserialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct ExecBody {
+    /// The program and its arguments, e.g. `["sh", "-c", "echo hi"]`.
+    pub argv: Vec<String>,
+    /// Added to the default environment (PATH, HOME, TERM).
+    #[serde(default)]
+    pub env: BTreeMap<String, String>,
+    /// Working directory (default `/`).
+    pub cwd: Option<String>,
+    /// Kill the process after this many seconds (it then reports `timed_out`).
+    pub timeout_secs: Option<f64>,
+    /// Text written to the process's stdin, which is then closed. For a
+    /// streamed exec, stdin may instead be sent while it runs
+    /// (`POST .../processes/{pid}/stdin`) when `stdin_open` is true.
+    pub stdin: Option<String>,
+    /// Streamed exec only: keep stdin open for `.../stdin` calls.
+    #[serde(default)]
+    pub stdin_open: bool,
+    /// Start in the background and answer at once with the pid; the
+    /// output goes to the sandbox log.
+    #[serde(default)]
+    pub detach: bool,
+    /// Streamed exec only: what happens to the process when the client
+    /// goes away before it ends: `kill` (default) or `keep`.
+    pub on_disconnect: Option<String>,
+}
+
+#[derive(Debug, Serialize, Deserialize, ToSchema)]
+pub struct ExecResult {
+    pub pid: i32,
+    /// The shell convention: the exit code, or 128 + the signal, 124 on
+    /// timeout, 127 when the program does not exist.
+    pub exit_code: i32,
+    pub signal: Option<i32>,
+    pub timed_out: bool,
+    /// Killed by the kernel for exceeding the sandbox's memory limit.
+    pub oom_killed: bool,
+    /// Output as UTF-8 (invalid sequences replaced); stream the exec for
+    /// bytes exactly.
+    pub stdout: String,
+    pub stderr: String,
+    /// Output beyond 16 MiB per stream is not kept here.
+    pub stdout_truncated: bool,
+    pub stderr_truncated: bool,
+}
+
+#[derive(Debug, Serialize, Deserialize, ToSchema)]
+pub struct Detached {
+    pub pid: i32,
+}
+
+#[derive(Debug, Serialize, Deserialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct StdinBody {
+    /// Text to write (`data`), or bytes in base64 (`data_base64`).
+    pub data: Option<String>,
+    pub data_base64: Option<String>,
+    /// Close stdin after writing.
+    #[serde(default)]
+    pub close: bool,
+}
+
+#[derive(Debug, Serialize, Deserialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct SignalBody {
+    /// A signal number (9) or name (`KILL`, `SIGTERM`).
+    pub signal: serde_json::Value,
+}
+
+#[derive(Debug, Serialize, Deserialize, ToSchema)]
+pub struct FileStat {
+    pub path: String,
+    /// `file`, `dir`, `symlink` or `other`.
+    pub kind: String,
+    /// Permission bits, e.g. 420 (0644).
+    pub mode: u32,
+    pub uid: u32,
+    pub gid: u32,
+    pub size: u64,
+    /// Modification time in nanoseconds since the epoch.
+    pub mtime_ns: i64,
+}
+
+impl From<cairn_protocol::FileMeta> for FileStat {
+    fn from(m: cairn_protocol::FileMeta) -> FileStat {
+        FileStat {
+            path: m.path,
+            kind: match m.kind {
+                cairn_protocol::FileKind::File => "file",
+                cairn_protocol::FileKind::Dir => "dir",
+                cairn_protocol::FileKind::Symlink => "symlink",
+                cairn_protocol::FileKind::Other => "other",
+            }
+            .into(),
+            mode: m.mode,
+            uid: m.uid,
+            gid: m.gid,
+            size: m.size,
+            mtime_ns: m.mtime_ns.clamp(i64::MIN as i128, i64::MAX as i128) as i64,
+        }
+    }
+}
+
+#[derive(Debug, Deserialize, IntoParams)]
+#[serde(deny_unknown_fields)]
+pub struct PathQuery {
+    /// An absolute path inside the sandbox.
+    pub path: String,
+}
+
+#[derive(Debug, Deserialize, IntoParams)]
+#[serde(deny_unknown_fields)]
+pub struct UploadQuery {
+    /// An absolute path inside the sandbox; its directory must exist.
+    pub path: String,
+    /// Permission bits in octal, e.g. `755` (default `644`).
+    pub mode: Option<String>,
+}
+
+#[derive(Debug, Serialize, Deserialize, ToSchema)]
+pub struct Snapshot {
+    pub id: String,
+    pub parent_id: Option<String>,
+    pub sandbox_id: String,
+    pub image: String,
+    pub driver: String,
+    pub label: Option<String>,
+    pub created_at: i64,
+    /// Bytes this snapshot changed against its parent.
+    pub new_bytes: u64,
+    /// Bytes it added to the store after deduplication and compression.
+    pub stored_bytes: u64,
+}
+
+impl From<SnapshotRecord> for Snapshot {
+    fn from(s: SnapshotRecord) -> Snapshot {
+        Snapshot {
+            id: s.id,
+            parent_id: s.parent_id,
+            sandbox_id: s.sandbox_id,
+            image: s.image,
+            driver: s.driver,
+            label: s.label,
+            created_at: s.created_at,
+            new_bytes: s.new_bytes,
+            stored_bytes: s.stored_bytes,
+        }
+    }
+}
+
+#[derive(Debug, Serialize, Deserialize, ToSchema)]
+pub struct SnapshotDetail {
+    #[serde(flatten)]
+    pub snapshot: Snapshot,
+    /// Its ancestors, parent first.
+    pub lineage: Vec<Snapshot>,
+    /// Ids of the snapshots taken from it.
+    pub children: Vec<String>,
+}
+
+#[derive(Debug, Serialize, Deserialize, ToSchema)]
+pub struct SnapshotPage {
+    pub items: Vec<Snapshot>,
+    pub next: Option<String>,
+}
+
+#[derive(Debug, Deserialize, IntoParams)]
+#[serde(deny_unknown_fields)]
+pub struct PageQuery {
+    /// At most this many (default 100, at most 1000).
+    pub limit: Option<usize>,
+    /// The `next` of the previous page.
+    pub after: Option<String>,
+}
+
+#[derive(Debug, Default, Serialize, Deserialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct CreateSnapshot {
+    /// 1 to 64 printable characters.
+    pub label: Option<String>,
+}
+
+#[derive(Debug, Default, Serialize, Deserialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct ForkBody {
+    /// How many sandboxes (default 1, at most 64).
+    pub count: Option<usize>,
+    pub driver: Option<String>,
+    #[serde(default)]
+    pub limits: Limits,
+}
+
+#[derive(Debug, Serialize, Deserialize, ToSchema)]
+pub struct ForkResult {
+    /// The snapshot the forks start from (taken first when forking a sandbox).
+    pub snapshot: Snapshot,
+    pub sandboxes: Vec<Sandbox>,
+}
+
+#[derive(Debug, Default, Serialize, Deserialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct RestoreBody {
+    pub driver: Option<String>,
+    pub name: Option<String>,
+    #[serde(default)]
+    pub limits: Limits,
+}
+
+#[derive(Debug, Serialize, Deserialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct ResetBody {
+    /// The snapshot to rewind to.
+    pub snapshot: String,
+}
+
+#[derive(Debug, Serialize, Deserialize, ToSchema)]
+pub struct Image {
+    pub name: String,
+    pub source: String,
+    pub size_bytes: u64,
+    pub created_at: i64,
+}
+
+impl From<ImageRecord> for Image {
+    fn from(i: ImageRecord) -> Image {
+        Image {
+            name: i.name,
+            source: i.source,
+            size_bytes: i.size_bytes,
+            created_at: i.created_at,
+        }
+    }
+}
+
+#[derive(Debug, Serialize, Deserialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct BuildImage {
+    pub name: String,
+    /// `busybox` or `debian` (debootstrap).
+    pub kind: String,
+    /// Debian suite (default: the host's).
+    pub suite: Option<String>,
+    /// Extra Debian packages.
+    #[serde(default)]
+    pub packages: Vec<String>,
+}
+
+#[derive(Debug, Deserialize, IntoParams)]
+#[serde(deny_unknown_fields)]
+pub struct ImportQuery {
+    /// The new image's name.
+    pub name: String,
+}
+
+#[derive(Debug, Serialize, Deserialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct StartRun {
+    /// The pipeline file's text (TOML; docs/pipelines.md).
+    pub pipeline: String,
+    /// `{params.X}` overrides.
+    #[serde(default)]
+    pub params: BTreeMap<String, String>,
+    /// What the run records as its file (default `api`).
+    pub file: Option<String>,
+}
+
+#[derive(Debug, Serialize, Deserialize, ToSchema)]
+pub struct Run {
+    pub id: String,
+    pub pipeline: String,
+    pub file: String,
+    pub params: BTreeMap<String, String>,
+    /// `running`, `completed` or `failed`; `running` with no orchestrator
+    /// means interrupted (resume it).
+    pub status: String,
+    pub created_at: i64,
+    pub ended_at: Option<i64>,
+    pub error: Option<String>,
+    /// Whether a process is executing the run now.
+    pub orchestrated: bool,
+}
+
+impl Run {
+    pub fn of(r: RunRecord, orchestrated: bool) -> Run {
+        Run {
+            params: r
+                .params
+                .lines()
+                .filter_map(|l| l.split_once('='))
+                .map(|(k, v)| (k.to_string(), v.to_string()))
+                .collect(),
+            id: r.id,
+            pipeline: r.pipeline,
+            file: r.file,
+            status: r.status,
+            created_at: r.created_at,
+            ended_at: r.ended_at,
+            error: r.error,
+            orchestrated,
+        }
+    }
+}
+
+#[derive(Debug, Serialize, Deserialize, ToSchema)]
+pub struct Stage {
+    pub stage: String,
+    pub branch: String,
+    pub stage_key: String,
+    pub status: String,
+    pub attempts: u32,
+    pub input_snapshot: Option<String>,
+    pub output_snapshot: Option<String>,
+    pub sandbox_id: Option<String>,
+    pub started_at: Option<i64>,
+    pub ended_at: Option<i64>,
+    pub error: Option<String>,
+    pub metric: Option<f64>,
+}
+
+impl From<StageRecord> for Stage {
+    fn from(s: StageRecord) -> Stage {
+        Stage {
+            stage: s.stage,
+            branch: s.branch,
+            stage_key: s.stage_key,
+            status: s.status,
+            attempts: s.attempts,
+            input_snapshot: s.input_snapshot,
+            output_snapshot: s.output_snapshot,
+            sandbox_id: s.sandbox_id,
+            started_at: s.started_at,
+            ended_at: s.ended_at,
+            error: s.error,
+            metric: s.metric,
+        }
+    }
+}
+
+#[derive(Debug, Serialize, Deserialize, ToSchema)]
+pub struct RunEvent {
+    pub seq: i64,
+    pub stage: Option<String>,
+    pub branch: Option<String>,
+    pub kind: String,
+    pub detail: String,
+    pub snapshot_id: Option<String>,
+    pub created_at: i64,
+}
+
+impl From<EventRecord> for RunEvent {
+    fn from(e: EventRecord) -> RunEvent {
+        RunEvent {
+            seq: e.seq,
+            stage: e.stage,
+            branch: e.branch,
+            kind: e.kind,
+            detail: e.detail,
+            snapshot_id: e.snapshot_id,
+            created_at: e.created_at,
+        }
+    }
+}
+
+#[derive(Debug, Serialize, Deserialize, ToSchema)]
+pub struct Artifact {
+    pub id: String,
+    pub run_id: String,
+    pub stage: String,
+    pub branch: String,
+    pub path: String,
+    pub size_bytes: u64,
+    pub content_hash: String,
+    pub snapshot_id: String,
+}
+
+impl From<ArtifactRecord> for Artifact {
+    fn from(a: ArtifactRecord) -> Artifact {
+        Artifact {
+            id: a.id,
+            run_id: a.run_id,
+            stage: a.stage,
+            branch: a.branch,
+            path: a.path,
+            size_bytes: a.size_bytes,
+            content_hash: a.content_hash,
+            snapshot_id: a.snapshot_id,
+        }
+    }
+}
+
+#[derive(Debug, Serialize, Deserialize, ToSchema)]
+pub struct RunDetail {
+    pub run: Run,
+    pub stages: Vec<Stage>,
+    pub events: Vec<RunEvent>,
+    pub artifacts: Vec<Artifact>,
+}
+
+#[derive(Debug, Serialize, Deserialize, ToSchema)]
+pub struct RunPage {
+    pub items: Vec<Run>,
+    pub next: Option<String>,
+}
+
+#[derive(Debug, Serialize, Deserialize, ToSchema)]
+pub struct DeadLetterView {
+    pub id: String,
+    pub run_id: String,
+    pub stage: String,
+    pub branch: String,
+    pub error: String,
+    pub failure_snapshot: Option<String>,
+    pub input_snapshot: Option<String>,
+    pub created_at: i64,
+    pub retried_at: Option<i64>,
+}
+
+impl From<DeadLetter> for DeadLetterView {
+    fn from(d: DeadLetter) -> DeadLetterView {
+        DeadLetterView {
+            id: d.id,
+            run_id: d.run_id,
+            stage: d.stage,
+            branch: d.branch,
+            error: d.error,
+            failure_snapshot: d.failure_snapshot,
+            input_snapshot: d.input_snapshot,
+            created_at: d.created_at,
+            retried_at: d.retried_at,
+        }
+    }
+}
+
+#[derive(Debug, Serialize, Deserialize, ToSchema)]
+pub struct Health {
+    /// `ok`.
+    pub status: String,
+    pub version: String,
+}
+
+/// Items after the cursor `after` (an id), at most `limit`, and the next cursor.
+pub fn page<T>(items: Vec<T>, id: impl Fn(&T) -> &str, after: Option<&str>, limit: Option<usize>) -> (Vec<T>, Option<String>) {
+    let limit = limit.unwrap_or(100).clamp(1, 1000);
+    let start = match after {
+        Some(a) => items.iter().position(|x| id(x) == a).map_or(items.len(), |i| i + 1),
+        None => 0,
+    };
+    let mut rest: Vec<T> = items.into_iter().skip(start).collect();
+    let next = (rest.len() > limit).then(|| id(&rest[limit - 1]).to_string());
+    rest.truncate(limit);
+    (rest, next)
+}

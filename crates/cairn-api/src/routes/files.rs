@@ -1,0 +1,189 @@
+//! Files: download and upload streamed (any size, mode kept), stat.
+
+use std::io::Write;
+use std::sync::Arc;
+
+use axum::body::{Body, Bytes};
+use axum::extract::{Path, Query, State};
+use axum::http::{header, HeaderValue, StatusCode};
+use axum::response::Response;
+use axum::Json;
+use cairn_protocol::{FileKind, FileMeta};
+use futures_util::StreamExt;
+use tokio::io::AsyncWriteExt;
+use tokio::sync::mpsc;
+
+use crate::app::{now_ms, App};
+use crate::error::{ApiError, ApiResult, ErrorBody};
+use crate::model::*;
+
+type QueryResult<T> = Result<Query<T>, axum::extract::rejection::QueryRejection>;
+
+fn check_path(path: &str) -> ApiResult<()> {
+    if !path.starts_with('/') || path.contains('\0') || path.len() > 4096 {
+        return Err(ApiError::bad_request(format!(
+            "path must be absolute, without NUL, at most 4096 bytes; got {path:?}"
+        )));
+    }
+    Ok(())
+}
+
+/// A blocking writer that sends what it is given to an HTTP body.
+pub(crate) struct BodyWriter(pub mpsc::Sender<Result<Bytes, std::io::Error>>);
+
+impl Write for BodyWriter {
+    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+        self.0
+            .blocking_send(Ok(Bytes::copy_from_slice(buf)))
+            .map_err(|_| std::io::Error::new(std::io::ErrorKind::BrokenPipe, "the client went away"))?;
+        Ok(buf.len())
+    }
+    fn flush(&mut self) -> std::io::Result<()> {
+        Ok(())
+    }
+}
+
+pub(crate) fn body_of(rx: mpsc::Receiver<Result<Bytes, std::io::Error>>) -> Body {
+    Body::from_stream(futures_util::stream::unfold(rx, |mut rx| async move {
+        let item = rx.recv().await?;
+        Some((item, rx))
+    }))
+}
+
+/// A file's metadata (symlinks are not followed).
+#[utoipa::path(get, path = "/v1/sandboxes/{id}/files/stat", tag = "files",
+    params(("id" = String, Path, description = "Sandbox id"), PathQuery),
+    responses((status = 200, body = FileStat), (status = 404, body = ErrorBody)))]
+pub async fn stat(State(app): State<Arc<App>>, Path(id): Path<String>, q: QueryResult<PathQuery>) -> ApiResult<Json<FileStat>> {
+    let Query(q) = q?;
+    check_path(&q.path)?;
+    let path = q.path.clone();
+    let meta = app
+        .engine(move |e| {
+            let rec = e.sandbox(&id)?;
+            Ok(e.client(&rec)?.stat(&path)?)
+        })
+        .await?
+        .ok_or_else(|| ApiError::not_found(format!("no file {} in the sandbox", q.path)))?;
+    Ok(Json(meta.into()))
+}
+
+/// Downloads a regular file, streamed. `X-Cairn-Mode` gives its
+/// permission bits in octal.
+#[utoipa::path(get, path = "/v1/sandboxes/{id}/files", tag = "files",
+    params(("id" = String, Path, description = "Sandbox id"), PathQuery),
+    responses((status = 200, content_type = "application/octet-stream", body = Vec<u8>), (status = 400, body = ErrorBody), (status = 404, body = ErrorBody)))]
+pub async fn download(State(app): State<Arc<App>>, Path(id): Path<String>, q: QueryResult<PathQuery>) -> ApiResult<Response> {
+    let Query(q) = q?;
+    check_path(&q.path)?;
+    let path = q.path.clone();
+    let (rec, meta) = app
+        .engine(move |e| {
+            let rec = e.sandbox(&id)?;
+            let meta = e.client(&rec)?.stat(&path)?;
+            Ok((rec, meta))
+        })
+        .await?;
+    let meta = meta.ok_or_else(|| ApiError::not_found(format!("no file {} in the sandbox", q.path)))?;
+    if meta.kind != FileKind::File {
+        return Err(ApiError::bad_request(format!(
+            "{} is not a regular file; list a directory with .../files/list",
+            q.path
+        )));
+    }
+    let (tx, rx) = mpsc::channel(16);
+    let a = Arc::clone(&app);
+    let path = q.path.clone();
+    tokio::task::spawn_blocking(move || {
+        let got = a.take_engine().and_then(|e| {
+            let r = e.client(&rec).map_err(ApiError::from).and_then(|c| {
+                c.get_file(&path, &mut BodyWriter(tx.clone())).map_err(ApiError::from)
+            });
+            a.give_back(e);
+            r
+        });
+        if let Err(e) = got {
+            let _ = tx.blocking_send(Err(std::io::Error::other(e.message)));
+        }
+    });
+    let mut resp = Response::new(body_of(rx));
+    let h = resp.headers_mut();
+    h.insert(header::CONTENT_TYPE, HeaderValue::from_static("application/octet-stream"));
+    h.insert("x-cairn-mode", HeaderValue::from_str(&format!("{:o}", meta.mode & 0o7777)).expect("ascii"));
+    Ok(resp)
+}
+
+/// Uploads a file, streamed: the body is the content. Its directory must
+/// exist; an existing file is replaced.
+#[utoipa::path(put, path = "/v1/sandboxes/{id}/files", tag = "files",
+    params(("id" = String, Path, description = "Sandbox id"), UploadQuery),
+    request_body(content = Vec<u8>, content_type = "application/octet-stream"),
+    responses((status = 201, body = FileStat), (status = 400, body = ErrorBody), (status = 404, body = ErrorBody), (status = 413, body = ErrorBody)))]
+pub async fn upload(
+    State(app): State<Arc<App>>,
+    Path(id): Path<String>,
+    q: QueryResult<UploadQuery>,
+    body: Body,
+) -> ApiResult<(StatusCode, Json<FileStat>)> {
+    let Query(q) = q?;
+    check_path(&q.path)?;
+    let mode = match &q.mode {
+        Some(m) => u32::from_str_radix(m, 8)
+            .ok()
+            .filter(|m| *m <= 0o7777)
+            .ok_or_else(|| ApiError::bad_request(format!("mode must be octal permission bits like 644, got {m:?}")))?,
+        None => 0o644,
+    };
+    let rec = app.engine(move |e| Ok(e.sandbox(&id)?)).await?;
+    // Spooled first: init needs the size before the bytes, and a client
+    // that stops half-way must leave no half-written file in the sandbox.
+    let scratch = app.home.scratch();
+    tokio::fs::create_dir_all(&scratch)
+        .await
+        .map_err(|e| ApiError::internal(format!("cannot create {}: {e}", scratch.display())))?;
+    let spool = tempfile::NamedTempFile::new_in(&scratch)
+        .map_err(|e| ApiError::internal(format!("cannot spool the upload in {}: {e}", scratch.display())))?;
+    let (file, spool_path) = spool.into_parts();
+    let mut file = tokio::fs::File::from_std(file);
+    let mut size: u64 = 0;
+    let mut stream = body.into_data_stream();
+    while let Some(chunk) = stream.next().await {
+        let chunk = chunk.map_err(|e| ApiError::bad_request(format!("the upload was cut short: {e}")))?;
+        size += chunk.len() as u64;
+        if size > app.settings.max_upload {
+            return Err(ApiError::new(
+                StatusCode::PAYLOAD_TOO_LARGE,
+                format!("the upload is larger than this server's limit of {} bytes", app.settings.max_upload),
+            ));
+        }
+        file.write_all(&chunk)
+            .await
+            .map_err(|e| ApiError::internal(format!("spooling the upload: {e}")))?;
+    }
+    let file = file.into_std().await;
+    let path = q.path.clone();
+    let meta = app
+        .engine(move |e| {
+            let mut file = file;
+            use std::io::Seek;
+            file.rewind().map_err(|e| ApiError::internal(e.to_string()))?;
+            let client = e.client(&rec)?;
+            client.put_file(
+                FileMeta {
+                    path: path.clone(),
+                    kind: FileKind::File,
+                    mode,
+                    uid: 0,
+                    gid: 0,
+                    size,
+                    mtime_ns: now_ms() as i128 * 1_000_000,
+                },
+                &mut file,
+            )?;
+            drop(spool_path);
+            Ok(client.stat(&path)?)
+        })
+        .await?
+        .ok_or_else(|| ApiError::internal(format!("{} vanished right after the upload", q.path)))?;
+    Ok((StatusCode::CREATED, Json(meta.into())))
+}

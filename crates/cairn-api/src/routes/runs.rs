@@ -1,0 +1,305 @@
+//! Pipeline runs, their artifacts and the dead-letter queue. A run started
+//! here is executed by this server, on a thread of its own; a server that
+//! stops leaves the stages' commands running in their sandboxes, and the
+//! next one resumes every interrupted run.
+
+use std::sync::Arc;
+
+use axum::body::Bytes;
+use axum::extract::{Path, Query, State};
+use axum::http::{header, HeaderMap, HeaderValue, StatusCode};
+use axum::response::Response;
+use axum::Json;
+use cairn_engine::pipeline::run::RunWatcher;
+use tokio::sync::mpsc;
+
+use super::files::{body_of, BodyWriter};
+use super::{idempotent, parse};
+use crate::app::App;
+use crate::error::{ApiError, ApiResult, ErrorBody};
+use crate::model::*;
+
+type QueryResult<T> = Result<Query<T>, axum::extract::rejection::QueryRejection>;
+
+/// Stage transitions become events and metrics.
+struct Watch {
+    app: Arc<App>,
+    run: String,
+}
+
+impl RunWatcher for Watch {
+    fn stage(&self, stage: &str, branch: &str, status: &str, detail: &str) {
+        if matches!(status, "completed" | "failed" | "dead" | "reused") {
+            self.app.metrics.stage(status);
+        }
+        let name = if branch.is_empty() { stage.to_string() } else { format!("{stage}/{branch}") };
+        self.app.emit("run.stage", &self.run, format!("{name} {status}: {detail}"));
+    }
+    fn output(&self, _: &str, _: &str, _: &[u8]) {}
+}
+
+/// Executes (or resumes) a run on a thread of its own.
+pub fn orchestrate(app: &Arc<App>, run: String, retry: Option<String>) {
+    let app = Arc::clone(app);
+    std::thread::spawn(move || {
+        let mut engine = match app.take_engine() {
+            Ok(e) => e,
+            Err(e) => return tracing::error!(run, "cannot execute the run: {}", e.message),
+        };
+        let watch = Watch {
+            app: Arc::clone(&app),
+            run: run.clone(),
+        };
+        let result = match &retry {
+            Some(dl) => engine.retry_dead_letter(dl, &watch),
+            None => engine.execute_run(&run, &watch),
+        };
+        match result {
+            Ok(r) => app.emit("run.ended", &r.id, r.status),
+            Err(e) => {
+                tracing::warn!(run, "run stopped: {e}");
+                app.emit("run.ended", &run, format!("stopped: {e}"));
+            }
+        }
+        app.give_back(engine);
+    });
+}
+
+/// Resumes the runs an earlier server (or CLI) left interrupted.
+pub fn resume_interrupted(app: &Arc<App>) -> Result<Vec<String>, ApiError> {
+    let engine = app.take_engine()?;
+    let runs = engine.runs()?;
+    let interrupted: Vec<String> = runs
+        .into_iter()
+        .filter(|r| r.status == "running" && engine.run_orchestrator(&r.id).is_none())
+        .map(|r| r.id)
+        .collect();
+    app.give_back(engine);
+    for run in &interrupted {
+        tracing::info!(run, "resuming an interrupted run");
+        orchestrate(app, run.clone(), None);
+    }
+    Ok(interrupted)
+}
+
+/// Checks a pipeline and starts a run of it; the run goes on in the server.
+#[utoipa::path(post, path = "/v1/runs", tag = "runs",
+    params(("Idempotency-Key" = Option<String>, Header, description = "A retried request with this key answers what the first did")),
+    request_body = StartRun,
+    responses((status = 202, body = Run), (status = 400, body = ErrorBody)))]
+pub async fn start(State(app): State<Arc<App>>, headers: HeaderMap, body: Bytes) -> ApiResult<Response> {
+    let req: StartRun = parse(&body)?;
+    let a = Arc::clone(&app);
+    idempotent(&app, &headers, "runs.start", &body, || async move {
+        let file = req.file.clone().unwrap_or_else(|| "api".into());
+        let run = a
+            .engine(move |e| Ok(e.start_run_text(&file, req.pipeline, &req.params)?))
+            .await?;
+        a.emit("run.started", &run.id, run.pipeline.clone());
+        orchestrate(&a, run.id.clone(), None);
+        Ok((StatusCode::ACCEPTED, serde_json::to_value(Run::of(run, true)).expect("serialisable")))
+    })
+    .await
+}
+
+/// Lists runs, oldest first.
+#[utoipa::path(get, path = "/v1/runs", tag = "runs", params(PageQuery),
+    responses((status = 200, body = RunPage), (status = 400, body = ErrorBody)))]
+pub async fn list(State(app): State<Arc<App>>, q: QueryResult<PageQuery>) -> ApiResult<Json<RunPage>> {
+    let Query(q) = q?;
+    let mut runs = app
+        .engine(|e| {
+            let runs = e.runs()?;
+            Ok(runs
+                .into_iter()
+                .map(|r| {
+                    let live = e.run_orchestrator(&r.id).is_some();
+                    Run::of(r, live)
+                })
+                .collect::<Vec<_>>())
+        })
+        .await?;
+    runs.sort_by(|a, b| (a.created_at, &a.id).cmp(&(b.created_at, &b.id)));
+    let (items, next) = page(runs, |r| &r.id, q.after.as_deref(), q.limit);
+    Ok(Json(RunPage { items, next }))
+}
+
+/// A run with its stages, lineage events and artifacts.
+#[utoipa::path(get, path = "/v1/runs/{id}", tag = "runs",
+    params(("id" = String, Path, description = "Run id or unique prefix")),
+    responses((status = 200, body = RunDetail), (status = 404, body = ErrorBody)))]
+pub async fn get(State(app): State<Arc<App>>, Path(id): Path<String>) -> ApiResult<Json<RunDetail>> {
+    let detail = app
+        .engine(move |e| {
+            let run = e.run_record(&id)?;
+            let live = e.run_orchestrator(&run.id).is_some();
+            Ok(RunDetail {
+                stages: e.run_stages(&run.id)?.into_iter().map(Stage::from).collect(),
+                events: e.run_events(&run.id)?.into_iter().map(RunEvent::from).collect(),
+                artifacts: e.artifacts(Some(&run.id))?.into_iter().map(Artifact::from).collect(),
+                run: Run::of(run, live),
+            })
+        })
+        .await?;
+    Ok(Json(detail))
+}
+
+/// Resumes an interrupted run in the server.
+#[utoipa::path(post, path = "/v1/runs/{id}/resume", tag = "runs",
+    params(("id" = String, Path, description = "Run id")),
+    responses((status = 202, body = Run), (status = 404, body = ErrorBody), (status = 409, body = ErrorBody)))]
+pub async fn resume(State(app): State<Arc<App>>, Path(id): Path<String>) -> ApiResult<(StatusCode, Json<Run>)> {
+    let run = app
+        .engine(move |e| {
+            let run = e.run_record(&id)?;
+            if run.status == "completed" {
+                return Err(ApiError::conflict(format!("run {} already completed", run.id)));
+            }
+            if let Some(pid) = e.run_orchestrator(&run.id) {
+                return Err(ApiError::conflict(format!("run {} is being executed by process {pid}", run.id)));
+            }
+            Ok(run)
+        })
+        .await?;
+    orchestrate(&app, run.id.clone(), None);
+    Ok((StatusCode::ACCEPTED, Json(Run::of(run, true))))
+}
+
+#[derive(Debug, serde::Deserialize, utoipa::IntoParams)]
+#[serde(deny_unknown_fields)]
+pub struct LogQuery {
+    /// The branch, for a stage in a branch group.
+    pub branch: Option<String>,
+}
+
+/// A stage's output log (all attempts), as text.
+#[utoipa::path(get, path = "/v1/runs/{id}/logs/{stage}", tag = "runs",
+    params(("id" = String, Path, description = "Run id"), ("stage" = String, Path, description = "Stage name"), LogQuery),
+    responses((status = 200, content_type = "text/plain", body = String), (status = 404, body = ErrorBody)))]
+pub async fn log(
+    State(app): State<Arc<App>>,
+    Path((id, stage)): Path<(String, String)>,
+    q: QueryResult<LogQuery>,
+) -> ApiResult<Response> {
+    let Query(q) = q?;
+    let valid = |s: &str| !s.is_empty() && s.len() <= 128 && s.bytes().all(|c| c.is_ascii_alphanumeric() || b"-_.".contains(&c));
+    if !valid(&stage) || q.branch.as_deref().is_some_and(|b| !valid(b)) || stage.starts_with('.') {
+        return Err(ApiError::bad_request("stage and branch are names: letters, digits, '-', '_', '.'"));
+    }
+    let path = app
+        .engine(move |e| {
+            let run = e.run_record(&id)?;
+            let name = match &q.branch {
+                Some(b) => format!("{stage}.{b}.log"),
+                None => format!("{stage}.log"),
+            };
+            let path = e.run_dir(&run.id).join(name);
+            if !path.is_file() {
+                return Err(ApiError::not_found(format!("run {} has no log for stage {stage} (yet)", run.id)));
+            }
+            Ok(path)
+        })
+        .await?;
+    let file = tokio::fs::File::open(&path)
+        .await
+        .map_err(|e| ApiError::internal(format!("{}: {e}", path.display())))?;
+    let mut resp = Response::new(axum::body::Body::from_stream(tokio_util_stream(file)));
+    resp.headers_mut()
+        .insert(header::CONTENT_TYPE, HeaderValue::from_static("text/plain; charset=utf-8"));
+    Ok(resp)
+}
+
+fn tokio_util_stream(file: tokio::fs::File) -> impl futures_util::Stream<Item = std::io::Result<Bytes>> {
+    use tokio::io::AsyncReadExt;
+    futures_util::stream::unfold(file, |mut file| async move {
+        let mut buf = vec![0u8; 64 << 10];
+        match file.read(&mut buf).await {
+            Ok(0) => None,
+            Ok(n) => {
+                buf.truncate(n);
+                Some((Ok(Bytes::from(buf)), file))
+            }
+            Err(e) => Some((Err(e), file)),
+        }
+    })
+}
+
+/// Downloads an artifact's content.
+#[utoipa::path(get, path = "/v1/artifacts/{id}", tag = "runs",
+    params(("id" = String, Path, description = "Artifact id or unique prefix")),
+    responses((status = 200, content_type = "application/octet-stream", body = Vec<u8>), (status = 404, body = ErrorBody)))]
+pub async fn artifact(State(app): State<Arc<App>>, Path(id): Path<String>) -> ApiResult<Response> {
+    let key = id.clone();
+    app.engine(move |e| {
+        let all = e.artifacts(None)?;
+        let n = all.iter().filter(|a| a.id == key || (key.len() >= 4 && a.id.starts_with(&key))).count();
+        match n {
+            0 => Err(ApiError::not_found(format!("no artifact matches {key:?}; GET /v1/runs/RUN lists a run's artifacts"))),
+            1 => Ok(()),
+            _ => Err(ApiError::bad_request(format!("{key:?} matches several artifacts; give more of the id"))),
+        }
+    })
+    .await?;
+    let (tx, rx) = mpsc::channel(16);
+    let a = Arc::clone(&app);
+    tokio::task::spawn_blocking(move || {
+        let got = a.take_engine().and_then(|e| {
+            let r = e.artifact_get(&id, &mut BodyWriter(tx.clone())).map_err(ApiError::from);
+            a.give_back(e);
+            r
+        });
+        if let Err(e) = got {
+            let _ = tx.blocking_send(Err(std::io::Error::other(e.message)));
+        }
+    });
+    let mut resp = Response::new(body_of(rx));
+    resp.headers_mut()
+        .insert(header::CONTENT_TYPE, HeaderValue::from_static("application/octet-stream"));
+    Ok(resp)
+}
+
+/// The dead-letter queue: stages whose retries ran out.
+#[utoipa::path(get, path = "/v1/dlq", tag = "runs",
+    responses((status = 200, body = Vec<DeadLetterView>)))]
+pub async fn dlq(State(app): State<Arc<App>>) -> ApiResult<Json<Vec<DeadLetterView>>> {
+    let all = app.engine(|e| Ok(e.dead_letters()?)).await?;
+    Ok(Json(all.into_iter().map(DeadLetterView::from).collect()))
+}
+
+async fn dead_letter(app: &Arc<App>, key: String) -> ApiResult<DeadLetterView> {
+    app.engine(move |e| {
+        let all = e.dead_letters()?;
+        let mut found: Vec<_> = all
+            .into_iter()
+            .filter(|d| d.id == key || (key.len() >= 4 && d.id.starts_with(&key)))
+            .collect();
+        match found.len() {
+            0 => Err(ApiError::not_found(format!("no dead letter matches {key:?}; GET /v1/dlq lists them"))),
+            1 => Ok(found.remove(0).into()),
+            _ => Err(ApiError::bad_request(format!("{key:?} matches several dead letters; give more of the id"))),
+        }
+    })
+    .await
+}
+
+/// One dead letter.
+#[utoipa::path(get, path = "/v1/dlq/{id}", tag = "runs",
+    params(("id" = String, Path, description = "Dead letter id")),
+    responses((status = 200, body = DeadLetterView), (status = 404, body = ErrorBody)))]
+pub async fn dlq_get(State(app): State<Arc<App>>, Path(id): Path<String>) -> ApiResult<Json<DeadLetterView>> {
+    Ok(Json(dead_letter(&app, id).await?))
+}
+
+/// Retries a dead letter: its stage runs again (from its newest
+/// checkpoint), then the rest of its run, in the server.
+#[utoipa::path(post, path = "/v1/dlq/{id}/retry", tag = "runs",
+    params(("id" = String, Path, description = "Dead letter id")),
+    responses((status = 202, body = DeadLetterView), (status = 404, body = ErrorBody), (status = 409, body = ErrorBody)))]
+pub async fn dlq_retry(State(app): State<Arc<App>>, Path(id): Path<String>) -> ApiResult<(StatusCode, Json<DeadLetterView>)> {
+    let dl = dead_letter(&app, id).await?;
+    if dl.retried_at.is_some() {
+        return Err(ApiError::conflict(format!("dead letter {} was already retried", dl.id)));
+    }
+    orchestrate(&app, dl.run_id.clone(), Some(dl.id.clone()));
+    Ok((StatusCode::ACCEPTED, Json(dl)))
+}

@@ -1,0 +1,314 @@
+//! Sandboxes and snapshots: create, list, get, remove; snapshot, fork,
+//! restore, reset.
+
+use std::sync::Arc;
+use std::time::Instant;
+
+use axum::body::Bytes;
+use axum::extract::{Path, Query, State};
+use axum::http::{HeaderMap, StatusCode};
+use axum::response::Response;
+use axum::Json;
+use cairn_engine::{CreateOptions, Engine, Silent};
+use cairn_sandbox::limits::{CpuCount, MemorySize};
+
+use super::{idempotent, json, parse};
+use crate::app::App;
+use crate::error::{ApiError, ApiResult, ErrorBody};
+use crate::model::*;
+
+fn options(limits: &Limits, driver: Option<String>, name: Option<String>) -> ApiResult<CreateOptions> {
+    let mut opts = CreateOptions {
+        driver,
+        name,
+        ..CreateOptions::default()
+    };
+    if let Some(m) = &limits.memory {
+        opts.limits.memory_bytes = m
+            .parse::<MemorySize>()
+            .map_err(|e| ApiError::bad_request(format!("limits.memory: {e}")))?
+            .0;
+    }
+    if let Some(c) = &limits.cpus {
+        opts.limits.cpu_millis = c
+            .parse::<CpuCount>()
+            .map_err(|e| ApiError::bad_request(format!("limits.cpus: {e}")))?
+            .0;
+    }
+    if let Some(p) = limits.pids {
+        if p == 0 {
+            return Err(ApiError::bad_request("limits.pids must be at least 1"));
+        }
+        opts.limits.pids = p;
+    }
+    Ok(opts)
+}
+
+/// Creates a sandbox from an image, or from a snapshot.
+#[utoipa::path(post, path = "/v1/sandboxes", tag = "sandboxes",
+    request_body = CreateSandbox,
+    params(("Idempotency-Key" = Option<String>, Header, description = "A retried request with this key answers what the first did")),
+    responses((status = 201, body = Sandbox), (status = 400, body = ErrorBody), (status = 404, body = ErrorBody), (status = 409, body = ErrorBody)))]
+pub async fn create(State(app): State<Arc<App>>, headers: HeaderMap, body: Bytes) -> ApiResult<Response> {
+    let req: CreateSandbox = parse(&body)?;
+    let mut opts = options(&req.limits, req.driver.clone(), req.name.clone())?;
+    opts.image = req.image.clone();
+    opts.services = req.services.clone();
+    if req.snapshot.is_some() && req.image.is_some() {
+        return Err(ApiError::bad_request(
+            "give image or snapshot, not both: a snapshot carries its image",
+        ));
+    }
+    let a = Arc::clone(&app);
+    idempotent(&app, &headers, "sandboxes.create", &body, || async move {
+        let t = Instant::now();
+        let snapshot = req.snapshot.clone();
+        let rec = a
+            .engine(move |e| match &snapshot {
+                Some(s) => {
+                    let snap = e.snapshot_record(s)?;
+                    Ok(e.restore(&snap, &opts)?)
+                }
+                None => Ok(e.create_sandbox(&opts, &Silent)?),
+            })
+            .await?;
+        a.metrics.observe(if req.snapshot.is_some() { "restore" } else { "create" }, t.elapsed());
+        a.emit("sandbox.created", &rec.id, format!("from {}", req.snapshot.as_deref().unwrap_or(&rec.image)));
+        Ok((StatusCode::CREATED, serde_json::to_value(Sandbox::from(rec)).expect("serialisable")))
+    })
+    .await
+}
+
+/// Lists sandboxes, oldest first, a page at a time.
+#[utoipa::path(get, path = "/v1/sandboxes", tag = "sandboxes", params(SandboxQuery),
+    responses((status = 200, body = SandboxPage), (status = 400, body = ErrorBody)))]
+pub async fn list(
+    State(app): State<Arc<App>>,
+    q: Result<Query<SandboxQuery>, axum::extract::rejection::QueryRejection>,
+) -> ApiResult<Json<SandboxPage>> {
+    let Query(q) = q?;
+    if let Some(s) = &q.state {
+        if !["creating", "running", "exited", "removing"].contains(&s.as_str()) {
+            return Err(ApiError::bad_request(format!(
+                "state must be creating, running, exited or removing, got {s:?}"
+            )));
+        }
+    }
+    let mut all = app.engine(|e| Ok(e.list_sandboxes()?)).await?;
+    all.retain(|r| q.state.as_ref().is_none_or(|s| r.state.to_string() == *s));
+    all.retain(|r| q.image.as_ref().is_none_or(|i| r.image == *i));
+    all.sort_by(|a, b| (a.created_at, &a.id).cmp(&(b.created_at, &b.id)));
+    let items: Vec<Sandbox> = all.into_iter().map(Sandbox::from).collect();
+    let (items, next) = super::super::model::page(items, |s| &s.id, q.after.as_deref(), q.limit);
+    Ok(Json(SandboxPage { items, next }))
+}
+
+/// One sandbox, by id, unique id prefix or name.
+#[utoipa::path(get, path = "/v1/sandboxes/{id}", tag = "sandboxes",
+    params(("id" = String, Path, description = "Sandbox id, unique prefix or name")),
+    responses((status = 200, body = Sandbox), (status = 404, body = ErrorBody)))]
+pub async fn get(State(app): State<Arc<App>>, Path(id): Path<String>) -> ApiResult<Json<Sandbox>> {
+    Ok(Json(app.engine(move |e| Ok(e.sandbox(&id)?)).await?.into()))
+}
+
+/// Removes a sandbox: processes, cgroups, files. A running one needs `force`.
+#[utoipa::path(delete, path = "/v1/sandboxes/{id}", tag = "sandboxes",
+    params(("id" = String, Path, description = "Sandbox id"), RemoveQuery),
+    responses((status = 204), (status = 404, body = ErrorBody), (status = 409, body = ErrorBody)))]
+pub async fn remove(
+    State(app): State<Arc<App>>,
+    Path(id): Path<String>,
+    q: Result<Query<RemoveQuery>, axum::extract::rejection::QueryRejection>,
+) -> ApiResult<StatusCode> {
+    let Query(q) = q?;
+    let rec = app.engine(move |e| Ok(e.sandbox(&id)?)).await?;
+    let _busy = app.claim(&rec.id, "removal")?;
+    let id = rec.id.clone();
+    app.engine(move |e| Ok(e.remove_sandbox(&rec, q.force)?)).await?;
+    app.emit("sandbox.removed", &id, "");
+    Ok(StatusCode::NO_CONTENT)
+}
+
+/// Snapshots a sandbox's files (and memory, with the gvisor driver).
+#[utoipa::path(post, path = "/v1/sandboxes/{id}/snapshots", tag = "snapshots",
+    params(("id" = String, Path, description = "Sandbox id")),
+    request_body = CreateSnapshot,
+    responses((status = 201, body = Snapshot), (status = 400, body = ErrorBody), (status = 404, body = ErrorBody), (status = 409, body = ErrorBody)))]
+pub async fn snapshot(State(app): State<Arc<App>>, Path(id): Path<String>, body: Bytes) -> ApiResult<Response> {
+    let req: CreateSnapshot = parse(&body)?;
+    let rec = app.engine(move |e| Ok(e.sandbox(&id)?)).await?;
+    let _busy = app.claim(&rec.id, "snapshot")?;
+    let t = Instant::now();
+    let snap = app.engine(move |e| Ok(e.snapshot(&rec, req.label.as_deref())?)).await?;
+    app.metrics.observe("snapshot", t.elapsed());
+    app.emit("snapshot.created", &snap.id, format!("of sandbox {}", snap.sandbox_id));
+    Ok(json(StatusCode::CREATED, &Snapshot::from(snap)))
+}
+
+fn fork_count(req: &ForkBody) -> ApiResult<usize> {
+    match req.count.unwrap_or(1) {
+        n @ 1..=64 => Ok(n),
+        n => Err(ApiError::bad_request(format!("count must be 1 to 64, got {n}"))),
+    }
+}
+
+async fn fork_of(app: &Arc<App>, key: String, req: ForkBody) -> ApiResult<(StatusCode, serde_json::Value)> {
+    let count = fork_count(&req)?;
+    let opts = options(&req.limits, req.driver.clone(), None)?;
+    let t = Instant::now();
+    let (snap, forks) = app.engine(move |e| Ok(e.fork(&key, count, &opts)?)).await?;
+    app.metrics.observe("fork", t.elapsed());
+    for f in &forks {
+        app.emit("sandbox.created", &f.id, format!("fork of snapshot {}", snap.id));
+    }
+    let out = ForkResult {
+        snapshot: snap.into(),
+        sandboxes: forks.into_iter().map(Sandbox::from).collect(),
+    };
+    Ok((StatusCode::CREATED, serde_json::to_value(out).expect("serialisable")))
+}
+
+/// Snapshots a sandbox, then starts `count` sandboxes from that snapshot.
+#[utoipa::path(post, path = "/v1/sandboxes/{id}/fork", tag = "snapshots",
+    params(("id" = String, Path, description = "Sandbox id"),
+        ("Idempotency-Key" = Option<String>, Header, description = "A retried request with this key answers what the first did")),
+    request_body = ForkBody,
+    responses((status = 201, body = ForkResult), (status = 400, body = ErrorBody), (status = 404, body = ErrorBody), (status = 409, body = ErrorBody)))]
+pub async fn fork_sandbox(
+    State(app): State<Arc<App>>,
+    Path(id): Path<String>,
+    headers: HeaderMap,
+    body: Bytes,
+) -> ApiResult<Response> {
+    let req: ForkBody = parse(&body)?;
+    fork_count(&req)?;
+    let rec = app.engine(move |e| Ok(e.sandbox(&id)?)).await?;
+    let _busy = app.claim(&rec.id, "fork")?;
+    let a = Arc::clone(&app);
+    idempotent(&app, &headers, "fork", &body, || fork_of(&a, rec.id.clone(), req)).await
+}
+
+/// Starts `count` sandboxes from a snapshot.
+#[utoipa::path(post, path = "/v1/snapshots/{id}/fork", tag = "snapshots",
+    params(("id" = String, Path, description = "Snapshot id"),
+        ("Idempotency-Key" = Option<String>, Header, description = "A retried request with this key answers what the first did")),
+    request_body = ForkBody,
+    responses((status = 201, body = ForkResult), (status = 400, body = ErrorBody), (status = 404, body = ErrorBody)))]
+pub async fn fork_snapshot(
+    State(app): State<Arc<App>>,
+    Path(id): Path<String>,
+    headers: HeaderMap,
+    body: Bytes,
+) -> ApiResult<Response> {
+    let req: ForkBody = parse(&body)?;
+    fork_count(&req)?;
+    let snap = app.engine(move |e| Ok(e.snapshot_record(&id)?)).await?;
+    let a = Arc::clone(&app);
+    idempotent(&app, &headers, "fork", &body, || fork_of(&a, snap.id.clone(), req)).await
+}
+
+/// Starts one sandbox from a snapshot.
+#[utoipa::path(post, path = "/v1/snapshots/{id}/restore", tag = "snapshots",
+    params(("id" = String, Path, description = "Snapshot id")),
+    request_body = RestoreBody,
+    responses((status = 201, body = Sandbox), (status = 400, body = ErrorBody), (status = 404, body = ErrorBody)))]
+pub async fn restore(State(app): State<Arc<App>>, Path(id): Path<String>, body: Bytes) -> ApiResult<Response> {
+    let req: RestoreBody = parse(&body)?;
+    let opts = options(&req.limits, req.driver.clone(), req.name.clone())?;
+    let t = Instant::now();
+    let rec = app
+        .engine(move |e| {
+            let snap = e.snapshot_record(&id)?;
+            Ok(e.restore(&snap, &opts)?)
+        })
+        .await?;
+    app.metrics.observe("restore", t.elapsed());
+    app.emit("sandbox.created", &rec.id, "restored");
+    Ok(json(StatusCode::CREATED, &Sandbox::from(rec)))
+}
+
+/// Rewinds a sandbox to a snapshot in place (its processes restart).
+#[utoipa::path(post, path = "/v1/sandboxes/{id}/reset", tag = "snapshots",
+    params(("id" = String, Path, description = "Sandbox id")),
+    request_body = ResetBody,
+    responses((status = 200, body = Sandbox), (status = 400, body = ErrorBody), (status = 404, body = ErrorBody), (status = 409, body = ErrorBody)))]
+pub async fn reset(State(app): State<Arc<App>>, Path(id): Path<String>, body: Bytes) -> ApiResult<Json<Sandbox>> {
+    let req: ResetBody = parse(&body)?;
+    let rec = app.engine(move |e| Ok(e.sandbox(&id)?)).await?;
+    let _busy = app.claim(&rec.id, "reset")?;
+    let t = Instant::now();
+    let rec = app
+        .engine(move |e| {
+            let snap = e.snapshot_record(&req.snapshot)?;
+            Ok(e.reset(&rec, &snap)?)
+        })
+        .await?;
+    app.metrics.observe("reset", t.elapsed());
+    app.emit("sandbox.reset", &rec.id, "");
+    Ok(Json(rec.into()))
+}
+
+/// Lists snapshots, oldest first, a page at a time.
+#[utoipa::path(get, path = "/v1/snapshots", tag = "snapshots", params(PageQuery),
+    responses((status = 200, body = SnapshotPage), (status = 400, body = ErrorBody)))]
+pub async fn snapshots(
+    State(app): State<Arc<App>>,
+    q: Result<Query<PageQuery>, axum::extract::rejection::QueryRejection>,
+) -> ApiResult<Json<SnapshotPage>> {
+    let Query(q) = q?;
+    let mut all = app.engine(|e| Ok(e.snapshots()?)).await?;
+    all.sort_by(|a, b| (a.created_at, &a.id).cmp(&(b.created_at, &b.id)));
+    let items: Vec<Snapshot> = all.into_iter().map(Snapshot::from).collect();
+    let (items, next) = crate::model::page(items, |s| &s.id, q.after.as_deref(), q.limit);
+    Ok(Json(SnapshotPage { items, next }))
+}
+
+fn detail(e: &Engine, key: &str) -> ApiResult<SnapshotDetail> {
+    let snap = e.snapshot_record(key)?;
+    let all = e.snapshots()?;
+    let mut lineage = Vec::new();
+    let mut parent = snap.parent_id.clone();
+    while let Some(p) = parent {
+        match all.iter().find(|s| s.id == p) {
+            Some(s) if lineage.len() < 10_000 => {
+                parent = s.parent_id.clone();
+                lineage.push(Snapshot::from(s.clone()));
+            }
+            _ => break,
+        }
+    }
+    let children = all
+        .iter()
+        .filter(|s| s.parent_id.as_deref() == Some(snap.id.as_str()))
+        .map(|s| s.id.clone())
+        .collect();
+    Ok(SnapshotDetail {
+        snapshot: snap.into(),
+        lineage,
+        children,
+    })
+}
+
+/// One snapshot with its lineage.
+#[utoipa::path(get, path = "/v1/snapshots/{id}", tag = "snapshots",
+    params(("id" = String, Path, description = "Snapshot id or unique prefix")),
+    responses((status = 200, body = SnapshotDetail), (status = 404, body = ErrorBody)))]
+pub async fn get_snapshot(State(app): State<Arc<App>>, Path(id): Path<String>) -> ApiResult<Json<SnapshotDetail>> {
+    Ok(Json(app.engine(move |e| detail(e, &id)).await?))
+}
+
+/// Forgets a snapshot (`gc` then reclaims its storage).
+#[utoipa::path(delete, path = "/v1/snapshots/{id}", tag = "snapshots",
+    params(("id" = String, Path, description = "Snapshot id")),
+    responses((status = 204), (status = 404, body = ErrorBody), (status = 409, body = ErrorBody)))]
+pub async fn remove_snapshot(State(app): State<Arc<App>>, Path(id): Path<String>) -> ApiResult<StatusCode> {
+    let id = app
+        .engine(move |e| {
+            let snap = e.snapshot_record(&id)?;
+            e.remove_snapshot(&snap)?;
+            Ok(snap.id)
+        })
+        .await?;
+    app.emit("snapshot.removed", &id, "");
+    Ok(StatusCode::NO_CONTENT)
+}

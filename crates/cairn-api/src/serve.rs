@@ -1,0 +1,140 @@
+//! `cairn serve`: the listeners, graceful shutdown, and picking up what a
+//! previous server left.
+
+use std::net::SocketAddr;
+use std::os::unix::fs::PermissionsExt;
+use std::path::PathBuf;
+use std::sync::Arc;
+
+use cairn_engine::Home;
+use tokio::net::{TcpListener, UnixListener};
+
+use crate::app::{App, Settings};
+
+#[derive(Debug, Clone)]
+pub struct ServeOptions {
+    /// The Unix socket (default `$CAIRN_HOME/cairn.sock`).
+    pub socket: Option<PathBuf>,
+    /// A TCP address as well (bearer tokens required there).
+    pub listen: Option<SocketAddr>,
+    pub settings: Settings,
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum ServeError {
+    #[error(transparent)]
+    Engine(#[from] cairn_engine::EngineError),
+    #[error("cannot listen on {what}: {source}; {hint}")]
+    Listen {
+        what: String,
+        source: std::io::Error,
+        hint: &'static str,
+    },
+    #[error("{0}")]
+    Other(String),
+}
+
+/// The default socket path.
+pub fn socket_path(home: &Home) -> PathBuf {
+    home.root().join("cairn.sock")
+}
+
+/// Serves until SIGINT or SIGTERM; in-flight requests finish first.
+/// Sandboxes and runs outlive the server; runs it finds interrupted at
+/// start are resumed.
+pub async fn serve(home: Home, opts: ServeOptions) -> Result<(), ServeError> {
+    let app = App::open(home.clone(), opts.settings.clone())?;
+    let socket = opts.socket.clone().unwrap_or_else(|| socket_path(&home));
+    let unix = bind_unix(&socket)?;
+    let resumed = crate::routes::runs::resume_interrupted(&app).map_err(|e| ServeError::Other(e.message))?;
+    let router = crate::router(Arc::clone(&app));
+    let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
+    let mut tasks = tokio::task::JoinSet::new();
+    {
+        let mut stop = stop_rx.clone();
+        let r = router.clone();
+        tasks.spawn(async move {
+            axum::serve(unix, r)
+                .with_graceful_shutdown(async move {
+                    let _ = stop.wait_for(|s| *s).await;
+                })
+                .await
+        });
+    }
+    eprintln!("cairn: serving on {} (unix)", socket.display());
+    if let Some(addr) = opts.listen {
+        let tcp = TcpListener::bind(addr).await.map_err(|source| ServeError::Listen {
+            what: addr.to_string(),
+            source,
+            hint: "pick a free address with --listen HOST:PORT",
+        })?;
+        let shown = tcp.local_addr().map(|a| a.to_string()).unwrap_or_else(|_| addr.to_string());
+        let authed = router.layer(axum::middleware::from_fn_with_state(Arc::clone(&app), crate::require_token));
+        let mut stop = stop_rx.clone();
+        tasks.spawn(async move {
+            axum::serve(tcp, authed)
+                .with_graceful_shutdown(async move {
+                    let _ = stop.wait_for(|s| *s).await;
+                })
+                .await
+        });
+        eprintln!("cairn: serving on http://{shown} (bearer tokens: `cairn token create NAME`)");
+    }
+    if !resumed.is_empty() {
+        eprintln!("cairn: resuming {} interrupted run(s): {}", resumed.len(), resumed.join(", "));
+    }
+    let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())
+        .map_err(|e| ServeError::Other(format!("cannot watch SIGTERM: {e}")))?;
+    tokio::select! {
+        _ = tokio::signal::ctrl_c() => {}
+        _ = term.recv() => {}
+        Some(r) = tasks.join_next() => {
+            return Err(ServeError::Other(format!("a listener stopped: {r:?}")));
+        }
+    }
+    eprintln!("cairn: stopping: finishing requests in flight; sandboxes and runs keep running");
+    let _ = stop_tx.send(true);
+    while tasks.join_next().await.is_some() {}
+    let _ = std::fs::remove_file(&socket);
+    Ok(())
+}
+
+/// Binds the Unix socket, mode 0600, replacing a stale one (a socket
+/// nothing answers on); refuses while another server answers there.
+fn bind_unix(path: &std::path::Path) -> Result<UnixListener, ServeError> {
+    if std::os::unix::net::UnixStream::connect(path).is_ok() {
+        return Err(ServeError::Listen {
+            what: path.display().to_string(),
+            source: std::io::Error::from(std::io::ErrorKind::AddrInUse),
+            hint: "another `cairn serve` answers there; stop it, or give --socket PATH",
+        });
+    }
+    match std::fs::symlink_metadata(path) {
+        Ok(m) if std::os::unix::fs::FileTypeExt::is_socket(&m.file_type()) => {
+            let _ = std::fs::remove_file(path);
+        }
+        Ok(_) => {
+            return Err(ServeError::Listen {
+                what: path.display().to_string(),
+                source: std::io::Error::from(std::io::ErrorKind::AlreadyExists),
+                hint: "something that is not a socket is there; move it, or give --socket PATH",
+            })
+        }
+        Err(_) => {}
+    }
+    // Created with no access for anyone but the owner from the start.
+    let old = nix::sys::stat::umask(nix::sys::stat::Mode::from_bits_truncate(0o177));
+    let bound = UnixListener::bind(path);
+    nix::sys::stat::umask(old);
+    let listener = bound.map_err(|source| ServeError::Listen {
+        what: path.display().to_string(),
+        source,
+        hint: "check the state directory, or give --socket PATH",
+    })?;
+    std::fs::set_permissions(path, std::fs::Permissions::from_mode(0o600)).map_err(|source| ServeError::Listen {
+        what: path.display().to_string(),
+        source,
+        hint: "check the state directory",
+    })?;
+    Ok(listener)
+}
