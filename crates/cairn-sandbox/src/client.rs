@@ -577,4 +577,114 @@ mod tests {
             "ping waited for the welcome for ever"
         );
     }
+
+    /// A peer that welcomes one connection, reads its request and sends
+    /// `frames`, as a hostile init could.
+    fn forging_init(frames: Vec<FromInit>) -> (tempfile::TempDir, InitClient) {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("forging.sock");
+        let listener = UnixListener::bind(&path).unwrap();
+        std::thread::spawn(move || {
+            let (mut stream, _) = listener.accept().unwrap();
+            let _: ToInit = read_frame(&mut stream).unwrap();
+            let _: ToInit = read_frame(&mut stream).unwrap();
+            let mut wire = Vec::new();
+            write_frame(
+                &mut wire,
+                &FromInit::Welcome {
+                    version: PROTOCOL_VERSION,
+                    init_pid: 1,
+                },
+            )
+            .unwrap();
+            for f in &frames {
+                write_frame(&mut wire, f).unwrap();
+            }
+            let _ = stream.write_all(&wire);
+        });
+        (dir, InitClient::new(&path))
+    }
+
+    fn entry(path: &str, kind: FileKind, target: Option<&str>) -> FromInit {
+        FromInit::Entry(DirEntry {
+            meta: FileMeta {
+                path: path.into(),
+                kind,
+                mode: 0o644,
+                uid: 0,
+                gid: 0,
+                size: 0,
+                mtime_ns: 0,
+            },
+            symlink_target: target.map(String::from),
+        })
+    }
+
+    #[test]
+    fn a_listing_init_answers_within_the_request_is_sorted() {
+        let (_dir, client) = forging_init(vec![
+            entry("/w/b", FileKind::Dir, None),
+            entry("/w/b/c", FileKind::Symlink, Some("/etc")),
+            entry("/w/a", FileKind::File, None),
+            FromInit::EntriesEnd { truncated: true },
+        ]);
+        let listing = client.list_dir("/w/", 2, 3).unwrap();
+        let paths: Vec<_> = listing.entries.iter().map(|e| e.meta.path.as_str()).collect();
+        assert_eq!(paths, ["/w/a", "/w/b", "/w/b/c"]);
+        assert!(listing.truncated);
+    }
+
+    #[test]
+    fn a_listing_that_strays_from_the_request_is_refused() {
+        let long = format!("/w/{}", "x".repeat(PATH_MAX));
+        let forged = [
+            (vec![entry("/w/a", FileKind::File, None), entry("/w/b", FileKind::File, None)], "past the number"),
+            (vec![entry("/etc/passwd", FileKind::File, None)], "outside"),
+            (vec![entry("/wx", FileKind::File, None)], "outside"),
+            (vec![entry("/w", FileKind::Dir, None)], "outside"),
+            (vec![entry("/w/a/b/c", FileKind::File, None)], "deeper"),
+            (vec![entry("/w/../etc", FileKind::File, None)], ". or .."),
+            (vec![entry("/w//a", FileKind::File, None)], "empty"),
+            (vec![entry(&long, FileKind::File, None)], "longer than"),
+            (vec![entry("/w/l", FileKind::Symlink, Some(&long[1..]))], "longer than"),
+            (vec![entry("/w/f", FileKind::File, Some("/etc"))], "not a symlink"),
+            (vec![FromInit::Pong], "Pong"),
+        ];
+        for (frames, why) in forged {
+            let (_dir, client) = forging_init(frames);
+            let err = client.list_dir("/w", 2, 1).unwrap_err();
+            assert!(
+                matches!(&err, ClientError::Unexpected(m) if m.contains(why)),
+                "{why}: {err}"
+            );
+            assert!(err.to_string().len() < 2 * MESSAGE_MAX, "{err}");
+        }
+    }
+
+    #[test]
+    fn a_file_operation_refused_by_init_keeps_its_kind_and_a_bounded_message() {
+        let (_dir, client) = forging_init(vec![FromInit::FsError {
+            kind: FsErrorKind::NotEmpty,
+            message: "x".repeat(1 << 20),
+        }]);
+        match client.remove("/w", false).unwrap_err() {
+            ClientError::Fs(FsFailure { kind, message }) => {
+                assert_eq!(kind, FsErrorKind::NotEmpty);
+                assert!(message.len() < MESSAGE_MAX + 40, "{} bytes kept", message.len());
+            }
+            other => panic!("{other}"),
+        }
+    }
+
+    #[test]
+    fn a_listing_out_of_range_is_refused_before_it_is_sent() {
+        let client = InitClient::new("/nonexistent/init.sock");
+        for (depth, max) in [(0, 1), (LIST_DEPTH_MAX + 1, 1), (1, 0), (1, LIST_ENTRIES_MAX + 1)] {
+            let err = client.list_dir("/", depth, max).unwrap_err();
+            assert!(
+                matches!(&err, ClientError::Fs(FsFailure { kind: FsErrorKind::Invalid, .. })),
+                "{depth} {max}: {err}"
+            );
+        }
+    }
 }
