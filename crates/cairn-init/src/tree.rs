@@ -113,9 +113,14 @@ fn owned(fd: RawFd) -> OwnedFd {
 /// The directory at `path` as a handle for `*at` calls (the path's own
 /// symlinks followed, as any path lookup in the sandbox does).
 fn open_parent(path: &str) -> Result<OwnedFd, Refusal> {
-    openat(None, path, OFlag::O_PATH | OFlag::O_DIRECTORY | OFlag::O_CLOEXEC, Mode::empty())
-        .map(owned)
-        .map_err(|e| Refusal::errno(e, format!("cannot open the directory {path}")))
+    openat(
+        None,
+        path,
+        OFlag::O_PATH | OFlag::O_DIRECTORY | OFlag::O_CLOEXEC,
+        Mode::empty(),
+    )
+    .map(owned)
+    .map_err(|e| Refusal::errno(e, format!("cannot open the directory {path}")))
 }
 
 /// Opens `name` in `dir` for reading its entries, refusing a symlink.
@@ -210,17 +215,15 @@ impl<W: Write> Lister<'_, W> {
         }
         let trimmed = absolute(path)?;
         let top = if trimmed.is_empty() { "/" } else { trimmed };
-        let dir = open_dir_nofollow(None, top).map_err(|e| {
-            match fstatat(None, top, AtFlags::AT_SYMLINK_NOFOLLOW) {
-                Ok(st) if kind_of_mode(st.st_mode) == FileKind::Symlink => Refusal::new(
-                    FsErrorKind::NotADirectory,
-                    format!("{path} is a symbolic link, which a listing does not follow"),
-                ),
-                Ok(st) if kind_of_mode(st.st_mode) != FileKind::Dir => {
-                    Refusal::new(FsErrorKind::NotADirectory, format!("{path} is not a directory"))
-                }
-                _ => Refusal::errno(e, format!("cannot list {path}")),
+        let dir = open_dir_nofollow(None, top).map_err(|e| match fstatat(None, top, AtFlags::AT_SYMLINK_NOFOLLOW) {
+            Ok(st) if kind_of_mode(st.st_mode) == FileKind::Symlink => Refusal::new(
+                FsErrorKind::NotADirectory,
+                format!("{path} is a symbolic link, which a listing does not follow"),
+            ),
+            Ok(st) if kind_of_mode(st.st_mode) != FileKind::Dir => {
+                Refusal::new(FsErrorKind::NotADirectory, format!("{path} is not a directory"))
             }
+            _ => Refusal::errno(e, format!("cannot list {path}")),
         })?;
         self.walk(dir, trimmed, depth)
     }

@@ -96,11 +96,7 @@ pub enum ToInit {
     /// [`LIST_ENTRIES_MAX`]), then [`FromInit::EntriesEnd`]; or
     /// [`FromInit::FsError`]. `depth` 1 lists the children, up to
     /// [`LIST_DEPTH_MAX`] descends that many levels.
-    ListDir {
-        path: String,
-        depth: u32,
-        max_entries: u32,
-    },
+    ListDir { path: String, depth: u32, max_entries: u32 },
     /// Make a directory (and, with `parents`, its missing ancestors):
     /// answered with [`FromInit::Made`] or [`FromInit::FsError`].
     MakeDir { path: String, parents: bool },
@@ -149,12 +145,19 @@ pub enum FromInit {
     /// One entry of a listing ([`ToInit::ListDir`]).
     Entry(DirEntry),
     /// The listing is complete, or was cut short at a cap (`truncated`).
-    EntriesEnd { truncated: bool },
+    EntriesEnd {
+        truncated: bool,
+    },
     /// Answer to [`ToInit::MakeDir`]: whether the directory was created
     /// (false: it was already there).
-    Made { created: bool },
+    Made {
+        created: bool,
+    },
     /// A file operation failed; the kind says how, the message says why.
-    FsError { kind: FsErrorKind, message: String },
+    FsError {
+        kind: FsErrorKind,
+        message: String,
+    },
 }
 
 /// How to run a process inside the sandbox.

@@ -310,7 +310,9 @@ impl InitClient {
     /// targets at most [`PATH_MAX`] bytes.
     pub fn list_dir(&self, path: &str, depth: u32, max_entries: u32) -> Result<DirListing, ClientError> {
         if !(1..=LIST_DEPTH_MAX).contains(&depth) {
-            return Err(invalid(format!("a listing's depth is 1 to {LIST_DEPTH_MAX}, not {depth}")));
+            return Err(invalid(format!(
+                "a listing's depth is 1 to {LIST_DEPTH_MAX}, not {depth}"
+            )));
         }
         if !(1..=LIST_ENTRIES_MAX).contains(&max_entries) {
             return Err(invalid(format!(
@@ -638,7 +640,10 @@ mod tests {
     fn a_listing_that_strays_from_the_request_is_refused() {
         let long = format!("/w/{}", "x".repeat(PATH_MAX));
         let forged = [
-            (vec![entry("/w/a", FileKind::File, None), entry("/w/b", FileKind::File, None)], "past the number"),
+            (
+                vec![entry("/w/a", FileKind::File, None), entry("/w/b", FileKind::File, None)],
+                "past the number",
+            ),
             (vec![entry("/etc/passwd", FileKind::File, None)], "outside"),
             (vec![entry("/wx", FileKind::File, None)], "outside"),
             (vec![entry("/w", FileKind::Dir, None)], "outside"),
@@ -682,7 +687,13 @@ mod tests {
         for (depth, max) in [(0, 1), (LIST_DEPTH_MAX + 1, 1), (1, 0), (1, LIST_ENTRIES_MAX + 1)] {
             let err = client.list_dir("/", depth, max).unwrap_err();
             assert!(
-                matches!(&err, ClientError::Fs(FsFailure { kind: FsErrorKind::Invalid, .. })),
+                matches!(
+                    &err,
+                    ClientError::Fs(FsFailure {
+                        kind: FsErrorKind::Invalid,
+                        ..
+                    })
+                ),
                 "{depth} {max}: {err}"
             );
         }

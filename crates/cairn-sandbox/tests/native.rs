@@ -160,7 +160,10 @@ fn list_dir_shows_children_without_following_symlinks() {
     let client = &sandbox.client;
 
     let listing = client.list_dir("/tmp/t", 1, 100).unwrap();
-    assert_eq!(paths(&listing), ["/tmp/t/a", "/tmp/t/a-link", "/tmp/t/fifo", "/tmp/t/out"]);
+    assert_eq!(
+        paths(&listing),
+        ["/tmp/t/a", "/tmp/t/a-link", "/tmp/t/fifo", "/tmp/t/out"]
+    );
     assert!(!listing.truncated);
     let by_path = |l: &DirListing, p: &str| l.entries.iter().find(|e| e.meta.path == p).unwrap().clone();
     let out = by_path(&listing, "/tmp/t/out");
@@ -190,10 +193,22 @@ fn list_dir_shows_children_without_following_symlinks() {
     assert_eq!(paths(&client.list_dir("/tmp/t", 2, 100).unwrap()).len(), 6);
 
     // The listed path itself is not followed either.
-    assert_eq!(fs_kind(client.list_dir("/tmp/t/out", 1, 100).unwrap_err()), FsErrorKind::NotADirectory);
-    assert_eq!(fs_kind(client.list_dir("/tmp/t/a/f", 1, 100).unwrap_err()), FsErrorKind::NotADirectory);
-    assert_eq!(fs_kind(client.list_dir("/tmp/none", 1, 100).unwrap_err()), FsErrorKind::NotFound);
-    assert_eq!(fs_kind(client.list_dir("tmp/t", 1, 100).unwrap_err()), FsErrorKind::Invalid);
+    assert_eq!(
+        fs_kind(client.list_dir("/tmp/t/out", 1, 100).unwrap_err()),
+        FsErrorKind::NotADirectory
+    );
+    assert_eq!(
+        fs_kind(client.list_dir("/tmp/t/a/f", 1, 100).unwrap_err()),
+        FsErrorKind::NotADirectory
+    );
+    assert_eq!(
+        fs_kind(client.list_dir("/tmp/none", 1, 100).unwrap_err()),
+        FsErrorKind::NotFound
+    );
+    assert_eq!(
+        fs_kind(client.list_dir("tmp/t", 1, 100).unwrap_err()),
+        FsErrorKind::Invalid
+    );
     // The root lists like any directory.
     assert!(paths(&client.list_dir("/", 1, 100).unwrap()).contains(&"/tmp"));
 }
@@ -243,7 +258,10 @@ fn remove_recursive_does_not_follow_a_symlink_out_of_the_tree() {
     let client = &sandbox.client;
 
     // Without recursive a directory that is not empty stays.
-    assert_eq!(fs_kind(client.remove("/tmp/doomed", false).unwrap_err()), FsErrorKind::NotEmpty);
+    assert_eq!(
+        fs_kind(client.remove("/tmp/doomed", false).unwrap_err()),
+        FsErrorKind::NotEmpty
+    );
     assert!(client.stat("/tmp/doomed/sub/deeper/f").unwrap().is_some());
 
     client.remove("/tmp/doomed", true).unwrap();
@@ -253,7 +271,10 @@ fn remove_recursive_does_not_follow_a_symlink_out_of_the_tree() {
 
     // A symlink to a directory goes, not what it points to, with or without
     // recursive; so do a file and an empty directory.
-    sh(&sandbox, "ln -s /tmp/keep /tmp/link1 && ln -s /tmp/keep /tmp/link2 && mkdir /tmp/empty");
+    sh(
+        &sandbox,
+        "ln -s /tmp/keep /tmp/link1 && ln -s /tmp/keep /tmp/link2 && mkdir /tmp/empty",
+    );
     client.remove("/tmp/link1", false).unwrap();
     // A trailing slash does not make it reach through the link (as `rm -r
     // link/` would).
@@ -265,12 +286,21 @@ fn remove_recursive_does_not_follow_a_symlink_out_of_the_tree() {
     }
     assert!(client.stat("/tmp/keep/file").unwrap().is_some());
 
-    assert_eq!(fs_kind(client.remove("/tmp/none", true).unwrap_err()), FsErrorKind::NotFound);
+    assert_eq!(
+        fs_kind(client.remove("/tmp/none", true).unwrap_err()),
+        FsErrorKind::NotFound
+    );
     assert_eq!(fs_kind(client.remove("/", true).unwrap_err()), FsErrorKind::Invalid);
-    assert_eq!(fs_kind(client.remove("tmp/keep", true).unwrap_err()), FsErrorKind::Invalid);
+    assert_eq!(
+        fs_kind(client.remove("tmp/keep", true).unwrap_err()),
+        FsErrorKind::Invalid
+    );
     // A mount inside the tree is not crossed.
     let err = client.remove("/proc", true).unwrap_err();
-    assert!(matches!(&err, ClientError::Fs(f) if f.message.contains("mount point")), "{err}");
+    assert!(
+        matches!(&err, ClientError::Fs(f) if f.message.contains("mount point")),
+        "{err}"
+    );
     assert!(client.stat("/proc/self").unwrap().is_some());
 }
 
@@ -280,7 +310,10 @@ fn make_dir_makes_parents_on_request_and_reports_what_was_there() {
         return;
     };
     let client = &sandbox.client;
-    assert_eq!(fs_kind(client.make_dir("/tmp/m/a/b", false).unwrap_err()), FsErrorKind::NotFound);
+    assert_eq!(
+        fs_kind(client.make_dir("/tmp/m/a/b", false).unwrap_err()),
+        FsErrorKind::NotFound
+    );
     assert!(client.make_dir("/tmp/m/a/b", true).unwrap());
     assert_eq!(client.stat("/tmp/m/a").unwrap().unwrap().kind, FileKind::Dir);
     assert!(!client.make_dir("/tmp/m/a/b", true).unwrap());
@@ -288,8 +321,14 @@ fn make_dir_makes_parents_on_request_and_reports_what_was_there() {
     assert!(client.make_dir("/tmp/m/c", false).unwrap());
 
     sh(&sandbox, "echo x > /tmp/m/file && ln -s /tmp/m/a /tmp/m/link");
-    assert_eq!(fs_kind(client.make_dir("/tmp/m/file", true).unwrap_err()), FsErrorKind::Exists);
-    assert_eq!(fs_kind(client.make_dir("/tmp/m/link", false).unwrap_err()), FsErrorKind::Exists);
+    assert_eq!(
+        fs_kind(client.make_dir("/tmp/m/file", true).unwrap_err()),
+        FsErrorKind::Exists
+    );
+    assert_eq!(
+        fs_kind(client.make_dir("/tmp/m/link", false).unwrap_err()),
+        FsErrorKind::Exists
+    );
     assert_eq!(
         fs_kind(client.make_dir("/tmp/m/file/x/y", true).unwrap_err()),
         FsErrorKind::NotADirectory
@@ -335,6 +374,12 @@ fn rename_moves_and_refuses_to_replace_a_directory_that_is_not_empty() {
         fs_kind(client.rename("/tmp/r/two", "/tmp/r/full").unwrap_err()),
         FsErrorKind::IsADirectory
     );
-    assert_eq!(fs_kind(client.rename("/tmp/r/none", "/tmp/r/x").unwrap_err()), FsErrorKind::NotFound);
-    assert_eq!(fs_kind(client.rename("/", "/tmp/r/x").unwrap_err()), FsErrorKind::Invalid);
+    assert_eq!(
+        fs_kind(client.rename("/tmp/r/none", "/tmp/r/x").unwrap_err()),
+        FsErrorKind::NotFound
+    );
+    assert_eq!(
+        fs_kind(client.rename("/", "/tmp/r/x").unwrap_err()),
+        FsErrorKind::Invalid
+    );
 }
