@@ -16,6 +16,7 @@ mod listen;
 mod native;
 mod reaper;
 mod spawn;
+mod tree;
 
 use std::io::{BufReader, BufWriter, Write};
 use std::os::fd::{FromRawFd, RawFd};
@@ -225,6 +226,14 @@ fn serve(stream: UnixStream, reaper: &Reaper, server: &Server, live: Arc<Live>) 
                 let mut stream = writer.into_inner().map_err(|e| e.into_error())?;
                 jobs::JOBS.attach(&name, [stdout_from, stderr_from], &mut stream)?;
             }
+            ToInit::ListDir {
+                path,
+                depth,
+                max_entries,
+            } => tree::list(&path, depth, max_entries, &mut writer)?,
+            ToInit::MakeDir { path, parents } => tree::answer(&mut writer, tree::make_dir(&path, parents))?,
+            ToInit::Rename { from, to } => tree::answer(&mut writer, tree::rename(&from, &to))?,
+            ToInit::Remove { path, recursive } => tree::answer(&mut writer, tree::remove(&path, recursive))?,
             ToInit::Restored { unix_time_ns, entropy } => {
                 let reply = match files::restored(unix_time_ns, &entropy) {
                     Ok(()) => FromInit::Done,
@@ -267,5 +276,9 @@ fn name(msg: &ToInit) -> &'static str {
         ToInit::Quiesce => "Quiesce",
         ToInit::StartJob { .. } => "StartJob",
         ToInit::AttachJob { .. } => "AttachJob",
+        ToInit::ListDir { .. } => "ListDir",
+        ToInit::MakeDir { .. } => "MakeDir",
+        ToInit::Rename { .. } => "Rename",
+        ToInit::Remove { .. } => "Remove",
     }
 }

@@ -25,6 +25,16 @@ pub const MAX_FRAME_LEN: u32 = 8 << 20;
 pub const DATA_CHUNK: usize = 256 << 10;
 /// The file descriptor on which cairn-init receives its listening socket.
 pub const LISTEN_FD: i32 = 3;
+/// Deepest listing [`ToInit::ListDir`] accepts (1: the directory's children).
+pub const LIST_DEPTH_MAX: u32 = 16;
+/// Most entries one listing returns; past it the listing is cut short and
+/// says so.
+pub const LIST_ENTRIES_MAX: u32 = 10_000;
+/// Most bytes of paths and symlink targets one listing returns; past it the
+/// listing is cut short and says so.
+pub const LIST_BYTES_MAX: usize = 8 << 20;
+/// Longest path or symlink target in a listing (Linux's `PATH_MAX`).
+pub const PATH_MAX: usize = 4096;
 
 /// A request or stream item sent by the host.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -81,6 +91,23 @@ pub enum ToInit {
         stdout_from: u64,
         stderr_from: u64,
     },
+    /// List a directory, never following a symlink (the directory itself
+    /// included): [`FromInit::Entry`] frames, at most `max_entries` (at most
+    /// [`LIST_ENTRIES_MAX`]), then [`FromInit::EntriesEnd`]; or
+    /// [`FromInit::FsError`]. `depth` 1 lists the children, up to
+    /// [`LIST_DEPTH_MAX`] descends that many levels.
+    ListDir { path: String, depth: u32, max_entries: u32 },
+    /// Make a directory (and, with `parents`, its missing ancestors):
+    /// answered with [`FromInit::Made`] or [`FromInit::FsError`].
+    MakeDir { path: String, parents: bool },
+    /// Rename as rename(2) does (replacing a file or an empty directory):
+    /// answered with [`FromInit::Done`] or [`FromInit::FsError`].
+    Rename { from: String, to: String },
+    /// Remove a file, a symlink (not what it points to), an empty directory,
+    /// or with `recursive` a directory tree, never following a symlink out
+    /// of it nor crossing into another mount: answered with
+    /// [`FromInit::Done`] or [`FromInit::FsError`].
+    Remove { path: String, recursive: bool },
 }
 
 /// A reply or stream item sent by cairn-init.
@@ -115,6 +142,22 @@ pub enum FromInit {
     Done,
     /// The operation failed; the message says why.
     Error(String),
+    /// One entry of a listing ([`ToInit::ListDir`]).
+    Entry(DirEntry),
+    /// The listing is complete, or was cut short at a cap (`truncated`).
+    EntriesEnd {
+        truncated: bool,
+    },
+    /// Answer to [`ToInit::MakeDir`]: whether the directory was created
+    /// (false: it was already there).
+    Made {
+        created: bool,
+    },
+    /// A file operation failed; the kind says how, the message says why.
+    FsError {
+        kind: FsErrorKind,
+        message: String,
+    },
 }
 
 /// How to run a process inside the sandbox.
@@ -196,6 +239,35 @@ pub struct FileMeta {
     pub size: u64,
     /// Modification time, nanoseconds since the epoch.
     pub mtime_ns: i128,
+}
+
+/// One entry of a directory listing.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct DirEntry {
+    /// The entry itself, never what a symlink points to; `meta.path` is the
+    /// listed directory's path joined with the names below it.
+    pub meta: FileMeta,
+    /// For a symlink, what it points to (read, not followed).
+    pub symlink_target: Option<String>,
+}
+
+/// How a file operation failed, for the host to map (to an HTTP status, an
+/// errno).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub enum FsErrorKind {
+    NotFound,
+    /// Something is already at the path.
+    Exists,
+    /// A directory was needed and something else is there.
+    NotADirectory,
+    /// A directory is where something else was needed.
+    IsADirectory,
+    /// A directory that had to be empty is not.
+    NotEmpty,
+    PermissionDenied,
+    /// The request itself is wrong (a relative path, a depth out of range).
+    Invalid,
+    Other,
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -309,6 +381,15 @@ mod tests {
                 entropy: vec![1, 2, 3],
             },
             ToInit::Quiesce,
+            ToInit::ListDir {
+                path: "/work".into(),
+                depth: 2,
+                max_entries: 100,
+            },
+            ToInit::Remove {
+                path: "/work/x".into(),
+                recursive: true,
+            },
         ];
         let mut wire = Vec::new();
         for m in &msgs {

@@ -7,8 +7,8 @@
 use cairn_testkit::{alloc_meter, mutation};
 
 use cairn_protocol::{
-    decode_payload, hello, read_frame, write_frame, ExecRequest, ExitStatus, FileKind, FileMeta, FrameError, FromInit,
-    NativeSetup, SpawnErrorKind, ToInit, MAX_FRAME_LEN, PROTOCOL_VERSION,
+    decode_payload, hello, read_frame, write_frame, DirEntry, ExecRequest, ExitStatus, FileKind, FileMeta, FrameError,
+    FromInit, FsErrorKind, NativeSetup, SpawnErrorKind, ToInit, MAX_FRAME_LEN, PROTOCOL_VERSION,
 };
 use proptest::prelude::*;
 
@@ -60,6 +60,23 @@ fn to_init() -> Vec<ToInit> {
             stdout_from: 10,
             stderr_from: 0,
         },
+        ToInit::ListDir {
+            path: "/work".into(),
+            depth: 3,
+            max_entries: 10_000,
+        },
+        ToInit::MakeDir {
+            path: "/work/a/b".into(),
+            parents: true,
+        },
+        ToInit::Rename {
+            from: "/work/a".into(),
+            to: "/work/c".into(),
+        },
+        ToInit::Remove {
+            path: "/work/c".into(),
+            recursive: true,
+        },
     ]
 }
 
@@ -83,6 +100,23 @@ fn from_init() -> Vec<FromInit> {
         FromInit::Stat(Some(meta())),
         FromInit::File(meta()),
         FromInit::Error("refused".into()),
+        FromInit::Entry(DirEntry {
+            meta: FileMeta {
+                kind: FileKind::Symlink,
+                ..meta()
+            },
+            symlink_target: Some("../elsewhere".into()),
+        }),
+        FromInit::Entry(DirEntry {
+            meta: meta(),
+            symlink_target: None,
+        }),
+        FromInit::EntriesEnd { truncated: true },
+        FromInit::Made { created: false },
+        FromInit::FsError {
+            kind: FsErrorKind::NotEmpty,
+            message: "not empty".into(),
+        },
     ]
 }
 

@@ -7,8 +7,9 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use cairn_protocol::{
-    encode_frame, hello, read_frame, write_frame, ExecRequest, ExitStatus, FileMeta, FrameError, FromInit,
-    SpawnErrorKind, ToInit, DATA_CHUNK, PROTOCOL_VERSION,
+    encode_frame, hello, read_frame, write_frame, DirEntry, ExecRequest, ExitStatus, FileKind, FileMeta, FrameError,
+    FromInit, FsErrorKind, SpawnErrorKind, ToInit, DATA_CHUNK, LIST_BYTES_MAX, LIST_DEPTH_MAX, LIST_ENTRIES_MAX,
+    PATH_MAX, PROTOCOL_VERSION,
 };
 
 #[derive(Debug, thiserror::Error)]
@@ -23,6 +24,29 @@ pub enum ClientError {
     Unexpected(String),
     #[error("{0}")]
     Io(#[from] io::Error),
+    /// A file operation failed in the sandbox (or was refused before it was
+    /// sent); its kind says how.
+    #[error("{0}")]
+    Fs(#[from] FsFailure),
+}
+
+/// A file operation that failed, with a kind a caller can map (to an HTTP
+/// status, an errno) and init's message, cut to [`MESSAGE_MAX`].
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("{message}")]
+pub struct FsFailure {
+    pub kind: FsErrorKind,
+    pub message: String,
+}
+
+/// A directory listing from [`InitClient::list_dir`].
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct DirListing {
+    /// Sorted by path; never more than were asked for.
+    pub entries: Vec<DirEntry>,
+    /// The listing stopped at the entry cap asked for, or at
+    /// [`LIST_BYTES_MAX`] bytes of paths and targets; more entries exist.
+    pub truncated: bool,
 }
 
 /// The most of a message from init (an error, a spawn failure) the host
@@ -144,6 +168,10 @@ impl InitClient {
         Ok(match msg {
             FromInit::Error(e) => FromInit::Error(bounded(e)),
             FromInit::SpawnFailed { kind, message } => FromInit::SpawnFailed {
+                kind,
+                message: bounded(message),
+            },
+            FromInit::FsError { kind, message } => FromInit::FsError {
                 kind,
                 message: bounded(message),
             },
@@ -274,6 +302,83 @@ impl InitClient {
         }
     }
 
+    /// Lists the directory `path` (absolute in the sandbox) without following
+    /// a symlink, `path` itself included: its children at `depth` 1, down to
+    /// `depth` levels (1 to [`LIST_DEPTH_MAX`]), at most `max_entries` of
+    /// them (1 to [`LIST_ENTRIES_MAX`]). What init sends is checked: no more
+    /// entries than asked, each inside `path` and within `depth`, paths and
+    /// targets at most [`PATH_MAX`] bytes.
+    pub fn list_dir(&self, path: &str, depth: u32, max_entries: u32) -> Result<DirListing, ClientError> {
+        if !(1..=LIST_DEPTH_MAX).contains(&depth) {
+            return Err(invalid(format!(
+                "a listing's depth is 1 to {LIST_DEPTH_MAX}, not {depth}"
+            )));
+        }
+        if !(1..=LIST_ENTRIES_MAX).contains(&max_entries) {
+            return Err(invalid(format!(
+                "a listing returns 1 to {LIST_ENTRIES_MAX} entries, not {max_entries}"
+            )));
+        }
+        let (_stream, mut reader) = self.open(&ToInit::ListDir {
+            path: path.to_string(),
+            depth,
+            max_entries,
+        })?;
+        let mut check = ListingCheck::new(path, depth, max_entries);
+        let mut entries = Vec::new();
+        loop {
+            match self.read(&mut reader)? {
+                FromInit::Entry(entry) => {
+                    check.admit(&entry)?;
+                    entries.push(entry);
+                }
+                FromInit::EntriesEnd { truncated } => {
+                    entries.sort_by(|a, b| a.meta.path.cmp(&b.meta.path));
+                    return Ok(DirListing { entries, truncated });
+                }
+                other => return Err(refusal(other)),
+            }
+        }
+    }
+
+    /// Makes the directory `path` (absolute in the sandbox), with `parents`
+    /// its missing ancestors too; whether it was created (false: a directory
+    /// was already there). Something else at `path` is
+    /// [`FsErrorKind::Exists`].
+    pub fn make_dir(&self, path: &str, parents: bool) -> Result<bool, ClientError> {
+        let (_stream, mut reader) = self.open(&ToInit::MakeDir {
+            path: path.to_string(),
+            parents,
+        })?;
+        match self.read(&mut reader)? {
+            FromInit::Made { created } => Ok(created),
+            other => Err(refusal(other)),
+        }
+    }
+
+    /// Renames `from` to `to` in the sandbox as rename(2) does: a file or an
+    /// empty directory at `to` is replaced, a directory that is not empty is
+    /// [`FsErrorKind::NotEmpty`].
+    pub fn rename(&self, from: &str, to: &str) -> Result<(), ClientError> {
+        let (_stream, mut reader) = self.open(&ToInit::Rename {
+            from: from.to_string(),
+            to: to.to_string(),
+        })?;
+        self.expect_done(&mut reader)
+    }
+
+    /// Removes `path` in the sandbox: a file, a symlink (never what it points
+    /// to), an empty directory, or with `recursive` a directory tree. A
+    /// recursive remove never follows a symlink out of the tree and refuses
+    /// to cross into another mount.
+    pub fn remove(&self, path: &str, recursive: bool) -> Result<(), ClientError> {
+        let (_stream, mut reader) = self.open(&ToInit::Remove {
+            path: path.to_string(),
+            recursive,
+        })?;
+        self.expect_done(&mut reader)
+    }
+
     /// Tells init the sandbox was restored: new wall clock, new entropy.
     pub fn restored(&self, unix_time_ns: u128, entropy: Vec<u8>) -> Result<(), ClientError> {
         let (_stream, mut reader) = self.open(&ToInit::Restored { unix_time_ns, entropy })?;
@@ -294,9 +399,86 @@ impl InitClient {
     fn expect_done(&self, reader: &mut BufReader<UnixStream>) -> Result<(), ClientError> {
         match self.read(reader)? {
             FromInit::Done => Ok(()),
-            FromInit::Error(e) => Err(ClientError::Refused(e)),
-            other => Err(unexpected(&other)),
+            other => Err(refusal(other)),
         }
+    }
+}
+
+fn invalid(message: String) -> ClientError {
+    ClientError::Fs(FsFailure {
+        kind: FsErrorKind::Invalid,
+        message,
+    })
+}
+
+/// The error an answer other than the one expected stands for.
+fn refusal(msg: FromInit) -> ClientError {
+    match msg {
+        FromInit::FsError { kind, message } => ClientError::Fs(FsFailure { kind, message }),
+        FromInit::Error(e) => ClientError::Refused(e),
+        other => unexpected(&other),
+    }
+}
+
+/// Checks each entry of a listing against the request, as it arrives:
+/// init is inside the sandbox, and a listing is held in host memory.
+struct ListingCheck {
+    /// The listed directory's path without trailing slashes (`""`: root).
+    prefix: String,
+    depth: u32,
+    left: u32,
+    bytes: usize,
+}
+
+impl ListingCheck {
+    fn new(path: &str, depth: u32, max_entries: u32) -> ListingCheck {
+        ListingCheck {
+            prefix: path.trim_end_matches('/').to_string(),
+            depth,
+            left: max_entries,
+            bytes: 0,
+        }
+    }
+
+    fn admit(&mut self, entry: &DirEntry) -> Result<(), ClientError> {
+        let path = &entry.meta.path;
+        let target = entry.symlink_target.as_deref().unwrap_or("");
+        let wrong = |why: &str| {
+            ClientError::Unexpected(bounded(format!(
+                "a listing entry {why}: {:?} ({:?})",
+                path.chars().take(256).collect::<String>(),
+                entry.meta.kind
+            )))
+        };
+        if self.left == 0 {
+            return Err(wrong("past the number of entries asked for"));
+        }
+        if path.len() > PATH_MAX || target.len() > PATH_MAX {
+            return Err(wrong(&format!("longer than {PATH_MAX} bytes")));
+        }
+        if self.bytes + path.len() + target.len() > LIST_BYTES_MAX {
+            return Err(wrong(&format!("past {LIST_BYTES_MAX} bytes of paths")));
+        }
+        let below = path
+            .strip_prefix(self.prefix.as_str())
+            .and_then(|rest| rest.strip_prefix('/'))
+            .ok_or_else(|| wrong("outside the listed directory"))?;
+        let mut levels = 0u32;
+        for name in below.split('/') {
+            levels += 1;
+            if name.is_empty() || name == "." || name == ".." {
+                return Err(wrong("with an empty, . or .. name"));
+            }
+        }
+        if levels > self.depth {
+            return Err(wrong("deeper than asked for"));
+        }
+        if entry.symlink_target.is_some() && entry.meta.kind != FileKind::Symlink {
+            return Err(wrong("with a target but not a symlink"));
+        }
+        self.left -= 1;
+        self.bytes += path.len() + target.len();
+        Ok(())
     }
 }
 
@@ -396,5 +578,124 @@ mod tests {
             Ok(true),
             "ping waited for the welcome for ever"
         );
+    }
+
+    /// A peer that welcomes one connection, reads its request and sends
+    /// `frames`, as a hostile init could.
+    fn forging_init(frames: Vec<FromInit>) -> (tempfile::TempDir, InitClient) {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("forging.sock");
+        let listener = UnixListener::bind(&path).unwrap();
+        std::thread::spawn(move || {
+            let (mut stream, _) = listener.accept().unwrap();
+            let _: ToInit = read_frame(&mut stream).unwrap();
+            let _: ToInit = read_frame(&mut stream).unwrap();
+            let mut wire = Vec::new();
+            write_frame(
+                &mut wire,
+                &FromInit::Welcome {
+                    version: PROTOCOL_VERSION,
+                    init_pid: 1,
+                },
+            )
+            .unwrap();
+            for f in &frames {
+                write_frame(&mut wire, f).unwrap();
+            }
+            let _ = stream.write_all(&wire);
+        });
+        (dir, InitClient::new(&path))
+    }
+
+    fn entry(path: &str, kind: FileKind, target: Option<&str>) -> FromInit {
+        FromInit::Entry(DirEntry {
+            meta: FileMeta {
+                path: path.into(),
+                kind,
+                mode: 0o644,
+                uid: 0,
+                gid: 0,
+                size: 0,
+                mtime_ns: 0,
+            },
+            symlink_target: target.map(String::from),
+        })
+    }
+
+    #[test]
+    fn a_listing_init_answers_within_the_request_is_sorted() {
+        let (_dir, client) = forging_init(vec![
+            entry("/w/b", FileKind::Dir, None),
+            entry("/w/b/c", FileKind::Symlink, Some("/etc")),
+            entry("/w/a", FileKind::File, None),
+            FromInit::EntriesEnd { truncated: true },
+        ]);
+        let listing = client.list_dir("/w/", 2, 3).unwrap();
+        let paths: Vec<_> = listing.entries.iter().map(|e| e.meta.path.as_str()).collect();
+        assert_eq!(paths, ["/w/a", "/w/b", "/w/b/c"]);
+        assert!(listing.truncated);
+    }
+
+    #[test]
+    fn a_listing_that_strays_from_the_request_is_refused() {
+        let long = format!("/w/{}", "x".repeat(PATH_MAX));
+        let forged = [
+            (
+                vec![entry("/w/a", FileKind::File, None), entry("/w/b", FileKind::File, None)],
+                "past the number",
+            ),
+            (vec![entry("/etc/passwd", FileKind::File, None)], "outside"),
+            (vec![entry("/wx", FileKind::File, None)], "outside"),
+            (vec![entry("/w", FileKind::Dir, None)], "outside"),
+            (vec![entry("/w/a/b/c", FileKind::File, None)], "deeper"),
+            (vec![entry("/w/../etc", FileKind::File, None)], ". or .."),
+            (vec![entry("/w//a", FileKind::File, None)], "empty"),
+            (vec![entry(&long, FileKind::File, None)], "longer than"),
+            (vec![entry("/w/l", FileKind::Symlink, Some(&long[1..]))], "longer than"),
+            (vec![entry("/w/f", FileKind::File, Some("/etc"))], "not a symlink"),
+            (vec![FromInit::Pong], "Pong"),
+        ];
+        for (frames, why) in forged {
+            let (_dir, client) = forging_init(frames);
+            let err = client.list_dir("/w", 2, 1).unwrap_err();
+            assert!(
+                matches!(&err, ClientError::Unexpected(m) if m.contains(why)),
+                "{why}: {err}"
+            );
+            assert!(err.to_string().len() < 2 * MESSAGE_MAX, "{err}");
+        }
+    }
+
+    #[test]
+    fn a_file_operation_refused_by_init_keeps_its_kind_and_a_bounded_message() {
+        let (_dir, client) = forging_init(vec![FromInit::FsError {
+            kind: FsErrorKind::NotEmpty,
+            message: "x".repeat(1 << 20),
+        }]);
+        match client.remove("/w", false).unwrap_err() {
+            ClientError::Fs(FsFailure { kind, message }) => {
+                assert_eq!(kind, FsErrorKind::NotEmpty);
+                assert!(message.len() < MESSAGE_MAX + 40, "{} bytes kept", message.len());
+            }
+            other => panic!("{other}"),
+        }
+    }
+
+    #[test]
+    fn a_listing_out_of_range_is_refused_before_it_is_sent() {
+        let client = InitClient::new("/nonexistent/init.sock");
+        for (depth, max) in [(0, 1), (LIST_DEPTH_MAX + 1, 1), (1, 0), (1, LIST_ENTRIES_MAX + 1)] {
+            let err = client.list_dir("/", depth, max).unwrap_err();
+            assert!(
+                matches!(
+                    &err,
+                    ClientError::Fs(FsFailure {
+                        kind: FsErrorKind::Invalid,
+                        ..
+                    })
+                ),
+                "{depth} {max}: {err}"
+            );
+        }
     }
 }

@@ -245,6 +245,37 @@ fn init_runs_commands_and_moves_files_inside_gvisor() {
     assert!(client.ping(Duration::from_secs(1)).is_err());
 }
 
+/// gVisor's own kernel answers the `*at` calls init lists and removes with.
+#[test]
+fn directories_are_listed_made_renamed_and_removed_inside_gvisor_without_following_symlinks() {
+    let Some(env) = env() else { return };
+    let spec = env.spec("tree", vec![env.base.clone()]);
+    let client = env.start(&spec);
+    let (code, _) = sh(
+        &client,
+        "mkdir -p /tmp/keep /tmp/t/a/b && echo precious > /tmp/keep/file && ln -s /tmp/keep /tmp/t/a/out && \
+         echo x > /tmp/t/a/b/f",
+    );
+    assert_eq!(code, Some(0));
+
+    let listing = client.list_dir("/tmp/t", 16, 100).unwrap();
+    let paths: Vec<_> = listing.entries.iter().map(|e| e.meta.path.as_str()).collect();
+    assert_eq!(paths, ["/tmp/t/a", "/tmp/t/a/b", "/tmp/t/a/b/f", "/tmp/t/a/out"]);
+    assert_eq!(listing.entries[3].symlink_target.as_deref(), Some("/tmp/keep"));
+    let listing = client.list_dir("/tmp/t", 1, 100).unwrap();
+    assert_eq!(listing.entries.len(), 1);
+
+    assert!(client.make_dir("/tmp/t/m/n", true).unwrap());
+    assert!(!client.make_dir("/tmp/t/m/n", false).unwrap());
+    client.rename("/tmp/t/m", "/tmp/t/renamed").unwrap();
+    assert!(client.stat("/tmp/t/renamed/n").unwrap().is_some());
+
+    client.remove("/tmp/t", true).unwrap();
+    assert_eq!(client.stat("/tmp/t").unwrap(), None);
+    assert_eq!(read_file(&client, "/tmp/keep/file"), "precious\n");
+    env.driver.stop(&spec.id, None).unwrap();
+}
+
 #[test]
 fn a_restored_sandbox_continues_its_processes_from_memory_with_the_host_clock() {
     let Some(env) = env() else { return };

@@ -1,6 +1,7 @@
 //! The native driver's init path (the listening socket passed on fd 3),
 //! which shares cairn-init's accept loop with the gVisor driver, and the
-//! protocol as a client sees it: ping, hello, signals, kill.
+//! protocol as a client sees it: ping, hello, signals, kill, and the file
+//! tree operations (list, make a directory, rename, remove).
 //!
 //! Needs root; otherwise prints `SKIPPED: <reason>` and passes.
 
@@ -9,8 +10,10 @@ mod support;
 use std::os::unix::net::UnixStream;
 use std::time::Duration;
 
-use cairn_protocol::{read_frame, write_frame, FromInit, ToInit, MAGIC, PROTOCOL_VERSION};
-use cairn_sandbox::client::ClientError;
+use cairn_protocol::{
+    read_frame, write_frame, FileKind, FromInit, FsErrorKind, ToInit, LIST_ENTRIES_MAX, MAGIC, PROTOCOL_VERSION,
+};
+use cairn_sandbox::client::{ClientError, DirListing, FsFailure};
 use support::Native;
 
 #[test]
@@ -119,5 +122,264 @@ fn signals_and_kill_reach_processes_in_a_native_sandbox() {
     assert!(
         matches!(&err, ClientError::Refused(m) if m.contains("4096 is not a signal number")),
         "{err}"
+    );
+}
+
+/// Runs a shell script in the sandbox; panics when it fails.
+fn sh(sandbox: &Native, script: &str) {
+    let mut err = Vec::new();
+    let status = sandbox
+        .exec(&["/bin/sh", "-ec", script], false)
+        .wait(&mut Vec::new(), &mut err)
+        .unwrap()
+        .unwrap();
+    assert_eq!(status.code, Some(0), "{script}: {}", String::from_utf8_lossy(&err));
+}
+
+fn fs_kind(err: ClientError) -> FsErrorKind {
+    match err {
+        ClientError::Fs(FsFailure { kind, .. }) => kind,
+        other => panic!("expected a file operation error, got {other}"),
+    }
+}
+
+fn paths(listing: &DirListing) -> Vec<&str> {
+    listing.entries.iter().map(|e| e.meta.path.as_str()).collect()
+}
+
+#[test]
+fn list_dir_shows_children_without_following_symlinks() {
+    let Some(sandbox) = Native::start("listdir") else {
+        return;
+    };
+    sh(
+        &sandbox,
+        "mkdir -p /tmp/t/a/b/c /tmp/outside/secret; printf hi > /tmp/t/a/f; chmod 640 /tmp/t/a/f; \
+         ln -s /tmp/outside /tmp/t/out; ln -s a /tmp/t/a-link; mkfifo /tmp/t/fifo",
+    );
+    let client = &sandbox.client;
+
+    let listing = client.list_dir("/tmp/t", 1, 100).unwrap();
+    assert_eq!(
+        paths(&listing),
+        ["/tmp/t/a", "/tmp/t/a-link", "/tmp/t/fifo", "/tmp/t/out"]
+    );
+    assert!(!listing.truncated);
+    let by_path = |l: &DirListing, p: &str| l.entries.iter().find(|e| e.meta.path == p).unwrap().clone();
+    let out = by_path(&listing, "/tmp/t/out");
+    assert_eq!(out.meta.kind, FileKind::Symlink);
+    assert_eq!(out.symlink_target.as_deref(), Some("/tmp/outside"));
+    assert_eq!(by_path(&listing, "/tmp/t/a-link").symlink_target.as_deref(), Some("a"));
+    assert_eq!(by_path(&listing, "/tmp/t/a").meta.kind, FileKind::Dir);
+    assert_eq!(by_path(&listing, "/tmp/t/fifo").meta.kind, FileKind::Other);
+
+    // Deeper: the tree below the directory, never through the symlinks.
+    let listing = client.list_dir("/tmp/t/", 16, 100).unwrap();
+    assert_eq!(
+        paths(&listing),
+        [
+            "/tmp/t/a",
+            "/tmp/t/a-link",
+            "/tmp/t/a/b",
+            "/tmp/t/a/b/c",
+            "/tmp/t/a/f",
+            "/tmp/t/fifo",
+            "/tmp/t/out"
+        ]
+    );
+    let f = by_path(&listing, "/tmp/t/a/f");
+    assert_eq!((f.meta.kind, f.meta.size, f.meta.mode), (FileKind::File, 2, 0o640));
+    assert_eq!(f.symlink_target, None);
+    assert_eq!(paths(&client.list_dir("/tmp/t", 2, 100).unwrap()).len(), 6);
+
+    // The listed path itself is not followed either.
+    assert_eq!(
+        fs_kind(client.list_dir("/tmp/t/out", 1, 100).unwrap_err()),
+        FsErrorKind::NotADirectory
+    );
+    assert_eq!(
+        fs_kind(client.list_dir("/tmp/t/a/f", 1, 100).unwrap_err()),
+        FsErrorKind::NotADirectory
+    );
+    assert_eq!(
+        fs_kind(client.list_dir("/tmp/none", 1, 100).unwrap_err()),
+        FsErrorKind::NotFound
+    );
+    assert_eq!(
+        fs_kind(client.list_dir("tmp/t", 1, 100).unwrap_err()),
+        FsErrorKind::Invalid
+    );
+    // The root lists like any directory.
+    assert!(paths(&client.list_dir("/", 1, 100).unwrap()).contains(&"/tmp"));
+}
+
+#[test]
+fn list_dir_stops_at_the_entry_cap_and_says_so() {
+    let Some(sandbox) = Native::start("listcap") else {
+        return;
+    };
+    sh(
+        &sandbox,
+        "mkdir -p /tmp/many/sub && cd /tmp/many && seq 1 10005 | xargs touch && touch sub/x",
+    );
+    let client = &sandbox.client;
+    let listing = client.list_dir("/tmp/many", 1, LIST_ENTRIES_MAX).unwrap();
+    assert_eq!(listing.entries.len(), LIST_ENTRIES_MAX as usize);
+    assert!(listing.truncated);
+
+    let listing = client.list_dir("/tmp/many", 1, 20).unwrap();
+    assert_eq!(listing.entries.len(), 20);
+    assert!(listing.truncated);
+
+    // Exactly as many as allowed is complete.
+    sh(&sandbox, "mkdir /tmp/few && cd /tmp/few && touch 1 2 3");
+    let listing = client.list_dir("/tmp/few", 1, 3).unwrap();
+    assert_eq!((listing.entries.len(), listing.truncated), (3, false));
+    let listing = client.list_dir("/tmp/few", 1, 2).unwrap();
+    assert_eq!((listing.entries.len(), listing.truncated), (2, true));
+
+    // Asking past the cap is refused, not quietly cut.
+    let err = client.list_dir("/tmp/many", 1, LIST_ENTRIES_MAX + 1).unwrap_err();
+    assert_eq!(fs_kind(err), FsErrorKind::Invalid);
+}
+
+#[test]
+fn remove_recursive_does_not_follow_a_symlink_out_of_the_tree() {
+    let Some(sandbox) = Native::start("remove") else {
+        return;
+    };
+    sh(
+        &sandbox,
+        "mkdir -p /tmp/keep/inner /tmp/doomed/sub/deeper && echo precious > /tmp/keep/file && \
+         touch /tmp/keep/inner/x && ln -s /tmp/keep /tmp/doomed/sub/to-keep && \
+         ln -s /tmp/keep/file /tmp/doomed/file-link && ln -s ../../keep /tmp/doomed/sub/deeper/rel && \
+         echo x > /tmp/doomed/sub/deeper/f",
+    );
+    let client = &sandbox.client;
+
+    // Without recursive a directory that is not empty stays.
+    assert_eq!(
+        fs_kind(client.remove("/tmp/doomed", false).unwrap_err()),
+        FsErrorKind::NotEmpty
+    );
+    assert!(client.stat("/tmp/doomed/sub/deeper/f").unwrap().is_some());
+
+    client.remove("/tmp/doomed", true).unwrap();
+    assert_eq!(client.stat("/tmp/doomed").unwrap(), None);
+    assert_eq!(sandbox.run(&["/bin/cat", "/tmp/keep/file"]), "precious\n");
+    assert!(client.stat("/tmp/keep/inner/x").unwrap().is_some());
+
+    // A symlink to a directory goes, not what it points to, with or without
+    // recursive; so do a file and an empty directory.
+    sh(
+        &sandbox,
+        "ln -s /tmp/keep /tmp/link1 && ln -s /tmp/keep /tmp/link2 && mkdir /tmp/empty",
+    );
+    client.remove("/tmp/link1", false).unwrap();
+    // A trailing slash does not make it reach through the link (as `rm -r
+    // link/` would).
+    client.remove("/tmp/link2/", true).unwrap();
+    client.remove("/tmp/keep/inner/x", false).unwrap();
+    client.remove("/tmp/empty", false).unwrap();
+    for gone in ["/tmp/link1", "/tmp/link2", "/tmp/keep/inner/x", "/tmp/empty"] {
+        assert_eq!(client.stat(gone).unwrap(), None, "{gone}");
+    }
+    assert!(client.stat("/tmp/keep/file").unwrap().is_some());
+
+    assert_eq!(
+        fs_kind(client.remove("/tmp/none", true).unwrap_err()),
+        FsErrorKind::NotFound
+    );
+    assert_eq!(fs_kind(client.remove("/", true).unwrap_err()), FsErrorKind::Invalid);
+    assert_eq!(
+        fs_kind(client.remove("tmp/keep", true).unwrap_err()),
+        FsErrorKind::Invalid
+    );
+    // A mount inside the tree is not crossed.
+    let err = client.remove("/proc", true).unwrap_err();
+    assert!(
+        matches!(&err, ClientError::Fs(f) if f.message.contains("mount point")),
+        "{err}"
+    );
+    assert!(client.stat("/proc/self").unwrap().is_some());
+}
+
+#[test]
+fn make_dir_makes_parents_on_request_and_reports_what_was_there() {
+    let Some(sandbox) = Native::start("mkdir") else {
+        return;
+    };
+    let client = &sandbox.client;
+    assert_eq!(
+        fs_kind(client.make_dir("/tmp/m/a/b", false).unwrap_err()),
+        FsErrorKind::NotFound
+    );
+    assert!(client.make_dir("/tmp/m/a/b", true).unwrap());
+    assert_eq!(client.stat("/tmp/m/a").unwrap().unwrap().kind, FileKind::Dir);
+    assert!(!client.make_dir("/tmp/m/a/b", true).unwrap());
+    assert!(!client.make_dir("/tmp/m/a/b/", false).unwrap());
+    assert!(client.make_dir("/tmp/m/c", false).unwrap());
+
+    sh(&sandbox, "echo x > /tmp/m/file && ln -s /tmp/m/a /tmp/m/link");
+    assert_eq!(
+        fs_kind(client.make_dir("/tmp/m/file", true).unwrap_err()),
+        FsErrorKind::Exists
+    );
+    assert_eq!(
+        fs_kind(client.make_dir("/tmp/m/link", false).unwrap_err()),
+        FsErrorKind::Exists
+    );
+    assert_eq!(
+        fs_kind(client.make_dir("/tmp/m/file/x/y", true).unwrap_err()),
+        FsErrorKind::NotADirectory
+    );
+    assert_eq!(
+        fs_kind(client.make_dir("/tmp/m/file/x", false).unwrap_err()),
+        FsErrorKind::NotADirectory
+    );
+    assert_eq!(fs_kind(client.make_dir("m/d", true).unwrap_err()), FsErrorKind::Invalid);
+}
+
+#[test]
+fn rename_moves_and_refuses_to_replace_a_directory_that_is_not_empty() {
+    let Some(sandbox) = Native::start("rename") else {
+        return;
+    };
+    sh(
+        &sandbox,
+        "mkdir -p /tmp/r/full /tmp/r/empty /tmp/r/src && echo one > /tmp/r/one && echo two > /tmp/r/two && \
+         touch /tmp/r/full/x /tmp/r/src/y",
+    );
+    let client = &sandbox.client;
+    client.rename("/tmp/r/one", "/tmp/r/moved").unwrap();
+    assert_eq!(client.stat("/tmp/r/one").unwrap(), None);
+    assert_eq!(sandbox.run(&["/bin/cat", "/tmp/r/moved"]), "one\n");
+    // A file is replaced, as rename(2) does.
+    client.rename("/tmp/r/moved", "/tmp/r/two").unwrap();
+    assert_eq!(sandbox.run(&["/bin/cat", "/tmp/r/two"]), "one\n");
+
+    assert_eq!(
+        fs_kind(client.rename("/tmp/r/src", "/tmp/r/full").unwrap_err()),
+        FsErrorKind::NotEmpty
+    );
+    assert!(client.stat("/tmp/r/full/x").unwrap().is_some());
+    client.rename("/tmp/r/src", "/tmp/r/empty").unwrap();
+    assert!(client.stat("/tmp/r/empty/y").unwrap().is_some());
+
+    assert_eq!(
+        fs_kind(client.rename("/tmp/r/empty", "/tmp/r/two").unwrap_err()),
+        FsErrorKind::NotADirectory
+    );
+    assert_eq!(
+        fs_kind(client.rename("/tmp/r/two", "/tmp/r/full").unwrap_err()),
+        FsErrorKind::IsADirectory
+    );
+    assert_eq!(
+        fs_kind(client.rename("/tmp/r/none", "/tmp/r/x").unwrap_err()),
+        FsErrorKind::NotFound
+    );
+    assert_eq!(
+        fs_kind(client.rename("/", "/tmp/r/x").unwrap_err()),
+        FsErrorKind::Invalid
     );
 }
