@@ -62,6 +62,7 @@ pub fn code_of(status: StatusCode) -> &'static str {
     match status {
         StatusCode::BAD_REQUEST | StatusCode::UNPROCESSABLE_ENTITY => "bad_request",
         StatusCode::UNAUTHORIZED => "unauthorized",
+        StatusCode::FORBIDDEN => "forbidden",
         StatusCode::NOT_FOUND => "not_found",
         StatusCode::CONFLICT => "conflict",
         StatusCode::PAYLOAD_TOO_LARGE => "too_large",
@@ -101,9 +102,7 @@ fn status_of(e: &EngineError) -> StatusCode {
         EngineError::Service { .. } => S::BAD_REQUEST,
         EngineError::Snapshot(s) => match s {
             SnapshotError::NotFound(_) => S::NOT_FOUND,
-            SnapshotError::Ambiguous { .. } | SnapshotError::BadLabel(_) | SnapshotError::BadCount(_) => {
-                S::BAD_REQUEST
-            }
+            SnapshotError::Ambiguous { .. } | SnapshotError::BadLabel(_) | SnapshotError::BadCount(_) => S::BAD_REQUEST,
             SnapshotError::NotSnapshottable { .. } | SnapshotError::NeededByPipeline(_) => S::CONFLICT,
             _ => S::INTERNAL_SERVER_ERROR,
         },
@@ -136,7 +135,15 @@ fn status_of(e: &EngineError) -> StatusCode {
 /// Init's answers about files name the errno's text; those are the
 /// client's mistakes, not the server's.
 pub fn client_status(c: &ClientError) -> StatusCode {
+    use cairn_protocol::FsErrorKind as K;
     match c {
+        ClientError::Fs(f) => match f.kind {
+            K::NotFound => StatusCode::NOT_FOUND,
+            K::Exists | K::NotEmpty => StatusCode::CONFLICT,
+            K::PermissionDenied => StatusCode::FORBIDDEN,
+            K::NotADirectory | K::IsADirectory | K::Invalid => StatusCode::BAD_REQUEST,
+            _ => StatusCode::BAD_GATEWAY,
+        },
         ClientError::NotRunning(_) => StatusCode::CONFLICT,
         ClientError::Refused(m) if m.contains("No such file") || m.contains("not found") => StatusCode::NOT_FOUND,
         ClientError::Refused(_) => StatusCode::BAD_REQUEST,

@@ -44,7 +44,7 @@ use crate::routes::{exec, files, runs, sandboxes, system};
         system::healthz, system::metrics, system::openapi, system::events,
         sandboxes::create, sandboxes::list, sandboxes::get, sandboxes::remove,
         exec::exec, exec::exec_stream, exec::stdin, exec::signal,
-        files::stat, files::download, files::upload,
+        files::stat, files::download, files::upload, files::list, files::mkdir, files::rename, files::remove,
         sandboxes::snapshot, sandboxes::fork_sandbox, sandboxes::reset,
         sandboxes::snapshots, sandboxes::get_snapshot, sandboxes::remove_snapshot,
         sandboxes::fork_snapshot, sandboxes::restore,
@@ -102,13 +102,21 @@ pub fn router(app: Arc<App>) -> Router {
         .route("/v1/sandboxes/{id}/files/stat", get(files::stat))
         .route(
             "/v1/sandboxes/{id}/files",
-            get(files::download).merge(put(files::upload).layer(no_limit)),
+            get(files::download)
+                .merge(put(files::upload).layer(no_limit))
+                .delete(files::remove),
         )
+        .route("/v1/sandboxes/{id}/files/list", get(files::list))
+        .route("/v1/sandboxes/{id}/files/mkdir", post(files::mkdir))
+        .route("/v1/sandboxes/{id}/files/move", post(files::rename))
         .route("/v1/sandboxes/{id}/snapshots", post(sandboxes::snapshot))
         .route("/v1/sandboxes/{id}/fork", post(sandboxes::fork_sandbox))
         .route("/v1/sandboxes/{id}/reset", post(sandboxes::reset))
         .route("/v1/snapshots", get(sandboxes::snapshots))
-        .route("/v1/snapshots/{id}", get(sandboxes::get_snapshot).delete(sandboxes::remove_snapshot))
+        .route(
+            "/v1/snapshots/{id}",
+            get(sandboxes::get_snapshot).delete(sandboxes::remove_snapshot),
+        )
         .route("/v1/snapshots/{id}/fork", post(sandboxes::fork_snapshot))
         .route("/v1/snapshots/{id}/restore", post(sandboxes::restore))
         .route("/v1/images", get(system::images).post(system::build_image))
@@ -130,13 +138,21 @@ pub fn router(app: Arc<App>) -> Router {
 }
 
 async fn not_found(req: Request) -> ApiError {
-    ApiError::not_found(format!("no route {} {}; GET /v1/openapi.json lists them", req.method(), req.uri().path()))
+    ApiError::not_found(format!(
+        "no route {} {}; GET /v1/openapi.json lists them",
+        req.method(),
+        req.uri().path()
+    ))
 }
 
 async fn method_not_allowed(req: Request) -> ApiError {
     ApiError::new(
         StatusCode::METHOD_NOT_ALLOWED,
-        format!("{} is not allowed on {}; GET /v1/openapi.json lists the routes", req.method(), req.uri().path()),
+        format!(
+            "{} is not allowed on {}; GET /v1/openapi.json lists the routes",
+            req.method(),
+            req.uri().path()
+        ),
     )
 }
 
@@ -169,8 +185,11 @@ pub async fn require_token(State(app): State<Arc<App>>, req: Request, next: Next
     };
     match app.engine(move |e| Ok(e.check_token(&secret)?)).await {
         Ok(Some(_)) => next.run(req).await,
-        Ok(None) => ApiError::new(StatusCode::UNAUTHORIZED, "the bearer token is not valid (revoked or mistyped)")
-            .into_response(),
+        Ok(None) => ApiError::new(
+            StatusCode::UNAUTHORIZED,
+            "the bearer token is not valid (revoked or mistyped)",
+        )
+        .into_response(),
         Err(e) => e.into_response(),
     }
 }

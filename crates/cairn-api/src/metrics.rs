@@ -57,10 +57,18 @@ impl Default for Metrics {
             "Latency of sandbox operations (create, snapshot, fork, restore, reset) through the API",
             latency.clone(),
         );
-        registry.register("stage_outcomes", "Pipeline stage outcomes seen by this server", stages.clone());
+        registry.register(
+            "stage_outcomes",
+            "Pipeline stage outcomes seen by this server",
+            stages.clone(),
+        );
         registry.register("sandboxes", "Sandboxes by state", sandboxes.clone());
         registry.register("store_bytes", "Bytes in the chunk store on disk", store_bytes.clone());
-        registry.register("http_requests", "HTTP requests answered, by method and status", requests.clone());
+        registry.register(
+            "http_requests",
+            "HTTP requests answered, by method and status",
+            requests.clone(),
+        );
         Metrics {
             registry: Mutex::new(registry),
             latency,
@@ -74,11 +82,17 @@ impl Default for Metrics {
 
 impl Metrics {
     pub fn observe(&self, op: &str, took: Duration) {
-        self.latency.get_or_create(&Op { op: op.into() }).observe(took.as_secs_f64());
+        self.latency
+            .get_or_create(&Op { op: op.into() })
+            .observe(took.as_secs_f64());
     }
 
     pub fn stage(&self, outcome: &str) {
-        self.stages.get_or_create(&Outcome { outcome: outcome.into() }).inc();
+        self.stages
+            .get_or_create(&Outcome {
+                outcome: outcome.into(),
+            })
+            .inc();
     }
 
     pub fn request(&self, method: &str, status: u16) {

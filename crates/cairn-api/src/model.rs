@@ -551,7 +551,12 @@ pub struct Health {
 }
 
 /// Items after the cursor `after` (an id), at most `limit`, and the next cursor.
-pub fn page<T>(items: Vec<T>, id: impl Fn(&T) -> &str, after: Option<&str>, limit: Option<usize>) -> (Vec<T>, Option<String>) {
+pub fn page<T>(
+    items: Vec<T>,
+    id: impl Fn(&T) -> &str,
+    after: Option<&str>,
+    limit: Option<usize>,
+) -> (Vec<T>, Option<String>) {
     let limit = limit.unwrap_or(100).clamp(1, 1000);
     let start = match after {
         Some(a) => items.iter().position(|x| id(x) == a).map_or(items.len(), |i| i + 1),
@@ -561,4 +566,60 @@ pub fn page<T>(items: Vec<T>, id: impl Fn(&T) -> &str, after: Option<&str>, limi
     let next = (rest.len() > limit).then(|| id(&rest[limit - 1]).to_string());
     rest.truncate(limit);
     (rest, next)
+}
+
+#[derive(Debug, Deserialize, IntoParams)]
+#[serde(deny_unknown_fields)]
+pub struct ListQuery {
+    /// An absolute directory path inside the sandbox (not a symlink).
+    pub path: String,
+    /// 1 lists the directory's children; up to 16 levels (default 1).
+    pub depth: Option<u32>,
+    /// At most this many entries (default and most 10000); `truncated` says when more were there.
+    pub limit: Option<u32>,
+}
+
+#[derive(Debug, Serialize, Deserialize, ToSchema)]
+pub struct DirEntryView {
+    #[serde(flatten)]
+    pub stat: FileStat,
+    /// A symlink's target, as stored (never followed).
+    pub symlink_target: Option<String>,
+}
+
+#[derive(Debug, Serialize, Deserialize, ToSchema)]
+pub struct DirListingView {
+    pub entries: Vec<DirEntryView>,
+    pub truncated: bool,
+}
+
+#[derive(Debug, Serialize, Deserialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct MakeDirBody {
+    pub path: String,
+    /// Make missing parents too.
+    #[serde(default)]
+    pub parents: bool,
+}
+
+#[derive(Debug, Serialize, Deserialize, ToSchema)]
+pub struct MadeDir {
+    /// False when a directory was already there.
+    pub created: bool,
+}
+
+#[derive(Debug, Serialize, Deserialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct MoveBody {
+    pub from: String,
+    pub to: String,
+}
+
+#[derive(Debug, Deserialize, IntoParams)]
+#[serde(deny_unknown_fields)]
+pub struct RemoveFileQuery {
+    pub path: String,
+    /// Remove a directory and everything in it (symlinks are removed, never followed).
+    #[serde(default)]
+    pub recursive: bool,
 }

@@ -68,8 +68,14 @@ pub async fn serve(home: Home, opts: ServeOptions) -> Result<(), ServeError> {
             source,
             hint: "pick a free address with --listen HOST:PORT",
         })?;
-        let shown = tcp.local_addr().map(|a| a.to_string()).unwrap_or_else(|_| addr.to_string());
-        let authed = router.layer(axum::middleware::from_fn_with_state(Arc::clone(&app), crate::require_token));
+        let shown = tcp
+            .local_addr()
+            .map(|a| a.to_string())
+            .unwrap_or_else(|_| addr.to_string());
+        let authed = router.layer(axum::middleware::from_fn_with_state(
+            Arc::clone(&app),
+            crate::require_token,
+        ));
         let mut stop = stop_rx.clone();
         tasks.spawn(async move {
             axum::serve(tcp, authed)
@@ -81,7 +87,11 @@ pub async fn serve(home: Home, opts: ServeOptions) -> Result<(), ServeError> {
         eprintln!("cairn: serving on http://{shown} (bearer tokens: `cairn token create NAME`)");
     }
     if !resumed.is_empty() {
-        eprintln!("cairn: resuming {} interrupted run(s): {}", resumed.len(), resumed.join(", "));
+        eprintln!(
+            "cairn: resuming {} interrupted run(s): {}",
+            resumed.len(),
+            resumed.join(", ")
+        );
     }
     let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())
         .map_err(|e| ServeError::Other(format!("cannot watch SIGTERM: {e}")))?;

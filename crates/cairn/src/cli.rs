@@ -245,7 +245,9 @@ pub enum Command {
     /// working beside it on the same state directory. Stopping the server
     /// lets requests in flight finish; sandboxes keep running, and runs it
     /// was executing are resumed by the next `cairn serve`.
-    #[command(after_help = "Examples:\n  cairn serve\n  curl --unix-socket ~/.local/share/cairn/cairn.sock http://cairn/v1/sandboxes\n  cairn token create ci && cairn serve --listen 127.0.0.1:7070")]
+    #[command(
+        after_help = "Examples:\n  cairn serve\n  curl --unix-socket ~/.local/share/cairn/cairn.sock http://cairn/v1/sandboxes\n  cairn token create ci && cairn serve --listen 127.0.0.1:7070"
+    )]
     Serve {
         /// The Unix socket (default: cairn.sock in the state directory).
         #[arg(long, value_name = "PATH")]
@@ -254,8 +256,8 @@ pub enum Command {
         #[arg(long, value_name = "ADDR")]
         listen: Option<std::net::SocketAddr>,
         /// The largest file upload accepted (413 above it), e.g. 512M, 4G.
-        #[arg(long, default_value = "1G", value_name = "SIZE")]
-        max_upload: MemorySize,
+        #[arg(long, default_value = "1G", value_name = "SIZE", value_parser = parse_bytes)]
+        max_upload: u64,
         /// Print the OpenAPI document and exit.
         #[arg(long)]
         openapi: bool,
@@ -400,4 +402,28 @@ pub enum TokenCommand {
         #[arg(required = true)]
         tokens: Vec<String>,
     },
+}
+
+/// A byte count: a number with an optional K, M, G or T suffix (powers of 1024).
+fn parse_bytes(s: &str) -> Result<u64, String> {
+    let t = s.trim();
+    let (digits, shift) = match t.char_indices().last() {
+        Some((i, c)) if c.is_ascii_alphabetic() => {
+            let shift = match c.to_ascii_uppercase() {
+                'K' => 10,
+                'M' => 20,
+                'G' => 30,
+                'T' => 40,
+                _ => return Err(format!("{s:?}: the suffix is K, M, G or T")),
+            };
+            (&t[..i], shift)
+        }
+        _ => (t, 0),
+    };
+    let n: u64 = digits
+        .parse()
+        .map_err(|_| format!("{s:?} is not a size like 512M or 4G"))?;
+    n.checked_mul(1 << shift)
+        .filter(|n| *n > 0)
+        .ok_or_else(|| format!("{s:?} is not a size between 1 byte and 16E"))
 }

@@ -39,9 +39,7 @@ pub fn dispatch(cli: Cli) -> Result<i32> {
         let opts = cairn_api::ServeOptions {
             socket,
             listen,
-            settings: cairn_api::Settings {
-                max_upload: max_upload.0,
-            },
+            settings: cairn_api::Settings { max_upload },
         };
         let runtime = tokio::runtime::Builder::new_multi_thread()
             .enable_all()
@@ -627,7 +625,10 @@ fn token(engine: &Engine, cmd: crate::cli::TokenCommand) -> Result<()> {
             if json {
                 println!("{}", serde_json::to_string_pretty(&t)?);
             } else {
-                eprintln!("cairn: token {} ({}) made; its secret follows and is not shown again", t.record.name, t.record.id);
+                eprintln!(
+                    "cairn: token {} ({}) made; its secret follows and is not shown again",
+                    t.record.name, t.record.id
+                );
                 println!("{}", t.secret);
             }
         }
@@ -643,7 +644,12 @@ fn token(engine: &Engine, cmd: crate::cli::TokenCommand) -> Result<()> {
                         .last_used
                         .map(|u| format!("{} ago", human_age((now - u) / 1000)))
                         .unwrap_or_else(|| "never".into());
-                    println!("{:<14} {:<24} {:<12} {used}", t.id, t.name, format!("{} ago", human_age((now - t.created_at) / 1000)));
+                    println!(
+                        "{:<14} {:<24} {:<12} {used}",
+                        t.id,
+                        t.name,
+                        format!("{} ago", human_age((now - t.created_at) / 1000))
+                    );
                 }
             }
         }

@@ -27,17 +27,29 @@ const COLLECT_MAX: usize = 16 << 20;
 
 fn request(body: &ExecBody, streamed: bool) -> ApiResult<ExecRequest> {
     if body.argv.is_empty() || body.argv[0].is_empty() {
-        return Err(ApiError::bad_request("argv must name a program, e.g. [\"sh\", \"-c\", \"echo hi\"]"));
+        return Err(ApiError::bad_request(
+            "argv must name a program, e.g. [\"sh\", \"-c\", \"echo hi\"]",
+        ));
     }
     if body.argv.iter().chain(body.env.values()).any(|a| a.contains('\0')) {
         return Err(ApiError::bad_request("argv and env must not contain NUL bytes"));
     }
-    if body.env.keys().any(|k| k.is_empty() || k.contains('=') || k.contains('\0')) {
-        return Err(ApiError::bad_request("env names must be non-empty and contain no '=' or NUL"));
+    if body
+        .env
+        .keys()
+        .any(|k| k.is_empty() || k.contains('=') || k.contains('\0'))
+    {
+        return Err(ApiError::bad_request(
+            "env names must be non-empty and contain no '=' or NUL",
+        ));
     }
     let timeout_ms = match body.timeout_secs {
         Some(t) if t.is_finite() && t > 0.0 && t <= 31_536_000.0 => Some((t * 1000.0).ceil() as u64),
-        Some(t) => return Err(ApiError::bad_request(format!("timeout_secs must be positive seconds, got {t}"))),
+        Some(t) => {
+            return Err(ApiError::bad_request(format!(
+                "timeout_secs must be positive seconds, got {t}"
+            )))
+        }
         None => None,
     };
     if let Some(d) = &body.on_disconnect {
@@ -45,11 +57,15 @@ fn request(body: &ExecBody, streamed: bool) -> ApiResult<ExecRequest> {
             return Err(ApiError::bad_request("on_disconnect applies to streamed execs only"));
         }
         if d != "kill" && d != "keep" {
-            return Err(ApiError::bad_request(format!("on_disconnect must be kill or keep, got {d:?}")));
+            return Err(ApiError::bad_request(format!(
+                "on_disconnect must be kill or keep, got {d:?}"
+            )));
         }
     }
     if body.stdin_open && !streamed {
-        return Err(ApiError::bad_request("stdin_open applies to streamed execs only; give stdin as text"));
+        return Err(ApiError::bad_request(
+            "stdin_open applies to streamed execs only; give stdin as text",
+        ));
     }
     if body.detach && (body.stdin.is_some() || body.stdin_open) {
         return Err(ApiError::bad_request("a detached process has no stdin"));
@@ -176,10 +192,12 @@ impl Chunk {
             Chunk::Err(d) => Event::default()
                 .event("stderr")
                 .data(serde_json::json!({ "data": b64(&d) }).to_string()),
-            Chunk::Exit(r) => Event::default().event("exit").data(serde_json::to_string(&r).expect("serialisable")),
-            Chunk::Failed(e) => Event::default().event("error").data(
-                serde_json::json!({ "error": { "code": e.code(), "message": e.message } }).to_string(),
-            ),
+            Chunk::Exit(r) => Event::default()
+                .event("exit")
+                .data(serde_json::to_string(&r).expect("serialisable")),
+            Chunk::Failed(e) => Event::default()
+                .event("error")
+                .data(serde_json::json!({ "error": { "code": e.code(), "message": e.message } }).to_string()),
         }
     }
 }
@@ -194,11 +212,18 @@ struct Sender {
 
 impl Write for Sender {
     fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
-        let chunk = if self.stderr { Chunk::Err(buf.to_vec()) } else { Chunk::Out(buf.to_vec()) };
+        let chunk = if self.stderr {
+            Chunk::Err(buf.to_vec())
+        } else {
+            Chunk::Out(buf.to_vec())
+        };
         match self.tx.blocking_send(chunk) {
             Ok(()) => Ok(buf.len()),
             Err(_) if self.keep => Ok(buf.len()),
-            Err(_) => Err(std::io::Error::new(std::io::ErrorKind::BrokenPipe, "the client went away")),
+            Err(_) => Err(std::io::Error::new(
+                std::io::ErrorKind::BrokenPipe,
+                "the client went away",
+            )),
         }
     }
     fn flush(&mut self) -> std::io::Result<()> {
@@ -220,7 +245,9 @@ pub async fn exec_stream(
 ) -> ApiResult<Sse<impl Stream<Item = Result<Event, Infallible>>>> {
     let body: ExecBody = parse(&body)?;
     if body.detach {
-        return Err(ApiError::bad_request("a detached exec has nothing to stream; use POST .../exec"));
+        return Err(ApiError::bad_request(
+            "a detached exec has nothing to stream; use POST .../exec",
+        ));
     }
     let req = request(&body, true)?;
     let rec = running(&app, id).await?;
@@ -274,8 +301,16 @@ pub async fn exec_stream(
                     let _ = c.signal(libc::SIGKILL);
                 })
             });
-            let mut out = Sender { tx: tx.clone(), stderr: false, keep };
-            let mut err = Sender { tx: tx.clone(), stderr: true, keep };
+            let mut out = Sender {
+                tx: tx.clone(),
+                stderr: false,
+                keep,
+            };
+            let mut err = Sender {
+                tx: tx.clone(),
+                stderr: true,
+                keep,
+            };
             let waited = start.session.wait(&mut out, &mut err);
             if let Some(w) = watcher {
                 w.abort();
@@ -328,7 +363,11 @@ pub async fn exec_stream(
     params(("id" = String, Path, description = "Sandbox id"), ("pid" = i32, Path, description = "Process id")),
     request_body = StdinBody,
     responses((status = 204), (status = 400, body = ErrorBody), (status = 404, body = ErrorBody)))]
-pub async fn stdin(State(app): State<Arc<App>>, Path((id, pid)): Path<(String, i32)>, body: Bytes) -> ApiResult<StatusCode> {
+pub async fn stdin(
+    State(app): State<Arc<App>>,
+    Path((id, pid)): Path<(String, i32)>,
+    body: Bytes,
+) -> ApiResult<StatusCode> {
     let body: StdinBody = parse(&body)?;
     let data = match (&body.data, &body.data_base64) {
         (Some(t), None) => t.as_bytes().to_vec(),
@@ -361,9 +400,17 @@ pub async fn stdin(State(app): State<Arc<App>>, Path((id, pid)): Path<(String, i
 }
 
 fn signal_number(v: &serde_json::Value) -> ApiResult<i32> {
-    let bad = || ApiError::bad_request(format!("signal must be a number (1-64) or a name like KILL or SIGTERM, got {v}"));
+    let bad = || {
+        ApiError::bad_request(format!(
+            "signal must be a number (1-64) or a name like KILL or SIGTERM, got {v}"
+        ))
+    };
     match v {
-        serde_json::Value::Number(n) => n.as_i64().filter(|n| (1..=64).contains(n)).map(|n| n as i32).ok_or_else(bad),
+        serde_json::Value::Number(n) => n
+            .as_i64()
+            .filter(|n| (1..=64).contains(n))
+            .map(|n| n as i32)
+            .ok_or_else(bad),
         serde_json::Value::String(s) => {
             let name = s.trim_start_matches("SIG").to_ascii_uppercase();
             let n = match name.as_str() {
@@ -389,11 +436,17 @@ fn signal_number(v: &serde_json::Value) -> ApiResult<i32> {
     params(("id" = String, Path, description = "Sandbox id"), ("pid" = i32, Path, description = "Process id")),
     request_body = SignalBody,
     responses((status = 204), (status = 400, body = ErrorBody), (status = 404, body = ErrorBody)))]
-pub async fn signal(State(app): State<Arc<App>>, Path((id, pid)): Path<(String, i32)>, body: Bytes) -> ApiResult<StatusCode> {
+pub async fn signal(
+    State(app): State<Arc<App>>,
+    Path((id, pid)): Path<(String, i32)>,
+    body: Bytes,
+) -> ApiResult<StatusCode> {
     let body: SignalBody = parse(&body)?;
     let sig = signal_number(&body.signal)?;
     if pid <= 1 {
-        return Err(ApiError::bad_request("pid must be a process the sandbox runs (above 1)"));
+        return Err(ApiError::bad_request(
+            "pid must be a process the sandbox runs (above 1)",
+        ));
     }
     let rec = running(&app, id).await?;
     app.engine(move |e| Ok(e.client(&rec)?.kill(pid, sig)?)).await?;

@@ -54,7 +54,11 @@ pub(crate) fn body_of(rx: mpsc::Receiver<Result<Bytes, std::io::Error>>) -> Body
 #[utoipa::path(get, path = "/v1/sandboxes/{id}/files/stat", tag = "files",
     params(("id" = String, Path, description = "Sandbox id"), PathQuery),
     responses((status = 200, body = FileStat), (status = 404, body = ErrorBody)))]
-pub async fn stat(State(app): State<Arc<App>>, Path(id): Path<String>, q: QueryResult<PathQuery>) -> ApiResult<Json<FileStat>> {
+pub async fn stat(
+    State(app): State<Arc<App>>,
+    Path(id): Path<String>,
+    q: QueryResult<PathQuery>,
+) -> ApiResult<Json<FileStat>> {
     let Query(q) = q?;
     check_path(&q.path)?;
     let path = q.path.clone();
@@ -73,7 +77,11 @@ pub async fn stat(State(app): State<Arc<App>>, Path(id): Path<String>, q: QueryR
 #[utoipa::path(get, path = "/v1/sandboxes/{id}/files", tag = "files",
     params(("id" = String, Path, description = "Sandbox id"), PathQuery),
     responses((status = 200, content_type = "application/octet-stream", body = Vec<u8>), (status = 400, body = ErrorBody), (status = 404, body = ErrorBody)))]
-pub async fn download(State(app): State<Arc<App>>, Path(id): Path<String>, q: QueryResult<PathQuery>) -> ApiResult<Response> {
+pub async fn download(
+    State(app): State<Arc<App>>,
+    Path(id): Path<String>,
+    q: QueryResult<PathQuery>,
+) -> ApiResult<Response> {
     let Query(q) = q?;
     check_path(&q.path)?;
     let path = q.path.clone();
@@ -96,9 +104,10 @@ pub async fn download(State(app): State<Arc<App>>, Path(id): Path<String>, q: Qu
     let path = q.path.clone();
     tokio::task::spawn_blocking(move || {
         let got = a.take_engine().and_then(|e| {
-            let r = e.client(&rec).map_err(ApiError::from).and_then(|c| {
-                c.get_file(&path, &mut BodyWriter(tx.clone())).map_err(ApiError::from)
-            });
+            let r = e
+                .client(&rec)
+                .map_err(ApiError::from)
+                .and_then(|c| c.get_file(&path, &mut BodyWriter(tx.clone())).map_err(ApiError::from));
             a.give_back(e);
             r
         });
@@ -108,8 +117,14 @@ pub async fn download(State(app): State<Arc<App>>, Path(id): Path<String>, q: Qu
     });
     let mut resp = Response::new(body_of(rx));
     let h = resp.headers_mut();
-    h.insert(header::CONTENT_TYPE, HeaderValue::from_static("application/octet-stream"));
-    h.insert("x-cairn-mode", HeaderValue::from_str(&format!("{:o}", meta.mode & 0o7777)).expect("ascii"));
+    h.insert(
+        header::CONTENT_TYPE,
+        HeaderValue::from_static("application/octet-stream"),
+    );
+    h.insert(
+        "x-cairn-mode",
+        HeaderValue::from_str(&format!("{:o}", meta.mode & 0o7777)).expect("ascii"),
+    );
     Ok(resp)
 }
 
@@ -153,7 +168,10 @@ pub async fn upload(
         if size > app.settings.max_upload {
             return Err(ApiError::new(
                 StatusCode::PAYLOAD_TOO_LARGE,
-                format!("the upload is larger than this server's limit of {} bytes", app.settings.max_upload),
+                format!(
+                    "the upload is larger than this server's limit of {} bytes",
+                    app.settings.max_upload
+                ),
             ));
         }
         file.write_all(&chunk)
@@ -186,4 +204,106 @@ pub async fn upload(
         .await?
         .ok_or_else(|| ApiError::internal(format!("{} vanished right after the upload", q.path)))?;
     Ok((StatusCode::CREATED, Json(meta.into())))
+}
+
+/// Lists a directory (symlinks are listed, never followed).
+#[utoipa::path(get, path = "/v1/sandboxes/{id}/files/list", tag = "files",
+    params(("id" = String, Path, description = "Sandbox id"), ListQuery),
+    responses((status = 200, body = DirListingView), (status = 400, body = ErrorBody), (status = 404, body = ErrorBody)))]
+pub async fn list(
+    State(app): State<Arc<App>>,
+    Path(id): Path<String>,
+    q: QueryResult<ListQuery>,
+) -> ApiResult<Json<DirListingView>> {
+    let Query(q) = q?;
+    check_path(&q.path)?;
+    let depth = q.depth.unwrap_or(1);
+    if !(1..=cairn_protocol::LIST_DEPTH_MAX).contains(&depth) {
+        return Err(ApiError::bad_request(format!(
+            "depth must be 1 to {}, got {depth}",
+            cairn_protocol::LIST_DEPTH_MAX
+        )));
+    }
+    let limit = q.limit.unwrap_or(cairn_protocol::LIST_ENTRIES_MAX);
+    if !(1..=cairn_protocol::LIST_ENTRIES_MAX).contains(&limit) {
+        return Err(ApiError::bad_request(format!(
+            "limit must be 1 to {}, got {limit}",
+            cairn_protocol::LIST_ENTRIES_MAX
+        )));
+    }
+    let listing = app
+        .engine(move |e| {
+            let rec = e.sandbox(&id)?;
+            Ok(e.client(&rec)?.list_dir(&q.path, depth, limit)?)
+        })
+        .await?;
+    Ok(Json(DirListingView {
+        entries: listing
+            .entries
+            .into_iter()
+            .map(|d| DirEntryView {
+                stat: d.meta.into(),
+                symlink_target: d.symlink_target,
+            })
+            .collect(),
+        truncated: listing.truncated,
+    }))
+}
+
+/// Makes a directory.
+#[utoipa::path(post, path = "/v1/sandboxes/{id}/files/mkdir", tag = "files",
+    params(("id" = String, Path, description = "Sandbox id")),
+    request_body = MakeDirBody,
+    responses((status = 200, body = MadeDir), (status = 400, body = ErrorBody), (status = 404, body = ErrorBody), (status = 409, body = ErrorBody)))]
+pub async fn mkdir(State(app): State<Arc<App>>, Path(id): Path<String>, body: Bytes) -> ApiResult<Json<MadeDir>> {
+    let req: MakeDirBody = super::parse(&body)?;
+    check_path(&req.path)?;
+    let created = app
+        .engine(move |e| {
+            let rec = e.sandbox(&id)?;
+            Ok(e.client(&rec)?.make_dir(&req.path, req.parents)?)
+        })
+        .await?;
+    Ok(Json(MadeDir { created }))
+}
+
+/// Moves (renames) a file or directory, as rename(2) does.
+#[utoipa::path(post, path = "/v1/sandboxes/{id}/files/move", tag = "files",
+    params(("id" = String, Path, description = "Sandbox id")),
+    request_body = MoveBody,
+    responses((status = 200, body = FileStat), (status = 400, body = ErrorBody), (status = 404, body = ErrorBody), (status = 409, body = ErrorBody)))]
+pub async fn rename(State(app): State<Arc<App>>, Path(id): Path<String>, body: Bytes) -> ApiResult<Json<FileStat>> {
+    let req: MoveBody = super::parse(&body)?;
+    check_path(&req.from)?;
+    check_path(&req.to)?;
+    let to = req.to.clone();
+    let meta = app
+        .engine(move |e| {
+            let rec = e.sandbox(&id)?;
+            let client = e.client(&rec)?;
+            client.rename(&req.from, &req.to)?;
+            Ok(client.stat(&req.to)?)
+        })
+        .await?
+        .ok_or_else(|| ApiError::internal(format!("{to} vanished right after the move")))?;
+    Ok(Json(meta.into()))
+}
+
+/// Removes a file, a symlink, or (with `recursive`) a directory tree.
+#[utoipa::path(delete, path = "/v1/sandboxes/{id}/files", tag = "files",
+    params(("id" = String, Path, description = "Sandbox id"), RemoveFileQuery),
+    responses((status = 204), (status = 400, body = ErrorBody), (status = 404, body = ErrorBody), (status = 409, body = ErrorBody)))]
+pub async fn remove(
+    State(app): State<Arc<App>>,
+    Path(id): Path<String>,
+    q: QueryResult<RemoveFileQuery>,
+) -> ApiResult<StatusCode> {
+    let Query(q) = q?;
+    check_path(&q.path)?;
+    app.engine(move |e| {
+        let rec = e.sandbox(&id)?;
+        Ok(e.client(&rec)?.remove(&q.path, q.recursive)?)
+    })
+    .await?;
+    Ok(StatusCode::NO_CONTENT)
 }

@@ -22,7 +22,11 @@ use crate::error::{ApiError, ApiResult};
 /// A JSON body, with the field at fault named when it does not parse. An
 /// empty body is `{}`.
 pub fn parse<T: DeserializeOwned>(body: &[u8]) -> ApiResult<T> {
-    let body = if body.iter().all(u8::is_ascii_whitespace) { &b"{}"[..] } else { body };
+    let body = if body.iter().all(u8::is_ascii_whitespace) {
+        &b"{}"[..]
+    } else {
+        body
+    };
     serde_json::from_slice(body).map_err(|e| ApiError::bad_request(format!("invalid JSON body: {e}")))
 }
 

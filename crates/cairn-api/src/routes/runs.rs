@@ -32,8 +32,13 @@ impl RunWatcher for Watch {
         if matches!(status, "completed" | "failed" | "dead" | "reused") {
             self.app.metrics.stage(status);
         }
-        let name = if branch.is_empty() { stage.to_string() } else { format!("{stage}/{branch}") };
-        self.app.emit("run.stage", &self.run, format!("{name} {status}: {detail}"));
+        let name = if branch.is_empty() {
+            stage.to_string()
+        } else {
+            format!("{stage}/{branch}")
+        };
+        self.app
+            .emit("run.stage", &self.run, format!("{name} {status}: {detail}"));
     }
     fn output(&self, _: &str, _: &str, _: &[u8]) {}
 }
@@ -97,7 +102,10 @@ pub async fn start(State(app): State<Arc<App>>, headers: HeaderMap, body: Bytes)
             .await?;
         a.emit("run.started", &run.id, run.pipeline.clone());
         orchestrate(&a, run.id.clone(), None);
-        Ok((StatusCode::ACCEPTED, serde_json::to_value(Run::of(run, true)).expect("serialisable")))
+        Ok((
+            StatusCode::ACCEPTED,
+            serde_json::to_value(Run::of(run, true)).expect("serialisable"),
+        ))
     })
     .await
 }
@@ -156,7 +164,10 @@ pub async fn resume(State(app): State<Arc<App>>, Path(id): Path<String>) -> ApiR
                 return Err(ApiError::conflict(format!("run {} already completed", run.id)));
             }
             if let Some(pid) = e.run_orchestrator(&run.id) {
-                return Err(ApiError::conflict(format!("run {} is being executed by process {pid}", run.id)));
+                return Err(ApiError::conflict(format!(
+                    "run {} is being executed by process {pid}",
+                    run.id
+                )));
             }
             Ok(run)
         })
@@ -182,9 +193,13 @@ pub async fn log(
     q: QueryResult<LogQuery>,
 ) -> ApiResult<Response> {
     let Query(q) = q?;
-    let valid = |s: &str| !s.is_empty() && s.len() <= 128 && s.bytes().all(|c| c.is_ascii_alphanumeric() || b"-_.".contains(&c));
+    let valid = |s: &str| {
+        !s.is_empty() && s.len() <= 128 && s.bytes().all(|c| c.is_ascii_alphanumeric() || b"-_.".contains(&c))
+    };
     if !valid(&stage) || q.branch.as_deref().is_some_and(|b| !valid(b)) || stage.starts_with('.') {
-        return Err(ApiError::bad_request("stage and branch are names: letters, digits, '-', '_', '.'"));
+        return Err(ApiError::bad_request(
+            "stage and branch are names: letters, digits, '-', '_', '.'",
+        ));
     }
     let path = app
         .engine(move |e| {
@@ -195,7 +210,10 @@ pub async fn log(
             };
             let path = e.run_dir(&run.id).join(name);
             if !path.is_file() {
-                return Err(ApiError::not_found(format!("run {} has no log for stage {stage} (yet)", run.id)));
+                return Err(ApiError::not_found(format!(
+                    "run {} has no log for stage {stage} (yet)",
+                    run.id
+                )));
             }
             Ok(path)
         })
@@ -204,8 +222,10 @@ pub async fn log(
         .await
         .map_err(|e| ApiError::internal(format!("{}: {e}", path.display())))?;
     let mut resp = Response::new(axum::body::Body::from_stream(tokio_util_stream(file)));
-    resp.headers_mut()
-        .insert(header::CONTENT_TYPE, HeaderValue::from_static("text/plain; charset=utf-8"));
+    resp.headers_mut().insert(
+        header::CONTENT_TYPE,
+        HeaderValue::from_static("text/plain; charset=utf-8"),
+    );
     Ok(resp)
 }
 
@@ -232,11 +252,18 @@ pub async fn artifact(State(app): State<Arc<App>>, Path(id): Path<String>) -> Ap
     let key = id.clone();
     app.engine(move |e| {
         let all = e.artifacts(None)?;
-        let n = all.iter().filter(|a| a.id == key || (key.len() >= 4 && a.id.starts_with(&key))).count();
+        let n = all
+            .iter()
+            .filter(|a| a.id == key || (key.len() >= 4 && a.id.starts_with(&key)))
+            .count();
         match n {
-            0 => Err(ApiError::not_found(format!("no artifact matches {key:?}; GET /v1/runs/RUN lists a run's artifacts"))),
+            0 => Err(ApiError::not_found(format!(
+                "no artifact matches {key:?}; GET /v1/runs/RUN lists a run's artifacts"
+            ))),
             1 => Ok(()),
-            _ => Err(ApiError::bad_request(format!("{key:?} matches several artifacts; give more of the id"))),
+            _ => Err(ApiError::bad_request(format!(
+                "{key:?} matches several artifacts; give more of the id"
+            ))),
         }
     })
     .await?;
@@ -253,8 +280,10 @@ pub async fn artifact(State(app): State<Arc<App>>, Path(id): Path<String>) -> Ap
         }
     });
     let mut resp = Response::new(body_of(rx));
-    resp.headers_mut()
-        .insert(header::CONTENT_TYPE, HeaderValue::from_static("application/octet-stream"));
+    resp.headers_mut().insert(
+        header::CONTENT_TYPE,
+        HeaderValue::from_static("application/octet-stream"),
+    );
     Ok(resp)
 }
 
@@ -274,9 +303,13 @@ async fn dead_letter(app: &Arc<App>, key: String) -> ApiResult<DeadLetterView> {
             .filter(|d| d.id == key || (key.len() >= 4 && d.id.starts_with(&key)))
             .collect();
         match found.len() {
-            0 => Err(ApiError::not_found(format!("no dead letter matches {key:?}; GET /v1/dlq lists them"))),
+            0 => Err(ApiError::not_found(format!(
+                "no dead letter matches {key:?}; GET /v1/dlq lists them"
+            ))),
             1 => Ok(found.remove(0).into()),
-            _ => Err(ApiError::bad_request(format!("{key:?} matches several dead letters; give more of the id"))),
+            _ => Err(ApiError::bad_request(format!(
+                "{key:?} matches several dead letters; give more of the id"
+            ))),
         }
     })
     .await
@@ -295,7 +328,10 @@ pub async fn dlq_get(State(app): State<Arc<App>>, Path(id): Path<String>) -> Api
 #[utoipa::path(post, path = "/v1/dlq/{id}/retry", tag = "runs",
     params(("id" = String, Path, description = "Dead letter id")),
     responses((status = 202, body = DeadLetterView), (status = 404, body = ErrorBody), (status = 409, body = ErrorBody)))]
-pub async fn dlq_retry(State(app): State<Arc<App>>, Path(id): Path<String>) -> ApiResult<(StatusCode, Json<DeadLetterView>)> {
+pub async fn dlq_retry(
+    State(app): State<Arc<App>>,
+    Path(id): Path<String>,
+) -> ApiResult<(StatusCode, Json<DeadLetterView>)> {
     let dl = dead_letter(&app, id).await?;
     if dl.retried_at.is_some() {
         return Err(ApiError::conflict(format!("dead letter {} was already retried", dl.id)));

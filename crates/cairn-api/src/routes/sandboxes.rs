@@ -72,9 +72,17 @@ pub async fn create(State(app): State<Arc<App>>, headers: HeaderMap, body: Bytes
                 None => Ok(e.create_sandbox(&opts, &Silent)?),
             })
             .await?;
-        a.metrics.observe(if req.snapshot.is_some() { "restore" } else { "create" }, t.elapsed());
-        a.emit("sandbox.created", &rec.id, format!("from {}", req.snapshot.as_deref().unwrap_or(&rec.image)));
-        Ok((StatusCode::CREATED, serde_json::to_value(Sandbox::from(rec)).expect("serialisable")))
+        a.metrics
+            .observe(if req.snapshot.is_some() { "restore" } else { "create" }, t.elapsed());
+        a.emit(
+            "sandbox.created",
+            &rec.id,
+            format!("from {}", req.snapshot.as_deref().unwrap_or(&rec.image)),
+        );
+        Ok((
+            StatusCode::CREATED,
+            serde_json::to_value(Sandbox::from(rec)).expect("serialisable"),
+        ))
     })
     .await
 }

@@ -51,7 +51,10 @@ pub async fn metrics(State(app): State<Arc<App>>) -> ApiResult<Response> {
         .await?;
     let text = app.metrics.render(&states, bytes);
     Ok((
-        [(header::CONTENT_TYPE, "application/openmetrics-text; version=1.0.0; charset=utf-8")],
+        [(
+            header::CONTENT_TYPE,
+            "application/openmetrics-text; version=1.0.0; charset=utf-8",
+        )],
         text,
     )
         .into_response())
@@ -76,9 +79,9 @@ pub async fn events(State(app): State<Arc<App>>) -> Sse<impl Stream<Item = Resul
             Ok(e) => SseEvent::default()
                 .event(e.kind.clone())
                 .data(serde_json::to_string(&e).expect("serialisable")),
-            Err(broadcast::error::RecvError::Lagged(n)) => SseEvent::default()
-                .event("lagged")
-                .data(format!("{{\"missed\":{n}}}")),
+            Err(broadcast::error::RecvError::Lagged(n)) => {
+                SseEvent::default().event("lagged").data(format!("{{\"missed\":{n}}}"))
+            }
             Err(broadcast::error::RecvError::Closed) => return None,
         };
         Some((Ok(ev), rx))
@@ -129,7 +132,10 @@ pub async fn build_image(
         )));
     }
     if req.kind != "busybox" && req.kind != "debian" {
-        return Err(ApiError::bad_request(format!("kind must be busybox or debian, got {:?}", req.kind)));
+        return Err(ApiError::bad_request(format!(
+            "kind must be busybox or debian, got {:?}",
+            req.kind
+        )));
     }
     let (tx, rx) = mpsc::unbounded_channel::<String>();
     let (done_tx, done_rx) = tokio::sync::oneshot::channel::<ApiResult<Image>>();
@@ -159,9 +165,9 @@ pub async fn build_image(
             Ok(Ok(image)) => SseEvent::default()
                 .event("image")
                 .data(serde_json::to_string(&image).expect("serialisable")),
-            Ok(Err(e)) => SseEvent::default().event("error").data(
-                serde_json::json!({ "error": { "code": e.code(), "message": e.message } }).to_string(),
-            ),
+            Ok(Err(e)) => SseEvent::default()
+                .event("error")
+                .data(serde_json::json!({ "error": { "code": e.code(), "message": e.message } }).to_string()),
             Err(_) => SseEvent::default().event("error").data(
                 serde_json::json!({ "error": { "code": "internal", "message": "the build stopped" } }).to_string(),
             ),
@@ -207,7 +213,10 @@ pub async fn import_image(
         if size > app.settings.max_upload {
             return Err(ApiError::new(
                 StatusCode::PAYLOAD_TOO_LARGE,
-                format!("the archive is larger than this server's limit of {} bytes", app.settings.max_upload),
+                format!(
+                    "the archive is larger than this server's limit of {} bytes",
+                    app.settings.max_upload
+                ),
             ));
         }
         file.write_all(&chunk)
@@ -226,4 +235,3 @@ pub async fn import_image(
     app.emit("image.built", &image.name, image.source.clone());
     Ok((StatusCode::CREATED, Json(image.into())))
 }
-

@@ -1,0 +1,594 @@
+//! End-to-end: `cairn serve` and its HTTP API, driven over TCP with a
+//! bearer token and over the Unix socket, against real sandboxes.
+
+mod common;
+
+use std::io::{BufRead, BufReader, Read, Write};
+use std::os::unix::net::UnixStream;
+use std::process::{Child, Stdio};
+use std::time::{Duration, Instant};
+
+use common::{skip, Home};
+use serde_json::{json, Value};
+
+/// A running `cairn serve` on a home, with a token.
+struct Server {
+    child: Child,
+    base: String,
+    token: String,
+}
+
+impl Server {
+    fn start(home: &Home, extra: &[&str]) -> Server {
+        let token = home.ok(&["token", "create", "tests"]);
+        Server::start_with(home, extra, token)
+    }
+
+    fn start_with(home: &Home, extra: &[&str], token: String) -> Server {
+        let mut args = vec!["serve", "--listen", "127.0.0.1:0"];
+        args.extend_from_slice(extra);
+        let mut child = home
+            .command(&args)
+            .stdout(Stdio::null())
+            .stderr(Stdio::piped())
+            .spawn()
+            .unwrap();
+        let mut lines = BufReader::new(child.stderr.take().unwrap()).lines();
+        let base = loop {
+            let line = lines.next().expect("the server prints where it listens").unwrap();
+            if let Some(rest) = line.strip_prefix("cairn: serving on http://") {
+                break format!("http://{}", rest.split_whitespace().next().unwrap());
+            }
+        };
+        // Keep draining the log so the server never blocks on it.
+        std::thread::spawn(move || for _ in lines.by_ref() {});
+        Server { child, base, token }
+    }
+
+    fn url(&self, path: &str) -> String {
+        format!("{}{path}", self.base)
+    }
+
+    fn req(&self, method: &str, path: &str) -> ureq::Request {
+        ureq::request(method, &self.url(path)).set("Authorization", &format!("Bearer {}", self.token))
+    }
+
+    /// Sends JSON; answers (status, body) whatever the status.
+    fn call(&self, method: &str, path: &str, body: Option<Value>) -> (u16, Value) {
+        let r = self.req(method, path);
+        let resp = match body {
+            Some(b) => r.send_json(b),
+            None => r.call(),
+        };
+        answer(resp)
+    }
+
+    fn kill9(mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+
+    fn stop(mut self) -> std::process::ExitStatus {
+        nix::sys::signal::kill(
+            nix::unistd::Pid::from_raw(self.child.id() as i32),
+            nix::sys::signal::Signal::SIGTERM,
+        )
+        .unwrap();
+        self.child.wait().unwrap()
+    }
+}
+
+impl Drop for Server {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+fn answer(resp: Result<ureq::Response, ureq::Error>) -> (u16, Value) {
+    let resp = match resp {
+        Ok(r) => r,
+        Err(ureq::Error::Status(_, r)) => r,
+        Err(e) => panic!("transport error: {e}"),
+    };
+    let status = resp.status();
+    let text = resp.into_string().unwrap();
+    (status, serde_json::from_str(&text).unwrap_or(Value::String(text)))
+}
+
+fn create(s: &Server) -> String {
+    let (status, v) = s.call("POST", "/v1/sandboxes", Some(json!({})));
+    assert_eq!(status, 201, "{v}");
+    v["id"].as_str().unwrap().to_string()
+}
+
+fn exec(s: &Server, id: &str, script: &str) -> Value {
+    let (status, v) = s.call(
+        "POST",
+        &format!("/v1/sandboxes/{id}/exec"),
+        Some(json!({ "argv": ["sh", "-c", script] })),
+    );
+    assert_eq!(status, 200, "{v}");
+    v
+}
+
+#[test]
+fn sandboxes_exec_files_snapshots_and_forks_work_through_the_api() {
+    if skip("sandboxes_exec_files_snapshots_and_forks_work_through_the_api") {
+        return;
+    }
+    let home = Home::new();
+    let s = Server::start(&home, &[]);
+    let id = create(&s);
+    let v = exec(&s, &id, "echo out; echo err >&2; exit 3");
+    assert_eq!(
+        (v["exit_code"].as_i64(), v["stdout"].as_str(), v["stderr"].as_str()),
+        (Some(3), Some("out\n"), Some("err\n"))
+    );
+    // stdin and timeout.
+    let (_, v) = s.call(
+        "POST",
+        &format!("/v1/sandboxes/{id}/exec"),
+        Some(json!({ "argv": ["cat"], "stdin": "fed in" })),
+    );
+    assert_eq!(v["stdout"], "fed in");
+    let (_, v) = s.call(
+        "POST",
+        &format!("/v1/sandboxes/{id}/exec"),
+        Some(json!({ "argv": ["sleep", "30"], "timeout_secs": 0.3 })),
+    );
+    assert_eq!(
+        (v["timed_out"].as_bool(), v["exit_code"].as_i64()),
+        (Some(true), Some(124)),
+        "{v}"
+    );
+    // A file of 3 MiB goes in and comes out byte for byte, mode kept.
+    let data: Vec<u8> = (0..3u32 << 20)
+        .map(|i| (i.wrapping_mul(2654435761) >> 13) as u8)
+        .collect();
+    let resp = s
+        .req("PUT", &format!("/v1/sandboxes/{id}/files?path=/tmp/blob&mode=750"))
+        .send_bytes(&data);
+    let (status, v) = answer(resp);
+    assert_eq!(
+        (status, v["size"].as_u64(), v["mode"].as_u64()),
+        (201, Some(3 << 20), Some(0o750)),
+        "{v}"
+    );
+    let resp = s
+        .req("GET", &format!("/v1/sandboxes/{id}/files?path=/tmp/blob"))
+        .call()
+        .unwrap();
+    assert_eq!(resp.header("x-cairn-mode"), Some("750"));
+    let mut back = Vec::new();
+    resp.into_reader().read_to_end(&mut back).unwrap();
+    assert!(back == data, "the download differs from the upload");
+    // Directories: make, list, move, remove.
+    let (status, v) = s.call(
+        "POST",
+        &format!("/v1/sandboxes/{id}/files/mkdir"),
+        Some(json!({ "path": "/tmp/d/e", "parents": true })),
+    );
+    assert_eq!((status, v["created"].as_bool()), (200, Some(true)), "{v}");
+    exec(&s, &id, "echo x > /tmp/d/e/f && ln -s /etc /tmp/d/link");
+    let (status, v) = s.call(
+        "POST",
+        &format!("/v1/sandboxes/{id}/files/move"),
+        Some(json!({ "from": "/tmp/d/e/f", "to": "/tmp/d/g" })),
+    );
+    assert_eq!(status, 200, "{v}");
+    let (_, v) = s.call("GET", &format!("/v1/sandboxes/{id}/files/list?path=/tmp/d"), None);
+    let names: Vec<(&str, &str)> = v["entries"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|e| (e["path"].as_str().unwrap(), e["kind"].as_str().unwrap()))
+        .collect();
+    assert_eq!(
+        names,
+        [("/tmp/d/e", "dir"), ("/tmp/d/g", "file"), ("/tmp/d/link", "symlink")],
+        "{v}"
+    );
+    let (status, _) = s.call(
+        "DELETE",
+        &format!("/v1/sandboxes/{id}/files?path=/tmp/d&recursive=true"),
+        None,
+    );
+    assert_eq!(status, 204);
+    assert_eq!(
+        exec(&s, &id, "ls /etc/passwd && ls /tmp/d || echo gone")["stdout"],
+        "/etc/passwd\ngone\n"
+    );
+    // Snapshot, then fork three; each sees the snapshot and diverges alone.
+    exec(&s, &id, "echo base > /tmp/mark");
+    let (status, snap) = s.call(
+        "POST",
+        &format!("/v1/sandboxes/{id}/snapshots"),
+        Some(json!({ "label": "base" })),
+    );
+    assert_eq!(status, 201, "{snap}");
+    let snap_id = snap["id"].as_str().unwrap();
+    let (status, forks) = s.call(
+        "POST",
+        &format!("/v1/snapshots/{snap_id}/fork"),
+        Some(json!({ "count": 3 })),
+    );
+    assert_eq!(status, 201, "{forks}");
+    let forks: Vec<String> = forks["sandboxes"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|f| f["id"].as_str().unwrap().to_string())
+        .collect();
+    assert_eq!(forks.len(), 3);
+    for (i, f) in forks.iter().enumerate() {
+        exec(&s, f, &format!("echo {i} >> /tmp/mark"));
+    }
+    for (i, f) in forks.iter().enumerate() {
+        assert_eq!(exec(&s, f, "cat /tmp/mark")["stdout"], format!("base\n{i}\n"));
+    }
+    assert_eq!(exec(&s, &id, "cat /tmp/mark")["stdout"], "base\n");
+    // Reset rewinds a fork; the snapshot's lineage names its parent.
+    let (status, _) = s.call(
+        "POST",
+        &format!("/v1/sandboxes/{}/reset", forks[0]),
+        Some(json!({ "snapshot": snap_id })),
+    );
+    assert_eq!(status, 200);
+    assert_eq!(exec(&s, &forks[0], "cat /tmp/mark")["stdout"], "base\n");
+    let (status, v) = s.call(
+        "POST",
+        &format!("/v1/sandboxes/{}/snapshots", forks[1]),
+        Some(json!({})),
+    );
+    assert_eq!(status, 201);
+    let (_, detail) = s.call("GET", &format!("/v1/snapshots/{}", v["id"].as_str().unwrap()), None);
+    assert_eq!(detail["lineage"][0]["id"], snap_id, "{detail}");
+    // Listing pages through everything once.
+    let (_, page1) = s.call("GET", "/v1/sandboxes?limit=2", None);
+    let after = page1["next"].as_str().unwrap();
+    let (_, page2) = s.call("GET", &format!("/v1/sandboxes?limit=10&after={after}"), None);
+    assert_eq!(
+        page1["items"].as_array().unwrap().len() + page2["items"].as_array().unwrap().len(),
+        4
+    );
+    assert!(page2["next"].is_null());
+    for f in forks.iter().chain([&id]) {
+        let (status, _) = s.call("DELETE", &format!("/v1/sandboxes/{f}?force=true"), None);
+        assert_eq!(status, 204);
+    }
+    assert!(home.ps().is_empty());
+    // Metrics saw the operations.
+    let (status, text) = s.call("GET", "/metrics", None);
+    let text = text.as_str().unwrap().to_string();
+    assert_eq!(status, 200);
+    assert!(text.contains("cairn_operation_seconds_count{op=\"fork\"} 1"), "{text}");
+    assert!(text.contains("cairn_sandboxes{state=\"running\"} 0"), "{text}");
+    assert_eq!(s.stop().code(), Some(0));
+}
+
+#[test]
+fn a_streamed_exec_delivers_output_as_it_happens_and_a_client_that_leaves_kills_or_keeps_it() {
+    if skip("a_streamed_exec_delivers_output_as_it_happens_and_a_client_that_leaves_kills_or_keeps_it") {
+        return;
+    }
+    let home = Home::new();
+    let s = Server::start(&home, &[]);
+    let id = create(&s);
+    let resp = s
+        .req("POST", &format!("/v1/sandboxes/{id}/exec/stream"))
+        .send_json(json!({ "argv": ["sh", "-c", "echo one; sleep 1; echo two >&2; sleep 1; echo three; exit 7"] }))
+        .unwrap();
+    let t = Instant::now();
+    let mut seen = Vec::new();
+    let mut event = String::new();
+    for line in BufReader::new(resp.into_reader()).lines() {
+        let line = line.unwrap();
+        if let Some(e) = line.strip_prefix("event: ") {
+            event = e.to_string();
+        } else if let Some(d) = line.strip_prefix("data: ") {
+            let v: Value = serde_json::from_str(d).unwrap();
+            seen.push((event.clone(), v, t.elapsed()));
+        }
+    }
+    let kinds: Vec<&str> = seen.iter().map(|(k, _, _)| k.as_str()).collect();
+    assert_eq!(kinds, ["started", "stdout", "stderr", "stdout", "exit"], "{seen:?}");
+    assert_eq!(seen[1].1["data"], "b25lCg==");
+    assert_eq!(seen[4].1["exit_code"], 7);
+    // The first line came a second before the exit: streamed, not collected.
+    assert!(seen[4].2 - seen[1].2 > Duration::from_millis(1500), "{seen:?}");
+    // A client that goes away: the process is killed by default, kept on request.
+    for (policy, marker) in [("kill", "/tmp/killed"), ("keep", "/tmp/kept")] {
+        let script = format!("sleep 2; touch {marker}");
+        let mut conn = std::net::TcpStream::connect(s.base.trim_start_matches("http://")).unwrap();
+        let body = json!({ "argv": ["sh", "-c", script], "on_disconnect": policy }).to_string();
+        write!(
+            conn,
+            "POST /v1/sandboxes/{id}/exec/stream HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer {}\r\nContent-Type: application/json\r\nContent-Length: {}\r\n\r\n{body}",
+            s.token,
+            body.len()
+        )
+        .unwrap();
+        let mut buf = [0u8; 256];
+        let n = conn.read(&mut buf).unwrap();
+        assert!(String::from_utf8_lossy(&buf[..n]).starts_with("HTTP/1.1 200"));
+        std::thread::sleep(Duration::from_millis(300));
+        drop(conn);
+    }
+    std::thread::sleep(Duration::from_secs(3));
+    let v = exec(&s, &id, "ls /tmp/killed /tmp/kept 2>/dev/null; true");
+    assert_eq!(
+        v["stdout"], "/tmp/kept\n",
+        "kill removes the process, keep lets it finish"
+    );
+}
+
+#[test]
+fn bad_requests_get_one_error_shape_and_change_nothing() {
+    if skip("bad_requests_get_one_error_shape_and_change_nothing") {
+        return;
+    }
+    let home = Home::new();
+    let s = Server::start(&home, &["--max-upload", "1M"]);
+    let id = create(&s);
+    let code = |v: &Value| v["error"]["code"].as_str().unwrap_or_default().to_string();
+    let message = |v: &Value| v["error"]["message"].as_str().unwrap_or_default().to_string();
+    // No token, a wrong one, a revoked one: 401, nothing done.
+    for auth in [None, Some("Bearer cairn_0000"), Some("Basic eDp5")] {
+        let mut r = ureq::post(&s.url("/v1/sandboxes"));
+        if let Some(a) = auth {
+            r = r.set("Authorization", a);
+        }
+        let (status, v) = answer(r.send_json(json!({})));
+        assert_eq!((status, code(&v)), (401, "unauthorized".into()), "{v}");
+    }
+    let other = home.ok(&["token", "create", "other"]);
+    home.ok(&["token", "rm", "other"]);
+    let (status, _) = answer(
+        ureq::post(&s.url("/v1/sandboxes"))
+            .set("Authorization", &format!("Bearer {other}"))
+            .send_json(json!({})),
+    );
+    assert_eq!(status, 401, "a revoked token is refused at once");
+    assert_eq!(home.ps().len(), 1);
+    // Unknown ids name the id.
+    for path in [
+        "/v1/sandboxes/nosuchbox",
+        "/v1/snapshots/nosuchsnap",
+        "/v1/runs/nosuchrun",
+        "/v1/dlq/nosuchdl",
+    ] {
+        let (status, v) = s.call("GET", path, None);
+        assert_eq!(status, 404, "{path}: {v}");
+        assert!(message(&v).contains(path.rsplit('/').next().unwrap()), "{v}");
+    }
+    // Malformed JSON, unknown fields, wrong types: 400 naming the field.
+    let (status, v) = answer(
+        s.req("POST", "/v1/sandboxes")
+            .set("Content-Type", "application/json")
+            .send_string("{\"image\": "),
+    );
+    assert_eq!((status, code(&v)), (400, "bad_request".into()), "{v}");
+    let (status, v) = s.call("POST", "/v1/sandboxes", Some(json!({ "imgae": "busybox" })));
+    assert!(status == 400 && message(&v).contains("imgae"), "{v}");
+    let (status, v) = s.call(
+        "POST",
+        &format!("/v1/sandboxes/{id}/exec"),
+        Some(json!({ "argv": "ls" })),
+    );
+    assert!(status == 400 && message(&v).contains("invalid type"), "{v}");
+    let (status, v) = s.call("POST", &format!("/v1/sandboxes/{id}/exec"), Some(json!({ "argv": [] })));
+    assert!(status == 400 && message(&v).contains("argv"), "{v}");
+    let (status, v) = s.call("POST", "/v1/sandboxes", Some(json!({ "limits": { "memory": "lots" } })));
+    assert!(status == 400 && message(&v).contains("limits.memory"), "{v}");
+    let (status, v) = s.call("GET", &format!("/v1/sandboxes/{id}/files?path=relative"), None);
+    assert!(status == 400 && message(&v).contains("absolute"), "{v}");
+    let (status, v) = s.call("GET", &format!("/v1/sandboxes/{id}/files?path=/nonexistent"), None);
+    assert_eq!(status, 404, "{v}");
+    let (status, v) = s.call("GET", "/v1/nowhere", None);
+    assert_eq!((status, code(&v)), (404, "not_found".into()));
+    // An upload above the cap: 413, and no file appears.
+    let (status, v) = answer(
+        s.req("PUT", &format!("/v1/sandboxes/{id}/files?path=/tmp/big"))
+            .send_bytes(&vec![7u8; (1 << 20) + 1]),
+    );
+    assert_eq!((status, code(&v)), (413, "too_large".into()), "{v}");
+    assert_eq!(
+        exec(&s, &id, "ls /tmp/big 2>&1; true")["stdout"]
+            .as_str()
+            .unwrap()
+            .contains("No such file"),
+        true
+    );
+    assert_eq!(
+        std::fs::read_dir(home.path().join("scratch"))
+            .map(|d| d.count())
+            .unwrap_or(0),
+        0,
+        "no spool left"
+    );
+    // Still exactly one sandbox, and nothing half-made.
+    assert_eq!(home.ps().len(), 1);
+}
+
+#[test]
+fn conflicting_operations_on_one_sandbox_get_409_and_idempotency_keys_make_one_sandbox() {
+    if skip("conflicting_operations_on_one_sandbox_get_409_and_idempotency_keys_make_one_sandbox") {
+        return;
+    }
+    let home = Home::new();
+    let s = Server::start(&home, &[]);
+    let id = create(&s);
+    // A snapshot of 300 MiB of new files takes long enough for a second
+    // operation to arrive while it runs.
+    exec(&s, &id, "dd if=/dev/urandom of=/tmp/big bs=1M count=300 2>/dev/null");
+    let statuses: Vec<u16> = std::thread::scope(|scope| {
+        let first = scope.spawn(|| {
+            s.call("POST", &format!("/v1/sandboxes/{id}/snapshots"), Some(json!({})))
+                .0
+        });
+        std::thread::sleep(Duration::from_millis(150));
+        let second = s
+            .call(
+                "POST",
+                &format!("/v1/sandboxes/{id}/reset"),
+                Some(json!({ "snapshot": "x" })),
+            )
+            .0;
+        vec![first.join().unwrap(), second]
+    });
+    assert_eq!(statuses, [201, 409]);
+    // The same key twice: one sandbox, the same answer; another body: 422.
+    let post = |key: &str, body: Value| {
+        answer(
+            s.req("POST", "/v1/sandboxes")
+                .set("Idempotency-Key", key)
+                .send_json(body),
+        )
+    };
+    let (a, va) = post("k-1", json!({ "name": "once" }));
+    let (b, vb) = post("k-1", json!({ "name": "once" }));
+    assert_eq!((a, b), (201, 201));
+    assert_eq!(va["id"], vb["id"]);
+    let (c, vc) = post("k-1", json!({ "name": "twice" }));
+    assert_eq!(c, 422, "{vc}");
+    assert_eq!(home.ps().len(), 2);
+}
+
+#[test]
+fn a_server_killed_9_loses_nothing_and_the_next_one_finishes_its_run() {
+    if skip("a_server_killed_9_loses_nothing_and_the_next_one_finishes_its_run") {
+        return;
+    }
+    let home = Home::new();
+    let s = Server::start(&home, &[]);
+    let token = s.token.clone();
+    let id = create(&s);
+    exec(&s, &id, "echo kept > /tmp/kept");
+    let pipeline = r#"
+[pipeline]
+name = "slow"
+image = "busybox"
+
+[[stage]]
+name = "one"
+key = "slow-one-{params.n}"
+run = ["sleep 3 && echo one > /work.txt"]
+
+[[stage]]
+name = "two"
+after = "one"
+key = "slow-two-{params.n}"
+run = ["cat /work.txt && echo two >> /work.txt"]
+artifacts = ["/work.txt"]
+
+[params]
+n = "0"
+"#;
+    let n = format!("{}", std::process::id());
+    let (status, run) = answer(
+        s.req("POST", "/v1/runs")
+            .set("Idempotency-Key", "run-1")
+            .send_json(json!({ "pipeline": pipeline, "params": { "n": n } })),
+    );
+    assert_eq!(status, 202, "{run}");
+    let run_id = run["id"].as_str().unwrap().to_string();
+    std::thread::sleep(Duration::from_millis(1000));
+    s.kill9();
+    // The sandbox and the stage's command outlived the server.
+    let ps = home.ps();
+    assert!(
+        ps.iter().any(|p| p["id"] == id.as_str() && p["state"] == "running"),
+        "{ps:?}"
+    );
+    let s = Server::start_with(&home, &[], token);
+    let (_, v) = s.call("GET", &format!("/v1/sandboxes/{id}"), None);
+    assert_eq!(v["state"], "running");
+    assert_eq!(exec(&s, &id, "cat /tmp/kept")["stdout"], "kept\n");
+    // The retried start answers the same run; the new server resumed it.
+    let (status, again) = answer(
+        s.req("POST", "/v1/runs")
+            .set("Idempotency-Key", "run-1")
+            .send_json(json!({ "pipeline": pipeline, "params": { "n": n } })),
+    );
+    assert_eq!((status, again["id"].as_str()), (202, Some(run_id.as_str())));
+    let deadline = Instant::now() + Duration::from_secs(120);
+    let detail = loop {
+        let (_, d) = s.call("GET", &format!("/v1/runs/{run_id}"), None);
+        if d["run"]["status"] != "running" || Instant::now() > deadline {
+            break d;
+        }
+        std::thread::sleep(Duration::from_millis(200));
+    };
+    assert_eq!(detail["run"]["status"], "completed", "{detail}");
+    let kinds: Vec<&str> = detail["events"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter_map(|e| e["kind"].as_str())
+        .collect();
+    assert!(
+        kinds.contains(&"reattached"),
+        "the first stage went on in its sandbox: {kinds:?}"
+    );
+    let artifact = detail["artifacts"][0]["id"].as_str().unwrap();
+    let resp = s.req("GET", &format!("/v1/artifacts/{artifact}")).call().unwrap();
+    assert_eq!(resp.into_string().unwrap(), "one\ntwo\n");
+    let (status, log) = s.call("GET", &format!("/v1/runs/{run_id}/logs/two"), None);
+    assert_eq!((status, log.as_str()), (200, Some("one\n")));
+}
+
+#[test]
+fn the_unix_socket_is_the_owners_alone_and_needs_no_token() {
+    if skip("the_unix_socket_is_the_owners_alone_and_needs_no_token") {
+        return;
+    }
+    use std::os::unix::fs::PermissionsExt;
+    let home = Home::new();
+    let s = Server::start(&home, &[]);
+    let socket = home.path().join("cairn.sock");
+    let mode = std::fs::metadata(&socket).unwrap().permissions().mode();
+    assert_eq!(mode & 0o777, 0o600);
+    let mut conn = UnixStream::connect(&socket).unwrap();
+    conn.write_all(b"GET /v1/sandboxes HTTP/1.1\r\nHost: cairn\r\nConnection: close\r\n\r\n")
+        .unwrap();
+    let mut text = String::new();
+    conn.read_to_string(&mut text).unwrap();
+    assert!(text.starts_with("HTTP/1.1 200"), "{text}");
+    assert!(text.contains("\"items\":[]"), "{text}");
+    // A second server on the same socket is refused; the first keeps serving.
+    let out = home.cairn(&["serve"]);
+    assert!(
+        String::from_utf8_lossy(&out.stderr).contains("another `cairn serve`"),
+        "{out:?}"
+    );
+    assert!(UnixStream::connect(&socket).is_ok());
+    assert_eq!(s.stop().code(), Some(0));
+    assert!(!socket.exists(), "a stopped server removes its socket");
+}
+
+#[test]
+fn the_checked_in_openapi_document_matches_the_code() {
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_cairn"))
+        .args(["serve", "--openapi"])
+        .output()
+        .unwrap();
+    let generated = String::from_utf8(out.stdout).unwrap();
+    let path = concat!(env!("CARGO_MANIFEST_DIR"), "/../../docs/openapi.json");
+    let checked_in = std::fs::read_to_string(path).unwrap();
+    assert!(
+        generated == checked_in,
+        "docs/openapi.json is out of date: run `cargo run -p cairn -- serve --openapi > docs/openapi.json`"
+    );
+    let doc: Value = serde_json::from_str(&generated).unwrap();
+    assert_eq!(doc["openapi"], "3.1.0");
+    for path in [
+        "/v1/sandboxes",
+        "/v1/sandboxes/{id}/exec/stream",
+        "/v1/snapshots/{id}/fork",
+        "/v1/runs",
+        "/v1/dlq/{id}/retry",
+    ] {
+        assert!(doc["paths"][path].is_object(), "{path} is documented");
+    }
+}
