@@ -585,38 +585,6 @@ fn image(engine: &mut Engine, cmd: ImageCommand) -> Result<()> {
     Ok(())
 }
 
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn the_tail_of_a_log_starts_where_its_last_lines_do() {
-        // Lines longer than the block read back at a time, and short ones.
-        let long = "x".repeat(300 << 10);
-        let texts = [
-            String::new(),
-            "one".into(),
-            "one\n".into(),
-            "one\ntwo\n\nfour".into(),
-            format!("{long}\nshort\n{long}\n{long}"),
-            format!("a\n{long}\n"),
-        ];
-        for text in &texts {
-            for n in 0..6 {
-                let lines: Vec<&str> = text.split_inclusive('\n').collect();
-                let expected: String = lines[lines.len().saturating_sub(n)..].concat();
-                let start = tail_start(&mut io::Cursor::new(text.as_bytes()), n).unwrap();
-                assert_eq!(
-                    &text[start as usize..],
-                    expected,
-                    "{n} lines of {:?}",
-                    &text[..text.len().min(20)]
-                );
-            }
-        }
-    }
-}
-
 fn token(engine: &Engine, cmd: crate::cli::TokenCommand) -> Result<()> {
     use crate::cli::TokenCommand;
     match cmd {
@@ -670,4 +638,36 @@ fn token(engine: &Engine, cmd: crate::cli::TokenCommand) -> Result<()> {
         }
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_tail_of_a_log_starts_where_its_last_lines_do() {
+        // Lines longer than the block read back at a time, and short ones.
+        let long = "x".repeat(300 << 10);
+        let texts = [
+            String::new(),
+            "one".into(),
+            "one\n".into(),
+            "one\ntwo\n\nfour".into(),
+            format!("{long}\nshort\n{long}\n{long}"),
+            format!("a\n{long}\n"),
+        ];
+        for text in &texts {
+            for n in 0..6 {
+                let lines: Vec<&str> = text.split_inclusive('\n').collect();
+                let expected: String = lines[lines.len().saturating_sub(n)..].concat();
+                let start = tail_start(&mut io::Cursor::new(text.as_bytes()), n).unwrap();
+                assert_eq!(
+                    &text[start as usize..],
+                    expected,
+                    "{n} lines of {:?}",
+                    &text[..text.len().min(20)]
+                );
+            }
+        }
+    }
 }
