@@ -43,6 +43,7 @@ pub fn socket_path(home: &Home) -> PathBuf {
 /// Sandboxes and runs outlive the server; runs it finds interrupted at
 /// start are resumed.
 pub async fn serve(home: Home, opts: ServeOptions) -> Result<(), ServeError> {
+    raise_open_files();
     let app = App::open(home.clone(), opts.settings.clone())?;
     let socket = opts.socket.clone().unwrap_or_else(|| socket_path(&home));
     let unix = bind_unix(&socket)?;
@@ -147,4 +148,15 @@ fn bind_unix(path: &std::path::Path) -> Result<UnixListener, ServeError> {
         hint: "check the state directory",
     })?;
     Ok(listener)
+}
+
+/// Each streamed exec holds a client connection and one to the sandbox's
+/// init: a thousand at once need more than the usual 1,024 descriptors.
+fn raise_open_files() {
+    use nix::sys::resource::{getrlimit, setrlimit, Resource};
+    if let Ok((soft, hard)) = getrlimit(Resource::RLIMIT_NOFILE) {
+        if soft < hard {
+            let _ = setrlimit(Resource::RLIMIT_NOFILE, hard, hard);
+        }
+    }
 }

@@ -41,7 +41,9 @@ pub fn dispatch(cli: Cli) -> Result<i32> {
             listen,
             settings: cairn_api::Settings { max_upload },
         };
+        // A streamed exec holds a blocking thread for as long as it runs.
         let runtime = tokio::runtime::Builder::new_multi_thread()
+            .max_blocking_threads(4096)
             .enable_all()
             .build()
             .context("starting the server's runtime")?;

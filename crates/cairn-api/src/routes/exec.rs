@@ -113,11 +113,11 @@ async fn running(app: &Arc<App>, id: String) -> ApiResult<SandboxRecord> {
 pub async fn exec(State(app): State<Arc<App>>, Path(id): Path<String>, body: Bytes) -> ApiResult<Response> {
     let body: ExecBody = parse(&body)?;
     let req = request(&body, false)?;
-    let rec = running(&app, id).await?;
     let detach = body.detach;
     let stdin = body.stdin.clone();
     let out = app
         .engine(move |e| {
+            let rec = e.sandbox(&id)?;
             let start = match e.exec(&rec, req)? {
                 Ok(s) => s,
                 Err(failure) => {

@@ -16,6 +16,7 @@ use cairn_engine::{CreateOptions, Engine, Home, Silent};
 use cairn_protocol::{ExecRequest, FileKind, FileMeta};
 use serde::Serialize;
 
+mod api;
 mod state;
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
@@ -40,6 +41,9 @@ pub enum Which {
     /// gvisor: memory snapshot and restore to first output, fresh and after
     /// 30 s of process churn.
     Gvisor,
+    /// The HTTP API over its Unix socket: create to first output beside the
+    /// engine, exec round trip, 1,000 concurrent streamed execs.
+    Api,
 }
 
 #[derive(Debug, Serialize)]
@@ -107,6 +111,7 @@ pub fn run(user_home: Home, which: &[Which], runs: usize, json: bool) -> Result<
             Which::Snapshot | Which::Fork | Which::Restore => bench.snapshots(*w, runs.min(30)),
             Which::Stages => bench.stages(runs.min(50)),
             Which::Gvisor => bench.gvisor(runs.min(10)),
+            Which::Api => bench.api(runs),
         };
         results.extend(r?);
     }
