@@ -53,6 +53,8 @@ pub struct App {
     processes: Mutex<HashMap<(String, i32), ExecControl>>,
     pub metrics: Metrics,
     pub events: broadcast::Sender<Event>,
+    /// Set when the server stops: open streams end so that it can.
+    stopping: tokio::sync::watch::Sender<bool>,
 }
 
 /// A sandbox claimed for one operation; released when dropped.
@@ -88,6 +90,7 @@ impl App {
             processes: Mutex::new(HashMap::new()),
             metrics: Metrics::default(),
             events,
+            stopping: tokio::sync::watch::Sender::new(false),
         }))
     }
 
@@ -151,6 +154,19 @@ impl App {
     pub fn control(&self, sandbox: &str, pid: i32) -> Option<ExecControl> {
         let p = self.processes.lock().unwrap_or_else(|e| e.into_inner());
         p.get(&(sandbox.to_string(), pid)).cloned()
+    }
+
+    /// Ends every open stream (exec output, events): the server is stopping.
+    pub fn stop_streams(&self) {
+        self.stopping.send_replace(true);
+    }
+
+    /// Resolves once the server is stopping.
+    pub fn stopped(&self) -> impl std::future::Future<Output = ()> + Send + 'static {
+        let mut rx = self.stopping.subscribe();
+        async move {
+            let _ = rx.wait_for(|s| *s).await;
+        }
     }
 
     pub fn emit(&self, kind: &str, id: &str, detail: impl Into<String>) {

@@ -105,6 +105,7 @@ pub async fn serve(home: Home, opts: ServeOptions) -> Result<(), ServeError> {
     }
     eprintln!("cairn: stopping: finishing requests in flight; sandboxes and runs keep running");
     let _ = stop_tx.send(true);
+    app.stop_streams();
     while tasks.join_next().await.is_some() {}
     let _ = std::fs::remove_file(&socket);
     Ok(())

@@ -68,12 +68,16 @@ impl Server {
         let _ = self.child.wait();
     }
 
-    fn stop(mut self) -> std::process::ExitStatus {
+    fn sigterm(&self) {
         nix::sys::signal::kill(
             nix::unistd::Pid::from_raw(self.child.id() as i32),
             nix::sys::signal::Signal::SIGTERM,
         )
         .unwrap();
+    }
+
+    fn stop(mut self) -> std::process::ExitStatus {
+        self.sigterm();
         self.child.wait().unwrap()
     }
 }
@@ -586,4 +590,43 @@ fn the_checked_in_openapi_document_matches_the_code() {
     ] {
         assert!(doc["paths"][path].is_object(), "{path} is documented");
     }
+}
+
+#[test]
+fn stopping_the_server_finishes_requests_in_flight_and_ends_open_streams() {
+    if skip("stopping_the_server_finishes_requests_in_flight_and_ends_open_streams") {
+        return;
+    }
+    let home = Home::new();
+    let s = Server::start(&home, &[]);
+    let events = s.req("GET", "/v1/events").call().unwrap();
+    let watcher = std::thread::spawn(move || {
+        BufReader::new(events.into_reader())
+            .lines()
+            .map_while(Result::ok)
+            .filter_map(|l| l.strip_prefix("event: ").map(str::to_string))
+            .collect::<Vec<_>>()
+    });
+    let id = create(&s);
+    let (status, v) = std::thread::scope(|scope| {
+        let in_flight = scope.spawn(|| {
+            s.call(
+                "POST",
+                &format!("/v1/sandboxes/{id}/exec"),
+                Some(json!({ "argv": ["sh", "-c", "sleep 1; echo done"] })),
+            )
+        });
+        std::thread::sleep(Duration::from_millis(300));
+        s.sigterm();
+        in_flight.join().unwrap()
+    });
+    assert_eq!((status, v["stdout"].as_str()), (200, Some("done\n")), "{v}");
+    assert_eq!(s.stop().code(), Some(0));
+    // The events stream saw the sandbox made, and ended with the server.
+    assert_eq!(watcher.join().unwrap(), ["sandbox.created"]);
+    // The sandbox outlives the server.
+    assert!(home
+        .ps()
+        .iter()
+        .any(|p| p["id"] == id.as_str() && p["state"] == "running"));
 }

@@ -347,12 +347,20 @@ pub async fn exec_stream(
             Err(e) => Chunk::Failed(e),
         });
     });
-    // The stream ends with the exit (or error) event.
-    let stream = futures_util::stream::unfold(Some(rx), |rx| async move {
-        let mut rx = rx?;
-        let chunk = rx.recv().await?;
+    // The stream ends with the exit (or error) event, or when the server
+    // stops (the process then goes as on a disconnect).
+    let stopped = Box::pin(app.stopped());
+    let stream = futures_util::stream::unfold(Some((rx, stopped)), |state| async move {
+        let (mut rx, mut stopped) = state?;
+        let chunk = tokio::select! {
+            c = rx.recv() => c?,
+            () = &mut stopped => Chunk::Failed(ApiError::new(
+                StatusCode::SERVICE_UNAVAILABLE,
+                "the server is stopping; the process was handled as on a disconnect (on_disconnect)",
+            )),
+        };
         let last = matches!(chunk, Chunk::Exit(_) | Chunk::Failed(_));
-        Some((Ok(chunk.event()), (!last).then_some(rx)))
+        Some((Ok(chunk.event()), (!last).then_some((rx, stopped))))
     });
     Ok(Sse::new(stream).keep_alive(KeepAlive::default()))
 }

@@ -74,8 +74,13 @@ pub async fn openapi() -> Response {
     responses((status = 200, content_type = "text/event-stream", description = "One event per change; data is an Event")))]
 pub async fn events(State(app): State<Arc<App>>) -> Sse<impl Stream<Item = Result<SseEvent, Infallible>>> {
     let rx = app.events.subscribe();
-    let stream = futures_util::stream::unfold(rx, |mut rx| async move {
-        let ev = match rx.recv().await {
+    let stopped = Box::pin(app.stopped());
+    let stream = futures_util::stream::unfold((rx, stopped), |(mut rx, mut stopped)| async move {
+        let next = tokio::select! {
+            e = rx.recv() => e,
+            () = &mut stopped => return None,
+        };
+        let ev = match next {
             Ok(e) => SseEvent::default()
                 .event(e.kind.clone())
                 .data(serde_json::to_string(&e).expect("serialisable")),
@@ -84,7 +89,7 @@ pub async fn events(State(app): State<Arc<App>>) -> Sse<impl Stream<Item = Resul
             }
             Err(broadcast::error::RecvError::Closed) => return None,
         };
-        Some((Ok(ev), rx))
+        Some((Ok(ev), (rx, stopped)))
     });
     Sse::new(stream).keep_alive(KeepAlive::default())
 }
