@@ -38,12 +38,66 @@ if [ ${#missing[@]} -gt 0 ] || ! compgen -G "/var/lib/apt/lists/*_Packages*" >/d
 fi
 
 log=$(mktemp)
-trap 'rm -f "$log"' EXIT
+junit=$(mktemp --suffix .xml)
+trap 'rm -f "$log" "$junit"' EXIT
 set +e
 cargo test --workspace 2>&1 | tee "$log"
 status=${PIPESTATUS[0]}
 set -e
+
+# The Python suites (the SDK's, and the e2b package's against the
+# E2B-compatible API) drive the cairn binary cargo just built, from a
+# virtual environment kept in target/ and reinstalled only when their
+# requirements change.
+suites=()
+for d in sdk/python/tests tests/e2b; do
+    [ -d "$d" ] && suites+=("$d")
+done
+py_passed=0 py_failed=0
+if [ ${#suites[@]} -gt 0 ]; then
+    if ! python3 -m venv --help >/dev/null 2>&1 || ! python3 -c 'import ensurepip' 2>/dev/null; then
+        echo "test.sh: installing python3-venv for the Python suites" >&2
+        DEBIAN_FRONTEND=noninteractive apt-get install -y -q --no-install-recommends python3-venv >/dev/null
+    fi
+    venv=target/test-venv
+    reqs=(sdk/python/requirements-test.txt tests/e2b/requirements.txt sdk/python/pyproject.toml)
+    stamp=$(cat "${reqs[@]}" 2>/dev/null | sha256sum | cut -d' ' -f1)
+    if [ ! -x "$venv/bin/python" ] || [ "$(cat "$venv/.stamp" 2>/dev/null)" != "$stamp" ]; then
+        echo "test.sh: preparing the Python environment in $venv" >&2
+        rm -rf "$venv"
+        python3 -m venv "$venv"
+        "$venv/bin/pip" install -q --disable-pip-version-check --upgrade pip
+        for r in sdk/python/requirements-test.txt tests/e2b/requirements.txt; do
+            [ -f "$r" ] && "$venv/bin/pip" install -q --disable-pip-version-check -r "$r"
+        done
+        [ -f sdk/python/pyproject.toml ] && "$venv/bin/pip" install -q --disable-pip-version-check -e sdk/python
+        echo "$stamp" >"$venv/.stamp"
+    fi
+    set +e
+    CAIRN_BIN="$PWD/target/debug/cairn" "$venv/bin/python" -m pytest -q -p no:cacheprovider \
+        --junitxml="$junit" "${suites[@]}"
+    py_status=$?
+    set -e
+    read -r py_passed py_failed < <("$venv/bin/python" - "$junit" <<'PY'
+import sys, xml.etree.ElementTree as ET
+try:
+    root = ET.parse(sys.argv[1]).getroot()
+except Exception:
+    print(0, 1); sys.exit()
+suites = [root] if root.tag == "testsuite" else list(root)
+t = sum(int(s.get("tests", 0)) for s in suites)
+f = sum(int(s.get("failures", 0)) + int(s.get("errors", 0)) for s in suites)
+k = sum(int(s.get("skipped", 0)) for s in suites)
+print(t - f - k, f)
+PY
+)
+    if [ "$py_status" != 0 ] && [ "$status" = 0 ]; then
+        status=$py_status
+        [ "$py_failed" = 0 ] && py_failed=1
+    fi
+fi
 # One closing line for the whole run (cargo's last line is a doc-test
 # summary).
-awk '/^test result:/ { p += $4; f += $6 } END { printf "tests: %d passed, %d failed\n", p, f }' "$log"
+awk -v pp="$py_passed" -v pf="$py_failed" \
+    '/^test result:/ { p += $4; f += $6 } END { printf "tests: %d passed, %d failed\n", p + pp, f + pf }' "$log"
 exit "$status"

@@ -630,3 +630,90 @@ fn stopping_the_server_finishes_requests_in_flight_and_ends_open_streams() {
         .iter()
         .any(|p| p["id"] == id.as_str() && p["state"] == "running"));
 }
+
+/// Polls a run until it is no longer running.
+fn settled(s: &Server, run: &str) -> Value {
+    let deadline = Instant::now() + Duration::from_secs(120);
+    loop {
+        let (_, d) = s.call("GET", &format!("/v1/runs/{run}"), None);
+        if (d["run"]["status"] != "running" && d["run"]["orchestrated"] == false) || Instant::now() > deadline {
+            return d;
+        }
+        std::thread::sleep(Duration::from_millis(200));
+    }
+}
+
+#[test]
+fn a_dead_letter_is_retried_and_an_image_is_built_through_the_api() {
+    if skip("a_dead_letter_is_retried_and_an_image_is_built_through_the_api") {
+        return;
+    }
+    let home = Home::new();
+    let s = Server::start(&home, &[]);
+    let pipeline = r#"
+[pipeline]
+name = "flaky"
+image = "busybox"
+
+[[stage]]
+name = "flaky"
+key = "flaky-{params.tag}"
+retries = 1
+run = ["echo attempt $CAIRN_ATTEMPT; [ $CAIRN_ATTEMPT -ge 3 ]"]
+
+[params]
+tag = "a"
+"#;
+    let tag = format!("t{}", std::process::id());
+    let (status, run) = s.call(
+        "POST",
+        "/v1/runs",
+        Some(json!({ "pipeline": pipeline, "params": { "tag": tag } })),
+    );
+    assert_eq!(status, 202, "{run}");
+    let run = run["id"].as_str().unwrap().to_string();
+    let d = settled(&s, &run);
+    assert_eq!(d["run"]["status"], "failed", "{d}");
+    let (_, dlq) = s.call("GET", "/v1/dlq", None);
+    let dl = dlq[0]["id"].as_str().unwrap().to_string();
+    assert_eq!(dlq[0]["run_id"], run.as_str());
+    let (status, _) = s.call("POST", &format!("/v1/dlq/{dl}/retry"), None);
+    assert_eq!(status, 202);
+    let d = settled(&s, &run);
+    assert_eq!(d["run"]["status"], "completed", "{d}");
+    let (status, v) = s.call("POST", &format!("/v1/dlq/{dl}/retry"), None);
+    assert_eq!(status, 409, "a dead letter is retried once: {v}");
+    let (_, log) = s.call("GET", &format!("/v1/runs/{run}/logs/flaky"), None);
+    assert!(log.as_str().unwrap().contains("attempt 3"), "{log}");
+    // A bad pipeline is refused with its line, and starts nothing.
+    let (status, v) = s.call(
+        "POST",
+        "/v1/runs",
+        Some(json!({ "pipeline": "[pipeline]\nname = 3\n" })),
+    );
+    assert_eq!(status, 400, "{v}");
+    let (_, runs) = s.call("GET", "/v1/runs", None);
+    assert_eq!(runs["items"].as_array().unwrap().len(), 1);
+    // An image build streams its steps, then the image.
+    let resp = s
+        .req("POST", "/v1/images")
+        .send_json(json!({ "name": "tiny", "kind": "busybox" }))
+        .unwrap();
+    let events: Vec<String> = BufReader::new(resp.into_reader())
+        .lines()
+        .map_while(Result::ok)
+        .filter_map(|l| l.strip_prefix("event: ").map(str::to_string))
+        .collect();
+    assert!(
+        events.len() >= 2 && events.iter().rev().skip(1).all(|e| e == "step"),
+        "{events:?}"
+    );
+    assert_eq!(events.last().map(String::as_str), Some("image"), "{events:?}");
+    let (_, images) = s.call("GET", "/v1/images", None);
+    assert!(
+        images.as_array().unwrap().iter().any(|i| i["name"] == "tiny"),
+        "{images}"
+    );
+    let (status, _) = s.call("DELETE", "/v1/images/tiny", None);
+    assert_eq!(status, 204);
+}
