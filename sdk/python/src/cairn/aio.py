@@ -14,6 +14,7 @@ import httpx
 from . import _config as cfg
 from . import errors
 from ._sse import aevents
+from .client import _STARTED
 from .models import (DeadLetter, Event, ExecResult, FileStat, ForkResult, Health, Image, Output, Run,
                      RunDetail, Sandbox, Snapshot, SnapshotDetail)
 
@@ -134,6 +135,10 @@ class AsyncClient:
         finally:
             await resp.aclose()
 
+    async def request(self, method: str, path: str, **kw: Any) -> Any:
+        """Calls any route and answers its JSON (None without a body)."""
+        return await self._json(method, path, **kw)
+
     async def health(self) -> Health:
         return Health.from_dict(await self._json("GET", "/healthz"))
 
@@ -161,35 +166,64 @@ class AsyncClient:
 
 
 class AsyncExecStream:
-    """`async for` over a running command's `Output`; then `.result`."""
+    """`async for` over a running command's `Output`; then `.result`.
+    `await started()` answers the pid once the process runs."""
 
     def __init__(self, client: AsyncClient, resp: httpx.Response) -> None:
         self._client, self._resp = client, resp
+        self._events = aevents(resp.aiter_lines())
+        self._early: List[Output] = []
         self.pid: Optional[int] = None
         self.result: Optional[ExecResult] = None
 
-    async def __aiter__(self) -> AsyncIterator[Output]:
+    async def _next(self) -> Optional[Output]:
         try:
-            async for kind, data in aevents(self._resp.aiter_lines()):
+            async for kind, data in self._events:
                 if kind in ("stdout", "stderr"):
-                    yield Output.from_event(kind, data)
-                elif kind == "started":
+                    return Output.from_event(kind, data)
+                if kind == "started":
                     self.pid = data.get("pid")
+                    return _STARTED
                 elif kind == "exit":
                     self.result = ExecResult.from_dict(data)
-                    return
+                    if self.pid is None:
+                        self.pid = self.result.pid
+                    return None
                 elif kind == "error":
                     raise errors.from_event(data)
-            raise errors.CairnError("the exec stream ended before the process did", code="stream_ended")
         except httpx.TransportError as e:
             raise errors.from_transport(e, self._client.where) from None
+        if self.result is None:
+            raise errors.CairnError("the exec stream ended before the process did", code="stream_ended")
+        return None
+
+    async def started(self) -> int:
+        while self.pid is None and self.result is None:
+            out = await self._next()
+            if out is None:
+                break
+            if out is not _STARTED:
+                self._early.append(out)
+        assert self.pid is not None
+        return self.pid
+
+    async def __aiter__(self) -> AsyncIterator[Output]:
+        try:
+            while self._early:
+                yield self._early.pop(0)
+            while self.result is None:
+                out = await self._next()
+                if out is None:
+                    return
+                if out is not _STARTED:
+                    yield out
         finally:
+            # Leaving the loop early ends the stream, and so the process.
             await self._resp.aclose()
 
     async def wait(self) -> ExecResult:
-        if self.result is None:
-            async for _ in self:
-                pass
+        async for _ in self:
+            pass
         assert self.result is not None
         return self.result
 

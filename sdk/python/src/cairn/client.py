@@ -84,6 +84,12 @@ class Client:
         finally:
             resp.close()
 
+    def request(self, method: str, path: str, **kw: Any) -> Any:
+        """Calls any route (e.g. one newer than this SDK) and answers its
+        JSON, or None when it has no body; keyword arguments go to httpx
+        (`json=`, `params=`, `content=`, `headers=`)."""
+        return self._json(method, path, **kw)
+
     # System -------------------------------------------------------------
 
     def health(self) -> Health:
@@ -114,39 +120,74 @@ class Client:
         self.close()
 
 
+_STARTED = Output(stream="started", data=b"")
+
+
 class ExecStream:
     """A running command's output: iterate for `Output` pieces as they
-    happen; afterwards `.result` is the ExecResult. `.pid` is known once
-    the process started. Leaving the loop early ends the process."""
+    happen; afterwards `.result` is the ExecResult. `started()` waits for
+    the process and answers its pid (for `signal` or `write_stdin`).
+    Leaving the loop (or closing the stream) before the end kills the
+    process."""
 
     def __init__(self, client: Client, resp: httpx.Response) -> None:
         self._client, self._resp = client, resp
+        self._events = sse_events(resp.iter_lines())
+        self._early: List[Output] = []
         self.pid: Optional[int] = None
         self.result: Optional[ExecResult] = None
 
-    def __iter__(self) -> Iterator[Output]:
+    def _next(self) -> Optional[Output]:
+        """The next piece of output, or None at the end."""
         try:
-            for kind, data in sse_events(self._resp.iter_lines()):
+            for kind, data in self._events:
                 if kind in ("stdout", "stderr"):
-                    yield Output.from_event(kind, data)
-                elif kind == "started":
+                    return Output.from_event(kind, data)
+                if kind == "started":
                     self.pid = data.get("pid")
+                    return _STARTED
                 elif kind == "exit":
                     self.result = ExecResult.from_dict(data)
-                    return
+                    if self.pid is None:
+                        self.pid = self.result.pid
+                    return None
                 elif kind == "error":
                     raise errors.from_event(data)
-            raise errors.CairnError("the exec stream ended before the process did", code="stream_ended")
         except httpx.TransportError as e:
             raise errors.from_transport(e, self._client.where) from None
+        if self.result is None:
+            raise errors.CairnError("the exec stream ended before the process did", code="stream_ended")
+        return None
+
+    def started(self) -> int:
+        """Waits until the process runs and answers its pid."""
+        while self.pid is None and self.result is None:
+            out = self._next()
+            if out is None:
+                break
+            if out is not _STARTED:
+                self._early.append(out)
+        assert self.pid is not None
+        return self.pid
+
+    def __iter__(self) -> Iterator[Output]:
+        try:
+            while self._early:
+                yield self._early.pop(0)
+            while self.result is None:
+                out = self._next()
+                if out is None:
+                    return
+                if out is not _STARTED:
+                    yield out
         finally:
+            # Leaving the loop early ends the stream, and so the process.
             self._resp.close()
 
     def wait(self) -> ExecResult:
         """Drains the output and answers how the process ended."""
-        if self.result is None:
-            for _ in self:
-                pass
+        for _ in self:
+            pass
         assert self.result is not None
         return self.result
 
