@@ -28,12 +28,17 @@ token=$("$bin" token create fuzz --home "$home" 2>/dev/null)
 "$bin" serve --home "$home" --listen "127.0.0.1:$port" >"$home/serve.log" 2>&1 &
 server=$!
 cleanup() {
+    local status=$?
     for id in $(curl -s --unix-socket "$home/cairn.sock" 'http://cairn/v1/sandboxes?limit=1000' |
         python3 -c 'import json,sys; print(" ".join(s["id"] for s in json.load(sys.stdin)["items"]))' 2>/dev/null); do
         curl -s -o /dev/null -X DELETE --unix-socket "$home/cairn.sock" "http://cairn/v1/sandboxes/$id?force=true" || true
     done
     kill -TERM "$server" 2>/dev/null && wait "$server" 2>/dev/null || true
-    echo "server log: $home/serve.log" >&2
+    if [ "$status" = 0 ]; then
+        rm -rf "$home"
+    else
+        echo "kept the state directory and the server log: $home/serve.log" >&2
+    fi
 }
 trap cleanup EXIT
 for _ in $(seq 100); do
