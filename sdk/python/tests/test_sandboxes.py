@@ -98,3 +98,4 @@ def test_events_report_sandbox_creation(client, server):
 def test_health_and_metrics(client):
     assert client.health().status == "ok"
     assert isinstance(client.metrics(), str)
+    assert isinstance(client.dlq.list(), list)
