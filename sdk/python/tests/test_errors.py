@@ -31,6 +31,10 @@ def test_no_server_is_a_clear_connection_error(tmp_path):
         with pytest.raises(cairn.ConnectError) as e:
             c.health()
     assert sock in str(e.value) and "cairn serve" in str(e.value)
+    with cairn.Client("http://127.0.0.1:9", token="t") as c:
+        with pytest.raises(cairn.ConnectError) as e:
+            c.health()
+    assert "http://127.0.0.1:9" in str(e.value)
 
 
 def test_environment_selects_the_server_and_arguments_override_it(monkeypatch, tmp_path):

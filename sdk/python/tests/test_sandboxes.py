@@ -99,3 +99,18 @@ def test_health_and_metrics(client):
     assert client.health().status == "ok"
     assert isinstance(client.metrics(), str)
     assert isinstance(client.dlq.list(), list)
+
+
+def test_leaving_a_stream_early_ends_the_process(sandbox):
+    stream = sandbox.exec_stream("echo go; exec sleep 30")
+    for out in stream:
+        assert out.data == b"go\n"
+        deadline = time.monotonic() + 5
+        while "sleep 30" not in sandbox.exec("ps -o args").stdout:
+            assert time.monotonic() < deadline, "the streamed process never started sleeping"
+            time.sleep(0.05)
+        break
+    deadline = time.monotonic() + 5
+    while "sleep 30" in sandbox.exec("ps -o args").stdout:
+        assert time.monotonic() < deadline, "the streamed process outlived its stream"
+        time.sleep(0.1)
