@@ -78,6 +78,7 @@ PYTHONPATH="$repo/scripts${PYTHONPATH:+:$PYTHONPATH}" SCHEMATHESIS_HOOKS=api_fuz
     ${FUZZ_SEED:+--seed "$FUZZ_SEED"} \
     --workers 1 \
     --request-timeout 30 \
+    --generation-database none \
     --exclude-path /v1/events \
     --exclude-operation-id build_image \
     "$@"
