@@ -68,6 +68,8 @@ json.dump(doc, open(sys.argv[2], "w"))
 PY
 fi
 
+# Run from the state directory: schemathesis keeps a cache in its working directory.
+cd "$home"
 # application/x-tar bodies (image import) are sent as raw bytes.
 PYTHONPATH="$repo/scripts${PYTHONPATH:+:$PYTHONPATH}" SCHEMATHESIS_HOOKS=api_fuzz_hooks \
 "$st" run "$spec" \
