@@ -1,0 +1,22 @@
+"""Cairn's Python SDK: durable, forkable sandboxes for AI agents.
+
+    import cairn
+    with cairn.Client() as client, client.sandboxes.create() as sb:
+        print(sb.exec("echo hello").stdout)
+"""
+
+from .aio import AsyncClient, AsyncExecStream, AsyncSandbox
+from .client import Client, ExecStream
+from .errors import (BadRequest, CairnError, Conflict, ConnectError, NotFound, TooLarge, Unauthorized,
+                     Unavailable)
+from .models import (Artifact, DeadLetter, Event, ExecResult, FileStat, ForkResult, Health, Image, Output, Run,
+                     RunDetail, RunEvent, Sandbox, Snapshot, SnapshotDetail, Stage)
+
+__version__ = "0.1.0"
+
+__all__ = [
+    "Client", "AsyncClient", "ExecStream", "AsyncExecStream", "Sandbox", "AsyncSandbox",
+    "CairnError", "BadRequest", "Unauthorized", "NotFound", "Conflict", "TooLarge", "Unavailable", "ConnectError",
+    "Artifact", "DeadLetter", "Event", "ExecResult", "FileStat", "ForkResult", "Health", "Image", "Output", "Run",
+    "RunDetail", "RunEvent", "Snapshot", "SnapshotDetail", "Stage",
+]

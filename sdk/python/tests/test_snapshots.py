@@ -1,0 +1,55 @@
+import cairn
+
+
+def test_three_forks_of_one_snapshot_see_it_and_diverge(client, sandbox):
+    sandbox.write_file("/root/shared.txt", "from the snapshot\n")
+    snap = sandbox.snapshot(label="base")
+    assert snap.sandbox_id == sandbox.id and snap.label == "base"
+    fork = client.snapshots.fork(snap.id, count=3)
+    assert fork.snapshot.id == snap.id and len(fork.sandboxes) == 3
+    try:
+        for i, sb in enumerate(fork.sandboxes):
+            assert sb.read_file("/root/shared.txt") == b"from the snapshot\n"
+            sb.exec(f"echo fork {i} >> /root/shared.txt && touch /root/only-{i}")
+        for i, sb in enumerate(fork.sandboxes):
+            assert sb.read_file("/root/shared.txt") == f"from the snapshot\nfork {i}\n".encode()
+            assert sb.exec("ls /root").stdout.split() == [f"only-{i}", "shared.txt"]
+        assert sandbox.read_file("/root/shared.txt") == b"from the snapshot\n"
+        assert snap.id in [s.id for s in client.snapshots.list()]
+    finally:
+        for sb in fork.sandboxes:
+            sb.remove()
+
+
+def test_sandbox_fork_and_snapshot_lineage(client, sandbox):
+    sandbox.write_file("/root/a", "a")
+    first = sandbox.snapshot()
+    sandbox.write_file("/root/b", "b")
+    second = sandbox.snapshot()
+    detail = client.snapshots.get(second.id)
+    assert isinstance(detail, cairn.SnapshotDetail)
+    assert [s.id for s in detail.lineage][:1] == [first.id]
+    fork = sandbox.fork()
+    with fork.sandboxes[0] as child:
+        assert child.exec("cat /root/a /root/b").stdout == "ab"
+
+
+def test_reset_rewinds_the_filesystem(sandbox):
+    sandbox.write_file("/root/state", "v1")
+    snap = sandbox.snapshot()
+    sandbox.write_file("/root/state", "v2")
+    sandbox.write_file("/root/extra", "x")
+    after = sandbox.reset(snap)
+    assert after.id == sandbox.id
+    assert sandbox.read_file("/root/state") == b"v1"
+    assert sandbox.exec("test -e /root/extra").exit_code == 1
+
+
+def test_restore_starts_a_sandbox_from_a_snapshot(client, sandbox):
+    sandbox.write_file("/root/note", "kept")
+    snap = sandbox.snapshot()
+    with client.snapshots.restore(snap) as restored:
+        assert restored.id != sandbox.id
+        assert restored.read_file("/root/note") == b"kept"
+    with client.sandboxes.create(snapshot=snap) as again:
+        assert again.read_file("/root/note") == b"kept"
