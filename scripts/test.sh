@@ -78,6 +78,11 @@ if [ ${#suites[@]} -gt 0 ]; then
         --junitxml="$junit" "${suites[@]}"
     py_status=$?
     set -e
+    # The API fuzzed from its OpenAPI document: one more test.
+    set +e
+    PATH="$PWD/$venv/bin:$PATH" CAIRN_BIN="$PWD/target/debug/cairn" bash scripts/api-fuzz.sh
+    fuzz_status=$?
+    set -e
     read -r py_passed py_failed < <("$venv/bin/python" - "$junit" <<'PY'
 import sys, xml.etree.ElementTree as ET
 try:
@@ -91,6 +96,12 @@ k = sum(int(s.get("skipped", 0)) for s in suites)
 print(t - f - k, f)
 PY
 )
+    if [ "$fuzz_status" = 0 ]; then
+        py_passed=$((py_passed + 1))
+    else
+        py_failed=$((py_failed + 1))
+        [ "$py_status" = 0 ] && py_status=$fuzz_status
+    fi
     if [ "$py_status" != 0 ] && [ "$status" = 0 ]; then
         status=$py_status
         [ "$py_failed" = 0 ] && py_failed=1

@@ -20,8 +20,10 @@ pub struct ErrorBody {
 
 #[derive(Debug, Serialize, ToSchema)]
 pub struct ErrorDetail {
-    /// Stable, machine-readable: `not_found`, `bad_request`, `conflict`,
-    /// `unauthorized`, `too_large`, `unavailable`, `internal`.
+    /// Stable, machine-readable: `bad_request` (400, and 422 for an
+    /// idempotency key reused with another body), `unauthorized` (401),
+    /// `forbidden` (403), `not_found` (404), `conflict` (409), `too_large`
+    /// (413), `unavailable` (503), `internal` (500).
     pub code: String,
     /// What went wrong and what to do, for a person.
     pub message: String,

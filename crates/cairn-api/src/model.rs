@@ -89,6 +89,7 @@ pub struct SandboxPage {
 }
 
 #[derive(Debug, Deserialize, IntoParams)]
+#[into_params(parameter_in = Query)]
 #[serde(deny_unknown_fields)]
 pub struct SandboxQuery {
     /// Only sandboxes in this state.
@@ -96,12 +97,14 @@ pub struct SandboxQuery {
     /// Only sandboxes from this image.
     pub image: Option<String>,
     /// At most this many (default 100, at most 1000).
+    #[param(minimum = 1, maximum = 1000)]
     pub limit: Option<usize>,
     /// The `next` of the previous page.
     pub after: Option<String>,
 }
 
 #[derive(Debug, Deserialize, IntoParams)]
+#[into_params(parameter_in = Query)]
 #[serde(deny_unknown_fields)]
 pub struct RemoveQuery {
     /// Remove a running sandbox (its processes are killed).
@@ -113,6 +116,7 @@ pub struct RemoveQuery {
 #[serde(deny_unknown_fields)]
 pub struct ExecBody {
     /// The program and its arguments, e.g. `["sh", "-c", "echo hi"]`.
+    #[schema(min_items = 1)]
     pub argv: Vec<String>,
     /// Added to the default environment (PATH, HOME, TERM).
     #[serde(default)]
@@ -176,8 +180,21 @@ pub struct StdinBody {
 #[serde(deny_unknown_fields)]
 pub struct SignalBody {
     /// A signal number (9) or name (`KILL`, `SIGTERM`).
-    pub signal: serde_json::Value,
+    pub signal: Signal,
 }
+
+/// A signal by number (1 to 64) or name.
+#[derive(Debug, Serialize, Deserialize, ToSchema)]
+#[serde(untagged)]
+pub enum Signal {
+    Number(i64),
+    Name(String),
+}
+
+/// Bytes, as an HTTP body.
+#[derive(ToSchema)]
+#[schema(value_type = String, format = Binary)]
+pub struct Binary(#[allow(dead_code)] Vec<u8>);
 
 #[derive(Debug, Serialize, Deserialize, ToSchema)]
 pub struct FileStat {
@@ -214,6 +231,7 @@ impl From<cairn_protocol::FileMeta> for FileStat {
 }
 
 #[derive(Debug, Deserialize, IntoParams)]
+#[into_params(parameter_in = Query)]
 #[serde(deny_unknown_fields)]
 pub struct PathQuery {
     /// An absolute path inside the sandbox.
@@ -221,6 +239,7 @@ pub struct PathQuery {
 }
 
 #[derive(Debug, Deserialize, IntoParams)]
+#[into_params(parameter_in = Query)]
 #[serde(deny_unknown_fields)]
 pub struct UploadQuery {
     /// An absolute path inside the sandbox; its directory must exist.
@@ -277,9 +296,11 @@ pub struct SnapshotPage {
 }
 
 #[derive(Debug, Deserialize, IntoParams)]
+#[into_params(parameter_in = Query)]
 #[serde(deny_unknown_fields)]
 pub struct PageQuery {
     /// At most this many (default 100, at most 1000).
+    #[param(minimum = 1, maximum = 1000)]
     pub limit: Option<usize>,
     /// The `next` of the previous page.
     pub after: Option<String>,
@@ -358,6 +379,7 @@ pub struct BuildImage {
 }
 
 #[derive(Debug, Deserialize, IntoParams)]
+#[into_params(parameter_in = Query)]
 #[serde(deny_unknown_fields)]
 pub struct ImportQuery {
     /// The new image's name.
@@ -569,13 +591,16 @@ pub fn page<T>(
 }
 
 #[derive(Debug, Deserialize, IntoParams)]
+#[into_params(parameter_in = Query)]
 #[serde(deny_unknown_fields)]
 pub struct ListQuery {
     /// An absolute directory path inside the sandbox (not a symlink).
     pub path: String,
     /// 1 lists the directory's children; up to 16 levels (default 1).
+    #[param(minimum = 1, maximum = 16)]
     pub depth: Option<u32>,
     /// At most this many entries (default and most 10000); `truncated` says when more were there.
+    #[param(minimum = 1, maximum = 10000)]
     pub limit: Option<u32>,
 }
 
@@ -616,6 +641,7 @@ pub struct MoveBody {
 }
 
 #[derive(Debug, Deserialize, IntoParams)]
+#[into_params(parameter_in = Query)]
 #[serde(deny_unknown_fields)]
 pub struct RemoveFileQuery {
     pub path: String,

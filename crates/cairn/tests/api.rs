@@ -452,6 +452,22 @@ fn conflicting_operations_on_one_sandbox_get_409_and_idempotency_keys_make_one_s
     let (c, vc) = post("k-1", json!({ "name": "twice" }));
     assert_eq!(c, 422, "{vc}");
     assert_eq!(home.ps().len(), 2);
+    // A key names one request to one route and one source: forks of two
+    // sandboxes with the same key are two forks.
+    let other = vb["id"].as_str().unwrap();
+    let fork = |of: &str| {
+        answer(
+            s.req("POST", &format!("/v1/sandboxes/{of}/fork"))
+                .set("Idempotency-Key", "fork-1")
+                .send_json(json!({})),
+        )
+    };
+    let (fa, va) = fork(&id);
+    let (fb, vb) = fork(other);
+    assert_eq!((fa, fb), (201, 201));
+    assert_eq!(va["snapshot"]["sandbox_id"], id.as_str());
+    assert_eq!(vb["snapshot"]["sandbox_id"], other, "{vb}");
+    assert_eq!(home.ps().len(), 4);
 }
 
 #[test]

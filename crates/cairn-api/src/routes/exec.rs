@@ -104,7 +104,7 @@ async fn running(app: &Arc<App>, id: String) -> ApiResult<SandboxRecord> {
 }
 
 /// Runs a process to its end and returns its status and output.
-#[utoipa::path(post, path = "/v1/sandboxes/{id}/exec", tag = "processes",
+#[utoipa::path(operation_id = "exec", post, path = "/v1/sandboxes/{id}/exec", tag = "processes",
     params(("id" = String, Path, description = "Sandbox id")),
     request_body = ExecBody,
     responses((status = 200, body = ExecResult, description = "The process ended (any exit code)"),
@@ -233,7 +233,7 @@ impl Write for Sender {
 
 /// Runs a process and streams `started`, `stdout`, `stderr` (base64 in
 /// `data`) and `exit` events as they happen (or one `error` event).
-#[utoipa::path(post, path = "/v1/sandboxes/{id}/exec/stream", tag = "processes",
+#[utoipa::path(operation_id = "exec_stream", post, path = "/v1/sandboxes/{id}/exec/stream", tag = "processes",
     params(("id" = String, Path, description = "Sandbox id")),
     request_body = ExecBody,
     responses((status = 200, content_type = "text/event-stream", description = "Events: started {pid}, stdout {data}, stderr {data}, exit (an ExecResult without output), error {error}"),
@@ -367,15 +367,16 @@ pub async fn exec_stream(
 
 /// Writes to the stdin of a process started by a streamed exec with
 /// `stdin_open`.
-#[utoipa::path(post, path = "/v1/sandboxes/{id}/processes/{pid}/stdin", tag = "processes",
+#[utoipa::path(operation_id = "write_stdin", post, path = "/v1/sandboxes/{id}/processes/{pid}/stdin", tag = "processes",
     params(("id" = String, Path, description = "Sandbox id"), ("pid" = i32, Path, description = "Process id")),
     request_body = StdinBody,
     responses((status = 204), (status = 400, body = ErrorBody), (status = 404, body = ErrorBody)))]
 pub async fn stdin(
     State(app): State<Arc<App>>,
-    Path((id, pid)): Path<(String, i32)>,
+    Path((id, pid)): Path<(String, String)>,
     body: Bytes,
 ) -> ApiResult<StatusCode> {
+    let pid = pid_of(&pid)?;
     let body: StdinBody = parse(&body)?;
     let data = match (&body.data, &body.data_base64) {
         (Some(t), None) => t.as_bytes().to_vec(),
@@ -407,19 +408,11 @@ pub async fn stdin(
     Ok(StatusCode::NO_CONTENT)
 }
 
-fn signal_number(v: &serde_json::Value) -> ApiResult<i32> {
-    let bad = || {
-        ApiError::bad_request(format!(
-            "signal must be a number (1-64) or a name like KILL or SIGTERM, got {v}"
-        ))
-    };
+fn signal_number(v: &Signal) -> ApiResult<i32> {
+    let bad = || ApiError::bad_request("signal must be a number (1-64) or a name like KILL or SIGTERM");
     match v {
-        serde_json::Value::Number(n) => n
-            .as_i64()
-            .filter(|n| (1..=64).contains(n))
-            .map(|n| n as i32)
-            .ok_or_else(bad),
-        serde_json::Value::String(s) => {
+        Signal::Number(n) => (1..=64).contains(n).then_some(*n as i32).ok_or_else(bad),
+        Signal::Name(s) => {
             let name = s.trim_start_matches("SIG").to_ascii_uppercase();
             let n = match name.as_str() {
                 "HUP" => libc::SIGHUP,
@@ -435,27 +428,31 @@ fn signal_number(v: &serde_json::Value) -> ApiResult<i32> {
             };
             Ok(n)
         }
-        _ => Err(bad()),
     }
 }
 
+/// A pid from a path: a number above 1.
+fn pid_of(s: &str) -> ApiResult<i32> {
+    s.parse::<i32>().ok().filter(|p| *p > 1).ok_or_else(|| {
+        ApiError::bad_request(format!(
+            "pid must be a process the sandbox runs (a number above 1), got {s:?}"
+        ))
+    })
+}
+
 /// Sends a signal to a process (and its process group) in the sandbox.
-#[utoipa::path(post, path = "/v1/sandboxes/{id}/processes/{pid}/signal", tag = "processes",
+#[utoipa::path(operation_id = "signal_process", post, path = "/v1/sandboxes/{id}/processes/{pid}/signal", tag = "processes",
     params(("id" = String, Path, description = "Sandbox id"), ("pid" = i32, Path, description = "Process id")),
     request_body = SignalBody,
     responses((status = 204), (status = 400, body = ErrorBody), (status = 404, body = ErrorBody)))]
 pub async fn signal(
     State(app): State<Arc<App>>,
-    Path((id, pid)): Path<(String, i32)>,
+    Path((id, pid)): Path<(String, String)>,
     body: Bytes,
 ) -> ApiResult<StatusCode> {
+    let pid = pid_of(&pid)?;
     let body: SignalBody = parse(&body)?;
     let sig = signal_number(&body.signal)?;
-    if pid <= 1 {
-        return Err(ApiError::bad_request(
-            "pid must be a process the sandbox runs (above 1)",
-        ));
-    }
     let rec = running(&app, id).await?;
     app.engine(move |e| Ok(e.client(&rec)?.kill(pid, sig)?)).await?;
     Ok(StatusCode::NO_CONTENT)

@@ -51,7 +51,7 @@ pub(crate) fn body_of(rx: mpsc::Receiver<Result<Bytes, std::io::Error>>) -> Body
 }
 
 /// A file's metadata (symlinks are not followed).
-#[utoipa::path(get, path = "/v1/sandboxes/{id}/files/stat", tag = "files",
+#[utoipa::path(operation_id = "stat_file", get, path = "/v1/sandboxes/{id}/files/stat", tag = "files",
     params(("id" = String, Path, description = "Sandbox id"), PathQuery),
     responses((status = 200, body = FileStat), (status = 404, body = ErrorBody)))]
 pub async fn stat(
@@ -74,9 +74,9 @@ pub async fn stat(
 
 /// Downloads a regular file, streamed. `X-Cairn-Mode` gives its
 /// permission bits in octal.
-#[utoipa::path(get, path = "/v1/sandboxes/{id}/files", tag = "files",
+#[utoipa::path(operation_id = "download_file", get, path = "/v1/sandboxes/{id}/files", tag = "files",
     params(("id" = String, Path, description = "Sandbox id"), PathQuery),
-    responses((status = 200, content_type = "application/octet-stream", body = Vec<u8>), (status = 400, body = ErrorBody), (status = 404, body = ErrorBody)))]
+    responses((status = 200, content_type = "application/octet-stream", body = Binary), (status = 400, body = ErrorBody), (status = 404, body = ErrorBody)))]
 pub async fn download(
     State(app): State<Arc<App>>,
     Path(id): Path<String>,
@@ -130,9 +130,9 @@ pub async fn download(
 
 /// Uploads a file, streamed: the body is the content. Its directory must
 /// exist; an existing file is replaced.
-#[utoipa::path(put, path = "/v1/sandboxes/{id}/files", tag = "files",
+#[utoipa::path(operation_id = "upload_file", put, path = "/v1/sandboxes/{id}/files", tag = "files",
     params(("id" = String, Path, description = "Sandbox id"), UploadQuery),
-    request_body(content = Vec<u8>, content_type = "application/octet-stream"),
+    request_body(content = Binary, content_type = "application/octet-stream"),
     responses((status = 201, body = FileStat), (status = 400, body = ErrorBody), (status = 404, body = ErrorBody), (status = 413, body = ErrorBody)))]
 pub async fn upload(
     State(app): State<Arc<App>>,
@@ -207,7 +207,7 @@ pub async fn upload(
 }
 
 /// Lists a directory (symlinks are listed, never followed).
-#[utoipa::path(get, path = "/v1/sandboxes/{id}/files/list", tag = "files",
+#[utoipa::path(operation_id = "list_files", get, path = "/v1/sandboxes/{id}/files/list", tag = "files",
     params(("id" = String, Path, description = "Sandbox id"), ListQuery),
     responses((status = 200, body = DirListingView), (status = 400, body = ErrorBody), (status = 404, body = ErrorBody)))]
 pub async fn list(
@@ -251,7 +251,7 @@ pub async fn list(
 }
 
 /// Makes a directory.
-#[utoipa::path(post, path = "/v1/sandboxes/{id}/files/mkdir", tag = "files",
+#[utoipa::path(operation_id = "make_dir", post, path = "/v1/sandboxes/{id}/files/mkdir", tag = "files",
     params(("id" = String, Path, description = "Sandbox id")),
     request_body = MakeDirBody,
     responses((status = 200, body = MadeDir), (status = 400, body = ErrorBody), (status = 404, body = ErrorBody), (status = 409, body = ErrorBody)))]
@@ -268,7 +268,7 @@ pub async fn mkdir(State(app): State<Arc<App>>, Path(id): Path<String>, body: By
 }
 
 /// Moves (renames) a file or directory, as rename(2) does.
-#[utoipa::path(post, path = "/v1/sandboxes/{id}/files/move", tag = "files",
+#[utoipa::path(operation_id = "move_file", post, path = "/v1/sandboxes/{id}/files/move", tag = "files",
     params(("id" = String, Path, description = "Sandbox id")),
     request_body = MoveBody,
     responses((status = 200, body = FileStat), (status = 400, body = ErrorBody), (status = 404, body = ErrorBody), (status = 409, body = ErrorBody)))]
@@ -290,7 +290,7 @@ pub async fn rename(State(app): State<Arc<App>>, Path(id): Path<String>, body: B
 }
 
 /// Removes a file, a symlink, or (with `recursive`) a directory tree.
-#[utoipa::path(delete, path = "/v1/sandboxes/{id}/files", tag = "files",
+#[utoipa::path(operation_id = "remove_file", delete, path = "/v1/sandboxes/{id}/files", tag = "files",
     params(("id" = String, Path, description = "Sandbox id"), RemoveFileQuery),
     responses((status = 204), (status = 400, body = ErrorBody), (status = 404, body = ErrorBody), (status = 409, body = ErrorBody)))]
 pub async fn remove(

@@ -40,7 +40,7 @@ pub fn json<T: Serialize>(status: StatusCode, value: &T) -> Response {
 pub async fn idempotent<F, Fut>(
     app: &Arc<App>,
     headers: &HeaderMap,
-    scope: &'static str,
+    scope: &str,
     body: &Bytes,
     work: F,
 ) -> ApiResult<Response>
@@ -61,9 +61,10 @@ where
             .to_string(),
     };
     let stale_before = app.started_ms;
-    let (k, b) = (key.clone(), body.clone());
+    let scope = scope.to_string();
+    let (s, k, b) = (scope.clone(), key.clone(), body.clone());
     let claim = app
-        .engine(move |e| Ok(e.claim_idempotent(scope, &k, &b, stale_before)?))
+        .engine(move |e| Ok(e.claim_idempotent(&s, &k, &b, stale_before)?))
         .await?;
     match claim {
         Claim::Answered { status, body } => {
@@ -81,13 +82,13 @@ where
         Claim::New => match work().await {
             Ok((status, value)) => {
                 let text = value.to_string();
-                let k = key.clone();
-                app.engine(move |e| Ok(e.answer_idempotent(scope, &k, status.as_u16(), &text)?))
+                let (s, k) = (scope.clone(), key.clone());
+                app.engine(move |e| Ok(e.answer_idempotent(&s, &k, status.as_u16(), &text)?))
                     .await?;
                 Ok(json(status, &value))
             }
             Err(err) => {
-                let _ = app.engine(move |e| Ok(e.release_idempotent(scope, &key)?)).await;
+                let _ = app.engine(move |e| Ok(e.release_idempotent(&scope, &key)?)).await;
                 Err(err)
             }
         },

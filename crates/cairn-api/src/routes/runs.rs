@@ -88,10 +88,12 @@ pub fn resume_interrupted(app: &Arc<App>) -> Result<Vec<String>, ApiError> {
 }
 
 /// Checks a pipeline and starts a run of it; the run goes on in the server.
-#[utoipa::path(post, path = "/v1/runs", tag = "runs",
+#[utoipa::path(operation_id = "start_run", post, path = "/v1/runs", tag = "runs",
     params(("Idempotency-Key" = Option<String>, Header, description = "A retried request with this key answers what the first did")),
     request_body = StartRun,
-    responses((status = 202, body = Run), (status = 400, body = ErrorBody)))]
+    responses((status = 202, body = Run), (status = 400, body = ErrorBody),
+        (status = 409, body = ErrorBody, description = "A request with this Idempotency-Key is in progress"),
+        (status = 422, body = ErrorBody, description = "The Idempotency-Key was used with another body")))]
 pub async fn start(State(app): State<Arc<App>>, headers: HeaderMap, body: Bytes) -> ApiResult<Response> {
     let req: StartRun = parse(&body)?;
     let a = Arc::clone(&app);
@@ -111,7 +113,7 @@ pub async fn start(State(app): State<Arc<App>>, headers: HeaderMap, body: Bytes)
 }
 
 /// Lists runs, oldest first.
-#[utoipa::path(get, path = "/v1/runs", tag = "runs", params(PageQuery),
+#[utoipa::path(operation_id = "list_runs", get, path = "/v1/runs", tag = "runs", params(PageQuery),
     responses((status = 200, body = RunPage), (status = 400, body = ErrorBody)))]
 pub async fn list(State(app): State<Arc<App>>, q: QueryResult<PageQuery>) -> ApiResult<Json<RunPage>> {
     let Query(q) = q?;
@@ -133,7 +135,7 @@ pub async fn list(State(app): State<Arc<App>>, q: QueryResult<PageQuery>) -> Api
 }
 
 /// A run with its stages, lineage events and artifacts.
-#[utoipa::path(get, path = "/v1/runs/{id}", tag = "runs",
+#[utoipa::path(operation_id = "get_run", get, path = "/v1/runs/{id}", tag = "runs",
     params(("id" = String, Path, description = "Run id or unique prefix")),
     responses((status = 200, body = RunDetail), (status = 404, body = ErrorBody)))]
 pub async fn get(State(app): State<Arc<App>>, Path(id): Path<String>) -> ApiResult<Json<RunDetail>> {
@@ -153,7 +155,7 @@ pub async fn get(State(app): State<Arc<App>>, Path(id): Path<String>) -> ApiResu
 }
 
 /// Resumes an interrupted run in the server.
-#[utoipa::path(post, path = "/v1/runs/{id}/resume", tag = "runs",
+#[utoipa::path(operation_id = "resume_run", post, path = "/v1/runs/{id}/resume", tag = "runs",
     params(("id" = String, Path, description = "Run id")),
     responses((status = 202, body = Run), (status = 404, body = ErrorBody), (status = 409, body = ErrorBody)))]
 pub async fn resume(State(app): State<Arc<App>>, Path(id): Path<String>) -> ApiResult<(StatusCode, Json<Run>)> {
@@ -177,6 +179,7 @@ pub async fn resume(State(app): State<Arc<App>>, Path(id): Path<String>) -> ApiR
 }
 
 #[derive(Debug, serde::Deserialize, utoipa::IntoParams)]
+#[into_params(parameter_in = Query)]
 #[serde(deny_unknown_fields)]
 pub struct LogQuery {
     /// The branch, for a stage in a branch group.
@@ -184,9 +187,9 @@ pub struct LogQuery {
 }
 
 /// A stage's output log (all attempts), as text.
-#[utoipa::path(get, path = "/v1/runs/{id}/logs/{stage}", tag = "runs",
+#[utoipa::path(operation_id = "get_stage_log", get, path = "/v1/runs/{id}/logs/{stage}", tag = "runs",
     params(("id" = String, Path, description = "Run id"), ("stage" = String, Path, description = "Stage name"), LogQuery),
-    responses((status = 200, content_type = "text/plain", body = String), (status = 404, body = ErrorBody)))]
+    responses((status = 200, content_type = "text/plain", body = String), (status = 400, body = ErrorBody), (status = 404, body = ErrorBody)))]
 pub async fn log(
     State(app): State<Arc<App>>,
     Path((id, stage)): Path<(String, String)>,
@@ -245,9 +248,9 @@ fn tokio_util_stream(file: tokio::fs::File) -> impl futures_util::Stream<Item = 
 }
 
 /// Downloads an artifact's content.
-#[utoipa::path(get, path = "/v1/artifacts/{id}", tag = "runs",
+#[utoipa::path(operation_id = "get_artifact", get, path = "/v1/artifacts/{id}", tag = "runs",
     params(("id" = String, Path, description = "Artifact id or unique prefix")),
-    responses((status = 200, content_type = "application/octet-stream", body = Vec<u8>), (status = 404, body = ErrorBody)))]
+    responses((status = 200, content_type = "application/octet-stream", body = Binary), (status = 404, body = ErrorBody)))]
 pub async fn artifact(State(app): State<Arc<App>>, Path(id): Path<String>) -> ApiResult<Response> {
     let key = id.clone();
     app.engine(move |e| {
@@ -288,7 +291,7 @@ pub async fn artifact(State(app): State<Arc<App>>, Path(id): Path<String>) -> Ap
 }
 
 /// The dead-letter queue: stages whose retries ran out.
-#[utoipa::path(get, path = "/v1/dlq", tag = "runs",
+#[utoipa::path(operation_id = "list_dead_letters", get, path = "/v1/dlq", tag = "runs",
     responses((status = 200, body = Vec<DeadLetterView>)))]
 pub async fn dlq(State(app): State<Arc<App>>) -> ApiResult<Json<Vec<DeadLetterView>>> {
     let all = app.engine(|e| Ok(e.dead_letters()?)).await?;
@@ -316,7 +319,7 @@ async fn dead_letter(app: &Arc<App>, key: String) -> ApiResult<DeadLetterView> {
 }
 
 /// One dead letter.
-#[utoipa::path(get, path = "/v1/dlq/{id}", tag = "runs",
+#[utoipa::path(operation_id = "get_dead_letter", get, path = "/v1/dlq/{id}", tag = "runs",
     params(("id" = String, Path, description = "Dead letter id")),
     responses((status = 200, body = DeadLetterView), (status = 404, body = ErrorBody)))]
 pub async fn dlq_get(State(app): State<Arc<App>>, Path(id): Path<String>) -> ApiResult<Json<DeadLetterView>> {
@@ -325,7 +328,7 @@ pub async fn dlq_get(State(app): State<Arc<App>>, Path(id): Path<String>) -> Api
 
 /// Retries a dead letter: its stage runs again (from its newest
 /// checkpoint), then the rest of its run, in the server.
-#[utoipa::path(post, path = "/v1/dlq/{id}/retry", tag = "runs",
+#[utoipa::path(operation_id = "retry_dead_letter", post, path = "/v1/dlq/{id}/retry", tag = "runs",
     params(("id" = String, Path, description = "Dead letter id")),
     responses((status = 202, body = DeadLetterView), (status = 404, body = ErrorBody), (status = 409, body = ErrorBody)))]
 pub async fn dlq_retry(

@@ -45,10 +45,12 @@ fn options(limits: &Limits, driver: Option<String>, name: Option<String>) -> Api
 }
 
 /// Creates a sandbox from an image, or from a snapshot.
-#[utoipa::path(post, path = "/v1/sandboxes", tag = "sandboxes",
+#[utoipa::path(operation_id = "create_sandbox", post, path = "/v1/sandboxes", tag = "sandboxes",
     request_body = CreateSandbox,
     params(("Idempotency-Key" = Option<String>, Header, description = "A retried request with this key answers what the first did")),
-    responses((status = 201, body = Sandbox), (status = 400, body = ErrorBody), (status = 404, body = ErrorBody), (status = 409, body = ErrorBody)))]
+    responses((status = 201, body = Sandbox), (status = 400, body = ErrorBody), (status = 404, body = ErrorBody),
+        (status = 409, body = ErrorBody, description = "A request with this Idempotency-Key is in progress"),
+        (status = 422, body = ErrorBody, description = "The Idempotency-Key was used with another body")))]
 pub async fn create(State(app): State<Arc<App>>, headers: HeaderMap, body: Bytes) -> ApiResult<Response> {
     let req: CreateSandbox = parse(&body)?;
     let mut opts = options(&req.limits, req.driver.clone(), req.name.clone())?;
@@ -88,7 +90,7 @@ pub async fn create(State(app): State<Arc<App>>, headers: HeaderMap, body: Bytes
 }
 
 /// Lists sandboxes, oldest first, a page at a time.
-#[utoipa::path(get, path = "/v1/sandboxes", tag = "sandboxes", params(SandboxQuery),
+#[utoipa::path(operation_id = "list_sandboxes", get, path = "/v1/sandboxes", tag = "sandboxes", params(SandboxQuery),
     responses((status = 200, body = SandboxPage), (status = 400, body = ErrorBody)))]
 pub async fn list(
     State(app): State<Arc<App>>,
@@ -112,7 +114,7 @@ pub async fn list(
 }
 
 /// One sandbox, by id, unique id prefix or name.
-#[utoipa::path(get, path = "/v1/sandboxes/{id}", tag = "sandboxes",
+#[utoipa::path(operation_id = "get_sandbox", get, path = "/v1/sandboxes/{id}", tag = "sandboxes",
     params(("id" = String, Path, description = "Sandbox id, unique prefix or name")),
     responses((status = 200, body = Sandbox), (status = 404, body = ErrorBody)))]
 pub async fn get(State(app): State<Arc<App>>, Path(id): Path<String>) -> ApiResult<Json<Sandbox>> {
@@ -120,9 +122,9 @@ pub async fn get(State(app): State<Arc<App>>, Path(id): Path<String>) -> ApiResu
 }
 
 /// Removes a sandbox: processes, cgroups, files. A running one needs `force`.
-#[utoipa::path(delete, path = "/v1/sandboxes/{id}", tag = "sandboxes",
+#[utoipa::path(operation_id = "remove_sandbox", delete, path = "/v1/sandboxes/{id}", tag = "sandboxes",
     params(("id" = String, Path, description = "Sandbox id"), RemoveQuery),
-    responses((status = 204), (status = 404, body = ErrorBody), (status = 409, body = ErrorBody)))]
+    responses((status = 204), (status = 400, body = ErrorBody), (status = 404, body = ErrorBody), (status = 409, body = ErrorBody)))]
 pub async fn remove(
     State(app): State<Arc<App>>,
     Path(id): Path<String>,
@@ -181,7 +183,9 @@ async fn fork_of(app: &Arc<App>, key: String, req: ForkBody) -> ApiResult<(Statu
     params(("id" = String, Path, description = "Sandbox id"),
         ("Idempotency-Key" = Option<String>, Header, description = "A retried request with this key answers what the first did")),
     request_body = ForkBody,
-    responses((status = 201, body = ForkResult), (status = 400, body = ErrorBody), (status = 404, body = ErrorBody), (status = 409, body = ErrorBody)))]
+    responses((status = 201, body = ForkResult), (status = 400, body = ErrorBody), (status = 404, body = ErrorBody),
+        (status = 409, body = ErrorBody, description = "The sandbox is busy, or a request with this Idempotency-Key is in progress"),
+        (status = 422, body = ErrorBody, description = "The Idempotency-Key was used with another body")))]
 pub async fn fork_sandbox(
     State(app): State<Arc<App>>,
     Path(id): Path<String>,
@@ -193,7 +197,8 @@ pub async fn fork_sandbox(
     let rec = app.engine(move |e| Ok(e.sandbox(&id)?)).await?;
     let _busy = app.claim(&rec.id, "fork")?;
     let a = Arc::clone(&app);
-    idempotent(&app, &headers, "fork", &body, || fork_of(&a, rec.id.clone(), req)).await
+    let scope = format!("fork:{}", rec.id);
+    idempotent(&app, &headers, &scope, &body, || fork_of(&a, rec.id.clone(), req)).await
 }
 
 /// Starts `count` sandboxes from a snapshot.
@@ -201,7 +206,9 @@ pub async fn fork_sandbox(
     params(("id" = String, Path, description = "Snapshot id"),
         ("Idempotency-Key" = Option<String>, Header, description = "A retried request with this key answers what the first did")),
     request_body = ForkBody,
-    responses((status = 201, body = ForkResult), (status = 400, body = ErrorBody), (status = 404, body = ErrorBody)))]
+    responses((status = 201, body = ForkResult), (status = 400, body = ErrorBody), (status = 404, body = ErrorBody),
+        (status = 409, body = ErrorBody, description = "A request with this Idempotency-Key is in progress"),
+        (status = 422, body = ErrorBody, description = "The Idempotency-Key was used with another body")))]
 pub async fn fork_snapshot(
     State(app): State<Arc<App>>,
     Path(id): Path<String>,
@@ -212,7 +219,8 @@ pub async fn fork_snapshot(
     fork_count(&req)?;
     let snap = app.engine(move |e| Ok(e.snapshot_record(&id)?)).await?;
     let a = Arc::clone(&app);
-    idempotent(&app, &headers, "fork", &body, || fork_of(&a, snap.id.clone(), req)).await
+    let scope = format!("fork:{}", snap.id);
+    idempotent(&app, &headers, &scope, &body, || fork_of(&a, snap.id.clone(), req)).await
 }
 
 /// Starts one sandbox from a snapshot.

@@ -33,7 +33,7 @@ pub async fn healthz() -> Json<Health> {
 /// Prometheus metrics: sandboxes by state, operation latency histograms,
 /// stage outcomes, store bytes, requests.
 #[utoipa::path(get, path = "/metrics", tag = "system",
-    responses((status = 200, content_type = "text/plain", body = String)))]
+    responses((status = 200, content_type = "application/openmetrics-text", body = String)))]
 pub async fn metrics(State(app): State<Arc<App>>) -> ApiResult<Response> {
     let store = app.home.store();
     let (states, bytes) = app
@@ -189,7 +189,7 @@ fn tokio_stream_of(rx: mpsc::UnboundedReceiver<String>) -> impl Stream<Item = St
 /// Imports an image from a root filesystem tar archive (the body).
 #[utoipa::path(post, path = "/v1/images/import", tag = "images",
     params(ImportQuery),
-    request_body(content = Vec<u8>, content_type = "application/x-tar"),
+    request_body(content = Binary, content_type = "application/x-tar"),
     responses((status = 201, body = Image), (status = 400, body = ErrorBody), (status = 413, body = ErrorBody)))]
 pub async fn import_image(
     State(app): State<Arc<App>>,
