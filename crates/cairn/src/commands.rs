@@ -28,6 +28,7 @@ pub fn dispatch(cli: Cli) -> Result<i32> {
     if let Command::Serve {
         socket,
         listen,
+        e2b,
         max_upload,
         openapi,
     } = cli.command
@@ -39,6 +40,7 @@ pub fn dispatch(cli: Cli) -> Result<i32> {
         let opts = cairn_api::ServeOptions {
             socket,
             listen,
+            e2b,
             settings: cairn_api::Settings { max_upload },
         };
         // A streamed exec holds a blocking thread for as long as it runs.
