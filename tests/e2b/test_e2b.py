@@ -1,0 +1,232 @@
+"""The real e2b==2.63.0 SDK against `cairn serve --e2b` (conftest.py)."""
+
+import os
+import time
+
+import pytest
+import httpx
+from e2b import (
+    AuthenticationException,
+    CommandExitException,
+    FileNotFoundException,
+    FileType,
+    NotFoundException,
+    PtySize,
+    Sandbox,
+    SandboxException,
+    SandboxNotFoundException,
+)
+
+
+@pytest.fixture
+def sbx():
+    s = Sandbox.create()
+    yield s
+    Sandbox.kill(s.sandbox_id)
+
+
+def test_commands_report_output_exit_codes_and_stream_to_callbacks(sbx):
+    r = sbx.commands.run("echo out; echo err 1>&2; pwd")
+    assert r.exit_code == 0
+    assert r.stdout == "out\n/home/user\n"
+    assert r.stderr == "err\n"
+
+    with pytest.raises(CommandExitException) as exc:
+        sbx.commands.run("echo partial; exit 3")
+    assert exc.value.exit_code == 3
+    assert exc.value.stdout == "partial\n"
+
+    out, err = [], []
+    r = sbx.commands.run(
+        "for i in 1 2 3; do echo line$i; echo bad$i 1>&2; sleep 0.1; done",
+        on_stdout=out.append,
+        on_stderr=err.append,
+    )
+    assert "".join(out) == "line1\nline2\nline3\n"
+    assert "".join(err) == "bad1\nbad2\nbad3\n"
+
+    r = sbx.commands.run("echo $FOO $HOME; pwd", envs={"FOO": "bar"}, cwd="/tmp")
+    assert r.stdout == "bar /home/user\n/tmp\n"
+
+
+def test_sandbox_env_vars_reach_every_command():
+    s = Sandbox.create(envs={"GREETING": "hi"}, metadata={"owner": "tests"})
+    try:
+        assert s.commands.run("echo $GREETING").stdout == "hi\n"
+        listed = Sandbox.list(query=None).next_items()
+        assert any(i.sandbox_id == s.sandbox_id and i.metadata == {"owner": "tests"} for i in listed)
+    finally:
+        s.kill()
+
+
+def test_background_commands_run_on_until_killed(sbx):
+    h = sbx.commands.run("echo started; sleep 60", background=True)
+    assert h.pid > 0
+    assert any(p.pid == h.pid for p in sbx.commands.list())
+    assert sbx.commands.kill(h.pid)
+    with pytest.raises(CommandExitException) as exc:
+        h.wait()
+    assert exc.value.exit_code == -1
+    assert "started" in exc.value.stdout
+    assert not any(p.pid == h.pid for p in sbx.commands.list())
+    assert sbx.commands.kill(h.pid) is False
+
+
+def test_stdin_reaches_a_background_command(sbx):
+    h = sbx.commands.run("head -n 1", background=True, stdin=True)
+    sbx.commands.send_stdin(h.pid, "typed\n")
+    assert h.wait().stdout == "typed\n"
+
+
+def test_files_write_read_list_exists_rename_remove(sbx):
+    info = sbx.files.write("notes/a.txt", "hello text")
+    assert info.path == "/home/user/notes/a.txt"
+    assert sbx.files.read("/home/user/notes/a.txt") == "hello text"
+    sbx.files.write("/home/user/notes/b.bin", b"\x00\x01\xff")
+    assert bytes(sbx.files.read("notes/b.bin", format="bytes")) == b"\x00\x01\xff"
+    sbx.files.write_files([
+        {"path": "/tmp/m1.txt", "data": "one"},
+        {"path": "/tmp/m2.txt", "data": "two"},
+    ])
+    assert sbx.commands.run("cat /tmp/m1.txt /tmp/m2.txt").stdout == "onetwo"
+
+    names = {e.name: e for e in sbx.files.list("/home/user/notes")}
+    assert set(names) == {"a.txt", "b.bin"}
+    assert names["a.txt"].type == FileType.FILE and names["a.txt"].size == 10
+    assert sbx.files.exists("/home/user/notes/a.txt")
+    assert not sbx.files.exists("/home/user/nope")
+    assert sbx.files.get_info("/home/user/notes").type == FileType.DIR
+
+    assert sbx.files.make_dir("/home/user/d1/d2")
+    assert sbx.files.make_dir("/home/user/d1/d2") is False
+    moved = sbx.files.rename("/home/user/notes/a.txt", "/home/user/d1/a2.txt")
+    assert moved.path == "/home/user/d1/a2.txt"
+    assert not sbx.files.exists("/home/user/notes/a.txt")
+
+    sbx.files.remove("/home/user/d1")
+    assert not sbx.files.exists("/home/user/d1/a2.txt")
+    with pytest.raises(FileNotFoundException):
+        sbx.files.read("/home/user/d1/a2.txt")
+    with pytest.raises(FileNotFoundException):
+        sbx.files.remove("/home/user/d1")
+
+
+def test_an_expired_sandbox_is_gone():
+    s = Sandbox.create(timeout=60)
+    s.set_timeout(1)
+    deadline = time.time() + 15
+    while time.time() < deadline:
+        try:
+            Sandbox.get_info(s.sandbox_id)
+        except SandboxNotFoundException:
+            break
+        time.sleep(0.25)
+    else:
+        pytest.fail("the sandbox outlived its timeout")
+    assert not s.is_running()
+    assert Sandbox.kill(s.sandbox_id) is False
+
+
+def test_an_expired_auto_pause_sandbox_is_paused_and_resumes_with_its_files():
+    s = Sandbox.create(timeout=1, lifecycle={"on_timeout": "pause"})
+    s.files.write("/home/user/kept.txt", "kept")
+    deadline = time.time() + 15
+    while Sandbox.get_info(s.sandbox_id).state.value != "paused":
+        assert time.time() < deadline, "the sandbox did not pause at its timeout"
+        time.sleep(0.25)
+    resumed = Sandbox.connect(s.sandbox_id, timeout=60)
+    assert resumed.sandbox_id == s.sandbox_id
+    assert resumed.files.read("/home/user/kept.txt") == "kept"
+    resumed.kill()
+
+
+def test_fifty_pause_and_resume_cycles_lose_no_file(sbx):
+    for i in range(50):
+        sbx.files.write(f"/home/user/cycle/{i}.txt", f"cycle {i}")
+        assert sbx.pause()
+        assert sbx.pause() is False
+        assert Sandbox.get_info(sbx.sandbox_id).state.value == "paused"
+        sbx.connect()
+    assert Sandbox.get_info(sbx.sandbox_id).state.value == "running"
+    for i in range(50):
+        assert sbx.files.read(f"/home/user/cycle/{i}.txt") == f"cycle {i}"
+    assert len(sbx.files.list("/home/user/cycle")) == 50
+
+
+def test_a_snapshot_is_a_template(sbx):
+    sbx.files.write("/home/user/base.txt", "from the snapshot")
+    snap = sbx.create_snapshot()
+    assert any(s.snapshot_id == snap.snapshot_id for s in Sandbox.list_snapshots().next_items())
+    sbx.files.write("/home/user/base.txt", "changed later")
+    child = Sandbox.create(template=snap.snapshot_id)
+    try:
+        assert child.sandbox_id != sbx.sandbox_id
+        assert child.files.read("/home/user/base.txt") == "from the snapshot"
+    finally:
+        child.kill()
+    assert Sandbox.delete_snapshot(snap.snapshot_id)
+    assert Sandbox.delete_snapshot(snap.snapshot_id) is False
+
+
+def test_three_forks_have_the_parents_files_and_diverge(sbx):
+    sbx.files.write("/home/user/shared.txt", "parent")
+    forks = sbx.fork(count=3)
+    assert len(forks) == 3
+    try:
+        assert all(isinstance(f, Sandbox) for f in forks), forks
+        assert len({f.sandbox_id for f in forks} | {sbx.sandbox_id}) == 4
+        for i, f in enumerate(forks):
+            assert f.files.read("/home/user/shared.txt") == "parent"
+            f.files.write("/home/user/shared.txt", f"fork {i}")
+        for i, f in enumerate(forks):
+            assert f.files.read("/home/user/shared.txt") == f"fork {i}"
+        assert sbx.files.read("/home/user/shared.txt") == "parent"
+    finally:
+        for f in forks:
+            if isinstance(f, Sandbox):
+                f.kill()
+
+
+def test_kill_removes_the_sandbox():
+    s = Sandbox.create()
+    assert s.kill()
+    assert s.kill() is False
+    with pytest.raises(NotFoundException):
+        Sandbox.get_info(s.sandbox_id)
+    with pytest.raises(NotFoundException):
+        Sandbox.connect(s.sandbox_id)
+
+
+def test_a_wrong_api_key_or_access_token_is_refused(sbx):
+    with pytest.raises(AuthenticationException):
+        Sandbox.create(api_key="cairn_not_a_token")
+    with pytest.raises(AuthenticationException):
+        Sandbox.list(api_key="cairn_not_a_token").next_items()
+    r = httpx.get(
+        os.environ["E2B_SANDBOX_URL"] + "/files",
+        params={"path": "/etc/hostname"},
+        headers={"E2b-Sandbox-Id": sbx.sandbox_id, "X-Access-Token": "wrong"},
+    )
+    assert r.status_code == 401
+    r = httpx.post(
+        os.environ["E2B_SANDBOX_URL"] + "/filesystem.Filesystem/Stat",
+        json={"path": "/"},
+        headers={"E2b-Sandbox-Id": sbx.sandbox_id},
+    )
+    assert r.status_code == 401 and r.json()["code"] == "unauthenticated"
+
+
+def test_unknown_sandboxes_and_templates_are_not_found():
+    with pytest.raises(NotFoundException):
+        Sandbox.connect("no-such-sandbox")
+    with pytest.raises(NotFoundException):
+        Sandbox.get_info("no-such-sandbox")
+    with pytest.raises(SandboxException, match="404"):
+        Sandbox.create(template="no-such-template")
+
+
+def test_unsupported_features_answer_unimplemented(sbx):
+    with pytest.raises(SandboxException, match="not supported"):
+        sbx.pty.create(size=PtySize(rows=24, cols=80))
+    with pytest.raises(SandboxException, match="not supported"):
+        sbx.files.watch_dir("/home/user")
