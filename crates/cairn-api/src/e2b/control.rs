@@ -103,13 +103,20 @@ fn new_token() -> Rest<String> {
     let mut b = [0u8; 24];
     std::fs::File::open("/dev/urandom")
         .and_then(|mut f| f.read_exact(&mut b))
-        .map_err(|e| RestError::new(StatusCode::INTERNAL_SERVER_ERROR, format!("cannot read /dev/urandom: {e}")))?;
+        .map_err(|e| {
+            RestError::new(
+                StatusCode::INTERNAL_SERVER_ERROR,
+                format!("cannot read /dev/urandom: {e}"),
+            )
+        })?;
     Ok(b.iter().map(|x| format!("{x:02x}")).collect())
 }
 
 fn check_map(what: &str, m: &BTreeMap<String, String>, env: bool) -> Rest<()> {
     if m.len() > MAX_MAP_ENTRIES {
-        return Err(RestError::bad_request(format!("{what} has more than {MAX_MAP_ENTRIES} entries")));
+        return Err(RestError::bad_request(format!(
+            "{what} has more than {MAX_MAP_ENTRIES} entries"
+        )));
     }
     for (k, v) in m {
         if k.is_empty() || k.len() > MAX_STRING || v.len() > MAX_STRING || k.contains('\0') || v.contains('\0') {
@@ -158,7 +165,9 @@ fn entry_for(rec: &SandboxRecord, template: String, end_ms: i64) -> Rest<Entry> 
         id: rec.id.clone(),
         template,
         token: new_token()?,
-        life: Life::Running { sandbox: rec.id.clone() },
+        life: Life::Running {
+            sandbox: rec.id.clone(),
+        },
         started_ms: now_ms(),
         end_ms: now_ms() + end_ms,
         auto_pause: false,
@@ -182,10 +191,14 @@ pub async fn create(State(gw): G, body: Bytes) -> Rest<Response> {
         return Err(RestError::bad_request("templateID must be 1 to 256 bytes"));
     }
     if req.volume_mounts.as_ref().is_some_and(|v| !v.is_empty()) {
-        return Err(RestError::bad_request("volume mounts are not supported by Cairn's E2B gateway"));
+        return Err(RestError::bad_request(
+            "volume mounts are not supported by Cairn's E2B gateway",
+        ));
     }
     if req.mcp.is_some() {
-        return Err(RestError::bad_request("the MCP gateway template is not supported by Cairn's E2B gateway"));
+        return Err(RestError::bad_request(
+            "the MCP gateway template is not supported by Cairn's E2B gateway",
+        ));
     }
     let metadata = req.metadata.unwrap_or_default();
     let env = req.env_vars.unwrap_or_default();
@@ -265,7 +278,10 @@ fn unquote(s: &str) -> Option<String> {
 
 /// `GET /v2/sandboxes`: running and paused sandboxes, filtered by state
 /// and metadata.
-pub async fn list(State(gw): G, q: Result<Query<ListQuery>, axum::extract::rejection::QueryRejection>) -> Rest<Response> {
+pub async fn list(
+    State(gw): G,
+    q: Result<Query<ListQuery>, axum::extract::rejection::QueryRejection>,
+) -> Rest<Response> {
     let Query(q) = q.map_err(|e| RestError::bad_request(e.body_text()))?;
     let states: Vec<String> = q
         .state
@@ -374,10 +390,13 @@ pub(crate) async fn pause_entry(gw: &Arc<Gateway>, id: &str) -> Rest<bool> {
     gw.drop_procs(id);
     gw.update(|b| {
         if let Some(e) = b.get_mut(id) {
-            e.life = Life::Paused { snapshot: snap.id.clone() };
+            e.life = Life::Paused {
+                snapshot: snap.id.clone(),
+            };
         }
     })?;
-    gw.app.emit("sandbox.removed", id, format!("paused as snapshot {}", snap.id));
+    gw.app
+        .emit("sandbox.removed", id, format!("paused as snapshot {}", snap.id));
     Ok(true)
 }
 
@@ -387,7 +406,10 @@ pub async fn pause(State(gw): G, Path(id): Path<String>, body: Bytes) -> Rest<St
     if pause_entry(&gw, &id).await? {
         Ok(StatusCode::NO_CONTENT)
     } else {
-        Err(RestError::new(StatusCode::CONFLICT, format!("sandbox {id} is already paused")))
+        Err(RestError::new(
+            StatusCode::CONFLICT,
+            format!("sandbox {id} is already paused"),
+        ))
     }
 }
 
@@ -420,10 +442,13 @@ pub async fn connect(State(gw): G, Path(id): Path<String>, body: Bytes) -> Rest<
                     .await?;
                 gw.update(|b| {
                     if let Some(e) = b.get_mut(&id) {
-                        e.life = Life::Running { sandbox: rec.id.clone() };
+                        e.life = Life::Running {
+                            sandbox: rec.id.clone(),
+                        };
                     }
                 })?;
-                gw.app.emit("sandbox.created", &rec.id, format!("resumed E2B sandbox {id}"));
+                gw.app
+                    .emit("sandbox.created", &rec.id, format!("resumed E2B sandbox {id}"));
             }
             StatusCode::CREATED
         }
@@ -457,7 +482,12 @@ pub async fn create_snapshot(State(gw): G, Path(id): Path<String>, body: Bytes) 
     let e = known(&gw, &id)?;
     let sandbox = e
         .running()
-        .ok_or_else(|| RestError::new(StatusCode::CONFLICT, format!("sandbox {id} is paused; connect to it first")))?
+        .ok_or_else(|| {
+            RestError::new(
+                StatusCode::CONFLICT,
+                format!("sandbox {id} is paused; connect to it first"),
+            )
+        })?
         .to_string();
     let _busy = gw.app.claim(&format!("e2b:{id}"), "snapshot")?;
     let snap = gw
@@ -476,7 +506,8 @@ pub async fn create_snapshot(State(gw): G, Path(id): Path<String>, body: Bytes) 
             sandbox: id.clone(),
         })
     })?;
-    gw.app.emit("snapshot.created", &snap.id, format!("of E2B sandbox {id}"));
+    gw.app
+        .emit("snapshot.created", &snap.id, format!("of E2B sandbox {id}"));
     Ok((StatusCode::CREATED, Json(out)).into_response())
 }
 
@@ -509,9 +540,18 @@ pub async fn snapshots(
 /// `DELETE /templates/{id}`: deletes a snapshot made through
 /// `create_snapshot`; 404 for anything else.
 pub async fn delete_snapshot(State(gw): G, Path(id): Path<String>) -> Rest<StatusCode> {
-    let known = gw.book.lock().unwrap_or_else(|e| e.into_inner()).snapshots().iter().any(|s| s.id == id);
+    let known = gw
+        .book
+        .lock()
+        .unwrap_or_else(|e| e.into_inner())
+        .snapshots()
+        .iter()
+        .any(|s| s.id == id);
     if !known {
-        return Err(RestError::new(StatusCode::NOT_FOUND, format!("snapshot {id:?} not found")));
+        return Err(RestError::new(
+            StatusCode::NOT_FOUND,
+            format!("snapshot {id:?} not found"),
+        ));
     }
     let key = id.clone();
     gw.app
@@ -543,7 +583,12 @@ pub async fn fork(State(gw): G, Path(id): Path<String>, body: Bytes) -> Rest<Res
     let parent = known(&gw, &id)?;
     let sandbox = parent
         .running()
-        .ok_or_else(|| RestError::new(StatusCode::CONFLICT, format!("sandbox {id} is paused; connect to it first")))?
+        .ok_or_else(|| {
+            RestError::new(
+                StatusCode::CONFLICT,
+                format!("sandbox {id} is paused; connect to it first"),
+            )
+        })?
         .to_string();
     let _busy = gw.app.claim(&format!("e2b:{id}"), "fork")?;
     let (_, forks) = gw

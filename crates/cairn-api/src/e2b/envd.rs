@@ -81,7 +81,10 @@ pub(crate) fn home_of(user: &str) -> &'static str {
 /// empty, NUL-bearing and overlong paths.
 pub(crate) fn resolve(path: &str, home: &str) -> Result<String, String> {
     if path.is_empty() || path.contains('\0') || path.len() > 4096 {
-        return Err(format!("path must be 1 to 4096 bytes without NUL, got {:?}", truncate(path)));
+        return Err(format!(
+            "path must be 1 to 4096 bytes without NUL, got {:?}",
+            truncate(path)
+        ));
     }
     Ok(if path.starts_with('/') {
         path.to_string()

@@ -38,7 +38,11 @@ fn home(q: &HashMap<String, String>) -> &'static str {
 }
 
 /// `GET /files?path=...`: the file's bytes, streamed.
-pub async fn read(State(gw): State<Arc<Gateway>>, headers: HeaderMap, Query(q): Query<HashMap<String, String>>) -> Response {
+pub async fn read(
+    State(gw): State<Arc<Gateway>>,
+    headers: HeaderMap,
+    Query(q): Query<HashMap<String, String>>,
+) -> Response {
     match read_file(gw, &headers, &q).await {
         Ok(r) => r,
         Err(e) => e.into_response(),
@@ -68,13 +72,10 @@ async fn read_file(gw: Arc<Gateway>, headers: &HeaderMap, q: &HashMap<String, St
     let app = Arc::clone(&gw.app);
     tokio::task::spawn_blocking(move || {
         let got = app.take_engine().and_then(|e| {
-            let r = e
-                .client(&rec)
-                .map_err(crate::error::ApiError::from)
-                .and_then(|c| {
-                    c.get_file(&path, &mut BodyWriter(tx.clone()))
-                        .map_err(crate::error::ApiError::from)
-                });
+            let r = e.client(&rec).map_err(crate::error::ApiError::from).and_then(|c| {
+                c.get_file(&path, &mut BodyWriter(tx.clone()))
+                    .map_err(crate::error::ApiError::from)
+            });
             app.give_back(e);
             r
         });
@@ -87,7 +88,8 @@ async fn read_file(gw: Arc<Gateway>, headers: &HeaderMap, q: &HashMap<String, St
         header::CONTENT_TYPE,
         HeaderValue::from_static("application/octet-stream"),
     );
-    resp.headers_mut().insert(header::CONTENT_LENGTH, HeaderValue::from(meta.size));
+    resp.headers_mut()
+        .insert(header::CONTENT_LENGTH, HeaderValue::from(meta.size));
     Ok(resp)
 }
 
@@ -240,7 +242,12 @@ mod tests {
         assert_eq!(parts[0].0.as_deref(), Some("/home/user/a.txt"));
         assert_eq!(&parts[0].1[..], b"hello");
         assert_eq!(&parts[1].1[..], b"");
-        for bad in [&b"--xx\r\nno header end"[..], b"--xx\r\n\r\nunclosed", b"nothing", b"--xxjunk"] {
+        for bad in [
+            &b"--xx\r\nno header end"[..],
+            b"--xx\r\n\r\nunclosed",
+            b"nothing",
+            b"--xxjunk",
+        ] {
             assert!(multipart(&Bytes::copy_from_slice(bad), "xx").is_err(), "{bad:?}");
         }
     }

@@ -152,7 +152,10 @@ pub fn router(app: Arc<App>) -> Router {
         .route("/sandboxes/{id}/fork", post(control::fork))
         .route("/snapshots", get(control::snapshots))
         .route("/templates/{id}", delete(control::delete_snapshot))
-        .layer(axum::middleware::from_fn_with_state(Arc::clone(&gw), control::require_api_key))
+        .layer(axum::middleware::from_fn_with_state(
+            Arc::clone(&gw),
+            control::require_api_key,
+        ))
         .layer(axum::extract::DefaultBodyLimit::max(1 << 20));
     let envd = Router::new()
         .route("/health", get(envd::health))

@@ -131,7 +131,10 @@ fn event(v: Value) -> Bytes {
 }
 
 fn end_of_stream(err: Option<&RpcError>) -> Bytes {
-    frame(2, &err.map(|e| json!({ "error": e.json() })).unwrap_or_else(|| json!({})))
+    frame(
+        2,
+        &err.map(|e| json!({ "error": e.json() })).unwrap_or_else(|| json!({})),
+    )
 }
 
 /// A stream that is only its end-of-stream error (what envd answers when
@@ -170,9 +173,12 @@ fn message<T: serde::de::DeserializeOwned>(body: &[u8]) -> Rpc<T> {
 }
 
 async fn read_body(body: Body) -> Rpc<Bytes> {
-    axum::body::to_bytes(body, MAX_MESSAGE)
-        .await
-        .map_err(|_| RpcError::new("resource_exhausted", format!("messages are limited to {MAX_MESSAGE} bytes")))
+    axum::body::to_bytes(body, MAX_MESSAGE).await.map_err(|_| {
+        RpcError::new(
+            "resource_exhausted",
+            format!("messages are limited to {MAX_MESSAGE} bytes"),
+        )
+    })
 }
 
 #[derive(Deserialize, Default)]
@@ -235,7 +241,10 @@ pub async fn process(
                 "StreamInput" => Err(RpcError::unimplemented(
                     "streaming stdin (Process/StreamInput); use send_stdin",
                 )),
-                other => Err(RpcError::new("unimplemented", format!("no method process.Process/{other}"))),
+                other => Err(RpcError::new(
+                    "unimplemented",
+                    format!("no method process.Process/{other}"),
+                )),
             },
         },
     };
@@ -295,7 +304,11 @@ fn signal(gw: &Gateway, id: &str, body: &[u8]) -> Rpc<Response> {
         Some(Value::String(s)) if s == "SIGNAL_SIGTERM" => libc::SIGTERM,
         Some(Value::Number(n)) if n.as_i64() == Some(9) => libc::SIGKILL,
         Some(Value::Number(n)) if n.as_i64() == Some(15) => libc::SIGTERM,
-        other => return Err(RpcError::invalid(format!("signal must be SIGNAL_SIGKILL or SIGNAL_SIGTERM, got {other:?}"))),
+        other => {
+            return Err(RpcError::invalid(format!(
+                "signal must be SIGNAL_SIGKILL or SIGNAL_SIGTERM, got {other:?}"
+            )))
+        }
     };
     let pid = find(gw, id, &req.process)?;
     control(gw, id, pid)?
@@ -317,8 +330,12 @@ fn send_input(gw: &Gateway, id: &str, body: &[u8]) -> Rpc<Response> {
     let pid = find(gw, id, &req.process)?;
     let c = control(gw, id, pid)?;
     if !data.is_empty() {
-        c.stdin(&data)
-            .map_err(|e| RpcError::new("failed_precondition", format!("the stdin of process {pid} is gone: {e}")))?;
+        c.stdin(&data).map_err(|e| {
+            RpcError::new(
+                "failed_precondition",
+                format!("the stdin of process {pid} is gone: {e}"),
+            )
+        })?;
     }
     Ok(unary(json!({})))
 }
@@ -326,9 +343,12 @@ fn send_input(gw: &Gateway, id: &str, body: &[u8]) -> Rpc<Response> {
 fn close_stdin(gw: &Gateway, id: &str, body: &[u8]) -> Rpc<Response> {
     let req: SelectorRequest = message(body)?;
     let pid = find(gw, id, &req.process)?;
-    control(gw, id, pid)?
-        .close_stdin()
-        .map_err(|e| RpcError::new("failed_precondition", format!("the stdin of process {pid} is gone: {e}")))?;
+    control(gw, id, pid)?.close_stdin().map_err(|e| {
+        RpcError::new(
+            "failed_precondition",
+            format!("the stdin of process {pid} is gone: {e}"),
+        )
+    })?;
     Ok(unary(json!({})))
 }
 
@@ -432,15 +452,14 @@ async fn start(
     }
     let cfg = req.process;
     if cfg.cmd.is_empty() || cfg.cmd.contains('\0') || cfg.args.iter().any(|a| a.contains('\0')) {
-        return Err(RpcError::invalid("cmd must be non-empty; cmd and args must not contain NUL"));
+        return Err(RpcError::invalid(
+            "cmd must be non-empty; cmd and args must not contain NUL",
+        ));
     }
     let user = user_of(headers);
     let home = home_of(&user);
     let cwd = resolve(cfg.cwd.as_deref().unwrap_or(home), home).map_err(RpcError::invalid)?;
-    let mut env: Vec<(String, String)> = vec![
-        ("HOME".into(), home.into()),
-        ("USER".into(), user.clone()),
-    ];
+    let mut env: Vec<(String, String)> = vec![("HOME".into(), home.into()), ("USER".into(), user.clone())];
     env.extend(entry.env.iter().map(|(k, v)| (k.clone(), v.clone())));
     for (k, v) in &cfg.envs {
         if k.is_empty() || k.contains('=') || k.contains('\0') || v.contains('\0') {
@@ -531,10 +550,7 @@ fn run(
         key: "stderr",
     };
     let waited = session.wait(&mut out, &mut err);
-    gw.procs
-        .lock()
-        .unwrap_or_else(|e| e.into_inner())
-        .remove(&(id, pid));
+    gw.procs.lock().unwrap_or_else(|e| e.into_inner()).remove(&(id, pid));
     match waited {
         Ok(status) => {
             let status = status.unwrap_or(cairn_protocol::ExitStatus {
@@ -694,7 +710,10 @@ fn fs_op(client: &cairn_sandbox::client::InitClient, op: &str, path: &str, to: O
         }
         "MakeDir" => {
             if !client.make_dir(path, true)? {
-                return Err(RpcError::new("already_exists", format!("directory '{path}' already exists")));
+                return Err(RpcError::new(
+                    "already_exists",
+                    format!("directory '{path}' already exists"),
+                ));
             }
             Ok(json!({ "entry": entry_info(&stat(path)?, None) }))
         }
