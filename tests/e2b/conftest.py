@@ -35,28 +35,41 @@ def cairn_e2b():
     ).stdout
     secret = next(w for w in token.split() if len(w) >= 20)
     port = _free_port()
-    log = open(os.path.join(home, "serve.log"), "w")
-    server = subprocess.Popen(
-        [binary, "serve", "--e2b", f"127.0.0.1:{port}"], env=env, stdout=log, stderr=subprocess.STDOUT
-    )
-    deadline = time.time() + 30
-    while True:
+    log = open(os.path.join(home, "serve.log"), "a")
+    server = {}
+
+    def start():
+        server["p"] = subprocess.Popen(
+            [binary, "serve", "--e2b", f"127.0.0.1:{port}"], env=env, stdout=log, stderr=subprocess.STDOUT
+        )
+        deadline = time.time() + 30
+        while True:
+            try:
+                socket.create_connection(("127.0.0.1", port), timeout=1).close()
+                return
+            except OSError:
+                if server["p"].poll() is not None or time.time() > deadline:
+                    raise RuntimeError(open(os.path.join(home, "serve.log")).read())
+                time.sleep(0.05)
+
+    def stop():
+        server["p"].terminate()
         try:
-            socket.create_connection(("127.0.0.1", port), timeout=1).close()
-            break
-        except OSError:
-            if server.poll() is not None or time.time() > deadline:
-                raise RuntimeError(open(os.path.join(home, "serve.log")).read())
-            time.sleep(0.05)
+            server["p"].wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            server["p"].kill()
+            server["p"].wait()
+
+    def restart():
+        stop()
+        start()
+
+    start()
     url = f"http://127.0.0.1:{port}"
     os.environ.update(E2B_API_URL=url, E2B_SANDBOX_URL=url, E2B_API_KEY=secret)
     os.environ.pop("E2B_DEBUG", None)
-    yield {"url": url, "key": secret, "home": home, "bin": binary}
-    server.terminate()
-    try:
-        server.wait(timeout=30)
-    except subprocess.TimeoutExpired:
-        server.kill()
+    yield {"url": url, "key": secret, "home": home, "bin": binary, "restart": restart}
+    stop()
     # Sandboxes outlive the server; remove them with their state directory.
     ids = subprocess.run([binary, "ps", "-q"], env=env, capture_output=True, text=True).stdout.split()
     if ids:

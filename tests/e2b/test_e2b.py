@@ -230,3 +230,19 @@ def test_unsupported_features_answer_unimplemented(sbx):
         sbx.pty.create(size=PtySize(rows=24, cols=80))
     with pytest.raises(SandboxException, match="not supported"):
         sbx.files.watch_dir("/home/user")
+
+
+def test_paused_and_running_sandboxes_survive_a_server_restart(cairn_e2b):
+    paused = Sandbox.create()
+    paused.files.write("/home/user/durable.txt", "still here")
+    assert paused.pause()
+    running = Sandbox.create()
+    running.files.write("/home/user/live.txt", "live")
+    cairn_e2b["restart"]()
+    assert Sandbox.get_info(paused.sandbox_id).state.value == "paused"
+    back = Sandbox.connect(paused.sandbox_id)
+    assert back.files.read("/home/user/durable.txt") == "still here"
+    # The access token the client holds still works.
+    assert running.files.read("/home/user/live.txt") == "live"
+    back.kill()
+    running.kill()

@@ -1,6 +1,6 @@
 //! The control plane: create, list, info, kill, timeouts, pause and
 //! resume (connect), snapshots, fork. Each handler checks its input, calls
-//! the engine, and records the E2B side in the book.
+//! the engine, and records the E2B side in the state store.
 
 use std::collections::BTreeMap;
 use std::sync::Arc;
@@ -15,9 +15,9 @@ use cairn_engine::{CreateOptions, EngineError, SandboxRecord, Silent};
 use serde::Deserialize;
 use serde_json::{json, Value};
 
-use super::book::SnapshotEntry;
 use super::{Entry, Gateway, Life, RestError, DEFAULT_TIMEOUT_SECS, ENVD_VERSION, MAX_TIMEOUT_SECS};
 use crate::app::now_ms;
+use cairn_engine::e2b::E2bSnapshot;
 
 type G = State<Arc<Gateway>>;
 type Rest<T> = Result<T, RestError>;
@@ -81,35 +81,21 @@ pub(crate) fn rfc3339(ms: i64) -> String {
     )
 }
 
-fn sandbox_json(e: &Entry) -> Value {
+fn sandbox_json(gw: &Gateway, e: &Entry) -> Value {
     json!({
         "templateID": e.template, "sandboxID": e.id, "clientID": "cairn",
-        "envdVersion": ENVD_VERSION, "envdAccessToken": e.token, "domain": null,
+        "envdVersion": ENVD_VERSION, "envdAccessToken": gw.token(&e.id), "domain": null,
     })
 }
 
 fn listed_json(e: &Entry) -> Value {
     json!({
         "templateID": e.template, "sandboxID": e.id, "clientID": "cairn", "alias": e.template,
-        "startedAt": rfc3339(e.started_ms), "endAt": rfc3339(e.end_ms),
+        "startedAt": rfc3339(e.started_at), "endAt": rfc3339(e.end_at),
         "cpuCount": e.cpu_count, "memoryMB": e.memory_mb, "diskSizeMB": 0,
         "state": if e.running().is_some() { "running" } else { "paused" },
         "envdVersion": ENVD_VERSION, "metadata": e.metadata,
     })
-}
-
-fn new_token() -> Rest<String> {
-    use std::io::Read;
-    let mut b = [0u8; 24];
-    std::fs::File::open("/dev/urandom")
-        .and_then(|mut f| f.read_exact(&mut b))
-        .map_err(|e| {
-            RestError::new(
-                StatusCode::INTERNAL_SERVER_ERROR,
-                format!("cannot read /dev/urandom: {e}"),
-            )
-        })?;
-    Ok(b.iter().map(|x| format!("{x:02x}")).collect())
 }
 
 fn check_map(what: &str, m: &BTreeMap<String, String>, env: bool) -> Rest<()> {
@@ -159,23 +145,22 @@ pub struct NewSandbox {
     mcp: Option<Value>,
 }
 
-/// The book entry of a new E2B sandbox.
-fn entry_for(rec: &SandboxRecord, template: String, end_ms: i64) -> Rest<Entry> {
-    Ok(Entry {
+/// The record of a new E2B sandbox, named by its first Cairn sandbox.
+fn entry_for(rec: &SandboxRecord, template: String, life_ms: i64) -> Entry {
+    Entry {
         id: rec.id.clone(),
         template,
-        token: new_token()?,
         life: Life::Running {
             sandbox: rec.id.clone(),
         },
-        started_ms: now_ms(),
-        end_ms: now_ms() + end_ms,
+        started_at: now_ms(),
+        end_at: now_ms() + life_ms,
         auto_pause: false,
         metadata: BTreeMap::new(),
         env: BTreeMap::new(),
         cpu_count: (rec.cpu_millis / 1000).max(1),
         memory_mb: rec.memory_bytes >> 20,
-    })
+    }
 }
 
 fn make_home(e: &cairn_engine::Engine, rec: &SandboxRecord) -> Result<(), crate::error::ApiError> {
@@ -234,12 +219,12 @@ pub async fn create(State(gw): G, body: Bytes) -> Rest<Response> {
             Ok(rec)
         })
         .await?;
-    let mut entry = entry_for(&rec, req.template_id, life)?;
+    let mut entry = entry_for(&rec, req.template_id, life);
     entry.metadata = metadata;
     entry.env = env;
     entry.auto_pause = req.auto_pause.unwrap_or(false);
-    let out = sandbox_json(&entry);
-    gw.update(|b| b.insert(entry))?;
+    let out = sandbox_json(&gw, &entry);
+    gw.put(entry).await?;
     gw.app.emit("sandbox.created", &rec.id, "through the E2B API");
     Ok((StatusCode::CREATED, Json(out)).into_response())
 }
@@ -300,9 +285,9 @@ pub async fn list(
             }
         }
     }
-    let book = gw.book.lock().unwrap_or_else(|e| e.into_inner());
-    let items: Vec<Value> = book
-        .all()
+    let items: Vec<Value> = gw
+        .entries()
+        .iter()
         .filter(|e| {
             let st = if e.running().is_some() { "running" } else { "paused" };
             states.is_empty() || states.iter().any(|s| s == st)
@@ -322,7 +307,7 @@ fn known(gw: &Gateway, id: &str) -> Rest<Entry> {
 pub async fn info(State(gw): G, Path(id): Path<String>) -> Rest<Response> {
     let e = known(&gw, &id)?;
     let mut v = listed_json(&e);
-    v["envdAccessToken"] = json!(e.token);
+    v["envdAccessToken"] = json!(gw.token(&e.id));
     v["domain"] = Value::Null;
     Ok(Json(v).into_response())
 }
@@ -341,7 +326,7 @@ pub(crate) async fn kill_entry(gw: &Arc<Gateway>, id: &str) -> Rest<()> {
             .await?;
     }
     gw.drop_procs(id);
-    gw.update(|b| b.remove(id))?;
+    gw.forget(id).await?;
     gw.app.emit("sandbox.removed", id, "through the E2B API");
     Ok(())
 }
@@ -363,11 +348,7 @@ pub async fn set_timeout(State(gw): G, Path(id): Path<String>, body: Bytes) -> R
     let req: TimeoutBody = parse(&body)?;
     let ms = timeout_ms(Some(req.timeout))?;
     known(&gw, &id)?;
-    gw.update(|b| {
-        if let Some(e) = b.get_mut(&id) {
-            e.end_ms = now_ms() + ms;
-        }
-    })?;
+    gw.modify(&id, |e| e.end_at = now_ms() + ms).await?;
     Ok(StatusCode::NO_CONTENT)
 }
 
@@ -388,13 +369,10 @@ pub(crate) async fn pause_entry(gw: &Arc<Gateway>, id: &str) -> Rest<bool> {
         })
         .await?;
     gw.drop_procs(id);
-    gw.update(|b| {
-        if let Some(e) = b.get_mut(id) {
-            e.life = Life::Paused {
-                snapshot: snap.id.clone(),
-            };
-        }
-    })?;
+    let paused = Life::Paused {
+        snapshot: snap.id.clone(),
+    };
+    gw.modify(id, |e| e.life = paused).await?;
     gw.app
         .emit("sandbox.removed", id, format!("paused as snapshot {}", snap.id));
     Ok(true)
@@ -440,27 +418,19 @@ pub async fn connect(State(gw): G, Path(id): Path<String>, body: Bytes) -> Rest<
                         Ok(en.restore(&snap, &CreateOptions::default())?)
                     })
                     .await?;
-                gw.update(|b| {
-                    if let Some(e) = b.get_mut(&id) {
-                        e.life = Life::Running {
-                            sandbox: rec.id.clone(),
-                        };
-                    }
-                })?;
+                let running = Life::Running {
+                    sandbox: rec.id.clone(),
+                };
+                gw.modify(&id, |e| e.life = running).await?;
                 gw.app
                     .emit("sandbox.created", &rec.id, format!("resumed E2B sandbox {id}"));
             }
             StatusCode::CREATED
         }
     };
-    let entry = gw.update(|b| {
-        b.get_mut(&id).map(|e| {
-            e.end_ms = e.end_ms.max(now_ms() + ms);
-            e.clone()
-        })
-    })?;
+    let entry = gw.modify(&id, |e| e.end_at = e.end_at.max(now_ms() + ms)).await?;
     let entry = entry.ok_or_else(|| RestError::not_found(&id))?;
-    Ok((status, Json(sandbox_json(&entry))).into_response())
+    Ok((status, Json(sandbox_json(&gw, &entry))).into_response())
 }
 
 #[derive(Deserialize)]
@@ -499,13 +469,13 @@ pub async fn create_snapshot(State(gw): G, Path(id): Path<String>, body: Bytes) 
         .await?;
     let name = req.name.unwrap_or_else(|| snap.id.clone());
     let out = json!({ "snapshotID": snap.id, "names": [name] });
-    gw.update(|b| {
-        b.add_snapshot(SnapshotEntry {
-            id: snap.id.clone(),
-            name,
-            sandbox: id.clone(),
-        })
-    })?;
+    let record = E2bSnapshot {
+        id: snap.id.clone(),
+        name,
+        e2b_id: id.clone(),
+        created_at: now_ms(),
+    };
+    gw.app.engine(move |en| Ok(en.insert_e2b_snapshot(&record)?)).await?;
     gw.app
         .emit("snapshot.created", &snap.id, format!("of E2B sandbox {id}"));
     Ok((StatusCode::CREATED, Json(out)).into_response())
@@ -525,11 +495,10 @@ pub async fn snapshots(
     q: Result<Query<SnapshotQuery>, axum::extract::rejection::QueryRejection>,
 ) -> Rest<Response> {
     let Query(q) = q.map_err(|e| RestError::bad_request(e.body_text()))?;
-    let book = gw.book.lock().unwrap_or_else(|e| e.into_inner());
-    let items: Vec<Value> = book
-        .snapshots()
+    let all = gw.app.engine(|en| Ok(en.e2b_snapshots()?)).await?;
+    let items: Vec<Value> = all
         .iter()
-        .filter(|s| q.sandbox_id.as_ref().is_none_or(|id| &s.sandbox == id))
+        .filter(|s| q.sandbox_id.as_ref().is_none_or(|id| &s.e2b_id == id))
         .filter(|s| q.name.as_ref().is_none_or(|n| &s.name == n))
         .take(q.limit.unwrap_or(usize::MAX))
         .map(|s| json!({ "snapshotID": s.id, "names": [s.name] }))
@@ -540,13 +509,11 @@ pub async fn snapshots(
 /// `DELETE /templates/{id}`: deletes a snapshot made through
 /// `create_snapshot`; 404 for anything else.
 pub async fn delete_snapshot(State(gw): G, Path(id): Path<String>) -> Rest<StatusCode> {
+    let key = id.clone();
     let known = gw
-        .book
-        .lock()
-        .unwrap_or_else(|e| e.into_inner())
-        .snapshots()
-        .iter()
-        .any(|s| s.id == id);
+        .app
+        .engine(move |en| Ok(en.e2b_snapshots()?.iter().any(|s| s.id == key)))
+        .await?;
     if !known {
         return Err(RestError::new(
             StatusCode::NOT_FOUND,
@@ -560,7 +527,8 @@ pub async fn delete_snapshot(State(gw): G, Path(id): Path<String>) -> Rest<Statu
             Ok(en.remove_snapshot(&snap)?)
         })
         .await?;
-    gw.update(|b| b.remove_snapshot(&id))?;
+    let key = id.clone();
+    gw.app.engine(move |en| Ok(en.delete_e2b_snapshot(&key)?)).await?;
     Ok(StatusCode::NO_CONTENT)
 }
 
@@ -598,15 +566,17 @@ pub async fn fork(State(gw): G, Path(id): Path<String>, body: Bytes) -> Rest<Res
     let mut out = Vec::with_capacity(forks.len());
     let mut entries = Vec::with_capacity(forks.len());
     for rec in &forks {
-        let mut e = entry_for(rec, parent.template.clone(), ms)?;
+        let mut e = entry_for(rec, parent.template.clone(), ms);
         e.metadata = parent.metadata.clone();
         e.env = parent.env.clone();
         e.auto_pause = parent.auto_pause;
-        out.push(json!({ "sandbox": sandbox_json(&e) }));
+        out.push(json!({ "sandbox": sandbox_json(&gw, &e) }));
         entries.push(e);
         gw.app.emit("sandbox.created", &rec.id, format!("E2B fork of {id}"));
     }
-    gw.update(|b| entries.into_iter().for_each(|e| b.insert(e)))?;
+    for e in entries {
+        gw.put(e).await?;
+    }
     Ok((StatusCode::CREATED, Json(out)).into_response())
 }
 
@@ -619,9 +589,9 @@ pub(crate) fn spawn_reaper(gw: Arc<Gateway>) {
             tick.tick().await;
             let now = now_ms();
             let due: Vec<(String, bool)> = {
-                let book = gw.book.lock().unwrap_or_else(|e| e.into_inner());
-                book.all()
-                    .filter(|e| e.running().is_some() && e.end_ms <= now)
+                gw.entries()
+                    .iter()
+                    .filter(|e| e.running().is_some() && e.end_at <= now)
                     .map(|e| (e.id.clone(), e.auto_pause))
                     .collect()
             };

@@ -37,7 +37,7 @@ pub(crate) fn sandbox_of(gw: &Gateway, headers: &HeaderMap) -> Result<(Entry, St
     let entry = gw.entry(id);
     let token = header("x-access-token");
     match (entry, token) {
-        (Some(e), Some(t)) if same(&e.token, t) => match e.running() {
+        (Some(e), Some(t)) if same(&gw.token(&e.id), t) => match e.running() {
             Some(sandbox) => {
                 let sandbox = sandbox.to_string();
                 Ok((e, sandbox))

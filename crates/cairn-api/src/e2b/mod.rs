@@ -8,29 +8,31 @@
 //! gateway issued). See `docs/e2b.md`.
 //!
 //! An E2B sandbox keeps its id across pause and resume while the Cairn
-//! sandbox under it changes: [`book`] keeps that mapping, durable in the
-//! state directory.
+//! sandbox under it changes: the state store keeps that mapping
+//! ([`cairn_engine::e2b`]), and the gateway a copy in memory.
 
-mod book;
 mod control;
 mod envd;
 mod files;
 mod rpc;
 
-use std::collections::HashMap;
+use std::collections::{BTreeMap, HashMap};
+use std::io::{Read, Write};
 use std::sync::{Arc, Mutex};
 
 use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
 use axum::routing::{delete, get, post};
 use axum::Router;
+use cairn_engine::e2b::E2bSandbox;
+use cairn_engine::Home;
 use cairn_sandbox::client::ExecControl;
 use tokio::sync::broadcast;
 
 use crate::app::App;
-use crate::error::ApiError;
+use crate::error::{ApiError, ApiResult};
 
-pub use book::{Book, Entry, Life};
+pub use cairn_engine::e2b::{E2bLife as Life, E2bSandbox as Entry};
 
 /// The envd version reported: ≥ 0.5.2 so the SDK allows `close_stdin`,
 /// ≥ 0.4.0 so it sends no user unless asked.
@@ -53,7 +55,12 @@ pub(crate) struct Proc {
 /// The gateway's shared state.
 pub struct Gateway {
     pub(crate) app: Arc<App>,
-    pub(crate) book: Mutex<Book>,
+    /// The state store's E2B sandboxes, by id; written through.
+    book: Mutex<BTreeMap<String, Entry>>,
+    /// Serialises changes to the book, so none is lost to another.
+    writing: tokio::sync::Mutex<()>,
+    /// Derives each sandbox's envd access token from its id.
+    token_key: [u8; 32],
     /// Running processes by (E2B sandbox id, pid).
     pub(crate) procs: Mutex<HashMap<(String, i32), Proc>>,
     /// Whether a Cairn sandbox has `/bin/bash` (the SDK runs every
@@ -61,18 +68,90 @@ pub struct Gateway {
     pub(crate) bash: Mutex<HashMap<String, bool>>,
 }
 
+/// The key access tokens are derived with, `$CAIRN_HOME/e2b-token.key`
+/// (mode 0600), made on first use: the state store holds no secret, and
+/// tokens stay valid across server restarts.
+fn token_key(home: &Home) -> std::io::Result<[u8; 32]> {
+    let path = home.root().join("e2b-token.key");
+    let mut key = [0u8; 32];
+    match std::fs::File::open(&path) {
+        Ok(mut f) => {
+            f.read_exact(&mut key)?;
+            return Ok(key);
+        }
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+        Err(e) => return Err(e),
+    }
+    std::fs::File::open("/dev/urandom")?.read_exact(&mut key)?;
+    // Written whole to a temporary (0600), then linked into place: a
+    // concurrent first start keeps whichever key landed first.
+    let mut tmp = tempfile::NamedTempFile::new_in(home.root())?;
+    tmp.write_all(&key)?;
+    tmp.as_file().sync_all()?;
+    match tmp.persist_noclobber(&path) {
+        Ok(_) => Ok(key),
+        Err(e) if e.error.kind() == std::io::ErrorKind::AlreadyExists => {
+            std::fs::File::open(&path)?.read_exact(&mut key)?;
+            Ok(key)
+        }
+        Err(e) => Err(e.error),
+    }
+}
+
 impl Gateway {
     pub(crate) fn entry(&self, id: &str) -> Option<Entry> {
         self.book.lock().unwrap_or_else(|e| e.into_inner()).get(id).cloned()
     }
 
-    /// Changes the book and writes it down.
-    pub(crate) fn update<T>(&self, f: impl FnOnce(&mut Book) -> T) -> Result<T, ApiError> {
-        let mut book = self.book.lock().unwrap_or_else(|e| e.into_inner());
-        let out = f(&mut book);
-        book.save(&self.app.home)
-            .map_err(|e| ApiError::internal(format!("cannot record E2B sandboxes: {e}")))?;
-        Ok(out)
+    pub(crate) fn entries(&self) -> Vec<Entry> {
+        self.book
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .values()
+            .cloned()
+            .collect()
+    }
+
+    /// The envd access token of a sandbox.
+    pub(crate) fn token(&self, id: &str) -> String {
+        blake3::keyed_hash(&self.token_key, id.as_bytes()).to_hex()[..48].to_string()
+    }
+
+    /// Records a sandbox (new or changed) in the state store, then here.
+    pub(crate) async fn put(&self, e: Entry) -> ApiResult<()> {
+        let _w = self.writing.lock().await;
+        self.store(e).await
+    }
+
+    async fn store(&self, e: Entry) -> ApiResult<()> {
+        let rec = e.clone();
+        self.app.engine(move |en| Ok(en.put_e2b_sandbox(&rec)?)).await?;
+        self.book
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .insert(e.id.clone(), e);
+        Ok(())
+    }
+
+    /// Changes a recorded sandbox; `None` when it is not (or no longer)
+    /// known.
+    pub(crate) async fn modify(&self, id: &str, f: impl FnOnce(&mut Entry)) -> ApiResult<Option<Entry>> {
+        let _w = self.writing.lock().await;
+        let Some(mut e) = self.entry(id) else {
+            return Ok(None);
+        };
+        f(&mut e);
+        self.store(e.clone()).await?;
+        Ok(Some(e))
+    }
+
+    /// Forgets a sandbox, in the state store and here.
+    pub(crate) async fn forget(&self, id: &str) -> ApiResult<()> {
+        let _w = self.writing.lock().await;
+        let key = id.to_string();
+        self.app.engine(move |en| Ok(en.delete_e2b_sandbox(&key)?)).await?;
+        self.book.lock().unwrap_or_else(|e| e.into_inner()).remove(id);
+        Ok(())
     }
 
     /// Forgets the processes of a sandbox that stopped or paused.
@@ -130,13 +209,29 @@ impl IntoResponse for RestError {
 
 /// Every route the E2B SDK calls: the control plane and envd.
 pub fn router(app: Arc<App>) -> Router {
-    let book = Book::load(&app.home).unwrap_or_else(|e| {
-        tracing::error!("e2b: cannot read the E2B sandbox book, starting empty: {e}");
-        Book::default()
+    let book: BTreeMap<String, Entry> = match app.take_engine().and_then(|e| {
+        let all = e.e2b_sandboxes().map_err(ApiError::from);
+        app.give_back(e);
+        all
+    }) {
+        Ok(all) => all.into_iter().map(|e: E2bSandbox| (e.id.clone(), e)).collect(),
+        Err(e) => {
+            tracing::error!("e2b: cannot read the E2B sandboxes, starting with none: {}", e.message);
+            BTreeMap::new()
+        }
+    };
+    let token_key = token_key(&app.home).unwrap_or_else(|e| {
+        // Without the file, tokens last as long as this server.
+        tracing::error!("e2b: cannot keep the access token key in the state directory: {e}");
+        let mut k = [0u8; 32];
+        let _ = std::fs::File::open("/dev/urandom").and_then(|mut f| f.read_exact(&mut k));
+        k
     });
     let gw = Arc::new(Gateway {
         app,
         book: Mutex::new(book),
+        writing: tokio::sync::Mutex::new(()),
+        token_key,
         procs: Mutex::new(HashMap::new()),
         bash: Mutex::new(HashMap::new()),
     });
