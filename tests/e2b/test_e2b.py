@@ -246,3 +246,42 @@ def test_paused_and_running_sandboxes_survive_a_server_restart(cairn_e2b):
     assert running.files.read("/home/user/live.txt") == "live"
     back.kill()
     running.kill()
+
+
+def test_a_command_past_its_timeout_raises_and_reattaching_sees_later_output(sbx):
+    from e2b import TimeoutException
+
+    started = time.time()
+    with pytest.raises(TimeoutException):
+        sbx.commands.run("sleep 20", timeout=1)
+    assert time.time() - started < 10
+
+    h = sbx.commands.run("sleep 1; echo later; sleep 1; exit 4", background=True)
+    again = sbx.commands.connect(h.pid)
+    with pytest.raises(CommandExitException) as exc:
+        again.wait()
+    assert exc.value.exit_code == 4
+    assert "later" in exc.value.stdout
+    with pytest.raises(NotFoundException):
+        sbx.commands.connect(999_999)
+
+
+def test_large_files_round_trip_and_directories_are_not_read(sbx):
+    data = os.urandom(5 << 20)
+    sbx.files.write("/home/user/big.bin", data)
+    assert bytes(sbx.files.read("/home/user/big.bin", format="bytes")) == data
+    with pytest.raises(SandboxException):
+        sbx.files.read("/home/user")
+
+
+def test_a_paused_sandbox_can_be_killed_and_envd_calls_say_it_is_not_running():
+    from e2b import SandboxNotRunningException
+
+    s = Sandbox.create()
+    assert s.pause()
+    with pytest.raises(SandboxNotRunningException):
+        s.commands.run("true")
+    assert not s.is_running()
+    assert s.kill()
+    with pytest.raises(NotFoundException):
+        Sandbox.connect(s.sandbox_id)

@@ -314,16 +314,37 @@ pub async fn info(State(gw): G, Path(id): Path<String>) -> Rest<Response> {
 
 /// Removes the Cairn sandbox under an E2B one (if any) and forgets it.
 pub(crate) async fn kill_entry(gw: &Arc<Gateway>, id: &str) -> Rest<()> {
-    let e = known(gw, id)?;
+    known(gw, id)?;
     let _busy = gw.app.claim(&format!("e2b:{id}"), "kill")?;
-    if let Some(sandbox) = e.running().map(str::to_string) {
-        gw.app
-            .engine(move |en| match en.sandbox(&sandbox) {
-                Ok(rec) => Ok(en.remove_sandbox(&rec, true)?),
-                Err(EngineError::NoSuchSandbox(_)) => Ok(()),
-                Err(err) => Err(err.into()),
-            })
-            .await?;
+    let e = known(gw, id)?;
+    match e.life.clone() {
+        Life::Running { sandbox } => {
+            gw.app
+                .engine(move |en| match en.sandbox(&sandbox) {
+                    Ok(rec) => Ok(en.remove_sandbox(&rec, true)?),
+                    Err(EngineError::NoSuchSandbox(_)) => Ok(()),
+                    Err(err) => Err(err.into()),
+                })
+                .await?;
+        }
+        Life::Paused { snapshot } => {
+            // Nothing else starts from a pause's snapshot; `cairn gc`
+            // then reclaims what only it held.
+            let removed = gw
+                .app
+                .engine(move |en| {
+                    let snap = en.snapshot_record(&snapshot)?;
+                    Ok(en.remove_snapshot(&snap)?)
+                })
+                .await;
+            if let Err(err) = removed {
+                tracing::warn!(
+                    sandbox = id,
+                    "e2b: keeping the snapshot of a killed paused sandbox: {}",
+                    err.message
+                );
+            }
+        }
     }
     gw.drop_procs(id);
     gw.forget(id).await?;
@@ -354,11 +375,12 @@ pub async fn set_timeout(State(gw): G, Path(id): Path<String>, body: Bytes) -> R
 
 /// Snapshots a running E2B sandbox and removes the Cairn sandbox under it.
 pub(crate) async fn pause_entry(gw: &Arc<Gateway>, id: &str) -> Rest<bool> {
+    known(gw, id)?;
+    let _busy = gw.app.claim(&format!("e2b:{id}"), "pause")?;
     let e = known(gw, id)?;
     let Some(sandbox) = e.running().map(str::to_string) else {
         return Ok(false);
     };
-    let _busy = gw.app.claim(&format!("e2b:{id}"), "pause")?;
     let snap = gw
         .app
         .engine(move |en| {
