@@ -285,3 +285,51 @@ def test_a_paused_sandbox_can_be_killed_and_envd_calls_say_it_is_not_running():
     assert s.kill()
     with pytest.raises(NotFoundException):
         Sandbox.connect(s.sandbox_id)
+
+
+def test_user_root_runs_in_root_home(sbx):
+    r = sbx.commands.run("pwd; echo $HOME", user="root")
+    assert r.stdout == "/root\n/root\n"
+    sbx.files.write("r.txt", "as root", user="root")
+    assert sbx.files.read("/root/r.txt") == "as root"
+
+
+def test_hostile_requests_get_clear_errors_and_the_server_stays_up(sbx):
+    base = os.environ["E2B_SANDBOX_URL"]
+    envd = {"E2b-Sandbox-Id": sbx.sandbox_id, "X-Access-Token": sbx._envd_access_token}
+    stream = dict(envd, **{"Content-Type": "application/connect+json"})
+    api = {"X-API-KEY": os.environ["E2B_API_KEY"]}
+    cases = [
+        ("POST", "/process.Process/Start", stream, b"\x00\xff\xff\xff\xff{}"),
+        ("POST", "/process.Process/Start", stream, b"\x01\x00\x00\x00\x02{}"),
+        ("POST", "/process.Process/Start", stream, b"\x00\x00\x00\x00\x0anot json!!"),
+        ("POST", "/process.Process/Start", stream, b"\x00\x00\x00\x00\x1a" + b'{"process":{"cmd":"a\\u0000"}}'[:26]),
+        ("POST", "/process.Process/SendInput", envd, b'{"process":{"pid":1},"input":{"stdin":"%%%"}}'),
+        ("POST", "/process.Process/SendSignal", envd, b'{"process":{"pid":1},"signal":"SIGNAL_SIGSTOP"}'),
+        ("POST", "/process.Process/Nope", envd, b"{}"),
+        ("POST", "/filesystem.Filesystem/Stat", envd, b'{"path":""}'),
+        ("POST", "/filesystem.Filesystem/Stat", envd, b'{"path":"' + b"a" * 5000 + b'"}'),
+        ("POST", "/filesystem.Filesystem/ListDir", envd, b'{"path":"/etc/passwd"}'),
+        ("POST", "/filesystem.Filesystem/Remove", envd, b"[1,2,3]"),
+        ("POST", "/files?path=/tmp/x", dict(envd, **{"Content-Type": "multipart/form-data; boundary=zz"}), b"--zz\r\nbroken"),
+        ("POST", "/files?path=/tmp/x", dict(envd, **{"Content-Encoding": "gzip"}), b"\x1f\x8b"),
+        ("GET", "/files", envd, b""),
+        ("POST", "/v2/sandboxes", api, b'{"templateID":""}'),
+        ("POST", "/v2/sandboxes", api, b'{"templateID":"base","timeout":99999999}'),
+        ("POST", "/v2/sandboxes", api, b'{"templateID":"base","envVars":{"A=B":"1"}}'),
+        ("POST", "/v2/sandboxes", api, b'{"templateID":"base","volumeMounts":[{"name":"v","path":"/v"}]}'),
+        ("POST", "/v2/sandboxes", api, b"\xff\xfe"),
+        ("POST", f"/sandboxes/{sbx.sandbox_id}/fork", api, b'{"count":21}'),
+        ("POST", f"/sandboxes/{sbx.sandbox_id}/snapshots", api, b'{"name":"../x"}'),
+        ("POST", f"/sandboxes/{sbx.sandbox_id}/timeout", api, b'{"timeout":-1}'),
+        ("GET", "/v2/sandboxes?metadata=%25zz", api, b""),
+    ]
+    with httpx.Client(base_url=base, timeout=30) as c:
+        for method, path, headers, body in cases:
+            r = c.request(method, path, headers=headers, content=body)
+            if r.headers.get("content-type") == "application/connect+json":
+                assert r.content[0] == 2 and b"error" in r.content, (path, r.content)
+            else:
+                assert 400 <= r.status_code < 500 or r.status_code == 501, (path, body[:60], r.status_code, r.text)
+                assert r.json()["message"], (path, r.text)
+    assert sbx.commands.run("echo alive").stdout == "alive\n"
