@@ -333,3 +333,24 @@ def test_hostile_requests_get_clear_errors_and_the_server_stays_up(sbx):
                 assert 400 <= r.status_code < 500 or r.status_code == 501, (path, body[:60], r.status_code, r.text)
                 assert r.json()["message"], (path, r.text)
     assert sbx.commands.run("echo alive").stdout == "alive\n"
+
+
+def test_streamed_uploads_and_listing_by_state_and_metadata(sbx):
+    import io
+
+    from e2b import SandboxQuery, SandboxState
+
+    sbx.files.write("/home/user/streamed.bin", io.BytesIO(b"from a file object"))
+    assert sbx.files.read("/home/user/streamed.bin") == "from a file object"
+
+    tagged = Sandbox.create(metadata={"team": "a b/c"})
+    try:
+        assert tagged.pause()
+        query = SandboxQuery(metadata={"team": "a b/c"}, state=[SandboxState.PAUSED])
+        found = Sandbox.list(query=query).next_items()
+        assert [s.sandbox_id for s in found] == [tagged.sandbox_id]
+        running = Sandbox.list(query=SandboxQuery(state=[SandboxState.RUNNING])).next_items()
+        assert tagged.sandbox_id not in {s.sandbox_id for s in running}
+        assert sbx.sandbox_id in {s.sandbox_id for s in running}
+    finally:
+        tagged.kill()
