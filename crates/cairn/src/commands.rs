@@ -49,7 +49,11 @@ pub fn dispatch(cli: Cli) -> Result<i32> {
             .enable_all()
             .build()
             .context("starting the server's runtime")?;
-        runtime.block_on(cairn_api::serve(home, opts))?;
+        let served = runtime.block_on(cairn_api::serve(home, opts));
+        // Threads still relaying a process whose client left (the process
+        // keeps running in its sandbox) are not waited for past this.
+        runtime.shutdown_timeout(std::time::Duration::from_secs(5));
+        served?;
         return Ok(0);
     }
     let mut engine = Engine::open(home)?;

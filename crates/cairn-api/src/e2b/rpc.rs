@@ -494,7 +494,7 @@ async fn start(
         Ok(Err(e)) => return Err(e),
         Err(_) => return Err(RpcError::new("internal", "the process could not be started")),
     }
-    Ok(stream_response(stream_body(rx)))
+    Ok(stream_response(stream_body(gw, rx)))
 }
 
 /// Starts the process on a blocking thread, reports the start, and
@@ -572,16 +572,36 @@ fn run(
 }
 
 /// The response body: frames as they come, a keepalive on quiet streams.
-fn stream_body(rx: mpsc::Receiver<Bytes>) -> Body {
-    Body::from_stream(futures_util::stream::unfold(Some(rx), |rx| async move {
-        let mut rx = rx?;
-        tokio::select! {
-            f = rx.recv() => {
+/// When the server stops, the stream ends with `unavailable` (the process
+/// keeps running) rather than holding the shutdown until it exits.
+fn stream_body(gw: &Gateway, rx: mpsc::Receiver<Bytes>) -> Body {
+    let stop = gw.stop.clone();
+    Body::from_stream(futures_util::stream::unfold(Some((rx, stop)), |state| async move {
+        let (mut rx, mut stop) = state?;
+        enum Next {
+            Frame(Option<Bytes>),
+            Quiet,
+            Stopping,
+        }
+        let next = tokio::select! {
+            f = rx.recv() => Next::Frame(f),
+            _ = tokio::time::sleep(KEEPALIVE) => Next::Quiet,
+            _ = stop.wait_for(|s| *s) => Next::Stopping,
+        };
+        match next {
+            Next::Frame(f) => {
                 let f = f?;
                 let last = f.first() == Some(&2);
-                Some((Ok::<_, std::io::Error>(f), (!last).then_some(rx)))
+                Some((Ok::<_, std::io::Error>(f), (!last).then_some((rx, stop))))
             }
-            _ = tokio::time::sleep(KEEPALIVE) => Some((Ok(event(json!({ "keepalive": {} }))), Some(rx))),
+            Next::Quiet => Some((Ok(event(json!({ "keepalive": {} }))), Some((rx, stop)))),
+            Next::Stopping => {
+                let e = RpcError::new(
+                    "unavailable",
+                    "the server is stopping; the process keeps running: reattach with commands.connect(pid)",
+                );
+                Some((Ok(end_of_stream(Some(&e))), None))
+            }
         }
     }))
 }
@@ -619,7 +639,7 @@ fn reattach(gw: &Gateway, id: &str, body: &[u8]) -> Rpc<Response> {
             }
         }
     });
-    Ok(stream_response(stream_body(rx)))
+    Ok(stream_response(stream_body(gw, rx)))
 }
 
 #[derive(Deserialize)]
