@@ -100,7 +100,7 @@ pub async fn serve(home: Home, opts: ServeOptions) -> Result<(), ServeError> {
             .local_addr()
             .map(|a| a.to_string())
             .unwrap_or_else(|_| addr.to_string());
-        let e2b = crate::e2b::router_until(Arc::clone(&app), stop_rx.clone());
+        let e2b = crate::e2b::router(Arc::clone(&app));
         let mut stop = stop_rx.clone();
         tasks.spawn(async move {
             axum::serve(tcp, e2b)

@@ -66,8 +66,6 @@ pub struct Gateway {
     /// Whether a Cairn sandbox has `/bin/bash` (the SDK runs every
     /// command through it).
     pub(crate) bash: Mutex<HashMap<String, bool>>,
-    /// Becomes true when the server stops: process streams end then.
-    pub(crate) stop: tokio::sync::watch::Receiver<bool>,
 }
 
 /// The key access tokens are derived with, `$CAIRN_HOME/e2b-token.key`
@@ -211,17 +209,6 @@ impl IntoResponse for RestError {
 
 /// Every route the E2B SDK calls: the control plane and envd.
 pub fn router(app: Arc<App>) -> Router {
-    let (keep, stop) = tokio::sync::watch::channel(false);
-    // Never stopping: the sender lives as long as the runtime's tasks.
-    tokio::spawn(async move {
-        keep.closed().await;
-    });
-    router_until(app, stop)
-}
-
-/// [`router`], whose process streams end when `stop` becomes true (the
-/// server's graceful shutdown would otherwise wait for their processes).
-pub fn router_until(app: Arc<App>, stop: tokio::sync::watch::Receiver<bool>) -> Router {
     let book: BTreeMap<String, Entry> = match app.take_engine().and_then(|e| {
         let all = e.e2b_sandboxes().map_err(ApiError::from);
         app.give_back(e);
@@ -247,7 +234,6 @@ pub fn router_until(app: Arc<App>, stop: tokio::sync::watch::Receiver<bool>) -> 
         token_key,
         procs: Mutex::new(HashMap::new()),
         bash: Mutex::new(HashMap::new()),
-        stop,
     });
     control::spawn_reaper(Arc::clone(&gw));
     let api = Router::new()

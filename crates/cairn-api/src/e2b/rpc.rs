@@ -575,9 +575,9 @@ fn run(
 /// When the server stops, the stream ends with `unavailable` (the process
 /// keeps running) rather than holding the shutdown until it exits.
 fn stream_body(gw: &Gateway, rx: mpsc::Receiver<Bytes>) -> Body {
-    let stop = gw.stop.clone();
-    Body::from_stream(futures_util::stream::unfold(Some((rx, stop)), |state| async move {
-        let (mut rx, mut stop) = state?;
+    let stopped = Box::pin(gw.app.stopped());
+    Body::from_stream(futures_util::stream::unfold(Some((rx, stopped)), |state| async move {
+        let (mut rx, mut stopped) = state?;
         enum Next {
             Frame(Option<Bytes>),
             Quiet,
@@ -586,15 +586,15 @@ fn stream_body(gw: &Gateway, rx: mpsc::Receiver<Bytes>) -> Body {
         let next = tokio::select! {
             f = rx.recv() => Next::Frame(f),
             _ = tokio::time::sleep(KEEPALIVE) => Next::Quiet,
-            _ = stop.wait_for(|s| *s) => Next::Stopping,
+            () = &mut stopped => Next::Stopping,
         };
         match next {
             Next::Frame(f) => {
                 let f = f?;
                 let last = f.first() == Some(&2);
-                Some((Ok::<_, std::io::Error>(f), (!last).then_some((rx, stop))))
+                Some((Ok::<_, std::io::Error>(f), (!last).then_some((rx, stopped))))
             }
-            Next::Quiet => Some((Ok(event(json!({ "keepalive": {} }))), Some((rx, stop)))),
+            Next::Quiet => Some((Ok(event(json!({ "keepalive": {} }))), Some((rx, stopped)))),
             Next::Stopping => {
                 let e = RpcError::new(
                     "unavailable",
