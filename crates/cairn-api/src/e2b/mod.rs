@@ -73,15 +73,11 @@ pub struct Gateway {
 /// tokens stay valid across server restarts.
 fn token_key(home: &Home) -> std::io::Result<[u8; 32]> {
     let path = home.root().join("e2b-token.key");
-    let mut key = [0u8; 32];
-    match std::fs::File::open(&path) {
-        Ok(mut f) => {
-            f.read_exact(&mut key)?;
-            return Ok(key);
-        }
+    match read_key(&path) {
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
-        Err(e) => return Err(e),
+        other => return other,
     }
+    let mut key = [0u8; 32];
     std::fs::File::open("/dev/urandom")?.read_exact(&mut key)?;
     // Written whole to a temporary (0600), then linked into place: a
     // concurrent first start keeps whichever key landed first.
@@ -90,12 +86,38 @@ fn token_key(home: &Home) -> std::io::Result<[u8; 32]> {
     tmp.as_file().sync_all()?;
     match tmp.persist_noclobber(&path) {
         Ok(_) => Ok(key),
-        Err(e) if e.error.kind() == std::io::ErrorKind::AlreadyExists => {
-            std::fs::File::open(&path)?.read_exact(&mut key)?;
-            Ok(key)
-        }
+        Err(e) if e.error.kind() == std::io::ErrorKind::AlreadyExists => read_key(&path),
         Err(e) => Err(e.error),
     }
+}
+
+/// A key file holds exactly 32 bytes; anything else is refused.
+fn read_key(path: &std::path::Path) -> std::io::Result<[u8; 32]> {
+    let bytes = std::fs::read(path)?;
+    <[u8; 32]>::try_from(bytes.as_slice()).map_err(|_| {
+        std::io::Error::new(
+            std::io::ErrorKind::InvalidData,
+            format!(
+                "{} holds {} bytes, not 32; remove it to make a new key (every E2B access token then changes)",
+                path.display(),
+                bytes.len()
+            ),
+        )
+    })
+}
+
+/// A key for this server only, when none can be kept: from the kernel's
+/// generator, else (never seen) from the time and the process.
+fn ephemeral_key() -> [u8; 32] {
+    let mut k = [0u8; 32];
+    if std::fs::File::open("/dev/urandom")
+        .and_then(|mut f| f.read_exact(&mut k))
+        .is_err()
+    {
+        let seed = format!("{:?} {}", std::time::SystemTime::now(), std::process::id());
+        k = *blake3::hash(seed.as_bytes()).as_bytes();
+    }
+    k
 }
 
 impl Gateway {
@@ -223,9 +245,7 @@ pub fn router(app: Arc<App>) -> Router {
     let token_key = token_key(&app.home).unwrap_or_else(|e| {
         // Without the file, tokens last as long as this server.
         tracing::error!("e2b: cannot keep the access token key in the state directory: {e}");
-        let mut k = [0u8; 32];
-        let _ = std::fs::File::open("/dev/urandom").and_then(|mut f| f.read_exact(&mut k));
-        k
+        ephemeral_key()
     });
     let gw = Arc::new(Gateway {
         app,
@@ -274,4 +294,21 @@ pub fn router(app: Arc<App>) -> Router {
             )
         })
         .with_state(gw)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_token_key_is_made_once_and_a_damaged_one_is_refused() {
+        let dir = tempfile::tempdir().unwrap();
+        let home = Home::at(dir.path().to_path_buf());
+        let first = token_key(&home).unwrap();
+        assert_eq!(token_key(&home).unwrap(), first, "the key is kept");
+        std::fs::write(dir.path().join("e2b-token.key"), [1u8; 33]).unwrap();
+        let err = token_key(&home).unwrap_err();
+        assert!(err.to_string().contains("33 bytes, not 32"), "{err}");
+        assert_ne!(ephemeral_key(), [0u8; 32]);
+    }
 }
