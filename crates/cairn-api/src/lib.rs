@@ -10,6 +10,7 @@
 //! `cairn token create`.
 
 pub mod app;
+pub mod e2b;
 pub mod error;
 pub mod metrics;
 pub mod model;

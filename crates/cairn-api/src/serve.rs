@@ -17,6 +17,9 @@ pub struct ServeOptions {
     pub socket: Option<PathBuf>,
     /// A TCP address as well (bearer tokens required there).
     pub listen: Option<SocketAddr>,
+    /// A TCP address for the E2B-compatible API (its own API keys and
+    /// access tokens).
+    pub e2b: Option<SocketAddr>,
     pub settings: Settings,
 }
 
@@ -86,6 +89,27 @@ pub async fn serve(home: Home, opts: ServeOptions) -> Result<(), ServeError> {
                 .await
         });
         eprintln!("cairn: serving on http://{shown} (bearer tokens: `cairn token create NAME`)");
+    }
+    if let Some(addr) = opts.e2b {
+        let tcp = TcpListener::bind(addr).await.map_err(|source| ServeError::Listen {
+            what: addr.to_string(),
+            source,
+            hint: "pick a free address with --e2b HOST:PORT",
+        })?;
+        let shown = tcp
+            .local_addr()
+            .map(|a| a.to_string())
+            .unwrap_or_else(|_| addr.to_string());
+        let e2b = crate::e2b::router(Arc::clone(&app));
+        let mut stop = stop_rx.clone();
+        tasks.spawn(async move {
+            axum::serve(tcp, e2b)
+                .with_graceful_shutdown(async move {
+                    let _ = stop.wait_for(|s| *s).await;
+                })
+                .await
+        });
+        eprintln!("cairn: serving the E2B API on http://{shown} (E2B_API_KEY: `cairn token create NAME`)");
     }
     if !resumed.is_empty() {
         eprintln!(

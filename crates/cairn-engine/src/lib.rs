@@ -6,6 +6,7 @@
 //! CLI, later the HTTP API) call these services, never the tables.
 
 pub mod access;
+pub mod e2b;
 pub mod home;
 pub mod images;
 pub mod pipeline;

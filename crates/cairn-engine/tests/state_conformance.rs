@@ -7,6 +7,7 @@ use std::sync::{Arc, Barrier};
 use std::time::Duration;
 
 use cairn_engine::access::{Claim, TokenRecord};
+use cairn_engine::e2b::{E2bLife, E2bSandbox, E2bSnapshot};
 use cairn_engine::pipeline::records::{ArtifactRecord, DeadLetter, RunRecord, StageRecord};
 use cairn_engine::state::{BackendKind, Db, Value};
 use cairn_engine::testing::{self, TestDatabase};
@@ -105,6 +106,8 @@ conformance!(
     stores_opened_at_once_migrate_once,
     tokens_are_found_by_hash_only_and_revoked_by_id_or_name,
     an_idempotency_key_answers_once_and_refuses_another_body,
+    e2b_sandboxes_keep_their_id_through_pause_and_resume,
+    e2b_snapshots_are_listed_oldest_first_and_deleted_once,
 );
 
 fn sandbox(id: &str, name: &str) -> SandboxRecord {
@@ -888,4 +891,74 @@ fn an_idempotency_key_answers_once_and_refuses_another_body(store: &Store) {
         Claim::New,
         "a released claim is free"
     );
+}
+
+fn e2b_sandbox(id: &str, life: E2bLife) -> E2bSandbox {
+    E2bSandbox {
+        id: id.into(),
+        template: "base".into(),
+        life,
+        started_at: 10,
+        end_at: 20,
+        auto_pause: true,
+        cpu_count: 2,
+        memory_mb: 512,
+        metadata: [("owner".to_string(), "ci".to_string())].into(),
+        env: [("A".to_string(), "1".to_string()), ("B".to_string(), "x=y".to_string())].into(),
+    }
+}
+
+fn e2b_sandboxes_keep_their_id_through_pause_and_resume(store: &Store) {
+    let db = store.open();
+    let running = e2b_sandbox("e1", E2bLife::Running { sandbox: "c1".into() });
+    db.put_e2b_sandbox(&running).unwrap();
+    db.put_e2b_sandbox(&e2b_sandbox("e2", E2bLife::Running { sandbox: "c2".into() }))
+        .unwrap();
+    assert_eq!(
+        db.e2b_sandboxes().unwrap(),
+        vec![
+            running.clone(),
+            e2b_sandbox("e2", E2bLife::Running { sandbox: "c2".into() })
+        ]
+    );
+
+    let mut paused = running.clone();
+    paused.life = E2bLife::Paused { snapshot: "s1".into() };
+    paused.env.remove("B");
+    db.put_e2b_sandbox(&paused).unwrap();
+    let mut resumed = paused.clone();
+    resumed.life = E2bLife::Running { sandbox: "c3".into() };
+    drop(db);
+    let db = store.open();
+    assert_eq!(
+        db.e2b_sandboxes().unwrap()[0],
+        paused,
+        "a paused sandbox survives reopening"
+    );
+    db.put_e2b_sandbox(&resumed).unwrap();
+    assert_eq!(db.e2b_sandboxes().unwrap()[0], resumed);
+
+    assert!(db.delete_e2b_sandbox("e1").unwrap());
+    assert!(!db.delete_e2b_sandbox("e1").unwrap());
+    assert_eq!(db.e2b_sandboxes().unwrap().len(), 1);
+}
+
+fn e2b_snapshots_are_listed_oldest_first_and_deleted_once(store: &Store) {
+    let db = store.open();
+    let snap = |id: &str, at: i64| E2bSnapshot {
+        id: id.into(),
+        name: format!("name-{id}"),
+        e2b_id: "e1".into(),
+        created_at: at,
+    };
+    db.insert_e2b_snapshot(&snap("b", 2)).unwrap();
+    db.insert_e2b_snapshot(&snap("a", 5)).unwrap();
+    assert!(
+        db.insert_e2b_snapshot(&snap("a", 6)).is_err(),
+        "a snapshot is recorded once"
+    );
+    assert_eq!(db.e2b_snapshots().unwrap(), vec![snap("b", 2), snap("a", 5)]);
+    assert!(db.delete_e2b_snapshot("b").unwrap());
+    assert!(!db.delete_e2b_snapshot("b").unwrap());
+    assert_eq!(db.e2b_snapshots().unwrap(), vec![snap("a", 5)]);
 }

@@ -255,6 +255,10 @@ pub enum Command {
         /// Listen on TCP too, e.g. 127.0.0.1:7070 (bearer tokens required).
         #[arg(long, value_name = "ADDR")]
         listen: Option<std::net::SocketAddr>,
+        /// Serve the E2B-compatible API on this TCP address too (docs/e2b.md):
+        /// point E2B_API_URL and E2B_SANDBOX_URL here, E2B_API_KEY = a token.
+        #[arg(long, value_name = "ADDR")]
+        e2b: Option<std::net::SocketAddr>,
         /// The largest file upload accepted (413 above it), e.g. 512M, 4G.
         #[arg(long, default_value = "1G", value_name = "SIZE", value_parser = parse_bytes)]
         max_upload: u64,

@@ -28,6 +28,7 @@ pub fn dispatch(cli: Cli) -> Result<i32> {
     if let Command::Serve {
         socket,
         listen,
+        e2b,
         max_upload,
         openapi,
     } = cli.command
@@ -39,6 +40,7 @@ pub fn dispatch(cli: Cli) -> Result<i32> {
         let opts = cairn_api::ServeOptions {
             socket,
             listen,
+            e2b,
             settings: cairn_api::Settings { max_upload },
         };
         // A streamed exec holds a blocking thread for as long as it runs.
@@ -47,7 +49,11 @@ pub fn dispatch(cli: Cli) -> Result<i32> {
             .enable_all()
             .build()
             .context("starting the server's runtime")?;
-        runtime.block_on(cairn_api::serve(home, opts))?;
+        let served = runtime.block_on(cairn_api::serve(home, opts));
+        // Threads still relaying a process whose client left (the process
+        // keeps running in its sandbox) are not waited for past this.
+        runtime.shutdown_timeout(std::time::Duration::from_secs(5));
+        served?;
         return Ok(0);
     }
     let mut engine = Engine::open(home)?;

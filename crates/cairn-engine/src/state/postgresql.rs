@@ -26,6 +26,7 @@ const MIGRATIONS: &[&str] = &[
     include_str!("../../migrations/postgres/0002_snapshots.sql"),
     include_str!("../../migrations/postgres/0003_runs.sql"),
     include_str!("../../migrations/postgres/0004_api.sql"),
+    include_str!("../../migrations/postgres/0005_e2b.sql"),
 ];
 
 /// Serialises migrations (and the home claim) between processes opening

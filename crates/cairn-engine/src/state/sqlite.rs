@@ -21,6 +21,7 @@ const MIGRATIONS: &[&str] = &[
     include_str!("../../migrations/sqlite/0002_snapshots.sql"),
     include_str!("../../migrations/sqlite/0003_runs.sql"),
     include_str!("../../migrations/sqlite/0004_api.sql"),
+    include_str!("../../migrations/sqlite/0005_e2b.sql"),
 ];
 
 pub struct SqliteBackend {

@@ -1,0 +1,653 @@
+//! The control plane: create, list, info, kill, timeouts, pause and
+//! resume (connect), snapshots, fork. Each handler checks its input, calls
+//! the engine, and records the E2B side in the state store.
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+
+use axum::body::Bytes;
+use axum::extract::{Path, Query, Request, State};
+use axum::http::StatusCode;
+use axum::middleware::Next;
+use axum::response::{IntoResponse, Response};
+use axum::Json;
+use cairn_engine::{CreateOptions, EngineError, SandboxRecord, Silent};
+use serde::Deserialize;
+use serde_json::{json, Value};
+
+use super::{Entry, Gateway, Life, RestError, DEFAULT_TIMEOUT_SECS, ENVD_VERSION, MAX_TIMEOUT_SECS};
+use crate::app::now_ms;
+use cairn_engine::e2b::E2bSnapshot;
+
+type G = State<Arc<Gateway>>;
+type Rest<T> = Result<T, RestError>;
+
+/// Where a new sandbox's home is: E2B runs commands as `user` in
+/// `/home/user`.
+pub(crate) const HOME: &str = "/home/user";
+const MAX_MAP_ENTRIES: usize = 256;
+const MAX_STRING: usize = 4096;
+
+/// Refuses control-plane requests without a valid Cairn API token in
+/// `X-API-KEY`.
+pub async fn require_api_key(State(gw): G, req: Request, next: Next) -> Response {
+    let key = req
+        .headers()
+        .get("x-api-key")
+        .and_then(|v| v.to_str().ok())
+        .map(|s| s.trim().to_string());
+    let Some(key) = key.filter(|k| !k.is_empty() && k.len() <= 512) else {
+        return RestError::new(
+            StatusCode::UNAUTHORIZED,
+            "X-API-KEY is missing: set E2B_API_KEY to a token from `cairn token create NAME`",
+        )
+        .into_response();
+    };
+    match gw.app.engine(move |e| Ok(e.check_token(&key)?)).await {
+        Ok(Some(_)) => next.run(req).await,
+        Ok(None) => RestError::new(
+            StatusCode::UNAUTHORIZED,
+            "the API key is not a valid Cairn token (revoked or mistyped); make one with `cairn token create NAME`",
+        )
+        .into_response(),
+        Err(e) => RestError::from(e).into_response(),
+    }
+}
+
+fn parse<T: serde::de::DeserializeOwned>(body: &[u8]) -> Rest<T> {
+    crate::routes::parse(body).map_err(RestError::from)
+}
+
+pub(crate) fn rfc3339(ms: i64) -> String {
+    let secs = ms.div_euclid(1000);
+    let millis = ms.rem_euclid(1000);
+    let days = secs.div_euclid(86_400);
+    let rem = secs.rem_euclid(86_400);
+    // Civil date from days since the epoch (Howard Hinnant's algorithm).
+    let z = days + 719_468;
+    let era = z.div_euclid(146_097);
+    let doe = z.rem_euclid(146_097);
+    let yoe = (doe - doe / 1460 + doe / 36_524 - doe / 146_096) / 365;
+    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
+    let mp = (5 * doy + 2) / 153;
+    let d = doy - (153 * mp + 2) / 5 + 1;
+    let m = if mp < 10 { mp + 3 } else { mp - 9 };
+    let y = yoe + era * 400 + i64::from(m <= 2);
+    format!(
+        "{y:04}-{m:02}-{d:02}T{:02}:{:02}:{:02}.{millis:03}Z",
+        rem / 3600,
+        rem % 3600 / 60,
+        rem % 60
+    )
+}
+
+fn sandbox_json(gw: &Gateway, e: &Entry) -> Value {
+    json!({
+        "templateID": e.template, "sandboxID": e.id, "clientID": "cairn",
+        "envdVersion": ENVD_VERSION, "envdAccessToken": gw.token(&e.id), "domain": null,
+    })
+}
+
+fn listed_json(e: &Entry) -> Value {
+    json!({
+        "templateID": e.template, "sandboxID": e.id, "clientID": "cairn", "alias": e.template,
+        "startedAt": rfc3339(e.started_at), "endAt": rfc3339(e.end_at),
+        "cpuCount": e.cpu_count, "memoryMB": e.memory_mb, "diskSizeMB": 0,
+        "state": if e.running().is_some() { "running" } else { "paused" },
+        "envdVersion": ENVD_VERSION, "metadata": e.metadata,
+    })
+}
+
+fn check_map(what: &str, m: &BTreeMap<String, String>, env: bool) -> Rest<()> {
+    if m.len() > MAX_MAP_ENTRIES {
+        return Err(RestError::bad_request(format!(
+            "{what} has more than {MAX_MAP_ENTRIES} entries"
+        )));
+    }
+    for (k, v) in m {
+        if k.is_empty() || k.len() > MAX_STRING || v.len() > MAX_STRING || k.contains('\0') || v.contains('\0') {
+            return Err(RestError::bad_request(format!(
+                "{what}: keys must be non-empty, keys and values at most {MAX_STRING} bytes without NUL"
+            )));
+        }
+        if env && k.contains('=') {
+            return Err(RestError::bad_request(format!("{what}: {k:?} must not contain '='")));
+        }
+    }
+    Ok(())
+}
+
+fn timeout_ms(t: Option<u64>) -> Rest<i64> {
+    let t = t.unwrap_or(DEFAULT_TIMEOUT_SECS);
+    if t > MAX_TIMEOUT_SECS {
+        return Err(RestError::bad_request(format!(
+            "timeout must be at most {MAX_TIMEOUT_SECS} seconds, got {t}"
+        )));
+    }
+    Ok(t as i64 * 1000)
+}
+
+#[derive(Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct NewSandbox {
+    #[serde(rename = "templateID")]
+    template_id: String,
+    timeout: Option<u64>,
+    #[serde(default)]
+    metadata: Option<BTreeMap<String, String>>,
+    #[serde(default)]
+    env_vars: Option<BTreeMap<String, String>>,
+    #[serde(default)]
+    auto_pause: Option<bool>,
+    #[serde(default)]
+    volume_mounts: Option<Vec<Value>>,
+    #[serde(default)]
+    mcp: Option<Value>,
+}
+
+/// The record of a new E2B sandbox, named by its first Cairn sandbox.
+fn entry_for(rec: &SandboxRecord, template: String, life_ms: i64) -> Entry {
+    Entry {
+        id: rec.id.clone(),
+        template,
+        life: Life::Running {
+            sandbox: rec.id.clone(),
+        },
+        started_at: now_ms(),
+        end_at: now_ms() + life_ms,
+        auto_pause: false,
+        metadata: BTreeMap::new(),
+        env: BTreeMap::new(),
+        cpu_count: (rec.cpu_millis / 1000).max(1),
+        memory_mb: rec.memory_bytes >> 20,
+    }
+}
+
+fn make_home(e: &cairn_engine::Engine, rec: &SandboxRecord) -> Result<(), crate::error::ApiError> {
+    e.client(rec)?.make_dir(HOME, true)?;
+    Ok(())
+}
+
+/// `POST /v2/sandboxes`: a template is `base` (Cairn's default image), a
+/// Cairn image name, or a snapshot id (restored).
+pub async fn create(State(gw): G, body: Bytes) -> Rest<Response> {
+    let req: NewSandbox = parse(&body)?;
+    if req.template_id.is_empty() || req.template_id.len() > 256 || req.template_id.contains('\0') {
+        return Err(RestError::bad_request("templateID must be 1 to 256 bytes"));
+    }
+    if req.volume_mounts.as_ref().is_some_and(|v| !v.is_empty()) {
+        return Err(RestError::bad_request(
+            "volume mounts are not supported by Cairn's E2B gateway",
+        ));
+    }
+    if req.mcp.is_some() {
+        return Err(RestError::bad_request(
+            "the MCP gateway template is not supported by Cairn's E2B gateway",
+        ));
+    }
+    let metadata = req.metadata.unwrap_or_default();
+    let env = req.env_vars.unwrap_or_default();
+    check_map("metadata", &metadata, false)?;
+    check_map("envVars", &env, true)?;
+    let life = timeout_ms(req.timeout)?;
+    let template = req.template_id.clone();
+    let rec = gw
+        .app
+        .engine(move |e| {
+            let rec = if template == "base" {
+                e.create_sandbox(&CreateOptions::default(), &Silent)?
+            } else if e.image(&template).is_ok() {
+                let opts = CreateOptions {
+                    image: Some(template.clone()),
+                    ..CreateOptions::default()
+                };
+                e.create_sandbox(&opts, &Silent)?
+            } else {
+                match e.snapshot_record(&template) {
+                    Ok(snap) => e.restore(&snap, &CreateOptions::default())?,
+                    Err(_) => {
+                        return Err(crate::error::ApiError::not_found(format!(
+                            "template {template:?} not found: use base, a Cairn image name or a snapshot id"
+                        )))
+                    }
+                }
+            };
+            if let Err(err) = make_home(e, &rec) {
+                let _ = e.remove_sandbox(&rec, true);
+                return Err(err);
+            }
+            Ok(rec)
+        })
+        .await?;
+    let mut entry = entry_for(&rec, req.template_id, life);
+    entry.metadata = metadata;
+    entry.env = env;
+    entry.auto_pause = req.auto_pause.unwrap_or(false);
+    let out = sandbox_json(&gw, &entry);
+    gw.put(entry).await?;
+    gw.app.emit("sandbox.created", &rec.id, "through the E2B API");
+    Ok((StatusCode::CREATED, Json(out)).into_response())
+}
+
+#[derive(Deserialize)]
+pub struct ListQuery {
+    state: Option<String>,
+    metadata: Option<String>,
+    limit: Option<usize>,
+}
+
+/// Percent-decodes once; `None` on malformed input.
+fn unquote(s: &str) -> Option<String> {
+    let b = s.as_bytes();
+    let mut out = Vec::with_capacity(b.len());
+    let mut i = 0;
+    while i < b.len() {
+        match b[i] {
+            b'%' => {
+                let h = std::str::from_utf8(b.get(i + 1..i + 3)?).ok()?;
+                out.push(u8::from_str_radix(h, 16).ok()?);
+                i += 3;
+            }
+            b'+' => {
+                out.push(b' ');
+                i += 1;
+            }
+            c => {
+                out.push(c);
+                i += 1;
+            }
+        }
+    }
+    String::from_utf8(out).ok()
+}
+
+/// `GET /v2/sandboxes`: running and paused sandboxes, filtered by state
+/// and metadata.
+pub async fn list(
+    State(gw): G,
+    q: Result<Query<ListQuery>, axum::extract::rejection::QueryRejection>,
+) -> Rest<Response> {
+    let Query(q) = q.map_err(|e| RestError::bad_request(e.body_text()))?;
+    let states: Vec<String> = q
+        .state
+        .as_deref()
+        .map(|s| s.split(',').map(str::to_string).collect())
+        .unwrap_or_default();
+    let mut wanted = Vec::new();
+    if let Some(m) = &q.metadata {
+        for pair in m.split('&').filter(|p| !p.is_empty()) {
+            let (k, v) = pair.split_once('=').unwrap_or((pair, ""));
+            let k = unquote(k).and_then(|k| unquote(&k));
+            let v = unquote(v).and_then(|v| unquote(&v));
+            match (k, v) {
+                (Some(k), Some(v)) => wanted.push((k, v)),
+                _ => return Err(RestError::bad_request("metadata is not a valid query")),
+            }
+        }
+    }
+    let items: Vec<Value> = gw
+        .entries()
+        .iter()
+        .filter(|e| {
+            let st = if e.running().is_some() { "running" } else { "paused" };
+            states.is_empty() || states.iter().any(|s| s == st)
+        })
+        .filter(|e| wanted.iter().all(|(k, v)| e.metadata.get(k) == Some(v)))
+        .take(q.limit.unwrap_or(usize::MAX).min(10_000))
+        .map(listed_json)
+        .collect();
+    Ok(Json(items).into_response())
+}
+
+fn known(gw: &Gateway, id: &str) -> Rest<Entry> {
+    gw.entry(id).ok_or_else(|| RestError::not_found(id))
+}
+
+/// `GET /sandboxes/{id}`.
+pub async fn info(State(gw): G, Path(id): Path<String>) -> Rest<Response> {
+    let e = known(&gw, &id)?;
+    let mut v = listed_json(&e);
+    v["envdAccessToken"] = json!(gw.token(&e.id));
+    v["domain"] = Value::Null;
+    Ok(Json(v).into_response())
+}
+
+/// Removes the Cairn sandbox under an E2B one (if any) and forgets it.
+pub(crate) async fn kill_entry(gw: &Arc<Gateway>, id: &str) -> Rest<()> {
+    known(gw, id)?;
+    let _busy = gw.app.claim(&format!("e2b:{id}"), "kill")?;
+    let e = known(gw, id)?;
+    match e.life.clone() {
+        Life::Running { sandbox } => {
+            gw.app
+                .engine(move |en| match en.sandbox(&sandbox) {
+                    Ok(rec) => Ok(en.remove_sandbox(&rec, true)?),
+                    Err(EngineError::NoSuchSandbox(_)) => Ok(()),
+                    Err(err) => Err(err.into()),
+                })
+                .await?;
+        }
+        Life::Paused { snapshot } => {
+            // Nothing else starts from a pause's snapshot; `cairn gc`
+            // then reclaims what only it held.
+            let removed = gw
+                .app
+                .engine(move |en| {
+                    let snap = en.snapshot_record(&snapshot)?;
+                    Ok(en.remove_snapshot(&snap)?)
+                })
+                .await;
+            if let Err(err) = removed {
+                tracing::warn!(
+                    sandbox = id,
+                    "e2b: keeping the snapshot of a killed paused sandbox: {}",
+                    err.message
+                );
+            }
+        }
+    }
+    gw.drop_procs(id);
+    gw.forget(id).await?;
+    gw.app.emit("sandbox.removed", id, "through the E2B API");
+    Ok(())
+}
+
+/// `DELETE /sandboxes/{id}`: 204, or 404 when unknown.
+pub async fn kill(State(gw): G, Path(id): Path<String>) -> Rest<StatusCode> {
+    kill_entry(&gw, &id).await?;
+    Ok(StatusCode::NO_CONTENT)
+}
+
+#[derive(Deserialize)]
+pub struct TimeoutBody {
+    timeout: u64,
+}
+
+/// `POST /sandboxes/{id}/timeout`: the sandbox ends that many seconds
+/// from now.
+pub async fn set_timeout(State(gw): G, Path(id): Path<String>, body: Bytes) -> Rest<StatusCode> {
+    let req: TimeoutBody = parse(&body)?;
+    let ms = timeout_ms(Some(req.timeout))?;
+    known(&gw, &id)?;
+    gw.modify(&id, |e| e.end_at = now_ms() + ms).await?;
+    Ok(StatusCode::NO_CONTENT)
+}
+
+/// Snapshots a running E2B sandbox and removes the Cairn sandbox under it.
+pub(crate) async fn pause_entry(gw: &Arc<Gateway>, id: &str) -> Rest<bool> {
+    known(gw, id)?;
+    let _busy = gw.app.claim(&format!("e2b:{id}"), "pause")?;
+    let e = known(gw, id)?;
+    let Some(sandbox) = e.running().map(str::to_string) else {
+        return Ok(false);
+    };
+    let snap = gw
+        .app
+        .engine(move |en| {
+            let rec = en.sandbox(&sandbox)?;
+            let snap = en.snapshot(&rec, None)?;
+            en.remove_sandbox(&rec, true)?;
+            Ok(snap)
+        })
+        .await?;
+    gw.drop_procs(id);
+    let paused = Life::Paused {
+        snapshot: snap.id.clone(),
+    };
+    gw.modify(id, |e| e.life = paused).await?;
+    gw.app
+        .emit("sandbox.removed", id, format!("paused as snapshot {}", snap.id));
+    Ok(true)
+}
+
+/// `POST /sandboxes/{id}/pause`: 204, or 409 when already paused.
+pub async fn pause(State(gw): G, Path(id): Path<String>, body: Bytes) -> Rest<StatusCode> {
+    let _: Value = parse(&body)?;
+    if pause_entry(&gw, &id).await? {
+        Ok(StatusCode::NO_CONTENT)
+    } else {
+        Err(RestError::new(
+            StatusCode::CONFLICT,
+            format!("sandbox {id} is already paused"),
+        ))
+    }
+}
+
+#[derive(Deserialize)]
+pub struct ConnectBody {
+    timeout: Option<u64>,
+}
+
+/// `POST /v2/sandboxes/{id}/connect`: 200 for a running sandbox (its
+/// timeout only ever extended), 201 after resuming a paused one under the
+/// same id.
+pub async fn connect(State(gw): G, Path(id): Path<String>, body: Bytes) -> Rest<Response> {
+    let req: ConnectBody = parse(&body)?;
+    let ms = timeout_ms(req.timeout)?;
+    let e = known(&gw, &id)?;
+    let status = match &e.life {
+        Life::Running { .. } => StatusCode::OK,
+        Life::Paused { snapshot } => {
+            let _busy = gw.app.claim(&format!("e2b:{id}"), "resume")?;
+            // Another request may have resumed it meanwhile.
+            let e = known(&gw, &id)?;
+            if let Life::Paused { .. } = e.life {
+                let snapshot = snapshot.clone();
+                let rec = gw
+                    .app
+                    .engine(move |en| {
+                        let snap = en.snapshot_record(&snapshot)?;
+                        Ok(en.restore(&snap, &CreateOptions::default())?)
+                    })
+                    .await?;
+                let running = Life::Running {
+                    sandbox: rec.id.clone(),
+                };
+                gw.modify(&id, |e| e.life = running).await?;
+                gw.app
+                    .emit("sandbox.created", &rec.id, format!("resumed E2B sandbox {id}"));
+            }
+            StatusCode::CREATED
+        }
+    };
+    let entry = gw.modify(&id, |e| e.end_at = e.end_at.max(now_ms() + ms)).await?;
+    let entry = entry.ok_or_else(|| RestError::not_found(&id))?;
+    Ok((status, Json(sandbox_json(&gw, &entry))).into_response())
+}
+
+#[derive(Deserialize)]
+pub struct SnapshotBody {
+    name: Option<String>,
+}
+
+/// `POST /sandboxes/{id}/snapshots`: the sandbox keeps running; the
+/// snapshot id works as a template.
+pub async fn create_snapshot(State(gw): G, Path(id): Path<String>, body: Bytes) -> Rest<Response> {
+    let req: SnapshotBody = parse(&body)?;
+    if let Some(n) = &req.name {
+        if n.is_empty() || n.len() > 128 || !n.bytes().all(|b| b.is_ascii_alphanumeric() || b"-_.".contains(&b)) {
+            return Err(RestError::bad_request(
+                "a snapshot name is 1 to 128 letters, digits, '-', '_' or '.'",
+            ));
+        }
+    }
+    let e = known(&gw, &id)?;
+    let sandbox = e
+        .running()
+        .ok_or_else(|| {
+            RestError::new(
+                StatusCode::CONFLICT,
+                format!("sandbox {id} is paused; connect to it first"),
+            )
+        })?
+        .to_string();
+    let _busy = gw.app.claim(&format!("e2b:{id}"), "snapshot")?;
+    let snap = gw
+        .app
+        .engine(move |en| {
+            let rec = en.sandbox(&sandbox)?;
+            Ok(en.snapshot(&rec, None)?)
+        })
+        .await?;
+    let name = req.name.unwrap_or_else(|| snap.id.clone());
+    let out = json!({ "snapshotID": snap.id, "names": [name] });
+    let record = E2bSnapshot {
+        id: snap.id.clone(),
+        name,
+        e2b_id: id.clone(),
+        created_at: now_ms(),
+    };
+    gw.app.engine(move |en| Ok(en.insert_e2b_snapshot(&record)?)).await?;
+    gw.app
+        .emit("snapshot.created", &snap.id, format!("of E2B sandbox {id}"));
+    Ok((StatusCode::CREATED, Json(out)).into_response())
+}
+
+#[derive(Deserialize)]
+pub struct SnapshotQuery {
+    #[serde(rename = "sandboxID")]
+    sandbox_id: Option<String>,
+    name: Option<String>,
+    limit: Option<usize>,
+}
+
+/// `GET /snapshots`: the snapshots made through `create_snapshot`.
+pub async fn snapshots(
+    State(gw): G,
+    q: Result<Query<SnapshotQuery>, axum::extract::rejection::QueryRejection>,
+) -> Rest<Response> {
+    let Query(q) = q.map_err(|e| RestError::bad_request(e.body_text()))?;
+    let all = gw.app.engine(|en| Ok(en.e2b_snapshots()?)).await?;
+    let items: Vec<Value> = all
+        .iter()
+        .filter(|s| q.sandbox_id.as_ref().is_none_or(|id| &s.e2b_id == id))
+        .filter(|s| q.name.as_ref().is_none_or(|n| &s.name == n))
+        .take(q.limit.unwrap_or(usize::MAX))
+        .map(|s| json!({ "snapshotID": s.id, "names": [s.name] }))
+        .collect();
+    Ok(Json(items).into_response())
+}
+
+/// `DELETE /templates/{id}`: deletes a snapshot made through
+/// `create_snapshot`; 404 for anything else.
+pub async fn delete_snapshot(State(gw): G, Path(id): Path<String>) -> Rest<StatusCode> {
+    let key = id.clone();
+    let known = gw
+        .app
+        .engine(move |en| Ok(en.e2b_snapshots()?.iter().any(|s| s.id == key)))
+        .await?;
+    if !known {
+        return Err(RestError::new(
+            StatusCode::NOT_FOUND,
+            format!("snapshot {id:?} not found"),
+        ));
+    }
+    let key = id.clone();
+    gw.app
+        .engine(move |en| {
+            let snap = en.snapshot_record(&key)?;
+            Ok(en.remove_snapshot(&snap)?)
+        })
+        .await?;
+    let key = id.clone();
+    gw.app.engine(move |en| Ok(en.delete_e2b_snapshot(&key)?)).await?;
+    Ok(StatusCode::NO_CONTENT)
+}
+
+#[derive(Deserialize)]
+pub struct ForkBody {
+    timeout: Option<u64>,
+    count: Option<usize>,
+}
+
+/// `POST /sandboxes/{id}/fork`: snapshots the sandbox (which keeps
+/// running) and starts `count` sandboxes from it, each with its own id and
+/// token and the parent's template, metadata and environment.
+pub async fn fork(State(gw): G, Path(id): Path<String>, body: Bytes) -> Rest<Response> {
+    let req: ForkBody = parse(&body)?;
+    let count = req.count.unwrap_or(1);
+    if !(1..=20).contains(&count) {
+        return Err(RestError::bad_request(format!("count must be 1 to 20, got {count}")));
+    }
+    let ms = timeout_ms(req.timeout)?;
+    let parent = known(&gw, &id)?;
+    let sandbox = parent
+        .running()
+        .ok_or_else(|| {
+            RestError::new(
+                StatusCode::CONFLICT,
+                format!("sandbox {id} is paused; connect to it first"),
+            )
+        })?
+        .to_string();
+    let _busy = gw.app.claim(&format!("e2b:{id}"), "fork")?;
+    let (_, forks) = gw
+        .app
+        .engine(move |en| Ok(en.fork(&sandbox, count, &CreateOptions::default())?))
+        .await?;
+    let mut out = Vec::with_capacity(forks.len());
+    let mut entries = Vec::with_capacity(forks.len());
+    for rec in &forks {
+        let mut e = entry_for(rec, parent.template.clone(), ms);
+        e.metadata = parent.metadata.clone();
+        e.env = parent.env.clone();
+        e.auto_pause = parent.auto_pause;
+        out.push(json!({ "sandbox": sandbox_json(&gw, &e) }));
+        entries.push(e);
+        gw.app.emit("sandbox.created", &rec.id, format!("E2B fork of {id}"));
+    }
+    for e in entries {
+        gw.put(e).await?;
+    }
+    Ok((StatusCode::CREATED, Json(out)).into_response())
+}
+
+/// Ends sandboxes whose timeout passed, once a second: removed, or paused
+/// when created with `autoPause`, as E2B does.
+pub(crate) fn spawn_reaper(gw: Arc<Gateway>) {
+    tokio::spawn(async move {
+        let mut tick = tokio::time::interval(std::time::Duration::from_secs(1));
+        loop {
+            tick.tick().await;
+            let now = now_ms();
+            let due: Vec<(String, bool)> = {
+                gw.entries()
+                    .iter()
+                    .filter(|e| e.running().is_some() && e.end_at <= now)
+                    .map(|e| (e.id.clone(), e.auto_pause))
+                    .collect()
+            };
+            for (id, auto_pause) in due {
+                let r = if auto_pause {
+                    pause_entry(&gw, &id).await.map(drop)
+                } else {
+                    kill_entry(&gw, &id).await
+                };
+                match r {
+                    Ok(()) => tracing::info!(sandbox = id, auto_pause, "e2b: sandbox timed out"),
+                    // Busy: the next tick tries again.
+                    Err(e) if e.status == StatusCode::CONFLICT => {}
+                    Err(e) => tracing::warn!(sandbox = id, "e2b: ending a timed-out sandbox: {}", e.message),
+                }
+            }
+        }
+    });
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn timestamps_are_rfc3339_utc() {
+        assert_eq!(rfc3339(0), "1970-01-01T00:00:00.000Z");
+        assert_eq!(rfc3339(1_796_060_312_048), "2026-11-30T17:38:32.048Z");
+    }
+
+    #[test]
+    fn metadata_queries_are_decoded_twice() {
+        assert_eq!(unquote("a%2520b").and_then(|s| unquote(&s)).as_deref(), Some("a b"));
+        assert_eq!(unquote("%zz"), None);
+        assert_eq!(unquote("%"), None);
+    }
+}

@@ -1,0 +1,314 @@
+//! The E2B-compatible gateway (`cairn serve --e2b ADDR`): code written
+//! against the `e2b` Python SDK runs against Cairn by pointing
+//! `E2B_API_URL` and `E2B_SANDBOX_URL` at this listener. One listener
+//! serves both the control plane (`/v2/sandboxes`, `/sandboxes/...`,
+//! `/snapshots`; `X-API-KEY` is a Cairn API token) and envd (`/health`,
+//! `/files`, `/process.Process/*`, `/filesystem.Filesystem/*`; the sandbox
+//! is named by `E2b-Sandbox-Id` and proven by the `X-Access-Token` this
+//! gateway issued). See `docs/e2b.md`.
+//!
+//! An E2B sandbox keeps its id across pause and resume while the Cairn
+//! sandbox under it changes: the state store keeps that mapping
+//! ([`cairn_engine::e2b`]), and the gateway a copy in memory.
+
+mod control;
+mod envd;
+mod files;
+mod rpc;
+
+use std::collections::{BTreeMap, HashMap};
+use std::io::{Read, Write};
+use std::sync::{Arc, Mutex};
+
+use axum::http::StatusCode;
+use axum::response::{IntoResponse, Response};
+use axum::routing::{delete, get, post};
+use axum::Router;
+use cairn_engine::e2b::E2bSandbox;
+use cairn_engine::Home;
+use cairn_sandbox::client::ExecControl;
+use tokio::sync::broadcast;
+
+use crate::app::App;
+use crate::error::{ApiError, ApiResult};
+
+pub use cairn_engine::e2b::{E2bLife as Life, E2bSandbox as Entry};
+
+/// The envd version reported: ≥ 0.5.2 so the SDK allows `close_stdin`,
+/// ≥ 0.4.0 so it sends no user unless asked.
+pub const ENVD_VERSION: &str = "0.5.7";
+/// A sandbox's lifetime when create names none (E2B's default).
+pub const DEFAULT_TIMEOUT_SECS: u64 = 300;
+/// The longest lifetime accepted (E2B's limit is 24 hours).
+pub const MAX_TIMEOUT_SECS: u64 = 86_400;
+
+/// A process started through `Process/Start`, for `Connect`, `List`,
+/// `SendInput`, `SendSignal` and `CloseStdin`.
+pub(crate) struct Proc {
+    pub control: ExecControl,
+    /// The `ProcessInfo` JSON `Process/List` answers.
+    pub info: serde_json::Value,
+    /// Every event after `start`, framed, for reattached streams.
+    pub events: broadcast::Sender<bytes::Bytes>,
+}
+
+/// The gateway's shared state.
+pub struct Gateway {
+    pub(crate) app: Arc<App>,
+    /// The state store's E2B sandboxes, by id; written through.
+    book: Mutex<BTreeMap<String, Entry>>,
+    /// Serialises changes to the book, so none is lost to another.
+    writing: tokio::sync::Mutex<()>,
+    /// Derives each sandbox's envd access token from its id.
+    token_key: [u8; 32],
+    /// Running processes by (E2B sandbox id, pid).
+    pub(crate) procs: Mutex<HashMap<(String, i32), Proc>>,
+    /// Whether a Cairn sandbox has `/bin/bash` (the SDK runs every
+    /// command through it).
+    pub(crate) bash: Mutex<HashMap<String, bool>>,
+}
+
+/// The key access tokens are derived with, `$CAIRN_HOME/e2b-token.key`
+/// (mode 0600), made on first use: the state store holds no secret, and
+/// tokens stay valid across server restarts.
+fn token_key(home: &Home) -> std::io::Result<[u8; 32]> {
+    let path = home.root().join("e2b-token.key");
+    match read_key(&path) {
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+        other => return other,
+    }
+    let mut key = [0u8; 32];
+    std::fs::File::open("/dev/urandom")?.read_exact(&mut key)?;
+    // Written whole to a temporary (0600), then linked into place: a
+    // concurrent first start keeps whichever key landed first.
+    let mut tmp = tempfile::NamedTempFile::new_in(home.root())?;
+    tmp.write_all(&key)?;
+    tmp.as_file().sync_all()?;
+    match tmp.persist_noclobber(&path) {
+        Ok(_) => Ok(key),
+        Err(e) if e.error.kind() == std::io::ErrorKind::AlreadyExists => read_key(&path),
+        Err(e) => Err(e.error),
+    }
+}
+
+/// A key file holds exactly 32 bytes; anything else is refused.
+fn read_key(path: &std::path::Path) -> std::io::Result<[u8; 32]> {
+    let bytes = std::fs::read(path)?;
+    <[u8; 32]>::try_from(bytes.as_slice()).map_err(|_| {
+        std::io::Error::new(
+            std::io::ErrorKind::InvalidData,
+            format!(
+                "{} holds {} bytes, not 32; remove it to make a new key (every E2B access token then changes)",
+                path.display(),
+                bytes.len()
+            ),
+        )
+    })
+}
+
+/// A key for this server only, when none can be kept: from the kernel's
+/// generator, else (never seen) from the time and the process.
+fn ephemeral_key() -> [u8; 32] {
+    let mut k = [0u8; 32];
+    if std::fs::File::open("/dev/urandom")
+        .and_then(|mut f| f.read_exact(&mut k))
+        .is_err()
+    {
+        let seed = format!("{:?} {}", std::time::SystemTime::now(), std::process::id());
+        k = *blake3::hash(seed.as_bytes()).as_bytes();
+    }
+    k
+}
+
+impl Gateway {
+    pub(crate) fn entry(&self, id: &str) -> Option<Entry> {
+        self.book.lock().unwrap_or_else(|e| e.into_inner()).get(id).cloned()
+    }
+
+    pub(crate) fn entries(&self) -> Vec<Entry> {
+        self.book
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .values()
+            .cloned()
+            .collect()
+    }
+
+    /// The envd access token of a sandbox.
+    pub(crate) fn token(&self, id: &str) -> String {
+        blake3::keyed_hash(&self.token_key, id.as_bytes()).to_hex()[..48].to_string()
+    }
+
+    /// Records a sandbox (new or changed) in the state store, then here.
+    pub(crate) async fn put(&self, e: Entry) -> ApiResult<()> {
+        let _w = self.writing.lock().await;
+        self.store(e).await
+    }
+
+    async fn store(&self, e: Entry) -> ApiResult<()> {
+        let rec = e.clone();
+        self.app.engine(move |en| Ok(en.put_e2b_sandbox(&rec)?)).await?;
+        self.book
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .insert(e.id.clone(), e);
+        Ok(())
+    }
+
+    /// Changes a recorded sandbox; `None` when it is not (or no longer)
+    /// known.
+    pub(crate) async fn modify(&self, id: &str, f: impl FnOnce(&mut Entry)) -> ApiResult<Option<Entry>> {
+        let _w = self.writing.lock().await;
+        let Some(mut e) = self.entry(id) else {
+            return Ok(None);
+        };
+        f(&mut e);
+        self.store(e.clone()).await?;
+        Ok(Some(e))
+    }
+
+    /// Forgets a sandbox, in the state store and here.
+    pub(crate) async fn forget(&self, id: &str) -> ApiResult<()> {
+        let _w = self.writing.lock().await;
+        let key = id.to_string();
+        self.app.engine(move |en| Ok(en.delete_e2b_sandbox(&key)?)).await?;
+        self.book.lock().unwrap_or_else(|e| e.into_inner()).remove(id);
+        Ok(())
+    }
+
+    /// Forgets the processes of a sandbox that stopped or paused.
+    pub(crate) fn drop_procs(&self, id: &str) {
+        let mut p = self.procs.lock().unwrap_or_else(|e| e.into_inner());
+        p.retain(|(sid, _), _| sid != id);
+    }
+}
+
+/// A control-plane error: `{"code": <status>, "message"}`, as the SDK
+/// parses it.
+#[derive(Debug)]
+pub struct RestError {
+    pub status: StatusCode,
+    pub message: String,
+}
+
+impl RestError {
+    pub fn new(status: StatusCode, message: impl Into<String>) -> RestError {
+        RestError {
+            status,
+            message: message.into(),
+        }
+    }
+    pub fn bad_request(message: impl Into<String>) -> RestError {
+        RestError::new(StatusCode::BAD_REQUEST, message)
+    }
+    pub fn not_found(id: &str) -> RestError {
+        RestError::new(
+            StatusCode::NOT_FOUND,
+            format!("sandbox {id:?} doesn't exist or you don't have access to it"),
+        )
+    }
+}
+
+impl From<ApiError> for RestError {
+    fn from(e: ApiError) -> RestError {
+        RestError::new(e.status, e.message)
+    }
+}
+
+impl IntoResponse for RestError {
+    fn into_response(self) -> Response {
+        if self.status.is_server_error() {
+            tracing::error!(status = %self.status, "e2b: {}", self.message);
+        }
+        let body = serde_json::json!({ "code": self.status.as_u16(), "message": self.message });
+        let mut resp = (self.status, axum::Json(body)).into_response();
+        // Nothing here gets better by retrying at once.
+        resp.headers_mut()
+            .insert("should-retry", axum::http::HeaderValue::from_static("false"));
+        resp
+    }
+}
+
+/// Every route the E2B SDK calls: the control plane and envd.
+pub fn router(app: Arc<App>) -> Router {
+    let book: BTreeMap<String, Entry> = match app.take_engine().and_then(|e| {
+        let all = e.e2b_sandboxes().map_err(ApiError::from);
+        app.give_back(e);
+        all
+    }) {
+        Ok(all) => all.into_iter().map(|e: E2bSandbox| (e.id.clone(), e)).collect(),
+        Err(e) => {
+            tracing::error!("e2b: cannot read the E2B sandboxes, starting with none: {}", e.message);
+            BTreeMap::new()
+        }
+    };
+    let token_key = token_key(&app.home).unwrap_or_else(|e| {
+        // Without the file, tokens last as long as this server.
+        tracing::error!("e2b: cannot keep the access token key in the state directory: {e}");
+        ephemeral_key()
+    });
+    let gw = Arc::new(Gateway {
+        app,
+        book: Mutex::new(book),
+        writing: tokio::sync::Mutex::new(()),
+        token_key,
+        procs: Mutex::new(HashMap::new()),
+        bash: Mutex::new(HashMap::new()),
+    });
+    control::spawn_reaper(Arc::clone(&gw));
+    let api = Router::new()
+        .route("/v2/sandboxes", post(control::create).get(control::list))
+        .route("/sandboxes", get(control::list))
+        .route("/sandboxes/{id}", get(control::info).delete(control::kill))
+        .route("/sandboxes/{id}/timeout", post(control::set_timeout))
+        .route("/sandboxes/{id}/pause", post(control::pause))
+        .route("/v2/sandboxes/{id}/connect", post(control::connect))
+        .route("/sandboxes/{id}/snapshots", post(control::create_snapshot))
+        .route("/sandboxes/{id}/fork", post(control::fork))
+        .route("/snapshots", get(control::snapshots))
+        .route("/templates/{id}", delete(control::delete_snapshot))
+        .layer(axum::middleware::from_fn_with_state(
+            Arc::clone(&gw),
+            control::require_api_key,
+        ))
+        .layer(axum::extract::DefaultBodyLimit::max(1 << 20));
+    let envd = Router::new()
+        .route("/health", get(envd::health))
+        .route(
+            "/files",
+            get(files::read)
+                .post(files::write)
+                .layer(axum::extract::DefaultBodyLimit::disable()),
+        )
+        .route("/process.Process/{method}", post(rpc::process))
+        .route("/filesystem.Filesystem/{method}", post(rpc::filesystem));
+    api.merge(envd)
+        .fallback(|req: axum::extract::Request| async move {
+            RestError::new(
+                StatusCode::NOT_FOUND,
+                format!(
+                    "{} {} is not part of the E2B API Cairn serves; see docs/e2b.md",
+                    req.method(),
+                    req.uri().path()
+                ),
+            )
+        })
+        .with_state(gw)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_token_key_is_made_once_and_a_damaged_one_is_refused() {
+        let dir = tempfile::tempdir().unwrap();
+        let home = Home::at(dir.path().to_path_buf());
+        let first = token_key(&home).unwrap();
+        assert_eq!(token_key(&home).unwrap(), first, "the key is kept");
+        std::fs::write(dir.path().join("e2b-token.key"), [1u8; 33]).unwrap();
+        let err = token_key(&home).unwrap_err();
+        assert!(err.to_string().contains("33 bytes, not 32"), "{err}");
+        assert_ne!(ephemeral_key(), [0u8; 32]);
+    }
+}

@@ -1,0 +1,785 @@
+//! envd's Connect RPCs with the JSON codec: `process.Process` (Start and
+//! Connect as server streams of 5-byte envelopes ending in an
+//! end-of-stream frame; List, SendInput, SendSignal, CloseStdin unary) and
+//! `filesystem.Filesystem` (Stat, ListDir, MakeDir, Move, Remove). PTYs,
+//! watchers, Update and StreamInput answer `unimplemented`.
+
+use std::io::Write;
+use std::sync::Arc;
+use std::time::Duration;
+
+use axum::body::{Body, Bytes};
+use axum::extract::{Path, State};
+use axum::http::{header, HeaderMap, HeaderValue, StatusCode};
+use axum::response::{IntoResponse, Response};
+use base64::Engine as _;
+use cairn_protocol::{ExecRequest, FileKind};
+use serde::Deserialize;
+use serde_json::{json, Value};
+use tokio::sync::{broadcast, mpsc};
+
+use super::envd::{entry_info, home_of, resolve, sandbox_of, user_of, Denied};
+use super::{Gateway, Proc};
+use crate::error::{client_status, ApiError};
+
+/// The largest request message accepted (SendInput carries stdin).
+const MAX_MESSAGE: usize = 4 << 20;
+/// The most entries one ListDir answers.
+const MAX_LIST: u32 = 10_000;
+/// Keepalive events on quiet process streams (the SDK asks for ≤ 50 s).
+const KEEPALIVE: Duration = Duration::from_secs(30);
+
+/// A Connect error: a code string and a message.
+#[derive(Debug)]
+pub(crate) struct RpcError {
+    code: &'static str,
+    message: String,
+}
+
+impl RpcError {
+    fn new(code: &'static str, message: impl Into<String>) -> RpcError {
+        RpcError {
+            code,
+            message: message.into(),
+        }
+    }
+    fn invalid(message: impl Into<String>) -> RpcError {
+        RpcError::new("invalid_argument", message)
+    }
+    fn unimplemented(what: &str) -> RpcError {
+        RpcError::new(
+            "unimplemented",
+            format!("{what} is not supported by Cairn's E2B gateway (see docs/e2b.md)"),
+        )
+    }
+    fn status(&self) -> StatusCode {
+        match self.code {
+            "not_found" => StatusCode::NOT_FOUND,
+            "already_exists" => StatusCode::CONFLICT,
+            "invalid_argument" | "failed_precondition" => StatusCode::BAD_REQUEST,
+            "unauthenticated" => StatusCode::UNAUTHORIZED,
+            "permission_denied" => StatusCode::FORBIDDEN,
+            "resource_exhausted" => StatusCode::TOO_MANY_REQUESTS,
+            "unavailable" => StatusCode::SERVICE_UNAVAILABLE,
+            "unimplemented" => StatusCode::NOT_IMPLEMENTED,
+            "deadline_exceeded" => StatusCode::GATEWAY_TIMEOUT,
+            _ => StatusCode::INTERNAL_SERVER_ERROR,
+        }
+    }
+    fn json(&self) -> Value {
+        json!({ "code": self.code, "message": self.message })
+    }
+}
+
+fn code_of_status(s: StatusCode) -> &'static str {
+    match s {
+        StatusCode::NOT_FOUND => "not_found",
+        StatusCode::CONFLICT => "already_exists",
+        StatusCode::BAD_REQUEST | StatusCode::PAYLOAD_TOO_LARGE => "invalid_argument",
+        StatusCode::FORBIDDEN => "permission_denied",
+        StatusCode::UNAUTHORIZED => "unauthenticated",
+        StatusCode::SERVICE_UNAVAILABLE | StatusCode::BAD_GATEWAY => "unavailable",
+        _ => "internal",
+    }
+}
+
+impl From<ApiError> for RpcError {
+    fn from(e: ApiError) -> RpcError {
+        RpcError::new(code_of_status(e.status), e.message)
+    }
+}
+
+impl From<cairn_sandbox::client::ClientError> for RpcError {
+    fn from(e: cairn_sandbox::client::ClientError) -> RpcError {
+        RpcError::new(code_of_status(client_status(&e)), e.to_string())
+    }
+}
+
+impl From<Denied> for RpcError {
+    fn from(d: Denied) -> RpcError {
+        match d {
+            Denied::Token(m) => RpcError::new("unauthenticated", m),
+            Denied::NotRunning(m) => RpcError::new("unavailable", m),
+        }
+    }
+}
+
+impl IntoResponse for RpcError {
+    fn into_response(self) -> Response {
+        (self.status(), axum::Json(self.json())).into_response()
+    }
+}
+
+type Rpc<T> = Result<T, RpcError>;
+
+fn unary(v: Value) -> Response {
+    axum::Json(v).into_response()
+}
+
+/// One envelope: flags, big-endian length, message.
+fn frame(flags: u8, v: &Value) -> Bytes {
+    let msg = serde_json::to_vec(v).unwrap_or_else(|_| b"{}".to_vec());
+    let mut out = Vec::with_capacity(5 + msg.len());
+    out.push(flags);
+    out.extend_from_slice(&(msg.len() as u32).to_be_bytes());
+    out.extend_from_slice(&msg);
+    Bytes::from(out)
+}
+
+fn event(v: Value) -> Bytes {
+    frame(0, &json!({ "event": v }))
+}
+
+fn end_of_stream(err: Option<&RpcError>) -> Bytes {
+    frame(
+        2,
+        &err.map(|e| json!({ "error": e.json() })).unwrap_or_else(|| json!({})),
+    )
+}
+
+/// A stream that is only its end-of-stream error (what envd answers when
+/// a stream fails before it starts).
+fn stream_error(e: RpcError) -> Response {
+    stream_response(Body::from(end_of_stream(Some(&e))))
+}
+
+fn stream_response(body: Body) -> Response {
+    let mut resp = Response::new(body);
+    resp.headers_mut().insert(
+        header::CONTENT_TYPE,
+        HeaderValue::from_static("application/connect+json"),
+    );
+    resp
+}
+
+/// The one message of a server-stream request.
+fn envelope<T: serde::de::DeserializeOwned>(body: &[u8]) -> Rpc<T> {
+    if body.len() < 5 {
+        return Err(RpcError::invalid("the request holds no Connect envelope"));
+    }
+    if body[0] & 1 != 0 {
+        return Err(RpcError::invalid("compressed messages are not supported"));
+    }
+    let len = u32::from_be_bytes([body[1], body[2], body[3], body[4]]) as usize;
+    let msg = body
+        .get(5..5 + len)
+        .ok_or_else(|| RpcError::invalid("the Connect envelope is shorter than its length"))?;
+    message(msg)
+}
+
+fn message<T: serde::de::DeserializeOwned>(body: &[u8]) -> Rpc<T> {
+    let body = if body.is_empty() { &b"{}"[..] } else { body };
+    serde_json::from_slice(body).map_err(|e| RpcError::invalid(format!("invalid message: {e}")))
+}
+
+async fn read_body(body: Body) -> Rpc<Bytes> {
+    axum::body::to_bytes(body, MAX_MESSAGE).await.map_err(|_| {
+        RpcError::new(
+            "resource_exhausted",
+            format!("messages are limited to {MAX_MESSAGE} bytes"),
+        )
+    })
+}
+
+#[derive(Deserialize, Default)]
+#[serde(rename_all = "camelCase")]
+struct Selector {
+    pid: Option<u32>,
+    tag: Option<String>,
+}
+
+#[derive(Deserialize)]
+#[serde(rename_all = "camelCase")]
+struct ProcessConfig {
+    cmd: String,
+    #[serde(default)]
+    args: Vec<String>,
+    #[serde(default)]
+    envs: std::collections::BTreeMap<String, String>,
+    cwd: Option<String>,
+}
+
+#[derive(Deserialize)]
+#[serde(rename_all = "camelCase")]
+struct StartRequest {
+    process: ProcessConfig,
+    pty: Option<Value>,
+    tag: Option<String>,
+    stdin: Option<bool>,
+}
+
+#[derive(Deserialize)]
+#[serde(rename_all = "camelCase")]
+struct SelectorRequest {
+    #[serde(default)]
+    process: Selector,
+    signal: Option<Value>,
+    input: Option<Value>,
+}
+
+/// `process.Process/{method}`.
+pub async fn process(
+    State(gw): State<Arc<Gateway>>,
+    Path(method): Path<String>,
+    headers: HeaderMap,
+    body: Body,
+) -> Response {
+    let streamed = matches!(method.as_str(), "Start" | "Connect");
+    let checked = sandbox_of(&gw, &headers).map_err(RpcError::from);
+    let result = match checked {
+        Err(e) => Err(e),
+        Ok((entry, sandbox)) => match read_body(body).await {
+            Err(e) => Err(e),
+            Ok(body) => match method.as_str() {
+                "Start" => start(&gw, entry, sandbox, &headers, &body).await,
+                "Connect" => reattach(&gw, &entry.id, &body),
+                "List" => Ok(list(&gw, &entry.id)),
+                "SendSignal" => signal(&gw, &entry.id, &body),
+                "SendInput" => send_input(&gw, &entry.id, &body),
+                "CloseStdin" => close_stdin(&gw, &entry.id, &body),
+                "Update" => Err(RpcError::unimplemented("resizing a PTY (Process/Update)")),
+                "StreamInput" => Err(RpcError::unimplemented(
+                    "streaming stdin (Process/StreamInput); use send_stdin",
+                )),
+                other => Err(RpcError::new(
+                    "unimplemented",
+                    format!("no method process.Process/{other}"),
+                )),
+            },
+        },
+    };
+    match result {
+        Ok(r) => r,
+        Err(e) if streamed => stream_error(e),
+        Err(e) => e.into_response(),
+    }
+}
+
+/// Finds a running process by pid or tag.
+fn find(gw: &Gateway, id: &str, sel: &Selector) -> Rpc<i32> {
+    let procs = gw.procs.lock().unwrap_or_else(|e| e.into_inner());
+    let found = procs.iter().find(|((sid, pid), p)| {
+        sid == id
+            && match (&sel.pid, &sel.tag) {
+                (Some(want), _) => i64::from(*pid) == i64::from(*want),
+                (None, Some(tag)) => p.info.get("tag").and_then(Value::as_str) == Some(tag.as_str()),
+                (None, None) => false,
+            }
+    });
+    match found {
+        Some(((_, pid), _)) => Ok(*pid),
+        None => Err(RpcError::new(
+            "not_found",
+            match (&sel.pid, &sel.tag) {
+                (Some(p), _) => format!("process with pid {p} not found"),
+                (None, Some(t)) => format!("process with tag {t:?} not found"),
+                (None, None) => "give a pid or a tag".into(),
+            },
+        )),
+    }
+}
+
+fn control(gw: &Gateway, id: &str, pid: i32) -> Rpc<cairn_sandbox::client::ExecControl> {
+    let procs = gw.procs.lock().unwrap_or_else(|e| e.into_inner());
+    procs
+        .get(&(id.to_string(), pid))
+        .map(|p| p.control.clone())
+        .ok_or_else(|| RpcError::new("not_found", format!("process with pid {pid} not found")))
+}
+
+fn list(gw: &Gateway, id: &str) -> Response {
+    let procs = gw.procs.lock().unwrap_or_else(|e| e.into_inner());
+    let items: Vec<Value> = procs
+        .iter()
+        .filter(|((sid, _), _)| sid == id)
+        .map(|(_, p)| p.info.clone())
+        .collect();
+    unary(json!({ "processes": items }))
+}
+
+fn signal(gw: &Gateway, id: &str, body: &[u8]) -> Rpc<Response> {
+    let req: SelectorRequest = message(body)?;
+    let sig = match req.signal.as_ref() {
+        Some(Value::String(s)) if s == "SIGNAL_SIGKILL" => libc::SIGKILL,
+        Some(Value::String(s)) if s == "SIGNAL_SIGTERM" => libc::SIGTERM,
+        Some(Value::Number(n)) if n.as_i64() == Some(9) => libc::SIGKILL,
+        Some(Value::Number(n)) if n.as_i64() == Some(15) => libc::SIGTERM,
+        other => {
+            return Err(RpcError::invalid(format!(
+                "signal must be SIGNAL_SIGKILL or SIGNAL_SIGTERM, got {other:?}"
+            )))
+        }
+    };
+    let pid = find(gw, id, &req.process)?;
+    control(gw, id, pid)?
+        .signal(sig)
+        .map_err(|e| RpcError::new("not_found", format!("process with pid {pid} is gone: {e}")))?;
+    Ok(unary(json!({})))
+}
+
+fn send_input(gw: &Gateway, id: &str, body: &[u8]) -> Rpc<Response> {
+    let req: SelectorRequest = message(body)?;
+    let input = req.input.unwrap_or(Value::Null);
+    if input.get("pty").is_some() {
+        return Err(RpcError::unimplemented("PTY input"));
+    }
+    let data = match input.get("stdin") {
+        Some(Value::String(b)) => decode_bytes(b)?,
+        _ => Vec::new(),
+    };
+    let pid = find(gw, id, &req.process)?;
+    let c = control(gw, id, pid)?;
+    if !data.is_empty() {
+        c.stdin(&data).map_err(|e| {
+            RpcError::new(
+                "failed_precondition",
+                format!("the stdin of process {pid} is gone: {e}"),
+            )
+        })?;
+    }
+    Ok(unary(json!({})))
+}
+
+fn close_stdin(gw: &Gateway, id: &str, body: &[u8]) -> Rpc<Response> {
+    let req: SelectorRequest = message(body)?;
+    let pid = find(gw, id, &req.process)?;
+    control(gw, id, pid)?.close_stdin().map_err(|e| {
+        RpcError::new(
+            "failed_precondition",
+            format!("the stdin of process {pid} is gone: {e}"),
+        )
+    })?;
+    Ok(unary(json!({})))
+}
+
+/// Proto3 JSON bytes: standard or URL-safe base64, padded or not.
+fn decode_bytes(s: &str) -> Rpc<Vec<u8>> {
+    use base64::engine::general_purpose::{STANDARD, STANDARD_NO_PAD, URL_SAFE, URL_SAFE_NO_PAD};
+    [STANDARD, STANDARD_NO_PAD, URL_SAFE, URL_SAFE_NO_PAD]
+        .iter()
+        .find_map(|e| e.decode(s).ok())
+        .ok_or_else(|| RpcError::invalid("stdin is not base64"))
+}
+
+/// Output of a started process, sent as `data` events to the stream that
+/// started it (while it listens) and to reattached streams. The process
+/// keeps running when its client goes.
+struct Out {
+    tx: mpsc::Sender<Bytes>,
+    open: bool,
+    events: broadcast::Sender<Bytes>,
+    key: &'static str,
+}
+
+impl Out {
+    fn send(&mut self, f: Bytes) {
+        if self.open && self.tx.blocking_send(f.clone()).is_err() {
+            self.open = false;
+        }
+        let _ = self.events.send(f);
+    }
+}
+
+impl Write for Out {
+    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+        let b64 = base64::engine::general_purpose::STANDARD.encode(buf);
+        self.send(event(json!({ "data": { self.key: b64 } })));
+        Ok(buf.len())
+    }
+    fn flush(&mut self) -> std::io::Result<()> {
+        Ok(())
+    }
+}
+
+/// The argv to run: the SDK wraps every command in `/bin/bash -l -c`; a
+/// sandbox without bash (the busybox default) runs it with `/bin/sh`.
+async fn argv(gw: &Arc<Gateway>, sandbox: &str, cmd: String, args: Vec<String>) -> Rpc<Vec<String>> {
+    let mut argv = Vec::with_capacity(args.len() + 1);
+    if cmd == "/bin/bash" || cmd == "bash" {
+        let cached = gw.bash.lock().unwrap_or_else(|e| e.into_inner()).get(sandbox).copied();
+        let has_bash = match cached {
+            Some(b) => b,
+            None => {
+                let s = sandbox.to_string();
+                let b = gw
+                    .app
+                    .engine(move |e| {
+                        let rec = e.sandbox(&s)?;
+                        Ok(e.client(&rec)?.stat("/bin/bash")?.is_some())
+                    })
+                    .await?;
+                gw.bash
+                    .lock()
+                    .unwrap_or_else(|e| e.into_inner())
+                    .insert(sandbox.to_string(), b);
+                b
+            }
+        };
+        argv.push(if has_bash { cmd } else { "/bin/sh".into() });
+    } else {
+        argv.push(cmd);
+    }
+    argv.extend(args);
+    Ok(argv)
+}
+
+fn end_event(status: &cairn_protocol::ExitStatus) -> Value {
+    let (code, text) = match (status.code, status.signal) {
+        (Some(c), _) => (c, format!("exit status {c}")),
+        (None, Some(libc::SIGKILL)) => (-1, "signal: killed".to_string()),
+        (None, Some(s)) => (-1, format!("signal: {s}")),
+        (None, None) => (-1, "ended".to_string()),
+    };
+    let mut end = json!({ "exitCode": code, "exited": status.code.is_some(), "status": text });
+    if code != 0 {
+        end["error"] = json!(text);
+    }
+    json!({ "end": end })
+}
+
+/// `Process/Start`: runs the command and streams `start`, `data`,
+/// `keepalive` and `end` events, then the end-of-stream frame.
+async fn start(
+    gw: &Arc<Gateway>,
+    entry: super::Entry,
+    sandbox: String,
+    headers: &HeaderMap,
+    body: &[u8],
+) -> Rpc<Response> {
+    let req: StartRequest = envelope(body)?;
+    if req.pty.is_some() {
+        return Err(RpcError::unimplemented("PTY processes"));
+    }
+    let cfg = req.process;
+    if cfg.cmd.is_empty() || cfg.cmd.contains('\0') || cfg.args.iter().any(|a| a.contains('\0')) {
+        return Err(RpcError::invalid(
+            "cmd must be non-empty; cmd and args must not contain NUL",
+        ));
+    }
+    let user = user_of(headers);
+    let home = home_of(&user);
+    let cwd = resolve(cfg.cwd.as_deref().unwrap_or(home), home).map_err(RpcError::invalid)?;
+    let mut env: Vec<(String, String)> = vec![("HOME".into(), home.into()), ("USER".into(), user.clone())];
+    env.extend(entry.env.iter().map(|(k, v)| (k.clone(), v.clone())));
+    for (k, v) in &cfg.envs {
+        if k.is_empty() || k.contains('=') || k.contains('\0') || v.contains('\0') {
+            return Err(RpcError::invalid(format!("invalid environment variable {k:?}")));
+        }
+        env.push((k.clone(), v.clone()));
+    }
+    let timeout_ms = headers
+        .get("connect-timeout-ms")
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.trim().parse::<u64>().ok())
+        .filter(|&t| t > 0);
+    let info = json!({
+        "config": { "cmd": cfg.cmd, "args": cfg.args, "envs": cfg.envs, "cwd": cwd },
+        "tag": req.tag,
+    });
+    let exec = ExecRequest {
+        argv: argv(gw, &sandbox, cfg.cmd.clone(), cfg.args.clone()).await?,
+        env,
+        cwd: Some(cwd),
+        stdin: req.stdin.unwrap_or(false),
+        timeout_ms,
+        detach: false,
+    };
+    let (tx, rx) = mpsc::channel::<Bytes>(64);
+    let (ready_tx, ready_rx) = tokio::sync::oneshot::channel::<Rpc<()>>();
+    let g = Arc::clone(gw);
+    let id = entry.id.clone();
+    tokio::task::spawn_blocking(move || run(g, id, sandbox, exec, info, tx, ready_tx));
+    match ready_rx.await {
+        Ok(Ok(())) => {}
+        Ok(Err(e)) => return Err(e),
+        Err(_) => return Err(RpcError::new("internal", "the process could not be started")),
+    }
+    Ok(stream_response(stream_body(gw, rx)))
+}
+
+/// Starts the process on a blocking thread, reports the start, and
+/// relays its output until it ends.
+fn run(
+    gw: Arc<Gateway>,
+    id: String,
+    sandbox: String,
+    exec: ExecRequest,
+    mut info: Value,
+    tx: mpsc::Sender<Bytes>,
+    ready: tokio::sync::oneshot::Sender<Rpc<()>>,
+) {
+    let engine = match gw.app.take_engine() {
+        Ok(e) => e,
+        Err(e) => return drop(ready.send(Err(e.into()))),
+    };
+    let started = engine
+        .sandbox(&sandbox)
+        .map_err(ApiError::from)
+        .and_then(|rec| engine.exec(&rec, exec).map_err(ApiError::from));
+    gw.app.give_back(engine);
+    let session = match started {
+        Ok(Ok(s)) => s.session,
+        Ok(Err(failure)) => return drop(ready.send(Err(RpcError::invalid(failure.message)))),
+        Err(e) => return drop(ready.send(Err(e.into()))),
+    };
+    let pid = session.pid;
+    info["pid"] = json!(pid);
+    let (events, _) = broadcast::channel(256);
+    gw.procs.lock().unwrap_or_else(|e| e.into_inner()).insert(
+        (id.clone(), pid),
+        Proc {
+            control: session.control(),
+            info,
+            events: events.clone(),
+        },
+    );
+    if ready.send(Ok(())).is_err() {
+        // The client went before the start: the process stays, as in envd.
+    }
+    let mut out = Out {
+        tx: tx.clone(),
+        open: true,
+        events: events.clone(),
+        key: "stdout",
+    };
+    out.send(event(json!({ "start": { "pid": pid } })));
+    let mut err = Out {
+        tx,
+        open: true,
+        events,
+        key: "stderr",
+    };
+    let waited = session.wait(&mut out, &mut err);
+    gw.procs.lock().unwrap_or_else(|e| e.into_inner()).remove(&(id, pid));
+    match waited {
+        Ok(status) => {
+            let status = status.unwrap_or(cairn_protocol::ExitStatus {
+                code: Some(0),
+                signal: None,
+                timed_out: false,
+            });
+            out.send(event(end_event(&status)));
+            let deadline = status
+                .timed_out
+                .then(|| RpcError::new("deadline_exceeded", "the command ran past its timeout and was killed"));
+            out.send(end_of_stream(deadline.as_ref()));
+        }
+        Err(e) => {
+            let e: RpcError = e.into();
+            out.send(end_of_stream(Some(&RpcError::new("unavailable", e.message))));
+        }
+    }
+}
+
+/// The response body: frames as they come, a keepalive on quiet streams.
+/// When the server stops, the stream ends with `unavailable` (the process
+/// keeps running) rather than holding the shutdown until it exits.
+fn stream_body(gw: &Gateway, rx: mpsc::Receiver<Bytes>) -> Body {
+    let stopped = Box::pin(gw.app.stopped());
+    Body::from_stream(futures_util::stream::unfold(Some((rx, stopped)), |state| async move {
+        let (mut rx, mut stopped) = state?;
+        enum Next {
+            Frame(Option<Bytes>),
+            Quiet,
+            Stopping,
+        }
+        let next = tokio::select! {
+            f = rx.recv() => Next::Frame(f),
+            _ = tokio::time::sleep(KEEPALIVE) => Next::Quiet,
+            () = &mut stopped => Next::Stopping,
+        };
+        match next {
+            Next::Frame(f) => {
+                let f = f?;
+                let last = f.first() == Some(&2);
+                Some((Ok::<_, std::io::Error>(f), (!last).then_some((rx, stopped))))
+            }
+            Next::Quiet => Some((Ok(event(json!({ "keepalive": {} }))), Some((rx, stopped)))),
+            Next::Stopping => {
+                let e = RpcError::new(
+                    "unavailable",
+                    "the server is stopping; the process keeps running: reattach with commands.connect(pid)",
+                );
+                Some((Ok(end_of_stream(Some(&e))), None))
+            }
+        }
+    }))
+}
+
+/// `Process/Connect`: a new stream of a running process's events from now
+/// on (earlier output is not replayed, as in envd).
+fn reattach(gw: &Gateway, id: &str, body: &[u8]) -> Rpc<Response> {
+    let req: SelectorRequest = envelope(body)?;
+    let pid = find(gw, id, &req.process)?;
+    let mut sub = {
+        let procs = gw.procs.lock().unwrap_or_else(|e| e.into_inner());
+        procs
+            .get(&(id.to_string(), pid))
+            .map(|p| p.events.subscribe())
+            .ok_or_else(|| RpcError::new("not_found", format!("process with pid {pid} not found")))?
+    };
+    let (tx, rx) = mpsc::channel::<Bytes>(64);
+    tokio::spawn(async move {
+        if tx.send(event(json!({ "start": { "pid": pid } }))).await.is_err() {
+            return;
+        }
+        loop {
+            match sub.recv().await {
+                Ok(f) => {
+                    let last = f.first() == Some(&2);
+                    if tx.send(f).await.is_err() || last {
+                        return;
+                    }
+                }
+                Err(broadcast::error::RecvError::Lagged(_)) => continue,
+                Err(broadcast::error::RecvError::Closed) => {
+                    let _ = tx.send(end_of_stream(None)).await;
+                    return;
+                }
+            }
+        }
+    });
+    Ok(stream_response(stream_body(gw, rx)))
+}
+
+#[derive(Deserialize)]
+#[serde(rename_all = "camelCase")]
+struct PathRequest {
+    #[serde(default)]
+    path: String,
+    #[serde(default)]
+    depth: u32,
+    #[serde(default)]
+    source: String,
+    #[serde(default)]
+    destination: String,
+}
+
+/// `filesystem.Filesystem/{method}`.
+pub async fn filesystem(
+    State(gw): State<Arc<Gateway>>,
+    Path(method): Path<String>,
+    headers: HeaderMap,
+    body: Body,
+) -> Response {
+    let result = async {
+        let (_, sandbox) = sandbox_of(&gw, &headers)?;
+        let body = read_body(body).await?;
+        let req: PathRequest = if method == "WatchDir" {
+            envelope(&body)?
+        } else {
+            message(&body)?
+        };
+        let home = home_of(&user_of(&headers));
+        let op = match method.as_str() {
+            "Stat" | "ListDir" | "MakeDir" | "Remove" | "Move" => method.clone(),
+            "WatchDir" | "CreateWatcher" | "GetWatcherEvents" | "RemoveWatcher" => {
+                return Err(RpcError::unimplemented("watching directories"))
+            }
+            other => {
+                return Err(RpcError::new(
+                    "unimplemented",
+                    format!("no method filesystem.Filesystem/{other}"),
+                ))
+            }
+        };
+        let (path, to) = if op == "Move" {
+            (
+                resolve(&req.source, home).map_err(RpcError::invalid)?,
+                Some(resolve(&req.destination, home).map_err(RpcError::invalid)?),
+            )
+        } else {
+            (resolve(&req.path, home).map_err(RpcError::invalid)?, None)
+        };
+        let depth = req.depth.clamp(1, 64);
+        gw.app
+            .engine(move |e| {
+                let rec = e.sandbox(&sandbox)?;
+                let client = e.client(&rec)?;
+                Ok(fs_op(&client, &op, &path, to.as_deref(), depth))
+            })
+            .await?
+    }
+    .await;
+    match result {
+        Ok(v) => unary(v),
+        Err(e) if method == "WatchDir" => stream_error(e),
+        Err(e) => e.into_response(),
+    }
+}
+
+fn missing(path: &str) -> RpcError {
+    RpcError::new("not_found", format!("path '{path}' does not exist"))
+}
+
+fn fs_op(client: &cairn_sandbox::client::InitClient, op: &str, path: &str, to: Option<&str>, depth: u32) -> Rpc<Value> {
+    let stat = |p: &str| -> Rpc<cairn_protocol::FileMeta> { client.stat(p)?.ok_or_else(|| missing(p)) };
+    match op {
+        "Stat" => Ok(json!({ "entry": entry_info(&stat(path)?, None) })),
+        "ListDir" => {
+            if stat(path)?.kind != FileKind::Dir {
+                return Err(RpcError::invalid(format!("path '{path}' is not a directory")));
+            }
+            let listing = client.list_dir(path, depth, MAX_LIST)?;
+            let entries: Vec<Value> = listing
+                .entries
+                .iter()
+                .map(|d| entry_info(&d.meta, d.symlink_target.as_deref()))
+                .collect();
+            Ok(json!({ "entries": entries }))
+        }
+        "MakeDir" => {
+            if !client.make_dir(path, true)? {
+                return Err(RpcError::new(
+                    "already_exists",
+                    format!("directory '{path}' already exists"),
+                ));
+            }
+            Ok(json!({ "entry": entry_info(&stat(path)?, None) }))
+        }
+        "Move" => {
+            let to = to.unwrap_or(path);
+            stat(path)?;
+            client.rename(path, to)?;
+            Ok(json!({ "entry": entry_info(&stat(to)?, None) }))
+        }
+        "Remove" => {
+            stat(path)?;
+            client.remove(path, true)?;
+            Ok(json!({}))
+        }
+        _ => Err(RpcError::new("internal", format!("no filesystem operation {op}"))),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn envelopes_round_trip_and_short_ones_are_refused() {
+        let f = frame(0, &json!({ "path": "/x" }));
+        let back: PathRequest = envelope(&f).unwrap();
+        assert_eq!(back.path, "/x");
+        assert!(envelope::<PathRequest>(&f[..f.len() - 1]).is_err());
+        assert!(envelope::<PathRequest>(&[0, 0xff, 0xff, 0xff, 0xff]).is_err());
+        assert!(envelope::<PathRequest>(&[1, 0, 0, 0, 0]).is_err());
+        assert_eq!(end_of_stream(None)[0], 2);
+    }
+
+    #[test]
+    fn a_killed_process_ends_with_minus_one() {
+        let killed = cairn_protocol::ExitStatus {
+            code: None,
+            signal: Some(libc::SIGKILL),
+            timed_out: false,
+        };
+        assert_eq!(end_event(&killed)["end"]["exitCode"], -1);
+        let three = cairn_protocol::ExitStatus {
+            code: Some(3),
+            signal: None,
+            timed_out: false,
+        };
+        assert_eq!(end_event(&three)["end"]["error"], "exit status 3");
+    }
+}

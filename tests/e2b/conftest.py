@@ -1,0 +1,77 @@
+"""Starts `cairn serve --e2b` on a fresh state directory and points the real
+e2b SDK at it (E2B_API_URL, E2B_SANDBOX_URL, E2B_API_KEY).
+
+The binary is $CAIRN_BIN, else target/debug/cairn (this builds nothing).
+Needs root: the sandboxes are real."""
+
+import os
+import shutil
+import socket
+import subprocess
+import tempfile
+import time
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+def _free_port():
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.fixture(scope="session", autouse=True)
+def cairn_e2b():
+    binary = os.environ.get("CAIRN_BIN") or str(REPO / "target" / "debug" / "cairn")
+    if not os.path.exists(binary):
+        pytest.fail(f"no cairn binary at {binary}: build it or set CAIRN_BIN")
+    home = tempfile.mkdtemp(prefix="cairn-e2b-")
+    env = dict(os.environ, CAIRN_HOME=home)
+    token = subprocess.run(
+        [binary, "token", "create", "e2b-tests"], env=env, check=True, capture_output=True, text=True
+    ).stdout
+    secret = next(w for w in token.split() if len(w) >= 20)
+    port = _free_port()
+    log = open(os.path.join(home, "serve.log"), "a")
+    server = {}
+
+    def start():
+        server["p"] = subprocess.Popen(
+            [binary, "serve", "--e2b", f"127.0.0.1:{port}"], env=env, stdout=log, stderr=subprocess.STDOUT
+        )
+        deadline = time.time() + 30
+        while True:
+            try:
+                socket.create_connection(("127.0.0.1", port), timeout=1).close()
+                return
+            except OSError:
+                if server["p"].poll() is not None or time.time() > deadline:
+                    raise RuntimeError(open(os.path.join(home, "serve.log")).read())
+                time.sleep(0.05)
+
+    def stop():
+        server["p"].terminate()
+        try:
+            server["p"].wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            server["p"].kill()
+            server["p"].wait()
+
+    def restart():
+        stop()
+        start()
+
+    start()
+    url = f"http://127.0.0.1:{port}"
+    os.environ.update(E2B_API_URL=url, E2B_SANDBOX_URL=url, E2B_API_KEY=secret)
+    os.environ.pop("E2B_DEBUG", None)
+    yield {"url": url, "key": secret, "home": home, "bin": binary, "restart": restart}
+    stop()
+    # Sandboxes outlive the server; remove them with their state directory.
+    ids = subprocess.run([binary, "ps", "-q"], env=env, capture_output=True, text=True).stdout.split()
+    if ids:
+        subprocess.run([binary, "rm", "--force", *ids], env=env, capture_output=True)
+    shutil.rmtree(home, ignore_errors=True)

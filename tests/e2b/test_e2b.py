@@ -1,0 +1,356 @@
+"""The real e2b==2.63.0 SDK against `cairn serve --e2b` (conftest.py)."""
+
+import os
+import time
+
+import pytest
+import httpx
+from e2b import (
+    AuthenticationException,
+    CommandExitException,
+    FileNotFoundException,
+    FileType,
+    NotFoundException,
+    PtySize,
+    Sandbox,
+    SandboxException,
+    SandboxNotFoundException,
+)
+
+
+@pytest.fixture
+def sbx():
+    s = Sandbox.create()
+    yield s
+    Sandbox.kill(s.sandbox_id)
+
+
+def test_commands_report_output_exit_codes_and_stream_to_callbacks(sbx):
+    r = sbx.commands.run("echo out; echo err 1>&2; pwd")
+    assert r.exit_code == 0
+    assert r.stdout == "out\n/home/user\n"
+    assert r.stderr == "err\n"
+
+    with pytest.raises(CommandExitException) as exc:
+        sbx.commands.run("echo partial; exit 3")
+    assert exc.value.exit_code == 3
+    assert exc.value.stdout == "partial\n"
+
+    out, err = [], []
+    r = sbx.commands.run(
+        "for i in 1 2 3; do echo line$i; echo bad$i 1>&2; sleep 0.1; done",
+        on_stdout=out.append,
+        on_stderr=err.append,
+    )
+    assert "".join(out) == "line1\nline2\nline3\n"
+    assert "".join(err) == "bad1\nbad2\nbad3\n"
+
+    r = sbx.commands.run("echo $FOO $HOME; pwd", envs={"FOO": "bar"}, cwd="/tmp")
+    assert r.stdout == "bar /home/user\n/tmp\n"
+
+
+def test_sandbox_env_vars_reach_every_command():
+    s = Sandbox.create(envs={"GREETING": "hi"}, metadata={"owner": "tests"})
+    try:
+        assert s.commands.run("echo $GREETING").stdout == "hi\n"
+        listed = Sandbox.list(query=None).next_items()
+        assert any(i.sandbox_id == s.sandbox_id and i.metadata == {"owner": "tests"} for i in listed)
+    finally:
+        s.kill()
+
+
+def test_background_commands_run_on_until_killed(sbx):
+    h = sbx.commands.run("echo started; sleep 60", background=True)
+    assert h.pid > 0
+    assert any(p.pid == h.pid for p in sbx.commands.list())
+    assert sbx.commands.kill(h.pid)
+    with pytest.raises(CommandExitException) as exc:
+        h.wait()
+    assert exc.value.exit_code == -1
+    assert "started" in exc.value.stdout
+    assert not any(p.pid == h.pid for p in sbx.commands.list())
+    assert sbx.commands.kill(h.pid) is False
+
+
+def test_stdin_reaches_a_background_command(sbx):
+    h = sbx.commands.run("head -n 1", background=True, stdin=True)
+    sbx.commands.send_stdin(h.pid, "typed\n")
+    assert h.wait().stdout == "typed\n"
+
+
+def test_files_write_read_list_exists_rename_remove(sbx):
+    info = sbx.files.write("notes/a.txt", "hello text")
+    assert info.path == "/home/user/notes/a.txt"
+    assert sbx.files.read("/home/user/notes/a.txt") == "hello text"
+    sbx.files.write("/home/user/notes/b.bin", b"\x00\x01\xff")
+    assert bytes(sbx.files.read("notes/b.bin", format="bytes")) == b"\x00\x01\xff"
+    sbx.files.write_files([
+        {"path": "/tmp/m1.txt", "data": "one"},
+        {"path": "/tmp/m2.txt", "data": "two"},
+    ])
+    assert sbx.commands.run("cat /tmp/m1.txt /tmp/m2.txt").stdout == "onetwo"
+
+    names = {e.name: e for e in sbx.files.list("/home/user/notes")}
+    assert set(names) == {"a.txt", "b.bin"}
+    assert names["a.txt"].type == FileType.FILE and names["a.txt"].size == 10
+    assert sbx.files.exists("/home/user/notes/a.txt")
+    assert not sbx.files.exists("/home/user/nope")
+    assert sbx.files.get_info("/home/user/notes").type == FileType.DIR
+
+    assert sbx.files.make_dir("/home/user/d1/d2")
+    assert sbx.files.make_dir("/home/user/d1/d2") is False
+    moved = sbx.files.rename("/home/user/notes/a.txt", "/home/user/d1/a2.txt")
+    assert moved.path == "/home/user/d1/a2.txt"
+    assert not sbx.files.exists("/home/user/notes/a.txt")
+
+    sbx.files.remove("/home/user/d1")
+    assert not sbx.files.exists("/home/user/d1/a2.txt")
+    with pytest.raises(FileNotFoundException):
+        sbx.files.read("/home/user/d1/a2.txt")
+    with pytest.raises(FileNotFoundException):
+        sbx.files.remove("/home/user/d1")
+
+
+def test_an_expired_sandbox_is_gone():
+    s = Sandbox.create(timeout=60)
+    s.set_timeout(1)
+    deadline = time.time() + 15
+    while time.time() < deadline:
+        try:
+            Sandbox.get_info(s.sandbox_id)
+        except SandboxNotFoundException:
+            break
+        time.sleep(0.25)
+    else:
+        pytest.fail("the sandbox outlived its timeout")
+    assert not s.is_running()
+    assert Sandbox.kill(s.sandbox_id) is False
+
+
+def test_an_expired_auto_pause_sandbox_is_paused_and_resumes_with_its_files():
+    s = Sandbox.create(timeout=1, lifecycle={"on_timeout": "pause"})
+    s.files.write("/home/user/kept.txt", "kept")
+    deadline = time.time() + 15
+    while Sandbox.get_info(s.sandbox_id).state.value != "paused":
+        assert time.time() < deadline, "the sandbox did not pause at its timeout"
+        time.sleep(0.25)
+    resumed = Sandbox.connect(s.sandbox_id, timeout=60)
+    assert resumed.sandbox_id == s.sandbox_id
+    assert resumed.files.read("/home/user/kept.txt") == "kept"
+    resumed.kill()
+
+
+def test_fifty_pause_and_resume_cycles_lose_no_file(sbx):
+    for i in range(50):
+        sbx.files.write(f"/home/user/cycle/{i}.txt", f"cycle {i}")
+        assert sbx.pause()
+        assert sbx.pause() is False
+        assert Sandbox.get_info(sbx.sandbox_id).state.value == "paused"
+        sbx.connect()
+    assert Sandbox.get_info(sbx.sandbox_id).state.value == "running"
+    for i in range(50):
+        assert sbx.files.read(f"/home/user/cycle/{i}.txt") == f"cycle {i}"
+    assert len(sbx.files.list("/home/user/cycle")) == 50
+
+
+def test_a_snapshot_is_a_template(sbx):
+    sbx.files.write("/home/user/base.txt", "from the snapshot")
+    snap = sbx.create_snapshot()
+    assert any(s.snapshot_id == snap.snapshot_id for s in Sandbox.list_snapshots().next_items())
+    sbx.files.write("/home/user/base.txt", "changed later")
+    child = Sandbox.create(template=snap.snapshot_id)
+    try:
+        assert child.sandbox_id != sbx.sandbox_id
+        assert child.files.read("/home/user/base.txt") == "from the snapshot"
+    finally:
+        child.kill()
+    assert Sandbox.delete_snapshot(snap.snapshot_id)
+    assert Sandbox.delete_snapshot(snap.snapshot_id) is False
+
+
+def test_three_forks_have_the_parents_files_and_diverge(sbx):
+    sbx.files.write("/home/user/shared.txt", "parent")
+    forks = sbx.fork(count=3)
+    assert len(forks) == 3
+    try:
+        assert all(isinstance(f, Sandbox) for f in forks), forks
+        assert len({f.sandbox_id for f in forks} | {sbx.sandbox_id}) == 4
+        for i, f in enumerate(forks):
+            assert f.files.read("/home/user/shared.txt") == "parent"
+            f.files.write("/home/user/shared.txt", f"fork {i}")
+        for i, f in enumerate(forks):
+            assert f.files.read("/home/user/shared.txt") == f"fork {i}"
+        assert sbx.files.read("/home/user/shared.txt") == "parent"
+    finally:
+        for f in forks:
+            if isinstance(f, Sandbox):
+                f.kill()
+
+
+def test_kill_removes_the_sandbox():
+    s = Sandbox.create()
+    assert s.kill()
+    assert s.kill() is False
+    with pytest.raises(NotFoundException):
+        Sandbox.get_info(s.sandbox_id)
+    with pytest.raises(NotFoundException):
+        Sandbox.connect(s.sandbox_id)
+
+
+def test_a_wrong_api_key_or_access_token_is_refused(sbx):
+    with pytest.raises(AuthenticationException):
+        Sandbox.create(api_key="cairn_not_a_token")
+    with pytest.raises(AuthenticationException):
+        Sandbox.list(api_key="cairn_not_a_token").next_items()
+    r = httpx.get(
+        os.environ["E2B_SANDBOX_URL"] + "/files",
+        params={"path": "/etc/hostname"},
+        headers={"E2b-Sandbox-Id": sbx.sandbox_id, "X-Access-Token": "wrong"},
+    )
+    assert r.status_code == 401
+    r = httpx.post(
+        os.environ["E2B_SANDBOX_URL"] + "/filesystem.Filesystem/Stat",
+        json={"path": "/"},
+        headers={"E2b-Sandbox-Id": sbx.sandbox_id},
+    )
+    assert r.status_code == 401 and r.json()["code"] == "unauthenticated"
+
+
+def test_unknown_sandboxes_and_templates_are_not_found():
+    with pytest.raises(NotFoundException):
+        Sandbox.connect("no-such-sandbox")
+    with pytest.raises(NotFoundException):
+        Sandbox.get_info("no-such-sandbox")
+    with pytest.raises(SandboxException, match="404"):
+        Sandbox.create(template="no-such-template")
+
+
+def test_unsupported_features_answer_unimplemented(sbx):
+    with pytest.raises(SandboxException, match="not supported"):
+        sbx.pty.create(size=PtySize(rows=24, cols=80))
+    with pytest.raises(SandboxException, match="not supported"):
+        sbx.files.watch_dir("/home/user")
+
+
+def test_paused_and_running_sandboxes_survive_a_server_restart(cairn_e2b):
+    paused = Sandbox.create()
+    paused.files.write("/home/user/durable.txt", "still here")
+    assert paused.pause()
+    running = Sandbox.create()
+    running.files.write("/home/user/live.txt", "live")
+    cairn_e2b["restart"]()
+    assert Sandbox.get_info(paused.sandbox_id).state.value == "paused"
+    back = Sandbox.connect(paused.sandbox_id)
+    assert back.files.read("/home/user/durable.txt") == "still here"
+    # The access token the client holds still works.
+    assert running.files.read("/home/user/live.txt") == "live"
+    back.kill()
+    running.kill()
+
+
+def test_a_command_past_its_timeout_raises_and_reattaching_sees_later_output(sbx):
+    from e2b import TimeoutException
+
+    started = time.time()
+    with pytest.raises(TimeoutException):
+        sbx.commands.run("sleep 20", timeout=1)
+    assert time.time() - started < 10
+
+    h = sbx.commands.run("sleep 1; echo later; sleep 1; exit 4", background=True)
+    again = sbx.commands.connect(h.pid)
+    with pytest.raises(CommandExitException) as exc:
+        again.wait()
+    assert exc.value.exit_code == 4
+    assert "later" in exc.value.stdout
+    with pytest.raises(NotFoundException):
+        sbx.commands.connect(999_999)
+
+
+def test_large_files_round_trip_and_directories_are_not_read(sbx):
+    data = os.urandom(5 << 20)
+    sbx.files.write("/home/user/big.bin", data)
+    assert bytes(sbx.files.read("/home/user/big.bin", format="bytes")) == data
+    with pytest.raises(SandboxException):
+        sbx.files.read("/home/user")
+
+
+def test_a_paused_sandbox_can_be_killed_and_envd_calls_say_it_is_not_running():
+    from e2b import SandboxNotRunningException
+
+    s = Sandbox.create()
+    assert s.pause()
+    with pytest.raises(SandboxNotRunningException):
+        s.commands.run("true")
+    assert not s.is_running()
+    assert s.kill()
+    with pytest.raises(NotFoundException):
+        Sandbox.connect(s.sandbox_id)
+
+
+def test_user_root_runs_in_root_home(sbx):
+    r = sbx.commands.run("pwd; echo $HOME", user="root")
+    assert r.stdout == "/root\n/root\n"
+    sbx.files.write("r.txt", "as root", user="root")
+    assert sbx.files.read("/root/r.txt") == "as root"
+
+
+def test_hostile_requests_get_clear_errors_and_the_server_stays_up(sbx):
+    base = os.environ["E2B_SANDBOX_URL"]
+    envd = {"E2b-Sandbox-Id": sbx.sandbox_id, "X-Access-Token": sbx._envd_access_token}
+    stream = dict(envd, **{"Content-Type": "application/connect+json"})
+    api = {"X-API-KEY": os.environ["E2B_API_KEY"]}
+    cases = [
+        ("POST", "/process.Process/Start", stream, b"\x00\xff\xff\xff\xff{}"),
+        ("POST", "/process.Process/Start", stream, b"\x01\x00\x00\x00\x02{}"),
+        ("POST", "/process.Process/Start", stream, b"\x00\x00\x00\x00\x0anot json!!"),
+        ("POST", "/process.Process/Start", stream, b"\x00\x00\x00\x00\x1a" + b'{"process":{"cmd":"a\\u0000"}}'[:26]),
+        ("POST", "/process.Process/SendInput", envd, b'{"process":{"pid":1},"input":{"stdin":"%%%"}}'),
+        ("POST", "/process.Process/SendSignal", envd, b'{"process":{"pid":1},"signal":"SIGNAL_SIGSTOP"}'),
+        ("POST", "/process.Process/Nope", envd, b"{}"),
+        ("POST", "/filesystem.Filesystem/Stat", envd, b'{"path":""}'),
+        ("POST", "/filesystem.Filesystem/Stat", envd, b'{"path":"' + b"a" * 5000 + b'"}'),
+        ("POST", "/filesystem.Filesystem/ListDir", envd, b'{"path":"/etc/passwd"}'),
+        ("POST", "/filesystem.Filesystem/Remove", envd, b"[1,2,3]"),
+        ("POST", "/files?path=/tmp/x", dict(envd, **{"Content-Type": "multipart/form-data; boundary=zz"}), b"--zz\r\nbroken"),
+        ("POST", "/files?path=/tmp/x", dict(envd, **{"Content-Encoding": "gzip"}), b"\x1f\x8b"),
+        ("GET", "/files", envd, b""),
+        ("POST", "/v2/sandboxes", api, b'{"templateID":""}'),
+        ("POST", "/v2/sandboxes", api, b'{"templateID":"base","timeout":99999999}'),
+        ("POST", "/v2/sandboxes", api, b'{"templateID":"base","envVars":{"A=B":"1"}}'),
+        ("POST", "/v2/sandboxes", api, b'{"templateID":"base","volumeMounts":[{"name":"v","path":"/v"}]}'),
+        ("POST", "/v2/sandboxes", api, b"\xff\xfe"),
+        ("POST", f"/sandboxes/{sbx.sandbox_id}/fork", api, b'{"count":21}'),
+        ("POST", f"/sandboxes/{sbx.sandbox_id}/snapshots", api, b'{"name":"../x"}'),
+        ("POST", f"/sandboxes/{sbx.sandbox_id}/timeout", api, b'{"timeout":-1}'),
+        ("GET", "/v2/sandboxes?metadata=%25zz", api, b""),
+    ]
+    with httpx.Client(base_url=base, timeout=30) as c:
+        for method, path, headers, body in cases:
+            r = c.request(method, path, headers=headers, content=body)
+            if r.headers.get("content-type") == "application/connect+json":
+                assert r.content[0] == 2 and b"error" in r.content, (path, r.content)
+            else:
+                assert 400 <= r.status_code < 500 or r.status_code == 501, (path, body[:60], r.status_code, r.text)
+                assert r.json()["message"], (path, r.text)
+    assert sbx.commands.run("echo alive").stdout == "alive\n"
+
+
+def test_streamed_uploads_and_listing_by_state_and_metadata(sbx):
+    import io
+
+    from e2b import SandboxQuery, SandboxState
+
+    sbx.files.write("/home/user/streamed.bin", io.BytesIO(b"from a file object"))
+    assert sbx.files.read("/home/user/streamed.bin") == "from a file object"
+
+    tagged = Sandbox.create(metadata={"team": "a b/c"})
+    try:
+        assert tagged.pause()
+        query = SandboxQuery(metadata={"team": "a b/c"}, state=[SandboxState.PAUSED])
+        found = Sandbox.list(query=query).next_items()
+        assert [s.sandbox_id for s in found] == [tagged.sandbox_id]
+        running = Sandbox.list(query=SandboxQuery(state=[SandboxState.RUNNING])).next_items()
+        assert tagged.sandbox_id not in {s.sandbox_id for s in running}
+        assert sbx.sandbox_id in {s.sandbox_id for s in running}
+    finally:
+        tagged.kill()
