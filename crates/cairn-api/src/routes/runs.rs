@@ -43,10 +43,29 @@ impl RunWatcher for Watch {
     fn output(&self, _: &str, _: &str, _: &[u8]) {}
 }
 
-/// Executes (or resumes) a run on a thread of its own.
+/// Executes (or resumes) a run on a thread of its own, returning once
+/// that thread holds the run's orchestrator lock (or has already ended),
+/// so that a client reading the run next sees it orchestrated.
 pub fn orchestrate(app: &Arc<App>, run: String, retry: Option<String>) {
+    let (done_tx, done_rx) = std::sync::mpsc::channel::<()>();
+    let watcher = app.take_engine();
+    let id = run.clone();
+    spawn_orchestrator(app, run, retry, done_tx);
+    let Ok(engine) = watcher else { return };
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+    while engine.run_orchestrator(&id).is_none()
+        && done_rx.try_recv() == Err(std::sync::mpsc::TryRecvError::Empty)
+        && std::time::Instant::now() < deadline
+    {
+        std::thread::sleep(std::time::Duration::from_millis(2));
+    }
+    app.give_back(engine);
+}
+
+fn spawn_orchestrator(app: &Arc<App>, run: String, retry: Option<String>, done: std::sync::mpsc::Sender<()>) {
     let app = Arc::clone(app);
     std::thread::spawn(move || {
+        let _done = done;
         let mut engine = match app.take_engine() {
             Ok(e) => e,
             Err(e) => return tracing::error!(run, "cannot execute the run: {}", e.message),
@@ -103,7 +122,10 @@ pub async fn start(State(app): State<Arc<App>>, headers: HeaderMap, body: Bytes)
             .engine(move |e| Ok(e.start_run_text(&file, req.pipeline, &req.params)?))
             .await?;
         a.emit("run.started", &run.id, run.pipeline.clone());
-        orchestrate(&a, run.id.clone(), None);
+        let (a2, id) = (Arc::clone(&a), run.id.clone());
+        tokio::task::spawn_blocking(move || orchestrate(&a2, id, None))
+            .await
+            .map_err(|e| ApiError::internal(e.to_string()))?;
         Ok((
             StatusCode::ACCEPTED,
             serde_json::to_value(Run::of(run, true)).expect("serialisable"),
@@ -174,7 +196,10 @@ pub async fn resume(State(app): State<Arc<App>>, Path(id): Path<String>) -> ApiR
             Ok(run)
         })
         .await?;
-    orchestrate(&app, run.id.clone(), None);
+    let (a, id) = (Arc::clone(&app), run.id.clone());
+    tokio::task::spawn_blocking(move || orchestrate(&a, id, None))
+        .await
+        .map_err(|e| ApiError::internal(e.to_string()))?;
     Ok((StatusCode::ACCEPTED, Json(Run::of(run, true))))
 }
 
@@ -339,6 +364,9 @@ pub async fn dlq_retry(
     if dl.retried_at.is_some() {
         return Err(ApiError::conflict(format!("dead letter {} was already retried", dl.id)));
     }
-    orchestrate(&app, dl.run_id.clone(), Some(dl.id.clone()));
+    let (a, run, id) = (Arc::clone(&app), dl.run_id.clone(), dl.id.clone());
+    tokio::task::spawn_blocking(move || orchestrate(&a, run, Some(id)))
+        .await
+        .map_err(|e| ApiError::internal(e.to_string()))?;
     Ok((StatusCode::ACCEPTED, Json(dl)))
 }
