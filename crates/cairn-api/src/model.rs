@@ -60,6 +60,7 @@ pub struct Limits {
     /// CPU limit in cores, fractions allowed, e.g. `1.5` (default: all).
     pub cpus: Option<String>,
     /// Processes and threads (default 1024).
+    #[schema(minimum = 8, maximum = 4194304)]
     pub pids: Option<u32>,
 }
 

@@ -36,7 +36,7 @@ pub enum LimitsError {
     MemoryTooSmall(String),
     #[error("invalid CPU count {0:?}: write a positive number of cores, fractions allowed (e.g. 1, 0.5, 2)")]
     Cpus(String),
-    #[error("invalid process limit {0:?}: write a whole number of at least 8")]
+    #[error("invalid process limit {0:?}: write a whole number from 8 to 4194304")]
     Pids(String),
 }
 
@@ -104,6 +104,10 @@ impl FromStr for CpuCount {
     }
 }
 
+/// The most processes a kernel allows at all (`PID_MAX_LIMIT` on 64-bit
+/// Linux); a cgroup's `pids.max` refuses more.
+pub const PIDS_MAX: u32 = 4 << 20;
+
 /// A process limit such as `256`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct PidCount(pub u32);
@@ -112,7 +116,7 @@ impl FromStr for PidCount {
     type Err = LimitsError;
     fn from_str(s: &str) -> Result<Self, LimitsError> {
         match s.trim().parse::<u32>() {
-            Ok(n) if n >= 8 => Ok(PidCount(n)),
+            Ok(n) if (8..=PIDS_MAX).contains(&n) => Ok(PidCount(n)),
             _ => Err(LimitsError::Pids(s.to_string())),
         }
     }
@@ -121,6 +125,15 @@ impl FromStr for PidCount {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn pid_limits_stay_within_what_the_kernel_allows() {
+        assert_eq!("8".parse::<PidCount>().unwrap().0, 8);
+        assert_eq!("4194304".parse::<PidCount>().unwrap().0, PIDS_MAX);
+        assert!("4194305".parse::<PidCount>().is_err());
+        assert!("2147483648".parse::<PidCount>().is_err());
+        assert!("7".parse::<PidCount>().is_err());
+    }
 
     #[test]
     fn memory_sizes_parse_with_units() {

@@ -385,6 +385,12 @@ fn bad_requests_get_one_error_shape_and_change_nothing() {
     assert!(status == 400 && message(&v).contains("argv"), "{v}");
     let (status, v) = s.call("POST", "/v1/sandboxes", Some(json!({ "limits": { "memory": "lots" } })));
     assert!(status == 400 && message(&v).contains("limits.memory"), "{v}");
+    let (status, v) = s.call(
+        "POST",
+        "/v1/sandboxes",
+        Some(json!({ "limits": { "pids": 2147483648u64 } })),
+    );
+    assert!(status == 400 && message(&v).contains("limits.pids"), "{v}");
     let (status, v) = s.call("GET", &format!("/v1/sandboxes/{id}/files?path=relative"), None);
     assert!(status == 400 && message(&v).contains("absolute"), "{v}");
     let (status, v) = s.call("GET", &format!("/v1/sandboxes/{id}/files?path=/nonexistent"), None);

@@ -10,7 +10,7 @@ use axum::http::{HeaderMap, StatusCode};
 use axum::response::Response;
 use axum::Json;
 use cairn_engine::{CreateOptions, Engine, Silent};
-use cairn_sandbox::limits::{CpuCount, MemorySize};
+use cairn_sandbox::limits::{CpuCount, MemorySize, PidCount};
 
 use super::{idempotent, json, parse};
 use crate::app::App;
@@ -36,10 +36,11 @@ fn options(limits: &Limits, driver: Option<String>, name: Option<String>) -> Api
             .0;
     }
     if let Some(p) = limits.pids {
-        if p == 0 {
-            return Err(ApiError::bad_request("limits.pids must be at least 1"));
-        }
-        opts.limits.pids = p;
+        opts.limits.pids = p
+            .to_string()
+            .parse::<PidCount>()
+            .map_err(|e| ApiError::bad_request(format!("limits.pids: {e}")))?
+            .0;
     }
     Ok(opts)
 }
