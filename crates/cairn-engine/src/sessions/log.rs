@@ -249,6 +249,13 @@ impl Db {
     /// entry naming a snapshot makes it the session's newest.
     pub fn append_entries(&self, session: &str, entries: &[Entry]) -> Result<Vec<Entry>, StateError> {
         self.transaction(|b| {
+            // Takes the session row's lock first (PostgreSQL; SQLite's
+            // transaction holds the write lock already), so appenders queue
+            // and each reads the head the previous one committed.
+            b.execute(
+                "UPDATE sessions SET head_seq = head_seq WHERE id = $1",
+                params![session],
+            )?;
             let head = b
                 .query_opt(
                     "SELECT head_seq, head_hash, state FROM sessions WHERE id = $1",
@@ -417,6 +424,7 @@ impl Db {
     pub fn add_rewind(&self, session: &str, to_seq: u64, head_seq: u64) -> Result<Rewind, StateError> {
         self.transaction(|b| {
             let now = crate::now_ms();
+            b.execute("UPDATE sessions SET rewinds = rewinds WHERE id = $1", params![session])?;
             let row = b
                 .query_opt(
                     "SELECT rewinds FROM sessions WHERE id = $1 AND head_seq = $2",
