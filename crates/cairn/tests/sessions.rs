@@ -166,7 +166,35 @@ fn fork_diverges_in_log_and_files_and_rewind_keeps_abandoned_entries() {
     // The fork was made before the rewind: its shared entries stay live.
     assert_eq!(log(&home, &child).len(), c.len());
     let err = home.cairn(&["session", "fork", &id, "--at", "4", "--reason", "x"]);
-    assert!(!err.status.success());
+    assert!(!err.status.success(), "an abandoned entry cannot be forked from");
+
+    // A fork of the fork, at an entry the child shares with the parent.
+    let grandchild = home
+        .ok(&["session", "fork", &child, "--at", "2", "--reason", "earlier"])
+        .trim()
+        .to_string();
+    home.ok(&[
+        "session",
+        "append",
+        &grandchild,
+        "--role",
+        "assistant",
+        "--content",
+        "g",
+    ]);
+    let g = log(&home, &grandchild);
+    assert_eq!(g[..2], p[..2]);
+    assert_eq!(
+        (g.len(), &g[2]["seq"], &g[2]["content"]),
+        (3, &serde_json::json!(3), &serde_json::json!("g"))
+    );
+    assert!(home
+        .ok(&["session", "verify", &grandchild])
+        .starts_with("ok: 3 entries"));
+    // Its files are the image's: no snapshot at or before entry 2.
+    assert_eq!(files(&grandchild), "");
+    let purge = home.cairn(&["session", "rm", &child, "--purge"]);
+    assert!(!purge.status.success(), "a session with forks keeps its log");
 }
 
 #[test]

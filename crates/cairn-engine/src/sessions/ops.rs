@@ -291,7 +291,7 @@ impl Engine {
                 }
             }
             let Some(parent) = cur.parent_id.clone() else { break };
-            cap = lo;
+            cap = cap.min(lo);
             limit = cur.fork_rewinds;
             cur = self
                 .db
@@ -371,7 +371,7 @@ impl Engine {
                 hi: cap.min(cur.head_seq),
             });
             let Some(parent) = cur.parent_id.clone() else { break };
-            cap = lo;
+            cap = cap.min(lo);
             cur = self
                 .db
                 .session_by_id(&parent)?
@@ -464,7 +464,11 @@ impl Engine {
             return Err(SessionError::WrongState {
                 id: s.id.clone(),
                 state: s.state,
-                hint: "`cairn session resume` it first",
+                hint: if s.state == SessionState::Closed {
+                    "a closed session runs nothing; fork it to continue from its log"
+                } else {
+                    "`cairn session resume` it first"
+                },
             }
             .into());
         }
