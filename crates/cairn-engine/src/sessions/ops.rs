@@ -820,3 +820,60 @@ impl Engine {
 
 /// The status an exec reports when the sandbox died under the command.
 pub const LOST: i32 = 137;
+
+#[cfg(test)]
+mod tests {
+    use cairn_store::frame::{decode, encode, FrameError};
+
+    use super::*;
+
+    #[test]
+    fn payload_objects_round_trip_and_refuse_corrupt_or_future_frames() {
+        let object = PayloadObject {
+            content: FileContent::default(),
+        };
+        let bytes = encode(&object).unwrap();
+        let back: PayloadObject = decode(&bytes).unwrap();
+        assert_eq!(back.content.size, 0);
+        let mut corrupt = bytes.clone();
+        *corrupt.last_mut().unwrap() ^= 1;
+        assert!(decode::<PayloadObject>(&corrupt).is_err());
+        let mut future = bytes.clone();
+        future[8..12].copy_from_slice(&2u32.to_le_bytes());
+        assert!(matches!(
+            decode::<PayloadObject>(&future),
+            Err(FrameError::FutureVersion { .. })
+        ));
+        assert!(decode::<PayloadObject>(&bytes[..bytes.len() - 1]).is_err());
+    }
+
+    #[test]
+    fn the_exec_tail_keeps_the_newest_bytes_only() {
+        let mut sink = Vec::new();
+        let mut tail = Tail::new(8);
+        let mut tee = Tee {
+            out: &mut sink,
+            tail: &mut tail,
+        };
+        tee.write_all(b"0123456789").unwrap();
+        tee.write_all(b"ab").unwrap();
+        assert_eq!(sink.len(), 12, "the caller gets everything");
+        assert_eq!(tail.text(), "456789ab");
+    }
+
+    #[test]
+    fn only_the_documented_session_moves_are_valid() {
+        use SessionState::*;
+        let all = [Active, Suspending, Suspended, Resuming, Failed, Closed];
+        for from in all {
+            assert!(!from.valid_transition(Active) || from == Resuming, "{from} -> active");
+            assert!(!Closed.valid_transition(from), "closed -> {from}");
+            assert_eq!(from.as_str().parse::<SessionState>().unwrap(), from);
+        }
+        assert!(
+            Suspending.valid_transition(Resuming),
+            "an interrupted suspend is resumed"
+        );
+        assert!(!Suspended.valid_transition(Suspending));
+    }
+}
