@@ -462,13 +462,14 @@ pub enum SessionCommand {
     },
     /// One session: state, sandbox, newest snapshot, lineage.
     Show {
-        /// Session id, unique id prefix or name.
+        /// Session id, unique id prefix (3+ characters) or name.
         id: String,
         #[arg(long)]
         json: bool,
     },
     /// Print the live log (entries a rewind abandoned are not shown).
     Log {
+        /// Session id, unique id prefix (3+ characters) or name.
         id: String,
         /// Start at this entry.
         #[arg(long, value_name = "N", conflicts_with = "tail")]
@@ -482,6 +483,7 @@ pub enum SessionCommand {
     },
     /// Append an entry to the log; prints its seq.
     Append {
+        /// Session id, unique id prefix (3+ characters) or name.
         id: String,
         /// Who speaks.
         #[arg(long, value_parser = ["user", "assistant", "system"], required_unless_present = "json")]
@@ -499,19 +501,27 @@ pub enum SessionCommand {
     /// restored from the newest snapshot (a `recovered` entry names the
     /// calls whose effects were lost). Exits with the command's status.
     Exec {
+        /// Session id, unique id prefix (3+ characters) or name.
         id: String,
         /// The command and its arguments.
         #[arg(last = true, required = true, value_name = "CMD")]
         cmd: Vec<String>,
     },
     /// Snapshot the session's sandbox and remove it; `resume` brings it back.
-    Suspend { id: String },
+    Suspend {
+        /// Session id, unique id prefix (3+ characters) or name.
+        id: String,
+    },
     /// Restore a suspended session's sandbox from its newest snapshot (also
     /// finishes a suspend or resume that was interrupted).
-    Resume { id: String },
+    Resume {
+        /// Session id, unique id prefix (3+ characters) or name.
+        id: String,
+    },
     /// Start a new session from entry N: it shares the log up to N and its
     /// sandbox is restored from the snapshot at or before N; prints its id.
     Fork {
+        /// Session id, unique id prefix (3+ characters) or name.
         id: String,
         /// The last entry the fork shares.
         #[arg(long, value_name = "N")]
@@ -526,14 +536,19 @@ pub enum SessionCommand {
     /// Move the live branch back to entry N; later entries stay in the log,
     /// abandoned (the sandbox is not changed).
     Rewind {
+        /// Session id, unique id prefix (3+ characters) or name.
         id: String,
         #[arg(long, value_name = "N")]
         to: u64,
     },
     /// Walk the log's hash chain; exits 1 naming the first bad entry.
-    Verify { id: String },
+    Verify {
+        /// Session id, unique id prefix (3+ characters) or name.
+        id: String,
+    },
     /// Close a session and remove its sandbox; the log stays unless --purge.
     Rm {
+        /// Session id, unique id prefix (3+ characters) or name.
         id: String,
         /// Delete the log too.
         #[arg(long)]
