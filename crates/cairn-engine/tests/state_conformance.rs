@@ -114,6 +114,7 @@ conformance!(
     session_moves_are_compare_and_set_on_state_and_owner,
     log_entries_get_gapless_seqs_and_a_hash_chain_and_rewinds_hide_ranges,
     concurrent_appenders_never_leave_a_gap_or_a_duplicate,
+    a_long_log_reads_by_range_and_tail_around_abandoned_stretches,
 );
 
 fn sandbox(id: &str, name: &str) -> SandboxRecord {
@@ -1202,5 +1203,48 @@ fn concurrent_appenders_never_leave_a_gap_or_a_duplicate(store: &Store) {
         assert_eq!(e.hash, e.chain(&previous), "entry {}", e.seq);
         previous = e.hash.clone();
     }
+    assert_eq!(db.session_by_id("s1").unwrap().unwrap().head_hash, previous);
+}
+
+fn a_long_log_reads_by_range_and_tail_around_abandoned_stretches(store: &Store) {
+    let db = store.open();
+    db.insert_session(&session("s1", "s1")).unwrap();
+    let batch: Vec<Entry> = (0..1000).map(|i| note(&i.to_string())).collect();
+    for _ in 0..5 {
+        db.append_entries("s1", &batch).unwrap();
+    }
+    let seg = [Segment {
+        session: "s1".into(),
+        lo: 0,
+        hi: 5000,
+    }];
+    let seqs = |hidden: &[(u64, u64)], order, limit| {
+        db.read_entries(&seg, hidden, order, limit, false)
+            .unwrap()
+            .iter()
+            .map(|e| e.seq)
+            .collect::<Vec<_>>()
+    };
+    assert_eq!(seqs(&[], Order::Descending, 3), vec![5000, 4999, 4998]);
+    assert_eq!(seqs(&[], Order::Ascending { from: 2500 }, 3), vec![2500, 2501, 2502]);
+    let hidden = [(10, 4998), (2, 5)];
+    assert_eq!(
+        seqs(&hidden, Order::Ascending { from: 1 }, 100),
+        vec![1, 2, 6, 7, 8, 9, 10, 4999, 5000]
+    );
+    assert_eq!(seqs(&hidden, Order::Descending, 3), vec![5000, 4999, 10]);
+    // The chain of a long log, end to end.
+    let mut previous = GENESIS.to_string();
+    let mut from = 1;
+    loop {
+        let rows = db.raw_entries(&seg[0], from, 1000).unwrap();
+        let Some(last) = rows.last() else { break };
+        from = last.seq + 1;
+        for e in &rows {
+            assert_eq!(e.hash, e.chain(&previous));
+            previous = e.hash.clone();
+        }
+    }
+    assert_eq!(from, 5001);
     assert_eq!(db.session_by_id("s1").unwrap().unwrap().head_hash, previous);
 }
