@@ -11,6 +11,7 @@ pub mod home;
 pub mod images;
 pub mod pipeline;
 pub mod sandboxes;
+pub mod sessions;
 pub mod snapshots;
 pub mod state;
 #[cfg(feature = "test-support")]
@@ -46,6 +47,8 @@ pub enum EngineError {
     Snapshot(#[from] SnapshotError),
     #[error(transparent)]
     Run(#[from] pipeline::run::RunError),
+    #[error(transparent)]
+    Session(#[from] sessions::SessionError),
     #[error(transparent)]
     Access(#[from] access::AccessError),
     #[error("the state database names layer {0:?}, which is not a layer id; the database is damaged")]

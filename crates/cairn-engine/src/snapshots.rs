@@ -201,6 +201,8 @@ pub enum SnapshotError {
     BadLabel(String),
     #[error("snapshot {0} is a pipeline stage's output, checkpoint or dead letter; a run or a stage key needs it, so it stays")]
     NeededByPipeline(String),
+    #[error("snapshot {0} holds an agent session's machine (its log names it); close the session with `cairn session rm --purge` first")]
+    NeededBySession(String),
     #[error("fork needs a count of at least 1, got {0}")]
     BadCount(usize),
     #[error("cannot lock the chunk store ({path}): {source}")]
@@ -707,6 +709,9 @@ impl Engine {
         if self.db.pipeline_snapshots()?.contains(&snap.id) {
             return Err(SnapshotError::NeededByPipeline(snap.id.clone()).into());
         }
+        if self.db.session_snapshots()?.contains(&snap.id) {
+            return Err(SnapshotError::NeededBySession(snap.id.clone()).into());
+        }
         self.db.delete_snapshot(&snap.id)?;
         let _ = fs::remove_dir_all(self.home.memory_image(&snap.id));
         Ok(())
@@ -755,6 +760,15 @@ impl Engine {
             let Ok(h) = a.id.parse::<ChunkHash>() else { continue };
             let context = ReadContext::new().owner("artifact", h).path(a.path.clone());
             let object: crate::pipeline::artifacts::ArtifactObject =
+                self.store.get_object(&h, &context).map_err(SnapshotError::from)?;
+            live.push(h);
+            live.extend(object.content.chunk_hashes());
+        }
+        // Session log payloads too large for their rows.
+        for p in self.db.session_payloads()? {
+            let Ok(h) = p.parse::<ChunkHash>() else { continue };
+            let context = ReadContext::new().owner("session payload", h);
+            let object: crate::sessions::ops::PayloadObject =
                 self.store.get_object(&h, &context).map_err(SnapshotError::from)?;
             live.push(h);
             live.extend(object.content.chunk_hashes());

@@ -9,6 +9,8 @@ use std::time::Duration;
 use cairn_engine::access::{Claim, TokenRecord};
 use cairn_engine::e2b::{E2bLife, E2bSandbox, E2bSnapshot};
 use cairn_engine::pipeline::records::{ArtifactRecord, DeadLetter, RunRecord, StageRecord};
+use cairn_engine::sessions::log::{Order, Segment};
+use cairn_engine::sessions::{Entry, EntryKind, SessionRecord, SessionState, GENESIS};
 use cairn_engine::state::{BackendKind, Db, Value};
 use cairn_engine::testing::{self, TestDatabase};
 use cairn_engine::{Home, ImageRecord, SandboxRecord, SandboxState, SnapshotRecord, StateError};
@@ -108,6 +110,11 @@ conformance!(
     an_idempotency_key_answers_once_and_refuses_another_body,
     e2b_sandboxes_keep_their_id_through_pause_and_resume,
     e2b_snapshots_are_listed_oldest_first_and_deleted_once,
+    sessions_round_trip_are_found_by_name_or_prefix_and_names_are_unique,
+    session_moves_are_compare_and_set_on_state_and_owner,
+    log_entries_get_gapless_seqs_and_a_hash_chain_and_rewinds_hide_ranges,
+    concurrent_appenders_never_leave_a_gap_or_a_duplicate,
+    a_long_log_reads_by_range_and_tail_around_abandoned_stretches,
 );
 
 fn sandbox(id: &str, name: &str) -> SandboxRecord {
@@ -961,4 +968,283 @@ fn e2b_snapshots_are_listed_oldest_first_and_deleted_once(store: &Store) {
     assert!(db.delete_e2b_snapshot("b").unwrap());
     assert!(!db.delete_e2b_snapshot("b").unwrap());
     assert_eq!(db.e2b_snapshots().unwrap(), vec![snap("a", 5)]);
+}
+
+fn session(id: &str, name: &str) -> SessionRecord {
+    SessionRecord {
+        id: id.into(),
+        name: name.into(),
+        state: SessionState::Active,
+        image: "busybox".into(),
+        driver: "native".into(),
+        sandbox_id: Some("sb1".into()),
+        snapshot_id: None,
+        snapshot_seq: None,
+        idle_timeout_ms: Some(300_000),
+        parent_id: None,
+        fork_seq: None,
+        fork_reason: None,
+        fork_rewinds: 0,
+        head_seq: 0,
+        head_hash: GENESIS.into(),
+        rewinds: 0,
+        owner_pid: 1,
+        owner_start: 2,
+        error: None,
+        created_at: 7,
+        updated_at: 7,
+    }
+}
+
+fn note(text: &str) -> Entry {
+    let mut e = Entry::new(EntryKind::Note);
+    e.content = Some(text.into());
+    e
+}
+
+fn sessions_round_trip_are_found_by_name_or_prefix_and_names_are_unique(store: &Store) {
+    let db = store.open();
+    let s = session("abcdef012345", "agent");
+    db.insert_session(&s).unwrap();
+    assert_eq!(db.session_by_id(&s.id).unwrap().unwrap(), s);
+    assert_eq!(db.find_sessions("agent").unwrap(), vec![s.clone()]);
+    assert_eq!(db.find_sessions("abc").unwrap(), vec![s.clone()]);
+    assert!(
+        db.find_sessions("ab").unwrap().is_empty(),
+        "a prefix needs 3 characters"
+    );
+    assert!(matches!(
+        db.insert_session(&session("999999999999", "agent")),
+        Err(StateError::NameTaken(n)) if n == "agent"
+    ));
+    let mut child = session("fedcba987654", "child");
+    child.parent_id = Some(s.id.clone());
+    child.fork_seq = Some(0);
+    child.fork_reason = Some("why".into());
+    db.insert_session(&child).unwrap();
+    assert_eq!(db.session_children(&s.id).unwrap(), vec![child.id.clone()]);
+    drop(db);
+    let db = store.open();
+    assert_eq!(db.sessions().unwrap(), vec![s, child]);
+}
+
+fn session_moves_are_compare_and_set_on_state_and_owner(store: &Store) {
+    let db = store.open();
+    let s = session("s1", "s1");
+    db.insert_session(&s).unwrap();
+    let (old, new) = ((1, 2), (3, 4));
+    assert!(!db
+        .move_session(
+            "s1",
+            SessionState::Suspended,
+            old,
+            SessionState::Resuming,
+            new,
+            None,
+            None
+        )
+        .unwrap());
+    assert!(!db
+        .move_session(
+            "s1",
+            SessionState::Active,
+            (1, 9),
+            SessionState::Suspending,
+            new,
+            None,
+            None
+        )
+        .unwrap());
+    assert!(db
+        .move_session(
+            "s1",
+            SessionState::Active,
+            old,
+            SessionState::Suspending,
+            new,
+            Some("sb1"),
+            None
+        )
+        .unwrap());
+    assert!(
+        !db.move_session(
+            "s1",
+            SessionState::Active,
+            old,
+            SessionState::Suspending,
+            new,
+            None,
+            None
+        )
+        .unwrap(),
+        "the loser of a race changes nothing"
+    );
+    assert!(db
+        .set_session_sandbox("s1", SessionState::Suspending, new, None)
+        .unwrap());
+    let got = db.session_by_id("s1").unwrap().unwrap();
+    assert_eq!(
+        (got.state, got.owner_pid, got.owner_start, got.sandbox_id),
+        (SessionState::Suspending, 3, 4, None)
+    );
+    assert!(!SessionState::Suspended.valid_transition(SessionState::Active));
+    assert!(SessionState::Suspending.valid_transition(SessionState::Resuming));
+    assert!(!SessionState::Closed.valid_transition(SessionState::Resuming));
+}
+
+fn log_entries_get_gapless_seqs_and_a_hash_chain_and_rewinds_hide_ranges(store: &Store) {
+    let db = store.open();
+    db.insert_session(&session("s1", "s1")).unwrap();
+    let mut snap = note("suspended");
+    snap.snapshot_id = Some("snap-1".into());
+    let first = db.append_entries("s1", &[note("a"), note("b"), snap]).unwrap();
+    assert_eq!(first.iter().map(|e| e.seq).collect::<Vec<_>>(), vec![1, 2, 3]);
+    let mut previous = GENESIS.to_string();
+    for e in &first {
+        assert_eq!(e.hash, e.chain(&previous));
+        previous = e.hash.clone();
+    }
+    let s = db.session_by_id("s1").unwrap().unwrap();
+    assert_eq!((s.head_seq, s.head_hash.as_str()), (3, previous.as_str()));
+    assert_eq!((s.snapshot_id.as_deref(), s.snapshot_seq), (Some("snap-1"), Some(3)));
+    db.append_entries("s1", &[note("c"), note("d")]).unwrap();
+
+    let all = [Segment {
+        session: "s1".into(),
+        lo: 0,
+        hi: 5,
+    }];
+    let read = |hidden: &[(u64, u64)], order, limit| {
+        db.read_entries(&all, hidden, order, limit, false)
+            .unwrap()
+            .iter()
+            .map(|e| e.seq)
+            .collect::<Vec<_>>()
+    };
+    assert_eq!(read(&[], Order::Ascending { from: 2 }, 2), vec![2, 3]);
+    assert_eq!(read(&[], Order::Descending, 2), vec![5, 4]);
+    assert_eq!(read(&[(1, 3)], Order::Ascending { from: 1 }, 10), vec![1, 4, 5]);
+    let snaps = db.read_entries(&all, &[], Order::Descending, 1, true).unwrap();
+    assert_eq!(snaps[0].seq, 3);
+    assert_eq!(db.raw_entries(&all[0], 4, 10).unwrap().len(), 2);
+    assert_eq!(db.raw_entries(&all[0], 1, 10).unwrap(), {
+        let mut v = first.clone();
+        v.extend(db.raw_entries(&all[0], 4, 10).unwrap());
+        v
+    });
+
+    assert!(
+        matches!(db.add_rewind("s1", 2, 4), Err(StateError::Conflict(_))),
+        "a stale head is refused"
+    );
+    let r = db.add_rewind("s1", 2, 5).unwrap();
+    assert_eq!((r.n, r.to_seq, r.head_seq), (1, 2, 5));
+    assert_eq!(db.rewinds("s1").unwrap(), vec![r]);
+    assert_eq!(db.session_by_id("s1").unwrap().unwrap().rewinds, 1);
+    assert!(db.session_snapshots().unwrap().contains("snap-1"));
+
+    let mut big = note("");
+    big.content = None;
+    big.content_ref = Some("feed".into());
+    db.append_entries("s1", &[big]).unwrap();
+    assert!(db.session_payloads().unwrap().contains("feed"));
+
+    db.move_session(
+        "s1",
+        SessionState::Active,
+        (1, 2),
+        SessionState::Closed,
+        (1, 2),
+        None,
+        None,
+    )
+    .unwrap();
+    assert!(
+        db.append_entries("s1", &[note("late")]).is_err(),
+        "a closed log takes no entries"
+    );
+    db.delete_session("s1").unwrap();
+    assert!(db.session_by_id("s1").unwrap().is_none());
+    assert!(db.raw_entries(&all[0], 1, 10).unwrap().is_empty());
+    assert!(db.rewinds("s1").unwrap().is_empty());
+}
+
+fn concurrent_appenders_never_leave_a_gap_or_a_duplicate(store: &Store) {
+    store.open().insert_session(&session("s1", "s1")).unwrap();
+    let barrier = Arc::new(Barrier::new(4));
+    let threads: Vec<_> = (0..4)
+        .map(|t| {
+            let db = store.open();
+            let barrier = barrier.clone();
+            std::thread::spawn(move || {
+                barrier.wait();
+                for i in 0..10 {
+                    db.append_entries("s1", &[note(&format!("{t}-{i}"))]).unwrap();
+                }
+            })
+        })
+        .collect();
+    for t in threads {
+        t.join().unwrap();
+    }
+    let db = store.open();
+    let seg = Segment {
+        session: "s1".into(),
+        lo: 0,
+        hi: 40,
+    };
+    let rows = db.raw_entries(&seg, 1, 100).unwrap();
+    assert_eq!(
+        rows.iter().map(|e| e.seq).collect::<Vec<_>>(),
+        (1..=40).collect::<Vec<_>>()
+    );
+    let mut previous = GENESIS.to_string();
+    for e in &rows {
+        assert_eq!(e.hash, e.chain(&previous), "entry {}", e.seq);
+        previous = e.hash.clone();
+    }
+    assert_eq!(db.session_by_id("s1").unwrap().unwrap().head_hash, previous);
+}
+
+fn a_long_log_reads_by_range_and_tail_around_abandoned_stretches(store: &Store) {
+    let db = store.open();
+    db.insert_session(&session("s1", "s1")).unwrap();
+    let batch: Vec<Entry> = (0..1000).map(|i| note(&i.to_string())).collect();
+    for _ in 0..5 {
+        db.append_entries("s1", &batch).unwrap();
+    }
+    let seg = [Segment {
+        session: "s1".into(),
+        lo: 0,
+        hi: 5000,
+    }];
+    let seqs = |hidden: &[(u64, u64)], order, limit| {
+        db.read_entries(&seg, hidden, order, limit, false)
+            .unwrap()
+            .iter()
+            .map(|e| e.seq)
+            .collect::<Vec<_>>()
+    };
+    assert_eq!(seqs(&[], Order::Descending, 3), vec![5000, 4999, 4998]);
+    assert_eq!(seqs(&[], Order::Ascending { from: 2500 }, 3), vec![2500, 2501, 2502]);
+    let hidden = [(10, 4998), (2, 5)];
+    assert_eq!(
+        seqs(&hidden, Order::Ascending { from: 1 }, 100),
+        vec![1, 2, 6, 7, 8, 9, 10, 4999, 5000]
+    );
+    assert_eq!(seqs(&hidden, Order::Descending, 3), vec![5000, 4999, 10]);
+    // The chain of a long log, end to end.
+    let mut previous = GENESIS.to_string();
+    let mut from = 1;
+    loop {
+        let rows = db.raw_entries(&seg[0], from, 1000).unwrap();
+        let Some(last) = rows.last() else { break };
+        from = last.seq + 1;
+        for e in &rows {
+            assert_eq!(e.hash, e.chain(&previous));
+            previous = e.hash.clone();
+        }
+    }
+    assert_eq!(from, 5001);
+    assert_eq!(db.session_by_id("s1").unwrap().unwrap().head_hash, previous);
 }

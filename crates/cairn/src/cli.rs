@@ -112,6 +112,11 @@ pub enum Command {
     /// The dead-letter queue: stages whose retries ran out.
     #[command(subcommand)]
     Dlq(DlqCommand),
+    /// Agent sessions: a context log beside a sandbox's snapshots, with
+    /// suspend and resume, fork, rewind and a verifiable hash chain
+    /// (docs/sessions.md).
+    #[command(subcommand)]
+    Session(SessionCommand),
     /// Pipeline artifacts (files collected from stages into the store).
     #[command(subcommand)]
     Artifact(ArtifactCommand),
@@ -430,4 +435,123 @@ fn parse_bytes(s: &str) -> Result<u64, String> {
     n.checked_mul(1 << shift)
         .filter(|n| *n > 0)
         .ok_or_else(|| format!("{s:?} is not a size between 1 byte and 16E"))
+}
+
+#[derive(Subcommand)]
+pub enum SessionCommand {
+    /// Start a session: a sandbox and an empty log; prints the session id.
+    Create {
+        /// Image to start from (default: busybox).
+        #[arg(long)]
+        image: Option<String>,
+        /// `native` (the default) or `gvisor`.
+        #[arg(long)]
+        driver: Option<String>,
+        /// A name to find it by (letters, digits, '-', '_').
+        #[arg(long)]
+        name: Option<String>,
+        /// Suspend after this long without use (e.g. 90s, 5m, 1h); stored
+        /// for the server's idle timer.
+        #[arg(long, value_name = "DURATION")]
+        idle: Option<String>,
+    },
+    /// List sessions.
+    Ls {
+        #[arg(long)]
+        json: bool,
+    },
+    /// One session: state, sandbox, newest snapshot, lineage.
+    Show {
+        /// Session id, unique id prefix (3+ characters) or name.
+        id: String,
+        #[arg(long)]
+        json: bool,
+    },
+    /// Print the live log (entries a rewind abandoned are not shown).
+    Log {
+        /// Session id, unique id prefix (3+ characters) or name.
+        id: String,
+        /// Start at this entry.
+        #[arg(long, value_name = "N", conflicts_with = "tail")]
+        from: Option<u64>,
+        /// Only the last N entries.
+        #[arg(long, value_name = "N")]
+        tail: Option<usize>,
+        /// One JSON entry per line.
+        #[arg(long)]
+        json: bool,
+    },
+    /// Append an entry to the log; prints its seq.
+    Append {
+        /// Session id, unique id prefix (3+ characters) or name.
+        id: String,
+        /// Who speaks.
+        #[arg(long, value_parser = ["user", "assistant", "system"], required_unless_present = "json")]
+        role: Option<String>,
+        /// The text of the message.
+        #[arg(long, required_unless_present = "json", conflicts_with = "json")]
+        content: Option<String>,
+        /// A whole entry as JSON: {"kind": "note", "content": "…", …} (docs/sessions.md).
+        #[arg(long, value_name = "ENTRY", conflicts_with = "role")]
+        json: Option<String>,
+    },
+    /// Run a command in the session's sandbox and record it in the log.
+    ///
+    /// A suspended session is resumed first; a sandbox that died is
+    /// restored from the newest snapshot (a `recovered` entry names the
+    /// calls whose effects were lost). Exits with the command's status.
+    Exec {
+        /// Session id, unique id prefix (3+ characters) or name.
+        id: String,
+        /// The command and its arguments.
+        #[arg(last = true, required = true, value_name = "CMD")]
+        cmd: Vec<String>,
+    },
+    /// Snapshot the session's sandbox and remove it; `resume` brings it back.
+    Suspend {
+        /// Session id, unique id prefix (3+ characters) or name.
+        id: String,
+    },
+    /// Restore a suspended session's sandbox from its newest snapshot (also
+    /// finishes a suspend or resume that was interrupted).
+    Resume {
+        /// Session id, unique id prefix (3+ characters) or name.
+        id: String,
+    },
+    /// Start a new session from entry N: it shares the log up to N and its
+    /// sandbox is restored from the snapshot at or before N; prints its id.
+    Fork {
+        /// Session id, unique id prefix (3+ characters) or name.
+        id: String,
+        /// The last entry the fork shares.
+        #[arg(long, value_name = "N")]
+        at: u64,
+        /// Why (kept in the lineage).
+        #[arg(long)]
+        reason: String,
+        /// A name for the new session.
+        #[arg(long)]
+        name: Option<String>,
+    },
+    /// Move the live branch back to entry N; later entries stay in the log,
+    /// abandoned (the sandbox is not changed).
+    Rewind {
+        /// Session id, unique id prefix (3+ characters) or name.
+        id: String,
+        #[arg(long, value_name = "N")]
+        to: u64,
+    },
+    /// Walk the log's hash chain; exits 1 naming the first bad entry.
+    Verify {
+        /// Session id, unique id prefix (3+ characters) or name.
+        id: String,
+    },
+    /// Close a session and remove its sandbox; the log stays unless --purge.
+    Rm {
+        /// Session id, unique id prefix (3+ characters) or name.
+        id: String,
+        /// Delete the log too.
+        #[arg(long)]
+        purge: bool,
+    },
 }

@@ -71,6 +71,7 @@ pub fn dispatch(cli: Cli) -> Result<i32> {
         Command::Pipeline(cmd) => crate::pipelines::pipeline(&mut engine, cmd),
         Command::Runs { json } => crate::pipelines::runs(&engine, json).map(|()| 0),
         Command::Dlq(cmd) => crate::pipelines::dlq(&mut engine, cmd),
+        Command::Session(cmd) => crate::sessions::session(&mut engine, cmd),
         Command::Artifact(cmd) => crate::pipelines::artifact(&engine, cmd).map(|()| 0),
         Command::Token(cmd) => token(&engine, cmd).map(|()| 0),
         Command::Create { sandbox } => {

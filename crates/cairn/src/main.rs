@@ -6,6 +6,7 @@ mod commands;
 mod lineage;
 mod pipelines;
 mod progress;
+mod sessions;
 
 use std::process::ExitCode;
 

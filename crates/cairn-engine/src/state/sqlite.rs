@@ -22,6 +22,7 @@ const MIGRATIONS: &[&str] = &[
     include_str!("../../migrations/sqlite/0003_runs.sql"),
     include_str!("../../migrations/sqlite/0004_api.sql"),
     include_str!("../../migrations/sqlite/0005_e2b.sql"),
+    include_str!("../../migrations/sqlite/0006_sessions.sql"),
 ];
 
 pub struct SqliteBackend {

@@ -1,0 +1,336 @@
+//! Agent sessions: an append-only, hash-chained context log (`log`)
+//! beside the sandbox's execution snapshots, with suspend and resume,
+//! fork, rewind and recovery of a sandbox that died (`ops`).
+
+pub mod log;
+pub(crate) mod ops;
+
+use std::fmt;
+use std::str::FromStr;
+
+use serde::Serialize;
+
+pub use log::{Entry, EntryKind, Rewind, ENTRY_VERSION, GENESIS, INLINE_MAX};
+pub use ops::{ExecOutcome, LogRange, SessionOptions, Verified};
+
+use crate::state::{params, BackendError, Db, Row, StateError};
+
+#[derive(Debug, thiserror::Error)]
+pub enum SessionError {
+    #[error("no session matches {0:?}; `cairn session ls` lists them")]
+    NotFound(String),
+    #[error("{key:?} matches several sessions ({}); give more of the id", .ids.join(", "))]
+    Ambiguous { key: String, ids: Vec<String> },
+    #[error("a session named {0:?} already exists; pick another --name")]
+    NameTaken(String),
+    #[error("invalid session name {0:?}: use letters, digits, '-' and '_', at most 63, not starting with '-'")]
+    BadName(String),
+    #[error("session {id} cannot go from {from} to {to}")]
+    InvalidTransition {
+        id: String,
+        from: SessionState,
+        to: SessionState,
+    },
+    #[error("session {id} is {state}; {hint}")]
+    WrongState {
+        id: String,
+        state: SessionState,
+        hint: &'static str,
+    },
+    #[error("session {0} changed while this command ran; retry")]
+    Conflict(String),
+    #[error("session {id} has no entry {seq} on its live branch (its log ends at {head}); `cairn session log {id}` shows it")]
+    NoSuchEntry { id: String, seq: u64, head: u64 },
+    #[error("session {id}: nothing to rewind, entry {seq} is already the last")]
+    NothingToRewind { id: String, seq: u64 },
+    #[error("session {id} has forks ({}); remove them first, or close it without --purge", .children.join(", "))]
+    HasForks { id: String, children: Vec<String> },
+    #[error("invalid log entry: {0}")]
+    BadEntry(String),
+    #[error("the payload {hash} of session {id}'s entry {seq} cannot be read: {reason}")]
+    Payload {
+        id: String,
+        seq: u64,
+        hash: String,
+        reason: String,
+    },
+}
+
+/// The lifecycle of a session.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum SessionState {
+    /// Its sandbox runs.
+    Active,
+    /// Being snapshotted and its sandbox removed.
+    Suspending,
+    /// No sandbox: its machine is in its newest snapshot.
+    Suspended,
+    /// A sandbox is being restored for it.
+    Resuming,
+    /// A resume failed; resume again once the cause is fixed.
+    Failed,
+    /// Removed; its log stays unless purged.
+    Closed,
+}
+
+impl SessionState {
+    /// The one place that says which transitions are valid.
+    pub fn valid_transition(self, to: SessionState) -> bool {
+        use SessionState::*;
+        matches!(
+            (self, to),
+            (Active, Suspending)
+                | (Suspending, Suspended)
+                | (Suspended, Resuming)
+                | (Resuming, Active)
+                // An interrupted suspend or resume is finished by a resume.
+                | (Suspending, Resuming)
+                | (Resuming, Resuming)
+                | (Active, Failed)
+                | (Suspending, Failed)
+                | (Resuming, Failed)
+                | (Failed, Resuming)
+                | (Active, Closed)
+                | (Suspending, Closed)
+                | (Suspended, Closed)
+                | (Resuming, Closed)
+                | (Failed, Closed)
+        )
+    }
+
+    pub fn as_str(self) -> &'static str {
+        match self {
+            SessionState::Active => "active",
+            SessionState::Suspending => "suspending",
+            SessionState::Suspended => "suspended",
+            SessionState::Resuming => "resuming",
+            SessionState::Failed => "failed",
+            SessionState::Closed => "closed",
+        }
+    }
+}
+
+impl fmt::Display for SessionState {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+impl FromStr for SessionState {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Self, String> {
+        Ok(match s {
+            "active" => SessionState::Active,
+            "suspending" => SessionState::Suspending,
+            "suspended" => SessionState::Suspended,
+            "resuming" => SessionState::Resuming,
+            "failed" => SessionState::Failed,
+            "closed" => SessionState::Closed,
+            other => return Err(format!("unknown session state {other:?}")),
+        })
+    }
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct SessionRecord {
+    pub id: String,
+    pub name: String,
+    pub state: SessionState,
+    pub image: String,
+    pub driver: String,
+    pub sandbox_id: Option<String>,
+    /// The newest snapshot its log records, and the entry recording it.
+    pub snapshot_id: Option<String>,
+    pub snapshot_seq: Option<u64>,
+    pub idle_timeout_ms: Option<u64>,
+    pub parent_id: Option<String>,
+    pub fork_seq: Option<u64>,
+    pub fork_reason: Option<String>,
+    /// How many of the parent's rewinds apply to the entries shared with it.
+    #[serde(skip)]
+    pub fork_rewinds: u64,
+    pub head_seq: u64,
+    pub head_hash: String,
+    pub rewinds: u64,
+    #[serde(skip)]
+    pub owner_pid: i32,
+    #[serde(skip)]
+    pub owner_start: u64,
+    pub error: Option<String>,
+    pub created_at: i64,
+    pub updated_at: i64,
+}
+
+const SESSION_COLUMNS: &str =
+    "id, name, state, image, driver, sandbox_id, snapshot_id, snapshot_seq, idle_timeout_ms, \
+     parent_id, fork_seq, fork_reason, fork_rewinds, head_seq, head_hash, rewinds, owner_pid, owner_start, error, \
+     created_at, updated_at";
+
+fn session_row(r: &Row) -> Result<SessionRecord, StateError> {
+    let state: String = r.get(2)?;
+    Ok(SessionRecord {
+        id: r.get(0)?,
+        name: r.get(1)?,
+        state: state.parse().map_err(StateError::Damaged)?,
+        image: r.get(3)?,
+        driver: r.get(4)?,
+        sandbox_id: r.get(5)?,
+        snapshot_id: r.get(6)?,
+        snapshot_seq: r.get(7)?,
+        idle_timeout_ms: r.get(8)?,
+        parent_id: r.get(9)?,
+        fork_seq: r.get(10)?,
+        fork_reason: r.get(11)?,
+        fork_rewinds: r.get(12)?,
+        head_seq: r.get(13)?,
+        head_hash: r.get(14)?,
+        rewinds: r.get(15)?,
+        owner_pid: r.get(16)?,
+        owner_start: r.get(17)?,
+        error: r.get(18)?,
+        created_at: r.get(19)?,
+        updated_at: r.get(20)?,
+    })
+}
+
+impl Db {
+    /// Records a new session; a taken name is [`SessionError::NameTaken`]
+    /// (as `StateError::NameTaken`).
+    pub fn insert_session(&self, s: &SessionRecord) -> Result<(), StateError> {
+        let inserted = self.with(|b| {
+            Ok(b.execute(
+                &format!(
+                    "INSERT INTO sessions ({SESSION_COLUMNS}) VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11,
+                     $12, $13, $14, $15, $16, $17, $18, $19, $20, $21)"
+                ),
+                params![
+                    &s.id,
+                    &s.name,
+                    s.state.as_str(),
+                    &s.image,
+                    &s.driver,
+                    &s.sandbox_id,
+                    &s.snapshot_id,
+                    s.snapshot_seq,
+                    s.idle_timeout_ms,
+                    &s.parent_id,
+                    s.fork_seq,
+                    &s.fork_reason,
+                    s.fork_rewinds,
+                    s.head_seq,
+                    &s.head_hash,
+                    s.rewinds,
+                    s.owner_pid,
+                    s.owner_start,
+                    &s.error,
+                    s.created_at,
+                    s.updated_at,
+                ],
+            ))
+        })?;
+        match inserted {
+            Err(BackendError::Unique { target }) if target == "sessions.name" => {
+                Err(StateError::NameTaken(s.name.clone()))
+            }
+            other => other.map(|_| ()).map_err(Into::into),
+        }
+    }
+
+    pub fn sessions(&self) -> Result<Vec<SessionRecord>, StateError> {
+        let sql = format!("SELECT {SESSION_COLUMNS} FROM sessions ORDER BY created_at, id");
+        self.with(|b| b.query(&sql, &[])?.iter().map(session_row).collect())
+    }
+
+    /// Sessions whose name or id is `key`, or whose id starts with it (3+ characters).
+    pub fn find_sessions(&self, key: &str) -> Result<Vec<SessionRecord>, StateError> {
+        let sql = format!(
+            "SELECT {SESSION_COLUMNS} FROM sessions WHERE name = $1 OR id = $1
+             OR (length($1) >= 3 AND substr(id, 1, length($1)) = $1)"
+        );
+        let mut rows: Vec<SessionRecord> =
+            self.with(|b| b.query(&sql, params![key])?.iter().map(session_row).collect())?;
+        if let Some(exact) = rows.iter().position(|r| r.name == key || r.id == key) {
+            rows = vec![rows.swap_remove(exact)];
+        }
+        Ok(rows)
+    }
+
+    pub fn session_by_id(&self, id: &str) -> Result<Option<SessionRecord>, StateError> {
+        let sql = format!("SELECT {SESSION_COLUMNS} FROM sessions WHERE id = $1");
+        self.with(|b| b.query_opt(&sql, params![id])?.as_ref().map(session_row).transpose())
+    }
+
+    /// Moves a session from `from` to `to` if it is still in `from` and
+    /// still owned by `owner` (a compare-and-set), setting its sandbox and
+    /// error and making `new_owner` its owner. False when it lost the race.
+    #[allow(clippy::too_many_arguments)]
+    pub fn move_session(
+        &self,
+        id: &str,
+        from: SessionState,
+        owner: (i32, u64),
+        to: SessionState,
+        new_owner: (i32, u64),
+        sandbox_id: Option<&str>,
+        error: Option<&str>,
+    ) -> Result<bool, StateError> {
+        let n = self.with(|b| {
+            Ok(b.execute(
+                "UPDATE sessions SET state = $4, owner_pid = $5, owner_start = $6, sandbox_id = $7, error = $8,
+                 updated_at = $9 WHERE id = $1 AND state = $2 AND owner_pid = $3 AND owner_start = $10",
+                params![
+                    id,
+                    from.as_str(),
+                    owner.0,
+                    to.as_str(),
+                    new_owner.0,
+                    new_owner.1,
+                    sandbox_id,
+                    error,
+                    crate::now_ms(),
+                    owner.1
+                ],
+            )?)
+        })?;
+        Ok(n == 1)
+    }
+
+    /// Sets the sandbox of a session in `state` owned by `owner`.
+    pub fn set_session_sandbox(
+        &self,
+        id: &str,
+        state: SessionState,
+        owner: (i32, u64),
+        sandbox_id: Option<&str>,
+    ) -> Result<bool, StateError> {
+        let n = self.with(|b| {
+            Ok(b.execute(
+                "UPDATE sessions SET sandbox_id = $5, updated_at = $6
+                 WHERE id = $1 AND state = $2 AND owner_pid = $3 AND owner_start = $4",
+                params![id, state.as_str(), owner.0, owner.1, sandbox_id, crate::now_ms()],
+            )?)
+        })?;
+        Ok(n == 1)
+    }
+
+    /// The sessions forked from `id`.
+    pub fn session_children(&self, id: &str) -> Result<Vec<String>, StateError> {
+        self.with(|b| {
+            b.query("SELECT id FROM sessions WHERE parent_id = $1 ORDER BY id", params![id])?
+                .iter()
+                .map(|r| Ok(r.get(0)?))
+                .collect()
+        })
+    }
+
+    /// Deletes a session, its log and its branch points, in one transaction.
+    pub fn delete_session(&self, id: &str) -> Result<(), StateError> {
+        self.transaction(|b| {
+            b.execute("DELETE FROM session_entries WHERE session_id = $1", params![id])?;
+            b.execute("DELETE FROM session_rewinds WHERE session_id = $1", params![id])?;
+            b.execute("DELETE FROM sessions WHERE id = $1", params![id])?;
+            Ok(())
+        })
+    }
+}

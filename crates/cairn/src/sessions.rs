@@ -1,0 +1,243 @@
+//! Session commands: create, ls, show, log, append, exec, suspend, resume,
+//! fork, rewind, verify, rm.
+
+use std::io::{self, Write};
+
+use anyhow::{bail, Context, Result};
+use cairn_engine::sessions::{Entry, EntryKind, LogRange, SessionOptions, SessionRecord};
+use cairn_engine::Engine;
+
+use crate::cli::SessionCommand;
+use crate::progress::Steps;
+
+/// `90s`, `5m`, `1h` or plain seconds, in milliseconds.
+fn duration_ms(text: &str) -> Result<u64> {
+    let (number, unit) = text.split_at(text.find(|c: char| !c.is_ascii_digit()).unwrap_or(text.len()));
+    let n: u64 = number
+        .parse()
+        .with_context(|| format!("--idle takes a duration like 90s, 5m or 1h, got {text:?}"))?;
+    let scale = match unit {
+        "" | "s" => 1_000,
+        "m" => 60_000,
+        "h" => 3_600_000,
+        _ => bail!("--idle takes a duration like 90s, 5m or 1h, got {text:?}"),
+    };
+    if n == 0 {
+        bail!("--idle must be more than zero, got {text:?}");
+    }
+    Ok(n * scale)
+}
+
+pub fn session(engine: &mut Engine, cmd: SessionCommand) -> Result<i32> {
+    match cmd {
+        SessionCommand::Create {
+            image,
+            driver,
+            name,
+            idle,
+        } => {
+            let opts = SessionOptions {
+                name,
+                image,
+                driver,
+                idle_timeout_ms: idle.as_deref().map(duration_ms).transpose()?,
+            };
+            let s = engine.create_session(&opts, &Steps::new())?;
+            println!("{}", s.id);
+        }
+        SessionCommand::Ls { json } => {
+            let all = engine.sessions()?;
+            if json {
+                println!("{}", serde_json::to_string_pretty(&all)?);
+            } else {
+                println!(
+                    "{:<14} {:<24} {:<11} {:>7} {:<14} PARENT",
+                    "ID", "NAME", "STATE", "ENTRIES", "SANDBOX"
+                );
+                for s in all {
+                    println!(
+                        "{:<14} {:<24} {:<11} {:>7} {:<14} {}",
+                        s.id,
+                        s.name,
+                        s.state,
+                        s.head_seq,
+                        s.sandbox_id.as_deref().unwrap_or("-"),
+                        lineage(&s)
+                    );
+                }
+            }
+        }
+        SessionCommand::Show { id, json } => {
+            let s = engine.session(&id)?;
+            if json {
+                println!("{}", serde_json::to_string_pretty(&s)?);
+            } else {
+                println!("session   {} ({})", s.id, s.name);
+                println!("state     {}", s.state);
+                println!("image     {} on {}", s.image, s.driver);
+                println!("sandbox   {}", s.sandbox_id.as_deref().unwrap_or("-"));
+                match (&s.snapshot_id, s.snapshot_seq) {
+                    (Some(id), Some(seq)) => println!("snapshot  {id} (entry {seq})"),
+                    _ => println!("snapshot  -"),
+                }
+                println!("entries   {} (head {})", s.head_seq, s.head_hash);
+                println!("rewinds   {}", s.rewinds);
+                if let Some(ms) = s.idle_timeout_ms {
+                    println!("idle      {}s", ms / 1000);
+                }
+                println!("parent    {}", lineage(&s));
+                if let Some(reason) = &s.fork_reason {
+                    println!("reason    {reason}");
+                }
+                if let Some(e) = &s.error {
+                    println!("error     {e}");
+                }
+            }
+        }
+        SessionCommand::Log { id, from, tail, json } => {
+            let s = engine.session(&id)?;
+            let range = match tail {
+                Some(n) => LogRange::Tail(n),
+                None => LogRange::From {
+                    from: from.unwrap_or(1),
+                    count: usize::MAX >> 1,
+                },
+            };
+            let mut out = io::stdout().lock();
+            for e in engine.session_log(&s, range)? {
+                if json {
+                    writeln!(out, "{}", serde_json::to_string(&e)?)?;
+                } else {
+                    writeln!(out, "{}", line(&e))?;
+                }
+            }
+        }
+        SessionCommand::Append {
+            id,
+            role,
+            content,
+            json,
+        } => {
+            let s = engine.session(&id)?;
+            let entry = match json {
+                Some(text) => serde_json::from_str::<Entry>(&text).with_context(|| {
+                    "--json takes an entry like {\"kind\": \"note\", \"content\": \"…\"} (docs/sessions.md)"
+                })?,
+                None => {
+                    let role = role.unwrap_or_default();
+                    let mut e = Entry::new(match role.as_str() {
+                        "user" => EntryKind::User,
+                        "assistant" => EntryKind::Assistant,
+                        _ => EntryKind::System,
+                    });
+                    e.role = Some(role);
+                    e.content = content;
+                    e
+                }
+            };
+            let e = engine.session_append(&s, entry)?;
+            println!("{}", e.seq);
+        }
+        SessionCommand::Exec { id, cmd } => {
+            let outcome = engine.session_exec(&id, cmd, &mut io::stdout().lock(), &mut io::stderr().lock())?;
+            if let Some(r) = &outcome.recovered {
+                eprintln!("cairn: {}", r.content.as_deref().unwrap_or("the sandbox was recovered"));
+            }
+            return Ok(outcome.status);
+        }
+        SessionCommand::Suspend { id } => {
+            let s = engine.suspend_session(&id)?;
+            eprintln!(
+                "cairn: session {} suspended in snapshot {}",
+                s.id,
+                s.snapshot_id.as_deref().unwrap_or("-")
+            );
+        }
+        SessionCommand::Resume { id } => {
+            let s = engine.resume_session(&id)?;
+            eprintln!(
+                "cairn: session {} active in sandbox {}",
+                s.id,
+                s.sandbox_id.as_deref().unwrap_or("-")
+            );
+        }
+        SessionCommand::Fork { id, at, reason, name } => {
+            let s = engine.fork_session(&id, at, &reason, name)?;
+            eprintln!(
+                "cairn: forked at entry {at} from {}",
+                s.snapshot_id
+                    .as_deref()
+                    .map_or("the image (no snapshot at or before it)".to_string(), |id| format!(
+                        "snapshot {id}"
+                    ))
+            );
+            println!("{}", s.id);
+        }
+        SessionCommand::Rewind { id, to } => {
+            let r = engine.rewind_session(&id, to)?;
+            eprintln!(
+                "cairn: entries {}..={} abandoned; the log continues after entry {to}",
+                r.to_seq + 1,
+                r.head_seq
+            );
+        }
+        SessionCommand::Verify { id } => {
+            let s = engine.session(&id)?;
+            let v = engine.verify_session(&s)?;
+            match v.first_bad {
+                None => println!("ok: {} entries, head {}", v.entries, v.head_hash),
+                Some((seq, why)) => {
+                    println!(
+                        "bad: entry {seq} is {why}; the {} entries before it are intact",
+                        v.entries
+                    );
+                    return Ok(1);
+                }
+            }
+        }
+        SessionCommand::Rm { id, purge } => {
+            let s = engine.close_session(&id, purge)?;
+            eprintln!(
+                "cairn: session {} closed{}",
+                s.id,
+                if purge {
+                    " and its log deleted"
+                } else {
+                    "; its log stays"
+                }
+            );
+        }
+    }
+    Ok(0)
+}
+
+fn lineage(s: &SessionRecord) -> String {
+    match (&s.parent_id, s.fork_seq) {
+        (Some(p), Some(at)) => format!("{p}@{at}"),
+        _ => "-".into(),
+    }
+}
+
+/// One entry as a line of text.
+fn line(e: &Entry) -> String {
+    let mut text = format!("{:>5} {:<11}", e.seq, e.kind);
+    if let Some(r) = &e.role {
+        text.push_str(&format!(" {r}:"));
+    }
+    if let Some(t) = &e.tool {
+        text.push_str(&format!(" {t}"));
+    }
+    if let Some(a) = &e.arguments {
+        text.push_str(&format!(" {a}"));
+    }
+    if let Some(c) = &e.content {
+        text.push_str(&format!(" {}", c.replace('\n', "\\n")));
+    }
+    if let Some(x) = e.exit_status {
+        text.push_str(&format!(" exit={x}"));
+    }
+    if let Some(s) = &e.snapshot_id {
+        text.push_str(&format!(" snapshot={s}"));
+    }
+    text
+}

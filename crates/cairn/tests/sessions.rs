@@ -1,0 +1,271 @@
+//! End-to-end: agent sessions on real native sandboxes.
+
+mod common;
+
+use std::process::Stdio;
+use std::time::Duration;
+
+use common::{init_pid, skip, stdout, Home};
+
+fn log(home: &Home, id: &str) -> Vec<serde_json::Value> {
+    home.ok(&["session", "log", id, "--json"])
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap())
+        .collect()
+}
+
+fn show(home: &Home, id: &str) -> serde_json::Value {
+    serde_json::from_str(&home.ok(&["session", "show", id, "--json"])).unwrap()
+}
+
+fn create(home: &Home, name: &str) -> String {
+    home.ok(&["session", "create", "--name", name, "--idle", "5m"])
+        .trim()
+        .to_string()
+}
+
+#[test]
+fn fifty_suspend_resume_cycles_keep_every_file() {
+    if skip("fifty_suspend_resume_cycles_keep_every_file") {
+        return;
+    }
+    let home = Home::new();
+    let id = create(&home, "cycles");
+    assert_eq!(show(&home, &id)["idle_timeout_ms"], 300_000);
+    for i in 0..50 {
+        home.ok(&[
+            "session",
+            "exec",
+            &id,
+            "--",
+            "sh",
+            "-c",
+            &format!("echo {i} > /cycle-{i}"),
+        ]);
+        home.ok(&["session", "suspend", &id]);
+        assert_eq!(show(&home, &id)["state"], "suspended");
+        home.ok(&["session", "resume", &id]);
+    }
+    let out = home.ok(&["session", "exec", &id, "--", "sh", "-c", "cat /cycle-* | wc -l"]);
+    assert_eq!(out.trim(), "50");
+    assert!(home.ok(&["session", "verify", &id]).starts_with("ok: "));
+}
+
+#[test]
+fn exec_records_a_call_and_its_result() {
+    if skip("exec_records_a_call_and_its_result") {
+        return;
+    }
+    let home = Home::new();
+    let id = create(&home, "calls");
+    let out = home.cairn(&[
+        "session",
+        "exec",
+        &id,
+        "--",
+        "sh",
+        "-c",
+        "echo out; echo err >&2; exit 3",
+    ]);
+    assert_eq!(out.status.code(), Some(3));
+    assert_eq!(stdout(&out), "out\n");
+    let entries = log(&home, &id);
+    assert_eq!(entries.len(), 2);
+    assert_eq!(entries[0]["kind"], "tool_call");
+    assert_eq!(entries[0]["seq"], 1);
+    assert!(entries[0]["arguments"].as_str().unwrap().contains("echo out"));
+    assert_eq!(entries[1]["kind"], "tool_result");
+    assert_eq!(entries[1]["exit_status"], 3);
+    let result: serde_json::Value = serde_json::from_str(entries[1]["result"].as_str().unwrap()).unwrap();
+    assert_eq!(result["stdout"], "out\n");
+    assert_eq!(result["stderr"], "err\n");
+    // A big message goes to the chunk store and reads back whole.
+    let big = "x".repeat(100_000);
+    home.ok(&["session", "append", &id, "--role", "user", "--content", &big]);
+    let tail = home.ok(&["session", "log", &id, "--tail", "1", "--json"]);
+    let e: serde_json::Value = serde_json::from_str(tail.trim()).unwrap();
+    assert_eq!(e["seq"], 3);
+    assert_eq!(e["content"].as_str().unwrap().len(), 100_000);
+    assert!(e["content_ref"].is_string());
+    home.ok(&["gc"]);
+    assert_eq!(log(&home, &id)[2]["content"].as_str().unwrap().len(), 100_000);
+}
+
+#[test]
+fn verify_names_a_tampered_entry() {
+    if skip("verify_names_a_tampered_entry") {
+        return;
+    }
+    let home = Home::new();
+    let id = create(&home, "tamper");
+    for text in ["one", "two", "three"] {
+        home.ok(&["session", "append", &id, "--role", "user", "--content", text]);
+    }
+    assert!(home.ok(&["session", "verify", &id]).starts_with("ok: 3 entries"));
+    let db = rusqlite::Connection::open(home.path().join("state.db")).unwrap();
+    db.execute(
+        "UPDATE session_entries SET content = 'TWO' WHERE session_id = ?1 AND seq = 2",
+        [&id],
+    )
+    .unwrap();
+    let out = home.cairn(&["session", "verify", &id]);
+    assert_eq!(out.status.code(), Some(1));
+    assert!(stdout(&out).contains("entry 2 is tampered"), "{}", stdout(&out));
+    db.execute("DELETE FROM session_entries WHERE session_id = ?1 AND seq = 2", [&id])
+        .unwrap();
+    assert!(stdout(&home.cairn(&["session", "verify", &id])).contains("entry 2 is missing"));
+}
+
+#[test]
+fn fork_diverges_in_log_and_files_and_rewind_keeps_abandoned_entries() {
+    if skip("fork_diverges_in_log_and_files_and_rewind_keeps_abandoned_entries") {
+        return;
+    }
+    let home = Home::new();
+    let id = create(&home, "parent");
+    home.ok(&["session", "exec", &id, "--", "sh", "-c", "echo a > /a"]); // 1, 2
+    home.ok(&["session", "suspend", &id]); // 3: the snapshot
+    home.ok(&["session", "exec", &id, "--", "sh", "-c", "echo b > /b"]); // 4, 5
+    let child = home
+        .ok(&[
+            "session",
+            "fork",
+            &id,
+            "--at",
+            "3",
+            "--reason",
+            "try another way",
+            "--name",
+            "child",
+        ])
+        .trim()
+        .to_string();
+    home.ok(&["session", "exec", &child, "--", "sh", "-c", "echo c > /c"]); // 4, 5 in the child
+    let files = |s: &str| home.ok(&["session", "exec", s, "--", "sh", "-c", "ls /a /b /c 2>/dev/null; true"]);
+    assert_eq!(files(&id), "/a\n/b");
+    assert_eq!(files(&child), "/a\n/c");
+    let (p, c) = (log(&home, &id), log(&home, &child));
+    assert_eq!(p[..3], c[..3]);
+    assert!(p[3]["arguments"].as_str().unwrap().contains("/b"));
+    assert!(c[3]["arguments"].as_str().unwrap().contains("/c"));
+    assert_eq!(show(&home, &child)["parent_id"], id.as_str());
+    assert_eq!(show(&home, &child)["fork_reason"], "try another way");
+    assert!(home.ok(&["session", "verify", &child]).starts_with("ok: "));
+
+    // Rewind the parent to 3: 4.. leave the live log but stay stored.
+    let before = log(&home, &id).len();
+    home.ok(&["session", "rewind", &id, "--to", "3"]);
+    let live = log(&home, &id);
+    assert_eq!(live.len(), 3);
+    let seq = home.ok(&["session", "append", &id, "--role", "user", "--content", "after"]);
+    assert_eq!(seq.trim().parse::<usize>().unwrap(), before + 1);
+    assert_eq!(log(&home, &id).len(), 4);
+    assert!(home
+        .ok(&["session", "verify", &id])
+        .starts_with(&format!("ok: {} entries", before + 1)));
+    // The fork was made before the rewind: its shared entries stay live.
+    assert_eq!(log(&home, &child).len(), c.len());
+    let err = home.cairn(&["session", "fork", &id, "--at", "4", "--reason", "x"]);
+    assert!(!err.status.success(), "an abandoned entry cannot be forked from");
+
+    // A fork of the fork, at an entry the child shares with the parent.
+    let grandchild = home
+        .ok(&["session", "fork", &child, "--at", "2", "--reason", "earlier"])
+        .trim()
+        .to_string();
+    home.ok(&[
+        "session",
+        "append",
+        &grandchild,
+        "--role",
+        "assistant",
+        "--content",
+        "g",
+    ]);
+    let g = log(&home, &grandchild);
+    assert_eq!(g[..2], p[..2]);
+    assert_eq!(
+        (g.len(), &g[2]["seq"], &g[2]["content"]),
+        (3, &serde_json::json!(3), &serde_json::json!("g"))
+    );
+    assert!(home
+        .ok(&["session", "verify", &grandchild])
+        .starts_with("ok: 3 entries"));
+    // Its files are the image's: no snapshot at or before entry 2.
+    assert_eq!(files(&grandchild), "");
+    let purge = home.cairn(&["session", "rm", &child, "--purge"]);
+    assert!(!purge.status.success(), "a session with forks keeps its log");
+}
+
+#[test]
+fn a_killed_sandbox_is_recovered_naming_the_lost_calls() {
+    if skip("a_killed_sandbox_is_recovered_naming_the_lost_calls") {
+        return;
+    }
+    let home = Home::new();
+    let id = create(&home, "recover");
+    home.ok(&["session", "exec", &id, "--", "sh", "-c", "echo kept > /kept"]); // 1, 2
+    home.ok(&["session", "suspend", &id]); // 3
+    home.ok(&["session", "resume", &id]);
+    home.ok(&["session", "exec", &id, "--", "sh", "-c", "echo lost > /lost"]); // 4, 5
+    let sandbox = show(&home, &id)["sandbox_id"].as_str().unwrap().to_string();
+    nix::sys::signal::kill(
+        nix::unistd::Pid::from_raw(init_pid(&home, &sandbox)),
+        nix::sys::signal::Signal::SIGKILL,
+    )
+    .unwrap();
+    std::thread::sleep(Duration::from_millis(300));
+    let out = home.ok(&[
+        "session",
+        "exec",
+        &id,
+        "--",
+        "sh",
+        "-c",
+        "ls /kept /lost 2>/dev/null; true",
+    ]);
+    assert_eq!(out, "/kept");
+    let entries = log(&home, &id);
+    let recovered = entries
+        .iter()
+        .find(|e| e["kind"] == "recovered")
+        .expect("a recovered entry");
+    assert_eq!(recovered["seq"], 6);
+    let detail: serde_json::Value = serde_json::from_str(recovered["result"].as_str().unwrap()).unwrap();
+    assert_eq!(detail["lost_calls"], serde_json::json!([4]));
+    assert_eq!(detail["snapshot_seq"], 3);
+    assert_eq!(detail["dead_sandbox"], sandbox.as_str());
+    assert_ne!(show(&home, &id)["sandbox_id"], sandbox.as_str());
+}
+
+#[test]
+fn a_suspend_killed_midway_leaves_a_session_that_resumes() {
+    if skip("a_suspend_killed_midway_leaves_a_session_that_resumes") {
+        return;
+    }
+    let home = Home::new();
+    let id = create(&home, "killed");
+    for (i, delay) in [0u64, 20, 60, 120, 250, 500].into_iter().enumerate() {
+        home.ok(&["session", "exec", &id, "--", "sh", "-c", &format!("echo {i} > /k-{i}")]);
+        let mut child = home
+            .command(&["session", "suspend", &id])
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .unwrap();
+        std::thread::sleep(Duration::from_millis(delay));
+        let _ = child.kill();
+        let _ = child.wait();
+        if show(&home, &id)["state"] != "active" {
+            home.ok(&["session", "resume", &id]);
+        }
+        assert_eq!(show(&home, &id)["state"], "active");
+        let n = home.ok(&["session", "exec", &id, "--", "sh", "-c", "ls /k-* | wc -l"]);
+        assert_eq!(n.trim(), (i + 1).to_string(), "after a kill at {delay}ms");
+    }
+    assert!(home.ok(&["session", "verify", &id]).starts_with("ok: "));
+    home.ok(&["session", "rm", &id]);
+    assert_eq!(show(&home, &id)["state"], "closed");
+    home.ok(&["session", "rm", &id, "--purge"]);
+    assert!(!home.cairn(&["session", "show", &id]).status.success());
+}
