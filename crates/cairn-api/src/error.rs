@@ -105,7 +105,9 @@ fn status_of(e: &EngineError) -> StatusCode {
         EngineError::Snapshot(s) => match s {
             SnapshotError::NotFound(_) => S::NOT_FOUND,
             SnapshotError::Ambiguous { .. } | SnapshotError::BadLabel(_) | SnapshotError::BadCount(_) => S::BAD_REQUEST,
-            SnapshotError::NotSnapshottable { .. } | SnapshotError::NeededByPipeline(_) => S::CONFLICT,
+            SnapshotError::NotSnapshottable { .. }
+            | SnapshotError::NeededByPipeline(_)
+            | SnapshotError::NeededBySession(_) => S::CONFLICT,
             _ => S::INTERNAL_SERVER_ERROR,
         },
         EngineError::Image(i) => match i {
@@ -120,6 +122,20 @@ fn status_of(e: &EngineError) -> StatusCode {
             RunError::Completed(_) | RunError::AlreadyRetried(_) | RunError::Busy { .. } => S::CONFLICT,
             _ => S::INTERNAL_SERVER_ERROR,
         },
+        EngineError::Session(s) => {
+            use cairn_engine::sessions::SessionError as E;
+            match s {
+                E::NotFound(_) | E::NoSuchEntry { .. } => S::NOT_FOUND,
+                E::Ambiguous { .. } | E::BadName(_) | E::BadEntry(_) => S::BAD_REQUEST,
+                E::NameTaken(_)
+                | E::InvalidTransition { .. }
+                | E::WrongState { .. }
+                | E::Conflict(_)
+                | E::NothingToRewind { .. }
+                | E::HasForks { .. } => S::CONFLICT,
+                _ => S::INTERNAL_SERVER_ERROR,
+            }
+        }
         EngineError::Access(a) => match a {
             AccessError::NoSuchToken(_) => S::NOT_FOUND,
             AccessError::BadTokenName(_) => S::BAD_REQUEST,
