@@ -6,8 +6,9 @@ use std::os::unix::fs::PermissionsExt;
 use std::path::PathBuf;
 use std::sync::Arc;
 
+use axum::serve::ListenerExt;
 use cairn_engine::Home;
-use tokio::net::{TcpListener, UnixListener};
+use tokio::net::{TcpListener, TcpStream, UnixListener};
 
 use crate::app::{App, Settings};
 
@@ -82,7 +83,7 @@ pub async fn serve(home: Home, opts: ServeOptions) -> Result<(), ServeError> {
         ));
         let mut stop = stop_rx.clone();
         tasks.spawn(async move {
-            axum::serve(tcp, authed)
+            axum::serve(tcp.tap_io(no_delay), authed)
                 .with_graceful_shutdown(async move {
                     let _ = stop.wait_for(|s| *s).await;
                 })
@@ -103,7 +104,7 @@ pub async fn serve(home: Home, opts: ServeOptions) -> Result<(), ServeError> {
         let e2b = crate::e2b::router(Arc::clone(&app));
         let mut stop = stop_rx.clone();
         tasks.spawn(async move {
-            axum::serve(tcp, e2b)
+            axum::serve(tcp.tap_io(no_delay), e2b)
                 .with_graceful_shutdown(async move {
                     let _ = stop.wait_for(|s| *s).await;
                 })
@@ -183,5 +184,13 @@ fn raise_open_files() {
         if soft < hard {
             let _ = setrlimit(Resource::RLIMIT_NOFILE, hard, hard);
         }
+    }
+}
+
+/// Streamed answers go out as many small writes (an event, an envelope);
+/// with Nagle's algorithm each waits for the client's delayed ACK (40 ms).
+fn no_delay(tcp: &mut TcpStream) {
+    if let Err(e) = tcp.set_nodelay(true) {
+        tracing::debug!("cannot set TCP_NODELAY: {e}");
     }
 }
