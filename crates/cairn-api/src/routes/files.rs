@@ -152,39 +152,11 @@ pub async fn upload(
     let rec = app.engine(move |e| Ok(e.sandbox(&id)?)).await?;
     // Spooled first: init needs the size before the bytes, and a client
     // that stops half-way must leave no half-written file in the sandbox.
-    let scratch = app.home.scratch();
-    tokio::fs::create_dir_all(&scratch)
-        .await
-        .map_err(|e| ApiError::internal(format!("cannot create {}: {e}", scratch.display())))?;
-    let spool = tempfile::NamedTempFile::new_in(&scratch)
-        .map_err(|e| ApiError::internal(format!("cannot spool the upload in {}: {e}", scratch.display())))?;
-    let (file, spool_path) = spool.into_parts();
-    let mut file = tokio::fs::File::from_std(file);
-    let mut size: u64 = 0;
-    let mut stream = body.into_data_stream();
-    while let Some(chunk) = stream.next().await {
-        let chunk = chunk.map_err(|e| ApiError::bad_request(format!("the upload was cut short: {e}")))?;
-        size += chunk.len() as u64;
-        if size > app.settings.max_upload {
-            return Err(ApiError::new(
-                StatusCode::PAYLOAD_TOO_LARGE,
-                format!(
-                    "the upload is larger than this server's limit of {} bytes",
-                    app.settings.max_upload
-                ),
-            ));
-        }
-        file.write_all(&chunk)
-            .await
-            .map_err(|e| ApiError::internal(format!("spooling the upload: {e}")))?;
-    }
-    let file = file.into_std().await;
+    let (file, spool_path, size) = spool(&app, body, "upload", "").await?;
     let path = q.path.clone();
     let meta = app
         .engine(move |e| {
             let mut file = file;
-            use std::io::Seek;
-            file.rewind().map_err(|e| ApiError::internal(e.to_string()))?;
             let client = e.client(&rec)?;
             client.put_file(
                 FileMeta {
@@ -306,4 +278,49 @@ pub async fn remove(
     })
     .await?;
     Ok(StatusCode::NO_CONTENT)
+}
+
+/// Writes a request body to a temporary file in the state directory's
+/// `scratch/` (removed with the returned path), refusing one above the
+/// server's upload limit with 413. Answers the file (rewound), its path
+/// and its size.
+pub(crate) async fn spool(
+    app: &App,
+    body: Body,
+    what: &str,
+    suffix: &str,
+) -> ApiResult<(std::fs::File, tempfile::TempPath, u64)> {
+    let scratch = app.home.scratch();
+    tokio::fs::create_dir_all(&scratch)
+        .await
+        .map_err(|e| ApiError::internal(format!("cannot create {}: {e}", scratch.display())))?;
+    let (file, path) = tempfile::Builder::new()
+        .suffix(suffix)
+        .tempfile_in(&scratch)
+        .map_err(|e| ApiError::internal(format!("cannot spool the {what} in {}: {e}", scratch.display())))?
+        .into_parts();
+    let mut file = tokio::fs::File::from_std(file);
+    let mut size: u64 = 0;
+    let mut stream = body.into_data_stream();
+    while let Some(chunk) = stream.next().await {
+        let chunk = chunk.map_err(|e| ApiError::bad_request(format!("the {what} was cut short: {e}")))?;
+        size += chunk.len() as u64;
+        if size > app.settings.max_upload {
+            return Err(ApiError::new(
+                StatusCode::PAYLOAD_TOO_LARGE,
+                format!(
+                    "the {what} is larger than this server's limit of {} bytes (cairn serve --max-upload)",
+                    app.settings.max_upload
+                ),
+            ));
+        }
+        file.write_all(&chunk)
+            .await
+            .map_err(|e| ApiError::internal(format!("spooling the {what}: {e}")))?;
+    }
+    file.flush().await.map_err(|e| ApiError::internal(e.to_string()))?;
+    let mut file = file.into_std().await;
+    use std::io::Seek;
+    file.rewind().map_err(|e| ApiError::internal(e.to_string()))?;
+    Ok((file, path, size))
 }

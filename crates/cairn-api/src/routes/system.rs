@@ -12,7 +12,6 @@ use axum::Json;
 use cairn_engine::{Progress, SandboxState};
 use futures_util::stream::Stream;
 use futures_util::StreamExt;
-use tokio::io::AsyncWriteExt;
 use tokio::sync::{broadcast, mpsc};
 
 use super::parse;
@@ -200,35 +199,7 @@ pub async fn import_image(
     if !cairn_engine::images::valid_image_name(&q.name) {
         return Err(ApiError::bad_request(format!("invalid image name {:?}", q.name)));
     }
-    let scratch = app.home.scratch();
-    tokio::fs::create_dir_all(&scratch)
-        .await
-        .map_err(|e| ApiError::internal(format!("cannot create {}: {e}", scratch.display())))?;
-    let spool = tempfile::Builder::new()
-        .suffix(".tar")
-        .tempfile_in(&scratch)
-        .map_err(|e| ApiError::internal(format!("cannot spool the archive: {e}")))?;
-    let (file, path) = spool.into_parts();
-    let mut file = tokio::fs::File::from_std(file);
-    let mut size = 0u64;
-    let mut stream = body.into_data_stream();
-    while let Some(chunk) = stream.next().await {
-        let chunk = chunk.map_err(|e| ApiError::bad_request(format!("the upload was cut short: {e}")))?;
-        size += chunk.len() as u64;
-        if size > app.settings.max_upload {
-            return Err(ApiError::new(
-                StatusCode::PAYLOAD_TOO_LARGE,
-                format!(
-                    "the archive is larger than this server's limit of {} bytes",
-                    app.settings.max_upload
-                ),
-            ));
-        }
-        file.write_all(&chunk)
-            .await
-            .map_err(|e| ApiError::internal(format!("spooling the archive: {e}")))?;
-    }
-    file.flush().await.map_err(|e| ApiError::internal(e.to_string()))?;
+    let (file, path, _) = super::files::spool(&app, body, "archive", ".tar").await?;
     drop(file);
     let image = app
         .engine(move |e| {
