@@ -69,12 +69,7 @@ impl Drop for Busy {
     }
 }
 
-pub fn now_ms() -> i64 {
-    std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map(|d| d.as_millis() as i64)
-        .unwrap_or(0)
-}
+pub use cairn_engine::now_ms;
 
 impl App {
     /// Opens the state directory once (migrating and reconciling it).

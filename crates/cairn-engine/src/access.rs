@@ -5,7 +5,7 @@
 use serde::Serialize;
 
 use crate::state::{params, Db, Row, StateError};
-use crate::{now_ms, Engine, EngineError};
+use crate::{now_ms, random_hex, Engine, EngineError};
 
 /// Secrets start with this, so a leaked one is recognisable in logs and
 /// by secret scanners.
@@ -50,12 +50,6 @@ pub enum Claim {
 
 fn hash(secret: &str) -> String {
     blake3::hash(secret.as_bytes()).to_hex().to_string()
-}
-
-fn random_hex(bytes: usize) -> String {
-    let mut b = vec![0u8; bytes];
-    getrandom::getrandom(&mut b).expect("the kernel RNG is available");
-    b.iter().map(|x| format!("{x:02x}")).collect()
 }
 
 fn token_row(r: &Row) -> Result<TokenRecord, StateError> {

@@ -167,7 +167,15 @@ pub(crate) fn layer_id(s: &str) -> Result<LayerId, EngineError> {
     s.parse().map_err(|_| EngineError::BadLayerId(s.to_string()))
 }
 
-pub(crate) fn now_ms() -> i64 {
+/// `bytes` random bytes from the kernel, in hex: ids and secrets.
+pub(crate) fn random_hex(bytes: usize) -> String {
+    let mut b = vec![0u8; bytes];
+    getrandom::getrandom(&mut b).expect("the kernel RNG is available");
+    b.iter().map(|x| format!("{x:02x}")).collect()
+}
+
+/// Milliseconds since the epoch, the unit of every time Cairn records.
+pub fn now_ms() -> i64 {
     std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)
         .map(|d| d.as_millis() as i64)

@@ -69,9 +69,7 @@ pub struct GcReport {
 }
 
 fn new_sandbox_id() -> String {
-    let mut b = [0u8; 6];
-    getrandom::getrandom(&mut b).expect("the kernel RNG is available");
-    b.iter().map(|x| format!("{x:02x}")).collect()
+    crate::random_hex(6)
 }
 
 fn valid_hostname(name: &str) -> bool {

@@ -438,7 +438,7 @@ fn ps(engine: &mut Engine, quiet: bool, json: bool) -> Result<()> {
             "ID", "NAME", "IMAGE", "STATE", "PID", "MEMORY"
         );
         for r in rows {
-            let age = (cairn_now_ms() - r.created_at) / 1000;
+            let age = (cairn_engine::now_ms() - r.created_at) / 1000;
             println!(
                 "{:<12}  {:<16}  {:<10}  {:<8}  {:>7}  {:>6}  {} ago",
                 r.id,
@@ -455,13 +455,6 @@ fn ps(engine: &mut Engine, quiet: bool, json: bool) -> Result<()> {
         }
     }
     Ok(())
-}
-
-fn cairn_now_ms() -> i64 {
-    std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map(|d| d.as_millis() as i64)
-        .unwrap_or(0)
 }
 
 fn human_age(secs: i64) -> String {
@@ -615,7 +608,7 @@ fn token(engine: &Engine, cmd: crate::cli::TokenCommand) -> Result<()> {
                 println!("{}", serde_json::to_string_pretty(&all)?);
             } else {
                 println!("{:<14} {:<24} {:<12} LAST USED", "ID", "NAME", "CREATED");
-                let now = cairn_now_ms();
+                let now = cairn_engine::now_ms();
                 for t in all {
                     let used = t
                         .last_used

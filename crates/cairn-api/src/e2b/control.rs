@@ -58,27 +58,12 @@ fn parse<T: serde::de::DeserializeOwned>(body: &[u8]) -> Rest<T> {
     crate::routes::parse(body).map_err(RestError::from)
 }
 
+/// An RFC 3339 time in UTC with milliseconds, as E2B's API writes them.
 pub(crate) fn rfc3339(ms: i64) -> String {
-    let secs = ms.div_euclid(1000);
-    let millis = ms.rem_euclid(1000);
-    let days = secs.div_euclid(86_400);
-    let rem = secs.rem_euclid(86_400);
-    // Civil date from days since the epoch (Howard Hinnant's algorithm).
-    let z = days + 719_468;
-    let era = z.div_euclid(146_097);
-    let doe = z.rem_euclid(146_097);
-    let yoe = (doe - doe / 1460 + doe / 36_524 - doe / 146_096) / 365;
-    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
-    let mp = (5 * doy + 2) / 153;
-    let d = doy - (153 * mp + 2) / 5 + 1;
-    let m = if mp < 10 { mp + 3 } else { mp - 9 };
-    let y = yoe + era * 400 + i64::from(m <= 2);
-    format!(
-        "{y:04}-{m:02}-{d:02}T{:02}:{:02}:{:02}.{millis:03}Z",
-        rem / 3600,
-        rem % 3600 / 60,
-        rem % 60
-    )
+    // The years RFC 3339 can write: 1970 to 9999.
+    let ms = ms.clamp(0, 253_402_300_799_999) as u64;
+    let at = std::time::UNIX_EPOCH + std::time::Duration::from_millis(ms);
+    humantime::format_rfc3339_millis(at).to_string()
 }
 
 fn sandbox_json(gw: &Gateway, e: &Entry) -> Value {

@@ -12,8 +12,9 @@ use axum::response::sse::{Event, KeepAlive, Sse};
 use axum::response::{IntoResponse, Response};
 use axum::Json;
 use base64::Engine as _;
-use cairn_engine::SandboxRecord;
-use cairn_protocol::ExecRequest;
+use cairn_engine::{Engine, OomProbe, SandboxRecord};
+use cairn_protocol::{ExecRequest, ExitStatus};
+use cairn_sandbox::client::SpawnFailure;
 use futures_util::stream::Stream;
 use tokio::sync::mpsc;
 
@@ -80,6 +81,42 @@ fn request(body: &ExecBody, streamed: bool) -> ApiResult<ExecRequest> {
     })
 }
 
+/// The result of a process that ended with `status` (none: detached or
+/// gone quietly, taken as 0), its output left empty.
+fn ended(engine: &Engine, probe: &OomProbe, pid: i32, status: Option<ExitStatus>) -> ExecResult {
+    let status = status.unwrap_or(ExitStatus {
+        code: Some(0),
+        signal: None,
+        timed_out: false,
+    });
+    ExecResult {
+        pid,
+        exit_code: if status.timed_out { 124 } else { status.shell_code() },
+        signal: status.signal,
+        timed_out: status.timed_out,
+        oom_killed: status.signal == Some(libc::SIGKILL) && engine.oom_killed_since(probe),
+        stdout: String::new(),
+        stderr: String::new(),
+        stdout_truncated: false,
+        stderr_truncated: false,
+    }
+}
+
+/// The result of a process that could not start (127 when it does not exist).
+fn not_started(failure: &SpawnFailure) -> ExecResult {
+    ExecResult {
+        pid: 0,
+        exit_code: failure.kind.shell_code(),
+        signal: None,
+        timed_out: false,
+        oom_killed: false,
+        stdout: String::new(),
+        stderr: String::new(),
+        stdout_truncated: false,
+        stderr_truncated: false,
+    }
+}
+
 /// Collects at most [`COLLECT_MAX`] bytes, noting whether more came.
 #[derive(Default)]
 struct Collect {
@@ -121,17 +158,9 @@ pub async fn exec(State(app): State<Arc<App>>, Path(id): Path<String>, body: Byt
             let start = match e.exec(&rec, req)? {
                 Ok(s) => s,
                 Err(failure) => {
-                    return Ok(Err(ExecResult {
-                        pid: 0,
-                        exit_code: failure.kind.shell_code(),
-                        signal: None,
-                        timed_out: false,
-                        oom_killed: false,
-                        stdout: String::new(),
-                        stderr: format!("{}\n", failure.message),
-                        stdout_truncated: false,
-                        stderr_truncated: false,
-                    }))
+                    let mut result = not_started(&failure);
+                    result.stderr = format!("{}\n", failure.message);
+                    return Ok(Err(result));
                 }
             };
             let pid = start.session.pid;
@@ -147,23 +176,12 @@ pub async fn exec(State(app): State<Arc<App>>, Path(id): Path<String>, body: Byt
             }
             let (mut out, mut err) = (Collect::default(), Collect::default());
             let status = start.session.wait(&mut out, &mut err)?;
-            let status = status.unwrap_or(cairn_protocol::ExitStatus {
-                code: Some(0),
-                signal: None,
-                timed_out: false,
-            });
-            let oom = status.signal == Some(libc::SIGKILL) && e.oom_killed_since(&start.probe);
-            Ok(Err(ExecResult {
-                pid,
-                exit_code: if status.timed_out { 124 } else { status.shell_code() },
-                signal: status.signal,
-                timed_out: status.timed_out,
-                oom_killed: oom,
-                stdout: String::from_utf8_lossy(&out.bytes).into_owned(),
-                stderr: String::from_utf8_lossy(&err.bytes).into_owned(),
-                stdout_truncated: out.over,
-                stderr_truncated: err.over,
-            }))
+            let mut result = ended(e, &start.probe, pid, status);
+            result.stdout = String::from_utf8_lossy(&out.bytes).into_owned();
+            result.stderr = String::from_utf8_lossy(&err.bytes).into_owned();
+            result.stdout_truncated = out.over;
+            result.stderr_truncated = err.over;
+            Ok(Err(result))
         })
         .await?;
     Ok(match out {
@@ -267,17 +285,7 @@ pub async fn exec_stream(
                 Ok(s) => s,
                 Err(failure) => {
                     let _ = tx.blocking_send(Chunk::Err(format!("{}\n", failure.message).into_bytes()));
-                    return Ok(ExecResult {
-                        pid: 0,
-                        exit_code: failure.kind.shell_code(),
-                        signal: None,
-                        timed_out: false,
-                        oom_killed: false,
-                        stdout: String::new(),
-                        stderr: String::new(),
-                        stdout_truncated: false,
-                        stderr_truncated: false,
-                    });
+                    return Ok(not_started(&failure));
                 }
             };
             let pid = start.session.pid;
@@ -317,29 +325,14 @@ pub async fn exec_stream(
             }
             a.unregister(&sandbox_id, pid);
             let status = match waited {
-                Ok(s) => s.unwrap_or(cairn_protocol::ExitStatus {
-                    code: Some(0),
-                    signal: None,
-                    timed_out: false,
-                }),
+                Ok(s) => s,
                 Err(e) => {
                     // The client went away: the process goes too.
                     let _ = control.signal(libc::SIGKILL);
                     return Err(e.into());
                 }
             };
-            let oom = status.signal == Some(libc::SIGKILL) && engine.oom_killed_since(&start.probe);
-            Ok(ExecResult {
-                pid,
-                exit_code: if status.timed_out { 124 } else { status.shell_code() },
-                signal: status.signal,
-                timed_out: status.timed_out,
-                oom_killed: oom,
-                stdout: String::new(),
-                stderr: String::new(),
-                stdout_truncated: false,
-                stderr_truncated: false,
-            })
+            Ok(ended(&engine, &start.probe, pid, status))
         })();
         a.give_back(engine);
         let _ = tx.blocking_send(match result {

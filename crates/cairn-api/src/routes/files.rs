@@ -44,10 +44,7 @@ impl Write for BodyWriter {
 }
 
 pub(crate) fn body_of(rx: mpsc::Receiver<Result<Bytes, std::io::Error>>) -> Body {
-    Body::from_stream(futures_util::stream::unfold(rx, |mut rx| async move {
-        let item = rx.recv().await?;
-        Some((item, rx))
-    }))
+    Body::from_stream(tokio_stream::wrappers::ReceiverStream::new(rx))
 }
 
 /// A file's metadata (symlinks are not followed).

@@ -249,27 +249,12 @@ pub async fn log(
     let file = tokio::fs::File::open(&path)
         .await
         .map_err(|e| ApiError::internal(format!("{}: {e}", path.display())))?;
-    let mut resp = Response::new(axum::body::Body::from_stream(tokio_util_stream(file)));
+    let mut resp = Response::new(axum::body::Body::from_stream(tokio_util::io::ReaderStream::new(file)));
     resp.headers_mut().insert(
         header::CONTENT_TYPE,
         HeaderValue::from_static("text/plain; charset=utf-8"),
     );
     Ok(resp)
-}
-
-fn tokio_util_stream(file: tokio::fs::File) -> impl futures_util::Stream<Item = std::io::Result<Bytes>> {
-    use tokio::io::AsyncReadExt;
-    futures_util::stream::unfold(file, |mut file| async move {
-        let mut buf = vec![0u8; 64 << 10];
-        match file.read(&mut buf).await {
-            Ok(0) => None,
-            Ok(n) => {
-                buf.truncate(n);
-                Some((Ok(Bytes::from(buf)), file))
-            }
-            Err(e) => Some((Err(e), file)),
-        }
-    })
 }
 
 /// Downloads an artifact's content.

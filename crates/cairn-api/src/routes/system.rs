@@ -159,7 +159,7 @@ pub async fn build_image(
         }
         let _ = done_tx.send(out);
     });
-    let steps = tokio_stream_of(rx).map(|m| {
+    let steps = tokio_stream::wrappers::UnboundedReceiverStream::new(rx).map(|m| {
         Ok(SseEvent::default()
             .event("step")
             .data(serde_json::json!({ "message": m }).to_string()))
@@ -179,10 +179,6 @@ pub async fn build_image(
         Ok(ev)
     });
     Ok(Sse::new(steps.chain(done)).keep_alive(KeepAlive::default()))
-}
-
-fn tokio_stream_of(rx: mpsc::UnboundedReceiver<String>) -> impl Stream<Item = String> {
-    futures_util::stream::unfold(rx, |mut rx| async move { rx.recv().await.map(|m| (m, rx)) })
 }
 
 /// Imports an image from a root filesystem tar archive (the body).

@@ -84,9 +84,7 @@ pub fn parse_params(raw: &[String]) -> Result<BTreeMap<String, String>, RunError
 }
 
 pub(super) fn new_id(len: usize) -> String {
-    let mut b = vec![0u8; len / 2];
-    getrandom::getrandom(&mut b).expect("the kernel RNG is available");
-    b.iter().map(|x| format!("{x:02x}")).collect()
+    crate::random_hex(len / 2)
 }
 
 /// Fills `{params.X}`, `{stage}`, `{pipeline}`, `{hypothesis}` and

@@ -108,9 +108,7 @@ impl Write for Tee<'_> {
 type Hidden = Vec<(u64, u64)>;
 
 fn new_session_id() -> String {
-    let mut b = [0u8; 6];
-    getrandom::getrandom(&mut b).expect("the kernel RNG is available");
-    b.iter().map(|x| format!("{x:02x}")).collect()
+    crate::random_hex(6)
 }
 
 fn valid_name(name: &str) -> bool {
