@@ -131,6 +131,8 @@ fn status_of(e: &EngineError) -> StatusCode {
                 | E::InvalidTransition { .. }
                 | E::WrongState { .. }
                 | E::Conflict(_)
+                | E::Busy(_)
+                | E::Replay { .. }
                 | E::NothingToRewind { .. }
                 | E::HasForks { .. } => S::CONFLICT,
                 _ => S::INTERNAL_SERVER_ERROR,

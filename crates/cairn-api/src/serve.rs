@@ -112,6 +112,7 @@ pub async fn serve(home: Home, opts: ServeOptions) -> Result<(), ServeError> {
         });
         eprintln!("cairn: serving the E2B API on http://{shown} (E2B_API_KEY: `cairn token create NAME`)");
     }
+    let idle = tokio::spawn(idle_timer(Arc::clone(&app)));
     if !resumed.is_empty() {
         eprintln!(
             "cairn: resuming {} interrupted run(s): {}",
@@ -131,9 +132,36 @@ pub async fn serve(home: Home, opts: ServeOptions) -> Result<(), ServeError> {
     eprintln!("cairn: stopping: finishing requests in flight; sandboxes and runs keep running");
     let _ = stop_tx.send(true);
     app.stop_streams();
+    idle.abort();
     while tasks.join_next().await.is_some() {}
     let _ = std::fs::remove_file(&socket);
     Ok(())
+}
+
+/// Suspends sessions idle past their idle timeout (`cairn session create
+/// --idle`), checking once a second; the next exec, file call or user
+/// message resumes them. A session running a command is never idle.
+async fn idle_timer(app: Arc<App>) {
+    let mut tick = tokio::time::interval(std::time::Duration::from_secs(1));
+    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    loop {
+        tick.tick().await;
+        let swept = app
+            .engine(|e| Ok(e.suspend_idle_sessions(cairn_engine::now_ms())?))
+            .await;
+        match swept {
+            Ok(sweep) => {
+                for id in &sweep.suspended {
+                    tracing::info!(session = %id, "suspended: idle");
+                    app.emit("session.suspended", id, "idle timeout");
+                }
+                for (id, error) in &sweep.failed {
+                    tracing::warn!(session = %id, %error, "suspending an idle session failed");
+                }
+            }
+            Err(e) => tracing::warn!(error = %e.message, "the idle timer could not look at sessions"),
+        }
+    }
 }
 
 /// Binds the Unix socket, mode 0600, replacing a stale one (a socket

@@ -133,6 +133,11 @@ impl Home {
     pub fn store_lock(&self) -> PathBuf {
         self.root.join("store.lock")
     }
+    /// One lock file per session: shared by calls on its sandbox,
+    /// exclusive for suspend, resume, recovery and close.
+    pub fn session_lock(&self, id: &str) -> PathBuf {
+        self.root.join("sessions").join(format!("{id}.lock"))
+    }
     pub fn sandboxes(&self) -> PathBuf {
         self.root.join("sandboxes")
     }

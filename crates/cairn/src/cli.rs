@@ -450,8 +450,9 @@ pub enum SessionCommand {
         /// A name to find it by (letters, digits, '-', '_').
         #[arg(long)]
         name: Option<String>,
-        /// Suspend after this long without use (e.g. 90s, 5m, 1h); stored
-        /// for the server's idle timer.
+        /// Suspend after this long without use (e.g. 90s, 5m, 1h): `cairn
+        /// serve` snapshots and stops an idle session, and the next exec,
+        /// file call or user message resumes it.
         #[arg(long, value_name = "DURATION")]
         idle: Option<String>,
     },
@@ -507,7 +508,29 @@ pub enum SessionCommand {
         #[arg(last = true, required = true, value_name = "CMD")]
         cmd: Vec<String>,
     },
+    /// Restore a session whose sandbox died, and with --replay run again
+    /// the tool calls the restore lost.
+    ///
+    /// The restore is what the next exec would do: the newest snapshot the
+    /// log records, with a `recovered` entry naming the calls whose effects
+    /// were lost. --replay then re-runs those exec calls in order (each
+    /// recorded anew, naming the original as `replay_of`) and stops at the
+    /// first whose exit status differs from the one the log recorded; exits
+    /// 1 when it stopped early.
+    Recover {
+        /// Session id, unique id prefix (3+ characters) or name.
+        id: String,
+        /// Re-run the lost tool calls.
+        #[arg(long)]
+        replay: bool,
+        /// Print the report as JSON (the commands' output goes to stderr).
+        #[arg(long)]
+        json: bool,
+    },
     /// Snapshot the session's sandbox and remove it; `resume` brings it back.
+    ///
+    /// Refused while a command runs in the session (it is not taken from
+    /// under the command); retry when it ends.
     Suspend {
         /// Session id, unique id prefix (3+ characters) or name.
         id: String,

@@ -1,5 +1,5 @@
-//! Session commands: create, ls, show, log, append, exec, suspend, resume,
-//! fork, rewind, verify, rm.
+//! Session commands: create, ls, show, log, append, exec, recover,
+//! suspend, resume, fork, rewind, verify, rm.
 
 use std::io::{self, Write};
 
@@ -135,7 +135,7 @@ pub fn session(engine: &mut Engine, cmd: SessionCommand) -> Result<i32> {
                     e
                 }
             };
-            let e = engine.session_append(&s, entry)?;
+            let e = engine.append_entry(&s.id, entry)?;
             println!("{}", e.seq);
         }
         SessionCommand::Exec { id, cmd } => {
@@ -144,6 +144,40 @@ pub fn session(engine: &mut Engine, cmd: SessionCommand) -> Result<i32> {
                 eprintln!("cairn: {}", r.content.as_deref().unwrap_or("the sandbox was recovered"));
             }
             return Ok(outcome.status);
+        }
+        SessionCommand::Recover { id, replay, json } => {
+            let mut out = io::stdout().lock();
+            let mut err = io::stderr().lock();
+            let report = if json {
+                // The report owns stdout; the commands' output goes to stderr.
+                let mut replay_out = io::stderr().lock();
+                engine.recover_session(&id, replay, &mut replay_out, &mut err)?
+            } else {
+                engine.recover_session(&id, replay, &mut out, &mut err)?
+            };
+            if json {
+                writeln!(out, "{}", serde_json::to_string_pretty(&report)?)?;
+            } else {
+                match &report.recovered {
+                    Some(r) => eprintln!("cairn: {}", r.content.as_deref().unwrap_or("recovered")),
+                    None if !replay => eprintln!("cairn: its sandbox runs; nothing to recover"),
+                    None => {}
+                }
+                for r in &report.replayed {
+                    eprintln!(
+                        "cairn: replayed entry {} as entry {}: exit {} (the log says {})",
+                        r.call,
+                        r.call_seq,
+                        r.status,
+                        r.expected
+                            .map_or("nothing: it never finished".to_string(), |x| x.to_string())
+                    );
+                }
+                if let Some(why) = &report.stopped {
+                    eprintln!("cairn: replay stopped: {why}");
+                }
+            }
+            return Ok(i32::from(report.stopped.is_some()));
         }
         SessionCommand::Suspend { id } => {
             let s = engine.suspend_session(&id)?;

@@ -269,3 +269,258 @@ fn a_suspend_killed_midway_leaves_a_session_that_resumes() {
     home.ok(&["session", "rm", &id, "--purge"]);
     assert!(!home.cairn(&["session", "show", &id]).status.success());
 }
+
+/// A `cairn serve` on the home, for its idle timer; killed when dropped.
+struct Server(std::process::Child);
+
+impl Server {
+    fn start(home: &Home) -> Server {
+        use std::io::BufRead;
+        let mut child = home
+            .command(&["serve"])
+            .stdout(Stdio::null())
+            .stderr(Stdio::piped())
+            .spawn()
+            .unwrap();
+        let mut lines = std::io::BufReader::new(child.stderr.take().unwrap()).lines();
+        loop {
+            let line = lines.next().expect("the server says where it serves").unwrap();
+            if line.starts_with("cairn: serving on") {
+                break;
+            }
+        }
+        std::thread::spawn(move || for _ in lines.by_ref() {});
+        Server(child)
+    }
+}
+
+impl Drop for Server {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+/// Waits (up to 30 s) for the session to reach `state`.
+fn wait_for(home: &Home, id: &str, state: &str) {
+    for _ in 0..300 {
+        if show(home, id)["state"] == state {
+            return;
+        }
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    panic!("session {id} never became {state}: {}", show(home, id));
+}
+
+fn count(entries: &[serde_json::Value], kind: &str) -> usize {
+    entries.iter().filter(|e| e["kind"] == kind).count()
+}
+
+#[test]
+fn the_server_suspends_an_idle_session_and_the_next_call_resumes_it() {
+    if skip("the_server_suspends_an_idle_session_and_the_next_call_resumes_it") {
+        return;
+    }
+    let home = Home::new();
+    let id = home
+        .ok(&["session", "create", "--name", "idle", "--idle", "1s"])
+        .trim()
+        .to_string();
+    home.ok(&["session", "exec", &id, "--", "sh", "-c", "echo kept > /kept"]);
+    let _server = Server::start(&home);
+    wait_for(&home, &id, "suspended");
+    assert!(
+        show(&home, &id)["sandbox_id"].is_null(),
+        "a suspended session has no sandbox"
+    );
+
+    // A user message resumes it, so the machine is ready for the answer.
+    home.ok(&["session", "append", &id, "--role", "user", "--content", "go on"]);
+    assert_eq!(show(&home, &id)["state"], "active");
+    wait_for(&home, &id, "suspended");
+    // Other entries are only logged.
+    home.ok(&["session", "append", &id, "--role", "assistant", "--content", "noted"]);
+    assert_eq!(show(&home, &id)["state"], "suspended");
+
+    // An exec resumes it transparently: the caller sees only its output.
+    assert_eq!(home.ok(&["session", "exec", &id, "--", "cat", "/kept"]), "kept");
+
+    // A command running past the idle timeout keeps the session: it is
+    // never suspended under the command, and suspend is refused meanwhile.
+    let mut long = home
+        .command(&["session", "exec", &id, "--", "sh", "-c", "sleep 4; echo done > /done"])
+        .stdout(Stdio::null())
+        .spawn()
+        .unwrap();
+    std::thread::sleep(Duration::from_millis(500));
+    let refused = home.cairn(&["session", "suspend", &id]);
+    assert!(!refused.status.success(), "suspend while a command runs");
+    assert!(
+        common::stderr(&refused).contains("busy"),
+        "{}",
+        common::stderr(&refused)
+    );
+    for _ in 0..25 {
+        assert_eq!(show(&home, &id)["state"], "active", "suspended under a running command");
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    assert!(long.wait().unwrap().success());
+    wait_for(&home, &id, "suspended");
+    assert_eq!(home.ok(&["session", "exec", &id, "--", "cat", "/done"]), "done");
+    let entries = log(&home, &id);
+    assert!(
+        entries
+            .iter()
+            .filter(|e| e["kind"] == "note" && e["content"].as_str().unwrap_or("").starts_with("suspended"))
+            .count()
+            >= 3,
+        "each idle suspend records its snapshot"
+    );
+    assert!(home.ok(&["session", "verify", &id]).starts_with("ok: "));
+}
+
+#[test]
+fn a_server_killed_while_suspending_loses_no_entry() {
+    if skip("a_server_killed_while_suspending_loses_no_entry") {
+        return;
+    }
+    let home = Home::new();
+    let id = home
+        .ok(&["session", "create", "--name", "crashy", "--idle", "1s"])
+        .trim()
+        .to_string();
+    for (i, delay) in [900u64, 1000, 1100, 1200, 1400, 1700].into_iter().enumerate() {
+        // The exec resumes whatever the last kill left (suspending, suspended or active).
+        let n = home.ok(&[
+            "session",
+            "exec",
+            &id,
+            "--",
+            "sh",
+            "-c",
+            &format!("echo {i} > /k-{i}; ls /k-* | wc -l"),
+        ]);
+        assert_eq!(n.trim(), (i + 1).to_string(), "after a kill at {delay}ms");
+        let server = Server::start(&home);
+        std::thread::sleep(Duration::from_millis(delay));
+        drop(server);
+    }
+    let _server = Server::start(&home);
+    wait_for(&home, &id, "suspended");
+    let n = home.ok(&["session", "exec", &id, "--", "sh", "-c", "ls /k-* | wc -l"]);
+    assert_eq!(n.trim(), "6");
+    let entries = log(&home, &id);
+    assert_eq!(count(&entries, "tool_call"), 7, "every call is in the log");
+    assert_eq!(count(&entries, "tool_result"), 7, "every result is in the log");
+    assert!(home.ok(&["session", "verify", &id]).starts_with("ok: "));
+}
+
+#[test]
+fn a_resume_killed_midway_leaves_a_session_that_resumes() {
+    if skip("a_resume_killed_midway_leaves_a_session_that_resumes") {
+        return;
+    }
+    let home = Home::new();
+    let id = create(&home, "resumes");
+    for (i, delay) in [0u64, 5, 15, 30, 60, 120].into_iter().enumerate() {
+        home.ok(&["session", "exec", &id, "--", "sh", "-c", &format!("echo {i} > /r-{i}")]);
+        home.ok(&["session", "suspend", &id]);
+        let mut child = home
+            .command(&["session", "resume", &id])
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .unwrap();
+        std::thread::sleep(Duration::from_millis(delay));
+        let _ = child.kill();
+        let _ = child.wait();
+        // Whatever the kill left, the next exec gets the machine back.
+        let n = home.ok(&["session", "exec", &id, "--", "sh", "-c", "ls /r-* | wc -l"]);
+        assert_eq!(n.trim(), (i + 1).to_string(), "after a kill at {delay}ms");
+        assert_eq!(show(&home, &id)["state"], "active");
+    }
+    // A sandbox a killed resume made but never recorded was replaced, not left.
+    let sandboxes: Vec<_> = home.ps().into_iter().map(|s| s["id"].clone()).collect();
+    assert_eq!(
+        sandboxes,
+        [show(&home, &id)["sandbox_id"].clone()],
+        "only the session's sandbox"
+    );
+    assert!(home.ok(&["session", "verify", &id]).starts_with("ok: "));
+}
+
+#[test]
+fn replay_reruns_the_lost_calls_and_stops_at_a_diverging_one() {
+    if skip("replay_reruns_the_lost_calls_and_stops_at_a_diverging_one") {
+        return;
+    }
+    let home = Home::new();
+    let id = create(&home, "replay");
+    home.ok(&["session", "exec", &id, "--", "sh", "-c", "echo 0 > /trail"]); // 1, 2
+    home.ok(&["session", "suspend", &id]); // 3: the snapshot
+    home.ok(&["session", "exec", &id, "--", "sh", "-c", "echo 1 >> /trail"]); // 4, 5
+    let four = home.cairn(&["session", "exec", &id, "--", "sh", "-c", "echo 2 >> /trail; exit 4"]); // 6, 7
+    assert_eq!(four.status.code(), Some(4));
+    // A call an agent logged itself, whose recorded status replay cannot match.
+    home.ok(&[
+        "session",
+        "append",
+        &id,
+        "--json",
+        r#"{"kind": "tool_call", "tool": "exec", "arguments": "{\"argv\": [\"sh\", \"-c\", \"echo 3 >> /trail\"]}"}"#,
+    ]); // 8
+    home.ok(&[
+        "session",
+        "append",
+        &id,
+        "--json",
+        r#"{"kind": "tool_result", "tool": "exec", "exit_status": 9}"#,
+    ]); // 9
+    home.ok(&["session", "exec", &id, "--", "sh", "-c", "echo 4 >> /trail"]); // 10, 11
+
+    // Nothing to replay while the sandbox runs and no recovery is recorded.
+    let refused = home.cairn(&["session", "recover", &id, "--replay"]);
+    assert!(!refused.status.success());
+    assert!(common::stderr(&refused).contains("nothing to replay"));
+
+    let sandbox = show(&home, &id)["sandbox_id"].as_str().unwrap().to_string();
+    nix::sys::signal::kill(
+        nix::unistd::Pid::from_raw(init_pid(&home, &sandbox)),
+        nix::sys::signal::Signal::SIGKILL,
+    )
+    .unwrap();
+    std::thread::sleep(Duration::from_millis(300));
+    let out = home.cairn(&["session", "recover", &id, "--replay", "--json"]);
+    assert_eq!(
+        out.status.code(),
+        Some(1),
+        "replay stopped early: {}",
+        common::stderr(&out)
+    );
+    let report: serde_json::Value = serde_json::from_str(&stdout(&out)).unwrap();
+    assert_eq!(report["recovered"]["seq"], 12);
+    let replayed: Vec<(u64, i64)> = report["replayed"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|r| (r["call"].as_u64().unwrap(), r["status"].as_i64().unwrap()))
+        .collect();
+    assert_eq!(replayed, [(4, 0), (6, 4), (8, 0)], "in order, stopping at entry 8");
+    assert!(report["stopped"].as_str().unwrap().contains("entry 8"));
+    // Entry 10 was not run again: the machine holds what ran up to the divergence.
+    assert_eq!(home.ok(&["session", "exec", &id, "--", "cat", "/trail"]), "0\n1\n2\n3");
+    let entries = log(&home, &id);
+    let replays: Vec<u64> = entries
+        .iter()
+        .filter_map(|e| {
+            let args: serde_json::Value = serde_json::from_str(e["arguments"].as_str()?).ok()?;
+            args["replay_of"].as_u64()
+        })
+        .collect();
+    assert_eq!(replays, [4, 6, 8]);
+    // Once calls ran on the restored machine, replay refuses.
+    let again = home.cairn(&["session", "recover", &id, "--replay"]);
+    assert!(!again.status.success());
+    assert!(common::stderr(&again).contains("replay only follows a recovery"));
+    assert!(home.ok(&["session", "verify", &id]).starts_with("ok: "));
+}

@@ -11,7 +11,7 @@ use std::str::FromStr;
 use serde::Serialize;
 
 pub use log::{Entry, EntryKind, Rewind, ENTRY_VERSION, GENESIS, INLINE_MAX};
-pub use ops::{ExecOutcome, LogRange, SessionOptions, Verified};
+pub use ops::{ExecOutcome, IdleSweep, LogRange, RecoverReport, Replayed, SessionOptions, Verified};
 
 use crate::state::{params, BackendError, Db, Row, StateError};
 
@@ -37,6 +37,10 @@ pub enum SessionError {
         state: SessionState,
         hint: &'static str,
     },
+    #[error("session {0} is busy: a command runs in it, or another suspend or resume; retry when it ends")]
+    Busy(String),
+    #[error("session {id}: {reason}")]
+    Replay { id: String, reason: String },
     #[error("session {0} changed while this command ran; retry")]
     Conflict(String),
     #[error("session {id} has no entry {seq} on its live branch (its log ends at {head}); `cairn session log {id}` shows it")]
@@ -294,6 +298,16 @@ impl Db {
             )?)
         })?;
         Ok(n == 1)
+    }
+
+    /// Active sessions with an idle timeout whose last change is at least
+    /// that long before `now` (milliseconds since the epoch).
+    pub fn idle_sessions(&self, now: i64) -> Result<Vec<SessionRecord>, StateError> {
+        let sql = format!(
+            "SELECT {SESSION_COLUMNS} FROM sessions WHERE state = 'active' AND idle_timeout_ms IS NOT NULL
+             AND updated_at + idle_timeout_ms <= $1 ORDER BY updated_at"
+        );
+        self.with(|b| b.query(&sql, params![now])?.iter().map(session_row).collect())
     }
 
     /// Sets the sandbox of a session in `state` owned by `owner`.

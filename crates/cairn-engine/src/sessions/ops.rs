@@ -2,7 +2,10 @@
 //! fork, rewind, verify, close.
 
 use std::collections::VecDeque;
-use std::io::Write;
+use std::fs::File;
+use std::io::{Read, Write};
+
+use nix::fcntl::{Flock, FlockArg};
 
 use cairn_protocol::ExecRequest;
 use cairn_store::{ChunkHash, FileContent, Framed, ReadContext};
@@ -41,6 +44,78 @@ pub struct ExecOutcome {
     pub result_seq: u64,
     /// The `recovered` entry, when the sandbox had died and was restored.
     pub recovered: Option<Entry>,
+}
+
+/// One tool call run again by `recover --replay`.
+#[derive(Debug, Clone, Serialize)]
+pub struct Replayed {
+    /// The original call's entry.
+    pub call: u64,
+    /// Its status as the log recorded it (none if it never finished).
+    pub expected: Option<i32>,
+    pub status: i32,
+    /// The replay's own call entry.
+    pub call_seq: u64,
+}
+
+/// What `recover` did.
+#[derive(Debug, Clone, Serialize)]
+pub struct RecoverReport {
+    /// The `recovered` entry, when the sandbox had died.
+    pub recovered: Option<Entry>,
+    pub replayed: Vec<Replayed>,
+    /// Why replay stopped before the last lost call.
+    pub stopped: Option<String>,
+}
+
+/// The result entry of `call` among `entries`: the one naming it, or for
+/// entries written without that link (appended by a caller), the first
+/// result of the same tool after it.
+fn result_of<'a>(entries: &'a [Entry], call: &Entry) -> Option<&'a Entry> {
+    let names = |e: &Entry| -> Option<u64> {
+        let body: serde_json::Value = serde_json::from_str(e.result.as_deref()?).ok()?;
+        body["call"].as_u64()
+    };
+    let results = || {
+        entries
+            .iter()
+            .filter(|e| e.seq > call.seq && e.kind == EntryKind::ToolResult)
+    };
+    results()
+        .find(|e| names(e) == Some(call.seq))
+        .or_else(|| results().find(|e| e.tool == call.tool && names(e).is_none()))
+}
+
+/// A reader that hashes what passes through it.
+struct HashingReader<'a> {
+    inner: &'a mut dyn Read,
+    hasher: blake3::Hasher,
+}
+
+impl Read for HashingReader<'_> {
+    fn read(&mut self, buf: &mut [u8]) -> std::io::Result<usize> {
+        let n = self.inner.read(buf)?;
+        self.hasher.update(&buf[..n]);
+        Ok(n)
+    }
+}
+
+/// What one round of the idle timer did.
+#[derive(Debug, Clone, Default, Serialize)]
+pub struct IdleSweep {
+    pub suspended: Vec<String>,
+    /// Sessions whose suspend failed, and why.
+    pub failed: Vec<(String, String)>,
+}
+
+/// A session held for calls on its running sandbox (the session's lock,
+/// shared): it is not suspended or closed while this lives.
+pub(crate) struct Live {
+    pub session: SessionRecord,
+    pub sandbox: SandboxRecord,
+    /// The `recovered` entry, when taking hold restored a dead sandbox.
+    pub recovered: Option<Entry>,
+    _lock: Flock<File>,
 }
 
 /// The outcome of walking a session's hash chain.
@@ -111,6 +186,11 @@ fn new_session_id() -> String {
     crate::random_hex(6)
 }
 
+/// The name of a session's sandbox (one at a time).
+fn sandbox_name(session: &str) -> String {
+    format!("session-{session}")
+}
+
 fn valid_name(name: &str) -> bool {
     !name.is_empty()
         && name.len() <= 63
@@ -164,6 +244,7 @@ impl Engine {
             &CreateOptions {
                 image: opts.image.clone(),
                 driver: opts.driver.clone(),
+                name: Some(sandbox_name(&id)),
                 ..CreateOptions::default()
             },
             progress,
@@ -426,12 +507,26 @@ impl Engine {
         self.sandbox(id).ok().filter(|r| r.id == id)
     }
 
-    /// A sandbox for the session from its snapshot at or before the log
-    /// position (or a fresh one from its image when it has none).
-    fn sandbox_from(&mut self, s: &SessionRecord, snapshot: Option<&str>) -> Result<SandboxRecord, EngineError> {
+    /// A sandbox for session `id` (of `s`'s image and driver) from a
+    /// snapshot, or fresh from the image when there is none. It is named
+    /// after the session, so a sandbox a killed resume made but never
+    /// recorded is found and replaced here instead of being left behind.
+    fn sandbox_from(
+        &mut self,
+        s: &SessionRecord,
+        id: &str,
+        snapshot: Option<&str>,
+    ) -> Result<SandboxRecord, EngineError> {
+        let name = sandbox_name(id);
+        for leftover in self.db.find_sandboxes(&name)? {
+            if leftover.name == name {
+                self.remove_sandbox(&leftover, true)?;
+            }
+        }
         let opts = CreateOptions {
             image: Some(s.image.clone()),
             driver: Some(s.driver.clone()),
+            name: Some(name),
             ..CreateOptions::default()
         };
         match snapshot {
@@ -441,6 +536,103 @@ impl Engine {
             }
             None => self.create_sandbox(&opts, &crate::Silent),
         }
+    }
+
+    /// The session's lock. Calls on its sandbox (exec, file calls) hold it
+    /// shared for their whole run; suspend, resume, recovery and close hold
+    /// it exclusive, so a sandbox is never taken from under a command.
+    /// `Ok(None)` when `wait` is false and it is held otherwise. The lock
+    /// goes with its process, however that dies.
+    fn lock_session(&self, id: &str, exclusive: bool, wait: bool) -> Result<Option<Flock<File>>, EngineError> {
+        let path = self.home.session_lock(id);
+        let lock_err = |source: std::io::Error| crate::SnapshotError::Lock {
+            path: path.clone(),
+            source,
+        };
+        if let Some(dir) = path.parent() {
+            std::fs::create_dir_all(dir).map_err(lock_err)?;
+        }
+        let file = File::options()
+            .create(true)
+            .append(true)
+            .open(&path)
+            .map_err(lock_err)?;
+        let arg = match (exclusive, wait) {
+            (true, true) => FlockArg::LockExclusive,
+            (true, false) => FlockArg::LockExclusiveNonblock,
+            (false, true) => FlockArg::LockShared,
+            (false, false) => FlockArg::LockSharedNonblock,
+        };
+        match Flock::lock(file, arg) {
+            Ok(lock) => Ok(Some(lock)),
+            Err((_, nix::errno::Errno::EWOULDBLOCK)) => Ok(None),
+            Err((_, e)) => Err(lock_err(e.into()).into()),
+        }
+    }
+
+    /// The session held for a call on its sandbox: a suspended session is
+    /// resumed first, a sandbox that died is restored from the newest
+    /// snapshot with a `recovered` entry naming the calls whose effects
+    /// were lost. The session cannot be suspended or closed while the
+    /// returned [`Live`] is held.
+    pub(crate) fn live_session(&mut self, key: &str) -> Result<Live, EngineError> {
+        let id = self.session(key)?.id;
+        let mut recovered = None;
+        for _ in 0..4 {
+            let lock = self
+                .lock_session(&id, false, true)?
+                .ok_or_else(|| SessionError::Busy(id.clone()))?;
+            let s = self.session(&id)?;
+            let resume = match s.state {
+                SessionState::Active => match self.session_sandbox(&s).filter(|r| r.state == SandboxState::Running) {
+                    Some(sandbox) => {
+                        return Ok(Live {
+                            session: s,
+                            sandbox,
+                            recovered,
+                            _lock: lock,
+                        })
+                    }
+                    None => false,
+                },
+                SessionState::Suspended => true,
+                SessionState::Suspending | SessionState::Resuming
+                    if !cairn_sandbox::process_alive(s.owner_pid, s.owner_start) =>
+                {
+                    true
+                }
+                state => {
+                    return Err(SessionError::WrongState {
+                        id: s.id.clone(),
+                        state,
+                        hint: match state {
+                            SessionState::Closed => "a closed session runs nothing; fork it to continue from its log",
+                            SessionState::Failed => "its last resume failed (`cairn session show` says why); `cairn session resume` it once the cause is fixed",
+                            _ => "another command is moving it; retry",
+                        },
+                    }
+                    .into())
+                }
+            };
+            // Resume or recover holding the session exclusively, then look
+            // again: another caller may have done it meanwhile.
+            drop(lock);
+            let _held = self
+                .lock_session(&id, true, true)?
+                .ok_or_else(|| SessionError::Busy(id.clone()))?;
+            let s = self.session(&id)?;
+            if resume && s.state != SessionState::Active {
+                self.resume_held(&s)?;
+            } else if !resume
+                && s.state == SessionState::Active
+                && self
+                    .session_sandbox(&s)
+                    .is_none_or(|r| r.state != SandboxState::Running)
+            {
+                recovered = Some(self.recover(&s)?.1);
+            }
+        }
+        Err(SessionError::Conflict(id).into())
     }
 
     /// Runs a command in the session's sandbox and records a `tool_call`
@@ -454,35 +646,27 @@ impl Engine {
         stdout: &mut dyn Write,
         stderr: &mut dyn Write,
     ) -> Result<ExecOutcome, EngineError> {
-        let mut s = self.session(key)?;
-        if s.state == SessionState::Suspended {
-            s = self.resume_session(&s.id)?;
-        }
-        if s.state != SessionState::Active {
-            return Err(SessionError::WrongState {
-                id: s.id.clone(),
-                state: s.state,
-                hint: if s.state == SessionState::Closed {
-                    "a closed session runs nothing; fork it to continue from its log"
-                } else {
-                    "`cairn session resume` it first"
-                },
-            }
-            .into());
-        }
-        let mut recovered = None;
-        let sandbox = match self.session_sandbox(&s).filter(|r| r.state == SandboxState::Running) {
-            Some(r) => r,
-            None => {
-                let (r, entry) = self.recover(&s)?;
-                recovered = Some(entry);
-                r
-            }
-        };
+        let live = self.live_session(key)?;
+        self.exec_live(&live, argv, serde_json::Map::new(), stdout, stderr)
+    }
+
+    /// [`Engine::session_exec`] on a session already held; `extra` goes
+    /// into the call's arguments beside `argv`.
+    fn exec_live(
+        &mut self,
+        live: &Live,
+        argv: Vec<String>,
+        extra: serde_json::Map<String, serde_json::Value>,
+        stdout: &mut dyn Write,
+        stderr: &mut dyn Write,
+    ) -> Result<ExecOutcome, EngineError> {
+        let (s, sandbox) = (&live.session, &live.sandbox);
         let mut call = Entry::new(EntryKind::ToolCall);
         call.tool = Some("exec".into());
-        call.arguments = Some(serde_json::json!({ "argv": argv }).to_string());
-        let call = self.session_append(&s, call)?;
+        let mut arguments = extra;
+        arguments.insert("argv".into(), serde_json::json!(argv));
+        call.arguments = Some(serde_json::Value::Object(arguments).to_string());
+        let call = self.session_append(s, call)?;
         let mut out_tail = Tail::new(INLINE_MAX / 2);
         let mut err_tail = Tail::new(INLINE_MAX / 2);
         let req = ExecRequest {
@@ -493,7 +677,7 @@ impl Engine {
             timeout_ms: None,
             detach: false,
         };
-        let (status, error) = match self.exec(&sandbox, req) {
+        let (status, error) = match self.exec(sandbox, req) {
             Ok(Ok(start)) => {
                 let waited = start.session.wait(
                     &mut Tee {
@@ -516,18 +700,224 @@ impl Engine {
         let mut result = Entry::new(EntryKind::ToolResult);
         result.tool = Some("exec".into());
         result.exit_status = status;
-        let mut body = serde_json::json!({ "stdout": out_tail.text(), "stderr": err_tail.text() });
+        let mut body = serde_json::json!({ "call": call.seq, "stdout": out_tail.text(), "stderr": err_tail.text() });
         if let Some(e) = &error {
             body["error"] = serde_json::Value::from(e.as_str());
         }
         result.result = Some(body.to_string());
-        let result = self.session_append(&s, result)?;
+        let result = self.session_append(s, result)?;
         Ok(ExecOutcome {
             status: status.unwrap_or(LOST),
             call_seq: call.seq,
             result_seq: result.seq,
-            recovered,
+            recovered: live.recovered.clone(),
         })
+    }
+
+    /// Appends an entry given by a caller (the CLI, the API). A `user`
+    /// message to a suspended session also resumes it, so the machine is
+    /// ready when the agent acts on the message: the entry is recorded
+    /// first, and a resume that fails leaves the session `failed` with its
+    /// error (the next call reports it) without losing the message.
+    pub fn append_entry(&mut self, key: &str, entry: Entry) -> Result<Entry, EngineError> {
+        let s = self.session(key)?;
+        let wake = entry.kind == EntryKind::User && s.state == SessionState::Suspended;
+        let entry = self.session_append(&s, entry)?;
+        if wake {
+            if let Err(e) = self.live_session(&s.id) {
+                tracing::warn!(session = %s.id, error = %e, "resuming on a user message failed");
+            }
+        }
+        Ok(entry)
+    }
+
+    /// Writes a file into the session's sandbox (resuming or recovering it
+    /// like exec) and records a `write_file` call and its result. The log
+    /// keeps the path, mode, size and BLAKE3 hash of what was written, not
+    /// the bytes.
+    pub fn session_write_file(
+        &mut self,
+        key: &str,
+        path: &str,
+        mode: u32,
+        size: u64,
+        src: &mut dyn Read,
+    ) -> Result<cairn_protocol::FileMeta, EngineError> {
+        let live = self.live_session(key)?;
+        let s = &live.session;
+        let mut call = Entry::new(EntryKind::ToolCall);
+        call.tool = Some("write_file".into());
+        call.arguments =
+            Some(serde_json::json!({ "path": path, "mode": format!("{mode:o}"), "size": size }).to_string());
+        let call = self.session_append(s, call)?;
+        let mut hashing = HashingReader {
+            inner: src,
+            hasher: blake3::Hasher::new(),
+        };
+        let meta = cairn_protocol::FileMeta {
+            path: path.to_string(),
+            kind: cairn_protocol::FileKind::File,
+            mode,
+            uid: 0,
+            gid: 0,
+            size,
+            mtime_ns: crate::now_ms() as i128 * 1_000_000,
+        };
+        let written = self.client(&live.sandbox).and_then(|client| {
+            client.put_file(meta.clone(), &mut hashing)?;
+            Ok(client.stat(path)?.unwrap_or(meta))
+        });
+        let mut result = Entry::new(EntryKind::ToolResult);
+        result.tool = Some("write_file".into());
+        let body = match &written {
+            Ok(_) => {
+                result.exit_status = Some(0);
+                serde_json::json!({ "call": call.seq, "bytes": size, "blake3": hashing.hasher.finalize().to_hex().as_str() })
+            }
+            Err(e) => {
+                result.exit_status = Some(1);
+                serde_json::json!({ "call": call.seq, "error": e.to_string() })
+            }
+        };
+        result.result = Some(body.to_string());
+        self.session_append(s, result)?;
+        written
+    }
+
+    /// Reads a file of the session's sandbox into `dst` (resuming or
+    /// recovering it like exec). Reads change nothing, so they are not
+    /// logged.
+    pub fn session_read_file(
+        &mut self,
+        key: &str,
+        path: &str,
+        dst: &mut dyn Write,
+    ) -> Result<cairn_protocol::FileMeta, EngineError> {
+        let live = self.live_session(key)?;
+        Ok(self.client(&live.sandbox)?.get_file(path, dst)?)
+    }
+
+    /// Restores a session whose sandbox died (as the next call would) and,
+    /// with `replay`, runs again the tool calls whose effects the restore
+    /// lost, in order, each recorded anew with `replay_of` naming the
+    /// original, stopping at the first whose exit status differs from the
+    /// one the log recorded. Replay only follows a recovery directly: once
+    /// other calls have run on the restored machine, it refuses.
+    pub fn recover_session(
+        &mut self,
+        key: &str,
+        replay: bool,
+        stdout: &mut dyn Write,
+        stderr: &mut dyn Write,
+    ) -> Result<RecoverReport, EngineError> {
+        let live = self.live_session(key)?;
+        let mut report = RecoverReport {
+            recovered: live.recovered.clone(),
+            replayed: Vec::new(),
+            stopped: None,
+        };
+        if !replay {
+            return Ok(report);
+        }
+        let s = live.session.clone();
+        let Some(rec) = self.newest_recovery(&s)? else {
+            return Err(SessionError::Replay {
+                id: s.id.clone(),
+                reason: format!(
+                    "nothing to replay: its sandbox {} runs and the log records no recovery",
+                    live.sandbox.id
+                ),
+            }
+            .into());
+        };
+        let detail: serde_json::Value = rec
+            .result
+            .as_deref()
+            .and_then(|r| serde_json::from_str(r).ok())
+            .unwrap_or_default();
+        let since = detail["snapshot_seq"].as_u64().unwrap_or(0);
+        let lost: Vec<u64> = detail["lost_calls"]
+            .as_array()
+            .map(|a| a.iter().filter_map(|v| v.as_u64()).collect())
+            .unwrap_or_default();
+        let after = self.session_log(
+            &s,
+            LogRange::From {
+                from: rec.seq + 1,
+                count: usize::MAX >> 1,
+            },
+        )?;
+        if let Some(call) = after.iter().find(|e| e.kind == EntryKind::ToolCall) {
+            return Err(SessionError::Replay {
+                id: s.id.clone(),
+                reason: format!(
+                    "entry {} ran a call on the restored machine after the recovery at entry {}; replay only follows a recovery directly (fork at entry {} to replay from there)",
+                    call.seq, rec.seq, rec.seq
+                ),
+            }
+            .into());
+        }
+        let before = self.session_log(
+            &s,
+            LogRange::From {
+                from: since + 1,
+                count: (rec.seq - since) as usize,
+            },
+        )?;
+        for seq in lost {
+            let Some(call) = before.iter().find(|e| e.seq == seq && e.kind == EntryKind::ToolCall) else {
+                report.stopped = Some(format!("entry {seq} is not a tool call on the live log"));
+                break;
+            };
+            let expected = result_of(&before, call).and_then(|r| r.exit_status);
+            let args: serde_json::Value = call
+                .arguments
+                .as_deref()
+                .and_then(|a| serde_json::from_str(a).ok())
+                .unwrap_or_default();
+            let argv: Option<Vec<String>> = serde_json::from_value(args["argv"].clone()).ok();
+            let (Some("exec"), Some(argv)) = (call.tool.as_deref(), argv.filter(|a| !a.is_empty())) else {
+                report.stopped = Some(format!(
+                    "entry {seq} is a {} call, which cannot be replayed (only exec calls are; the log keeps a written file's hash, not its bytes)",
+                    call.tool.as_deref().unwrap_or("tool")
+                ));
+                break;
+            };
+            let mut extra = serde_json::Map::new();
+            extra.insert("replay_of".into(), seq.into());
+            let done = self.exec_live(&live, argv, extra, stdout, stderr)?;
+            let diverged = expected.is_some_and(|x| x != done.status);
+            report.replayed.push(Replayed {
+                call: seq,
+                expected,
+                status: done.status,
+                call_seq: done.call_seq,
+            });
+            if diverged {
+                report.stopped = Some(format!(
+                    "entry {seq} exited {} on replay, the log says {}",
+                    done.status,
+                    expected.unwrap_or_default()
+                ));
+                break;
+            }
+        }
+        Ok(report)
+    }
+
+    /// The newest `recovered` entry on the live log.
+    fn newest_recovery(&self, s: &SessionRecord) -> Result<Option<Entry>, EngineError> {
+        let mut n = 256;
+        loop {
+            let tail = self.session_log(s, LogRange::Tail(n))?;
+            if let Some(e) = tail.iter().rev().find(|e| e.kind == EntryKind::Recovered) {
+                return Ok(Some(e.clone()));
+            }
+            if tail.len() < n {
+                return Ok(None);
+            }
+            n *= 8;
+        }
     }
 
     /// Replaces a dead sandbox with a restore of the newest snapshot and
@@ -552,7 +942,7 @@ impl Engine {
             self.remove_sandbox(&old, true)?;
         }
         let snapshot = snap.as_ref().and_then(|e| e.snapshot_id.clone());
-        let fresh = self.sandbox_from(s, snapshot.as_deref())?;
+        let fresh = self.sandbox_from(s, &s.id, snapshot.as_deref())?;
         let won = self.db.set_session_sandbox(
             &s.id,
             SessionState::Active,
@@ -585,8 +975,44 @@ impl Engine {
     /// Snapshots the sandbox, records the snapshot in the log, removes the
     /// sandbox. The snapshot is recorded before the sandbox goes, so a kill
     /// at any instant leaves the sandbox or the snapshot to resume from.
+    /// A session busy with a command (or another suspend or resume) is
+    /// [`SessionError::Busy`]: suspend does not wait for a command that may
+    /// run for hours.
     pub fn suspend_session(&mut self, key: &str) -> Result<SessionRecord, EngineError> {
-        let s = self.session(key)?;
+        let id = self.session(key)?.id;
+        let _held = self
+            .lock_session(&id, true, false)?
+            .ok_or_else(|| SessionError::Busy(id.clone()))?;
+        let s = self.session(&id)?;
+        self.suspend_held(&s)
+    }
+
+    /// Suspends every active session idle for its idle timeout (no change
+    /// to it for that long, and no command running in it), as of `now`
+    /// (milliseconds since the epoch). A session that is busy is left for
+    /// the next round. Returns the ids suspended and the failures.
+    pub fn suspend_idle_sessions(&mut self, now: i64) -> Result<IdleSweep, EngineError> {
+        let mut sweep = IdleSweep::default();
+        for candidate in self.db.idle_sessions(now)? {
+            let Some(_held) = self.lock_session(&candidate.id, true, false)? else {
+                continue;
+            };
+            // Looked at again under the lock: a call may have ended since.
+            let s = self.session(&candidate.id)?;
+            let idle = s.idle_timeout_ms.is_some_and(|t| s.updated_at + t as i64 <= now);
+            if s.state != SessionState::Active || !idle {
+                continue;
+            }
+            match self.suspend_held(&s) {
+                Ok(_) => sweep.suspended.push(s.id),
+                Err(e) => sweep.failed.push((s.id, e.to_string())),
+            }
+        }
+        Ok(sweep)
+    }
+
+    fn suspend_held(&mut self, s: &SessionRecord) -> Result<SessionRecord, EngineError> {
+        let s = s.clone();
         if s.state != SessionState::Active {
             return Err(SessionError::WrongState {
                 id: s.id.clone(),
@@ -652,6 +1078,24 @@ impl Engine {
     /// failed resume.
     pub fn resume_session(&mut self, key: &str) -> Result<SessionRecord, EngineError> {
         let s = self.session(key)?;
+        if s.state == SessionState::Active {
+            return Err(SessionError::WrongState {
+                id: s.id.clone(),
+                state: s.state,
+                hint: "it is already running",
+            }
+            .into());
+        }
+        // Waits for a suspend or resume in flight to finish, then looks again.
+        let _held = self
+            .lock_session(&s.id, true, true)?
+            .ok_or_else(|| SessionError::Busy(s.id.clone()))?;
+        let s = self.session(&s.id)?;
+        self.resume_held(&s)
+    }
+
+    fn resume_held(&mut self, s: &SessionRecord) -> Result<SessionRecord, EngineError> {
+        let s = s.clone();
         let interrupted = matches!(s.state, SessionState::Suspending | SessionState::Resuming)
             && !cairn_sandbox::process_alive(s.owner_pid, s.owner_start);
         if !(matches!(s.state, SessionState::Suspended | SessionState::Failed) || interrupted) {
@@ -674,7 +1118,7 @@ impl Engine {
                 if let Some(old) = leftover {
                     self.remove_sandbox(&old, true)?;
                 }
-                match self.sandbox_from(&s, s.snapshot_id.as_deref()) {
+                match self.sandbox_from(&s, &s.id, s.snapshot_id.as_deref()) {
                     Ok(r) => r,
                     Err(e) => {
                         let _ = self.db.move_session(
@@ -733,7 +1177,7 @@ impl Engine {
         if !valid_name(&name) {
             return Err(SessionError::BadName(name).into());
         }
-        let sandbox = self.sandbox_from(&p, snap.as_ref().and_then(|e| e.snapshot_id.as_deref()))?;
+        let sandbox = self.sandbox_from(&p, &id, snap.as_ref().and_then(|e| e.snapshot_id.as_deref()))?;
         let now = crate::now_ms();
         let owner = me();
         let rec = SessionRecord {
@@ -793,7 +1237,11 @@ impl Engine {
 
     /// Closes a session: its sandbox goes; its log stays unless `purge`.
     pub fn close_session(&mut self, key: &str, purge: bool) -> Result<SessionRecord, EngineError> {
-        let s = self.session(key)?;
+        let id = self.session(key)?.id;
+        let _held = self
+            .lock_session(&id, true, false)?
+            .ok_or_else(|| SessionError::Busy(id.clone()))?;
+        let s = self.session(&id)?;
         if purge {
             let children = self.db.session_children(&s.id)?;
             if !children.is_empty() {
@@ -808,6 +1256,7 @@ impl Engine {
         }
         if purge {
             self.db.delete_session(&s.id)?;
+            let _ = std::fs::remove_file(self.home.session_lock(&s.id));
         }
         Ok(SessionRecord {
             state: SessionState::Closed,
