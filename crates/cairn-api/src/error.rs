@@ -126,7 +126,7 @@ fn status_of(e: &EngineError) -> StatusCode {
             use cairn_engine::sessions::SessionError as E;
             match s {
                 E::NotFound(_) | E::NoSuchEntry { .. } => S::NOT_FOUND,
-                E::Ambiguous { .. } | E::BadName(_) | E::BadEntry(_) => S::BAD_REQUEST,
+                E::Ambiguous { .. } | E::BadName(_) | E::BadEntry(_) | E::Unsupported(_) => S::BAD_REQUEST,
                 E::NameTaken(_)
                 | E::InvalidTransition { .. }
                 | E::WrongState { .. }

@@ -458,6 +458,10 @@ pub enum SessionCommand {
     },
     /// List sessions.
     Ls {
+        /// Draw the lineage: each fork under its parent, with the entry it
+        /// forked at and the reason given.
+        #[arg(long, conflicts_with = "json")]
+        tree: bool,
         #[arg(long)]
         json: bool,
     },
@@ -501,9 +505,13 @@ pub enum SessionCommand {
     /// A suspended session is resumed first; a sandbox that died is
     /// restored from the newest snapshot (a `recovered` entry names the
     /// calls whose effects were lost). Exits with the command's status.
+    /// The environment, working directory and timeout are recorded with
+    /// the command (a replay runs it the same way); stdin is not taken.
     Exec {
         /// Session id, unique id prefix (3+ characters) or name.
         id: String,
+        #[command(flatten)]
+        process: ProcessArgs,
         /// The command and its arguments.
         #[arg(last = true, required = true, value_name = "CMD")]
         cmd: Vec<String>,

@@ -220,7 +220,7 @@ fn run(engine: &mut Engine, sandbox: &SandboxArgs, process: &ProcessArgs, cmd: V
     result
 }
 
-fn request(process: &ProcessArgs, argv: Vec<String>, detach: bool) -> Result<ExecRequest> {
+pub(crate) fn request(process: &ProcessArgs, argv: Vec<String>, detach: bool) -> Result<ExecRequest> {
     let env = process
         .env
         .iter()

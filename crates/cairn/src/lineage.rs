@@ -65,24 +65,36 @@ pub fn print(snaps: &[SnapshotRecord], tree: bool, json: bool) -> Result<()> {
         }
         return Ok(());
     }
-    let known: std::collections::HashSet<&str> = snaps.iter().map(|s| s.id.as_str()).collect();
-    let mut children: BTreeMap<Option<&str>, Vec<&SnapshotRecord>> = BTreeMap::new();
-    for s in snaps {
+    print_tree(snaps, |s| &s.id, |s| s.parent_id.as_deref(), line);
+    Ok(())
+}
+
+/// Prints `items` as a forest: each under its parent, roots (and items
+/// whose parent is not among them) at the left.
+pub fn print_tree<T>(
+    items: &[T],
+    id: impl Fn(&T) -> &str,
+    parent: impl Fn(&T) -> Option<&str>,
+    line: impl Fn(&T) -> String,
+) {
+    let known: std::collections::HashSet<&str> = items.iter().map(&id).collect();
+    let mut children: BTreeMap<Option<&str>, Vec<&T>> = BTreeMap::new();
+    for item in items {
         // A parent that was removed makes its children roots.
-        let parent = s.parent_id.as_deref().filter(|p| known.contains(p));
-        children.entry(parent).or_default().push(s);
+        let p = parent(item).filter(|p| known.contains(p));
+        children.entry(p).or_default().push(item);
     }
-    fn walk(node: &SnapshotRecord, prefix: &str, last: bool, children: &BTreeMap<Option<&str>, Vec<&SnapshotRecord>>) {
+    let mut stack: Vec<(&T, String, bool)> = Vec::new();
+    let roots = children.get(&None).cloned().unwrap_or_default();
+    for (i, r) in roots.iter().enumerate().rev() {
+        stack.push((r, String::new(), i + 1 == roots.len()));
+    }
+    while let Some((node, prefix, last)) = stack.pop() {
         println!("{prefix}{}{}", if last { "└─ " } else { "├─ " }, line(node));
-        let kids = children.get(&Some(node.id.as_str())).map(Vec::as_slice).unwrap_or(&[]);
+        let kids = children.get(&Some(id(node))).map(Vec::as_slice).unwrap_or(&[]);
         let next = format!("{prefix}{}", if last { "   " } else { "│  " });
-        for (i, k) in kids.iter().enumerate() {
-            walk(k, &next, i + 1 == kids.len(), children);
+        for (i, k) in kids.iter().enumerate().rev() {
+            stack.push((k, next.clone(), i + 1 == kids.len()));
         }
     }
-    let roots = children.get(&None).cloned().unwrap_or_default();
-    for (i, r) in roots.iter().enumerate() {
-        walk(r, "", i + 1 == roots.len(), &children);
-    }
-    Ok(())
 }

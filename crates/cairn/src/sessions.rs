@@ -45,9 +45,22 @@ pub fn session(engine: &mut Engine, cmd: SessionCommand) -> Result<i32> {
             let s = engine.create_session(&opts, &Steps::new())?;
             println!("{}", s.id);
         }
-        SessionCommand::Ls { json } => {
+        SessionCommand::Ls { tree, json } => {
             let all = engine.sessions()?;
-            if json {
+            if tree {
+                crate::lineage::print_tree(
+                    &all,
+                    |s| &s.id,
+                    |s| s.parent_id.as_deref(),
+                    |s| {
+                        let fork = match (s.fork_seq, &s.fork_reason) {
+                            (Some(at), Some(why)) => format!("  forked at {at}: {why}"),
+                            _ => String::new(),
+                        };
+                        format!("{} {} {} {} entries{fork}", s.id, s.name, s.state, s.head_seq)
+                    },
+                );
+            } else if json {
                 println!("{}", serde_json::to_string_pretty(&all)?);
             } else {
                 println!(
@@ -138,8 +151,9 @@ pub fn session(engine: &mut Engine, cmd: SessionCommand) -> Result<i32> {
             let e = engine.append_entry(&s.id, entry)?;
             println!("{}", e.seq);
         }
-        SessionCommand::Exec { id, cmd } => {
-            let outcome = engine.session_exec(&id, cmd, &mut io::stdout().lock(), &mut io::stderr().lock())?;
+        SessionCommand::Exec { id, process, cmd } => {
+            let req = crate::commands::request(&process, cmd, false)?;
+            let outcome = engine.session_exec_request(&id, req, &mut io::stdout().lock(), &mut io::stderr().lock())?;
             if let Some(r) = &outcome.recovered {
                 eprintln!("cairn: {}", r.content.as_deref().unwrap_or("the sandbox was recovered"));
             }

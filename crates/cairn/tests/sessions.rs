@@ -89,6 +89,34 @@ fn exec_records_a_call_and_its_result() {
     assert!(e["content_ref"].is_string());
     home.ok(&["gc"]);
     assert_eq!(log(&home, &id)[2]["content"].as_str().unwrap().len(), 100_000);
+    // Environment, working directory and timeout run and are recorded.
+    let out = home.ok(&[
+        "session",
+        "exec",
+        &id,
+        "-e",
+        "GREETING=hi",
+        "-w",
+        "/tmp",
+        "--timeout",
+        "30",
+        "--",
+        "sh",
+        "-c",
+        "echo $GREETING; pwd",
+    ]);
+    assert_eq!(out, "hi\n/tmp");
+    let call = &log(&home, &id)[3];
+    let args: serde_json::Value = serde_json::from_str(call["arguments"].as_str().unwrap()).unwrap();
+    assert_eq!(args["env"], serde_json::json!([["GREETING", "hi"]]));
+    assert_eq!(
+        (&args["cwd"], &args["timeout_ms"]),
+        (&serde_json::json!("/tmp"), &serde_json::json!(30000))
+    );
+    let timed_out = home.cairn(&["session", "exec", &id, "--timeout", "0.2", "--", "sleep", "5"]);
+    assert_eq!(timed_out.status.code(), Some(124));
+    let stdin = home.cairn(&["session", "exec", &id, "-i", "--", "cat"]);
+    assert!(!stdin.status.success() && common::stderr(&stdin).contains("no stdin"));
 }
 
 #[test]
@@ -193,6 +221,21 @@ fn fork_diverges_in_log_and_files_and_rewind_keeps_abandoned_entries() {
         .starts_with("ok: 3 entries"));
     // Its files are the image's: no snapshot at or before entry 2.
     assert_eq!(files(&grandchild), "");
+    // The lineage as a tree: each fork under its parent, with its reason.
+    let tree = home.ok(&["session", "ls", "--tree"]);
+    let depth = |needle: &str| {
+        let l = tree
+            .lines()
+            .find(|l| l.contains(needle))
+            .unwrap_or_else(|| panic!("{needle} in {tree}"));
+        l.find(|c: char| c.is_ascii_alphanumeric()).unwrap()
+    };
+    assert!(
+        depth(&id) < depth(&child) && depth(&child) < depth(&grandchild),
+        "{tree}"
+    );
+    assert!(tree.contains("forked at 3: try another way"), "{tree}");
+    assert!(tree.contains("forked at 2: earlier"), "{tree}");
     let purge = home.cairn(&["session", "rm", &child, "--purge"]);
     assert!(!purge.status.success(), "a session with forks keeps its log");
 }

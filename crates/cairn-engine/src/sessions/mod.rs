@@ -49,6 +49,8 @@ pub enum SessionError {
     NothingToRewind { id: String, seq: u64 },
     #[error("session {id} has forks ({}); remove them first, or close it without --purge", .children.join(", "))]
     HasForks { id: String, children: Vec<String> },
+    #[error("{0}")]
+    Unsupported(&'static str),
     #[error("invalid log entry: {0}")]
     BadEntry(String),
     #[error("the payload {hash} of session {id}'s entry {seq} cannot be read: {reason}")]

@@ -86,6 +86,18 @@ fn result_of<'a>(entries: &'a [Entry], call: &Entry) -> Option<&'a Entry> {
         .or_else(|| results().find(|e| e.tool == call.tool && names(e).is_none()))
 }
 
+/// An exec call's arguments as the log records them.
+#[derive(Deserialize)]
+struct RecordedExec {
+    argv: Vec<String>,
+    #[serde(default)]
+    env: Vec<(String, String)>,
+    #[serde(default)]
+    cwd: Option<String>,
+    #[serde(default)]
+    timeout_ms: Option<u64>,
+}
+
 /// A reader that hashes what passes through it.
 struct HashingReader<'a> {
     inner: &'a mut dyn Read,
@@ -646,29 +658,6 @@ impl Engine {
         stdout: &mut dyn Write,
         stderr: &mut dyn Write,
     ) -> Result<ExecOutcome, EngineError> {
-        let live = self.live_session(key)?;
-        self.exec_live(&live, argv, serde_json::Map::new(), stdout, stderr)
-    }
-
-    /// [`Engine::session_exec`] on a session already held; `extra` goes
-    /// into the call's arguments beside `argv`.
-    fn exec_live(
-        &mut self,
-        live: &Live,
-        argv: Vec<String>,
-        extra: serde_json::Map<String, serde_json::Value>,
-        stdout: &mut dyn Write,
-        stderr: &mut dyn Write,
-    ) -> Result<ExecOutcome, EngineError> {
-        let (s, sandbox) = (&live.session, &live.sandbox);
-        let mut call = Entry::new(EntryKind::ToolCall);
-        call.tool = Some("exec".into());
-        let mut arguments = extra;
-        arguments.insert("argv".into(), serde_json::json!(argv));
-        call.arguments = Some(serde_json::Value::Object(arguments).to_string());
-        let call = self.session_append(s, call)?;
-        let mut out_tail = Tail::new(INLINE_MAX / 2);
-        let mut err_tail = Tail::new(INLINE_MAX / 2);
         let req = ExecRequest {
             argv,
             env: Vec::new(),
@@ -677,6 +666,61 @@ impl Engine {
             timeout_ms: None,
             detach: false,
         };
+        self.session_exec_request(key, req, stdout, stderr)
+    }
+
+    /// [`Engine::session_exec`] with an environment, a working directory
+    /// and a timeout; all of them go into the call's arguments, so a
+    /// replay runs the same command the same way. Stdin and detached
+    /// commands are refused: the log could not record what they did.
+    pub fn session_exec_request(
+        &mut self,
+        key: &str,
+        req: ExecRequest,
+        stdout: &mut dyn Write,
+        stderr: &mut dyn Write,
+    ) -> Result<ExecOutcome, EngineError> {
+        if req.stdin || req.detach {
+            return Err(SessionError::Unsupported(
+                "a session's exec takes no stdin and cannot detach (the log records each call's output and status); write input to a file first, or run a background command in a plain sandbox",
+            )
+            .into());
+        }
+        if req.argv.is_empty() {
+            return Err(SessionError::Unsupported("exec needs a command").into());
+        }
+        let live = self.live_session(key)?;
+        self.exec_live(&live, req, serde_json::Map::new(), stdout, stderr)
+    }
+
+    /// [`Engine::session_exec`] on a session already held; `extra` goes
+    /// into the call's arguments beside `argv`.
+    fn exec_live(
+        &mut self,
+        live: &Live,
+        req: ExecRequest,
+        extra: serde_json::Map<String, serde_json::Value>,
+        stdout: &mut dyn Write,
+        stderr: &mut dyn Write,
+    ) -> Result<ExecOutcome, EngineError> {
+        let (s, sandbox) = (&live.session, &live.sandbox);
+        let mut call = Entry::new(EntryKind::ToolCall);
+        call.tool = Some("exec".into());
+        let mut arguments = extra;
+        arguments.insert("argv".into(), serde_json::json!(req.argv));
+        if !req.env.is_empty() {
+            arguments.insert("env".into(), serde_json::json!(req.env));
+        }
+        if let Some(cwd) = &req.cwd {
+            arguments.insert("cwd".into(), cwd.as_str().into());
+        }
+        if let Some(t) = req.timeout_ms {
+            arguments.insert("timeout_ms".into(), t.into());
+        }
+        call.arguments = Some(serde_json::Value::Object(arguments).to_string());
+        let call = self.session_append(s, call)?;
+        let mut out_tail = Tail::new(INLINE_MAX / 2);
+        let mut err_tail = Tail::new(INLINE_MAX / 2);
         let (status, error) = match self.exec(sandbox, req) {
             Ok(Ok(start)) => {
                 let waited = start.session.wait(
@@ -690,6 +734,8 @@ impl Engine {
                     },
                 );
                 match waited {
+                    // A timeout reads as `timeout(1)` has it.
+                    Ok(Some(st)) if st.timed_out => (Some(124), Some("timed out and killed".to_string())),
                     Ok(st) => (st.map(|st| st.shell_code()), None),
                     Err(e) => (None, Some(format!("the sandbox stopped answering: {e}"))),
                 }
@@ -875,8 +921,15 @@ impl Engine {
                 .as_deref()
                 .and_then(|a| serde_json::from_str(a).ok())
                 .unwrap_or_default();
-            let argv: Option<Vec<String>> = serde_json::from_value(args["argv"].clone()).ok();
-            let (Some("exec"), Some(argv)) = (call.tool.as_deref(), argv.filter(|a| !a.is_empty())) else {
+            let req = serde_json::from_value::<RecordedExec>(args).ok().map(|r| ExecRequest {
+                argv: r.argv,
+                env: r.env,
+                cwd: r.cwd,
+                stdin: false,
+                timeout_ms: r.timeout_ms,
+                detach: false,
+            });
+            let (Some("exec"), Some(req)) = (call.tool.as_deref(), req.filter(|r| !r.argv.is_empty())) else {
                 report.stopped = Some(format!(
                     "entry {seq} is a {} call, which cannot be replayed (only exec calls are; the log keeps a written file's hash, not its bytes)",
                     call.tool.as_deref().unwrap_or("tool")
@@ -885,7 +938,7 @@ impl Engine {
             };
             let mut extra = serde_json::Map::new();
             extra.insert("replay_of".into(), seq.into());
-            let done = self.exec_live(&live, argv, extra, stdout, stderr)?;
+            let done = self.exec_live(&live, req, extra, stdout, stderr)?;
             let diverged = expected.is_some_and(|x| x != done.status);
             report.replayed.push(Replayed {
                 call: seq,
