@@ -115,6 +115,7 @@ conformance!(
     log_entries_get_gapless_seqs_and_a_hash_chain_and_rewinds_hide_ranges,
     concurrent_appenders_never_leave_a_gap_or_a_duplicate,
     a_long_log_reads_by_range_and_tail_around_abandoned_stretches,
+    idle_sessions_are_active_ones_past_their_timeout,
 );
 
 fn sandbox(id: &str, name: &str) -> SandboxRecord {
@@ -1247,4 +1248,24 @@ fn a_long_log_reads_by_range_and_tail_around_abandoned_stretches(store: &Store) 
     }
     assert_eq!(from, 5001);
     assert_eq!(db.session_by_id("s1").unwrap().unwrap().head_hash, previous);
+}
+
+fn idle_sessions_are_active_ones_past_their_timeout(store: &Store) {
+    let db = store.open();
+    // Changed at 7 with a 300 s timeout: idle from 300 007 on.
+    db.insert_session(&session("idle00000001", "idle")).unwrap();
+    let mut none = session("idle00000002", "no-timeout");
+    none.idle_timeout_ms = None;
+    db.insert_session(&none).unwrap();
+    let mut asleep = session("idle00000003", "suspended");
+    asleep.state = SessionState::Suspended;
+    db.insert_session(&asleep).unwrap();
+    let ids = |now| -> Vec<String> { db.idle_sessions(now).unwrap().into_iter().map(|s| s.id).collect() };
+    assert!(ids(300_006).is_empty());
+    assert_eq!(ids(300_007), ["idle00000001"]);
+    assert_eq!(
+        ids(i64::MAX / 2),
+        ["idle00000001"],
+        "only active sessions with a timeout"
+    );
 }
