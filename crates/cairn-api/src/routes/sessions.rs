@@ -448,7 +448,7 @@ pub async fn exec(
 enum Piece {
     Out(Vec<u8>),
     Err(Vec<u8>),
-    Exit(SessionExecResult),
+    Exit(Box<SessionExecResult>),
     Failed(ApiError),
 }
 
@@ -536,7 +536,7 @@ pub async fn exec_stream(
             executed(&a, &s.id, r);
         }
         let _ = tx.blocking_send(match result {
-            Ok(r) => Piece::Exit(r),
+            Ok(r) => Piece::Exit(Box::new(r)),
             Err(e) => Piece::Failed(e),
         });
     });
