@@ -509,6 +509,10 @@ class AsyncSessionExecStream(AsyncExecStream):
 
     _result_type = SessionExecResult
 
+    async def started(self) -> int:
+        raise TypeError("a session's exec does not expose its process: it is the session's to record, "
+                        "not to signal or feed; iterate the stream for its output")
+
 
 class AsyncSessions:
     """The asynchronous twin of `Client.sessions`."""

@@ -471,6 +471,10 @@ class SessionExecStream(ExecStream):
 
     _result_type = SessionExecResult
 
+    def started(self) -> int:
+        raise TypeError("a session's exec does not expose its process: it is the session's to record, "
+                        "not to signal or feed; iterate the stream for its output")
+
 
 def _entry_body(kind: str, content: Optional[str], role: Optional[str], tool: Optional[str], arguments: Any,
                 result: Optional[str], exit_status: Optional[int], tokens_in: Optional[int],
