@@ -377,6 +377,7 @@ fn a_session_lives_its_whole_life_through_the_api() {
         "session.created",
         "session.exec",
         "session.suspended",
+        "session.resumed",
         "session.forked",
         "session.rewound",
         "session.closed",

@@ -19,7 +19,7 @@ use axum::response::sse::{Event, KeepAlive, Sse};
 use axum::response::Response;
 use axum::Json;
 use base64::Engine as _;
-use cairn_engine::sessions::{Entry, EntryKind, LogRange, SessionOptions, SessionRecord};
+use cairn_engine::sessions::{Entry, EntryKind, LogRange, SessionOptions, SessionRecord, SessionState};
 use cairn_engine::{Engine, Silent};
 use futures_util::stream::Stream;
 use tokio::sync::mpsc;
@@ -400,7 +400,11 @@ fn run(
     })
 }
 
-fn executed(app: &App, id: &str, r: &SessionExecResult) {
+/// Publishes an exec's end (and the resume it made, if the session was suspended).
+fn executed(app: &App, id: &str, was: SessionState, r: &SessionExecResult) {
+    if was == SessionState::Suspended {
+        app.emit("session.resumed", id, "by an exec");
+    }
     app.emit(
         "session.exec",
         id,
@@ -440,7 +444,7 @@ pub async fn exec(
             Ok(r)
         })
         .await?;
-    executed(&app, &s.id, &result);
+    executed(&app, &s.id, s.state, &result);
     Ok(Json(result))
 }
 
@@ -533,7 +537,7 @@ pub async fn exec_stream(
             r
         });
         if let Ok(r) = &result {
-            executed(&a, &s.id, r);
+            executed(&a, &s.id, s.state, r);
         }
         let _ = tx.blocking_send(match result {
             Ok(r) => Piece::Exit(Box::new(r)),
