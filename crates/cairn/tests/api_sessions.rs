@@ -663,3 +663,45 @@ fn bad_session_requests_get_one_error_shape_and_change_nothing() {
         "{seen:?}"
     );
 }
+
+#[test]
+fn a_suspend_overlapping_a_snapshot_of_the_sessions_sandbox_gets_409() {
+    if skip("a_suspend_overlapping_a_snapshot_of_the_sessions_sandbox_gets_409") {
+        return;
+    }
+    let home = Home::new();
+    let s = Server::start(&home);
+    let created = s.ok("POST", "/v1/sessions", Some(json!({ "name": "shared" })), 201);
+    let sandbox = created["sandbox_id"].as_str().unwrap().to_string();
+    // A snapshot of 300 MiB of new files through the sandbox routes takes
+    // long enough for the suspend to arrive while it runs.
+    s.ok(
+        "POST",
+        "/v1/sessions/shared/exec",
+        Some(json!({ "argv": ["sh", "-c", "dd if=/dev/urandom of=/big bs=1M count=300 2>/dev/null"] })),
+        200,
+    );
+    let (snapshot, suspend) = std::thread::scope(|scope| {
+        let first = scope.spawn(|| s.call("POST", &format!("/v1/sandboxes/{sandbox}/snapshots"), Some(json!({}))));
+        std::thread::sleep(Duration::from_millis(150));
+        let second = s.call("POST", "/v1/sessions/shared/suspend", None);
+        (first.join().unwrap(), second)
+    });
+    assert_eq!(snapshot.0, 201, "{}", snapshot.1);
+    assert_eq!(suspend.0, 409, "{}", suspend.1);
+    let message = suspend.1["error"]["message"].as_str().unwrap();
+    assert!(
+        message.contains(&sandbox) && message.contains("retry the session suspend"),
+        "{message}"
+    );
+    // Nothing moved: the session is active in the same sandbox; now it suspends.
+    let now = s.ok("GET", "/v1/sessions/shared", None, 200);
+    assert_eq!(
+        (now["state"].as_str(), now["sandbox_id"].as_str()),
+        (Some("active"), Some(sandbox.as_str()))
+    );
+    assert_eq!(
+        s.ok("POST", "/v1/sessions/shared/suspend", None, 200)["state"],
+        "suspended"
+    );
+}

@@ -26,7 +26,7 @@ use tokio::sync::mpsc;
 
 use super::exec::Collect;
 use super::{idempotent, json, parse};
-use crate::app::App;
+use crate::app::{App, Busy};
 use crate::error::{ApiError, ApiResult, ErrorBody};
 use crate::model::*;
 
@@ -81,6 +81,16 @@ fn key(id: String) -> ApiResult<String> {
         ));
     }
     Ok(id)
+}
+
+/// Claims the session's sandbox too for what removes it (suspend, close),
+/// so that a snapshot, fork or reset of it through the sandbox routes does
+/// not overlap.
+fn claim_sandbox(app: &Arc<App>, s: &SessionRecord, what: &str) -> ApiResult<Option<Busy>> {
+    s.sandbox_id
+        .as_deref()
+        .map(|id| app.claim(id, &format!("session {what}")))
+        .transpose()
 }
 
 async fn session(app: &Arc<App>, id: String) -> ApiResult<SessionRecord> {
@@ -185,9 +195,16 @@ pub async fn remove(
 ) -> ApiResult<StatusCode> {
     let Query(q) = q?;
     let s = session(&app, id).await?;
-    let _busy = app.claim_session(&s.id, "removal")?;
+    let busy = (
+        app.claim_session(&s.id, "removal")?,
+        claim_sandbox(&app, &s, "removal")?,
+    );
     let id = s.id.clone();
-    app.engine(move |e| Ok(e.close_session(&id, q.purge)?)).await?;
+    app.engine(move |e| {
+        let _busy = busy;
+        Ok(e.close_session(&id, q.purge)?)
+    })
+    .await?;
     app.emit("session.closed", &s.id, if q.purge { "log purged" } else { "log kept" });
     Ok(StatusCode::NO_CONTENT)
 }
@@ -570,7 +587,10 @@ pub async fn exec_stream(
         (status = 409, body = ErrorBody, description = "Not active, or busy with another operation")))]
 pub async fn suspend(State(app): State<Arc<App>>, Path(id): Path<String>) -> ApiResult<Json<Session>> {
     let s = session(&app, id).await?;
-    let busy = app.claim_session(&s.id, "suspend")?;
+    let busy = (
+        app.claim_session(&s.id, "suspend")?,
+        claim_sandbox(&app, &s, "suspend")?,
+    );
     let s = app
         .engine(move |e| {
             let _busy = busy;
