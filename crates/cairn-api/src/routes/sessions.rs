@@ -3,9 +3,10 @@
 //! suspend, resume, fork, rewind.
 //!
 //! An exec, suspend, resume, rewind or close claims the session for its
-//! length: a second one arriving meanwhile gets 409 (it does not wait).
-//! Appends, reads, verifies and forks need no claim: the engine orders
-//! appends, and a fork reads only what the log already records.
+//! length: a second one arriving meanwhile gets 409 (it does not wait); a
+//! suspend or close, which remove the sandbox, claim it too. Appends,
+//! reads, verifies and forks need no claim: the engine orders appends, and
+//! a fork reads only what the log already records.
 
 use std::convert::Infallible;
 use std::io::Write;
