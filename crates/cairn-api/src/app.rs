@@ -32,9 +32,11 @@ impl Default for Settings {
 pub struct Event {
     /// `sandbox.created`, `sandbox.removed`, `snapshot.created`,
     /// `snapshot.removed`, `sandbox.reset`, `run.started`, `run.stage`,
-    /// `run.ended`, `image.built`.
+    /// `run.ended`, `image.built`, `session.created`, `session.exec`,
+    /// `session.suspended`, `session.resumed`, `session.forked`,
+    /// `session.rewound`, `session.closed`.
     pub kind: String,
-    /// The sandbox, snapshot, run or image it is about.
+    /// The sandbox, snapshot, run, image or session it is about.
     pub id: String,
     pub detail: String,
     /// Milliseconds since the epoch.
@@ -124,15 +126,31 @@ impl App {
     /// Claims sandbox `id` for an operation that must not overlap another
     /// on it (snapshot, reset, fork, remove); 409 while one is in progress.
     pub fn claim(self: &Arc<Self>, id: &str, what: &str) -> ApiResult<Busy> {
+        self.claim_key(id.to_string(), || {
+            format!("sandbox {id} is busy with another operation; retry the {what} when it is done")
+        })
+    }
+
+    /// Claims session `id` for an operation that must not overlap another
+    /// on it (exec, suspend, resume, rewind, close); 409 while one is in
+    /// progress.
+    pub fn claim_session(self: &Arc<Self>, id: &str, what: &str) -> ApiResult<Busy> {
+        self.claim_key(format!("session:{id}"), || {
+            format!(
+                "session {id} is busy with another exec, suspend, resume, rewind or removal; \
+                 retry the {what} when it is done"
+            )
+        })
+    }
+
+    fn claim_key(self: &Arc<Self>, key: String, busy_message: impl FnOnce() -> String) -> ApiResult<Busy> {
         let mut busy = self.busy.lock().unwrap_or_else(|e| e.into_inner());
-        if !busy.insert(id.to_string()) {
-            return Err(ApiError::conflict(format!(
-                "sandbox {id} is busy with another operation; retry the {what} when it is done"
-            )));
+        if !busy.insert(key.clone()) {
+            return Err(ApiError::conflict(busy_message()));
         }
         Ok(Busy {
             app: Arc::clone(self),
-            id: id.to_string(),
+            id: key,
         })
     }
 

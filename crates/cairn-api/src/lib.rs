@@ -31,14 +31,14 @@ pub use app::{App, Settings};
 pub use serve::{serve, ServeOptions};
 
 use crate::error::ApiError;
-use crate::routes::{exec, files, runs, sandboxes, system};
+use crate::routes::{exec, files, runs, sandboxes, sessions, system};
 
 #[derive(OpenApi)]
 #[openapi(
     info(
         title = "Cairn",
         description = "Durable, forkable execution environments for AI agents: sandboxes, snapshots, forks, \
-                       restores and durable pipelines. Errors are {\"error\": {\"code\", \"message\"}}.",
+                       restores, durable pipelines and agent sessions. Errors are {\"error\": {\"code\", \"message\"}}.",
         license(name = "Apache-2.0", identifier = "Apache-2.0")
     ),
     paths(
@@ -52,6 +52,9 @@ use crate::routes::{exec, files, runs, sandboxes, system};
         system::images, system::build_image, system::import_image, system::remove_image,
         runs::start, runs::list, runs::get, runs::resume, runs::log, runs::artifact,
         runs::dlq, runs::dlq_get, runs::dlq_retry,
+        sessions::create, sessions::list, sessions::get, sessions::remove,
+        sessions::log, sessions::append, sessions::verify, sessions::exec, sessions::exec_stream,
+        sessions::suspend, sessions::resume, sessions::fork, sessions::rewind,
     ),
     components(schemas(app::Event)),
     modifiers(&Security),
@@ -131,6 +134,20 @@ pub fn router(app: Arc<App>) -> Router {
         .route("/v1/dlq", get(runs::dlq))
         .route("/v1/dlq/{id}", get(runs::dlq_get))
         .route("/v1/dlq/{id}/retry", post(runs::dlq_retry))
+        .route("/v1/sessions", post(sessions::create).get(sessions::list))
+        .route("/v1/sessions/{id}", get(sessions::get).delete(sessions::remove))
+        .route("/v1/sessions/{id}/log", get(sessions::log))
+        .route(
+            "/v1/sessions/{id}/entries",
+            post(sessions::append).layer(axum::extract::DefaultBodyLimit::max(sessions::BODY_MAX)),
+        )
+        .route("/v1/sessions/{id}/verify", get(sessions::verify))
+        .route("/v1/sessions/{id}/exec", post(sessions::exec))
+        .route("/v1/sessions/{id}/exec/stream", post(sessions::exec_stream))
+        .route("/v1/sessions/{id}/suspend", post(sessions::suspend))
+        .route("/v1/sessions/{id}/resume", post(sessions::resume))
+        .route("/v1/sessions/{id}/fork", post(sessions::fork))
+        .route("/v1/sessions/{id}/rewind", post(sessions::rewind))
         .fallback(not_found)
         .method_not_allowed_fallback(method_not_allowed)
         .layer(axum::extract::DefaultBodyLimit::max(4 << 20))

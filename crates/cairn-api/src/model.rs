@@ -2,12 +2,16 @@
 //! stay the engine's; these are mapped from them, and the OpenAPI document
 //! is generated from these.
 
+mod sessions;
+
 use std::collections::BTreeMap;
 
 use cairn_engine::pipeline::records::{ArtifactRecord, DeadLetter, EventRecord, RunRecord, StageRecord};
 use cairn_engine::{ImageRecord, SandboxRecord, SnapshotRecord};
 use serde::{Deserialize, Serialize};
 use utoipa::{IntoParams, ToSchema};
+
+pub use sessions::*;
 
 #[derive(Debug, Serialize, Deserialize, ToSchema)]
 pub struct Sandbox {

@@ -609,6 +609,7 @@ fn the_checked_in_openapi_document_matches_the_code() {
         "/v1/snapshots/{id}/fork",
         "/v1/runs",
         "/v1/dlq/{id}/retry",
+        "/v1/sessions/{id}/exec/stream",
     ] {
         assert!(doc["paths"][path].is_object(), "{path} is documented");
     }

@@ -119,9 +119,9 @@ fn not_started(failure: &SpawnFailure) -> ExecResult {
 
 /// Collects at most [`COLLECT_MAX`] bytes, noting whether more came.
 #[derive(Default)]
-struct Collect {
-    bytes: Vec<u8>,
-    over: bool,
+pub(super) struct Collect {
+    pub(super) bytes: Vec<u8>,
+    pub(super) over: bool,
 }
 
 impl Write for Collect {

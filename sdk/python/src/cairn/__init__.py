@@ -5,18 +5,21 @@
         print(sb.exec("echo hello").stdout)
 """
 
-from .aio import AsyncClient, AsyncExecStream, AsyncSandbox
-from .client import Client, ExecStream
+from .aio import AsyncClient, AsyncExecStream, AsyncSandbox, AsyncSessionExecStream
+from .client import Client, ExecStream, SessionExecStream
 from .errors import (BadRequest, CairnError, Conflict, ConnectError, NotFound, TooLarge, Unauthorized,
                      Unavailable)
-from .models import (Artifact, DeadLetter, Event, ExecResult, FileStat, ForkResult, Health, Image, Output, Run,
-                     RunDetail, RunEvent, Sandbox, Snapshot, SnapshotDetail, Stage)
+from .models import (Artifact, BadEntry, DeadLetter, Event, ExecResult, FileStat, ForkResult, Health, Image,
+                     LogEntry, Output, Rewind, Run, RunDetail, RunEvent, Sandbox, Session, SessionExecResult,
+                     Snapshot, SnapshotDetail, Stage, Verification)
 
 __version__ = "0.1.0"
 
 __all__ = [
-    "Client", "AsyncClient", "ExecStream", "AsyncExecStream", "Sandbox", "AsyncSandbox",
+    "Client", "AsyncClient", "ExecStream", "AsyncExecStream", "SessionExecStream", "AsyncSessionExecStream",
+    "Sandbox", "AsyncSandbox",
     "CairnError", "BadRequest", "Unauthorized", "NotFound", "Conflict", "TooLarge", "Unavailable", "ConnectError",
     "Artifact", "DeadLetter", "Event", "ExecResult", "FileStat", "ForkResult", "Health", "Image", "Output", "Run",
     "RunDetail", "RunEvent", "Snapshot", "SnapshotDetail", "Stage",
+    "Session", "LogEntry", "SessionExecResult", "Rewind", "Verification", "BadEntry",
 ]

@@ -14,9 +14,10 @@ import httpx
 from . import _config as cfg
 from . import errors
 from ._sse import aevents
-from .client import _STARTED
-from .models import (DeadLetter, Event, ExecResult, FileStat, ForkResult, Health, Image, Output, Run,
-                     RunDetail, Sandbox, Snapshot, SnapshotDetail)
+from .client import _STARTED, _entry_body, _log_params
+from .models import (DeadLetter, Event, ExecResult, FileStat, ForkResult, Health, Image, LogEntry, Output,
+                     Rewind, Run, RunDetail, Sandbox, Session, SessionExecResult, Snapshot, SnapshotDetail,
+                     Verification)
 
 
 @dataclass
@@ -89,6 +90,7 @@ class AsyncClient:
         self.runs = AsyncRuns(self)
         self.artifacts = AsyncArtifacts(self)
         self.dlq = AsyncDeadLetters(self)
+        self.sessions = AsyncSessions(self)
 
     @property
     def where(self) -> str:
@@ -169,6 +171,8 @@ class AsyncExecStream:
     """`async for` over a running command's `Output`; then `.result`.
     `await started()` answers the pid once the process runs."""
 
+    _result_type: Any = ExecResult
+
     def __init__(self, client: AsyncClient, resp: httpx.Response) -> None:
         self._client, self._resp = client, resp
         self._events = aevents(resp.aiter_lines())
@@ -185,9 +189,9 @@ class AsyncExecStream:
                     self.pid = data.get("pid")
                     return _STARTED
                 elif kind == "exit":
-                    self.result = ExecResult.from_dict(data)
+                    self.result = self._result_type.from_dict(data)
                     if self.pid is None:
-                        self.pid = self.result.pid
+                        self.pid = getattr(self.result, "pid", None)
                     return None
                 elif kind == "error":
                     raise errors.from_event(data)
@@ -496,3 +500,89 @@ class AsyncDeadLetters:
 
     async def retry(self, id: str) -> DeadLetter:
         return DeadLetter.from_dict(await self._c._json("POST", f"/v1/dlq/{id}/retry"))
+
+
+class AsyncSessionExecStream(AsyncExecStream):
+    """`async for` over a command running in a session; then `.result`, a
+    SessionExecResult. Leaving early does not stop the command: the log
+    records its result."""
+
+    _result_type = SessionExecResult
+
+    async def started(self) -> int:
+        raise TypeError("a session's exec does not expose its process: it is the session's to record, "
+                        "not to signal or feed; iterate the stream for its output")
+
+
+class AsyncSessions:
+    """The asynchronous twin of `Client.sessions`."""
+
+    def __init__(self, client: AsyncClient) -> None:
+        self._c = client
+
+    def _path(self, id: Any, tail: str = "") -> str:
+        return f"/v1/sessions/{cfg.ident(id)}{tail}"
+
+    async def create(self, name: Optional[str] = None, image: Optional[str] = None, driver: Optional[str] = None,
+                     idle_timeout_ms: Optional[int] = None, *, idempotency_key: Optional[str] = None) -> Session:
+        body = {k: v for k, v in (("name", name), ("image", image), ("driver", driver),
+                                  ("idle_timeout_ms", idle_timeout_ms)) if v is not None}
+        return Session.from_dict(await self._c._json("POST", "/v1/sessions", json=body,
+                                                     headers=cfg.key_header(idempotency_key)))
+
+    async def list(self, state: Optional[str] = None, image: Optional[str] = None) -> AsyncIterator[Session]:
+        async for item in self._c._pages("/v1/sessions", {"state": state, "image": image}):
+            yield Session.from_dict(item)
+
+    async def get(self, id: Any) -> Session:
+        return Session.from_dict(await self._c._json("GET", self._path(id)))
+
+    async def delete(self, id: Any, purge: bool = False) -> None:
+        await self._c._send("DELETE", self._path(id), params={"purge": "true"} if purge else None)
+
+    async def append(self, id: Any, kind: str, content: Optional[str] = None, *, role: Optional[str] = None,
+                     tool: Optional[str] = None, arguments: Any = None, result: Optional[str] = None,
+                     exit_status: Optional[int] = None, tokens_in: Optional[int] = None,
+                     tokens_out: Optional[int] = None) -> LogEntry:
+        body = _entry_body(kind, content, role, tool, arguments, result, exit_status, tokens_in, tokens_out)
+        return LogEntry.from_dict(await self._c._json("POST", self._path(id, "/entries"), json=body))
+
+    async def log(self, id: Any, *, from_: Optional[int] = None, limit: Optional[int] = None,
+                  tail: Optional[int] = None) -> List[LogEntry]:
+        params = _log_params(from_, limit, tail)
+        out: List[LogEntry] = []
+        while True:
+            page = await self._c._json("GET", self._path(id, "/log"), params=params)
+            out.extend(LogEntry.from_dict(e) for e in page.get("entries", []))
+            if tail is not None or limit is not None or not page.get("next"):
+                return out
+            params["from"] = page["next"]
+
+    async def exec(self, id: Any, argv: Any) -> SessionExecResult:
+        body = {"argv": cfg.exec_body(argv, None, None, None, None)["argv"]}
+        return SessionExecResult.from_dict(await self._c._json("POST", self._path(id, "/exec"), json=body))
+
+    async def exec_stream(self, id: Any, argv: Any) -> AsyncSessionExecStream:
+        body = {"argv": cfg.exec_body(argv, None, None, None, None)["argv"]}
+        resp = await self._c._send("POST", self._path(id, "/exec/stream"), json=body, stream=True)
+        return AsyncSessionExecStream(self._c, resp)
+
+    async def suspend(self, id: Any) -> Session:
+        return Session.from_dict(await self._c._json("POST", self._path(id, "/suspend")))
+
+    async def resume(self, id: Any) -> Session:
+        return Session.from_dict(await self._c._json("POST", self._path(id, "/resume")))
+
+    async def fork(self, id: Any, at: int, reason: str, name: Optional[str] = None, *,
+                   idempotency_key: Optional[str] = None) -> Session:
+        body: Dict[str, Any] = {"at": int(at), "reason": reason}
+        if name is not None:
+            body["name"] = name
+        return Session.from_dict(await self._c._json("POST", self._path(id, "/fork"), json=body,
+                                                     headers=cfg.key_header(idempotency_key)))
+
+    async def rewind(self, id: Any, to: int) -> Rewind:
+        return Rewind.from_dict(await self._c._json("POST", self._path(id, "/rewind"), json={"to": int(to)}))
+
+    async def verify(self, id: Any) -> Verification:
+        return Verification.from_dict(await self._c._json("GET", self._path(id, "/verify")))

@@ -11,8 +11,9 @@ import httpx
 from . import _config as cfg
 from . import errors
 from ._sse import events as sse_events
-from .models import (Artifact, DeadLetter, Event, ExecResult, FileStat, ForkResult, Health, Image,
-                     Output, Run, RunDetail, Sandbox, Snapshot, SnapshotDetail)
+from .models import (Artifact, DeadLetter, Event, ExecResult, FileStat, ForkResult, Health, Image, LogEntry,
+                     Output, Rewind, Run, RunDetail, Sandbox, Session, SessionExecResult, Snapshot,
+                     SnapshotDetail, Verification)
 
 
 class Client:
@@ -37,6 +38,7 @@ class Client:
         self.runs = Runs(self)
         self.artifacts = Artifacts(self)
         self.dlq = DeadLetters(self)
+        self.sessions = Sessions(self)
 
     @property
     def where(self) -> str:
@@ -130,6 +132,8 @@ class ExecStream:
     Leaving the loop (or closing the stream) before the end kills the
     process."""
 
+    _result_type: Any = ExecResult
+
     def __init__(self, client: Client, resp: httpx.Response) -> None:
         self._client, self._resp = client, resp
         self._events = sse_events(resp.iter_lines())
@@ -147,9 +151,9 @@ class ExecStream:
                     self.pid = data.get("pid")
                     return _STARTED
                 elif kind == "exit":
-                    self.result = ExecResult.from_dict(data)
+                    self.result = self._result_type.from_dict(data)
                     if self.pid is None:
-                        self.pid = self.result.pid
+                        self.pid = getattr(self.result, "pid", None)
                     return None
                 elif kind == "error":
                     raise errors.from_event(data)
@@ -457,3 +461,122 @@ class DeadLetters:
 
     def retry(self, id: str) -> DeadLetter:
         return DeadLetter.from_dict(self._c._json("POST", f"/v1/dlq/{id}/retry"))
+
+
+class SessionExecStream(ExecStream):
+    """A command running in a session: iterate for `Output` pieces as they
+    happen; afterwards `.result` is the SessionExecResult. Leaving the loop
+    early does not stop the command: it runs to its end and the session's
+    log records its result."""
+
+    _result_type = SessionExecResult
+
+    def started(self) -> int:
+        raise TypeError("a session's exec does not expose its process: it is the session's to record, "
+                        "not to signal or feed; iterate the stream for its output")
+
+
+def _entry_body(kind: str, content: Optional[str], role: Optional[str], tool: Optional[str], arguments: Any,
+                result: Optional[str], exit_status: Optional[int], tokens_in: Optional[int],
+                tokens_out: Optional[int]) -> Dict[str, Any]:
+    body: Dict[str, Any] = {"kind": kind}
+    for k, v in (("content", content), ("role", role), ("tool", tool), ("arguments", arguments),
+                 ("result", result), ("exit_status", exit_status), ("tokens_in", tokens_in),
+                 ("tokens_out", tokens_out)):
+        if v is not None:
+            body[k] = v
+    return body
+
+
+def _log_params(from_: Optional[int], limit: Optional[int], tail: Optional[int]) -> Dict[str, Any]:
+    if tail is not None and (from_ is not None or limit is not None):
+        raise ValueError("give tail alone, or from_ and limit")
+    params = {"tail": tail} if tail is not None else {"from": from_ or 1, "limit": limit or 1000}
+    return params
+
+
+class Sessions:
+    """Agent sessions (docs/sessions.md). `id` is an id, a unique id prefix,
+    a name, or a Session."""
+
+    def __init__(self, client: Client) -> None:
+        self._c = client
+
+    def _path(self, id: Any, tail: str = "") -> str:
+        return f"/v1/sessions/{cfg.ident(id)}{tail}"
+
+    def create(self, name: Optional[str] = None, image: Optional[str] = None, driver: Optional[str] = None,
+               idle_timeout_ms: Optional[int] = None, *, idempotency_key: Optional[str] = None) -> Session:
+        """Creates a session and its sandbox (image default busybox)."""
+        body = {k: v for k, v in (("name", name), ("image", image), ("driver", driver),
+                                  ("idle_timeout_ms", idle_timeout_ms)) if v is not None}
+        return Session.from_dict(self._c._json("POST", "/v1/sessions", json=body,
+                                               headers=cfg.key_header(idempotency_key)))
+
+    def list(self, state: Optional[str] = None, image: Optional[str] = None) -> Iterator[Session]:
+        """Every session (all pages), oldest first."""
+        for item in self._c._pages("/v1/sessions", {"state": state, "image": image}):
+            yield Session.from_dict(item)
+
+    def get(self, id: Any) -> Session:
+        return Session.from_dict(self._c._json("GET", self._path(id)))
+
+    def delete(self, id: Any, purge: bool = False) -> None:
+        """Closes the session (its sandbox goes, its log stays); `purge` deletes the log too."""
+        self._c._send("DELETE", self._path(id), params={"purge": "true"} if purge else None)
+
+    def append(self, id: Any, kind: str, content: Optional[str] = None, *, role: Optional[str] = None,
+               tool: Optional[str] = None, arguments: Any = None, result: Optional[str] = None,
+               exit_status: Optional[int] = None, tokens_in: Optional[int] = None,
+               tokens_out: Optional[int] = None) -> LogEntry:
+        """Appends one entry; answers it with its seq and hash."""
+        body = _entry_body(kind, content, role, tool, arguments, result, exit_status, tokens_in, tokens_out)
+        return LogEntry.from_dict(self._c._json("POST", self._path(id, "/entries"), json=body))
+
+    def log(self, id: Any, *, from_: Optional[int] = None, limit: Optional[int] = None,
+            tail: Optional[int] = None) -> List[LogEntry]:
+        """The live log: the last `tail` entries; `limit` entries from `from_`;
+        or, with neither limit nor tail, every entry from `from_` (default 1)."""
+        params = _log_params(from_, limit, tail)
+        out: List[LogEntry] = []
+        while True:
+            page = self._c._json("GET", self._path(id, "/log"), params=params)
+            out.extend(LogEntry.from_dict(e) for e in page.get("entries", []))
+            if tail is not None or limit is not None or not page.get("next"):
+                return out
+            params["from"] = page["next"]
+
+    def exec(self, id: Any, argv: Any) -> SessionExecResult:
+        """Runs a command (a list, or a string run by `sh -c`) in the session,
+        resuming it first when suspended; the log records the call and result."""
+        body = {"argv": cfg.exec_body(argv, None, None, None, None)["argv"]}
+        return SessionExecResult.from_dict(self._c._json("POST", self._path(id, "/exec"), json=body))
+
+    def exec_stream(self, id: Any, argv: Any) -> SessionExecStream:
+        body = {"argv": cfg.exec_body(argv, None, None, None, None)["argv"]}
+        return SessionExecStream(self._c, self._c._send("POST", self._path(id, "/exec/stream"), json=body,
+                                                        stream=True))
+
+    def suspend(self, id: Any) -> Session:
+        """Snapshots the sandbox, records the snapshot, removes the sandbox."""
+        return Session.from_dict(self._c._json("POST", self._path(id, "/suspend")))
+
+    def resume(self, id: Any) -> Session:
+        return Session.from_dict(self._c._json("POST", self._path(id, "/resume")))
+
+    def fork(self, id: Any, at: int, reason: str, name: Optional[str] = None, *,
+             idempotency_key: Optional[str] = None) -> Session:
+        """A new session whose log is this one's up to entry `at`, on the
+        machine as the newest snapshot at or before it left it."""
+        body: Dict[str, Any] = {"at": int(at), "reason": reason}
+        if name is not None:
+            body["name"] = name
+        return Session.from_dict(self._c._json("POST", self._path(id, "/fork"), json=body,
+                                               headers=cfg.key_header(idempotency_key)))
+
+    def rewind(self, id: Any, to: int) -> Rewind:
+        """Moves the live log back to entry `to` (later entries are kept, abandoned)."""
+        return Rewind.from_dict(self._c._json("POST", self._path(id, "/rewind"), json={"to": int(to)}))
+
+    def verify(self, id: Any) -> Verification:
+        return Verification.from_dict(self._c._json("GET", self._path(id, "/verify")))

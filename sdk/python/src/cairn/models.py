@@ -304,3 +304,103 @@ class Event(Model):
     id: str = ""
     detail: str = ""
     at: int = 0
+
+
+@dataclass
+class Session(Model):
+    """An agent session: a sandbox whose machine state lives in snapshots,
+    beside an append-only, hash-chained context log. `state` is `active`,
+    `suspending`, `suspended`, `resuming`, `failed` or `closed`."""
+
+    id: str
+    name: str
+    state: str
+    image: str = ""
+    driver: str = ""
+    head_seq: int = 0
+    head_hash: str = ""
+    rewinds: int = 0
+    created_at: int = 0
+    updated_at: int = 0
+    sandbox_id: Optional[str] = None
+    snapshot_id: Optional[str] = None
+    snapshot_seq: Optional[int] = None
+    idle_timeout_ms: Optional[int] = None
+    parent_id: Optional[str] = None
+    fork_seq: Optional[int] = None
+    fork_reason: Optional[str] = None
+    error: Optional[str] = None
+
+
+@dataclass
+class LogEntry(Model):
+    """One entry of a session's log. `kind` is `system`, `user`,
+    `assistant`, `tool_call`, `tool_result`, `note` or `recovered`;
+    `arguments` is the decoded JSON of a tool call."""
+
+    seq: int
+    kind: str
+    hash: str = ""
+    version: int = 1
+    created_at: int = 0
+    role: Optional[str] = None
+    content: Optional[str] = None
+    tool: Optional[str] = None
+    arguments: Any = None
+    result: Optional[str] = None
+    exit_status: Optional[int] = None
+    tokens_in: Optional[int] = None
+    tokens_out: Optional[int] = None
+    snapshot_id: Optional[str] = None
+
+
+@dataclass
+class SessionExecResult(Model):
+    """How a command run in a session ended, and the `tool_call` and
+    `tool_result` entries recording it. `error` says why it did not run
+    or was cut short; `recovered` is the entry written when the session's
+    dead sandbox was restored first."""
+
+    exit_code: int
+    call_seq: int
+    result_seq: int
+    stdout: str = ""
+    stderr: str = ""
+    stdout_truncated: bool = False
+    stderr_truncated: bool = False
+    error: Optional[str] = None
+    recovered: Optional[LogEntry] = None
+
+    _nested = {"recovered": (LogEntry, False)}
+
+    @property
+    def ok(self) -> bool:
+        return self.exit_code == 0
+
+
+@dataclass
+class Rewind(Model):
+    """Entries `to_seq + 1 ..= head_seq` left the live log."""
+
+    to_seq: int
+    head_seq: int
+    n: int = 0
+    created_at: int = 0
+
+
+@dataclass
+class BadEntry(Model):
+    seq: int
+    reason: str
+
+
+@dataclass
+class Verification(Model):
+    """The outcome of walking a session's hash chain."""
+
+    ok: bool
+    entries: int
+    head_hash: str = ""
+    first_bad: Optional[BadEntry] = None
+
+    _nested = {"first_bad": (BadEntry, False)}

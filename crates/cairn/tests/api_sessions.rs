@@ -1,0 +1,707 @@
+//! End-to-end: agent sessions through `cairn serve`, over its Unix
+//! socket, against real sandboxes.
+
+mod common;
+
+use std::io::{BufRead, BufReader, Read, Write};
+use std::os::unix::net::UnixStream;
+use std::path::PathBuf;
+use std::process::{Child, Stdio};
+use std::time::{Duration, Instant};
+
+use common::{skip, Home};
+use serde_json::{json, Value};
+
+/// A running `cairn serve` on a home's Unix socket.
+struct Server {
+    child: Child,
+    socket: PathBuf,
+}
+
+impl Server {
+    fn start(home: &Home) -> Server {
+        let mut child = home
+            .command(&["serve"])
+            .stdout(Stdio::null())
+            .stderr(Stdio::piped())
+            .spawn()
+            .unwrap();
+        let mut lines = BufReader::new(child.stderr.take().unwrap()).lines();
+        loop {
+            let line = lines.next().expect("the server prints where it listens").unwrap();
+            if line.starts_with("cairn: serving on ") {
+                break;
+            }
+        }
+        std::thread::spawn(move || for _ in lines.by_ref() {});
+        Server {
+            child,
+            socket: home.path().join("cairn.sock"),
+        }
+    }
+
+    /// Sends a request; answers the status and the raw body (de-chunked).
+    fn raw(&self, method: &str, path: &str, headers: &[(&str, &str)], body: &[u8]) -> (u16, Vec<u8>) {
+        let mut conn = UnixStream::connect(&self.socket).unwrap();
+        let mut head = format!(
+            "{method} {path} HTTP/1.1\r\nHost: cairn\r\nConnection: close\r\nContent-Type: application/json\r\nContent-Length: {}\r\n",
+            body.len()
+        );
+        for (k, v) in headers {
+            head.push_str(&format!("{k}: {v}\r\n"));
+        }
+        head.push_str("\r\n");
+        conn.write_all(head.as_bytes()).unwrap();
+        // A server refusing a large body may answer and close before it
+        // has read it all: write from another thread, read what came.
+        let mut writer = conn.try_clone().unwrap();
+        let body = body.to_vec();
+        let sending = std::thread::spawn(move || drop(writer.write_all(&body)));
+        let mut text = Vec::new();
+        let mut buf = [0u8; 65536];
+        loop {
+            match conn.read(&mut buf) {
+                Ok(0) | Err(_) => break,
+                Ok(n) => text.extend_from_slice(&buf[..n]),
+            }
+        }
+        let _ = conn.shutdown(std::net::Shutdown::Both);
+        let _ = sending.join();
+        parse_response(&text)
+    }
+
+    /// Sends JSON; answers (status, JSON body or the text as a string).
+    fn call(&self, method: &str, path: &str, body: Option<Value>) -> (u16, Value) {
+        self.call_with(method, path, &[], body)
+    }
+
+    fn call_with(&self, method: &str, path: &str, headers: &[(&str, &str)], body: Option<Value>) -> (u16, Value) {
+        let body = body.map(|b| b.to_string()).unwrap_or_default();
+        let (status, bytes) = self.raw(method, path, headers, body.as_bytes());
+        let text = String::from_utf8_lossy(&bytes).into_owned();
+        (status, serde_json::from_str(&text).unwrap_or(Value::String(text)))
+    }
+
+    /// A call that must answer `status`; its body.
+    fn ok(&self, method: &str, path: &str, body: Option<Value>, status: u16) -> Value {
+        let (got, v) = self.call(method, path, body);
+        assert_eq!(got, status, "{method} {path}: {v}");
+        v
+    }
+
+    /// A streamed exec's events, (name, data) in order.
+    fn stream(&self, id: &str, argv: &[&str]) -> Vec<(String, Value)> {
+        let body = json!({ "argv": argv }).to_string();
+        let (status, bytes) = self.raw("POST", &format!("/v1/sessions/{id}/exec/stream"), &[], body.as_bytes());
+        assert_eq!(status, 200, "{}", String::from_utf8_lossy(&bytes));
+        let mut events = Vec::new();
+        let mut name = String::new();
+        for line in String::from_utf8(bytes).unwrap().lines() {
+            if let Some(e) = line.strip_prefix("event: ") {
+                name = e.to_string();
+            } else if let Some(d) = line.strip_prefix("data: ") {
+                events.push((name.clone(), serde_json::from_str(d).unwrap()));
+            }
+        }
+        events
+    }
+}
+
+impl Drop for Server {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// Status and body of an HTTP/1.1 response, a chunked body joined.
+fn parse_response(text: &[u8]) -> (u16, Vec<u8>) {
+    let end = text
+        .windows(4)
+        .position(|w| w == b"\r\n\r\n")
+        .expect("a complete response head");
+    let head = String::from_utf8_lossy(&text[..end]).to_ascii_lowercase();
+    let status: u16 = head.split_whitespace().nth(1).unwrap().parse().unwrap();
+    let mut body = &text[end + 4..];
+    if !head.contains("transfer-encoding: chunked") {
+        return (status, body.to_vec());
+    }
+    let mut out = Vec::new();
+    loop {
+        let line_end = body.windows(2).position(|w| w == b"\r\n").expect("a chunk size");
+        let size = usize::from_str_radix(std::str::from_utf8(&body[..line_end]).unwrap().trim(), 16).unwrap();
+        if size == 0 {
+            return (status, out);
+        }
+        out.extend_from_slice(&body[line_end + 2..line_end + 2 + size]);
+        body = &body[line_end + 2 + size + 2..];
+    }
+}
+
+fn b64(text: &str) -> String {
+    use std::fmt::Write as _;
+    // Standard base64 of a short ASCII text, enough to compare stream data.
+    const ABC: &[u8] = b"ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/";
+    let mut out = String::new();
+    for c in text.as_bytes().chunks(3) {
+        let n = (c[0] as u32) << 16 | (*c.get(1).unwrap_or(&0) as u32) << 8 | *c.get(2).unwrap_or(&0) as u32;
+        for i in 0..4 {
+            if i <= c.len() {
+                out.write_char(ABC[(n >> (18 - 6 * i) & 63) as usize] as char).unwrap();
+            } else {
+                out.push('=');
+            }
+        }
+    }
+    out
+}
+
+fn entries(v: &Value) -> Vec<Value> {
+    v["entries"].as_array().unwrap().clone()
+}
+
+fn seqs(v: &Value) -> Vec<u64> {
+    entries(v).iter().map(|e| e["seq"].as_u64().unwrap()).collect()
+}
+
+#[test]
+fn a_session_lives_its_whole_life_through_the_api() {
+    if skip("a_session_lives_its_whole_life_through_the_api") {
+        return;
+    }
+    let home = Home::new();
+    let s = Server::start(&home);
+    let events = {
+        let mut conn = UnixStream::connect(&s.socket).unwrap();
+        conn.write_all(b"GET /v1/events HTTP/1.1\r\nHost: cairn\r\n\r\n")
+            .unwrap();
+        conn
+    };
+    let created = s.ok(
+        "POST",
+        "/v1/sessions",
+        Some(json!({ "name": "agent", "idle_timeout_ms": 300000 })),
+        201,
+    );
+    let id = created["id"].as_str().unwrap().to_string();
+    assert_eq!(
+        (created["state"].as_str(), created["idle_timeout_ms"].as_u64()),
+        (Some("active"), Some(300_000))
+    );
+    // By name and by a unique prefix too.
+    assert_eq!(s.ok("GET", "/v1/sessions/agent", None, 200)["id"], id.as_str());
+    assert_eq!(
+        s.ok("GET", &format!("/v1/sessions/{}", &id[..6]), None, 200)["id"],
+        id.as_str()
+    );
+    let e = s.ok(
+        "POST",
+        "/v1/sessions/agent/entries",
+        Some(json!({ "kind": "user", "role": "user", "content": "make a file" })),
+        201,
+    );
+    assert_eq!((e["seq"].as_u64(), e["kind"].as_str()), (Some(1), Some("user")));
+    let e = s.ok(
+        "POST",
+        "/v1/sessions/agent/entries",
+        Some(json!({ "kind": "tool_call", "tool": "think", "arguments": { "plan": [1, 2] }, "tokens_in": 12 })),
+        201,
+    );
+    assert_eq!(e["arguments"], json!({ "plan": [1, 2] }));
+    // A collected exec answers the output and records its call and result.
+    let r = s.ok(
+        "POST",
+        "/v1/sessions/agent/exec",
+        Some(json!({ "argv": ["sh", "-c", "echo one > /f; cat /f; echo warn >&2; exit 3"] })),
+        200,
+    );
+    assert_eq!(
+        (
+            r["exit_code"].as_i64(),
+            r["stdout"].as_str(),
+            r["stderr"].as_str(),
+            r["call_seq"].as_u64(),
+            r["result_seq"].as_u64()
+        ),
+        (Some(3), Some("one\n"), Some("warn\n"), Some(3), Some(4)),
+        "{r}"
+    );
+    // A streamed one sends the output as events, then the exit with its seqs.
+    let events_seen = s.stream(
+        "agent",
+        &["sh", "-c", "echo two >> /f; echo out; sleep 0.2; echo err >&2; exit 5"],
+    );
+    let names: Vec<&str> = events_seen.iter().map(|(n, _)| n.as_str()).collect();
+    assert_eq!(names, ["stdout", "stderr", "exit"], "{events_seen:?}");
+    assert_eq!(events_seen[0].1["data"], b64("out\n"));
+    assert_eq!(events_seen[1].1["data"], b64("err\n"));
+    let exit = &events_seen[2].1;
+    assert_eq!(
+        (
+            exit["exit_code"].as_i64(),
+            exit["call_seq"].as_u64(),
+            exit["result_seq"].as_u64()
+        ),
+        (Some(5), Some(5), Some(6)),
+        "{exit}"
+    );
+    let tail = s.ok("GET", "/v1/sessions/agent/log?tail=2", None, 200);
+    assert_eq!(seqs(&tail), [5, 6]);
+    let result: Value = serde_json::from_str(tail["entries"][1]["result"].as_str().unwrap()).unwrap();
+    assert_eq!(
+        (tail["entries"][1]["kind"].as_str(), result["stderr"].as_str()),
+        (Some("tool_result"), Some("err\n"))
+    );
+    assert_eq!(tail["entries"][0]["arguments"]["argv"][0], "sh");
+    // Paging from the start: limit, then next.
+    let page = s.ok("GET", "/v1/sessions/agent/log?from=1&limit=4", None, 200);
+    assert_eq!((seqs(&page), page["next"].as_u64()), (vec![1, 2, 3, 4], Some(5)));
+    let page = s.ok("GET", "/v1/sessions/agent/log?from=5&limit=4", None, 200);
+    assert_eq!((seqs(&page), page["next"].as_u64()), (vec![5, 6], None));
+    // Suspend: the sandbox goes, a snapshot is recorded; an exec resumes it.
+    let suspended = s.ok("POST", "/v1/sessions/agent/suspend", None, 200);
+    assert_eq!(suspended["state"], "suspended");
+    assert!(suspended["sandbox_id"].is_null() && suspended["snapshot_id"].is_string());
+    assert!(home.ps().is_empty(), "a suspended session has no sandbox");
+    let r = s.ok(
+        "POST",
+        "/v1/sessions/agent/exec",
+        Some(json!({ "argv": ["cat", "/f"] })),
+        200,
+    );
+    assert_eq!(r["stdout"], "one\ntwo\n", "the files came back: {r}");
+    assert_eq!(s.ok("GET", "/v1/sessions/agent", None, 200)["state"], "active");
+    // Fork at entry 4 (before the second write): the machine as it was then.
+    let (status, fork) = s.call_with(
+        "POST",
+        "/v1/sessions/agent/fork",
+        &[("Idempotency-Key", "fork-1")],
+        Some(json!({ "at": 4, "reason": "try another way", "name": "other" })),
+    );
+    assert_eq!(status, 201, "{fork}");
+    let (again, same) = s.call_with(
+        "POST",
+        "/v1/sessions/agent/fork",
+        &[("Idempotency-Key", "fork-1")],
+        Some(json!({ "at": 4, "reason": "try another way", "name": "other" })),
+    );
+    assert_eq!((again, &same["id"]), (201, &fork["id"]), "one fork per key");
+    assert_eq!(
+        (fork["parent_id"].as_str(), fork["fork_seq"].as_u64()),
+        (Some(id.as_str()), Some(4))
+    );
+    let forked_log = s.ok("GET", "/v1/sessions/other/log", None, 200);
+    assert_eq!(seqs(&forked_log), [1, 2, 3, 4]);
+    // Without a snapshot at or before entry 4 the fork starts from the image.
+    let r = s.ok(
+        "POST",
+        "/v1/sessions/other/exec",
+        Some(json!({ "argv": ["sh", "-c", "cat /f 2>&1; echo forked > /f"] })),
+        200,
+    );
+    assert!(r["stdout"].as_str().unwrap().contains("No such file"), "{r}");
+    let r = s.ok(
+        "POST",
+        "/v1/sessions/agent/exec",
+        Some(json!({ "argv": ["cat", "/f"] })),
+        200,
+    );
+    assert_eq!(r["stdout"], "one\ntwo\n", "the parent did not see the fork's write");
+    // Rewind to 2: later entries leave the live log; the next follows them.
+    let head = s.ok("GET", "/v1/sessions/agent", None, 200)["head_seq"]
+        .as_u64()
+        .unwrap();
+    let rw = s.ok("POST", "/v1/sessions/agent/rewind", Some(json!({ "to": 2 })), 200);
+    assert_eq!((rw["to_seq"].as_u64(), rw["head_seq"].as_u64()), (Some(2), Some(head)));
+    let e = s.ok(
+        "POST",
+        "/v1/sessions/agent/entries",
+        Some(json!({ "kind": "note", "content": "again" })),
+        201,
+    );
+    assert_eq!(e["seq"].as_u64(), Some(head + 1));
+    assert_eq!(
+        seqs(&s.ok("GET", "/v1/sessions/agent/log", None, 200)),
+        [1, 2, head + 1]
+    );
+    // The fork still sees the entries it shares.
+    assert_eq!(
+        seqs(&s.ok("GET", "/v1/sessions/other/log", None, 200))[..4],
+        [1, 2, 3, 4]
+    );
+    // Verify: ok; then a changed row is named.
+    let v = s.ok("GET", "/v1/sessions/agent/verify", None, 200);
+    assert_eq!(
+        (v["ok"].as_bool(), v["entries"].as_u64()),
+        (Some(true), Some(head + 1)),
+        "{v}"
+    );
+    let db = rusqlite::Connection::open(home.path().join("state.db")).unwrap();
+    db.execute(
+        "UPDATE session_entries SET content = 'changed' WHERE session_id = ?1 AND seq = 1",
+        [&id],
+    )
+    .unwrap();
+    let v = s.ok("GET", "/v1/sessions/agent/verify", None, 200);
+    assert_eq!(
+        (v["ok"].as_bool(), v["first_bad"]["seq"].as_u64()),
+        (Some(false), Some(1)),
+        "{v}"
+    );
+    // Listing, filtered by state and paged.
+    let all = s.ok("GET", "/v1/sessions?limit=1", None, 200);
+    assert_eq!(all["items"][0]["id"], id.as_str());
+    let rest = s.ok("GET", &format!("/v1/sessions?after={id}"), None, 200);
+    assert_eq!(rest["items"][0]["name"], "other");
+    // Close: the sandboxes go, the log stays; purge deletes it (forks first).
+    let (status, v) = s.call("DELETE", "/v1/sessions/agent?purge=true", None);
+    assert_eq!(status, 409, "a session with forks keeps its log: {v}");
+    s.ok("DELETE", "/v1/sessions/other?purge=true", None, 204);
+    s.ok("DELETE", "/v1/sessions/agent", None, 204);
+    let closed = s.ok("GET", "/v1/sessions/agent", None, 200);
+    assert_eq!(closed["state"], "closed");
+    assert_eq!(
+        seqs(&s.ok("GET", "/v1/sessions/agent/log?tail=1", None, 200)),
+        [head + 1]
+    );
+    s.ok("DELETE", "/v1/sessions/agent?purge=true", None, 204);
+    s.ok("GET", "/v1/sessions/agent", None, 404);
+    assert!(home.ps().is_empty(), "{:?}", home.ps());
+    // The event stream saw the session's life.
+    drop(s);
+    let mut text = String::new();
+    let mut events = events;
+    events.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
+    let _ = events.read_to_string(&mut text);
+    for kind in [
+        "session.created",
+        "session.exec",
+        "session.suspended",
+        "session.resumed",
+        "session.forked",
+        "session.rewound",
+        "session.closed",
+    ] {
+        assert!(text.contains(&format!("event: {kind}")), "{kind} in {text}");
+    }
+}
+
+#[test]
+fn a_client_that_leaves_a_streamed_exec_still_gets_its_result_recorded() {
+    if skip("a_client_that_leaves_a_streamed_exec_still_gets_its_result_recorded") {
+        return;
+    }
+    let home = Home::new();
+    let s = Server::start(&home);
+    s.ok("POST", "/v1/sessions", Some(json!({ "name": "leaver" })), 201);
+    let mut conn = UnixStream::connect(&s.socket).unwrap();
+    let body = json!({ "argv": ["sh", "-c", "echo start; sleep 1; echo finished > /done; echo end"] }).to_string();
+    write!(
+        conn,
+        "POST /v1/sessions/leaver/exec/stream HTTP/1.1\r\nHost: cairn\r\nContent-Type: application/json\r\nContent-Length: {}\r\n\r\n{body}",
+        body.len()
+    )
+    .unwrap();
+    let mut buf = [0u8; 512];
+    let n = conn.read(&mut buf).unwrap();
+    assert!(String::from_utf8_lossy(&buf[..n]).starts_with("HTTP/1.1 200"));
+    // While it runs, the session is busy: a suspend is refused, not queued.
+    let (status, v) = s.call("POST", "/v1/sessions/leaver/suspend", None);
+    assert_eq!(status, 409, "{v}");
+    assert!(v["error"]["message"].as_str().unwrap().contains("busy"), "{v}");
+    drop(conn);
+    // The command runs to its end and the log gets its result.
+    let deadline = Instant::now() + Duration::from_secs(30);
+    let last = loop {
+        let tail = s.ok("GET", "/v1/sessions/leaver/log?tail=1", None, 200);
+        if tail["entries"][0]["kind"] == "tool_result" || Instant::now() > deadline {
+            break tail["entries"][0].clone();
+        }
+        std::thread::sleep(Duration::from_millis(100));
+    };
+    assert_eq!(
+        (last["kind"].as_str(), last["exit_status"].as_i64()),
+        (Some("tool_result"), Some(0)),
+        "{last}"
+    );
+    let result: Value = serde_json::from_str(last["result"].as_str().unwrap()).unwrap();
+    assert_eq!(result["stdout"], "start\nend\n");
+    let r = s.ok(
+        "POST",
+        "/v1/sessions/leaver/exec",
+        Some(json!({ "argv": ["cat", "/done"] })),
+        200,
+    );
+    assert_eq!(r["stdout"], "finished\n");
+    // Once it ended, the suspend goes through.
+    s.ok("POST", "/v1/sessions/leaver/suspend", None, 200);
+}
+
+#[test]
+fn bad_session_requests_get_one_error_shape_and_change_nothing() {
+    if skip("bad_session_requests_get_one_error_shape_and_change_nothing") {
+        return;
+    }
+    let home = Home::new();
+    let s = Server::start(&home);
+    s.ok("POST", "/v1/sessions", Some(json!({ "name": "calm" })), 201);
+    let mut seen = Vec::new();
+    let mut expect = |status: u16, method: &str, path: &str, body: Option<Value>, says: &str| {
+        let (got, v) = s.call(method, path, body);
+        assert_eq!(got, status, "{method} {path}: {v}");
+        let code = v["error"]["code"]
+            .as_str()
+            .unwrap_or_else(|| panic!("not the error shape: {v}"));
+        let message = v["error"]["message"].as_str().unwrap();
+        assert!(
+            message.contains(says),
+            "{method} {path}: {message:?} should say {says:?}"
+        );
+        assert_eq!(v.as_object().unwrap().len(), 1, "{v}");
+        seen.push(code.to_string());
+    };
+    // Unknown sessions.
+    expect(404, "GET", "/v1/sessions/nosuchsession", None, "nosuchsession");
+    expect(404, "GET", "/v1/sessions/nosuchsession/log", None, "nosuchsession");
+    expect(
+        404,
+        "POST",
+        "/v1/sessions/nosuchsession/exec",
+        Some(json!({ "argv": ["true"] })),
+        "nosuchsession",
+    );
+    expect(404, "POST", "/v1/sessions/nosuchsession/suspend", None, "nosuchsession");
+    expect(404, "DELETE", "/v1/sessions/nosuchsession", None, "nosuchsession");
+    // Bad entries.
+    let append_to = "/v1/sessions/calm/entries";
+    expect(
+        400,
+        "POST",
+        append_to,
+        Some(json!({ "kind": "gossip" })),
+        "kind must be",
+    );
+    expect(400, "POST", append_to, Some(json!({ "kind": "recovered" })), "Cairn's");
+    expect(
+        400,
+        "POST",
+        append_to,
+        Some(json!({ "kind": "user", "role": "boss" })),
+        "role must be",
+    );
+    expect(
+        400,
+        "POST",
+        append_to,
+        Some(json!({ "kind": "note", "seq": 9 })),
+        "seq is Cairn's",
+    );
+    expect(
+        400,
+        "POST",
+        append_to,
+        Some(json!({ "kind": "note", "hash": "00" })),
+        "hash is Cairn's",
+    );
+    expect(
+        400,
+        "POST",
+        append_to,
+        Some(json!({ "kind": "note", "content_ref": "x" })),
+        "content_ref",
+    );
+    expect(
+        400,
+        "POST",
+        append_to,
+        Some(json!({ "kind": "note", "mood": "x" })),
+        "mood",
+    );
+    expect(
+        400,
+        "POST",
+        append_to,
+        Some(json!({ "kind": "note", "content": "a\u{0}b" })),
+        "NUL",
+    );
+    expect(
+        400,
+        "POST",
+        append_to,
+        Some(json!({ "kind": "tool_call", "tool": "" })),
+        "tool must be",
+    );
+    expect(
+        400,
+        "POST",
+        append_to,
+        Some(json!({ "kind": "note", "tokens_in": 1u64 << 60 })),
+        "tokens_in",
+    );
+    expect(
+        400,
+        "POST",
+        append_to,
+        Some(json!({ "kind": "note", "exit_status": "zero" })),
+        "invalid type",
+    );
+    // Bad creates, execs, log reads, forks.
+    expect(
+        400,
+        "POST",
+        "/v1/sessions",
+        Some(json!({ "name": "no spaces" })),
+        "invalid session name",
+    );
+    expect(
+        400,
+        "POST",
+        "/v1/sessions",
+        Some(json!({ "idle_timeout_ms": 5 })),
+        "idle_timeout_ms",
+    );
+    expect(
+        409,
+        "POST",
+        "/v1/sessions",
+        Some(json!({ "name": "calm" })),
+        "already exists",
+    );
+    expect(
+        400,
+        "POST",
+        "/v1/sessions/calm/exec",
+        Some(json!({ "argv": [] })),
+        "argv",
+    );
+    expect(
+        400,
+        "POST",
+        "/v1/sessions/calm/exec",
+        Some(json!({ "argv": ["ls"], "env": {} })),
+        "env",
+    );
+    expect(400, "GET", "/v1/sessions/calm/log?tail=5&from=1", None, "tail alone");
+    expect(
+        400,
+        "GET",
+        "/v1/sessions/calm/log?limit=100000",
+        None,
+        "limit must be 1 to 1000",
+    );
+    expect(400, "GET", "/v1/sessions/calm/log?from=-1", None, "invalid query");
+    expect(400, "GET", "/v1/sessions?state=sleepy", None, "state must be");
+    expect(
+        400,
+        "POST",
+        "/v1/sessions/calm/fork",
+        Some(json!({ "at": 0, "reason": " " })),
+        "reason",
+    );
+    expect(
+        404,
+        "POST",
+        "/v1/sessions/calm/fork",
+        Some(json!({ "at": 7, "reason": "x" })),
+        "no entry 7",
+    );
+    expect(
+        404,
+        "POST",
+        "/v1/sessions/calm/rewind",
+        Some(json!({ "to": 7 })),
+        "no entry 7",
+    );
+    // Wrong states.
+    expect(409, "POST", "/v1/sessions/calm/resume", None, "already running");
+    expect(
+        409,
+        "POST",
+        "/v1/sessions/calm/rewind",
+        Some(json!({ "to": 0 })),
+        "nothing to rewind",
+    );
+    s.ok("POST", "/v1/sessions/calm/suspend", None, 200);
+    expect(409, "POST", "/v1/sessions/calm/suspend", None, "only an active session");
+    s.ok("DELETE", "/v1/sessions/calm", None, 204);
+    expect(409, "POST", append_to, Some(json!({ "kind": "note" })), "read-only");
+    expect(
+        409,
+        "POST",
+        "/v1/sessions/calm/exec",
+        Some(json!({ "argv": ["true"] })),
+        "fork it",
+    );
+    // A body above 4 MiB: 413, in the same shape.
+    let big = json!({ "kind": "note", "content": "x".repeat(5 << 20) }).to_string();
+    let (status, bytes) = s.raw("POST", "/v1/sessions/calm/entries", &[], big.as_bytes());
+    let v: Value = serde_json::from_slice(&bytes).unwrap_or_else(|_| panic!("{}", String::from_utf8_lossy(&bytes)));
+    assert_eq!((status, v["error"]["code"].as_str()), (413, Some("too_large")), "{v}");
+    // Nothing was appended by any of it; the chain is whole.
+    let calm = s.ok("GET", "/v1/sessions/calm", None, 200);
+    let log = s.ok("GET", "/v1/sessions/calm/log", None, 200);
+    assert_eq!(
+        entries(&log)
+            .iter()
+            .map(|e| e["kind"].as_str().unwrap())
+            .collect::<Vec<_>>(),
+        ["note"],
+        "only the suspend's note: {log}"
+    );
+    assert_eq!(calm["head_seq"], 1);
+    assert_eq!(s.ok("GET", "/v1/sessions/calm/verify", None, 200)["ok"], true);
+    assert_eq!(
+        s.ok("GET", "/v1/sessions", None, 200)["items"]
+            .as_array()
+            .unwrap()
+            .len(),
+        1
+    );
+    assert!(
+        seen.iter()
+            .all(|c| ["not_found", "bad_request", "conflict"].contains(&c.as_str())),
+        "{seen:?}"
+    );
+}
+
+#[test]
+fn a_suspend_overlapping_a_snapshot_of_the_sessions_sandbox_gets_409() {
+    if skip("a_suspend_overlapping_a_snapshot_of_the_sessions_sandbox_gets_409") {
+        return;
+    }
+    let home = Home::new();
+    let s = Server::start(&home);
+    let created = s.ok("POST", "/v1/sessions", Some(json!({ "name": "shared" })), 201);
+    let sandbox = created["sandbox_id"].as_str().unwrap().to_string();
+    // A snapshot of 300 MiB of new files through the sandbox routes takes
+    // long enough for the suspend to arrive while it runs.
+    s.ok(
+        "POST",
+        "/v1/sessions/shared/exec",
+        Some(json!({ "argv": ["sh", "-c", "dd if=/dev/urandom of=/big bs=1M count=300 2>/dev/null"] })),
+        200,
+    );
+    let (snapshot, suspend) = std::thread::scope(|scope| {
+        let first = scope.spawn(|| s.call("POST", &format!("/v1/sandboxes/{sandbox}/snapshots"), Some(json!({}))));
+        std::thread::sleep(Duration::from_millis(150));
+        let second = s.call("POST", "/v1/sessions/shared/suspend", None);
+        (first.join().unwrap(), second)
+    });
+    assert_eq!(snapshot.0, 201, "{}", snapshot.1);
+    assert_eq!(suspend.0, 409, "{}", suspend.1);
+    let message = suspend.1["error"]["message"].as_str().unwrap();
+    assert!(
+        message.contains(&sandbox) && message.contains("retry the session suspend"),
+        "{message}"
+    );
+    // Nothing moved: the session is active in the same sandbox; now it suspends.
+    let now = s.ok("GET", "/v1/sessions/shared", None, 200);
+    assert_eq!(
+        (now["state"].as_str(), now["sandbox_id"].as_str()),
+        (Some("active"), Some(sandbox.as_str()))
+    );
+    assert_eq!(
+        s.ok("POST", "/v1/sessions/shared/suspend", None, 200)["state"],
+        "suspended"
+    );
+}
