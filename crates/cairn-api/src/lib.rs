@@ -31,7 +31,7 @@ pub use app::{App, Settings};
 pub use serve::{serve, ServeOptions};
 
 use crate::error::ApiError;
-use crate::routes::{exec, files, runs, sandboxes, sessions, system};
+use crate::routes::{exec, files, runs, sandboxes, session_files, sessions, system};
 
 #[derive(OpenApi)]
 #[openapi(
@@ -54,7 +54,8 @@ use crate::routes::{exec, files, runs, sandboxes, sessions, system};
         runs::dlq, runs::dlq_get, runs::dlq_retry,
         sessions::create, sessions::list, sessions::get, sessions::remove,
         sessions::log, sessions::append, sessions::verify, sessions::exec, sessions::exec_stream,
-        sessions::suspend, sessions::resume, sessions::fork, sessions::rewind,
+        sessions::suspend, sessions::resume, sessions::fork, sessions::rewind, sessions::recover,
+        session_files::download, session_files::upload,
     ),
     components(schemas(app::Event)),
     modifiers(&Security),
@@ -145,6 +146,13 @@ pub fn router(app: Arc<App>) -> Router {
         .route("/v1/sessions/{id}/exec", post(sessions::exec))
         .route("/v1/sessions/{id}/exec/stream", post(sessions::exec_stream))
         .route("/v1/sessions/{id}/suspend", post(sessions::suspend))
+        .route("/v1/sessions/{id}/recover", post(sessions::recover))
+        .route(
+            "/v1/sessions/{id}/files",
+            get(session_files::download)
+                .put(session_files::upload)
+                .layer(no_limit),
+        )
         .route("/v1/sessions/{id}/resume", post(sessions::resume))
         .route("/v1/sessions/{id}/fork", post(sessions::fork))
         .route("/v1/sessions/{id}/rewind", post(sessions::rewind))

@@ -537,7 +537,7 @@ impl Engine {
     }
 }
 
-fn process_of(rec: &SandboxRecord) -> Option<SandboxProcess> {
+pub(crate) fn process_of(rec: &SandboxRecord) -> Option<SandboxProcess> {
     Some(SandboxProcess {
         pid: rec.pid?,
         start_time: rec.pid_start?,

@@ -578,8 +578,22 @@ fn bad_session_requests_get_one_error_shape_and_change_nothing() {
         400,
         "POST",
         "/v1/sessions/calm/exec",
-        Some(json!({ "argv": ["ls"], "env": {} })),
-        "env",
+        Some(json!({ "argv": ["ls"], "stdin": "x" })),
+        "stdin",
+    );
+    expect(
+        400,
+        "POST",
+        "/v1/sessions/calm/exec",
+        Some(json!({ "argv": ["ls"], "env": { "A=B": "c" } })),
+        "env names",
+    );
+    expect(
+        400,
+        "POST",
+        "/v1/sessions/calm/exec",
+        Some(json!({ "argv": ["ls"], "timeout_secs": -1 })),
+        "timeout_secs",
     );
     expect(400, "GET", "/v1/sessions/calm/log?tail=5&from=1", None, "tail alone");
     expect(
@@ -704,4 +718,137 @@ fn a_suspend_overlapping_a_snapshot_of_the_sessions_sandbox_gets_409() {
         s.ok("POST", "/v1/sessions/shared/suspend", None, 200)["state"],
         "suspended"
     );
+}
+
+#[test]
+fn files_messages_and_recovery_go_through_a_suspended_session() {
+    if skip("files_messages_and_recovery_go_through_a_suspended_session") {
+        return;
+    }
+    let home = Home::new();
+    let server = Server::start(&home);
+    let s = server.ok("POST", "/v1/sessions", Some(json!({ "name": "files" })), 201);
+    let id = s["id"].as_str().unwrap().to_string();
+    server.ok("POST", &format!("/v1/sessions/{id}/suspend"), None, 200);
+
+    // A write to a suspended session resumes it and is logged with its hash.
+    let content = b"hello from the agent\n";
+    let (status, body) = server.raw(
+        "PUT",
+        &format!("/v1/sessions/{id}/files?path=/notes.txt&mode=600"),
+        &[],
+        content,
+    );
+    assert_eq!(status, 201, "{}", String::from_utf8_lossy(&body));
+    let stat: Value = serde_json::from_slice(&body).unwrap();
+    assert_eq!((stat["size"].as_u64(), stat["mode"].as_u64()), (Some(21), Some(0o600)));
+    assert_eq!(
+        server.ok("GET", &format!("/v1/sessions/{id}"), None, 200)["state"],
+        "active"
+    );
+    let log = server.ok("GET", &format!("/v1/sessions/{id}/log?tail=2"), None, 200);
+    let tail = entries(&log);
+    assert_eq!(
+        (tail[0]["kind"].as_str(), tail[0]["tool"].as_str()),
+        (Some("tool_call"), Some("write_file"))
+    );
+    assert_eq!(tail[0]["arguments"]["path"], "/notes.txt");
+    let result: Value = serde_json::from_str(tail[1]["result"].as_str().unwrap()).unwrap();
+    assert_eq!(result["blake3"], blake3::hash(content).to_hex().as_str());
+    assert_eq!(result["call"], tail[0]["seq"]);
+
+    // A read of a suspended session resumes it too, and is not logged.
+    server.ok("POST", &format!("/v1/sessions/{id}/suspend"), None, 200);
+    let head = server.ok("GET", &format!("/v1/sessions/{id}"), None, 200)["head_seq"].clone();
+    let (status, body) = server.raw("GET", &format!("/v1/sessions/{id}/files?path=/notes.txt"), &[], b"");
+    assert_eq!((status, body.as_slice()), (200, content.as_slice()));
+    let now = server.ok("GET", &format!("/v1/sessions/{id}"), None, 200);
+    assert_eq!((now["state"].as_str(), &now["head_seq"]), (Some("active"), &head));
+    let (status, missing) = server.call("GET", &format!("/v1/sessions/{id}/files?path=/nope"), None);
+    assert_eq!(status, 404, "{missing}");
+    let (status, relative) = server.call("GET", &format!("/v1/sessions/{id}/files?path=notes.txt"), None);
+    assert_eq!(status, 400, "{relative}");
+
+    // A user message to a suspended session resumes it; an assistant's does not.
+    server.ok("POST", &format!("/v1/sessions/{id}/suspend"), None, 200);
+    server.ok(
+        "POST",
+        &format!("/v1/sessions/{id}/entries"),
+        Some(json!({ "kind": "assistant", "role": "assistant", "content": "thinking" })),
+        201,
+    );
+    assert_eq!(
+        server.ok("GET", &format!("/v1/sessions/{id}"), None, 200)["state"],
+        "suspended"
+    );
+    server.ok(
+        "POST",
+        &format!("/v1/sessions/{id}/entries"),
+        Some(json!({ "kind": "user", "role": "user", "content": "next step" })),
+        201,
+    );
+    assert_eq!(
+        server.ok("GET", &format!("/v1/sessions/{id}"), None, 200)["state"],
+        "active"
+    );
+
+    // Exec with an environment, a working directory and a timeout.
+    let r = server.ok(
+        "POST",
+        &format!("/v1/sessions/{id}/exec"),
+        Some(json!({ "argv": ["sh", "-c", "echo $X; pwd"], "env": { "X": "y" }, "cwd": "/tmp" })),
+        200,
+    );
+    assert_eq!(r["stdout"], "y\n/tmp\n");
+    let r = server.ok(
+        "POST",
+        &format!("/v1/sessions/{id}/exec"),
+        Some(json!({ "argv": ["sleep", "5"], "timeout_secs": 0.2 })),
+        200,
+    );
+    assert_eq!(r["exit_code"], 124);
+
+    // Recovery: nothing to replay while the sandbox runs; after its init is
+    // killed, recover restores the snapshot and replays the lost call.
+    server.ok("POST", &format!("/v1/sessions/{id}/suspend"), None, 200);
+    server.ok(
+        "POST",
+        &format!("/v1/sessions/{id}/exec"),
+        Some(json!({ "argv": ["sh", "-c", "echo lost >> /trail"] })),
+        200,
+    );
+    let (status, refused) = server.call(
+        "POST",
+        &format!("/v1/sessions/{id}/recover"),
+        Some(json!({ "replay": true })),
+    );
+    assert_eq!(status, 409, "{refused}");
+    let sandbox = server.ok("GET", &format!("/v1/sessions/{id}"), None, 200)["sandbox_id"]
+        .as_str()
+        .unwrap()
+        .to_string();
+    nix::sys::signal::kill(
+        nix::unistd::Pid::from_raw(common::init_pid(&home, &sandbox)),
+        nix::sys::signal::Signal::SIGKILL,
+    )
+    .unwrap();
+    std::thread::sleep(Duration::from_millis(300));
+    let r = server.ok(
+        "POST",
+        &format!("/v1/sessions/{id}/recover"),
+        Some(json!({ "replay": true })),
+        200,
+    );
+    assert!(r["recovered"]["seq"].is_u64(), "{r}");
+    assert_eq!(r["replayed"].as_array().unwrap().len(), 1, "{r}");
+    assert!(r["stopped"].is_null(), "{r}");
+    let r = server.ok(
+        "POST",
+        &format!("/v1/sessions/{id}/exec"),
+        Some(json!({ "argv": ["cat", "/trail", "/notes.txt"] })),
+        200,
+    );
+    assert_eq!(r["stdout"], "lost\nhello from the agent\n");
+    let v = server.ok("GET", &format!("/v1/sessions/{id}/verify"), None, 200);
+    assert_eq!(v["ok"], true);
 }

@@ -212,6 +212,50 @@ pub struct SessionExecBody {
     /// The program and its arguments, e.g. `["sh", "-c", "echo hi"]`.
     #[schema(min_items = 1)]
     pub argv: Vec<String>,
+    /// Added to the default environment (PATH, HOME, TERM); recorded with
+    /// the call.
+    #[serde(default)]
+    pub env: std::collections::BTreeMap<String, String>,
+    /// Working directory (default `/`).
+    pub cwd: Option<String>,
+    /// Kill the command after this many seconds (exit code 124).
+    pub timeout_secs: Option<f64>,
+}
+
+/// What `POST /v1/sessions/{id}/recover` does beyond restoring a dead sandbox.
+#[derive(Debug, Default, Serialize, Deserialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct RecoverBody {
+    /// Run again the exec calls the restore lost, in order, stopping at the
+    /// first whose exit status differs from the log's.
+    #[serde(default)]
+    pub replay: bool,
+}
+
+/// One call run again by a replay.
+#[derive(Debug, Serialize, Deserialize, ToSchema)]
+pub struct ReplayedCall {
+    /// The original call's entry.
+    pub call: u64,
+    /// Its status as the log recorded it (none if it never finished).
+    pub expected: Option<i32>,
+    pub status: i32,
+    /// The replay's own call entry.
+    pub call_seq: u64,
+}
+
+/// What a recovery did.
+#[derive(Debug, Serialize, Deserialize, ToSchema)]
+pub struct RecoverResult {
+    /// The `recovered` entry, when the sandbox had died.
+    pub recovered: Option<LogEntry>,
+    pub replayed: Vec<ReplayedCall>,
+    /// Why replay stopped before the last lost call.
+    pub stopped: Option<String>,
+    /// The replayed commands' output, as UTF-8 (invalid sequences
+    /// replaced), at most 16 MiB each.
+    pub stdout: String,
+    pub stderr: String,
 }
 
 /// How a command run in a session ended, and the entries recording it.

@@ -26,7 +26,7 @@ use crate::model::*;
 /// Output kept per stream by a non-streamed exec.
 const COLLECT_MAX: usize = 16 << 20;
 
-fn request(body: &ExecBody, streamed: bool) -> ApiResult<ExecRequest> {
+pub(crate) fn request(body: &ExecBody, streamed: bool) -> ApiResult<ExecRequest> {
     if body.argv.is_empty() || body.argv[0].is_empty() {
         return Err(ApiError::bad_request(
             "argv must name a program, e.g. [\"sh\", \"-c\", \"echo hi\"]",

@@ -17,9 +17,9 @@ use crate::app::{now_ms, App};
 use crate::error::{ApiError, ApiResult, ErrorBody};
 use crate::model::*;
 
-type QueryResult<T> = Result<Query<T>, axum::extract::rejection::QueryRejection>;
+pub(crate) type QueryResult<T> = Result<Query<T>, axum::extract::rejection::QueryRejection>;
 
-fn check_path(path: &str) -> ApiResult<()> {
+pub(crate) fn check_path(path: &str) -> ApiResult<()> {
     if !path.starts_with('/') || path.contains('\0') || path.len() > 4096 {
         return Err(ApiError::bad_request(format!(
             "path must be absolute, without NUL, at most 4096 bytes; got {path:?}"
@@ -139,13 +139,7 @@ pub async fn upload(
 ) -> ApiResult<(StatusCode, Json<FileStat>)> {
     let Query(q) = q?;
     check_path(&q.path)?;
-    let mode = match &q.mode {
-        Some(m) => u32::from_str_radix(m, 8)
-            .ok()
-            .filter(|m| *m <= 0o7777)
-            .ok_or_else(|| ApiError::bad_request(format!("mode must be octal permission bits like 644, got {m:?}")))?,
-        None => 0o644,
-    };
+    let mode = mode_of(q.mode.as_deref())?;
     let rec = app.engine(move |e| Ok(e.sandbox(&id)?)).await?;
     // Spooled first: init needs the size before the bytes, and a client
     // that stops half-way must leave no half-written file in the sandbox.
@@ -281,6 +275,17 @@ pub async fn remove(
 /// `scratch/` (removed with the returned path), refusing one above the
 /// server's upload limit with 413. Answers the file (rewound), its path
 /// and its size.
+/// Permission bits given in octal (`644` when not given).
+pub(crate) fn mode_of(mode: Option<&str>) -> ApiResult<u32> {
+    match mode {
+        Some(m) => u32::from_str_radix(m, 8)
+            .ok()
+            .filter(|m| *m <= 0o7777)
+            .ok_or_else(|| ApiError::bad_request(format!("mode must be octal permission bits like 644, got {m:?}"))),
+        None => Ok(0o644),
+    }
+}
+
 pub(crate) async fn spool(
     app: &App,
     body: Body,

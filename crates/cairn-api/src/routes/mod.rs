@@ -5,6 +5,7 @@ pub mod exec;
 pub mod files;
 pub mod runs;
 pub mod sandboxes;
+pub mod session_files;
 pub mod sessions;
 pub mod system;
 

@@ -22,6 +22,7 @@ use axum::Json;
 use base64::Engine as _;
 use cairn_engine::sessions::{Entry, EntryKind, LogRange, SessionOptions, SessionRecord, SessionState};
 use cairn_engine::{Engine, Silent};
+use cairn_protocol::ExecRequest;
 use futures_util::stream::Stream;
 use tokio::sync::mpsc;
 
@@ -353,7 +354,13 @@ pub async fn append(
     refuse_assigned(&body)?;
     let entry = entry_of(parse(&body)?)?;
     let s = session(&app, id).await?;
-    let e = app.engine(move |e| Ok(e.session_append(&s, entry)?)).await?;
+    let wakes = entry.kind == EntryKind::User && s.state == SessionState::Suspended;
+    let sid = s.id.clone();
+    // A user message to a suspended session resumes it, after recording it.
+    let e = app.engine(move |e| Ok(e.append_entry(&sid, entry)?)).await?;
+    if wakes {
+        app.emit("session.resumed", &s.id, "by a user message");
+    }
     Ok(json(StatusCode::CREATED, &LogEntry::from(e)))
 }
 
@@ -368,17 +375,21 @@ pub async fn verify(State(app): State<Arc<App>>, Path(id): Path<String>) -> ApiR
     Ok(Json(app.engine(move |e| Ok(e.verify_session(&s)?)).await?.into()))
 }
 
-fn argv_of(body: &[u8]) -> ApiResult<Vec<String>> {
-    let req: SessionExecBody = parse(body)?;
-    if req.argv.is_empty() || req.argv[0].is_empty() {
-        return Err(ApiError::bad_request(
-            "argv must name a program, e.g. [\"sh\", \"-c\", \"echo hi\"]",
-        ));
-    }
-    if req.argv.iter().any(|a| a.contains('\0')) {
-        return Err(ApiError::bad_request("argv must not contain NUL bytes"));
-    }
-    Ok(req.argv)
+fn request_of(body: &[u8]) -> ApiResult<ExecRequest> {
+    let b: SessionExecBody = parse(body)?;
+    super::exec::request(
+        &ExecBody {
+            argv: b.argv,
+            env: b.env,
+            cwd: b.cwd,
+            timeout_secs: b.timeout_secs,
+            stdin: None,
+            stdin_open: false,
+            detach: false,
+            on_disconnect: None,
+        },
+        false,
+    )
 }
 
 /// Runs the command in the session, then reads back the result entry's
@@ -386,11 +397,11 @@ fn argv_of(body: &[u8]) -> ApiResult<Vec<String>> {
 fn run(
     e: &mut Engine,
     id: &str,
-    argv: Vec<String>,
+    req: ExecRequest,
     out: &mut dyn Write,
     err: &mut dyn Write,
 ) -> ApiResult<SessionExecResult> {
-    let outcome = e.session_exec(id, argv, out, err)?;
+    let outcome = e.session_exec_request(id, req, out, err)?;
     let s = e.session(id)?;
     let error = e
         .session_log(
@@ -445,7 +456,7 @@ pub async fn exec(
     Path(id): Path<String>,
     body: Result<Bytes, BytesRejection>,
 ) -> ApiResult<Json<SessionExecResult>> {
-    let argv = argv_of(&body_of(body)?)?;
+    let req = request_of(&body_of(body)?)?;
     let s = session(&app, id).await?;
     let busy = app.claim_session(&s.id, "exec")?;
     let id = s.id.clone();
@@ -454,7 +465,7 @@ pub async fn exec(
             // Held to the command's end, even when the client has gone.
             let _busy = busy;
             let (mut out, mut err) = (Collect::default(), Collect::default());
-            let mut r = run(e, &id, argv, &mut out, &mut err)?;
+            let mut r = run(e, &id, req, &mut out, &mut err)?;
             r.stdout = String::from_utf8_lossy(&out.bytes).into_owned();
             r.stderr = String::from_utf8_lossy(&err.bytes).into_owned();
             r.stdout_truncated = out.over;
@@ -534,7 +545,7 @@ pub async fn exec_stream(
     Path(id): Path<String>,
     body: Result<Bytes, BytesRejection>,
 ) -> ApiResult<Sse<impl Stream<Item = Result<Event, Infallible>>>> {
-    let argv = argv_of(&body_of(body)?)?;
+    let req = request_of(&body_of(body)?)?;
     let s = session(&app, id).await?;
     let busy = app.claim_session(&s.id, "exec")?;
     let (tx, rx) = mpsc::channel::<Piece>(64);
@@ -550,7 +561,7 @@ pub async fn exec_stream(
                 tx: tx.clone(),
                 stderr: true,
             };
-            let r = run(&mut engine, &s.id, argv, &mut out, &mut err);
+            let r = run(&mut engine, &s.id, req, &mut out, &mut err);
             a.give_back(engine);
             r
         });
@@ -578,6 +589,59 @@ pub async fn exec_stream(
         Some((Ok(piece.event()), (!last).then_some((rx, stopped))))
     });
     Ok(Sse::new(stream).keep_alive(KeepAlive::default()))
+}
+
+/// Restores a session whose sandbox died (as its next call would), and
+/// with `replay` runs again the exec calls the restore lost, in order,
+/// stopping at the first whose exit status differs from the log's.
+#[utoipa::path(operation_id = "recover_session", post, path = "/v1/sessions/{id}/recover", tag = "sessions",
+    params(("id" = String, Path, description = "Session id, unique prefix or name")),
+    request_body = RecoverBody,
+    responses((status = 200, body = RecoverResult, description = "Done; `stopped` says why a replay ended early"),
+        (status = 400, body = ErrorBody), (status = 404, body = ErrorBody),
+        (status = 409, body = ErrorBody, description = "Closed, busy, or nothing to replay"),
+        (status = 413, body = ErrorBody)))]
+pub async fn recover(
+    State(app): State<Arc<App>>,
+    Path(id): Path<String>,
+    body: Result<Bytes, BytesRejection>,
+) -> ApiResult<Json<RecoverResult>> {
+    let body = body_of(body)?;
+    let req: RecoverBody = if body.is_empty() {
+        RecoverBody::default()
+    } else {
+        parse(&body)?
+    };
+    let s = session(&app, id).await?;
+    let busy = app.claim_session(&s.id, "recover")?;
+    let sid = s.id.clone();
+    let r = app
+        .engine(move |e| {
+            let _busy = busy;
+            let (mut out, mut err) = (Collect::default(), Collect::default());
+            let report = e.recover_session(&sid, req.replay, &mut out, &mut err)?;
+            Ok(RecoverResult {
+                recovered: report.recovered.map(LogEntry::from),
+                replayed: report
+                    .replayed
+                    .into_iter()
+                    .map(|r| ReplayedCall {
+                        call: r.call,
+                        expected: r.expected,
+                        status: r.status,
+                        call_seq: r.call_seq,
+                    })
+                    .collect(),
+                stopped: report.stopped,
+                stdout: String::from_utf8_lossy(&out.bytes).into_owned(),
+                stderr: String::from_utf8_lossy(&err.bytes).into_owned(),
+            })
+        })
+        .await?;
+    if r.recovered.is_some() {
+        app.emit("session.recovered", &s.id, "sandbox restored from the newest snapshot");
+    }
+    Ok(Json(r))
 }
 
 /// Snapshots the session's sandbox, records the snapshot in the log and

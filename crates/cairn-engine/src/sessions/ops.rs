@@ -198,6 +198,12 @@ fn new_session_id() -> String {
     crate::random_hex(6)
 }
 
+/// Whether a sandbox runs: its row says so and its init is there (a
+/// long-lived server sees an init die without a command reconciling rows).
+fn alive(r: &SandboxRecord) -> bool {
+    r.state == SandboxState::Running && crate::sandboxes::process_of(r).is_some_and(|p| p.alive())
+}
+
 /// The name of a session's sandbox (one at a time).
 fn sandbox_name(session: &str) -> String {
     format!("session-{session}")
@@ -596,7 +602,7 @@ impl Engine {
                 .ok_or_else(|| SessionError::Busy(id.clone()))?;
             let s = self.session(&id)?;
             let resume = match s.state {
-                SessionState::Active => match self.session_sandbox(&s).filter(|r| r.state == SandboxState::Running) {
+                SessionState::Active => match self.session_sandbox(&s).filter(alive) {
                     Some(sandbox) => {
                         return Ok(Live {
                             session: s,
@@ -635,11 +641,7 @@ impl Engine {
             let s = self.session(&id)?;
             if resume && s.state != SessionState::Active {
                 self.resume_held(&s)?;
-            } else if !resume
-                && s.state == SessionState::Active
-                && self
-                    .session_sandbox(&s)
-                    .is_none_or(|r| r.state != SandboxState::Running)
+            } else if !resume && s.state == SessionState::Active && !self.session_sandbox(&s).is_some_and(|r| alive(&r))
             {
                 recovered = Some(self.recover(&s)?.1);
             }
@@ -828,6 +830,13 @@ impl Engine {
         result.result = Some(body.to_string());
         self.session_append(s, result)?;
         written
+    }
+
+    /// A path's metadata in the session's sandbox (resuming or recovering
+    /// it like exec); symlinks are not followed. Not logged.
+    pub fn session_stat(&mut self, key: &str, path: &str) -> Result<Option<cairn_protocol::FileMeta>, EngineError> {
+        let live = self.live_session(key)?;
+        Ok(self.client(&live.sandbox)?.stat(path)?)
     }
 
     /// Reads a file of the session's sandbox into `dst` (resuming or

@@ -1,0 +1,101 @@
+//! Files of a session's sandbox: a read or a write resumes a suspended
+//! session (or recovers a dead sandbox) like an exec does; a write is
+//! recorded in the log as a `write_file` call and its result.
+
+use std::sync::Arc;
+
+use axum::body::Body;
+use axum::extract::{Path, Query, State};
+use axum::http::{header, HeaderValue, StatusCode};
+use axum::response::Response;
+use axum::Json;
+use cairn_protocol::FileKind;
+use tokio::sync::mpsc;
+
+use super::files::{body_of, check_path, mode_of, spool, BodyWriter, QueryResult};
+use crate::app::App;
+use crate::error::{ApiError, ApiResult, ErrorBody};
+use crate::model::*;
+
+/// Downloads a regular file of the session's sandbox, streamed (resuming
+/// the session first if it is suspended). `X-Cairn-Mode` gives its
+/// permission bits in octal. Reads are not logged.
+#[utoipa::path(operation_id = "download_session_file", get, path = "/v1/sessions/{id}/files", tag = "sessions",
+    params(("id" = String, Path, description = "Session id, unique prefix or name"), PathQuery),
+    responses((status = 200, content_type = "application/octet-stream", body = Binary), (status = 400, body = ErrorBody),
+        (status = 404, body = ErrorBody), (status = 409, body = ErrorBody, description = "Closed, failed, or being moved")))]
+pub async fn download(
+    State(app): State<Arc<App>>,
+    Path(id): Path<String>,
+    q: QueryResult<PathQuery>,
+) -> ApiResult<Response> {
+    let Query(q) = q?;
+    check_path(&q.path)?;
+    let path = q.path.clone();
+    let key = id.clone();
+    let meta = app
+        .engine(move |e| Ok(e.session_stat(&key, &path)?))
+        .await?
+        .ok_or_else(|| ApiError::not_found(format!("no file {} in the session's sandbox", q.path)))?;
+    if meta.kind != FileKind::File {
+        return Err(ApiError::bad_request(format!("{} is not a regular file", q.path)));
+    }
+    let (tx, rx) = mpsc::channel(16);
+    let a = Arc::clone(&app);
+    let path = q.path.clone();
+    tokio::task::spawn_blocking(move || {
+        let got = a.take_engine().and_then(|mut e| {
+            let r = e
+                .session_read_file(&id, &path, &mut BodyWriter(tx.clone()))
+                .map_err(ApiError::from);
+            a.give_back(e);
+            r
+        });
+        if let Err(e) = got {
+            let _ = tx.blocking_send(Err(std::io::Error::other(e.message)));
+        }
+    });
+    let mut resp = Response::new(body_of(rx));
+    let h = resp.headers_mut();
+    h.insert(
+        header::CONTENT_TYPE,
+        HeaderValue::from_static("application/octet-stream"),
+    );
+    h.insert(
+        "x-cairn-mode",
+        HeaderValue::from_str(&format!("{:o}", meta.mode & 0o7777)).expect("ascii"),
+    );
+    Ok(resp)
+}
+
+/// Uploads a file into the session's sandbox (resuming the session first
+/// if it is suspended): the body is the content; its directory must exist;
+/// an existing file is replaced. Recorded in the log as a `write_file` call
+/// (path, mode, size) and its result (bytes, BLAKE3 hash).
+#[utoipa::path(operation_id = "upload_session_file", put, path = "/v1/sessions/{id}/files", tag = "sessions",
+    params(("id" = String, Path, description = "Session id, unique prefix or name"), UploadQuery),
+    request_body(content = Binary, content_type = "application/octet-stream"),
+    responses((status = 201, body = FileStat), (status = 400, body = ErrorBody), (status = 404, body = ErrorBody),
+        (status = 409, body = ErrorBody, description = "Closed, failed, or being moved"), (status = 413, body = ErrorBody)))]
+pub async fn upload(
+    State(app): State<Arc<App>>,
+    Path(id): Path<String>,
+    q: QueryResult<UploadQuery>,
+    body: Body,
+) -> ApiResult<(StatusCode, Json<FileStat>)> {
+    let Query(q) = q?;
+    check_path(&q.path)?;
+    let mode = mode_of(q.mode.as_deref())?;
+    // Spooled first: init needs the size before the bytes, and a client
+    // that stops half-way must leave no half-written file (nor a log entry).
+    let (file, spool_path, size) = spool(&app, body, "upload", "").await?;
+    let meta = app
+        .engine(move |e| {
+            let mut file = file;
+            let meta = e.session_write_file(&id, &q.path, mode, size, &mut file)?;
+            drop(spool_path);
+            Ok(meta)
+        })
+        .await?;
+    Ok((StatusCode::CREATED, Json(meta.into())))
+}
