@@ -146,3 +146,30 @@ async def test_async_sessions_mirror_the_sync_ones(aclient):
         await aclient.sessions.delete(name, purge=True)
     with pytest.raises(cairn.NotFound):
         await aclient.sessions.get(name)
+
+
+def test_files_env_timeouts_and_recovery_through_a_session(client):
+    name = _name("files")
+    s = client.sessions.create(name=name)
+    try:
+        client.sessions.suspend(name)
+        st = client.sessions.write_file(name, "/data.bin", b"\x00\x01binary", mode=0o600)
+        assert isinstance(st, cairn.FileStat) and (st.size, st.mode) == (8, 0o600)
+        assert client.sessions.get(name).state == "active"
+        call, result = client.sessions.log(name, tail=2)
+        assert (call.tool, call.arguments["path"]) == ("write_file", "/data.bin")
+        client.sessions.suspend(name)
+        assert client.sessions.read_file(name, "/data.bin") == b"\x00\x01binary"
+        with pytest.raises(cairn.NotFound):
+            client.sessions.read_file(name, "/missing")
+
+        r = client.sessions.exec(name, "echo $A; pwd", env={"A": "b"}, cwd="/tmp")
+        assert r.stdout == "b\n/tmp\n"
+        assert client.sessions.exec(name, ["sleep", "5"], timeout=0.2).exit_code == 124
+
+        with pytest.raises(cairn.Conflict):
+            client.sessions.recover(name, replay=True)
+        rec = client.sessions.recover(name)
+        assert isinstance(rec, cairn.RecoverResult) and rec.recovered is None and rec.replayed == []
+    finally:
+        client.sessions.delete(s, purge=True)

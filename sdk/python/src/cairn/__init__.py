@@ -10,8 +10,8 @@ from .client import Client, ExecStream, SessionExecStream
 from .errors import (BadRequest, CairnError, Conflict, ConnectError, NotFound, TooLarge, Unauthorized,
                      Unavailable)
 from .models import (Artifact, BadEntry, DeadLetter, Event, ExecResult, FileStat, ForkResult, Health, Image,
-                     LogEntry, Output, Rewind, Run, RunDetail, RunEvent, Sandbox, Session, SessionExecResult,
-                     Snapshot, SnapshotDetail, Stage, Verification)
+                     LogEntry, Output, RecoverResult, ReplayedCall, Rewind, Run, RunDetail, RunEvent, Sandbox,
+                     Session, SessionExecResult, Snapshot, SnapshotDetail, Stage, Verification)
 
 __version__ = "0.1.0"
 
@@ -21,5 +21,6 @@ __all__ = [
     "CairnError", "BadRequest", "Unauthorized", "NotFound", "Conflict", "TooLarge", "Unavailable", "ConnectError",
     "Artifact", "DeadLetter", "Event", "ExecResult", "FileStat", "ForkResult", "Health", "Image", "Output", "Run",
     "RunDetail", "RunEvent", "Snapshot", "SnapshotDetail", "Stage",
-    "Session", "LogEntry", "SessionExecResult", "Rewind", "Verification", "BadEntry",
+    "Session", "LogEntry", "SessionExecResult", "Rewind", "Verification", "BadEntry", "RecoverResult",
+    "ReplayedCall",
 ]

@@ -16,7 +16,7 @@ from . import errors
 from ._sse import aevents
 from .client import _STARTED, _entry_body, _log_params
 from .models import (DeadLetter, Event, ExecResult, FileStat, ForkResult, Health, Image, LogEntry, Output,
-                     Rewind, Run, RunDetail, Sandbox, Session, SessionExecResult, Snapshot, SnapshotDetail,
+                     RecoverResult, Rewind, Run, RunDetail, Sandbox, Session, SessionExecResult, Snapshot, SnapshotDetail,
                      Verification)
 
 
@@ -558,14 +558,36 @@ class AsyncSessions:
                 return out
             params["from"] = page["next"]
 
-    async def exec(self, id: Any, argv: Any) -> SessionExecResult:
-        body = {"argv": cfg.exec_body(argv, None, None, None, None)["argv"]}
+    async def exec(self, id: Any, argv: Any, *, env: Optional[Dict[str, str]] = None, cwd: Optional[str] = None,
+                   timeout: Optional[float] = None) -> SessionExecResult:
+        body = cfg.exec_body(argv, env, cwd, timeout, None)
         return SessionExecResult.from_dict(await self._c._json("POST", self._path(id, "/exec"), json=body))
 
-    async def exec_stream(self, id: Any, argv: Any) -> AsyncSessionExecStream:
-        body = {"argv": cfg.exec_body(argv, None, None, None, None)["argv"]}
+    async def exec_stream(self, id: Any, argv: Any, *, env: Optional[Dict[str, str]] = None,
+                          cwd: Optional[str] = None, timeout: Optional[float] = None) -> AsyncSessionExecStream:
+        body = cfg.exec_body(argv, env, cwd, timeout, None)
         resp = await self._c._send("POST", self._path(id, "/exec/stream"), json=body, stream=True)
         return AsyncSessionExecStream(self._c, resp)
+
+    async def write_file(self, id: Any, path: str, data: Any, mode: int = 0o644) -> FileStat:
+        raw = cfg.text_bytes(data)
+        content = raw if raw is not None else _achunks(data)
+        return FileStat.from_dict(await self._c._json(
+            "PUT", self._path(id, "/files"), params={"path": path, "mode": format(mode, "o")},
+            content=content, headers={"Content-Type": "application/octet-stream"}))
+
+    async def read_file(self, id: Any, path: str) -> bytes:
+        resp = await self._c._send("GET", self._path(id, "/files"), params={"path": path}, stream=True)
+        try:
+            return b"".join([b async for b in resp.aiter_bytes()])
+        except httpx.TransportError as e:
+            raise errors.CairnError(f"reading {path} was cut short: {e}", code="transport") from None
+        finally:
+            await resp.aclose()
+
+    async def recover(self, id: Any, replay: bool = False) -> RecoverResult:
+        return RecoverResult.from_dict(await self._c._json("POST", self._path(id, "/recover"),
+                                                           json={"replay": replay}))
 
     async def suspend(self, id: Any) -> Session:
         return Session.from_dict(await self._c._json("POST", self._path(id, "/suspend")))

@@ -12,8 +12,8 @@ from . import _config as cfg
 from . import errors
 from ._sse import events as sse_events
 from .models import (Artifact, DeadLetter, Event, ExecResult, FileStat, ForkResult, Health, Image, LogEntry,
-                     Output, Rewind, Run, RunDetail, Sandbox, Session, SessionExecResult, Snapshot,
-                     SnapshotDetail, Verification)
+                     Output, RecoverResult, Rewind, Run, RunDetail, Sandbox, Session, SessionExecResult,
+                     Snapshot, SnapshotDetail, Verification)
 
 
 class Client:
@@ -546,16 +546,43 @@ class Sessions:
                 return out
             params["from"] = page["next"]
 
-    def exec(self, id: Any, argv: Any) -> SessionExecResult:
+    def exec(self, id: Any, argv: Any, *, env: Optional[Dict[str, str]] = None, cwd: Optional[str] = None,
+             timeout: Optional[float] = None) -> SessionExecResult:
         """Runs a command (a list, or a string run by `sh -c`) in the session,
-        resuming it first when suspended; the log records the call and result."""
-        body = {"argv": cfg.exec_body(argv, None, None, None, None)["argv"]}
+        resuming it first when suspended; the log records the call (with its
+        env, cwd and timeout) and its result. A timeout exits 124."""
+        body = cfg.exec_body(argv, env, cwd, timeout, None)
         return SessionExecResult.from_dict(self._c._json("POST", self._path(id, "/exec"), json=body))
 
-    def exec_stream(self, id: Any, argv: Any) -> SessionExecStream:
-        body = {"argv": cfg.exec_body(argv, None, None, None, None)["argv"]}
+    def exec_stream(self, id: Any, argv: Any, *, env: Optional[Dict[str, str]] = None, cwd: Optional[str] = None,
+                    timeout: Optional[float] = None) -> SessionExecStream:
+        body = cfg.exec_body(argv, env, cwd, timeout, None)
         return SessionExecStream(self._c, self._c._send("POST", self._path(id, "/exec/stream"), json=body,
                                                         stream=True))
+
+    def write_file(self, id: Any, path: str, data: Any, mode: int = 0o644) -> FileStat:
+        """Writes a file into the session's sandbox (resuming it first); the
+        log records a `write_file` call with the size and BLAKE3 hash."""
+        raw = cfg.text_bytes(data)
+        content = raw if raw is not None else cfg.file_chunks(data)
+        return FileStat.from_dict(self._c._json(
+            "PUT", self._path(id, "/files"), params={"path": path, "mode": format(mode, "o")},
+            content=content, headers={"Content-Type": "application/octet-stream"}))
+
+    def read_file(self, id: Any, path: str) -> bytes:
+        """Reads a file of the session's sandbox (resuming it first; not logged)."""
+        resp = self._c._send("GET", self._path(id, "/files"), params={"path": path}, stream=True)
+        try:
+            return b"".join(resp.iter_bytes())
+        except httpx.TransportError as e:
+            raise errors.CairnError(f"reading {path} was cut short: {e}", code="transport") from None
+        finally:
+            resp.close()
+
+    def recover(self, id: Any, replay: bool = False) -> RecoverResult:
+        """Restores a dead sandbox from the newest snapshot; with `replay`,
+        re-runs the lost exec calls, stopping at the first that diverges."""
+        return RecoverResult.from_dict(self._c._json("POST", self._path(id, "/recover"), json={"replay": replay}))
 
     def suspend(self, id: Any) -> Session:
         """Snapshots the sandbox, records the snapshot, removes the sandbox."""

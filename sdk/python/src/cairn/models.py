@@ -379,6 +379,32 @@ class SessionExecResult(Model):
 
 
 @dataclass
+class ReplayedCall(Model):
+    """One exec call run again by a replay: the original entry, the status
+    the log recorded (None if it never finished), the status now, and the
+    replay's own call entry."""
+
+    call: int
+    status: int
+    call_seq: int
+    expected: Optional[int] = None
+
+
+@dataclass
+class RecoverResult(Model):
+    """What a recovery did: the `recovered` entry when the sandbox had died,
+    the calls replayed, why a replay stopped early, and their output."""
+
+    recovered: Optional[LogEntry] = None
+    replayed: List[ReplayedCall] = field(default_factory=list)
+    stopped: Optional[str] = None
+    stdout: str = ""
+    stderr: str = ""
+
+    _nested = {"recovered": (LogEntry, False), "replayed": (ReplayedCall, True)}
+
+
+@dataclass
 class Rewind(Model):
     """Entries `to_seq + 1 ..= head_seq` left the live log."""
 
