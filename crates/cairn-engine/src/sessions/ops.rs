@@ -105,13 +105,13 @@ impl Write for Tee<'_> {
 }
 
 /// Seq ranges `(lo, hi]` a rewind took off the live branch.
-type Hidden = Vec<(u64, u64)>;
+pub(crate) type Hidden = Vec<(u64, u64)>;
 
-fn new_session_id() -> String {
+pub(crate) fn new_session_id() -> String {
     crate::random_hex(6)
 }
 
-fn valid_name(name: &str) -> bool {
+pub(crate) fn valid_name(name: &str) -> bool {
     !name.is_empty()
         && name.len() <= 63
         && !name.starts_with('-')
@@ -269,7 +269,7 @@ impl Engine {
     /// The segments of a session's lineage, oldest first, and the seq
     /// ranges its rewinds (and its ancestors', as they were when it forked)
     /// hide.
-    fn lineage(&self, s: &SessionRecord) -> Result<(Vec<Segment>, Hidden), EngineError> {
+    pub(crate) fn lineage(&self, s: &SessionRecord) -> Result<(Vec<Segment>, Hidden), EngineError> {
         let mut segments = Vec::new();
         let mut hidden = Vec::new();
         let mut cur = s.clone();
