@@ -34,7 +34,9 @@ pub fn export(engine: &mut Engine, id: &str, output: Option<&Path>) -> Result<()
         None => {
             let stdout = io::stdout();
             if stdout.is_terminal() {
-                bail!("refusing to write a binary session bundle to a terminal; give -o FILE or redirect standard output");
+                bail!(
+                    "refusing to write a binary session bundle to a terminal; give -o FILE or redirect standard output"
+                );
             }
             let mut out = BufWriter::new(stdout.lock());
             let summary = engine.export_session(id, &mut out, &progress)?;

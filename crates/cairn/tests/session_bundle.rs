@@ -85,10 +85,7 @@ fn bundle_path(home: &Home, name: &str) -> PathBuf {
 
 /// A suspended session with files, a large payload and a snapshot, exported.
 fn exported(home: &Home) -> (String, Vec<u8>) {
-    let id = home
-        .ok(&["session", "create", "--name", "small"])
-        .trim()
-        .to_string();
+    let id = home.ok(&["session", "create", "--name", "small"]).trim().to_string();
     home.ok(&[
         "session",
         "exec",
@@ -98,7 +95,15 @@ fn exported(home: &Home) -> (String, Vec<u8>) {
         "-c",
         "head -c 3000000 /dev/urandom > /c.bin",
     ]);
-    home.ok(&["session", "append", &id, "--role", "user", "--content", &"y".repeat(70_000)]);
+    home.ok(&[
+        "session",
+        "append",
+        &id,
+        "--role",
+        "user",
+        "--content",
+        &"y".repeat(70_000),
+    ]);
     home.ok(&["session", "suspend", &id]);
     let path = bundle_path(home, "small.bundle");
     home.ok(&["session", "export", &id, "-o", path.to_str().unwrap()]);
@@ -111,19 +116,24 @@ fn export_then_import_on_a_fresh_state_directory_resumes_the_session() {
         return;
     }
     let home = Home::new();
-    let parent = home
-        .ok(&["session", "create", "--name", "origin"])
-        .trim()
-        .to_string();
+    let parent = home.ok(&["session", "create", "--name", "origin"]).trim().to_string();
     home.ok(&["session", "exec", &parent, "--", "sh", "-c", "echo a > /a"]); // 1, 2
     home.ok(&["session", "append", &parent, "--role", "user", "--content", "hello"]); // 3
     let big = "x".repeat(100_000);
     home.ok(&["session", "append", &parent, "--role", "user", "--content", &big]); // 4
-    home.ok(&["session", "append", &parent, "--role", "assistant", "--content", "dropped"]); // 5
+    home.ok(&[
+        "session",
+        "append",
+        &parent,
+        "--role",
+        "assistant",
+        "--content",
+        "dropped",
+    ]); // 5
     home.ok(&["session", "rewind", &parent, "--to", "4"]); // 5 abandoned
     home.ok(&["session", "suspend", &parent]); // 6: the snapshot
     home.ok(&["session", "exec", &parent, "--", "sh", "-c", "echo b > /b"]); // 7, 8
-    // The session exported is a fork: its log starts in its parent's.
+                                                                             // The session exported is a fork: its log starts in its parent's.
     let child = home
         .ok(&[
             "session", "fork", &parent, "--at", "8", "--reason", "try c", "--name", "travel",
@@ -149,7 +159,10 @@ fn export_then_import_on_a_fresh_state_directory_resumes_the_session() {
     home.ok(&["session", "export", &child, "-o", path.to_str().unwrap()]);
     let original = log(&home, &child);
     let last = original.last().unwrap();
-    assert_eq!((&last["seq"], &last["kind"]), (&serde_json::json!(13), &serde_json::json!("note")));
+    assert_eq!(
+        (&last["seq"], &last["kind"]),
+        (&serde_json::json!(13), &serde_json::json!("note"))
+    );
     assert!(last["snapshot_id"].is_string(), "the export's snapshot is recorded");
     let seqs: Vec<u64> = original.iter().map(|e| e["seq"].as_u64().unwrap()).collect();
     assert_eq!(seqs, [1, 2, 3, 4, 6, 7, 8, 9, 10, 12, 13]);
@@ -221,8 +234,8 @@ fn a_bundle_with_one_flipped_byte_is_refused_and_gc_removes_what_it_stored() {
     let (_, mut bundle) = exported(&home);
     let (name, data, size) = members(&bundle)
         .into_iter()
-        .filter(|(name, _, size)| name.starts_with("objects/") && *size > 0)
-        .last()
+        .rev()
+        .find(|(name, _, size)| name.starts_with("objects/") && *size > 0)
         .expect("objects in the bundle");
     bundle[data + size / 2] ^= 0x40;
     let fresh = Home::empty();

@@ -458,15 +458,15 @@ impl Engine {
             .and_then(|()| out.write_all(&BUNDLE_VERSION.to_le_bytes()))
             .map_err(io_err("write the bundle"))?;
         let mut tar = tar::Builder::new(out);
-        let framed = cairn_store::frame::encode(&manifest)
-            .map_err(|e| BundleError::OverCap(format!("the manifest: {e}")))?;
+        let framed =
+            cairn_store::frame::encode(&manifest).map_err(|e| BundleError::OverCap(format!("the manifest: {e}")))?;
         append_member(&mut tar, "manifest", &framed, mtime)?;
         for (n, batch) in entries.chunks(BATCH).enumerate() {
             let batch = EntryBatch {
                 entries: batch.iter().map(BundleEntry::from).collect(),
             };
-            let framed = cairn_store::frame::encode(&batch)
-                .map_err(|e| BundleError::OverCap(format!("entries: {e}")))?;
+            let framed =
+                cairn_store::frame::encode(&batch).map_err(|e| BundleError::OverCap(format!("entries: {e}")))?;
             append_member(&mut tar, &format!("entries/{:06}", n + 1), &framed, mtime)?;
         }
         let mut ticker = Ticker { progress, last: None };
@@ -474,11 +474,7 @@ impl Engine {
         let total = manifest.objects.len();
         for (i, hash) in manifest.objects.iter().enumerate() {
             ticker.tick(|| format!("writing objects: {i} of {total} ({})", mib(bytes)));
-            let stored = self
-                .store
-                .backend()
-                .get(hash)
-                .map_err(crate::SnapshotError::from)?;
+            let stored = self.store.backend().get(hash).map_err(crate::SnapshotError::from)?;
             // A chunk corrupt here would be refused by the import: say so now.
             cairn_store::decode_chunk(hash, &stored, MAX_OBJECT).map_err(|e| {
                 crate::SnapshotError::from(cairn_store::StoreError::ChunkCorrupt {
@@ -565,21 +561,21 @@ impl Engine {
                     String::from_utf8_lossy(&path)
                 )));
             }
-            let size = member.header().size().map_err(|e| BundleError::Malformed(e.to_string()))?;
+            let size = member
+                .header()
+                .size()
+                .map_err(|e| BundleError::Malformed(e.to_string()))?;
             if size > cap {
                 return Err(BundleError::OverCap(format!("{what} is {size} bytes, over {cap}")));
             }
             let mut data = Vec::new();
-            member
-                .take(size)
-                .read_to_end(&mut data)
-                .map_err(|e| match e.kind() {
-                    io::ErrorKind::UnexpectedEof => BundleError::Truncated(what.to_string()),
-                    _ => BundleError::Io {
-                        action: "read the bundle",
-                        source: e,
-                    },
-                })?;
+            member.take(size).read_to_end(&mut data).map_err(|e| match e.kind() {
+                io::ErrorKind::UnexpectedEof => BundleError::Truncated(what.to_string()),
+                _ => BundleError::Io {
+                    action: "read the bundle",
+                    source: e,
+                },
+            })?;
             if data.len() as u64 != size {
                 return Err(BundleError::Truncated(format!("the end of {what}")));
             }
@@ -592,8 +588,8 @@ impl Engine {
             "manifest",
             cairn_store::frame::HEADER_LEN as u64 + BundleManifest::MAX_PAYLOAD,
         )?;
-        let m: BundleManifest = cairn_store::frame::decode(&bytes)
-            .map_err(|e| BundleError::Malformed(format!("its manifest: {e}")))?;
+        let m: BundleManifest =
+            cairn_store::frame::decode(&bytes).map_err(|e| BundleError::Malformed(format!("its manifest: {e}")))?;
         drop(bytes);
         let s = &m.session;
         if m.entries > MAX_ENTRIES || m.objects.len() > MAX_OBJECTS {
@@ -616,11 +612,17 @@ impl Engine {
             return Err(BundleError::Malformed(format!("unknown driver {:?}", s.driver)).into());
         }
         if m.entries != s.head_seq {
-            return Err(
-                BundleError::Malformed(format!("{} entries for a log whose head is {}", m.entries, s.head_seq)).into(),
-            );
+            return Err(BundleError::Malformed(format!(
+                "{} entries for a log whose head is {}",
+                m.entries, s.head_seq
+            ))
+            .into());
         }
-        if let Some(r) = m.rewinds.iter().find(|r| r.to_seq >= r.head_seq || r.head_seq > s.head_seq) {
+        if let Some(r) = m
+            .rewinds
+            .iter()
+            .find(|r| r.to_seq >= r.head_seq || r.head_seq > s.head_seq)
+        {
             return Err(BundleError::Malformed(format!(
                 "a rewind from entry {} to {} in a log of {}",
                 r.head_seq, r.to_seq, s.head_seq
@@ -667,7 +669,8 @@ impl Engine {
         for e in &entries {
             let bad = |why: String| BundleError::Malformed(format!("entry {}: {why}", e.seq));
             if let Some(a) = &e.arguments {
-                serde_json::from_str::<serde_json::Value>(a).map_err(|err| bad(format!("arguments are not JSON: {err}")))?;
+                serde_json::from_str::<serde_json::Value>(a)
+                    .map_err(|err| bad(format!("arguments are not JSON: {err}")))?;
             }
             for r in [&e.content_ref, &e.result_ref].into_iter().flatten() {
                 r.parse::<ChunkHash>().map_err(|err| bad(err.to_string()))?;
@@ -681,7 +684,10 @@ impl Engine {
             (None, None) => {}
             (Some(id), Some(seq))
                 if snapshot_ids.contains(id)
-                    && entries.get((seq as usize).wrapping_sub(1)).and_then(|e| e.snapshot_id.as_ref()) == Some(id) => {}
+                    && entries
+                        .get((seq as usize).wrapping_sub(1))
+                        .and_then(|e| e.snapshot_id.as_ref())
+                        == Some(id) => {}
             _ => {
                 return Err(BundleError::Malformed(format!(
                     "the session's snapshot {:?} is not the one its entry {:?} records",
@@ -770,7 +776,13 @@ impl Engine {
             BundleError::Malformed(format!("a snapshot, layer or payload it holds cannot be read: {e}"))
         })?;
         for hash in reachable {
-            if !listed.contains(&hash) && !self.store.backend().contains(&hash).map_err(crate::SnapshotError::from)? {
+            if !listed.contains(&hash)
+                && !self
+                    .store
+                    .backend()
+                    .contains(&hash)
+                    .map_err(crate::SnapshotError::from)?
+            {
                 return Err(BundleError::Missing {
                     hash,
                     owner: "a snapshot or payload".into(),
@@ -920,7 +932,9 @@ mod tests {
         assert!(check_chain(&[], 0, GENESIS).is_ok());
         let mut changed = entries.clone();
         changed[1].content = Some("changed".into());
-        assert!(check_chain(&changed, 3, &head).unwrap_err().contains("entry 2 is tampered"));
+        assert!(check_chain(&changed, 3, &head)
+            .unwrap_err()
+            .contains("entry 2 is tampered"));
         let gap = vec![entries[0].clone(), entries[2].clone()];
         assert!(check_chain(&gap, 3, &head).unwrap_err().contains("entry 2 is missing"));
         assert!(check_chain(&entries[..2], 3, &head).unwrap_err().contains("head"));
