@@ -5,7 +5,7 @@ mod common;
 
 use std::path::{Path, PathBuf};
 
-use common::{skip, stderr, Home};
+use common::{skip, skip_without_runsc, stderr, Home};
 
 fn log(home: &Home, id: &str) -> Vec<serde_json::Value> {
     home.ok(&["session", "log", id, "--json"])
@@ -292,4 +292,52 @@ fn a_truncated_or_foreign_bundle_is_refused_and_records_nothing() {
     assert!(out.status.success(), "{}", stderr(&out));
     assert_eq!(log(&fresh, "whole"), log(&home, &id));
     assert_eq!(files(&fresh, "whole"), "/c.bin");
+}
+
+#[test]
+fn a_gvisor_session_moves_with_its_running_processes() {
+    if skip_without_runsc("a_gvisor_session_moves_with_its_running_processes") {
+        return;
+    }
+    let home = Home::new();
+    let id = home
+        .ok(&["session", "create", "--driver", "gvisor", "--name", "counting"])
+        .trim()
+        .to_string();
+    // A counter that lives only while its shell runs.
+    home.ok(&[
+        "session",
+        "exec",
+        &id,
+        "--",
+        "sh",
+        "-c",
+        "(i=0; while true; do i=$((i+1)); echo $i > /tmp/count; sleep 0.05; done) >/dev/null 2>&1 &",
+    ]);
+    std::thread::sleep(std::time::Duration::from_millis(400));
+    let path = bundle_path(&home, "counting.bundle");
+    home.ok(&["session", "export", &id, "-o", path.to_str().unwrap()]);
+
+    let fresh = Home::empty();
+    let imported = fresh
+        .ok(&["session", "import", path.to_str().unwrap()])
+        .trim()
+        .to_string();
+    assert_eq!(log(&fresh, &imported), log(&home, &id));
+    let count = |h: &Home| -> u64 {
+        (0..100)
+            .find_map(|_| {
+                h.ok(&["session", "exec", &imported, "--", "cat", "/tmp/count"])
+                    .parse()
+                    .ok()
+            })
+            .expect("/tmp/count holds a number")
+    };
+    let first = count(&fresh);
+    assert!(first > 0);
+    std::thread::sleep(std::time::Duration::from_millis(400));
+    assert!(
+        count(&fresh) > first,
+        "the counter runs on after the import: the memory image came along"
+    );
 }
