@@ -341,3 +341,42 @@ fn a_gvisor_session_moves_with_its_running_processes() {
         "the counter runs on after the import: the memory image came along"
     );
 }
+
+#[test]
+fn an_import_into_a_postgres_state_store_records_all_or_nothing() {
+    let test = "an_import_into_a_postgres_state_store_records_all_or_nothing";
+    if skip(test) {
+        return;
+    }
+    let Some(db) = cairn_engine::testing::postgres_database(test) else {
+        return;
+    };
+    let home = Home::new();
+    let (id, bundle) = exported(&home);
+    let mut fresh = Home::empty();
+    fresh.state = Some(db.url.clone());
+    let path = bundle_path(&fresh, "small.bundle");
+    std::fs::write(&path, &bundle[..bundle.len() / 2]).unwrap();
+    assert!(!fresh
+        .cairn(&["session", "import", path.to_str().unwrap()])
+        .status
+        .success());
+    for table in ["sessions", "session_entries", "snapshots", "images"] {
+        assert_eq!(db.count(&format!("SELECT count(*) FROM {table}")), 0, "{table}");
+    }
+    std::fs::write(&path, &bundle).unwrap();
+    let imported = fresh
+        .ok(&["session", "import", path.to_str().unwrap()])
+        .trim()
+        .to_string();
+    assert_eq!(log(&fresh, &imported), log(&home, &id));
+    assert!(fresh.ok(&["session", "verify", &imported]).starts_with("ok: 4 entries"));
+    assert_eq!(files(&fresh, &imported), "/c.bin");
+    assert_eq!(
+        db.count(&format!(
+            "SELECT count(*) FROM session_entries WHERE session_id = '{imported}'"
+        )),
+        6,
+        "the 4 imported entries and the exec's 2"
+    );
+}
