@@ -24,8 +24,10 @@ pub const MAX_OBJECTS: usize = 4 << 20;
 /// At most this many snapshots and rewinds.
 pub const MAX_SNAPSHOTS: usize = 1 << 16;
 pub const MAX_REWINDS: usize = 1 << 20;
-/// Entries per batch the writer puts in one member.
-pub(super) const BATCH: usize = 512;
+/// The writer starts a new batch after this many entries or this many
+/// bytes of text, well under the batch frame's cap.
+pub(super) const BATCH_ENTRIES: usize = 512;
+pub(super) const BATCH_TEXT: usize = 8 << 20;
 
 #[derive(Debug, thiserror::Error)]
 pub enum BundleError {

@@ -23,7 +23,7 @@ use std::time::{Duration, Instant};
 use cairn_store::{BlobStore, ChunkHash, Framed, ReadContext, MAX_OBJECT};
 use serde::Serialize;
 
-use self::format::{check_chain, io_err, BATCH};
+use self::format::{check_chain, io_err, BATCH_ENTRIES, BATCH_TEXT};
 pub use self::format::{
     BundleEntry, BundleError, BundleImage, BundleManifest, BundleRewind, BundleSession, BundleSnapshot, EntryBatch,
     BUNDLE_MAGIC, BUNDLE_VERSION, MAX_ENTRIES, MAX_LOG_BYTES, MAX_OBJECTS, MAX_REWINDS, MAX_SNAPSHOTS,
@@ -277,7 +277,7 @@ impl Engine {
         let framed =
             cairn_store::frame::encode(manifest).map_err(|e| BundleError::OverCap(format!("the manifest: {e}")))?;
         append_member(&mut tar, "manifest", &framed, mtime)?;
-        for (n, batch) in entries.chunks(BATCH).enumerate() {
+        for (n, batch) in batches(entries).into_iter().enumerate() {
             let batch = EntryBatch {
                 entries: batch.iter().map(BundleEntry::from).collect(),
             };
@@ -520,6 +520,31 @@ impl Engine {
     }
 }
 
+/// The entries cut into batches of at most [`BATCH_ENTRIES`] entries and
+/// about [`BATCH_TEXT`] bytes of text (a longer entry goes alone).
+fn batches(entries: &[Entry]) -> Vec<&[Entry]> {
+    let text = |e: &Entry| {
+        [&e.role, &e.content, &e.tool, &e.arguments, &e.result]
+            .into_iter()
+            .flatten()
+            .map(String::len)
+            .sum::<usize>()
+    };
+    let mut out = Vec::new();
+    let (mut start, mut bytes) = (0, 0);
+    for (i, e) in entries.iter().enumerate() {
+        if i > start && (i - start == BATCH_ENTRIES || bytes + text(e) > BATCH_TEXT) {
+            out.push(&entries[start..i]);
+            (start, bytes) = (i, 0);
+        }
+        bytes += text(e);
+    }
+    if start < entries.len() {
+        out.push(&entries[start..]);
+    }
+    out
+}
+
 /// The tar members of a bundle, read in the order the format fixes.
 struct Members<'a, R: Read> {
     inner: tar::Entries<'a, R>,
@@ -758,5 +783,30 @@ impl Db {
             insert_image_rows(b, image)?;
             Ok(true)
         })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn entry(text: usize) -> Entry {
+        let mut e = Entry::new(EntryKind::User);
+        e.content = Some("x".repeat(text));
+        e
+    }
+
+    #[test]
+    fn batches_hold_at_most_their_count_and_about_their_bytes() {
+        let small: Vec<Entry> = (0..1200).map(|_| entry(10)).collect();
+        let sizes: Vec<usize> = batches(&small).iter().map(|b| b.len()).collect();
+        assert_eq!(sizes, [512, 512, 176]);
+        let large: Vec<Entry> = (0..3).map(|_| entry(BATCH_TEXT / 2 + 1)).collect();
+        let sizes: Vec<usize> = batches(&large).iter().map(|b| b.len()).collect();
+        assert_eq!(sizes, [1, 1, 1]);
+        let huge = vec![entry(10), entry(BATCH_TEXT * 2), entry(10)];
+        let sizes: Vec<usize> = batches(&huge).iter().map(|b| b.len()).collect();
+        assert_eq!(sizes, [1, 1, 1], "an entry over the bytes goes alone");
+        assert!(batches(&[]).is_empty());
     }
 }
