@@ -2,7 +2,7 @@
 //! beside the sandbox's execution snapshots, with suspend and resume,
 //! fork, rewind and recovery of a sandbox that died (`ops`).
 
-pub(crate) mod bundle;
+pub mod bundle;
 pub mod log;
 pub(crate) mod ops;
 
