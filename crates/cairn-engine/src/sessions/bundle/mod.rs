@@ -553,7 +553,7 @@ impl Db {
     /// snapshots (kept if already recorded: the id is the manifest's hash)
     /// and its image when none of that name exists. True when the image was
     /// added.
-    fn import_session_rows(
+    pub fn import_session_rows(
         &self,
         s: &SessionRecord,
         entries: &[Entry],
