@@ -1295,7 +1295,7 @@ fn an_imported_session_is_recorded_whole_or_not_at_all(store: &Store) {
         &imported("new1", "taken"),
         &entries,
         &rewinds,
-        &[snap.clone()],
+        std::slice::from_ref(&snap),
         Some(&image),
     );
     assert!(matches!(refused, Err(StateError::NameTaken(_))), "{refused:?}");
@@ -1315,7 +1315,7 @@ fn an_imported_session_is_recorded_whole_or_not_at_all(store: &Store) {
             &imported("new1", "fresh"),
             &entries,
             &rewinds,
-            &[snap.clone()],
+            std::slice::from_ref(&snap),
             Some(&image),
         )
         .unwrap();
