@@ -340,8 +340,14 @@ impl Engine {
     ) -> Result<ImportSummary, EngineError> {
         read_header(input)?;
         let mut archive = tar::Archive::new(input);
+        // Raw: GNU long names and pax headers are not merged into the next
+        // member (the writer never makes them), so they are refused as
+        // members of the wrong type instead of being read whole.
         let mut members = Members {
-            inner: archive.entries().map_err(|e| BundleError::Malformed(e.to_string()))?,
+            inner: archive
+                .entries()
+                .map_err(|e| BundleError::Malformed(e.to_string()))?
+                .raw(true),
         };
         progress.step("reading the bundle's manifest and log");
         let m = read_manifest(&mut members)?;

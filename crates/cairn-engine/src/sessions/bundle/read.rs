@@ -211,3 +211,67 @@ pub(super) fn check_entries(m: &BundleManifest, entries: &[Entry]) -> Result<Has
         ))),
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn tar_of(members: &[(&str, &[u8])]) -> Vec<u8> {
+        let mut builder = tar::Builder::new(Vec::new());
+        for (name, data) in members {
+            let mut header = tar::Header::new_gnu();
+            header.set_size(data.len() as u64);
+            header.set_mode(0o644);
+            builder.append_data(&mut header, name, *data).unwrap();
+        }
+        builder.into_inner().unwrap()
+    }
+
+    fn first(bytes: &[u8], name: &str, cap: u64) -> Result<Vec<u8>, BundleError> {
+        let mut input: &[u8] = bytes;
+        let mut archive = tar::Archive::new(&mut input);
+        let mut members = Members {
+            inner: archive.entries().unwrap().raw(true),
+        };
+        members.next("its manifest", name, cap)
+    }
+
+    #[test]
+    fn members_come_by_name_within_their_cap_and_long_names_are_refused() {
+        let bytes = tar_of(&[("manifest", b"framed")]);
+        assert_eq!(first(&bytes, "manifest", 6).unwrap(), b"framed");
+        assert!(matches!(first(&bytes, "manifest", 5), Err(BundleError::OverCap(_))));
+        assert!(matches!(
+            first(&bytes, "entries/000001", 6),
+            Err(BundleError::Malformed(_))
+        ));
+        let cut = &bytes[..512 + 3];
+        assert!(matches!(first(cut, "manifest", 6), Err(BundleError::Truncated(_))));
+        // A GNU long name is a member of its own, not merged into the next.
+        let long = "m".repeat(150);
+        let err = first(&tar_of(&[(&long, b"x")]), "manifest", 6).unwrap_err();
+        assert!(err.to_string().contains("LongLink"), "{err}");
+    }
+
+    #[test]
+    fn a_header_from_elsewhere_or_the_future_is_refused() {
+        let header = |magic: &[u8; 8], version: u32| {
+            let mut h = magic.to_vec();
+            h.extend_from_slice(&version.to_le_bytes());
+            h
+        };
+        assert!(read_header(&mut &header(&BUNDLE_MAGIC, BUNDLE_VERSION)[..]).is_ok());
+        assert!(matches!(
+            read_header(&mut &header(&BUNDLE_MAGIC, BUNDLE_VERSION + 1)[..]),
+            Err(BundleError::FutureVersion { .. })
+        ));
+        assert!(matches!(
+            read_header(&mut &header(b"CAIRNSNP", 1)[..]),
+            Err(BundleError::NotABundle)
+        ));
+        assert!(matches!(
+            read_header(&mut &BUNDLE_MAGIC[..5]),
+            Err(BundleError::Truncated(_))
+        ));
+    }
+}
