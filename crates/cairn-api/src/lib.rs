@@ -149,9 +149,7 @@ pub fn router(app: Arc<App>) -> Router {
         .route("/v1/sessions/{id}/recover", post(sessions::recover))
         .route(
             "/v1/sessions/{id}/files",
-            get(session_files::download)
-                .put(session_files::upload)
-                .layer(no_limit),
+            get(session_files::download).put(session_files::upload).layer(no_limit),
         )
         .route("/v1/sessions/{id}/resume", post(sessions::resume))
         .route("/v1/sessions/{id}/fork", post(sessions::fork))

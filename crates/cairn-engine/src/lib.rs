@@ -51,6 +51,8 @@ pub enum EngineError {
     Session(#[from] sessions::SessionError),
     #[error(transparent)]
     Access(#[from] access::AccessError),
+    #[error(transparent)]
+    Bundle(#[from] sessions::BundleError),
     #[error("the state database names layer {0:?}, which is not a layer id; the database is damaged")]
     BadLayerId(String),
     #[error("no sandbox matches {0:?}; `cairn ps` lists them")]

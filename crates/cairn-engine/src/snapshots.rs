@@ -298,7 +298,7 @@ impl Engine {
         Ok(self.db.snapshots()?)
     }
 
-    fn manifest(&self, snap: &SnapshotRecord) -> Result<SnapshotManifest, EngineError> {
+    pub(crate) fn manifest(&self, snap: &SnapshotRecord) -> Result<SnapshotManifest, EngineError> {
         let hash: ChunkHash = snap.id.parse().map_err(|_| SnapshotError::NotFound(snap.id.clone()))?;
         let context = ReadContext::new().owner("snapshot", hash);
         let manifest: SnapshotManifest = self.store.get_object(&hash, &context).map_err(SnapshotError::from)?;
@@ -732,12 +732,19 @@ impl Engine {
         Ok(removed)
     }
 
-    /// Sweeps the chunk store (under the exclusive store lock): everything
-    /// not reachable from a live layer or snapshot goes, including partial
-    /// writes of interrupted snapshots.
-    pub(crate) fn collect_chunks(&self, referenced: &HashSet<String>) -> Result<cairn_store::GcReport, EngineError> {
+    /// Every chunk-store object that layers, snapshots and session log
+    /// payloads reach: each root's own object and every chunk it names
+    /// (layer indexes' file chunks, snapshots' memory images, payloads'
+    /// chunk lists). Reads each root, so a missing or corrupt one is an
+    /// error. The collector keeps these; a session export copies them.
+    pub(crate) fn reachable_objects(
+        &self,
+        layers: &HashSet<String>,
+        snapshots: &[SnapshotRecord],
+        payloads: &HashSet<String>,
+    ) -> Result<Vec<ChunkHash>, EngineError> {
         let mut live: Vec<ChunkHash> = Vec::new();
-        for l in referenced {
+        for l in layers {
             let id = layer_id(l)?;
             let context = ReadContext::new().owner("layer", *id.as_hash());
             let index: LayerIndex = self
@@ -747,28 +754,36 @@ impl Engine {
             live.push(*id.as_hash());
             live.extend(index.referenced_chunks());
         }
-        for snap in self.db.snapshots()? {
+        for snap in snapshots {
             if let Ok(h) = snap.id.parse() {
                 live.push(h);
-                if let Some(memory) = self.manifest(&snap)?.memory {
+                if let Some(memory) = self.manifest(snap)?.memory {
                     live.extend(memory.files.iter().flat_map(|f| f.content.chunk_hashes()));
                 }
             }
         }
+        // Session log payloads too large for their rows.
+        for p in payloads {
+            let Ok(h) = p.parse::<ChunkHash>() else { continue };
+            let context = ReadContext::new().owner("session payload", h);
+            let object: crate::sessions::ops::PayloadObject =
+                self.store.get_object(&h, &context).map_err(SnapshotError::from)?;
+            live.push(h);
+            live.extend(object.content.chunk_hashes());
+        }
+        Ok(live)
+    }
+
+    /// Sweeps the chunk store (under the exclusive store lock): everything
+    /// not reachable from a live layer or snapshot goes, including partial
+    /// writes of interrupted snapshots.
+    pub(crate) fn collect_chunks(&self, referenced: &HashSet<String>) -> Result<cairn_store::GcReport, EngineError> {
+        let mut live = self.reachable_objects(referenced, &self.db.snapshots()?, &self.db.session_payloads()?)?;
         // Pipeline artifacts: their chunk lists and content.
         for a in self.db.artifacts(None)? {
             let Ok(h) = a.id.parse::<ChunkHash>() else { continue };
             let context = ReadContext::new().owner("artifact", h).path(a.path.clone());
             let object: crate::pipeline::artifacts::ArtifactObject =
-                self.store.get_object(&h, &context).map_err(SnapshotError::from)?;
-            live.push(h);
-            live.extend(object.content.chunk_hashes());
-        }
-        // Session log payloads too large for their rows.
-        for p in self.db.session_payloads()? {
-            let Ok(h) = p.parse::<ChunkHash>() else { continue };
-            let context = ReadContext::new().owner("session payload", h);
-            let object: crate::sessions::ops::PayloadObject =
                 self.store.get_object(&h, &context).map_err(SnapshotError::from)?;
             live.push(h);
             live.extend(object.content.chunk_hashes());

@@ -9,8 +9,9 @@ use std::time::Duration;
 use cairn_engine::access::{Claim, TokenRecord};
 use cairn_engine::e2b::{E2bLife, E2bSandbox, E2bSnapshot};
 use cairn_engine::pipeline::records::{ArtifactRecord, DeadLetter, RunRecord, StageRecord};
+use cairn_engine::sessions::bundle::BundleRewind;
 use cairn_engine::sessions::log::{Order, Segment};
-use cairn_engine::sessions::{Entry, EntryKind, SessionRecord, SessionState, GENESIS};
+use cairn_engine::sessions::{Entry, EntryKind, Rewind, SessionRecord, SessionState, GENESIS};
 use cairn_engine::state::{BackendKind, Db, Value};
 use cairn_engine::testing::{self, TestDatabase};
 use cairn_engine::{Home, ImageRecord, SandboxRecord, SandboxState, SnapshotRecord, StateError};
@@ -116,6 +117,7 @@ conformance!(
     concurrent_appenders_never_leave_a_gap_or_a_duplicate,
     a_long_log_reads_by_range_and_tail_around_abandoned_stretches,
     idle_sessions_are_active_ones_past_their_timeout,
+    an_imported_session_is_recorded_whole_or_not_at_all,
 );
 
 fn sandbox(id: &str, name: &str) -> SandboxRecord {
@@ -1268,4 +1270,95 @@ fn idle_sessions_are_active_ones_past_their_timeout(store: &Store) {
         ["idle00000001"],
         "only active sessions with a timeout"
     );
+}
+
+fn an_imported_session_is_recorded_whole_or_not_at_all(store: &Store) {
+    let db = store.open();
+    let mut previous = GENESIS.to_string();
+    let entries: Vec<Entry> = (1..=3)
+        .map(|seq| {
+            let mut e = note(&format!("n{seq}"));
+            e.seq = seq;
+            e.created_at = seq as i64;
+            if seq == 3 {
+                e.snapshot_id = Some("snap-1".into());
+            }
+            e.hash = e.chain(&previous);
+            previous = e.hash.clone();
+            e
+        })
+        .collect();
+    let rewinds = [BundleRewind {
+        to_seq: 1,
+        head_seq: 2,
+        created_at: 9,
+    }];
+    let snap = snapshot("snap-1", None, "gone", None, 5);
+    let image = ImageRecord {
+        name: "imported".into(),
+        source: "test".into(),
+        size_bytes: 1,
+        created_at: 3,
+        layers: vec!["base".into()],
+    };
+    let imported = |id: &str, name: &str| SessionRecord {
+        state: SessionState::Suspended,
+        sandbox_id: None,
+        snapshot_id: Some("snap-1".into()),
+        snapshot_seq: Some(3),
+        head_seq: 3,
+        head_hash: previous.clone(),
+        rewinds: 1,
+        ..session(id, name)
+    };
+    db.insert_session(&session("taken1", "taken")).unwrap();
+    let refused = db.import_session_rows(
+        &imported("new1", "taken"),
+        &entries,
+        &rewinds,
+        std::slice::from_ref(&snap),
+        Some(&image),
+    );
+    assert!(matches!(refused, Err(StateError::NameTaken(_))), "{refused:?}");
+    let segment = Segment {
+        session: "new1".into(),
+        lo: 0,
+        hi: 3,
+    };
+    assert!(db.session_by_id("new1").unwrap().is_none());
+    assert!(db.raw_entries(&segment, 1, 10).unwrap().is_empty());
+    assert!(db.rewinds("new1").unwrap().is_empty());
+    assert!(db.snapshots().unwrap().is_empty());
+    assert!(db.image("imported").unwrap().is_none());
+
+    let added = db
+        .import_session_rows(
+            &imported("new1", "fresh"),
+            &entries,
+            &rewinds,
+            std::slice::from_ref(&snap),
+            Some(&image),
+        )
+        .unwrap();
+    assert!(added, "the image was new");
+    assert_eq!(db.session_by_id("new1").unwrap().unwrap(), imported("new1", "fresh"));
+    assert_eq!(db.raw_entries(&segment, 1, 10).unwrap(), entries);
+    assert_eq!(
+        db.rewinds("new1").unwrap(),
+        vec![Rewind {
+            n: 1,
+            to_seq: 1,
+            head_seq: 2,
+            created_at: 9
+        }]
+    );
+    assert_eq!(db.snapshots().unwrap()[0].layers, snap.layers);
+    assert_eq!(db.image("imported").unwrap().unwrap().layers, vec!["base"]);
+    // The same bundle again under another name shares the snapshot and image.
+    let again = db
+        .import_session_rows(&imported("new2", "fresh-2"), &entries, &rewinds, &[snap], Some(&image))
+        .unwrap();
+    assert!(!again, "the image was there");
+    assert_eq!(db.snapshots().unwrap().len(), 1);
+    assert_eq!(db.sessions().unwrap().len(), 3);
 }

@@ -585,4 +585,42 @@ pub enum SessionCommand {
         #[arg(long)]
         purge: bool,
     },
+    /// Write a session to one file another state directory can import.
+    ///
+    /// The file holds the session's whole log (every entry its hash chain
+    /// covers, with the rewinds that apply), its large payloads, and every
+    /// snapshot its log names with all the stored objects a restore reads,
+    /// the image's layers included. An active session's sandbox is
+    /// snapshotted first (recorded in its log as a `note`), so the file
+    /// holds the machine as it is now. Format: docs/formats.md ("Session
+    /// bundle").
+    Export {
+        /// Session id, unique id prefix (3+ characters) or name.
+        id: String,
+        /// Where to write it; `-` or nothing: standard output, which must
+        /// not be a terminal. A file is written whole or not at all.
+        #[arg(short, long, value_name = "FILE")]
+        output: Option<std::path::PathBuf>,
+    },
+    /// Record the session a `cairn session export` file holds as a new
+    /// session here; prints its id.
+    ///
+    /// It gets a new id, keeps its name unless --name is given, and is
+    /// suspended: `cairn session resume` or `cairn session exec` brings it
+    /// back on its newest snapshot. Its log shows the same entries, seqs and
+    /// hashes as the exported one's live log, and `cairn session verify`
+    /// checks it. The file is checked whole (every object against its hash,
+    /// the log's chain) before anything is recorded; a refused file leaves
+    /// no session, and `cairn gc` removes any objects it stored.
+    Import {
+        /// The bundle, or `-` for standard input.
+        #[arg(value_name = "FILE")]
+        file: String,
+        /// The name for the imported session (default: the one it had).
+        #[arg(long)]
+        name: Option<String>,
+        /// Print what was imported as JSON.
+        #[arg(long)]
+        json: bool,
+    },
 }

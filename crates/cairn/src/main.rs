@@ -1,6 +1,7 @@
 //! The `cairn` binary: command-line parsing and wiring to the engine.
 
 mod bench;
+mod bundle;
 mod cli;
 mod commands;
 mod lineage;

@@ -243,6 +243,8 @@ pub fn session(engine: &mut Engine, cmd: SessionCommand) -> Result<i32> {
                 }
             }
         }
+        SessionCommand::Export { id, output } => crate::bundle::export(engine, &id, output.as_deref())?,
+        SessionCommand::Import { file, name, json } => crate::bundle::import(engine, &file, name, json)?,
         SessionCommand::Rm { id, purge } => {
             let s = engine.close_session(&id, purge)?;
             eprintln!(

@@ -11,7 +11,7 @@ use std::str::FromStr;
 
 use serde::{Deserialize, Serialize};
 
-use crate::state::{params, Db, Row, StateError, Value};
+use crate::state::{params, Backend, Db, Row, StateError, Value};
 
 /// The version of the canonical entry encoding the hash covers.
 pub const ENTRY_VERSION: u32 = 1;
@@ -234,6 +234,36 @@ fn entry_row(r: &Row) -> Result<Entry, StateError> {
     })
 }
 
+/// Inserts one entry row as it is (seq, hash and time included).
+pub(crate) fn insert_entry_row(b: &mut dyn Backend, session: &str, e: &Entry) -> Result<(), StateError> {
+    b.execute(
+        &format!(
+            "INSERT INTO session_entries (session_id, {ENTRY_COLUMNS})
+             VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14, $15, $16, $17)"
+        ),
+        params![
+            session,
+            e.seq,
+            e.version,
+            e.kind.as_str(),
+            &e.role,
+            &e.content,
+            &e.content_ref,
+            &e.tool,
+            &e.arguments,
+            &e.result,
+            &e.result_ref,
+            e.exit_status,
+            e.tokens_in,
+            e.tokens_out,
+            &e.snapshot_id,
+            e.created_at,
+            &e.hash,
+        ],
+    )?;
+    Ok(())
+}
+
 /// Why an append did not happen.
 #[derive(Debug)]
 pub enum AppendRefused {
@@ -278,31 +308,7 @@ impl Db {
                 e.created_at = now;
                 e.hash = e.chain(&hash);
                 hash = e.hash.clone();
-                b.execute(
-                    &format!(
-                        "INSERT INTO session_entries (session_id, {ENTRY_COLUMNS})
-                         VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14, $15, $16, $17)"
-                    ),
-                    params![
-                        session,
-                        e.seq,
-                        e.version,
-                        e.kind.as_str(),
-                        &e.role,
-                        &e.content,
-                        &e.content_ref,
-                        &e.tool,
-                        &e.arguments,
-                        &e.result,
-                        &e.result_ref,
-                        e.exit_status,
-                        e.tokens_in,
-                        e.tokens_out,
-                        &e.snapshot_id,
-                        e.created_at,
-                        &e.hash,
-                    ],
-                )?;
+                insert_entry_row(b, session, &e)?;
                 if let Some(snap) = &e.snapshot_id {
                     b.execute(
                         "UPDATE sessions SET snapshot_id = $2, snapshot_seq = $3 WHERE id = $1",

@@ -2,6 +2,7 @@
 //! beside the sandbox's execution snapshots, with suspend and resume,
 //! fork, rewind and recovery of a sandbox that died (`ops`).
 
+pub mod bundle;
 pub mod log;
 pub(crate) mod ops;
 
@@ -10,10 +11,11 @@ use std::str::FromStr;
 
 use serde::Serialize;
 
+pub use bundle::{BundleError, ExportSummary, ImportSummary, BUNDLE_MAGIC, BUNDLE_VERSION};
 pub use log::{Entry, EntryKind, Rewind, ENTRY_VERSION, GENESIS, INLINE_MAX};
 pub use ops::{ExecOutcome, IdleSweep, LogRange, RecoverReport, Replayed, SessionOptions, Verified};
 
-use crate::state::{params, BackendError, Db, Row, StateError};
+use crate::state::{params, Backend, BackendError, Db, Row, StateError};
 
 #[derive(Debug, thiserror::Error)]
 pub enum SessionError {
@@ -200,41 +202,44 @@ fn session_row(r: &Row) -> Result<SessionRecord, StateError> {
     })
 }
 
+/// Inserts a session row; a taken name is `BackendError::Unique` on `sessions.name`.
+pub(crate) fn insert_session_row(b: &mut dyn Backend, s: &SessionRecord) -> Result<u64, BackendError> {
+    b.execute(
+        &format!(
+            "INSERT INTO sessions ({SESSION_COLUMNS}) VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11,
+             $12, $13, $14, $15, $16, $17, $18, $19, $20, $21)"
+        ),
+        params![
+            &s.id,
+            &s.name,
+            s.state.as_str(),
+            &s.image,
+            &s.driver,
+            &s.sandbox_id,
+            &s.snapshot_id,
+            s.snapshot_seq,
+            s.idle_timeout_ms,
+            &s.parent_id,
+            s.fork_seq,
+            &s.fork_reason,
+            s.fork_rewinds,
+            s.head_seq,
+            &s.head_hash,
+            s.rewinds,
+            s.owner_pid,
+            s.owner_start,
+            &s.error,
+            s.created_at,
+            s.updated_at,
+        ],
+    )
+}
+
 impl Db {
     /// Records a new session; a taken name is [`SessionError::NameTaken`]
     /// (as `StateError::NameTaken`).
     pub fn insert_session(&self, s: &SessionRecord) -> Result<(), StateError> {
-        let inserted = self.with(|b| {
-            Ok(b.execute(
-                &format!(
-                    "INSERT INTO sessions ({SESSION_COLUMNS}) VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11,
-                     $12, $13, $14, $15, $16, $17, $18, $19, $20, $21)"
-                ),
-                params![
-                    &s.id,
-                    &s.name,
-                    s.state.as_str(),
-                    &s.image,
-                    &s.driver,
-                    &s.sandbox_id,
-                    &s.snapshot_id,
-                    s.snapshot_seq,
-                    s.idle_timeout_ms,
-                    &s.parent_id,
-                    s.fork_seq,
-                    &s.fork_reason,
-                    s.fork_rewinds,
-                    s.head_seq,
-                    &s.head_hash,
-                    s.rewinds,
-                    s.owner_pid,
-                    s.owner_start,
-                    &s.error,
-                    s.created_at,
-                    s.updated_at,
-                ],
-            ))
-        })?;
+        let inserted = self.with(|b| Ok(insert_session_row(b, s)))?;
         match inserted {
             Err(BackendError::Unique { target }) if target == "sessions.name" => {
                 Err(StateError::NameTaken(s.name.clone()))

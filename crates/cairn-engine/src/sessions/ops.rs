@@ -192,9 +192,9 @@ impl Write for Tee<'_> {
 }
 
 /// Seq ranges `(lo, hi]` a rewind took off the live branch.
-type Hidden = Vec<(u64, u64)>;
+pub(crate) type Hidden = Vec<(u64, u64)>;
 
-fn new_session_id() -> String {
+pub(crate) fn new_session_id() -> String {
     crate::random_hex(6)
 }
 
@@ -209,7 +209,7 @@ fn sandbox_name(session: &str) -> String {
     format!("session-{session}")
 }
 
-fn valid_name(name: &str) -> bool {
+pub(crate) fn valid_name(name: &str) -> bool {
     !name.is_empty()
         && name.len() <= 63
         && !name.starts_with('-')
@@ -368,7 +368,7 @@ impl Engine {
     /// The segments of a session's lineage, oldest first, and the seq
     /// ranges its rewinds (and its ancestors', as they were when it forked)
     /// hide.
-    fn lineage(&self, s: &SessionRecord) -> Result<(Vec<Segment>, Hidden), EngineError> {
+    pub(crate) fn lineage(&self, s: &SessionRecord) -> Result<(Vec<Segment>, Hidden), EngineError> {
         let mut segments = Vec::new();
         let mut hidden = Vec::new();
         let mut cur = s.clone();
@@ -561,7 +561,12 @@ impl Engine {
     /// it exclusive, so a sandbox is never taken from under a command.
     /// `Ok(None)` when `wait` is false and it is held otherwise. The lock
     /// goes with its process, however that dies.
-    fn lock_session(&self, id: &str, exclusive: bool, wait: bool) -> Result<Option<Flock<File>>, EngineError> {
+    pub(crate) fn lock_session(
+        &self,
+        id: &str,
+        exclusive: bool,
+        wait: bool,
+    ) -> Result<Option<Flock<File>>, EngineError> {
         let path = self.home.session_lock(id);
         let lock_err = |source: std::io::Error| crate::SnapshotError::Lock {
             path: path.clone(),

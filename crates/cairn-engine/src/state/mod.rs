@@ -298,17 +298,7 @@ impl Db {
     pub fn put_image(&mut self, rec: &ImageRecord) -> Result<(), StateError> {
         self.transaction(|b| {
             b.execute("DELETE FROM images WHERE name = $1", params![&rec.name])?;
-            b.execute(
-                "INSERT INTO images (name, source, size_bytes, created_at) VALUES ($1, $2, $3, $4)",
-                params![&rec.name, &rec.source, rec.size_bytes, rec.created_at],
-            )?;
-            for (i, l) in rec.layers.iter().enumerate() {
-                b.execute(
-                    "INSERT INTO image_layers (image, position, layer_id) VALUES ($1, $2, $3)",
-                    params![&rec.name, i, l],
-                )?;
-            }
-            Ok(())
+            insert_image_rows(b, rec)
         })
     }
 
@@ -374,28 +364,7 @@ impl Db {
     /// Records a snapshot and makes it the sandbox's last, in one transaction.
     pub fn insert_snapshot(&mut self, rec: &SnapshotRecord) -> Result<(), StateError> {
         self.transaction(|b| {
-            b.execute(
-                "INSERT INTO snapshots (id, parent_id, sandbox_id, image, driver, label, created_at, new_bytes,
-                 stored_bytes) VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9) ON CONFLICT (id) DO NOTHING",
-                params![
-                    &rec.id,
-                    &rec.parent_id,
-                    &rec.sandbox_id,
-                    &rec.image,
-                    &rec.driver,
-                    &rec.label,
-                    rec.created_at,
-                    rec.new_bytes,
-                    rec.stored_bytes
-                ],
-            )?;
-            b.execute("DELETE FROM snapshot_layers WHERE snapshot_id = $1", params![&rec.id])?;
-            for (i, l) in rec.layers.iter().enumerate() {
-                b.execute(
-                    "INSERT INTO snapshot_layers (snapshot_id, position, layer_id) VALUES ($1, $2, $3)",
-                    params![&rec.id, i, l],
-                )?;
-            }
+            insert_snapshot_rows(b, rec)?;
             b.execute(
                 "UPDATE sandboxes SET last_snapshot = $2 WHERE id = $1",
                 params![&rec.sandbox_id, &rec.id],
@@ -581,6 +550,49 @@ impl Db {
             Ok(out)
         })
     }
+}
+
+/// Inserts an image and its layer list (the name must be free).
+pub(crate) fn insert_image_rows(b: &mut dyn Backend, rec: &ImageRecord) -> Result<(), StateError> {
+    b.execute(
+        "INSERT INTO images (name, source, size_bytes, created_at) VALUES ($1, $2, $3, $4)",
+        params![&rec.name, &rec.source, rec.size_bytes, rec.created_at],
+    )?;
+    for (i, l) in rec.layers.iter().enumerate() {
+        b.execute(
+            "INSERT INTO image_layers (image, position, layer_id) VALUES ($1, $2, $3)",
+            params![&rec.name, i, l],
+        )?;
+    }
+    Ok(())
+}
+
+/// Inserts a snapshot unless one with its id (its manifest's hash, so the
+/// same snapshot) is recorded, and writes its layer list.
+pub(crate) fn insert_snapshot_rows(b: &mut dyn Backend, rec: &SnapshotRecord) -> Result<(), StateError> {
+    b.execute(
+        "INSERT INTO snapshots (id, parent_id, sandbox_id, image, driver, label, created_at, new_bytes,
+         stored_bytes) VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9) ON CONFLICT (id) DO NOTHING",
+        params![
+            &rec.id,
+            &rec.parent_id,
+            &rec.sandbox_id,
+            &rec.image,
+            &rec.driver,
+            &rec.label,
+            rec.created_at,
+            rec.new_bytes,
+            rec.stored_bytes
+        ],
+    )?;
+    b.execute("DELETE FROM snapshot_layers WHERE snapshot_id = $1", params![&rec.id])?;
+    for (i, l) in rec.layers.iter().enumerate() {
+        b.execute(
+            "INSERT INTO snapshot_layers (snapshot_id, position, layer_id) VALUES ($1, $2, $3)",
+            params![&rec.id, i, l],
+        )?;
+    }
+    Ok(())
 }
 
 fn layers_of(b: &mut dyn Backend, table: &str, key: &str, value: &str) -> Result<Vec<String>, StateError> {
