@@ -122,6 +122,15 @@ fn status_of(e: &EngineError) -> StatusCode {
             RunError::Completed(_) | RunError::AlreadyRetried(_) | RunError::Busy { .. } => S::CONFLICT,
             _ => S::INTERNAL_SERVER_ERROR,
         },
+        EngineError::Bundle(b) => {
+            use cairn_engine::sessions::BundleError as B;
+            match b {
+                B::Io { .. } => S::INTERNAL_SERVER_ERROR,
+                B::OverCap(_) => S::PAYLOAD_TOO_LARGE,
+                B::SourceLog { .. } | B::SourceSnapshot { .. } => S::CONFLICT,
+                _ => S::BAD_REQUEST,
+            }
+        }
         EngineError::Session(s) => {
             use cairn_engine::sessions::SessionError as E;
             match s {

@@ -55,7 +55,7 @@ use crate::routes::{exec, files, runs, sandboxes, session_files, sessions, syste
         sessions::create, sessions::list, sessions::get, sessions::remove,
         sessions::log, sessions::append, sessions::verify, sessions::exec, sessions::exec_stream,
         sessions::suspend, sessions::resume, sessions::fork, sessions::rewind, sessions::recover,
-        session_files::download, session_files::upload,
+        session_files::download, session_files::upload, session_files::export, session_files::import,
     ),
     components(schemas(app::Event)),
     modifiers(&Security),
@@ -147,6 +147,8 @@ pub fn router(app: Arc<App>) -> Router {
         .route("/v1/sessions/{id}/exec/stream", post(sessions::exec_stream))
         .route("/v1/sessions/{id}/suspend", post(sessions::suspend))
         .route("/v1/sessions/{id}/recover", post(sessions::recover))
+        .route("/v1/sessions/{id}/export", get(session_files::export))
+        .route("/v1/sessions/import", post(session_files::import).layer(no_limit))
         .route(
             "/v1/sessions/{id}/files",
             get(session_files::download).put(session_files::upload).layer(no_limit),

@@ -852,3 +852,67 @@ fn files_messages_and_recovery_go_through_a_suspended_session() {
     let v = server.ok("GET", &format!("/v1/sessions/{id}/verify"), None, 200);
     assert_eq!(v["ok"], true);
 }
+
+#[test]
+fn a_session_exported_through_one_server_resumes_in_another() {
+    if skip("a_session_exported_through_one_server_resumes_in_another") {
+        return;
+    }
+    let (home, other) = (Home::new(), Home::new());
+    let (here, there) = (Server::start(&home), Server::start(&other));
+    let s = here.ok("POST", "/v1/sessions", Some(json!({ "name": "traveller" })), 201);
+    let id = s["id"].as_str().unwrap().to_string();
+    here.ok(
+        "POST",
+        &format!("/v1/sessions/{id}/exec"),
+        Some(json!({ "argv": ["sh", "-c", "echo packed > /bag"] })),
+        200,
+    );
+    let (status, bundle) = here.raw("GET", &format!("/v1/sessions/{id}/export"), &[], b"");
+    assert_eq!(status, 200);
+    assert_eq!(&bundle[..8], b"CAIRNSES");
+    let original = here.ok("GET", &format!("/v1/sessions/{id}/log?tail=100"), None, 200);
+
+    let (status, body) = there.raw("POST", "/v1/sessions/import?name=arrived", &[], &bundle);
+    assert_eq!(status, 201, "{}", String::from_utf8_lossy(&body));
+    let done: Value = serde_json::from_slice(&body).unwrap();
+    assert_eq!(
+        (done["session"]["state"].as_str(), done["source_id"].as_str()),
+        (Some("suspended"), Some(id.as_str()))
+    );
+    let new = done["session"]["id"].as_str().unwrap().to_string();
+    let imported = there.ok("GET", &format!("/v1/sessions/{new}/log?tail=100"), None, 200);
+    assert_eq!(seqs(&imported), seqs(&original));
+    let hashes = |v: &Value| entries(v).iter().map(|e| e["hash"].clone()).collect::<Vec<_>>();
+    assert_eq!(hashes(&imported), hashes(&original));
+    let r = there.ok(
+        "POST",
+        &format!("/v1/sessions/{new}/exec"),
+        Some(json!({ "argv": ["cat", "/bag"] })),
+        200,
+    );
+    assert_eq!(r["stdout"], "packed\n");
+
+    // Damaged, foreign and name-taken bundles are refused and record nothing.
+    let before = there.ok("GET", "/v1/sessions", None, 200)["items"]
+        .as_array()
+        .unwrap()
+        .len();
+    let mut damaged = bundle.clone();
+    // A byte inside the last object's content (its tar header starts with its name).
+    let header = damaged.windows(8).rposition(|w| w == b"objects/").unwrap();
+    damaged[header + 512 + 5] ^= 0xff;
+    let (status, body) = there.raw("POST", "/v1/sessions/import?name=damaged", &[], &damaged);
+    assert_eq!(status, 400, "{}", String::from_utf8_lossy(&body));
+    let (status, _) = there.raw("POST", "/v1/sessions/import", &[], b"not a bundle at all");
+    assert_eq!(status, 400);
+    let (status, _) = there.raw("POST", "/v1/sessions/import?name=arrived", &[], &bundle);
+    assert_eq!(status, 409);
+    let after = there.ok("GET", "/v1/sessions", None, 200)["items"]
+        .as_array()
+        .unwrap()
+        .len();
+    assert_eq!(before, after);
+    let (status, _) = here.call("GET", "/v1/sessions/nosuch/export", None);
+    assert_eq!(status, 404);
+}

@@ -142,6 +142,18 @@ async def test_async_sessions_mirror_the_sync_ones(aclient):
         assert [e.seq for e in await aclient.sessions.log(name, tail=5)] == [1]
         assert (await aclient.sessions.verify(name)).ok
         assert name in [x.name async for x in aclient.sessions.list()]
+        # Files, exec options, recovery and bundles, as the sync client has them.
+        await aclient.sessions.write_file(name, "/w", b"async file")
+        assert await aclient.sessions.read_file(name, "/w") == b"async file"
+        assert (await aclient.sessions.exec(name, "pwd", cwd="/tmp")).stdout == "/tmp\n"
+        assert (await aclient.sessions.recover(name)).recovered is None
+        import io
+        buf = io.BytesIO()
+        await aclient.sessions.export(name, buf)
+        buf.seek(0)
+        copy = await aclient.sessions.import_(buf, name=_name("acopy"))
+        assert (await aclient.sessions.exec(copy, ["cat", "/w"])).stdout == "async file"
+        await aclient.sessions.delete(copy, purge=True)
     finally:
         await aclient.sessions.delete(name, purge=True)
     with pytest.raises(cairn.NotFound):
@@ -172,4 +184,27 @@ def test_files_env_timeouts_and_recovery_through_a_session(client):
         rec = client.sessions.recover(name)
         assert isinstance(rec, cairn.RecoverResult) and rec.recovered is None and rec.replayed == []
     finally:
+        client.sessions.delete(s, purge=True)
+
+
+def test_a_session_exported_and_imported_keeps_its_log_and_files(client):
+    import io
+    name = _name("bundle")
+    s = client.sessions.create(name=name)
+    copy = None
+    try:
+        client.sessions.exec(name, "echo kept > /kept")
+        buf = io.BytesIO()
+        n = client.sessions.export(name, buf)
+        assert n == len(buf.getvalue()) and buf.getvalue()[:8] == b"CAIRNSES"
+        buf.seek(0)
+        copy = client.sessions.import_(buf, name=_name("copy"))
+        assert isinstance(copy, cairn.Session) and copy.state == "suspended" and copy.id != s.id
+        assert [e.hash for e in client.sessions.log(copy)] == [e.hash for e in client.sessions.log(name)]
+        assert client.sessions.exec(copy, ["cat", "/kept"]).stdout == "kept\n"
+        with pytest.raises(cairn.BadRequest):
+            client.sessions.import_(io.BytesIO(b"not a bundle"), name=_name("bad"))
+    finally:
+        if copy is not None:
+            client.sessions.delete(copy, purge=True)
         client.sessions.delete(s, purge=True)

@@ -349,3 +349,27 @@ impl From<Verified> for VerifyResult {
         }
     }
 }
+
+#[derive(Debug, Deserialize, IntoParams)]
+#[into_params(parameter_in = Query)]
+#[serde(deny_unknown_fields)]
+pub struct SessionImportQuery {
+    /// The imported session's name (default: the name it was exported with).
+    pub name: Option<String>,
+}
+
+/// What an import recorded.
+#[derive(Debug, Serialize, Deserialize, ToSchema)]
+pub struct ImportResult {
+    /// The new session, suspended.
+    pub session: Session,
+    /// The session's id where it was exported.
+    pub source_id: String,
+    pub entries: u64,
+    pub snapshots: usize,
+    pub objects: usize,
+    /// Objects this store did not hold yet.
+    pub objects_new: usize,
+    /// Why the bundle's image was not recorded, if it was not.
+    pub image_note: Option<String>,
+}

@@ -1,6 +1,7 @@
-//! Files of a session's sandbox: a read or a write resumes a suspended
+//! Files of a session's sandbox — a read or a write resumes a suspended
 //! session (or recovers a dead sandbox) like an exec does; a write is
-//! recorded in the log as a `write_file` call and its result.
+//! recorded in the log as a `write_file` call and its result — and whole
+//! sessions as bundle files (export, import).
 
 use std::sync::Arc;
 
@@ -98,4 +99,80 @@ pub async fn upload(
         })
         .await?;
     Ok((StatusCode::CREATED, Json(meta.into())))
+}
+
+/// Exports the session (its whole log chain, the rewinds that apply and
+/// every snapshot its log names with what a restore reads) as one bundle,
+/// streamed (docs/formats.md, "Session bundle"). An active session's
+/// sandbox is snapshotted first and the snapshot recorded in its log.
+#[utoipa::path(operation_id = "export_session", get, path = "/v1/sessions/{id}/export", tag = "sessions",
+    params(("id" = String, Path, description = "Session id, unique prefix or name")),
+    responses((status = 200, content_type = "application/octet-stream", body = Binary, description = "The bundle"),
+        (status = 404, body = ErrorBody), (status = 409, body = ErrorBody, description = "Being moved, or its log does not verify")))]
+pub async fn export(State(app): State<Arc<App>>, Path(id): Path<String>) -> ApiResult<Response> {
+    // Looked up first, so an unknown session is a 404 rather than a cut stream.
+    let key = id.clone();
+    let s = app.engine(move |e| Ok(e.session(&key)?)).await?;
+    let (tx, rx) = mpsc::channel(16);
+    let a = Arc::clone(&app);
+    tokio::task::spawn_blocking(move || {
+        let got = a.take_engine().and_then(|mut e| {
+            let r = e
+                .export_session(&s.id, &mut BodyWriter(tx.clone()), &cairn_engine::Silent)
+                .map_err(ApiError::from);
+            a.give_back(e);
+            r
+        });
+        if let Err(e) = got {
+            let _ = tx.blocking_send(Err(std::io::Error::other(e.message)));
+        }
+    });
+    let mut resp = Response::new(body_of(rx));
+    resp.headers_mut().insert(
+        header::CONTENT_TYPE,
+        HeaderValue::from_static("application/octet-stream"),
+    );
+    Ok(resp)
+}
+
+/// Imports a bundle `export` wrote (the body) as a new root session,
+/// suspended. The file is checked whole (hashes, the log's chain, caps)
+/// before anything is recorded; a refused import records nothing.
+#[utoipa::path(operation_id = "import_session", post, path = "/v1/sessions/import", tag = "sessions",
+    params(SessionImportQuery),
+    request_body(content = Binary, content_type = "application/octet-stream"),
+    responses((status = 201, body = ImportResult), (status = 400, body = ErrorBody, description = "Not a bundle, damaged or truncated"),
+        (status = 409, body = ErrorBody, description = "The name is taken"), (status = 413, body = ErrorBody)))]
+pub async fn import(
+    State(app): State<Arc<App>>,
+    q: QueryResult<SessionImportQuery>,
+    body: Body,
+) -> ApiResult<(StatusCode, Json<ImportResult>)> {
+    let Query(q) = q?;
+    let (file, spool_path, _) = spool(&app, body, "bundle", ".cairnses").await?;
+    let done = app
+        .engine(move |e| {
+            let mut file = std::io::BufReader::new(file);
+            let r = e.import_session(&mut file, q.name, &cairn_engine::Silent)?;
+            drop(spool_path);
+            Ok(r)
+        })
+        .await?;
+    app.emit(
+        "session.created",
+        &done.session.id,
+        format!("imported from {}", done.source_id),
+    );
+    Ok((
+        StatusCode::CREATED,
+        Json(ImportResult {
+            session: done.session.into(),
+            source_id: done.source_id,
+            entries: done.entries,
+            snapshots: done.snapshots,
+            objects: done.objects,
+            objects_new: done.objects_new,
+            image_note: done.image_note,
+        }),
+    ))
 }

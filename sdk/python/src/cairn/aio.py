@@ -585,6 +585,24 @@ class AsyncSessions:
         finally:
             await resp.aclose()
 
+    async def export(self, id: Any, dest: Any) -> int:
+        resp = await self._c._send("GET", self._path(id, "/export"), stream=True)
+        try:
+            return await _asave(resp, dest)
+        except httpx.TransportError as e:
+            raise errors.CairnError(f"exporting {cfg.ident(id)} was cut short: {e}", code="transport") from None
+        finally:
+            await resp.aclose()
+
+    async def import_(self, bundle: Any, name: Optional[str] = None) -> Session:
+        params = {"name": name} if name is not None else None
+        if not hasattr(bundle, "read"):
+            with open(os.fspath(bundle), "rb") as f:
+                return await self.import_(f, name)
+        out = await self._c._json("POST", "/v1/sessions/import", params=params, content=_achunks(bundle),
+                                  headers={"Content-Type": "application/octet-stream"})
+        return Session.from_dict(out["session"])
+
     async def recover(self, id: Any, replay: bool = False) -> RecoverResult:
         return RecoverResult.from_dict(await self._c._json("POST", self._path(id, "/recover"),
                                                            json={"replay": replay}))

@@ -579,6 +579,29 @@ class Sessions:
         finally:
             resp.close()
 
+    def export(self, id: Any, dest: Any) -> int:
+        """Writes the session as one bundle file (its log chain and the
+        snapshots it names) to `dest`, a path or a binary file object;
+        answers the bytes written. An active session is snapshotted first."""
+        resp = self._c._send("GET", self._path(id, "/export"), stream=True)
+        try:
+            return _save(resp, resp.iter_bytes(), dest, "the bundle")
+        except httpx.TransportError as e:
+            raise errors.CairnError(f"exporting {cfg.ident(id)} was cut short: {e}", code="transport") from None
+        finally:
+            resp.close()
+
+    def import_(self, bundle: Any, name: Optional[str] = None) -> Session:
+        """Imports a bundle (a path or a binary file object) as a new
+        suspended session; `name` defaults to the exported one."""
+        params = {"name": name} if name is not None else None
+        if not hasattr(bundle, "read"):
+            with open(os.fspath(bundle), "rb") as f:
+                return self.import_(f, name)
+        out = self._c._json("POST", "/v1/sessions/import", params=params, content=cfg.file_chunks(bundle),
+                            headers={"Content-Type": "application/octet-stream"})
+        return Session.from_dict(out["session"])
+
     def recover(self, id: Any, replay: bool = False) -> RecoverResult:
         """Restores a dead sandbox from the newest snapshot; with `replay`,
         re-runs the lost exec calls, stopping at the first that diverges."""
