@@ -17,7 +17,10 @@ use cairn_protocol::{ExecRequest, FileKind, FileMeta};
 use serde::Serialize;
 
 mod api;
+mod sessions;
 mod state;
+
+pub use sessions::SessionsOptions;
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
 pub enum Which {
@@ -44,6 +47,10 @@ pub enum Which {
     /// The HTTP API over its Unix socket: create to first output beside the
     /// engine, exec round trip, 1,000 concurrent streamed execs.
     Api,
+    /// Agent sessions: log append and tail beside a raw SQLite insert, flat
+    /// up to --entries; native suspend and resume over --size of files beside
+    /// a plain snapshot and restore; a gVisor session's resume to first output.
+    Sessions,
 }
 
 #[derive(Debug, Serialize)]
@@ -92,10 +99,11 @@ struct Bench {
     layer: PathBuf,
 }
 
-pub fn run(user_home: Home, which: &[Which], runs: usize, json: bool) -> Result<i32> {
+pub fn run(user_home: Home, which: &[Which], runs: usize, sessions: &SessionsOptions, json: bool) -> Result<i32> {
     if runs < 5 {
         bail!("--runs must be at least 5 to give a median and a p95");
     }
+    sessions.check()?;
     // The benchmark's scratch state directories keep their own embedded
     // stores; the `cairn` processes it starts must not inherit the user's.
     std::env::remove_var("CAIRN_STATE");
@@ -112,6 +120,7 @@ pub fn run(user_home: Home, which: &[Which], runs: usize, json: bool) -> Result<
             Which::Stages => bench.stages(runs.min(50)),
             Which::Gvisor => bench.gvisor(runs.min(10)),
             Which::Api => bench.api(runs),
+            Which::Sessions => bench.sessions(runs, sessions),
         };
         results.extend(r?);
     }
@@ -144,14 +153,35 @@ fn print_table(results: &[Measurement]) {
 
 impl Bench {
     fn prepare(user_home: Home) -> Result<Bench> {
-        let mut engine = Engine::open(user_home)?;
-        let image = match engine.image("busybox") {
-            Ok(i) => i,
-            Err(_) => engine.build_busybox("busybox", &crate::progress::Steps::new())?,
-        };
-        let layer = engine.home().layers().join(&image.layers[0]);
-        drop(engine);
         let home = tempfile_home::ScratchHome::new()?;
+        // A state directory written by another Cairn version (a newer
+        // schema) cannot lend its image: the benchmark then builds its own.
+        let user_root = user_home.root().to_path_buf();
+        let borrowed = (|| -> Result<PathBuf> {
+            let mut engine = Engine::open(user_home)?;
+            let image = match engine.image("busybox") {
+                Ok(i) => i,
+                Err(_) => engine.build_busybox("busybox", &crate::progress::Steps::new())?,
+            };
+            Ok(engine.home().layers().join(&image.layers[0]))
+        })();
+        let layer = match borrowed {
+            Ok(layer) => layer,
+            Err(e) => {
+                eprintln!(
+                    "cairn bench: cannot take the busybox image from {}: {e:#}; building it in the benchmark's own state directory",
+                    user_root.display()
+                );
+                let mut engine = Engine::open(Home::at(home.path()))?;
+                let image = engine.build_busybox("busybox", &crate::progress::Steps::new())?;
+                let layer = engine.home().layers().join(&image.layers[0]);
+                return Ok(Bench {
+                    exe: std::env::current_exe()?,
+                    home,
+                    layer,
+                });
+            }
+        };
         let status = Command::new(std::env::current_exe()?)
             .args(["image", "import"])
             .arg(&layer)
