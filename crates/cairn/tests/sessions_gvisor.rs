@@ -6,11 +6,13 @@ mod common;
 use common::{skip_without_runsc, Home};
 
 /// An HTTP server in busybox sh: each request gets the shell's pid, a
-/// nonce drawn once at its start and a counter, all held only in the
-/// shell's memory (one `nc -l` per request, the loop between them).
-const COUNTER_SERVER: &str = "nonce=$RANDOM$RANDOM; i=0; while true; do i=$((i+1)); \
-     printf 'HTTP/1.0 200 OK\\r\\nContent-Type: text/plain\\r\\n\\r\\n%s %s %s\\n' $$ $nonce $i \
-     | nc -l -p 8080 >/dev/null; done";
+/// nonce drawn once at its start and the count of requests served, all held
+/// only in the shell's memory (one `nc -l` per request, the loop between
+/// them). The count moves only when `nc` served: a restore interrupts the
+/// `accept` it was blocked in (EINTR), and busybox nc gives up on that.
+const COUNTER_SERVER: &str = "nonce=$RANDOM$RANDOM; i=0; while true; do n=$((i+1)); \
+     printf 'HTTP/1.0 200 OK\\r\\nContent-Type: text/plain\\r\\n\\r\\n%s %s %s\\n' $$ $nonce $n \
+     | nc -l -p 8080 >/dev/null 2>&1 && i=$n; done";
 
 /// One request to the server from inside the session (retried while the
 /// loop is between two `nc`s): (pid, nonce, counter).
@@ -22,7 +24,7 @@ fn request(home: &Home, session: &str, when: &str) -> (u64, u64, u64) {
         "--",
         "sh",
         "-c",
-        "for t in $(seq 50); do wget -q -T 2 -O - http://127.0.0.1:8080/ && exit 0; sleep 0.1; done; exit 1",
+        "for t in $(seq 50); do wget -q -O - http://127.0.0.1:8080/ && exit 0; sleep 0.1; done; exit 1",
     ]);
     assert!(
         out.status.success(),
