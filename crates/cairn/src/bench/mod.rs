@@ -71,6 +71,12 @@ pub struct Measurement {
 }
 
 impl Measurement {
+    /// Whether the median meets the target, if there is one.
+    fn met(&self) -> Option<bool> {
+        self.target
+            .map(|t| if self.lower_is_better { self.median <= t } else { self.median >= t })
+    }
+
     /// This measurement as a peer's figure for the job `cairn` measured.
     fn peer_of(mut self, cairn: &Measurement) -> Measurement {
         self.cairn_ratio = Some(cairn.median / self.median);
@@ -125,7 +131,17 @@ pub fn run(user_home: Home, which: &[Which], runs: usize, sessions: &SessionsOpt
         results.extend(r?);
     }
     if json {
-        println!("{}", serde_json::to_string_pretty(&results)?);
+        let rows = results
+            .iter()
+            .map(|m| {
+                let mut row = serde_json::to_value(m)?;
+                if let Some(met) = m.met() {
+                    row["met"] = met.into();
+                }
+                Ok(row)
+            })
+            .collect::<Result<Vec<_>>>()?;
+        println!("{}", serde_json::to_string_pretty(&rows)?);
     } else {
         print_table(&results);
     }
@@ -133,9 +149,10 @@ pub fn run(user_home: Home, which: &[Which], runs: usize, sessions: &SessionsOpt
 }
 
 fn print_table(results: &[Measurement]) {
+    let width = results.iter().map(|m| m.name.len()).max().unwrap_or(0).max(52);
     println!(
-        "{:<52} {:>10} {:>10} {:>6}  {:>10}  {:>10}  unit",
-        "measurement", "median", "p95", "runs", "target", "cairn/peer"
+        "{:<width$} {:>10} {:>10} {:>6}  {:>10}  {:>4}  {:>10}  unit",
+        "measurement", "median", "p95", "runs", "target", "met", "cairn/peer"
     );
     for m in results {
         let target = match m.target {
@@ -143,10 +160,15 @@ fn print_table(results: &[Measurement]) {
             Some(t) => format!(">= {t}"),
             None => "-".into(),
         };
+        let met = match m.met() {
+            Some(true) => "yes",
+            Some(false) => "no",
+            None => "-",
+        };
         let ratio = m.cairn_ratio.map_or("-".into(), |r| format!("{r:.2}"));
         println!(
-            "{:<52} {:>10.3} {:>10.3} {:>6}  {:>10}  {:>10}  {}",
-            m.name, m.median, m.p95, m.runs, target, ratio, m.unit
+            "{:<width$} {:>10.3} {:>10.3} {:>6}  {:>10}  {:>4}  {:>10}  {}",
+            m.name, m.median, m.p95, m.runs, target, met, ratio, m.unit
         );
     }
 }

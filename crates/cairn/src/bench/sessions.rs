@@ -417,6 +417,7 @@ impl Bench {
         const WARM_UP: usize = 3;
         let mut samples: [[Vec<f64>; 3]; 2] = Default::default();
         let (mut plain_down, mut plain_up) = (Vec::new(), Vec::new());
+        let (mut plain_snap, mut plain_rm) = (Vec::new(), Vec::new());
         for round in 0..WARM_UP + runs {
             let keep = round >= WARM_UP;
             for (k, id) in ids.iter().enumerate() {
@@ -436,6 +437,7 @@ impl Bench {
             }
             let t0 = Instant::now();
             snap = engine.snapshot(&engine.sandbox(&plain.id)?, None)?;
+            let snapped = ms(t0);
             engine.remove_sandbox(&engine.sandbox(&plain.id)?, true)?;
             let down = ms(t0);
             let t0 = Instant::now();
@@ -443,6 +445,8 @@ impl Bench {
             let up = ms(t0);
             if keep {
                 plain_down.push(down);
+                plain_snap.push(snapped);
+                plain_rm.push(down - snapped);
                 plain_up.push(up);
             }
         }
@@ -483,6 +487,15 @@ impl Bench {
             true,
         )
         .peer_of(&big.0);
+        let parts = [("snapshot", plain_snap), ("rm", plain_rm)].map(|(part, samples)| {
+            summarize(
+                &format!("sessions: of which the plain {part} ({what})"),
+                "ms",
+                samples,
+                None,
+                true,
+            )
+        });
         let peer_up = summarize(
             &format!("sessions: plain restore of that snapshot (peer, {what})"),
             "ms",
@@ -493,7 +506,10 @@ impl Bench {
         .peer_of(&big.1);
         let down_flat = ratio(format!("sessions: suspend, {what} / none"), &big.0, &small.0, runs, 1.2);
         let up_flat = ratio(format!("sessions: resume, {what} / none"), &big.1, &small.1, runs, 1.2);
-        out.extend([small.0, small.1, small.2, big.0, big.1, big.2, peer_down, peer_up, down_flat, up_flat]);
+        let [snap_part, rm_part] = parts;
+        out.extend([
+            small.0, small.1, small.2, big.0, big.1, big.2, peer_down, snap_part, rm_part, peer_up, down_flat, up_flat,
+        ]);
         Ok(out)
     }
 
