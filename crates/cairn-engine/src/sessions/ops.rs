@@ -250,10 +250,18 @@ impl Engine {
         }
         for e in entries {
             if e.content_ref.is_some() || e.result_ref.is_some() {
-                return Err(SessionError::BadEntry("content_ref and result_ref are set by Cairn, not given".into()).into());
+                return Err(
+                    SessionError::BadEntry("content_ref and result_ref are set by Cairn, not given".into()).into(),
+                );
             }
-            if [&e.content, &e.result].iter().any(|p| p.as_ref().is_some_and(|c| c.len() > INLINE_MAX)) {
-                return Err(SessionError::BadEntry("a batched entry's payload is above 64 KiB; append it alone".into()).into());
+            if [&e.content, &e.result]
+                .iter()
+                .any(|p| p.as_ref().is_some_and(|c| c.len() > INLINE_MAX))
+            {
+                return Err(SessionError::BadEntry(
+                    "a batched entry's payload is above 64 KiB; append it alone".into(),
+                )
+                .into());
             }
             if let Some(a) = &e.arguments {
                 serde_json::from_str::<serde_json::Value>(a)

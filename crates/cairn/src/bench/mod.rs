@@ -73,8 +73,13 @@ pub struct Measurement {
 impl Measurement {
     /// Whether the median meets the target, if there is one.
     fn met(&self) -> Option<bool> {
-        self.target
-            .map(|t| if self.lower_is_better { self.median <= t } else { self.median >= t })
+        self.target.map(|t| {
+            if self.lower_is_better {
+                self.median <= t
+            } else {
+                self.median >= t
+            }
+        })
     }
 
     /// This measurement as a peer's figure for the job `cairn` measured.

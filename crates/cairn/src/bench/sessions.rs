@@ -9,9 +9,9 @@ use std::io::{self, Write};
 use std::time::Instant;
 
 use anyhow::{bail, Context, Result};
-use cairn_engine::sessions::{Entry, EntryKind, LogRange, SessionOptions};
 use cairn_engine::sessions::SessionRecord;
-use cairn_engine::{CreateOptions, Engine, Progress, Silent};
+use cairn_engine::sessions::{Entry, EntryKind, LogRange, SessionOptions};
+use cairn_engine::{CreateOptions, Engine, Silent};
 use cairn_protocol::ExecRequest;
 
 use super::{summarize, Bench, Measurement};
@@ -34,7 +34,10 @@ const TAIL: usize = 100;
 impl SessionsOptions {
     pub fn check(&self) -> Result<()> {
         if self.entries < 2 * WINDOW as u64 {
-            bail!("--entries must be at least {}: {WINDOW} appends are timed at each end", 2 * WINDOW);
+            bail!(
+                "--entries must be at least {}: {WINDOW} appends are timed at each end",
+                2 * WINDOW
+            );
         }
         if self.size == 0 {
             bail!("--size must be above 0 (the empty session is measured beside it)");
@@ -50,7 +53,10 @@ fn ms(t0: Instant) -> f64 {
 /// The `i`-th entry of the benchmark's log: the four kinds an agent's turn
 /// writes, in turn, each a few hundred bytes.
 fn entry(i: u64) -> Entry {
-    let text = format!("entry {i}: {}", "the agent reads the build log and decides what to try next; ".repeat(4));
+    let text = format!(
+        "entry {i}: {}",
+        "the agent reads the build log and decides what to try next; ".repeat(4)
+    );
     let mut e = match i % 4 {
         0 => Entry::new(EntryKind::User),
         1 => Entry::new(EntryKind::Assistant),
@@ -273,7 +279,6 @@ impl Bench {
 
         let fill_to = entries - WINDOW as u64;
         let started = Instant::now();
-        let progress = crate::progress::Steps::new();
         let mut at = WINDOW as u64;
         let mut said = 0;
         eprintln!(
@@ -285,17 +290,15 @@ impl Bench {
             let batch: Vec<Entry> = (at + 1..=at + n).map(entry).collect();
             engine.session_append_batch(&s, &batch)?;
             at += n;
-            progress.step(&format!("filling the log: {at} of {fill_to} entries"));
             if at * 10 / fill_to > said {
                 said = at * 10 / fill_to;
                 eprintln!(
-                    "cairn bench: {at} entries ({:.0} s, {:.0} entries/s)",
+                    "cairn bench: {at} of {fill_to} entries ({:.0} s, {:.0} entries/s)",
                     started.elapsed().as_secs_f64(),
                     (at - WINDOW as u64) as f64 / started.elapsed().as_secs_f64()
                 );
             }
         }
-        drop(progress);
         let last = appends(&engine, &s, at + 1)?;
         let last_tails = tails(&engine, &s)?;
         let s = engine.session(&s.id)?;
@@ -349,13 +352,7 @@ impl Bench {
             None,
             true,
         );
-        let grow = ratio(
-            format!("sessions: append, last {n} / first {n}"),
-            &last,
-            &first,
-            n,
-            1.2,
-        );
+        let grow = ratio(format!("sessions: append, last {n} / first {n}"), &last, &first, n, 1.2);
         let tail_grow = ratio(
             format!("sessions: tail read, log of {entries} / of {n}"),
             &last_tails,
@@ -363,7 +360,16 @@ impl Bench {
             reads,
             1.2,
         );
-        Ok(vec![first, peer, last, grow, first_tails, peer_tails, last_tails, tail_grow])
+        Ok(vec![
+            first,
+            peer,
+            last,
+            grow,
+            first_tails,
+            peer_tails,
+            last_tails,
+            tail_grow,
+        ])
     }
 
     /// Native sessions with no files and with `size` bytes of files, both
@@ -410,7 +416,10 @@ impl Bench {
         }
         // The plain peer: a sandbox restored from the big session's newest
         // snapshot holds the same files, unchanged since that snapshot.
-        let snap = engine.session(&ids[1])?.snapshot_id.context("the session recorded no snapshot")?;
+        let snap = engine
+            .session(&ids[1])?
+            .snapshot_id
+            .context("the session recorded no snapshot")?;
         let mut snap = engine.snapshot_record(&snap)?;
         let mut plain = engine.restore(&snap, &CreateOptions::default())?;
 
