@@ -548,6 +548,7 @@ impl Bench {
         };
         engine.exec(&sandbox, req)?.map_err(|f| anyhow::anyhow!(f.message))?;
         let (mut down, mut first, mut plain) = (Vec::new(), Vec::new(), Vec::new());
+        let mut parts: [Vec<f64>; 3] = Default::default();
         for round in 0..runs + 1 {
             let t0 = Instant::now();
             let suspended = engine.suspend_session(&s.id)?;
@@ -562,13 +563,29 @@ impl Bench {
             let snap = engine.snapshot_record(suspended.snapshot_id.as_deref().context("no snapshot recorded")?)?;
             let t1 = Instant::now();
             let rec = engine.restore(&snap, &CreateOptions::default())?;
+            let plain_restore = ms(t1);
             let peer = first_echo(&engine, &rec, t1)?;
             engine.remove_sandbox(&engine.sandbox(&rec.id)?, true)?;
+            // The parts, in a second cycle: the resume alone, then echo.
+            engine.suspend_session(&s.id)?;
+            let t2 = Instant::now();
+            let resumed = engine.resume_session(&s.id)?;
+            let resume = ms(t2);
+            let sandbox = engine.sandbox(
+                resumed
+                    .sandbox_id
+                    .as_deref()
+                    .context("a resumed session has no sandbox")?,
+            )?;
+            let echo = first_echo(&engine, &sandbox, Instant::now())?;
             // The first round warms the runsc binary and the image cache.
             if round > 0 {
                 down.push(dt);
                 first.push((at - t0).as_secs_f64() * 1e3);
                 plain.push(peer);
+                parts[0].push(resume);
+                parts[1].push(echo);
+                parts[2].push(plain_restore);
             }
         }
         engine.close_session(&s.id, false)?;
@@ -588,6 +605,15 @@ impl Bench {
         )
         .peer_of(&first);
         let down = summarize("sessions: gvisor suspend (memory snapshot)", "ms", down, None, true);
-        Ok(vec![down, first, plain])
+        let [resume, echo, plain_restore] = parts;
+        let parts = [
+            ("sessions: gvisor of which the resume (restore with memory)", resume),
+            ("sessions: gvisor of which echo's first output after it", echo),
+            ("sessions: gvisor of which the plain restore (peer)", plain_restore),
+        ]
+        .map(|(name, samples)| summarize(name, "ms", samples, None, true));
+        let mut out = vec![down, first, plain];
+        out.extend(parts);
+        Ok(out)
     }
 }
