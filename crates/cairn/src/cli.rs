@@ -282,6 +282,12 @@ pub enum Command {
         /// Runs per measurement.
         #[arg(long, default_value_t = 200)]
         runs: usize,
+        /// sessions: how many entries the context log is filled to.
+        #[arg(long, default_value_t = 1_000_000)]
+        entries: u64,
+        /// sessions: the files a suspended and resumed session holds, e.g. 1G, 256M.
+        #[arg(long, default_value = "1G", value_name = "SIZE", value_parser = parse_bytes)]
+        size: u64,
         #[arg(long)]
         json: bool,
     },

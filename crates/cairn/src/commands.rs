@@ -22,8 +22,16 @@ pub fn dispatch(cli: Cli) -> Result<i32> {
     if let Some(url) = cli.state {
         home = home.with_state(url);
     }
-    if let Command::Bench { which, runs, json } = cli.command {
-        return crate::bench::run(home, &which, runs, json);
+    if let Command::Bench {
+        which,
+        runs,
+        entries,
+        size,
+        json,
+    } = cli.command
+    {
+        let sessions = crate::bench::SessionsOptions { entries, size };
+        return crate::bench::run(home, &which, runs, &sessions, json);
     }
     if let Command::Serve {
         socket,

@@ -336,6 +336,40 @@ impl Engine {
         Ok(out.remove(0))
     }
 
+    /// Appends many entries in one transaction (a bulk load). Each must
+    /// fit its row: a payload above 64 KiB is refused, not stored aside.
+    pub fn session_append_batch(&self, s: &SessionRecord, entries: &[Entry]) -> Result<Vec<Entry>, EngineError> {
+        if s.state == SessionState::Closed {
+            return Err(SessionError::WrongState {
+                id: s.id.clone(),
+                state: s.state,
+                hint: "a closed session's log is read-only",
+            }
+            .into());
+        }
+        for e in entries {
+            if e.content_ref.is_some() || e.result_ref.is_some() {
+                return Err(
+                    SessionError::BadEntry("content_ref and result_ref are set by Cairn, not given".into()).into(),
+                );
+            }
+            if [&e.content, &e.result]
+                .iter()
+                .any(|p| p.as_ref().is_some_and(|c| c.len() > INLINE_MAX))
+            {
+                return Err(SessionError::BadEntry(
+                    "a batched entry's payload is above 64 KiB; append it alone".into(),
+                )
+                .into());
+            }
+            if let Some(a) = &e.arguments {
+                serde_json::from_str::<serde_json::Value>(a)
+                    .map_err(|err| SessionError::BadEntry(format!("arguments are not JSON: {err}")))?;
+            }
+        }
+        self.db.append_entries(&s.id, entries).map_err(|e| conflict(e, &s.id))
+    }
+
     fn put_payload(&self, text: String) -> Result<String, EngineError> {
         let content = self
             .store

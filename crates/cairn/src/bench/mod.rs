@@ -17,7 +17,10 @@ use cairn_protocol::{ExecRequest, FileKind, FileMeta};
 use serde::Serialize;
 
 mod api;
+mod sessions;
 mod state;
+
+pub use sessions::SessionsOptions;
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
 pub enum Which {
@@ -44,6 +47,10 @@ pub enum Which {
     /// The HTTP API over its Unix socket: create to first output beside the
     /// engine, exec round trip, 1,000 concurrent streamed execs.
     Api,
+    /// Agent sessions: log append and tail beside a raw SQLite insert, flat
+    /// up to --entries; native suspend and resume over --size of files beside
+    /// a plain snapshot and restore; a gVisor session's resume to first output.
+    Sessions,
 }
 
 #[derive(Debug, Serialize)]
@@ -64,6 +71,17 @@ pub struct Measurement {
 }
 
 impl Measurement {
+    /// Whether the median meets the target, if there is one.
+    fn met(&self) -> Option<bool> {
+        self.target.map(|t| {
+            if self.lower_is_better {
+                self.median <= t
+            } else {
+                self.median >= t
+            }
+        })
+    }
+
     /// This measurement as a peer's figure for the job `cairn` measured.
     fn peer_of(mut self, cairn: &Measurement) -> Measurement {
         self.cairn_ratio = Some(cairn.median / self.median);
@@ -92,10 +110,11 @@ struct Bench {
     layer: PathBuf,
 }
 
-pub fn run(user_home: Home, which: &[Which], runs: usize, json: bool) -> Result<i32> {
+pub fn run(user_home: Home, which: &[Which], runs: usize, sessions: &SessionsOptions, json: bool) -> Result<i32> {
     if runs < 5 {
         bail!("--runs must be at least 5 to give a median and a p95");
     }
+    sessions.check()?;
     // The benchmark's scratch state directories keep their own embedded
     // stores; the `cairn` processes it starts must not inherit the user's.
     std::env::remove_var("CAIRN_STATE");
@@ -112,11 +131,22 @@ pub fn run(user_home: Home, which: &[Which], runs: usize, json: bool) -> Result<
             Which::Stages => bench.stages(runs.min(50)),
             Which::Gvisor => bench.gvisor(runs.min(10)),
             Which::Api => bench.api(runs),
+            Which::Sessions => bench.sessions(runs, sessions),
         };
         results.extend(r?);
     }
     if json {
-        println!("{}", serde_json::to_string_pretty(&results)?);
+        let rows = results
+            .iter()
+            .map(|m| {
+                let mut row = serde_json::to_value(m)?;
+                if let Some(met) = m.met() {
+                    row["met"] = met.into();
+                }
+                Ok(row)
+            })
+            .collect::<Result<Vec<_>>>()?;
+        println!("{}", serde_json::to_string_pretty(&rows)?);
     } else {
         print_table(&results);
     }
@@ -124,9 +154,10 @@ pub fn run(user_home: Home, which: &[Which], runs: usize, json: bool) -> Result<
 }
 
 fn print_table(results: &[Measurement]) {
+    let width = results.iter().map(|m| m.name.len()).max().unwrap_or(0).max(52);
     println!(
-        "{:<52} {:>10} {:>10} {:>6}  {:>10}  {:>10}  unit",
-        "measurement", "median", "p95", "runs", "target", "cairn/peer"
+        "{:<width$} {:>10} {:>10} {:>6}  {:>10}  {:>4}  {:>10}  unit",
+        "measurement", "median", "p95", "runs", "target", "met", "cairn/peer"
     );
     for m in results {
         let target = match m.target {
@@ -134,24 +165,50 @@ fn print_table(results: &[Measurement]) {
             Some(t) => format!(">= {t}"),
             None => "-".into(),
         };
+        let met = match m.met() {
+            Some(true) => "yes",
+            Some(false) => "no",
+            None => "-",
+        };
         let ratio = m.cairn_ratio.map_or("-".into(), |r| format!("{r:.2}"));
         println!(
-            "{:<52} {:>10.3} {:>10.3} {:>6}  {:>10}  {:>10}  {}",
-            m.name, m.median, m.p95, m.runs, target, ratio, m.unit
+            "{:<width$} {:>10.3} {:>10.3} {:>6}  {:>10}  {:>4}  {:>10}  {}",
+            m.name, m.median, m.p95, m.runs, target, met, ratio, m.unit
         );
     }
 }
 
 impl Bench {
     fn prepare(user_home: Home) -> Result<Bench> {
-        let mut engine = Engine::open(user_home)?;
-        let image = match engine.image("busybox") {
-            Ok(i) => i,
-            Err(_) => engine.build_busybox("busybox", &crate::progress::Steps::new())?,
-        };
-        let layer = engine.home().layers().join(&image.layers[0]);
-        drop(engine);
         let home = tempfile_home::ScratchHome::new()?;
+        // A state directory written by another Cairn version (a newer
+        // schema) cannot lend its image: the benchmark then builds its own.
+        let user_root = user_home.root().to_path_buf();
+        let borrowed = (|| -> Result<PathBuf> {
+            let mut engine = Engine::open(user_home)?;
+            let image = match engine.image("busybox") {
+                Ok(i) => i,
+                Err(_) => engine.build_busybox("busybox", &crate::progress::Steps::new())?,
+            };
+            Ok(engine.home().layers().join(&image.layers[0]))
+        })();
+        let layer = match borrowed {
+            Ok(layer) => layer,
+            Err(e) => {
+                eprintln!(
+                    "cairn bench: cannot take the busybox image from {}: {e:#}; building it in the benchmark's own state directory",
+                    user_root.display()
+                );
+                let mut engine = Engine::open(Home::at(home.path()))?;
+                let image = engine.build_busybox("busybox", &crate::progress::Steps::new())?;
+                let layer = engine.home().layers().join(&image.layers[0]);
+                return Ok(Bench {
+                    exe: std::env::current_exe()?,
+                    home,
+                    layer,
+                });
+            }
+        };
         let status = Command::new(std::env::current_exe()?)
             .args(["image", "import"])
             .arg(&layer)
