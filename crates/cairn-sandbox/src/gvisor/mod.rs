@@ -34,6 +34,9 @@ const QUIESCE_TIMEOUT: Duration = Duration::from_secs(10);
 /// signals init instead.
 const MARK_NOTICE: Duration = Duration::from_millis(100);
 
+/// In a checkpoint image: the size of init's restore mark when it was taken.
+const MARK_SIZE_FILE: &str = "restore-mark.size";
+
 #[derive(Debug, thiserror::Error)]
 pub enum GvisorError {
     #[error("runsc (gVisor) is not installed; install it with `apt-get install runsc`")]
@@ -160,6 +163,14 @@ impl GvisorDriver {
             return Err(e);
         }
         let save = t.elapsed();
+        // The image remembers how big init's restore mark was, so that a
+        // restore from it makes the mark bigger still (see `launch`).
+        let mark = fs::metadata(dir.join("restore-mark")).map(|m| m.len()).unwrap_or(0);
+        let mark_file = image_dir.join(MARK_SIZE_FILE);
+        if let Err(e) = fs::write(&mark_file, mark.to_string()) {
+            self.resume_after_failed_checkpoint(&root, id, &dir);
+            return Err(GvisorError::io(format!("write {}", mark_file.display()), e));
+        }
         let image_bytes = image_size(image_dir);
         let t = Instant::now();
         self.teardown(id).map_err(|e| GvisorError::Runsc {
@@ -226,16 +237,27 @@ impl GvisorDriver {
         fs::write(&config_path, text).map_err(|e| GvisorError::io(format!("write {}", config_path.display()), e))?;
         let overlay_options = crate::native::overlay_options(spec).map_err(GvisorError::Bundle)?;
 
-        // A restored init that was quiesced listens again as soon as it sees
-        // its stdin grow: one byte more per restore.
+        // A restored init that was quiesced listens again as soon as its
+        // stdin (this file) has another size than when it was checkpointed:
+        // one byte more than the image's mark. (gVisor gives a host file
+        // the same inode number in the sandbox across restores, so a new
+        // file of the same size would go unnoticed, and the restore would
+        // wait for the relisten signal instead.)
         let restore_mark = spec.dir.join("restore-mark");
         let mut mark = OpenOptions::new()
             .create(true)
             .append(true)
             .open(&restore_mark)
             .map_err(|e| GvisorError::io(format!("open {}", restore_mark.display()), e))?;
-        if image.is_some() {
-            mark.write_all(b"r")
+        if let Some(image) = image {
+            let before: u64 = fs::read_to_string(image.join(MARK_SIZE_FILE))
+                .ok()
+                .and_then(|s| s.trim().parse().ok())
+                .filter(|n| *n < 1 << 20)
+                .unwrap_or(0);
+            let have = mark.metadata().map(|m| m.len()).unwrap_or(0);
+            let grow = (before + 1).saturating_sub(have).max(1);
+            mark.write_all(&vec![b'r'; grow as usize])
                 .map_err(|e| GvisorError::io(format!("write {}", restore_mark.display()), e))?;
         }
         drop(mark);
