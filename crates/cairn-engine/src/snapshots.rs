@@ -203,6 +203,12 @@ pub enum SnapshotError {
     NeededByPipeline(String),
     #[error("snapshot {0} holds an agent session's machine (its log names it); close the session with `cairn session rm --purge` first")]
     NeededBySession(String),
+    #[error("snapshot {id} cannot be flattened: {source}")]
+    Flatten {
+        id: String,
+        #[source]
+        source: cairn_layers::archive::FlattenError,
+    },
     #[error("fork needs a count of at least 1, got {0}")]
     BadCount(usize),
     #[error("cannot lock the chunk store ({path}): {source}")]
@@ -435,6 +441,68 @@ impl Engine {
             }
         }
         Ok(snap)
+    }
+
+    /// A snapshot holding the same files as `snap` in one layer: the tree
+    /// its layers show, merged at the index level (file contents are chunk
+    /// references, so no file data is stored again; the new layer is
+    /// materialised for restores). Its parent is `snap`; a memory image
+    /// comes along unchanged, as the files are the same. Overlayfs stacks at
+    /// most 500 layers, so a chain that grows with every snapshot (a
+    /// session suspended again and again) is flattened from time to time.
+    pub fn flatten_snapshot(&mut self, snap: &SnapshotRecord) -> Result<SnapshotRecord, EngineError> {
+        let _lock = self.lock_store(false)?;
+        let written_before = self.store.bytes_written();
+        let manifest = self.manifest(snap)?;
+        let indexes = manifest
+            .layers
+            .iter()
+            .map(|id| {
+                let context = ReadContext::new().owner("layer", *id.as_hash());
+                self.store
+                    .get_object::<LayerIndex>(id.as_hash(), &context)
+                    .map_err(|e| EngineError::from(SnapshotError::from(e)))
+            })
+            .collect::<Result<Vec<_>, _>>()?;
+        let flat = cairn_layers::archive::flatten(&indexes.iter().collect::<Vec<_>>()).map_err(|source| {
+            SnapshotError::Flatten {
+                id: snap.id.clone(),
+                source,
+            }
+        })?;
+        let layer = LayerId::from_hash(self.store.put_object(&flat).map_err(SnapshotError::from)?);
+        self.layers.ensure(&layer, &self.store)?;
+        let flattened = SnapshotManifest {
+            parent: snap.id.parse().ok(),
+            layers: vec![layer],
+            created_at_ms: now_ms(),
+            ..manifest
+        };
+        let id = self.store.put_object(&flattened).map_err(SnapshotError::from)?;
+        let rec = SnapshotRecord {
+            id: id.to_string(),
+            parent_id: Some(snap.id.clone()),
+            sandbox_id: snap.sandbox_id.clone(),
+            image: snap.image.clone(),
+            driver: snap.driver.clone(),
+            label: snap.label.clone(),
+            created_at: flattened.created_at_ms,
+            new_bytes: 0,
+            stored_bytes: self.store.bytes_written() - written_before,
+            layers: vec![layer.to_string()],
+        };
+        self.db.insert_snapshot(&rec)?;
+        // The driver's image as it is on this host, for restores here.
+        let (from, to) = (self.home.memory_image(&snap.id), self.home.memory_image(&rec.id));
+        if from.is_dir() && fs::create_dir_all(&to).is_ok() {
+            for e in fs::read_dir(&from).into_iter().flatten().flatten() {
+                if fs::hard_link(e.path(), to.join(e.file_name())).is_err() {
+                    let _ = fs::remove_dir_all(&to);
+                    break;
+                }
+            }
+        }
+        Ok(rec)
     }
 
     /// Starts a new sandbox from a snapshot.

@@ -356,6 +356,16 @@ pub enum SnapshotCommand {
         #[arg(required = true)]
         snapshots: Vec<String>,
     },
+    /// Make a snapshot holding the same files in one layer; prints its id.
+    ///
+    /// Every snapshot of a restored sandbox stacks a layer on its parent's,
+    /// and overlayfs mounts at most 500: restore the flattened copy to go
+    /// on. File contents are shared, not copied; only the layer's index is
+    /// new. Sessions flatten their own snapshots as they suspend.
+    Flatten {
+        /// Snapshot id, unique prefix or label.
+        snapshot: String,
+    },
 }
 
 #[derive(Subcommand)]

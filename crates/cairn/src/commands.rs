@@ -126,6 +126,21 @@ pub fn dispatch(cli: Cli) -> Result<i32> {
         }
         Command::Image(cmd) => image(&mut engine, cmd).map(|()| 0),
         Command::Snapshot {
+            command: Some(SnapshotCommand::Flatten { snapshot }),
+            ..
+        } => {
+            let snap = engine.snapshot_record(&snapshot)?;
+            let flat = engine.flatten_snapshot(&snap)?;
+            eprintln!(
+                "cairn: {} layers of snapshot {} are one in snapshot {}",
+                snap.layers.len(),
+                &snap.id[..12],
+                &flat.id[..12]
+            );
+            println!("{}", flat.id);
+            Ok(0)
+        }
+        Command::Snapshot {
             command: Some(SnapshotCommand::Rm { snapshots }),
             ..
         } => {

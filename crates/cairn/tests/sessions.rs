@@ -567,3 +567,43 @@ fn replay_reruns_the_lost_calls_and_stops_at_a_diverging_one() {
     assert!(common::stderr(&again).contains("replay only follows a recovery"));
     assert!(home.ok(&["session", "verify", &id]).starts_with("ok: "));
 }
+
+#[test]
+fn a_session_suspended_again_and_again_flattens_its_layers() {
+    if skip("a_session_suspended_again_and_again_flattens_its_layers") {
+        return;
+    }
+    let home = Home::new();
+    let id = create(&home, "deep");
+    let sh = |script: &str| home.ok(&["session", "exec", &id, "--", "sh", "-c", script]);
+    sh("rm /bin/ls; mkdir /d; echo gone > /d/gone; echo keep > /keep");
+    home.ok(&["session", "suspend", &id]);
+    sh("rm -r /d");
+    home.ok(&["session", "suspend", &id]);
+    let layers = |home: &Home| -> usize {
+        let snap = show(home, &id)["snapshot_id"].as_str().unwrap().to_string();
+        let all: serde_json::Value = serde_json::from_str(&home.ok(&["snapshots", "--json"])).unwrap();
+        let s = all
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|s| s["id"] == snap.as_str())
+            .unwrap()
+            .clone();
+        s["layers"].as_array().unwrap().len()
+    };
+    let mut most = 0;
+    for i in 0..110 {
+        sh(&format!("echo {i} > /n"));
+        home.ok(&["session", "suspend", &id]);
+        most = most.max(layers(&home));
+    }
+    // Each suspend stacked a layer up to 100; the one that would have made
+    // 101 was flattened to one instead.
+    assert_eq!(most, 100, "the stack grew to the limit");
+    assert!(layers(&home) < 20, "and was flattened: {}", layers(&home));
+    // The flattened tree is the one the stack showed: deletions of image
+    // files and of earlier layers' files stay deleted.
+    assert_eq!(sh("ls /bin/ls /d 2>/dev/null; cat /keep /n"), "keep\n109");
+    assert!(home.ok(&["session", "verify", &id]).starts_with("ok: "));
+}

@@ -1126,7 +1126,12 @@ impl Engine {
         self.claim(&s, SessionState::Suspending, mine)?;
         if let Some(sandbox) = self.session_sandbox(&s) {
             if matches!(sandbox.state, SandboxState::Running | SandboxState::Exited) {
-                let snap = self.snapshot(&sandbox, None)?;
+                let mut snap = self.snapshot(&sandbox, None)?;
+                // Each suspend that changed files stacks a layer; overlayfs
+                // mounts at most 500.
+                if snap.layers.len() > FLATTEN_ABOVE {
+                    snap = self.flatten_snapshot(&snap)?;
+                }
                 let mut note = Entry::new(EntryKind::Note);
                 note.content = Some(format!("suspended: snapshot {}", snap.id));
                 note.snapshot_id = Some(snap.id.clone());
@@ -1365,6 +1370,10 @@ impl Engine {
         })
     }
 }
+
+/// A session's snapshot with more layers than this is flattened into one
+/// when it suspends.
+pub const FLATTEN_ABOVE: usize = 100;
 
 /// The status an exec reports when the sandbox died under the command.
 pub const LOST: i32 = 137;

@@ -24,6 +24,7 @@
 
 mod capture;
 mod dirfd;
+mod flatten;
 mod index;
 mod materialise;
 
@@ -33,6 +34,7 @@ use std::path::PathBuf;
 use cairn_store::StoreError;
 
 pub use capture::{capture, capture_since, capture_since_mapped, remove_device_nodes, Baseline, CapturedLayer};
+pub use flatten::{flatten, FlattenError};
 pub use index::{Entry, EntryKind, LayerId, LayerIndex, LayerPath, Metadata, Timestamp, Xattr};
 pub use materialise::{materialise, remove_abandoned_materialisations};
 

@@ -188,7 +188,7 @@ fn lower_dirs(spec: &SandboxSpec) -> Result<Vec<String>, SandboxError> {
     // overlayfs stacks at most 500 layers.
     if spec.layers.len() > 500 {
         return Err(SandboxError::Start(format!(
-            "{} layers are more than overlayfs stacks (500); flatten the snapshot chain",
+            "{} layers are more than overlayfs stacks (500); make a one-layer copy of the snapshot with `cairn snapshot flatten ID` and restore that",
             spec.layers.len()
         )));
     }
