@@ -1128,9 +1128,13 @@ impl Engine {
             if matches!(sandbox.state, SandboxState::Running | SandboxState::Exited) {
                 let mut snap = self.snapshot(&sandbox, None)?;
                 // Each suspend that changed files stacks a layer; overlayfs
-                // mounts at most 500.
+                // mounts at most 500. A flatten that fails leaves the
+                // stacked snapshot, which holds everything all the same.
                 if snap.layers.len() > FLATTEN_ABOVE {
-                    snap = self.flatten_snapshot(&snap)?;
+                    match self.flatten_snapshot(&snap) {
+                        Ok(flat) => snap = flat,
+                        Err(e) => tracing::warn!(session = %s.id, snapshot = %snap.id, error = %e, "flattening failed"),
+                    }
                 }
                 let mut note = Entry::new(EntryKind::Note);
                 note.content = Some(format!("suspended: snapshot {}", snap.id));

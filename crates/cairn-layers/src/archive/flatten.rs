@@ -4,12 +4,12 @@
 
 use std::collections::{BTreeMap, HashMap};
 
-use super::index::{Entry, EntryKind, LayerIndex};
+use super::index::{Entry, EntryKind, LayerIndex, LayerPath};
 
 /// Why a stack cannot be flattened.
 #[derive(Debug, thiserror::Error)]
 pub enum FlattenError {
-    #[error("layer {layer} renames a directory with an overlayfs redirect ({path}); such a stack cannot be flattened")]
+    #[error("layer {layer} has a directory {path} whose overlayfs redirect names no valid path")]
     Redirect { layer: usize, path: String },
     #[error("layer {layer} links {path} to {target}, which the layer does not hold")]
     DanglingLink { layer: usize, path: String, target: String },
@@ -25,25 +25,46 @@ const OVERLAY_XATTRS: &[u8] = b"trusted.overlay.";
 /// layer: an upper entry replaces the lower one at its path (a non-directory
 /// also hides what was below a directory there), a whiteout removes the
 /// path and everything under it, an opaque directory hides the lower
-/// directory's children. Hard links become entries of their own with their
+/// directory's children, a renamed directory (a redirect) shows what was
+/// below its old path. Hard links become entries of their own with their
 /// target's content (the same chunks), since a target may be replaced by a
 /// higher layer. Overlayfs bookkeeping xattrs are dropped. The result is in
 /// pre-order and passes [`LayerIndex::validate`].
 pub fn flatten(stack: &[&LayerIndex]) -> Result<LayerIndex, FlattenError> {
-    let mut tree: BTreeMap<Vec<Vec<u8>>, Entry> = BTreeMap::new();
+    let mut tree: BTreeMap<Key, Entry> = BTreeMap::new();
     for (depth, index) in stack.iter().enumerate().rev() {
         if index.entries.first().is_none_or(|e| !e.path.is_root()) {
             return Err(FlattenError::NoRoot(depth));
         }
         let by_path: HashMap<_, _> = index.entries.iter().map(|e| (&e.path, e)).collect();
+        // A directory renamed in this layer (overlayfs `redirect_dir`) shows
+        // what the layers below hold at its old path: taken before this
+        // layer's whiteout of the old path applies.
+        let mut moved: HashMap<Key, Vec<(Key, Entry)>> = HashMap::new();
         for e in &index.entries {
-            if e.meta.xattrs.iter().any(|x| x.name == REDIRECT) {
-                return Err(FlattenError::Redirect {
+            if let Some(r) = e.meta.xattrs.iter().find(|x| x.name == REDIRECT) {
+                let key = key_of(e);
+                let from = redirect_source(&key, &r.value).ok_or_else(|| FlattenError::Redirect {
                     layer: depth,
                     path: e.path.display_path().display().to_string(),
-                });
+                })?;
+                let below: Vec<(Key, Entry)> = tree
+                    .range(from.clone()..)
+                    .take_while(|(k, _)| k.starts_with(&from))
+                    .filter(|(k, _)| k.len() > from.len())
+                    .map(|(k, v)| {
+                        let mut moved_key = key.clone();
+                        moved_key.extend_from_slice(&k[from.len()..]);
+                        let mut entry = v.clone();
+                        entry.path = moved_key.iter().fold(LayerPath::root(), |p, c| p.join(c));
+                        (moved_key, entry)
+                    })
+                    .collect();
+                moved.insert(key, below);
             }
-            let key: Vec<Vec<u8>> = e.path.components().map(<[u8]>::to_vec).collect();
+        }
+        for e in &index.entries {
+            let key = key_of(e);
             if e.kind.is_whiteout() {
                 remove_under(&mut tree, &key, true);
                 continue;
@@ -51,8 +72,15 @@ pub fn flatten(stack: &[&LayerIndex]) -> Result<LayerIndex, FlattenError> {
             let is_dir = e.kind == EntryKind::Directory;
             let was_dir = tree.get(&key).is_some_and(|old| old.kind == EntryKind::Directory);
             let opaque = is_dir && e.meta.xattrs.iter().any(|x| x.name == OPAQUE && x.value == b"y");
-            if (was_dir && !is_dir) || opaque {
+            if (was_dir && !is_dir) || opaque || moved.contains_key(&key) {
                 remove_under(&mut tree, &key, false);
+            }
+            if !opaque {
+                if let Some(below) = moved.remove(&key) {
+                    for (k, v) in below {
+                        tree.insert(k, v);
+                    }
+                }
             }
             let mut entry = e.clone();
             if let EntryKind::HardLink { target } = &e.kind {
@@ -73,9 +101,36 @@ pub fn flatten(stack: &[&LayerIndex]) -> Result<LayerIndex, FlattenError> {
     })
 }
 
+type Key = Vec<Vec<u8>>;
+
+fn key_of(e: &Entry) -> Key {
+    e.path.components().map(<[u8]>::to_vec).collect()
+}
+
+/// Where a redirected directory came from: an absolute path from the
+/// layer's root, or a name in the same parent directory.
+fn redirect_source(key: &[Vec<u8>], value: &[u8]) -> Option<Key> {
+    let from: Key = if let Some(abs) = value.strip_prefix(b"/") {
+        abs.split(|&b| b == b'/')
+            .filter(|c| !c.is_empty())
+            .map(<[u8]>::to_vec)
+            .collect()
+    } else {
+        let (_, parent) = key.split_last()?;
+        let mut k = parent.to_vec();
+        k.push(value.to_vec());
+        k
+    };
+    let valid = !from.is_empty()
+        && from
+            .iter()
+            .all(|c| c != b"." && c != b".." && !c.contains(&b'/') && !c.contains(&0));
+    valid.then_some(from)
+}
+
 /// Removes everything below `key` (and `key` itself when `and_key`).
-fn remove_under(tree: &mut BTreeMap<Vec<Vec<u8>>, Entry>, key: &[Vec<u8>], and_key: bool) {
-    let doomed: Vec<Vec<Vec<u8>>> = tree
+fn remove_under(tree: &mut BTreeMap<Key, Entry>, key: &[Vec<u8>], and_key: bool) {
+    let doomed: Vec<Key> = tree
         .range(key.to_vec()..)
         .take_while(|(k, _)| k.starts_with(key))
         .filter(|(k, _)| and_key || k.len() > key.len())
@@ -91,7 +146,7 @@ mod tests {
     use cairn_store::FileContent;
 
     use super::*;
-    use crate::archive::index::{LayerPath, Metadata, Timestamp, Xattr};
+    use crate::archive::index::{Metadata, Timestamp, Xattr};
 
     fn meta() -> Metadata {
         Metadata {
@@ -225,14 +280,45 @@ mod tests {
     }
 
     #[test]
-    fn a_redirect_is_refused() {
+    fn a_renamed_directory_shows_what_was_below_its_old_path() {
+        let base = layer(vec![
+            dir("/old"),
+            file("/old/a", 1),
+            dir("/old/sub"),
+            file("/old/sub/b", 2),
+        ]);
         let mut moved = dir("/new");
         moved.meta.xattrs.push(Xattr {
             name: REDIRECT.to_vec(),
             value: b"/old".to_vec(),
         });
-        let upper = layer(vec![moved]);
-        let base = layer(vec![dir("/old")]);
-        assert!(matches!(flatten(&[&upper, &base]), Err(FlattenError::Redirect { .. })));
+        let mut renamed = dir("/also");
+        renamed.meta.xattrs.push(Xattr {
+            name: REDIRECT.to_vec(),
+            value: b"new".to_vec(),
+        });
+        let upper = layer(vec![moved, file("/new/c", 3), whiteout("/old")]);
+        let flat = flatten(&[&upper, &base]).unwrap();
+        flat.validate().unwrap();
+        assert_eq!(
+            paths(&flat),
+            ["/", "/new", "/new/a", "/new/c", "/new/sub", "/new/sub/b"]
+        );
+        // A rename within the same directory names the old entry only.
+        let top = layer(vec![renamed, whiteout("/new")]);
+        let flat = flatten(&[&top, &upper, &base]).unwrap();
+        assert_eq!(
+            paths(&flat),
+            ["/", "/also", "/also/a", "/also/c", "/also/sub", "/also/sub/b"]
+        );
+        let mut bad = dir("/x");
+        bad.meta.xattrs.push(Xattr {
+            name: REDIRECT.to_vec(),
+            value: b"/../etc".to_vec(),
+        });
+        assert!(matches!(
+            flatten(&[&layer(vec![bad]), &base]),
+            Err(FlattenError::Redirect { .. })
+        ));
     }
 }
