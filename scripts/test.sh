@@ -50,7 +50,7 @@ set -e
 # virtual environment kept in target/ and reinstalled only when their
 # requirements change.
 suites=()
-for d in sdk/python/tests tests/e2b; do
+for d in sdk/python/tests tests/e2b tests/mcp; do
     [ -d "$d" ] && suites+=("$d")
 done
 py_passed=0 py_failed=0

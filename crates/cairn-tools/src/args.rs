@@ -1,0 +1,338 @@
+//! A tool call's arguments, from a model: parsed into types and checked
+//! against the bounds the schema states before anything runs.
+
+use serde::de::DeserializeOwned;
+use serde::Deserialize;
+use serde_json::Value;
+
+use crate::ToolError;
+
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Edit {
+    pub path: String,
+    pub content: String,
+    pub mode: Option<u32>,
+}
+
+/// run_stage's and fork_from's arguments.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct StageArgs {
+    pub snapshot_id: String,
+    #[serde(default)]
+    pub hypothesis: Option<String>,
+    #[serde(default)]
+    pub edits: Vec<Edit>,
+    #[serde(default)]
+    pub commands: Vec<String>,
+    pub stage_key: Option<String>,
+    pub timeout: Option<String>,
+    pub checkpoint_every: Option<String>,
+    pub wait_secs: Option<u64>,
+    pub reason: String,
+}
+
+#[derive(Debug)]
+pub enum ToolArgs {
+    PlanStage {
+        context: String,
+        constraints: Option<String>,
+        handle: Option<String>,
+        reason: String,
+    },
+    RunStage(StageArgs),
+    ForkFrom(StageArgs),
+    StageStatus {
+        handle: String,
+        wait_secs: Option<u64>,
+    },
+    Select {
+        branches: Vec<String>,
+        winner: String,
+        reason: String,
+    },
+    InspectLogs {
+        stage: String,
+        tail_lines: Option<u32>,
+    },
+    Inspect {
+        snapshot_id: String,
+        path: String,
+    },
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct Plan {
+    context: String,
+    constraints: Option<String>,
+    handle: Option<String>,
+    reason: String,
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct Status {
+    handle: String,
+    wait_secs: Option<u64>,
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct Select {
+    branches: Vec<String>,
+    winner: String,
+    reason: String,
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct Logs {
+    stage: String,
+    tail_lines: Option<u32>,
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct Inspect {
+    snapshot_id: String,
+    path: String,
+}
+
+struct Check<'a> {
+    tool: &'a str,
+}
+
+impl Check<'_> {
+    fn bad(&self, message: String) -> ToolError {
+        ToolError::InvalidArguments {
+            tool: self.tool.to_string(),
+            message,
+        }
+    }
+
+    fn text(&self, field: &str, v: &str, min: usize, max: usize) -> Result<(), ToolError> {
+        if v.len() < min || v.len() > max {
+            return Err(self.bad(format!("{field} must be {min} to {max} bytes, not {}", v.len())));
+        }
+        if v.contains('\0') {
+            return Err(self.bad(format!("{field} must not contain NUL")));
+        }
+        Ok(())
+    }
+
+    fn hex_id(&self, field: &str, v: &str) -> Result<(), ToolError> {
+        self.text(field, v, 1, 64)?;
+        if !v.bytes().all(|b| b.is_ascii_digit() || (b'a'..=b'f').contains(&b)) {
+            return Err(self.bad(format!("{field} {v:?} is not an id: use lowercase hex as returned by the tools")));
+        }
+        Ok(())
+    }
+
+    fn path(&self, field: &str, v: &str) -> Result<(), ToolError> {
+        self.text(field, v, 1, 4096)?;
+        if !v.starts_with('/') {
+            return Err(self.bad(format!("{field} {v:?} must be an absolute path")));
+        }
+        Ok(())
+    }
+
+    fn wait(&self, v: Option<u64>) -> Result<(), ToolError> {
+        match v {
+            Some(w) if w > 30 => Err(self.bad(format!(
+                "wait_secs is at most 30, not {w}: poll with stage_status instead"
+            ))),
+            _ => Ok(()),
+        }
+    }
+
+    fn duration(&self, field: &str, v: &Option<String>) -> Result<(), ToolError> {
+        if let Some(d) = v {
+            self.text(field, d, 1, 32)?;
+            if cairn_engine::pipeline::spec::parse_duration(d).is_none() {
+                return Err(self.bad(format!("{field} {d:?} is not a duration: write 45s, 30m, 1h30m or 6h")));
+            }
+        }
+        Ok(())
+    }
+
+    fn stage(&self, s: &StageArgs, fork: bool) -> Result<(), ToolError> {
+        self.hex_id("snapshot_id", &s.snapshot_id)?;
+        self.text("reason", &s.reason, 1, 4096)?;
+        match (&s.hypothesis, fork) {
+            (Some(h), true) => self.text("hypothesis", h, 1, 4096)?,
+            (None, true) => return Err(self.bad("hypothesis is required: say what this branch tests".into())),
+            (Some(_), false) => return Err(self.bad("hypothesis is not an argument of run_stage: use fork_from".into())),
+            (None, false) => {}
+        }
+        if s.commands.is_empty() && !fork {
+            return Err(self.bad("commands must name at least one command".into()));
+        }
+        if s.commands.len() > 64 || s.edits.len() > 64 {
+            return Err(self.bad("at most 64 commands and 64 edits per stage".into()));
+        }
+        for c in &s.commands {
+            self.text("each command", c, 1, 16384)?;
+        }
+        let mut total = 0;
+        for e in &s.edits {
+            self.path("an edit's path", &e.path)?;
+            if e.path == "/" {
+                return Err(self.bad("an edit's path must name a file, not /".into()));
+            }
+            self.text("an edit's content", &e.content, 0, 1 << 20)?;
+            total += e.content.len();
+            if e.mode.is_some_and(|m| m > 0o7777) {
+                return Err(self.bad(format!("{}: mode is permission bits, at most 0o7777", e.path)));
+            }
+        }
+        if total > 4 << 20 {
+            return Err(self.bad(format!("edits hold {total} bytes; at most 4 MiB in all")));
+        }
+        if let Some(k) = &s.stage_key {
+            self.text("stage_key", k, 1, 128)?;
+            let ok = k.bytes().all(|b| b.is_ascii_alphanumeric() || b"._-".contains(&b))
+                && k.as_bytes()[0].is_ascii_alphanumeric();
+            if !ok {
+                return Err(self.bad(format!(
+                    "stage_key {k:?} may hold letters, digits, '.', '_' and '-', starting with a letter or digit"
+                )));
+            }
+        }
+        self.duration("timeout", &s.timeout)?;
+        self.duration("checkpoint_every", &s.checkpoint_every)?;
+        self.wait(s.wait_secs)
+    }
+}
+
+fn from<T: DeserializeOwned>(tool: &str, v: Value) -> Result<T, ToolError> {
+    serde_json::from_value(v).map_err(|e| ToolError::InvalidArguments {
+        tool: tool.to_string(),
+        message: format!("{e}; the tool's inputSchema lists its arguments"),
+    })
+}
+
+/// Parses and checks tool `name`'s arguments (`null` reads as `{}`).
+pub fn parse(name: &str, arguments: Value) -> Result<ToolArgs, ToolError> {
+    let v = if arguments.is_null() { Value::Object(Default::default()) } else { arguments };
+    let c = Check { tool: name };
+    Ok(match name {
+        "plan_stage" => {
+            let p: Plan = from(name, v)?;
+            c.text("context", &p.context, 1, 16384)?;
+            if let Some(k) = &p.constraints {
+                c.text("constraints", k, 0, 16384)?;
+            }
+            if let Some(h) = &p.handle {
+                c.hex_id("handle", h)?;
+            }
+            c.text("reason", &p.reason, 1, 4096)?;
+            ToolArgs::PlanStage {
+                context: p.context,
+                constraints: p.constraints,
+                handle: p.handle,
+                reason: p.reason,
+            }
+        }
+        "run_stage" | "fork_from" => {
+            let s: StageArgs = from(name, v)?;
+            let fork = name == "fork_from";
+            if fork && s.checkpoint_every.is_some() {
+                return Err(c.bad("checkpoint_every is an argument of run_stage only".into()));
+            }
+            c.stage(&s, fork)?;
+            if fork {
+                ToolArgs::ForkFrom(s)
+            } else {
+                ToolArgs::RunStage(s)
+            }
+        }
+        "stage_status" => {
+            let s: Status = from(name, v)?;
+            c.hex_id("handle", &s.handle)?;
+            c.wait(s.wait_secs)?;
+            ToolArgs::StageStatus {
+                handle: s.handle,
+                wait_secs: s.wait_secs,
+            }
+        }
+        "select" => {
+            let s: Select = from(name, v)?;
+            if s.branches.is_empty() || s.branches.len() > 32 {
+                return Err(c.bad(format!("branches holds 1 to 32 handles, not {}", s.branches.len())));
+            }
+            for b in &s.branches {
+                c.hex_id("each branch", b)?;
+            }
+            c.hex_id("winner", &s.winner)?;
+            c.text("reason", &s.reason, 1, 4096)?;
+            ToolArgs::Select {
+                branches: s.branches,
+                winner: s.winner,
+                reason: s.reason,
+            }
+        }
+        "inspect_logs" => {
+            let s: Logs = from(name, v)?;
+            c.hex_id("stage", &s.stage)?;
+            if s.tail_lines.is_some_and(|n| n == 0 || n > 2000) {
+                return Err(c.bad("tail_lines is 1 to 2000".into()));
+            }
+            ToolArgs::InspectLogs {
+                stage: s.stage,
+                tail_lines: s.tail_lines,
+            }
+        }
+        "inspect" => {
+            let s: Inspect = from(name, v)?;
+            c.hex_id("snapshot_id", &s.snapshot_id)?;
+            c.path("path", &s.path)?;
+            ToolArgs::Inspect {
+                snapshot_id: s.snapshot_id,
+                path: s.path,
+            }
+        }
+        other => return Err(ToolError::UnknownTool(other.to_string())),
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    fn refused(name: &str, v: Value) -> String {
+        match parse(name, v) {
+            Err(ToolError::InvalidArguments { message, .. }) => message,
+            other => panic!("{name}: expected invalid arguments, got {other:?}"),
+        }
+    }
+
+    #[test]
+    fn hostile_arguments_are_refused_before_anything_runs() {
+        let good = json!({"snapshot_id": "ab12", "commands": ["true"], "reason": "r"});
+        assert!(matches!(parse("run_stage", good.clone()), Ok(ToolArgs::RunStage(_))));
+        let with = |k: &str, v: Value| {
+            let mut g = good.clone();
+            g[k] = v;
+            g
+        };
+        assert!(refused("run_stage", with("snapshot_id", json!("../etc"))).contains("not an id"));
+        assert!(refused("run_stage", with("bogus", json!(1))).contains("unknown field"));
+        assert!(refused("run_stage", with("stage_key", json!("{params.x}"))).contains("stage_key"));
+        assert!(refused("run_stage", with("timeout", json!("forever"))).contains("not a duration"));
+        assert!(refused("run_stage", with("wait_secs", json!(3600))).contains("stage_status"));
+        assert!(refused("run_stage", with("commands", json!([]))).contains("at least one"));
+        assert!(refused("run_stage", with("reason", json!(""))).contains("reason"));
+        let big = "x".repeat((1 << 20) + 1);
+        assert!(refused("run_stage", with("edits", json!([{"path": "/a", "content": big}]))).contains("content"));
+        assert!(refused("run_stage", with("edits", json!([{"path": "a", "content": ""}]))).contains("absolute"));
+        assert!(refused("fork_from", good.clone()).contains("hypothesis"));
+        assert!(refused("inspect", json!({"snapshot_id": "ab", "path": "etc"})).contains("absolute"));
+        assert!(refused("inspect_logs", json!({"stage": "ab", "tail_lines": 0})).contains("tail_lines"));
+        assert!(refused("select", json!({"branches": [], "winner": "ab", "reason": "r"})).contains("branches"));
+        assert!(refused("stage_status", Value::Null).contains("handle"));
+        assert!(matches!(parse("rm_rf", json!({})), Err(ToolError::UnknownTool(_))));
+    }
+}

@@ -1,0 +1,178 @@
+"""Cairn's tools through the official `mcp` client (2.3.x), over stdio and
+Streamable HTTP, in both protocol eras: 2026-07-28 (stateless) and
+2025-11-25 (the initialize handshake)."""
+
+import json
+import uuid
+
+import anyio
+import httpx2
+import pytest
+from mcp import Client, StdioServerParameters
+from mcp.client.streamable_http import streamable_http_client
+from mcp.shared._httpx_utils import create_mcp_http_client
+from mcp.shared.exceptions import MCPError
+
+ERAS = {"legacy": "2025-11-25", "2026-07-28": "2026-07-28"}
+CASES = [(t, m) for t in ("stdio", "http") for m in ERAS]
+TOOLS = {"plan_stage", "run_stage", "stage_status", "fork_from", "select", "inspect_logs", "inspect"}
+
+
+def client(cairn, transport, mode):
+    if transport == "stdio":
+        env = {k: cairn["env"][k] for k in ("CAIRN_HOME", "PATH", "HOME") if k in cairn["env"]}
+        target = StdioServerParameters(command=cairn["bin"], args=["mcp"], env=env)
+    else:
+        http = create_mcp_http_client(headers={"Authorization": f"Bearer {cairn['token']}"})
+        target = streamable_http_client(cairn["url"], http_client=http)
+    return Client(target, mode=mode, read_timeout_seconds=120, cache=None)
+
+
+def run(f, *args):
+    return anyio.run(f, *args)
+
+
+async def call(c, name, args, **kw):
+    r = await c.call_tool(name, args, **kw)
+    assert not r.is_error, f"{name} failed: {r.content}"
+    return r.structured_content
+
+
+@pytest.mark.parametrize("transport,mode", CASES)
+def test_tools_are_listed_with_schemas_in_either_era(cairn, transport, mode):
+    async def go():
+        async with client(cairn, transport, mode) as c:
+            assert c.protocol_version == ERAS[mode]
+            tools = (await c.list_tools()).tools
+            assert {t.name for t in tools} == TOOLS
+            run_stage = next(t for t in tools if t.name == "run_stage")
+            assert set(run_stage.input_schema["required"]) == {"snapshot_id", "commands", "reason"}
+            assert run_stage.input_schema["additionalProperties"] is False
+            assert run_stage.output_schema["required"]
+
+    run(go)
+
+
+@pytest.mark.parametrize("transport,mode", CASES)
+def test_stage_forks_select_and_inspection(cairn, transport, mode):
+    seed = cairn["seed"]
+    tag = uuid.uuid4().hex[:8]
+
+    async def go():
+        async with client(cairn, transport, mode) as c:
+            plan = await call(c, "plan_stage", {"context": "count the seed", "reason": "start from the seed"})
+            assert seed in [s["id"] for s in plan["snapshots"]]
+            key = f"count-{tag}"
+            stage = {
+                "snapshot_id": seed,
+                "edits": [{"path": "/work/n", "content": "3\n"}],
+                "commands": ["echo counting {braces}", "cat /work/seed /work/n > /work/out"],
+                "stage_key": key,
+                "wait_secs": 30,
+                "reason": "prepare the input",
+            }
+            done = await call(c, "run_stage", stage)
+            assert done["status"] == "completed", done
+            assert done["cached"] is False
+            out = done["output_snapshot"]
+            again = await call(c, "run_stage", stage)
+            assert again["cached"] is True and again["output_snapshot"] == out
+            assert again["handle"] != done["handle"]
+
+            logs = await call(c, "inspect_logs", {"stage": done["handle"], "tail_lines": 5})
+            assert "counting {braces}" in logs["lines"], logs
+
+            branches = []
+            for i, h in enumerate(["double", "triple", "square"]):
+                b = await call(
+                    c,
+                    "fork_from",
+                    {
+                        "snapshot_id": out,
+                        "hypothesis": h,
+                        "commands": [f"echo {h} {i} > /work/result"],
+                        "wait_secs": 0,
+                        "reason": f"try {h}",
+                    },
+                )
+                assert b["hypothesis"] == h
+                branches.append(b["handle"])
+            for b in branches:
+                s = await call(c, "stage_status", {"handle": b, "wait_secs": 30})
+                assert s["status"] == "completed", s
+            chosen = await call(
+                c,
+                "select",
+                {"branches": branches, "winner": branches[1], "reason": f"triple fits best {tag}"},
+            )
+            assert chosen["winner"] == branches[1]
+            assert sorted(chosen["lost"]) == sorted([branches[0], branches[2]])
+
+            f = await call(c, "inspect", {"snapshot_id": chosen["output_snapshot"], "path": "/work/result"})
+            assert f["kind"] == "file" and f["content"] == "triple 1\n"
+            d = await call(c, "inspect", {"snapshot_id": out, "path": "/work"})
+            assert {e["name"] for e in d["entries"]} >= {"seed", "n", "out"}
+            f = await call(c, "inspect", {"snapshot_id": out, "path": "/work/out"})
+            assert f["content"] == "seed\n3\n"
+            return branches
+
+    branches = run(go)
+    shown = json.loads(cairn["cli"]("run", "show", branches[1], "--json"))
+    won = [e for e in shown["events"] if e["kind"] == "won"]
+    assert len(won) == 1 and f"triple fits best {tag}" in won[0]["detail"], shown["events"]
+    hyp = [e for e in shown["events"] if e["kind"] == "hypothesis"]
+    assert hyp and "triple" in hyp[0]["detail"] and "try triple" in hyp[0]["detail"]
+    assert "over MCP " + ERAS[mode] in hyp[0]["detail"]
+    text = cairn["cli"]("run", "show", branches[0])
+    assert "lost" in text and f"triple fits best {tag}" in text
+
+
+@pytest.mark.parametrize("transport", ["stdio", "http"])
+def test_a_long_stage_returns_a_handle_and_reports_progress(cairn, transport):
+    seen = []
+
+    async def progress(p, total, message):
+        seen.append((p, total, message))
+
+    async def go():
+        async with client(cairn, transport, "2026-07-28") as c:
+            started = await c.call_tool(
+                "run_stage",
+                {"snapshot_id": cairn["seed"], "commands": ["sleep 4", "echo slept"], "wait_secs": 1,
+                 "reason": "a stage longer than the wait"},
+                progress_callback=progress,
+            )
+            s = started.structured_content
+            assert s["status"] == "running", s
+            assert seen, "progress was reported while waiting"
+            done = await call(c, "stage_status", {"handle": s["handle"], "wait_secs": 30})
+            assert done["status"] == "completed" and done["output_snapshot"]
+
+    run(go)
+
+
+@pytest.mark.parametrize("transport,mode", CASES)
+def test_malformed_calls_get_clear_errors(cairn, transport, mode):
+    async def go():
+        async with client(cairn, transport, mode) as c:
+            with pytest.raises(MCPError) as bad:
+                await c.call_tool("run_stage", {"snapshot_id": cairn["seed"], "commands": ["true"]})
+            assert bad.value.code == -32602 and "reason" in bad.value.message
+            with pytest.raises(MCPError) as bad:
+                await c.call_tool("inspect", {"snapshot_id": "../../etc", "path": "/"})
+            assert bad.value.code == -32602 and "not an id" in bad.value.message
+            with pytest.raises(MCPError) as bad:
+                await c.call_tool("rm_everything", {})
+            assert bad.value.code == -32602
+            # A well-formed call the engine refuses is a tool error the model can read.
+            r = await c.call_tool("inspect", {"snapshot_id": "abcdef", "path": "/"})
+            assert r.is_error and "snapshot" in r.content[0].text
+            r = await c.call_tool("inspect", {"snapshot_id": cairn["seed"], "path": "/no/such"})
+            assert r.is_error and "does not exist" in r.content[0].text
+
+    run(go)
+
+
+def test_http_without_a_token_is_refused(cairn):
+    r = httpx2.post(cairn["url"], json={"jsonrpc": "2.0", "id": 1, "method": "tools/list", "params": {}})
+    assert r.status_code == 401
