@@ -125,7 +125,9 @@ impl Check<'_> {
     fn hex_id(&self, field: &str, v: &str) -> Result<(), ToolError> {
         self.text(field, v, 1, 64)?;
         if !v.bytes().all(|b| b.is_ascii_digit() || (b'a'..=b'f').contains(&b)) {
-            return Err(self.bad(format!("{field} {v:?} is not an id: use lowercase hex as returned by the tools")));
+            return Err(self.bad(format!(
+                "{field} {v:?} is not an id: use lowercase hex as returned by the tools"
+            )));
         }
         Ok(())
     }
@@ -163,7 +165,9 @@ impl Check<'_> {
         match (&s.hypothesis, fork) {
             (Some(h), true) => self.text("hypothesis", h, 1, 4096)?,
             (None, true) => return Err(self.bad("hypothesis is required: say what this branch tests".into())),
-            (Some(_), false) => return Err(self.bad("hypothesis is not an argument of run_stage: use fork_from".into())),
+            (Some(_), false) => {
+                return Err(self.bad("hypothesis is not an argument of run_stage: use fork_from".into()))
+            }
             (None, false) => {}
         }
         if s.commands.is_empty() && !fork {
@@ -215,7 +219,11 @@ fn from<T: DeserializeOwned>(tool: &str, v: Value) -> Result<T, ToolError> {
 
 /// Parses and checks tool `name`'s arguments (`null` reads as `{}`).
 pub fn parse(name: &str, arguments: Value) -> Result<ToolArgs, ToolError> {
-    let v = if arguments.is_null() { Value::Object(Default::default()) } else { arguments };
+    let v = if arguments.is_null() {
+        Value::Object(Default::default())
+    } else {
+        arguments
+    };
     let c = Check { tool: name };
     Ok(match name {
         "plan_stage" => {

@@ -94,13 +94,22 @@ impl Tools {
 
     /// Calls tool `name` for `caller` (who asked: recorded with the reason).
     /// Blocking: waits up to the call's `wait_secs`, reporting progress.
-    pub fn call(&self, name: &str, arguments: Value, caller: &str, progress: &dyn ToolProgress) -> Result<Value, ToolError> {
+    pub fn call(
+        &self,
+        name: &str,
+        arguments: Value,
+        caller: &str,
+        progress: &dyn ToolProgress,
+    ) -> Result<Value, ToolError> {
         let args = args::parse(name, arguments)?;
         let caller = clip(caller, 256);
         match args {
-            ToolArgs::PlanStage { context, constraints, handle, reason } => {
-                self.plan_stage(&context, constraints.as_deref(), handle.as_deref(), &reason, &caller)
-            }
+            ToolArgs::PlanStage {
+                context,
+                constraints,
+                handle,
+                reason,
+            } => self.plan_stage(&context, constraints.as_deref(), handle.as_deref(), &reason, &caller),
             ToolArgs::RunStage(s) => {
                 let detail = format!("run_stage asked by {caller}: {}", s.reason);
                 let handle = self.start(RUN_STAGE, &s, None, &detail)?;
@@ -113,7 +122,11 @@ impl Tools {
                 self.wait(&handle, s.wait_secs, progress)
             }
             ToolArgs::StageStatus { handle, wait_secs } => self.wait(&handle, wait_secs, progress),
-            ToolArgs::Select { branches, winner, reason } => self.select(&branches, &winner, &reason, &caller),
+            ToolArgs::Select {
+                branches,
+                winner,
+                reason,
+            } => self.select(&branches, &winner, &reason, &caller),
             ToolArgs::InspectLogs { stage, tail_lines } => self.inspect_logs(&stage, tail_lines),
             ToolArgs::Inspect { snapshot_id, path } => self.inspect(&snapshot_id, &path),
         }
@@ -153,7 +166,13 @@ impl Tools {
 
     /// Records a one-stage run and starts its orchestrator on a thread of
     /// its own; returns the run id.
-    fn start(&self, stage: &str, s: &args::StageArgs, hypothesis: Option<&str>, detail: &str) -> Result<String, ToolError> {
+    fn start(
+        &self,
+        stage: &str,
+        s: &args::StageArgs,
+        hypothesis: Option<&str>,
+        detail: &str,
+    ) -> Result<String, ToolError> {
         let run = self.with_engine(|e| {
             let snap = e.snapshot_record(&s.snapshot_id)?;
             let text = pipeline_text(stage, &snap.id, s)?;
@@ -169,7 +188,10 @@ impl Tools {
                 let result = Engine::open(home).and_then(|mut e| e.execute_run(&id, &Quiet));
                 if let Err(err) = result {
                     tracing::warn!(run = %id, "stage run ended with an error: {err}");
-                    failed.lock().unwrap_or_else(|e| e.into_inner()).insert(id, err.to_string());
+                    failed
+                        .lock()
+                        .unwrap_or_else(|e| e.into_inner())
+                        .insert(id, err.to_string());
                 }
             })
             .map_err(|e| ToolError::Failed(format!("cannot start the stage's thread: {e}; try again")))?;
@@ -186,7 +208,11 @@ impl Tools {
                 return Ok(serde_json::to_value(state).expect("serialisable"));
             }
             let waited = began.elapsed().as_secs_f64();
-            progress.progress(waited, Some(limit.as_secs_f64()), &format!("stage {} is running", state.handle));
+            progress.progress(
+                waited,
+                Some(limit.as_secs_f64()),
+                &format!("stage {} is running", state.handle),
+            );
             std::thread::sleep(Duration::from_millis(250).min(limit.saturating_sub(began.elapsed())));
         }
     }
@@ -213,7 +239,10 @@ impl Tools {
                 "running" => "running",
                 _ => "failed",
             };
-            let mut error = run.error.clone().or_else(|| stage.as_ref().and_then(|s| s.error.clone()));
+            let mut error = run
+                .error
+                .clone()
+                .or_else(|| stage.as_ref().and_then(|s| s.error.clone()));
             if status == "running" {
                 if let Some(err) = thread_error(&run.id) {
                     status = "failed";
@@ -222,6 +251,7 @@ impl Tools {
             }
             Ok(StageState {
                 handle: run.id.clone(),
+                stage: stage_of(&run.pipeline).to_string(),
                 status: status.into(),
                 stage_key: stage.as_ref().map(|s| s.stage_key.clone()).unwrap_or_default(),
                 cached,
@@ -248,29 +278,31 @@ impl Tools {
                 won.handle, won.status
             )));
         };
-        let lost: Vec<String> = states
+        let lost: std::collections::BTreeMap<String, String> = states
             .iter()
-            .map(|s| s.handle.clone())
-            .filter(|h| *h != won.handle)
-            .collect::<std::collections::BTreeSet<_>>()
-            .into_iter()
+            .filter(|s| s.handle != won.handle)
+            .map(|s| (s.handle.clone(), s.stage.clone()))
             .collect();
         self.with_engine(|e| {
-            let others = if lost.is_empty() { "no other branch".to_string() } else { lost.join(", ") };
+            let others = if lost.is_empty() {
+                "no other branch".to_string()
+            } else {
+                lost.keys().map(String::as_str).collect::<Vec<_>>().join(", ")
+            };
             e.record_run_event(
                 &won.handle,
-                Some(FORK_STAGE),
+                Some(&won.stage),
                 "won",
                 &format!("chosen by {caller} over {others}: {reason}"),
                 Some(&output),
             )?;
-            for l in &lost {
+            for (l, stage) in &lost {
                 let detail = format!("lost to {} (chosen by {caller}): {reason}", won.handle);
-                e.record_run_event(l, Some(FORK_STAGE), "lost", &detail, None)?;
+                e.record_run_event(l, Some(stage), "lost", &detail, None)?;
             }
             Ok(())
         })?;
-        Ok(json!({"winner": won.handle, "output_snapshot": output, "lost": lost}))
+        Ok(json!({"winner": won.handle, "output_snapshot": output, "lost": lost.keys().collect::<Vec<_>>()}))
     }
 
     fn inspect_logs(&self, handle: &str, tail_lines: Option<u32>) -> Result<Value, ToolError> {
@@ -285,7 +317,12 @@ impl Tools {
             Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
                 return Ok(json!({"handle": id, "lines": [], "truncated": false}))
             }
-            Err(e) => return Err(ToolError::Failed(format!("cannot read the log {}: {e}", path.display()))),
+            Err(e) => {
+                return Err(ToolError::Failed(format!(
+                    "cannot read the log {}: {e}",
+                    path.display()
+                )))
+            }
         };
         let len = file.metadata().map(|m| m.len()).unwrap_or(0);
         let from = len.saturating_sub(LOG_TAIL_BYTES);
@@ -299,7 +336,10 @@ impl Tools {
             lines.remove(0); // cut mid-line
         }
         let truncated = from > 0 || lines.len() > n;
-        let tail: Vec<String> = lines[lines.len().saturating_sub(n)..].iter().map(|l| clip(l, LOG_LINE_MAX)).collect();
+        let tail: Vec<String> = lines[lines.len().saturating_sub(n)..]
+            .iter()
+            .map(|l| clip(l, LOG_LINE_MAX))
+            .collect();
         Ok(json!({"handle": id, "lines": tail, "truncated": truncated}))
     }
 
@@ -343,8 +383,10 @@ fn read_in(e: &Engine, sandbox: &cairn_engine::SandboxRecord, snap: &str, path: 
                     json!({"name": name, "kind": kind_name(&d.meta.kind), "size": d.meta.size})
                 })
                 .collect();
-            Ok(json!({"snapshot_id": snap, "path": path, "kind": "directory", "entries": entries,
-                      "truncated": listing.truncated}))
+            Ok(
+                json!({"snapshot_id": snap, "path": path, "kind": "directory", "entries": entries,
+                      "truncated": listing.truncated}),
+            )
         }
         FileKind::File if meta.size > INSPECT_FILE_MAX => Err(ToolError::Failed(format!(
             "{path} is {} bytes; inspect reads at most {INSPECT_FILE_MAX}: run a stage with `head -c` or `tail` on it",
@@ -353,8 +395,10 @@ fn read_in(e: &Engine, sandbox: &cairn_engine::SandboxRecord, snap: &str, path: 
         FileKind::File => {
             let mut buf = Vec::new();
             client.get_file(path, &mut buf).map_err(io)?;
-            Ok(json!({"snapshot_id": snap, "path": path, "kind": "file", "size": meta.size,
-                      "content": String::from_utf8_lossy(&buf)}))
+            Ok(
+                json!({"snapshot_id": snap, "path": path, "kind": "file", "size": meta.size,
+                      "content": String::from_utf8_lossy(&buf)}),
+            )
         }
         other => Err(ToolError::Failed(format!(
             "{path} is a {}, not a file or directory; inspect its target or parent",
@@ -381,6 +425,9 @@ fn stage_of(pipeline: &str) -> &str {
 #[derive(Debug, Serialize)]
 struct StageState {
     handle: String,
+    /// The stage's name in its run (`stage` or `fork`), for events.
+    #[serde(skip)]
+    stage: String,
     status: String,
     stage_key: String,
     cached: bool,

@@ -220,8 +220,20 @@ mod tests {
     fn check_schema(at: &str, s: &Value) {
         let o = s.as_object().unwrap_or_else(|| panic!("{at}: a schema is an object"));
         let known = [
-            "type", "properties", "required", "additionalProperties", "items", "minItems", "maxItems",
-            "minLength", "maxLength", "pattern", "minimum", "maximum", "enum", "description",
+            "type",
+            "properties",
+            "required",
+            "additionalProperties",
+            "items",
+            "minItems",
+            "maxItems",
+            "minLength",
+            "maxLength",
+            "pattern",
+            "minimum",
+            "maximum",
+            "enum",
+            "description",
         ];
         for k in o.keys() {
             assert!(known.contains(&k.as_str()), "{at}: unknown keyword {k}");
@@ -238,7 +250,10 @@ mod tests {
                 check_schema(&format!("{at}.{name}"), sub);
             }
             for r in o.get("required").and_then(Value::as_array).into_iter().flatten() {
-                assert!(p.contains_key(r.as_str().unwrap()), "{at}: required {r} is not a property");
+                assert!(
+                    p.contains_key(r.as_str().unwrap()),
+                    "{at}: required {r} is not a property"
+                );
             }
         }
         if let Some(i) = o.get("items") {
@@ -266,7 +281,11 @@ mod tests {
             check_schema(t.name, &t.input);
             check_schema(&format!("{}->", t.name), &t.output);
             assert_eq!(t.input["type"], "object");
-            assert_eq!(t.input["additionalProperties"], false, "{}: unknown arguments are refused", t.name);
+            assert_eq!(
+                t.input["additionalProperties"], false,
+                "{}: unknown arguments are refused",
+                t.name
+            );
             assert_eq!(t.output["type"], "object");
         }
     }

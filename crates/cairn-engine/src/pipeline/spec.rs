@@ -652,6 +652,9 @@ hypotheses = [{ name = "a", ff = "1" }, { name = "b", ff = "2" }]
         assert!(bad(&GOOD.replace("image = \"busybox\"\n", ""))
             .message
             .contains("no image"));
+        let forked = GOOD.replace("image = \"busybox\"\n", "snapshot = \"0123abcd\"\n");
+        let p = parse("f.toml", &forked, &BTreeMap::new()).expect("a snapshot stands in for the image");
+        assert_eq!((p.image, p.snapshot.as_deref()), (None, Some("0123abcd")));
         let e = bad(&GOOD.replace("image = \"busybox\"\n", "image = \"busybox\"\ndriver = \"kvm\"\n"));
         assert!(e.message.contains("not one of native, gvisor"), "{e}");
         assert_eq!(e.line, 4);
