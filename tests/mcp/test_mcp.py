@@ -15,7 +15,10 @@ from mcp.shared.exceptions import MCPError
 
 ERAS = {"legacy": "2025-11-25", "2026-07-28": "2026-07-28"}
 CASES = [(t, m) for t in ("stdio", "http") for m in ERAS]
-TOOLS = {"plan_stage", "run_stage", "stage_status", "fork_from", "select", "inspect_logs", "inspect"}
+TOOLS = {
+    "plan_stage", "run_stage", "stage_status", "fork_from", "select", "inspect_logs", "inspect",
+    "dlq", "exec", "read_file", "write_file",
+}
 
 
 def client(cairn, transport, mode):
@@ -171,6 +174,60 @@ def test_malformed_calls_get_clear_errors(cairn, transport, mode):
             assert r.is_error and "does not exist" in r.content[0].text
 
     run(go)
+
+
+@pytest.mark.parametrize("transport,mode", CASES)
+def test_session_tools_record_the_reason_in_the_context_log(cairn, transport, mode):
+    name = f"s-{transport}-{mode.replace('.', '')}-{uuid.uuid4().hex[:6]}".replace("-2026-07-28", "-modern")
+    cairn["cli"]("session", "create", "--name", name)
+
+    async def go():
+        async with client(cairn, transport, mode) as c:
+            w = await call(c, "write_file", {"session": name, "path": "/tmp/note", "content": "hello\n",
+                                             "reason": "leave a note"})
+            assert w["size"] == 6
+            r = await call(c, "exec", {"session": name, "argv": ["sh", "-c", "cat /tmp/note; echo err >&2; exit 3"],
+                                       "reason": "read the note back"})
+            assert (r["status"], r["stdout"], r["stderr"]) == (3, "hello\n", "err\n")
+            f = await call(c, "read_file", {"session": name, "path": "/tmp/note"})
+            assert f["content"] == "hello\n"
+            r = await c.call_tool("read_file", {"session": name, "path": "/tmp/none"})
+            assert r.is_error and "does not exist" in r.content[0].text
+            r = await c.call_tool("exec", {"session": "no-such-session", "argv": ["true"], "reason": "x"})
+            assert r.is_error
+
+    run(go)
+    log = [json.loads(line) for line in cairn["cli"]("session", "log", name, "--json").splitlines()]
+    calls = [json.loads(e["arguments"]) for e in log if e.get("kind") == "tool_call"]
+    assert [c["reason"] for c in calls] == ["leave a note", "read the note back"], calls
+    assert all("over MCP " + ERAS[mode] in c["asked_by"] for c in calls)
+
+
+@pytest.mark.parametrize("transport", ["stdio", "http"])
+def test_a_failed_stage_is_listed_in_the_dlq_and_retried(cairn, transport):
+    async def go():
+        async with client(cairn, transport, "2026-07-28") as c:
+            s = await call(c, "run_stage", {"snapshot_id": cairn["seed"], "commands": ["echo failing", "exit 7"],
+                                            "wait_secs": 30, "reason": "this fails"})
+            assert s["status"] == "failed" and s["error"], s
+            dead = (await call(c, "dlq", {"action": "list"}))["dead_letters"]
+            mine = [d for d in dead if d["handle"] == s["handle"]]
+            assert len(mine) == 1 and not mine[0]["retried"], dead
+            r = await call(c, "dlq", {"action": "retry", "id": mine[0]["id"], "reason": "once more"})
+            assert r["handle"] == s["handle"]
+            again = await call(c, "stage_status", {"handle": s["handle"], "wait_secs": 30})
+            assert again["status"] == "failed", again
+            dead = (await call(c, "dlq", {"action": "list"}))["dead_letters"]
+            mine = [d for d in dead if d["handle"] == s["handle"]]
+            assert sorted(d["retried"] for d in mine) == [False, True], mine
+            with pytest.raises(MCPError) as bad:
+                await c.call_tool("dlq", {"action": "retry", "id": mine[0]["id"]})
+            assert bad.value.code == -32602 and "reason" in bad.value.message
+            return s["handle"]
+
+    handle = run(go)
+    shown = json.loads(cairn["cli"]("run", "show", handle, "--json"))
+    assert any(e["kind"] == "asked" and "once more" in e["detail"] for e in shown["events"])
 
 
 def test_http_without_a_token_is_refused(cairn):

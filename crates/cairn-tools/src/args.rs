@@ -60,6 +60,63 @@ pub enum ToolArgs {
         snapshot_id: String,
         path: String,
     },
+    Dlq {
+        retry: Option<String>,
+        reason: Option<String>,
+    },
+    Exec {
+        session: String,
+        argv: Vec<String>,
+        cwd: Option<String>,
+        timeout_secs: Option<u64>,
+        reason: String,
+    },
+    ReadFile {
+        session: String,
+        path: String,
+    },
+    WriteFile {
+        session: String,
+        path: String,
+        content: String,
+        mode: Option<u32>,
+        reason: String,
+    },
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct Dlq {
+    action: String,
+    id: Option<String>,
+    reason: Option<String>,
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct Exec {
+    session: String,
+    argv: Vec<String>,
+    cwd: Option<String>,
+    timeout_secs: Option<u64>,
+    reason: String,
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct ReadFile {
+    session: String,
+    path: String,
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct WriteFile {
+    session: String,
+    path: String,
+    content: String,
+    mode: Option<u32>,
+    reason: String,
 }
 
 #[derive(Deserialize)]
@@ -128,6 +185,16 @@ impl Check<'_> {
             return Err(self.bad(format!(
                 "{field} {v:?} is not an id: use lowercase hex as returned by the tools"
             )));
+        }
+        Ok(())
+    }
+
+    fn session(&self, v: &str) -> Result<(), ToolError> {
+        self.text("session", v, 1, 128)?;
+        let ok = v.bytes().all(|b| b.is_ascii_alphanumeric() || b"._-".contains(&b))
+            && v.as_bytes()[0].is_ascii_alphanumeric();
+        if !ok {
+            return Err(self.bad(format!("session {v:?} is not a session id or name")));
         }
         Ok(())
     }
@@ -301,6 +368,87 @@ pub fn parse(name: &str, arguments: Value) -> Result<ToolArgs, ToolError> {
                 path: s.path,
             }
         }
+        "dlq" => {
+            let d: Dlq = from(name, v)?;
+            if let Some(r) = &d.reason {
+                c.text("reason", r, 1, 4096)?;
+            }
+            match (d.action.as_str(), d.id) {
+                ("list", None) => ToolArgs::Dlq {
+                    retry: None,
+                    reason: None,
+                },
+                ("list", Some(_)) => return Err(c.bad("action list takes no id".into())),
+                ("retry", Some(id)) => {
+                    c.hex_id("id", &id)?;
+                    if d.reason.is_none() {
+                        return Err(c.bad("reason is required to retry: say why it may pass now".into()));
+                    }
+                    ToolArgs::Dlq {
+                        retry: Some(id),
+                        reason: d.reason,
+                    }
+                }
+                ("retry", None) => {
+                    return Err(c.bad("action retry needs the dead letter's id (action list names them)".into()))
+                }
+                (other, _) => return Err(c.bad(format!("action {other:?} is not list or retry"))),
+            }
+        }
+        "exec" => {
+            let e: Exec = from(name, v)?;
+            c.session(&e.session)?;
+            if e.argv.is_empty() || e.argv.len() > 256 {
+                return Err(c.bad(format!("argv holds 1 to 256 strings, not {}", e.argv.len())));
+            }
+            for a in &e.argv {
+                c.text("each argv string", a, 0, 16384)?;
+            }
+            c.text("argv[0]", &e.argv[0], 1, 16384)?;
+            if let Some(cwd) = &e.cwd {
+                c.path("cwd", cwd)?;
+            }
+            if e.timeout_secs.is_some_and(|t| t == 0 || t > 3600) {
+                return Err(c.bad("timeout_secs is 1 to 3600: run longer work with run_stage".into()));
+            }
+            c.text("reason", &e.reason, 1, 4096)?;
+            ToolArgs::Exec {
+                session: e.session,
+                argv: e.argv,
+                cwd: e.cwd,
+                timeout_secs: e.timeout_secs,
+                reason: e.reason,
+            }
+        }
+        "read_file" => {
+            let r: ReadFile = from(name, v)?;
+            c.session(&r.session)?;
+            c.path("path", &r.path)?;
+            ToolArgs::ReadFile {
+                session: r.session,
+                path: r.path,
+            }
+        }
+        "write_file" => {
+            let w: WriteFile = from(name, v)?;
+            c.session(&w.session)?;
+            c.path("path", &w.path)?;
+            if w.path == "/" {
+                return Err(c.bad("path must name a file, not /".into()));
+            }
+            c.text("content", &w.content, 0, 1 << 20)?;
+            if w.mode.is_some_and(|m| m > 0o7777) {
+                return Err(c.bad("mode is permission bits, at most 0o7777".into()));
+            }
+            c.text("reason", &w.reason, 1, 4096)?;
+            ToolArgs::WriteFile {
+                session: w.session,
+                path: w.path,
+                content: w.content,
+                mode: w.mode,
+                reason: w.reason,
+            }
+        }
         other => return Err(ToolError::UnknownTool(other.to_string())),
     })
 }
@@ -342,5 +490,22 @@ mod tests {
         assert!(refused("select", json!({"branches": [], "winner": "ab", "reason": "r"})).contains("branches"));
         assert!(refused("stage_status", Value::Null).contains("handle"));
         assert!(matches!(parse("rm_rf", json!({})), Err(ToolError::UnknownTool(_))));
+        assert!(refused("dlq", json!({"action": "retry"})).contains("id"));
+        assert!(refused("dlq", json!({"action": "retry", "id": "ab"})).contains("reason"));
+        assert!(refused("dlq", json!({"action": "drop"})).contains("list or retry"));
+        let exec = json!({"session": "s1", "argv": ["true"], "reason": "r"});
+        assert!(matches!(parse("exec", exec), Ok(ToolArgs::Exec { .. })));
+        assert!(refused("exec", json!({"session": "../s", "argv": ["true"], "reason": "r"})).contains("session"));
+        assert!(refused("exec", json!({"session": "s", "argv": [], "reason": "r"})).contains("argv"));
+        assert!(refused(
+            "exec",
+            json!({"session": "s", "argv": ["x"], "timeout_secs": 0, "reason": "r"})
+        )
+        .contains("timeout"));
+        assert!(refused(
+            "write_file",
+            json!({"session": "s", "path": "/", "content": "", "reason": "r"})
+        )
+        .contains("file"));
     }
 }

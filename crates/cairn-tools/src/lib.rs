@@ -129,6 +129,37 @@ impl Tools {
             } => self.select(&branches, &winner, &reason, &caller),
             ToolArgs::InspectLogs { stage, tail_lines } => self.inspect_logs(&stage, tail_lines),
             ToolArgs::Inspect { snapshot_id, path } => self.inspect(&snapshot_id, &path),
+            ToolArgs::Dlq { retry: None, .. } => self.dlq_list(),
+            ToolArgs::Dlq {
+                retry: Some(id),
+                reason,
+            } => self.dlq_retry(&id, reason.as_deref().unwrap_or(""), &caller),
+            ToolArgs::Exec {
+                session,
+                argv,
+                cwd,
+                timeout_secs,
+                reason,
+            } => self.exec(&session, argv, cwd, timeout_secs, notes(&caller, &reason)),
+            ToolArgs::ReadFile { session, path } => self.read_file(&session, &path),
+            ToolArgs::WriteFile {
+                session,
+                path,
+                content,
+                mode,
+                reason,
+            } => self.with_engine(|e| {
+                let bytes = content.as_bytes();
+                let meta = e.session_write_file_noted(
+                    &session,
+                    &path,
+                    mode.unwrap_or(0o644),
+                    bytes.len() as u64,
+                    &mut &bytes[..],
+                    notes(&caller, &reason),
+                )?;
+                Ok(json!({"path": meta.path, "size": meta.size}))
+            }),
         }
     }
 
@@ -343,6 +374,128 @@ impl Tools {
         Ok(json!({"handle": id, "lines": tail, "truncated": truncated}))
     }
 
+    fn dlq_list(&self) -> Result<Value, ToolError> {
+        self.with_engine(|e| {
+            let mut all = e.dead_letters()?;
+            all.sort_by_key(|d| std::cmp::Reverse(d.created_at));
+            all.truncate(100);
+            let listed: Vec<Value> = all
+                .iter()
+                .map(|d| {
+                    json!({"id": d.id, "handle": d.run_id, "stage": d.stage, "branch": d.branch,
+                           "error": clip(&d.error, LOG_LINE_MAX), "failure_snapshot": d.failure_snapshot,
+                           "input_snapshot": d.input_snapshot, "retried": d.retried_at.is_some()})
+                })
+                .collect();
+            Ok(json!({"dead_letters": listed}))
+        })
+    }
+
+    /// Retries a dead letter on a thread of its own, as a stage starts;
+    /// returns once the run is running again (or the retry failed).
+    fn dlq_retry(&self, id: &str, reason: &str, caller: &str) -> Result<Value, ToolError> {
+        let dead = self.with_engine(|e| {
+            let found: Vec<_> = e.dead_letters()?.into_iter().filter(|d| d.id.starts_with(id)).collect();
+            match found.as_slice() {
+                [one] => {
+                    let detail = format!("dlq retry asked by {caller}: {reason}");
+                    e.record_run_event(&one.run_id, Some(&one.stage), "asked", &detail, None)?;
+                    Ok(one.clone())
+                }
+                [] => Err(ToolError::Failed(format!(
+                    "no dead letter {id}; dlq with action list names them"
+                ))),
+                _ => Err(ToolError::Failed(format!(
+                    "{id} names several dead letters; give more of the id"
+                ))),
+            }
+        })?;
+        self.failed
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .remove(&dead.run_id);
+        let (home, key, run, failed) = (
+            self.home.clone(),
+            dead.id.clone(),
+            dead.run_id.clone(),
+            std::sync::Arc::clone(&self.failed),
+        );
+        std::thread::Builder::new()
+            .name(format!("retry-{}", &key[..8.min(key.len())]))
+            .spawn(move || {
+                let result = Engine::open(home).and_then(|mut e| e.retry_dead_letter(&key, &Quiet));
+                if let Err(err) = result {
+                    tracing::warn!(run = %run, "dead letter retry ended with an error: {err}");
+                    failed
+                        .lock()
+                        .unwrap_or_else(|e| e.into_inner())
+                        .insert(run, err.to_string());
+                }
+            })
+            .map_err(|e| ToolError::Failed(format!("cannot start the retry's thread: {e}; try again")))?;
+        let began = Instant::now();
+        while began.elapsed() < Duration::from_secs(10) {
+            let running = self.with_engine(|e| Ok(e.run_record(&dead.run_id)?.status == "running"))?;
+            let failed = self
+                .failed
+                .lock()
+                .unwrap_or_else(|e| e.into_inner())
+                .contains_key(&dead.run_id);
+            if running || failed {
+                break;
+            }
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        Ok(json!({"handle": dead.run_id}))
+    }
+
+    fn exec(
+        &self,
+        session: &str,
+        argv: Vec<String>,
+        cwd: Option<String>,
+        timeout_secs: Option<u64>,
+        notes: serde_json::Map<String, Value>,
+    ) -> Result<Value, ToolError> {
+        let req = cairn_protocol::ExecRequest {
+            argv,
+            env: Vec::new(),
+            cwd,
+            stdin: false,
+            timeout_ms: Some(timeout_secs.unwrap_or(300) * 1000),
+            detach: false,
+        };
+        let (mut out, mut err) = (Tail::default(), Tail::default());
+        let outcome = self.with_engine(|e| Ok(e.session_exec_noted(session, req, notes, &mut out, &mut err)?))?;
+        Ok(
+            json!({"status": outcome.status, "stdout": out.text(), "stderr": err.text(),
+                  "truncated": out.cut || err.cut, "call_seq": outcome.call_seq}),
+        )
+    }
+
+    fn read_file(&self, session: &str, path: &str) -> Result<Value, ToolError> {
+        self.with_engine(|e| {
+            let Some(meta) = e.session_stat(session, path)? else {
+                return Err(ToolError::Failed(format!("{path} does not exist in session {session}")));
+            };
+            if meta.kind != cairn_protocol::FileKind::File {
+                return Err(ToolError::Failed(format!(
+                    "{path} is a {}, not a file; list directories with exec (ls)",
+                    kind_name(&meta.kind)
+                )));
+            }
+            if meta.size > INSPECT_FILE_MAX {
+                return Err(ToolError::Failed(format!(
+                    "{path} is {} bytes; read_file reads at most {INSPECT_FILE_MAX}: use exec with head or tail",
+                    meta.size
+                )));
+            }
+            let mut buf = Vec::new();
+            let meta = e.session_read_file(session, path, &mut Bounded(&mut buf))?;
+            Ok(json!({"path": path, "size": meta.size, "content": String::from_utf8_lossy(&buf)}))
+        })
+    }
+
     /// Reads through a short-lived sandbox restored from the snapshot
     /// (files only, no services), removed before returning.
     fn inspect(&self, snapshot: &str, path: &str) -> Result<Value, ToolError> {
@@ -394,7 +547,7 @@ fn read_in(e: &Engine, sandbox: &cairn_engine::SandboxRecord, snap: &str, path: 
         ))),
         FileKind::File => {
             let mut buf = Vec::new();
-            client.get_file(path, &mut buf).map_err(io)?;
+            client.get_file(path, &mut Bounded(&mut buf)).map_err(io)?;
             Ok(
                 json!({"snapshot_id": snap, "path": path, "kind": "file", "size": meta.size,
                       "content": String::from_utf8_lossy(&buf)}),
@@ -504,6 +657,61 @@ fn random_hex(bytes: usize) -> String {
     let mut f = std::fs::File::open("/dev/urandom").expect("/dev/urandom is readable");
     f.read_exact(&mut b).expect("/dev/urandom gives bytes");
     b.iter().map(|x| format!("{x:02x}")).collect()
+}
+
+/// Who asked and why, for a session log entry's arguments.
+fn notes(caller: &str, reason: &str) -> serde_json::Map<String, Value> {
+    let mut m = serde_json::Map::new();
+    m.insert("asked_by".into(), caller.into());
+    m.insert("reason".into(), reason.into());
+    m
+}
+
+/// The last [`EXEC_TAIL`] bytes written to it.
+#[derive(Default)]
+struct Tail {
+    buf: std::collections::VecDeque<u8>,
+    cut: bool,
+}
+
+const EXEC_TAIL: usize = 64 << 10;
+
+impl Tail {
+    fn text(&mut self) -> String {
+        String::from_utf8_lossy(self.buf.make_contiguous()).into_owned()
+    }
+}
+
+impl std::io::Write for Tail {
+    fn write(&mut self, data: &[u8]) -> std::io::Result<usize> {
+        self.buf.extend(data);
+        let over = self.buf.len().saturating_sub(EXEC_TAIL);
+        if over > 0 {
+            self.buf.drain(..over);
+            self.cut = true;
+        }
+        Ok(data.len())
+    }
+    fn flush(&mut self) -> std::io::Result<()> {
+        Ok(())
+    }
+}
+
+/// Refuses writes past [`INSPECT_FILE_MAX`]: a file that grew after its
+/// size was read cannot fill memory.
+struct Bounded<'a>(&'a mut Vec<u8>);
+
+impl std::io::Write for Bounded<'_> {
+    fn write(&mut self, data: &[u8]) -> std::io::Result<usize> {
+        if self.0.len() + data.len() > INSPECT_FILE_MAX as usize {
+            return Err(std::io::Error::other("the file grew past 256 KiB while it was read"));
+        }
+        self.0.extend_from_slice(data);
+        Ok(data.len())
+    }
+    fn flush(&mut self) -> std::io::Result<()> {
+        Ok(())
+    }
 }
 
 /// At most `max` bytes of `s`, cut at a character boundary.

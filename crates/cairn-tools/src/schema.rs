@@ -24,6 +24,11 @@ fn reason() -> Value {
            "description": "Why you are making this call; recorded in the run's events beside the outcome"})
 }
 
+fn session() -> Value {
+    json!({"type": "string", "minLength": 1, "maxLength": 128, "pattern": "^[A-Za-z0-9][A-Za-z0-9._-]*$",
+           "description": "An agent session's id or name (docs/sessions.md)"})
+}
+
 fn snapshot_id() -> Value {
     json!({"type": "string", "minLength": 1, "maxLength": 64, "pattern": "^[0-9a-f]+$",
            "description": "A snapshot id, or a unique prefix of one"})
@@ -196,6 +201,79 @@ pub fn tools() -> Vec<ToolSpec> {
                         "properties": {"name": {"type": "string"}, "kind": {"type": "string"},
                                        "size": {"type": "integer"}}}},
                     "truncated": {"type": "boolean"}}}),
+        },
+        ToolSpec {
+            name: "dlq",
+            description: "Stages whose retries ran out (action list), or run one again with fresh retries \
+                          (action retry, with its id): the stage continues in its run in the background; poll \
+                          the returned handle with stage_status.",
+            input: json!({"type": "object", "additionalProperties": false, "required": ["action"],
+                "properties": {
+                    "action": {"type": "string", "enum": ["list", "retry"]},
+                    "id": {"type": "string", "minLength": 1, "maxLength": 64, "pattern": "^[0-9a-f]+$",
+                           "description": "The dead letter to retry"},
+                    "reason": reason()}}),
+            output: json!({"type": "object",
+                "properties": {
+                    "dead_letters": {"type": "array", "items": {"type": "object",
+                        "required": ["id", "handle", "stage", "error"],
+                        "properties": {"id": {"type": "string"}, "handle": {"type": "string"},
+                                       "stage": {"type": "string"}, "branch": {"type": "string"},
+                                       "error": {"type": "string"},
+                                       "failure_snapshot": {"type": ["string", "null"]},
+                                       "input_snapshot": {"type": ["string", "null"]},
+                                       "retried": {"type": "boolean"}}}},
+                    "handle": {"type": "string", "description": "The retried stage's run: poll with stage_status"}}}),
+        },
+        ToolSpec {
+            name: "exec",
+            description: "Run a command in an agent session's sandbox (resuming a suspended session) and wait \
+                          for it; recorded in the session's context log with the reason.",
+            input: json!({"type": "object", "additionalProperties": false,
+                "required": ["session", "argv", "reason"],
+                "properties": {
+                    "session": session(),
+                    "argv": {"type": "array", "minItems": 1, "maxItems": 256,
+                             "items": {"type": "string", "maxLength": 16384},
+                             "description": "The command and its arguments, e.g. [\"sh\", \"-c\", \"make test\"]"},
+                    "cwd": {"type": "string", "minLength": 1, "maxLength": 4096, "pattern": "^/"},
+                    "timeout_secs": {"type": "integer", "minimum": 1, "maximum": 3600,
+                                     "description": "Default 300; the command is killed after it"},
+                    "reason": reason()}}),
+            output: json!({"type": "object", "required": ["status", "stdout", "stderr", "truncated"],
+                "properties": {
+                    "status": {"type": "integer", "description": "As a shell gives it: 128+N for signal N"},
+                    "stdout": {"type": "string"},
+                    "stderr": {"type": "string"},
+                    "truncated": {"type": "boolean", "description": "Only the last 64 KiB of a stream are kept"},
+                    "call_seq": {"type": "integer"}}}),
+        },
+        ToolSpec {
+            name: "read_file",
+            description: "Read a file (up to 256 KiB of text) from an agent session's sandbox.",
+            input: json!({"type": "object", "additionalProperties": false, "required": ["session", "path"],
+                "properties": {
+                    "session": session(),
+                    "path": {"type": "string", "minLength": 1, "maxLength": 4096, "pattern": "^/"}}}),
+            output: json!({"type": "object", "required": ["path", "size", "content"],
+                "properties": {
+                    "path": {"type": "string"}, "size": {"type": "integer"},
+                    "content": {"type": "string", "description": "The text (invalid UTF-8 replaced)"}}}),
+        },
+        ToolSpec {
+            name: "write_file",
+            description: "Write a file (up to 1 MiB of text) into an agent session's sandbox; recorded in the \
+                          session's context log with its hash and the reason.",
+            input: json!({"type": "object", "additionalProperties": false,
+                "required": ["session", "path", "content", "reason"],
+                "properties": {
+                    "session": session(),
+                    "path": {"type": "string", "minLength": 2, "maxLength": 4096, "pattern": "^/"},
+                    "content": {"type": "string", "maxLength": 1048576},
+                    "mode": {"type": "integer", "minimum": 0, "maximum": 4095},
+                    "reason": reason()}}),
+            output: json!({"type": "object", "required": ["path", "size"],
+                "properties": {"path": {"type": "string"}, "size": {"type": "integer"}}}),
         },
     ]
 }

@@ -687,6 +687,20 @@ impl Engine {
         stdout: &mut dyn Write,
         stderr: &mut dyn Write,
     ) -> Result<ExecOutcome, EngineError> {
+        self.session_exec_noted(key, req, serde_json::Map::new(), stdout, stderr)
+    }
+
+    /// [`Engine::session_exec_request`] with `notes` (who asked, the reason
+    /// a model gave) recorded among the call's arguments; a replay runs the
+    /// command alone.
+    pub fn session_exec_noted(
+        &mut self,
+        key: &str,
+        req: ExecRequest,
+        notes: serde_json::Map<String, serde_json::Value>,
+        stdout: &mut dyn Write,
+        stderr: &mut dyn Write,
+    ) -> Result<ExecOutcome, EngineError> {
         if req.stdin || req.detach {
             return Err(SessionError::Unsupported(
                 "a session's exec takes no stdin and cannot detach (the log records each call's output and status); write input to a file first, or run a background command in a plain sandbox",
@@ -697,7 +711,7 @@ impl Engine {
             return Err(SessionError::Unsupported("exec needs a command").into());
         }
         let live = self.live_session(key)?;
-        self.exec_live(&live, req, serde_json::Map::new(), stdout, stderr)
+        self.exec_live(&live, req, notes, stdout, stderr)
     }
 
     /// [`Engine::session_exec`] on a session already held; `extra` goes
@@ -796,12 +810,29 @@ impl Engine {
         size: u64,
         src: &mut dyn Read,
     ) -> Result<cairn_protocol::FileMeta, EngineError> {
+        self.session_write_file_noted(key, path, mode, size, src, serde_json::Map::new())
+    }
+
+    /// [`Engine::session_write_file`] with `notes` (who asked, the reason a
+    /// model gave) recorded among the call's arguments.
+    pub fn session_write_file_noted(
+        &mut self,
+        key: &str,
+        path: &str,
+        mode: u32,
+        size: u64,
+        src: &mut dyn Read,
+        notes: serde_json::Map<String, serde_json::Value>,
+    ) -> Result<cairn_protocol::FileMeta, EngineError> {
         let live = self.live_session(key)?;
         let s = &live.session;
         let mut call = Entry::new(EntryKind::ToolCall);
         call.tool = Some("write_file".into());
-        call.arguments =
-            Some(serde_json::json!({ "path": path, "mode": format!("{mode:o}"), "size": size }).to_string());
+        let mut arguments = notes;
+        arguments.insert("path".into(), path.into());
+        arguments.insert("mode".into(), format!("{mode:o}").into());
+        arguments.insert("size".into(), size.into());
+        call.arguments = Some(serde_json::Value::Object(arguments).to_string());
         let call = self.session_append(s, call)?;
         let mut hashing = HashingReader {
             inner: src,
