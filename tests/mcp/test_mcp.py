@@ -17,7 +17,7 @@ ERAS = {"legacy": "2025-11-25", "2026-07-28": "2026-07-28"}
 CASES = [(t, m) for t in ("stdio", "http") for m in ERAS]
 TOOLS = {
     "plan_stage", "run_stage", "stage_status", "fork_from", "select", "inspect_logs", "inspect",
-    "dlq", "exec", "read_file", "write_file",
+    "dlq", "exec", "read_file", "write_file", "snapshot",
 }
 
 
@@ -195,12 +195,18 @@ def test_session_tools_record_the_reason_in_the_context_log(cairn, transport, mo
             assert r.is_error and "does not exist" in r.content[0].text
             r = await c.call_tool("exec", {"session": "no-such-session", "argv": ["true"], "reason": "x"})
             assert r.is_error
+            snap = await call(c, "snapshot", {"session": name, "reason": "keep the note"})
+            f = await call(c, "inspect", {"snapshot_id": snap["snapshot_id"], "path": "/tmp/note"})
+            assert f["content"] == "hello\n"
+            return snap["snapshot_id"]
 
-    run(go)
+    snap = run(go)
     log = [json.loads(line) for line in cairn["cli"]("session", "log", name, "--json").splitlines()]
     calls = [json.loads(e["arguments"]) for e in log if e.get("kind") == "tool_call"]
     assert [c["reason"] for c in calls] == ["leave a note", "read the note back"], calls
     assert all("over MCP " + ERAS[mode] in c["asked_by"] for c in calls)
+    notes = [e for e in log if e.get("kind") == "note" and e.get("snapshot_id") == snap]
+    assert len(notes) == 1 and "keep the note" in notes[0]["content"], log
 
 
 @pytest.mark.parametrize("transport", ["stdio", "http"])

@@ -75,6 +75,11 @@ pub enum ToolArgs {
         session: String,
         path: String,
     },
+    Snapshot {
+        session: String,
+        label: Option<String>,
+        reason: String,
+    },
     WriteFile {
         session: String,
         path: String,
@@ -99,6 +104,14 @@ struct Exec {
     argv: Vec<String>,
     cwd: Option<String>,
     timeout_secs: Option<u64>,
+    reason: String,
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct Snapshot {
+    session: String,
+    label: Option<String>,
     reason: String,
 }
 
@@ -418,6 +431,24 @@ pub fn parse(name: &str, arguments: Value) -> Result<ToolArgs, ToolError> {
                 cwd: e.cwd,
                 timeout_secs: e.timeout_secs,
                 reason: e.reason,
+            }
+        }
+        "snapshot" => {
+            let n: Snapshot = from(name, v)?;
+            c.session(&n.session)?;
+            if let Some(l) = &n.label {
+                c.text("label", l, 1, 63)?;
+                let ok = l.bytes().all(|b| b.is_ascii_alphanumeric() || b"._-".contains(&b))
+                    && l.as_bytes()[0].is_ascii_alphanumeric();
+                if !ok {
+                    return Err(c.bad(format!("label {l:?} may hold letters, digits, '.', '_' and '-'")));
+                }
+            }
+            c.text("reason", &n.reason, 1, 4096)?;
+            ToolArgs::Snapshot {
+                session: n.session,
+                label: n.label,
+                reason: n.reason,
             }
         }
         "read_file" => {

@@ -142,6 +142,11 @@ impl Tools {
                 reason,
             } => self.exec(&session, argv, cwd, timeout_secs, notes(&caller, &reason)),
             ToolArgs::ReadFile { session, path } => self.read_file(&session, &path),
+            ToolArgs::Snapshot { session, label, reason } => self.with_engine(|e| {
+                let note = format!("asked by {caller}: {reason}");
+                let snap = e.snapshot_session(&session, label.as_deref(), &note)?;
+                Ok(json!({"snapshot_id": snap.id, "label": snap.label}))
+            }),
             ToolArgs::WriteFile {
                 session,
                 path,

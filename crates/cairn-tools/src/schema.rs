@@ -226,6 +226,19 @@ pub fn tools() -> Vec<ToolSpec> {
                     "handle": {"type": "string", "description": "The retried stage's run: poll with stage_status"}}}),
         },
         ToolSpec {
+            name: "snapshot",
+            description: "Snapshot an agent session's sandbox while it keeps running; the snapshot is recorded \
+                          in the session's log and can start stages (run_stage, fork_from) or be inspected.",
+            input: json!({"type": "object", "additionalProperties": false, "required": ["session", "reason"],
+                "properties": {
+                    "session": session(),
+                    "label": {"type": "string", "minLength": 1, "maxLength": 63,
+                              "pattern": "^[A-Za-z0-9][A-Za-z0-9._-]*$"},
+                    "reason": reason()}}),
+            output: json!({"type": "object", "required": ["snapshot_id"],
+                "properties": {"snapshot_id": {"type": "string"}, "label": {"type": ["string", "null"]}}}),
+        },
+        ToolSpec {
             name: "exec",
             description: "Run a command in an agent session's sandbox (resuming a suspended session) and wait \
                           for it; recorded in the session's context log with the reason.",

@@ -1070,6 +1070,25 @@ impl Engine {
         Ok((fresh, e))
     }
 
+    /// Snapshots a session's sandbox while it keeps running (resuming a
+    /// suspended session first) and records the snapshot in its log as a
+    /// note with `content`: a point a stage can fork and the session can be
+    /// forked or rewound to.
+    pub fn snapshot_session(
+        &mut self,
+        key: &str,
+        label: Option<&str>,
+        content: &str,
+    ) -> Result<crate::SnapshotRecord, EngineError> {
+        let live = self.live_session(key)?;
+        let snap = self.snapshot(&live.sandbox, label)?;
+        let mut note = Entry::new(EntryKind::Note);
+        note.content = Some(format!("snapshot {}: {content}", snap.id));
+        note.snapshot_id = Some(snap.id.clone());
+        self.session_append(&live.session, note)?;
+        Ok(snap)
+    }
+
     /// Snapshots the sandbox, records the snapshot in the log, removes the
     /// sandbox. The snapshot is recorded before the sandbox goes, so a kill
     /// at any instant leaves the sandbox or the snapshot to resume from.
