@@ -93,7 +93,7 @@ def test_stage_forks_select_and_inspection(cairn, transport, mode):
                     {
                         "snapshot_id": out,
                         "hypothesis": h,
-                        "commands": [f"echo {h} {i} > /work/result"],
+                        "commands": [f"echo {h} {i} > /work/result", f"echo score {5 - i}"],
                         "wait_secs": 0,
                         "reason": f"try {h}",
                     },
@@ -111,6 +111,17 @@ def test_stage_forks_select_and_inspection(cairn, transport, mode):
             assert chosen["winner"] == branches[1]
             assert sorted(chosen["lost"]) == sorted([branches[0], branches[2]])
 
+            by_file = await call(c, "select", {"branches": branches, "rule": "max", "metric": "file:/work/result",
+                                               "reason": "the largest index"})
+            assert by_file["winner"] == branches[2], by_file
+            assert by_file["metrics"] == {b: float(i) for i, b in enumerate(branches)}
+            by_output = await call(c, "select", {"branches": [done["handle"], *branches], "rule": "max",
+                                                 "metric": "output", "reason": "the best score printed"})
+            assert by_output["winner"] == branches[0], by_output
+            assert by_output["metrics"] == {b: float(5 - i) for i, b in enumerate(branches)}
+            none = await c.call_tool("select", {"branches": [done["handle"]], "rule": "min", "metric": "output",
+                                                "reason": "it printed no number"})
+            assert none.is_error and "no completed branch has a number" in none.content[0].text
             f = await call(c, "inspect", {"snapshot_id": chosen["output_snapshot"], "path": "/work/result"})
             assert f["kind"] == "file" and f["content"] == "triple 1\n"
             d = await call(c, "inspect", {"snapshot_id": out, "path": "/work"})

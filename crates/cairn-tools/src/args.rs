@@ -49,7 +49,7 @@ pub enum ToolArgs {
     },
     Select {
         branches: Vec<String>,
-        winner: String,
+        choice: Choice,
         reason: String,
     },
     InspectLogs {
@@ -152,8 +152,28 @@ struct Status {
 #[serde(deny_unknown_fields)]
 struct Select {
     branches: Vec<String>,
-    winner: String,
+    winner: Option<String>,
+    rule: Option<String>,
+    metric: Option<String>,
     reason: String,
+}
+
+/// How `select` picks its winner.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Choice {
+    /// The model named it.
+    Winner(String),
+    /// The completed branch with the smallest (or largest) metric.
+    Rule { max: bool, metric: Metric },
+}
+
+/// Where a branch's number comes from.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Metric {
+    /// The last number the stage printed.
+    Output,
+    /// The first number in a file of its output snapshot.
+    File(String),
 }
 
 #[derive(Deserialize)]
@@ -353,11 +373,38 @@ pub fn parse(name: &str, arguments: Value) -> Result<ToolArgs, ToolError> {
             for b in &s.branches {
                 c.hex_id("each branch", b)?;
             }
-            c.hex_id("winner", &s.winner)?;
+            let choice = match (s.winner, s.rule) {
+                (Some(w), None) => {
+                    c.hex_id("winner", &w)?;
+                    if s.metric.is_some() {
+                        return Err(c.bad("metric goes with rule, not winner".into()));
+                    }
+                    Choice::Winner(w)
+                }
+                (None, Some(rule)) => {
+                    let max = match rule.as_str() {
+                        "min" => false,
+                        "max" => true,
+                        other => return Err(c.bad(format!("rule {other:?} is not min or max"))),
+                    };
+                    let metric = match s.metric.as_deref() {
+                        Some("output") => Metric::Output,
+                        Some(m) if m.starts_with("file:") => {
+                            c.path("metric's file", &m[5..])?;
+                            Metric::File(m[5..].to_string())
+                        }
+                        Some(m) => return Err(c.bad(format!("metric {m:?} is not \"output\" or \"file:/PATH\""))),
+                        None => return Err(c.bad("rule needs a metric: \"output\" or \"file:/PATH\"".into())),
+                    };
+                    Choice::Rule { max, metric }
+                }
+                (Some(_), Some(_)) => return Err(c.bad("give winner or rule, not both".into())),
+                (None, None) => return Err(c.bad("give winner (a handle) or rule (min or max) with metric".into())),
+            };
             c.text("reason", &s.reason, 1, 4096)?;
             ToolArgs::Select {
                 branches: s.branches,
-                winner: s.winner,
+                choice,
                 reason: s.reason,
             }
         }
@@ -519,6 +566,26 @@ mod tests {
         assert!(refused("inspect", json!({"snapshot_id": "ab", "path": "etc"})).contains("absolute"));
         assert!(refused("inspect_logs", json!({"stage": "ab", "tail_lines": 0})).contains("tail_lines"));
         assert!(refused("select", json!({"branches": [], "winner": "ab", "reason": "r"})).contains("branches"));
+        let sel = |extra: Value| {
+            let mut v = json!({"branches": ["ab"], "reason": "r"});
+            v.as_object_mut().unwrap().extend(extra.as_object().unwrap().clone());
+            v
+        };
+        assert!(refused("select", sel(json!({}))).contains("winner"));
+        assert!(refused("select", sel(json!({"winner": "ab", "rule": "min"}))).contains("not both"));
+        assert!(refused("select", sel(json!({"rule": "best", "metric": "output"}))).contains("min or max"));
+        assert!(refused("select", sel(json!({"rule": "min"}))).contains("metric"));
+        assert!(refused("select", sel(json!({"rule": "min", "metric": "file:rel"}))).contains("absolute"));
+        match parse("select", sel(json!({"rule": "max", "metric": "file:/work/score"}))) {
+            Ok(ToolArgs::Select { choice, .. }) => assert_eq!(
+                choice,
+                Choice::Rule {
+                    max: true,
+                    metric: Metric::File("/work/score".into())
+                }
+            ),
+            other => panic!("{other:?}"),
+        }
         assert!(refused("stage_status", Value::Null).contains("handle"));
         assert!(matches!(parse("rm_rf", json!({})), Err(ToolError::UnknownTool(_))));
         assert!(refused("dlq", json!({"action": "retry"})).contains("id"));

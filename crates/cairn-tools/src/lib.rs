@@ -21,7 +21,7 @@ use cairn_engine::{CreateOptions, Engine, EngineError, Home};
 use serde::Serialize;
 use serde_json::{json, Value};
 
-pub use args::{Edit, ToolArgs};
+pub use args::{Choice, Edit, Metric, ToolArgs};
 pub use schema::{document, tools, ToolSpec, TOOLS_VERSION};
 
 #[derive(Debug, thiserror::Error)]
@@ -124,9 +124,9 @@ impl Tools {
             ToolArgs::StageStatus { handle, wait_secs } => self.wait(&handle, wait_secs, progress),
             ToolArgs::Select {
                 branches,
-                winner,
+                choice,
                 reason,
-            } => self.select(&branches, &winner, &reason, &caller),
+            } => self.select(&branches, &choice, &reason, &caller),
             ToolArgs::InspectLogs { stage, tail_lines } => self.inspect_logs(&stage, tail_lines),
             ToolArgs::Inspect { snapshot_id, path } => self.inspect(&snapshot_id, &path),
             ToolArgs::Dlq { retry: None, .. } => self.dlq_list(),
@@ -299,9 +299,36 @@ impl Tools {
         })
     }
 
-    fn select(&self, branches: &[String], winner: &str, reason: &str, caller: &str) -> Result<Value, ToolError> {
+    fn select(&self, branches: &[String], choice: &Choice, reason: &str, caller: &str) -> Result<Value, ToolError> {
         let states: Vec<StageState> = branches.iter().map(|b| self.stage_state(b)).collect::<Result<_, _>>()?;
-        let won = self.stage_state(winner)?;
+        let mut metrics = serde_json::Map::new();
+        let (won, how) = match choice {
+            Choice::Winner(w) => (self.stage_state(w)?, String::new()),
+            Choice::Rule { max, metric } => {
+                let mut best: Option<(f64, &StageState)> = None;
+                for s in states.iter().filter(|s| s.status == "completed") {
+                    let Some(v) = self.metric(s, metric)? else { continue };
+                    metrics.insert(s.handle.clone(), v.into());
+                    let better = best.is_none_or(|(b, _)| if *max { v > b } else { v < b });
+                    if better {
+                        best = Some((v, s));
+                    }
+                }
+                let Some((v, s)) = best else {
+                    return Err(ToolError::Failed(
+                        "no completed branch has a number for this metric; poll the branches with stage_status, \
+                         check their output with inspect_logs, or choose a winner by name"
+                            .into(),
+                    ));
+                };
+                let what = match metric {
+                    Metric::Output => "output".to_string(),
+                    Metric::File(p) => format!("file {p}"),
+                };
+                let rule = if *max { "max" } else { "min" };
+                (self.stage_state(&s.handle)?, format!(" by {rule} of {what} ({v})"))
+            }
+        };
         if !states.iter().any(|s| s.handle == won.handle) {
             return Err(ToolError::Failed(format!(
                 "the winner {} is not one of the branches; name it in `branches` too",
@@ -329,16 +356,47 @@ impl Tools {
                 &won.handle,
                 Some(&won.stage),
                 "won",
-                &format!("chosen by {caller} over {others}: {reason}"),
+                &format!("chosen{how} by {caller} over {others}: {reason}"),
                 Some(&output),
             )?;
             for (l, stage) in &lost {
-                let detail = format!("lost to {} (chosen by {caller}): {reason}", won.handle);
+                let detail = format!("lost to {} (chosen{how} by {caller}): {reason}", won.handle);
                 e.record_run_event(l, Some(stage), "lost", &detail, None)?;
             }
             Ok(())
         })?;
-        Ok(json!({"winner": won.handle, "output_snapshot": output, "lost": lost.keys().collect::<Vec<_>>()}))
+        let mut out = json!({"winner": won.handle, "output_snapshot": output, "lost": lost.keys().collect::<Vec<_>>()});
+        if !metrics.is_empty() {
+            out["metrics"] = Value::Object(metrics);
+        }
+        Ok(out)
+    }
+
+    /// A completed branch's number: the last one its log printed, or the
+    /// first in a file of its output snapshot; `None` when there is none.
+    fn metric(&self, s: &StageState, metric: &Metric) -> Result<Option<f64>, ToolError> {
+        match metric {
+            Metric::Output => {
+                let lines = self.inspect_logs(&s.handle, Some(2000))?;
+                let text: Vec<&str> = lines["lines"]
+                    .as_array()
+                    .into_iter()
+                    .flatten()
+                    .filter_map(Value::as_str)
+                    .collect();
+                Ok(text.iter().rev().find_map(|l| numbers(l).last()))
+            }
+            Metric::File(path) => {
+                let Some(snap) = &s.output_snapshot else {
+                    return Ok(None);
+                };
+                match self.inspect(snap, path) {
+                    Ok(v) => Ok(v["content"].as_str().and_then(|t| numbers(t).next())),
+                    Err(ToolError::Failed(_)) => Ok(None),
+                    Err(e) => Err(e),
+                }
+            }
+        }
     }
 
     fn inspect_logs(&self, handle: &str, tail_lines: Option<u32>) -> Result<Value, ToolError> {
@@ -664,6 +722,14 @@ fn random_hex(bytes: usize) -> String {
     b.iter().map(|x| format!("{x:02x}")).collect()
 }
 
+/// The finite numbers in `text`, in order (words split at whitespace and
+/// common punctuation).
+fn numbers(text: &str) -> impl DoubleEndedIterator<Item = f64> + '_ {
+    text.split(|c: char| c.is_whitespace() || ",;:()[]{}=\"'".contains(c))
+        .filter_map(|w| w.parse::<f64>().ok())
+        .filter(|v| v.is_finite())
+}
+
 /// Who asked and why, for a session log entry's arguments.
 fn notes(caller: &str, reason: &str) -> serde_json::Map<String, Value> {
     let mut m = serde_json::Map::new();
@@ -716,6 +782,17 @@ impl std::io::Write for Bounded<'_> {
     }
     fn flush(&mut self) -> std::io::Result<()> {
         Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::numbers;
+
+    #[test]
+    fn numbers_are_found_between_words_and_punctuation() {
+        let found: Vec<f64> = numbers("energy=-12.5 kcal, rmsd: 0.8 (n=3) NaN inf x1").collect();
+        assert_eq!(found, vec![-12.5, 0.8, 3.0]);
     }
 }
 

@@ -153,17 +153,23 @@ pub fn tools() -> Vec<ToolSpec> {
         },
         ToolSpec {
             name: "select",
-            description: "Choose the winning branch among hypotheses started with fork_from; the winner and \
-                          the reason go into every branch's run events, the others are marked lost.",
+            description: "Choose the winning branch among hypotheses started with fork_from, by name (winner) \
+                          or by rule over a metric; the choice and the reason go into every branch's run events, \
+                          the others are marked lost.",
             input: json!({"type": "object", "additionalProperties": false,
-                "required": ["branches", "winner", "reason"],
+                "required": ["branches", "reason"],
                 "properties": {
                     "branches": {"type": "array", "minItems": 1, "maxItems": 32, "items": handle()},
                     "winner": handle(),
+                    "rule": {"type": "string", "enum": ["min", "max"],
+                             "description": "Instead of winner: the completed branch with the smallest or largest metric"},
+                    "metric": {"type": "string", "maxLength": 4101, "pattern": "^(output|file:/.*)$",
+                               "description": "With rule: \"output\" (the last number the stage printed) or \"file:/PATH\" (the first number in that file of its output snapshot)"},
                     "reason": reason()}}),
             output: json!({"type": "object", "required": ["winner", "output_snapshot", "lost"],
                 "properties": {
                     "winner": {"type": "string"},
+                    "metrics": {"type": "object", "description": "With rule: each branch's number, by handle"},
                     "output_snapshot": {"type": "string"},
                     "lost": {"type": "array", "items": {"type": "string"}}}}),
         },
