@@ -785,6 +785,15 @@ impl std::io::Write for Bounded<'_> {
     }
 }
 
+/// At most `max` bytes of `s`, cut at a character boundary.
+fn clip(s: &str, max: usize) -> String {
+    let mut end = s.len().min(max);
+    while !s.is_char_boundary(end) {
+        end -= 1;
+    }
+    s[..end].to_string()
+}
+
 #[cfg(test)]
 mod tests {
     use super::numbers;
@@ -794,13 +803,4 @@ mod tests {
         let found: Vec<f64> = numbers("energy=-12.5 kcal, rmsd: 0.8 (n=3) NaN inf x1").collect();
         assert_eq!(found, vec![-12.5, 0.8, 3.0]);
     }
-}
-
-/// At most `max` bytes of `s`, cut at a character boundary.
-fn clip(s: &str, max: usize) -> String {
-    let mut end = s.len().min(max);
-    while !s.is_char_boundary(end) {
-        end -= 1;
-    }
-    s[..end].to_string()
 }
