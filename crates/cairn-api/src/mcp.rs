@@ -139,6 +139,10 @@ impl ServerHandler for CairnMcp {
     }
 }
 
+/// The largest `/mcp` request body (413 above it): a stage's edits may
+/// hold 4 MiB, and JSON escaping makes them larger on the wire.
+const MCP_BODY_MAX: usize = 8 << 20;
+
 /// `/mcp`: Streamable HTTP for both eras. Host checks are off because
 /// the routes sit behind the Unix socket's mode or the TCP listener's
 /// bearer token, which a rebinding page cannot present.
@@ -149,6 +153,7 @@ pub fn http_service(home: Home, stop: CancellationToken) -> StreamableHttpServic
         Arc::new(LocalSessionManager::default()),
         StreamableHttpServerConfig::default()
             .with_cancellation_token(stop)
+            .with_max_request_body_bytes(MCP_BODY_MAX)
             .disable_allowed_hosts(),
     )
 }
