@@ -17,7 +17,7 @@ ERAS = {"legacy": "2025-11-25", "2026-07-28": "2026-07-28"}
 CASES = [(t, m) for t in ("stdio", "http") for m in ERAS]
 TOOLS = {
     "plan_stage", "run_stage", "stage_status", "fork_from", "select", "inspect_logs", "inspect",
-    "dlq", "exec", "read_file", "write_file", "snapshot",
+    "dlq", "exec", "read_file", "write_file", "snapshot", "restore",
 }
 
 
@@ -209,6 +209,17 @@ def test_session_tools_record_the_reason_in_the_context_log(cairn, transport, mo
             snap = await call(c, "snapshot", {"session": name, "reason": "keep the note"})
             f = await call(c, "inspect", {"snapshot_id": snap["snapshot_id"], "path": "/tmp/note"})
             assert f["content"] == "hello\n"
+            back = await call(c, "restore", {"snapshot_id": snap["snapshot_id"], "name": f"{name}-r",
+                                             "reason": "continue from the note"})
+            assert back["name"] == f"{name}-r"
+            await call(c, "write_file", {"session": back["session"], "path": "/tmp/note", "content": "changed\n",
+                                         "reason": "change the copy"})
+            f = await call(c, "read_file", {"session": back["session"], "path": "/tmp/note"})
+            assert f["content"] == "changed\n"
+            f = await call(c, "read_file", {"session": name, "path": "/tmp/note"})
+            assert f["content"] == "hello\n", "the original session is untouched"
+            r = await c.call_tool("restore", {"snapshot_id": "0123456789ab", "reason": "no such snapshot"})
+            assert r.is_error
             return snap["snapshot_id"]
 
     snap = run(go)
@@ -218,6 +229,9 @@ def test_session_tools_record_the_reason_in_the_context_log(cairn, transport, mo
     assert all("over MCP " + ERAS[mode] in c["asked_by"] for c in calls)
     notes = [e for e in log if e.get("kind") == "note" and e.get("snapshot_id") == snap]
     assert len(notes) == 1 and "keep the note" in notes[0]["content"], log
+    restored = [json.loads(line) for line in cairn["cli"]("session", "log", f"{name}-r", "--json").splitlines()]
+    assert restored[0]["kind"] == "note" and restored[0]["snapshot_id"] == snap, restored
+    assert "continue from the note" in restored[0]["content"]
 
 
 @pytest.mark.parametrize("transport", ["stdio", "http"])

@@ -80,6 +80,11 @@ pub enum ToolArgs {
         label: Option<String>,
         reason: String,
     },
+    Restore {
+        snapshot_id: String,
+        name: Option<String>,
+        reason: String,
+    },
     WriteFile {
         session: String,
         path: String,
@@ -112,6 +117,14 @@ struct Exec {
 struct Snapshot {
     session: String,
     label: Option<String>,
+    reason: String,
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct Restore {
+    snapshot_id: String,
+    name: Option<String>,
     reason: String,
 }
 
@@ -496,6 +509,24 @@ pub fn parse(name: &str, arguments: Value) -> Result<ToolArgs, ToolError> {
                 session: n.session,
                 label: n.label,
                 reason: n.reason,
+            }
+        }
+        "restore" => {
+            let r: Restore = from(name, v)?;
+            c.hex_id("snapshot_id", &r.snapshot_id)?;
+            if let Some(n) = &r.name {
+                c.text("name", n, 1, 63)?;
+                let ok = n.bytes().all(|b| b.is_ascii_alphanumeric() || b"_-".contains(&b))
+                    && n.as_bytes()[0].is_ascii_alphanumeric();
+                if !ok {
+                    return Err(c.bad(format!("name {n:?} may hold letters, digits, '-' and '_'")));
+                }
+            }
+            c.text("reason", &r.reason, 1, 4096)?;
+            ToolArgs::Restore {
+                snapshot_id: r.snapshot_id,
+                name: r.name,
+                reason: r.reason,
             }
         }
         "read_file" => {

@@ -142,6 +142,21 @@ impl Tools {
                 reason,
             } => self.exec(&session, argv, cwd, timeout_secs, notes(&caller, &reason)),
             ToolArgs::ReadFile { session, path } => self.read_file(&session, &path),
+            ToolArgs::Restore {
+                snapshot_id,
+                name,
+                reason,
+            } => self.with_engine(|e| {
+                let snap = e.snapshot_record(&snapshot_id)?;
+                let opts = cairn_engine::sessions::SessionOptions {
+                    name,
+                    image: None,
+                    driver: None,
+                    idle_timeout_ms: None,
+                };
+                let s = e.create_session_from(&opts, &snap, &format!("asked by {caller}: {reason}"))?;
+                Ok(json!({"session": s.id, "name": s.name, "snapshot_id": snap.id}))
+            }),
             ToolArgs::Snapshot { session, label, reason } => self.with_engine(|e| {
                 let note = format!("asked by {caller}: {reason}");
                 let snap = e.snapshot_session(&session, label.as_deref(), &note)?;

@@ -245,6 +245,21 @@ pub fn tools() -> Vec<ToolSpec> {
                 "properties": {"snapshot_id": {"type": "string"}, "label": {"type": ["string", "null"]}}}),
         },
         ToolSpec {
+            name: "restore",
+            description: "Start a new agent session from a snapshot (a stage's output, a winner's): its sandbox \
+                          is restored from it, and exec, read_file, write_file and snapshot work on it.",
+            input: json!({"type": "object", "additionalProperties": false, "required": ["snapshot_id", "reason"],
+                "properties": {
+                    "snapshot_id": snapshot_id(),
+                    "name": {"type": "string", "minLength": 1, "maxLength": 63,
+                             "pattern": "^[A-Za-z0-9][A-Za-z0-9_-]*$",
+                             "description": "A name to find the session by"},
+                    "reason": reason()}}),
+            output: json!({"type": "object", "required": ["session", "name", "snapshot_id"],
+                "properties": {"session": {"type": "string"}, "name": {"type": "string"},
+                               "snapshot_id": {"type": "string"}}}),
+        },
+        ToolSpec {
             name: "exec",
             description: "Run a command in an agent session's sandbox (resuming a suspended session) and wait \
                           for it; recorded in the session's context log with the reason.",

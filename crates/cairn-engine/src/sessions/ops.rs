@@ -250,6 +250,36 @@ impl Engine {
         opts: &SessionOptions,
         progress: &dyn Progress,
     ) -> Result<SessionRecord, EngineError> {
+        self.new_session(opts, None, progress)
+    }
+
+    /// Creates a session whose sandbox is restored from `snap` (files;
+    /// memory too for a gVisor memory snapshot); its log starts with a
+    /// `note` naming the snapshot, with `content`, so that suspend, resume
+    /// and recovery start from it rather than from the image.
+    pub fn create_session_from(
+        &mut self,
+        opts: &SessionOptions,
+        snap: &crate::SnapshotRecord,
+        content: &str,
+    ) -> Result<SessionRecord, EngineError> {
+        let rec = self.new_session(opts, Some(snap), &crate::Silent)?;
+        let mut note = Entry::new(EntryKind::Note);
+        note.content = Some(format!("restored snapshot {}: {content}", snap.id));
+        note.snapshot_id = Some(snap.id.clone());
+        if let Err(e) = self.session_append(&rec, note) {
+            let _ = self.close_session(&rec.id, true);
+            return Err(e);
+        }
+        self.session(&rec.id)
+    }
+
+    fn new_session(
+        &mut self,
+        opts: &SessionOptions,
+        from: Option<&crate::SnapshotRecord>,
+        progress: &dyn Progress,
+    ) -> Result<SessionRecord, EngineError> {
         let id = new_session_id();
         let name = opts.name.clone().unwrap_or_else(|| format!("session-{id}"));
         if !valid_name(&name) {
@@ -258,15 +288,16 @@ impl Engine {
         if !self.db.find_sessions(&name)?.iter().all(|s| s.name != name) {
             return Err(SessionError::NameTaken(name).into());
         }
-        let sandbox = self.create_sandbox(
-            &CreateOptions {
-                image: opts.image.clone(),
-                driver: opts.driver.clone(),
-                name: Some(sandbox_name(&id)),
-                ..CreateOptions::default()
-            },
-            progress,
-        )?;
+        let create = CreateOptions {
+            image: opts.image.clone(),
+            driver: opts.driver.clone(),
+            name: Some(sandbox_name(&id)),
+            ..CreateOptions::default()
+        };
+        let sandbox = match from {
+            Some(snap) => self.restore(snap, &create)?,
+            None => self.create_sandbox(&create, progress)?,
+        };
         let now = crate::now_ms();
         let owner = me();
         let rec = SessionRecord {
