@@ -134,9 +134,10 @@ def test_stage_forks_select_and_inspection(cairn, transport, mode):
     shown = json.loads(cairn["cli"]("run", "show", branches[1], "--json"))
     won = [e for e in shown["events"] if e["kind"] == "won"]
     assert len(won) == 1 and f"triple fits best {tag}" in won[0]["detail"], shown["events"]
-    hyp = [e for e in shown["events"] if e["kind"] == "hypothesis"]
-    assert hyp and "triple" in hyp[0]["detail"] and "try triple" in hyp[0]["detail"]
-    assert "over MCP " + ERAS[mode] in hyp[0]["detail"]
+    hyp = [e["detail"] for e in shown["events"] if e["kind"] == "hypothesis"]
+    assert hyp == ["triple"], shown["events"]
+    asked = [e["detail"] for e in shown["events"] if e["kind"] == "asked"]
+    assert len(asked) == 1 and "try triple" in asked[0] and "over MCP " + ERAS[mode] in asked[0], asked
     text = cairn["cli"]("run", "show", branches[0])
     assert "lost" in text and f"triple fits best {tag}" in text
 

@@ -117,7 +117,7 @@ impl Tools {
             }
             ToolArgs::ForkFrom(s) => {
                 let hypothesis = s.hypothesis.clone().unwrap_or_default();
-                let detail = format!("{hypothesis} — forked by {caller}: {}", s.reason);
+                let detail = format!("fork_from asked by {caller}: {}", s.reason);
                 let handle = self.start(FORK_STAGE, &s, Some(&hypothesis), &detail)?;
                 self.wait(&handle, s.wait_secs, progress)
             }
@@ -228,8 +228,10 @@ impl Tools {
             let snap = e.snapshot_record(&s.snapshot_id)?;
             let text = pipeline_text(stage, &snap.id, s)?;
             let run = e.start_run_text(&format!("tool {stage}"), text, &Default::default())?;
-            let kind = if hypothesis.is_some() { "hypothesis" } else { "asked" };
-            e.record_run_event(&run.id, Some(stage), kind, detail, Some(&snap.id))?;
+            if let Some(h) = hypothesis {
+                e.record_run_event(&run.id, Some(stage), "hypothesis", h, None)?;
+            }
+            e.record_run_event(&run.id, Some(stage), "asked", detail, Some(&snap.id))?;
             Ok(run)
         })?;
         let (home, id, failed) = (self.home.clone(), run.id.clone(), std::sync::Arc::clone(&self.failed));
@@ -284,7 +286,7 @@ impl Tools {
             let hypothesis = events
                 .iter()
                 .find(|ev| ev.kind == "hypothesis")
-                .map(|ev| ev.detail.split(" — ").next().unwrap_or("").to_string());
+                .map(|ev| ev.detail.clone());
             let mut status = match run.status.as_str() {
                 "completed" => "completed",
                 "running" => "running",
