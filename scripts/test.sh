@@ -45,12 +45,12 @@ cargo test --workspace 2>&1 | tee "$log"
 status=${PIPESTATUS[0]}
 set -e
 
-# The Python suites (the SDK's, and the e2b package's against the
-# E2B-compatible API) drive the cairn binary cargo just built, from a
+# The Python suites (the SDK's, the e2b package's against the
+# E2B-compatible API, the mcp package's against `cairn mcp` and /mcp) drive the cairn binary cargo just built, from a
 # virtual environment kept in target/ and reinstalled only when their
 # requirements change.
 suites=()
-for d in sdk/python/tests tests/e2b; do
+for d in sdk/python/tests tests/e2b tests/mcp; do
     [ -d "$d" ] && suites+=("$d")
 done
 py_passed=0 py_failed=0

@@ -12,6 +12,7 @@
 pub mod app;
 pub mod e2b;
 pub mod error;
+pub mod mcp;
 pub mod metrics;
 pub mod model;
 pub mod routes;
@@ -93,7 +94,17 @@ pub fn openapi_json() -> String {
 /// Every route of the native API.
 pub fn router(app: Arc<App>) -> Router {
     let no_limit = axum::extract::DefaultBodyLimit::disable();
+    // MCP streams end when the server stops, or graceful shutdown waits on them.
+    let mcp_stop = tokio_util::sync::CancellationToken::new();
+    if let Ok(rt) = tokio::runtime::Handle::try_current() {
+        let (stopped, stop) = (app.stopped(), mcp_stop.clone());
+        rt.spawn(async move {
+            stopped.await;
+            stop.cancel();
+        });
+    }
     Router::new()
+        .nest_service("/mcp", mcp::http_service(app.home.clone(), mcp_stop))
         .route("/healthz", get(system::healthz))
         .route("/metrics", get(system::metrics))
         .route("/v1/openapi.json", get(system::openapi))

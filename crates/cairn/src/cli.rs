@@ -271,6 +271,18 @@ pub enum Command {
         #[arg(long)]
         openapi: bool,
     },
+    /// Serve Cairn's tools (docs/tools.md) over MCP on stdin and stdout.
+    ///
+    /// Speaks MCP 2026-07-28 (stateless, no handshake) and 2025-11-25 and
+    /// before (with the initialize handshake); logs go to stderr. Stages it
+    /// starts run on its threads: one still running when the client closes
+    /// the stream is interrupted, and `cairn pipeline resume RUN` continues it.
+    #[command(after_help = "Examples:\n  cairn mcp\n  cairn mcp --schema > tools.json")]
+    Mcp {
+        /// Print the tool schema (the block in docs/tools.md) and exit.
+        #[arg(long)]
+        schema: bool,
+    },
     /// API tokens for `cairn serve --listen` (stored as hashes).
     #[command(subcommand)]
     Token(TokenCommand),

@@ -64,6 +64,24 @@ pub fn dispatch(cli: Cli) -> Result<i32> {
         served?;
         return Ok(0);
     }
+    if let Command::Mcp { schema } = cli.command {
+        if schema {
+            println!("{}", serde_json::to_string_pretty(&cairn_api::mcp::tool_document())?);
+            return Ok(0);
+        }
+        // Opened once here so that a home that cannot be used fails at start,
+        // not at the first tool call.
+        drop(Engine::open(home.clone())?);
+        let runtime = tokio::runtime::Builder::new_multi_thread()
+            .enable_all()
+            .build()
+            .context("starting the MCP server's runtime")?;
+        runtime
+            .block_on(cairn_api::mcp::serve_stdio(home))
+            .map_err(anyhow::Error::msg)?;
+        runtime.shutdown_timeout(std::time::Duration::from_secs(2));
+        return Ok(0);
+    }
     let mut engine = Engine::open(home)?;
     match cli.command {
         Command::Run {
@@ -197,7 +215,7 @@ pub fn dispatch(cli: Cli) -> Result<i32> {
             println!("{}", rec.id);
             Ok(0)
         }
-        Command::Bench { .. } | Command::Serve { .. } => unreachable!("handled above"),
+        Command::Bench { .. } | Command::Serve { .. } | Command::Mcp { .. } => unreachable!("handled above"),
     }
 }
 

@@ -17,7 +17,11 @@ const ALLOWED: &[(&str, &[&str])] = &[
         "cairn-engine",
         &["cairn-protocol", "cairn-sandbox", "cairn-layers", "cairn-store"],
     ),
-    ("cairn-api", &["cairn-engine", "cairn-sandbox", "cairn-protocol"]),
+    ("cairn-tools", &["cairn-engine", "cairn-sandbox", "cairn-protocol"]),
+    (
+        "cairn-api",
+        &["cairn-engine", "cairn-tools", "cairn-sandbox", "cairn-protocol"],
+    ),
     (
         "cairn",
         &[

@@ -233,6 +233,20 @@ impl Engine {
         Ok(self.db.events_of(run)?)
     }
 
+    /// Records an event in a run's lineage from outside the orchestrator:
+    /// a planner's plan, a hypothesis, a chosen winner and its reason.
+    pub fn record_run_event(
+        &self,
+        run: &str,
+        stage: Option<&str>,
+        kind: &str,
+        detail: &str,
+        snapshot: Option<&str>,
+    ) -> Result<(), EngineError> {
+        let run = self.run_record(run)?;
+        Ok(self.db.event(&run.id, stage, None, kind, detail, snapshot)?)
+    }
+
     pub fn artifacts(&self, run: Option<&str>) -> Result<Vec<ArtifactRecord>, EngineError> {
         Ok(self.db.artifacts(run)?)
     }
@@ -299,7 +313,7 @@ impl Engine {
         let mut outputs: BTreeMap<String, String> = BTreeMap::new();
         for stage in &pipeline.stages {
             let input = match &stage.after {
-                v if v.is_empty() => None,
+                v if v.is_empty() => pipeline.snapshot.clone(),
                 v => Some(outputs.get(&v[0]).cloned().expect("stages come after their inputs")),
             };
             let result = match &stage.branches {

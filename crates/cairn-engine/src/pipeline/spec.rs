@@ -60,6 +60,8 @@ struct RawFile {
 struct RawHeader {
     name: Spanned<String>,
     image: Option<String>,
+    /// A snapshot the first stages fork instead of starting from the image.
+    snapshot: Option<String>,
     driver: Option<Spanned<String>>,
 }
 
@@ -109,6 +111,9 @@ struct RawBranches {
 pub struct Pipeline {
     pub name: String,
     pub image: Option<String>,
+    /// The snapshot stages without `after` fork (the planner's stages
+    /// start from one); when absent they start from `image`.
+    pub snapshot: Option<String>,
     /// The driver stage sandboxes run on (`native` when absent); with
     /// `gvisor`, checkpoints keep memory and processes too.
     pub driver: Option<String>,
@@ -485,13 +490,13 @@ pub fn parse(file: &str, text: &str, overrides: &BTreeMap<String, String>) -> Re
             }
         }
     }
-    if raw.pipeline.image.is_none() {
+    if raw.pipeline.image.is_none() && raw.pipeline.snapshot.is_none() {
         if let Some((root, _)) = stages.iter().find(|(s, _)| s.after.is_empty()) {
             return Err(PipelineError {
                 file: file.into(),
                 line: root.line,
                 message: format!(
-                    "stage {:?} starts the pipeline but [pipeline] names no image = \"...\"",
+                    "stage {:?} starts the pipeline but [pipeline] names no image = \"...\" (or snapshot = \"...\")",
                     root.name
                 ),
             });
@@ -533,6 +538,7 @@ pub fn parse(file: &str, text: &str, overrides: &BTreeMap<String, String>) -> Re
     Ok(Pipeline {
         name: raw.pipeline.name.into_inner(),
         image: raw.pipeline.image,
+        snapshot: raw.pipeline.snapshot,
         driver: raw.pipeline.driver.map(Spanned::into_inner),
         params,
         stages: order,
@@ -646,6 +652,9 @@ hypotheses = [{ name = "a", ff = "1" }, { name = "b", ff = "2" }]
         assert!(bad(&GOOD.replace("image = \"busybox\"\n", ""))
             .message
             .contains("no image"));
+        let forked = GOOD.replace("image = \"busybox\"\n", "snapshot = \"0123abcd\"\n");
+        let p = parse("f.toml", &forked, &BTreeMap::new()).expect("a snapshot stands in for the image");
+        assert_eq!((p.image, p.snapshot.as_deref()), (None, Some("0123abcd")));
         let e = bad(&GOOD.replace("image = \"busybox\"\n", "image = \"busybox\"\ndriver = \"kvm\"\n"));
         assert!(e.message.contains("not one of native, gvisor"), "{e}");
         assert_eq!(e.line, 4);

@@ -250,6 +250,36 @@ impl Engine {
         opts: &SessionOptions,
         progress: &dyn Progress,
     ) -> Result<SessionRecord, EngineError> {
+        self.new_session(opts, None, progress)
+    }
+
+    /// Creates a session whose sandbox is restored from `snap` (files;
+    /// memory too for a gVisor memory snapshot); its log starts with a
+    /// `note` naming the snapshot, with `content`, so that suspend, resume
+    /// and recovery start from it rather than from the image.
+    pub fn create_session_from(
+        &mut self,
+        opts: &SessionOptions,
+        snap: &crate::SnapshotRecord,
+        content: &str,
+    ) -> Result<SessionRecord, EngineError> {
+        let rec = self.new_session(opts, Some(snap), &crate::Silent)?;
+        let mut note = Entry::new(EntryKind::Note);
+        note.content = Some(format!("restored snapshot {}: {content}", snap.id));
+        note.snapshot_id = Some(snap.id.clone());
+        if let Err(e) = self.session_append(&rec, note) {
+            let _ = self.close_session(&rec.id, true);
+            return Err(e);
+        }
+        self.session(&rec.id)
+    }
+
+    fn new_session(
+        &mut self,
+        opts: &SessionOptions,
+        from: Option<&crate::SnapshotRecord>,
+        progress: &dyn Progress,
+    ) -> Result<SessionRecord, EngineError> {
         let id = new_session_id();
         let name = opts.name.clone().unwrap_or_else(|| format!("session-{id}"));
         if !valid_name(&name) {
@@ -258,15 +288,16 @@ impl Engine {
         if !self.db.find_sessions(&name)?.iter().all(|s| s.name != name) {
             return Err(SessionError::NameTaken(name).into());
         }
-        let sandbox = self.create_sandbox(
-            &CreateOptions {
-                image: opts.image.clone(),
-                driver: opts.driver.clone(),
-                name: Some(sandbox_name(&id)),
-                ..CreateOptions::default()
-            },
-            progress,
-        )?;
+        let create = CreateOptions {
+            image: opts.image.clone(),
+            driver: opts.driver.clone(),
+            name: Some(sandbox_name(&id)),
+            ..CreateOptions::default()
+        };
+        let sandbox = match from {
+            Some(snap) => self.restore(snap, &create)?,
+            None => self.create_sandbox(&create, progress)?,
+        };
         let now = crate::now_ms();
         let owner = me();
         let rec = SessionRecord {
@@ -721,6 +752,20 @@ impl Engine {
         stdout: &mut dyn Write,
         stderr: &mut dyn Write,
     ) -> Result<ExecOutcome, EngineError> {
+        self.session_exec_noted(key, req, serde_json::Map::new(), stdout, stderr)
+    }
+
+    /// [`Engine::session_exec_request`] with `notes` (who asked, the reason
+    /// a model gave) recorded among the call's arguments; a replay runs the
+    /// command alone.
+    pub fn session_exec_noted(
+        &mut self,
+        key: &str,
+        req: ExecRequest,
+        notes: serde_json::Map<String, serde_json::Value>,
+        stdout: &mut dyn Write,
+        stderr: &mut dyn Write,
+    ) -> Result<ExecOutcome, EngineError> {
         if req.stdin || req.detach {
             return Err(SessionError::Unsupported(
                 "a session's exec takes no stdin and cannot detach (the log records each call's output and status); write input to a file first, or run a background command in a plain sandbox",
@@ -731,7 +776,7 @@ impl Engine {
             return Err(SessionError::Unsupported("exec needs a command").into());
         }
         let live = self.live_session(key)?;
-        self.exec_live(&live, req, serde_json::Map::new(), stdout, stderr)
+        self.exec_live(&live, req, notes, stdout, stderr)
     }
 
     /// [`Engine::session_exec`] on a session already held; `extra` goes
@@ -830,12 +875,29 @@ impl Engine {
         size: u64,
         src: &mut dyn Read,
     ) -> Result<cairn_protocol::FileMeta, EngineError> {
+        self.session_write_file_noted(key, path, mode, size, src, serde_json::Map::new())
+    }
+
+    /// [`Engine::session_write_file`] with `notes` (who asked, the reason a
+    /// model gave) recorded among the call's arguments.
+    pub fn session_write_file_noted(
+        &mut self,
+        key: &str,
+        path: &str,
+        mode: u32,
+        size: u64,
+        src: &mut dyn Read,
+        notes: serde_json::Map<String, serde_json::Value>,
+    ) -> Result<cairn_protocol::FileMeta, EngineError> {
         let live = self.live_session(key)?;
         let s = &live.session;
         let mut call = Entry::new(EntryKind::ToolCall);
         call.tool = Some("write_file".into());
-        call.arguments =
-            Some(serde_json::json!({ "path": path, "mode": format!("{mode:o}"), "size": size }).to_string());
+        let mut arguments = notes;
+        arguments.insert("path".into(), path.into());
+        arguments.insert("mode".into(), format!("{mode:o}").into());
+        arguments.insert("size".into(), size.into());
+        call.arguments = Some(serde_json::Value::Object(arguments).to_string());
         let call = self.session_append(s, call)?;
         let mut hashing = HashingReader {
             inner: src,
@@ -1071,6 +1133,25 @@ impl Engine {
         e.snapshot_id = snapshot;
         let e = self.session_append(s, e)?;
         Ok((fresh, e))
+    }
+
+    /// Snapshots a session's sandbox while it keeps running (resuming a
+    /// suspended session first) and records the snapshot in its log as a
+    /// note with `content`: a point a stage can fork and the session can be
+    /// forked or rewound to.
+    pub fn snapshot_session(
+        &mut self,
+        key: &str,
+        label: Option<&str>,
+        content: &str,
+    ) -> Result<crate::SnapshotRecord, EngineError> {
+        let live = self.live_session(key)?;
+        let snap = self.snapshot(&live.sandbox, label)?;
+        let mut note = Entry::new(EntryKind::Note);
+        note.content = Some(format!("snapshot {}: {content}", snap.id));
+        note.snapshot_id = Some(snap.id.clone());
+        self.session_append(&live.session, note)?;
+        Ok(snap)
     }
 
     /// Snapshots the sandbox, records the snapshot in the log, removes the

@@ -1,0 +1,267 @@
+"""Cairn's tools through the official `mcp` client (2.3.x), over stdio and
+Streamable HTTP, in both protocol eras: 2026-07-28 (stateless) and
+2025-11-25 (the initialize handshake)."""
+
+import json
+import uuid
+
+import anyio
+import httpx2
+import pytest
+from mcp import Client, StdioServerParameters
+from mcp.client.streamable_http import streamable_http_client
+from mcp.shared._httpx_utils import create_mcp_http_client
+from mcp.shared.exceptions import MCPError
+
+ERAS = {"legacy": "2025-11-25", "2026-07-28": "2026-07-28"}
+CASES = [(t, m) for t in ("stdio", "http") for m in ERAS]
+TOOLS = {
+    "plan_stage", "run_stage", "stage_status", "fork_from", "select", "inspect_logs", "inspect",
+    "dlq", "exec", "read_file", "write_file", "snapshot", "restore",
+}
+
+
+def client(cairn, transport, mode):
+    if transport == "stdio":
+        env = {k: cairn["env"][k] for k in ("CAIRN_HOME", "PATH", "HOME") if k in cairn["env"]}
+        target = StdioServerParameters(command=cairn["bin"], args=["mcp"], env=env)
+    else:
+        http = create_mcp_http_client(headers={"Authorization": f"Bearer {cairn['token']}"})
+        target = streamable_http_client(cairn["url"], http_client=http)
+    return Client(target, mode=mode, read_timeout_seconds=120, cache=None)
+
+
+def run(f, *args):
+    return anyio.run(f, *args)
+
+
+async def call(c, name, args, **kw):
+    r = await c.call_tool(name, args, **kw)
+    assert not r.is_error, f"{name} failed: {r.content}"
+    return r.structured_content
+
+
+@pytest.mark.parametrize("transport,mode", CASES)
+def test_tools_are_listed_with_schemas_in_either_era(cairn, transport, mode):
+    async def go():
+        async with client(cairn, transport, mode) as c:
+            assert c.protocol_version == ERAS[mode]
+            tools = (await c.list_tools()).tools
+            assert {t.name for t in tools} == TOOLS
+            run_stage = next(t for t in tools if t.name == "run_stage")
+            assert set(run_stage.input_schema["required"]) == {"snapshot_id", "commands", "reason"}
+            assert run_stage.input_schema["additionalProperties"] is False
+            assert run_stage.output_schema["required"]
+
+    run(go)
+
+
+@pytest.mark.parametrize("transport,mode", CASES)
+def test_stage_forks_select_and_inspection(cairn, transport, mode):
+    seed = cairn["seed"]
+    tag = uuid.uuid4().hex[:8]
+
+    async def go():
+        async with client(cairn, transport, mode) as c:
+            plan = await call(c, "plan_stage", {"context": "count the seed", "reason": "start from the seed"})
+            assert seed in [s["id"] for s in plan["snapshots"]]
+            key = f"count-{tag}"
+            stage = {
+                "snapshot_id": seed,
+                "edits": [{"path": "/work/n", "content": "3\n"}],
+                "commands": ["echo counting {braces}", "cat /work/seed /work/n > /work/out"],
+                "stage_key": key,
+                "wait_secs": 30,
+                "reason": "prepare the input",
+            }
+            done = await call(c, "run_stage", stage)
+            assert done["status"] == "completed", done
+            assert done["cached"] is False
+            out = done["output_snapshot"]
+            again = await call(c, "run_stage", stage)
+            assert again["cached"] is True and again["output_snapshot"] == out
+            assert again["handle"] != done["handle"]
+
+            logs = await call(c, "inspect_logs", {"stage": done["handle"], "tail_lines": 5})
+            assert "counting {braces}" in logs["lines"], logs
+
+            branches = []
+            for i, h in enumerate(["double", "triple", "square"]):
+                b = await call(
+                    c,
+                    "fork_from",
+                    {
+                        "snapshot_id": out,
+                        "hypothesis": h,
+                        "commands": [f"echo {h} {i} > /work/result", f"echo score {5 - i}"],
+                        "wait_secs": 0,
+                        "reason": f"try {h}",
+                    },
+                )
+                assert b["hypothesis"] == h
+                branches.append(b["handle"])
+            for b in branches:
+                s = await call(c, "stage_status", {"handle": b, "wait_secs": 30})
+                assert s["status"] == "completed", s
+            chosen = await call(
+                c,
+                "select",
+                {"branches": branches, "winner": branches[1], "reason": f"triple fits best {tag}"},
+            )
+            assert chosen["winner"] == branches[1]
+            assert sorted(chosen["lost"]) == sorted([branches[0], branches[2]])
+
+            by_file = await call(c, "select", {"branches": branches, "rule": "max", "metric": "file:/work/result",
+                                               "reason": "the largest index"})
+            assert by_file["winner"] == branches[2], by_file
+            assert by_file["metrics"] == {b: float(i) for i, b in enumerate(branches)}
+            by_output = await call(c, "select", {"branches": [done["handle"], *branches], "rule": "max",
+                                                 "metric": "output", "reason": "the best score printed"})
+            assert by_output["winner"] == branches[0], by_output
+            assert by_output["metrics"] == {b: float(5 - i) for i, b in enumerate(branches)}
+            none = await c.call_tool("select", {"branches": [done["handle"]], "rule": "min", "metric": "output",
+                                                "reason": "it printed no number"})
+            assert none.is_error and "no completed branch has a number" in none.content[0].text
+            f = await call(c, "inspect", {"snapshot_id": chosen["output_snapshot"], "path": "/work/result"})
+            assert f["kind"] == "file" and f["content"] == "triple 1\n"
+            d = await call(c, "inspect", {"snapshot_id": out, "path": "/work"})
+            assert {e["name"] for e in d["entries"]} >= {"seed", "n", "out"}
+            f = await call(c, "inspect", {"snapshot_id": out, "path": "/work/out"})
+            assert f["content"] == "seed\n3\n"
+            return branches
+
+    branches = run(go)
+    shown = json.loads(cairn["cli"]("run", "show", branches[1], "--json"))
+    won = [e for e in shown["events"] if e["kind"] == "won"]
+    assert len(won) == 1 and f"triple fits best {tag}" in won[0]["detail"], shown["events"]
+    hyp = [e["detail"] for e in shown["events"] if e["kind"] == "hypothesis"]
+    assert hyp == ["triple"], shown["events"]
+    asked = [e["detail"] for e in shown["events"] if e["kind"] == "asked"]
+    assert len(asked) == 1 and "try triple" in asked[0] and "over MCP " + ERAS[mode] in asked[0], asked
+    text = cairn["cli"]("run", "show", branches[0])
+    assert "lost" in text and f"triple fits best {tag}" in text
+
+
+@pytest.mark.parametrize("transport", ["stdio", "http"])
+def test_a_long_stage_returns_a_handle_and_reports_progress(cairn, transport):
+    seen = []
+
+    async def progress(p, total, message):
+        seen.append((p, total, message))
+
+    async def go():
+        async with client(cairn, transport, "2026-07-28") as c:
+            started = await c.call_tool(
+                "run_stage",
+                {"snapshot_id": cairn["seed"], "commands": ["sleep 4", "echo slept"], "wait_secs": 1,
+                 "reason": "a stage longer than the wait"},
+                progress_callback=progress,
+            )
+            s = started.structured_content
+            assert s["status"] == "running", s
+            assert seen, "progress was reported while waiting"
+            done = await call(c, "stage_status", {"handle": s["handle"], "wait_secs": 30})
+            assert done["status"] == "completed" and done["output_snapshot"]
+
+    run(go)
+
+
+@pytest.mark.parametrize("transport,mode", CASES)
+def test_malformed_calls_get_clear_errors(cairn, transport, mode):
+    async def go():
+        async with client(cairn, transport, mode) as c:
+            with pytest.raises(MCPError) as bad:
+                await c.call_tool("run_stage", {"snapshot_id": cairn["seed"], "commands": ["true"]})
+            assert bad.value.code == -32602 and "reason" in bad.value.message
+            with pytest.raises(MCPError) as bad:
+                await c.call_tool("inspect", {"snapshot_id": "../../etc", "path": "/"})
+            assert bad.value.code == -32602 and "not an id" in bad.value.message
+            with pytest.raises(MCPError) as bad:
+                await c.call_tool("rm_everything", {})
+            assert bad.value.code == -32602
+            # A well-formed call the engine refuses is a tool error the model can read.
+            r = await c.call_tool("inspect", {"snapshot_id": "abcdef", "path": "/"})
+            assert r.is_error and "snapshot" in r.content[0].text
+            r = await c.call_tool("inspect", {"snapshot_id": cairn["seed"], "path": "/no/such"})
+            assert r.is_error and "does not exist" in r.content[0].text
+
+    run(go)
+
+
+@pytest.mark.parametrize("transport,mode", CASES)
+def test_session_tools_record_the_reason_in_the_context_log(cairn, transport, mode):
+    name = f"s-{transport}-{mode.replace('.', '')}-{uuid.uuid4().hex[:6]}".replace("-2026-07-28", "-modern")
+    cairn["cli"]("session", "create", "--name", name)
+
+    async def go():
+        async with client(cairn, transport, mode) as c:
+            w = await call(c, "write_file", {"session": name, "path": "/tmp/note", "content": "hello\n",
+                                             "reason": "leave a note"})
+            assert w["size"] == 6
+            r = await call(c, "exec", {"session": name, "argv": ["sh", "-c", "cat /tmp/note; echo err >&2; exit 3"],
+                                       "reason": "read the note back"})
+            assert (r["status"], r["stdout"], r["stderr"]) == (3, "hello\n", "err\n")
+            f = await call(c, "read_file", {"session": name, "path": "/tmp/note"})
+            assert f["content"] == "hello\n"
+            r = await c.call_tool("read_file", {"session": name, "path": "/tmp/none"})
+            assert r.is_error and "does not exist" in r.content[0].text
+            r = await c.call_tool("exec", {"session": "no-such-session", "argv": ["true"], "reason": "x"})
+            assert r.is_error
+            snap = await call(c, "snapshot", {"session": name, "reason": "keep the note"})
+            f = await call(c, "inspect", {"snapshot_id": snap["snapshot_id"], "path": "/tmp/note"})
+            assert f["content"] == "hello\n"
+            back = await call(c, "restore", {"snapshot_id": snap["snapshot_id"], "name": f"{name}-r",
+                                             "reason": "continue from the note"})
+            assert back["name"] == f"{name}-r"
+            await call(c, "write_file", {"session": back["session"], "path": "/tmp/note", "content": "changed\n",
+                                         "reason": "change the copy"})
+            f = await call(c, "read_file", {"session": back["session"], "path": "/tmp/note"})
+            assert f["content"] == "changed\n"
+            f = await call(c, "read_file", {"session": name, "path": "/tmp/note"})
+            assert f["content"] == "hello\n", "the original session is untouched"
+            r = await c.call_tool("restore", {"snapshot_id": "0123456789ab", "reason": "no such snapshot"})
+            assert r.is_error
+            return snap["snapshot_id"]
+
+    snap = run(go)
+    log = [json.loads(line) for line in cairn["cli"]("session", "log", name, "--json").splitlines()]
+    calls = [json.loads(e["arguments"]) for e in log if e.get("kind") == "tool_call"]
+    assert [c["reason"] for c in calls] == ["leave a note", "read the note back"], calls
+    assert all("over MCP " + ERAS[mode] in c["asked_by"] for c in calls)
+    notes = [e for e in log if e.get("kind") == "note" and e.get("snapshot_id") == snap]
+    assert len(notes) == 1 and "keep the note" in notes[0]["content"], log
+    restored = [json.loads(line) for line in cairn["cli"]("session", "log", f"{name}-r", "--json").splitlines()]
+    assert restored[0]["kind"] == "note" and restored[0]["snapshot_id"] == snap, restored
+    assert "continue from the note" in restored[0]["content"]
+
+
+@pytest.mark.parametrize("transport", ["stdio", "http"])
+def test_a_failed_stage_is_listed_in_the_dlq_and_retried(cairn, transport):
+    async def go():
+        async with client(cairn, transport, "2026-07-28") as c:
+            s = await call(c, "run_stage", {"snapshot_id": cairn["seed"], "commands": ["echo failing", "exit 7"],
+                                            "wait_secs": 30, "reason": "this fails"})
+            assert s["status"] == "failed" and s["error"], s
+            dead = (await call(c, "dlq", {"action": "list"}))["dead_letters"]
+            mine = [d for d in dead if d["handle"] == s["handle"]]
+            assert len(mine) == 1 and not mine[0]["retried"], dead
+            r = await call(c, "dlq", {"action": "retry", "id": mine[0]["id"], "reason": "once more"})
+            assert r["handle"] == s["handle"]
+            again = await call(c, "stage_status", {"handle": s["handle"], "wait_secs": 30})
+            assert again["status"] == "failed", again
+            dead = (await call(c, "dlq", {"action": "list"}))["dead_letters"]
+            mine = [d for d in dead if d["handle"] == s["handle"]]
+            assert sorted(d["retried"] for d in mine) == [False, True], mine
+            with pytest.raises(MCPError) as bad:
+                await c.call_tool("dlq", {"action": "retry", "id": mine[0]["id"]})
+            assert bad.value.code == -32602 and "reason" in bad.value.message
+            return s["handle"]
+
+    handle = run(go)
+    shown = json.loads(cairn["cli"]("run", "show", handle, "--json"))
+    assert any(e["kind"] == "asked" and "once more" in e["detail"] for e in shown["events"])
+
+
+def test_http_without_a_token_is_refused(cairn):
+    r = httpx2.post(cairn["url"], json={"jsonrpc": "2.0", "id": 1, "method": "tools/list", "params": {}})
+    assert r.status_code == 401
