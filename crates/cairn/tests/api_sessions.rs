@@ -916,3 +916,53 @@ fn a_session_exported_through_one_server_resumes_in_another() {
     let (status, _) = here.call("GET", "/v1/sessions/nosuch/export", None);
     assert_eq!(status, 404);
 }
+
+#[test]
+fn a_server_killed_while_resuming_loses_no_entry_and_leaves_no_sandbox() {
+    if skip("a_server_killed_while_resuming_loses_no_entry_and_leaves_no_sandbox") {
+        return;
+    }
+    let home = Home::new();
+    let id = home.ok(&["session", "create", "--name", "resumed"]).trim().to_string();
+    let delays = [0u64, 5, 15, 30, 60, 120];
+    for (i, delay) in delays.into_iter().enumerate() {
+        home.ok(&["session", "exec", &id, "--", "sh", "-c", &format!("echo {i} > /r-{i}")]);
+        home.ok(&["session", "suspend", &id]);
+        let server = Server::start(&home);
+        // The server resumes the session for this request and is killed mid-way.
+        let socket = server.socket.clone();
+        let path = format!("/v1/sessions/{id}/resume");
+        let request = std::thread::spawn(move || {
+            if let Ok(mut conn) = UnixStream::connect(&socket) {
+                let _ = conn.write_all(
+                    format!("POST {path} HTTP/1.1\r\nHost: cairn\r\nConnection: close\r\nContent-Length: 0\r\n\r\n")
+                        .as_bytes(),
+                );
+                let _ = conn.read_to_end(&mut Vec::new());
+            }
+        });
+        std::thread::sleep(Duration::from_millis(delay));
+        drop(server);
+        request.join().unwrap();
+        // Whatever the kill left (suspended, resuming, active), the next
+        // call gets the machine back with every file.
+        let n = home.ok(&["session", "exec", &id, "--", "sh", "-c", "ls /r-* | wc -l"]);
+        assert_eq!(n.trim(), (i + 1).to_string(), "after a kill at {delay} ms");
+    }
+    let log: Vec<Value> = home
+        .ok(&["session", "log", &id, "--json"])
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap())
+        .collect();
+    let calls = log.iter().filter(|e| e["kind"] == "tool_call").count();
+    let results = log.iter().filter(|e| e["kind"] == "tool_result").count();
+    assert_eq!((calls, results), (12, 12), "every call and result is in the log");
+    assert!(home.ok(&["session", "verify", &id]).starts_with("ok: "));
+    // A sandbox a killed resume made but never recorded was replaced, not left.
+    let running: Vec<Value> = serde_json::from_str(&home.ok(&["ps", "--json"])).unwrap();
+    let session: Value = serde_json::from_str(&home.ok(&["session", "show", &id, "--json"])).unwrap();
+    assert_eq!(
+        running.iter().map(|s| s["id"].clone()).collect::<Vec<_>>(),
+        [session["sandbox_id"].clone()]
+    );
+}
