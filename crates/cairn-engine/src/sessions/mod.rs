@@ -3,8 +3,10 @@
 //! fork, rewind and recovery of a sandbox that died (`ops`).
 
 pub mod bundle;
+mod files;
 pub mod log;
 pub(crate) mod ops;
+mod recovery;
 
 use std::fmt;
 use std::str::FromStr;
@@ -13,7 +15,8 @@ use serde::Serialize;
 
 pub use bundle::{BundleError, ExportSummary, ImportSummary, BUNDLE_MAGIC, BUNDLE_VERSION};
 pub use log::{Entry, EntryKind, Rewind, ENTRY_VERSION, GENESIS, INLINE_MAX};
-pub use ops::{ExecOutcome, IdleSweep, LogRange, RecoverReport, Replayed, SessionOptions, Verified};
+pub use ops::{ExecOutcome, IdleSweep, LogRange, SessionOptions, Verified};
+pub use recovery::{RecoverReport, Replayed};
 
 use crate::state::{params, Backend, BackendError, Db, Row, StateError};
 

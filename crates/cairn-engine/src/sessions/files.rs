@@ -1,0 +1,113 @@
+//! Files of a session's sandbox: reads and writes that resume the session
+//! like an exec; a write is logged with the hash of what was written.
+
+use std::io::{Read, Write};
+
+use super::{Entry, EntryKind};
+use crate::{Engine, EngineError};
+
+/// A reader that hashes what passes through it.
+struct HashingReader<'a> {
+    inner: &'a mut dyn Read,
+    hasher: blake3::Hasher,
+}
+
+impl Read for HashingReader<'_> {
+    fn read(&mut self, buf: &mut [u8]) -> std::io::Result<usize> {
+        let n = self.inner.read(buf)?;
+        self.hasher.update(&buf[..n]);
+        Ok(n)
+    }
+}
+
+impl Engine {
+    /// Writes a file into the session's sandbox (resuming or recovering it
+    /// like exec) and records a `write_file` call and its result. The log
+    /// keeps the path, mode, size and BLAKE3 hash of what was written, not
+    /// the bytes.
+    pub fn session_write_file(
+        &mut self,
+        key: &str,
+        path: &str,
+        mode: u32,
+        size: u64,
+        src: &mut dyn Read,
+    ) -> Result<cairn_protocol::FileMeta, EngineError> {
+        self.session_write_file_noted(key, path, mode, size, src, serde_json::Map::new())
+    }
+
+    /// [`Engine::session_write_file`] with `notes` (who asked, the reason a
+    /// model gave) recorded among the call's arguments.
+    pub fn session_write_file_noted(
+        &mut self,
+        key: &str,
+        path: &str,
+        mode: u32,
+        size: u64,
+        src: &mut dyn Read,
+        notes: serde_json::Map<String, serde_json::Value>,
+    ) -> Result<cairn_protocol::FileMeta, EngineError> {
+        let live = self.live_session(key)?;
+        let s = &live.session;
+        let mut call = Entry::new(EntryKind::ToolCall);
+        call.tool = Some("write_file".into());
+        let mut arguments = notes;
+        arguments.insert("path".into(), path.into());
+        arguments.insert("mode".into(), format!("{mode:o}").into());
+        arguments.insert("size".into(), size.into());
+        call.arguments = Some(serde_json::Value::Object(arguments).to_string());
+        let call = self.session_append(s, call)?;
+        let mut hashing = HashingReader {
+            inner: src,
+            hasher: blake3::Hasher::new(),
+        };
+        let meta = cairn_protocol::FileMeta {
+            path: path.to_string(),
+            kind: cairn_protocol::FileKind::File,
+            mode,
+            uid: 0,
+            gid: 0,
+            size,
+            mtime_ns: crate::now_ms() as i128 * 1_000_000,
+        };
+        let written = self.client(&live.sandbox).and_then(|client| {
+            client.put_file(meta.clone(), &mut hashing)?;
+            Ok(client.stat(path)?.unwrap_or(meta))
+        });
+        let mut result = Entry::new(EntryKind::ToolResult);
+        result.tool = Some("write_file".into());
+        let body = match &written {
+            Ok(_) => {
+                result.exit_status = Some(0);
+                serde_json::json!({ "call": call.seq, "bytes": size, "blake3": hashing.hasher.finalize().to_hex().as_str() })
+            }
+            Err(e) => {
+                result.exit_status = Some(1);
+                serde_json::json!({ "call": call.seq, "error": e.to_string() })
+            }
+        };
+        result.result = Some(body.to_string());
+        self.session_append(s, result)?;
+        written
+    }
+
+    /// A path's metadata in the session's sandbox (resuming or recovering
+    /// it like exec); symlinks are not followed. Not logged.
+    pub fn session_stat(&mut self, key: &str, path: &str) -> Result<Option<cairn_protocol::FileMeta>, EngineError> {
+        let live = self.live_session(key)?;
+        Ok(self.client(&live.sandbox)?.stat(path)?)
+    }
+
+    /// Reads a file of the session's sandbox into `dst` (resuming or
+    /// recovering it like exec). Reads change nothing, so they are not
+    /// logged.
+    pub fn session_read_file(
+        &mut self,
+        key: &str,
+        path: &str,
+        dst: &mut dyn Write,
+    ) -> Result<cairn_protocol::FileMeta, EngineError> {
+        let live = self.live_session(key)?;
+        Ok(self.client(&live.sandbox)?.get_file(path, dst)?)
+    }
+}
