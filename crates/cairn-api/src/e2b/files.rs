@@ -11,12 +11,11 @@ use axum::http::{header, HeaderMap, HeaderValue, StatusCode};
 use axum::response::{IntoResponse, Response};
 use cairn_protocol::{FileKind, FileMeta};
 use serde_json::{json, Value};
-use tokio::sync::mpsc;
 
 use super::envd::{home_of, resolve, sandbox_of, Denied};
 use super::{Gateway, RestError};
 use crate::app::now_ms;
-use crate::routes::files::{body_of, BodyWriter};
+use crate::routes::files::streamed;
 
 /// The largest upload (a whole multipart form, or one octet-stream file)
 /// held in memory.
@@ -68,26 +67,9 @@ async fn read_file(gw: Arc<Gateway>, headers: &HeaderMap, q: &HashMap<String, St
     if meta.kind != FileKind::File {
         return Err(RestError::bad_request(format!("path '{path}' is not a regular file")));
     }
-    let (tx, rx) = mpsc::channel(16);
-    let app = Arc::clone(&gw.app);
-    tokio::task::spawn_blocking(move || {
-        let got = app.take_engine().and_then(|e| {
-            let r = e.client(&rec).map_err(crate::error::ApiError::from).and_then(|c| {
-                c.get_file(&path, &mut BodyWriter(tx.clone()))
-                    .map_err(crate::error::ApiError::from)
-            });
-            app.give_back(e);
-            r
-        });
-        if let Err(e) = got {
-            let _ = tx.blocking_send(Err(std::io::Error::other(e.message)));
-        }
+    let mut resp = streamed(&gw.app, move |e, out| {
+        Ok(e.client(&rec)?.get_file(&path, out).map(drop)?)
     });
-    let mut resp = Response::new(body_of(rx));
-    resp.headers_mut().insert(
-        header::CONTENT_TYPE,
-        HeaderValue::from_static("application/octet-stream"),
-    );
     resp.headers_mut()
         .insert(header::CONTENT_LENGTH, HeaderValue::from(meta.size));
     Ok(resp)

@@ -43,8 +43,33 @@ impl Write for BodyWriter {
     }
 }
 
-pub(crate) fn body_of(rx: mpsc::Receiver<Result<Bytes, std::io::Error>>) -> Body {
-    Body::from_stream(tokio_stream::wrappers::ReceiverStream::new(rx))
+/// An `application/octet-stream` response whose body `write` produces on
+/// an engine from the pool, in the blocking pool, as it goes. An error
+/// midway ends the body with that error (the client sees a cut stream),
+/// so callers check what they can before answering.
+pub(crate) fn streamed(
+    app: &Arc<App>,
+    write: impl FnOnce(&mut cairn_engine::Engine, &mut BodyWriter) -> ApiResult<()> + Send + 'static,
+) -> Response {
+    let (tx, rx) = mpsc::channel(16);
+    let a = Arc::clone(app);
+    tokio::task::spawn_blocking(move || {
+        let mut out = BodyWriter(tx.clone());
+        let got = a.take_engine().and_then(|mut e| {
+            let r = write(&mut e, &mut out);
+            a.give_back(e);
+            r
+        });
+        if let Err(e) = got {
+            let _ = tx.blocking_send(Err(std::io::Error::other(e.message)));
+        }
+    });
+    let mut resp = Response::new(Body::from_stream(tokio_stream::wrappers::ReceiverStream::new(rx)));
+    resp.headers_mut().insert(
+        header::CONTENT_TYPE,
+        HeaderValue::from_static("application/octet-stream"),
+    );
+    resp
 }
 
 /// A file's metadata (symlinks are not followed).
@@ -96,28 +121,11 @@ pub async fn download(
             q.path
         )));
     }
-    let (tx, rx) = mpsc::channel(16);
-    let a = Arc::clone(&app);
     let path = q.path.clone();
-    tokio::task::spawn_blocking(move || {
-        let got = a.take_engine().and_then(|e| {
-            let r = e
-                .client(&rec)
-                .map_err(ApiError::from)
-                .and_then(|c| c.get_file(&path, &mut BodyWriter(tx.clone())).map_err(ApiError::from));
-            a.give_back(e);
-            r
-        });
-        if let Err(e) = got {
-            let _ = tx.blocking_send(Err(std::io::Error::other(e.message)));
-        }
+    let mut resp = streamed(&app, move |e, out| {
+        Ok(e.client(&rec)?.get_file(&path, out).map(drop)?)
     });
-    let mut resp = Response::new(body_of(rx));
     let h = resp.headers_mut();
-    h.insert(
-        header::CONTENT_TYPE,
-        HeaderValue::from_static("application/octet-stream"),
-    );
     h.insert(
         "x-cairn-mode",
         HeaderValue::from_str(&format!("{:o}", meta.mode & 0o7777)).expect("ascii"),

@@ -11,9 +11,8 @@ use axum::http::{header, HeaderMap, HeaderValue, StatusCode};
 use axum::response::Response;
 use axum::Json;
 use cairn_engine::pipeline::run::RunWatcher;
-use tokio::sync::mpsc;
 
-use super::files::{body_of, BodyWriter};
+use super::files::streamed;
 use super::{idempotent, parse};
 use crate::app::App;
 use crate::error::{ApiError, ApiResult, ErrorBody};
@@ -280,23 +279,7 @@ pub async fn artifact(State(app): State<Arc<App>>, Path(id): Path<String>) -> Ap
         }
     })
     .await?;
-    let (tx, rx) = mpsc::channel(16);
-    let a = Arc::clone(&app);
-    tokio::task::spawn_blocking(move || {
-        let got = a.take_engine().and_then(|e| {
-            let r = e.artifact_get(&id, &mut BodyWriter(tx.clone())).map_err(ApiError::from);
-            a.give_back(e);
-            r
-        });
-        if let Err(e) = got {
-            let _ = tx.blocking_send(Err(std::io::Error::other(e.message)));
-        }
-    });
-    let mut resp = Response::new(body_of(rx));
-    resp.headers_mut().insert(
-        header::CONTENT_TYPE,
-        HeaderValue::from_static("application/octet-stream"),
-    );
+    let resp = streamed(&app, move |e, out| Ok(e.artifact_get(&id, out).map(drop)?));
     Ok(resp)
 }
 

@@ -7,13 +7,12 @@ use std::sync::Arc;
 
 use axum::body::Body;
 use axum::extract::{Path, Query, State};
-use axum::http::{header, HeaderValue, StatusCode};
+use axum::http::{HeaderValue, StatusCode};
 use axum::response::Response;
 use axum::Json;
 use cairn_protocol::FileKind;
-use tokio::sync::mpsc;
 
-use super::files::{body_of, check_path, mode_of, spool, BodyWriter, QueryResult};
+use super::files::{check_path, mode_of, spool, streamed, QueryResult};
 use crate::app::App;
 use crate::error::{ApiError, ApiResult, ErrorBody};
 use crate::model::*;
@@ -41,27 +40,11 @@ pub async fn download(
     if meta.kind != FileKind::File {
         return Err(ApiError::bad_request(format!("{} is not a regular file", q.path)));
     }
-    let (tx, rx) = mpsc::channel(16);
-    let a = Arc::clone(&app);
     let path = q.path.clone();
-    tokio::task::spawn_blocking(move || {
-        let got = a.take_engine().and_then(|mut e| {
-            let r = e
-                .session_read_file(&id, &path, &mut BodyWriter(tx.clone()))
-                .map_err(ApiError::from);
-            a.give_back(e);
-            r
-        });
-        if let Err(e) = got {
-            let _ = tx.blocking_send(Err(std::io::Error::other(e.message)));
-        }
+    let mut resp = streamed(&app, move |e, out| {
+        Ok(e.session_read_file(&id, &path, out).map(drop)?)
     });
-    let mut resp = Response::new(body_of(rx));
     let h = resp.headers_mut();
-    h.insert(
-        header::CONTENT_TYPE,
-        HeaderValue::from_static("application/octet-stream"),
-    );
     h.insert(
         "x-cairn-mode",
         HeaderValue::from_str(&format!("{:o}", meta.mode & 0o7777)).expect("ascii"),
@@ -113,25 +96,9 @@ pub async fn export(State(app): State<Arc<App>>, Path(id): Path<String>) -> ApiR
     // Looked up first, so an unknown session is a 404 rather than a cut stream.
     let key = id.clone();
     let s = app.engine(move |e| Ok(e.session(&key)?)).await?;
-    let (tx, rx) = mpsc::channel(16);
-    let a = Arc::clone(&app);
-    tokio::task::spawn_blocking(move || {
-        let got = a.take_engine().and_then(|mut e| {
-            let r = e
-                .export_session(&s.id, &mut BodyWriter(tx.clone()), &cairn_engine::Silent)
-                .map_err(ApiError::from);
-            a.give_back(e);
-            r
-        });
-        if let Err(e) = got {
-            let _ = tx.blocking_send(Err(std::io::Error::other(e.message)));
-        }
+    let resp = streamed(&app, move |e, out| {
+        Ok(e.export_session(&s.id, out, &cairn_engine::Silent).map(drop)?)
     });
-    let mut resp = Response::new(body_of(rx));
-    resp.headers_mut().insert(
-        header::CONTENT_TYPE,
-        HeaderValue::from_static("application/octet-stream"),
-    );
     Ok(resp)
 }
 

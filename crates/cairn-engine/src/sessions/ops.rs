@@ -257,14 +257,21 @@ impl Engine {
             created_at: now,
             updated_at: now,
         };
-        if let Err(e) = self.db.insert_session(&rec) {
-            let _ = self.remove_sandbox(&sandbox, true);
+        self.record_new_session(&rec, &sandbox)?;
+        Ok(rec)
+    }
+
+    /// Records a new session whose sandbox is made; if that fails (a name
+    /// taken meanwhile), the sandbox goes, so nothing is left.
+    fn record_new_session(&mut self, rec: &SessionRecord, sandbox: &SandboxRecord) -> Result<(), EngineError> {
+        if let Err(e) = self.db.insert_session(rec) {
+            let _ = self.remove_sandbox(sandbox, true);
             return Err(match e {
                 StateError::NameTaken(n) => SessionError::NameTaken(n).into(),
                 other => other.into(),
             });
         }
-        Ok(rec)
+        Ok(())
     }
 
     /// Appends one entry (large payloads go to the chunk store).
@@ -1056,13 +1063,7 @@ impl Engine {
             created_at: now,
             updated_at: now,
         };
-        if let Err(e) = self.db.insert_session(&rec) {
-            let _ = self.remove_sandbox(&sandbox, true);
-            return Err(match e {
-                StateError::NameTaken(n) => SessionError::NameTaken(n).into(),
-                other => other.into(),
-            });
-        }
+        self.record_new_session(&rec, &sandbox)?;
         Ok(rec)
     }
 
