@@ -118,7 +118,7 @@ fn status_of(e: &EngineError) -> StatusCode {
         },
         EngineError::Run(r) => match r {
             RunError::NoSuchRun(_) | RunError::NoSuchDeadLetter(_) | RunError::NoSuchArtifact(_) => S::NOT_FOUND,
-            RunError::Spec(_) | RunError::BadParam(_) => S::BAD_REQUEST,
+            RunError::Spec(_) | RunError::BadParam(_) | RunError::BadRunId(_) => S::BAD_REQUEST,
             RunError::Completed(_) | RunError::AlreadyRetried(_) | RunError::Busy { .. } => S::CONFLICT,
             _ => S::INTERNAL_SERVER_ERROR,
         },
