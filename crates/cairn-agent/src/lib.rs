@@ -544,7 +544,7 @@ impl Loop<'_> {
                             self.watch.say(&format!("stage {handle} started ({})", call.name));
                             Ok(handle)
                         }
-                        Err(e) => Err(e.to_string()),
+                        Err(e) => Err(describe(&e)),
                     },
                 }
             };
