@@ -440,3 +440,46 @@ fn a_loop_killed_at_random_instants_resumes_without_a_stage_twice_or_a_reply_los
     assert_eq!(home.ps().len(), 0, "no sandbox left running");
     eprintln!("completed after {seen} attempts; requests {:?}", turns(&model));
 }
+
+#[test]
+fn the_example_pipeline_starts_an_agent_that_sweeps_its_corpus() {
+    if skip("the_example_pipeline_starts_an_agent_that_sweeps_its_corpus") {
+        return;
+    }
+    let home = Home::new();
+    let example = concat!(env!("CARGO_MANIFEST_DIR"), "/../../examples/agent-sweep.toml");
+    let level = |n: u32| {
+        json!({"name": "fork_from", "arguments": {
+            "snapshot_id": "{{results[0].snapshots[0].id}}", "hypothesis": format!("bzip2-{n}"),
+            "commands": [format!("bzip2 -c -{n} /work/corpus.txt | wc -c")], "reason": format!("block size {n}")}})
+    };
+    let model = ScriptedModel::start(json!({"turns": [
+        {"tool_calls": [{"name": "plan_stage", "arguments": {"context": "sweep 1, 5, 9", "reason": "extremes and middle"}}]},
+        {"tool_calls": [level(1), level(5), level(9)]},
+        {"tool_calls": [{"name": "select", "arguments": {
+            "branches": ["{{results[1].handle}}", "{{results[2].handle}}", "{{results[3].handle}}"],
+            "rule": "min", "metric": "output", "reason": "smallest compressed size"}}]},
+        {"text": "Block size 9 compresses best."}
+    ]}));
+    let out = run(&home, &model, "anthropic", &["run", "--goal", "sweep", "--pipeline", example, "--json"]);
+    assert!(out.status.success(), "{}{}", stdout(&out), stderr(&out));
+    let shown = show(&home, &only_agent(&home));
+    let corpus_run = shown["pipeline_run"].as_str().unwrap();
+    let corpus = run_json(&home, corpus_run);
+    assert_eq!(corpus["run"]["pipeline"], "agent-sweep");
+    // The model planned against the corpus stage's output.
+    assert_eq!(shown["base_snapshots"][0], corpus["stages"][0]["output_snapshot"]);
+    let rounds = shown["rounds"].as_array().unwrap();
+    let plan: Value = serde_json::from_str(rounds[0]["calls"][0]["result"].as_str().unwrap()).unwrap();
+    assert_eq!(plan["snapshots"][0]["id"], shown["base_snapshots"][0]);
+    let sizes: Vec<u64> = rounds[1]["calls"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|c| home.ok(&["logs", c["stage_run"].as_str().unwrap(), "fork"]).trim().parse().unwrap())
+        .collect();
+    assert!(sizes[2] < sizes[0], "block size 9 beats 1 on this corpus: {sizes:?}");
+    let select: Value = serde_json::from_str(rounds[2]["calls"][0]["result"].as_str().unwrap()).unwrap();
+    assert_eq!(select["winner"], rounds[1]["calls"][2]["stage_run"]);
+    assert!(model.violations().is_empty(), "{:?}", model.violations());
+}
