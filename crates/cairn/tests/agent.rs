@@ -406,6 +406,13 @@ fn a_loop_killed_at_random_instants_resumes_without_a_stage_twice_or_a_reply_los
                 .map(|a| a["agent"].as_str().unwrap().to_string());
         }
         seen = i + 1;
+        if let (None, Some(n)) = (&status, &name) {
+            assert_eq!(
+                show(&home, n)["status"],
+                "interrupted",
+                "attempt {i}: killed, so no process drives it"
+            );
+        }
         if let Some(s) = status {
             assert!(s.success(), "attempt {i} ended with {s}");
             done = true;
@@ -461,7 +468,12 @@ fn the_example_pipeline_starts_an_agent_that_sweeps_its_corpus() {
             "rule": "min", "metric": "output", "reason": "smallest compressed size"}}]},
         {"text": "Block size 9 compresses best."}
     ]}));
-    let out = run(&home, &model, "anthropic", &["run", "--goal", "sweep", "--pipeline", example, "--json"]);
+    let out = run(
+        &home,
+        &model,
+        "anthropic",
+        &["run", "--goal", "sweep", "--pipeline", example, "--json"],
+    );
     assert!(out.status.success(), "{}{}", stdout(&out), stderr(&out));
     let shown = show(&home, &only_agent(&home));
     let corpus_run = shown["pipeline_run"].as_str().unwrap();
@@ -476,7 +488,12 @@ fn the_example_pipeline_starts_an_agent_that_sweeps_its_corpus() {
         .as_array()
         .unwrap()
         .iter()
-        .map(|c| home.ok(&["logs", c["stage_run"].as_str().unwrap(), "fork"]).trim().parse().unwrap())
+        .map(|c| {
+            home.ok(&["logs", c["stage_run"].as_str().unwrap(), "fork"])
+                .trim()
+                .parse()
+                .unwrap()
+        })
         .collect();
     assert!(sizes[2] < sizes[0], "block size 9 beats 1 on this corpus: {sizes:?}");
     let select: Value = serde_json::from_str(rounds[2]["calls"][0]["result"].as_str().unwrap()).unwrap();
