@@ -336,10 +336,12 @@ def test_inspect_reads_a_snapshots_layers_without_starting_a_sandbox(cairn):
     cli = cairn["cli"]
     box = cli("create").split()[-1]
     cli("exec", box, "--", "sh", "-c",
-        "mkdir -p /work && echo keep > /work/keep && echo gone > /work/gone && echo old > /work/changed")
+        "mkdir -p /work/d && echo keep > /work/keep && echo gone > /work/gone && echo old > /work/changed"
+        " && touch /work/d/old")
     cli("snapshot", box, "--label", "lower")
     cli("exec", box, "--", "sh", "-c",
-        "rm /work/gone && echo new > /work/changed && ln -s ../../etc /work/out && ln -s /etc/passwd /work/pw")
+        "rm /work/gone && echo new > /work/changed && ln -s ../../etc /work/out && ln -s /etc/passwd /work/pw"
+        " && rm -r /work/d && mkdir /work/d && touch /work/d/new")
     snap = cli("snapshot", box, "--label", "upper").split()[-1]
     cli("rm", "--force", box)
 
@@ -367,7 +369,10 @@ def test_inspect_reads_a_snapshots_layers_without_starting_a_sandbox(cairn):
                 assert gone.is_error and "does not exist" in gone.content[0].text
                 listing = await call(c, "inspect", {"snapshot_id": snap, "path": "/work"})
                 entries = {e["name"]: e for e in listing["entries"]}
-                assert set(entries) == {"keep", "changed", "out", "pw"}, listing
+                assert set(entries) == {"keep", "changed", "out", "pw", "d"}, listing
+                # Removed and made again: an opaque directory hides the old one's files.
+                d = await call(c, "inspect", {"snapshot_id": snap, "path": "/work/d"})
+                assert [e["name"] for e in d["entries"]] == ["new"], d
                 assert (entries["out"]["kind"], entries["out"]["target"]) == ("symlink", "../../etc")
                 link = await call(c, "inspect", {"snapshot_id": snap, "path": "/work/pw"})
                 assert (link["kind"], link["target"]) == ("symlink", "/etc/passwd") and "content" not in link
