@@ -6,7 +6,9 @@
 //! commands durably (stage keys, checkpoints, the dead-letter queue and
 //! `cairn pipeline resume` all apply) and ends with an output snapshot.
 //! Its handle is the run's id. Who asked and the reason the model gave
-//! go into the run's events, which `cairn run show` prints.
+//! go into the run's events, which `cairn run show` prints. fork_from's
+//! `hypotheses` are one run whose stage is a branch group (group.rs); the
+//! session lifecycle tools are in lifecycle.rs.
 
 mod args;
 mod group;
