@@ -78,7 +78,10 @@ fn xwhiteouts_as_whiteouts(index: &LayerIndex) -> LayerIndex {
 /// Looks `path` up in a merged tree (from [`merged_view`]), listing at
 /// most `max_children` children of a directory.
 pub fn lookup<'a>(tree: &'a LayerIndex, path: &LayerPath, max_children: usize) -> Lookup<'a> {
-    let find = |p: &LayerPath| tree.entries.iter().find(|e| &e.path == p);
+    // One pass to index the paths: a deep path costs a lookup per
+    // component, not a scan of the tree per component.
+    let by_path: std::collections::HashMap<&LayerPath, &Entry> = tree.entries.iter().map(|e| (&e.path, e)).collect();
+    let find = |p: &LayerPath| by_path.get(p).copied();
     let mut at = LayerPath::root();
     let components: Vec<&[u8]> = path.components().collect();
     for (i, c) in components.iter().enumerate() {

@@ -220,6 +220,27 @@ fn a_bad_request_is_a_recorded_violation_and_a_400() {
 }
 
 #[test]
+fn a_request_with_fifty_thousand_tool_calls_is_checked_and_answered() {
+    let model = ScriptedModel::start(json!({"turns": [{"text": "a"}, {"text": "b"}]}));
+    let n = 50_000;
+    let calls: Vec<Value> = (0..n)
+        .map(|k| json!({"id": format!("c{k}"), "type": "function", "function": {"name": "f", "arguments": "{}"}}))
+        .collect();
+    let mut conversation = vec![
+        json!({"role": "user", "content": "go"}),
+        json!({"role": "assistant", "tool_calls": calls}),
+    ];
+    conversation.extend(
+        (0..n)
+            .rev()
+            .map(|k| json!({"role": "tool", "tool_call_id": format!("c{k}"), "content": "x"})),
+    );
+    let answer = completions(&model, Value::Array(conversation));
+    assert_eq!(answer.status, 200, "{}", answer.body);
+    assert!(model.violations().is_empty());
+}
+
+#[test]
 fn an_unfillable_placeholder_is_refused_naming_it() {
     let model = ScriptedModel::start(two_turns());
     let answer = messages(&model, anthropic_round("plain words"));
