@@ -9,6 +9,8 @@
 //! `trusted.overlay.*` names; `user.overlay.*` xattrs are a sandbox's own
 //! to set and change nothing here.
 
+use std::borrow::Cow;
+
 use super::flatten::{flatten, FlattenError};
 use super::index::{Entry, EntryKind, LayerIndex, LayerPath};
 
@@ -41,11 +43,13 @@ pub enum Lookup<'a> {
 
 /// The tree `stack` (topmost first) shows, as one index in pre-order.
 pub fn merged_view(stack: &[&LayerIndex]) -> Result<LayerIndex, FlattenError> {
-    let marked: Vec<LayerIndex> = stack.iter().map(|index| xwhiteouts_as_whiteouts(index)).collect();
-    flatten(&marked.iter().collect::<Vec<_>>())
+    let marked: Vec<Cow<LayerIndex>> = stack.iter().map(|index| xwhiteouts_as_whiteouts(index)).collect();
+    flatten(&marked.iter().map(|index| index.as_ref()).collect::<Vec<_>>())
 }
 
-fn xwhiteouts_as_whiteouts(index: &LayerIndex) -> LayerIndex {
+/// The index as it is when no directory is marked (the common case), else
+/// a copy with the marked files made whiteouts.
+fn xwhiteouts_as_whiteouts(index: &LayerIndex) -> Cow<'_, LayerIndex> {
     let marked_dirs: std::collections::HashSet<&LayerPath> = index
         .entries
         .iter()
@@ -58,10 +62,10 @@ fn xwhiteouts_as_whiteouts(index: &LayerIndex) -> LayerIndex {
         })
         .map(|e| &e.path)
         .collect();
-    let mut out = index.clone();
     if marked_dirs.is_empty() {
-        return out;
+        return Cow::Borrowed(index);
     }
+    let mut out = index.clone();
     for e in &mut out.entries {
         let in_marked = e
             .path
@@ -72,7 +76,7 @@ fn xwhiteouts_as_whiteouts(index: &LayerIndex) -> LayerIndex {
             e.kind = EntryKind::CharDevice { major: 0, minor: 0 };
         }
     }
-    out
+    Cow::Owned(out)
 }
 
 /// Looks `path` up in a merged tree (from [`merged_view`]), listing at
