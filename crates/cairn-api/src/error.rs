@@ -110,6 +110,14 @@ fn status_of(e: &EngineError) -> StatusCode {
             | SnapshotError::NeededBySession(_) => S::CONFLICT,
             _ => S::INTERNAL_SERVER_ERROR,
         },
+        EngineError::View(v) => {
+            use cairn_engine::snapshot_view::ViewError as V;
+            match v {
+                V::BadPath(_) => S::BAD_REQUEST,
+                V::Missing { .. } | V::BelowSymlink { .. } | V::BelowNonDirectory { .. } => S::NOT_FOUND,
+                V::TooLarge { .. } => S::PAYLOAD_TOO_LARGE,
+            }
+        }
         EngineError::Image(i) => match i {
             ImageError::NotFound(_) => S::NOT_FOUND,
             ImageError::BadName(_) | ImageError::Import { .. } => S::BAD_REQUEST,

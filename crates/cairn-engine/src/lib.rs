@@ -12,6 +12,7 @@ pub mod images;
 pub mod pipeline;
 pub mod sandboxes;
 pub mod sessions;
+pub mod snapshot_view;
 pub mod snapshots;
 pub mod state;
 #[cfg(feature = "test-support")]
@@ -45,6 +46,8 @@ pub enum EngineError {
     Image(#[from] ImageError),
     #[error(transparent)]
     Snapshot(#[from] SnapshotError),
+    #[error(transparent)]
+    View(#[from] snapshot_view::ViewError),
     #[error(transparent)]
     Run(#[from] pipeline::run::RunError),
     #[error(transparent)]

@@ -695,7 +695,8 @@ pub enum AgentCommand {
         image: Option<String>,
         #[command(flatten)]
         model: ModelArgs,
-        /// The most stages the model may start (each fork is one).
+        /// The most stages the model may start (each run_stage or fork_from
+        /// call is one; a fork_from group of hypotheses is one).
         #[arg(long, default_value_t = 10)]
         max_stages: u32,
         /// Stop once the model calls cost this many US dollars.

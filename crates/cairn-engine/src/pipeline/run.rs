@@ -251,6 +251,24 @@ impl Engine {
         Ok(self.db.event(&run.id, stage, None, kind, detail, snapshot)?)
     }
 
+    /// Records an event about one branch of a group from outside the
+    /// orchestrator: the winner chosen later for a deferred group, the
+    /// branches that lost to it.
+    pub fn record_branch_event(
+        &self,
+        run: &str,
+        stage: &str,
+        branch: &str,
+        kind: &str,
+        detail: &str,
+        snapshot: Option<&str>,
+    ) -> Result<(), EngineError> {
+        let run = self.run_record(run)?;
+        Ok(self
+            .db
+            .event(&run.id, Some(stage), Some(branch), kind, detail, snapshot)?)
+    }
+
     pub fn artifacts(&self, run: Option<&str>) -> Result<Vec<ArtifactRecord>, EngineError> {
         Ok(self.db.artifacts(run)?)
     }
@@ -322,6 +340,11 @@ impl Engine {
             };
             let result = match &stage.branches {
                 None => self.run_stage(&run, &pipeline, stage, "", None, input.as_deref(), watch)?,
+                Some(b) if b.select == Selection::Deferred => {
+                    // Ends the pipeline (the parser checks nothing comes after).
+                    self.run_deferred_branches(&run, &pipeline, stage, b, input.as_deref(), watch)?;
+                    continue;
+                }
                 Some(b) => self.run_branches(&run, &pipeline, stage, b, input.as_deref(), watch)?,
             };
             match result {
@@ -634,7 +657,18 @@ impl Engine {
         let started = reattached && client.attach_job(&job(0), u64::MAX, u64::MAX)?.is_some();
         if fresh && !started {
             for edit in &stage.edits {
-                let parent = Path::new(&edit.path)
+                // A path a hypothesis names; an empty one writes nothing.
+                let path = render(&edit.path, p, stage, hypothesis);
+                if path.is_empty() {
+                    continue;
+                }
+                if !path.starts_with('/') {
+                    return fail(
+                        self,
+                        format!("edit path {path:?} (from {:?}) is not absolute", edit.path),
+                    );
+                }
+                let parent = Path::new(&path)
                     .parent()
                     .map(|d| d.to_string_lossy().into_owned())
                     .unwrap_or("/".into());
@@ -647,7 +681,7 @@ impl Engine {
                 }
                 let content = render(&edit.content, p, stage, hypothesis);
                 let meta = FileMeta {
-                    path: edit.path.clone(),
+                    path: path.clone(),
                     kind: FileKind::File,
                     mode: edit.mode,
                     uid: 0,
@@ -656,7 +690,7 @@ impl Engine {
                     mtime_ns: now_ms() as i128 * 1_000_000,
                 };
                 if let Err(e) = client.put_file(meta, &mut content.as_bytes()) {
-                    return fail(self, format!("edit {}: {e}", edit.path));
+                    return fail(self, format!("edit {path}: {e}"));
                 }
             }
         }

@@ -24,7 +24,7 @@
 //! key = "fit-{params.sample}-{hypothesis}"
 //! run = ["solve --ff {hypothesis.ff} > /work/energy"]
 //! [stage.branches]
-//! select = "min"                    # first_success | min | max
+//! select = "min"                    # first_success | min | max | deferred
 //! metric = "file:/work/energy"      # or "output": the last number printed
 //! hypotheses = [{ name = "amber", ff = "amber99" }, { name = "charmm", ff = "charmm36" }]
 //! ```
@@ -159,6 +159,10 @@ pub enum Selection {
     FirstSuccess,
     Min(Metric),
     Max(Metric),
+    /// No winner when the branches end: one is chosen later, from outside
+    /// (the `select` tool), and recorded in the run's events. Such a group
+    /// ends its pipeline.
+    Deferred,
 }
 
 /// Where a branch's number comes from.
@@ -390,6 +394,13 @@ pub fn parse(file: &str, text: &str, overrides: &BTreeMap<String, String>) -> Re
                 };
                 let select = match (raw_b.select.get_ref().as_str(), metric) {
                     ("first_success", _) => Selection::FirstSuccess,
+                    ("deferred", None) => Selection::Deferred,
+                    ("deferred", Some(_)) => {
+                        return Err(lines.err(
+                            at(&raw_b.select.span()),
+                            "select = deferred takes no metric: whoever chooses later names its own rule",
+                        ))
+                    }
                     ("min", Some(m)) => Selection::Min(m),
                     ("max", Some(m)) => Selection::Max(m),
                     ("min" | "max", None) => {
@@ -401,7 +412,7 @@ pub fn parse(file: &str, text: &str, overrides: &BTreeMap<String, String>) -> Re
                     (other, _) => {
                         return Err(lines.err(
                             at(&raw_b.select.span()),
-                            format!("select {other:?}: use first_success, min or max"),
+                            format!("select {other:?}: use first_success, min, max or deferred"),
                         ))
                     }
                 };
@@ -481,13 +492,32 @@ pub fn parse(file: &str, text: &str, overrides: &BTreeMap<String, String>) -> Re
             }
         }
         for e in &stage.edits {
-            if !e.path.starts_with('/') {
+            // In a branch group a hypothesis may name an edit's file.
+            let per_hypothesis = stage.branches.as_ref().is_some_and(|b| {
+                let key = e.path.strip_prefix("{hypothesis.").and_then(|k| k.strip_suffix('}'));
+                key.is_some_and(|k| is_ident(k) && b.hypotheses.iter().all(|h| h.contains_key(k)))
+            });
+            if !e.path.starts_with('/') && !per_hypothesis {
                 return Err(PipelineError {
                     file: file.into(),
                     line: stage.line,
-                    message: format!("edit path {:?} must be absolute", e.path),
+                    message: format!(
+                        "edit path {:?} must be absolute (or, in a branch group, {{hypothesis.KEY}} with KEY set by every hypothesis)",
+                        e.path
+                    ),
                 });
             }
+        }
+        let deferred = stage.branches.as_ref().is_some_and(|b| b.select == Selection::Deferred);
+        if let Some(next) = stages.iter().find(|(s, _)| deferred && s.after.contains(&stage.name)) {
+            return Err(PipelineError {
+                file: file.into(),
+                line: next.0.line,
+                message: format!(
+                    "stage {:?} comes after {:?}, whose select = deferred ends the pipeline with no winner",
+                    next.0.name, stage.name
+                ),
+            });
         }
     }
     if raw.pipeline.image.is_none() && raw.pipeline.snapshot.is_none() {
@@ -591,6 +621,40 @@ hypotheses = [{ name = "a", ff = "1" }, { name = "b", ff = "2" }]
         let b = p.stages[1].branches.as_ref().unwrap();
         assert_eq!(b.select, Selection::Min(Metric::File("/work/energy".into())));
         assert_eq!(b.hypotheses.len(), 2);
+    }
+
+    #[test]
+    fn a_deferred_group_ends_the_pipeline_and_its_hypotheses_may_name_edit_paths() {
+        let deferred = GOOD
+            .replace(
+                "select = \"min\"\nmetric = \"file:/work/energy\"\n",
+                "select = \"deferred\"\n",
+            )
+            .replace(
+                "hypotheses = [{ name = \"a\", ff = \"1\" }, { name = \"b\", ff = \"2\" }]",
+                "hypotheses = [{ name = \"a\", ff = \"1\", p = \"/a\" }, { name = \"b\", ff = \"2\", p = \"\" }]",
+            )
+            .replace(
+                "run = [\"echo {hypothesis.ff}",
+                "edits = [{ path = \"{hypothesis.p}\", content = \"x\" }]\nrun = [\"echo {hypothesis.ff}",
+            );
+        let p = parse("p.toml", &deferred, &BTreeMap::new()).unwrap();
+        assert_eq!(p.stages[1].branches.as_ref().unwrap().select, Selection::Deferred);
+        assert_eq!(p.stages[1].edits[0].path, "{hypothesis.p}");
+        let unknown_key = deferred.replace("{hypothesis.p}", "{hypothesis.q}");
+        assert!(bad(&unknown_key).message.contains("must be absolute"));
+        let with_metric = deferred.replace(
+            "select = \"deferred\"\n",
+            "select = \"deferred\"\nmetric = \"output\"\n",
+        );
+        assert!(bad(&with_metric).message.contains("takes no metric"));
+        let followed =
+            format!("{deferred}\n[[stage]]\nname = \"after\"\nafter = \"fit\"\nkey = \"k\"\nrun = [\"true\"]\n");
+        assert!(
+            bad(&followed).message.contains("ends the pipeline"),
+            "{}",
+            bad(&followed)
+        );
     }
 
     #[test]
