@@ -403,14 +403,26 @@ pub struct StartRun {
     pub file: Option<String>,
 }
 
+/// A person's verdict on a stage waiting for approval (`approve = true`).
+#[derive(Debug, Default, Serialize, Deserialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct StageVerdict {
+    /// Why; recorded with the verdict (at most 4 KiB). Required to reject.
+    pub reason: Option<String>,
+    /// Who decides, as recorded in the run's events (default `api`; at most
+    /// 128 bytes, letters, digits and `-_.@ `).
+    pub by: Option<String>,
+}
+
 #[derive(Debug, Serialize, Deserialize, ToSchema)]
 pub struct Run {
     pub id: String,
     pub pipeline: String,
     pub file: String,
     pub params: BTreeMap<String, String>,
-    /// `running`, `completed` or `failed`; `running` with no orchestrator
-    /// means interrupted (resume it).
+    /// `running`, `completed`, `failed` or `awaiting_approval` (a stage
+    /// waits for `POST /v1/runs/{id}/stages/{stage}/approve`); `running`
+    /// with no orchestrator means interrupted (resume it).
     pub status: String,
     pub created_at: i64,
     pub ended_at: Option<i64>,

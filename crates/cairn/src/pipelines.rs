@@ -7,7 +7,9 @@ use cairn_engine::pipeline::records::RunRecord;
 use cairn_engine::pipeline::run::{parse_params, RunWatcher};
 use cairn_engine::Engine;
 
-use crate::cli::{ArtifactCommand, DlqCommand, PipelineCommand};
+use cairn_engine::pipeline::approval::{approve_command, Verdict, AWAITING};
+
+use crate::cli::{ArtifactCommand, DlqCommand, PipelineCommand, RunCommand};
 
 /// Stage progress and a live tail of stage output, on stderr.
 struct Progress;
@@ -60,11 +62,70 @@ pub fn pipeline(engine: &mut Engine, cmd: PipelineCommand) -> Result<i32> {
             engine.execute_run(&run.id, &Progress)?
         }
     };
+    ended(engine, &run)
+}
+
+/// Exit status when a run waits for a person at a stage (`approve = true`).
+pub const AWAITING_APPROVAL_EXIT: i32 = 3;
+
+/// Says how a run ended (or where it waits) and gives the exit status:
+/// 0 completed, 1 failed, 3 waiting for approval.
+fn ended(engine: &Engine, run: &RunRecord) -> Result<i32> {
+    if run.status == AWAITING {
+        let stage = engine.awaiting_approval(&run.id)?.unwrap_or_default();
+        eprintln!("cairn: run {} waits for approval of stage {stage}", run.id);
+        eprintln!("cairn: to continue it, run: {}", approve_command(&run.id, &stage));
+        eprintln!(
+            "cairn: to fail it there, run: cairn run reject {} {stage} --reason TEXT",
+            run.id
+        );
+        return Ok(AWAITING_APPROVAL_EXIT);
+    }
     eprintln!("cairn: run {} {}", run.id, run.status);
     if let Some(e) = &run.error {
-        eprintln!("cairn: {e}; `cairn dlq ls` shows it, `cairn dlq retry ID` runs it again");
+        if e.contains("dead-letter") {
+            eprintln!("cairn: {e}; `cairn dlq ls` shows it, `cairn dlq retry ID` runs it again");
+        } else {
+            eprintln!("cairn: {e}");
+        }
     }
     Ok(if run.status == "completed" { 0 } else { 1 })
+}
+
+/// Who approves or rejects a stage: `$USER`, or the uid when it is unset.
+fn who() -> String {
+    std::env::var("USER")
+        .ok()
+        .filter(|u| !u.trim().is_empty())
+        .unwrap_or_else(|| format!("uid {}", nix::unistd::getuid()))
+}
+
+/// `cairn run approve|reject`: records the verdict, then (approved)
+/// continues the run in the foreground.
+pub fn verdict(engine: &mut Engine, cmd: RunCommand) -> Result<i32> {
+    match cmd {
+        RunCommand::Show { .. } => unreachable!("handled by show"),
+        RunCommand::Approve {
+            run,
+            stage,
+            reason,
+            no_continue,
+        } => {
+            let run = engine.decide_approval(&run, &stage, Verdict::Approve, &who(), reason.as_deref())?;
+            eprintln!("cairn: stage {stage} of run {} approved", run.id);
+            if no_continue {
+                eprintln!("cairn: `cairn pipeline resume {}` continues the run", run.id);
+                return Ok(0);
+            }
+            let run = engine.execute_run(&run.id, &Progress)?;
+            ended(engine, &run)
+        }
+        RunCommand::Reject { run, stage, reason } => {
+            let run = engine.decide_approval(&run, &stage, Verdict::Reject, &who(), Some(&reason))?;
+            eprintln!("cairn: stage {stage} of run {} rejected; the run failed", run.id);
+            Ok(0)
+        }
+    }
 }
 
 /// A run record as listed: with the pid of the process executing it, and
@@ -76,6 +137,9 @@ struct Listed<'a> {
     run: &'a RunRecord,
     orchestrator_pid: Option<u32>,
     interrupted: bool,
+    /// The stage the run waits at for a person, and the command that continues it.
+    awaiting_approval: Option<String>,
+    approve_command: Option<String>,
 }
 
 impl Listed<'_> {
@@ -85,10 +149,15 @@ impl Listed<'_> {
         let orchestrator_pid = (run.status == "running")
             .then(|| engine.run_orchestrator(&run.id))
             .flatten();
+        let awaiting_approval = (run.status == AWAITING)
+            .then(|| engine.awaiting_approval(&run.id).ok().flatten())
+            .flatten();
         Listed {
             run,
             orchestrator_pid,
             interrupted: run.status == "running" && orchestrator_pid.is_none(),
+            approve_command: awaiting_approval.as_deref().map(|s| approve_command(&run.id, s)),
+            awaiting_approval,
         }
     }
 
@@ -109,10 +178,10 @@ pub fn runs(engine: &Engine, json: bool) -> Result<()> {
         println!("{}", serde_json::to_string_pretty(&runs)?);
         return Ok(());
     }
-    println!("{:<12}  {:<20}  {:<12}  FILE", "RUN", "PIPELINE", "STATUS");
+    println!("{:<12}  {:<20}  {:<18}  FILE", "RUN", "PIPELINE", "STATUS");
     for r in &runs {
         println!(
-            "{:<12}  {:<20}  {:<12}  {}",
+            "{:<12}  {:<20}  {:<18}  {}",
             r.run.id,
             r.run.pipeline,
             r.status(),
@@ -121,6 +190,15 @@ pub fn runs(engine: &Engine, json: bool) -> Result<()> {
     }
     if runs.iter().any(|r| r.interrupted) {
         eprintln!("cairn: an interrupted run's orchestrator is gone; `cairn pipeline resume RUN` continues it");
+    }
+    for r in runs.iter().filter(|r| r.run.status == AWAITING) {
+        if let Some(stage) = &r.awaiting_approval {
+            eprintln!(
+                "cairn: run {} waits for approval of stage {stage}: {}",
+                r.run.id,
+                approve_command(&r.run.id, stage)
+            );
+        }
     }
     Ok(())
 }
@@ -144,9 +222,13 @@ pub fn show(engine: &Engine, key: &str, json: bool) -> Result<()> {
         run.pipeline,
         listed.status(),
         run.error.as_deref().map(|e| format!(" · {e}")).unwrap_or_default(),
-        match (listed.orchestrator_pid, listed.interrupted) {
-            (Some(pid), _) => format!(" · executed by pid {pid}"),
-            (None, true) => format!(" · `cairn pipeline resume {}` continues it", run.id),
+        match (listed.orchestrator_pid, listed.interrupted, &listed.approve_command) {
+            (Some(pid), _, _) => format!(" · executed by pid {pid}"),
+            (None, true, _) => format!(" · `cairn pipeline resume {}` continues it", run.id),
+            (None, false, Some(cmd)) => format!(
+                " · awaiting approval of stage {} · `{cmd}` continues it",
+                listed.awaiting_approval.as_deref().unwrap_or_default()
+            ),
             _ => String::new(),
         }
     );

@@ -740,3 +740,73 @@ tag = "a"
     let (status, _) = s.call("DELETE", "/v1/images/tiny", None);
     assert_eq!(status, 204);
 }
+
+#[test]
+fn a_stage_waiting_for_approval_is_approved_or_refused_through_the_api() {
+    if skip("a_stage_waiting_for_approval_is_approved_or_refused_through_the_api") {
+        return;
+    }
+    let home = Home::new();
+    let s = Server::start(&home, &[]);
+    let pipeline = r#"
+[pipeline]
+name = "gated"
+image = "busybox"
+
+[params]
+tag = "a"
+
+[[stage]]
+name = "build"
+key = "api-build-{params.tag}"
+run = ["echo built > /out"]
+
+[[stage]]
+name = "ship"
+after = "build"
+key = "api-ship-{params.tag}"
+approve = true
+run = ["cat /out"]
+"#;
+    let tag = format!("t{}", std::process::id());
+    let (status, run) = s.call(
+        "POST",
+        "/v1/runs",
+        Some(json!({ "pipeline": pipeline, "params": { "tag": tag } })),
+    );
+    assert_eq!(status, 202, "{run}");
+    let run = run["id"].as_str().unwrap().to_string();
+    let d = settled(&s, &run);
+    assert_eq!(d["run"]["status"], "awaiting_approval", "{d}");
+    let path = |stage: &str, verb: &str| format!("/v1/runs/{run}/stages/{stage}/{verb}");
+    let (status, v) = s.call("POST", &path("nope", "approve"), None);
+    assert_eq!(status, 404, "{v}");
+    let (status, v) = s.call("POST", &path("build", "approve"), None);
+    assert_eq!(status, 409, "{v}");
+    let (status, v) = s.call("POST", &path("ship", "reject"), Some(json!({})));
+    assert_eq!(status, 400, "a rejection needs a reason: {v}");
+    let (status, v) = s.call("POST", &path("ship", "approve"), Some(json!({ "by": "a\nb" })));
+    assert_eq!(status, 400, "{v}");
+    let (status, v) = s.call("POST", &path("ship", "approve"), Some(json!({ "colour": "red" })));
+    assert_eq!(status, 400, "{v}");
+    let (status, v) = s.call(
+        "POST",
+        &path("ship", "approve"),
+        Some(json!({ "by": "dana", "reason": "release window" })),
+    );
+    assert_eq!(status, 202, "{v}");
+    let d = settled(&s, &run);
+    assert_eq!(d["run"]["status"], "completed", "{d}");
+    let approved: Vec<&Value> = d["events"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|e| e["kind"] == "approved")
+        .collect();
+    assert_eq!(approved.len(), 1);
+    assert_eq!(approved[0]["detail"], "approved by dana: release window");
+    let (status, v) = s.call("POST", &path("ship", "approve"), None);
+    assert_eq!(status, 409, "approving twice is refused: {v}");
+    let (_, log) = s.call("GET", &format!("/v1/runs/{run}/logs/ship"), None);
+    assert_eq!(log.as_str(), Some("built\n"));
+}

@@ -4,8 +4,10 @@
 //! attempts, checkpoints, retries, dead letters); `branches` runs branch
 //! groups and picks winners; `artifacts` collects files into the chunk
 //! store; `output` takes stage output in with bounded memory; `records`
-//! holds the rows all of it writes.
+//! holds the rows all of it writes; `approval` pauses a run before a
+//! stage until a person approves it.
 
+pub mod approval;
 pub mod artifacts;
 mod branches;
 mod output;

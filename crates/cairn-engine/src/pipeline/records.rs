@@ -235,31 +235,7 @@ impl Db {
                     params![sandbox, true, pid, start],
                 )?;
             }
-            b.execute(
-                &format!(
-                    "INSERT INTO stages ({STAGE_COLUMNS}) VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13)
-                     ON CONFLICT (run_id, stage, branch) DO UPDATE SET stage_key = excluded.stage_key,
-                     status = excluded.status, attempts = excluded.attempts,
-                     input_snapshot = excluded.input_snapshot, output_snapshot = excluded.output_snapshot,
-                     sandbox_id = excluded.sandbox_id, started_at = excluded.started_at,
-                     ended_at = excluded.ended_at, error = excluded.error, metric = excluded.metric"
-                ),
-                params![
-                    &s.run_id,
-                    &s.stage,
-                    &s.branch,
-                    &s.stage_key,
-                    &s.status,
-                    s.attempts,
-                    &s.input_snapshot,
-                    &s.output_snapshot,
-                    &s.sandbox_id,
-                    s.started_at,
-                    s.ended_at,
-                    &s.error,
-                    s.metric
-                ],
-            )?;
+            upsert_stage(b, s)?;
             if let Some((kind, detail, snapshot)) = event {
                 insert_event(b, &s.run_id, Some(&s.stage), Some(&s.branch), kind, detail, snapshot)?;
             }
@@ -267,10 +243,39 @@ impl Db {
                 if let Some(out) = &s.output_snapshot {
                     b.execute(
                         INSERT_STAGE_KEY,
-                        params![&s.stage_key, out, &s.run_id, &s.stage, s.ended_at.unwrap_or(0), s.metric],
+                        params![
+                            &s.stage_key,
+                            out,
+                            &s.run_id,
+                            &s.stage,
+                            s.ended_at.unwrap_or(0),
+                            s.metric
+                        ],
                     )?;
                 }
             }
+            Ok(())
+        })
+    }
+
+    /// Writes a stage's row with its event and sets the run's status, in one
+    /// transaction: a pause for approval, an approval or a rejection is
+    /// recorded whole or not at all.
+    pub fn put_stage_and_run(
+        &mut self,
+        s: &StageRecord,
+        event: (&str, &str),
+        run_status: &str,
+        run_error: Option<&str>,
+        ended_at: Option<i64>,
+    ) -> Result<(), StateError> {
+        self.transaction(|b| {
+            upsert_stage(b, s)?;
+            insert_event(b, &s.run_id, Some(&s.stage), Some(&s.branch), event.0, event.1, None)?;
+            b.execute(
+                "UPDATE runs SET status = $2, error = $3, ended_at = $4 WHERE id = $1",
+                params![&s.run_id, run_status, run_error, ended_at],
+            )?;
             Ok(())
         })
     }
@@ -482,6 +487,35 @@ impl Db {
             "SELECT input_snapshot FROM dead_letters WHERE input_snapshot IS NOT NULL",
         ])
     }
+}
+
+fn upsert_stage(b: &mut dyn Backend, s: &StageRecord) -> Result<(), StateError> {
+    b.execute(
+        &format!(
+            "INSERT INTO stages ({STAGE_COLUMNS}) VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13)
+                     ON CONFLICT (run_id, stage, branch) DO UPDATE SET stage_key = excluded.stage_key,
+                     status = excluded.status, attempts = excluded.attempts,
+                     input_snapshot = excluded.input_snapshot, output_snapshot = excluded.output_snapshot,
+                     sandbox_id = excluded.sandbox_id, started_at = excluded.started_at,
+                     ended_at = excluded.ended_at, error = excluded.error, metric = excluded.metric"
+        ),
+        params![
+            &s.run_id,
+            &s.stage,
+            &s.branch,
+            &s.stage_key,
+            &s.status,
+            s.attempts,
+            &s.input_snapshot,
+            &s.output_snapshot,
+            &s.sandbox_id,
+            s.started_at,
+            s.ended_at,
+            &s.error,
+            s.metric
+        ],
+    )?;
+    Ok(())
 }
 
 fn insert_event(

@@ -18,6 +18,7 @@ use std::time::{Duration, Instant};
 use cairn_protocol::{ExecRequest, FileKind, FileMeta};
 use nix::fcntl::{Flock, FlockArg};
 
+use super::approval::Gate;
 use super::output::{Capped, Tail, Tee, METRIC_FILE_MAX};
 use super::records::{ArtifactRecord, DeadLetter, RunRecord, StageRecord};
 use super::spec::{self, Metric, Pipeline, Selection, Stage};
@@ -44,6 +45,15 @@ pub enum RunError {
     BadParam(String),
     #[error("{0}")]
     Lost(String),
+    /// A stage name that is not in the run's pipeline; lists the ones that are.
+    #[error("{0}")]
+    NoSuchStage(String),
+    /// An approval or rejection the stage's state does not allow; says why and what to do.
+    #[error("{0}")]
+    NotAwaitingApproval(String),
+    /// A verdict's reason that is missing or too long.
+    #[error("{0}")]
+    BadReason(String),
     #[error(
         "metric file {0} holds more than {limit} MiB, the most a metric file may hold; write the number alone \
          (or a short summary) to it, and keep larger results as artifacts",
@@ -90,7 +100,12 @@ pub(super) fn new_id(len: usize) -> String {
 /// Fills `{params.X}`, `{stage}`, `{pipeline}`, `{hypothesis}` and
 /// `{hypothesis.K}` (checked by the parser, so every name resolves); `{{`
 /// and `}}` become braces, other braces stay as they are.
-fn render(template: &str, p: &Pipeline, stage: &Stage, hypothesis: Option<&BTreeMap<String, String>>) -> String {
+pub(super) fn render(
+    template: &str,
+    p: &Pipeline,
+    stage: &Stage,
+    hypothesis: Option<&BTreeMap<String, String>>,
+) -> String {
     let mut out = String::with_capacity(template.len());
     let mut i = 0;
     let bytes = template.as_bytes();
@@ -273,7 +288,7 @@ impl Engine {
     /// process executes a run at a time, or a second `resume` beside a live
     /// orchestrator would start its stages again. The lock goes with the
     /// process, however it dies; [`Engine::run_orchestrator`] names its holder.
-    fn lock_run(&self, run: &str) -> Result<Flock<fs::File>, EngineError> {
+    pub(super) fn lock_run(&self, run: &str) -> Result<Flock<fs::File>, EngineError> {
         let dir = self.run_dir(run);
         fs::create_dir_all(&dir).map_err(|e| RunError::Read(dir.clone(), e))?;
         let path = dir.join("orchestrator.lock");
@@ -316,6 +331,17 @@ impl Engine {
                 v if v.is_empty() => pipeline.snapshot.clone(),
                 v => Some(outputs.get(&v[0]).cloned().expect("stages come after their inputs")),
             };
+            if stage.approve {
+                match self.approval_gate(&run, &pipeline, stage, input.as_deref(), watch)? {
+                    Gate::Open => {}
+                    Gate::Waiting => return self.run_record(&run.id),
+                    Gate::Rejected(why) => {
+                        let msg = format!("stage {} was {why}", stage.name);
+                        self.db.finish_run(&run.id, "failed", Some(&msg), now_ms())?;
+                        return self.run_record(&run.id);
+                    }
+                }
+            }
             let result = match &stage.branches {
                 None => self.run_stage(&run, &pipeline, stage, "", None, input.as_deref(), watch)?,
                 Some(b) => self.run_branches(&run, &pipeline, stage, b, input.as_deref(), watch)?,
@@ -380,6 +406,8 @@ impl Engine {
             error: None,
             metric: None,
         });
+        // A row written before the stage ran (waiting for approval) has no key yet.
+        rec.stage_key = key.clone();
         // A completed key returns its recorded output without running anything.
         if let Some((output, from_run, metric)) = self.db.completed_key(&key)? {
             rec.status = "completed".into();

@@ -83,6 +83,9 @@ struct RawStage {
     retries: u32,
     checkpoint_every: Option<Spanned<String>>,
     branches: Option<Spanned<RawBranches>>,
+    /// Pause before the stage until `cairn run approve RUN STAGE`.
+    #[serde(default)]
+    approve: bool,
 }
 
 #[derive(Debug, Deserialize)]
@@ -135,6 +138,9 @@ pub struct Stage {
     pub retries: u32,
     pub checkpoint_every: Option<Duration>,
     pub branches: Option<Branches>,
+    /// The run pauses before this stage (once its input is ready) until a
+    /// person approves it: `cairn run approve RUN STAGE`.
+    pub approve: bool,
     /// Line of the stage in the file, for later messages.
     pub line: usize,
 }
@@ -462,6 +468,7 @@ pub fn parse(file: &str, text: &str, overrides: &BTreeMap<String, String>) -> Re
                 retries: s.retries,
                 checkpoint_every,
                 branches,
+                approve: s.approve,
                 line: lines.line(at(&spanned.span())),
             },
             after,
