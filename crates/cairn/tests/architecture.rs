@@ -9,6 +9,7 @@ use std::process::Command;
 const ALLOWED: &[(&str, &[&str])] = &[
     ("cairn-protocol", &[]),
     ("cairn-testkit", &[]),
+    ("cairn-llm", &[]),
     ("cairn-init", &["cairn-protocol"]),
     ("cairn-store", &[]),
     ("cairn-layers", &["cairn-store"]),
