@@ -43,14 +43,19 @@ trap 'rm -f "$log" "$junit"' EXIT
 set +e
 cargo test --workspace 2>&1 | tee "$log"
 status=${PIPESTATUS[0]}
+# The scripted model server the agent suite starts (cargo test builds no
+# binary of a crate without integration tests).
+cargo build -p cairn-testkit --bins 2>&1 | tee -a "$log"
+[ "${PIPESTATUS[0]}" = 0 ] || status=1
 set -e
 
 # The Python suites (the SDK's, the e2b package's against the
-# E2B-compatible API, the mcp package's against `cairn mcp` and /mcp) drive the cairn binary cargo just built, from a
-# virtual environment kept in target/ and reinstalled only when their
-# requirements change.
+# E2B-compatible API, the mcp package's against `cairn mcp` and /mcp, the
+# anthropic and openai packages' against the scripted model server) drive
+# the binaries cargo just built, from a virtual environment kept in target/
+# and reinstalled only when their requirements change.
 suites=()
-for d in sdk/python/tests tests/e2b tests/mcp; do
+for d in sdk/python/tests tests/e2b tests/mcp tests/agent; do
     [ -d "$d" ] && suites+=("$d")
 done
 py_passed=0 py_failed=0
@@ -60,21 +65,22 @@ if [ ${#suites[@]} -gt 0 ]; then
         DEBIAN_FRONTEND=noninteractive apt-get install -y -q --no-install-recommends python3-venv >/dev/null
     fi
     venv=target/test-venv
-    reqs=(sdk/python/requirements-test.txt tests/e2b/requirements.txt sdk/python/pyproject.toml)
+    reqs=(sdk/python/requirements-test.txt tests/e2b/requirements.txt tests/agent/requirements.txt sdk/python/pyproject.toml)
     stamp=$(cat "${reqs[@]}" 2>/dev/null | sha256sum | cut -d' ' -f1)
     if [ ! -x "$venv/bin/python" ] || [ "$(cat "$venv/.stamp" 2>/dev/null)" != "$stamp" ]; then
         echo "test.sh: preparing the Python environment in $venv" >&2
         rm -rf "$venv"
         python3 -m venv "$venv"
         "$venv/bin/pip" install -q --disable-pip-version-check --upgrade pip
-        for r in sdk/python/requirements-test.txt tests/e2b/requirements.txt; do
+        for r in sdk/python/requirements-test.txt tests/e2b/requirements.txt tests/agent/requirements.txt; do
             [ -f "$r" ] && "$venv/bin/pip" install -q --disable-pip-version-check -r "$r"
         done
         [ -f sdk/python/pyproject.toml ] && "$venv/bin/pip" install -q --disable-pip-version-check -e sdk/python
         echo "$stamp" >"$venv/.stamp"
     fi
     set +e
-    CAIRN_BIN="$PWD/target/debug/cairn" "$venv/bin/python" -m pytest -q -p no:cacheprovider \
+    CAIRN_BIN="$PWD/target/debug/cairn" CAIRN_SCRIPTED_MODEL="$PWD/target/debug/cairn-scripted-model" \
+        "$venv/bin/python" -m pytest -q -p no:cacheprovider \
         --junitxml="$junit" "${suites[@]}"
     py_status=$?
     set -e

@@ -121,7 +121,9 @@ fn status_of(e: &EngineError) -> StatusCode {
             | RunError::NoSuchDeadLetter(_)
             | RunError::NoSuchArtifact(_)
             | RunError::NoSuchStage(_) => S::NOT_FOUND,
-            RunError::Spec(_) | RunError::BadParam(_) | RunError::BadReason(_) => S::BAD_REQUEST,
+            RunError::Spec(_) | RunError::BadParam(_) | RunError::BadRunId(_) | RunError::BadReason(_) => {
+                S::BAD_REQUEST
+            }
             RunError::Completed(_)
             | RunError::AlreadyRetried(_)
             | RunError::Busy { .. }

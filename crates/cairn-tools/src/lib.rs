@@ -112,13 +112,13 @@ impl Tools {
             } => self.plan_stage(&context, constraints.as_deref(), handle.as_deref(), &reason, &caller),
             ToolArgs::RunStage(s) => {
                 let detail = format!("run_stage asked by {caller}: {}", s.reason);
-                let handle = self.start(RUN_STAGE, &s, None, &detail)?;
+                let handle = self.start(RUN_STAGE, &s, None, &detail, None)?;
                 self.wait(&handle, s.wait_secs, progress)
             }
             ToolArgs::ForkFrom(s) => {
                 let hypothesis = s.hypothesis.clone().unwrap_or_default();
                 let detail = format!("fork_from asked by {caller}: {}", s.reason);
-                let handle = self.start(FORK_STAGE, &s, Some(&hypothesis), &detail)?;
+                let handle = self.start(FORK_STAGE, &s, Some(&hypothesis), &detail, None)?;
                 self.wait(&handle, s.wait_secs, progress)
             }
             ToolArgs::StageStatus { handle, wait_secs } => self.wait(&handle, wait_secs, progress),
@@ -215,26 +215,78 @@ impl Tools {
         })
     }
 
-    /// Records a one-stage run and starts its orchestrator on a thread of
-    /// its own; returns the run id.
+    /// For a caller that drives many calls and must survive its own
+    /// death (the agent loop): starts a stage tool (`run_stage`,
+    /// `fork_from`) as run `run_id` and returns its handle without waiting.
+    /// When that run exists already (the caller was killed after starting
+    /// it), this returns it, and continues it on a thread of its own if no
+    /// process executes it: a stage is never started twice for one call.
+    pub fn start_stage(&self, name: &str, arguments: Value, caller: &str, run_id: &str) -> Result<String, ToolError> {
+        let existing = self.with_engine(|e| match e.run_record(run_id) {
+            Ok(run) => Ok(Some((
+                run.status == "running" && e.run_orchestrator(&run.id).is_none(),
+                run.id,
+            ))),
+            Err(EngineError::Run(cairn_engine::pipeline::run::RunError::NoSuchRun(_))) => Ok(None),
+            Err(other) => Err(other.into()),
+        })?;
+        if let Some((orphaned, id)) = existing {
+            if orphaned {
+                self.orchestrate(&id)?;
+            }
+            return Ok(id);
+        }
+        let caller = clip(caller, 256);
+        match args::parse(name, arguments)? {
+            ToolArgs::RunStage(s) => {
+                let detail = format!("run_stage asked by {caller}: {}", s.reason);
+                self.start(RUN_STAGE, &s, None, &detail, Some(run_id))
+            }
+            ToolArgs::ForkFrom(s) => {
+                let hypothesis = s.hypothesis.clone().unwrap_or_default();
+                let detail = format!("fork_from asked by {caller}: {}", s.reason);
+                self.start(FORK_STAGE, &s, Some(&hypothesis), &detail, Some(run_id))
+            }
+            _ => Err(ToolError::Failed(format!("{name} does not start a stage"))),
+        }
+    }
+
+    /// Whether tool `name` starts a stage (see [`Tools::start_stage`]).
+    pub fn starts_stage(name: &str) -> bool {
+        name == "run_stage" || name == "fork_from"
+    }
+
+    /// Records a one-stage run (as `run_id` when given) and starts its
+    /// orchestrator on a thread of its own; returns the run id.
     fn start(
         &self,
         stage: &str,
         s: &args::StageArgs,
         hypothesis: Option<&str>,
         detail: &str,
+        run_id: Option<&str>,
     ) -> Result<String, ToolError> {
         let run = self.with_engine(|e| {
             let snap = e.snapshot_record(&s.snapshot_id)?;
             let text = pipeline_text(stage, &snap.id, s)?;
-            let run = e.start_run_text(&format!("tool {stage}"), text, &Default::default())?;
+            let file = format!("tool {stage}");
+            let run = match run_id {
+                Some(id) => e.start_run_text_as(id, &file, text, &Default::default())?,
+                None => e.start_run_text(&file, text, &Default::default())?,
+            };
             if let Some(h) = hypothesis {
                 e.record_run_event(&run.id, Some(stage), "hypothesis", h, None)?;
             }
             e.record_run_event(&run.id, Some(stage), "asked", detail, Some(&snap.id))?;
             Ok(run)
         })?;
-        let (home, id, failed) = (self.home.clone(), run.id.clone(), std::sync::Arc::clone(&self.failed));
+        self.orchestrate(&run.id)?;
+        Ok(run.id)
+    }
+
+    /// Executes run `id` (or continues it) on a thread of its own.
+    fn orchestrate(&self, id: &str) -> Result<(), ToolError> {
+        let (home, id, failed) = (self.home.clone(), id.to_string(), std::sync::Arc::clone(&self.failed));
         std::thread::Builder::new()
             .name(format!("stage-{}", &id[..8.min(id.len())]))
             .spawn(move || {
@@ -248,7 +300,7 @@ impl Tools {
                 }
             })
             .map_err(|e| ToolError::Failed(format!("cannot start the stage's thread: {e}; try again")))?;
-        Ok(run.id)
+        Ok(())
     }
 
     /// The stage's state, waiting up to `wait_secs` for it to end.

@@ -283,6 +283,10 @@ pub enum Command {
         #[arg(long)]
         schema: bool,
     },
+    /// The built-in agent loop: a model plans toward a goal once per stage
+    /// boundary, through the same tools `cairn mcp` serves (docs/agent.md).
+    #[command(subcommand)]
+    Agent(AgentCommand),
     /// API tokens for `cairn serve --listen` (stored as hashes).
     #[command(subcommand)]
     Token(TokenCommand),
@@ -686,4 +690,115 @@ pub enum SessionCommand {
         #[arg(long)]
         json: bool,
     },
+}
+
+#[derive(Subcommand)]
+pub enum AgentCommand {
+    /// Start an agent on a goal and drive it until the model ends its turn,
+    /// a limit is reached or the model is unavailable.
+    ///
+    /// The model is called once per stage boundary with the goal, the
+    /// conversation and a compact lineage; its tool calls run durably
+    /// (stages in parallel). Every reply, with its tokens and cost, and
+    /// every result is recorded in the agent's context log before the loop
+    /// goes on, so a killed loop continues with `cairn agent resume`
+    /// without asking the model again or running a stage twice.
+    ///
+    /// The API key comes from ANTHROPIC_API_KEY or OPENAI_API_KEY and is
+    /// never recorded. Exit status: 0 completed, 1 failed (the provider
+    /// refused: fix the cause and resume), 3 stopped at the stage limit or
+    /// the budget (resume with a higher one), 75 paused because the model
+    /// was unavailable after its retries (resume later).
+    #[command(after_help = "Examples:\n  \
+        cairn agent run --goal \"find the fastest compression level\" --provider anthropic --model claude-sonnet-4-5\n  \
+        cairn agent run --goal \"...\" --pipeline examples/agent-sweep.toml --max-stages 8 --budget-usd 0.50\n  \
+        cairn agent run --goal \"...\" --provider openai --base-url http://127.0.0.1:8080/v1 --model llama-3.1-8b \\\n      \
+        --price-in 0 --price-out 0")]
+    Run {
+        /// What the model is to achieve, in words.
+        #[arg(long)]
+        goal: String,
+        /// Run this pipeline file first; its stages' outputs are the
+        /// snapshots the model plans against.
+        #[arg(long, value_name = "FILE", conflicts_with_all = ["snapshot", "image"])]
+        pipeline: Option<std::path::PathBuf>,
+        /// Start from this snapshot.
+        #[arg(long, conflicts_with = "image")]
+        snapshot: Option<String>,
+        /// Start from a fresh sandbox of this image (default: busybox).
+        #[arg(long)]
+        image: Option<String>,
+        #[command(flatten)]
+        model: ModelArgs,
+        /// The most stages the model may start (each fork is one).
+        #[arg(long, default_value_t = 10)]
+        max_stages: u32,
+        /// Stop once the model calls cost this many US dollars.
+        #[arg(long, value_name = "USD")]
+        budget_usd: Option<f64>,
+        #[arg(long)]
+        json: bool,
+    },
+    /// Continue an agent that was killed, paused or stopped.
+    Resume {
+        /// Agent name (agent-…), session id or unique id prefix.
+        agent: String,
+        /// Raise the stage limit.
+        #[arg(long)]
+        max_stages: Option<u32>,
+        /// Raise the budget.
+        #[arg(long, value_name = "USD")]
+        budget_usd: Option<f64>,
+        #[arg(long)]
+        json: bool,
+    },
+    /// One agent: its goal, status, each round's reply, calls and results,
+    /// tokens and cost.
+    Show {
+        /// Agent name (agent-…), session id or unique id prefix.
+        agent: String,
+        #[arg(long)]
+        json: bool,
+    },
+    /// List agents.
+    Ls {
+        #[arg(long)]
+        json: bool,
+    },
+}
+
+#[derive(clap::Args)]
+pub struct ModelArgs {
+    /// `anthropic` (Messages API) or `openai` (Chat Completions; also
+    /// llama.cpp, vLLM, Ollama with --base-url). Default: the one whose
+    /// API key is set, Anthropic first.
+    #[arg(long)]
+    pub provider: Option<String>,
+    /// The model's name (default: claude-sonnet-4-5 or gpt-4.1).
+    #[arg(long)]
+    pub model: Option<String>,
+    /// Another endpoint: Anthropic's is given without /v1, OpenAI's with
+    /// it (as their SDKs take them).
+    #[arg(long, value_name = "URL")]
+    pub base_url: Option<String>,
+    /// The most tokens one reply may have.
+    #[arg(long, default_value_t = 4096)]
+    pub max_tokens: u32,
+    /// Seconds one model call may take.
+    #[arg(long, default_value_t = 300)]
+    pub timeout: u64,
+    /// Retries of a call when the model is unavailable (timeouts, 429,
+    /// 5xx), with exponential backoff.
+    #[arg(long, default_value_t = 5)]
+    pub retries: u32,
+    /// The first wait between retries, in milliseconds; it doubles.
+    #[arg(long, default_value_t = 1000, value_name = "MS")]
+    pub backoff_ms: u64,
+    /// US dollars per million input tokens, for a model the price table
+    /// does not know.
+    #[arg(long, value_name = "USD", requires = "price_out")]
+    pub price_in: Option<f64>,
+    /// US dollars per million output tokens.
+    #[arg(long, value_name = "USD", requires = "price_in")]
+    pub price_out: Option<f64>,
 }

@@ -82,6 +82,9 @@ pub fn dispatch(cli: Cli) -> Result<i32> {
         runtime.shutdown_timeout(std::time::Duration::from_secs(2));
         return Ok(0);
     }
+    if let Command::Agent(cmd) = cli.command {
+        return crate::agent::agent(&home, cmd);
+    }
     let mut engine = Engine::open(home)?;
     match cli.command {
         Command::Run {
@@ -216,7 +219,9 @@ pub fn dispatch(cli: Cli) -> Result<i32> {
             println!("{}", rec.id);
             Ok(0)
         }
-        Command::Bench { .. } | Command::Serve { .. } | Command::Mcp { .. } => unreachable!("handled above"),
+        Command::Bench { .. } | Command::Serve { .. } | Command::Mcp { .. } | Command::Agent(_) => {
+            unreachable!("handled above")
+        }
     }
 }
 

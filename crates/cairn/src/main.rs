@@ -1,5 +1,6 @@
 //! The `cairn` binary: command-line parsing and wiring to the engine.
 
+mod agent;
 mod bench;
 mod bundle;
 mod cli;

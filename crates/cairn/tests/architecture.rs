@@ -19,6 +19,7 @@ const ALLOWED: &[(&str, &[&str])] = &[
         &["cairn-protocol", "cairn-sandbox", "cairn-layers", "cairn-store"],
     ),
     ("cairn-tools", &["cairn-engine", "cairn-sandbox", "cairn-protocol"]),
+    ("cairn-agent", &["cairn-engine", "cairn-tools", "cairn-llm"]),
     (
         "cairn-api",
         &["cairn-engine", "cairn-tools", "cairn-sandbox", "cairn-protocol"],
@@ -30,6 +31,8 @@ const ALLOWED: &[(&str, &[&str])] = &[
             "cairn-sandbox",
             "cairn-protocol",
             "cairn-api",
+            "cairn-agent",
+            "cairn-llm",
             "cairn-store",
             "cairn-layers",
         ],

@@ -33,6 +33,8 @@ pub enum RunError {
     Read(PathBuf, std::io::Error),
     #[error("no run matches {0:?}; `cairn runs` lists them")]
     NoSuchRun(String),
+    #[error("invalid run id {0:?}: a run id is 12 lowercase hex digits")]
+    BadRunId(String),
     #[error("run {0} already completed")]
     Completed(String),
     #[error("no dead letter matches {0:?}; `cairn dlq ls` lists them")]
@@ -181,9 +183,26 @@ impl Engine {
         text: String,
         params: &BTreeMap<String, String>,
     ) -> Result<RunRecord, EngineError> {
+        self.start_run_text_as(&new_id(12), file, text, params)
+    }
+
+    /// [`start_run_text`](Self::start_run_text) under an id the caller
+    /// chose (12 lowercase hex digits), so that a caller killed after
+    /// starting the run finds it again rather than starting another. An id
+    /// taken is an error.
+    pub fn start_run_text_as(
+        &mut self,
+        id: &str,
+        file: &str,
+        text: String,
+        params: &BTreeMap<String, String>,
+    ) -> Result<RunRecord, EngineError> {
+        if id.len() != 12 || !id.bytes().all(|b| b.is_ascii_digit() || (b'a'..=b'f').contains(&b)) {
+            return Err(RunError::BadRunId(id.to_string()).into());
+        }
         let pipeline = spec::parse(file, &text, params).map_err(RunError::from)?;
         let run = RunRecord {
-            id: new_id(12),
+            id: id.to_string(),
             pipeline: pipeline.name.clone(),
             file: file.to_string(),
             spec: text,
