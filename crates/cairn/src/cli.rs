@@ -364,11 +364,33 @@ pub enum PipelineCommand {
         /// Only check the file.
         #[arg(long)]
         check: bool,
+        #[command(flatten)]
+        model: PipelineModelArgs,
     },
     /// Continue a run after a crash or a kill: completed stages are not run again.
     ///
     /// Exits like `pipeline run`: 0 completed, 1 failed, 3 waiting for approval.
-    Resume { run: String },
+    Resume {
+        run: String,
+        #[command(flatten)]
+        model: PipelineModelArgs,
+    },
+}
+
+/// The model decide stages ask, over the pipeline file's `[pipeline] model`.
+/// The API key comes from ANTHROPIC_API_KEY or OPENAI_API_KEY. Flags are not
+/// remembered: give them again to `pipeline resume`.
+#[derive(Args, Clone, Default)]
+pub struct PipelineModelArgs {
+    /// anthropic or openai.
+    #[arg(long, value_name = "PROVIDER")]
+    pub provider: Option<String>,
+    /// The model's name, e.g. claude-sonnet-4-5.
+    #[arg(long, value_name = "NAME")]
+    pub model: Option<String>,
+    /// Another endpoint for the provider's API (a proxy, a local server).
+    #[arg(long, value_name = "URL")]
+    pub base_url: Option<String>,
 }
 
 #[derive(Subcommand)]

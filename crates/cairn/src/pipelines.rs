@@ -9,7 +9,7 @@ use cairn_engine::Engine;
 
 use cairn_engine::pipeline::approval::{approve_command, Verdict, AWAITING};
 
-use crate::cli::{ArtifactCommand, DlqCommand, PipelineCommand, RunCommand};
+use crate::cli::{ArtifactCommand, DlqCommand, PipelineCommand, PipelineModelArgs, RunCommand};
 
 /// Stage progress and a live tail of stage output, on stderr.
 struct Progress;
@@ -38,7 +38,13 @@ impl RunWatcher for Progress {
 
 pub fn pipeline(engine: &mut Engine, cmd: PipelineCommand) -> Result<i32> {
     let run = match cmd {
-        PipelineCommand::Run { file, params, check } => {
+        PipelineCommand::Run {
+            file,
+            params,
+            check,
+            model,
+        } => {
+            set_model(engine, &model);
             let params = parse_params(&params)?;
             if check {
                 let text = cairn_engine::pipeline::spec::read_file(&file)
@@ -56,13 +62,23 @@ pub fn pipeline(engine: &mut Engine, cmd: PipelineCommand) -> Result<i32> {
             println!("{}", run.id);
             engine.execute_run(&run.id, &Progress)?
         }
-        PipelineCommand::Resume { run } => {
+        PipelineCommand::Resume { run, model } => {
+            set_model(engine, &model);
             let run = engine.run_record(&run)?;
             eprintln!("cairn: resuming run {}", run.id);
             engine.execute_run(&run.id, &Progress)?
         }
     };
     ended(engine, &run)
+}
+
+fn set_model(engine: &mut Engine, m: &PipelineModelArgs) {
+    engine.set_model_override(cairn_engine::pipeline::spec::ModelSpec {
+        provider: m.provider.clone(),
+        model: m.model.clone(),
+        base_url: m.base_url.clone(),
+        retries: None,
+    });
 }
 
 /// Exit status when a run waits for a person at a stage (`approve = true`).
@@ -210,9 +226,21 @@ pub fn show(engine: &Engine, key: &str, json: bool) -> Result<()> {
     let stages = engine.run_stages(&run.id)?;
     let events = engine.run_events(&run.id)?;
     let artifacts = engine.artifacts(Some(&run.id))?;
+    let decisions = engine.run_decisions(&run.id)?;
     let listed = Listed::of(engine, &run);
     if json {
-        let v = serde_json::json!({ "run": listed, "stages": stages, "events": events, "artifacts": artifacts });
+        let decisions: Vec<serde_json::Value> = decisions
+            .iter()
+            .map(|d| {
+                let mut v = serde_json::to_value(d).expect("a record serialises");
+                // The answer as data, not as the text it is stored in.
+                v["answer"] = cairn_engine::pipeline::decision::Answer::from_stored(&d.answer)
+                    .map(|a| serde_json::to_value(a).expect("an answer serialises"))
+                    .unwrap_or_else(serde_json::Value::String);
+                v
+            })
+            .collect();
+        let v = serde_json::json!({ "run": listed, "stages": stages, "events": events, "artifacts": artifacts, "decisions": decisions });
         println!("{}", serde_json::to_string_pretty(&v)?);
         return Ok(());
     }
@@ -257,6 +285,15 @@ pub fn show(engine: &Engine, key: &str, json: bool) -> Result<()> {
             })
             .unwrap_or_else(|| "branches".into());
         println!("{head} {name}: {summary}");
+        for d in decisions.iter().filter(|d| d.stage == *name) {
+            let chosen = cairn_engine::pipeline::decision::Answer::from_stored(&d.answer)
+                .map(|a| a.summary())
+                .unwrap_or_else(|e| e);
+            println!(
+                "{pad}  ◇ decision {} by {}: {chosen} — {} ({} tokens in, {} out, {} call(s))",
+                d.round, d.model, d.reason, d.input_tokens, d.output_tokens, d.calls
+            );
+        }
         let stage_events: Vec<_> = events.iter().filter(|e| e.stage.as_deref() == Some(name)).collect();
         let branches: Vec<&str> = {
             let mut b: Vec<&str> = stages

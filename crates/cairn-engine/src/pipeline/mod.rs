@@ -5,11 +5,14 @@
 //! groups and picks winners; `artifacts` collects files into the chunk
 //! store; `output` takes stage output in with bounded memory; `records`
 //! holds the rows all of it writes; `approval` pauses a run before a
-//! stage until a person approves it.
+//! stage until a person approves it; `decide` asks a model at a decide
+//! stage and records its answer, which `decision` checks.
 
 pub mod approval;
 pub mod artifacts;
 mod branches;
+mod decide;
+pub mod decision;
 mod output;
 pub mod records;
 pub mod run;

@@ -19,6 +19,7 @@ use cairn_protocol::{ExecRequest, FileKind, FileMeta};
 use nix::fcntl::{Flock, FlockArg};
 
 use super::approval::Gate;
+use super::decide::Step;
 use super::output::{Capped, Tail, Tee, METRIC_FILE_MAX};
 use super::records::{ArtifactRecord, DeadLetter, RunRecord, StageRecord};
 use super::spec::{self, Metric, Pipeline, Selection, Stage};
@@ -53,6 +54,10 @@ pub enum RunError {
     /// An approval or rejection the stage's state does not allow; says why and what to do.
     #[error("{0}")]
     NotAwaitingApproval(String),
+    /// A decide stage could not ask its model (none configured, an outage,
+    /// a refused request); the run is left interrupted and resumable.
+    #[error("{0}")]
+    Model(String),
     /// A verdict's reason that is missing or too long.
     #[error("{0}")]
     BadReason(String),
@@ -339,43 +344,80 @@ impl Engine {
             .filter_map(|l| l.split_once('='))
             .map(|(k, v)| (k.into(), v.into()))
             .collect();
-        let pipeline = spec::parse(&run.file, &run.spec, &overrides).map_err(RunError::from)?;
+        let parsed = spec::parse(&run.file, &run.spec, &overrides).map_err(RunError::from)?;
         fs::create_dir_all(self.run_dir(&run.id)).map_err(|e| RunError::Read(self.run_dir(&run.id), e))?;
         if run.status != "running" {
             self.db.finish_run(&run.id, "running", None, 0)?;
         }
         let mut outputs: BTreeMap<String, String> = BTreeMap::new();
-        for stage in &pipeline.stages {
-            let input = match &stage.after {
-                v if v.is_empty() => pipeline.snapshot.clone(),
-                v => Some(outputs.get(&v[0]).cloned().expect("stages come after their inputs")),
-            };
-            if stage.approve {
-                match self.approval_gate(&run, &pipeline, stage, input.as_deref(), watch)? {
-                    Gate::Open => {}
-                    Gate::Waiting => return self.run_record(&run.id),
-                    Gate::Rejected(why) => {
-                        let msg = format!("stage {} was {why}", stage.name);
+        // A retry a decision asks for starts over from the records: stages
+        // completed are not run again, and recorded decisions apply again.
+        'again: loop {
+            let mut pipeline = parsed.clone();
+            outputs.clear();
+            for i in 0..pipeline.stages.len() {
+                let stage = pipeline.stages[i].clone();
+                let input = match &stage.after {
+                    v if v.is_empty() => pipeline.snapshot.clone(),
+                    v => Some(outputs.get(&v[0]).cloned().expect("stages come after their inputs")),
+                };
+                if stage.approve {
+                    match self.approval_gate(&run, &pipeline, &stage, input.as_deref(), watch)? {
+                        Gate::Open => {}
+                        Gate::Waiting => return self.run_record(&run.id),
+                        Gate::Rejected(why) => {
+                            let msg = format!("stage {} was {why}", stage.name);
+                            self.db.finish_run(&run.id, "failed", Some(&msg), now_ms())?;
+                            return self.run_record(&run.id);
+                        }
+                    }
+                }
+                if let Some(d) = &stage.decide {
+                    match self.decide_stage(&run, &pipeline, &stage, d, input.as_deref(), watch)? {
+                        Step::Apply(answer) => {
+                            pipeline.params.extend(answer.params.unwrap_or_default());
+                            if let (Some(next), Some(hypotheses)) = (&d.next, answer.hypotheses) {
+                                if let Some(b) = pipeline
+                                    .stages
+                                    .iter_mut()
+                                    .find(|s| &s.name == next)
+                                    .and_then(|s| s.branches.as_mut())
+                                {
+                                    b.hypotheses = hypotheses;
+                                }
+                            }
+                            outputs.insert(stage.name.clone(), input.unwrap_or_default());
+                            continue;
+                        }
+                        Step::Restart => continue 'again,
+                        Step::Stop => {
+                            let record = self.run_record(&run.id)?;
+                            if record.status != "failed" {
+                                let msg = format!("stage {} went to the dead-letter queue", stage.name);
+                                self.db.finish_run(&run.id, "failed", Some(&msg), now_ms())?;
+                                self.db.event(&run.id, Some(&stage.name), None, "failed", &msg, None)?;
+                            }
+                            return self.run_record(&run.id);
+                        }
+                    }
+                }
+                let result = match &stage.branches {
+                    None => self.run_stage(&run, &pipeline, &stage, "", None, input.as_deref(), watch)?,
+                    Some(b) => self.run_branches(&run, &pipeline, &stage, b, input.as_deref(), watch)?,
+                };
+                match result {
+                    Some(output) => {
+                        outputs.insert(stage.name.clone(), output);
+                    }
+                    None => {
+                        let msg = format!("stage {} went to the dead-letter queue", stage.name);
                         self.db.finish_run(&run.id, "failed", Some(&msg), now_ms())?;
+                        self.db.event(&run.id, Some(&stage.name), None, "failed", &msg, None)?;
                         return self.run_record(&run.id);
                     }
                 }
             }
-            let result = match &stage.branches {
-                None => self.run_stage(&run, &pipeline, stage, "", None, input.as_deref(), watch)?,
-                Some(b) => self.run_branches(&run, &pipeline, stage, b, input.as_deref(), watch)?,
-            };
-            match result {
-                Some(output) => {
-                    outputs.insert(stage.name.clone(), output);
-                }
-                None => {
-                    let msg = format!("stage {} went to the dead-letter queue", stage.name);
-                    self.db.finish_run(&run.id, "failed", Some(&msg), now_ms())?;
-                    self.db.event(&run.id, Some(&stage.name), None, "failed", &msg, None)?;
-                    return self.run_record(&run.id);
-                }
-            }
+            break;
         }
         self.db.finish_run(&run.id, "completed", None, now_ms())?;
         self.db.event(

@@ -63,6 +63,25 @@ struct RawHeader {
     /// A snapshot the first stages fork instead of starting from the image.
     snapshot: Option<String>,
     driver: Option<Spanned<String>>,
+    /// The model decide stages ask.
+    model: Option<Spanned<RawModel>>,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawModel {
+    provider: Option<Spanned<String>>,
+    model: Option<Spanned<String>>,
+    base_url: Option<Spanned<String>>,
+    /// Attempts after the first one when the model is unavailable.
+    retries: Option<Spanned<u32>>,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawDecide {
+    prompt: Spanned<String>,
+    choose: Spanned<Vec<String>>,
 }
 
 #[derive(Debug, Deserialize)]
@@ -86,6 +105,8 @@ struct RawStage {
     /// Pause before the stage until `cairn run approve RUN STAGE`.
     #[serde(default)]
     approve: bool,
+    /// A decision point: the model chooses, the stage runs no command.
+    decide: Option<Spanned<RawDecide>>,
 }
 
 #[derive(Debug, Deserialize)]
@@ -106,6 +127,8 @@ fn default_mode() -> u32 {
 struct RawBranches {
     select: Spanned<String>,
     metric: Option<Spanned<String>>,
+    /// May be left out when a decide stage before this one chooses them.
+    #[serde(default)]
     hypotheses: Vec<Spanned<BTreeMap<String, String>>>,
 }
 
@@ -121,9 +144,57 @@ pub struct Pipeline {
     /// `gvisor`, checkpoints keep memory and processes too.
     pub driver: Option<String>,
     pub params: BTreeMap<String, String>,
+    /// The model decide stages ask, as the file names it (flags on `cairn
+    /// pipeline run|resume` override each part).
+    pub model: ModelSpec,
     /// In an order where every stage comes after the stages it needs.
     pub stages: Vec<Stage>,
 }
+
+/// `[pipeline] model = { provider = "anthropic", model = "...", base_url = "..." }`.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct ModelSpec {
+    pub provider: Option<String>,
+    pub model: Option<String>,
+    pub base_url: Option<String>,
+    /// Attempts after the first one when the model is unavailable (at most 10).
+    pub retries: Option<u32>,
+}
+
+/// A decide stage: the model, given `prompt` and what the stage before it
+/// left, chooses what `choose` names.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Decide {
+    pub prompt: String,
+    pub choose: Vec<Choice>,
+    /// The stage after this one, which runs the chosen hypotheses (when
+    /// `choose` has them).
+    pub next: Option<String>,
+}
+
+/// What a decide stage may choose.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
+pub enum Choice {
+    /// The hypotheses the next stage runs as its branch group.
+    Hypotheses,
+    /// Values for the pipeline's declared parameters.
+    Params,
+    /// Whether the stage before goes on, runs again, or goes to the dead letters.
+    RetryOrDlq,
+}
+
+impl Choice {
+    pub fn name(self) -> &'static str {
+        match self {
+            Choice::Hypotheses => "hypotheses",
+            Choice::Params => "params",
+            Choice::RetryOrDlq => "retry-or-dlq",
+        }
+    }
+}
+
+/// The longest prompt a decide stage may have, in bytes.
+pub const MAX_PROMPT: usize = 16 << 10;
 
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Stage {
@@ -141,6 +212,8 @@ pub struct Stage {
     /// The run pauses before this stage (once its input is ready) until a
     /// person approves it: `cairn run approve RUN STAGE`.
     pub approve: bool,
+    /// A decision point: no commands; the model chooses (`run` is empty).
+    pub decide: Option<Decide>,
     /// Line of the stage in the file, for later messages.
     pub line: usize,
 }
@@ -155,8 +228,12 @@ pub struct Edit {
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Branches {
     pub select: Selection,
-    /// Each hypothesis: a name and its values (`{hypothesis.KEY}`).
+    /// Each hypothesis: a name and its values (`{hypothesis.KEY}`). Empty
+    /// until a decide stage before this one chooses them.
     pub hypotheses: Vec<BTreeMap<String, String>>,
+    /// The `{hypothesis.KEY}` keys the stage uses: a chosen hypothesis must
+    /// give each of them.
+    pub fields: Vec<String>,
 }
 
 /// How a branch group picks its winner.
@@ -337,6 +414,18 @@ pub fn parse(file: &str, text: &str, overrides: &BTreeMap<String, String>) -> Re
         return Err(lines.err(text.len(), "the pipeline has no [[stage]]"));
     }
 
+    // Stages whose hypotheses a decide stage before them chooses.
+    let deciders: HashSet<&str> = raw
+        .stages
+        .iter()
+        .filter(|s| {
+            s.get_ref()
+                .decide
+                .as_ref()
+                .is_some_and(|d| d.get_ref().choose.get_ref().iter().any(|c| c == "hypotheses"))
+        })
+        .map(|s| s.get_ref().name.get_ref().as_str())
+        .collect();
     let mut stages = Vec::new();
     let mut by_name: HashMap<String, usize> = HashMap::new();
     for spanned in &raw.stages {
@@ -352,7 +441,11 @@ pub fn parse(file: &str, text: &str, overrides: &BTreeMap<String, String>) -> Re
         if by_name.insert(name.clone(), stages.len()).is_some() {
             return Err(lines.err(at(&s.name.span()), format!("a stage named {name:?} already exists")));
         }
-        if s.run.is_empty() {
+        let decide = match &s.decide {
+            None => None,
+            Some(d) => Some(check_decide(&lines, &name, s, d, &params)?),
+        };
+        if s.run.is_empty() && decide.is_none() {
             return Err(lines.err(
                 at(&spanned.span()),
                 format!("stage {name:?} has nothing to run: add run = [\"command\", ...]"),
@@ -411,8 +504,15 @@ pub fn parse(file: &str, text: &str, overrides: &BTreeMap<String, String>) -> Re
                         ))
                     }
                 };
-                if raw_b.hypotheses.len() < 2 {
-                    return Err(lines.err(at(&b.span()), "a branch group needs at least two hypotheses"));
+                let decided = s
+                    .after
+                    .as_ref()
+                    .is_some_and(|a| deciders.contains(a.get_ref().as_str()));
+                if raw_b.hypotheses.len() < 2 && !(decided && raw_b.hypotheses.is_empty()) {
+                    return Err(lines.err(
+                        at(&b.span()),
+                        "a branch group needs at least two hypotheses (or none, when a decide stage before it chooses them)",
+                    ));
                 }
                 let mut names = HashSet::new();
                 for h in &raw_b.hypotheses {
@@ -422,13 +522,39 @@ pub fn parse(file: &str, text: &str, overrides: &BTreeMap<String, String>) -> Re
                         None => return Err(lines.err(at(&h.span()), "every hypothesis needs a name = \"...\"")),
                     }
                 }
+                let mut fields: Vec<String> = std::iter::once(s.key.get_ref())
+                    .chain(&s.run)
+                    .chain(s.edits.iter().map(|e| &e.content))
+                    .flat_map(|t| placeholders(t))
+                    .filter_map(|p| p.strip_prefix("hypothesis."))
+                    .map(str::to_string)
+                    .collect();
+                fields.sort();
+                fields.dedup();
                 Some(Branches {
                     select,
                     hypotheses: raw_b.hypotheses.iter().map(|h| h.get_ref().clone()).collect(),
+                    fields,
                 })
             }
         };
+        if branches.is_none() {
+            if let Some(a) = s.after.as_ref().filter(|a| deciders.contains(a.get_ref().as_str())) {
+                return Err(lines.err(
+                    at(&spanned.span()),
+                    format!(
+                        "stage {name:?} comes after decide stage {:?}, which chooses hypotheses for it: give it \
+                         [stage.branches] (select, metric) and {{hypothesis}} in its key",
+                        a.get_ref()
+                    ),
+                ));
+            }
+        }
         let hypothesis_keys: Option<HashSet<String>> = branches.as_ref().map(|b| {
+            // Chosen hypotheses must give every key the stage uses.
+            if b.hypotheses.is_empty() {
+                return b.fields.iter().cloned().collect();
+            }
             // Only keys every hypothesis defines are safe to use.
             let mut keys: HashSet<String> = b.hypotheses[0].keys().cloned().collect();
             for h in &b.hypotheses[1..] {
@@ -469,6 +595,7 @@ pub fn parse(file: &str, text: &str, overrides: &BTreeMap<String, String>) -> Re
                 checkpoint_every,
                 branches,
                 approve: s.approve,
+                decide,
                 line: lines.line(at(&spanned.span())),
             },
             after,
@@ -497,6 +624,7 @@ pub fn parse(file: &str, text: &str, overrides: &BTreeMap<String, String>) -> Re
             }
         }
     }
+    check_decide_neighbours(file, &mut stages)?;
     if raw.pipeline.image.is_none() && raw.pipeline.snapshot.is_none() {
         if let Some((root, _)) = stages.iter().find(|(s, _)| s.after.is_empty()) {
             return Err(PipelineError {
@@ -547,8 +675,190 @@ pub fn parse(file: &str, text: &str, overrides: &BTreeMap<String, String>) -> Re
         image: raw.pipeline.image,
         snapshot: raw.pipeline.snapshot,
         driver: raw.pipeline.driver.map(Spanned::into_inner),
+        model: match raw.pipeline.model {
+            None => ModelSpec::default(),
+            Some(m) => check_model(&lines, m)?,
+        },
         params,
         stages: order,
+    })
+}
+
+/// A decide stage's own checks: a prompt, known choices, and none of a
+/// running stage's fields.
+fn check_decide(
+    lines: &Lines,
+    name: &str,
+    s: &RawStage,
+    d: &Spanned<RawDecide>,
+    params: &BTreeMap<String, String>,
+) -> Result<Decide, PipelineError> {
+    let raw = d.get_ref();
+    let at = d.span().start;
+    let prompt = raw.prompt.get_ref();
+    if prompt.trim().is_empty() || prompt.len() > MAX_PROMPT {
+        return Err(lines.err(
+            raw.prompt.span().start,
+            format!("decide stage {name:?}: the prompt must say what to decide, in at most {MAX_PROMPT} bytes"),
+        ));
+    }
+    let mut choose = Vec::new();
+    for c in raw.choose.get_ref() {
+        let choice = match c.as_str() {
+            "hypotheses" => Choice::Hypotheses,
+            "params" => Choice::Params,
+            "retry-or-dlq" => Choice::RetryOrDlq,
+            other => {
+                return Err(lines.err(
+                    raw.choose.span().start,
+                    format!("decide stage {name:?} cannot choose {other:?}: choose from \"hypotheses\", \"params\", \"retry-or-dlq\""),
+                ))
+            }
+        };
+        if choose.contains(&choice) {
+            return Err(lines.err(
+                raw.choose.span().start,
+                format!("decide stage {name:?} names {c:?} twice"),
+            ));
+        }
+        choose.push(choice);
+    }
+    if choose.is_empty() {
+        return Err(lines.err(
+            raw.choose.span().start,
+            format!("decide stage {name:?} chooses nothing: choose = [\"hypotheses\", \"params\", \"retry-or-dlq\"] or some of them"),
+        ));
+    }
+    if choose.contains(&Choice::Params) && params.is_empty() {
+        return Err(lines.err(
+            raw.choose.span().start,
+            format!("decide stage {name:?} chooses params, but the pipeline declares none: add them under [params]"),
+        ));
+    }
+    let extra = [
+        (!s.run.is_empty(), "run"),
+        (!s.edits.is_empty(), "edits"),
+        (!s.artifacts.is_empty(), "artifacts"),
+        (s.timeout.is_some(), "timeout"),
+        (s.retries != 0, "retries"),
+        (s.checkpoint_every.is_some(), "checkpoint_every"),
+        (s.branches.is_some(), "branches"),
+    ];
+    if let Some((_, field)) = extra.iter().find(|(set, _)| *set) {
+        return Err(lines.err(
+            at,
+            format!("decide stage {name:?} runs no commands, so it takes no {field}: move that to a stage of its own"),
+        ));
+    }
+    if s.after.is_none() {
+        return Err(lines.err(
+            at,
+            format!("decide stage {name:?} needs after = \"STAGE\": it decides on what that stage left"),
+        ));
+    }
+    choose.sort();
+    Ok(Decide {
+        prompt: prompt.clone(),
+        choose,
+        next: None,
+    })
+}
+
+/// A decide stage choosing hypotheses has exactly one stage after it, a
+/// branch group; a decide stage choosing retry-or-dlq comes after a single
+/// stage that runs commands.
+fn check_decide_neighbours(file: &str, stages: &mut [(Stage, Vec<Spanned<String>>)]) -> Result<(), PipelineError> {
+    let err = |line: usize, message: String| PipelineError {
+        file: file.to_string(),
+        line,
+        message,
+    };
+    for i in 0..stages.len() {
+        let Some(d) = stages[i].0.decide.clone() else { continue };
+        let name = stages[i].0.name.clone();
+        let line = stages[i].0.line;
+        if d.choose.contains(&Choice::Hypotheses) {
+            let next: Vec<&Stage> = stages
+                .iter()
+                .map(|(s, _)| s)
+                .filter(|s| s.after.iter().any(|a| *a == name))
+                .collect();
+            match next.as_slice() {
+                [one] if one.branches.is_some() => {
+                    let next = one.name.clone();
+                    stages[i].0.decide.as_mut().expect("a decide stage").next = Some(next);
+                }
+                [one] => {
+                    return Err(err(
+                        one.line,
+                        format!(
+                            "stage {:?} comes after decide stage {name:?}, which chooses hypotheses for it: give it                              [stage.branches] (select, metric) and {{hypothesis}} in its key",
+                            one.name
+                        ),
+                    ))
+                }
+                _ => {
+                    return Err(err(
+                        line,
+                        format!(
+                            "decide stage {name:?} chooses hypotheses for the stage after it, so exactly one stage                              must come after it (found {})",
+                            next.len()
+                        ),
+                    ))
+                }
+            }
+        }
+        if d.choose.contains(&Choice::RetryOrDlq) {
+            let before = stages[i].0.after[0].clone();
+            if let Some((b, _)) = stages.iter().find(|(s, _)| s.name == before) {
+                if b.branches.is_some() || b.decide.is_some() {
+                    return Err(err(
+                        line,
+                        format!(
+                            "decide stage {name:?} chooses retry-or-dlq for {before:?}, which must be a single stage                              that runs commands (not a branch group or a decide stage)"
+                        ),
+                    ));
+                }
+            }
+        }
+    }
+    Ok(())
+}
+
+fn check_model(lines: &Lines, m: Spanned<RawModel>) -> Result<ModelSpec, PipelineError> {
+    let m = m.into_inner();
+    if let Some(p) = &m.provider {
+        if !["anthropic", "openai"].contains(&p.get_ref().as_str()) {
+            return Err(lines.err(
+                p.span().start,
+                format!("model provider {:?} is not one of anthropic, openai", p.get_ref()),
+            ));
+        }
+    }
+    if let Some(u) = &m.base_url {
+        let url = u.get_ref();
+        if !(url.starts_with("http://") || url.starts_with("https://")) || url.len() > 2048 {
+            return Err(lines.err(
+                u.span().start,
+                format!("base_url {url:?} is not an http:// or https:// URL"),
+            ));
+        }
+    }
+    if let Some(name) = &m.model {
+        if name.get_ref().trim().is_empty() || name.get_ref().len() > 256 {
+            return Err(lines.err(name.span().start, "the model's name is empty or too long"));
+        }
+    }
+    if let Some(r) = &m.retries {
+        if *r.get_ref() > 10 {
+            return Err(lines.err(r.span().start, "model retries is at most 10"));
+        }
+    }
+    Ok(ModelSpec {
+        retries: m.retries.map(Spanned::into_inner),
+        provider: m.provider.map(Spanned::into_inner),
+        model: m.model.map(Spanned::into_inner),
+        base_url: m.base_url.map(Spanned::into_inner),
     })
 }
 
@@ -670,6 +980,71 @@ hypotheses = [{ name = "a", ff = "1" }, { name = "b", ff = "2" }]
         let e = bad("[pipeline]\nname = ");
         assert_eq!(e.line, 2, "{e}");
         assert!(e.message.contains("not valid TOML"), "{e}");
+    }
+
+    const DECIDED: &str = r#"[pipeline]
+name = "d"
+image = "busybox"
+model = { provider = "anthropic", model = "m", base_url = "http://127.0.0.1:9" }
+
+[params]
+steps = "10"
+
+[[stage]]
+name = "prepare"
+key = "prepare"
+run = ["true"]
+
+[[stage]]
+name = "choose"
+after = "prepare"
+key = "choose-{params.steps}"
+decide = { prompt = "pick force fields", choose = ["hypotheses", "params", "retry-or-dlq"] }
+
+[[stage]]
+name = "fit"
+after = "choose"
+key = "fit-{hypothesis}"
+run = ["echo {hypothesis.ff} {params.steps}"]
+[stage.branches]
+select = "first_success"
+"#;
+
+    #[test]
+    fn a_decide_stage_parses_and_names_the_stage_it_chooses_for() {
+        let p = parse("d.toml", DECIDED, &BTreeMap::new()).unwrap();
+        let d = p.stages[1].decide.as_ref().unwrap();
+        assert_eq!(d.choose, [Choice::Hypotheses, Choice::Params, Choice::RetryOrDlq]);
+        assert_eq!(d.next.as_deref(), Some("fit"));
+        assert!(p.stages[1].run.is_empty());
+        let b = p.stages[2].branches.as_ref().unwrap();
+        assert!(b.hypotheses.is_empty());
+        assert_eq!(b.fields, ["ff"]);
+        assert_eq!(p.model.provider.as_deref(), Some("anthropic"));
+    }
+
+    #[test]
+    fn bad_decide_stages_are_refused_with_what_to_do() {
+        let cases = [
+            (DECIDED.replace("\"retry-or-dlq\"]", "\"retry-or-dlq\", \"magic\"]"), "cannot choose \"magic\""),
+            (DECIDED.replace("choose = [\"hypotheses\", \"params\", \"retry-or-dlq\"]", "choose = []"), "chooses nothing"),
+            (DECIDED.replace("prompt = \"pick force fields\"", "prompt = \" \""), "the prompt"),
+            (DECIDED.replace("key = \"choose-{params.steps}\"", "key = \"c\"\nrun = [\"true\"]"), "takes no run"),
+            (DECIDED.replace("after = \"prepare\"\nkey = \"choose", "key = \"choose"), "needs after"),
+            (DECIDED.replace("[stage.branches]\nselect = \"first_success\"\n", ""), "give it [stage.branches]"),
+            (DECIDED.replace("[params]\nsteps = \"10\"\n", "").replace("{params.steps}", "x"), "declares none"),
+            (DECIDED.replace("provider = \"anthropic\"", "provider = \"acme\""), "not one of anthropic, openai"),
+            (DECIDED.replace("\"http://127.0.0.1:9\"", "\"ftp://x\""), "not an http"),
+            (DECIDED.to_string() + "\n[[stage]]\nname = \"other\"\nafter = \"choose\"\nkey = \"o-{hypothesis}\"\nrun = [\"true\"]\n[stage.branches]\nselect = \"first_success\"\n", "exactly one stage"),
+        ];
+        for (text, says) in cases {
+            assert_ne!(text, DECIDED);
+            let e = bad(&text);
+            assert!(e.message.contains(says), "{says}: {e}");
+        }
+        // Hypotheses still needed where no decide stage chooses them.
+        let e = bad(&DECIDED.replace("[\"hypotheses\", ", "["));
+        assert!(e.message.contains("at least two hypotheses"), "{e}");
     }
 
     #[test]
