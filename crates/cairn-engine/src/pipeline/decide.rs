@@ -16,7 +16,7 @@ use cairn_llm::{Conversation, ModelConfig, ProviderKind, ToolDef, ToolResult, Tu
 use super::decision::{self, Action, Answer, Rules};
 use super::records::{DeadLetter, DecisionEffect, DecisionRecord, RunRecord, StageRecord};
 use super::run::{new_id, render, RunError, RunWatcher};
-use super::spec::{Decide, ModelSpec, Pipeline, Stage};
+use super::spec::{Decide, Metric, ModelSpec, Pipeline, Selection, Stage};
 use crate::{now_ms, Engine, EngineError};
 
 /// Model calls for one decision: the first and two more after invalid answers.
@@ -410,9 +410,13 @@ impl Engine {
             if let Some(b) = &next.branches {
                 let _ = writeln!(
                     t,
-                    "It runs a branch group: each hypothesis forks the same input, {:?} picks the winner; \
+                    "It runs a branch group: each hypothesis forks the same input, and the winner is {}; \
                      commands use {{hypothesis}} (the name) and {}.",
-                    b.select,
+                    match &b.select {
+                        Selection::FirstSuccess => "the first to succeed".to_string(),
+                        Selection::Min(m) => format!("the least {}", metric_text(m)),
+                        Selection::Max(m) => format!("the greatest {}", metric_text(m)),
+                    },
                     b.fields
                         .iter()
                         .map(|f| format!("{{hypothesis.{f}}}"))
@@ -426,6 +430,13 @@ impl Engine {
         }
         let _ = writeln!(t, "\nAnswer by calling the decide tool once.");
         Ok(t)
+    }
+}
+
+fn metric_text(m: &Metric) -> String {
+    match m {
+        Metric::Output => "last number printed".into(),
+        Metric::File(path) => format!("number in {path}"),
     }
 }
 
