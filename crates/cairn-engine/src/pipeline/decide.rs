@@ -401,7 +401,7 @@ impl Engine {
         for (k, v) in &p.params {
             let _ = writeln!(t, "- {k} = {v:?}");
         }
-        if let Some(next) = p.stages.iter().find(|s| s.after.iter().any(|a| *a == stage.name)) {
+        if let Some(next) = p.stages.iter().find(|s| s.after.contains(&stage.name)) {
             let _ = writeln!(t, "\n## The stage after: {} (its current definition)", next.name);
             let _ = writeln!(t, "key = {:?}", next.key);
             for cmd in &next.run {

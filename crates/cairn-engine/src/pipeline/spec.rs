@@ -781,7 +781,7 @@ fn check_decide_neighbours(file: &str, stages: &mut [(Stage, Vec<Spanned<String>
             let next: Vec<&Stage> = stages
                 .iter()
                 .map(|(s, _)| s)
-                .filter(|s| s.after.iter().any(|a| *a == name))
+                .filter(|s| s.after.contains(&name))
                 .collect();
             match next.as_slice() {
                 [one] if one.branches.is_some() => {
