@@ -169,6 +169,7 @@ pub async fn get(State(app): State<Arc<App>>, Path(id): Path<String>) -> ApiResu
                 stages: e.run_stages(&run.id)?.into_iter().map(Stage::from).collect(),
                 events: e.run_events(&run.id)?.into_iter().map(RunEvent::from).collect(),
                 artifacts: e.artifacts(Some(&run.id))?.into_iter().map(Artifact::from).collect(),
+                decisions: e.run_decisions(&run.id)?.into_iter().map(Decision::from).collect(),
                 run: Run::of(run, live),
             })
         })
