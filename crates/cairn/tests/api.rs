@@ -778,7 +778,11 @@ run = ["cat /out"]
     let run = run["id"].as_str().unwrap().to_string();
     let d = settled(&s, &run);
     assert_eq!(d["run"]["status"], "awaiting_approval", "{d}");
-    assert_eq!(d["decisions"], json!([]), "a run without decide stages has no decisions");
+    assert_eq!(
+        d["decisions"],
+        json!([]),
+        "a run without decide stages has no decisions"
+    );
     let path = |stage: &str, verb: &str| format!("/v1/runs/{run}/stages/{stage}/{verb}");
     let (status, v) = s.call("POST", &path("nope", "approve"), None);
     assert_eq!(status, 404, "{v}");
