@@ -353,3 +353,76 @@ run = ["echo report"]
     );
     assert!(v["run"]["error"].as_str().unwrap().contains("dead-letter queue"), "{v}");
 }
+
+#[test]
+fn a_decide_stage_asks_an_openai_compatible_model_too() {
+    if skip("a_decide_stage_asks_an_openai_compatible_model_too") {
+        return;
+    }
+    let home = Home::new();
+    let model = ScriptedModel::start(json!({"turns": [
+        {"tool_calls": [{"name": "decide", "arguments": {"action": "continue", "reason": "it converged"}}]}
+    ]}));
+    let text = format!(
+        r#"
+[pipeline]
+name = "judged"
+image = "busybox"
+
+[[stage]]
+name = "measure"
+key = "openai-measure-{}"
+run = ["echo converged"]
+
+[[stage]]
+name = "judge"
+after = "measure"
+key = "openai-judge-{}"
+decide = {{ prompt = "Did it converge?", choose = ["retry-or-dlq"] }}
+
+[[stage]]
+name = "report"
+after = "judge"
+key = "openai-report-{}"
+run = ["echo report"]
+"#,
+        tag(),
+        tag(),
+        tag()
+    );
+    let file = write(&home, "o.toml", &text);
+    // No model in the file: refused before anything is recorded or runs.
+    let out = cairn(&home, &["pipeline", "run", &file]).output().unwrap();
+    assert_eq!(out.status.code(), Some(125), "{}", stderr(&out));
+    assert!(
+        stderr(&out).contains("decide stage judge needs a model") && stderr(&out).contains("--provider"),
+        "{}",
+        stderr(&out)
+    );
+    assert_eq!(home.ok(&["runs", "--json"]), "[]");
+    // A provider's own endpoint without its key is refused too.
+    let out = home
+        .command(&["pipeline", "run", &file, "--provider", "openai", "--model", "gpt-test"])
+        .env_remove("OPENAI_API_KEY")
+        .output()
+        .unwrap();
+    assert!(stderr(&out).contains("OPENAI_API_KEY is not set"), "{}", stderr(&out));
+    assert_eq!(home.ok(&["runs", "--json"]), "[]");
+    // The flags name the model.
+    let url = format!("{}/v1", model.url());
+    let args = ["--provider", "openai", "--model", "gpt-test", "--base-url", &url];
+    let out = cairn(&home, &[&["pipeline", "run", &file][..], &args[..]].concat())
+        .env("OPENAI_API_KEY", "sk-test")
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{}", stderr(&out));
+    let run = stdout(&out).trim().to_string();
+    let v = show(&home, &run);
+    assert_eq!(v["run"]["status"], "completed");
+    assert_eq!(v["decisions"][0]["model"], "openai/gpt-test");
+    assert_eq!(v["decisions"][0]["answer"]["action"], "continue");
+    assert_eq!(home.ok(&["logs", &run, "report"]), "report");
+    let requests = model.requests();
+    assert_eq!((requests.len(), requests[0].provider), (1, "openai"));
+    assert!(model.violations().is_empty(), "{:?}", model.violations());
+}

@@ -50,6 +50,25 @@ impl Engine {
         Ok(self.db.decisions_of(run)?)
     }
 
+    /// Before anything runs: a pipeline with a decide stage still to decide
+    /// (in `run`, when given) needs a usable model configuration.
+    pub(super) fn check_model_for(&self, run: Option<&str>, p: &Pipeline) -> Result<(), EngineError> {
+        for s in p.stages.iter().filter(|s| s.decide.is_some()) {
+            let done = match run {
+                Some(run) => self
+                    .db
+                    .stage(run, &s.name, "")?
+                    .is_some_and(|r| r.status == "completed"),
+                None => false,
+            };
+            if !done {
+                self.model_config(p, &s.name)?;
+                return Ok(());
+            }
+        }
+        Ok(())
+    }
+
     fn model_config(&self, p: &Pipeline, stage: &str) -> Result<ModelConfig, RunError> {
         let o = &self.model_override;
         let provider = o.provider.clone().or(p.model.provider.clone());

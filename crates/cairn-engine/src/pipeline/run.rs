@@ -206,6 +206,7 @@ impl Engine {
             return Err(RunError::BadRunId(id.to_string()).into());
         }
         let pipeline = spec::parse(file, &text, params).map_err(RunError::from)?;
+        self.check_model_for(None, &pipeline)?;
         let run = RunRecord {
             id: id.to_string(),
             pipeline: pipeline.name.clone(),
@@ -345,6 +346,7 @@ impl Engine {
             .map(|(k, v)| (k.into(), v.into()))
             .collect();
         let parsed = spec::parse(&run.file, &run.spec, &overrides).map_err(RunError::from)?;
+        self.check_model_for(Some(&run.id), &parsed)?;
         fs::create_dir_all(self.run_dir(&run.id)).map_err(|e| RunError::Read(self.run_dir(&run.id), e))?;
         if run.status != "running" {
             self.db.finish_run(&run.id, "running", None, 0)?;
