@@ -121,13 +121,16 @@ fn status_of(e: &EngineError) -> StatusCode {
             | RunError::NoSuchDeadLetter(_)
             | RunError::NoSuchArtifact(_)
             | RunError::NoSuchStage(_) => S::NOT_FOUND,
-            RunError::Spec(_) | RunError::BadParam(_) | RunError::BadRunId(_) | RunError::BadReason(_) => {
-                S::BAD_REQUEST
-            }
+            RunError::Spec(_)
+            | RunError::BadParam(_)
+            | RunError::BadRunId(_)
+            | RunError::BadReason(_)
+            | RunError::NoModel(_) => S::BAD_REQUEST,
             RunError::Completed(_)
             | RunError::AlreadyRetried(_)
             | RunError::Busy { .. }
             | RunError::NotAwaitingApproval(_) => S::CONFLICT,
+            RunError::Model(_) => S::SERVICE_UNAVAILABLE,
             _ => S::INTERNAL_SERVER_ERROR,
         },
         EngineError::Bundle(b) => {

@@ -74,20 +74,20 @@ impl Engine {
         let provider = o.provider.clone().or(p.model.provider.clone());
         let model = o.model.clone().or(p.model.model.clone());
         let (Some(provider), Some(model)) = (provider, model) else {
-            return Err(RunError::Model(format!(
+            return Err(RunError::NoModel(format!(
                 "decide stage {stage} needs a model: add [pipeline] model = {{ provider = \"anthropic\", model = \"...\" }} \
                  or pass --provider and --model"
             )));
         };
         let kind: ProviderKind = provider
             .parse()
-            .map_err(|_| RunError::Model(format!("model provider {provider:?} is not one of anthropic, openai")))?;
+            .map_err(|_| RunError::NoModel(format!("model provider {provider:?} is not one of anthropic, openai")))?;
         let mut cfg = ModelConfig::new(kind, &model);
         cfg.base_url = o.base_url.clone().or(p.model.base_url.clone());
         if let Some(r) = o.retries.or(p.model.retries) {
             cfg.retries = r;
         }
-        cfg.check().map_err(|e| RunError::Model(e.to_string()))?;
+        cfg.check().map_err(|e| RunError::NoModel(e.to_string()))?;
         Ok(cfg)
     }
 

@@ -54,8 +54,12 @@ pub enum RunError {
     /// An approval or rejection the stage's state does not allow; says why and what to do.
     #[error("{0}")]
     NotAwaitingApproval(String),
-    /// A decide stage could not ask its model (none configured, an outage,
-    /// a refused request); the run is left interrupted and resumable.
+    /// A decide stage's model cannot be asked: none named, an unknown
+    /// provider, no API key. Nothing was recorded or run.
+    #[error("{0}")]
+    NoModel(String),
+    /// A decide stage's model did not answer (an outage, a refused request);
+    /// the run is left interrupted and resumable.
     #[error("{0}")]
     Model(String),
     /// A verdict's reason that is missing or too long.
