@@ -334,6 +334,8 @@ pub enum RunCommand {
         /// Only record the approval; `cairn pipeline resume RUN` continues the run.
         #[arg(long)]
         no_continue: bool,
+        #[command(flatten)]
+        model: PipelineModelArgs,
     },
     /// Reject a stage that waits for a person: the run fails there, with
     /// who rejected it and why. The stage does not run and goes to no
@@ -403,7 +405,11 @@ pub enum DlqCommand {
     /// One dead letter, with its failure and input snapshots.
     Show { id: String },
     /// Run the stage again (fresh retries), then the rest of its run.
-    Retry { id: String },
+    Retry {
+        id: String,
+        #[command(flatten)]
+        model: PipelineModelArgs,
+    },
 }
 
 #[derive(Subcommand)]

@@ -126,7 +126,9 @@ pub fn verdict(engine: &mut Engine, cmd: RunCommand) -> Result<i32> {
             stage,
             reason,
             no_continue,
+            model,
         } => {
+            set_model(engine, &model);
             let run = engine.decide_approval(&run, &stage, Verdict::Approve, &who(), reason.as_deref())?;
             eprintln!("cairn: stage {stage} of run {} approved", run.id);
             if no_continue {
@@ -382,7 +384,8 @@ pub fn dlq(engine: &mut Engine, cmd: DlqCommand) -> Result<i32> {
             println!("{}", serde_json::to_string_pretty(&d)?);
             Ok(0)
         }
-        DlqCommand::Retry { id } => {
+        DlqCommand::Retry { id, model } => {
+            set_model(engine, &model);
             let run = engine.retry_dead_letter(&id, &Progress)?;
             eprintln!("cairn: run {} {}", run.id, run.status);
             Ok(if run.status == "completed" { 0 } else { 1 })
