@@ -180,8 +180,8 @@ fn a_decide_stage_chooses_three_hypotheses_that_the_next_stage_runs_as_a_branch_
 }
 
 #[test]
-fn invalid_answers_send_the_decide_stage_to_the_dead_letters() {
-    if skip("invalid_answers_send_the_decide_stage_to_the_dead_letters") {
+fn invalid_answers_send_the_decide_stage_to_the_dead_letters_and_a_dlq_retry_asks_again() {
+    if skip("invalid_answers_send_the_decide_stage_to_the_dead_letters_and_a_dlq_retry_asks_again") {
         return;
     }
     let home = Home::new();
@@ -211,6 +211,20 @@ fn invalid_answers_send_the_decide_stage_to_the_dead_letters() {
     assert_eq!(model.requests().len(), 3, "two retries, no more");
     assert!(model.violations().is_empty(), "{:?}", model.violations());
     assert!(v["decisions"].as_array().unwrap().is_empty());
+
+    // Retried from the dead letters, the stage asks again: here a better
+    // model, named on the command line.
+    let better = ScriptedModel::start(json!({"turns": [{"tool_calls": [three_hypotheses()]}]}));
+    let dl = dlq[0]["id"].as_str().unwrap();
+    let out = cairn(&home, &["dlq", "retry", dl, "--base-url", &better.url()])
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{}", stderr(&out));
+    let v = show(&home, &run);
+    assert_eq!(v["run"]["status"], "completed", "{v}");
+    assert_eq!(v["decisions"].as_array().unwrap().len(), 1);
+    assert_eq!(events(&v, "won")[0]["detail"], "charmm won under min with 5");
+    assert_eq!((model.requests().len(), better.requests().len()), (3, 1));
 }
 
 #[test]
