@@ -440,3 +440,68 @@ run = ["echo report"]
     assert_eq!((requests.len(), requests[0].provider), (1, "openai"));
     assert!(model.violations().is_empty(), "{:?}", model.violations());
 }
+
+#[test]
+fn a_person_approves_before_the_model_is_asked_and_before_its_branches_run() {
+    if skip("a_person_approves_before_the_model_is_asked_and_before_its_branches_run") {
+        return;
+    }
+    let home = Home::new();
+    let model = ScriptedModel::start(json!({"turns": [{"tool_calls": [three_hypotheses()]}]}));
+    let text = branching(&model, "true")
+        .replace(
+            "key = \"choose-{params.tag}\"\n",
+            "key = \"choose-{params.tag}\"\napprove = true\n",
+        )
+        .replace(
+            "key = \"fit-{params.tag}-{params.scale}-{hypothesis}\"\n",
+            "key = \"fit-{params.tag}-{params.scale}-{hypothesis}\"\napprove = true\n",
+        );
+    assert_eq!(text.matches("approve = true").count(), 2);
+    let file = write(&home, "a.toml", &text);
+    let out = output(&home, &["pipeline", "run", &file, "--param", &format!("tag={}", tag())]);
+    assert_eq!(out.status.code(), Some(3), "{}", stderr(&out));
+    let run = stdout(&out).trim().to_string();
+    assert!(model.requests().is_empty(), "nobody approved asking the model yet");
+
+    let out = cairn(&home, &["run", "approve", &run, "choose", "--reason", "budget ok"])
+        .env("USER", "erin")
+        .output()
+        .unwrap();
+    assert_eq!(
+        out.status.code(),
+        Some(3),
+        "it stops again before fit: {}",
+        stderr(&out)
+    );
+    assert!(
+        stderr(&out).contains(&format!("cairn run approve {run} fit")),
+        "{}",
+        stderr(&out)
+    );
+    assert_eq!(model.requests().len(), 1);
+    let tree = home.ok(&["run", "show", &run]);
+    assert!(
+        tree.contains("◇ decision 1") && tree.contains("awaiting approval of stage fit"),
+        "{tree}"
+    );
+    let v = show(&home, &run);
+    let fit = rows(&v, "fit");
+    assert_eq!(fit.len(), 1, "no branch started: {v}");
+    assert_eq!(
+        (fit[0]["branch"].as_str(), fit[0]["status"].as_str()),
+        (Some(""), Some("awaiting_approval"))
+    );
+
+    let out = cairn(&home, &["run", "approve", &run, "fit"]).output().unwrap();
+    assert!(out.status.success(), "{}", stderr(&out));
+    let v = show(&home, &run);
+    assert_eq!(v["run"]["status"], "completed");
+    assert_eq!(events(&v, "won")[0]["detail"], "charmm won under min with 5");
+    assert_eq!(model.requests().len(), 1, "approving fit did not ask again");
+    let approved: Vec<&str> = events(&v, "approved")
+        .iter()
+        .filter_map(|e| e["detail"].as_str())
+        .collect();
+    assert_eq!(approved[0], "approved by erin: budget ok");
+}
