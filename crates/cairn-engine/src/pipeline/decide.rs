@@ -215,15 +215,34 @@ impl Engine {
             usage.1,
             usage.2
         );
-        let previous = &stage.after[0];
         let retries_asked = mine
             .iter()
             .filter(|x| Answer::from_stored(&x.answer).is_ok_and(|a| a.action == Some(Action::Retry)))
             .count() as u32;
+        self.act(run, stage, rec, &record, answer, &detail, retries_asked, watch)
+    }
+
+    /// Records a new decision with what it does to the stage before: the
+    /// decide stage completes (`continue`, or no action to choose), the
+    /// stage before runs again (`retry`, within the limit), or it goes to
+    /// the dead letters (`dlq`, or one `retry` too many).
+    #[allow(clippy::too_many_arguments)]
+    fn act(
+        &mut self,
+        run: &RunRecord,
+        stage: &Stage,
+        mut rec: StageRecord,
+        record: &DecisionRecord,
+        answer: Answer,
+        detail: &str,
+        retries_asked: u32,
+        watch: &dyn RunWatcher,
+    ) -> Result<Step, EngineError> {
+        let previous = &stage.after[0];
         match answer.action {
             None | Some(Action::Continue) => {
-                self.complete(&mut rec, &record, "decided", &detail)?;
-                watch.stage(&stage.name, "", "decided", &detail);
+                self.complete(&mut rec, record, "decided", detail)?;
+                watch.stage(&stage.name, "", "decided", detail);
                 Ok(Step::Apply(answer))
             }
             Some(Action::Retry) if retries_asked < MAX_DECIDED_RETRIES => {
@@ -241,12 +260,12 @@ impl Engine {
                 ));
                 rec.status = "pending".into();
                 self.db.record_decision(
-                    &record,
+                    record,
                     &rec,
                     ("decided", &format!("{detail}; stage {previous} runs again")),
                     DecisionEffect::Retry { previous: &prev },
                 )?;
-                watch.stage(&stage.name, "", "decided", &detail);
+                watch.stage(&stage.name, "", "decided", detail);
                 Ok(Step::Restart)
             }
             Some(action) => {
@@ -283,7 +302,7 @@ impl Engine {
                 rec.status = "pending".into();
                 let run_error = format!("stage {previous} went to the dead-letter queue: {why}");
                 self.db.record_decision(
-                    &record,
+                    record,
                     &rec,
                     (
                         "decided",
