@@ -268,9 +268,28 @@ pub fn drive(home: &Home, key: &str, watch: &dyn Watch) -> Result<Outcome, Agent
     out
 }
 
+fn lock_path(home: &Home, id: &str) -> std::path::PathBuf {
+    home.root().join("agents").join(format!("{id}.lock"))
+}
+
+/// The pid of the process driving agent session `id` now, if one does. An
+/// agent recorded as running that no process drives was interrupted:
+/// `cairn agent resume` continues it.
+pub fn driven_by(home: &Home, id: &str) -> Option<u32> {
+    cairn_engine::flock_holder(&lock_path(home, id))
+}
+
+/// The status to show: `interrupted` for a running agent no process drives.
+pub fn shown_status(home: &Home, session: &SessionRecord, st: &AgentState) -> &'static str {
+    match st.status {
+        Status::Running if driven_by(home, &session.id).is_none() => "interrupted",
+        other => other.as_str(),
+    }
+}
+
 fn lock(home: &Home, id: &str) -> Result<Flock<File>, AgentError> {
-    let dir = home.root().join("agents");
-    let path = dir.join(format!("{id}.lock"));
+    let path = lock_path(home, id);
+    let dir = path.parent().expect("agents/").to_path_buf();
     let io = |e: std::io::Error| AgentError::Invalid(format!("cannot lock {}: {e}", path.display()));
     std::fs::create_dir_all(&dir).map_err(io)?;
     let file = File::options()
@@ -544,7 +563,7 @@ impl Loop<'_> {
                             self.watch.say(&format!("stage {handle} started ({})", call.name));
                             Ok(handle)
                         }
-                        Err(e) => Err(e.to_string()),
+                        Err(e) => Err(describe(&e)),
                     },
                 }
             };

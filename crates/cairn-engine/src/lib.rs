@@ -174,6 +174,28 @@ pub(crate) fn layer_id(s: &str) -> Result<LayerId, EngineError> {
 }
 
 /// `bytes` random bytes from the kernel, in hex: ids and secrets.
+/// The pid of the process holding a `flock` on `path`, read from
+/// `/proc/locks` so that looking takes no lock a starting holder could
+/// collide with; `None` when nobody holds it (or the file is missing).
+pub fn flock_holder(path: &std::path::Path) -> Option<u32> {
+    use std::os::unix::fs::MetadataExt;
+    let meta = std::fs::metadata(path).ok()?;
+    let dev = meta.dev();
+    let id = format!(
+        "{:02x}:{:02x}:{}",
+        nix::sys::stat::major(dev),
+        nix::sys::stat::minor(dev),
+        meta.ino()
+    );
+    std::fs::read_to_string("/proc/locks").ok()?.lines().find_map(|line| {
+        let f: Vec<&str> = line.split_whitespace().collect();
+        // "1: FLOCK  ADVISORY  WRITE 10065 fe:00:10010771 0 EOF"
+        (f.get(1) == Some(&"FLOCK") && f.get(5) == Some(&id.as_str()))
+            .then(|| f.get(4)?.parse().ok())
+            .flatten()
+    })
+}
+
 pub(crate) fn random_hex(bytes: usize) -> String {
     let mut b = vec![0u8; bytes];
     getrandom::getrandom(&mut b).expect("the kernel RNG is available");

@@ -72,21 +72,21 @@ pub fn agent(home: &Home, cmd: AgentCommand) -> Result<i32> {
         AgentCommand::Show { agent, json } => {
             let engine = Engine::open(home.clone())?;
             let (s, st) = cairn_agent::find(&engine, &agent)?;
-            show(&s, &st, json)?;
+            show(home, &s, &st, json)?;
             Ok(0)
         }
         AgentCommand::Ls { json } => {
             let engine = Engine::open(home.clone())?;
             let all = cairn_agent::list(&engine)?;
             if json {
-                let v: Vec<_> = all.iter().map(|(s, st)| summary(s, st)).collect();
+                let v: Vec<_> = all.iter().map(|(s, st)| summary(home, s, st)).collect();
                 println!("{}", serde_json::to_string_pretty(&v)?);
             } else {
                 for (s, st) in &all {
                     println!(
                         "{}  {:<9} {} stages  {} calls  {}  {}",
                         s.name,
-                        st.status.as_str(),
+                        cairn_agent::shown_status(home, s, st),
                         st.stages_used(),
                         st.model_calls,
                         cost(st.cost_usd),
@@ -172,9 +172,10 @@ fn report(out: &Outcome, json: bool) -> Result<i32> {
     })
 }
 
-fn summary(s: &SessionRecord, st: &AgentState) -> serde_json::Value {
+fn summary(home: &Home, s: &SessionRecord, st: &AgentState) -> serde_json::Value {
     json!({
-        "agent": s.name, "session": s.id, "status": st.status.as_str(), "detail": st.detail,
+        "agent": s.name, "session": s.id, "status": cairn_agent::shown_status(home, s, st), "detail": st.detail,
+        "driver_pid": cairn_agent::driven_by(home, &s.id),
         "goal": st.config.goal, "provider": st.config.model.provider.as_str(), "model": st.config.model.model,
         "base_url": st.config.model.base_url, "max_stages": st.max_stages, "budget_usd": st.budget_usd,
         "stages": st.stages_used(), "model_calls": st.model_calls, "input_tokens": st.usage.input_tokens,
@@ -183,9 +184,9 @@ fn summary(s: &SessionRecord, st: &AgentState) -> serde_json::Value {
     })
 }
 
-fn show(s: &SessionRecord, st: &AgentState, json: bool) -> Result<()> {
+fn show(home: &Home, s: &SessionRecord, st: &AgentState, json: bool) -> Result<()> {
     if json {
-        let mut v = summary(s, st);
+        let mut v = summary(home, s, st);
         v["rounds"] = st
             .rounds
             .iter()
@@ -219,15 +220,14 @@ fn show(s: &SessionRecord, st: &AgentState, json: bool) -> Result<()> {
             .map(|u| format!(" at {u}"))
             .unwrap_or_default()
     );
-    println!(
-        "status     {}{}",
-        st.status.as_str(),
-        if st.detail.is_empty() {
-            String::new()
-        } else {
-            format!(": {}", st.detail.trim())
-        }
-    );
+    let status = cairn_agent::shown_status(home, s, st);
+    let detail = if status == "interrupted" {
+        format!("no process drives it; `cairn agent resume {}` continues", s.name)
+    } else {
+        st.detail.trim().to_string()
+    };
+    let sep = if detail.is_empty() { "" } else { ": " };
+    println!("status     {status}{sep}{detail}");
     println!(
         "used       {} of {} stages, {} model calls, {} tokens in, {} out, {}{}",
         st.stages_used(),

@@ -251,22 +251,7 @@ impl Engine {
     /// starting `resume` could collide with. A run recorded as running with
     /// no orchestrator was interrupted: `cairn pipeline resume` continues it.
     pub fn run_orchestrator(&self, run: &str) -> Option<u32> {
-        use std::os::unix::fs::MetadataExt;
-        let meta = fs::metadata(self.run_dir(run).join("orchestrator.lock")).ok()?;
-        let dev = meta.dev();
-        let id = format!(
-            "{:02x}:{:02x}:{}",
-            nix::sys::stat::major(dev),
-            nix::sys::stat::minor(dev),
-            meta.ino()
-        );
-        fs::read_to_string("/proc/locks").ok()?.lines().find_map(|line| {
-            let f: Vec<&str> = line.split_whitespace().collect();
-            // "1: FLOCK  ADVISORY  WRITE 10065 fe:00:10010771 0 EOF"
-            (f.get(1) == Some(&"FLOCK") && f.get(5) == Some(&id.as_str()))
-                .then(|| f.get(4)?.parse().ok())
-                .flatten()
-        })
+        crate::flock_holder(&self.run_dir(run).join("orchestrator.lock"))
     }
 
     pub fn run_stages(&self, run: &str) -> Result<Vec<StageRecord>, EngineError> {
