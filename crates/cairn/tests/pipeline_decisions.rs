@@ -366,6 +366,17 @@ run = ["echo report"]
         "{dlq}"
     );
     assert!(v["run"]["error"].as_str().unwrap().contains("dead-letter queue"), "{v}");
+
+    // Retried from the dead letters, the stage runs again and the count of
+    // retries starts again: two more, then the dead letters again.
+    let dl = dlq[0]["id"].as_str().unwrap();
+    let out = cairn(&home, &["dlq", "retry", dl]).output().unwrap();
+    assert_eq!(out.status.code(), Some(1), "{}", stderr(&out));
+    assert_eq!(model.requests().len(), 6);
+    assert_eq!(home.ok(&["logs", &run, "measure"]).lines().count(), 6);
+    let dlq: Value = serde_json::from_str(&home.ok(&["dlq", "ls", "--json"])).unwrap();
+    assert_eq!(dlq.as_array().unwrap().len(), 2);
+    assert!(rows(&show(&home, &run), "report").is_empty());
 }
 
 #[test]

@@ -22,7 +22,8 @@ use crate::{now_ms, Engine, EngineError};
 /// Model calls for one decision: the first and two more after invalid answers.
 pub const MAX_CALLS: u32 = 3;
 /// Retries of the stage before that decisions of one decide stage may ask
-/// for in a run; one more `retry` sends that stage to the dead letters.
+/// for in a row; one more `retry` sends that stage to the dead letters (and
+/// `cairn dlq retry` starts the count again).
 pub const MAX_DECIDED_RETRIES: u32 = 2;
 /// Bytes of the previous stage's log the model sees (its end).
 pub const LOG_TAIL: u64 = 8 << 10;
@@ -215,10 +216,18 @@ impl Engine {
             usage.1,
             usage.2
         );
-        let retries_asked = mine
-            .iter()
-            .filter(|x| Answer::from_stored(&x.answer).is_ok_and(|a| a.action == Some(Action::Retry)))
-            .count() as u32;
+        // Retries asked for since the stage before last went to the dead
+        // letters: a retry from there starts the count again.
+        let mut retries_asked = 0;
+        let mut earlier: Vec<&DecisionRecord> = mine.iter().collect();
+        earlier.sort_by_key(|x| x.round);
+        for x in earlier {
+            match Answer::from_stored(&x.answer).ok().and_then(|a| a.action) {
+                Some(Action::Retry) if retries_asked < MAX_DECIDED_RETRIES => retries_asked += 1,
+                Some(Action::Retry | Action::Dlq) => retries_asked = 0,
+                _ => {}
+            }
+        }
         self.act(run, stage, rec, &record, answer, &detail, retries_asked, watch)
     }
 
