@@ -208,8 +208,18 @@ impl Engine {
             calls: usage.2,
             created_at: now_ms(),
         };
+        // At list price, when the model's is known.
+        let cost = cairn_llm::price_for(&cfg.model)
+            .map(|p| {
+                let used = cairn_llm::Usage {
+                    input_tokens: usage.0,
+                    output_tokens: usage.1,
+                };
+                format!(", ${:.4}", p.cost(&used))
+            })
+            .unwrap_or_default();
         let detail = format!(
-            "{model} chose {} — {} ({} tokens in, {} out, {} call(s))",
+            "{model} chose {} — {} ({} tokens in, {} out, {} call(s){cost})",
             answer.summary(),
             answer.reason,
             usage.0,
