@@ -125,9 +125,20 @@ fn status_of(e: &EngineError) -> StatusCode {
             _ => S::INTERNAL_SERVER_ERROR,
         },
         EngineError::Run(r) => match r {
-            RunError::NoSuchRun(_) | RunError::NoSuchDeadLetter(_) | RunError::NoSuchArtifact(_) => S::NOT_FOUND,
-            RunError::Spec(_) | RunError::BadParam(_) | RunError::BadRunId(_) => S::BAD_REQUEST,
-            RunError::Completed(_) | RunError::AlreadyRetried(_) | RunError::Busy { .. } => S::CONFLICT,
+            RunError::NoSuchRun(_)
+            | RunError::NoSuchDeadLetter(_)
+            | RunError::NoSuchArtifact(_)
+            | RunError::NoSuchStage(_) => S::NOT_FOUND,
+            RunError::Spec(_)
+            | RunError::BadParam(_)
+            | RunError::BadRunId(_)
+            | RunError::BadReason(_)
+            | RunError::NoModel(_) => S::BAD_REQUEST,
+            RunError::Completed(_)
+            | RunError::AlreadyRetried(_)
+            | RunError::Busy { .. }
+            | RunError::NotAwaitingApproval(_) => S::CONFLICT,
+            RunError::Model(_) => S::SERVICE_UNAVAILABLE,
             _ => S::INTERNAL_SERVER_ERROR,
         },
         EngineError::Bundle(b) => {

@@ -111,6 +111,9 @@ pub struct Engine {
     store: ChunkStore<LocalStore>,
     /// Sandboxes the reconciliation at open removed (reported by `gc`).
     reconciled: Vec<String>,
+    /// The model decide stages ask, over what pipeline files say (the
+    /// CLI's `--provider`, `--model`, `--base-url`).
+    model_override: pipeline::spec::ModelSpec,
 }
 
 impl Engine {
@@ -142,6 +145,7 @@ impl Engine {
             init_binary,
             store,
             reconciled: Vec::new(),
+            model_override: Default::default(),
         };
         engine.reconciled = engine.reconcile()?;
         Ok(engine)
