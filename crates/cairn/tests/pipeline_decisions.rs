@@ -516,3 +516,52 @@ fn a_person_approves_before_the_model_is_asked_and_before_its_branches_run() {
         .collect();
     assert_eq!(approved[0], "approved by erin: budget ok");
 }
+
+#[test]
+fn the_decide_example_runs_with_the_model_choosing_the_sweep() {
+    if skip("the_decide_example_runs_with_the_model_choosing_the_sweep") {
+        return;
+    }
+    let home = Home::new();
+    let example = concat!(env!("CARGO_MANIFEST_DIR"), "/../../examples/decide-sweep.toml");
+    let model = ScriptedModel::start(json!({"turns": [{"tool_calls": [{"name": "decide", "arguments": {
+        "reason": "a 2 MB corpus: the smallest and the largest block, and one between",
+        "hypotheses": [{"name": "size-1", "level": "1"}, {"name": "size-5", "level": "5"}, {"name": "size-9", "level": "9"}]}}]}]}));
+    let run = |args: &[&str]| {
+        home.command(args)
+            .args(["--provider", "anthropic", "--base-url", &model.url()])
+            .env("ANTHROPIC_API_KEY", "sk-test")
+            .output()
+            .unwrap()
+    };
+    let out = run(&["pipeline", "run", example]);
+    assert_eq!(
+        out.status.code(),
+        Some(3),
+        "waits at report: {}{}",
+        stdout(&out),
+        stderr(&out)
+    );
+    let runs: Value = serde_json::from_str(&home.ok(&["runs", "--json"])).unwrap();
+    let id = runs[0]["id"].as_str().unwrap().to_string();
+    let tree = home.ok(&["run", "show", &id]);
+    assert!(tree.contains("hypotheses size-1, size-5, size-9"), "{tree}");
+    assert!(tree.contains("the smallest and the largest block"), "{tree}");
+    let out = run(&["run", "approve", &id, "report", "--reason", "sizes look right"]);
+    assert!(out.status.success(), "{}{}", stdout(&out), stderr(&out));
+    let shown: Value = serde_json::from_str(&home.ok(&["run", "show", &id, "--json"])).unwrap();
+    assert_eq!(shown["run"]["status"], "completed");
+    let won: Vec<&Value> = shown["events"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|e| e["kind"] == "won")
+        .collect();
+    assert_eq!(won.len(), 1);
+    assert!(
+        won[0]["detail"].as_str().unwrap().contains("size-9"),
+        "block size 9 compresses best: {won:?}"
+    );
+    assert_eq!(model.requests().len(), 1, "the model is asked once");
+    assert!(model.violations().is_empty(), "{:?}", model.violations());
+}
