@@ -79,6 +79,44 @@ pub enum BlobError {
     Layout { path: PathBuf, source: FrameError },
     #[error("{path} exists but is not a Cairn chunk store (no layout marker); point Cairn at an empty or existing store directory")]
     NotAStore { path: PathBuf },
+    #[error("the store URL {url} is not valid: {reason}; the form is {}", crate::s3::URL_FORM)]
+    S3Url { url: String, reason: String },
+    #[error("no S3 credentials for {url}: set AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY (and AWS_SESSION_TOKEN for temporary credentials)")]
+    S3Credentials { url: String },
+    #[error("{store} refused access key {key_id} ({detail}); check AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY, and that the key may read and write the bucket")]
+    S3Denied {
+        store: String,
+        key_id: String,
+        detail: String,
+    },
+    #[error("the bucket {bucket} does not exist at {endpoint}; create it (`garage bucket create {bucket}`, `aws s3 mb s3://{bucket}`) or fix the bucket in the store URL")]
+    S3NoBucket { bucket: String, endpoint: String },
+    #[error("cannot reach the S3 endpoint {endpoint} ({detail}); check the endpoint in the store URL and that the server is running")]
+    S3Unreachable { endpoint: String, detail: String },
+    #[error("the store at {store} cannot be opened: {source}")]
+    S3Layout { store: String, source: FrameError },
+    #[error(
+        "{store} holds objects but no Cairn layout marker; point Cairn at an empty prefix or an existing Cairn store"
+    )]
+    S3NotAStore { store: String },
+    #[error("the cache {cache} fronts {bound}, not {wanted}; give this store its own cache directory")]
+    CacheOfAnotherRemote {
+        cache: PathBuf,
+        bound: String,
+        wanted: String,
+    },
+    #[error("{pending} objects are still not uploaded after {waited:?} (last error: {last_error}); check that the remote store is reachable, they stay queued and are retried")]
+    UploadsPending {
+        pending: usize,
+        waited: std::time::Duration,
+        last_error: String,
+    },
+    #[error("S3 {action} of {what} failed: {source}; check that the S3 endpoint is reachable and retry")]
+    S3 {
+        action: &'static str,
+        what: String,
+        source: Box<object_store::Error>,
+    },
 }
 
 impl BlobError {
