@@ -111,6 +111,8 @@ pub enum BlobError {
         waited: std::time::Duration,
         last_error: String,
     },
+    #[error("{what} is {size} bytes, more than any object Cairn writes ({cap}); the bucket holds a foreign or corrupt object: delete it")]
+    S3ObjectTooLarge { what: String, size: u64, cap: u64 },
     #[error("S3 {action} of {what} failed: {source}; check that the S3 endpoint is reachable and retry")]
     S3 {
         action: &'static str,

@@ -37,6 +37,7 @@ use object_store::{
 use serde::{Deserialize, Serialize};
 
 use crate::blob::{BlobError, BlobStore, IncompleteWrites, ObjectInfo, PutOutcome};
+use crate::chunk::MAX_OBJECT;
 use crate::frame::{self, Framed};
 use crate::hash::ChunkHash;
 
@@ -46,6 +47,11 @@ pub const MULTIPART_THRESHOLD: usize = 32 << 20;
 const PART_SIZE: usize = 16 << 20;
 /// Parts of one multipart upload in flight at once.
 const PART_CONCURRENCY: usize = 4;
+
+/// Largest stored object a read accepts: zstd's worst case for
+/// [`MAX_OBJECT`] bytes of content. A larger object in the bucket is
+/// foreign or corrupt and is refused before its body is read.
+pub const MAX_STORED_OBJECT: u64 = MAX_OBJECT + (MAX_OBJECT >> 7) + (1 << 20);
 
 /// How recently an object must have been written for `refresh` to count it
 /// as present (see the module documentation).
@@ -422,8 +428,20 @@ impl BlobStore for S3Store {
     fn get(&self, key: &ChunkHash) -> Result<Vec<u8>, BlobError> {
         let client = self.client.clone();
         let path = self.object_path(key);
-        match self.run(async move { client.get(&path).await?.bytes().await }) {
-            Ok(bytes) => Ok(bytes.to_vec()),
+        let got = self.run(async move {
+            let result = client.get(&path).await?;
+            if result.meta.size > MAX_STORED_OBJECT {
+                return Ok(Err(result.meta.size));
+            }
+            result.bytes().await.map(Ok)
+        });
+        match got {
+            Ok(Ok(bytes)) => Ok(bytes.to_vec()),
+            Ok(Err(size)) => Err(BlobError::S3ObjectTooLarge {
+                what: format!("object {} in {}", key.short(), self.config),
+                size,
+                cap: MAX_STORED_OBJECT,
+            }),
             Err(object_store::Error::NotFound { .. }) => Err(BlobError::NotFound { key: *key }),
             Err(e) => Err(self.remote_error("GET", key, e)),
         }

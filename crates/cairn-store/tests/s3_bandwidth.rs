@@ -1,0 +1,86 @@
+//! Figures, not assertions: PUT and GET bandwidth to a loopback Garage for
+//! 1 GiB of 1 MiB chunks, one stream and eight, and a cold read of the
+//! same data as a file through the cache. Run with
+//! `cargo test -p cairn-store --release --test s3_bandwidth -- --ignored --nocapture`.
+
+mod support;
+
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::time::Instant;
+
+use cairn_store::{BlobStore, ChunkHash, ChunkStore, ReadContext, S3Store, TieredOptions, TieredStore};
+use support::garage::Garage;
+use support::random_bytes;
+
+const CHUNK: usize = 1 << 20;
+const TOTAL: usize = 1 << 30;
+
+fn parallel(store: &S3Store, keys: &[ChunkHash], threads: usize, op: impl Fn(&S3Store, usize) + Sync) -> f64 {
+    let next = AtomicUsize::new(0);
+    let started = Instant::now();
+    std::thread::scope(|s| {
+        for _ in 0..threads {
+            s.spawn(|| loop {
+                let i = next.fetch_add(1, Ordering::Relaxed);
+                if i >= keys.len() {
+                    break;
+                }
+                op(store, i);
+            });
+        }
+    });
+    (keys.len() * CHUNK) as f64 / started.elapsed().as_secs_f64() / (1 << 20) as f64
+}
+
+#[test]
+#[ignore = "a measurement: run with --ignored --nocapture"]
+fn put_and_get_bandwidth_to_loopback_s3() {
+    let Some(garage) = Garage::start("put_and_get_bandwidth_to_loopback_s3") else {
+        return;
+    };
+    let chunks: Vec<Vec<u8>> = (0..TOTAL / CHUNK).map(|i| random_bytes(CHUNK, i as u64)).collect();
+    let keys: Vec<ChunkHash> = chunks.iter().map(|c| ChunkHash::of(c)).collect();
+    for threads in [1, 8] {
+        let store = garage.open(&format!("bw{threads}"));
+        let put = parallel(&store, &keys, threads, |s, i| {
+            s.put_unconditionally(&keys[i], &chunks[i]).unwrap();
+        });
+        let get = parallel(&store, &keys, threads, |s, i| {
+            assert_eq!(s.get(&keys[i]).unwrap().len(), CHUNK);
+        });
+        println!("S3 {threads} stream(s), 1 GiB in 1 MiB objects: PUT {put:.0} MiB/s, GET {get:.0} MiB/s");
+    }
+
+    // The same gigabyte as one file through the cache: stored, uploaded,
+    // then read back with an empty cache (a cold restore reads this way).
+    let dir = tempfile::tempdir().unwrap();
+    let data: Vec<u8> = chunks.concat();
+    drop(chunks);
+    let open = |cache: &std::path::Path| {
+        let identity = format!("s3://{}/file", garage.bucket);
+        ChunkStore::new(TieredStore::open(cache, garage.open("file"), &identity, TieredOptions::default()).unwrap())
+    };
+    let started = Instant::now();
+    let content = {
+        let store = open(&dir.path().join("warm"));
+        let content = store.store_reader(&data[..]).unwrap();
+        store.backend().flush(std::time::Duration::from_secs(600)).unwrap();
+        content
+    };
+    let secs = started.elapsed().as_secs_f64();
+    println!(
+        "1 GiB file stored and uploaded through the cache: {:.0} MiB/s",
+        1024.0 / secs
+    );
+    let store = open(&dir.path().join("cold"));
+    let started = Instant::now();
+    let mut sink = std::io::sink();
+    store.read_to_writer(&content, &mut sink, &ReadContext::new()).unwrap();
+    let cold = 1024.0 / started.elapsed().as_secs_f64();
+    let started = Instant::now();
+    let mut back = Vec::with_capacity(TOTAL);
+    store.read_to_writer(&content, &mut back, &ReadContext::new()).unwrap();
+    let warm = 1024.0 / started.elapsed().as_secs_f64();
+    assert!(back == data);
+    println!("1 GiB file read through the cache: cold {cold:.0} MiB/s, warm {warm:.0} MiB/s");
+}
