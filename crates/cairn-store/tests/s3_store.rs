@@ -84,6 +84,7 @@ fn bad_credentials_a_missing_bucket_and_an_unreachable_endpoint_are_refused_at_o
 
     let wrong_secret = with_credentials(&garage, &url, &garage.key_id, &"0".repeat(64));
     let err = S3Store::open(wrong_secret).unwrap_err();
+    eprintln!("{err}");
     assert!(matches!(err, BlobError::S3Denied { .. }), "{err:?}");
     assert!(
         err.to_string()
@@ -105,6 +106,7 @@ fn bad_credentials_a_missing_bucket_and_an_unreachable_endpoint_are_refused_at_o
     .unwrap_err();
     assert!(matches!(err, BlobError::S3NoBucket { .. }), "{err:?}");
     assert!(err.to_string().contains("create it"), "{err}");
+    eprintln!("{err}");
 
     // A prefix already used by something else is not taken over.
     let other = garage.open("foreign");
@@ -124,6 +126,7 @@ fn bad_credentials_a_missing_bucket_and_an_unreachable_endpoint_are_refused_at_o
     let err = S3Store::open(good).unwrap_err();
     assert!(matches!(err, BlobError::S3Unreachable { .. }), "{err:?}");
     assert!(err.to_string().contains("that the server is running"), "{err}");
+    eprintln!("{err}");
     assert!(
         started.elapsed() < Duration::from_secs(60),
         "the probe took {:?}",
