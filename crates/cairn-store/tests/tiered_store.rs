@@ -255,3 +255,48 @@ fn a_writer_killed_mid_upload_loses_nothing() {
         assert_eq!(remote.get(key).unwrap(), expected, "object {i}");
     }
 }
+
+#[test]
+fn writes_go_on_while_s3_is_down_and_upload_once_it_is_back() {
+    let Some(mut garage) = Garage::start("writes_go_on_while_s3_is_down_and_upload_once_it_is_back") else {
+        return;
+    };
+    let dir = tempfile::tempdir().unwrap();
+    let mut config = garage.config("outage");
+    config.request_timeout = Duration::from_secs(2);
+    let remote = S3Store::open(config).unwrap();
+    let store = TieredStore::open(
+        dir.path().join("c"),
+        remote,
+        "s3://cairn-test/outage",
+        TieredOptions::default(),
+    )
+    .unwrap();
+    let before = random_bytes(10_000, 600);
+    store.put(&ChunkHash::of(&before), &before).unwrap();
+    store.flush(FLUSH).unwrap();
+
+    garage.kill();
+    let during: Vec<Vec<u8>> = (0..10).map(|i| random_bytes(10_000, 700 + i)).collect();
+    let keys: Vec<ChunkHash> = during.iter().map(|o| ChunkHash::of(o)).collect();
+    for (k, o) in keys.iter().zip(&during) {
+        store.put(k, o).unwrap();
+        // Reads of what is cached need no remote.
+        assert_eq!(&store.get(k).unwrap(), o);
+    }
+    // Not one of them may be taken as durable.
+    assert_eq!(store.not_remote(keys[..1].to_vec()).unwrap(), keys[..1].to_vec());
+    let err = store.flush(Duration::from_secs(8)).unwrap_err().to_string();
+    assert!(err.contains("10 objects are still not uploaded"), "{err}");
+    assert!(err.contains("S3 HEAD of object"), "{err}");
+
+    garage.restart();
+    store.flush(FLUSH).unwrap();
+    let mut asked = keys.clone();
+    asked.push(ChunkHash::of(&before));
+    assert_eq!(store.not_remote(asked).unwrap(), Vec::<ChunkHash>::new());
+    let fresh = garage.open("outage");
+    for (k, o) in keys.iter().zip(&during) {
+        assert_eq!(&fresh.get(k).unwrap(), o);
+    }
+}

@@ -25,6 +25,7 @@ pub fn skipped(message: &str) {
 
 pub struct Garage {
     child: Option<Child>,
+    s3_port: u16,
     dir: tempfile::TempDir,
     pub endpoint: String,
     pub bucket: String,
@@ -81,30 +82,43 @@ root_domain = ".s3.garage.localhost"
         let key_id = format!("GK{}", random_hex(12));
         let secret = random_hex(32);
         let bucket = "cairn-test".to_string();
-        let log = fs::File::create(dir.path().join("garage.log")).unwrap();
-        let child = Command::new("garage")
-            .arg("-c")
-            .arg(&config)
-            .args(["server", "--single-node", "--default-bucket"])
-            .env("GARAGE_DEFAULT_ACCESS_KEY", &key_id)
-            .env("GARAGE_DEFAULT_SECRET_KEY", &secret)
-            .env("GARAGE_DEFAULT_BUCKET", &bucket)
-            .env("RUST_LOG", "garage=warn")
-            .stdin(Stdio::null())
-            .stdout(log.try_clone().unwrap())
-            .stderr(log)
-            .spawn()
-            .expect("start garage");
         let mut garage = Garage {
-            child: Some(child),
+            child: None,
+            s3_port: s3,
             dir,
             endpoint: format!("http://127.0.0.1:{s3}"),
             bucket,
             key_id,
             secret,
         };
-        garage.wait_ready(s3);
+        garage.restart();
         Some(garage)
+    }
+
+    /// Starts the server again on the same ports and data (killing it
+    /// first if it runs), and waits until it answers.
+    pub fn restart(&mut self) {
+        self.kill();
+        let log = fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(self.dir.path().join("garage.log"))
+            .unwrap();
+        let child = Command::new("garage")
+            .arg("-c")
+            .arg(self.dir.path().join("garage.toml"))
+            .args(["server", "--single-node", "--default-bucket"])
+            .env("GARAGE_DEFAULT_ACCESS_KEY", &self.key_id)
+            .env("GARAGE_DEFAULT_SECRET_KEY", &self.secret)
+            .env("GARAGE_DEFAULT_BUCKET", &self.bucket)
+            .env("RUST_LOG", "garage=warn")
+            .stdin(Stdio::null())
+            .stdout(log.try_clone().unwrap())
+            .stderr(log)
+            .spawn()
+            .expect("start garage");
+        self.child = Some(child);
+        self.wait_ready(self.s3_port);
     }
 
     fn wait_ready(&mut self, port: u16) {
