@@ -62,6 +62,10 @@ pub trait BlobStore: Send + Sync {
     /// [`UNIDENTIFIED_GRACE`](crate::process::UNIDENTIFIED_GRACE). A write
     /// in progress is never removed, however long it takes.
     fn remove_incomplete_writes(&self) -> Result<IncompleteWrites, BlobError>;
+    /// Says these objects are about to be read, in this order. A backend
+    /// whose reads are far (a cache in front of S3) fetches the missing
+    /// ones in parallel; errors are left for the reads to report.
+    fn prefetch(&self, _keys: &[ChunkHash]) {}
 }
 
 /// A backend operation that failed.

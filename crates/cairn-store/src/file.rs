@@ -19,6 +19,10 @@ pub const MIN_CHUNK: u32 = 64 * 1024;
 pub const AVG_CHUNK: u32 = 256 * 1024;
 pub const MAX_CHUNK: u32 = 1024 * 1024;
 
+/// Chunks of a file announced to the backend at once before they are read
+/// (at the average chunk size, 16 MiB).
+const PREFETCH_WINDOW: usize = 64;
+
 /// FastCDC bounds for one kind of data.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct ChunkSizes {
@@ -191,6 +195,16 @@ impl<B: BlobStore> ChunkStore<B> {
         Ok(())
     }
 
+    /// At every [`PREFETCH_WINDOW`]th chunk, tells the backend which
+    /// chunks come next.
+    fn prefetch_window(&self, content: &FileContent, i: usize) {
+        if i % PREFETCH_WINDOW == 0 && content.chunks.len() > 1 {
+            let end = (i + PREFETCH_WINDOW).min(content.chunks.len());
+            let keys: Vec<ChunkHash> = content.chunks[i..end].iter().map(|c| c.hash).collect();
+            self.backend().prefetch(&keys);
+        }
+    }
+
     fn checked_chunk(&self, c: &ChunkRef, context: &ReadContext) -> Result<Vec<u8>, StoreError> {
         // The record says how long the chunk is (validated: at most
         // MAX_CHUNK); one byte more is already corrupt.
@@ -231,7 +245,8 @@ impl<B: BlobStore> ChunkStore<B> {
             }
             Ok(())
         };
-        for c in &content.chunks {
+        for (i, c) in content.chunks.iter().enumerate() {
+            self.prefetch_window(content, i);
             write_zeros(&mut pos, c.offset, &mut out).map_err(write_err)?;
             let data = self.checked_chunk(c, context)?;
             out.write_all(&data).map_err(write_err)?;
@@ -254,7 +269,8 @@ impl<B: BlobStore> ChunkStore<B> {
             source,
         };
         file.set_len(0).map_err(write_err)?;
-        for c in &content.chunks {
+        for (i, c) in content.chunks.iter().enumerate() {
+            self.prefetch_window(content, i);
             let data = self.checked_chunk(c, context)?;
             file.write_all_at(&data, c.offset).map_err(write_err)?;
         }

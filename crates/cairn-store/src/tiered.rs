@@ -29,7 +29,7 @@ use std::collections::{HashSet, VecDeque};
 use std::fs::{self, File, OpenOptions};
 use std::io;
 use std::path::{Path, PathBuf};
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Condvar, Mutex, MutexGuard};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
@@ -43,6 +43,9 @@ use crate::local::LocalStore;
 
 const BINDING_FILE: &str = "REMOTE";
 const PENDING_DIR: &str = "pending";
+
+/// Parallel fetches of one prefetch.
+const PREFETCH_STREAMS: usize = 8;
 
 /// Which remote a cache directory fronts: a cache whose objects are taken
 /// as remote must never be put in front of another bucket.
@@ -499,6 +502,32 @@ impl<R: BlobStore + 'static> BlobStore for TieredStore<R> {
             }
         }
         Ok(out)
+    }
+
+    /// Fetches the uncached ones among `keys` into the cache,
+    /// [`PREFETCH_STREAMS`] at a time.
+    fn prefetch(&self, keys: &[ChunkHash]) {
+        let mut seen = HashSet::new();
+        let missing: Vec<ChunkHash> = keys
+            .iter()
+            .filter(|k| seen.insert(**k) && !self.shared.cache.contains(k).unwrap_or(true))
+            .copied()
+            .collect();
+        if missing.len() < 2 {
+            return; // the read itself fetches one
+        }
+        let next = AtomicUsize::new(0);
+        std::thread::scope(|scope| {
+            for _ in 0..PREFETCH_STREAMS.min(missing.len()) {
+                scope.spawn(|| loop {
+                    let i = next.fetch_add(1, Ordering::Relaxed);
+                    // A failure stops this stream; the read reports it.
+                    if i >= missing.len() || self.get(&missing[i]).is_err() {
+                        break;
+                    }
+                });
+            }
+        });
     }
 
     fn remove_incomplete_writes(&self) -> Result<IncompleteWrites, BlobError> {
