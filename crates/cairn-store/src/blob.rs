@@ -109,6 +109,12 @@ pub enum BlobError {
         bound: String,
         wanted: String,
     },
+    #[error("{cache} holds {objects} objects and fronts no remote store; they are not known to be in {wanted}, so it cannot become its cache: give the S3 store an empty cache directory")]
+    UnboundCacheHoldsObjects {
+        cache: PathBuf,
+        objects: usize,
+        wanted: String,
+    },
     #[error("{pending} objects are still not uploaded after {waited:?} (last error: {last_error}); check that the remote store is reachable, they stay queued and are retried")]
     UploadsPending {
         pending: usize,

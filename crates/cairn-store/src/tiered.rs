@@ -130,7 +130,7 @@ impl<R: BlobStore + 'static> TieredStore<R> {
     ) -> Result<Self, BlobError> {
         let cache = LocalStore::open(cache_dir.as_ref())?;
         let root = cache.root().to_path_buf();
-        bind(&root, remote_identity)?;
+        bind(&cache, remote_identity)?;
         let pending_dir = root.join(PENDING_DIR);
         fs::create_dir_all(&pending_dir).map_err(|e| BlobError::io("create", &pending_dir, e))?;
 
@@ -540,8 +540,11 @@ impl<R: BlobStore + 'static> BlobStore for TieredStore<R> {
     }
 }
 
-/// Records the remote this cache fronts, or refuses another one.
-fn bind(root: &Path, remote: &str) -> Result<(), BlobError> {
+/// Records the remote this cache fronts, or refuses another one. A store
+/// that already holds objects but fronts nothing (a local store) is
+/// refused too: its objects would be taken as remote and evicted.
+fn bind(cache: &LocalStore, remote: &str) -> Result<(), BlobError> {
+    let root = cache.root();
     let path = root.join(BINDING_FILE);
     match fs::read(&path) {
         Ok(bytes) => {
@@ -559,6 +562,14 @@ fn bind(root: &Path, remote: &str) -> Result<(), BlobError> {
             Ok(())
         }
         Err(e) if e.kind() == io::ErrorKind::NotFound => {
+            let held = cache.list()?.len();
+            if held > 0 {
+                return Err(BlobError::UnboundCacheHoldsObjects {
+                    cache: root.to_path_buf(),
+                    objects: held,
+                    wanted: remote.to_string(),
+                });
+            }
             let bytes = frame::encode(&CacheBinding {
                 remote: remote.to_string(),
             })
@@ -617,5 +628,16 @@ mod tests {
         drop(TieredStore::open(&cache, remote(), "s3://a/x", TieredOptions::default()).unwrap());
         let err = TieredStore::open(&cache, remote(), "s3://b/y", TieredOptions::default()).unwrap_err();
         assert!(err.to_string().contains("fronts s3://a/x"), "{err}");
+    }
+
+    #[test]
+    fn a_local_store_holding_objects_is_not_taken_as_a_cache() {
+        let dir = tempfile::tempdir().unwrap();
+        let local = LocalStore::open(dir.path().join("store")).unwrap();
+        local.put(&ChunkHash::of(b"x"), b"x").unwrap();
+        let remote = LocalStore::open(dir.path().join("remote")).unwrap();
+        let err =
+            TieredStore::open(dir.path().join("store"), remote, "s3://a/x", TieredOptions::default()).unwrap_err();
+        assert!(err.to_string().contains("holds 1 objects"), "{err}");
     }
 }
