@@ -66,6 +66,10 @@ pub trait BlobStore: Send + Sync {
     /// whose reads are far (a cache in front of S3) fetches the missing
     /// ones in parallel; errors are left for the reads to report.
     fn prefetch(&self, _keys: &[ChunkHash]) {}
+    /// The object read back was corrupt: a caching backend drops its copy
+    /// when another one (remote) exists, so the next read fetches that
+    /// instead of failing on the same bytes forever.
+    fn drop_corrupt_copy(&self, _key: &ChunkHash) {}
 }
 
 /// A backend operation that failed.

@@ -180,10 +180,13 @@ impl<B: BlobStore> ChunkStore<B> {
             }
             Err(e) => return Err(e.into()),
         };
-        decode_chunk(hash, &compressed, cap).map_err(|e| StoreError::ChunkCorrupt {
-            hash: *hash,
-            context: Box::new(context.clone()),
-            reason: e.to_string(),
+        decode_chunk(hash, &compressed, cap).map_err(|e| {
+            self.backend.drop_corrupt_copy(hash);
+            StoreError::ChunkCorrupt {
+                hash: *hash,
+                context: Box::new(context.clone()),
+                reason: e.to_string(),
+            }
         })
     }
 

@@ -356,11 +356,11 @@ impl<R: BlobStore> Shared<R> {
             }
             Err(BlobError::NotFound { .. }) => {
                 // Evicted after this entry was written for a refresh: it
-                // was remote then. If it is not now, something deleted it.
-                if !self.remote.contains(key)? {
-                    remove_if_present(&self.pending_path(key))?;
-                    return Err(BlobError::NotFound { key: *key });
-                }
+                // was remote then, and nothing is left to upload. (Were it
+                // gone from the remote too, something deleted it from
+                // both; retrying could not bring it back, and a read
+                // reports the loss.)
+                self.remote.contains(key)?;
             }
             Err(e) => return Err(e),
         }
@@ -528,6 +528,18 @@ impl<R: BlobStore + 'static> BlobStore for TieredStore<R> {
                 });
             }
         });
+    }
+
+    /// Drops the cached copy unless it is the only one (upload pending).
+    fn drop_corrupt_copy(&self, key: &ChunkHash) {
+        let s = &self.shared;
+        if !s.is_pending(key) {
+            let size = s.cached_size(key);
+            if s.cache.delete(key).unwrap_or(false) {
+                s.cache_bytes
+                    .fetch_sub(size.min(s.cache_bytes.load(Ordering::Relaxed)), Ordering::Relaxed);
+            }
+        }
     }
 
     fn remove_incomplete_writes(&self) -> Result<IncompleteWrites, BlobError> {

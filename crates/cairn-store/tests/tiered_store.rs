@@ -300,3 +300,36 @@ fn writes_go_on_while_s3_is_down_and_upload_once_it_is_back() {
         assert_eq!(&fresh.get(k).unwrap(), o);
     }
 }
+
+#[test]
+fn a_corrupt_object_in_s3_is_a_clear_error_and_not_kept_in_the_cache() {
+    let Some(garage) = Garage::start("a_corrupt_object_in_s3_is_a_clear_error_and_not_kept_in_the_cache") else {
+        return;
+    };
+    let dir = tempfile::tempdir().unwrap();
+    let store = ChunkStore::new(tiered(
+        &garage,
+        "corrupt",
+        &dir.path().join("c"),
+        TieredOptions::default(),
+    ));
+    let data = random_bytes(200_000, 800);
+    let key = ChunkHash::of(&data);
+    // Someone with write access to the bucket put other bytes under the name.
+    let raw = garage.open("corrupt");
+    raw.put_unconditionally(&key, &zstd::bulk::compress(b"not the content", 3).unwrap())
+        .unwrap();
+
+    let err = store.get_chunk(&key, &ReadContext::new()).unwrap_err();
+    assert!(matches!(err, cairn_store::StoreError::ChunkCorrupt { .. }), "{err}");
+    assert!(err.to_string().contains("is corrupt"), "{err}");
+    assert!(
+        !store.backend().cache().contains(&key).unwrap(),
+        "the corrupt copy stayed cached"
+    );
+
+    // Repaired in the bucket, the next read gets it.
+    raw.put_unconditionally(&key, &zstd::bulk::compress(&data, 3).unwrap())
+        .unwrap();
+    assert_eq!(store.get_chunk(&key, &ReadContext::new()).unwrap(), data);
+}
