@@ -440,6 +440,14 @@ impl Engine {
                 let _ = image.persist(&cache);
             }
         }
+        // Marks this and earlier snapshots whose uploads already finished;
+        // the rest are marked by a later call (`cairn snapshot` waits).
+        if let Err(e) = self.mark_remote_durable(Duration::ZERO) {
+            tracing::debug!(
+                "snapshot {} is not yet durable in the remote store: {e}",
+                &snap.id[..12]
+            );
+        }
         Ok(snap)
     }
 

@@ -119,6 +119,8 @@ pub enum BlobError {
         objects: usize,
         wanted: String,
     },
+    #[error("{cache} is the cache of {remote} and holds only some of its objects; open it with that store URL (--store/CAIRN_STORE {remote}?endpoint=…)")]
+    CacheWithoutItsRemote { cache: PathBuf, remote: String },
     #[error("{pending} objects are still not uploaded after {waited:?} (last error: {last_error}); check that the remote store is reachable, they stay queued and are retried")]
     UploadsPending {
         pending: usize,

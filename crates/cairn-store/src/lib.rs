@@ -16,6 +16,7 @@
 //! The store knows nothing of sandboxes; callers attach their own context
 //! to reads with [`ReadContext`] so errors name the snapshot and file.
 
+mod backend;
 mod blob;
 mod chunk;
 mod file;
@@ -27,6 +28,7 @@ pub mod process;
 mod s3;
 mod tiered;
 
+pub use backend::StoreBackend;
 pub use blob::{BlobError, BlobStore, IncompleteWrites, ObjectInfo, PutOutcome};
 pub use chunk::{
     decode_chunk, ChunkDecodeError, ChunkStore, PutChunk, ReadContext, StoreError, MAX_OBJECT, MAX_WINDOW_LOG,

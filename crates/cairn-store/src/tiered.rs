@@ -552,6 +552,19 @@ impl<R: BlobStore + 'static> BlobStore for TieredStore<R> {
     }
 }
 
+/// The remote the cache at `dir` fronts, if it is one.
+pub(crate) fn bound_remote(dir: &Path) -> Result<Option<String>, BlobError> {
+    let path = dir.join(BINDING_FILE);
+    match fs::read(&path) {
+        Ok(bytes) => {
+            let binding: CacheBinding = frame::decode(&bytes).map_err(|source| BlobError::Layout { path, source })?;
+            Ok(Some(binding.remote))
+        }
+        Err(e) if e.kind() == io::ErrorKind::NotFound => Ok(None),
+        Err(e) => Err(BlobError::io("read the cache binding", path, e)),
+    }
+}
+
 /// Records the remote this cache fronts, or refuses another one. A store
 /// that already holds objects but fronts nothing (a local store) is
 /// refused too: its objects would be taken as remote and evicted.

@@ -17,10 +17,16 @@ use nix::sys::signal::{SigSet, Signal};
 use crate::cli::{Cli, Command, ImageCommand, ImageKind, LimitArgs, ProcessArgs, SandboxArgs, SnapshotCommand};
 use crate::progress::Steps;
 
+/// How long `cairn snapshot` waits for a new snapshot's uploads.
+const UPLOAD_WAIT: std::time::Duration = std::time::Duration::from_secs(600);
+
 pub fn dispatch(cli: Cli) -> Result<i32> {
     let mut home = cli.home.map(Home::at).unwrap_or_else(Home::from_env);
     if let Some(url) = cli.state {
         home = home.with_state(url);
+    }
+    if let Some(url) = cli.store {
+        home = home.with_store(url);
     }
     if let Command::Bench {
         which,
@@ -180,6 +186,16 @@ pub fn dispatch(cli: Cli) -> Result<i32> {
         } => {
             let rec = engine.sandbox(sandbox.as_deref().unwrap_or_default())?;
             let snap = engine.snapshot(&rec, label.as_deref())?;
+            // With a remote store, the command ends once the snapshot is
+            // durable there (or says it is not yet).
+            if engine.home().store_url().is_some() {
+                if let Err(e) = engine.mark_remote_durable(UPLOAD_WAIT) {
+                    eprintln!(
+                        "cairn: snapshot {} is stored here but not yet in the remote store: {e}",
+                        &snap.id[..12]
+                    );
+                }
+            }
             if json {
                 println!("{}", serde_json::to_string_pretty(&snap)?);
             } else {
