@@ -23,7 +23,10 @@ fn a_fresh_home_with_an_empty_cache_restores_a_snapshot_from_s3_with_identical_f
     let Some(garage) = Garage::start("a_fresh_home_with_an_empty_cache_restores_a_snapshot_from_s3") else {
         return;
     };
-    let url = format!("s3://{}/homes?endpoint={}&region=garage", garage.bucket, garage.endpoint);
+    let url = format!(
+        "s3://{}/homes?endpoint={}&region=garage",
+        garage.bucket, garage.endpoint
+    );
     let env = vec![
         ("CAIRN_STORE".to_string(), url),
         ("AWS_ACCESS_KEY_ID".to_string(), garage.key_id.clone()),
@@ -46,9 +49,14 @@ fn a_fresh_home_with_an_empty_cache_restores_a_snapshot_from_s3_with_identical_f
 
     let db = rusqlite::Connection::open(first.path().join("state.db")).unwrap();
     let durable: Option<i64> = db
-        .query_row("SELECT remote_durable_at FROM snapshots WHERE id = ?1", [&snap], |r| r.get(0))
+        .query_row("SELECT remote_durable_at FROM snapshots WHERE id = ?1", [&snap], |r| {
+            r.get(0)
+        })
         .unwrap();
-    assert!(durable.is_some(), "the snapshot was not marked durable after cairn snapshot returned");
+    assert!(
+        durable.is_some(),
+        "the snapshot was not marked durable after cairn snapshot returned"
+    );
     first.ok(&["rm", "-f", &id]);
     let journal = std::fs::read_dir(first.path().join("store/pending")).unwrap().count();
     assert_eq!(journal, 0, "uploads left pending");
