@@ -198,7 +198,7 @@ impl<B: BlobStore> ChunkStore<B> {
     /// At every [`PREFETCH_WINDOW`]th chunk, tells the backend which
     /// chunks come next.
     fn prefetch_window(&self, content: &FileContent, i: usize) {
-        if i % PREFETCH_WINDOW == 0 && content.chunks.len() > 1 {
+        if i.is_multiple_of(PREFETCH_WINDOW) && content.chunks.len() > 1 {
             let end = (i + PREFETCH_WINDOW).min(content.chunks.len());
             let keys: Vec<ChunkHash> = content.chunks[i..end].iter().map(|c| c.hash).collect();
             self.backend().prefetch(&keys);
