@@ -178,6 +178,7 @@ fn gc_over_s3_with_uploads_in_flight_loses_nothing() {
 /// prints each key once its put returned. Does nothing unless spawned by
 /// `a_writer_killed_mid_upload_loses_nothing`.
 #[test]
+#[ignore = "the child process of a_writer_killed_mid_upload_loses_nothing"]
 fn writer_child() {
     let Ok(cache) = std::env::var("CAIRN_TEST_WRITER_CACHE") else {
         return;
@@ -207,7 +208,7 @@ fn a_writer_killed_mid_upload_loses_nothing() {
     let dir = tempfile::tempdir().unwrap();
     let cache = dir.path().join("c");
     let mut child = Command::new(std::env::current_exe().unwrap())
-        .args(["writer_child", "--exact", "--nocapture", "--test-threads=1"])
+        .args(["writer_child", "--exact", "--ignored", "--nocapture", "--test-threads=1"])
         .env("CAIRN_TEST_WRITER_CACHE", &cache)
         .env("CAIRN_TEST_WRITER_ENDPOINT", &garage.endpoint)
         .env("AWS_ACCESS_KEY_ID", &garage.key_id)

@@ -137,6 +137,11 @@ root_domain = ".s3.garage.localhost"
         }
     }
 
+    /// The server's process id.
+    pub fn pid(&self) -> u32 {
+        self.child.as_ref().expect("garage runs").id()
+    }
+
     pub fn log(&self) -> String {
         fs::read_to_string(self.dir.path().join("garage.log")).unwrap_or_default()
     }
