@@ -208,7 +208,13 @@ fn a_writer_killed_mid_upload_loses_nothing() {
     let dir = tempfile::tempdir().unwrap();
     let cache = dir.path().join("c");
     let mut child = Command::new(std::env::current_exe().unwrap())
-        .args(["writer_child", "--exact", "--ignored", "--nocapture", "--test-threads=1"])
+        .args([
+            "writer_child",
+            "--exact",
+            "--ignored",
+            "--nocapture",
+            "--test-threads=1",
+        ])
         .env("CAIRN_TEST_WRITER_CACHE", &cache)
         .env("CAIRN_TEST_WRITER_ENDPOINT", &garage.endpoint)
         .env("AWS_ACCESS_KEY_ID", &garage.key_id)

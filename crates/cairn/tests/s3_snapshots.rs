@@ -76,3 +76,51 @@ fn a_fresh_home_with_an_empty_cache_restores_a_snapshot_from_s3_with_identical_f
     assert!(cached > 0, "the restore read nothing through the cache");
     second.ok(&["rm", "-f", &fork]);
 }
+
+#[test]
+fn a_bad_store_stops_cairn_at_start_saying_what_to_do() {
+    if skip("a_bad_store_stops_cairn_at_start_saying_what_to_do") {
+        return;
+    }
+    let Some(mut garage) = Garage::start("a_bad_store_stops_cairn_at_start_saying_what_to_do") else {
+        return;
+    };
+    let url = |bucket: &str| format!("s3://{bucket}/homes?endpoint={}&region=garage", garage.endpoint);
+    let env = |url: String, secret: &str| {
+        vec![
+            ("CAIRN_STORE".to_string(), url),
+            ("AWS_ACCESS_KEY_ID".to_string(), garage.key_id.clone()),
+            ("AWS_SECRET_ACCESS_KEY".to_string(), secret.to_string()),
+        ]
+    };
+    let fails_saying = |env: Vec<(String, String)>, says: &str| {
+        let home = Home::bare(None, env);
+        let out = home.cairn(&["ps"]);
+        assert!(!out.status.success(), "cairn ps succeeded");
+        assert!(stderr(&out).contains(says), "{}", stderr(&out));
+    };
+    fails_saying(env(url(&garage.bucket), &"0".repeat(64)), "check AWS_ACCESS_KEY_ID");
+    fails_saying(env(url("no-such-bucket"), &garage.secret), "does not exist");
+    fails_saying(
+        env("s3://cairn-test/x?regoin=garage".into(), &garage.secret),
+        "unknown parameter",
+    );
+
+    // A home that keeps its chunks in S3 is refused without it.
+    let home = Home::bare(None, env(url(&garage.bucket), &garage.secret));
+    home.ok(&["ps"]);
+    let mut alone = home.command(&["ps"]);
+    alone.env_remove("CAIRN_STORE");
+    let out = alone.output().unwrap();
+    assert!(!out.status.success());
+    assert!(
+        stderr(&out).contains("is the cache of s3://cairn-test/homes"),
+        "{}",
+        stderr(&out)
+    );
+
+    garage.kill();
+    let out = home.cairn(&["ps"]);
+    assert!(!out.status.success());
+    assert!(stderr(&out).contains("that the server is running"), "{}", stderr(&out));
+}
