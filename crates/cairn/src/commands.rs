@@ -17,7 +17,7 @@ use nix::sys::signal::{SigSet, Signal};
 use crate::cli::{Cli, Command, ImageCommand, ImageKind, LimitArgs, ProcessArgs, SandboxArgs, SnapshotCommand};
 use crate::progress::Steps;
 
-/// How long `cairn snapshot` waits for a new snapshot's uploads.
+/// How long a command waits at its end for what it stored to be uploaded.
 const UPLOAD_WAIT: std::time::Duration = std::time::Duration::from_secs(600);
 
 pub fn dispatch(cli: Cli) -> Result<i32> {
@@ -92,7 +92,7 @@ pub fn dispatch(cli: Cli) -> Result<i32> {
         return crate::agent::agent(&home, cmd);
     }
     let mut engine = Engine::open(home)?;
-    match cli.command {
+    let result = match cli.command {
         Command::Run {
             show: Some(crate::cli::RunCommand::Show { run, json }),
             ..
@@ -186,16 +186,6 @@ pub fn dispatch(cli: Cli) -> Result<i32> {
         } => {
             let rec = engine.sandbox(sandbox.as_deref().unwrap_or_default())?;
             let snap = engine.snapshot(&rec, label.as_deref())?;
-            // With a remote store, the command ends once the snapshot is
-            // durable there (or says it is not yet).
-            if engine.home().store_url().is_some() {
-                if let Err(e) = engine.mark_remote_durable(UPLOAD_WAIT) {
-                    eprintln!(
-                        "cairn: snapshot {} is stored here but not yet in the remote store: {e}",
-                        &snap.id[..12]
-                    );
-                }
-            }
             if json {
                 println!("{}", serde_json::to_string_pretty(&snap)?);
             } else {
@@ -237,7 +227,9 @@ pub fn dispatch(cli: Cli) -> Result<i32> {
         Command::Bench { .. } | Command::Serve { .. } | Command::Mcp { .. } | Command::Agent(_) => {
             unreachable!("handled above")
         }
-    }
+    };
+    finish_uploads(&engine);
+    result
 }
 
 fn limits(memory: Option<MemorySize>, cpus: Option<CpuCount>, pids: Option<PidCount>) -> Limits {
@@ -260,6 +252,17 @@ pub fn create_options(args: &SandboxArgs, auto_remove: bool) -> CreateOptions {
         auto_remove,
         services: args.services.clone(),
         ..limit_options(&args.limits, Some(args.driver.clone()))
+    }
+}
+
+/// With a remote store, a command ends once what it stored is uploaded and
+/// the snapshots now complete there are marked durable; uploads still
+/// pending after [`UPLOAD_WAIT`] stay queued for the next command.
+fn finish_uploads(engine: &Engine) {
+    if engine.home().store_url().is_some() {
+        if let Err(e) = engine.mark_remote_durable(UPLOAD_WAIT) {
+            eprintln!("cairn: not everything this command stored is in the remote store yet: {e}");
+        }
     }
 }
 

@@ -44,7 +44,7 @@ fn a_fresh_home_with_an_empty_cache_restores_a_snapshot_from_s3_with_identical_f
     assert!(before.contains("./random"), "{before}");
     let out = first.cairn(&["snapshot", &id, "--label", "shared"]);
     assert!(out.status.success(), "{}", stderr(&out));
-    assert!(!stderr(&out).contains("not yet"), "{}", stderr(&out));
+    assert!(!stderr(&out).contains("remote store yet"), "{}", stderr(&out));
     let snap = String::from_utf8_lossy(&out.stdout).trim().to_string();
 
     let db = rusqlite::Connection::open(first.path().join("state.db")).unwrap();
