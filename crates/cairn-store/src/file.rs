@@ -195,14 +195,45 @@ impl<B: BlobStore> ChunkStore<B> {
         Ok(())
     }
 
-    /// At every [`PREFETCH_WINDOW`]th chunk, tells the backend which
-    /// chunks come next.
-    fn prefetch_window(&self, content: &FileContent, i: usize) {
-        if i.is_multiple_of(PREFETCH_WINDOW) && content.chunks.len() > 1 {
-            let end = (i + PREFETCH_WINDOW).min(content.chunks.len());
-            let keys: Vec<ChunkHash> = content.chunks[i..end].iter().map(|c| c.hash).collect();
-            self.backend().prefetch(&keys);
+    /// Calls `f` on each chunk in order while the backend fetches the
+    /// next [`PREFETCH_WINDOW`] chunks in the background (the first window
+    /// before the first call), so a far backend's fetches overlap the
+    /// reader's work.
+    fn for_each_chunk(
+        &self,
+        content: &FileContent,
+        mut f: impl FnMut(&ChunkRef) -> Result<(), StoreError>,
+    ) -> Result<(), StoreError> {
+        let chunks = &content.chunks;
+        if chunks.len() <= 1 {
+            return chunks.iter().try_for_each(&mut f);
         }
+        let window = |start: usize| -> Vec<ChunkHash> {
+            chunks[start..(start + PREFETCH_WINDOW).min(chunks.len())]
+                .iter()
+                .map(|c| c.hash)
+                .collect()
+        };
+        self.backend().prefetch(&window(0));
+        std::thread::scope(|scope| {
+            let mut ahead = None;
+            for (i, c) in chunks.iter().enumerate() {
+                if i.is_multiple_of(PREFETCH_WINDOW) {
+                    // This window is fetched; start on the next one.
+                    if let Some(fetching) = ahead.take() {
+                        let _ = std::thread::ScopedJoinHandle::join(fetching);
+                    }
+                    let next = i + PREFETCH_WINDOW;
+                    if next < chunks.len() {
+                        let keys = window(next);
+                        let backend = self.backend();
+                        ahead = Some(scope.spawn(move || backend.prefetch(&keys)));
+                    }
+                }
+                f(c)?;
+            }
+            Ok(())
+        })
     }
 
     fn checked_chunk(&self, c: &ChunkRef, context: &ReadContext) -> Result<Vec<u8>, StoreError> {
@@ -245,13 +276,13 @@ impl<B: BlobStore> ChunkStore<B> {
             }
             Ok(())
         };
-        for (i, c) in content.chunks.iter().enumerate() {
-            self.prefetch_window(content, i);
+        self.for_each_chunk(content, |c| {
             write_zeros(&mut pos, c.offset, &mut out).map_err(write_err)?;
             let data = self.checked_chunk(c, context)?;
             out.write_all(&data).map_err(write_err)?;
             pos += data.len() as u64;
-        }
+            Ok(())
+        })?;
         write_zeros(&mut pos, content.size, &mut out).map_err(write_err)?;
         out.flush().map_err(write_err)?;
         Ok(pos)
@@ -269,11 +300,10 @@ impl<B: BlobStore> ChunkStore<B> {
             source,
         };
         file.set_len(0).map_err(write_err)?;
-        for (i, c) in content.chunks.iter().enumerate() {
-            self.prefetch_window(content, i);
+        self.for_each_chunk(content, |c| {
             let data = self.checked_chunk(c, context)?;
-            file.write_all_at(&data, c.offset).map_err(write_err)?;
-        }
+            file.write_all_at(&data, c.offset).map_err(write_err)
+        })?;
         file.set_len(content.size).map_err(write_err)?;
         Ok(())
     }

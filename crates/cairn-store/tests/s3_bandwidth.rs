@@ -13,7 +13,15 @@ use support::garage::Garage;
 use support::random_bytes;
 
 const CHUNK: usize = 1 << 20;
-const TOTAL: usize = 1 << 30;
+
+/// 1 GiB, or `CAIRN_BW_MIB` MiB.
+fn total() -> usize {
+    std::env::var("CAIRN_BW_MIB")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(1024)
+        << 20
+}
 
 fn parallel(store: &S3Store, keys: &[ChunkHash], threads: usize, op: impl Fn(&S3Store, usize) + Sync) -> f64 {
     let next = AtomicUsize::new(0);
@@ -38,7 +46,7 @@ fn put_and_get_bandwidth_to_loopback_s3() {
     let Some(garage) = Garage::start("put_and_get_bandwidth_to_loopback_s3") else {
         return;
     };
-    let chunks: Vec<Vec<u8>> = (0..TOTAL / CHUNK).map(|i| random_bytes(CHUNK, i as u64)).collect();
+    let chunks: Vec<Vec<u8>> = (0..total() / CHUNK).map(|i| random_bytes(CHUNK, i as u64)).collect();
     let keys: Vec<ChunkHash> = chunks.iter().map(|c| ChunkHash::of(c)).collect();
     for threads in [1, 8] {
         let store = garage.open(&format!("bw{threads}"));
@@ -71,22 +79,33 @@ fn put_and_get_bandwidth_to_loopback_s3() {
         store.backend().flush(std::time::Duration::from_secs(600)).unwrap();
         content
     };
+    let mib = (total() >> 20) as f64;
     let secs = started.elapsed().as_secs_f64();
     println!(
-        "1 GiB file stored and uploaded through the cache: {:.0} MiB/s",
-        1024.0 / secs
+        "{mib} MiB file stored and uploaded through the cache: {:.0} MiB/s",
+        mib / secs
     );
+    // Fetching alone: every chunk into an empty cache, 8 at a time.
+    let fetch_only = open(&dir.path().join("fetch"));
+    let keys: Vec<ChunkHash> = content.chunks.iter().map(|c| c.hash).collect();
+    let started = Instant::now();
+    fetch_only.backend().prefetch(&keys);
+    println!(
+        "the same chunks into an empty cache, 8 fetches at a time: {:.0} MiB/s",
+        mib / started.elapsed().as_secs_f64()
+    );
+    drop(fetch_only);
     let store = open(&dir.path().join("cold"));
     let started = Instant::now();
     let mut sink = std::io::sink();
     store.read_to_writer(&content, &mut sink, &ReadContext::new()).unwrap();
-    let cold = 1024.0 / started.elapsed().as_secs_f64();
+    let cold = mib / started.elapsed().as_secs_f64();
     let started = Instant::now();
-    let mut back = Vec::with_capacity(TOTAL);
+    let mut back = Vec::with_capacity(total());
     store.read_to_writer(&content, &mut back, &ReadContext::new()).unwrap();
-    let warm = 1024.0 / started.elapsed().as_secs_f64();
+    let warm = mib / started.elapsed().as_secs_f64();
     assert!(back == data);
-    println!("1 GiB file read through the cache: cold {cold:.0} MiB/s, warm {warm:.0} MiB/s");
+    println!("{mib} MiB file read through the cache: cold {cold:.0} MiB/s, warm {warm:.0} MiB/s");
 }
 
 /// User plus system CPU time of a process, from /proc.
