@@ -99,7 +99,7 @@ impl BlobStore for StoreBackend {
     fn prefetch(&self, keys: &[ChunkHash]) {
         self.inner().prefetch(keys)
     }
-    fn drop_corrupt_copy(&self, key: &ChunkHash) {
+    fn drop_corrupt_copy(&self, key: &ChunkHash) -> bool {
         self.inner().drop_corrupt_copy(key)
     }
 }

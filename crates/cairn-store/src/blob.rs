@@ -67,9 +67,11 @@ pub trait BlobStore: Send + Sync {
     /// ones in parallel; errors are left for the reads to report.
     fn prefetch(&self, _keys: &[ChunkHash]) {}
     /// The object read back was corrupt: a caching backend drops its copy
-    /// when another one (remote) exists, so the next read fetches that
-    /// instead of failing on the same bytes forever.
-    fn drop_corrupt_copy(&self, _key: &ChunkHash) {}
+    /// when another one (remote) exists and returns true, so a second
+    /// read fetches that instead of failing on the same bytes forever.
+    fn drop_corrupt_copy(&self, _key: &ChunkHash) -> bool {
+        false
+    }
 }
 
 /// A backend operation that failed.

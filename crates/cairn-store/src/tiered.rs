@@ -435,8 +435,9 @@ impl<R: BlobStore + 'static> BlobStore for TieredStore<R> {
             Err(e) => return Err(e),
         }
         let bytes = s.remote.get(key)?;
-        // Fetched from the remote, so remote: no journal entry.
-        if s.cache.put(key, &bytes)? == PutOutcome::Stored {
+        // Fetched from the remote, so remote: no journal entry. Not
+        // fsynced: a copy torn by a power loss is dropped when read.
+        if s.cache.put_unsynced(key, &bytes)? == PutOutcome::Stored {
             s.cache_bytes.fetch_add(bytes.len() as u64, Ordering::Relaxed);
         }
         s.evict_if_over()?;
@@ -531,15 +532,20 @@ impl<R: BlobStore + 'static> BlobStore for TieredStore<R> {
     }
 
     /// Drops the cached copy unless it is the only one (upload pending).
-    fn drop_corrupt_copy(&self, key: &ChunkHash) {
+    /// A cache fill is not fsynced, so after a power loss this is how a
+    /// torn copy is replaced.
+    fn drop_corrupt_copy(&self, key: &ChunkHash) -> bool {
         let s = &self.shared;
-        if !s.is_pending(key) {
-            let size = s.cached_size(key);
-            if s.cache.delete(key).unwrap_or(false) {
-                s.cache_bytes
-                    .fetch_sub(size.min(s.cache_bytes.load(Ordering::Relaxed)), Ordering::Relaxed);
-            }
+        if s.is_pending(key) {
+            return false;
         }
+        let size = s.cached_size(key);
+        if s.cache.delete(key).unwrap_or(false) {
+            s.cache_bytes
+                .fetch_sub(size.min(s.cache_bytes.load(Ordering::Relaxed)), Ordering::Relaxed);
+            return true;
+        }
+        false
     }
 
     fn remove_incomplete_writes(&self) -> Result<IncompleteWrites, BlobError> {
