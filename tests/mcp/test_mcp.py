@@ -3,6 +3,7 @@ Streamable HTTP, in both protocol eras: 2026-07-28 (stateless) and
 2025-11-25 (the initialize handshake)."""
 
 import json
+import threading
 import uuid
 
 import anyio
@@ -18,6 +19,7 @@ CASES = [(t, m) for t in ("stdio", "http") for m in ERAS]
 TOOLS = {
     "plan_stage", "run_stage", "stage_status", "fork_from", "select", "inspect_logs", "inspect",
     "dlq", "exec", "read_file", "write_file", "snapshot", "restore",
+    "session_create", "session_suspend", "session_resume", "session_fork", "session_close",
 }
 
 
@@ -265,3 +267,164 @@ def test_a_failed_stage_is_listed_in_the_dlq_and_retried(cairn, transport):
 def test_http_without_a_token_is_refused(cairn):
     r = httpx2.post(cairn["url"], json={"jsonrpc": "2.0", "id": 1, "method": "tools/list", "params": {}})
     assert r.status_code == 401
+
+
+@pytest.mark.parametrize("transport", ["stdio", "http"])
+def test_three_hypotheses_run_as_one_group_and_select_first_success_records_the_winner(cairn, transport):
+    tag = uuid.uuid4().hex[:8]
+
+    async def go():
+        async with client(cairn, transport, "2026-07-28") as c:
+            group = await call(c, "fork_from", {
+                "snapshot_id": cairn["seed"],
+                "edits": [{"path": "/work/shared", "content": "shared {not a placeholder}\n"}],
+                "commands": ["mkdir -p /work/out"],
+                "hypotheses": [
+                    {"name": "slow", "commands": ["sleep 3", "echo slow > /work/out/who", "echo score 1"]},
+                    {"name": "fast", "edits": [{"path": "/work/out/who", "content": "fast\n"}],
+                     "commands": ["echo score 2"]},
+                    {"name": "middle", "commands": ["sleep 1.5", "echo middle > /work/out/who", "echo score 3"]},
+                ],
+                "wait_secs": 0,
+                "reason": f"which is quickest {tag}",
+            })
+            assert [b["name"] for b in group["branches"]] == ["slow", "fast", "middle"], group
+            done = await call(c, "stage_status", {"handle": group["handle"], "wait_secs": 30})
+            assert done["status"] == "completed", done
+            assert [b["status"] for b in done["branches"]] == ["completed"] * 3, done
+            for b in done["branches"]:
+                who = await call(c, "inspect", {"snapshot_id": b["output_snapshot"], "path": "/work/out/who"})
+                assert who["content"] == b["name"] + "\n", (b, who)
+                shared = await call(c, "inspect", {"snapshot_id": b["output_snapshot"], "path": "/work/shared"})
+                assert shared["content"] == "shared {not a placeholder}\n"
+            logs = await call(c, "inspect_logs", {"stage": group["handle"], "branch": "middle"})
+            assert "score 3" in logs["lines"], logs
+
+            chosen = await call(c, "select", {"handle": group["handle"], "rule": "first_success",
+                                              "reason": f"the quickest wins {tag}"})
+            assert chosen["winner"] == "fast" and sorted(chosen["lost"]) == ["middle", "slow"], chosen
+            fast = next(b for b in done["branches"] if b["name"] == "fast")
+            assert chosen["output_snapshot"] == fast["output_snapshot"]
+            again = await c.call_tool("select", {"handle": group["handle"], "winner": "slow", "reason": "changed mind"})
+            assert again.is_error and "has its winner already (fast)" in again.content[0].text
+            after = await call(c, "stage_status", {"handle": group["handle"]})
+            assert {b["name"]: b["selected"] for b in after["branches"]} == {"fast": "won", "slow": "lost", "middle": "lost"}
+
+            # first_success among single-branch handles too.
+            singles = []
+            for h, pause in (("late", 2), ("early", 0)):
+                b = await call(c, "fork_from", {"snapshot_id": cairn["seed"], "hypothesis": h,
+                                                "commands": [f"sleep {pause}"], "wait_secs": 0, "reason": h})
+                singles.append(b["handle"])
+            for h in singles:
+                assert (await call(c, "stage_status", {"handle": h, "wait_secs": 30}))["status"] == "completed"
+            first = await call(c, "select", {"branches": singles, "rule": "first_success", "reason": "quickest"})
+            assert first["winner"] == singles[1], first
+            return group["handle"]
+
+    handle = run(go)
+    shown = json.loads(cairn["cli"]("run", "show", handle, "--json"))
+    events = shown["events"]
+    won = [e for e in events if e["kind"] == "won"]
+    assert len(won) == 1 and won[0]["branch"] == "fast" and f"the quickest wins {tag}" in won[0]["detail"], events
+    assert sorted(e["branch"] for e in events if e["kind"] == "lost") == ["middle", "slow"], events
+    assert sorted(e["branch"] for e in events if e["kind"] == "hypothesis") == ["fast", "middle", "slow"]
+    assert any(e["kind"] == "asked" and f"which is quickest {tag}" in e["detail"] for e in events)
+
+
+def test_inspect_reads_a_snapshots_layers_without_starting_a_sandbox(cairn):
+    cli = cairn["cli"]
+    box = cli("create").split()[-1]
+    cli("exec", box, "--", "sh", "-c",
+        "mkdir -p /work/d && echo keep > /work/keep && echo gone > /work/gone && echo old > /work/changed"
+        " && touch /work/d/old")
+    cli("snapshot", box, "--label", "lower")
+    cli("exec", box, "--", "sh", "-c",
+        "rm /work/gone && echo new > /work/changed && ln -s ../../etc /work/out && ln -s /etc/passwd /work/pw"
+        " && rm -r /work/d && mkdir /work/d && touch /work/d/new")
+    snap = cli("snapshot", box, "--label", "upper").split()[-1]
+    cli("rm", "--force", box)
+
+    def running():
+        return set(cli("ps", "-q").split())
+
+    before = running()
+    seen, stop = [], threading.Event()
+
+    def watch():
+        while not stop.is_set():
+            seen.append(running())
+
+    watcher = threading.Thread(target=watch)
+    watcher.start()
+
+    async def go():
+        async with client(cairn, "stdio", "2026-07-28") as c:
+            for _ in range(5):
+                keep = await call(c, "inspect", {"snapshot_id": snap, "path": "/work/keep"})
+                assert keep["content"] == "keep\n", keep
+                changed = await call(c, "inspect", {"snapshot_id": snap, "path": "/work/changed"})
+                assert changed["content"] == "new\n", changed
+                gone = await c.call_tool("inspect", {"snapshot_id": snap, "path": "/work/gone"})
+                assert gone.is_error and "does not exist" in gone.content[0].text
+                listing = await call(c, "inspect", {"snapshot_id": snap, "path": "/work"})
+                entries = {e["name"]: e for e in listing["entries"]}
+                assert set(entries) == {"keep", "changed", "out", "pw", "d"}, listing
+                # Removed and made again: an opaque directory hides the old one's files.
+                d = await call(c, "inspect", {"snapshot_id": snap, "path": "/work/d"})
+                assert [e["name"] for e in d["entries"]] == ["new"], d
+                assert (entries["out"]["kind"], entries["out"]["target"]) == ("symlink", "../../etc")
+                link = await call(c, "inspect", {"snapshot_id": snap, "path": "/work/pw"})
+                assert (link["kind"], link["target"]) == ("symlink", "/etc/passwd") and "content" not in link
+                through = await c.call_tool("inspect", {"snapshot_id": snap, "path": "/work/out/passwd"})
+                assert through.is_error and "symlinks are not followed" in through.content[0].text, through.content
+
+    try:
+        run(go)
+    finally:
+        stop.set()
+        watcher.join()
+    assert seen and all(s == before for s in seen), "a sandbox ran while inspect read the snapshot"
+    assert running() == before
+
+
+@pytest.mark.parametrize("transport", ["stdio", "http"])
+def test_session_lifecycle_tools_record_the_caller_and_reason(cairn, transport):
+    name = f"life-{transport}-{uuid.uuid4().hex[:6]}"
+
+    async def go():
+        async with client(cairn, transport, "2026-07-28") as c:
+            s = await call(c, "session_create", {"name": name, "reason": "a place to work"})
+            assert (s["name"], s["state"]) == (name, "active") and s["sandbox_id"]
+            await call(c, "write_file", {"session": name, "path": "/tmp/kept", "content": "kept\n", "reason": "state"})
+            down = await call(c, "session_suspend", {"session": name, "reason": "lunch break"})
+            assert down["state"] == "suspended" and down["sandbox_id"] is None and down["snapshot_id"]
+            again = await c.call_tool("session_suspend", {"session": name, "reason": "twice"})
+            assert again.is_error
+            up = await call(c, "session_resume", {"session": name, "reason": "back to work"})
+            assert up["state"] == "active"
+            f = await call(c, "read_file", {"session": name, "path": "/tmp/kept"})
+            assert f["content"] == "kept\n"
+            child = await call(c, "session_fork", {"session": name, "name": f"{name}-fork", "reason": "try a variant"})
+            assert child["parent"] == up["session"] and child["state"] == "active"
+            f = await call(c, "read_file", {"session": child["session"], "path": "/tmp/kept"})
+            assert f["content"] == "kept\n", "the fork starts from the parent's newest snapshot"
+            from_snap = await call(c, "session_create", {"snapshot_id": down["snapshot_id"], "reason": "from the snapshot"})
+            f = await call(c, "read_file", {"session": from_snap["session"], "path": "/tmp/kept"})
+            assert f["content"] == "kept\n"
+            boxes = []
+            for sid in (child["session"], from_snap["session"], name):
+                closed = await call(c, "session_close", {"session": sid, "reason": "done"})
+                assert closed["state"] == "closed"
+                boxes.append(closed["sandbox_id"])
+            return child["session"], boxes
+
+    child, boxes = run(go)
+    assert not set(boxes) & set(cairn["cli"]("ps", "-q").split()), "a closed session's sandbox is gone"
+    log = [json.loads(line) for line in cairn["cli"]("session", "log", name, "--json").splitlines()]
+    notes = [e["content"] for e in log if e.get("kind") == "note" and "asked by" in (e.get("content") or "")]
+    wanted = ["session_create", "session_suspend", "session_resume", "session_close"]
+    for tool, reason in zip(wanted, ["a place to work", "lunch break", "back to work", "done"]):
+        assert any(n.startswith(f"{tool} asked by") and reason in n and "over MCP" in n for n in notes), (tool, notes)
+    shown = json.loads(cairn["cli"]("session", "show", child, "--json"))
+    assert "try a variant" in json.dumps(shown), shown

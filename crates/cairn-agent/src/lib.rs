@@ -36,6 +36,9 @@ pub use record::{AgentConfig, AgentState, Event, PipelineStart, Status};
 const RESULT_MAX: usize = 32 << 10;
 /// How long one wait on a running stage lasts before it reports again.
 const STAGE_POLL_SECS: u64 = 30;
+/// Rounds the model still gets once the stage limit is reached, to select,
+/// inspect and summarise; stage calls in them are refused.
+const WRAP_UP_ROUNDS: u32 = 2;
 /// The most stages the lineage note lists.
 const LINEAGE_STAGES: usize = 24;
 
@@ -365,9 +368,6 @@ impl Loop<'_> {
                     let st = self.state(engine)?;
                     let note = lineage(&self.tools, &st, &self.caller);
                     self.append(engine, event(&Event::Lineage { text: note }))?;
-                    if st.stages_used() >= st.max_stages {
-                        return self.stop(engine, &st, "stage limit");
-                    }
                     continue;
                 }
                 if round.recorded.reply.calls.is_empty() {
@@ -377,7 +377,7 @@ impl Loop<'_> {
             if over_budget {
                 return self.stop(engine, &st, "budget");
             }
-            if st.stages_used() >= st.max_stages {
+            if st.stages_used() >= st.max_stages && st.rounds_at_limit() >= WRAP_UP_ROUNDS {
                 return self.stop(engine, &st, "stage limit");
             }
             let conv = st.conversation();
@@ -551,7 +551,7 @@ impl Loop<'_> {
             let exists = engine.run_record(&run_id).is_ok();
             let outcome = if !exists && used >= st.max_stages {
                 Err(format!(
-                    "not started: the stage limit ({}) is reached; summarise what you found and end your turn",
+                    "not started: the stage limit ({}) is reached; select among what ran, summarise and end your turn",
                     st.max_stages
                 ))
             } else {
@@ -717,8 +717,13 @@ fn lineage(tools: &Tools, st: &AgentState, caller: &str) -> String {
         (Some(c), None) => format!("; ${c:.4} spent"),
         _ => String::new(),
     };
+    let limit = if st.stages_used() >= st.max_stages {
+        " The stage limit is reached: start no more stages; compare, select and summarise, then end your turn."
+    } else {
+        ""
+    };
     format!(
-        "Lineage so far:\n{}\nStages used: {} of {}{spent}.",
+        "Lineage so far:\n{}\nStages used: {} of {}{spent}.{limit}",
         if lines.is_empty() {
             "(no stage yet)".to_string()
         } else {

@@ -257,6 +257,20 @@ impl AgentState {
             .count() as u32
     }
 
+    /// Rounds the model was asked for while the stage limit was already
+    /// reached (its wrap-up: it may select, inspect and summarise).
+    pub fn rounds_at_limit(&self) -> u32 {
+        let mut used = 0;
+        let mut at_limit = 0;
+        for r in &self.rounds {
+            if used >= self.max_stages {
+                at_limit += 1;
+            }
+            used += r.results.iter().filter(|(_, m, _)| m.stage_run.is_some()).count() as u32;
+        }
+        at_limit
+    }
+
     /// The conversation to send the model: the first message, then each
     /// reply with its results and the lineage note after them.
     pub fn conversation(&self) -> Conversation {

@@ -32,7 +32,8 @@ impl Default for Settings {
 pub struct Event {
     /// `sandbox.created`, `sandbox.removed`, `snapshot.created`,
     /// `snapshot.removed`, `sandbox.reset`, `run.started`, `run.stage`,
-    /// `run.ended`, `image.built`, `session.created`, `session.exec`,
+    /// `run.verdict` (a stage approved or rejected), `run.ended`,
+    /// `image.built`, `session.created`, `session.exec`,
     /// `session.suspended`, `session.resumed`, `session.forked`,
     /// `session.rewound`, `session.closed`.
     pub kind: String,

@@ -110,6 +110,14 @@ fn status_of(e: &EngineError) -> StatusCode {
             | SnapshotError::NeededBySession(_) => S::CONFLICT,
             _ => S::INTERNAL_SERVER_ERROR,
         },
+        EngineError::View(v) => {
+            use cairn_engine::snapshot_view::ViewError as V;
+            match v {
+                V::BadPath(_) => S::BAD_REQUEST,
+                V::Missing { .. } | V::BelowSymlink { .. } | V::BelowNonDirectory { .. } => S::NOT_FOUND,
+                V::TooLarge { .. } => S::PAYLOAD_TOO_LARGE,
+            }
+        }
         EngineError::Image(i) => match i {
             ImageError::NotFound(_) => S::NOT_FOUND,
             ImageError::BadName(_) | ImageError::Import { .. } => S::BAD_REQUEST,
@@ -117,9 +125,20 @@ fn status_of(e: &EngineError) -> StatusCode {
             _ => S::INTERNAL_SERVER_ERROR,
         },
         EngineError::Run(r) => match r {
-            RunError::NoSuchRun(_) | RunError::NoSuchDeadLetter(_) | RunError::NoSuchArtifact(_) => S::NOT_FOUND,
-            RunError::Spec(_) | RunError::BadParam(_) | RunError::BadRunId(_) => S::BAD_REQUEST,
-            RunError::Completed(_) | RunError::AlreadyRetried(_) | RunError::Busy { .. } => S::CONFLICT,
+            RunError::NoSuchRun(_)
+            | RunError::NoSuchDeadLetter(_)
+            | RunError::NoSuchArtifact(_)
+            | RunError::NoSuchStage(_) => S::NOT_FOUND,
+            RunError::Spec(_)
+            | RunError::BadParam(_)
+            | RunError::BadRunId(_)
+            | RunError::BadReason(_)
+            | RunError::NoModel(_) => S::BAD_REQUEST,
+            RunError::Completed(_)
+            | RunError::AlreadyRetried(_)
+            | RunError::Busy { .. }
+            | RunError::NotAwaitingApproval(_) => S::CONFLICT,
+            RunError::Model(_) => S::SERVICE_UNAVAILABLE,
             _ => S::INTERNAL_SERVER_ERROR,
         },
         EngineError::Bundle(b) => {

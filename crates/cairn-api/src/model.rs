@@ -403,14 +403,26 @@ pub struct StartRun {
     pub file: Option<String>,
 }
 
+/// A person's verdict on a stage waiting for approval (`approve = true`).
+#[derive(Debug, Default, Serialize, Deserialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct StageVerdict {
+    /// Why; recorded with the verdict (at most 4 KiB). Required to reject.
+    pub reason: Option<String>,
+    /// Who decides, as recorded in the run's events (default `api`; at most
+    /// 128 bytes, letters, digits and `-_.@ `).
+    pub by: Option<String>,
+}
+
 #[derive(Debug, Serialize, Deserialize, ToSchema)]
 pub struct Run {
     pub id: String,
     pub pipeline: String,
     pub file: String,
     pub params: BTreeMap<String, String>,
-    /// `running`, `completed` or `failed`; `running` with no orchestrator
-    /// means interrupted (resume it).
+    /// `running`, `completed`, `failed` or `awaiting_approval` (a stage
+    /// waits for `POST /v1/runs/{id}/stages/{stage}/approve`); `running`
+    /// with no orchestrator means interrupted (resume it).
     pub status: String,
     pub created_at: i64,
     pub ended_at: Option<i64>,
@@ -533,6 +545,49 @@ pub struct RunDetail {
     pub stages: Vec<Stage>,
     pub events: Vec<RunEvent>,
     pub artifacts: Vec<Artifact>,
+    /// What decide stages' models chose, oldest first.
+    pub decisions: Vec<Decision>,
+}
+
+/// One decision of a decide stage (docs/pipelines.md).
+#[derive(Debug, Serialize, Deserialize, ToSchema)]
+pub struct Decision {
+    pub stage: String,
+    /// 1, 2, …: a retry a decision asks for makes the stage decide again.
+    pub round: u32,
+    pub stage_key: String,
+    /// `provider/model` that answered.
+    pub model: String,
+    pub reason: String,
+    /// What was chosen: `hypotheses`, `params`, `action`, each when the
+    /// stage chooses it.
+    #[schema(value_type = Object)]
+    pub answer: serde_json::Value,
+    pub input_tokens: u64,
+    pub output_tokens: u64,
+    /// Model calls it took (an invalid answer is asked again).
+    pub calls: u32,
+    pub created_at: i64,
+}
+
+impl From<cairn_engine::pipeline::records::DecisionRecord> for Decision {
+    fn from(d: cairn_engine::pipeline::records::DecisionRecord) -> Decision {
+        let answer = cairn_engine::pipeline::decision::Answer::from_stored(&d.answer)
+            .map(|a| serde_json::to_value(a).expect("an answer serialises"))
+            .unwrap_or(serde_json::Value::String(d.answer));
+        Decision {
+            stage: d.stage,
+            round: d.round,
+            stage_key: d.stage_key,
+            model: d.model,
+            reason: d.reason,
+            answer,
+            input_tokens: d.input_tokens,
+            output_tokens: d.output_tokens,
+            calls: d.calls,
+            created_at: d.created_at,
+        }
+    }
 }
 
 #[derive(Debug, Serialize, Deserialize, ToSchema)]

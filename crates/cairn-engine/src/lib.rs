@@ -13,6 +13,7 @@ pub mod images;
 pub mod pipeline;
 pub mod sandboxes;
 pub mod sessions;
+pub mod snapshot_view;
 pub mod snapshots;
 pub mod state;
 #[cfg(feature = "test-support")]
@@ -46,6 +47,8 @@ pub enum EngineError {
     Image(#[from] ImageError),
     #[error(transparent)]
     Snapshot(#[from] SnapshotError),
+    #[error(transparent)]
+    View(#[from] snapshot_view::ViewError),
     #[error(transparent)]
     Run(#[from] pipeline::run::RunError),
     #[error(transparent)]
@@ -109,6 +112,9 @@ pub struct Engine {
     store: ChunkStore<StoreBackend>,
     /// Sandboxes the reconciliation at open removed (reported by `gc`).
     reconciled: Vec<String>,
+    /// The model decide stages ask, over what pipeline files say (the
+    /// CLI's `--provider`, `--model`, `--base-url`).
+    model_override: pipeline::spec::ModelSpec,
 }
 
 impl Engine {
@@ -143,6 +149,7 @@ impl Engine {
             init_binary,
             store,
             reconciled: Vec::new(),
+            model_override: Default::default(),
         };
         engine.reconciled = engine.reconcile()?;
         Ok(engine)

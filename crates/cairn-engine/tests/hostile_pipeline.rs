@@ -42,6 +42,10 @@ metric = "file:/work/energy"
 hypotheses = [{ name = "a", ff = "1" }, { name = "b", ff = "2" }]
 "#;
 
+/// A decide stage choosing everything, a stage waiting for approval, and
+/// a branch group whose hypotheses the decision gives.
+const DECIDED: &str = include_str!("../../../fuzz/seeds/pipeline_file/decide.toml");
+
 /// Parses `text` and checks the outcome is a pipeline or an error naming a
 /// line that exists (or the one past the end, for something missing).
 fn parse_checked(text: &str) -> Result<(), PipelineError> {
@@ -78,6 +82,7 @@ fn parse_checked(text: &str) -> Result<(), PipelineError> {
 #[test]
 fn the_sample_pipeline_parses() {
     parse_checked(GOOD).unwrap();
+    parse_checked(DECIDED).unwrap();
 }
 
 #[test]
@@ -161,6 +166,13 @@ proptest! {
     #[test]
     fn mutated_pipelines_are_parsed_or_refused_with_a_line(muts in mutation::mutations()) {
         let mut bytes = GOOD.as_bytes().to_vec();
+        mutation::apply(&mut bytes, &muts);
+        let _ = parse_checked(&String::from_utf8_lossy(&bytes));
+    }
+
+    #[test]
+    fn mutated_decide_pipelines_are_parsed_or_refused_with_a_line(muts in mutation::mutations()) {
+        let mut bytes = DECIDED.as_bytes().to_vec();
         mutation::apply(&mut bytes, &muts);
         let _ = parse_checked(&String::from_utf8_lossy(&bytes));
     }

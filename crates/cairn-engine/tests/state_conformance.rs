@@ -8,7 +8,9 @@ use std::time::Duration;
 
 use cairn_engine::access::{Claim, TokenRecord};
 use cairn_engine::e2b::{E2bLife, E2bSandbox, E2bSnapshot};
-use cairn_engine::pipeline::records::{ArtifactRecord, DeadLetter, RunRecord, StageRecord};
+use cairn_engine::pipeline::records::{
+    ArtifactRecord, DeadLetter, DecisionEffect, DecisionRecord, RunRecord, StageRecord,
+};
 use cairn_engine::sessions::bundle::BundleRewind;
 use cairn_engine::sessions::log::{Order, Segment};
 use cairn_engine::sessions::{Entry, EntryKind, Rewind, SessionRecord, SessionState, GENESIS};
@@ -118,6 +120,7 @@ conformance!(
     a_long_log_reads_by_range_and_tail_around_abandoned_stretches,
     idle_sessions_are_active_ones_past_their_timeout,
     an_imported_session_is_recorded_whole_or_not_at_all,
+    decisions_are_recorded_with_their_effect_in_one_transaction,
     a_snapshot_is_marked_durable_in_the_remote_store_once,
 );
 
@@ -1387,4 +1390,113 @@ fn an_imported_session_is_recorded_whole_or_not_at_all(store: &Store) {
     assert!(!again, "the image was there");
     assert_eq!(db.snapshots().unwrap().len(), 1);
     assert_eq!(db.sessions().unwrap().len(), 3);
+}
+
+fn decision(run: &str, stage: &str, round: u32, key: &str) -> DecisionRecord {
+    DecisionRecord {
+        run_id: run.into(),
+        stage: stage.into(),
+        round,
+        stage_key: key.into(),
+        model: "anthropic/m".into(),
+        answer: "{\"v\":1,\"answer\":{\"reason\":\"r\"}}".into(),
+        reason: "r".into(),
+        input_tokens: 1 << 40,
+        output_tokens: 7,
+        calls: 2,
+        created_at: 50 + i64::from(round),
+    }
+}
+
+fn decisions_are_recorded_with_their_effect_in_one_transaction(store: &Store) {
+    let mut db = store.open();
+    db.insert_run(&run("r1", 1)).unwrap();
+    let mut measure = stage("r1", "measure", "", "completed");
+    measure.output_snapshot = Some("out".into());
+    db.put_stage(&measure, None).unwrap();
+    assert!(db.completed_key("measure-v1").unwrap().is_some());
+
+    // Completed: the decision, the row and its key, together.
+    let mut choose = stage("r1", "choose", "", "completed");
+    choose.stage_key = "choose-v1".into();
+    choose.output_snapshot = Some("out".into());
+    db.record_decision(
+        &decision("r1", "choose", 1, "choose-v1"),
+        &choose,
+        ("decided", "d"),
+        DecisionEffect::Complete,
+    )
+    .unwrap();
+    let got = db.decisions_of("r1").unwrap();
+    assert_eq!(got.len(), 1);
+    assert_eq!(
+        (got[0].input_tokens, got[0].output_tokens, got[0].calls),
+        (1 << 40, 7, 2)
+    );
+    assert_eq!(got[0].answer, decision("r1", "choose", 1, "choose-v1").answer);
+    let by_key = db.decision_by_key("choose-v1").unwrap().expect("the key's decision");
+    assert_eq!((by_key.run_id.as_str(), by_key.stage.as_str()), ("r1", "choose"));
+    assert_eq!(db.completed_key("choose-v1").unwrap().unwrap().0, "out");
+
+    // Retry: the stage before is reset and its key forgotten.
+    let mut judge = stage("r1", "judge", "", "pending");
+    judge.stage_key = "judge-v1".into();
+    let mut reset = measure.clone();
+    reset.status = "pending".into();
+    reset.output_snapshot = None;
+    db.record_decision(
+        &decision("r1", "judge", 1, "judge-v1"),
+        &judge,
+        ("decided", "retry"),
+        DecisionEffect::Retry { previous: &reset },
+    )
+    .unwrap();
+    assert_eq!(db.stage("r1", "measure", "").unwrap().unwrap().status, "pending");
+    assert!(db.completed_key("measure-v1").unwrap().is_none());
+    assert!(
+        db.decision_by_key("judge-v1").unwrap().is_none(),
+        "only a completed key's decision is reused"
+    );
+
+    // A second decision of the same round is refused, and changes nothing.
+    let mut dead = reset.clone();
+    dead.status = "dead".into();
+    let dl = dead_letter("dl1", "r1");
+    assert!(db
+        .record_decision(
+            &decision("r1", "judge", 1, "judge-v1"),
+            &judge,
+            ("decided", "dlq"),
+            DecisionEffect::Dlq {
+                previous: &dead,
+                dead_letter: &dl,
+                run_error: "e"
+            },
+        )
+        .is_err());
+    assert_eq!(db.stage("r1", "measure", "").unwrap().unwrap().status, "pending");
+    assert!(db.dead_letters().unwrap().is_empty());
+
+    // Dlq: the stage before is dead, a dead letter and the run failed.
+    db.record_decision(
+        &decision("r1", "judge", 2, "judge-v1"),
+        &judge,
+        ("decided", "dlq"),
+        DecisionEffect::Dlq {
+            previous: &dead,
+            dead_letter: &dl,
+            run_error: "stage measure went to the dead-letter queue",
+        },
+    )
+    .unwrap();
+    assert_eq!(db.stage("r1", "measure", "").unwrap().unwrap().status, "dead");
+    assert_eq!(db.dead_letters().unwrap().len(), 1);
+    let r = db.find_runs("r1").unwrap().remove(0);
+    assert_eq!(
+        (r.status.as_str(), r.error.as_deref()),
+        ("failed", Some("stage measure went to the dead-letter queue"))
+    );
+    assert_eq!(db.decisions_of("r1").unwrap().len(), 3);
+    db.delete_run("r1").unwrap();
+    assert!(db.decisions_of("r1").unwrap().is_empty());
 }

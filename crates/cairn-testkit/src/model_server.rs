@@ -76,7 +76,7 @@ pub const RECORDED_BYTES_MAX: usize = 256 << 20;
 /// Violations kept, the first ones (the first is usually the cause).
 pub const VIOLATIONS_MAX: usize = 10_000;
 
-/// One request the server received, as it was answered.
+/// One request the server received, and how it was answered.
 #[derive(Debug, Clone, Serialize)]
 pub struct Recorded {
     /// "anthropic" or "openai": which endpoint was called.
@@ -85,7 +85,8 @@ pub struct Recorded {
     pub turn: usize,
     /// The request body (null when it was too large or not JSON).
     pub body: Value,
-    /// The status it was answered with.
+    /// The status it was answered with; 0 while it is being answered (a
+    /// scripted delay), and for good when the client left before the answer.
     pub answered: u16,
 }
 
@@ -108,7 +109,8 @@ struct Log {
     received: u64,
     /// Per turn, how many of its `fail` entries were served.
     consumed: Vec<usize>,
-    recorded: VecDeque<(Recorded, usize)>,
+    /// Each with its request number and body size.
+    recorded: VecDeque<(u64, Recorded, usize)>,
     recorded_bytes: usize,
     violations: Vec<String>,
 }
@@ -176,9 +178,9 @@ impl ScriptedModel {
     }
 
     /// Every request received (the newest [`RECORDED_MAX`]), in the order
-    /// they were answered.
+    /// they arrived.
     pub fn requests(&self) -> Vec<Recorded> {
-        self.shared.log().recorded.iter().map(|(r, _)| r.clone()).collect()
+        self.shared.log().recorded.iter().map(|(_, r, _)| r.clone()).collect()
     }
 
     /// The protocol violations found in requests; a test asserts none.
@@ -217,11 +219,11 @@ impl Shared {
 }
 
 impl Log {
-    fn record(&mut self, recorded: Recorded, bytes: usize) {
+    fn record(&mut self, number: u64, recorded: Recorded, bytes: usize) {
         self.recorded_bytes += bytes;
-        self.recorded.push_back((recorded, bytes));
+        self.recorded.push_back((number, recorded, bytes));
         while self.recorded.len() > RECORDED_MAX || self.recorded_bytes > RECORDED_BYTES_MAX {
-            let Some((_, dropped)) = self.recorded.pop_front() else {
+            let Some((_, _, dropped)) = self.recorded.pop_front() else {
                 break;
             };
             self.recorded_bytes -= dropped;
@@ -245,7 +247,7 @@ async fn openai(State(shared): State<Arc<Shared>>, headers: HeaderMap, body: Bod
 
 async fn recorded(State(shared): State<Arc<Shared>>) -> Json<Value> {
     let log = shared.log();
-    let requests: Vec<&Recorded> = log.recorded.iter().map(|(r, _)| r).collect();
+    let requests: Vec<&Recorded> = log.recorded.iter().map(|(_, r, _)| r).collect();
     Json(json!({"requests": requests, "violations": log.violations}))
 }
 
@@ -257,17 +259,38 @@ struct Exchange<'a> {
     turn: usize,
     body: Value,
     bytes: usize,
+    /// Recorded already (answered 0), to be updated with its status.
+    recorded: bool,
 }
 
 impl Exchange<'_> {
-    fn finish(self, status: u16, answer: &Value, retry_after: Option<u64>) -> Response {
-        let recorded = Recorded {
+    fn recorded(&self, answered: u16) -> Recorded {
+        Recorded {
             provider: self.provider.name(),
             turn: self.turn,
-            body: self.body,
-            answered: status,
-        };
-        self.shared.log().record(recorded, self.bytes);
+            body: self.body.clone(),
+            answered,
+        }
+    }
+
+    /// Records the request before a scripted delay, so a client that leaves
+    /// meanwhile still finds it (answered 0).
+    fn received(&mut self) {
+        self.shared.log().record(self.number, self.recorded(0), self.bytes);
+        self.recorded = true;
+    }
+
+    fn finish(self, status: u16, answer: &Value, retry_after: Option<u64>) -> Response {
+        {
+            let mut log = self.shared.log();
+            let earlier = log.recorded.iter_mut().rev().find(|(n, _, _)| *n == self.number);
+            match earlier {
+                Some((_, recorded, _)) if self.recorded => recorded.answered = status,
+                // Dropped meanwhile, as the oldest of too many.
+                None if self.recorded => {}
+                _ => log.record(self.number, self.recorded(status), self.bytes),
+            }
+        }
         let code = StatusCode::from_u16(status).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR);
         let mut response = (code, Json(answer)).into_response();
         if let Some(secs) = retry_after {
@@ -303,6 +326,7 @@ async fn answer(shared: &Shared, provider: Provider, headers: &HeaderMap, body: 
         turn: 0,
         body: Value::Null,
         bytes: 0,
+        recorded: false,
     };
     let Ok(bytes) = to_bytes(body, BODY_MAX).await else {
         return exchange.refuse(
@@ -345,7 +369,10 @@ async fn answer(shared: &Shared, provider: Provider, headers: &HeaderMap, body: 
             let answer = provider.error(status, &message);
             return exchange.finish(status, &answer, retry_after);
         }
-        Some((_, Failure::Delay { ms })) => tokio::time::sleep(std::time::Duration::from_millis(ms)).await,
+        Some((_, Failure::Delay { ms })) => {
+            exchange.received();
+            tokio::time::sleep(std::time::Duration::from_millis(ms)).await
+        }
         None => {}
     }
     let results = match provider {

@@ -15,6 +15,22 @@ pub struct Edit {
     pub mode: Option<u32>,
 }
 
+/// One hypothesis of a fork_from group: its own edits and commands, after
+/// the group's shared ones.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct HypothesisArgs {
+    pub name: String,
+    #[serde(default)]
+    pub edits: Vec<Edit>,
+    #[serde(default)]
+    pub commands: Vec<String>,
+}
+
+/// How many hypotheses one fork_from group holds.
+pub const HYPOTHESES_MIN: usize = 2;
+pub const HYPOTHESES_MAX: usize = 16;
+
 /// run_stage's and fork_from's arguments.
 #[derive(Debug, Clone, Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -22,6 +38,9 @@ pub struct StageArgs {
     pub snapshot_id: String,
     #[serde(default)]
     pub hypothesis: Option<String>,
+    /// Instead of `hypothesis`: a group of branches in one run.
+    #[serde(default)]
+    pub hypotheses: Option<Vec<HypothesisArgs>>,
     #[serde(default)]
     pub edits: Vec<Edit>,
     #[serde(default)]
@@ -48,13 +67,34 @@ pub enum ToolArgs {
         wait_secs: Option<u64>,
     },
     Select {
+        /// Handles to choose among (empty when `group` is given).
         branches: Vec<String>,
+        /// A fork_from group's handle: choose among its branches.
+        group: Option<String>,
         choice: Choice,
         reason: String,
     },
     InspectLogs {
         stage: String,
+        branch: Option<String>,
         tail_lines: Option<u32>,
+    },
+    SessionCreate {
+        image: Option<String>,
+        snapshot_id: Option<String>,
+        name: Option<String>,
+        reason: String,
+    },
+    /// session_suspend, session_resume and session_close.
+    SessionLifecycle {
+        action: Lifecycle,
+        session: String,
+        reason: String,
+    },
+    SessionFork {
+        session: String,
+        name: Option<String>,
+        reason: String,
     },
     Inspect {
         snapshot_id: String,
@@ -161,10 +201,56 @@ struct Status {
     wait_secs: Option<u64>,
 }
 
+/// What session_suspend, session_resume and session_close do.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Lifecycle {
+    Suspend,
+    Resume,
+    /// Close; its log stays unless `purge`.
+    Close {
+        purge: bool,
+    },
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct SessionCreate {
+    image: Option<String>,
+    snapshot_id: Option<String>,
+    name: Option<String>,
+    reason: String,
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct SessionAction {
+    session: String,
+    reason: String,
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct SessionClose {
+    session: String,
+    #[serde(default)]
+    purge: bool,
+    reason: String,
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct SessionFork {
+    session: String,
+    name: Option<String>,
+    reason: String,
+}
+
 #[derive(Deserialize)]
 #[serde(deny_unknown_fields)]
 struct Select {
+    #[serde(default)]
     branches: Vec<String>,
+    handle: Option<String>,
     winner: Option<String>,
     rule: Option<String>,
     metric: Option<String>,
@@ -174,8 +260,10 @@ struct Select {
 /// How `select` picks its winner.
 #[derive(Debug, Clone, PartialEq)]
 pub enum Choice {
-    /// The model named it.
+    /// The model named it (a handle, or a branch name in a group).
     Winner(String),
+    /// The branch that completed first.
+    FirstSuccess,
     /// The completed branch with the smallest (or largest) metric.
     Rule { max: bool, metric: Metric },
 }
@@ -193,6 +281,7 @@ pub enum Metric {
 #[serde(deny_unknown_fields)]
 struct Logs {
     stage: String,
+    branch: Option<String>,
     tail_lines: Option<u32>,
 }
 
@@ -245,6 +334,20 @@ impl Check<'_> {
         Ok(())
     }
 
+    /// A name made of letters, digits, '-' and '_' (a hypothesis, a
+    /// session), starting with a letter or digit.
+    fn name(&self, field: &str, v: &str) -> Result<(), ToolError> {
+        self.text(field, v, 1, 63)?;
+        let ok = v.bytes().all(|b| b.is_ascii_alphanumeric() || b"_-".contains(&b))
+            && v.as_bytes()[0].is_ascii_alphanumeric();
+        if !ok {
+            return Err(self.bad(format!(
+                "{field} {v:?} may hold letters, digits, '-' and '_', starting with a letter or digit"
+            )));
+        }
+        Ok(())
+    }
+
     fn path(&self, field: &str, v: &str) -> Result<(), ToolError> {
         self.text(field, v, 1, 4096)?;
         if !v.starts_with('/') {
@@ -275,35 +378,27 @@ impl Check<'_> {
     fn stage(&self, s: &StageArgs, fork: bool) -> Result<(), ToolError> {
         self.hex_id("snapshot_id", &s.snapshot_id)?;
         self.text("reason", &s.reason, 1, 4096)?;
-        match (&s.hypothesis, fork) {
-            (Some(h), true) => self.text("hypothesis", h, 1, 4096)?,
-            (None, true) => return Err(self.bad("hypothesis is required: say what this branch tests".into())),
-            (Some(_), false) => {
-                return Err(self.bad("hypothesis is not an argument of run_stage: use fork_from".into()))
+        match (&s.hypothesis, &s.hypotheses, fork) {
+            (Some(h), None, true) => self.text("hypothesis", h, 1, 4096)?,
+            (None, Some(group), true) => self.hypotheses(group)?,
+            (Some(_), Some(_), true) => {
+                return Err(self.bad("give hypothesis (one branch) or hypotheses (a group), not both".into()))
             }
-            (None, false) => {}
+            (None, None, true) => {
+                return Err(self
+                    .bad("hypothesis is required: say what this branch tests (or give hypotheses for a group)".into()))
+            }
+            (Some(_), _, false) | (_, Some(_), false) => {
+                return Err(self.bad("hypothesis and hypotheses are not arguments of run_stage: use fork_from".into()))
+            }
+            (None, None, false) => {}
         }
         if s.commands.is_empty() && !fork {
             return Err(self.bad("commands must name at least one command".into()));
         }
-        if s.commands.len() > 64 || s.edits.len() > 64 {
-            return Err(self.bad("at most 64 commands and 64 edits per stage".into()));
-        }
-        for c in &s.commands {
-            self.text("each command", c, 1, 16384)?;
-        }
-        let mut total = 0;
-        for e in &s.edits {
-            self.path("an edit's path", &e.path)?;
-            if e.path == "/" {
-                return Err(self.bad("an edit's path must name a file, not /".into()));
-            }
-            self.text("an edit's content", &e.content, 0, 1 << 20)?;
-            total += e.content.len();
-            if e.mode.is_some_and(|m| m > 0o7777) {
-                return Err(self.bad(format!("{}: mode is permission bits, at most 0o7777", e.path)));
-            }
-        }
+        self.work(&s.commands, &s.edits)?;
+        let in_group = s.hypotheses.iter().flatten().flat_map(|h| &h.edits);
+        let total: usize = s.edits.iter().chain(in_group).map(|e| e.content.len()).sum();
         if total > 4 << 20 {
             return Err(self.bad(format!("edits hold {total} bytes; at most 4 MiB in all")));
         }
@@ -320,6 +415,53 @@ impl Check<'_> {
         self.duration("timeout", &s.timeout)?;
         self.duration("checkpoint_every", &s.checkpoint_every)?;
         self.wait(s.wait_secs)
+    }
+
+    fn hypotheses(&self, group: &[HypothesisArgs]) -> Result<(), ToolError> {
+        if !(HYPOTHESES_MIN..=HYPOTHESES_MAX).contains(&group.len()) {
+            return Err(self.bad(format!(
+                "hypotheses holds {HYPOTHESES_MIN} to {HYPOTHESES_MAX} branches, not {}; one branch is hypothesis",
+                group.len()
+            )));
+        }
+        let mut names = std::collections::HashSet::new();
+        for h in group {
+            self.name("a hypothesis's name", &h.name)?;
+            if !names.insert(h.name.as_str()) {
+                return Err(self.bad(format!("two hypotheses are named {:?}", h.name)));
+            }
+            self.work(&h.commands, &h.edits)
+                .map_err(|e| self.bad(format!("hypothesis {:?}: {}", h.name, message_of(e))))?;
+        }
+        Ok(())
+    }
+
+    /// Commands and edits: counts, sizes, paths, modes.
+    fn work(&self, commands: &[String], edits: &[Edit]) -> Result<(), ToolError> {
+        if commands.len() > 64 || edits.len() > 64 {
+            return Err(self.bad("at most 64 commands and 64 edits per stage".into()));
+        }
+        for c in commands {
+            self.text("each command", c, 1, 16384)?;
+        }
+        for e in edits {
+            self.path("an edit's path", &e.path)?;
+            if e.path == "/" {
+                return Err(self.bad("an edit's path must name a file, not /".into()));
+            }
+            self.text("an edit's content", &e.content, 0, 1 << 20)?;
+            if e.mode.is_some_and(|m| m > 0o7777) {
+                return Err(self.bad(format!("{}: mode is permission bits, at most 0o7777", e.path)));
+            }
+        }
+        Ok(())
+    }
+}
+
+fn message_of(e: ToolError) -> String {
+    match e {
+        ToolError::InvalidArguments { message, .. } => message,
+        other => other.to_string(),
     }
 }
 
@@ -380,25 +522,42 @@ pub fn parse(name: &str, arguments: Value) -> Result<ToolArgs, ToolError> {
         }
         "select" => {
             let s: Select = from(name, v)?;
-            if s.branches.is_empty() || s.branches.len() > 32 {
-                return Err(c.bad(format!("branches holds 1 to 32 handles, not {}", s.branches.len())));
+            match &s.handle {
+                Some(h) if s.branches.is_empty() => c.hex_id("handle", h)?,
+                Some(_) => return Err(c.bad("give branches (handles) or handle (a group's), not both".into())),
+                None if s.branches.is_empty() || s.branches.len() > 32 => {
+                    return Err(c.bad(format!(
+                        "branches holds 1 to 32 handles, not {} (or give a group's handle)",
+                        s.branches.len()
+                    )))
+                }
+                None => {}
             }
             for b in &s.branches {
                 c.hex_id("each branch", b)?;
             }
             let choice = match (s.winner, s.rule) {
                 (Some(w), None) => {
-                    c.hex_id("winner", &w)?;
+                    match s.handle {
+                        Some(_) => c.name("winner (a branch name of the group)", &w)?,
+                        None => c.hex_id("winner", &w)?,
+                    }
                     if s.metric.is_some() {
                         return Err(c.bad("metric goes with rule, not winner".into()));
                     }
                     Choice::Winner(w)
                 }
+                (None, Some(rule)) if rule == "first_success" => {
+                    if s.metric.is_some() {
+                        return Err(c.bad("rule first_success takes no metric".into()));
+                    }
+                    Choice::FirstSuccess
+                }
                 (None, Some(rule)) => {
                     let max = match rule.as_str() {
                         "min" => false,
                         "max" => true,
-                        other => return Err(c.bad(format!("rule {other:?} is not min or max"))),
+                        other => return Err(c.bad(format!("rule {other:?} is not first_success, min or max"))),
                     };
                     let metric = match s.metric.as_deref() {
                         Some("output") => Metric::Output,
@@ -412,11 +571,17 @@ pub fn parse(name: &str, arguments: Value) -> Result<ToolArgs, ToolError> {
                     Choice::Rule { max, metric }
                 }
                 (Some(_), Some(_)) => return Err(c.bad("give winner or rule, not both".into())),
-                (None, None) => return Err(c.bad("give winner (a handle) or rule (min or max) with metric".into())),
+                (None, None) => {
+                    return Err(c.bad(
+                        "give winner (a handle, or a group's branch name) or rule (first_success, or min or max with metric)"
+                            .into(),
+                    ))
+                }
             };
             c.text("reason", &s.reason, 1, 4096)?;
             ToolArgs::Select {
                 branches: s.branches,
+                group: s.handle,
                 choice,
                 reason: s.reason,
             }
@@ -424,11 +589,15 @@ pub fn parse(name: &str, arguments: Value) -> Result<ToolArgs, ToolError> {
         "inspect_logs" => {
             let s: Logs = from(name, v)?;
             c.hex_id("stage", &s.stage)?;
+            if let Some(b) = &s.branch {
+                c.name("branch", b)?;
+            }
             if s.tail_lines.is_some_and(|n| n == 0 || n > 2000) {
                 return Err(c.bad("tail_lines is 1 to 2000".into()));
             }
             ToolArgs::InspectLogs {
                 stage: s.stage,
+                branch: s.branch,
                 tail_lines: s.tail_lines,
             }
         }
@@ -558,83 +727,66 @@ pub fn parse(name: &str, arguments: Value) -> Result<ToolArgs, ToolError> {
                 reason: w.reason,
             }
         }
+        "session_create" => {
+            let n: SessionCreate = from(name, v)?;
+            match (&n.image, &n.snapshot_id) {
+                (Some(i), None) => c.text("image", i, 1, 256)?,
+                (None, Some(id)) => c.hex_id("snapshot_id", id)?,
+                (None, None) => {}
+                (Some(_), Some(_)) => return Err(c.bad("give image or snapshot_id, not both".into())),
+            }
+            if let Some(n) = &n.name {
+                c.name("name", n)?;
+            }
+            c.text("reason", &n.reason, 1, 4096)?;
+            ToolArgs::SessionCreate {
+                image: n.image,
+                snapshot_id: n.snapshot_id,
+                name: n.name,
+                reason: n.reason,
+            }
+        }
+        "session_suspend" | "session_resume" => {
+            let a: SessionAction = from(name, v)?;
+            c.session(&a.session)?;
+            c.text("reason", &a.reason, 1, 4096)?;
+            let action = if name == "session_suspend" {
+                Lifecycle::Suspend
+            } else {
+                Lifecycle::Resume
+            };
+            ToolArgs::SessionLifecycle {
+                action,
+                session: a.session,
+                reason: a.reason,
+            }
+        }
+        "session_close" => {
+            let a: SessionClose = from(name, v)?;
+            c.session(&a.session)?;
+            c.text("reason", &a.reason, 1, 4096)?;
+            ToolArgs::SessionLifecycle {
+                action: Lifecycle::Close { purge: a.purge },
+                session: a.session,
+                reason: a.reason,
+            }
+        }
+        "session_fork" => {
+            let f: SessionFork = from(name, v)?;
+            c.session(&f.session)?;
+            if let Some(n) = &f.name {
+                c.name("name", n)?;
+            }
+            c.text("reason", &f.reason, 1, 4096)?;
+            ToolArgs::SessionFork {
+                session: f.session,
+                name: f.name,
+                reason: f.reason,
+            }
+        }
         other => return Err(ToolError::UnknownTool(other.to_string())),
     })
 }
 
 #[cfg(test)]
-mod tests {
-    use super::*;
-    use serde_json::json;
-
-    fn refused(name: &str, v: Value) -> String {
-        match parse(name, v) {
-            Err(ToolError::InvalidArguments { message, .. }) => message,
-            other => panic!("{name}: expected invalid arguments, got {other:?}"),
-        }
-    }
-
-    #[test]
-    fn hostile_arguments_are_refused_before_anything_runs() {
-        let good = json!({"snapshot_id": "ab12", "commands": ["true"], "reason": "r"});
-        assert!(matches!(parse("run_stage", good.clone()), Ok(ToolArgs::RunStage(_))));
-        let with = |k: &str, v: Value| {
-            let mut g = good.clone();
-            g[k] = v;
-            g
-        };
-        assert!(refused("run_stage", with("snapshot_id", json!("../etc"))).contains("not an id"));
-        assert!(refused("run_stage", with("bogus", json!(1))).contains("unknown field"));
-        assert!(refused("run_stage", with("stage_key", json!("{params.x}"))).contains("stage_key"));
-        assert!(refused("run_stage", with("timeout", json!("forever"))).contains("not a duration"));
-        assert!(refused("run_stage", with("wait_secs", json!(3600))).contains("stage_status"));
-        assert!(refused("run_stage", with("commands", json!([]))).contains("at least one"));
-        assert!(refused("run_stage", with("reason", json!(""))).contains("reason"));
-        let big = "x".repeat((1 << 20) + 1);
-        assert!(refused("run_stage", with("edits", json!([{"path": "/a", "content": big}]))).contains("content"));
-        assert!(refused("run_stage", with("edits", json!([{"path": "a", "content": ""}]))).contains("absolute"));
-        assert!(refused("fork_from", good.clone()).contains("hypothesis"));
-        assert!(refused("inspect", json!({"snapshot_id": "ab", "path": "etc"})).contains("absolute"));
-        assert!(refused("inspect_logs", json!({"stage": "ab", "tail_lines": 0})).contains("tail_lines"));
-        assert!(refused("select", json!({"branches": [], "winner": "ab", "reason": "r"})).contains("branches"));
-        let sel = |extra: Value| {
-            let mut v = json!({"branches": ["ab"], "reason": "r"});
-            v.as_object_mut().unwrap().extend(extra.as_object().unwrap().clone());
-            v
-        };
-        assert!(refused("select", sel(json!({}))).contains("winner"));
-        assert!(refused("select", sel(json!({"winner": "ab", "rule": "min"}))).contains("not both"));
-        assert!(refused("select", sel(json!({"rule": "best", "metric": "output"}))).contains("min or max"));
-        assert!(refused("select", sel(json!({"rule": "min"}))).contains("metric"));
-        assert!(refused("select", sel(json!({"rule": "min", "metric": "file:rel"}))).contains("absolute"));
-        match parse("select", sel(json!({"rule": "max", "metric": "file:/work/score"}))) {
-            Ok(ToolArgs::Select { choice, .. }) => assert_eq!(
-                choice,
-                Choice::Rule {
-                    max: true,
-                    metric: Metric::File("/work/score".into())
-                }
-            ),
-            other => panic!("{other:?}"),
-        }
-        assert!(refused("stage_status", Value::Null).contains("handle"));
-        assert!(matches!(parse("rm_rf", json!({})), Err(ToolError::UnknownTool(_))));
-        assert!(refused("dlq", json!({"action": "retry"})).contains("id"));
-        assert!(refused("dlq", json!({"action": "retry", "id": "ab"})).contains("reason"));
-        assert!(refused("dlq", json!({"action": "drop"})).contains("list or retry"));
-        let exec = json!({"session": "s1", "argv": ["true"], "reason": "r"});
-        assert!(matches!(parse("exec", exec), Ok(ToolArgs::Exec { .. })));
-        assert!(refused("exec", json!({"session": "../s", "argv": ["true"], "reason": "r"})).contains("session"));
-        assert!(refused("exec", json!({"session": "s", "argv": [], "reason": "r"})).contains("argv"));
-        assert!(refused(
-            "exec",
-            json!({"session": "s", "argv": ["x"], "timeout_secs": 0, "reason": "r"})
-        )
-        .contains("timeout"));
-        assert!(refused(
-            "write_file",
-            json!({"session": "s", "path": "/", "content": "", "reason": "r"})
-        )
-        .contains("file"));
-    }
-}
+mod tests;

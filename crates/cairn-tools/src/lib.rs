@@ -6,9 +6,13 @@
 //! commands durably (stage keys, checkpoints, the dead-letter queue and
 //! `cairn pipeline resume` all apply) and ends with an output snapshot.
 //! Its handle is the run's id. Who asked and the reason the model gave
-//! go into the run's events, which `cairn run show` prints.
+//! go into the run's events, which `cairn run show` prints. fork_from's
+//! `hypotheses` are one run whose stage is a branch group (group.rs); the
+//! session lifecycle tools are in lifecycle.rs.
 
 mod args;
+mod group;
+mod lifecycle;
 pub mod schema;
 
 use std::collections::HashMap;
@@ -17,7 +21,7 @@ use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
 use cairn_engine::pipeline::run::Quiet;
-use cairn_engine::{CreateOptions, Engine, EngineError, Home};
+use cairn_engine::{Engine, EngineError, Home};
 use serde::Serialize;
 use serde_json::{json, Value};
 
@@ -116,18 +120,46 @@ impl Tools {
                 self.wait(&handle, s.wait_secs, progress)
             }
             ToolArgs::ForkFrom(s) => {
-                let hypothesis = s.hypothesis.clone().unwrap_or_default();
                 let detail = format!("fork_from asked by {caller}: {}", s.reason);
-                let handle = self.start(FORK_STAGE, &s, Some(&hypothesis), &detail, None)?;
+                let handle = match &s.hypotheses {
+                    Some(group) => self.start_group(&s, group, &detail, None)?,
+                    None => {
+                        let hypothesis = s.hypothesis.clone().unwrap_or_default();
+                        self.start(FORK_STAGE, &s, Some(&hypothesis), &detail, None)?
+                    }
+                };
                 self.wait(&handle, s.wait_secs, progress)
             }
             ToolArgs::StageStatus { handle, wait_secs } => self.wait(&handle, wait_secs, progress),
             ToolArgs::Select {
+                group: Some(handle),
+                choice,
+                reason,
+                ..
+            } => self.select_group(&handle, &choice, &reason, &caller),
+            ToolArgs::Select {
                 branches,
+                group: None,
                 choice,
                 reason,
             } => self.select(&branches, &choice, &reason, &caller),
-            ToolArgs::InspectLogs { stage, tail_lines } => self.inspect_logs(&stage, tail_lines),
+            ToolArgs::InspectLogs {
+                stage,
+                branch,
+                tail_lines,
+            } => self.inspect_logs(&stage, branch.as_deref(), tail_lines),
+            ToolArgs::SessionCreate {
+                image,
+                snapshot_id,
+                name,
+                reason,
+            } => self.session_create(image, snapshot_id.as_deref(), name, &reason, &caller),
+            ToolArgs::SessionLifecycle {
+                action,
+                session,
+                reason,
+            } => self.session_lifecycle(action, &session, &reason, &caller),
+            ToolArgs::SessionFork { session, name, reason } => self.session_fork(&session, name, &reason, &caller),
             ToolArgs::Inspect { snapshot_id, path } => self.inspect(&snapshot_id, &path),
             ToolArgs::Dlq { retry: None, .. } => self.dlq_list(),
             ToolArgs::Dlq {
@@ -232,7 +264,7 @@ impl Tools {
         })?;
         if let Some((orphaned, id)) = existing {
             if orphaned {
-                self.orchestrate(&id)?;
+                self.execute_in_background(&id)?;
             }
             return Ok(id);
         }
@@ -243,9 +275,14 @@ impl Tools {
                 self.start(RUN_STAGE, &s, None, &detail, Some(run_id))
             }
             ToolArgs::ForkFrom(s) => {
-                let hypothesis = s.hypothesis.clone().unwrap_or_default();
                 let detail = format!("fork_from asked by {caller}: {}", s.reason);
-                self.start(FORK_STAGE, &s, Some(&hypothesis), &detail, Some(run_id))
+                match &s.hypotheses {
+                    Some(group) => self.start_group(&s, group, &detail, Some(run_id)),
+                    None => {
+                        let hypothesis = s.hypothesis.clone().unwrap_or_default();
+                        self.start(FORK_STAGE, &s, Some(&hypothesis), &detail, Some(run_id))
+                    }
+                }
             }
             _ => Err(ToolError::Failed(format!("{name} does not start a stage"))),
         }
@@ -280,26 +317,27 @@ impl Tools {
             e.record_run_event(&run.id, Some(stage), "asked", detail, Some(&snap.id))?;
             Ok(run)
         })?;
-        self.orchestrate(&run.id)?;
+        self.execute_in_background(&run.id)?;
         Ok(run.id)
     }
 
-    /// Executes run `id` (or continues it) on a thread of its own.
-    fn orchestrate(&self, id: &str) -> Result<(), ToolError> {
+    /// Executes run `id` on a thread of its own (an orchestrator with its
+    /// own engine); an error it ends with is kept for stage_status.
+    fn execute_in_background(&self, id: &str) -> Result<(), ToolError> {
         let (home, id, failed) = (self.home.clone(), id.to_string(), std::sync::Arc::clone(&self.failed));
         std::thread::Builder::new()
-            .name(format!("stage-{}", &id[..8.min(id.len())]))
+            .name(format!("run-{}", &id[..8.min(id.len())]))
             .spawn(move || {
                 let result = Engine::open(home).and_then(|mut e| e.execute_run(&id, &Quiet));
                 if let Err(err) = result {
-                    tracing::warn!(run = %id, "stage run ended with an error: {err}");
+                    tracing::warn!(run = %id, "run ended with an error: {err}");
                     failed
                         .lock()
                         .unwrap_or_else(|e| e.into_inner())
                         .insert(id, err.to_string());
                 }
             })
-            .map_err(|e| ToolError::Failed(format!("cannot start the stage's thread: {e}; try again")))?;
+            .map_err(|e| ToolError::Failed(format!("cannot start the run's thread: {e}; try again")))?;
         Ok(())
     }
 
@@ -354,8 +392,14 @@ impl Tools {
                     error = Some(err);
                 }
             }
+            let branches = match run.pipeline == group::GROUP_PIPELINE {
+                true => Some(group::branch_states(e, &run)?),
+                false => None,
+            };
             Ok(StageState {
                 handle: run.id.clone(),
+                ended_at: stage.as_ref().and_then(|s| s.ended_at),
+                branches,
                 stage: stage_of(&run.pipeline).to_string(),
                 status: status.into(),
                 stage_key: stage.as_ref().map(|s| s.stage_key.clone()).unwrap_or_default(),
@@ -370,9 +414,24 @@ impl Tools {
 
     fn select(&self, branches: &[String], choice: &Choice, reason: &str, caller: &str) -> Result<Value, ToolError> {
         let states: Vec<StageState> = branches.iter().map(|b| self.stage_state(b)).collect::<Result<_, _>>()?;
+        if let Some(g) = states.iter().find(|s| s.branches.is_some()) {
+            return Err(ToolError::Failed(format!(
+                "{} is a fork_from group: choose among its branches with select's handle, not branches",
+                g.handle
+            )));
+        }
         let mut metrics = serde_json::Map::new();
         let (won, how) = match choice {
             Choice::Winner(w) => (self.stage_state(w)?, String::new()),
+            Choice::FirstSuccess => {
+                let completed = states.iter().filter(|s| s.status == "completed");
+                let Some(first) = completed.min_by_key(|s| s.ended_at.unwrap_or(i64::MAX)) else {
+                    return Err(ToolError::Failed(
+                        "no branch has completed yet; poll the branches with stage_status".into(),
+                    ));
+                };
+                (self.stage_state(&first.handle)?, " by first_success".to_string())
+            }
             Choice::Rule { max, metric } => {
                 let mut best: Option<(f64, &StageState)> = None;
                 for s in states.iter().filter(|s| s.status == "completed") {
@@ -390,11 +449,8 @@ impl Tools {
                             .into(),
                     ));
                 };
-                let what = match metric {
-                    Metric::Output => "output".to_string(),
-                    Metric::File(p) => format!("file {p}"),
-                };
                 let rule = if *max { "max" } else { "min" };
+                let what = group::metric_name(metric);
                 (self.stage_state(&s.handle)?, format!(" by {rule} of {what} ({v})"))
             }
         };
@@ -446,7 +502,7 @@ impl Tools {
     fn metric(&self, s: &StageState, metric: &Metric) -> Result<Option<f64>, ToolError> {
         match metric {
             Metric::Output => {
-                let lines = self.inspect_logs(&s.handle, Some(2000))?;
+                let lines = self.inspect_logs(&s.handle, None, Some(2000))?;
                 let text: Vec<&str> = lines["lines"]
                     .as_array()
                     .into_iter()
@@ -468,11 +524,15 @@ impl Tools {
         }
     }
 
-    fn inspect_logs(&self, handle: &str, tail_lines: Option<u32>) -> Result<Value, ToolError> {
+    fn inspect_logs(&self, handle: &str, branch: Option<&str>, tail_lines: Option<u32>) -> Result<Value, ToolError> {
         let (id, path) = self.with_engine(|e| {
             let run = e.run_record(handle)?;
-            let path = e.run_dir(&run.id).join(format!("{}.log", stage_of(&run.pipeline)));
-            Ok((run.id, path))
+            let stage = stage_of(&run.pipeline);
+            let name = match branch {
+                Some(b) => format!("{stage}.{b}.log"),
+                None => format!("{stage}.log"),
+            };
+            Ok((run.id.clone(), e.run_dir(&run.id).join(name)))
         })?;
         let n = tail_lines.unwrap_or(100) as usize;
         let mut file = match std::fs::File::open(&path) {
@@ -628,67 +688,38 @@ impl Tools {
         })
     }
 
-    /// Reads through a short-lived sandbox restored from the snapshot
-    /// (files only, no services), removed before returning.
+    /// Reads a file or lists a directory of a snapshot straight from its
+    /// layers (the engine's `read_snapshot_path`): no sandbox starts, and a
+    /// symlink is reported with its target, never followed.
     fn inspect(&self, snapshot: &str, path: &str) -> Result<Value, ToolError> {
+        use cairn_engine::snapshot_view::SnapshotItem;
         self.with_engine(|e| {
             let snap = e.snapshot_record(snapshot)?;
-            let opts = CreateOptions {
-                auto_remove: true,
-                services: Vec::new(),
-                ..CreateOptions::default()
-            };
-            let sandbox = e.restore(&snap, &opts)?;
-            let read = read_in(e, &sandbox, &snap.id, path);
-            if let Err(err) = e.remove_sandbox(&sandbox, true) {
-                tracing::warn!(sandbox = %sandbox.id, "cannot remove inspect's sandbox: {err}");
-            }
-            read
+            let item = e.read_snapshot_path(&snap, path, INSPECT_FILE_MAX, INSPECT_ENTRIES_MAX as usize)?;
+            let id = &snap.id;
+            Ok(match item {
+                SnapshotItem::File { size, content, .. } => json!({"snapshot_id": id, "path": path, "kind": "file",
+                    "size": size, "content": String::from_utf8_lossy(&content)}),
+                SnapshotItem::Directory { entries, truncated } => {
+                    let entries: Vec<Value> = entries
+                        .iter()
+                        .map(|d| {
+                            let mut entry = json!({"name": d.name, "kind": d.kind, "size": d.size});
+                            if let Some(t) = &d.symlink_target {
+                                entry["target"] = t.as_str().into();
+                            }
+                            entry
+                        })
+                        .collect();
+                    json!({"snapshot_id": id, "path": path, "kind": "directory", "entries": entries,
+                           "truncated": truncated})
+                }
+                SnapshotItem::Symlink { target } => {
+                    json!({"snapshot_id": id, "path": path, "kind": "symlink", "target": target})
+                }
+                SnapshotItem::Other { kind } => json!({"snapshot_id": id, "path": path, "kind": kind}),
+            })
         })
-    }
-}
-
-fn read_in(e: &Engine, sandbox: &cairn_engine::SandboxRecord, snap: &str, path: &str) -> Result<Value, ToolError> {
-    use cairn_protocol::FileKind;
-    let client = e.client(sandbox)?;
-    let io = |err: cairn_sandbox::client::ClientError| ToolError::Failed(format!("cannot read {path}: {err}"));
-    let Some(meta) = client.stat(path).map_err(io)? else {
-        return Err(ToolError::Failed(format!(
-            "{path} does not exist in snapshot {snap}; list its parent directory with inspect"
-        )));
-    };
-    match meta.kind {
-        FileKind::Dir => {
-            let listing = client.list_dir(path, 1, INSPECT_ENTRIES_MAX).map_err(io)?;
-            let entries: Vec<Value> = listing
-                .entries
-                .iter()
-                .map(|d| {
-                    let name = d.meta.path.rsplit('/').next().unwrap_or(&d.meta.path);
-                    json!({"name": name, "kind": kind_name(&d.meta.kind), "size": d.meta.size})
-                })
-                .collect();
-            Ok(
-                json!({"snapshot_id": snap, "path": path, "kind": "directory", "entries": entries,
-                      "truncated": listing.truncated}),
-            )
-        }
-        FileKind::File if meta.size > INSPECT_FILE_MAX => Err(ToolError::Failed(format!(
-            "{path} is {} bytes; inspect reads at most {INSPECT_FILE_MAX}: run a stage with `head -c` or `tail` on it",
-            meta.size
-        ))),
-        FileKind::File => {
-            let mut buf = Vec::new();
-            client.get_file(path, &mut Bounded(&mut buf)).map_err(io)?;
-            Ok(
-                json!({"snapshot_id": snap, "path": path, "kind": "file", "size": meta.size,
-                      "content": String::from_utf8_lossy(&buf)}),
-            )
-        }
-        other => Err(ToolError::Failed(format!(
-            "{path} is a {}, not a file or directory; inspect its target or parent",
-            kind_name(&other)
-        ))),
     }
 }
 
@@ -710,6 +741,11 @@ fn stage_of(pipeline: &str) -> &str {
 #[derive(Debug, Serialize)]
 struct StageState {
     handle: String,
+    /// A fork_from group's branches.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    branches: Option<Vec<group::BranchState>>,
+    #[serde(skip)]
+    ended_at: Option<i64>,
     /// The stage's name in its run (`stage` or `fork`), for events.
     #[serde(skip)]
     stage: String,
@@ -772,7 +808,7 @@ fn pipeline_text(stage: &str, snapshot: &str, s: &args::StageArgs) -> Result<Str
                 .edits
                 .iter()
                 .map(|e| EditOut {
-                    path: e.path.clone(),
+                    path: brace(&e.path),
                     content: brace(&e.content),
                     mode: e.mode.unwrap_or(0o644),
                 })

@@ -6,7 +6,7 @@ use serde_json::{json, Value};
 
 /// The schema's version, independent of the crate's: bumped when a tool
 /// is renamed or removed or an argument changes meaning (additions keep it).
-pub const TOOLS_VERSION: &str = "1";
+pub const TOOLS_VERSION: &str = "2";
 
 /// One tool a model may call.
 #[derive(Debug, Clone)]
@@ -67,10 +67,44 @@ fn wait_secs() -> Value {
            "description": "How long to wait for the stage before returning its handle (default 5); poll with stage_status"})
 }
 
+fn session_result() -> Value {
+    json!({"type": "object", "required": ["session", "name", "state"],
+           "properties": {
+              "session": {"type": "string"},
+              "name": {"type": "string"},
+              "state": {"type": "string", "enum": ["active", "suspending", "suspended", "resuming", "failed", "closed"]},
+              "sandbox_id": {"type": ["string", "null"]},
+              "snapshot_id": {"type": ["string", "null"], "description": "The snapshot a suspended session resumes from"},
+              "head_seq": {"type": "integer", "description": "The newest entry of its context log"},
+              "parent": {"type": "string", "description": "session_fork: the session forked"},
+              "forked_at": {"type": "integer", "description": "session_fork: the parent's entry the fork starts after"}}})
+}
+
+fn hypotheses() -> Value {
+    json!({"type": "array", "minItems": 2, "maxItems": 16,
+           "description": "Instead of hypothesis: 2 to 16 branches in one run (one handle), each forked from the snapshot;                            each runs the shared edits and commands, then its own",
+           "items": {"type": "object", "additionalProperties": false, "required": ["name"],
+                     "properties": {
+                        "name": {"type": "string", "minLength": 1, "maxLength": 63, "pattern": "^[A-Za-z0-9][A-Za-z0-9_-]*$",
+                                 "description": "The branch's name: what it tests, in a word; select's winner names it"},
+                        "edits": edits(),
+                        "commands": commands()}}})
+}
+
 fn stage_result() -> Value {
     json!({"type": "object", "required": ["handle", "status", "stage_key", "cached"],
            "properties": {
               "handle": {"type": "string", "description": "Poll with stage_status; name in select and inspect_logs"},
+              "branches": {"type": "array", "description": "A fork_from group's branches",
+                           "items": {"type": "object", "required": ["name", "status"],
+                                     "properties": {
+                                        "name": {"type": "string"},
+                                        "status": {"type": "string", "enum": ["running", "completed", "failed"]},
+                                        "stage_key": {"type": ["string", "null"]},
+                                        "output_snapshot": {"type": ["string", "null"]},
+                                        "error": {"type": ["string", "null"]},
+                                        "selected": {"type": ["string", "null"], "enum": ["won", "lost", null],
+                                                     "description": "What select made of it"}}}},
               "status": {"type": "string", "enum": ["running", "completed", "failed"]},
               "stage_key": {"type": "string"},
               "cached": {"type": "boolean", "description": "The stage key had completed before: nothing ran"},
@@ -135,13 +169,15 @@ pub fn tools() -> Vec<ToolSpec> {
         ToolSpec {
             name: "fork_from",
             description: "Start a hypothesis: a branch stage forked from a snapshot, with its own edits and \
-                          commands. Several calls run in parallel; compare them and choose with select.",
+                          commands; or, with hypotheses, 2 to 16 branches at once in one run with one handle, whose \
+                          stage_status lists every branch. Branches run in parallel; compare them and choose with select.",
             input: json!({"type": "object", "additionalProperties": false,
-                "required": ["snapshot_id", "hypothesis", "reason"],
+                "required": ["snapshot_id", "reason"],
                 "properties": {
                     "snapshot_id": snapshot_id(),
                     "hypothesis": {"type": "string", "minLength": 1, "maxLength": 4096,
-                                   "description": "What this branch tests"},
+                                   "description": "What this branch tests (one branch; or give hypotheses)"},
+                    "hypotheses": hypotheses(),
                     "edits": edits(),
                     "commands": commands(),
                     "stage_key": {"type": "string", "minLength": 1, "maxLength": 128,
@@ -153,22 +189,28 @@ pub fn tools() -> Vec<ToolSpec> {
         },
         ToolSpec {
             name: "select",
-            description: "Choose the winning branch among hypotheses started with fork_from, by name (winner) \
-                          or by rule over a metric; the choice and the reason go into every branch's run events, \
-                          the others are marked lost.",
+            description: "Choose the winning branch among hypotheses started with fork_from (their handles in \
+                          branches, or a group's handle), by name (winner) or by rule; the choice and the reason go \
+                          into the runs' events, the others are marked lost.",
             input: json!({"type": "object", "additionalProperties": false,
-                "required": ["branches", "reason"],
+                "required": ["reason"],
                 "properties": {
-                    "branches": {"type": "array", "minItems": 1, "maxItems": 32, "items": handle()},
-                    "winner": handle(),
-                    "rule": {"type": "string", "enum": ["min", "max"],
-                             "description": "Instead of winner: the completed branch with the smallest or largest metric"},
+                    "branches": {"type": "array", "minItems": 1, "maxItems": 32, "items": handle(),
+                                 "description": "Handles of single-branch fork_from calls"},
+                    "handle": {"type": "string", "minLength": 1, "maxLength": 64, "pattern": "^[0-9a-f]+$",
+                               "description": "Instead of branches: a fork_from group's handle; choose among its branches"},
+                    "winner": {"type": "string", "minLength": 1, "maxLength": 64, "pattern": "^[A-Za-z0-9][A-Za-z0-9_-]*$",
+                               "description": "A handle among branches, or with handle a branch's name"},
+                    "rule": {"type": "string", "enum": ["first_success", "min", "max"],
+                             "description": "Instead of winner: the branch that completed first, or the completed branch \
+                                             with the smallest or largest metric"},
                     "metric": {"type": "string", "maxLength": 4101, "pattern": "^(output|file:/.*)$",
                                "description": "With rule: \"output\" (the last number the stage printed) or \"file:/PATH\" (the first number in that file of its output snapshot)"},
                     "reason": reason()}}),
             output: json!({"type": "object", "required": ["winner", "output_snapshot", "lost"],
                 "properties": {
-                    "winner": {"type": "string"},
+                    "handle": {"type": "string", "description": "With handle: the group"},
+                    "winner": {"type": "string", "description": "A handle, or with handle a branch's name"},
                     "metrics": {"type": "object", "description": "With rule: each branch's number, by handle"},
                     "output_snapshot": {"type": "string"},
                     "lost": {"type": "array", "items": {"type": "string"}}}}),
@@ -179,6 +221,8 @@ pub fn tools() -> Vec<ToolSpec> {
             input: json!({"type": "object", "additionalProperties": false, "required": ["stage"],
                 "properties": {
                     "stage": handle(),
+                    "branch": {"type": "string", "minLength": 1, "maxLength": 63, "pattern": "^[A-Za-z0-9][A-Za-z0-9_-]*$",
+                               "description": "With a fork_from group's handle: the branch's name"},
                     "tail_lines": {"type": "integer", "minimum": 1, "maximum": 2000,
                                    "description": "Default 100"}}}),
             output: json!({"type": "object", "required": ["handle", "lines", "truncated"],
@@ -189,8 +233,9 @@ pub fn tools() -> Vec<ToolSpec> {
         },
         ToolSpec {
             name: "inspect",
-            description: "Read a file (up to 256 KiB of text) or list a directory in any snapshot, \
-                          without changing it.",
+            description: "Read a file (up to 256 KiB of text) or list a directory (up to 1,000 entries) in any \
+                          snapshot, straight from its layers: no sandbox starts. A symlink is shown with its target, \
+                          never followed.",
             input: json!({"type": "object", "additionalProperties": false, "required": ["snapshot_id", "path"],
                 "properties": {
                     "snapshot_id": snapshot_id(),
@@ -199,13 +244,14 @@ pub fn tools() -> Vec<ToolSpec> {
                 "properties": {
                     "snapshot_id": {"type": "string"},
                     "path": {"type": "string"},
-                    "kind": {"type": "string", "enum": ["file", "directory"]},
+                    "kind": {"type": "string", "enum": ["file", "directory", "symlink", "fifo", "socket", "device"]},
                     "content": {"type": "string", "description": "A file's text (invalid UTF-8 replaced)"},
                     "size": {"type": "integer"},
+                    "target": {"type": "string", "description": "A symlink's target (not followed)"},
                     "entries": {"type": "array", "items": {"type": "object",
                         "required": ["name", "kind"],
                         "properties": {"name": {"type": "string"}, "kind": {"type": "string"},
-                                       "size": {"type": "integer"}}}},
+                                       "size": {"type": "integer"}, "target": {"type": "string"}}}},
                     "truncated": {"type": "boolean"}}}),
         },
         ToolSpec {
@@ -308,6 +354,62 @@ pub fn tools() -> Vec<ToolSpec> {
                     "reason": reason()}}),
             output: json!({"type": "object", "required": ["path", "size"],
                 "properties": {"path": {"type": "string"}, "size": {"type": "integer"}}}),
+        },
+        ToolSpec {
+            name: "session_create",
+            description: "Start a new agent session: a sandbox from an image (busybox when neither is given) or \
+                          restored from a snapshot, and a context log whose first entry names the caller and the \
+                          reason.",
+            input: json!({"type": "object", "additionalProperties": false, "required": ["reason"],
+                "properties": {
+                    "image": {"type": "string", "minLength": 1, "maxLength": 256,
+                              "description": "An image name (`cairn images`); or give snapshot_id"},
+                    "snapshot_id": snapshot_id(),
+                    "name": {"type": "string", "minLength": 1, "maxLength": 63,
+                             "pattern": "^[A-Za-z0-9][A-Za-z0-9_-]*$",
+                             "description": "A name to find the session by"},
+                    "reason": reason()}}),
+            output: session_result(),
+        },
+        ToolSpec {
+            name: "session_suspend",
+            description: "Suspend an agent session: its sandbox is snapshotted and removed; exec, read_file, \
+                          write_file and session_resume bring it back. A session running a command is busy: try later.",
+            input: json!({"type": "object", "additionalProperties": false, "required": ["session", "reason"],
+                "properties": {"session": session(), "reason": reason()}}),
+            output: session_result(),
+        },
+        ToolSpec {
+            name: "session_resume",
+            description: "Resume a suspended (or failed) agent session: its sandbox is restored from its newest \
+                          snapshot.",
+            input: json!({"type": "object", "additionalProperties": false, "required": ["session", "reason"],
+                "properties": {"session": session(), "reason": reason()}}),
+            output: session_result(),
+        },
+        ToolSpec {
+            name: "session_fork",
+            description: "Fork an agent session: a new session whose log is the parent's so far and whose sandbox \
+                          is restored from the parent's newest snapshot (take one with snapshot first to carry the \
+                          files as they are now).",
+            input: json!({"type": "object", "additionalProperties": false, "required": ["session", "reason"],
+                "properties": {
+                    "session": session(),
+                    "name": {"type": "string", "minLength": 1, "maxLength": 63,
+                             "pattern": "^[A-Za-z0-9][A-Za-z0-9_-]*$"},
+                    "reason": reason()}}),
+            output: session_result(),
+        },
+        ToolSpec {
+            name: "session_close",
+            description: "Close an agent session: its sandbox is removed; its log stays (and its snapshots) \
+                          unless purge.",
+            input: json!({"type": "object", "additionalProperties": false, "required": ["session", "reason"],
+                "properties": {
+                    "session": session(),
+                    "purge": {"type": "boolean", "description": "Delete its log too (refused while it has forks)"},
+                    "reason": reason()}}),
+            output: session_result(),
         },
     ]
 }

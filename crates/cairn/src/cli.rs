@@ -324,11 +324,46 @@ pub enum RunCommand {
         #[arg(long)]
         json: bool,
     },
+    /// Approve a stage that waits for a person (`approve = true`), then
+    /// continue the run here, like `cairn pipeline resume`.
+    ///
+    /// Records who approved it ($USER, or the uid) and the reason first, so
+    /// a kill before the run goes on loses nothing: `cairn pipeline resume
+    /// RUN` continues it. Exits 0 when the run completes, 1 when it fails,
+    /// 3 when it stops at another stage waiting for approval.
+    Approve {
+        run: String,
+        stage: String,
+        /// Why, recorded with the approval (at most 4 KiB).
+        #[arg(long, value_name = "TEXT")]
+        reason: Option<String>,
+        /// Only record the approval; `cairn pipeline resume RUN` continues the run.
+        #[arg(long)]
+        no_continue: bool,
+        #[command(flatten)]
+        model: PipelineModelArgs,
+    },
+    /// Reject a stage that waits for a person: the run fails there, with
+    /// who rejected it and why. The stage does not run and goes to no
+    /// dead-letter queue; start a new run to try again (completed stage keys
+    /// are reused).
+    Reject {
+        run: String,
+        stage: String,
+        /// Why (required, at most 4 KiB).
+        #[arg(long, value_name = "TEXT", required = true)]
+        reason: String,
+    },
 }
 
 #[derive(Subcommand)]
 pub enum PipelineCommand {
     /// Check a pipeline file, then run it; prints the run id.
+    ///
+    /// Exits 0 when the run completes, 1 when it fails (a stage in the
+    /// dead-letter queue, or rejected), and 3 when it stops at a stage with
+    /// `approve = true`: the run waits, with no process, until `cairn run
+    /// approve RUN STAGE` continues it.
     Run {
         file: PathBuf,
         /// Set a parameter (repeatable), overriding [params].
@@ -337,9 +372,33 @@ pub enum PipelineCommand {
         /// Only check the file.
         #[arg(long)]
         check: bool,
+        #[command(flatten)]
+        model: PipelineModelArgs,
     },
     /// Continue a run after a crash or a kill: completed stages are not run again.
-    Resume { run: String },
+    ///
+    /// Exits like `pipeline run`: 0 completed, 1 failed, 3 waiting for approval.
+    Resume {
+        run: String,
+        #[command(flatten)]
+        model: PipelineModelArgs,
+    },
+}
+
+/// The model decide stages ask, over the pipeline file's `[pipeline] model`.
+/// The API key comes from ANTHROPIC_API_KEY or OPENAI_API_KEY. Flags are not
+/// remembered: give them again to `pipeline resume`.
+#[derive(Args, Clone, Default)]
+pub struct PipelineModelArgs {
+    /// anthropic or openai.
+    #[arg(long, value_name = "PROVIDER")]
+    pub provider: Option<String>,
+    /// The model's name, e.g. claude-sonnet-4-5.
+    #[arg(long, value_name = "NAME")]
+    pub model: Option<String>,
+    /// Another endpoint for the provider's API (a proxy, a local server).
+    #[arg(long, value_name = "URL")]
+    pub base_url: Option<String>,
 }
 
 #[derive(Subcommand)]
@@ -352,7 +411,11 @@ pub enum DlqCommand {
     /// One dead letter, with its failure and input snapshots.
     Show { id: String },
     /// Run the stage again (fresh retries), then the rest of its run.
-    Retry { id: String },
+    Retry {
+        id: String,
+        #[command(flatten)]
+        model: PipelineModelArgs,
+    },
 }
 
 #[derive(Subcommand)]
@@ -701,7 +764,8 @@ pub enum AgentCommand {
         image: Option<String>,
         #[command(flatten)]
         model: ModelArgs,
-        /// The most stages the model may start (each fork is one).
+        /// The most stages the model may start (each run_stage or fork_from
+        /// call is one; a fork_from group of hypotheses is one).
         #[arg(long, default_value_t = 10)]
         max_stages: u32,
         /// Stop once the model calls cost this many US dollars.

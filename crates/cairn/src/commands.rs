@@ -97,6 +97,7 @@ pub fn dispatch(cli: Cli) -> Result<i32> {
             show: Some(crate::cli::RunCommand::Show { run, json }),
             ..
         } => crate::pipelines::show(&engine, &run, json).map(|()| 0),
+        Command::Run { show: Some(cmd), .. } => crate::pipelines::verdict(&mut engine, cmd),
         Command::Run {
             sandbox,
             process,

@@ -7,7 +7,9 @@ use cairn_engine::pipeline::records::RunRecord;
 use cairn_engine::pipeline::run::{parse_params, RunWatcher};
 use cairn_engine::Engine;
 
-use crate::cli::{ArtifactCommand, DlqCommand, PipelineCommand};
+use cairn_engine::pipeline::approval::{approve_command, Verdict, AWAITING};
+
+use crate::cli::{ArtifactCommand, DlqCommand, PipelineCommand, PipelineModelArgs, RunCommand};
 
 /// Stage progress and a live tail of stage output, on stderr.
 struct Progress;
@@ -36,7 +38,13 @@ impl RunWatcher for Progress {
 
 pub fn pipeline(engine: &mut Engine, cmd: PipelineCommand) -> Result<i32> {
     let run = match cmd {
-        PipelineCommand::Run { file, params, check } => {
+        PipelineCommand::Run {
+            file,
+            params,
+            check,
+            model,
+        } => {
+            set_model(engine, &model);
             let params = parse_params(&params)?;
             if check {
                 let text = cairn_engine::pipeline::spec::read_file(&file)
@@ -54,17 +62,88 @@ pub fn pipeline(engine: &mut Engine, cmd: PipelineCommand) -> Result<i32> {
             println!("{}", run.id);
             engine.execute_run(&run.id, &Progress)?
         }
-        PipelineCommand::Resume { run } => {
+        PipelineCommand::Resume { run, model } => {
+            set_model(engine, &model);
             let run = engine.run_record(&run)?;
             eprintln!("cairn: resuming run {}", run.id);
             engine.execute_run(&run.id, &Progress)?
         }
     };
+    ended(engine, &run)
+}
+
+fn set_model(engine: &mut Engine, m: &PipelineModelArgs) {
+    engine.set_model_override(cairn_engine::pipeline::spec::ModelSpec {
+        provider: m.provider.clone(),
+        model: m.model.clone(),
+        base_url: m.base_url.clone(),
+        retries: None,
+    });
+}
+
+/// Exit status when a run waits for a person at a stage (`approve = true`).
+pub const AWAITING_APPROVAL_EXIT: i32 = 3;
+
+/// Says how a run ended (or where it waits) and gives the exit status:
+/// 0 completed, 1 failed, 3 waiting for approval.
+fn ended(engine: &Engine, run: &RunRecord) -> Result<i32> {
+    if run.status == AWAITING {
+        let stage = engine.awaiting_approval(&run.id)?.unwrap_or_default();
+        eprintln!("cairn: run {} waits for approval of stage {stage}", run.id);
+        eprintln!("cairn: to continue it, run: {}", approve_command(&run.id, &stage));
+        eprintln!(
+            "cairn: to fail it there, run: cairn run reject {} {stage} --reason TEXT",
+            run.id
+        );
+        return Ok(AWAITING_APPROVAL_EXIT);
+    }
     eprintln!("cairn: run {} {}", run.id, run.status);
     if let Some(e) = &run.error {
-        eprintln!("cairn: {e}; `cairn dlq ls` shows it, `cairn dlq retry ID` runs it again");
+        if e.contains("dead-letter") {
+            eprintln!("cairn: {e}; `cairn dlq ls` shows it, `cairn dlq retry ID` runs it again");
+        } else {
+            eprintln!("cairn: {e}");
+        }
     }
     Ok(if run.status == "completed" { 0 } else { 1 })
+}
+
+/// Who approves or rejects a stage: `$USER`, or the uid when it is unset.
+fn who() -> String {
+    std::env::var("USER")
+        .ok()
+        .filter(|u| !u.trim().is_empty())
+        .unwrap_or_else(|| format!("uid {}", nix::unistd::getuid()))
+}
+
+/// `cairn run approve|reject`: records the verdict, then (approved)
+/// continues the run in the foreground.
+pub fn verdict(engine: &mut Engine, cmd: RunCommand) -> Result<i32> {
+    match cmd {
+        RunCommand::Show { .. } => unreachable!("handled by show"),
+        RunCommand::Approve {
+            run,
+            stage,
+            reason,
+            no_continue,
+            model,
+        } => {
+            set_model(engine, &model);
+            let run = engine.decide_approval(&run, &stage, Verdict::Approve, &who(), reason.as_deref())?;
+            eprintln!("cairn: stage {stage} of run {} approved", run.id);
+            if no_continue {
+                eprintln!("cairn: `cairn pipeline resume {}` continues the run", run.id);
+                return Ok(0);
+            }
+            let run = engine.execute_run(&run.id, &Progress)?;
+            ended(engine, &run)
+        }
+        RunCommand::Reject { run, stage, reason } => {
+            let run = engine.decide_approval(&run, &stage, Verdict::Reject, &who(), Some(&reason))?;
+            eprintln!("cairn: stage {stage} of run {} rejected; the run failed", run.id);
+            Ok(0)
+        }
+    }
 }
 
 /// A run record as listed: with the pid of the process executing it, and
@@ -76,6 +155,9 @@ struct Listed<'a> {
     run: &'a RunRecord,
     orchestrator_pid: Option<u32>,
     interrupted: bool,
+    /// The stage the run waits at for a person, and the command that continues it.
+    awaiting_approval: Option<String>,
+    approve_command: Option<String>,
 }
 
 impl Listed<'_> {
@@ -85,10 +167,15 @@ impl Listed<'_> {
         let orchestrator_pid = (run.status == "running")
             .then(|| engine.run_orchestrator(&run.id))
             .flatten();
+        let awaiting_approval = (run.status == AWAITING)
+            .then(|| engine.awaiting_approval(&run.id).ok().flatten())
+            .flatten();
         Listed {
             run,
             orchestrator_pid,
             interrupted: run.status == "running" && orchestrator_pid.is_none(),
+            approve_command: awaiting_approval.as_deref().map(|s| approve_command(&run.id, s)),
+            awaiting_approval,
         }
     }
 
@@ -109,10 +196,10 @@ pub fn runs(engine: &Engine, json: bool) -> Result<()> {
         println!("{}", serde_json::to_string_pretty(&runs)?);
         return Ok(());
     }
-    println!("{:<12}  {:<20}  {:<12}  FILE", "RUN", "PIPELINE", "STATUS");
+    println!("{:<12}  {:<20}  {:<18}  FILE", "RUN", "PIPELINE", "STATUS");
     for r in &runs {
         println!(
-            "{:<12}  {:<20}  {:<12}  {}",
+            "{:<12}  {:<20}  {:<18}  {}",
             r.run.id,
             r.run.pipeline,
             r.status(),
@@ -121,6 +208,15 @@ pub fn runs(engine: &Engine, json: bool) -> Result<()> {
     }
     if runs.iter().any(|r| r.interrupted) {
         eprintln!("cairn: an interrupted run's orchestrator is gone; `cairn pipeline resume RUN` continues it");
+    }
+    for r in runs.iter().filter(|r| r.run.status == AWAITING) {
+        if let Some(stage) = &r.awaiting_approval {
+            eprintln!(
+                "cairn: run {} waits for approval of stage {stage}: {}",
+                r.run.id,
+                approve_command(&r.run.id, stage)
+            );
+        }
     }
     Ok(())
 }
@@ -132,9 +228,21 @@ pub fn show(engine: &Engine, key: &str, json: bool) -> Result<()> {
     let stages = engine.run_stages(&run.id)?;
     let events = engine.run_events(&run.id)?;
     let artifacts = engine.artifacts(Some(&run.id))?;
+    let decisions = engine.run_decisions(&run.id)?;
     let listed = Listed::of(engine, &run);
     if json {
-        let v = serde_json::json!({ "run": listed, "stages": stages, "events": events, "artifacts": artifacts });
+        let decisions: Vec<serde_json::Value> = decisions
+            .iter()
+            .map(|d| {
+                let mut v = serde_json::to_value(d).expect("a record serialises");
+                // The answer as data, not as the text it is stored in.
+                v["answer"] = cairn_engine::pipeline::decision::Answer::from_stored(&d.answer)
+                    .map(|a| serde_json::to_value(a).expect("an answer serialises"))
+                    .unwrap_or_else(serde_json::Value::String);
+                v
+            })
+            .collect();
+        let v = serde_json::json!({ "run": listed, "stages": stages, "events": events, "artifacts": artifacts, "decisions": decisions });
         println!("{}", serde_json::to_string_pretty(&v)?);
         return Ok(());
     }
@@ -144,9 +252,13 @@ pub fn show(engine: &Engine, key: &str, json: bool) -> Result<()> {
         run.pipeline,
         listed.status(),
         run.error.as_deref().map(|e| format!(" · {e}")).unwrap_or_default(),
-        match (listed.orchestrator_pid, listed.interrupted) {
-            (Some(pid), _) => format!(" · executed by pid {pid}"),
-            (None, true) => format!(" · `cairn pipeline resume {}` continues it", run.id),
+        match (listed.orchestrator_pid, listed.interrupted, &listed.approve_command) {
+            (Some(pid), _, _) => format!(" · executed by pid {pid}"),
+            (None, true, _) => format!(" · `cairn pipeline resume {}` continues it", run.id),
+            (None, false, Some(cmd)) => format!(
+                " · awaiting approval of stage {} · `{cmd}` continues it",
+                listed.awaiting_approval.as_deref().unwrap_or_default()
+            ),
             _ => String::new(),
         }
     );
@@ -175,6 +287,15 @@ pub fn show(engine: &Engine, key: &str, json: bool) -> Result<()> {
             })
             .unwrap_or_else(|| "branches".into());
         println!("{head} {name}: {summary}");
+        for d in decisions.iter().filter(|d| d.stage == *name) {
+            let chosen = cairn_engine::pipeline::decision::Answer::from_stored(&d.answer)
+                .map(|a| a.summary())
+                .unwrap_or_else(|e| e);
+            println!(
+                "{pad}  ◇ decision {} by {}: {chosen} — {} ({} tokens in, {} out, {} call(s))",
+                d.round, d.model, d.reason, d.input_tokens, d.output_tokens, d.calls
+            );
+        }
         let stage_events: Vec<_> = events.iter().filter(|e| e.stage.as_deref() == Some(name)).collect();
         let branches: Vec<&str> = {
             let mut b: Vec<&str> = stages
@@ -263,7 +384,8 @@ pub fn dlq(engine: &mut Engine, cmd: DlqCommand) -> Result<i32> {
             println!("{}", serde_json::to_string_pretty(&d)?);
             Ok(0)
         }
-        DlqCommand::Retry { id } => {
+        DlqCommand::Retry { id, model } => {
+            set_model(engine, &model);
             let run = engine.retry_dead_letter(&id, &Progress)?;
             eprintln!("cairn: run {} {}", run.id, run.status);
             Ok(if run.status == "completed" { 0 } else { 1 })

@@ -236,27 +236,44 @@ fn an_outage_pauses_the_agent_and_resume_continues_without_asking_twice() {
         return;
     }
     let home = Home::new();
-    // Turn 1 fails four times: three attempts (a 429 with retry-after, then
-    // 5xx) exhaust the first run; the resume meets one more, then succeeds.
+    // Turn 1 meets a 429 with retry-after, a reply slower than the call's
+    // timeout and a 503: three attempts, the first run's all, so it pauses.
+    // The resume meets a 500, then the reply.
     let model = ScriptedModel::start(json!({"turns": [
         {"tool_calls": [{"name": "plan_stage", "arguments": {"context": "c", "reason": "r"}}]},
         {"tool_calls": [{"name": "run_stage", "arguments": {
             "snapshot_id": "{{results[0].snapshots[0].id}}", "commands": ["echo one"], "reason": "r"}}],
-         "fail": [{"status": 429, "retry_after": 1}, {"status": 503}, {"status": 500}, {"status": 529}]},
+         "fail": [{"status": 429, "retry_after": 1}, {"delay_ms": 2500}, {"status": 503}, {"status": 500}]},
         {"text": "done"}
     ]}));
-    let out = run(&home, &model, "anthropic", &["run", "--goal", "g"]);
+    let count = |turn: usize| turns(&model).iter().filter(|t| **t == turn).count();
+    let out = run(&home, &model, "anthropic", &["run", "--goal", "g", "--timeout", "1"]);
     assert_eq!(out.status.code(), Some(75), "paused: {}{}", stdout(&out), stderr(&out));
     assert!(stdout(&out).contains("unavailable") && stdout(&out).contains("agent resume"));
+    assert!(
+        stderr(&out).contains("retrying"),
+        "each retry is reported: {}",
+        stderr(&out)
+    );
     let name = only_agent(&home);
     let shown = show(&home, &name);
     assert_eq!(shown["status"], "paused");
     assert_eq!(shown["rounds"].as_array().unwrap().len(), 1, "the first reply is kept");
-    assert_eq!(turns(&model), vec![0, 1, 1, 1]);
+    assert!(
+        stderr(&out).contains("timed out"),
+        "the slow reply timed out: {}",
+        stderr(&out)
+    );
+    // (The request the client gave up on is recorded as it arrived.)
+    assert_eq!((count(0), count(1)), (1, 3));
 
     let out = run(&home, &model, "anthropic", &["resume", &name]);
     assert!(out.status.success(), "{}{}", stdout(&out), stderr(&out));
-    assert_eq!(turns(&model), vec![0, 1, 1, 1, 1, 1, 2], "turn 0 is never asked again");
+    assert_eq!(
+        (count(0), count(1), count(2)),
+        (1, 5, 1),
+        "no recorded reply asked again"
+    );
     let shown = show(&home, &name);
     assert_eq!(shown["status"], "completed");
     assert_eq!(shown["stages"], 1);
@@ -277,8 +294,9 @@ fn the_budget_and_the_stage_limit_stop_the_agent_and_resume_raises_them() {
     let model = ScriptedModel::start(json!({"turns": [
         {"tool_calls": [{"name": "plan_stage", "arguments": {"context": "c", "reason": "r"}}], "usage": mtok},
         {"tool_calls": [stage(1)], "usage": mtok},
-        {"tool_calls": [stage(2), stage(3)], "usage": mtok},
-        {"text": "done", "usage": mtok}
+        {"tool_calls": [stage(2), stage(3)]},
+        {"tool_calls": [stage(4)]},
+        {"text": "done"}
     ]}));
     // $1 per reply: the second reply brings the cost to $2, past $1.50,
     // so its call waits for more budget.
@@ -304,21 +322,33 @@ fn the_budget_and_the_stage_limit_stop_the_agent_and_resume_raises_them() {
     assert_eq!(shown["stages"], 0, "the over-budget reply's stage did not start");
     assert!((shown["cost_usd"].as_f64().unwrap() - 2.0).abs() < 1e-9);
 
-    // More budget, but a limit of two stages: the third call is refused.
+    // More budget, but a limit of one stage: the pending call runs, the
+    // model gets its wrap-up rounds, its further stage calls are refused,
+    // and the agent stops when it keeps asking for stages.
     let out = run(
         &home,
         &model,
         "openai",
-        &["resume", &name, "--budget-usd", "10", "--max-stages", "2"],
+        &["resume", &name, "--budget-usd", "10", "--max-stages", "1"],
     );
     assert_eq!(out.status.code(), Some(3), "{}{}", stdout(&out), stderr(&out));
     let shown = show(&home, &name);
     assert!(shown["detail"].as_str().unwrap().contains("stage limit"), "{shown}");
-    assert_eq!(shown["stages"], 2);
-    let third = &shown["rounds"][2]["calls"][1];
-    assert_eq!(third["is_error"], true);
-    assert!(third["result"].as_str().unwrap().contains("stage limit"));
-    assert_eq!(turns(&model), vec![0, 1, 2], "no reply asked for twice");
+    assert_eq!(shown["stages"], 1);
+    for (round, call) in [(2, 0), (2, 1), (3, 0)] {
+        let c = &shown["rounds"][round]["calls"][call];
+        assert_eq!(c["is_error"], true, "{c}");
+        assert!(c["result"].as_str().unwrap().contains("stage limit"));
+    }
+    let note = model
+        .requests()
+        .into_iter()
+        .find(|r| r.turn == 2)
+        .unwrap()
+        .body
+        .to_string();
+    assert!(note.contains("The stage limit is reached"), "the model is told: {note}");
+    assert_eq!(turns(&model), vec![0, 1, 2, 3], "no reply asked for twice");
     let out = run(&home, &model, "openai", &["resume", &name, "--max-stages", "3"]);
     assert!(out.status.success(), "{}{}", stdout(&out), stderr(&out));
     assert_eq!(show(&home, &name)["status"], "completed");
@@ -498,5 +528,49 @@ fn the_example_pipeline_starts_an_agent_that_sweeps_its_corpus() {
     assert!(sizes[2] < sizes[0], "block size 9 beats 1 on this corpus: {sizes:?}");
     let select: Value = serde_json::from_str(rounds[2]["calls"][0]["result"].as_str().unwrap()).unwrap();
     assert_eq!(select["winner"], rounds[1]["calls"][2]["stage_run"]);
+    assert!(model.violations().is_empty(), "{:?}", model.violations());
+}
+
+#[test]
+fn a_group_of_hypotheses_runs_as_one_stage_and_the_first_success_wins() {
+    if skip("a_group_of_hypotheses_runs_as_one_stage_and_the_first_success_wins") {
+        return;
+    }
+    let home = Home::new();
+    let model = ScriptedModel::start(json!({"turns": [
+        {"tool_calls": [{"name": "plan_stage", "arguments": {"context": "race three", "reason": "r"}}]},
+        {"tool_calls": [{"name": "fork_from", "arguments": {
+            "snapshot_id": "{{results[0].snapshots[0].id}}", "reason": "whichever finishes first",
+            "hypotheses": [
+                {"name": "slow", "commands": ["sleep 2; echo slow"]},
+                {"name": "fast", "commands": ["echo fast"]},
+                {"name": "broken", "commands": ["exit 1"]}]}}]},
+        {"tool_calls": [{"name": "select", "arguments": {
+            "handle": "{{results[1].handle}}", "rule": "first_success", "reason": "speed matters here"}}]},
+        {"text": "fast won."}
+    ]}));
+    let out = run(
+        &home,
+        &model,
+        "openai",
+        &["run", "--goal", "g", "--json", "--max-stages", "1"],
+    );
+    assert!(out.status.success(), "{}{}", stdout(&out), stderr(&out));
+    let outcome: Value = serde_json::from_str(&stdout(&out)).unwrap();
+    assert_eq!(outcome["status"], "completed", "{outcome}");
+    assert_eq!(outcome["stages"], 1, "a group is one stage");
+    let shown = show(&home, outcome["agent"].as_str().unwrap());
+    let rounds = shown["rounds"].as_array().unwrap();
+    let group = rounds[1]["calls"][0]["stage_run"].as_str().unwrap();
+    let select: Value = serde_json::from_str(rounds[2]["calls"][0]["result"].as_str().unwrap()).unwrap();
+    assert_eq!(select["winner"], "fast", "{select}");
+    let runs: Value = serde_json::from_str(&home.ok(&["runs", "--json"])).unwrap();
+    assert_eq!(runs.as_array().unwrap().len(), 1, "three hypotheses, one run: {runs}");
+    let won = run_json(&home, group);
+    assert!(won["events"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .any(|e| e["kind"] == "won" && e["detail"].as_str().unwrap().contains("speed matters here")));
     assert!(model.violations().is_empty(), "{:?}", model.violations());
 }

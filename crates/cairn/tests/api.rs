@@ -25,10 +25,16 @@ impl Server {
     }
 
     fn start_with(home: &Home, extra: &[&str], token: String) -> Server {
+        Server::start_env(home, extra, token, &[])
+    }
+
+    /// [`Server::start_with`], with variables set in the server's environment.
+    fn start_env(home: &Home, extra: &[&str], token: String, env: &[(&str, &str)]) -> Server {
         let mut args = vec!["serve", "--listen", "127.0.0.1:0"];
         args.extend_from_slice(extra);
         let mut child = home
             .command(&args)
+            .envs(env.iter().copied())
             .stdout(Stdio::null())
             .stderr(Stdio::piped())
             .spawn()
@@ -739,4 +745,149 @@ tag = "a"
     );
     let (status, _) = s.call("DELETE", "/v1/images/tiny", None);
     assert_eq!(status, 204);
+}
+
+#[test]
+fn a_stage_waiting_for_approval_is_approved_or_refused_through_the_api() {
+    if skip("a_stage_waiting_for_approval_is_approved_or_refused_through_the_api") {
+        return;
+    }
+    let home = Home::new();
+    let s = Server::start(&home, &[]);
+    let pipeline = r#"
+[pipeline]
+name = "gated"
+image = "busybox"
+
+[params]
+tag = "a"
+
+[[stage]]
+name = "build"
+key = "api-build-{params.tag}"
+run = ["echo built > /out"]
+
+[[stage]]
+name = "ship"
+after = "build"
+key = "api-ship-{params.tag}"
+approve = true
+run = ["cat /out"]
+"#;
+    let tag = format!("t{}", std::process::id());
+    let (status, run) = s.call(
+        "POST",
+        "/v1/runs",
+        Some(json!({ "pipeline": pipeline, "params": { "tag": tag } })),
+    );
+    assert_eq!(status, 202, "{run}");
+    let run = run["id"].as_str().unwrap().to_string();
+    let d = settled(&s, &run);
+    assert_eq!(d["run"]["status"], "awaiting_approval", "{d}");
+    assert_eq!(
+        d["decisions"],
+        json!([]),
+        "a run without decide stages has no decisions"
+    );
+    let path = |stage: &str, verb: &str| format!("/v1/runs/{run}/stages/{stage}/{verb}");
+    let (status, v) = s.call("POST", &path("nope", "approve"), None);
+    assert_eq!(status, 404, "{v}");
+    let (status, v) = s.call("POST", &path("build", "approve"), None);
+    assert_eq!(status, 409, "{v}");
+    let (status, v) = s.call("POST", &path("ship", "reject"), Some(json!({})));
+    assert_eq!(status, 400, "a rejection needs a reason: {v}");
+    let (status, v) = s.call("POST", &path("ship", "approve"), Some(json!({ "by": "a\nb" })));
+    assert_eq!(status, 400, "{v}");
+    let (status, v) = s.call("POST", &path("ship", "approve"), Some(json!({ "colour": "red" })));
+    assert_eq!(status, 400, "{v}");
+    let (status, v) = s.call(
+        "POST",
+        &path("ship", "approve"),
+        Some(json!({ "by": "dana", "reason": "release window" })),
+    );
+    assert_eq!(status, 202, "{v}");
+    let d = settled(&s, &run);
+    assert_eq!(d["run"]["status"], "completed", "{d}");
+    let approved: Vec<&Value> = d["events"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|e| e["kind"] == "approved")
+        .collect();
+    assert_eq!(approved.len(), 1);
+    assert_eq!(approved[0]["detail"], "approved by dana: release window");
+    let (status, v) = s.call("POST", &path("ship", "approve"), None);
+    assert_eq!(status, 409, "approving twice is refused: {v}");
+    let (_, log) = s.call("GET", &format!("/v1/runs/{run}/logs/ship"), None);
+    assert_eq!(log.as_str(), Some("built\n"));
+}
+
+#[test]
+fn a_run_the_server_executes_asks_its_decide_stage_and_lists_the_decision() {
+    if skip("a_run_the_server_executes_asks_its_decide_stage_and_lists_the_decision") {
+        return;
+    }
+    let home = Home::new();
+    let model = cairn_testkit::model_server::ScriptedModel::start(json!({"turns": [{"tool_calls": [
+        {"name": "decide", "arguments": {"reason": "the low one", "params": {"level": "2"}}}
+    ]}]}));
+    let token = home.ok(&["token", "create", "tests"]);
+    let s = Server::start_env(&home, &[], token, &[("ANTHROPIC_API_KEY", "sk-ant-test")]);
+    let pipeline = format!(
+        r#"
+[pipeline]
+name = "decided"
+image = "busybox"
+model = {{ provider = "anthropic", model = "claude-test", base_url = "{}" }}
+
+[params]
+level = "9"
+tag = "t"
+
+[[stage]]
+name = "probe"
+key = "api-probe-{{params.tag}}"
+run = ["echo probed"]
+
+[[stage]]
+name = "choose"
+after = "probe"
+key = "api-choose-{{params.tag}}"
+decide = {{ prompt = "Pick a level.", choose = ["params"] }}
+
+[[stage]]
+name = "use"
+after = "choose"
+key = "api-use-{{params.tag}}-{{params.level}}"
+run = ["echo level {{params.level}}"]
+"#,
+        model.url()
+    );
+    let tag = format!("t{}", std::process::id());
+    let (status, run) = s.call(
+        "POST",
+        "/v1/runs",
+        Some(json!({ "pipeline": pipeline, "params": { "tag": tag } })),
+    );
+    assert_eq!(status, 202, "{run}");
+    let run = run["id"].as_str().unwrap().to_string();
+    let d = settled(&s, &run);
+    assert_eq!(d["run"]["status"], "completed", "{d}");
+    let decisions = d["decisions"].as_array().unwrap();
+    assert_eq!(decisions.len(), 1, "{d}");
+    assert_eq!(decisions[0]["model"], "anthropic/claude-test");
+    assert_eq!(decisions[0]["answer"]["params"], json!({"level": "2"}));
+    let (_, log) = s.call("GET", &format!("/v1/runs/{run}/logs/use"), None);
+    assert_eq!(log.as_str(), Some("level 2\n"));
+    // Without a usable model a run is refused, and nothing is recorded.
+    let (status, v) = s.call(
+        "POST",
+        "/v1/runs",
+        Some(json!({ "pipeline": pipeline.replace("provider = \"anthropic\", ", "") })),
+    );
+    assert_eq!(status, 400, "{v}");
+    assert!(v["error"]["message"].as_str().unwrap().contains("needs a model"), "{v}");
+    let (_, runs) = s.call("GET", "/v1/runs", None);
+    assert_eq!(runs["items"].as_array().unwrap().len(), 1);
+    assert_eq!(model.requests().len(), 1);
 }

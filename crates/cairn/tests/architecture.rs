@@ -16,7 +16,13 @@ const ALLOWED: &[(&str, &[&str])] = &[
     ("cairn-sandbox", &["cairn-protocol", "cairn-layers", "cairn-store"]),
     (
         "cairn-engine",
-        &["cairn-protocol", "cairn-sandbox", "cairn-layers", "cairn-store"],
+        &[
+            "cairn-protocol",
+            "cairn-sandbox",
+            "cairn-layers",
+            "cairn-store",
+            "cairn-llm",
+        ],
     ),
     ("cairn-tools", &["cairn-engine", "cairn-sandbox", "cairn-protocol"]),
     ("cairn-agent", &["cairn-engine", "cairn-tools", "cairn-llm"]),

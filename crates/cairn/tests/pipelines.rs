@@ -266,6 +266,81 @@ fn a_branch_group_keeps_the_right_winner_under_each_rule() {
 }
 
 #[test]
+fn a_deferred_branch_group_ends_its_run_with_every_branch_and_no_winner() {
+    if skip("a_deferred_branch_group_ends_its_run_with_every_branch_and_no_winner") {
+        return;
+    }
+    let home = Home::new();
+    // Each hypothesis names its own edit's file; an empty path writes none.
+    let text = branches("deferred", "")
+        .replace(
+            "run = [\"sleep",
+            "edits = [{ path = \"{hypothesis.own}\", content = \"{hypothesis.value}\" }]\nrun = [\"sleep",
+        )
+        .replace(
+            "value = \"1\", delay = \"0.6\"",
+            "value = \"1\", delay = \"0.6\", own = \"/work/low\"",
+        )
+        .replace(
+            "value = \"5\", delay = \"0\"",
+            "value = \"5\", delay = \"0\", own = \"\"",
+        )
+        .replace(
+            "value = \"9\", delay = \"0.6\"",
+            "value = \"9\", delay = \"0.6\", own = \"/work/high\"",
+        );
+    let file = write(&home, "p.toml", &text);
+    let out = home.cairn(&["pipeline", "run", &file]);
+    assert!(out.status.success(), "{}", stderr(&out));
+    let v = show(&home, stdout(&out).trim());
+    assert_eq!(v["run"]["status"], "completed", "{v}");
+    assert!(
+        events(&v, "won").is_empty() && events(&v, "lost").is_empty(),
+        "nothing is chosen: {v}"
+    );
+    let ended = events(&v, "ended");
+    assert_eq!(ended.len(), 1, "{v}");
+    assert!(
+        ended[0]["detail"]
+            .as_str()
+            .unwrap()
+            .starts_with("3 of 3 branches completed"),
+        "{v}"
+    );
+    let stages = v["stages"].as_array().unwrap();
+    assert!(
+        !stages.iter().any(|s| s["stage"] == "pick" && s["branch"] == ""),
+        "no group row: {v}"
+    );
+    for (branch, own, value) in [
+        ("slow-low", Some("/work/low"), "1"),
+        ("fast-mid", None, "5"),
+        ("slow-high", Some("/work/high"), "9"),
+    ] {
+        let row = stages
+            .iter()
+            .find(|s| s["stage"] == "pick" && s["branch"] == branch)
+            .unwrap();
+        assert_eq!(row["status"], "completed", "{branch}");
+        let sb = home.ok(&["restore", row["output_snapshot"].as_str().unwrap()]);
+        assert_eq!(home.ok(&["exec", &sb, "--", "cat", "/work/value"]), value, "{branch}");
+        let listed = home.ok(&["exec", &sb, "--", "ls", "/work"]);
+        let owns: Vec<&str> = listed
+            .split_whitespace()
+            .filter(|f| *f == "low" || *f == "high")
+            .collect();
+        assert_eq!(
+            owns,
+            own.map(|p| p.trim_start_matches("/work/"))
+                .into_iter()
+                .collect::<Vec<_>>(),
+            "{branch}"
+        );
+        home.ok(&["rm", "--force", &sb]);
+    }
+}
+
+#[test]
 fn a_bad_pipeline_is_refused_before_anything_runs() {
     if skip("a_bad_pipeline_is_refused_before_anything_runs") {
         return;

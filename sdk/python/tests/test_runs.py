@@ -1,4 +1,7 @@
+import pytest
 import uuid
+
+from cairn import CairnError
 
 PIPELINE = """
 [pipeline]
@@ -36,3 +39,37 @@ def test_pipeline_run_completes_and_its_artifact_downloads(client):
     assert client.artifacts.download(artifact.id) == b"cairn\n"
     assert "made it" in client.runs.log(run.id, "make")
     assert run.id in [r.id for r in client.runs.list()]
+
+
+GATED = """
+[pipeline]
+name = "sdk-gated"
+image = "busybox"
+
+[[stage]]
+name = "build"
+key = "build-%s"
+run = ["echo built > /out"]
+
+[[stage]]
+name = "ship"
+after = "build"
+key = "ship-%s"
+approve = true
+run = ["cat /out"]
+"""
+
+
+def test_a_stage_waiting_for_approval_is_approved_through_the_sdk(client):
+    salt = uuid.uuid4().hex[:8]
+    run = client.runs.start(GATED % (salt, salt))
+    detail = client.runs.wait(run.id, timeout=60, poll=0.2)
+    assert detail.run.status == "awaiting_approval", detail.run.error
+    with pytest.raises(CairnError) as refused:
+        client.runs.reject(run.id, "build", reason="wrong stage")
+    assert refused.value.status == 409
+    client.runs.approve(run.id, "ship", reason="looks right", by="sdk-test")
+    detail = client.runs.wait(run.id, timeout=60, poll=0.2)
+    assert detail.run.status == "completed", detail.run.error
+    assert [e.detail for e in detail.events if e.kind == "approved"] == ["approved by sdk-test: looks right"]
+    assert client.runs.log(run.id, "ship") == "built\n"

@@ -10,6 +10,7 @@ use axum::extract::{Path, Query, State};
 use axum::http::{header, HeaderMap, HeaderValue, StatusCode};
 use axum::response::Response;
 use axum::Json;
+use cairn_engine::pipeline::approval::Verdict;
 use cairn_engine::pipeline::run::RunWatcher;
 
 use super::files::streamed;
@@ -168,6 +169,7 @@ pub async fn get(State(app): State<Arc<App>>, Path(id): Path<String>) -> ApiResu
                 stages: e.run_stages(&run.id)?.into_iter().map(Stage::from).collect(),
                 events: e.run_events(&run.id)?.into_iter().map(RunEvent::from).collect(),
                 artifacts: e.artifacts(Some(&run.id))?.into_iter().map(Artifact::from).collect(),
+                decisions: e.run_decisions(&run.id)?.into_iter().map(Decision::from).collect(),
                 run: Run::of(run, live),
             })
         })
@@ -200,6 +202,70 @@ pub async fn resume(State(app): State<Arc<App>>, Path(id): Path<String>) -> ApiR
         .await
         .map_err(|e| ApiError::internal(e.to_string()))?;
     Ok((StatusCode::ACCEPTED, Json(Run::of(run, true))))
+}
+
+/// Records a verdict on a stage waiting for approval; approved, the run
+/// goes on in the server.
+async fn verdict(
+    app: Arc<App>,
+    id: String,
+    stage: String,
+    body: Bytes,
+    verdict: Verdict,
+) -> ApiResult<(StatusCode, Json<Run>)> {
+    let req: StageVerdict = if body.is_empty() {
+        StageVerdict::default()
+    } else {
+        parse(&body)?
+    };
+    let by = req.by.unwrap_or_else(|| "api".into());
+    if by.is_empty() || by.len() > 128 || !by.bytes().all(|c| c.is_ascii_alphanumeric() || b"-_.@ ".contains(&c)) {
+        return Err(ApiError::bad_request(
+            "by names who decides: 1 to 128 letters, digits, '-', '_', '.', '@' or spaces",
+        ));
+    }
+    let run = app
+        .engine(move |e| Ok(e.decide_approval(&id, &stage, verdict, &by, req.reason.as_deref())?))
+        .await?;
+    app.emit("run.verdict", &run.id, run.status.clone());
+    if verdict == Verdict::Approve {
+        let (a, id) = (Arc::clone(&app), run.id.clone());
+        tokio::task::spawn_blocking(move || orchestrate(&a, id, None))
+            .await
+            .map_err(|e| ApiError::internal(e.to_string()))?;
+        return Ok((StatusCode::ACCEPTED, Json(Run::of(run, true))));
+    }
+    Ok((StatusCode::OK, Json(Run::of(run, false))))
+}
+
+/// Approves a stage that waits for a person (`approve = true`): records who
+/// and why, then the run goes on in the server.
+#[utoipa::path(operation_id = "approve_stage", post, path = "/v1/runs/{id}/stages/{stage}/approve", tag = "runs",
+    params(("id" = String, Path, description = "Run id"), ("stage" = String, Path, description = "Stage name")),
+    request_body(content = Option<StageVerdict>, description = "Optional: the reason and who approves"),
+    responses((status = 202, body = Run), (status = 400, body = ErrorBody), (status = 404, body = ErrorBody),
+        (status = 409, body = ErrorBody, description = "The stage is not waiting for approval, or was already approved or rejected")))]
+pub async fn approve(
+    State(app): State<Arc<App>>,
+    Path((id, stage)): Path<(String, String)>,
+    body: Bytes,
+) -> ApiResult<(StatusCode, Json<Run>)> {
+    verdict(app, id, stage, body, Verdict::Approve).await
+}
+
+/// Rejects a stage that waits for a person: the run fails there, with who
+/// and why; the stage does not run.
+#[utoipa::path(operation_id = "reject_stage", post, path = "/v1/runs/{id}/stages/{stage}/reject", tag = "runs",
+    params(("id" = String, Path, description = "Run id"), ("stage" = String, Path, description = "Stage name")),
+    request_body(content = StageVerdict, description = "The reason (required) and who rejects"),
+    responses((status = 200, body = Run), (status = 400, body = ErrorBody), (status = 404, body = ErrorBody),
+        (status = 409, body = ErrorBody, description = "The stage is not waiting for approval, or was already approved or rejected")))]
+pub async fn reject(
+    State(app): State<Arc<App>>,
+    Path((id, stage)): Path<(String, String)>,
+    body: Bytes,
+) -> ApiResult<(StatusCode, Json<Run>)> {
+    verdict(app, id, stage, body, Verdict::Reject).await
 }
 
 #[derive(Debug, serde::Deserialize, utoipa::IntoParams)]

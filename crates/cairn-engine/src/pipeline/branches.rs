@@ -25,35 +25,7 @@ impl Engine {
         {
             return Ok(done.output_snapshot);
         }
-        let home = self.home.clone();
-        let results: Vec<Result<Option<String>, String>> = std::thread::scope(|scope| {
-            let handles: Vec<_> = branches
-                .hypotheses
-                .iter()
-                .map(|h| {
-                    let home = home.clone();
-                    let name = h.get("name").cloned().unwrap_or_default();
-                    scope.spawn(move || -> Result<Option<String>, String> {
-                        let mut engine = Engine::open(home).map_err(|e| e.to_string())?;
-                        engine
-                            .run_stage(run, p, stage, &name, Some(h), input, watch)
-                            .map_err(|e| e.to_string())
-                    })
-                })
-                .collect();
-            handles
-                .into_iter()
-                .map(|h| h.join().unwrap_or_else(|_| Err("a branch panicked".into())))
-                .collect()
-        });
-        for r in &results {
-            if let Err(e) = r {
-                return Err(EngineError::Service {
-                    command: format!("branch of {}", stage.name),
-                    reason: e.clone(),
-                });
-            }
-        }
+        self.run_each_branch(run, p, stage, branches, input, watch)?;
         let rows: Vec<StageRecord> = self
             .db
             .stages_of(&run.id)?
@@ -73,11 +45,13 @@ impl Engine {
                 .filter(|s| s.metric.is_some())
                 .max_by(|a, b| a.metric.unwrap().total_cmp(&b.metric.unwrap()))
                 .copied(),
+            Selection::Deferred => None,
         };
         let rule = match &branches.select {
             Selection::FirstSuccess => "first_success".to_string(),
             Selection::Min(_) => "min".into(),
             Selection::Max(_) => "max".into(),
+            Selection::Deferred => "deferred".into(),
         };
         let Some(winner) = winner else {
             return Ok(None);
@@ -127,5 +101,77 @@ impl Engine {
             .put_stage(&rec, Some(("won", &detail, winner.output_snapshot.as_deref())))?;
         watch.stage(&stage.name, &winner.branch, "won", &detail);
         Ok(winner.output_snapshot.clone())
+    }
+
+    /// A deferred group: every hypothesis runs to its end (completed or
+    /// dead-lettered), and no winner is chosen; whoever asked chooses later
+    /// and records the choice in the run's events.
+    pub(super) fn run_deferred_branches(
+        &mut self,
+        run: &RunRecord,
+        p: &Pipeline,
+        stage: &Stage,
+        branches: &Branches,
+        input: Option<&str>,
+        watch: &dyn RunWatcher,
+    ) -> Result<(), EngineError> {
+        self.run_each_branch(run, p, stage, branches, input, watch)?;
+        let rows = self.db.stages_of(&run.id)?;
+        let ended: Vec<&StageRecord> = rows
+            .iter()
+            .filter(|s| s.stage == stage.name && !s.branch.is_empty())
+            .collect();
+        let completed = ended.iter().filter(|s| s.status == "completed").count();
+        let detail = format!(
+            "{completed} of {} branches completed; the winner is chosen later (select)",
+            ended.len()
+        );
+        self.db
+            .event(&run.id, Some(&stage.name), None, "ended", &detail, None)?;
+        watch.stage(&stage.name, "", "ended", &detail);
+        Ok(())
+    }
+
+    /// Runs every hypothesis of the group in parallel, each in a thread
+    /// with its own engine, until each has completed or dead-lettered.
+    fn run_each_branch(
+        &mut self,
+        run: &RunRecord,
+        p: &Pipeline,
+        stage: &Stage,
+        branches: &Branches,
+        input: Option<&str>,
+        watch: &dyn RunWatcher,
+    ) -> Result<(), EngineError> {
+        let home = self.home.clone();
+        let results: Vec<Result<Option<String>, String>> = std::thread::scope(|scope| {
+            let handles: Vec<_> = branches
+                .hypotheses
+                .iter()
+                .map(|h| {
+                    let home = home.clone();
+                    let name = h.get("name").cloned().unwrap_or_default();
+                    scope.spawn(move || -> Result<Option<String>, String> {
+                        let mut engine = Engine::open(home).map_err(|e| e.to_string())?;
+                        engine
+                            .run_stage(run, p, stage, &name, Some(h), input, watch)
+                            .map_err(|e| e.to_string())
+                    })
+                })
+                .collect();
+            handles
+                .into_iter()
+                .map(|h| h.join().unwrap_or_else(|_| Err("a branch panicked".into())))
+                .collect()
+        });
+        for r in results {
+            if let Err(reason) = r {
+                return Err(EngineError::Service {
+                    command: format!("branch of {}", stage.name),
+                    reason,
+                });
+            }
+        }
+        Ok(())
     }
 }

@@ -4,10 +4,15 @@
 //! attempts, checkpoints, retries, dead letters); `branches` runs branch
 //! groups and picks winners; `artifacts` collects files into the chunk
 //! store; `output` takes stage output in with bounded memory; `records`
-//! holds the rows all of it writes.
+//! holds the rows all of it writes; `approval` pauses a run before a
+//! stage until a person approves it; `decide` asks a model at a decide
+//! stage and records its answer, which `decision` checks.
 
+pub mod approval;
 pub mod artifacts;
 mod branches;
+mod decide;
+pub mod decision;
 mod output;
 pub mod records;
 pub mod run;

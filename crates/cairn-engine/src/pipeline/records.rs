@@ -58,6 +58,42 @@ pub struct ArtifactRecord {
     pub snapshot_id: String,
 }
 
+/// One decision of a decide stage (`decisions`, docs/formats.md).
+#[derive(Debug, Clone, Serialize)]
+pub struct DecisionRecord {
+    pub run_id: String,
+    pub stage: String,
+    /// 1, 2, …: a retry the decision asks for makes the stage decide again.
+    pub round: u32,
+    pub stage_key: String,
+    /// `provider/model` that answered.
+    pub model: String,
+    /// The checked answer in its stored form (`{"v": 1, "answer": {...}}`).
+    pub answer: String,
+    pub reason: String,
+    pub input_tokens: u64,
+    pub output_tokens: u64,
+    /// Model calls it took: invalid answers are asked again.
+    pub calls: u32,
+    pub created_at: i64,
+}
+
+/// What recording a decision does besides completing (or resetting) its stage.
+pub enum DecisionEffect<'a> {
+    /// The decide stage completed; its output is its input.
+    Complete,
+    /// The stage before runs again (its row reset, its key forgotten), then
+    /// the decide stage decides again.
+    Retry { previous: &'a StageRecord },
+    /// The stage before goes to the dead letters (its key forgotten) and the
+    /// run fails.
+    Dlq {
+        previous: &'a StageRecord,
+        dead_letter: &'a DeadLetter,
+        run_error: &'a str,
+    },
+}
+
 #[derive(Debug, Clone, Serialize)]
 pub struct DeadLetter {
     pub id: String,
@@ -100,6 +136,25 @@ fn stage_row(r: &Row) -> Result<StageRecord, StateError> {
         ended_at: r.get(10)?,
         error: r.get(11)?,
         metric: r.get(12)?,
+    })
+}
+
+const DECISION_COLUMNS: &str = "run_id, stage, round, stage_key, model, answer, reason, input_tokens, \
+     output_tokens, calls, created_at";
+
+fn decision_row(r: &Row) -> Result<DecisionRecord, StateError> {
+    Ok(DecisionRecord {
+        run_id: r.get(0)?,
+        stage: r.get(1)?,
+        round: r.get(2)?,
+        stage_key: r.get(3)?,
+        model: r.get(4)?,
+        answer: r.get(5)?,
+        reason: r.get(6)?,
+        input_tokens: r.get::<i64>(7)? as u64,
+        output_tokens: r.get::<i64>(8)? as u64,
+        calls: r.get(9)?,
+        created_at: r.get(10)?,
     })
 }
 
@@ -171,6 +226,7 @@ impl Db {
                 "dead_letters",
                 "events",
                 "stages",
+                "decisions",
             ] {
                 b.execute(&format!("DELETE FROM {table} WHERE run_id = $1"), params![id])?;
             }
@@ -235,31 +291,7 @@ impl Db {
                     params![sandbox, true, pid, start],
                 )?;
             }
-            b.execute(
-                &format!(
-                    "INSERT INTO stages ({STAGE_COLUMNS}) VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13)
-                     ON CONFLICT (run_id, stage, branch) DO UPDATE SET stage_key = excluded.stage_key,
-                     status = excluded.status, attempts = excluded.attempts,
-                     input_snapshot = excluded.input_snapshot, output_snapshot = excluded.output_snapshot,
-                     sandbox_id = excluded.sandbox_id, started_at = excluded.started_at,
-                     ended_at = excluded.ended_at, error = excluded.error, metric = excluded.metric"
-                ),
-                params![
-                    &s.run_id,
-                    &s.stage,
-                    &s.branch,
-                    &s.stage_key,
-                    &s.status,
-                    s.attempts,
-                    &s.input_snapshot,
-                    &s.output_snapshot,
-                    &s.sandbox_id,
-                    s.started_at,
-                    s.ended_at,
-                    &s.error,
-                    s.metric
-                ],
-            )?;
+            upsert_stage(b, s)?;
             if let Some((kind, detail, snapshot)) = event {
                 insert_event(b, &s.run_id, Some(&s.stage), Some(&s.branch), kind, detail, snapshot)?;
             }
@@ -267,11 +299,145 @@ impl Db {
                 if let Some(out) = &s.output_snapshot {
                     b.execute(
                         INSERT_STAGE_KEY,
-                        params![&s.stage_key, out, &s.run_id, &s.stage, s.ended_at.unwrap_or(0), s.metric],
+                        params![
+                            &s.stage_key,
+                            out,
+                            &s.run_id,
+                            &s.stage,
+                            s.ended_at.unwrap_or(0),
+                            s.metric
+                        ],
                     )?;
                 }
             }
             Ok(())
+        })
+    }
+
+    /// Writes a stage's row with its event and sets the run's status, in one
+    /// transaction: a pause for approval, an approval or a rejection is
+    /// recorded whole or not at all.
+    pub fn put_stage_and_run(
+        &mut self,
+        s: &StageRecord,
+        event: (&str, &str),
+        run_status: &str,
+        run_error: Option<&str>,
+        ended_at: Option<i64>,
+    ) -> Result<(), StateError> {
+        self.transaction(|b| {
+            upsert_stage(b, s)?;
+            insert_event(b, &s.run_id, Some(&s.stage), Some(&s.branch), event.0, event.1, None)?;
+            b.execute(
+                "UPDATE runs SET status = $2, error = $3, ended_at = $4 WHERE id = $1",
+                params![&s.run_id, run_status, run_error, ended_at],
+            )?;
+            Ok(())
+        })
+    }
+
+    /// Records a decision, the decide stage's row and event, and what the
+    /// decision does to the stage before it, in one transaction: a decision
+    /// recorded is never asked for again, and is never half applied.
+    pub fn record_decision(
+        &mut self,
+        d: &DecisionRecord,
+        stage: &StageRecord,
+        event: (&str, &str),
+        effect: DecisionEffect,
+    ) -> Result<(), StateError> {
+        self.transaction(|b| {
+            b.execute(
+                &format!(
+                    "INSERT INTO decisions ({DECISION_COLUMNS}) VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11)"
+                ),
+                params![
+                    &d.run_id,
+                    &d.stage,
+                    d.round,
+                    &d.stage_key,
+                    &d.model,
+                    &d.answer,
+                    &d.reason,
+                    d.input_tokens as i64,
+                    d.output_tokens as i64,
+                    d.calls,
+                    d.created_at
+                ],
+            )?;
+            upsert_stage(b, stage)?;
+            insert_event(b, &stage.run_id, Some(&stage.stage), Some(""), event.0, event.1, None)?;
+            let forget = |b: &mut dyn Backend, previous: &StageRecord| {
+                b.execute(
+                    "DELETE FROM stage_keys WHERE stage_key = $1",
+                    params![&previous.stage_key],
+                )
+            };
+            match effect {
+                DecisionEffect::Complete => {
+                    if let Some(out) = &stage.output_snapshot {
+                        b.execute(
+                            INSERT_STAGE_KEY,
+                            params![
+                                &stage.stage_key,
+                                out,
+                                &stage.run_id,
+                                &stage.stage,
+                                stage.ended_at.unwrap_or(0),
+                                stage.metric
+                            ],
+                        )?;
+                    }
+                }
+                DecisionEffect::Retry { previous } => {
+                    upsert_stage(b, previous)?;
+                    forget(b, previous)?;
+                }
+                DecisionEffect::Dlq {
+                    previous,
+                    dead_letter,
+                    run_error,
+                } => {
+                    upsert_stage(b, previous)?;
+                    forget(b, previous)?;
+                    insert_dead_letter(b, dead_letter)?;
+                    b.execute(
+                        "UPDATE runs SET status = 'failed', error = $2, ended_at = $3 WHERE id = $1",
+                        params![&stage.run_id, run_error, crate::now_ms()],
+                    )?;
+                }
+            }
+            Ok(())
+        })
+    }
+
+    pub fn decisions_of(&self, run: &str) -> Result<Vec<DecisionRecord>, StateError> {
+        self.with(|b| {
+            rows(
+                b.query(
+                    &format!(
+                        "SELECT {DECISION_COLUMNS} FROM decisions WHERE run_id = $1 ORDER BY created_at, stage, round"
+                    ),
+                    params![run],
+                )?,
+                decision_row,
+            )
+        })
+    }
+
+    /// The decision that completed a decide stage's key, in any run.
+    pub fn decision_by_key(&self, key: &str) -> Result<Option<DecisionRecord>, StateError> {
+        self.with(|b| {
+            b.query_opt(
+                "SELECT d.run_id, d.stage, d.round, d.stage_key, d.model, d.answer, d.reason, d.input_tokens,
+                 d.output_tokens, d.calls, d.created_at FROM decisions d JOIN stage_keys k
+                 ON k.stage_key = d.stage_key AND k.run_id = d.run_id AND k.stage = d.stage
+                 WHERE d.stage_key = $1 ORDER BY d.round DESC LIMIT 1",
+                params![key],
+            )?
+            .as_ref()
+            .map(decision_row)
+            .transpose()
         })
     }
 
@@ -420,24 +586,7 @@ impl Db {
     }
 
     pub fn insert_dead_letter(&self, d: &DeadLetter) -> Result<(), StateError> {
-        self.with(|b| {
-            b.execute(
-                "INSERT INTO dead_letters (id, run_id, stage, branch, error, failure_snapshot, input_snapshot,
-                 created_at, retried_at) VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9)",
-                params![
-                    &d.id,
-                    &d.run_id,
-                    &d.stage,
-                    &d.branch,
-                    &d.error,
-                    &d.failure_snapshot,
-                    &d.input_snapshot,
-                    d.created_at,
-                    d.retried_at
-                ],
-            )?;
-            Ok(())
-        })
+        self.with(|b| insert_dead_letter(b, d))
     }
 
     pub fn dead_letters(&self) -> Result<Vec<DeadLetter>, StateError> {
@@ -482,6 +631,54 @@ impl Db {
             "SELECT input_snapshot FROM dead_letters WHERE input_snapshot IS NOT NULL",
         ])
     }
+}
+
+fn upsert_stage(b: &mut dyn Backend, s: &StageRecord) -> Result<(), StateError> {
+    b.execute(
+        &format!(
+            "INSERT INTO stages ({STAGE_COLUMNS}) VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13)
+                     ON CONFLICT (run_id, stage, branch) DO UPDATE SET stage_key = excluded.stage_key,
+                     status = excluded.status, attempts = excluded.attempts,
+                     input_snapshot = excluded.input_snapshot, output_snapshot = excluded.output_snapshot,
+                     sandbox_id = excluded.sandbox_id, started_at = excluded.started_at,
+                     ended_at = excluded.ended_at, error = excluded.error, metric = excluded.metric"
+        ),
+        params![
+            &s.run_id,
+            &s.stage,
+            &s.branch,
+            &s.stage_key,
+            &s.status,
+            s.attempts,
+            &s.input_snapshot,
+            &s.output_snapshot,
+            &s.sandbox_id,
+            s.started_at,
+            s.ended_at,
+            &s.error,
+            s.metric
+        ],
+    )?;
+    Ok(())
+}
+
+fn insert_dead_letter(b: &mut dyn Backend, d: &DeadLetter) -> Result<(), StateError> {
+    b.execute(
+        "INSERT INTO dead_letters (id, run_id, stage, branch, error, failure_snapshot, input_snapshot,
+                 created_at, retried_at) VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9)",
+        params![
+            &d.id,
+            &d.run_id,
+            &d.stage,
+            &d.branch,
+            &d.error,
+            &d.failure_snapshot,
+            &d.input_snapshot,
+            d.created_at,
+            d.retried_at
+        ],
+    )?;
+    Ok(())
 }
 
 fn insert_event(

@@ -18,6 +18,8 @@ use std::time::{Duration, Instant};
 use cairn_protocol::{ExecRequest, FileKind, FileMeta};
 use nix::fcntl::{Flock, FlockArg};
 
+use super::approval::Gate;
+use super::decide::Step;
 use super::output::{Capped, Tail, Tee, METRIC_FILE_MAX};
 use super::records::{ArtifactRecord, DeadLetter, RunRecord, StageRecord};
 use super::spec::{self, Metric, Pipeline, Selection, Stage};
@@ -46,6 +48,23 @@ pub enum RunError {
     BadParam(String),
     #[error("{0}")]
     Lost(String),
+    /// A stage name that is not in the run's pipeline; lists the ones that are.
+    #[error("{0}")]
+    NoSuchStage(String),
+    /// An approval or rejection the stage's state does not allow; says why and what to do.
+    #[error("{0}")]
+    NotAwaitingApproval(String),
+    /// A decide stage's model cannot be asked: none named, an unknown
+    /// provider, no API key. Nothing was recorded or run.
+    #[error("{0}")]
+    NoModel(String),
+    /// A decide stage's model did not answer (an outage, a refused request);
+    /// the run is left interrupted and resumable.
+    #[error("{0}")]
+    Model(String),
+    /// A verdict's reason that is missing or too long.
+    #[error("{0}")]
+    BadReason(String),
     #[error(
         "metric file {0} holds more than {limit} MiB, the most a metric file may hold; write the number alone \
          (or a short summary) to it, and keep larger results as artifacts",
@@ -92,7 +111,12 @@ pub(super) fn new_id(len: usize) -> String {
 /// Fills `{params.X}`, `{stage}`, `{pipeline}`, `{hypothesis}` and
 /// `{hypothesis.K}` (checked by the parser, so every name resolves); `{{`
 /// and `}}` become braces, other braces stay as they are.
-fn render(template: &str, p: &Pipeline, stage: &Stage, hypothesis: Option<&BTreeMap<String, String>>) -> String {
+pub(super) fn render(
+    template: &str,
+    p: &Pipeline,
+    stage: &Stage,
+    hypothesis: Option<&BTreeMap<String, String>>,
+) -> String {
     let mut out = String::with_capacity(template.len());
     let mut i = 0;
     let bytes = template.as_bytes();
@@ -186,6 +210,7 @@ impl Engine {
             return Err(RunError::BadRunId(id.to_string()).into());
         }
         let pipeline = spec::parse(file, &text, params).map_err(RunError::from)?;
+        self.check_model_for(None, &pipeline)?;
         let run = RunRecord {
             id: id.to_string(),
             pipeline: pipeline.name.clone(),
@@ -251,6 +276,24 @@ impl Engine {
         Ok(self.db.event(&run.id, stage, None, kind, detail, snapshot)?)
     }
 
+    /// Records an event about one branch of a group from outside the
+    /// orchestrator: the winner chosen later for a deferred group, the
+    /// branches that lost to it.
+    pub fn record_branch_event(
+        &self,
+        run: &str,
+        stage: &str,
+        branch: &str,
+        kind: &str,
+        detail: &str,
+        snapshot: Option<&str>,
+    ) -> Result<(), EngineError> {
+        let run = self.run_record(run)?;
+        Ok(self
+            .db
+            .event(&run.id, Some(stage), Some(branch), kind, detail, snapshot)?)
+    }
+
     pub fn artifacts(&self, run: Option<&str>) -> Result<Vec<ArtifactRecord>, EngineError> {
         Ok(self.db.artifacts(run)?)
     }
@@ -277,7 +320,7 @@ impl Engine {
     /// process executes a run at a time, or a second `resume` beside a live
     /// orchestrator would start its stages again. The lock goes with the
     /// process, however it dies; [`Engine::run_orchestrator`] names its holder.
-    fn lock_run(&self, run: &str) -> Result<Flock<fs::File>, EngineError> {
+    pub(super) fn lock_run(&self, run: &str) -> Result<Flock<fs::File>, EngineError> {
         let dir = self.run_dir(run);
         fs::create_dir_all(&dir).map_err(|e| RunError::Read(dir.clone(), e))?;
         let path = dir.join("orchestrator.lock");
@@ -309,32 +352,86 @@ impl Engine {
             .filter_map(|l| l.split_once('='))
             .map(|(k, v)| (k.into(), v.into()))
             .collect();
-        let pipeline = spec::parse(&run.file, &run.spec, &overrides).map_err(RunError::from)?;
+        let parsed = spec::parse(&run.file, &run.spec, &overrides).map_err(RunError::from)?;
+        self.check_model_for(Some(&run.id), &parsed)?;
         fs::create_dir_all(self.run_dir(&run.id)).map_err(|e| RunError::Read(self.run_dir(&run.id), e))?;
         if run.status != "running" {
             self.db.finish_run(&run.id, "running", None, 0)?;
         }
         let mut outputs: BTreeMap<String, String> = BTreeMap::new();
-        for stage in &pipeline.stages {
-            let input = match &stage.after {
-                v if v.is_empty() => pipeline.snapshot.clone(),
-                v => Some(outputs.get(&v[0]).cloned().expect("stages come after their inputs")),
-            };
-            let result = match &stage.branches {
-                None => self.run_stage(&run, &pipeline, stage, "", None, input.as_deref(), watch)?,
-                Some(b) => self.run_branches(&run, &pipeline, stage, b, input.as_deref(), watch)?,
-            };
-            match result {
-                Some(output) => {
-                    outputs.insert(stage.name.clone(), output);
+        // A retry a decision asks for starts over from the records: stages
+        // completed are not run again, and recorded decisions apply again.
+        'again: loop {
+            let mut pipeline = parsed.clone();
+            outputs.clear();
+            for i in 0..pipeline.stages.len() {
+                let stage = pipeline.stages[i].clone();
+                let input = match &stage.after {
+                    v if v.is_empty() => pipeline.snapshot.clone(),
+                    v => Some(outputs.get(&v[0]).cloned().expect("stages come after their inputs")),
+                };
+                if stage.approve {
+                    match self.approval_gate(&run, &pipeline, &stage, input.as_deref(), watch)? {
+                        Gate::Open => {}
+                        Gate::Waiting => return self.run_record(&run.id),
+                        Gate::Rejected(why) => {
+                            let msg = format!("stage {} was {why}", stage.name);
+                            self.db.finish_run(&run.id, "failed", Some(&msg), now_ms())?;
+                            return self.run_record(&run.id);
+                        }
+                    }
                 }
-                None => {
-                    let msg = format!("stage {} went to the dead-letter queue", stage.name);
-                    self.db.finish_run(&run.id, "failed", Some(&msg), now_ms())?;
-                    self.db.event(&run.id, Some(&stage.name), None, "failed", &msg, None)?;
-                    return self.run_record(&run.id);
+                if let Some(d) = &stage.decide {
+                    match self.decide_stage(&run, &pipeline, &stage, d, input.as_deref(), watch)? {
+                        Step::Apply(answer) => {
+                            pipeline.params.extend(answer.params.unwrap_or_default());
+                            if let (Some(next), Some(hypotheses)) = (&d.next, answer.hypotheses) {
+                                if let Some(b) = pipeline
+                                    .stages
+                                    .iter_mut()
+                                    .find(|s| &s.name == next)
+                                    .and_then(|s| s.branches.as_mut())
+                                {
+                                    b.hypotheses = hypotheses;
+                                }
+                            }
+                            outputs.insert(stage.name.clone(), input.unwrap_or_default());
+                            continue;
+                        }
+                        Step::Restart => continue 'again,
+                        Step::Stop => {
+                            let record = self.run_record(&run.id)?;
+                            if record.status != "failed" {
+                                let msg = format!("stage {} went to the dead-letter queue", stage.name);
+                                self.db.finish_run(&run.id, "failed", Some(&msg), now_ms())?;
+                                self.db.event(&run.id, Some(&stage.name), None, "failed", &msg, None)?;
+                            }
+                            return self.run_record(&run.id);
+                        }
+                    }
+                }
+                let result = match &stage.branches {
+                    None => self.run_stage(&run, &pipeline, &stage, "", None, input.as_deref(), watch)?,
+                    Some(b) if b.select == Selection::Deferred => {
+                        // Ends the pipeline (the parser checks nothing comes after).
+                        self.run_deferred_branches(&run, &pipeline, &stage, b, input.as_deref(), watch)?;
+                        continue;
+                    }
+                    Some(b) => self.run_branches(&run, &pipeline, &stage, b, input.as_deref(), watch)?,
+                };
+                match result {
+                    Some(output) => {
+                        outputs.insert(stage.name.clone(), output);
+                    }
+                    None => {
+                        let msg = format!("stage {} went to the dead-letter queue", stage.name);
+                        self.db.finish_run(&run.id, "failed", Some(&msg), now_ms())?;
+                        self.db.event(&run.id, Some(&stage.name), None, "failed", &msg, None)?;
+                        return self.run_record(&run.id);
+                    }
                 }
             }
+            break;
         }
         self.db.finish_run(&run.id, "completed", None, now_ms())?;
         self.db.event(
@@ -384,6 +481,8 @@ impl Engine {
             error: None,
             metric: None,
         });
+        // A row written before the stage ran (waiting for approval) has no key yet.
+        rec.stage_key = key.clone();
         // A completed key returns its recorded output without running anything.
         if let Some((output, from_run, metric)) = self.db.completed_key(&key)? {
             rec.status = "completed".into();
@@ -634,7 +733,18 @@ impl Engine {
         let started = reattached && client.attach_job(&job(0), u64::MAX, u64::MAX)?.is_some();
         if fresh && !started {
             for edit in &stage.edits {
-                let parent = Path::new(&edit.path)
+                // A path a hypothesis names; an empty one writes nothing.
+                let path = render(&edit.path, p, stage, hypothesis);
+                if path.is_empty() {
+                    continue;
+                }
+                if !path.starts_with('/') {
+                    return fail(
+                        self,
+                        format!("edit path {path:?} (from {:?}) is not absolute", edit.path),
+                    );
+                }
+                let parent = Path::new(&path)
                     .parent()
                     .map(|d| d.to_string_lossy().into_owned())
                     .unwrap_or("/".into());
@@ -647,7 +757,7 @@ impl Engine {
                 }
                 let content = render(&edit.content, p, stage, hypothesis);
                 let meta = FileMeta {
-                    path: edit.path.clone(),
+                    path: path.clone(),
                     kind: FileKind::File,
                     mode: edit.mode,
                     uid: 0,
@@ -656,7 +766,7 @@ impl Engine {
                     mtime_ns: now_ms() as i128 * 1_000_000,
                 };
                 if let Err(e) = client.put_file(meta, &mut content.as_bytes()) {
-                    return fail(self, format!("edit {}: {e}", edit.path));
+                    return fail(self, format!("edit {path}: {e}"));
                 }
             }
         }

@@ -28,7 +28,8 @@ const MIGRATIONS: &[&str] = &[
     include_str!("../../migrations/postgres/0004_api.sql"),
     include_str!("../../migrations/postgres/0005_e2b.sql"),
     include_str!("../../migrations/postgres/0006_sessions.sql"),
-    include_str!("../../migrations/postgres/0007_snapshot_durability.sql"),
+    include_str!("../../migrations/postgres/0007_decisions.sql"),
+    include_str!("../../migrations/postgres/0008_snapshot_durability.sql"),
 ];
 
 /// Serialises migrations (and the home claim) between processes opening

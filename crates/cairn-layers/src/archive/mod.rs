@@ -27,6 +27,7 @@ mod dirfd;
 mod flatten;
 mod index;
 mod materialise;
+mod view;
 
 use std::io;
 use std::path::PathBuf;
@@ -37,6 +38,7 @@ pub use capture::{capture, capture_since, capture_since_mapped, remove_device_no
 pub use flatten::{flatten, FlattenError};
 pub use index::{Entry, EntryKind, LayerId, LayerIndex, LayerPath, Metadata, Timestamp, Xattr};
 pub use materialise::{materialise, remove_abandoned_materialisations};
+pub use view::{lookup, merged_view, Lookup};
 
 /// The host ids a user namespace maps a sandbox's ids `0..count` to:
 /// `base..base + count`, uids and gids alike.

@@ -24,7 +24,8 @@ use std::time::{Duration, Instant};
 use crate::cgroup::Hierarchy;
 use crate::client::{ClientError, InitClient};
 use crate::{pid_start_time, Capabilities, Driver, SandboxError, SandboxProcess, SandboxSpec};
-use runsc::{Launch, Runsc};
+use runsc::Launch;
+pub use runsc::Runsc;
 
 /// How long a started or restored sandbox may take to answer on its socket.
 const READY_TIMEOUT: Duration = Duration::from_secs(20);

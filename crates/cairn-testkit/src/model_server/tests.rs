@@ -138,6 +138,35 @@ fn scripted_failures_are_served_once_each_then_the_reply() {
 }
 
 #[test]
+fn a_client_that_leaves_during_a_delay_is_recorded_unanswered() {
+    let model = ScriptedModel::start(json!({"turns": [{"text": "late", "fail": [{"delay_ms": 3000}]}]}));
+    let body = json!({"model": "m", "max_tokens": 10, "messages": [{"role": "user", "content": "hi"}]}).to_string();
+    let mut stream = TcpStream::connect(model.addr).unwrap();
+    let head = format!(
+        "POST /v1/messages HTTP/1.1\r\nhost: x\r\ncontent-length: {}\r\n",
+        body.len()
+    );
+    let auth = "x-api-key: k\r\nanthropic-version: 1\r\ncontent-type: application/json\r\n\r\n";
+    stream.write_all(format!("{head}{auth}{body}").as_bytes()).unwrap();
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+    while model.requests().is_empty() {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the delayed request was never recorded"
+        );
+        std::thread::sleep(std::time::Duration::from_millis(10));
+    }
+    drop(stream);
+    let seen = model.requests();
+    assert_eq!((seen.len(), seen[0].answered, seen[0].turn), (1, 0, 0));
+    // The next request, after the delay was consumed, is answered at once.
+    let answer = messages(&model, json!([{"role": "user", "content": "hi"}]));
+    assert_eq!(answer.body["content"][0]["text"], "late");
+    let answered: Vec<u16> = model.requests().iter().map(|r| r.answered).collect();
+    assert_eq!(answered, vec![0, 200]);
+}
+
+#[test]
 fn openai_replies_carry_tool_calls_as_json_text_and_raw_arguments_verbatim() {
     let model = ScriptedModel::start(json!({"turns": [
         {"tool_calls": [{"name": "a", "arguments": {"x": [1]}}, {"name": "b", "raw_arguments": "{not json"}]},
@@ -191,6 +220,27 @@ fn a_bad_request_is_a_recorded_violation_and_a_400() {
 }
 
 #[test]
+fn a_request_with_fifty_thousand_tool_calls_is_checked_and_answered() {
+    let model = ScriptedModel::start(json!({"turns": [{"text": "a"}, {"text": "b"}]}));
+    let n = 50_000;
+    let calls: Vec<Value> = (0..n)
+        .map(|k| json!({"id": format!("c{k}"), "type": "function", "function": {"name": "f", "arguments": "{}"}}))
+        .collect();
+    let mut conversation = vec![
+        json!({"role": "user", "content": "go"}),
+        json!({"role": "assistant", "tool_calls": calls}),
+    ];
+    conversation.extend(
+        (0..n)
+            .rev()
+            .map(|k| json!({"role": "tool", "tool_call_id": format!("c{k}"), "content": "x"})),
+    );
+    let answer = completions(&model, Value::Array(conversation));
+    assert_eq!(answer.status, 200, "{}", answer.body);
+    assert!(model.violations().is_empty());
+}
+
+#[test]
 fn an_unfillable_placeholder_is_refused_naming_it() {
     let model = ScriptedModel::start(two_turns());
     let answer = messages(&model, anthropic_round("plain words"));
@@ -239,11 +289,11 @@ fn the_record_keeps_only_the_newest_requests() {
         answered: 200,
     };
     for turn in 0..RECORDED_MAX + 3 {
-        log.record(entry(turn), 1);
+        log.record(turn as u64, entry(turn), 1);
     }
     assert_eq!(log.recorded.len(), RECORDED_MAX);
-    assert_eq!(log.recorded.front().unwrap().0.turn, 3);
-    log.record(entry(0), RECORDED_BYTES_MAX);
+    assert_eq!(log.recorded.front().unwrap().1.turn, 3);
+    log.record(0, entry(0), RECORDED_BYTES_MAX);
     assert_eq!(log.recorded.len(), 1);
     assert_eq!(log.recorded_bytes, RECORDED_BYTES_MAX);
 }

@@ -111,7 +111,8 @@ fn blocks(message: &Value) -> &[Value] {
 }
 
 fn anthropic_messages(messages: &[Value], p: &mut Problems) {
-    let mut pending: Vec<&str> = Vec::new();
+    // A set: a hostile request may carry thousands of calls.
+    let mut pending: BTreeSet<&str> = BTreeSet::new();
     for (i, m) in messages.iter().enumerate() {
         let role = m["role"].as_str().unwrap_or("");
         let expected = if i % 2 == 0 { "user" } else { "assistant" };
@@ -140,20 +141,17 @@ fn anthropic_messages(messages: &[Value], p: &mut Problems) {
                 }
                 Some("tool_result") => {
                     let id = b["tool_use_id"].as_str().unwrap_or("");
-                    match pending.iter().position(|p| *p == id) {
-                        Some(at) => {
-                            pending.remove(at);
-                        }
-                        None => p.push(format!(
+                    if !pending.remove(id) {
+                        p.push(format!(
                             "{at}: tool_result for {id:?}, which the message before did not ask for (or was answered already)"
-                        )),
+                        ));
                     }
                 }
                 None => p.push(format!("{at} has no type")),
                 _ => {}
             }
         }
-        for id in pending.drain(..) {
+        for id in std::mem::take(&mut pending) {
             p.push(format!(
                 "messages[{}]: tool_use {id:?} is not answered by a tool_result in the next user message",
                 i - 1
@@ -215,12 +213,13 @@ fn openai_tools(tools: &Value, p: &mut Problems) {
 }
 
 fn openai_messages(messages: &[Value], p: &mut Problems) {
-    let mut pending: Vec<&str> = Vec::new();
+    // A set: a hostile request may carry thousands of calls.
+    let mut pending: BTreeSet<&str> = BTreeSet::new();
     let mut asked_at = 0;
     for (i, m) in messages.iter().enumerate() {
         let role = m["role"].as_str().unwrap_or("");
         if role != "tool" {
-            for id in pending.drain(..) {
+            for id in std::mem::take(&mut pending) {
                 p.push(format!(
                     "messages[{asked_at}]: tool call {id:?} is not answered by a role \"tool\" message before messages[{i}]"
                 ));
@@ -254,13 +253,10 @@ fn openai_messages(messages: &[Value], p: &mut Problems) {
             }
             "tool" => {
                 let id = m["tool_call_id"].as_str().unwrap_or("");
-                match pending.iter().position(|p| *p == id) {
-                    Some(at) => {
-                        pending.remove(at);
-                    }
-                    None => p.push(format!(
+                if !pending.remove(id) {
+                    p.push(format!(
                         "messages[{i}]: a tool message for {id:?}, which no unanswered assistant tool call asked for"
-                    )),
+                    ));
                 }
                 if !(m["content"].is_string() || m["content"].is_array()) {
                     p.push(format!(

@@ -457,6 +457,18 @@ class AsyncRuns:
     async def resume(self, id: Any) -> Run:
         return Run.from_dict(await self._c._json("POST", f"/v1/runs/{cfg.ident(id)}/resume"))
 
+    async def approve(self, id: Any, stage: str, reason: Optional[str] = None, by: Optional[str] = None) -> Run:
+        """Approves a stage waiting for a person (status `awaiting_approval`); the run goes on in the server."""
+        body = {k: v for k, v in (("reason", reason), ("by", by)) if v is not None}
+        return Run.from_dict(
+            await self._c._json("POST", f"/v1/runs/{cfg.ident(id)}/stages/{cfg.ident(stage)}/approve", json=body))
+
+    async def reject(self, id: Any, stage: str, reason: str, by: Optional[str] = None) -> Run:
+        """Rejects a stage waiting for a person: the run fails there."""
+        body = {k: v for k, v in (("reason", reason), ("by", by)) if v is not None}
+        return Run.from_dict(
+            await self._c._json("POST", f"/v1/runs/{cfg.ident(id)}/stages/{cfg.ident(stage)}/reject", json=body))
+
     async def wait(self, id: Any, timeout: Optional[float] = None, poll: float = 0.5) -> RunDetail:
         deadline = None if timeout is None else time.monotonic() + timeout
         while True:

@@ -24,7 +24,7 @@
 //! key = "fit-{params.sample}-{hypothesis}"
 //! run = ["solve --ff {hypothesis.ff} > /work/energy"]
 //! [stage.branches]
-//! select = "min"                    # first_success | min | max
+//! select = "min"                    # first_success | min | max | deferred
 //! metric = "file:/work/energy"      # or "output": the last number printed
 //! hypotheses = [{ name = "amber", ff = "amber99" }, { name = "charmm", ff = "charmm36" }]
 //! ```
@@ -36,6 +36,11 @@ use std::time::Duration;
 
 use serde::Deserialize;
 use toml::Spanned;
+
+mod decide;
+
+use decide::{check_decide, check_decide_neighbours, check_model};
+pub use decide::{Choice, Decide, ModelSpec, MAX_PROMPT};
 
 #[derive(Debug, thiserror::Error, PartialEq, Eq)]
 #[error("{file}:{line}: {message}")]
@@ -63,6 +68,25 @@ struct RawHeader {
     /// A snapshot the first stages fork instead of starting from the image.
     snapshot: Option<String>,
     driver: Option<Spanned<String>>,
+    /// The model decide stages ask.
+    model: Option<Spanned<RawModel>>,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawModel {
+    provider: Option<Spanned<String>>,
+    model: Option<Spanned<String>>,
+    base_url: Option<Spanned<String>>,
+    /// Attempts after the first one when the model is unavailable.
+    retries: Option<Spanned<u32>>,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawDecide {
+    prompt: Spanned<String>,
+    choose: Spanned<Vec<String>>,
 }
 
 #[derive(Debug, Deserialize)]
@@ -83,6 +107,11 @@ struct RawStage {
     retries: u32,
     checkpoint_every: Option<Spanned<String>>,
     branches: Option<Spanned<RawBranches>>,
+    /// Pause before the stage until `cairn run approve RUN STAGE`.
+    #[serde(default)]
+    approve: bool,
+    /// A decision point: the model chooses, the stage runs no command.
+    decide: Option<Spanned<RawDecide>>,
 }
 
 #[derive(Debug, Deserialize)]
@@ -103,6 +132,8 @@ fn default_mode() -> u32 {
 struct RawBranches {
     select: Spanned<String>,
     metric: Option<Spanned<String>>,
+    /// May be left out when a decide stage before this one chooses them.
+    #[serde(default)]
     hypotheses: Vec<Spanned<BTreeMap<String, String>>>,
 }
 
@@ -118,6 +149,9 @@ pub struct Pipeline {
     /// `gvisor`, checkpoints keep memory and processes too.
     pub driver: Option<String>,
     pub params: BTreeMap<String, String>,
+    /// The model decide stages ask, as the file names it (flags on `cairn
+    /// pipeline run|resume` override each part).
+    pub model: ModelSpec,
     /// In an order where every stage comes after the stages it needs.
     pub stages: Vec<Stage>,
 }
@@ -135,6 +169,11 @@ pub struct Stage {
     pub retries: u32,
     pub checkpoint_every: Option<Duration>,
     pub branches: Option<Branches>,
+    /// The run pauses before this stage (once its input is ready) until a
+    /// person approves it: `cairn run approve RUN STAGE`.
+    pub approve: bool,
+    /// A decision point: no commands; the model chooses (`run` is empty).
+    pub decide: Option<Decide>,
     /// Line of the stage in the file, for later messages.
     pub line: usize,
 }
@@ -149,8 +188,12 @@ pub struct Edit {
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Branches {
     pub select: Selection,
-    /// Each hypothesis: a name and its values (`{hypothesis.KEY}`).
+    /// Each hypothesis: a name and its values (`{hypothesis.KEY}`). Empty
+    /// until a decide stage before this one chooses them.
     pub hypotheses: Vec<BTreeMap<String, String>>,
+    /// The `{hypothesis.KEY}` keys the stage uses: a chosen hypothesis must
+    /// give each of them.
+    pub fields: Vec<String>,
 }
 
 /// How a branch group picks its winner.
@@ -159,6 +202,10 @@ pub enum Selection {
     FirstSuccess,
     Min(Metric),
     Max(Metric),
+    /// No winner when the branches end: one is chosen later, from outside
+    /// (the `select` tool), and recorded in the run's events. Such a group
+    /// ends its pipeline.
+    Deferred,
 }
 
 /// Where a branch's number comes from.
@@ -331,6 +378,18 @@ pub fn parse(file: &str, text: &str, overrides: &BTreeMap<String, String>) -> Re
         return Err(lines.err(text.len(), "the pipeline has no [[stage]]"));
     }
 
+    // Stages whose hypotheses a decide stage before them chooses.
+    let deciders: HashSet<&str> = raw
+        .stages
+        .iter()
+        .filter(|s| {
+            s.get_ref()
+                .decide
+                .as_ref()
+                .is_some_and(|d| d.get_ref().choose.get_ref().iter().any(|c| c == "hypotheses"))
+        })
+        .map(|s| s.get_ref().name.get_ref().as_str())
+        .collect();
     let mut stages = Vec::new();
     let mut by_name: HashMap<String, usize> = HashMap::new();
     for spanned in &raw.stages {
@@ -346,7 +405,11 @@ pub fn parse(file: &str, text: &str, overrides: &BTreeMap<String, String>) -> Re
         if by_name.insert(name.clone(), stages.len()).is_some() {
             return Err(lines.err(at(&s.name.span()), format!("a stage named {name:?} already exists")));
         }
-        if s.run.is_empty() {
+        let decide = match &s.decide {
+            None => None,
+            Some(d) => Some(check_decide(&lines, &name, s, d, &params)?),
+        };
+        if s.run.is_empty() && decide.is_none() {
             return Err(lines.err(
                 at(&spanned.span()),
                 format!("stage {name:?} has nothing to run: add run = [\"command\", ...]"),
@@ -390,6 +453,13 @@ pub fn parse(file: &str, text: &str, overrides: &BTreeMap<String, String>) -> Re
                 };
                 let select = match (raw_b.select.get_ref().as_str(), metric) {
                     ("first_success", _) => Selection::FirstSuccess,
+                    ("deferred", None) => Selection::Deferred,
+                    ("deferred", Some(_)) => {
+                        return Err(lines.err(
+                            at(&raw_b.select.span()),
+                            "select = deferred takes no metric: whoever chooses later names its own rule",
+                        ))
+                    }
                     ("min", Some(m)) => Selection::Min(m),
                     ("max", Some(m)) => Selection::Max(m),
                     ("min" | "max", None) => {
@@ -401,12 +471,19 @@ pub fn parse(file: &str, text: &str, overrides: &BTreeMap<String, String>) -> Re
                     (other, _) => {
                         return Err(lines.err(
                             at(&raw_b.select.span()),
-                            format!("select {other:?}: use first_success, min or max"),
+                            format!("select {other:?}: use first_success, min, max or deferred"),
                         ))
                     }
                 };
-                if raw_b.hypotheses.len() < 2 {
-                    return Err(lines.err(at(&b.span()), "a branch group needs at least two hypotheses"));
+                let decided = s
+                    .after
+                    .as_ref()
+                    .is_some_and(|a| deciders.contains(a.get_ref().as_str()));
+                if raw_b.hypotheses.len() < 2 && !(decided && raw_b.hypotheses.is_empty()) {
+                    return Err(lines.err(
+                        at(&b.span()),
+                        "a branch group needs at least two hypotheses (or none, when a decide stage before it chooses them)",
+                    ));
                 }
                 let mut names = HashSet::new();
                 for h in &raw_b.hypotheses {
@@ -416,13 +493,39 @@ pub fn parse(file: &str, text: &str, overrides: &BTreeMap<String, String>) -> Re
                         None => return Err(lines.err(at(&h.span()), "every hypothesis needs a name = \"...\"")),
                     }
                 }
+                let mut fields: Vec<String> = std::iter::once(s.key.get_ref())
+                    .chain(&s.run)
+                    .chain(s.edits.iter().map(|e| &e.content))
+                    .flat_map(|t| placeholders(t))
+                    .filter_map(|p| p.strip_prefix("hypothesis."))
+                    .map(str::to_string)
+                    .collect();
+                fields.sort();
+                fields.dedup();
                 Some(Branches {
                     select,
                     hypotheses: raw_b.hypotheses.iter().map(|h| h.get_ref().clone()).collect(),
+                    fields,
                 })
             }
         };
+        if branches.is_none() {
+            if let Some(a) = s.after.as_ref().filter(|a| deciders.contains(a.get_ref().as_str())) {
+                return Err(lines.err(
+                    at(&spanned.span()),
+                    format!(
+                        "stage {name:?} comes after decide stage {:?}, which chooses hypotheses for it: give it \
+                         [stage.branches] (select, metric) and {{hypothesis}} in its key",
+                        a.get_ref()
+                    ),
+                ));
+            }
+        }
         let hypothesis_keys: Option<HashSet<String>> = branches.as_ref().map(|b| {
+            // Chosen hypotheses must give every key the stage uses.
+            if b.hypotheses.is_empty() {
+                return b.fields.iter().cloned().collect();
+            }
             // Only keys every hypothesis defines are safe to use.
             let mut keys: HashSet<String> = b.hypotheses[0].keys().cloned().collect();
             for h in &b.hypotheses[1..] {
@@ -462,6 +565,8 @@ pub fn parse(file: &str, text: &str, overrides: &BTreeMap<String, String>) -> Re
                 retries: s.retries,
                 checkpoint_every,
                 branches,
+                approve: s.approve,
+                decide,
                 line: lines.line(at(&spanned.span())),
             },
             after,
@@ -481,15 +586,35 @@ pub fn parse(file: &str, text: &str, overrides: &BTreeMap<String, String>) -> Re
             }
         }
         for e in &stage.edits {
-            if !e.path.starts_with('/') {
+            // In a branch group a hypothesis may name an edit's file.
+            let per_hypothesis = stage.branches.as_ref().is_some_and(|b| {
+                let key = e.path.strip_prefix("{hypothesis.").and_then(|k| k.strip_suffix('}'));
+                key.is_some_and(|k| is_ident(k) && b.hypotheses.iter().all(|h| h.contains_key(k)))
+            });
+            if !e.path.starts_with('/') && !per_hypothesis {
                 return Err(PipelineError {
                     file: file.into(),
                     line: stage.line,
-                    message: format!("edit path {:?} must be absolute", e.path),
+                    message: format!(
+                        "edit path {:?} must be absolute (or, in a branch group, {{hypothesis.KEY}} with KEY set by every hypothesis)",
+                        e.path
+                    ),
                 });
             }
         }
+        let deferred = stage.branches.as_ref().is_some_and(|b| b.select == Selection::Deferred);
+        if let Some(next) = stages.iter().find(|(s, _)| deferred && s.after.contains(&stage.name)) {
+            return Err(PipelineError {
+                file: file.into(),
+                line: next.0.line,
+                message: format!(
+                    "stage {:?} comes after {:?}, whose select = deferred ends the pipeline with no winner",
+                    next.0.name, stage.name
+                ),
+            });
+        }
     }
+    check_decide_neighbours(file, &mut stages)?;
     if raw.pipeline.image.is_none() && raw.pipeline.snapshot.is_none() {
         if let Some((root, _)) = stages.iter().find(|(s, _)| s.after.is_empty()) {
             return Err(PipelineError {
@@ -540,6 +665,10 @@ pub fn parse(file: &str, text: &str, overrides: &BTreeMap<String, String>) -> Re
         image: raw.pipeline.image,
         snapshot: raw.pipeline.snapshot,
         driver: raw.pipeline.driver.map(Spanned::into_inner),
+        model: match raw.pipeline.model {
+            None => ModelSpec::default(),
+            Some(m) => check_model(&lines, m)?,
+        },
         params,
         stages: order,
     })
@@ -591,6 +720,40 @@ hypotheses = [{ name = "a", ff = "1" }, { name = "b", ff = "2" }]
         let b = p.stages[1].branches.as_ref().unwrap();
         assert_eq!(b.select, Selection::Min(Metric::File("/work/energy".into())));
         assert_eq!(b.hypotheses.len(), 2);
+    }
+
+    #[test]
+    fn a_deferred_group_ends_the_pipeline_and_its_hypotheses_may_name_edit_paths() {
+        let deferred = GOOD
+            .replace(
+                "select = \"min\"\nmetric = \"file:/work/energy\"\n",
+                "select = \"deferred\"\n",
+            )
+            .replace(
+                "hypotheses = [{ name = \"a\", ff = \"1\" }, { name = \"b\", ff = \"2\" }]",
+                "hypotheses = [{ name = \"a\", ff = \"1\", p = \"/a\" }, { name = \"b\", ff = \"2\", p = \"\" }]",
+            )
+            .replace(
+                "run = [\"echo {hypothesis.ff}",
+                "edits = [{ path = \"{hypothesis.p}\", content = \"x\" }]\nrun = [\"echo {hypothesis.ff}",
+            );
+        let p = parse("p.toml", &deferred, &BTreeMap::new()).unwrap();
+        assert_eq!(p.stages[1].branches.as_ref().unwrap().select, Selection::Deferred);
+        assert_eq!(p.stages[1].edits[0].path, "{hypothesis.p}");
+        let unknown_key = deferred.replace("{hypothesis.p}", "{hypothesis.q}");
+        assert!(bad(&unknown_key).message.contains("must be absolute"));
+        let with_metric = deferred.replace(
+            "select = \"deferred\"\n",
+            "select = \"deferred\"\nmetric = \"output\"\n",
+        );
+        assert!(bad(&with_metric).message.contains("takes no metric"));
+        let followed =
+            format!("{deferred}\n[[stage]]\nname = \"after\"\nafter = \"fit\"\nkey = \"k\"\nrun = [\"true\"]\n");
+        assert!(
+            bad(&followed).message.contains("ends the pipeline"),
+            "{}",
+            bad(&followed)
+        );
     }
 
     #[test]
@@ -663,6 +826,71 @@ hypotheses = [{ name = "a", ff = "1" }, { name = "b", ff = "2" }]
         let e = bad("[pipeline]\nname = ");
         assert_eq!(e.line, 2, "{e}");
         assert!(e.message.contains("not valid TOML"), "{e}");
+    }
+
+    const DECIDED: &str = r#"[pipeline]
+name = "d"
+image = "busybox"
+model = { provider = "anthropic", model = "m", base_url = "http://127.0.0.1:9" }
+
+[params]
+steps = "10"
+
+[[stage]]
+name = "prepare"
+key = "prepare"
+run = ["true"]
+
+[[stage]]
+name = "choose"
+after = "prepare"
+key = "choose-{params.steps}"
+decide = { prompt = "pick force fields", choose = ["hypotheses", "params", "retry-or-dlq"] }
+
+[[stage]]
+name = "fit"
+after = "choose"
+key = "fit-{hypothesis}"
+run = ["echo {hypothesis.ff} {params.steps}"]
+[stage.branches]
+select = "first_success"
+"#;
+
+    #[test]
+    fn a_decide_stage_parses_and_names_the_stage_it_chooses_for() {
+        let p = parse("d.toml", DECIDED, &BTreeMap::new()).unwrap();
+        let d = p.stages[1].decide.as_ref().unwrap();
+        assert_eq!(d.choose, [Choice::Hypotheses, Choice::Params, Choice::RetryOrDlq]);
+        assert_eq!(d.next.as_deref(), Some("fit"));
+        assert!(p.stages[1].run.is_empty());
+        let b = p.stages[2].branches.as_ref().unwrap();
+        assert!(b.hypotheses.is_empty());
+        assert_eq!(b.fields, ["ff"]);
+        assert_eq!(p.model.provider.as_deref(), Some("anthropic"));
+    }
+
+    #[test]
+    fn bad_decide_stages_are_refused_with_what_to_do() {
+        let cases = [
+            (DECIDED.replace("\"retry-or-dlq\"]", "\"retry-or-dlq\", \"magic\"]"), "cannot choose \"magic\""),
+            (DECIDED.replace("choose = [\"hypotheses\", \"params\", \"retry-or-dlq\"]", "choose = []"), "chooses nothing"),
+            (DECIDED.replace("prompt = \"pick force fields\"", "prompt = \" \""), "the prompt"),
+            (DECIDED.replace("key = \"choose-{params.steps}\"", "key = \"c\"\nrun = [\"true\"]"), "takes no run"),
+            (DECIDED.replace("after = \"prepare\"\nkey = \"choose", "key = \"choose"), "needs after"),
+            (DECIDED.replace("[stage.branches]\nselect = \"first_success\"\n", ""), "give it [stage.branches]"),
+            (DECIDED.replace("[params]\nsteps = \"10\"\n", "").replace("{params.steps}", "x"), "declares none"),
+            (DECIDED.replace("provider = \"anthropic\"", "provider = \"acme\""), "not one of anthropic, openai"),
+            (DECIDED.replace("\"http://127.0.0.1:9\"", "\"ftp://x\""), "not an http"),
+            (DECIDED.to_string() + "\n[[stage]]\nname = \"other\"\nafter = \"choose\"\nkey = \"o-{hypothesis}\"\nrun = [\"true\"]\n[stage.branches]\nselect = \"first_success\"\n", "exactly one stage"),
+        ];
+        for (text, says) in cases {
+            assert_ne!(text, DECIDED);
+            let e = bad(&text);
+            assert!(e.message.contains(says), "{says}: {e}");
+        }
+        // Hypotheses still needed where no decide stage chooses them.
+        let e = bad(&DECIDED.replace("[\"hypotheses\", ", "["));
+        assert!(e.message.contains("at least two hypotheses"), "{e}");
     }
 
     #[test]
