@@ -37,6 +37,15 @@ if [ ${#missing[@]} -gt 0 ] || ! compgen -G "/var/lib/apt/lists/*_Packages*" >/d
     fi
 fi
 
+# garage: the real S3 server the chunk store's S3 tests start on loopback
+# (crates/cairn-store/tests/support/garage.rs); a debug build, a few
+# minutes once.
+export PATH="$HOME/.cargo/bin:$PATH"
+if ! command -v garage >/dev/null; then
+    echo "test.sh: installing garage (an S3 server) for the S3 store tests" >&2
+    cargo install garage --locked --version 2.5.0 --debug --no-default-features --features bundled-libs,sqlite
+fi
+
 log=$(mktemp)
 junit=$(mktemp --suffix .xml)
 trap 'rm -f "$log" "$junit"' EXIT

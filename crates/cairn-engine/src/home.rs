@@ -18,6 +18,9 @@ pub struct Home {
     root: PathBuf,
     /// `--state`/`CAIRN_STATE`: where the state store is (None: `state.db`).
     state: Option<String>,
+    /// `--store`/`CAIRN_STORE`: the S3 store chunks go to, the directory's
+    /// `store` its cache (None: the directory's `store` alone).
+    store: Option<String>,
 }
 
 impl std::fmt::Debug for Home {
@@ -44,8 +47,12 @@ impl Home {
                 .unwrap_or_else(|| PathBuf::from("/root"));
             Home::at(home.join(".local/share/cairn"))
         };
-        match std::env::var("CAIRN_STATE") {
+        let home = match std::env::var("CAIRN_STATE") {
             Ok(url) if !url.is_empty() => home.with_state(url),
+            _ => home,
+        };
+        match std::env::var("CAIRN_STORE") {
+            Ok(url) if !url.is_empty() => home.with_store(url),
             _ => home,
         }
     }
@@ -54,7 +61,11 @@ impl Home {
         let root: PathBuf = root.into();
         // Overlay options and socket paths want an absolute, clean path.
         let root = std::path::absolute(&root).unwrap_or(root);
-        Home { root, state: None }
+        Home {
+            root,
+            state: None,
+            store: None,
+        }
     }
 
     /// Keeps the state in the store `url` names (`postgres://…`,
@@ -62,6 +73,18 @@ impl Home {
     pub fn with_state(mut self, url: impl Into<String>) -> Home {
         self.state = Some(url.into()).filter(|u| !u.is_empty());
         self
+    }
+
+    /// Keeps chunks in the S3 store `url` names (`s3://BUCKET/PREFIX?…`),
+    /// with the directory's `store` as its cache.
+    pub fn with_store(mut self, url: impl Into<String>) -> Home {
+        self.store = Some(url.into()).filter(|u| !u.is_empty());
+        self
+    }
+
+    /// The remote chunk store's URL, when there is one.
+    pub fn store_url(&self) -> Option<&str> {
+        self.store.as_deref()
     }
 
     /// The state store's URL, when it is not the directory's `state.db`.

@@ -6,6 +6,7 @@
 //! CLI, later the HTTP API) call these services, never the tables.
 
 pub mod access;
+mod durability;
 pub mod e2b;
 pub mod home;
 pub mod images;
@@ -24,7 +25,7 @@ use cairn_layers::{LayerError, LayerId, LayerStore};
 use cairn_sandbox::client::ClientError;
 use cairn_sandbox::native::NativeDriver;
 use cairn_sandbox::SandboxError;
-use cairn_store::{ChunkStore, LocalStore};
+use cairn_store::{ChunkStore, StoreBackend, TieredOptions};
 
 pub use home::Home;
 pub use images::ImageError;
@@ -108,7 +109,7 @@ pub struct Engine {
     /// Made on first use: most commands never need it.
     gvisor: std::sync::OnceLock<Result<cairn_sandbox::gvisor::GvisorDriver, String>>,
     init_binary: PathBuf,
-    store: ChunkStore<LocalStore>,
+    store: ChunkStore<StoreBackend>,
     /// Sandboxes the reconciliation at open removed (reported by `gc`).
     reconciled: Vec<String>,
     /// The model decide stages ask, over what pipeline files say (the
@@ -130,7 +131,10 @@ impl Engine {
         mkdir(home.sandboxes())?;
         let db = state::Db::open_home(&home)?;
         let layers = LayerStore::open(home.layers())?;
-        let store = ChunkStore::new(LocalStore::open(home.store()).map_err(SnapshotError::from)?);
+        let store = ChunkStore::new(
+            StoreBackend::open(&home.store(), home.store_url(), TieredOptions::default())
+                .map_err(SnapshotError::from)?,
+        );
         let init_binary = cairn_sandbox::init_binary::install(&home.lib()).map_err(|source| EngineError::Home {
             path: home.lib(),
             source,

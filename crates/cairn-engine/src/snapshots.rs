@@ -440,6 +440,14 @@ impl Engine {
                 let _ = image.persist(&cache);
             }
         }
+        // Marks this and earlier snapshots whose uploads already finished;
+        // the rest are marked by a later call (`cairn snapshot` waits).
+        if let Err(e) = self.mark_remote_durable(Duration::ZERO) {
+            tracing::debug!(
+                "snapshot {} is not yet durable in the remote store: {e}",
+                &snap.id[..12]
+            );
+        }
         Ok(snap)
     }
 
@@ -862,9 +870,24 @@ impl Engine {
         // and this runs under the exclusive lock, so an unreferenced chunk
         // here is garbage however young. Writes still in progress keep
         // their temp files while their process runs.
-        Ok(cairn_store::collect_garbage(self.store.backend(), live, Duration::ZERO).map_err(SnapshotError::from)?)
+        //
+        // A remote store is shared with writers on other hosts, which this
+        // lock does not reach: there, unreferenced objects younger than
+        // REMOTE_GC_GRACE are kept, and pending uploads are never swept.
+        let grace = if self.store.backend().is_remote() {
+            REMOTE_GC_GRACE
+        } else {
+            Duration::ZERO
+        };
+        Ok(cairn_store::collect_garbage(self.store.backend(), live, grace).map_err(SnapshotError::from)?)
     }
 }
+
+/// GC's grace period over a remote (S3) store: longer than the window in
+/// which S3 counts an object as refreshed (`cairn_store::REFRESH_WINDOW`,
+/// 15 minutes) plus the longest a writer on another host takes from
+/// storing a chunk to committing the row that references it.
+const REMOTE_GC_GRACE: Duration = Duration::from_secs(2 * 3600);
 
 fn read_baseline(path: &Path) -> Option<Baseline> {
     let bytes = fs::read(path).ok()?;

@@ -121,7 +121,33 @@ conformance!(
     idle_sessions_are_active_ones_past_their_timeout,
     an_imported_session_is_recorded_whole_or_not_at_all,
     decisions_are_recorded_with_their_effect_in_one_transaction,
+    a_snapshot_is_marked_durable_in_the_remote_store_once,
 );
+
+fn a_snapshot_is_marked_durable_in_the_remote_store_once(store: &Store) {
+    let mut db = store.open();
+    db.insert_sandbox(&sandbox("abc123", "one")).unwrap();
+    db.insert_snapshot(&snapshot("aaaa1111", None, "abc123", None, 1))
+        .unwrap();
+    db.insert_snapshot(&snapshot("aaaa2222", Some("aaaa1111"), "abc123", None, 2))
+        .unwrap();
+    let both: std::collections::HashSet<String> = ["aaaa1111".to_string(), "aaaa2222".to_string()].into();
+    assert_eq!(db.snapshots_not_remote_durable().unwrap(), both);
+    assert_eq!(db.snapshot_remote_durable_at("aaaa1111").unwrap(), None);
+
+    db.mark_snapshot_remote_durable("aaaa1111", 1_700_000_000_123).unwrap();
+    // A second mark keeps the first time.
+    db.mark_snapshot_remote_durable("aaaa1111", 1_800_000_000_000).unwrap();
+    assert_eq!(
+        db.snapshot_remote_durable_at("aaaa1111").unwrap(),
+        Some(1_700_000_000_123)
+    );
+    assert_eq!(
+        db.snapshots_not_remote_durable().unwrap(),
+        ["aaaa2222".to_string()].into()
+    );
+    assert_eq!(db.snapshot_remote_durable_at("no-such").unwrap(), None);
+}
 
 fn sandbox(id: &str, name: &str) -> SandboxRecord {
     SandboxRecord {

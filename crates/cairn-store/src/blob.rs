@@ -62,6 +62,16 @@ pub trait BlobStore: Send + Sync {
     /// [`UNIDENTIFIED_GRACE`](crate::process::UNIDENTIFIED_GRACE). A write
     /// in progress is never removed, however long it takes.
     fn remove_incomplete_writes(&self) -> Result<IncompleteWrites, BlobError>;
+    /// Says these objects are about to be read, in this order. A backend
+    /// whose reads are far (a cache in front of S3) fetches the missing
+    /// ones in parallel; errors are left for the reads to report.
+    fn prefetch(&self, _keys: &[ChunkHash]) {}
+    /// The object read back was corrupt: a caching backend drops its copy
+    /// when another one (remote) exists and returns true, so a second
+    /// read fetches that instead of failing on the same bytes forever.
+    fn drop_corrupt_copy(&self, _key: &ChunkHash) -> bool {
+        false
+    }
 }
 
 /// A backend operation that failed.
@@ -79,6 +89,54 @@ pub enum BlobError {
     Layout { path: PathBuf, source: FrameError },
     #[error("{path} exists but is not a Cairn chunk store (no layout marker); point Cairn at an empty or existing store directory")]
     NotAStore { path: PathBuf },
+    #[error("the store URL {url} is not valid: {reason}; the form is {}", crate::s3::URL_FORM)]
+    S3Url { url: String, reason: String },
+    #[error("no S3 credentials for {url}: set AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY (and AWS_SESSION_TOKEN for temporary credentials)")]
+    S3Credentials { url: String },
+    #[error("{store} refused access key {key_id} ({detail}); check AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY, and that the key may read and write the bucket")]
+    S3Denied {
+        store: String,
+        key_id: String,
+        detail: String,
+    },
+    #[error("the bucket {bucket} does not exist at {endpoint}; create it (`garage bucket create {bucket}`, `aws s3 mb s3://{bucket}`) or fix the bucket in the store URL")]
+    S3NoBucket { bucket: String, endpoint: String },
+    #[error("cannot reach the S3 endpoint {endpoint} ({detail}); check the endpoint in the store URL and that the server is running")]
+    S3Unreachable { endpoint: String, detail: String },
+    #[error("the store at {store} cannot be opened: {source}")]
+    S3Layout { store: String, source: FrameError },
+    #[error(
+        "{store} holds objects but no Cairn layout marker; point Cairn at an empty prefix or an existing Cairn store"
+    )]
+    S3NotAStore { store: String },
+    #[error("the cache {cache} fronts {bound}, not {wanted}; give this store its own cache directory")]
+    CacheOfAnotherRemote {
+        cache: PathBuf,
+        bound: String,
+        wanted: String,
+    },
+    #[error("{cache} holds {objects} objects and fronts no remote store; they are not known to be in {wanted}, so it cannot become its cache: give the S3 store an empty cache directory")]
+    UnboundCacheHoldsObjects {
+        cache: PathBuf,
+        objects: usize,
+        wanted: String,
+    },
+    #[error("{cache} is the cache of {remote} and holds only some of its objects; open it with that store URL (--store/CAIRN_STORE {remote}?endpoint=…)")]
+    CacheWithoutItsRemote { cache: PathBuf, remote: String },
+    #[error("{pending} objects are still not uploaded after {waited:?} (last error: {last_error}); check that the remote store is reachable, they stay queued and are retried")]
+    UploadsPending {
+        pending: usize,
+        waited: std::time::Duration,
+        last_error: String,
+    },
+    #[error("{what} is {size} bytes, more than any object Cairn writes ({cap}); the bucket holds a foreign or corrupt object: delete it")]
+    S3ObjectTooLarge { what: String, size: u64, cap: u64 },
+    #[error("S3 {action} of {what} failed: {source}; check that the S3 endpoint is reachable and retry")]
+    S3 {
+        action: &'static str,
+        what: String,
+        source: Box<object_store::Error>,
+    },
 }
 
 impl BlobError {

@@ -170,21 +170,32 @@ impl<B: BlobStore> ChunkStore<B> {
         cap: u64,
         context: &ReadContext,
     ) -> Result<Vec<u8>, StoreError> {
-        let compressed = match self.backend.get(hash) {
-            Ok(bytes) => bytes,
-            Err(BlobError::NotFound { .. }) => {
-                return Err(StoreError::ChunkMissing {
-                    hash: *hash,
-                    context: Box::new(context.clone()),
-                })
+        let mut retried = false;
+        loop {
+            let compressed = match self.backend.get(hash) {
+                Ok(bytes) => bytes,
+                Err(BlobError::NotFound { .. }) => {
+                    return Err(StoreError::ChunkMissing {
+                        hash: *hash,
+                        context: Box::new(context.clone()),
+                    })
+                }
+                Err(e) => return Err(e.into()),
+            };
+            match decode_chunk(hash, &compressed, cap) {
+                Ok(data) => return Ok(data),
+                // A cached copy was corrupt (torn by a power loss, say) and
+                // is dropped: read the other copy, once.
+                Err(_) if self.backend.drop_corrupt_copy(hash) && !retried => retried = true,
+                Err(e) => {
+                    return Err(StoreError::ChunkCorrupt {
+                        hash: *hash,
+                        context: Box::new(context.clone()),
+                        reason: e.to_string(),
+                    })
+                }
             }
-            Err(e) => return Err(e.into()),
-        };
-        decode_chunk(hash, &compressed, cap).map_err(|e| StoreError::ChunkCorrupt {
-            hash: *hash,
-            context: Box::new(context.clone()),
-            reason: e.to_string(),
-        })
+        }
     }
 
     /// Frames `value` and stores it; the returned hash is the BLAKE3 of the

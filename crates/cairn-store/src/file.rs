@@ -19,6 +19,10 @@ pub const MIN_CHUNK: u32 = 64 * 1024;
 pub const AVG_CHUNK: u32 = 256 * 1024;
 pub const MAX_CHUNK: u32 = 1024 * 1024;
 
+/// Chunks of a file announced to the backend at once before they are read
+/// (at the average chunk size, 16 MiB).
+const PREFETCH_WINDOW: usize = 64;
+
 /// FastCDC bounds for one kind of data.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct ChunkSizes {
@@ -191,6 +195,47 @@ impl<B: BlobStore> ChunkStore<B> {
         Ok(())
     }
 
+    /// Calls `f` on each chunk in order while the backend fetches the
+    /// next [`PREFETCH_WINDOW`] chunks in the background (the first window
+    /// before the first call), so a far backend's fetches overlap the
+    /// reader's work.
+    fn for_each_chunk(
+        &self,
+        content: &FileContent,
+        mut f: impl FnMut(&ChunkRef) -> Result<(), StoreError>,
+    ) -> Result<(), StoreError> {
+        let chunks = &content.chunks;
+        if chunks.len() <= 1 {
+            return chunks.iter().try_for_each(&mut f);
+        }
+        let window = |start: usize| -> Vec<ChunkHash> {
+            chunks[start..(start + PREFETCH_WINDOW).min(chunks.len())]
+                .iter()
+                .map(|c| c.hash)
+                .collect()
+        };
+        self.backend().prefetch(&window(0));
+        std::thread::scope(|scope| {
+            let mut ahead = None;
+            for (i, c) in chunks.iter().enumerate() {
+                if i.is_multiple_of(PREFETCH_WINDOW) {
+                    // This window is fetched; start on the next one.
+                    if let Some(fetching) = ahead.take() {
+                        let _ = std::thread::ScopedJoinHandle::join(fetching);
+                    }
+                    let next = i + PREFETCH_WINDOW;
+                    if next < chunks.len() {
+                        let keys = window(next);
+                        let backend = self.backend();
+                        ahead = Some(scope.spawn(move || backend.prefetch(&keys)));
+                    }
+                }
+                f(c)?;
+            }
+            Ok(())
+        })
+    }
+
     fn checked_chunk(&self, c: &ChunkRef, context: &ReadContext) -> Result<Vec<u8>, StoreError> {
         // The record says how long the chunk is (validated: at most
         // MAX_CHUNK); one byte more is already corrupt.
@@ -231,12 +276,13 @@ impl<B: BlobStore> ChunkStore<B> {
             }
             Ok(())
         };
-        for c in &content.chunks {
+        self.for_each_chunk(content, |c| {
             write_zeros(&mut pos, c.offset, &mut out).map_err(write_err)?;
             let data = self.checked_chunk(c, context)?;
             out.write_all(&data).map_err(write_err)?;
             pos += data.len() as u64;
-        }
+            Ok(())
+        })?;
         write_zeros(&mut pos, content.size, &mut out).map_err(write_err)?;
         out.flush().map_err(write_err)?;
         Ok(pos)
@@ -254,10 +300,10 @@ impl<B: BlobStore> ChunkStore<B> {
             source,
         };
         file.set_len(0).map_err(write_err)?;
-        for c in &content.chunks {
+        self.for_each_chunk(content, |c| {
             let data = self.checked_chunk(c, context)?;
-            file.write_all_at(&data, c.offset).map_err(write_err)?;
-        }
+            file.write_all_at(&data, c.offset).map_err(write_err)
+        })?;
         file.set_len(content.size).map_err(write_err)?;
         Ok(())
     }

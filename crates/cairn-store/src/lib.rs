@@ -3,6 +3,8 @@
 //! - [`ChunkHash`]: BLAKE3 content address.
 //! - [`BlobStore`]: object-store-shaped backend trait; [`LocalStore`] keeps
 //!   objects in a directory with a two-level hex fan-out.
+//! - [`S3Store`]: objects in an S3-compatible bucket; [`TieredStore`]: a
+//!   local cache in front of it, uploads written behind through a journal.
 //! - [`ChunkStore`]: zstd compression, hash verification on every read,
 //!   framed metadata objects, and the file API ([`FileContent`]) with
 //!   FastCDC content-defined chunking and sparse-file support.
@@ -14,6 +16,7 @@
 //! The store knows nothing of sandboxes; callers attach their own context
 //! to reads with [`ReadContext`] so errors name the snapshot and file.
 
+mod backend;
 mod blob;
 mod chunk;
 mod file;
@@ -22,7 +25,10 @@ mod gc;
 mod hash;
 mod local;
 pub mod process;
+mod s3;
+mod tiered;
 
+pub use backend::StoreBackend;
 pub use blob::{BlobError, BlobStore, IncompleteWrites, ObjectInfo, PutOutcome};
 pub use chunk::{
     decode_chunk, ChunkDecodeError, ChunkStore, PutChunk, ReadContext, StoreError, MAX_OBJECT, MAX_WINDOW_LOG,
@@ -32,3 +38,5 @@ pub use frame::{FrameError, Framed};
 pub use gc::{collect_garbage, GcReport};
 pub use hash::{ChunkHash, ParseChunkHashError};
 pub use local::LocalStore;
+pub use s3::{S3Config, S3Store, MULTIPART_THRESHOLD, REFRESH_WINDOW};
+pub use tiered::{TieredOptions, TieredStore};

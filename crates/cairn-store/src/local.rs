@@ -117,8 +117,27 @@ impl LocalStore {
             .join(format!("{}-{n}-{nanos}{TMP_SUFFIX}", WriterId::current()))
     }
 
+    /// Stores an object that can be fetched again (a cache fill): written
+    /// and renamed into place like [`BlobStore::put`] but not fsynced, so
+    /// after a power loss it may be absent or torn. A reader detects a torn
+    /// one by its hash and drops it ([`crate::ChunkStore`] does).
+    pub fn put_unsynced(&self, key: &ChunkHash, bytes: &[u8]) -> Result<PutOutcome, BlobError> {
+        if self.contains(key)? {
+            return Ok(PutOutcome::AlreadyPresent);
+        }
+        let path = self.object_path(key);
+        let dir = self.ensure_parent(&path)?;
+        self.write_atomically_with(bytes, &dir, &path, false)?;
+        Ok(PutOutcome::Stored)
+    }
+
     /// temp file, fsync, rename to `dest`, fsync `dest_dir`.
     fn write_atomically(&self, bytes: &[u8], dest_dir: &Path, dest: &Path) -> Result<(), BlobError> {
+        self.write_atomically_with(bytes, dest_dir, dest, true)
+    }
+
+    /// temp file, rename to `dest`; fsyncs of both when `sync`.
+    fn write_atomically_with(&self, bytes: &[u8], dest_dir: &Path, dest: &Path, sync: bool) -> Result<(), BlobError> {
         let tmp_dir = self.temp_dir();
         fs::create_dir_all(&tmp_dir).map_err(|e| BlobError::io("create", &tmp_dir, e))?;
         let tmp = self.temp_path();
@@ -130,10 +149,15 @@ impl LocalStore {
                 .map_err(|e| BlobError::io("create temp file", &tmp, e))?;
             f.write_all(bytes)
                 .map_err(|e| BlobError::io("write temp file", &tmp, e))?;
-            f.sync_all().map_err(|e| BlobError::io("fsync temp file", &tmp, e))?;
+            if sync {
+                f.sync_all().map_err(|e| BlobError::io("fsync temp file", &tmp, e))?;
+            }
             drop(f);
             fs::rename(&tmp, dest).map_err(|e| BlobError::io("rename temp file into", dest, e))?;
-            sync_dir(dest_dir)
+            if sync {
+                sync_dir(dest_dir)?;
+            }
+            Ok(())
         })();
         if result.is_err() {
             let _ = fs::remove_file(&tmp);

@@ -26,6 +26,12 @@ pub struct Cli {
     /// (the state directory's state.db).
     #[arg(long, global = true, value_name = "URL", env = "CAIRN_STATE", hide_env_values = true)]
     pub state: Option<String>,
+    /// An S3-compatible store for snapshots' chunks,
+    /// s3://BUCKET/PREFIX?endpoint=http://HOST:PORT&region=REGION
+    /// (credentials from AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY); the
+    /// state directory's store is then its cache. Unset: local only.
+    #[arg(long, global = true, value_name = "URL", env = "CAIRN_STORE")]
+    pub store: Option<String>,
     /// Show debug logs on stderr.
     #[arg(long, short, global = true)]
     pub verbose: bool,

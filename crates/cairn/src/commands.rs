@@ -17,10 +17,16 @@ use nix::sys::signal::{SigSet, Signal};
 use crate::cli::{Cli, Command, ImageCommand, ImageKind, LimitArgs, ProcessArgs, SandboxArgs, SnapshotCommand};
 use crate::progress::Steps;
 
+/// How long a command waits at its end for what it stored to be uploaded.
+const UPLOAD_WAIT: std::time::Duration = std::time::Duration::from_secs(600);
+
 pub fn dispatch(cli: Cli) -> Result<i32> {
     let mut home = cli.home.map(Home::at).unwrap_or_else(Home::from_env);
     if let Some(url) = cli.state {
         home = home.with_state(url);
+    }
+    if let Some(url) = cli.store {
+        home = home.with_store(url);
     }
     if let Command::Bench {
         which,
@@ -86,7 +92,7 @@ pub fn dispatch(cli: Cli) -> Result<i32> {
         return crate::agent::agent(&home, cmd);
     }
     let mut engine = Engine::open(home)?;
-    match cli.command {
+    let result = match cli.command {
         Command::Run {
             show: Some(crate::cli::RunCommand::Show { run, json }),
             ..
@@ -222,7 +228,9 @@ pub fn dispatch(cli: Cli) -> Result<i32> {
         Command::Bench { .. } | Command::Serve { .. } | Command::Mcp { .. } | Command::Agent(_) => {
             unreachable!("handled above")
         }
-    }
+    };
+    finish_uploads(&engine);
+    result
 }
 
 fn limits(memory: Option<MemorySize>, cpus: Option<CpuCount>, pids: Option<PidCount>) -> Limits {
@@ -245,6 +253,17 @@ pub fn create_options(args: &SandboxArgs, auto_remove: bool) -> CreateOptions {
         auto_remove,
         services: args.services.clone(),
         ..limit_options(&args.limits, Some(args.driver.clone()))
+    }
+}
+
+/// With a remote store, a command ends once what it stored is uploaded and
+/// the snapshots now complete there are marked durable; uploads still
+/// pending after [`UPLOAD_WAIT`] stay queued for the next command.
+fn finish_uploads(engine: &Engine) {
+    if engine.home().store_url().is_some() {
+        if let Err(e) = engine.mark_remote_durable(UPLOAD_WAIT) {
+            eprintln!("cairn: not everything this command stored is in the remote store yet: {e}");
+        }
     }
 }
 

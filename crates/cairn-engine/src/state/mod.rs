@@ -387,6 +387,33 @@ impl Db {
         self.with(|b| snapshots_of(b, &sql, params![key]))
     }
 
+    /// Ids of the snapshots not yet marked durable in the remote store.
+    pub fn snapshots_not_remote_durable(&self) -> Result<HashSet<String>, StateError> {
+        self.strings(&["SELECT id FROM snapshots WHERE remote_durable_at IS NULL"])
+    }
+
+    /// Records that every object of snapshot `id` is in the remote store.
+    pub fn mark_snapshot_remote_durable(&self, id: &str, at_ms: i64) -> Result<(), StateError> {
+        self.with(|b| {
+            b.execute(
+                "UPDATE snapshots SET remote_durable_at = $2 WHERE id = $1 AND remote_durable_at IS NULL",
+                params![id, at_ms],
+            )?;
+            Ok(())
+        })
+    }
+
+    /// When snapshot `id` became durable in the remote store, if it did.
+    pub fn snapshot_remote_durable_at(&self, id: &str) -> Result<Option<i64>, StateError> {
+        self.with(|b| {
+            let row = b.query_opt("SELECT remote_durable_at FROM snapshots WHERE id = $1", params![id])?;
+            Ok(match row {
+                Some(r) => r.get::<Option<i64>>(0)?,
+                None => None,
+            })
+        })
+    }
+
     /// Deletes a snapshot row; its children keep their own layer lists.
     pub fn delete_snapshot(&self, id: &str) -> Result<(), StateError> {
         self.with(|b| {

@@ -29,6 +29,7 @@ const MIGRATIONS: &[&str] = &[
     include_str!("../../migrations/postgres/0005_e2b.sql"),
     include_str!("../../migrations/postgres/0006_sessions.sql"),
     include_str!("../../migrations/postgres/0007_decisions.sql"),
+    include_str!("../../migrations/postgres/0008_snapshot_durability.sql"),
 ];
 
 /// Serialises migrations (and the home claim) between processes opening

@@ -24,6 +24,7 @@ const MIGRATIONS: &[&str] = &[
     include_str!("../../migrations/sqlite/0005_e2b.sql"),
     include_str!("../../migrations/sqlite/0006_sessions.sql"),
     include_str!("../../migrations/sqlite/0007_decisions.sql"),
+    include_str!("../../migrations/sqlite/0008_snapshot_durability.sql"),
 ];
 
 pub struct SqliteBackend {

@@ -60,6 +60,9 @@ pub struct Home {
     pub dir: tempfile::TempDir,
     /// The state store's URL (`CAIRN_STATE`); None: the embedded store.
     pub state: Option<String>,
+    /// More environment for every command (e.g. `CAIRN_STORE` and its
+    /// credentials).
+    pub env: Vec<(String, String)>,
 }
 
 /// One busybox build for the whole test binary; each home imports it.
@@ -104,13 +107,30 @@ impl Home {
     /// A fresh state directory with no image at all.
     pub fn empty() -> Home {
         let dir = tempfile::Builder::new().prefix("cairn-e2e").tempdir_in("/tmp").unwrap();
-        Home { dir, state: None }
+        Home {
+            dir,
+            state: None,
+            env: Vec::new(),
+        }
     }
 
     /// A home whose state is in the store `state` names (e.g. a PostgreSQL URL).
     pub fn with_state(state: Option<String>) -> Home {
+        Home::with_state_and_env(state, Vec::new())
+    }
+
+    /// A fresh directory with no image of its own, on the state `state`
+    /// names, its commands run with `env` added.
+    pub fn bare(state: Option<String>, env: Vec<(String, String)>) -> Home {
         let dir = tempfile::Builder::new().prefix("cairn-e2e").tempdir_in("/tmp").unwrap();
-        let home = Home { dir, state };
+        Home { dir, state, env }
+    }
+
+    /// A home whose commands all run with `env` added, the busybox image
+    /// imported with it.
+    pub fn with_state_and_env(state: Option<String>, env: Vec<(String, String)>) -> Home {
+        let dir = tempfile::Builder::new().prefix("cairn-e2e").tempdir_in("/tmp").unwrap();
+        let home = Home { dir, state, env };
         let out = home.cairn(&[
             "image",
             "import",
@@ -175,6 +195,8 @@ impl Home {
             Some(url) => c.env("CAIRN_STATE", url),
             None => c.env_remove("CAIRN_STATE"),
         };
+        c.env_remove("CAIRN_STORE");
+        c.envs(self.env.iter().map(|(k, v)| (k, v)));
         c
     }
 

@@ -1,0 +1,46 @@
+//! Snapshots durable in the remote chunk store.
+//!
+//! With `--store s3://…` chunks land in the local cache and are uploaded
+//! behind (`cairn_store::TieredStore`). A snapshot is marked durable
+//! (`snapshots.remote_durable_at`) only once every object it reaches is
+//! confirmed remote; until then only this host can restore it.
+
+use std::collections::HashSet;
+use std::time::Duration;
+
+use crate::{Engine, EngineError, SnapshotError};
+
+impl Engine {
+    /// Waits up to `wait` for pending uploads, then marks durable every
+    /// snapshot whose objects are all remote; returns the ids it marked.
+    /// A home without a remote store marks nothing. Uploads still pending
+    /// after `wait` are an error once the rest is marked (they stay
+    /// queued, and the next process resumes them).
+    pub fn mark_remote_durable(&self, wait: Duration) -> Result<Vec<String>, EngineError> {
+        let backend = self.store.backend();
+        if !backend.is_remote() {
+            return Ok(Vec::new());
+        }
+        let flushed = backend.flush(wait);
+        let pending = self.db.snapshots_not_remote_durable()?;
+        let mut marked = Vec::new();
+        if !pending.is_empty() {
+            for snap in self.db.snapshots()?.into_iter().filter(|s| pending.contains(&s.id)) {
+                let layers: HashSet<String> = snap.layers.iter().cloned().collect();
+                let objects = self.reachable_objects(&layers, std::slice::from_ref(&snap), &HashSet::new())?;
+                if backend.not_remote(objects).map_err(SnapshotError::from)?.is_empty() {
+                    self.db.mark_snapshot_remote_durable(&snap.id, crate::now_ms())?;
+                    marked.push(snap.id);
+                }
+            }
+        }
+        flushed.map_err(SnapshotError::from)?;
+        Ok(marked)
+    }
+
+    /// When snapshot `id` became durable in the remote store (ms since the
+    /// epoch), if it did.
+    pub fn remote_durable_at(&self, id: &str) -> Result<Option<i64>, EngineError> {
+        Ok(self.db.snapshot_remote_durable_at(id)?)
+    }
+}
