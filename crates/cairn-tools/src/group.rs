@@ -11,7 +11,7 @@ use serde::Serialize;
 use serde_json::{json, Value};
 
 use crate::args::{Choice, HypothesisArgs, Metric, StageArgs};
-use crate::{numbers, random_hex, ToolError, Tools};
+use crate::{random_hex, ToolError, Tools};
 
 /// The group's stage in its run, and the run's pipeline name.
 pub(crate) const GROUP_STAGE: &str = "hypotheses";
@@ -165,7 +165,7 @@ impl Tools {
             Choice::Rule { max, metric } => {
                 let mut best: Option<(f64, &BranchState)> = None;
                 for b in &completed {
-                    let Some(v) = self.branch_metric(&run.id, b, metric)? else {
+                    let Some(v) = self.metric(&run.id, Some(&b.name), b.output_snapshot.as_deref(), metric)? else {
                         continue;
                     };
                     metrics.insert(b.name.clone(), v.into());
@@ -216,31 +216,6 @@ impl Tools {
             out["metrics"] = Value::Object(metrics);
         }
         Ok(out)
-    }
-
-    fn branch_metric(&self, run: &str, b: &BranchState, metric: &Metric) -> Result<Option<f64>, ToolError> {
-        match metric {
-            Metric::Output => {
-                let lines = self.inspect_logs(run, Some(&b.name), Some(2000))?;
-                let text: Vec<&str> = lines["lines"]
-                    .as_array()
-                    .into_iter()
-                    .flatten()
-                    .filter_map(Value::as_str)
-                    .collect();
-                Ok(text.iter().rev().find_map(|l| numbers(l).last()))
-            }
-            Metric::File(path) => {
-                let Some(snap) = &b.output_snapshot else {
-                    return Ok(None);
-                };
-                match self.inspect(snap, path) {
-                    Ok(v) => Ok(v["content"].as_str().and_then(|t| numbers(t).next())),
-                    Err(ToolError::Failed(_)) => Ok(None),
-                    Err(e) => Err(e),
-                }
-            }
-        }
     }
 }
 

@@ -435,7 +435,9 @@ impl Tools {
             Choice::Rule { max, metric } => {
                 let mut best: Option<(f64, &StageState)> = None;
                 for s in states.iter().filter(|s| s.status == "completed") {
-                    let Some(v) = self.metric(s, metric)? else { continue };
+                    let Some(v) = self.metric(&s.handle, None, s.output_snapshot.as_deref(), metric)? else {
+                        continue;
+                    };
                     metrics.insert(s.handle.clone(), v.into());
                     let better = best.is_none_or(|(b, _)| if *max { v > b } else { v < b });
                     if better {
@@ -497,12 +499,19 @@ impl Tools {
         Ok(out)
     }
 
-    /// A completed branch's number: the last one its log printed, or the
-    /// first in a file of its output snapshot; `None` when there is none.
-    fn metric(&self, s: &StageState, metric: &Metric) -> Result<Option<f64>, ToolError> {
+    /// A completed branch's number: the last one its log printed (run
+    /// `run`, branch `branch` of a group), or the first in a file of its
+    /// output snapshot; `None` when there is none.
+    fn metric(
+        &self,
+        run: &str,
+        branch: Option<&str>,
+        output: Option<&str>,
+        metric: &Metric,
+    ) -> Result<Option<f64>, ToolError> {
         match metric {
             Metric::Output => {
-                let lines = self.inspect_logs(&s.handle, None, Some(2000))?;
+                let lines = self.inspect_logs(run, branch, Some(2000))?;
                 let text: Vec<&str> = lines["lines"]
                     .as_array()
                     .into_iter()
@@ -512,7 +521,7 @@ impl Tools {
                 Ok(text.iter().rev().find_map(|l| numbers(l).last()))
             }
             Metric::File(path) => {
-                let Some(snap) = &s.output_snapshot else {
+                let Some(snap) = output else {
                     return Ok(None);
                 };
                 match self.inspect(snap, path) {

@@ -125,21 +125,7 @@ impl Engine {
             _ => {}
         }
         let round = mine.iter().map(|x| x.round).max().unwrap_or(0) + 1;
-        let mut rec = row.unwrap_or(StageRecord {
-            run_id: run.id.clone(),
-            stage: stage.name.clone(),
-            branch: String::new(),
-            stage_key: key.clone(),
-            status: "pending".into(),
-            attempts: 0,
-            input_snapshot: input.map(str::to_string),
-            output_snapshot: None,
-            sandbox_id: None,
-            started_at: Some(now_ms()),
-            ended_at: None,
-            error: None,
-            metric: None,
-        });
+        let mut rec = row.unwrap_or_else(|| StageRecord::pending(&run.id, &stage.name, "", &key, input));
         rec.stage_key = key.clone();
         rec.input_snapshot = input.map(str::to_string);
         rec.attempts = round;

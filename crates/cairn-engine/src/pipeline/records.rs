@@ -35,6 +35,27 @@ pub struct StageRecord {
     pub metric: Option<f64>,
 }
 
+impl StageRecord {
+    /// A stage (or branch) about to run for the first time in `run`.
+    pub(crate) fn pending(run: &str, stage: &str, branch: &str, key: &str, input: Option<&str>) -> StageRecord {
+        StageRecord {
+            run_id: run.to_string(),
+            stage: stage.to_string(),
+            branch: branch.to_string(),
+            stage_key: key.to_string(),
+            status: "pending".into(),
+            attempts: 0,
+            input_snapshot: input.map(str::to_string),
+            output_snapshot: None,
+            sandbox_id: None,
+            started_at: Some(crate::now_ms()),
+            ended_at: None,
+            error: None,
+            metric: None,
+        }
+    }
+}
+
 #[derive(Debug, Clone, Serialize)]
 pub struct EventRecord {
     pub seq: i64,

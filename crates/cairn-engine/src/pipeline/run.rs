@@ -466,21 +466,9 @@ impl Engine {
         if existing.as_ref().is_some_and(|s| s.status == "dead") {
             return Ok(None);
         }
-        let mut rec = existing.clone().unwrap_or(StageRecord {
-            run_id: run.id.clone(),
-            stage: stage.name.clone(),
-            branch: branch.to_string(),
-            stage_key: key.clone(),
-            status: "pending".into(),
-            attempts: 0,
-            input_snapshot: input.map(str::to_string),
-            output_snapshot: None,
-            sandbox_id: None,
-            started_at: Some(now_ms()),
-            ended_at: None,
-            error: None,
-            metric: None,
-        });
+        let mut rec = existing
+            .clone()
+            .unwrap_or_else(|| StageRecord::pending(&run.id, &stage.name, branch, &key, input));
         // A row written before the stage ran (waiting for approval) has no key yet.
         rec.stage_key = key.clone();
         // A completed key returns its recorded output without running anything.
