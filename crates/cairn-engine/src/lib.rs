@@ -11,6 +11,7 @@ pub mod e2b;
 pub mod home;
 pub mod images;
 pub mod pipeline;
+pub mod queue;
 pub mod sandboxes;
 pub mod sessions;
 pub mod snapshot_view;
@@ -18,6 +19,7 @@ pub mod snapshots;
 pub mod state;
 #[cfg(feature = "test-support")]
 pub mod testing;
+pub mod worker;
 
 use std::path::PathBuf;
 
@@ -115,6 +117,9 @@ pub struct Engine {
     /// The model decide stages ask, over what pipeline files say (the
     /// CLI's `--provider`, `--model`, `--base-url`).
     model_override: pipeline::spec::ModelSpec,
+    /// The worker's job slots, when a `cairn worker` runs this engine's job:
+    /// a run waiting for its branches lends its slot back.
+    slots: Option<std::sync::Arc<worker::Slots>>,
 }
 
 impl Engine {
@@ -150,6 +155,7 @@ impl Engine {
             store,
             reconciled: Vec::new(),
             model_override: Default::default(),
+            slots: None,
         };
         engine.reconciled = engine.reconcile()?;
         Ok(engine)

@@ -110,6 +110,24 @@ pub enum Command {
     /// Run pipelines: stages in sandboxes forked from snapshots.
     #[command(subcommand)]
     Pipeline(PipelineCommand),
+    /// Claim and run pipeline stages from the shared stage queue.
+    ///
+    /// Many hosts share one queue through one PostgreSQL state store
+    /// (--state postgres://…) and one remote chunk store (--store s3://…):
+    /// `cairn pipeline run --queue` on any of them enqueues, and each
+    /// worker claims runs and branches with a lease it renews. A worker that
+    /// dies or stalls past its lease loses its jobs to another worker, which
+    /// resumes each stage from its newest checkpoint; the stalled one's
+    /// results are refused when it wakes (a fencing token). SIGTERM or
+    /// Ctrl-C stops claiming and waits for the jobs running; a second one
+    /// exits at once (their leases then expire and other workers take them).
+    #[command(args_conflicts_with_subcommands = true)]
+    Worker {
+        #[command(flatten)]
+        opts: WorkerArgs,
+        #[command(subcommand)]
+        list: Option<WorkerCommand>,
+    },
     /// List pipeline runs.
     Runs {
         #[arg(long)]
@@ -356,6 +374,41 @@ pub enum RunCommand {
     },
 }
 
+#[derive(Args, Clone)]
+pub struct WorkerArgs {
+    /// Jobs this worker runs at once (a run waiting for its branches does
+    /// not hold one).
+    #[arg(long, default_value_t = 2, value_parser = clap::value_parser!(u32).range(1..=256))]
+    pub slots: u32,
+    /// Seconds a claim holds without a heartbeat; a worker silent this long
+    /// is presumed dead and its jobs go to others.
+    #[arg(long, value_name = "SECS", default_value_t = 30.0)]
+    pub lease: f64,
+    /// Seconds between looks at the queue when no wake-up comes.
+    #[arg(long, value_name = "SECS", default_value_t = 1.0)]
+    pub poll: f64,
+    /// Exit once the queue was empty and nothing ran for this many seconds.
+    #[arg(long, value_name = "SECS")]
+    pub idle_exit: Option<f64>,
+    /// One JSON object per line for each job claimed, ended or lost.
+    #[arg(long)]
+    pub json: bool,
+}
+
+#[derive(Subcommand)]
+pub enum WorkerCommand {
+    /// The workers that ever registered on this state store.
+    Ls {
+        #[arg(long)]
+        json: bool,
+    },
+    /// The stage queue: runs and branches, their claims and leases.
+    Jobs {
+        #[arg(long)]
+        json: bool,
+    },
+}
+
 #[derive(Subcommand)]
 pub enum PipelineCommand {
     /// Check a pipeline file, then run it; prints the run id.
@@ -374,6 +427,8 @@ pub enum PipelineCommand {
         check: bool,
         #[command(flatten)]
         model: PipelineModelArgs,
+        #[command(flatten)]
+        queue: QueueArgs,
     },
     /// Continue a run after a crash or a kill: completed stages are not run again.
     ///
@@ -382,7 +437,22 @@ pub enum PipelineCommand {
         run: String,
         #[command(flatten)]
         model: PipelineModelArgs,
+        #[command(flatten)]
+        queue: QueueArgs,
     },
+}
+
+/// Running through the shared stage queue instead of in this process.
+#[derive(Args, Clone, Default)]
+pub struct QueueArgs {
+    /// Queue the run for `cairn worker`s (any host sharing this state store
+    /// and remote chunk store) and follow it here; a kill of this command
+    /// leaves the run to the workers.
+    #[arg(long)]
+    pub queue: bool,
+    /// With --queue: print the run id and return at once.
+    #[arg(long, requires = "queue")]
+    pub detach: bool,
 }
 
 /// The model decide stages ask, over the pipeline file's `[pipeline] model`.

@@ -91,6 +91,9 @@ pub fn dispatch(cli: Cli) -> Result<i32> {
     if let Command::Agent(cmd) = cli.command {
         return crate::agent::agent(&home, cmd);
     }
+    if let Command::Worker { opts, list } = cli.command {
+        return crate::worker::worker(home, opts, list);
+    }
     let mut engine = Engine::open(home)?;
     let result = match cli.command {
         Command::Run {
@@ -225,7 +228,11 @@ pub fn dispatch(cli: Cli) -> Result<i32> {
             println!("{}", rec.id);
             Ok(0)
         }
-        Command::Bench { .. } | Command::Serve { .. } | Command::Mcp { .. } | Command::Agent(_) => {
+        Command::Bench { .. }
+        | Command::Serve { .. }
+        | Command::Mcp { .. }
+        | Command::Agent(_)
+        | Command::Worker { .. } => {
             unreachable!("handled above")
         }
     };

@@ -9,6 +9,7 @@ mod lineage;
 mod pipelines;
 mod progress;
 mod sessions;
+mod worker;
 
 use std::process::ExitCode;
 

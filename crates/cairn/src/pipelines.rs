@@ -43,6 +43,7 @@ pub fn pipeline(engine: &mut Engine, cmd: PipelineCommand) -> Result<i32> {
             params,
             check,
             model,
+            queue,
         } => {
             set_model(engine, &model);
             let params = parse_params(&params)?;
@@ -60,16 +61,48 @@ pub fn pipeline(engine: &mut Engine, cmd: PipelineCommand) -> Result<i32> {
             let run = engine.start_run(&file, &params)?;
             eprintln!("cairn: run {} of {}", run.id, run.pipeline);
             println!("{}", run.id);
+            if queue.queue {
+                return queued(engine, &run.id, queue.detach);
+            }
             engine.execute_run(&run.id, &Progress)?
         }
-        PipelineCommand::Resume { run, model } => {
+        PipelineCommand::Resume { run, model, queue } => {
             set_model(engine, &model);
             let run = engine.run_record(&run)?;
+            if queue.queue {
+                return queued(engine, &run.id, queue.detach);
+            }
             eprintln!("cairn: resuming run {}", run.id);
             engine.execute_run(&run.id, &Progress)?
         }
     };
     ended(engine, &run)
+}
+
+/// Queues a run for the workers and, unless detached, follows its events
+/// until it ends; exits like a run in this process.
+fn queued(engine: &Engine, run: &str, detach: bool) -> Result<i32> {
+    engine.enqueue_run(run)?;
+    eprintln!("cairn: run {run} queued for `cairn worker`s");
+    if detach {
+        return Ok(0);
+    }
+    let rec = engine.follow_run(run, None, |e| {
+        let name = match (e.stage.as_deref(), e.branch.as_deref()) {
+            (Some(s), Some(b)) if !b.is_empty() => format!("{s}[{b}]"),
+            (Some(s), _) => s.to_string(),
+            _ => "run".to_string(),
+        };
+        eprintln!("cairn: {name:<24} {:<10} {}", e.kind, e.detail);
+    })?;
+    if !matches!(rec.status.as_str(), "completed" | "failed" | AWAITING) {
+        eprintln!(
+            "cairn: run {} is {} and no worker holds it; `cairn pipeline resume --queue {}` queues it again",
+            rec.id, rec.status, rec.id
+        );
+        return Ok(1);
+    }
+    ended(engine, &rec)
 }
 
 fn set_model(engine: &mut Engine, m: &PipelineModelArgs) {

@@ -143,6 +143,9 @@ impl Engine {
         input: Option<&str>,
         watch: &dyn RunWatcher,
     ) -> Result<(), EngineError> {
+        if self.db.fence().is_some() {
+            return self.run_each_branch_queued(run, p, stage, branches, input, watch);
+        }
         let home = self.home.clone();
         let results: Vec<Result<Option<String>, String>> = std::thread::scope(|scope| {
             let handles: Vec<_> = branches

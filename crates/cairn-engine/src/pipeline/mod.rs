@@ -6,7 +6,8 @@
 //! store; `output` takes stage output in with bounded memory; `records`
 //! holds the rows all of it writes; `approval` pauses a run before a
 //! stage until a person approves it; `decide` asks a model at a decide
-//! stage and records its answer, which `decision` checks.
+//! stage and records its answer, which `decision` checks; `queued` is a
+//! run through the shared stage queue (a worker's side and the enqueuer's).
 
 pub mod approval;
 pub mod artifacts;
@@ -14,6 +15,7 @@ mod branches;
 mod decide;
 pub mod decision;
 mod output;
+mod queued;
 pub mod records;
 pub mod run;
 pub mod spec;

@@ -257,7 +257,7 @@ impl Db {
     }
 
     pub fn finish_run(&self, id: &str, status: &str, error: Option<&str>, at: i64) -> Result<(), StateError> {
-        self.with(|b| {
+        self.fenced(|b| {
             b.execute(
                 "UPDATE runs SET status = $2, error = $3, ended_at = $4 WHERE id = $1",
                 params![id, status, error, at],
@@ -305,7 +305,7 @@ impl Db {
         event: Option<(&str, &str, Option<&str>)>,
         release: Option<(&str, (i32, u64))>,
     ) -> Result<(), StateError> {
-        self.transaction(|b| {
+        self.fenced(|b| {
             if let Some((sandbox, (pid, start))) = release {
                 b.execute(
                     "UPDATE sandboxes SET auto_remove = $2, owner_pid = $3, owner_start = $4 WHERE id = $1",
@@ -346,7 +346,7 @@ impl Db {
         run_error: Option<&str>,
         ended_at: Option<i64>,
     ) -> Result<(), StateError> {
-        self.transaction(|b| {
+        self.fenced(|b| {
             upsert_stage(b, s)?;
             insert_event(b, &s.run_id, Some(&s.stage), Some(&s.branch), event.0, event.1, None)?;
             b.execute(
@@ -367,7 +367,7 @@ impl Db {
         event: (&str, &str),
         effect: DecisionEffect,
     ) -> Result<(), StateError> {
-        self.transaction(|b| {
+        self.fenced(|b| {
             b.execute(
                 &format!(
                     "INSERT INTO decisions ({DECISION_COLUMNS}) VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11)"
@@ -479,7 +479,7 @@ impl Db {
     /// Records a completed branch's key (branch winners and losers alike keep
     /// their work: re-running the group reuses them).
     pub fn complete_key(&self, s: &StageRecord, at: i64) -> Result<(), StateError> {
-        self.with(|b| {
+        self.fenced(|b| {
             b.execute(
                 INSERT_STAGE_KEY,
                 params![&s.stage_key, &s.output_snapshot, &s.run_id, &s.stage, at, s.metric],
@@ -531,7 +531,7 @@ impl Db {
         snapshot: &str,
         at: i64,
     ) -> Result<(), StateError> {
-        self.transaction(|b| {
+        self.fenced(|b| {
             b.execute(
                 "INSERT INTO checkpoints (run_id, stage, branch, snapshot_id, created_at) VALUES ($1, $2, $3, $4, $5)",
                 params![run, stage, branch, snapshot, at],
@@ -607,7 +607,7 @@ impl Db {
     }
 
     pub fn insert_dead_letter(&self, d: &DeadLetter) -> Result<(), StateError> {
-        self.with(|b| insert_dead_letter(b, d))
+        self.fenced(|b| insert_dead_letter(b, d))
     }
 
     pub fn dead_letters(&self) -> Result<Vec<DeadLetter>, StateError> {
@@ -702,7 +702,7 @@ fn insert_dead_letter(b: &mut dyn Backend, d: &DeadLetter) -> Result<(), StateEr
     Ok(())
 }
 
-fn insert_event(
+pub(crate) fn insert_event(
     b: &mut dyn Backend,
     run: &str,
     stage: Option<&str>,

@@ -77,6 +77,11 @@ pub enum RunError {
         .pid.map(|p| format!(" (pid {p})")).unwrap_or_default()
     )]
     Busy { run: String, pid: Option<u32> },
+    #[error(
+        "run {run} is claimed by worker {worker} through the stage queue; follow it with `cairn run show {run}`, \
+         or stop that worker (its lease expires and another worker takes the run)"
+    )]
+    Queued { run: String, worker: String },
 }
 
 /// Receives progress of a run.
@@ -312,6 +317,9 @@ impl Engine {
     /// the dead-letter queue.
     pub fn execute_run(&mut self, run_id: &str, watch: &dyn RunWatcher) -> Result<RunRecord, EngineError> {
         let run = self.run_record(run_id)?;
+        if let Some(refusal) = self.claimed_elsewhere(&run.id)? {
+            return Err(refusal.into());
+        }
         let _orchestrating = self.lock_run(&run.id)?;
         self.execute_locked_run(&run.id, watch)
     }
@@ -341,18 +349,16 @@ impl Engine {
         }
     }
 
-    fn execute_locked_run(&mut self, run_id: &str, watch: &dyn RunWatcher) -> Result<RunRecord, EngineError> {
+    pub(super) fn execute_locked_run(
+        &mut self,
+        run_id: &str,
+        watch: &dyn RunWatcher,
+    ) -> Result<RunRecord, EngineError> {
         let run = self.run_record(run_id)?;
         if run.status == "completed" {
             return Err(RunError::Completed(run.id).into());
         }
-        let overrides = run
-            .params
-            .lines()
-            .filter_map(|l| l.split_once('='))
-            .map(|(k, v)| (k.into(), v.into()))
-            .collect();
-        let parsed = spec::parse(&run.file, &run.spec, &overrides).map_err(RunError::from)?;
+        let parsed = self.parsed_run(&run)?;
         self.check_model_for(Some(&run.id), &parsed)?;
         fs::create_dir_all(self.run_dir(&run.id)).map_err(|e| RunError::Read(self.run_dir(&run.id), e))?;
         if run.status != "running" {
@@ -611,6 +617,14 @@ impl Engine {
                 }
                 Ok(())
             };
+            // Under a queue claim, an outcome that is refused (the claim
+            // moved on) leaves nothing: this worker's sandbox goes with it.
+            let fenced = |engine: &mut Engine, e: EngineError| -> EngineError {
+                if matches!(e, EngineError::State(crate::state::StateError::Fenced { .. })) {
+                    let _ = remove(engine);
+                }
+                e
+            };
             match outcome {
                 Outcome::Succeeded { output, metric } => {
                     rec.status = "completed".into();
@@ -619,8 +633,10 @@ impl Engine {
                     rec.error = None;
                     rec.ended_at = Some(now_ms());
                     let detail = format!("completed on attempt {}", rec.attempts);
+                    self.durable_for_queue(&[&output])?;
                     self.db
-                        .put_stage_releasing(&rec, Some(("completed", &detail, Some(&output))), release)?;
+                        .put_stage_releasing(&rec, Some(("completed", &detail, Some(&output))), release)
+                        .map_err(|e| fenced(self, e.into()))?;
                     remove(self)?;
                     if !branch.is_empty() {
                         self.db.complete_key(&rec, now_ms())?;
@@ -634,11 +650,12 @@ impl Engine {
                 } => {
                     rec.status = "failed".into();
                     rec.error = Some(error.clone());
-                    self.db.put_stage_releasing(
-                        &rec,
-                        Some(("failed", &error, failure_snapshot.as_deref())),
-                        release,
-                    )?;
+                    if let Some(f) = &failure_snapshot {
+                        self.durable_for_queue(&[f])?;
+                    }
+                    self.db
+                        .put_stage_releasing(&rec, Some(("failed", &error, failure_snapshot.as_deref())), release)
+                        .map_err(|e| fenced(self, e.into()))?;
                     remove(self)?;
                     watch.stage(&stage.name, branch, "failed", &error);
                     if rec.attempts >= limit {
@@ -762,6 +779,7 @@ impl Engine {
         let (stop_tx, stop_rx) = mpsc::channel::<()>();
         let checkpointer = stage.checkpoint_every.map(|every| {
             let home = self.home.clone();
+            let fence = self.db.fence();
             let (run_id, stage_name, branch, sandbox_id) = (
                 run.id.clone(),
                 stage.name.clone(),
@@ -769,7 +787,7 @@ impl Engine {
                 sandbox.id.clone(),
             );
             std::thread::spawn(move || {
-                checkpoint_loop(home, every, stop_rx, &run_id, &stage_name, &branch, &sandbox_id)
+                checkpoint_loop(home, fence, every, stop_rx, &run_id, &stage_name, &branch, &sandbox_id)
             })
         });
         // A re-attached attempt keeps the deadline it began with (its running
@@ -996,8 +1014,10 @@ impl Engine {
     }
 }
 
+#[allow(clippy::too_many_arguments)]
 fn checkpoint_loop(
     home: Home,
+    fence: Option<crate::queue::Fence>,
     every: Duration,
     stop: mpsc::Receiver<()>,
     run: &str,
@@ -1009,6 +1029,7 @@ fn checkpoint_loop(
         let Ok(mut engine) = Engine::open(home.clone()) else {
             return;
         };
+        engine.db.set_fence(fence.clone());
         let Ok(sb) = engine.sandbox(sandbox) else { return };
         match engine.snapshot(
             &sb,
@@ -1021,9 +1042,14 @@ fn checkpoint_loop(
                 }
             )),
         ) {
-            Ok(snap) => {
-                let _ = engine.db.add_checkpoint(run, stage, branch, &snap.id, crate::now_ms());
-            }
+            // Under a queue claim, a checkpoint counts once every host can
+            // restore it.
+            Ok(snap) => match engine.durable_for_queue(&[&snap.id]) {
+                Ok(()) => {
+                    let _ = engine.db.add_checkpoint(run, stage, branch, &snap.id, crate::now_ms());
+                }
+                Err(e) => tracing::warn!(stage, "checkpoint not recorded: {e}"),
+            },
             Err(e) => tracing::warn!(stage, "checkpoint failed: {e}"),
         }
     }

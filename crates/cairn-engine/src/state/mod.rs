@@ -41,14 +41,20 @@ pub enum StateError {
     )]
     Connect { target: String, reason: String },
     #[error(
-        "the PostgreSQL state store at {target} belongs to the Cairn state directory {owner}, not {home} \
-         (its chunk store, layers and sandboxes are local to that directory); use --home {owner}, \
-         or give this state directory a database of its own"
+        "the PostgreSQL state store at {target} belongs to the Cairn state directory {owner}, not {home}; {}",
+        match store {
+            Some(s) => format!("hosts share it through the remote chunk store {s}: give this one `--store {s}` \
+                                (or CAIRN_STORE), or use a database of its own"),
+            None => format!("its snapshots are in that directory's local chunk store, so no other host can use \
+                             them; use --home {owner}, a database of its own, or put {owner} on a remote \
+                             store (--store s3://…) that every host gives"),
+        }
     )]
     ForeignHome {
         target: String,
         owner: String,
         home: String,
+        store: Option<String>,
     },
     #[error("cannot read or create the state directory's identity {path}: {source}")]
     HomeIdentity {
@@ -68,6 +74,13 @@ pub enum StateError {
         from: SandboxState,
         to: SandboxState,
     },
+    /// A worker's commit found its queue job claimed again since (its
+    /// lease expired: it was paused, cut off or slow): nothing was written.
+    #[error(
+        "job {job} moved to another worker after this one's lease expired (claim {epoch} is stale); \
+         this worker's result is discarded and the stage's new holder commits it"
+    )]
+    Fenced { job: String, epoch: i64 },
     #[error("sandbox {0} changed state while this command ran; retry")]
     Conflict(String),
     #[error("the state database holds {0}; it is damaged")]
@@ -227,6 +240,13 @@ impl StateLocation {
 /// The state store: one connection, used by one engine at a time.
 pub struct Db {
     backend: Mutex<Box<dyn Backend>>,
+    /// The state directory this connection serves (`Home::identity`): the
+    /// sandboxes it lists and finds are those running on it. Empty for a
+    /// store opened outside a home.
+    home_id: String,
+    /// The queue job this connection's stage outcomes commit under, if a
+    /// worker runs them: each commit checks it (see `queue`).
+    pub(crate) fence: Mutex<Option<crate::queue::Fence>>,
 }
 
 impl Db {
@@ -237,24 +257,56 @@ impl Db {
 
     /// Opens the store the home's `--state` names (its `state.db` by default).
     pub fn open_home(home: &Home) -> Result<Db, StateError> {
-        match StateLocation::parse(home.state_url(), home)? {
-            StateLocation::Sqlite(path) => Db::open(&path),
+        let id = home.identity().map_err(|source| StateError::HomeIdentity {
+            path: home.identity_file(),
+            source,
+        })?;
+        let mut db = match StateLocation::parse(home.state_url(), home)? {
+            StateLocation::Sqlite(path) => Db::open(&path)?,
             StateLocation::Postgres(target) => {
-                let id = home.identity().map_err(|source| StateError::HomeIdentity {
-                    path: home.identity_file(),
-                    source,
-                })?;
                 let path = home.root().to_string_lossy();
-                let backend = PostgresBackend::open(&target, &Claimant { id: &id, path: &path })?;
-                Ok(Db::from_backend(Box::new(backend)))
+                let store = home.store_url().map(crate::queue::shown_store);
+                let backend = PostgresBackend::open(
+                    &target,
+                    &Claimant {
+                        id: &id,
+                        path: &path,
+                        store: store.as_deref(),
+                    },
+                )?;
+                Db::from_backend(Box::new(backend))
             }
-        }
+        };
+        // Rows from before sandboxes named their home belong to the first
+        // home that opens the store (until then there was only one).
+        db.with(|b| {
+            b.execute("UPDATE sandboxes SET home_id = $1 WHERE home_id = ''", params![&id])?;
+            Ok(())
+        })?;
+        db.home_id = id;
+        Ok(db)
     }
 
     pub fn from_backend(backend: Box<dyn Backend>) -> Db {
         Db {
             backend: Mutex::new(backend),
+            home_id: String::new(),
+            fence: Mutex::new(None),
         }
+    }
+
+    /// A listener for queue wake-ups, where the store has them (PostgreSQL's
+    /// LISTEN/NOTIFY); `None`: poll.
+    pub fn listener(home: &Home) -> Result<Option<postgresql::Listener>, StateError> {
+        match StateLocation::parse(home.state_url(), home)? {
+            StateLocation::Postgres(target) => Ok(Some(postgresql::Listener::open(&target)?)),
+            StateLocation::Sqlite(_) => Ok(None),
+        }
+    }
+
+    /// The state directory this connection serves.
+    pub fn home_id(&self) -> &str {
+        &self.home_id
     }
 
     fn lock(&self) -> MutexGuard<'_, Box<dyn Backend>> {
@@ -310,8 +362,8 @@ impl Db {
         self.transaction(|b| {
             let inserted = b.execute(
                 "INSERT INTO sandboxes (id, name, image, driver, state, pid, pid_start, owner_pid, owner_start,
-                 memory_bytes, cpu_millis, pids_max, created_at, ended_reason, auto_remove, last_snapshot)
-                 VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14, $15, $16)",
+                 memory_bytes, cpu_millis, pids_max, created_at, ended_reason, auto_remove, last_snapshot, home_id)
+                 VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14, $15, $16, $17)",
                 params![
                     &rec.id,
                     &rec.name,
@@ -329,6 +381,7 @@ impl Db {
                     &rec.ended_reason,
                     rec.auto_remove,
                     &rec.last_snapshot,
+                    &self.home_id,
                 ],
             );
             match inserted {
@@ -423,10 +476,10 @@ impl Db {
     }
 
     pub fn sandboxes(&self) -> Result<Vec<SandboxRecord>, StateError> {
-        let sql = format!("SELECT {SANDBOX_COLUMNS} FROM sandboxes ORDER BY created_at, id");
+        let sql = format!("SELECT {SANDBOX_COLUMNS} FROM sandboxes WHERE home_id = $1 ORDER BY created_at, id");
         self.with(|b| {
             let mut rows = b
-                .query(&sql, &[])?
+                .query(&sql, params![&self.home_id])?
                 .iter()
                 .map(sandbox_from_row)
                 .collect::<Result<Vec<_>, _>>()?;
@@ -440,12 +493,12 @@ impl Db {
     /// Finds sandboxes whose id starts with `key` or whose name is `key`.
     pub fn find_sandboxes(&self, key: &str) -> Result<Vec<SandboxRecord>, StateError> {
         let sql = format!(
-            "SELECT {SANDBOX_COLUMNS} FROM sandboxes WHERE name = $1 OR id = $1
-             OR (length($1) >= 3 AND substr(id, 1, length($1)) = $1)"
+            "SELECT {SANDBOX_COLUMNS} FROM sandboxes WHERE home_id = $2 AND (name = $1 OR id = $1
+             OR (length($1) >= 3 AND substr(id, 1, length($1)) = $1))"
         );
         self.with(|b| {
             let mut rows = b
-                .query(&sql, params![key])?
+                .query(&sql, params![key, &self.home_id])?
                 .iter()
                 .map(sandbox_from_row)
                 .collect::<Result<Vec<_>, _>>()?;

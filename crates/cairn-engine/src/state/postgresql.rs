@@ -30,6 +30,7 @@ const MIGRATIONS: &[&str] = &[
     include_str!("../../migrations/postgres/0006_sessions.sql"),
     include_str!("../../migrations/postgres/0007_decisions.sql"),
     include_str!("../../migrations/postgres/0008_snapshot_durability.sql"),
+    include_str!("../../migrations/postgres/0009_stage_queue.sql"),
 ];
 
 /// Serialises migrations (and the home claim) between processes opening
@@ -48,6 +49,7 @@ CREATE TABLE IF NOT EXISTS cairn_home (
     home_path   TEXT NOT NULL,
     claimed_at  BIGINT NOT NULL
 );
+ALTER TABLE cairn_home ADD COLUMN IF NOT EXISTS store TEXT;
 ";
 
 /// A parsed `postgres://` URL and how to name it without its password.
@@ -166,6 +168,9 @@ fn redact_query(tail: &str) -> String {
 pub struct Claimant<'a> {
     pub id: &'a str,
     pub path: &'a str,
+    /// The remote chunk store the home uses (its URL without credentials),
+    /// if any: homes on one remote store may share the database.
+    pub store: Option<&'a str>,
 }
 
 /// A connection idle this long is checked (one round trip) before it is
@@ -301,19 +306,29 @@ fn migrate(client: &mut Client, target: &PostgresTarget, home: &Claimant<'_>) ->
             .map_err(BackendError::from)?;
     }
     tx.execute(
-        "INSERT INTO cairn_home (home_id, home_path, claimed_at) VALUES ($1, $2, $3) ON CONFLICT DO NOTHING",
-        &[&home.id, &home.path, &crate::now_ms()],
+        "INSERT INTO cairn_home (home_id, home_path, claimed_at, store) VALUES ($1, $2, $3, $4) ON CONFLICT DO NOTHING",
+        &[&home.id, &home.path, &crate::now_ms(), &home.store],
     )
     .map_err(BackendError::from)?;
     let owner = tx
-        .query_one("SELECT home_id, home_path FROM cairn_home", &[])
+        .query_one("SELECT home_id, home_path, store FROM cairn_home", &[])
         .map_err(BackendError::from)?;
-    let (owner_id, owner_path): (String, String) = (owner.get(0), owner.get(1));
-    if owner_id != home.id {
+    let (owner_id, owner_path, owner_store): (String, String, Option<String>) =
+        (owner.get(0), owner.get(1), owner.get(2));
+    if owner_id == home.id {
+        // The owner names the store the database's hosts share.
+        if owner_store.as_deref() != home.store {
+            tx.execute("UPDATE cairn_home SET store = $1", &[&home.store])
+                .map_err(BackendError::from)?;
+        }
+    } else if home.store.is_none() || owner_store.as_deref() != home.store {
+        // Another host may share the database only through the remote
+        // chunk store it names: snapshots must be readable from every host.
         return Err(StateError::ForeignHome {
             target: target.shown.clone(),
             owner: owner_path,
             home: home.path.to_string(),
+            store: owner_store,
         });
     }
     tx.commit().map_err(BackendError::from)?;
@@ -509,5 +524,32 @@ mod tests {
     fn a_url_without_a_database_names_the_users_database() {
         let t = PostgresTarget::parse("postgresql://alice@127.0.0.1").unwrap();
         assert_eq!(t.shown(), "127.0.0.1:5432/alice");
+    }
+}
+
+/// A connection of its own that LISTENs for queue wake-ups (`cairn_jobs`).
+pub struct Listener {
+    client: Client,
+}
+
+impl Listener {
+    pub fn open(target: &PostgresTarget) -> Result<Listener, StateError> {
+        let mut client = target.config.connect(NoTls).map_err(|e| StateError::Connect {
+            target: target.shown.clone(),
+            reason: scrub_password(&error_chain(&e), target),
+        })?;
+        client.batch_execute("LISTEN cairn_jobs").map_err(BackendError::from)?;
+        Ok(Listener { client })
+    }
+
+    /// Waits up to `timeout` for a notification; `true` when one came (or
+    /// the connection broke: the caller polls either way).
+    pub fn wait(&mut self, timeout: Duration) -> bool {
+        use postgres::fallible_iterator::FallibleIterator;
+        let mut notes = self.client.notifications();
+        let woke = !matches!(notes.timeout_iter(timeout).next(), Ok(None));
+        // Drain the rest: one wake-up serves every note already queued.
+        while let Ok(Some(_)) = notes.iter().next() {}
+        woke
     }
 }

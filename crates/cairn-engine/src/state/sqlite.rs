@@ -25,6 +25,7 @@ const MIGRATIONS: &[&str] = &[
     include_str!("../../migrations/sqlite/0006_sessions.sql"),
     include_str!("../../migrations/sqlite/0007_decisions.sql"),
     include_str!("../../migrations/sqlite/0008_snapshot_durability.sql"),
+    include_str!("../../migrations/sqlite/0009_stage_queue.sql"),
 ];
 
 pub struct SqliteBackend {

@@ -1,0 +1,264 @@
+//! `cairn worker`: claims jobs from the shared stage queue (see `queue`)
+//! and runs them on this host, each in a thread with its own engine and
+//! its claim as the fence on every commit.
+//!
+//! One heartbeat thread renews the leases of every job held; a job whose
+//! renewal fails (its lease expired and another worker claimed it) is
+//! marked lost, and its next commit is refused by the fence anyway. Each
+//! loop also returns expired leases to the queue (the reaper), so a dead
+//! worker's jobs are taken within a lease. PostgreSQL wakes idle workers
+//! with NOTIFY; they poll as well, so a lost notification costs one poll.
+
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Condvar, Mutex};
+use std::time::{Duration, Instant};
+
+use crate::pipeline::run::RunWatcher;
+use crate::queue::{Fence, Job, WorkerRecord};
+use crate::state::{Db, StateError};
+use crate::{now_ms, Engine, EngineError, Home};
+
+/// How a worker runs.
+#[derive(Debug, Clone)]
+pub struct WorkerOptions {
+    /// Jobs run at once; a run waiting for its branches lends its slot.
+    pub slots: usize,
+    /// How long a claim holds without a heartbeat.
+    pub lease: Duration,
+    /// How often an idle worker looks at the queue without a wake-up.
+    pub poll: Duration,
+    /// Stop once the queue has been empty and nothing ran for this long
+    /// (for scripts and tests); `None`: run until stopped.
+    pub idle_exit: Option<Duration>,
+}
+
+impl Default for WorkerOptions {
+    fn default() -> Self {
+        WorkerOptions {
+            slots: 2,
+            lease: Duration::from_secs(30),
+            poll: Duration::from_secs(1),
+            idle_exit: None,
+        }
+    }
+}
+
+/// What a worker tells whoever watches it.
+pub trait WorkerWatch: RunWatcher {
+    /// A job was claimed, ended, lost or failed.
+    fn job(&self, job: &Job, what: &str, detail: &str);
+}
+
+/// Slots for jobs: a counting semaphore a waiting run lends back.
+pub struct Slots {
+    free: Mutex<usize>,
+    changed: Condvar,
+}
+
+impl Slots {
+    fn new(n: usize) -> Slots {
+        Slots {
+            free: Mutex::new(n),
+            changed: Condvar::new(),
+        }
+    }
+
+    fn try_take(&self) -> bool {
+        let mut free = self.free.lock().unwrap_or_else(|p| p.into_inner());
+        if *free == 0 {
+            return false;
+        }
+        *free -= 1;
+        true
+    }
+
+    fn take(&self) {
+        let mut free = self.free.lock().unwrap_or_else(|p| p.into_inner());
+        while *free == 0 {
+            free = self.changed.wait(free).unwrap_or_else(|p| p.into_inner());
+        }
+        *free -= 1;
+    }
+
+    fn give(&self) {
+        *self.free.lock().unwrap_or_else(|p| p.into_inner()) += 1;
+        self.changed.notify_all();
+    }
+
+    /// Gives the caller's slot back until the guard drops, which takes one
+    /// again (waiting for it): a run waiting for its branches holds none.
+    pub fn lend(self: &Arc<Self>) -> Lent {
+        self.give();
+        Lent(self.clone())
+    }
+}
+
+pub struct Lent(Arc<Slots>);
+
+impl Drop for Lent {
+    fn drop(&mut self) {
+        self.0.take();
+    }
+}
+
+/// The claims this worker holds, for the heartbeat.
+type Held = Arc<Mutex<HashMap<String, (Fence, Arc<AtomicBool>)>>>;
+
+/// Runs a worker until `stop` is set (then waits for the jobs running to
+/// end) or, with `idle_exit`, until the queue stays empty that long.
+pub fn run_worker(
+    home: Home,
+    opts: &WorkerOptions,
+    stop: &AtomicBool,
+    watch: &(dyn WorkerWatch + Send + Sync),
+) -> Result<WorkerRecord, EngineError> {
+    let engine = Engine::open(home.clone())?;
+    let hostname = nix::unistd::gethostname()
+        .map(|h| h.to_string_lossy().into_owned())
+        .unwrap_or_else(|_| "unknown".into());
+    let me = WorkerRecord {
+        id: format!("{hostname}-{}-{}", std::process::id(), crate::random_hex(2)),
+        home_path: home.root().display().to_string(),
+        hostname,
+        pid: std::process::id().into(),
+        slots: opts.slots as i64,
+        started_at: now_ms(),
+        seen_at: now_ms(),
+        stopped_at: None,
+    };
+    engine.db.register_worker(&me)?;
+    let mut listener = Db::listener(&home)?;
+    let slots = Arc::new(Slots::new(opts.slots.max(1)));
+    let held: Held = Arc::default();
+    let running = Arc::new(std::sync::atomic::AtomicUsize::new(0));
+    let beating = Arc::new(AtomicBool::new(true));
+    let heartbeat = {
+        let (home, held, beating, lease, id) = (home.clone(), held.clone(), beating.clone(), opts.lease, me.id.clone());
+        std::thread::spawn(move || heartbeat(&home, &held, &beating, lease, &id))
+    };
+    let mut idle_since = Instant::now();
+    let result = std::thread::scope(|scope| -> Result<(), EngineError> {
+        while !stop.load(Ordering::SeqCst) {
+            engine.db.reap_expired()?;
+            let mut claimed = false;
+            while !stop.load(Ordering::SeqCst) && slots.try_take() {
+                let Some(job) = engine.db.claim_job(&me.id, opts.lease, &["run", "branch"])? else {
+                    slots.give();
+                    break;
+                };
+                claimed = true;
+                let fence = Fence {
+                    job: job.id.clone(),
+                    epoch: job.epoch,
+                };
+                let lost = Arc::new(AtomicBool::new(false));
+                held.lock()
+                    .unwrap_or_else(|p| p.into_inner())
+                    .insert(job.id.clone(), (fence.clone(), lost.clone()));
+                watch.job(&job, "claimed", &format!("claim {} by {}", job.epoch, me.id));
+                running.fetch_add(1, Ordering::SeqCst);
+                let (home, slots, held, running) = (home.clone(), slots.clone(), held.clone(), running.clone());
+                scope.spawn(move || {
+                    let outcome = run_job(&home, &job, &fence, &slots, watch);
+                    held.lock().unwrap_or_else(|p| p.into_inner()).remove(&job.id);
+                    match outcome {
+                        Ok(detail) => watch.job(&job, "ended", &detail),
+                        Err(EngineError::State(StateError::Fenced { .. })) => watch.job(
+                            &job,
+                            "lost",
+                            "its lease moved to another worker; this worker's result was discarded",
+                        ),
+                        Err(e) => watch.job(&job, "failed", &e.to_string()),
+                    }
+                    running.fetch_sub(1, Ordering::SeqCst);
+                    slots.give();
+                });
+            }
+            if claimed || running.load(Ordering::SeqCst) > 0 {
+                idle_since = Instant::now();
+            } else if opts.idle_exit.is_some_and(|d| idle_since.elapsed() >= d) {
+                break;
+            }
+            if !claimed {
+                match listener.as_mut() {
+                    Some(l) => {
+                        l.wait(opts.poll);
+                    }
+                    None => std::thread::sleep(opts.poll.min(Duration::from_millis(200))),
+                }
+            }
+        }
+        Ok(())
+    });
+    beating.store(false, Ordering::SeqCst);
+    let _ = heartbeat.join();
+    engine.db.worker_seen(&me.id, true)?;
+    result.map(|()| me)
+}
+
+/// Renews every held lease a third of a lease apart; a renewal refused
+/// marks the job lost.
+fn heartbeat(home: &Home, held: &Held, beating: &AtomicBool, lease: Duration, worker: &str) {
+    let mut db = None;
+    while beating.load(Ordering::SeqCst) {
+        let pause = Instant::now() + lease / 3;
+        if db.is_none() {
+            db = Db::open_home(home).ok();
+        }
+        if let Some(d) = &db {
+            let jobs: Vec<_> = held
+                .lock()
+                .unwrap_or_else(|p| p.into_inner())
+                .values()
+                .cloned()
+                .collect();
+            for (fence, lost) in jobs {
+                match d.renew_lease(&fence, worker, lease) {
+                    Ok(true) => {}
+                    Ok(false) => lost.store(true, Ordering::SeqCst),
+                    // The store is away: the lease runs down, and the fence
+                    // decides if it expired before the next commit.
+                    Err(e) => tracing::warn!(job = fence.job, "cannot renew the lease: {e}"),
+                }
+            }
+            let _ = d.worker_seen(worker, false);
+        }
+        while beating.load(Ordering::SeqCst) && Instant::now() < pause {
+            std::thread::sleep(Duration::from_millis(50));
+        }
+    }
+}
+
+/// One claimed job in an engine of its own, fenced by its claim.
+fn run_job(
+    home: &Home,
+    job: &Job,
+    fence: &Fence,
+    slots: &Arc<Slots>,
+    watch: &(dyn WorkerWatch + Send + Sync),
+) -> Result<String, EngineError> {
+    let mut engine = Engine::open(home.clone())?;
+    engine.db.set_fence(Some(fence.clone()));
+    engine.slots = Some(slots.clone());
+    let detail = match job.kind.as_str() {
+        "run" => {
+            let rec = engine.execute_queued_run(&job.run_id, watch)?;
+            format!("run {} {}", rec.id, rec.status)
+        }
+        _ => {
+            let out = engine.run_branch_job(job, watch)?;
+            match out {
+                Some(snap) => format!(
+                    "branch {} of {} completed: {}",
+                    job.branch,
+                    job.stage,
+                    &snap[..12.min(snap.len())]
+                ),
+                None => format!("branch {} of {} went to the dead letters", job.branch, job.stage),
+            }
+        }
+    };
+    engine.db.finish_job(fence)?;
+    Ok(detail)
+}
