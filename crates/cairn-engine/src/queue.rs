@@ -118,7 +118,7 @@ fn db_now(b: &mut dyn Backend) -> Result<i64, StateError> {
 /// Wakes listening workers (PostgreSQL's NOTIFY; SQLite workers poll).
 fn notify(b: &mut dyn Backend) -> Result<(), StateError> {
     if b.kind() == BackendKind::Postgres {
-        b.query("SELECT pg_notify('cairn_jobs', '')", &[])?;
+        b.execute("SELECT pg_notify('cairn_jobs', '')", &[])?;
     }
     Ok(())
 }
@@ -432,6 +432,11 @@ impl crate::Engine {
     /// The stage queue, oldest first.
     pub fn jobs(&self) -> Result<Vec<Job>, crate::EngineError> {
         Ok(self.db.jobs()?)
+    }
+
+    /// The queue's job for a run, if the run went through the queue.
+    pub fn queue_job(&self, run: &str) -> Result<Option<Job>, crate::EngineError> {
+        Ok(self.db.job(run)?)
     }
 
     /// The state store's clock (ms since the epoch): leases are on it.

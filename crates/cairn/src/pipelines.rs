@@ -187,6 +187,9 @@ struct Listed<'a> {
     #[serde(flatten)]
     run: &'a RunRecord,
     orchestrator_pid: Option<u32>,
+    /// The stage queue's job for the run, when it went through the queue:
+    /// queued, or claimed by a worker (named) under a lease.
+    queue: Option<cairn_engine::queue::Job>,
     interrupted: bool,
     /// The stage the run waits at for a person, and the command that continues it.
     awaiting_approval: Option<String>,
@@ -200,13 +203,19 @@ impl Listed<'_> {
         let orchestrator_pid = (run.status == "running")
             .then(|| engine.run_orchestrator(&run.id))
             .flatten();
+        let queue = engine.queue_job(&run.id).ok().flatten();
+        // A job waiting for a worker, or held under a live lease, executes it.
+        let queued = queue.as_ref().is_some_and(|j| {
+            j.status == "queued" || (j.status == "claimed" && j.lease_left_ms.is_some_and(|l| l > 0))
+        });
         let awaiting_approval = (run.status == AWAITING)
             .then(|| engine.awaiting_approval(&run.id).ok().flatten())
             .flatten();
         Listed {
             run,
             orchestrator_pid,
-            interrupted: run.status == "running" && orchestrator_pid.is_none(),
+            interrupted: run.status == "running" && orchestrator_pid.is_none() && !queued,
+            queue,
             approve_command: awaiting_approval.as_deref().map(|s| approve_command(&run.id, s)),
             awaiting_approval,
         }
@@ -216,6 +225,8 @@ impl Listed<'_> {
     fn status(&self) -> &str {
         if self.interrupted {
             "interrupted"
+        } else if self.run.status == "running" && self.queue.as_ref().is_some_and(|j| j.status == "queued") {
+            "queued"
         } else {
             &self.run.status
         }
@@ -287,6 +298,13 @@ pub fn show(engine: &Engine, key: &str, json: bool) -> Result<()> {
         run.error.as_deref().map(|e| format!(" · {e}")).unwrap_or_default(),
         match (listed.orchestrator_pid, listed.interrupted, &listed.approve_command) {
             (Some(pid), _, _) => format!(" · executed by pid {pid}"),
+            (None, false, None) if run.status == "running" && listed.queue.is_some() => {
+                let job = listed.queue.as_ref().expect("checked");
+                match &job.worker {
+                    Some(w) if job.status == "claimed" => format!(" · executed by worker {w} (claim {})", job.epoch),
+                    _ => " · waiting for a `cairn worker`".to_string(),
+                }
+            }
             (None, true, _) => format!(" · `cairn pipeline resume {}` continues it", run.id),
             (None, false, Some(cmd)) => format!(
                 " · awaiting approval of stage {} · `{cmd}` continues it",

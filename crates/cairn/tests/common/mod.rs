@@ -66,7 +66,7 @@ pub struct Home {
 }
 
 /// One busybox build for the whole test binary; each home imports it.
-fn busybox_layer() -> &'static Path {
+pub fn busybox_layer() -> &'static Path {
     static LAYER: OnceLock<PathBuf> = OnceLock::new();
     LAYER.get_or_init(|| {
         // Kept between runs under the target directory; rebuilt when missing

@@ -1,0 +1,483 @@
+//! End-to-end: many hosts on one stage queue. Each "host" is a network
+//! namespace of its own (a veth pair on a bridge, its own address) with a
+//! state directory of its own; all of them reach one PostgreSQL state
+//! store and one Garage (a real S3 server) over the bridge. Workers are
+//! real `cairn worker` processes inside the namespaces.
+//!
+//! A host killed mid-stage (its worker and its sandboxes, kill -9) loses
+//! the stage to another host once its lease expires, and the other host,
+//! whose cache never saw the run, resumes the stage from its newest
+//! checkpoint restored from S3. A worker paused past its lease (SIGSTOP)
+//! wakes to find its commit refused by the fence: the stage is committed
+//! once, by the host that took it over.
+
+mod common;
+
+#[allow(dead_code)]
+#[path = "../../cairn-store/tests/support/garage.rs"]
+mod garage;
+
+use std::io::{Read, Write};
+use std::net::{TcpListener, TcpStream};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Output, Stdio};
+use std::time::{Duration, Instant};
+
+use common::{skip, CAIRN};
+use garage::Garage;
+
+/// The bridge's subnet: 10.213.N.0/24 with N from the process id, so two
+/// test binaries never share one.
+fn subnet() -> String {
+    format!("10.213.{}", std::process::id() % 200 + 20)
+}
+
+fn ip(args: &[&str]) {
+    let out = Command::new("ip").args(args).output().expect("run ip");
+    assert!(
+        out.status.success(),
+        "ip {args:?}: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
+
+/// The bridge and a host namespace per worker, removed on drop.
+struct Hosts {
+    bridge: String,
+    gateway: String,
+    names: Vec<String>,
+}
+
+impl Hosts {
+    fn new(count: usize) -> Hosts {
+        let tag = std::process::id() % 100_000;
+        let bridge = format!("cbr{tag}");
+        let net = subnet();
+        let gateway = format!("{net}.1");
+        let _ = Command::new("ip").args(["link", "del", &bridge]).output();
+        ip(&["link", "add", &bridge, "type", "bridge"]);
+        ip(&["addr", "add", &format!("{gateway}/24"), "dev", &bridge]);
+        ip(&["link", "set", &bridge, "up"]);
+        let mut hosts = Hosts {
+            bridge,
+            gateway: gateway.clone(),
+            names: Vec::new(),
+        };
+        for k in 0..count {
+            let ns = format!("cairn-h{tag}-{k}");
+            let (outside, inside) = (format!("ch{tag}x{k}"), format!("ch{tag}y{k}"));
+            let _ = Command::new("ip").args(["netns", "del", &ns]).output();
+            ip(&["netns", "add", &ns]);
+            hosts.names.push(ns.clone());
+            ip(&["link", "add", &outside, "type", "veth", "peer", "name", &inside]);
+            ip(&["link", "set", &outside, "master", &hosts.bridge]);
+            ip(&["link", "set", &outside, "up"]);
+            ip(&["link", "set", &inside, "netns", &ns]);
+            let inns = |args: &[&str]| {
+                let mut all = vec!["netns", "exec", &ns, "ip"];
+                all.extend_from_slice(args);
+                ip(&all);
+            };
+            inns(&["addr", "add", &format!("{net}.{}/24", 10 + k), "dev", &inside]);
+            inns(&["link", "set", &inside, "up"]);
+            inns(&["link", "set", "lo", "up"]);
+            inns(&["route", "add", "default", "via", &gateway]);
+        }
+        hosts
+    }
+
+    /// Every process in host `k`'s network namespace.
+    fn pids(&self, k: usize) -> Vec<i32> {
+        let out = Command::new("ip").args(["netns", "pids", &self.names[k]]).output().unwrap();
+        String::from_utf8_lossy(&out.stdout)
+            .lines()
+            .filter_map(|l| l.trim().parse().ok())
+            .collect()
+    }
+}
+
+impl Drop for Hosts {
+    fn drop(&mut self) {
+        for k in 0..self.names.len() {
+            for pid in self.pids(k) {
+                let _ = nix::sys::signal::kill(nix::unistd::Pid::from_raw(pid), nix::sys::signal::Signal::SIGKILL);
+            }
+        }
+        for ns in &self.names {
+            let _ = Command::new("ip").args(["netns", "del", ns]).output();
+        }
+        let _ = Command::new("ip").args(["link", "del", &self.bridge]).output();
+    }
+}
+
+/// Relays connections to `addr:port` on to 127.0.0.1:`port` (the test's
+/// PostgreSQL and Garage listen on loopback; hosts reach them over the bridge).
+fn relay(addr: &str, port: u16) {
+    let listener = TcpListener::bind((addr, port)).unwrap_or_else(|e| panic!("bind {addr}:{port}: {e}"));
+    std::thread::spawn(move || {
+        for client in listener.incoming().flatten() {
+            let Ok(server) = TcpStream::connect(("127.0.0.1", port)) else {
+                continue;
+            };
+            for (mut from, mut to) in [
+                (client.try_clone().unwrap(), server.try_clone().unwrap()),
+                (server, client),
+            ] {
+                std::thread::spawn(move || {
+                    let mut buf = [0u8; 64 * 1024];
+                    loop {
+                        match from.read(&mut buf) {
+                            Ok(0) | Err(_) => break,
+                            Ok(n) => {
+                                if to.write_all(&buf[..n]).is_err() {
+                                    break;
+                                }
+                            }
+                        }
+                    }
+                    let _ = to.shutdown(std::net::Shutdown::Both);
+                });
+            }
+        }
+    });
+}
+
+/// One cluster: the hosts, the state store and the bucket they share.
+struct Cluster {
+    hosts: Hosts,
+    env: Vec<(String, String)>,
+    homes: Vec<tempfile::TempDir>,
+    _db: cairn_engine::testing::TestDatabase,
+    _garage: Garage,
+}
+
+impl Cluster {
+    fn start(test: &str, hosts: usize) -> Option<Cluster> {
+        if skip(test) {
+            return None;
+        }
+        let db = cairn_engine::testing::postgres_database(test)?;
+        let garage = Garage::start(test)?;
+        let hosts = Hosts::new(hosts);
+        let pg_port: u16 = db
+            .url
+            .rsplit_once(':')
+            .and_then(|(_, rest)| rest.split('/').next())
+            .and_then(|p| p.parse().ok())
+            .unwrap_or_else(|| panic!("no port in {}", db.url));
+        let s3_port: u16 = garage.endpoint.rsplit_once(':').unwrap().1.parse().unwrap();
+        relay(&hosts.gateway, pg_port);
+        relay(&hosts.gateway, s3_port);
+        let state = db.url.replace("127.0.0.1", &hosts.gateway);
+        let store = format!(
+            "s3://{}/cluster?endpoint=http://{}:{s3_port}&region=garage",
+            garage.bucket, hosts.gateway
+        );
+        let env = vec![
+            ("CAIRN_STATE".to_string(), state),
+            ("CAIRN_STORE".to_string(), store),
+            ("AWS_ACCESS_KEY_ID".to_string(), garage.key_id.clone()),
+            ("AWS_SECRET_ACCESS_KEY".to_string(), garage.secret.clone()),
+        ];
+        let homes = (0..hosts.names.len())
+            .map(|_| tempfile::Builder::new().prefix("cairn-host").tempdir_in("/tmp").unwrap())
+            .collect();
+        Some(Cluster {
+            hosts,
+            env,
+            homes,
+            _db: db,
+            _garage: garage,
+        })
+    }
+
+    fn home(&self, k: usize) -> &Path {
+        self.homes[k].path()
+    }
+
+    /// `cairn ARGS` on host `k`.
+    fn command(&self, k: usize, args: &[&str]) -> Command {
+        // nsenter enters the network namespace only (`ip netns exec` also
+        // remounts /sys, hiding the cgroup hierarchies).
+        let mut c = Command::new("nsenter");
+        c.arg(format!("--net=/run/netns/{}", self.hosts.names[k]))
+            .args(["--", CAIRN])
+            .args(args)
+            .env("CAIRN_HOME", self.home(k))
+            .envs(self.env.iter().map(|(k, v)| (k, v)))
+            .stdin(Stdio::null());
+        c
+    }
+
+    fn cairn(&self, k: usize, args: &[&str]) -> Output {
+        self.command(k, args).output().expect("run cairn")
+    }
+
+    fn ok(&self, k: usize, args: &[&str]) -> String {
+        let out = self.cairn(k, args);
+        assert!(
+            out.status.success(),
+            "cairn {args:?} on host {k} failed with {}: {}{}",
+            out.status,
+            String::from_utf8_lossy(&out.stdout),
+            String::from_utf8_lossy(&out.stderr)
+        );
+        String::from_utf8_lossy(&out.stdout).trim().to_string()
+    }
+
+    /// A worker on host `k`, its JSON lines to a file in its home.
+    fn worker(&self, k: usize, lease_secs: u32) -> Child {
+        let log = std::fs::File::create(self.home(k).join("worker.log")).unwrap();
+        let err = std::fs::File::create(self.home(k).join("worker.err")).unwrap();
+        self.command(
+            k,
+            &["worker", "--json", "--slots", "2", "--lease", &lease_secs.to_string(), "--poll", "0.5"],
+        )
+        .stdout(log)
+        .stderr(err)
+        .spawn()
+        .expect("start a worker")
+    }
+
+    fn worker_log(&self, k: usize) -> String {
+        std::fs::read_to_string(self.home(k).join("worker.log")).unwrap_or_default()
+            + &std::fs::read_to_string(self.home(k).join("worker.err")).unwrap_or_default()
+    }
+
+    /// Kills host `k`: every process in its namespace and every sandbox
+    /// its state directory runs, with SIGKILL.
+    fn kill_host(&self, k: usize) {
+        for pid in self.hosts.pids(k).into_iter().chain(sandbox_pids(self.home(k))) {
+            let _ = nix::sys::signal::kill(nix::unistd::Pid::from_raw(pid), nix::sys::signal::Signal::SIGKILL);
+        }
+    }
+
+    fn events(&self, k: usize, run: &str) -> Vec<serde_json::Value> {
+        let shown: serde_json::Value = serde_json::from_str(&self.ok(k, &["run", "show", run, "--json"])).unwrap();
+        shown["events"].as_array().cloned().unwrap_or_default()
+    }
+
+    fn run_status(&self, k: usize, run: &str) -> String {
+        let shown: serde_json::Value = serde_json::from_str(&self.ok(k, &["run", "show", run, "--json"])).unwrap();
+        shown["run"]["status"].as_str().unwrap_or_default().to_string()
+    }
+
+    /// Waits until `done` holds of the run's events, or panics after `secs`.
+    fn wait_for(&self, k: usize, run: &str, secs: u64, what: &str, done: impl Fn(&[serde_json::Value]) -> bool) {
+        let deadline = Instant::now() + Duration::from_secs(secs);
+        loop {
+            let events = self.events(k, run);
+            if done(&events) {
+                return;
+            }
+            assert!(
+                Instant::now() < deadline,
+                "waited {secs}s for {what}; events: {}",
+                serde_json::to_string_pretty(&events).unwrap()
+            );
+            std::thread::sleep(Duration::from_millis(250));
+        }
+    }
+}
+
+impl Drop for Cluster {
+    fn drop(&mut self) {
+        for k in 0..self.homes.len() {
+            self.kill_host(k);
+        }
+        std::thread::sleep(Duration::from_millis(200));
+        for k in 0..self.homes.len() {
+            // Removes what the kills left (mounts, cgroups) on each host.
+            let _ = self.command(k, &["gc"]).output();
+        }
+    }
+}
+
+/// The processes in the cgroups of a state directory's sandboxes.
+fn sandbox_pids(home: &Path) -> Vec<i32> {
+    let scope = cairn_engine::Home::at(home).scope();
+    let dirs = cairn_sandbox::cgroup::Hierarchy::detect(&scope).unwrap().dirs("x");
+    let mut pids = Vec::new();
+    for scope_dir in dirs.iter().filter_map(|d| d.parent()) {
+        let mut stack: Vec<PathBuf> = vec![scope_dir.to_path_buf()];
+        while let Some(dir) = stack.pop() {
+            if let Ok(procs) = std::fs::read_to_string(dir.join("cgroup.procs")) {
+                pids.extend(procs.lines().filter_map(|l| l.trim().parse::<i32>().ok()));
+            }
+            if let Ok(entries) = std::fs::read_dir(&dir) {
+                stack.extend(entries.flatten().map(|e| e.path()).filter(|p| p.is_dir()));
+            }
+        }
+    }
+    pids
+}
+
+/// A stage that counts to `to`, a step every 0.2 s, from the count its
+/// state holds; each start is appended to /work/starts.
+fn counting_pipeline(dir: &Path, to: u32) -> PathBuf {
+    let file = dir.join("count.toml");
+    std::fs::write(
+        &file,
+        format!(
+            r#"[pipeline]
+name = "count"
+image = "busybox"
+
+[[stage]]
+name = "count"
+key = "count-to-{to}-{{params.nonce}}"
+checkpoint_every = "1s"
+run = [
+  "mkdir -p /work; start=$(cat /work/progress 2>/dev/null || echo 0); echo $start >> /work/starts; for i in $(seq $start {to}); do echo $i > /work/progress; sleep 0.2; done",
+]
+
+[params]
+nonce = "0"
+"#
+        ),
+    )
+    .unwrap();
+    file
+}
+
+fn kinds(events: &[serde_json::Value]) -> Vec<String> {
+    events.iter().map(|e| e["kind"].as_str().unwrap_or_default().to_string()).collect()
+}
+
+fn count_kind(events: &[serde_json::Value], kind: &str) -> usize {
+    events.iter().filter(|e| e["kind"] == kind).count()
+}
+
+/// The output snapshot's /work/FILE, read on host `k` from a sandbox
+/// restored there.
+fn read_output(c: &Cluster, k: usize, run: &str, file: &str) -> String {
+    let shown: serde_json::Value = serde_json::from_str(&c.ok(k, &["run", "show", run, "--json"])).unwrap();
+    let snap = shown["stages"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|s| s["stage"] == "count")
+        .and_then(|s| s["output_snapshot"].as_str())
+        .expect("the stage's output snapshot")
+        .to_string();
+    let id = c.ok(k, &["restore", &snap]);
+    let out = c.ok(k, &["exec", &id, "--", "cat", &format!("/work/{file}")]);
+    c.ok(k, &["rm", "-f", &id]);
+    out
+}
+
+#[test]
+fn a_host_killed_mid_stage_loses_it_to_another_that_resumes_from_the_checkpoint_in_s3() {
+    let test = "a_host_killed_mid_stage_loses_it_to_another_that_resumes_from_the_checkpoint_in_s3";
+    let Some(c) = Cluster::start(test, 3) else {
+        return;
+    };
+    // Host 2 enqueues (and imports the image every host uses, through S3).
+    c.ok(2, &["image", "import", common::busybox_layer().to_str().unwrap(), "--name", "busybox"]);
+    let file = counting_pipeline(c.home(2), 60);
+    let run = c.ok(
+        2,
+        &["pipeline", "run", "--queue", "--detach", file.to_str().unwrap(), "--param", "nonce=kill"],
+    );
+    let mut first = c.worker(0, 3);
+    c.wait_for(2, &run, 120, "a checkpoint on host 0", |e| count_kind(e, "checkpoint") >= 2);
+    c.kill_host(0);
+    let _ = first.wait();
+    let mut second = c.worker(1, 3);
+    let deadline = Instant::now() + Duration::from_secs(180);
+    while c.run_status(2, &run) != "completed" {
+        assert!(
+            Instant::now() < deadline,
+            "the run did not complete on host 1; its worker said:\n{}\nevents: {:?}",
+            c.worker_log(1),
+            kinds(&c.events(2, &run))
+        );
+        std::thread::sleep(Duration::from_millis(300));
+    }
+    let events = c.events(2, &run);
+    let ks = kinds(&events);
+    assert!(ks.contains(&"lease-expired".to_string()), "{ks:?}");
+    let resumed = events
+        .iter()
+        .find(|e| e["kind"] == "resumed" || e["kind"] == "retry")
+        .map(|e| e["detail"].as_str().unwrap_or_default().to_string());
+    let restored = events
+        .iter()
+        .filter(|e| e["kind"] == "forked" || e["kind"] == "retry")
+        .filter_map(|e| e["detail"].as_str())
+        .any(|d| d.contains("restores checkpoint"));
+    assert!(restored, "host 1 did not restore a checkpoint: {ks:?} ({resumed:?})");
+    assert_eq!(count_kind(&events, "completed"), 2, "one stage completion and the run's: {ks:?}");
+    // Host 1's cache never saw the run before; the stage went on from a
+    // count host 0 reached, and reached the end.
+    let starts = read_output(&c, 1, &run, "starts");
+    let starts: Vec<u32> = starts.lines().filter_map(|l| l.trim().parse().ok()).collect();
+    assert_eq!(starts.len(), 2, "{starts:?}");
+    assert_eq!(starts[0], 0);
+    assert!(starts[1] > 0, "the second host started from the input, not a checkpoint: {starts:?}");
+    assert_eq!(read_output(&c, 1, &run, "progress"), "60");
+    // Host 1 also restores on a third host that never ran anything.
+    assert_eq!(read_output(&c, 2, &run, "progress"), "60");
+    let _ = nix::sys::signal::kill(
+        nix::unistd::Pid::from_raw(second.id() as i32),
+        nix::sys::signal::Signal::SIGTERM,
+    );
+    let _ = second.wait();
+}
+
+#[test]
+fn a_worker_paused_past_its_lease_has_its_commit_refused_and_the_stage_commits_once() {
+    let test = "a_worker_paused_past_its_lease_has_its_commit_refused_and_the_stage_commits_once";
+    let Some(c) = Cluster::start(test, 3) else {
+        return;
+    };
+    c.ok(2, &["image", "import", common::busybox_layer().to_str().unwrap(), "--name", "busybox"]);
+    let file = counting_pipeline(c.home(2), 25);
+    let run = c.ok(
+        2,
+        &["pipeline", "run", "--queue", "--detach", file.to_str().unwrap(), "--param", "nonce=pause"],
+    );
+    let mut paused = c.worker(0, 2);
+    c.wait_for(2, &run, 120, "a checkpoint on host 0", |e| count_kind(e, "checkpoint") >= 1);
+    let pid = nix::unistd::Pid::from_raw(paused.id() as i32);
+    // nsenter execs cairn, so the child is the worker itself.
+    nix::sys::signal::kill(pid, nix::sys::signal::Signal::SIGSTOP).unwrap();
+    let mut other = c.worker(1, 2);
+    let deadline = Instant::now() + Duration::from_secs(180);
+    while c.run_status(2, &run) != "completed" {
+        assert!(
+            Instant::now() < deadline,
+            "host 1 did not complete the run; it said:\n{}",
+            c.worker_log(1)
+        );
+        std::thread::sleep(Duration::from_millis(300));
+    }
+    // The paused worker's own attempt ran on in its sandbox meanwhile; once
+    // woken it tries to commit, and the fence refuses it.
+    nix::sys::signal::kill(pid, nix::sys::signal::Signal::SIGCONT).unwrap();
+    let deadline = Instant::now() + Duration::from_secs(90);
+    while !c.worker_log(0).contains("\"event\":\"lost\"") {
+        assert!(
+            Instant::now() < deadline,
+            "the woken worker's commit was not refused; it said:\n{}",
+            c.worker_log(0)
+        );
+        std::thread::sleep(Duration::from_millis(300));
+    }
+    let events = c.events(2, &run);
+    let ks = kinds(&events);
+    assert_eq!(count_kind(&events, "completed"), 2, "the stage and the run, once each: {ks:?}");
+    assert!(ks.contains(&"lease-expired".to_string()), "{ks:?}");
+    assert_eq!(read_output(&c, 2, &run, "progress"), "25");
+    // Nothing of the refused attempt is left on host 0.
+    for (k, child) in [(0, &mut paused), (1, &mut other)] {
+        let _ = nix::sys::signal::kill(
+            nix::unistd::Pid::from_raw(child.id() as i32),
+            nix::sys::signal::Signal::SIGTERM,
+        );
+        let status = child.wait().unwrap();
+        assert!(status.success(), "worker {k} stopped with {status}: {}", c.worker_log(k));
+    }
+    let left: Vec<serde_json::Value> = serde_json::from_str(&c.ok(0, &["ps", "--json"])).unwrap();
+    assert!(left.is_empty(), "host 0 kept sandboxes: {left:?}");
+}
