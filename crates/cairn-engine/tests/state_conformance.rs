@@ -122,7 +122,155 @@ conformance!(
     an_imported_session_is_recorded_whole_or_not_at_all,
     decisions_are_recorded_with_their_effect_in_one_transaction,
     a_snapshot_is_marked_durable_in_the_remote_store_once,
+    a_job_is_claimed_by_one_worker_at_a_time_and_a_stale_claim_commits_nothing,
+    concurrent_claims_take_each_job_once,
+    sandboxes_are_listed_and_found_only_on_their_home,
 );
+
+fn a_job_is_claimed_by_one_worker_at_a_time_and_a_stale_claim_commits_nothing(store: &Store) {
+    use cairn_engine::queue::Fence;
+    use std::time::Duration;
+    let db = store.open();
+    db.insert_run(&run("run111", 1)).unwrap();
+    db.enqueue_run("run111").unwrap();
+    let first = db
+        .claim_job("w1", Duration::from_millis(300), &["run"])
+        .unwrap()
+        .expect("the queued run");
+    assert_eq!((first.epoch, first.status.as_str()), (1, "claimed"));
+    assert!(first.lease_left_ms.unwrap() > 0);
+    // Held: nobody else gets it, and it renews.
+    assert!(db.claim_job("w2", Duration::from_secs(30), &["run"]).unwrap().is_none());
+    let f1 = Fence {
+        job: "run111".into(),
+        epoch: 1,
+    };
+    assert!(db.renew_lease(&f1, "w1", Duration::from_millis(300)).unwrap());
+    // A branch job is not a run job.
+    assert!(db
+        .claim_job("w2", Duration::from_secs(30), &["branch"])
+        .unwrap()
+        .is_none());
+    // Under its claim, w1 commits.
+    let mut w1 = store.open();
+    w1.set_fence(Some(f1.clone()));
+    w1.put_stage(&stage("run111", "a", "", "running"), Some(("forked", "by w1", None)))
+        .unwrap();
+    // The lease runs out (no heartbeat): the reaper returns it, and w2 claims it.
+    std::thread::sleep(Duration::from_millis(400));
+    let reaped = db.reap_expired().unwrap();
+    assert_eq!(reaped.len(), 1);
+    assert!(db
+        .events_of("run111")
+        .unwrap()
+        .iter()
+        .any(|e| e.kind == "lease-expired"));
+    let second = db
+        .claim_job("w2", Duration::from_secs(30), &["run"])
+        .unwrap()
+        .expect("the expired job");
+    assert_eq!((second.epoch, second.worker.as_deref()), (2, Some("w2")));
+    // w1 wakes: its renewal and every commit are refused, and nothing is written.
+    assert!(!w1.renew_lease(&f1, "w1", Duration::from_secs(30)).unwrap());
+    let before = db.events_of("run111").unwrap().len();
+    let err = w1
+        .put_stage(
+            &stage("run111", "a", "", "completed"),
+            Some(("completed", "by w1", None)),
+        )
+        .unwrap_err();
+    assert!(matches!(err, StateError::Fenced { .. }), "{err}");
+    assert!(err.to_string().contains("another worker"), "{err}");
+    assert!(matches!(
+        w1.add_checkpoint("run111", "a", "", "snap", 5),
+        Err(StateError::Fenced { .. })
+    ));
+    assert!(matches!(
+        w1.finish_run("run111", "completed", None, 5),
+        Err(StateError::Fenced { .. })
+    ));
+    assert_eq!(db.events_of("run111").unwrap().len(), before);
+    assert_eq!(db.stage("run111", "a", "").unwrap().unwrap().status, "running");
+    assert!(!w1.finish_job(&f1).unwrap());
+    // w2's claim commits and ends the job.
+    let w2 = store.open();
+    let f2 = Fence {
+        job: "run111".into(),
+        epoch: 2,
+    };
+    w2.set_fence(Some(f2.clone()));
+    w2.finish_run("run111", "completed", None, 6).unwrap();
+    assert!(w2.finish_job(&f2).unwrap());
+    assert_eq!(db.job("run111").unwrap().unwrap().status, "done");
+    assert!(db
+        .claim_job("w3", Duration::from_secs(30), &["run", "branch"])
+        .unwrap()
+        .is_none());
+    // Queued again (a resume), it is claimable again under a new epoch.
+    db.enqueue_run("run111").unwrap();
+    let again = db.claim_job("w3", Duration::from_secs(30), &["run"]).unwrap().unwrap();
+    assert_eq!(again.epoch, 3);
+}
+
+fn concurrent_claims_take_each_job_once(store: &Store) {
+    use std::time::Duration;
+    let db = store.open();
+    db.insert_run(&run("run222", 1)).unwrap();
+    for i in 0..12 {
+        db.enqueue_branch("run222", "fit", &format!("b{i}"), "{}").unwrap();
+    }
+    let claimed: Vec<String> = std::thread::scope(|s| {
+        let handles: Vec<_> = (0..4)
+            .map(|w| {
+                s.spawn(move || {
+                    let db = store.open();
+                    let mut mine = Vec::new();
+                    while let Some(j) = db
+                        .claim_job(&format!("w{w}"), Duration::from_secs(30), &["branch"])
+                        .unwrap()
+                    {
+                        mine.push(j.id);
+                    }
+                    mine
+                })
+            })
+            .collect();
+        handles.into_iter().flat_map(|h| h.join().unwrap()).collect()
+    });
+    let mut sorted = claimed.clone();
+    sorted.sort();
+    sorted.dedup();
+    assert_eq!(sorted.len(), 12, "{claimed:?}");
+    assert_eq!(claimed.len(), 12, "a job was claimed twice: {claimed:?}");
+}
+
+fn sandboxes_are_listed_and_found_only_on_their_home(store: &Store) {
+    let mut db = store.open();
+    db.insert_sandbox(&sandbox("abc123", "mine")).unwrap();
+    assert_eq!(db.sandboxes().unwrap().len(), 1);
+    // Another home on the same state store (a second host) sees none of them.
+    let other = tempfile::tempdir().unwrap();
+    let mut home = Home::at(other.path());
+    if let Some(d) = &store.db {
+        home = home.with_state(&d.url).with_store("s3://shared/prefix");
+        // The owner names the shared store first.
+        drop(
+            Db::open_home(
+                &Home::at(store.dir.path())
+                    .with_state(&d.url)
+                    .with_store("s3://shared/prefix"),
+            )
+            .unwrap(),
+        );
+    } else {
+        home = home.with_state(format!("sqlite:{}", store.dir.path().join("state.db").display()));
+    }
+    let theirs = Db::open_home(&home).unwrap();
+    assert!(theirs.sandboxes().unwrap().is_empty());
+    assert!(theirs.find_sandboxes("mine").unwrap().is_empty());
+    assert!(theirs.find_sandboxes("abc").unwrap().is_empty());
+    assert_eq!(db.find_sandboxes("mine").unwrap().len(), 1);
+}
 
 fn a_snapshot_is_marked_durable_in_the_remote_store_once(store: &Store) {
     let mut db = store.open();
@@ -762,7 +910,8 @@ fn stores_opened_at_once_migrate_once(store: &Store) {
     }
 }
 
-// PostgreSQL only: one database belongs to one state directory.
+// PostgreSQL only: one database belongs to one state directory, or to the
+// state directories of hosts on one remote store.
 
 #[test]
 fn a_postgres_store_of_another_state_directory_is_refused() {
@@ -782,6 +931,28 @@ fn a_postgres_store_of_another_state_directory_is_refused() {
     assert!(msg.contains("--home"), "{msg}");
     // The owner still opens it.
     drop(store.open());
+    // Homes on one remote store share the database; another store is refused.
+    let url = &store.db.as_ref().unwrap().url;
+    drop(
+        Db::open_home(
+            &Home::at(store.dir.path())
+                .with_state(url)
+                .with_store("s3://b/p?endpoint=http://a:1"),
+        )
+        .unwrap(),
+    );
+    drop(
+        Db::open_home(
+            &Home::at(other.path())
+                .with_state(url)
+                .with_store("s3://b/p?endpoint=http://b:2"),
+        )
+        .unwrap(),
+    );
+    let err = Db::open_home(&Home::at(other.path()).with_state(url).with_store("s3://elsewhere/p"))
+        .err()
+        .expect("a home on another store opened the database");
+    assert!(err.to_string().contains("--store s3://b/p"), "{err}");
 }
 
 #[test]

@@ -205,9 +205,9 @@ impl Listed<'_> {
             .flatten();
         let queue = engine.queue_job(&run.id).ok().flatten();
         // A job waiting for a worker, or held under a live lease, executes it.
-        let queued = queue.as_ref().is_some_and(|j| {
-            j.status == "queued" || (j.status == "claimed" && j.lease_left_ms.is_some_and(|l| l > 0))
-        });
+        let queued = queue
+            .as_ref()
+            .is_some_and(|j| j.status == "queued" || (j.status == "claimed" && j.lease_left_ms.is_some_and(|l| l > 0)));
         let awaiting_approval = (run.status == AWAITING)
             .then(|| engine.awaiting_approval(&run.id).ok().flatten())
             .flatten();

@@ -88,7 +88,10 @@ impl Hosts {
 
     /// Every process in host `k`'s network namespace.
     fn pids(&self, k: usize) -> Vec<i32> {
-        let out = Command::new("ip").args(["netns", "pids", &self.names[k]]).output().unwrap();
+        let out = Command::new("ip")
+            .args(["netns", "pids", &self.names[k]])
+            .output()
+            .unwrap();
         String::from_utf8_lossy(&out.stdout)
             .lines()
             .filter_map(|l| l.trim().parse().ok())
@@ -180,7 +183,12 @@ impl Cluster {
             ("AWS_SECRET_ACCESS_KEY".to_string(), garage.secret.clone()),
         ];
         let homes = (0..hosts.names.len())
-            .map(|_| tempfile::Builder::new().prefix("cairn-host").tempdir_in("/tmp").unwrap())
+            .map(|_| {
+                tempfile::Builder::new()
+                    .prefix("cairn-host")
+                    .tempdir_in("/tmp")
+                    .unwrap()
+            })
             .collect();
         Some(Cluster {
             hosts,
@@ -231,7 +239,16 @@ impl Cluster {
         let err = std::fs::File::create(self.home(k).join("worker.err")).unwrap();
         self.command(
             k,
-            &["worker", "--json", "--slots", "2", "--lease", &lease_secs.to_string(), "--poll", "0.5"],
+            &[
+                "worker",
+                "--json",
+                "--slots",
+                "2",
+                "--lease",
+                &lease_secs.to_string(),
+                "--poll",
+                "0.5",
+            ],
         )
         .stdout(log)
         .stderr(err)
@@ -341,7 +358,10 @@ nonce = "0"
 }
 
 fn kinds(events: &[serde_json::Value]) -> Vec<String> {
-    events.iter().map(|e| e["kind"].as_str().unwrap_or_default().to_string()).collect()
+    events
+        .iter()
+        .map(|e| e["kind"].as_str().unwrap_or_default().to_string())
+        .collect()
 }
 
 fn count_kind(events: &[serde_json::Value], kind: &str) -> usize {
@@ -373,14 +393,33 @@ fn a_host_killed_mid_stage_loses_it_to_another_that_resumes_from_the_checkpoint_
         return;
     };
     // Host 2 enqueues (and imports the image every host uses, through S3).
-    c.ok(2, &["image", "import", common::busybox_layer().to_str().unwrap(), "--name", "busybox"]);
+    c.ok(
+        2,
+        &[
+            "image",
+            "import",
+            common::busybox_layer().to_str().unwrap(),
+            "--name",
+            "busybox",
+        ],
+    );
     let file = counting_pipeline(c.home(2), 60);
     let run = c.ok(
         2,
-        &["pipeline", "run", "--queue", "--detach", file.to_str().unwrap(), "--param", "nonce=kill"],
+        &[
+            "pipeline",
+            "run",
+            "--queue",
+            "--detach",
+            file.to_str().unwrap(),
+            "--param",
+            "nonce=kill",
+        ],
     );
     let mut first = c.worker(0, 3);
-    c.wait_for(2, &run, 120, "a checkpoint on host 0", |e| count_kind(e, "checkpoint") >= 2);
+    c.wait_for(2, &run, 120, "a checkpoint on host 0", |e| {
+        count_kind(e, "checkpoint") >= 2
+    });
     c.kill_host(0);
     let _ = first.wait();
     let mut second = c.worker(1, 3);
@@ -407,14 +446,21 @@ fn a_host_killed_mid_stage_loses_it_to_another_that_resumes_from_the_checkpoint_
         .filter_map(|e| e["detail"].as_str())
         .any(|d| d.contains("restores checkpoint"));
     assert!(restored, "host 1 did not restore a checkpoint: {ks:?} ({resumed:?})");
-    assert_eq!(count_kind(&events, "completed"), 2, "one stage completion and the run's: {ks:?}");
+    assert_eq!(
+        count_kind(&events, "completed"),
+        2,
+        "one stage completion and the run's: {ks:?}"
+    );
     // Host 1's cache never saw the run before; the stage went on from a
     // count host 0 reached, and reached the end.
     let starts = read_output(&c, 1, &run, "starts");
     let starts: Vec<u32> = starts.lines().filter_map(|l| l.trim().parse().ok()).collect();
     assert_eq!(starts.len(), 2, "{starts:?}");
     assert_eq!(starts[0], 0);
-    assert!(starts[1] > 0, "the second host started from the input, not a checkpoint: {starts:?}");
+    assert!(
+        starts[1] > 0,
+        "the second host started from the input, not a checkpoint: {starts:?}"
+    );
     assert_eq!(read_output(&c, 1, &run, "progress"), "60");
     // Host 1 also restores on a third host that never ran anything.
     assert_eq!(read_output(&c, 2, &run, "progress"), "60");
@@ -431,14 +477,33 @@ fn a_worker_paused_past_its_lease_has_its_commit_refused_and_the_stage_commits_o
     let Some(c) = Cluster::start(test, 3) else {
         return;
     };
-    c.ok(2, &["image", "import", common::busybox_layer().to_str().unwrap(), "--name", "busybox"]);
+    c.ok(
+        2,
+        &[
+            "image",
+            "import",
+            common::busybox_layer().to_str().unwrap(),
+            "--name",
+            "busybox",
+        ],
+    );
     let file = counting_pipeline(c.home(2), 25);
     let run = c.ok(
         2,
-        &["pipeline", "run", "--queue", "--detach", file.to_str().unwrap(), "--param", "nonce=pause"],
+        &[
+            "pipeline",
+            "run",
+            "--queue",
+            "--detach",
+            file.to_str().unwrap(),
+            "--param",
+            "nonce=pause",
+        ],
     );
     let mut paused = c.worker(0, 2);
-    c.wait_for(2, &run, 120, "a checkpoint on host 0", |e| count_kind(e, "checkpoint") >= 1);
+    c.wait_for(2, &run, 120, "a checkpoint on host 0", |e| {
+        count_kind(e, "checkpoint") >= 1
+    });
     let pid = nix::unistd::Pid::from_raw(paused.id() as i32);
     // nsenter execs cairn, so the child is the worker itself.
     nix::sys::signal::kill(pid, nix::sys::signal::Signal::SIGSTOP).unwrap();
@@ -466,7 +531,11 @@ fn a_worker_paused_past_its_lease_has_its_commit_refused_and_the_stage_commits_o
     }
     let events = c.events(2, &run);
     let ks = kinds(&events);
-    assert_eq!(count_kind(&events, "completed"), 2, "the stage and the run, once each: {ks:?}");
+    assert_eq!(
+        count_kind(&events, "completed"),
+        2,
+        "the stage and the run, once each: {ks:?}"
+    );
     assert!(ks.contains(&"lease-expired".to_string()), "{ks:?}");
     assert_eq!(read_output(&c, 2, &run, "progress"), "25");
     // Nothing of the refused attempt is left on host 0.
@@ -476,7 +545,11 @@ fn a_worker_paused_past_its_lease_has_its_commit_refused_and_the_stage_commits_o
             nix::sys::signal::Signal::SIGTERM,
         );
         let status = child.wait().unwrap();
-        assert!(status.success(), "worker {k} stopped with {status}: {}", c.worker_log(k));
+        assert!(
+            status.success(),
+            "worker {k} stopped with {status}: {}",
+            c.worker_log(k)
+        );
     }
     let left: Vec<serde_json::Value> = serde_json::from_str(&c.ok(0, &["ps", "--json"])).unwrap();
     assert!(left.is_empty(), "host 0 kept sandboxes: {left:?}");
