@@ -242,23 +242,45 @@ fn run_job(
     engine.db.set_fence(Some(fence.clone()));
     engine.slots = Some(slots.clone());
     let detail = match job.kind.as_str() {
-        "run" => {
-            let rec = engine.execute_queued_run(&job.run_id, watch)?;
-            format!("run {} {}", rec.id, rec.status)
-        }
-        _ => {
-            let out = engine.run_branch_job(job, watch)?;
-            match out {
-                Some(snap) => format!(
-                    "branch {} of {} completed: {}",
-                    job.branch,
-                    job.stage,
-                    &snap[..12.min(snap.len())]
-                ),
-                None => format!("branch {} of {} went to the dead letters", job.branch, job.stage),
-            }
-        }
+        "run" => engine
+            .execute_queued_run(&job.run_id, watch)
+            .map(|rec| format!("run {} {}", rec.id, rec.status)),
+        _ => engine.run_branch_job(job, watch).map(|out| match out {
+            Some(snap) => format!(
+                "branch {} of {} completed: {}",
+                job.branch,
+                job.stage,
+                &snap[..12.min(snap.len())]
+            ),
+            None => format!("branch {} of {} went to the dead letters", job.branch, job.stage),
+        }),
     };
-    engine.db.finish_job(fence)?;
-    Ok(detail)
+    match detail {
+        Ok(detail) => {
+            engine.db.finish_job(fence)?;
+            Ok(detail)
+        }
+        Err(e) => {
+            // The claim is left to expire: another worker (perhaps on a
+            // host without this one's trouble) takes the job a lease later.
+            if !matches!(e, EngineError::State(StateError::Fenced { .. })) {
+                let (stage, branch) = (
+                    (!job.stage.is_empty()).then_some(job.stage.as_str()),
+                    (!job.branch.is_empty()).then_some(job.branch.as_str()),
+                );
+                let _ = engine.db.event(
+                    &job.run_id,
+                    stage,
+                    branch,
+                    "worker-error",
+                    &format!(
+                        "claim {} failed: {e}; another worker retries it when the lease expires",
+                        job.epoch
+                    ),
+                    None,
+                );
+            }
+            Err(e)
+        }
+    }
 }

@@ -235,6 +235,10 @@ impl Cluster {
 
     /// A worker on host `k`, its JSON lines to a file in its home.
     fn worker(&self, k: usize, lease_secs: u32) -> Child {
+        self.worker_with(k, lease_secs, 2)
+    }
+
+    fn worker_with(&self, k: usize, lease_secs: u32, slots: u32) -> Child {
         let log = std::fs::File::create(self.home(k).join("worker.log")).unwrap();
         let err = std::fs::File::create(self.home(k).join("worker.err")).unwrap();
         self.command(
@@ -243,7 +247,7 @@ impl Cluster {
                 "worker",
                 "--json",
                 "--slots",
-                "2",
+                &slots.to_string(),
                 "--lease",
                 &lease_secs.to_string(),
                 "--poll",
@@ -553,4 +557,98 @@ fn a_worker_paused_past_its_lease_has_its_commit_refused_and_the_stage_commits_o
     }
     let left: Vec<serde_json::Value> = serde_json::from_str(&c.ok(0, &["ps", "--json"])).unwrap();
     assert!(left.is_empty(), "host 0 kept sandboxes: {left:?}");
+}
+
+#[test]
+fn the_branches_of_a_group_spread_over_hosts_and_one_winner_is_kept() {
+    let test = "the_branches_of_a_group_spread_over_hosts_and_one_winner_is_kept";
+    let Some(c) = Cluster::start(test, 3) else {
+        return;
+    };
+    c.ok(
+        2,
+        &[
+            "image",
+            "import",
+            common::busybox_layer().to_str().unwrap(),
+            "--name",
+            "busybox",
+        ],
+    );
+    let file = c.home(2).join("spread.toml");
+    std::fs::write(
+        &file,
+        r#"[pipeline]
+name = "spread"
+image = "busybox"
+
+[[stage]]
+name = "base"
+key = "base-v1"
+run = ["mkdir -p /work && echo base > /work/base"]
+
+[[stage]]
+name = "fit"
+after = "base"
+key = "fit-{hypothesis}"
+run = ["sleep 2; echo {hypothesis.score} > /work/score"]
+[stage.branches]
+select = "min"
+metric = "file:/work/score"
+hypotheses = [
+  { name = "a", score = "7" }, { name = "b", score = "3" },
+  { name = "c", score = "9" }, { name = "d", score = "5" },
+]
+"#,
+    )
+    .unwrap();
+    let run = c.ok(2, &["pipeline", "run", "--queue", "--detach", file.to_str().unwrap()]);
+    let mut workers = vec![c.worker_with(0, 5, 1), c.worker_with(1, 5, 1)];
+    let deadline = Instant::now() + Duration::from_secs(180);
+    while c.run_status(2, &run) != "completed" {
+        assert!(
+            Instant::now() < deadline,
+            "the run did not complete: {:?}\n{}\n{}",
+            kinds(&c.events(2, &run)),
+            c.worker_log(0),
+            c.worker_log(1)
+        );
+        std::thread::sleep(Duration::from_millis(300));
+    }
+    let branches_of = |k: usize| {
+        c.worker_log(k)
+            .lines()
+            .filter_map(|l| serde_json::from_str::<serde_json::Value>(l).ok())
+            .filter(|v| v["event"] == "ended" && v["kind"] == "branch")
+            .count()
+    };
+    let (zero, one) = (branches_of(0), branches_of(1));
+    assert_eq!(
+        zero + one,
+        4,
+        "each branch ran once:\n{}\n{}",
+        c.worker_log(0),
+        c.worker_log(1)
+    );
+    assert!(
+        zero >= 1 && one >= 1,
+        "the branches did not spread: {zero} on host 0, {one} on host 1:\n{}\n{}",
+        c.worker_log(0),
+        c.worker_log(1)
+    );
+    let events = c.events(2, &run);
+    let won: Vec<&serde_json::Value> = events.iter().filter(|e| e["kind"] == "won").collect();
+    assert_eq!(won.len(), 1, "{:?}", kinds(&events));
+    assert!(
+        won[0]["detail"].as_str().unwrap().starts_with("b won under min"),
+        "{:?}",
+        won[0]
+    );
+    for w in &mut workers {
+        let _ = nix::sys::signal::kill(
+            nix::unistd::Pid::from_raw(w.id() as i32),
+            nix::sys::signal::Signal::SIGTERM,
+        );
+        assert!(w.wait().unwrap().success());
+    }
 }

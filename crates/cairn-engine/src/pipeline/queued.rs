@@ -145,6 +145,9 @@ impl Engine {
     pub fn run_branch_job(&mut self, job: &Job, watch: &dyn RunWatcher) -> Result<Option<String>, EngineError> {
         let run = self.run_record(&job.run_id)?;
         let mut pipeline = self.parsed_run(&run)?;
+        // Its log goes beside the run's on this host.
+        let dir = self.run_dir(&run.id);
+        std::fs::create_dir_all(&dir).map_err(|e| RunError::Read(dir.clone(), e))?;
         let payload: BranchPayload = serde_json::from_str(&job.payload)
             .map_err(|e| RunError::Lost(format!("branch job {} carries no valid hypothesis: {e}", job.id)))?;
         pipeline.params = payload.params;
