@@ -209,7 +209,8 @@ pub fn flock_holder(path: &std::path::Path) -> Option<u32> {
     })
 }
 
-pub(crate) fn random_hex(bytes: usize) -> String {
+/// `bytes` random bytes from the kernel, as lowercase hex.
+pub fn random_hex(bytes: usize) -> String {
     let mut b = vec![0u8; bytes];
     getrandom::getrandom(&mut b).expect("the kernel RNG is available");
     b.iter().map(|x| format!("{x:02x}")).collect()

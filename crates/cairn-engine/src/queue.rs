@@ -211,7 +211,8 @@ impl Db {
     /// `lease`: a queued job, or a claimed one whose lease expired (its
     /// holder is presumed dead). `kinds` limits what is taken.
     pub fn claim_job(&self, worker: &str, lease: Duration, kinds: &[&str]) -> Result<Option<Job>, StateError> {
-        self.transaction(|b| {
+        // One statement, atomic on its own: no transaction round trips.
+        self.with(|b| {
             let kind = b.kind();
             let now = now_sql(kind);
             let skip = if kind == BackendKind::Postgres {
@@ -231,11 +232,10 @@ impl Db {
                              WHERE kind IN ({kinds_sql})
                                AND (status = 'queued' OR (status = 'claimed' AND lease_until < {now}))
                              ORDER BY enqueued_at, id LIMIT 1{skip})
-                 RETURNING {JOB_COLUMNS}"
+                 RETURNING {JOB_COLUMNS}, {now}"
             );
             let rows = b.query(&sql, params![worker, lease.as_millis() as i64])?;
-            let at = db_now(b)?;
-            rows.first().map(|r| job_from_row(r, at)).transpose()
+            rows.first().map(|r| job_from_row(r, r.get(13)?)).transpose()
         })
     }
 
@@ -258,14 +258,15 @@ impl Db {
     /// Ends a held job (its run or branch reached an end this worker
     /// recorded); a stale claim ends nothing.
     pub fn finish_job(&self, fence: &Fence) -> Result<bool, StateError> {
-        self.transaction(|b| {
-            let now = db_now(b)?;
+        self.with(|b| {
+            let now = now_sql(b.kind());
             let n = b.execute(
-                "UPDATE stage_jobs SET status = 'done', ended_at = $3, lease_until = NULL
-                 WHERE id = $1 AND epoch = $2 AND status = 'claimed'",
-                params![&fence.job, fence.epoch, now],
+                &format!(
+                    "UPDATE stage_jobs SET status = 'done', ended_at = {now}, lease_until = NULL
+                     WHERE id = $1 AND epoch = $2 AND status = 'claimed'"
+                ),
+                params![&fence.job, fence.epoch],
             )?;
-            notify(b)?;
             Ok(n == 1)
         })
     }

@@ -325,9 +325,15 @@ pub enum Command {
         /// sessions: how many entries the context log is filled to.
         #[arg(long, default_value_t = 1_000_000)]
         entries: u64,
-        /// sessions: the files a suspended and resumed session holds, e.g. 1G, 256M.
+        /// sessions: the files a suspended and resumed session holds, e.g. 1G,
+        /// 256M; scale: the size of the snapshot restored cold and warm.
         #[arg(long, default_value = "1G", value_name = "SIZE", value_parser = parse_bytes)]
         size: u64,
+        /// scale: an empty PostgreSQL database for the queue figures
+        /// (postgres://…); without it they are taken on SQLite. The cold
+        /// restore uses --store (or CAIRN_STORE), an s3:// store.
+        #[arg(long, value_name = "URL")]
+        postgres: Option<String>,
         #[arg(long)]
         json: bool,
     },

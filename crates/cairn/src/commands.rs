@@ -33,11 +33,17 @@ pub fn dispatch(cli: Cli) -> Result<i32> {
         runs,
         entries,
         size,
+        postgres,
         json,
     } = cli.command
     {
         let sessions = crate::bench::SessionsOptions { entries, size };
-        return crate::bench::run(home, &which, runs, &sessions, json);
+        let scale = crate::bench::ScaleOptions {
+            postgres,
+            store: home.store_url().map(str::to_string),
+            size,
+        };
+        return crate::bench::run(home, &which, runs, &sessions, &scale, json);
     }
     if let Command::Serve {
         socket,

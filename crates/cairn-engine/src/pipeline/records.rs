@@ -37,7 +37,7 @@ pub struct StageRecord {
 
 impl StageRecord {
     /// A stage (or branch) about to run for the first time in `run`.
-    pub(crate) fn pending(run: &str, stage: &str, branch: &str, key: &str, input: Option<&str>) -> StageRecord {
+    pub fn pending(run: &str, stage: &str, branch: &str, key: &str, input: Option<&str>) -> StageRecord {
         StageRecord {
             run_id: run.to_string(),
             stage: stage.to_string(),

@@ -17,9 +17,11 @@ use cairn_protocol::{ExecRequest, FileKind, FileMeta};
 use serde::Serialize;
 
 mod api;
+mod scale;
 mod sessions;
 mod state;
 
+pub use scale::ScaleOptions;
 pub use sessions::SessionsOptions;
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
@@ -54,6 +56,11 @@ pub enum Which {
     /// up to --entries; native suspend and resume over --size of files beside
     /// a plain snapshot and restore; a gVisor session's resume to first output.
     Sessions,
+    /// The shared stage queue with four workers: claim latency, enqueue to
+    /// claim by an idle worker, stages dispatched per second (on --postgres,
+    /// else SQLite); with --store s3://…, a snapshot of --size restored on a
+    /// cold cache beside a warm one.
+    Scale,
 }
 
 #[derive(Debug, Serialize)]
@@ -113,7 +120,14 @@ struct Bench {
     layer: PathBuf,
 }
 
-pub fn run(user_home: Home, which: &[Which], runs: usize, sessions: &SessionsOptions, json: bool) -> Result<i32> {
+pub fn run(
+    user_home: Home,
+    which: &[Which],
+    runs: usize,
+    sessions: &SessionsOptions,
+    scale: &ScaleOptions,
+    json: bool,
+) -> Result<i32> {
     if runs < 5 {
         bail!("--runs must be at least 5 to give a median and a p95");
     }
@@ -135,6 +149,7 @@ pub fn run(user_home: Home, which: &[Which], runs: usize, sessions: &SessionsOpt
             Which::Gvisor => bench.gvisor(runs.min(10)),
             Which::Api => bench.api(runs),
             Which::Sessions => bench.sessions(runs, sessions),
+            Which::Scale => bench.scale(runs, scale),
         };
         results.extend(r?);
     }

@@ -1,0 +1,304 @@
+//! `cairn bench scale`: the shared stage queue under four workers (claim
+//! latency, wake-up latency, dispatch throughput) on the state store given
+//! (`--postgres`, else the scratch home's SQLite), and a snapshot restored
+//! on a cold host beside a warm one when a remote store is given (`--store`).
+
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use anyhow::{bail, Context, Result};
+use cairn_engine::pipeline::records::{RunRecord, StageRecord};
+use cairn_engine::queue::Fence;
+use cairn_engine::state::Db;
+use cairn_engine::{CreateOptions, Engine, Home, Silent};
+use cairn_protocol::ExecRequest;
+
+use super::{summarize, Bench, Measurement};
+
+/// Where `bench scale` measures.
+#[derive(Debug, Clone, Default)]
+pub struct ScaleOptions {
+    /// An empty PostgreSQL database for the queue figures.
+    pub postgres: Option<String>,
+    /// A remote chunk store (s3://…) for the cold-restore figure.
+    pub store: Option<String>,
+    /// The size of the restored snapshot's files.
+    pub size: u64,
+}
+
+const WORKERS: usize = 4;
+const LEASE: Duration = Duration::from_secs(60);
+
+impl Bench {
+    pub(super) fn scale(&self, runs: usize, opts: &ScaleOptions) -> Result<Vec<Measurement>> {
+        let mut out = self.queue_figures(runs, opts)?;
+        match &opts.store {
+            Some(store) => out.extend(self.cold_restore(store, opts.size, runs.min(5))?),
+            None => eprintln!(
+                "cairn bench: no --store s3://…: the cold-restore figures need a remote store (an S3-compatible server)"
+            ),
+        }
+        Ok(out)
+    }
+
+    fn queue_figures(&self, runs: usize, opts: &ScaleOptions) -> Result<Vec<Measurement>> {
+        let scratch = tempfile::Builder::new()
+            .prefix("cairn-bench-scale")
+            .tempdir_in("/tmp")?;
+        let mut home = Home::at(scratch.path());
+        let backend = match &opts.postgres {
+            Some(url) => {
+                home = home.with_state(url.as_str());
+                "PostgreSQL"
+            }
+            None => {
+                eprintln!(
+                    "cairn bench: no --postgres URL: the queue figures are on SQLite (one host); give an empty \
+                     PostgreSQL database to measure what many hosts share"
+                );
+                "SQLite"
+            }
+        };
+        let db = Db::open_home(&home)
+            .context("opening the state store for the queue figures (--postgres takes an empty database of its own: createdb NAME)")?;
+        let run = RunRecord {
+            id: cairn_engine::random_hex(6),
+            pipeline: "bench-scale".into(),
+            file: "bench".into(),
+            spec: String::new(),
+            params: String::new(),
+            status: "running".into(),
+            created_at: cairn_engine::now_ms(),
+            ended_at: None,
+            error: None,
+        };
+        db.insert_run(&run)?;
+        let total = (runs * WORKERS).max(400);
+        for i in 0..total {
+            db.enqueue_branch(&run.id, "s", &format!("b{i}"), "{}")?;
+        }
+        // Each worker claims, commits a stage's outcome under its fence
+        // (row and event in one transaction), and ends the job: a stage's
+        // whole dispatch with nothing to run.
+        let claims = Mutex::new(Vec::with_capacity(total));
+        let dispatched = AtomicUsize::new(0);
+        let t0 = Instant::now();
+        std::thread::scope(|s| -> Result<()> {
+            let handles: Vec<_> = (0..WORKERS)
+                .map(|w| {
+                    let (home, claims, dispatched, run) = (&home, &claims, &dispatched, &run.id);
+                    s.spawn(move || -> Result<()> {
+                        let mut db = Db::open_home(home)?;
+                        let me = format!("bench-{w}");
+                        loop {
+                            let t = Instant::now();
+                            let Some(job) = db.claim_job(&me, LEASE, &["branch"])? else {
+                                return Ok(());
+                            };
+                            claims.lock().unwrap().push(t.elapsed().as_secs_f64() * 1e3);
+                            let fence = Fence {
+                                job: job.id.clone(),
+                                epoch: job.epoch,
+                            };
+                            db.set_fence(Some(fence.clone()));
+                            let mut rec = StageRecord::pending(run, "s", &job.branch, &job.id, None);
+                            rec.status = "completed".into();
+                            rec.ended_at = Some(cairn_engine::now_ms());
+                            db.put_stage(&rec, Some(("completed", "bench", None)))?;
+                            db.set_fence(None);
+                            db.finish_job(&fence)?;
+                            dispatched.fetch_add(1, Ordering::Relaxed);
+                        }
+                    })
+                })
+                .collect();
+            for h in handles {
+                h.join().map_err(|_| anyhow::anyhow!("a bench worker panicked"))??;
+            }
+            Ok(())
+        })?;
+        let rate = dispatched.load(Ordering::Relaxed) as f64 / t0.elapsed().as_secs_f64();
+        if dispatched.load(Ordering::Relaxed) != total {
+            bail!("{} of {total} jobs dispatched", dispatched.load(Ordering::Relaxed));
+        }
+        let mut out = vec![summarize(
+            &format!("queue: claim, {WORKERS} workers contending ({backend})"),
+            "ms",
+            claims.into_inner().unwrap(),
+            Some(10.0),
+            true,
+        )];
+        out.push(Measurement {
+            name: format!("queue: stages dispatched, {WORKERS} workers ({backend}; claim, fenced commit, end)"),
+            unit: "stages/s",
+            median: rate,
+            p95: rate,
+            runs: total,
+            target: Some(500.0),
+            lower_is_better: false,
+            cairn_ratio: None,
+        });
+        out.push(self.wake_up(&home, &db, &run.id, runs.min(50), backend)?);
+        Ok(out)
+    }
+
+    /// Enqueue to claim by one of four idle workers waiting for a wake-up
+    /// (PostgreSQL's NOTIFY; SQLite's workers poll every 200 ms).
+    fn wake_up(&self, home: &Home, db: &Db, run: &str, runs: usize, backend: &str) -> Result<Measurement> {
+        let enqueued: Arc<Mutex<Option<Instant>>> = Arc::default();
+        let samples = Mutex::new(Vec::new());
+        let done = std::sync::atomic::AtomicBool::new(false);
+        let claimed = AtomicUsize::new(0);
+        std::thread::scope(|s| -> Result<()> {
+            let handles: Vec<_> = (0..WORKERS)
+                .map(|w| {
+                    let (enqueued, samples, done, claimed) = (&enqueued, &samples, &done, &claimed);
+                    s.spawn(move || -> Result<()> {
+                        let db = Db::open_home(home)?;
+                        let mut listener = Db::listener(home)?;
+                        let me = format!("wake-{w}");
+                        while !done.load(Ordering::SeqCst) {
+                            if let Some(job) = db.claim_job(&me, LEASE, &["branch"])? {
+                                if let Some(t) = *enqueued.lock().unwrap() {
+                                    samples.lock().unwrap().push(t.elapsed().as_secs_f64() * 1e3);
+                                }
+                                db.finish_job(&Fence {
+                                    job: job.id,
+                                    epoch: job.epoch,
+                                })?;
+                                claimed.fetch_add(1, Ordering::SeqCst);
+                                continue;
+                            }
+                            match listener.as_mut() {
+                                Some(l) => {
+                                    l.wait(Duration::from_secs(1));
+                                }
+                                None => std::thread::sleep(Duration::from_millis(200)),
+                            }
+                        }
+                        Ok(())
+                    })
+                })
+                .collect();
+            std::thread::sleep(Duration::from_millis(300));
+            for i in 0..runs {
+                *enqueued.lock().unwrap() = Some(Instant::now());
+                db.enqueue_branch(run, "wake", &format!("w{i}"), "{}")?;
+                let deadline = Instant::now() + Duration::from_secs(5);
+                while claimed.load(Ordering::SeqCst) <= i && Instant::now() < deadline {
+                    std::thread::sleep(Duration::from_micros(200));
+                }
+                // Idle again before the next one.
+                std::thread::sleep(Duration::from_millis(20));
+            }
+            done.store(true, Ordering::SeqCst);
+            db.enqueue_branch(run, "wake", "last", "{}")?;
+            for h in handles {
+                h.join().map_err(|_| anyhow::anyhow!("a bench worker panicked"))??;
+            }
+            Ok(())
+        })?;
+        let samples = samples.into_inner().unwrap();
+        if samples.len() < runs {
+            bail!("{} of {runs} wake-ups were claimed within 5 s", samples.len());
+        }
+        Ok(summarize(
+            &format!("queue: enqueue to claim by an idle worker ({backend})"),
+            "ms",
+            samples,
+            None,
+            true,
+        ))
+    }
+
+    /// A snapshot of `size` bytes of files restored to first output on a
+    /// home whose cache is empty (another host), beside the same restore on
+    /// the home that wrote it.
+    fn cold_restore(&self, store: &str, size: u64, runs: usize) -> Result<Vec<Measurement>> {
+        let first_output = |engine: &Engine, rec: &cairn_engine::SandboxRecord, cmd: &str| -> Result<()> {
+            let req = ExecRequest {
+                argv: vec!["sh".into(), "-c".into(), cmd.into()],
+                ..ExecRequest::default()
+            };
+            let start = engine.exec(rec, req)?.map_err(|f| anyhow::anyhow!(f.message))?;
+            match start.session.wait(&mut std::io::sink(), &mut std::io::sink())? {
+                Some(s) if s.code == Some(0) => Ok(()),
+                other => bail!("`{cmd}` failed in the sandbox: {other:?}"),
+            }
+        };
+        let state = tempfile::Builder::new()
+            .prefix("cairn-bench-state")
+            .tempdir_in("/tmp")?;
+        let state_url = format!("sqlite:{}", state.path().join("state.db").display());
+        let writer_dir = tempfile::Builder::new().prefix("cairn-bench-warm").tempdir_in("/tmp")?;
+        let writer = Home::at(writer_dir.path())
+            .with_state(state_url.as_str())
+            .with_store(store);
+        let mut engine = Engine::open(writer.clone())?;
+        engine.import_image(&self.layer, "busybox", &Silent)?;
+        let rec = engine.create_sandbox(&CreateOptions::default(), &Silent)?;
+        let mib = size.div_ceil(1 << 20);
+        eprintln!("cairn bench: writing {mib} MiB and uploading its snapshot to {store}");
+        first_output(
+            &engine,
+            &rec,
+            &format!("mkdir -p /work && dd if=/dev/urandom of=/work/data bs=1M count={mib} 2>/dev/null"),
+        )?;
+        let snap = engine.snapshot(&rec, None)?;
+        engine.remove_sandbox(&engine.sandbox(&rec.id)?, true)?;
+        engine.mark_remote_durable(Duration::from_secs(3600))?;
+        if engine.remote_durable_at(&snap.id)?.is_none() {
+            bail!("the snapshot did not reach {store}");
+        }
+        let restore = |engine: &mut Engine| -> Result<f64> {
+            let t = Instant::now();
+            let rec = engine.restore(&engine.snapshot_record(&snap.id)?, &CreateOptions::default())?;
+            first_output(engine, &rec, "true")?;
+            let ms = t.elapsed().as_secs_f64() * 1e3;
+            engine.remove_sandbox(&engine.sandbox(&rec.id)?, true)?;
+            Ok(ms)
+        };
+        let mut warm = Vec::new();
+        for _ in 0..runs {
+            warm.push(restore(&mut engine)?);
+        }
+        let mut cold = Vec::new();
+        for _ in 0..runs {
+            let dir = tempfile::Builder::new().prefix("cairn-bench-cold").tempdir_in("/tmp")?;
+            let mut fresh = Engine::open(Home::at(dir.path()).with_state(state_url.as_str()).with_store(store))?;
+            cold.push(restore(&mut fresh)?);
+        }
+        let bandwidth = |ms: &[f64]| -> Vec<f64> { ms.iter().map(|m| mib as f64 / (m / 1e3)).collect() };
+        Ok(vec![
+            summarize(
+                &format!("restore {mib} MiB, cold cache (another host)"),
+                "ms",
+                cold.clone(),
+                None,
+                true,
+            ),
+            summarize(
+                &format!("restore {mib} MiB, warm cache (the writing host)"),
+                "ms",
+                warm.clone(),
+                None,
+                true,
+            ),
+            summarize(
+                &format!("restore {mib} MiB, cold cache"),
+                "MiB/s",
+                bandwidth(&cold),
+                None,
+                false,
+            ),
+            summarize(
+                &format!("restore {mib} MiB, warm cache"),
+                "MiB/s",
+                bandwidth(&warm),
+                None,
+                false,
+            ),
+        ])
+    }
+}
