@@ -15,9 +15,10 @@ fi
 # runsc: the gvisor driver; postgresql: initdb/pg_ctl for the state store
 # tests, which start throwaway clusters of their own (the system service is
 # not used); gcc and libc6-dev: the static attack programs of the isolation
-# and seccomp tests. busybox-static is fetched by `apt-get download`, which
-# needs the package lists.
-packages=(bubblewrap crun debootstrap runsc postgresql gcc libc6-dev ca-certificates)
+# and seccomp tests; iproute2 and util-linux (ip, nsenter): the multi-host
+# tests' network namespaces. busybox-static is fetched by `apt-get download`,
+# which needs the package lists.
+packages=(bubblewrap crun debootstrap runsc postgresql gcc libc6-dev ca-certificates iproute2 util-linux)
 missing=()
 for p in "${packages[@]}"; do
     dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
