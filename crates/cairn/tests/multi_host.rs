@@ -159,6 +159,12 @@ impl Cluster {
         if skip(test) {
             return None;
         }
+        for (tool, package) in [("ip", "iproute2"), ("nsenter", "util-linux")] {
+            if Command::new(tool).arg("-V").output().is_err() {
+                common::skipped(&format!("{test}: {tool} is not installed; apt-get install {package}"));
+                return None;
+            }
+        }
         let db = cairn_engine::testing::postgres_database(test)?;
         let garage = Garage::start(test)?;
         let hosts = Hosts::new(hosts);
