@@ -7,6 +7,7 @@
 
 use std::collections::HashMap;
 use std::io;
+use std::os::fd::OwnedFd;
 use std::sync::mpsc::{channel, Receiver, Sender};
 use std::sync::{Arc, Mutex};
 
@@ -18,6 +19,8 @@ use nix::unistd::Pid;
 enum Waiter {
     /// A foreground exec waiting for the status.
     Channel(Sender<ExitStatus>),
+    /// The same, woken by a byte on a pipe it polls.
+    Notify(Sender<ExitStatus>, OwnedFd),
     /// A background process: its end is written to the sandbox log.
     Log(String),
 }
@@ -59,6 +62,20 @@ impl Reaper {
         Ok((extra, pid, rx))
     }
 
+    /// [`spawn`](Self::spawn) for a waiter that polls: a byte is written to
+    /// `wake` once the status is in the receiver.
+    pub fn spawn_notify<T>(
+        &self,
+        wake: OwnedFd,
+        spawn: impl FnOnce() -> io::Result<(i32, T)>,
+    ) -> io::Result<(T, i32, Receiver<ExitStatus>)> {
+        let mut table = self.waiters.lock().unwrap_or_else(|e| e.into_inner());
+        let (pid, extra) = spawn()?;
+        let (tx, rx) = channel();
+        table.insert(pid, Waiter::Notify(tx, wake));
+        Ok((extra, pid, rx))
+    }
+
     /// Starts a background process whose end is logged.
     pub fn spawn_detached(&self, name: String, spawn: impl FnOnce() -> io::Result<i32>) -> io::Result<i32> {
         let mut table = self.waiters.lock().unwrap_or_else(|e| e.into_inner());
@@ -96,6 +113,10 @@ fn reap_all(table: &mut HashMap<i32, Waiter>) {
         match table.remove(&pid.as_raw()) {
             Some(Waiter::Channel(tx)) => {
                 let _ = tx.send(exit);
+            }
+            Some(Waiter::Notify(tx, wake)) => {
+                let _ = tx.send(exit);
+                let _ = nix::unistd::write(&wake, &[1]);
             }
             Some(Waiter::Log(name)) => {
                 eprintln!(

@@ -18,6 +18,7 @@ static STOP: AtomicBool = AtomicBool::new(false);
 extern "C" fn on_stop(_: libc::c_int) {
     // The first stop drains; the second exits at once (leases then expire).
     if STOPS.fetch_add(1, Ordering::SeqCst) >= 1 {
+        // SAFETY: _exit is async-signal-safe; nothing is unwound or flushed.
         unsafe { libc::_exit(130) };
     }
     STOP.store(true, Ordering::SeqCst);
@@ -82,6 +83,8 @@ pub fn worker(home: Home, opts: WorkerArgs, list: Option<WorkerCommand>) -> Resu
         nix::sys::signal::SigSet::empty(),
     );
     for sig in [nix::sys::signal::Signal::SIGTERM, nix::sys::signal::Signal::SIGINT] {
+        // SAFETY: the handler only touches atomics and calls _exit, both
+        // async-signal-safe.
         unsafe { nix::sys::signal::sigaction(sig, &handler) }.context("installing the stop handler")?;
     }
     let printer = Printer { json: opts.json };

@@ -504,29 +504,6 @@ impl Backend for PostgresBackend {
     }
 }
 
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn passwords_never_show() {
-        assert_eq!(
-            redact("postgres://cairn:s3cret@db.example:5433/state?sslmode=disable&password=x"),
-            "postgres://cairn:***@db.example:5433/state?sslmode=disable&password=***"
-        );
-        assert_eq!(redact("postgresql://db/state"), "postgresql://db/state");
-        let t = PostgresTarget::parse("postgres://cairn:s3cret@db.example:5433/state").unwrap();
-        assert_eq!(t.shown(), "db.example:5433/state");
-        assert!(!format!("{t:?}").contains("s3cret"));
-    }
-
-    #[test]
-    fn a_url_without_a_database_names_the_users_database() {
-        let t = PostgresTarget::parse("postgresql://alice@127.0.0.1").unwrap();
-        assert_eq!(t.shown(), "127.0.0.1:5432/alice");
-    }
-}
-
 /// A connection of its own that LISTENs for queue wake-ups (`cairn_jobs`).
 pub struct Listener {
     client: Client,
@@ -551,5 +528,28 @@ impl Listener {
         // Drain the rest: one wake-up serves every note already queued.
         while let Ok(Some(_)) = notes.iter().next() {}
         woke
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn passwords_never_show() {
+        assert_eq!(
+            redact("postgres://cairn:s3cret@db.example:5433/state?sslmode=disable&password=x"),
+            "postgres://cairn:***@db.example:5433/state?sslmode=disable&password=***"
+        );
+        assert_eq!(redact("postgresql://db/state"), "postgresql://db/state");
+        let t = PostgresTarget::parse("postgres://cairn:s3cret@db.example:5433/state").unwrap();
+        assert_eq!(t.shown(), "db.example:5433/state");
+        assert!(!format!("{t:?}").contains("s3cret"));
+    }
+
+    #[test]
+    fn a_url_without_a_database_names_the_users_database() {
+        let t = PostgresTarget::parse("postgresql://alice@127.0.0.1").unwrap();
+        assert_eq!(t.shown(), "127.0.0.1:5432/alice");
     }
 }
