@@ -194,6 +194,17 @@ fn a_run_waits_for_approval_with_no_process_and_goes_on_when_approved() {
         stderr(&out)
     );
     assert!(!home.path().join(format!("runs/{run}/announce.log")).exists());
+
+    // A second run reuses the approved and completed deploy (nothing runs,
+    // nobody is asked) and waits at the announce stage that never ran.
+    let out = home.cairn(&["pipeline", "run", &file, "--param", &format!("tag={tag}")]);
+    assert_eq!(out.status.code(), Some(3), "{}", stderr(&out));
+    let again = stdout(&out).trim().to_string();
+    let v = show(&home, &again);
+    assert_eq!(stage(&v, "deploy")["status"], "completed");
+    assert_eq!(events(&v, "reused").len(), 2, "prepare and deploy are reused");
+    assert_eq!(v["run"]["status"], "awaiting_approval");
+    assert_eq!(stage(&v, "announce")["status"], "awaiting_approval");
 }
 
 #[test]
