@@ -78,8 +78,8 @@ pub enum RunError {
     )]
     Busy { run: String, pid: Option<u32> },
     #[error(
-        "run {run} is claimed by worker {worker} through the stage queue; follow it with `cairn run show {run}`, \
-         or stop that worker (its lease expires and another worker takes the run)"
+        "run {run} is queued for `cairn worker`s (held by {worker}); follow it with `cairn run show {run}`; \
+         a worker that stops or dies loses it to another once its lease expires"
     )]
     Queued { run: String, worker: String },
 }
