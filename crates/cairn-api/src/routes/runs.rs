@@ -95,7 +95,12 @@ pub fn resume_interrupted(app: &Arc<App>) -> Result<Vec<String>, ApiError> {
     let runs = engine.runs()?;
     let interrupted: Vec<String> = runs
         .into_iter()
-        .filter(|r| r.status == "running" && engine.run_orchestrator(&r.id).is_none())
+        // A run with an open queue job is the workers' (docs/cluster.md).
+        .filter(|r| {
+            r.status == "running"
+                && engine.run_orchestrator(&r.id).is_none()
+                && !engine.queue_job(&r.id).ok().flatten().is_some_and(|j| j.status != "done")
+        })
         .map(|r| r.id)
         .collect();
     app.give_back(engine);
