@@ -137,6 +137,7 @@ fn status_of(e: &EngineError) -> StatusCode {
             RunError::Completed(_)
             | RunError::AlreadyRetried(_)
             | RunError::Busy { .. }
+            | RunError::Queued { .. }
             | RunError::NotAwaitingApproval(_) => S::CONFLICT,
             RunError::Model(_) => S::SERVICE_UNAVAILABLE,
             _ => S::INTERNAL_SERVER_ERROR,
@@ -172,7 +173,7 @@ fn status_of(e: &EngineError) -> StatusCode {
         },
         EngineError::State(s) => match s {
             StateError::NameTaken(_) => S::CONFLICT,
-            StateError::InvalidTransition { .. } | StateError::Conflict(_) => S::CONFLICT,
+            StateError::InvalidTransition { .. } | StateError::Conflict(_) | StateError::Fenced { .. } => S::CONFLICT,
             _ => S::INTERNAL_SERVER_ERROR,
         },
         EngineError::Client(c) => client_status(c),

@@ -401,6 +401,10 @@ pub struct StartRun {
     pub params: BTreeMap<String, String>,
     /// What the run records as its file (default `api`).
     pub file: Option<String>,
+    /// Queue the run for `cairn worker`s on any host sharing this state
+    /// store (docs/cluster.md) instead of executing it in this server.
+    #[serde(default)]
+    pub queue: bool,
 }
 
 /// A person's verdict on a stage waiting for approval (`approve = true`).
@@ -427,7 +431,8 @@ pub struct Run {
     pub created_at: i64,
     pub ended_at: Option<i64>,
     pub error: Option<String>,
-    /// Whether a process is executing the run now.
+    /// Whether a process is executing the run now: this server, another
+    /// local process, or the stage queue's workers (queued or claimed).
     pub orchestrated: bool,
 }
 

@@ -435,6 +435,12 @@ impl crate::Engine {
         Ok(self.db.jobs()?)
     }
 
+    /// Whether anything executes the run now: a local orchestrator, or the
+    /// queue's workers (its job queued or claimed).
+    pub fn run_executed(&self, run: &str) -> bool {
+        self.run_orchestrator(run).is_some() || self.queue_job(run).ok().flatten().is_some_and(|j| j.status != "done")
+    }
+
     /// The queue's job for a run, if the run went through the queue.
     pub fn queue_job(&self, run: &str) -> Result<Option<Job>, crate::EngineError> {
         Ok(self.db.job(run)?)

@@ -891,3 +891,44 @@ run = ["echo level {{params.level}}"]
     assert_eq!(runs["items"].as_array().unwrap().len(), 1);
     assert_eq!(model.requests().len(), 1);
 }
+
+#[test]
+fn a_run_started_with_queue_waits_for_a_worker_and_the_server_leaves_it_alone() {
+    if skip("a_run_started_with_queue_waits_for_a_worker_and_the_server_leaves_it_alone") {
+        return;
+    }
+    let home = Home::new();
+    let s = Server::start(&home, &[]);
+    let pipeline = r#"
+[pipeline]
+name = "queued"
+image = "busybox"
+
+[[stage]]
+name = "one"
+key = "queued-one-{params.n}"
+run = ["echo one > /work.txt"]
+"#;
+    let (status, run) = s.call(
+        "POST",
+        "/v1/runs",
+        Some(json!({"pipeline": pipeline, "params": {"n": std::process::id().to_string()}, "queue": true})),
+    );
+    assert_eq!(status, 202, "{run}");
+    let id = run["id"].as_str().unwrap().to_string();
+    assert_eq!(run["orchestrated"], true, "the queue's workers hold it: {run}");
+    // Without a worker nothing runs it, and a resume through the server is refused.
+    std::thread::sleep(Duration::from_millis(500));
+    let (_, d) = s.call("GET", &format!("/v1/runs/{id}"), None);
+    assert_eq!(d["run"]["status"], "running", "{d}");
+    assert!(d["stages"].as_array().unwrap().is_empty(), "{d}");
+    let (status, v) = s.call("POST", &format!("/v1/runs/{id}/resume"), None);
+    assert_eq!(status, 409, "{v}");
+    assert!(v["error"]["message"].as_str().unwrap().contains("cairn worker"), "{v}");
+    // A worker takes it.
+    let out = home.cairn(&["worker", "--idle-exit", "2"]);
+    assert!(out.status.success(), "{}", common::stderr(&out));
+    let d = settled(&s, &id);
+    assert_eq!(d["run"]["status"], "completed", "{d}");
+    assert_eq!(d["run"]["orchestrated"], false, "{d}");
+}

@@ -99,7 +99,11 @@ pub fn resume_interrupted(app: &Arc<App>) -> Result<Vec<String>, ApiError> {
         .filter(|r| {
             r.status == "running"
                 && engine.run_orchestrator(&r.id).is_none()
-                && !engine.queue_job(&r.id).ok().flatten().is_some_and(|j| j.status != "done")
+                && !engine
+                    .queue_job(&r.id)
+                    .ok()
+                    .flatten()
+                    .is_some_and(|j| j.status != "done")
         })
         .map(|r| r.id)
         .collect();
@@ -123,10 +127,23 @@ pub async fn start(State(app): State<Arc<App>>, headers: HeaderMap, body: Bytes)
     let a = Arc::clone(&app);
     idempotent(&app, &headers, "runs.start", &body, || async move {
         let file = req.file.clone().unwrap_or_else(|| "api".into());
+        let queue = req.queue;
         let run = a
-            .engine(move |e| Ok(e.start_run_text(&file, req.pipeline, &req.params)?))
+            .engine(move |e| {
+                let run = e.start_run_text(&file, req.pipeline, &req.params)?;
+                if queue {
+                    e.enqueue_run(&run.id)?;
+                }
+                Ok(run)
+            })
             .await?;
         a.emit("run.started", &run.id, run.pipeline.clone());
+        if queue {
+            return Ok((
+                StatusCode::ACCEPTED,
+                serde_json::to_value(Run::of(run, true)).expect("serialisable"),
+            ));
+        }
         let (a2, id) = (Arc::clone(&a), run.id.clone());
         tokio::task::spawn_blocking(move || orchestrate(&a2, id, None))
             .await
@@ -150,7 +167,7 @@ pub async fn list(State(app): State<Arc<App>>, q: QueryResult<PageQuery>) -> Api
             Ok(runs
                 .into_iter()
                 .map(|r| {
-                    let live = e.run_orchestrator(&r.id).is_some();
+                    let live = e.run_executed(&r.id);
                     Run::of(r, live)
                 })
                 .collect::<Vec<_>>())
@@ -169,7 +186,7 @@ pub async fn get(State(app): State<Arc<App>>, Path(id): Path<String>) -> ApiResu
     let detail = app
         .engine(move |e| {
             let run = e.run_record(&id)?;
-            let live = e.run_orchestrator(&run.id).is_some();
+            let live = e.run_executed(&run.id);
             Ok(RunDetail {
                 stages: e.run_stages(&run.id)?.into_iter().map(Stage::from).collect(),
                 events: e.run_events(&run.id)?.into_iter().map(RunEvent::from).collect(),
@@ -197,6 +214,14 @@ pub async fn resume(State(app): State<Arc<App>>, Path(id): Path<String>) -> ApiR
                 return Err(ApiError::conflict(format!(
                     "run {} is being executed by process {pid}",
                     run.id
+                )));
+            }
+            if let Some(job) = e.queue_job(&run.id)?.filter(|j| j.status != "done") {
+                return Err(ApiError::conflict(format!(
+                    "run {} is queued for `cairn worker`s ({}); they execute it",
+                    run.id,
+                    job.worker
+                        .map_or("no worker holds it yet".to_string(), |w| format!("held by {w}"))
                 )));
             }
             Ok(run)

@@ -58,13 +58,17 @@ impl Engine {
         }
         // A job not ended belongs to the workers: queued, held, or held
         // under an expired lease that the next worker's claim takes over.
-        Ok(self.db.job(run)?.filter(|j| j.status != "done").map(|j| RunError::Queued {
-            run: run.to_string(),
-            worker: match (j.status.as_str(), j.worker) {
-                ("claimed", Some(w)) => format!("worker {w}"),
-                _ => "no worker yet".to_string(),
-            },
-        }))
+        Ok(self
+            .db
+            .job(run)?
+            .filter(|j| j.status != "done")
+            .map(|j| RunError::Queued {
+                run: run.to_string(),
+                worker: match (j.status.as_str(), j.worker) {
+                    ("claimed", Some(w)) => format!("worker {w}"),
+                    _ => "no worker yet".to_string(),
+                },
+            }))
     }
 
     /// Under a claim, waits until every snapshot `ids` names is in the

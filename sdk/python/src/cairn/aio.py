@@ -438,12 +438,14 @@ class AsyncRuns:
         self._c = client
 
     async def start(self, pipeline: str, params: Optional[Dict[str, str]] = None, *, file: Optional[str] = None,
-                    idempotency_key: Optional[str] = None) -> Run:
+                    queue: bool = False, idempotency_key: Optional[str] = None) -> Run:
         body: Dict[str, Any] = {"pipeline": pipeline}
         if params:
             body["params"] = {k: str(v) for k, v in params.items()}
         if file:
             body["file"] = file
+        if queue:
+            body["queue"] = True
         return Run.from_dict(await self._c._json("POST", "/v1/runs", json=body,
                                                  headers=cfg.key_header(idempotency_key)))
 

@@ -397,13 +397,16 @@ class Runs:
         self._c = client
 
     def start(self, pipeline: str, params: Optional[Dict[str, str]] = None, *, file: Optional[str] = None,
-              idempotency_key: Optional[str] = None) -> Run:
-        """Starts a pipeline run from the pipeline file's TOML text."""
+              queue: bool = False, idempotency_key: Optional[str] = None) -> Run:
+        """Starts a pipeline run from the pipeline file's TOML text; with
+        `queue`, the stage queue's workers run it (docs/cluster.md)."""
         body: Dict[str, Any] = {"pipeline": pipeline}
         if params:
             body["params"] = {k: str(v) for k, v in params.items()}
         if file:
             body["file"] = file
+        if queue:
+            body["queue"] = True
         return Run.from_dict(self._c._json("POST", "/v1/runs", json=body, headers=cfg.key_header(idempotency_key)))
 
     def list(self) -> Iterator[Run]:
