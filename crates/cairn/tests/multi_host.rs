@@ -26,11 +26,9 @@ use std::time::{Duration, Instant};
 use common::{skip, CAIRN};
 use garage::Garage;
 
-/// The bridge's subnet: 10.213.N.0/24 with N from the process id, so two
-/// test binaries never share one.
-fn subnet() -> String {
-    format!("10.213.{}", std::process::id() % 200 + 20)
-}
+/// Clusters made by this process so far: tests run at once, each with
+/// its own bridge, namespaces and subnet.
+static CLUSTERS: std::sync::atomic::AtomicU32 = std::sync::atomic::AtomicU32::new(0);
 
 fn ip(args: &[&str]) {
     let out = Command::new("ip").args(args).output().expect("run ip");
@@ -43,6 +41,9 @@ fn ip(args: &[&str]) {
 
 /// The bridge and a host namespace per worker, removed on drop.
 struct Hosts {
+    /// Names this cluster's links apart from other clusters' (short: a
+    /// link name has at most 15 characters).
+    tag: String,
     bridge: String,
     gateway: String,
     names: Vec<String>,
@@ -50,15 +51,18 @@ struct Hosts {
 
 impl Hosts {
     fn new(count: usize) -> Hosts {
-        let tag = std::process::id() % 100_000;
+        let n = CLUSTERS.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+        let tag = format!("{}{n}", std::process::id() % 10_000);
         let bridge = format!("cbr{tag}");
-        let net = subnet();
+        // 10.213.N.0/24, N from the process and the cluster's number.
+        let net = format!("10.213.{}", 20 + (std::process::id() % 40 * 5 + n) % 230);
         let gateway = format!("{net}.1");
         let _ = Command::new("ip").args(["link", "del", &bridge]).output();
         ip(&["link", "add", &bridge, "type", "bridge"]);
         ip(&["addr", "add", &format!("{gateway}/24"), "dev", &bridge]);
         ip(&["link", "set", &bridge, "up"]);
         let mut hosts = Hosts {
+            tag: tag.clone(),
             bridge,
             gateway: gateway.clone(),
             names: Vec::new(),
@@ -88,8 +92,12 @@ impl Hosts {
 
     /// Sets host `k`'s link (its veth end on the bridge) up or down.
     fn link(&self, k: usize, up: bool) {
-        let tag = std::process::id() % 100_000;
-        ip(&["link", "set", &format!("ch{tag}x{k}"), if up { "up" } else { "down" }]);
+        ip(&[
+            "link",
+            "set",
+            &format!("ch{}x{k}", self.tag),
+            if up { "up" } else { "down" },
+        ]);
     }
 
     /// Every process in host `k`'s network namespace.
@@ -243,6 +251,47 @@ impl Cluster {
             String::from_utf8_lossy(&out.stderr)
         );
         String::from_utf8_lossy(&out.stdout).trim().to_string()
+    }
+
+    /// Imports the busybox image on host `k`: every host then has it
+    /// through the shared state and bucket.
+    fn import_busybox(&self, k: usize) {
+        self.ok(
+            k,
+            &[
+                "image",
+                "import",
+                common::busybox_layer().to_str().unwrap(),
+                "--name",
+                "busybox",
+            ],
+        );
+    }
+
+    /// Queues a run of `file` from host `k`; its id.
+    fn enqueue(&self, k: usize, file: &Path, params: &[&str]) -> String {
+        let mut args = vec!["pipeline", "run", "--queue", "--detach", file.to_str().unwrap()];
+        for p in params {
+            args.extend(["--param", p]);
+        }
+        self.ok(k, &args)
+    }
+
+    /// Waits (up to 180 s) until the run completes, as host `k` sees it.
+    fn wait_completed(&self, k: usize, run: &str) {
+        let deadline = Instant::now() + Duration::from_secs(180);
+        while self.run_status(k, run) != "completed" {
+            assert!(
+                Instant::now() < deadline,
+                "the run did not complete: {:?}\nworkers said:\n{}",
+                kinds(&self.events(k, run)),
+                (0..self.homes.len())
+                    .map(|h| self.worker_log(h))
+                    .collect::<Vec<_>>()
+                    .join("\n")
+            );
+            std::thread::sleep(Duration::from_millis(300));
+        }
     }
 
     /// A worker on host `k`, its JSON lines to a file in its home.
@@ -409,29 +458,9 @@ fn a_host_killed_mid_stage_loses_it_to_another_that_resumes_from_the_checkpoint_
         return;
     };
     // Host 2 enqueues (and imports the image every host uses, through S3).
-    c.ok(
-        2,
-        &[
-            "image",
-            "import",
-            common::busybox_layer().to_str().unwrap(),
-            "--name",
-            "busybox",
-        ],
-    );
+    c.import_busybox(2);
     let file = counting_pipeline(c.home(2), 60);
-    let run = c.ok(
-        2,
-        &[
-            "pipeline",
-            "run",
-            "--queue",
-            "--detach",
-            file.to_str().unwrap(),
-            "--param",
-            "nonce=kill",
-        ],
-    );
+    let run = c.enqueue(2, &file, &["nonce=kill"]);
     let mut first = c.worker(0, 3);
     c.wait_for(2, &run, 120, "a checkpoint on host 0", |e| {
         count_kind(e, "checkpoint") >= 2
@@ -439,16 +468,7 @@ fn a_host_killed_mid_stage_loses_it_to_another_that_resumes_from_the_checkpoint_
     c.kill_host(0);
     let _ = first.wait();
     let mut second = c.worker(1, 3);
-    let deadline = Instant::now() + Duration::from_secs(180);
-    while c.run_status(2, &run) != "completed" {
-        assert!(
-            Instant::now() < deadline,
-            "the run did not complete on host 1; its worker said:\n{}\nevents: {:?}",
-            c.worker_log(1),
-            kinds(&c.events(2, &run))
-        );
-        std::thread::sleep(Duration::from_millis(300));
-    }
+    c.wait_completed(2, &run);
     let events = c.events(2, &run);
     let ks = kinds(&events);
     assert!(ks.contains(&"lease-expired".to_string()), "{ks:?}");
@@ -493,29 +513,9 @@ fn a_worker_paused_past_its_lease_has_its_commit_refused_and_the_stage_commits_o
     let Some(c) = Cluster::start(test, 3) else {
         return;
     };
-    c.ok(
-        2,
-        &[
-            "image",
-            "import",
-            common::busybox_layer().to_str().unwrap(),
-            "--name",
-            "busybox",
-        ],
-    );
+    c.import_busybox(2);
     let file = counting_pipeline(c.home(2), 25);
-    let run = c.ok(
-        2,
-        &[
-            "pipeline",
-            "run",
-            "--queue",
-            "--detach",
-            file.to_str().unwrap(),
-            "--param",
-            "nonce=pause",
-        ],
-    );
+    let run = c.enqueue(2, &file, &["nonce=pause"]);
     let mut paused = c.worker(0, 2);
     c.wait_for(2, &run, 120, "a checkpoint on host 0", |e| {
         count_kind(e, "checkpoint") >= 1
@@ -524,15 +524,7 @@ fn a_worker_paused_past_its_lease_has_its_commit_refused_and_the_stage_commits_o
     // nsenter execs cairn, so the child is the worker itself.
     nix::sys::signal::kill(pid, nix::sys::signal::Signal::SIGSTOP).unwrap();
     let mut other = c.worker(1, 2);
-    let deadline = Instant::now() + Duration::from_secs(180);
-    while c.run_status(2, &run) != "completed" {
-        assert!(
-            Instant::now() < deadline,
-            "host 1 did not complete the run; it said:\n{}",
-            c.worker_log(1)
-        );
-        std::thread::sleep(Duration::from_millis(300));
-    }
+    c.wait_completed(2, &run);
     // The paused worker's own attempt ran on in its sandbox meanwhile; once
     // woken it tries to commit, and the fence refuses it.
     nix::sys::signal::kill(pid, nix::sys::signal::Signal::SIGCONT).unwrap();
@@ -577,16 +569,7 @@ fn the_branches_of_a_group_spread_over_hosts_and_one_winner_is_kept() {
     let Some(c) = Cluster::start(test, 3) else {
         return;
     };
-    c.ok(
-        2,
-        &[
-            "image",
-            "import",
-            common::busybox_layer().to_str().unwrap(),
-            "--name",
-            "busybox",
-        ],
-    );
+    c.import_busybox(2);
     let file = c.home(2).join("spread.toml");
     std::fs::write(
         &file,
@@ -614,19 +597,9 @@ hypotheses = [
 "#,
     )
     .unwrap();
-    let run = c.ok(2, &["pipeline", "run", "--queue", "--detach", file.to_str().unwrap()]);
+    let run = c.enqueue(2, &file, &[]);
     let mut workers = vec![c.worker_with(0, 5, 1), c.worker_with(1, 5, 1)];
-    let deadline = Instant::now() + Duration::from_secs(180);
-    while c.run_status(2, &run) != "completed" {
-        assert!(
-            Instant::now() < deadline,
-            "the run did not complete: {:?}\n{}\n{}",
-            kinds(&c.events(2, &run)),
-            c.worker_log(0),
-            c.worker_log(1)
-        );
-        std::thread::sleep(Duration::from_millis(300));
-    }
+    c.wait_completed(2, &run);
     let branches_of = |k: usize| {
         c.worker_log(k)
             .lines()
@@ -671,16 +644,7 @@ fn a_host_cut_off_mid_upload_marks_no_snapshot_durable_until_its_chunks_are_remo
     let Some(c) = Cluster::start(test, 2) else {
         return;
     };
-    c.ok(
-        0,
-        &[
-            "image",
-            "import",
-            common::busybox_layer().to_str().unwrap(),
-            "--name",
-            "busybox",
-        ],
-    );
+    c.import_busybox(0);
     let id = c.ok(0, &["create"]);
     c.ok(
         0,

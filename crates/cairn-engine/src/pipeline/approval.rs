@@ -8,7 +8,7 @@
 
 use super::records::{RunRecord, StageRecord};
 use super::run::{render, RunError, RunWatcher};
-use super::spec::{self, Pipeline, Stage};
+use super::spec::{Pipeline, Stage};
 use crate::{now_ms, Engine, EngineError};
 
 /// Stage status while a run waits for a person.
@@ -130,13 +130,7 @@ impl Engine {
         }
         let _orchestrating = self.lock_run(&run.id)?;
         let run = self.run_record(&run.id)?;
-        let overrides = run
-            .params
-            .lines()
-            .filter_map(|l| l.split_once('='))
-            .map(|(k, v)| (k.into(), v.into()))
-            .collect();
-        let pipeline = spec::parse(&run.file, &run.spec, &overrides).map_err(RunError::from)?;
+        let pipeline = self.parsed_run(&run)?;
         let Some(spec_stage) = pipeline.stages.iter().find(|s| s.name == stage) else {
             let names: Vec<&str> = pipeline.stages.iter().map(|s| s.name.as_str()).collect();
             return Err(RunError::NoSuchStage(format!(
