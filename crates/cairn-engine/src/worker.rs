@@ -48,6 +48,8 @@ impl Default for WorkerOptions {
 pub trait WorkerWatch: RunWatcher {
     /// A job was claimed, ended, lost or failed.
     fn job(&self, job: &Job, what: &str, detail: &str);
+    /// The state store did not answer; the worker tries again.
+    fn unreachable(&self, error: &str);
 }
 
 /// Slots for jobs: a counting semaphore a waiting run lends back.
@@ -140,52 +142,35 @@ pub fn run_worker(
     let mut idle_since = Instant::now();
     let result = std::thread::scope(|scope| -> Result<(), EngineError> {
         while !stop.load(Ordering::SeqCst) {
-            engine.db.reap_expired()?;
-            let mut claimed = false;
-            while !stop.load(Ordering::SeqCst) && slots.try_take() {
-                let Some(job) = engine.db.claim_job(&me.id, opts.lease, &["run", "branch"])? else {
-                    slots.give();
-                    break;
-                };
-                claimed = true;
-                let fence = Fence {
-                    job: job.id.clone(),
-                    epoch: job.epoch,
-                };
-                let lost = Arc::new(AtomicBool::new(false));
-                held.lock()
-                    .unwrap_or_else(|p| p.into_inner())
-                    .insert(job.id.clone(), (fence.clone(), lost.clone()));
-                watch.job(&job, "claimed", &format!("claim {} by {}", job.epoch, me.id));
-                running.fetch_add(1, Ordering::SeqCst);
-                let (home, slots, held, running) = (home.clone(), slots.clone(), held.clone(), running.clone());
-                scope.spawn(move || {
-                    let outcome = run_job(&home, &job, &fence, &slots, watch);
-                    held.lock().unwrap_or_else(|p| p.into_inner()).remove(&job.id);
-                    match outcome {
-                        Ok(detail) => watch.job(&job, "ended", &detail),
-                        Err(EngineError::State(StateError::Fenced { .. })) => watch.job(
-                            &job,
-                            "lost",
-                            "its lease moved to another worker; this worker's result was discarded",
-                        ),
-                        Err(e) => watch.job(&job, "failed", &e.to_string()),
-                    }
-                    running.fetch_sub(1, Ordering::SeqCst);
-                    slots.give();
-                });
-            }
+            // The state store away (a restart, a partition) stops nothing:
+            // the worker says so and tries again a poll later; its leases
+            // run down meanwhile and the fence settles who commits.
+            let claimed = match claim_round(&engine, &me, opts, stop, &slots, &held, &running, scope, &home, watch) {
+                Ok(claimed) => claimed,
+                Err(e) => {
+                    tracing::warn!("the stage queue is unreachable: {e}");
+                    watch.unreachable(&e.to_string());
+                    std::thread::sleep(opts.poll);
+                    continue;
+                }
+            };
             if claimed || running.load(Ordering::SeqCst) > 0 {
                 idle_since = Instant::now();
             } else if opts.idle_exit.is_some_and(|d| idle_since.elapsed() >= d) {
                 break;
             }
             if !claimed {
-                match listener.as_mut() {
-                    Some(l) => {
-                        l.wait(opts.poll);
+                let woke = match listener.as_mut() {
+                    Some(l) => l.wait(opts.poll).map_err(|e| e.to_string()),
+                    None => {
+                        std::thread::sleep(opts.poll.min(Duration::from_millis(200)));
+                        Ok(false)
                     }
-                    None => std::thread::sleep(opts.poll.min(Duration::from_millis(200))),
+                };
+                if woke.is_err() {
+                    // A broken listening connection: poll until another opens.
+                    std::thread::sleep(opts.poll);
+                    listener = Db::listener(&home).ok().flatten();
                 }
             }
         }
@@ -195,6 +180,66 @@ pub fn run_worker(
     let _ = heartbeat.join();
     engine.db.worker_seen(&me.id, true)?;
     result.map(|()| me)
+}
+
+/// Returns expired leases to the queue, then claims jobs while slots are
+/// free, each run on a thread of `scope`; whether any was claimed.
+#[allow(clippy::too_many_arguments)]
+fn claim_round<'scope, 'env>(
+    engine: &Engine,
+    me: &WorkerRecord,
+    opts: &WorkerOptions,
+    stop: &AtomicBool,
+    slots: &Arc<Slots>,
+    held: &Held,
+    running: &Arc<std::sync::atomic::AtomicUsize>,
+    scope: &'scope std::thread::Scope<'scope, 'env>,
+    home: &Home,
+    watch: &'env (dyn WorkerWatch + Send + Sync),
+) -> Result<bool, EngineError> {
+    engine.db.reap_expired()?;
+    let mut claimed = false;
+    while !stop.load(Ordering::SeqCst) && slots.try_take() {
+        let job = match engine.db.claim_job(&me.id, opts.lease, &["run", "branch"]) {
+            Ok(Some(job)) => job,
+            Ok(None) => {
+                slots.give();
+                break;
+            }
+            Err(e) => {
+                slots.give();
+                return Err(e.into());
+            }
+        };
+        claimed = true;
+        let fence = Fence {
+            job: job.id.clone(),
+            epoch: job.epoch,
+        };
+        let lost = Arc::new(AtomicBool::new(false));
+        held.lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .insert(job.id.clone(), (fence.clone(), lost));
+        watch.job(&job, "claimed", &format!("claim {} by {}", job.epoch, me.id));
+        running.fetch_add(1, Ordering::SeqCst);
+        let (home, slots, held, running) = (home.clone(), slots.clone(), held.clone(), running.clone());
+        scope.spawn(move || {
+            let outcome = run_job(&home, &job, &fence, &slots, watch);
+            held.lock().unwrap_or_else(|p| p.into_inner()).remove(&job.id);
+            match outcome {
+                Ok(detail) => watch.job(&job, "ended", &detail),
+                Err(EngineError::State(StateError::Fenced { .. })) => watch.job(
+                    &job,
+                    "lost",
+                    "its lease moved to another worker; this worker's result was discarded",
+                ),
+                Err(e) => watch.job(&job, "failed", &e.to_string()),
+            }
+            running.fetch_sub(1, Ordering::SeqCst);
+            slots.give();
+        });
+    }
+    Ok(claimed)
 }
 
 /// Renews every held lease a third of a lease apart; a renewal refused

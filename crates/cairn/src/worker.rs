@@ -56,6 +56,14 @@ impl WorkerWatch for Printer {
             eprintln!("cairn: job {} {what}: {detail}", job.id);
         }
     }
+
+    fn unreachable(&self, error: &str) {
+        if self.json {
+            println!("{}", serde_json::json!({"event": "unreachable", "detail": error}));
+        } else {
+            eprintln!("cairn: the stage queue is unreachable ({error}); trying again");
+        }
+    }
 }
 
 fn secs(s: f64, what: &str) -> Result<Duration> {

@@ -95,16 +95,8 @@ pub fn resume_interrupted(app: &Arc<App>) -> Result<Vec<String>, ApiError> {
     let runs = engine.runs()?;
     let interrupted: Vec<String> = runs
         .into_iter()
-        // A run with an open queue job is the workers' (docs/cluster.md).
-        .filter(|r| {
-            r.status == "running"
-                && engine.run_orchestrator(&r.id).is_none()
-                && !engine
-                    .queue_job(&r.id)
-                    .ok()
-                    .flatten()
-                    .is_some_and(|j| j.status != "done")
-        })
+        // A run the queue's workers hold (docs/cluster.md) is theirs.
+        .filter(|r| r.status == "running" && !engine.run_executed(&r.id))
         .map(|r| r.id)
         .collect();
     app.give_back(engine);

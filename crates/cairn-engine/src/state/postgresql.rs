@@ -519,15 +519,20 @@ impl Listener {
         Ok(Listener { client })
     }
 
-    /// Waits up to `timeout` for a notification; `true` when one came (or
-    /// the connection broke: the caller polls either way).
-    pub fn wait(&mut self, timeout: Duration) -> bool {
+    /// Waits up to `timeout` for a notification: `Ok(true)` when one came,
+    /// `Ok(false)` when none did, an error when the connection broke (the
+    /// caller then opens another, and polls meanwhile).
+    pub fn wait(&mut self, timeout: Duration) -> Result<bool, BackendError> {
         use postgres::fallible_iterator::FallibleIterator;
         let mut notes = self.client.notifications();
-        let woke = !matches!(notes.timeout_iter(timeout).next(), Ok(None));
+        let woke = notes
+            .timeout_iter(timeout)
+            .next()
+            .map_err(BackendError::from)?
+            .is_some();
         // Drain the rest: one wake-up serves every note already queued.
         while let Ok(Some(_)) = notes.iter().next() {}
-        woke
+        Ok(woke)
     }
 }
 

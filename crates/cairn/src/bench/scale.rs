@@ -172,7 +172,7 @@ impl Bench {
                             }
                             match listener.as_mut() {
                                 Some(l) => {
-                                    l.wait(Duration::from_secs(1));
+                                    let _ = l.wait(Duration::from_secs(1));
                                 }
                                 None => std::thread::sleep(Duration::from_millis(200)),
                             }
