@@ -560,7 +560,7 @@ impl Db {
     }
 
     pub fn insert_artifact(&self, a: &ArtifactRecord) -> Result<(), StateError> {
-        self.with(|b| {
+        self.fenced(|b| {
             b.execute(
                 "INSERT INTO artifacts (id, run_id, stage, branch, path, size_bytes, content_hash, snapshot_id)
                  VALUES ($1, $2, $3, $4, $5, $6, $7, $8)
