@@ -115,8 +115,20 @@ fn a_gvisor_stage_killed_inside_its_memory_checkpoints_goes_on_where_it_was() {
             run = r;
             sandbox_dir = dir;
         }
-        // The next window of this orchestrator (not one a recovery finishes).
+        // The next window of this orchestrator, in the same sandbox: a
+        // resume that discarded the attempt would have made another.
+        let mut polls = 0;
         wait_for("no memory checkpoint of the running stage began", || {
+            polls += 1;
+            if polls % 100 == 0 {
+                let now = show(&home, &run)["stages"][0]["sandbox_id"].clone();
+                let was = sandbox_dir.file_name().unwrap().to_string_lossy().into_owned();
+                assert!(
+                    now.is_null() || now == was.as_str(),
+                    "the stage left its sandbox {was} for {now}: {:#}",
+                    show(&home, &run)
+                );
+            }
             window_record(&sandbox_dir).exists().then_some(())
         });
         std::thread::sleep(*delay);
@@ -157,6 +169,9 @@ fn a_gvisor_stage_killed_inside_its_memory_checkpoints_goes_on_where_it_was() {
     assert_eq!(events(&v, "reattached").len(), delays.len(), "{v:#}");
     // Every window a kill left open was finished, and none lost the sandbox.
     let recovered = events(&v, "recovered");
+    for e in &recovered {
+        eprintln!("recovered: {}", e["detail"]);
+    }
     assert_eq!(recovered.len(), inside, "{v:#}");
     assert!(
         recovered.iter().all(|e| !e["detail"].as_str().unwrap().contains("gone")),
