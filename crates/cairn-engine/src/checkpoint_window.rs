@@ -8,7 +8,7 @@
 //! left running, is restored from the complete image, or is lost (then
 //! marked exited, as a sandbox whose process died). What happened is noted
 //! in the sandbox directory (`recovered`) until the pipeline stage that
-//! owns the sandbox records it as an event ([`Engine::note_recovery`]).
+//! owns the sandbox records it as an event ([`Engine::settle_window`]).
 
 use std::fs;
 use std::io::Write;
@@ -39,6 +39,26 @@ impl Engine {
             Ok(Some(lock)) => Some(lock),
             Err(_) => None,
         };
+        self.finish_window_locked(rec)
+    }
+
+    /// Before a pipeline stage decides whether its sandbox is alive: a
+    /// window of that sandbox that another Cairn command is finishing now
+    /// (restoring a large image takes seconds) is waited for, one left open
+    /// is finished, and what was done becomes the stage's `recovered` event.
+    pub(crate) fn settle_window(&mut self, run: &str, stage: &str, branch: &str, sandbox: &str) -> Result<(), EngineError> {
+        if let Ok(rec) = self.sandbox(sandbox) {
+            if rec.state == SandboxState::Running && self.window_open(&rec) {
+                // The stage owns the sandbox: waiting for its lock is safe.
+                let _lifecycle = self.lock_sandbox(&rec.id, true).ok();
+                self.finish_window_locked(&rec)?;
+            }
+        }
+        self.note_recovery(run, stage, branch, sandbox)
+    }
+
+    /// [`Self::finish_window`], the sandbox's lifecycle lock held.
+    fn finish_window_locked(&mut self, rec: &SandboxRecord) -> Result<(), EngineError> {
         // Read again once it is ours: another process may have finished it.
         let Some(now) = self
             .db
@@ -104,7 +124,7 @@ impl Engine {
 
     /// Records as a `recovered` event of a stage what finishing the
     /// checkpoint windows of its sandbox did, if anything.
-    pub(crate) fn note_recovery(&self, run: &str, stage: &str, branch: &str, sandbox: &str) -> Result<(), EngineError> {
+    fn note_recovery(&self, run: &str, stage: &str, branch: &str, sandbox: &str) -> Result<(), EngineError> {
         let path = self.home.sandbox(sandbox).join(NOTE);
         let Ok(text) = fs::read_to_string(&path) else {
             return Ok(());

@@ -136,7 +136,17 @@ fn a_gvisor_stage_killed_inside_its_memory_checkpoints_goes_on_where_it_was() {
         let _ = child.wait();
         if window_record(&sandbox_dir).exists() {
             inside += 1;
-            // The next Cairn command, whatever it is, finishes the window.
+            // The next Cairn command, whatever it is, finishes the window;
+            // every other time that one is killed too, a spread instant
+            // into its recovery, and the one after finishes it.
+            if i % 2 == 1 {
+                let mut ps = home.command(&["ps"]).stdout(Stdio::null()).spawn().unwrap();
+                std::thread::sleep(Duration::from_millis(150 * i as u64));
+                let _ = ps.kill();
+                let _ = ps.wait();
+                let left = if window_record(&sandbox_dir).exists() { "open" } else { "finished" };
+                eprintln!("kill {i}: the killed recovery left the window {left}");
+            }
             home.ok(&["ps"]);
             assert!(
                 !window_record(&sandbox_dir).exists(),
@@ -172,7 +182,8 @@ fn a_gvisor_stage_killed_inside_its_memory_checkpoints_goes_on_where_it_was() {
     for e in &recovered {
         eprintln!("recovered: {}", e["detail"]);
     }
-    assert_eq!(recovered.len(), inside, "{v:#}");
+    // (A recovery killed after noting what it did is noted again.)
+    assert!(recovered.len() >= inside, "{v:#}");
     assert!(
         recovered.iter().all(|e| !e["detail"].as_str().unwrap().contains("gone")),
         "{v:#}"
