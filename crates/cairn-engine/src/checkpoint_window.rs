@@ -46,7 +46,13 @@ impl Engine {
     /// window of that sandbox that another Cairn command is finishing now
     /// (restoring a large image takes seconds) is waited for, one left open
     /// is finished, and what was done becomes the stage's `recovered` event.
-    pub(crate) fn settle_window(&mut self, run: &str, stage: &str, branch: &str, sandbox: &str) -> Result<(), EngineError> {
+    pub(crate) fn settle_window(
+        &mut self,
+        run: &str,
+        stage: &str,
+        branch: &str,
+        sandbox: &str,
+    ) -> Result<(), EngineError> {
         if let Ok(rec) = self.sandbox(sandbox) {
             if rec.state == SandboxState::Running && self.window_open(&rec) {
                 // The stage owns the sandbox: waiting for its lock is safe.
@@ -77,7 +83,9 @@ impl Engine {
             .spec(&now)
             .and_then(|spec| {
                 let gvisor = self.gvisor()?;
-                Ok(gvisor.recover(&spec, process_of(&now)).map_err(cairn_sandbox::SandboxError::from)?)
+                Ok(gvisor
+                    .recover(&spec, process_of(&now))
+                    .map_err(cairn_sandbox::SandboxError::from)?)
             })
             .unwrap_or_else(|e| Recovery::Lost(format!("finishing its checkpoint failed: {e}")));
         let note = match recovery {
@@ -102,12 +110,10 @@ impl Engine {
             }
             Recovery::Lost(reason) => {
                 let ended = format!("an interrupted memory checkpoint lost it: {reason}");
-                if !self.won(self.db.transition(
-                    &rec.id,
-                    SandboxState::Running,
-                    SandboxState::Exited,
-                    Some(&ended),
-                ))? {
+                if !self.won(
+                    self.db
+                        .transition(&rec.id, SandboxState::Running, SandboxState::Exited, Some(&ended)),
+                )? {
                     return Ok(());
                 }
                 self.driver(&rec.driver)?.stop(&rec.id, None)?;
@@ -130,8 +136,14 @@ impl Engine {
             return Ok(());
         };
         for line in text.lines().filter(|l| !l.is_empty()) {
-            self.db
-                .event(run, Some(stage), Some(branch), "recovered", &format!("{line} (sandbox {sandbox})"), None)?;
+            self.db.event(
+                run,
+                Some(stage),
+                Some(branch),
+                "recovered",
+                &format!("{line} (sandbox {sandbox})"),
+                None,
+            )?;
         }
         let _ = fs::remove_file(&path);
         Ok(())

@@ -465,7 +465,10 @@ fn a_window_left_after_its_checkpoint_is_restored_from_its_complete_image() {
     // The owner dies right after `runsc checkpoint`: no sandbox runs.
     let w = Window::open(&spec.dir, &spec.id, Some(process)).unwrap();
     env.driver.checkpoint_in(&spec.id, &w).unwrap();
-    assert!(w.is_complete(), "the checkpoint's shell did not mark the image complete");
+    assert!(
+        w.is_complete(),
+        "the checkpoint's shell did not mark the image complete"
+    );
     assert_eq!(w.live_ops().unwrap(), vec![], "the checkpoint's shell is still running");
     let restored = match env.driver.recover(&spec, Some(process)).unwrap() {
         Recovery::Restored(p) => p,
@@ -487,10 +490,19 @@ fn a_window_left_after_its_restore_adopts_the_restored_sandbox() {
     env.driver.checkpoint_in(&spec.id, &w).unwrap();
     let restored = env.driver.restore_in(&spec, &w).unwrap();
     assert_eq!(
-        w.read().unwrap().unwrap().ops.iter().map(|o| o.what.as_str()).collect::<Vec<_>>(),
+        w.read()
+            .unwrap()
+            .unwrap()
+            .ops
+            .iter()
+            .map(|o| o.what.as_str())
+            .collect::<Vec<_>>(),
         ["checkpoint", "restore"]
     );
-    assert_eq!(env.driver.recover(&spec, Some(process)).unwrap(), Recovery::Adopted(restored));
+    assert_eq!(
+        env.driver.recover(&spec, Some(process)).unwrap(),
+        Recovery::Adopted(restored)
+    );
     // Recorded meanwhile: only the window was left.
     assert_eq!(env.driver.recover(&spec, Some(restored)).unwrap(), Recovery::Finished);
     let (after_nonce, _) = count_above(&client, at);
@@ -506,7 +518,10 @@ fn a_window_whose_checkpoint_never_stopped_the_sandbox_makes_its_init_listen_aga
     // The owner dies after init quiesced, before `runsc checkpoint`.
     let _w = Window::open(&spec.dir, &spec.id, Some(process)).unwrap();
     client.quiesce(Duration::from_secs(10)).unwrap();
-    assert!(client.ping(Duration::from_millis(200)).is_err(), "a quiesced init still answers");
+    assert!(
+        client.ping(Duration::from_millis(200)).is_err(),
+        "a quiesced init still answers"
+    );
     assert_eq!(env.driver.recover(&spec, Some(process)).unwrap(), Recovery::NotTaken);
     let (after_nonce, _) = count_above(&client, at);
     assert_eq!(after_nonce, nonce);

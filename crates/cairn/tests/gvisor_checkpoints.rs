@@ -144,7 +144,11 @@ fn a_gvisor_stage_killed_inside_its_memory_checkpoints_goes_on_where_it_was() {
                 std::thread::sleep(Duration::from_millis(150 * i as u64));
                 let _ = ps.kill();
                 let _ = ps.wait();
-                let left = if window_record(&sandbox_dir).exists() { "open" } else { "finished" };
+                let left = if window_record(&sandbox_dir).exists() {
+                    "open"
+                } else {
+                    "finished"
+                };
                 eprintln!("kill {i}: the killed recovery left the window {left}");
             }
             home.ok(&["ps"]);
@@ -185,7 +189,9 @@ fn a_gvisor_stage_killed_inside_its_memory_checkpoints_goes_on_where_it_was() {
     // (A recovery killed after noting what it did is noted again.)
     assert!(recovered.len() >= inside, "{v:#}");
     assert!(
-        recovered.iter().all(|e| !e["detail"].as_str().unwrap().contains("gone")),
+        recovered
+            .iter()
+            .all(|e| !e["detail"].as_str().unwrap().contains("gone")),
         "{v:#}"
     );
     // The command ran once, and its counter never went back.
@@ -199,10 +205,7 @@ fn a_gvisor_stage_killed_inside_its_memory_checkpoints_goes_on_where_it_was() {
         home.ok(&["artifact", "get", a["id"].as_str().unwrap()])
     };
     assert_eq!(artifact("/work/starts"), "start", "{log}");
-    let progress: Vec<u64> = artifact("/work/progress")
-        .lines()
-        .map(|l| l.parse().unwrap())
-        .collect();
+    let progress: Vec<u64> = artifact("/work/progress").lines().map(|l| l.parse().unwrap()).collect();
     let expected: Vec<u64> = (1..=progress.len() as u64).collect();
     assert_eq!(progress, expected, "the counter went back or skipped");
     assert!(log.contains(&format!("counted to {}", progress.len())), "{log}");

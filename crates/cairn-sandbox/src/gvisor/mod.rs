@@ -241,8 +241,8 @@ impl GvisorDriver {
     fn checkpoint_recorded(&self, cmd: std::process::Command, w: &Window) -> Result<(), GvisorError> {
         use std::os::unix::process::CommandExt;
         let log_path = w.checkpoint_log();
-        let log = fs::File::create(&log_path)
-            .map_err(|e| GvisorError::io(format!("create {}", log_path.display()), e))?;
+        let log =
+            fs::File::create(&log_path).map_err(|e| GvisorError::io(format!("create {}", log_path.display()), e))?;
         let log2 = log
             .try_clone()
             .map_err(|e| GvisorError::io(format!("open {}", log_path.display()), e))?;
@@ -324,7 +324,11 @@ impl GvisorDriver {
                 break;
             }
             if Instant::now() >= deadline {
-                tracing::warn!(sandbox = spec.id, "runsc {} did not end within {OP_PATIENCE:?}; killing it", live[0].what);
+                tracing::warn!(
+                    sandbox = spec.id,
+                    "runsc {} did not end within {OP_PATIENCE:?}; killing it",
+                    live[0].what
+                );
                 kill_ops(&w);
                 break;
             }
@@ -343,17 +347,25 @@ impl GvisorDriver {
                         Ok(()) => Recovery::NotTaken,
                         Err(e) => {
                             let _ = self.teardown(&spec.id);
-                            Recovery::Lost(format!("its init did not listen again after an interrupted checkpoint: {e}"))
+                            Recovery::Lost(format!(
+                                "its init did not listen again after an interrupted checkpoint: {e}"
+                            ))
                         }
                     },
                 );
             }
         }
         // A restore that got as far as starting the sandbox.
-        if let Some(p) = self.runsc_pid(&spec.id).filter(|p| p.alive() && Some(*p) != opened_with) {
+        if let Some(p) = self
+            .runsc_pid(&spec.id)
+            .filter(|p| p.alive() && Some(*p) != opened_with)
+        {
             match self.relisten_and_wait(&root, &spec.id, &spec.dir, "an interrupted restore", true) {
                 Ok(()) => return Ok(Recovery::Adopted(p)),
-                Err(e) => tracing::warn!(sandbox = spec.id, "the sandbox an interrupted restore started does not answer; restoring it again: {e}"),
+                Err(e) => tracing::warn!(
+                    sandbox = spec.id,
+                    "the sandbox an interrupted restore started does not answer; restoring it again: {e}"
+                ),
             }
         }
         let _ = self.teardown(&spec.id);

@@ -133,7 +133,10 @@ impl WindowRecord {
             return Err(format!("format {:?}, not {FORMAT:?}", header.format));
         }
         if header.version != VERSION {
-            return Err(format!("version {}, this Cairn reads version {VERSION}", header.version));
+            return Err(format!(
+                "version {}, this Cairn reads version {VERSION}",
+                header.version
+            ));
         }
         serde_json::from_slice(bytes).map_err(|e| e.to_string())
     }
@@ -296,19 +299,10 @@ mod tests {
 
     #[test]
     fn a_window_record_round_trips() {
-        let mut r = WindowRecord::new(
-            "0123456789ab",
-            Some(SandboxProcess {
-                pid: 42,
-                start_time: 7,
-            }),
-        );
+        let mut r = WindowRecord::new("0123456789ab", Some(SandboxProcess { pid: 42, start_time: 7 }));
         r.ops.push(Op {
             what: "checkpoint".into(),
-            process: RecordedProcess {
-                pid: 43,
-                start_time: 8,
-            },
+            process: RecordedProcess { pid: 43, start_time: 8 },
         });
         assert_eq!(WindowRecord::decode(&r.encode()).unwrap(), r);
     }
@@ -318,9 +312,13 @@ mod tests {
         let r = WindowRecord::new("s", None);
         let text = String::from_utf8(r.encode()).unwrap();
         let future = text.replace("\"version\": 1", "\"version\": 2");
-        assert!(WindowRecord::decode(future.as_bytes()).unwrap_err().contains("version 2"));
+        assert!(WindowRecord::decode(future.as_bytes())
+            .unwrap_err()
+            .contains("version 2"));
         let foreign = text.replace(FORMAT, "something-else");
-        assert!(WindowRecord::decode(foreign.as_bytes()).unwrap_err().contains("something-else"));
+        assert!(WindowRecord::decode(foreign.as_bytes())
+            .unwrap_err()
+            .contains("something-else"));
         assert!(WindowRecord::decode(&text.as_bytes()[..text.len() / 2]).is_err());
     }
 
