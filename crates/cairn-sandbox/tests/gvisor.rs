@@ -545,3 +545,30 @@ fn a_window_without_a_complete_image_or_a_sandbox_is_lost_and_leaves_nothing() {
     env.driver.stop(&spec.id, None).unwrap();
     env.assert_nothing_left(&spec);
 }
+
+#[test]
+fn a_window_whose_restored_sandbox_died_is_lost_rather_than_restored_again() {
+    let Some(env) = env() else { return };
+    let (spec, process, _client, _, _) = counting(&env, "wdied");
+    // The owner dies after the restore; the restored sandbox, which may
+    // have written files since the image, dies too.
+    let w = Window::open(&spec.dir, &spec.id, Some(process)).unwrap();
+    env.driver.checkpoint_in(&spec.id, &w).unwrap();
+    let restored = env.driver.restore_in(&spec, &w).unwrap();
+    nix::sys::signal::kill(
+        nix::unistd::Pid::from_raw(restored.pid),
+        nix::sys::signal::Signal::SIGKILL,
+    )
+    .unwrap();
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while restored.alive() {
+        assert!(Instant::now() < deadline, "the killed sandbox did not die");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    match env.driver.recover(&spec, Some(process)).unwrap() {
+        Recovery::Lost(reason) => assert!(reason.contains("died"), "{reason}"),
+        other => panic!("expected the sandbox lost, got {other:?}"),
+    }
+    env.driver.stop(&spec.id, None).unwrap();
+    env.assert_nothing_left(&spec);
+}

@@ -306,8 +306,8 @@ impl GvisorDriver {
     /// as recorded now. Waits for the runsc commands still running in the
     /// window, then: a sandbox still running (never stopped, or restored
     /// and recorded) goes on with its init listening; a sandbox a restore
-    /// brought back is adopted; else a complete image is restored; else the
-    /// sandbox is lost. The window stays open: the caller records the
+    /// brought back is adopted (one that died is lost); else a complete
+    /// image is restored; else the sandbox is lost. The window stays open: the caller records the
     /// outcome, then removes it ([`Window::remove`]), so a recovery that dies
     /// half-way is done again.
     pub fn recover(&self, spec: &SandboxSpec, recorded: Option<SandboxProcess>) -> Result<Recovery, GvisorError> {
@@ -355,18 +355,27 @@ impl GvisorDriver {
                 );
             }
         }
-        // A restore that got as far as starting the sandbox.
-        if let Some(p) = self
+        // A restore that got as far as starting the sandbox: adopted if it
+        // runs. One that ran and died may have written files since the
+        // image, which a restore from the image would not match: lost.
+        if let Some(pid) = self
             .runsc_pid(&spec.id)
-            .filter(|p| p.alive() && Some(*p) != opened_with)
+            .filter(|pid| Some(*pid) != opened_with.map(|p| p.pid))
         {
-            match self.relisten_and_wait(&root, &spec.id, &spec.dir, "an interrupted restore", true) {
-                Ok(()) => return Ok(Recovery::Adopted(p)),
-                Err(e) => tracing::warn!(
-                    sandbox = spec.id,
-                    "the sandbox an interrupted restore started does not answer; restoring it again: {e}"
-                ),
-            }
+            let running = pid_start_time(pid)
+                .map(|start_time| SandboxProcess { pid, start_time })
+                .filter(SandboxProcess::alive);
+            let why = match running {
+                Some(p) => match self.relisten_and_wait(&root, &spec.id, &spec.dir, "an interrupted restore", true) {
+                    Ok(()) => return Ok(Recovery::Adopted(p)),
+                    Err(e) => format!("the sandbox its interrupted restore started does not answer: {e}"),
+                },
+                None => "the sandbox its interrupted restore started has died; its files may have changed since \
+                         the image, so the image is not restored again"
+                    .to_string(),
+            };
+            let _ = self.teardown(&spec.id);
+            return Ok(Recovery::Lost(why));
         }
         let _ = self.teardown(&spec.id);
         if !w.is_complete() {
@@ -378,17 +387,13 @@ impl GvisorDriver {
         })
     }
 
-    /// The sandbox process runsc recorded for sandbox `id`, if it runs.
-    fn runsc_pid(&self, id: &str) -> Option<SandboxProcess> {
-        let pid: i32 = fs::read_to_string(self.sandbox_state(id).join("sandbox.pid"))
+    /// The pid runsc recorded for sandbox `id`'s last start or restore.
+    fn runsc_pid(&self, id: &str) -> Option<i32> {
+        fs::read_to_string(self.sandbox_state(id).join("sandbox.pid"))
             .ok()?
             .trim()
             .parse()
-            .ok()?;
-        Some(SandboxProcess {
-            pid,
-            start_time: pid_start_time(pid)?,
-        })
+            .ok()
     }
 
     /// Sends init the signal that makes a quiesced init listen again.
