@@ -579,7 +579,14 @@ impl Engine {
         let _lifecycle = self.lock_sandbox(&rec.id, true).map_err(home_err(&dir))?;
         // The window is recorded before init quiesces: if this process dies
         // in it, the next Cairn process finishes it (`finish_window`).
-        let window = Window::open(&dir, &rec.id, crate::sandboxes::process_of(rec))
+        // The process as recorded now, under the lock (`rec` may be older).
+        let process = self
+            .db
+            .find_sandboxes(&rec.id)?
+            .into_iter()
+            .find(|r| r.id == rec.id)
+            .and_then(|r| crate::sandboxes::process_of(&r));
+        let window = Window::open(&dir, &rec.id, process)
             .map_err(|e| cairn_sandbox::SandboxError::from(cairn_sandbox::gvisor::GvisorError::from(e)))?;
         let scratch = crate::images::ScratchDir::at(window.image_dir()).map_err(home_err(&window.image_dir()))?;
         if let Err(e) = gvisor.checkpoint_in(&rec.id, &window) {
