@@ -526,6 +526,12 @@ mod tempfile_dir {
             std::fs::create_dir_all(&dir)?;
             Ok(ScratchDir(dir))
         }
+        /// A scratch directory at `dir` (created if missing), removed when
+        /// dropped like the others.
+        pub fn at(dir: PathBuf) -> std::io::Result<ScratchDir> {
+            std::fs::create_dir_all(&dir)?;
+            Ok(ScratchDir(dir))
+        }
         pub fn path(&self) -> &Path {
             &self.0
         }

@@ -6,6 +6,7 @@
 //! CLI, later the HTTP API) call these services, never the tables.
 
 pub mod access;
+mod checkpoint_window;
 mod durability;
 pub mod e2b;
 pub mod home;

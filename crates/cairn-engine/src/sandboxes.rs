@@ -381,6 +381,8 @@ impl Engine {
                     self.release(&rec)?;
                     removed.push(rec.id);
                 }
+                // A memory checkpoint whose process died in it.
+                SandboxState::Running if self.window_open(&rec) => self.finish_window(&rec)?,
                 SandboxState::Running if !process_of(&rec).is_some_and(|p| p.alive()) => {
                     // A memory snapshot replaces the process under its
                     // lifecycle lock; the row is read again once it is ours.
@@ -440,7 +442,7 @@ impl Engine {
 
     /// Whether a compare-and-set transition went through; losing the race
     /// to another process is not an error.
-    fn won(&self, result: Result<(), crate::StateError>) -> Result<bool, EngineError> {
+    pub(crate) fn won(&self, result: Result<(), crate::StateError>) -> Result<bool, EngineError> {
         match result {
             Ok(()) => Ok(true),
             Err(crate::StateError::Conflict(_)) => Ok(false),

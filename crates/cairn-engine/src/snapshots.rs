@@ -21,6 +21,8 @@ use cairn_store::{BlobError, ChunkHash, Framed, ReadContext, StoreError};
 use nix::fcntl::{Flock, FlockArg};
 use serde::{Deserialize, Serialize};
 
+use cairn_sandbox::gvisor::window::Window;
+
 use crate::sandboxes::{CreateOptions, Origin};
 use crate::state::{SandboxRecord, SandboxState, SnapshotRecord};
 use crate::{layer_id, now_ms, Engine, EngineError};
@@ -571,16 +573,27 @@ impl Engine {
     > {
         let gvisor = self.gvisor()?;
         let dir = self.home.sandbox(&rec.id);
-        let scratch = crate::images::ScratchDir::new(&self.home.scratch()).map_err(home_err(&self.home.scratch()))?;
         // From the checkpoint until the restored process is recorded, the
         // recorded process is gone: reconciliation must not take that for
         // a dead sandbox.
-        let _lifecycle = self
-            .lock_sandbox(&rec.id, true)
-            .map_err(home_err(&self.home.sandbox(&rec.id)))?;
-        gvisor
-            .checkpoint(&rec.id, scratch.path())
-            .map_err(cairn_sandbox::SandboxError::from)?;
+        let _lifecycle = self.lock_sandbox(&rec.id, true).map_err(home_err(&dir))?;
+        // The window is recorded before init quiesces: if this process dies
+        // in it, the next Cairn process finishes it (`finish_window`).
+        // The process as recorded now, under the lock (`rec` may be older).
+        let process = self
+            .db
+            .find_sandboxes(&rec.id)?
+            .into_iter()
+            .find(|r| r.id == rec.id)
+            .and_then(|r| crate::sandboxes::process_of(&r));
+        let window = Window::open(&dir, &rec.id, process)
+            .map_err(|e| cairn_sandbox::SandboxError::from(cairn_sandbox::gvisor::GvisorError::from(e)))?;
+        let scratch = crate::images::ScratchDir::at(window.image_dir()).map_err(home_err(&window.image_dir()))?;
+        if let Err(e) = gvisor.checkpoint_in(&rec.id, &window) {
+            // The sandbox runs on (init listens again): nothing to finish.
+            let _ = window.remove();
+            return Err(cairn_sandbox::SandboxError::from(e).into());
+        }
         // Everything is stopped: the files match the memory image exactly.
         // They are captured before the sandbox goes on and writes again.
         let captured = capture_since(&dir.join("upper"), &self.store, baseline);
@@ -589,7 +602,7 @@ impl Engine {
         // even when storing fails.
         let spec = self.spec(rec)?;
         let (restored, files) = std::thread::scope(|s| {
-            let restore = s.spawn(|| gvisor.restore(&spec, scratch.path()));
+            let restore = s.spawn(|| gvisor.restore_in(&spec, &window));
             let files = self.store_memory_files(scratch.path());
             (restore.join(), files)
         });
@@ -597,6 +610,11 @@ impl Engine {
             .unwrap_or_else(|e| std::panic::resume_unwind(e))
             .map_err(cairn_sandbox::SandboxError::from)?;
         self.db.set_process(&rec.id, process.pid, process.start_time)?;
+        // The restored process is recorded: the window is over (its image
+        // stays, for the snapshot's local copy).
+        if let Err(e) = window.close() {
+            tracing::warn!(sandbox = %rec.id, "cannot close the checkpoint window: {e}");
+        }
         let files = files?;
         Ok((
             captured,

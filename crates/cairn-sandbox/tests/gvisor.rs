@@ -15,8 +15,9 @@ use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 use cairn_protocol::{ExecRequest, FileKind, FileMeta};
 use cairn_sandbox::cgroup::Hierarchy;
 use cairn_sandbox::client::InitClient;
-use cairn_sandbox::gvisor::{GvisorDriver, GvisorError};
-use cairn_sandbox::{init_binary, Driver, Limits, SandboxError, SandboxSpec};
+use cairn_sandbox::gvisor::window::Window;
+use cairn_sandbox::gvisor::{GvisorDriver, GvisorError, Recovery};
+use cairn_sandbox::{init_binary, Driver, Limits, SandboxError, SandboxProcess, SandboxSpec};
 
 struct Env {
     tmp: tempfile::TempDir,
@@ -444,4 +445,130 @@ pub fn copy_tree(src: &Path, dst: &Path) {
         .expect("run cp")
         .success();
     assert!(ok, "cp -a {} {}", src.display(), dst.display());
+}
+
+/// A started counting sandbox, its process, and the count it reached.
+fn counting(env: &Env, name: &str) -> (SandboxSpec, SandboxProcess, InitClient, String, u64) {
+    let spec = env.spec(name, vec![env.base.clone()]);
+    env.started.borrow_mut().push(spec.id.clone());
+    let process = env.driver.start(&spec).unwrap();
+    let client = env.driver.client(&spec.dir);
+    detach(&client, COUNTER);
+    let (nonce, at) = count_above(&client, 3);
+    (spec, process, client, nonce, at)
+}
+
+#[test]
+fn a_window_left_after_its_checkpoint_is_restored_from_its_complete_image() {
+    let Some(env) = env() else { return };
+    let (spec, process, client, nonce, at) = counting(&env, "wdone");
+    // The owner dies right after `runsc checkpoint`: no sandbox runs.
+    let w = Window::open(&spec.dir, &spec.id, Some(process)).unwrap();
+    env.driver.checkpoint_in(&spec.id, &w).unwrap();
+    assert!(
+        w.is_complete(),
+        "the checkpoint's shell did not mark the image complete"
+    );
+    assert_eq!(w.live_ops().unwrap(), vec![], "the checkpoint's shell is still running");
+    let restored = match env.driver.recover(&spec, Some(process)).unwrap() {
+        Recovery::Restored(p) => p,
+        other => panic!("expected a restore from the image, got {other:?}"),
+    };
+    assert!(restored.alive() && restored != process);
+    let (after_nonce, _) = count_above(&client, at);
+    assert_eq!(after_nonce, nonce, "the counter restarted instead of continuing");
+    env.driver.stop(&spec.id, None).unwrap();
+    env.assert_nothing_left(&spec);
+}
+
+#[test]
+fn a_window_left_after_its_restore_adopts_the_restored_sandbox() {
+    let Some(env) = env() else { return };
+    let (spec, process, client, nonce, at) = counting(&env, "wadopt");
+    // The owner dies after the restore, before recording its process.
+    let w = Window::open(&spec.dir, &spec.id, Some(process)).unwrap();
+    env.driver.checkpoint_in(&spec.id, &w).unwrap();
+    let restored = env.driver.restore_in(&spec, &w).unwrap();
+    assert_eq!(
+        w.read()
+            .unwrap()
+            .unwrap()
+            .ops
+            .iter()
+            .map(|o| o.what.as_str())
+            .collect::<Vec<_>>(),
+        ["checkpoint", "restore"]
+    );
+    assert_eq!(
+        env.driver.recover(&spec, Some(process)).unwrap(),
+        Recovery::Adopted(restored)
+    );
+    // Recorded meanwhile: only the window was left.
+    assert_eq!(env.driver.recover(&spec, Some(restored)).unwrap(), Recovery::Finished);
+    let (after_nonce, _) = count_above(&client, at);
+    assert_eq!(after_nonce, nonce);
+    env.driver.stop(&spec.id, None).unwrap();
+    env.assert_nothing_left(&spec);
+}
+
+#[test]
+fn a_window_whose_checkpoint_never_stopped_the_sandbox_makes_its_init_listen_again() {
+    let Some(env) = env() else { return };
+    let (spec, process, client, nonce, at) = counting(&env, "wquiet");
+    // The owner dies after init quiesced, before `runsc checkpoint`.
+    let _w = Window::open(&spec.dir, &spec.id, Some(process)).unwrap();
+    client.quiesce(Duration::from_secs(10)).unwrap();
+    assert!(
+        client.ping(Duration::from_millis(200)).is_err(),
+        "a quiesced init still answers"
+    );
+    assert_eq!(env.driver.recover(&spec, Some(process)).unwrap(), Recovery::NotTaken);
+    let (after_nonce, _) = count_above(&client, at);
+    assert_eq!(after_nonce, nonce);
+    env.driver.stop(&spec.id, None).unwrap();
+    env.assert_nothing_left(&spec);
+}
+
+#[test]
+fn a_window_without_a_complete_image_or_a_sandbox_is_lost_and_leaves_nothing() {
+    let Some(env) = env() else { return };
+    let (spec, process, _client, _, _) = counting(&env, "wlost");
+    // An image written without the completion mark (as by a checkpoint
+    // that did not finish): nothing trusts it.
+    let w = Window::open(&spec.dir, &spec.id, Some(process)).unwrap();
+    env.driver.checkpoint(&spec.id, &w.image_dir()).unwrap();
+    assert!(!w.is_complete());
+    match env.driver.recover(&spec, Some(process)).unwrap() {
+        Recovery::Lost(reason) => assert!(reason.contains("not complete"), "{reason}"),
+        other => panic!("expected the sandbox lost, got {other:?}"),
+    }
+    env.driver.stop(&spec.id, None).unwrap();
+    env.assert_nothing_left(&spec);
+}
+
+#[test]
+fn a_window_whose_restored_sandbox_died_is_lost_rather_than_restored_again() {
+    let Some(env) = env() else { return };
+    let (spec, process, _client, _, _) = counting(&env, "wdied");
+    // The owner dies after the restore; the restored sandbox, which may
+    // have written files since the image, dies too.
+    let w = Window::open(&spec.dir, &spec.id, Some(process)).unwrap();
+    env.driver.checkpoint_in(&spec.id, &w).unwrap();
+    let restored = env.driver.restore_in(&spec, &w).unwrap();
+    nix::sys::signal::kill(
+        nix::unistd::Pid::from_raw(restored.pid),
+        nix::sys::signal::Signal::SIGKILL,
+    )
+    .unwrap();
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while restored.alive() {
+        assert!(Instant::now() < deadline, "the killed sandbox did not die");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    match env.driver.recover(&spec, Some(process)).unwrap() {
+        Recovery::Lost(reason) => assert!(reason.contains("died"), "{reason}"),
+        other => panic!("expected the sandbox lost, got {other:?}"),
+    }
+    env.driver.stop(&spec.id, None).unwrap();
+    env.assert_nothing_left(&spec);
 }

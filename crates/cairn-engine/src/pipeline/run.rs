@@ -494,6 +494,8 @@ impl Engine {
         // sandbox and the stage resumes from its newest checkpoint.
         let mut reattach = None;
         if let Some(sandbox) = rec.sandbox_id.take().filter(|_| rec.status == "running") {
+            // A memory checkpoint the orchestrator died in is finished first.
+            self.settle_window(&run.id, &stage.name, branch, &sandbox)?;
             match self.live_sandbox(&sandbox) {
                 Some(sb) => {
                     self.db.event(

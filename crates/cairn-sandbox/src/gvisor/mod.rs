@@ -14,6 +14,7 @@ mod bundle;
 mod runsc;
 pub mod sockets;
 pub mod statefile;
+pub mod window;
 
 use std::fs;
 use std::fs::OpenOptions;
@@ -26,6 +27,7 @@ use crate::client::{ClientError, InitClient};
 use crate::{pid_start_time, Capabilities, Driver, SandboxError, SandboxProcess, SandboxSpec};
 use runsc::Launch;
 pub use runsc::Runsc;
+use window::Window;
 
 /// How long a started or restored sandbox may take to answer on its socket.
 const READY_TIMEOUT: Duration = Duration::from_secs(20);
@@ -34,6 +36,10 @@ const QUIESCE_TIMEOUT: Duration = Duration::from_secs(10);
 /// How long a restore waits for init to notice the restore mark before it
 /// signals init instead.
 const MARK_NOTICE: Duration = Duration::from_millis(100);
+
+/// How long a recovery waits for the runsc commands a dead Cairn process
+/// left running in a checkpoint window before it kills them.
+const OP_PATIENCE: Duration = Duration::from_secs(120);
 
 /// In a checkpoint image: the size of init's restore mark when it was taken.
 const MARK_SIZE_FILE: &str = "restore-mark.size";
@@ -69,6 +75,8 @@ pub enum GvisorError {
     NoImage(PathBuf),
     #[error(transparent)]
     Cgroup(#[from] crate::cgroup::CgroupError),
+    #[error("the sandbox's checkpoint window: {0}")]
+    Window(#[from] window::WindowError),
 }
 
 impl GvisorError {
@@ -93,6 +101,29 @@ pub struct Checkpoint {
     pub save: Duration,
     /// Time removing the stopped sandbox's processes, cgroup and state took.
     pub cleanup: Duration,
+}
+
+/// What [`GvisorDriver::recover`] found in a sandbox's checkpoint window, and did.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Recovery {
+    /// No window was open.
+    NoWindow,
+    /// The checkpoint never stopped the sandbox: it runs on, its init
+    /// listens again.
+    NotTaken,
+    /// Checkpoint and restore had both finished and the restored process
+    /// was recorded; only the window's record was left.
+    Finished,
+    /// A restore the dead process started had brought the sandbox back; its
+    /// init listens again. The process is to be recorded.
+    Adopted(SandboxProcess),
+    /// The sandbox was restored from the window's complete image. The
+    /// process is to be recorded.
+    Restored(SandboxProcess),
+    /// No sandbox runs and none could be restored (the reason says why):
+    /// the sandbox is gone, and what it ran must resume from an earlier
+    /// snapshot.
+    Lost(String),
 }
 
 pub struct GvisorDriver {
@@ -146,32 +177,48 @@ impl GvisorDriver {
     /// host socket, so init ends every connection first (detached processes
     /// keep running and are in the image).
     pub fn checkpoint(&self, id: &str, image_dir: &Path) -> Result<Checkpoint, GvisorError> {
+        self.save(id, image_dir, None)
+    }
+
+    /// [`Self::checkpoint`] inside a recorded checkpoint window (see
+    /// [`window`]): the image goes into the window, `runsc checkpoint` is
+    /// recorded there and marks the image complete itself, so a Cairn
+    /// process that dies before the sandbox is restored and recorded leaves
+    /// what [`Self::recover`] needs to bring it back.
+    pub fn checkpoint_in(&self, id: &str, window: &Window) -> Result<Checkpoint, GvisorError> {
+        self.save(id, &window.image_dir(), Some(window))
+    }
+
+    fn save(&self, id: &str, image_dir: &Path, window: Option<&Window>) -> Result<Checkpoint, GvisorError> {
         let dir = self
             .sandbox_dir(id)
             .ok_or_else(|| GvisorError::Unknown(id.to_string()))?;
         let client = client_in(&dir);
         let root = self.runsc_root(id);
+        fs::create_dir_all(image_dir).map_err(|e| GvisorError::io(format!("create {}", image_dir.display()), e))?;
+        // The image remembers how big init's restore mark was, so that a
+        // restore from it makes the mark bigger still (see `launch`); only
+        // a restore changes the mark, so it is written before the image.
+        let mark = fs::metadata(dir.join("restore-mark")).map(|m| m.len()).unwrap_or(0);
+        let mark_file = image_dir.join(MARK_SIZE_FILE);
+        fs::write(&mark_file, mark.to_string())
+            .map_err(|e| GvisorError::io(format!("write {}", mark_file.display()), e))?;
         let t = Instant::now();
         // A refused quiesce leaves init listening as before.
         client.quiesce(QUIESCE_TIMEOUT).map_err(GvisorError::Quiesce)?;
         let quiesce = t.elapsed();
-        fs::create_dir_all(image_dir).map_err(|e| GvisorError::io(format!("create {}", image_dir.display()), e))?;
         let t = Instant::now();
         let mut cmd = self.runsc.command(&root);
         cmd.arg("checkpoint").arg("--image-path").arg(image_dir).arg(id);
-        if let Err(e) = self.runsc.run_to_end("checkpoint", cmd) {
+        let saved = match window {
+            None => self.runsc.run_to_end("checkpoint", cmd),
+            Some(w) => self.checkpoint_recorded(cmd, w),
+        };
+        if let Err(e) = saved {
             self.resume_after_failed_checkpoint(&root, id, &dir);
             return Err(e);
         }
         let save = t.elapsed();
-        // The image remembers how big init's restore mark was, so that a
-        // restore from it makes the mark bigger still (see `launch`).
-        let mark = fs::metadata(dir.join("restore-mark")).map(|m| m.len()).unwrap_or(0);
-        let mark_file = image_dir.join(MARK_SIZE_FILE);
-        if let Err(e) = fs::write(&mark_file, mark.to_string()) {
-            self.resume_after_failed_checkpoint(&root, id, &dir);
-            return Err(GvisorError::io(format!("write {}", mark_file.display()), e));
-        }
         let image_bytes = image_size(image_dir);
         let t = Instant::now();
         self.teardown(id).map_err(|e| GvisorError::Runsc {
@@ -187,6 +234,46 @@ impl GvisorDriver {
         })
     }
 
+    /// Runs `runsc checkpoint` (`cmd`) through [`window::CHECKPOINT_SCRIPT`]:
+    /// in a process group of its own (an interrupt of the terminal does not
+    /// cut it short), its output in a file (it never writes to a pipe whose
+    /// reader died), its pid in the window's record.
+    fn checkpoint_recorded(&self, cmd: std::process::Command, w: &Window) -> Result<(), GvisorError> {
+        use std::os::unix::process::CommandExt;
+        let log_path = w.checkpoint_log();
+        let log =
+            fs::File::create(&log_path).map_err(|e| GvisorError::io(format!("create {}", log_path.display()), e))?;
+        let log2 = log
+            .try_clone()
+            .map_err(|e| GvisorError::io(format!("open {}", log_path.display()), e))?;
+        let mut sh = std::process::Command::new("/bin/sh");
+        sh.arg("-c")
+            .arg(window::CHECKPOINT_SCRIPT)
+            .arg("cairn-checkpoint")
+            .arg(cmd.get_program())
+            .args(cmd.get_args())
+            .env("CAIRN_COMPLETE", w.complete_marker())
+            .stdin(std::process::Stdio::null())
+            .stdout(log)
+            .stderr(log2)
+            .process_group(0);
+        let mut child = sh.spawn().map_err(|e| GvisorError::Exec("/bin/sh".into(), e))?;
+        if let Err(e) = w.add_op("checkpoint", child.id()) {
+            // Unrecorded, it must not outlive this process unnoticed.
+            let _ = child.kill();
+            let _ = child.wait();
+            return Err(e.into());
+        }
+        let status = child.wait().map_err(|e| GvisorError::Exec("/bin/sh".into(), e))?;
+        if status.success() {
+            return Ok(());
+        }
+        Err(GvisorError::Runsc {
+            what: "checkpoint".into(),
+            message: runsc::first_lines(&fs::read_to_string(&log_path).unwrap_or_default()),
+        })
+    }
+
     /// Starts sandbox `spec` from a checkpoint image: every process continues
     /// where it was. `spec.layers` plus `spec.upper_dir()` must hold the
     /// files as they were at the checkpoint. Call
@@ -195,10 +282,118 @@ impl GvisorDriver {
         if image_size(image_dir) == 0 {
             return Err(GvisorError::NoImage(image_dir.to_path_buf()));
         }
-        let process = self.launch(spec, Some(image_dir)).inspect_err(|_| {
+        let process = self.launch(spec, Some(image_dir), None).inspect_err(|_| {
             let _ = self.teardown(&spec.id);
         })?;
         Ok(process)
+    }
+
+    /// [`Self::restore`] from the image of a checkpoint window, the
+    /// `runsc restore` recorded in the window.
+    pub fn restore_in(&self, spec: &SandboxSpec, window: &Window) -> Result<SandboxProcess, GvisorError> {
+        let image_dir = window.image_dir();
+        if image_size(&image_dir) == 0 {
+            return Err(GvisorError::NoImage(image_dir));
+        }
+        let process = self.launch(spec, Some(&image_dir), Some(window)).inspect_err(|_| {
+            let _ = self.teardown(&spec.id);
+        })?;
+        Ok(process)
+    }
+
+    /// Finishes the checkpoint window a Cairn process that died left open in
+    /// sandbox `spec` (see [`window`]); `recorded` is the sandbox's process
+    /// as recorded now. Waits for the runsc commands still running in the
+    /// window, then: a sandbox still running (never stopped, or restored
+    /// and recorded) goes on with its init listening; a sandbox a restore
+    /// brought back is adopted (one that died is lost); else a complete
+    /// image is restored; else the sandbox is lost. The window stays open: the caller records the
+    /// outcome, then removes it ([`Window::remove`]), so a recovery that dies
+    /// half-way is done again.
+    pub fn recover(&self, spec: &SandboxSpec, recorded: Option<SandboxProcess>) -> Result<Recovery, GvisorError> {
+        let w = Window::of(&spec.dir);
+        let Some(record) = w.read()? else {
+            return Ok(Recovery::NoWindow);
+        };
+        // The runsc commands outlived the process that started them: their
+        // results decide what is left.
+        let deadline = Instant::now() + OP_PATIENCE;
+        loop {
+            let live = w.live_ops()?;
+            if live.is_empty() {
+                break;
+            }
+            if Instant::now() >= deadline {
+                tracing::warn!(
+                    sandbox = spec.id,
+                    "runsc {} did not end within {OP_PATIENCE:?}; killing it",
+                    live[0].what
+                );
+                kill_ops(&w);
+                break;
+            }
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        let opened_with = record.process.map(SandboxProcess::from);
+        let root = self.runsc_root(&spec.id);
+        if let Some(p) = recorded.filter(SandboxProcess::alive) {
+            // Restored and recorded, or never stopped: it runs on, once its
+            // init listens (it may have been left quiesced).
+            let finished = opened_with != Some(p);
+            if finished || !w.is_complete() {
+                return Ok(
+                    match self.relisten_and_wait(&root, &spec.id, &spec.dir, "an interrupted checkpoint", true) {
+                        Ok(()) if finished => Recovery::Finished,
+                        Ok(()) => Recovery::NotTaken,
+                        Err(e) => {
+                            let _ = self.teardown(&spec.id);
+                            Recovery::Lost(format!(
+                                "its init did not listen again after an interrupted checkpoint: {e}"
+                            ))
+                        }
+                    },
+                );
+            }
+        }
+        // A restore that got as far as starting the sandbox: adopted if it
+        // runs. One that ran and died may have written files since the
+        // image, which a restore from the image would not match: lost.
+        if let Some(pid) = self
+            .runsc_pid(&spec.id)
+            .filter(|pid| Some(*pid) != opened_with.map(|p| p.pid))
+        {
+            let running = pid_start_time(pid)
+                .map(|start_time| SandboxProcess { pid, start_time })
+                .filter(SandboxProcess::alive);
+            let why = match running {
+                Some(p) => match self.relisten_and_wait(&root, &spec.id, &spec.dir, "an interrupted restore", true) {
+                    Ok(()) => return Ok(Recovery::Adopted(p)),
+                    Err(e) => format!("the sandbox its interrupted restore started does not answer: {e}"),
+                },
+                None => "the sandbox its interrupted restore started has died; its files may have changed since \
+                         the image, so the image is not restored again"
+                    .to_string(),
+            };
+            let _ = self.teardown(&spec.id);
+            return Ok(Recovery::Lost(why));
+        }
+        let _ = self.teardown(&spec.id);
+        if !w.is_complete() {
+            return Ok(Recovery::Lost("its checkpoint image was not complete".into()));
+        }
+        Ok(match self.restore_in(spec, &w) {
+            Ok(p) => Recovery::Restored(p),
+            Err(e) => Recovery::Lost(format!("restoring it from its complete checkpoint image failed: {e}")),
+        })
+    }
+
+    /// The pid runsc recorded for sandbox `id`'s last start or restore.
+    fn runsc_pid(&self, id: &str) -> Option<i32> {
+        fs::read_to_string(self.sandbox_state(id).join("sandbox.pid"))
+            .ok()?
+            .trim()
+            .parse()
+            .ok()
     }
 
     /// Sends init the signal that makes a quiesced init listen again.
@@ -208,7 +403,12 @@ impl GvisorDriver {
         self.runsc.run_to_end("kill (relisten)", cmd)
     }
 
-    fn launch(&self, spec: &SandboxSpec, image: Option<&Path>) -> Result<SandboxProcess, GvisorError> {
+    fn launch(
+        &self,
+        spec: &SandboxSpec,
+        image: Option<&Path>,
+        window: Option<&Window>,
+    ) -> Result<SandboxProcess, GvisorError> {
         let uds = spec.dir.join("uds");
         let socket = uds.join("init.sock");
         if socket.as_os_str().len() >= 100 {
@@ -265,7 +465,9 @@ impl GvisorDriver {
 
         let cgroup = self.cgroups.create(&spec.id, &spec.limits)?;
         let pid_file = state.join("sandbox.pid");
+        let record_op = |pid: u32| window.map_or(Ok(()), |w| w.add_op("restore", pid).map_err(GvisorError::from));
         let launch = Launch {
+            on_spawn: &record_op,
             root: &root,
             rootfs: &rootfs,
             overlay_options: &overlay_options,
@@ -402,6 +604,8 @@ impl GvisorDriver {
         }
         if let Some(dir) = self.sandbox_dir(id) {
             let _ = fs::remove_file(dir.join("uds").join("init.sock"));
+            // A checkpoint left running by a Cairn process that died.
+            kill_ops(&Window::of(&dir));
         }
         let state = self.sandbox_state(id);
         match fs::remove_dir_all(&state) {
@@ -409,6 +613,20 @@ impl GvisorDriver {
             Err(e) if e.kind() == io::ErrorKind::NotFound => Ok(()),
             Err(e) => Err(SandboxError::setup(format!("remove {}", state.display()), e)),
         }
+    }
+}
+
+/// Kills the runsc commands of a checkpoint window that still run, with
+/// their process groups (the checkpoint's shell leads its own).
+fn kill_ops(w: &Window) {
+    use nix::sys::signal::{kill, killpg, Signal};
+    use nix::unistd::Pid;
+    for op in w.live_ops().unwrap_or_default() {
+        let pid = Pid::from_raw(op.process.pid);
+        if op.what == "checkpoint" {
+            let _ = killpg(pid, Signal::SIGKILL);
+        }
+        let _ = kill(pid, Signal::SIGKILL);
     }
 }
 
@@ -464,7 +682,7 @@ impl Driver for GvisorDriver {
     }
 
     fn start(&self, spec: &SandboxSpec) -> Result<SandboxProcess, SandboxError> {
-        self.launch(spec, None).map_err(|e| {
+        self.launch(spec, None, None).map_err(|e| {
             let _ = self.teardown(&spec.id);
             SandboxError::from(e)
         })

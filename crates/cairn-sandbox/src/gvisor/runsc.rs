@@ -45,6 +45,8 @@ pub struct Launch<'a> {
     /// The sandbox's stdin: a file only the driver writes, one byte per
     /// restore, which a quiesced init watches (see `GvisorDriver::restore`).
     pub restore_mark: &'a Path,
+    /// Told runsc's pid once it started (a checkpoint window records it).
+    pub on_spawn: &'a dyn Fn(u32) -> Result<(), GvisorError>,
 }
 
 impl Runsc {
@@ -165,7 +167,13 @@ impl Runsc {
                 Ok(())
             });
         }
-        let status = cmd.status().map_err(|e| GvisorError::Exec(self.binary.clone(), e))?;
+        let mut child = cmd.spawn().map_err(|e| GvisorError::Exec(self.binary.clone(), e))?;
+        if let Err(e) = (l.on_spawn)(child.id()) {
+            let _ = child.kill();
+            let _ = child.wait();
+            return Err(e);
+        }
+        let status = child.wait().map_err(|e| GvisorError::Exec(self.binary.clone(), e))?;
         if status.success() {
             return Ok(());
         }
@@ -189,7 +197,7 @@ fn cstring(s: &OsStr) -> Result<CString, GvisorError> {
 }
 
 /// runsc prints Go stack traces after its error line; keep the start.
-fn first_lines(s: &str) -> String {
+pub(super) fn first_lines(s: &str) -> String {
     let s = s.trim();
     let mut out: String = s.lines().take(6).collect::<Vec<_>>().join("\n");
     if out.len() > 2000 {
