@@ -604,7 +604,10 @@ impl Engine {
     /// that does not record its host is refused too.
     fn check_image_host(&self, snap: &SnapshotRecord, memory: &MemoryImage) -> Result<(), EngineError> {
         let differences = match &memory.host {
-            None => vec!["it was taken by a Cairn that did not record the host it needs (snapshot format 3 or older)".to_string()],
+            None => vec![
+                "it was taken by a Cairn that did not record the host it needs (snapshot format 3 or older)"
+                    .to_string(),
+            ],
             Some(taken) => {
                 let here = self.gvisor()?.image_host().map_err(cairn_sandbox::SandboxError::from)?;
                 taken.differences(&here)

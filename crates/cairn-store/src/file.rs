@@ -11,9 +11,9 @@ use nix::unistd::{lseek, Whence};
 use serde::{Deserialize, Serialize};
 
 use crate::blob::BlobStore;
-use crate::read_ahead::ReadAhead;
 use crate::chunk::{ChunkStore, ReadContext, StoreError};
 use crate::hash::ChunkHash;
+use crate::read_ahead::ReadAhead;
 
 /// FastCDC bounds. Data shorter than `MIN_CHUNK` is always one chunk.
 pub const MIN_CHUNK: u32 = 64 * 1024;

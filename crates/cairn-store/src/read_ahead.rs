@@ -81,7 +81,9 @@ pub struct ReadAhead {
 
 impl std::fmt::Debug for ReadAhead {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("ReadAhead").field("streams", &self.streams.len()).finish()
+        f.debug_struct("ReadAhead")
+            .field("streams", &self.streams.len())
+            .finish()
     }
 }
 

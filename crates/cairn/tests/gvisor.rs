@@ -275,7 +275,11 @@ fn a_memory_image_is_refused_by_another_runsc_and_restores_with_its_own() {
     .unwrap();
     std::fs::set_permissions(&other, std::os::unix::fs::PermissionsExt::from_mode(0o755)).unwrap();
     let before = home.ps().len();
-    let out = home.command(&["fork", &snap]).env("CAIRN_RUNSC", &other).output().unwrap();
+    let out = home
+        .command(&["fork", &snap])
+        .env("CAIRN_RUNSC", &other)
+        .output()
+        .unwrap();
     assert!(!out.status.success(), "a memory image was restored by another runsc");
     let err = stderr(&out);
     assert!(err.contains("cannot resume"), "{err}");

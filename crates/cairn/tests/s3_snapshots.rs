@@ -65,7 +65,12 @@ fn a_fresh_home_with_an_empty_cache_restores_a_snapshot_from_s3_with_identical_f
     );
     // The mark is shown: in the list, in one snapshot's view, and in JSON.
     let listed: serde_json::Value = serde_json::from_str(&first.ok(&["snapshots", "--json"])).unwrap();
-    let entry = listed.as_array().unwrap().iter().find(|s| s["id"] == snap.as_str()).unwrap();
+    let entry = listed
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|s| s["id"] == snap.as_str())
+        .unwrap();
     assert_eq!(entry["remote_durable_at"].as_i64(), durable, "{entry}");
     let table = first.ok(&["snapshots"]);
     assert!(table.contains("REMOTE") && table.contains("durable"), "{table}");
@@ -150,7 +155,12 @@ fn a_home_without_a_remote_store_shows_no_durable_mark() {
     let id = home.ok(&["create"]);
     let snap = home.ok(&["snapshot", &id]);
     let listed: serde_json::Value = serde_json::from_str(&home.ok(&["snapshots", "--json"])).unwrap();
-    let entry = listed.as_array().unwrap().iter().find(|s| s["id"] == snap.as_str()).unwrap();
+    let entry = listed
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|s| s["id"] == snap.as_str())
+        .unwrap();
     assert!(entry["remote_durable_at"].is_null(), "{entry}");
     let table = home.ok(&["snapshots"]);
     assert!(!table.contains("REMOTE"), "{table}");
@@ -235,10 +245,7 @@ fn a_snapshot_whose_uploads_are_cut_off_is_marked_durable_only_once_they_land() 
     let Some(mut garage) = Garage::start(name) else {
         return;
     };
-    let url = format!(
-        "s3://{}/cut?endpoint={}&region=garage",
-        garage.bucket, garage.endpoint
-    );
+    let url = format!("s3://{}/cut?endpoint={}&region=garage", garage.bucket, garage.endpoint);
     let env = vec![
         ("CAIRN_STORE".to_string(), url),
         ("AWS_ACCESS_KEY_ID".to_string(), garage.key_id.clone()),
@@ -247,7 +254,10 @@ fn a_snapshot_whose_uploads_are_cut_off_is_marked_durable_only_once_they_land() 
     ];
     let home = Home::with_state_and_env(None, env);
     let id = home.ok(&["create"]);
-    home.sh(&id, "mkdir -p /data && dd if=/dev/urandom of=/data/random bs=64k count=64 2>/dev/null");
+    home.sh(
+        &id,
+        "mkdir -p /data && dd if=/dev/urandom of=/data/random bs=64k count=64 2>/dev/null",
+    );
 
     // The store stops taking writes (reads still answer): every upload fails.
     let (bucket, key) = (garage.bucket.clone(), garage.key_id.clone());
@@ -259,9 +269,15 @@ fn a_snapshot_whose_uploads_are_cut_off_is_marked_durable_only_once_they_land() 
     let pending = journal(&home);
     assert!(!pending.is_empty(), "nothing waits for upload");
     let remote = remote_keys(&garage, "cut");
-    assert!(pending.iter().any(|k| !remote.contains(k)), "the pending objects are remote already");
+    assert!(
+        pending.iter().any(|k| !remote.contains(k)),
+        "the pending objects are remote already"
+    );
     let shown: serde_json::Value = serde_json::from_str(&home.ok(&["snapshot", "show", &snap, "--json"])).unwrap();
-    assert!(shown["remote_durable_at"].is_null(), "marked durable with uploads pending: {shown}");
+    assert!(
+        shown["remote_durable_at"].is_null(),
+        "marked durable with uploads pending: {shown}"
+    );
     assert!(home.ok(&["snapshot", "show", &snap]).contains("remote    pending"));
 
     // Then the store is cut off altogether, uploads still pending.
@@ -270,7 +286,9 @@ fn a_snapshot_whose_uploads_are_cut_off_is_marked_durable_only_once_they_land() 
     assert!(!out.status.success(), "cairn ran without its store");
     let db = rusqlite::Connection::open(home.path().join("state.db")).unwrap();
     let durable: Option<i64> = db
-        .query_row("SELECT remote_durable_at FROM snapshots WHERE id = ?1", [&snap], |r| r.get(0))
+        .query_row("SELECT remote_durable_at FROM snapshots WHERE id = ?1", [&snap], |r| {
+            r.get(0)
+        })
         .unwrap();
     assert_eq!(durable, None);
 
@@ -282,10 +300,16 @@ fn a_snapshot_whose_uploads_are_cut_off_is_marked_durable_only_once_they_land() 
     // the next command on.)
     home.ok(&["snapshots"]);
     let shown: serde_json::Value = serde_json::from_str(&home.ok(&["snapshot", "show", &snap, "--json"])).unwrap();
-    assert!(shown["remote_durable_at"].is_i64(), "not marked once the uploads landed: {shown}");
+    assert!(
+        shown["remote_durable_at"].is_i64(),
+        "not marked once the uploads landed: {shown}"
+    );
     assert!(journal(&home).is_empty(), "uploads left pending: {:?}", journal(&home));
     let remote = remote_keys(&garage, "cut");
     let missing: Vec<&String> = pending.iter().filter(|k| !remote.contains(*k)).collect();
-    assert!(missing.is_empty(), "marked durable with objects missing from the store: {missing:?}");
+    assert!(
+        missing.is_empty(),
+        "marked durable with objects missing from the store: {missing:?}"
+    );
     home.ok(&["rm", "-f", &id]);
 }

@@ -247,7 +247,10 @@ mod tests {
         here.cpu_model = "85".into();
         let why = taken.differences(&here);
         assert_eq!(why.len(), 2, "{why:?}");
-        assert!(why[0].contains("runsc version") && why[0].contains("20221219"), "{why:?}");
+        assert!(
+            why[0].contains("runsc version") && why[0].contains("20221219"),
+            "{why:?}"
+        );
         assert!(why[1].ends_with("avx512f"), "{why:?}");
         // The other way round, more features are fine; the version is not.
         assert_eq!(here.differences(&taken).len(), 1);

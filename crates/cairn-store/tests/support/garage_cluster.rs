@@ -43,7 +43,9 @@ impl GarageCluster {
     /// `None` (after saying so) when the `garage` binary is not installed.
     pub fn start(test: &str) -> Option<GarageCluster> {
         if Command::new("garage").arg("--version").output().is_err() {
-            skipped(&format!("{test}: garage (a real S3 server) is not installed; {INSTALL}"));
+            skipped(&format!(
+                "{test}: garage (a real S3 server) is not installed; {INSTALL}"
+            ));
             return None;
         }
         let dir = tempfile::tempdir().unwrap();
@@ -120,7 +122,11 @@ root_domain = ".s3.garage.localhost"
             if let Some(status) = node.child.as_mut().unwrap().try_wait().unwrap() {
                 panic!("garage node {i} exited ({status}):\n{}", self.log(i));
             }
-            assert!(Instant::now() < deadline, "garage node {i} not listening after 30 s:\n{}", self.log(i));
+            assert!(
+                Instant::now() < deadline,
+                "garage node {i} not listening after 30 s:\n{}",
+                self.log(i)
+            );
             std::thread::sleep(Duration::from_millis(50));
         }
     }
@@ -168,7 +174,14 @@ root_domain = ".s3.garage.localhost"
         self.admin(&["bucket", "create", &self.bucket]);
         self.admin(&["key", "import", "--yes", "-n", "cairn", &self.key_id, &self.secret]);
         self.admin(&[
-            "bucket", "allow", "--read", "--write", "--owner", &self.bucket, "--key", &self.key_id,
+            "bucket",
+            "allow",
+            "--read",
+            "--write",
+            "--owner",
+            &self.bucket,
+            "--key",
+            &self.key_id,
         ]);
         // Ready once node 0 answers S3 requests with the new key.
         let deadline = Instant::now() + Duration::from_secs(30);
