@@ -21,6 +21,41 @@ use garage_cluster::GarageCluster;
 /// Every regular file under /data with its checksum, sorted.
 const CHECKSUMS: &str = "cd /data && find . -type f | sort | xargs md5sum";
 
+/// Starts `cairn serve` on `home`, GETs each of `paths` through the HTTP
+/// API, stops the server; the JSON answers in order.
+fn api_get(home: &Home, paths: &[&str]) -> Vec<serde_json::Value> {
+    use std::io::BufRead;
+    let token = home.ok(&["token", "create", "tests"]);
+    let mut child = home
+        .command(&["serve", "--listen", "127.0.0.1:0"])
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut lines = std::io::BufReader::new(child.stderr.take().unwrap()).lines();
+    let base = loop {
+        let line = lines.next().expect("the server prints where it listens").unwrap();
+        if let Some(rest) = line.strip_prefix("cairn: serving on http://") {
+            break format!("http://{}", rest.split_whitespace().next().unwrap());
+        }
+    };
+    std::thread::spawn(move || for _ in lines.by_ref() {});
+    let answers = paths
+        .iter()
+        .map(|path| {
+            ureq::get(&format!("{base}{path}"))
+                .set("Authorization", &format!("Bearer {token}"))
+                .call()
+                .unwrap()
+                .into_json()
+                .unwrap()
+        })
+        .collect();
+    let _ = child.kill();
+    let _ = child.wait();
+    answers
+}
+
 #[test]
 fn a_fresh_home_with_an_empty_cache_restores_a_snapshot_from_s3_with_identical_files() {
     if skip("a_fresh_home_with_an_empty_cache_restores_a_snapshot_from_s3_with_identical_files") {
@@ -78,6 +113,15 @@ fn a_fresh_home_with_an_empty_cache_restores_a_snapshot_from_s3_with_identical_f
     assert_eq!(shown["remote_durable_at"].as_i64(), durable, "{shown}");
     let shown = first.ok(&["snapshot", "show", "shared"]);
     assert!(shown.contains("remote    durable since"), "{shown}");
+    let api = api_get(&first, &[&format!("/v1/snapshots/{snap}"), "/v1/snapshots"]);
+    assert_eq!(api[0]["remote_durable_at"].as_i64(), durable, "{}", api[0]);
+    let item = api[1]["items"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|s| s["id"] == snap.as_str())
+        .unwrap();
+    assert_eq!(item["remote_durable_at"].as_i64(), durable, "{item}");
     first.ok(&["rm", "-f", &id]);
     let journal = std::fs::read_dir(first.path().join("store/pending")).unwrap().count();
     assert_eq!(journal, 0, "uploads left pending");
@@ -166,6 +210,8 @@ fn a_home_without_a_remote_store_shows_no_durable_mark() {
     assert!(!table.contains("REMOTE"), "{table}");
     let shown = home.ok(&["snapshot", "show", &snap]);
     assert!(shown.contains(&snap) && !shown.contains("remote"), "{shown}");
+    let api = api_get(&home, &[&format!("/v1/snapshots/{snap}")]);
+    assert!(api[0]["remote_durable_at"].is_null(), "{}", api[0]);
     home.ok(&["rm", "-f", &id]);
 }
 
