@@ -60,7 +60,8 @@ fn put_and_get_bandwidth_to_loopback_s3() {
             assert_eq!(s.get(&keys[i]).unwrap().len(), CHUNK);
         });
         println!(
-            "S3 {threads} stream(s), 1 GiB in 1 MiB objects: PUT {put:.0} MiB/s (Garage used {garage_cpu:.0} s of CPU), GET {get:.0} MiB/s"
+            "S3 {threads} stream(s), {} MiB in 1 MiB objects: PUT {put:.0} MiB/s (Garage used {garage_cpu:.0} s of CPU), GET {get:.0} MiB/s",
+            total() >> 20
         );
     }
 
