@@ -100,6 +100,8 @@ fn status_of(e: &EngineError) -> StatusCode {
         }
         EngineError::NotRunning { .. } | EngineError::StillRunning(_) => S::CONFLICT,
         EngineError::NoMemorySnapshots { .. } => S::BAD_REQUEST,
+        // This host cannot do it; another one can.
+        EngineError::IncompatibleMemoryImage { .. } => S::CONFLICT,
         EngineError::DriverUnavailable(_) => S::SERVICE_UNAVAILABLE,
         EngineError::Service { .. } => S::BAD_REQUEST,
         EngineError::Snapshot(s) => match s {

@@ -4,7 +4,7 @@
 
 mod sessions;
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, HashMap};
 
 use cairn_engine::pipeline::records::{ArtifactRecord, DeadLetter, EventRecord, RunRecord, StageRecord};
 use cairn_engine::{ImageRecord, SandboxRecord, SnapshotRecord};
@@ -266,6 +266,23 @@ pub struct Snapshot {
     pub new_bytes: u64,
     /// Bytes it added to the store after deduplication and compression.
     pub stored_bytes: u64,
+    /// When every object the snapshot reaches was confirmed in the remote
+    /// chunk store (ms since the epoch), so any host sharing the state and
+    /// the store can restore it. Null while uploads are pending, and
+    /// always for a server whose chunks stay on this host.
+    pub remote_durable_at: Option<i64>,
+}
+
+impl Snapshot {
+    /// The snapshot with its durability looked up in `durable` (from
+    /// `Engine::remote_durability`; `None`: no remote store).
+    pub fn with_durability(rec: SnapshotRecord, durable: Option<&HashMap<String, i64>>) -> Snapshot {
+        let at = durable.and_then(|d| d.get(&rec.id).copied());
+        Snapshot {
+            remote_durable_at: at,
+            ..Snapshot::from(rec)
+        }
+    }
 }
 
 impl From<SnapshotRecord> for Snapshot {
@@ -280,6 +297,7 @@ impl From<SnapshotRecord> for Snapshot {
             created_at: s.created_at,
             new_bytes: s.new_bytes,
             stored_bytes: s.stored_bytes,
+            remote_durable_at: None,
         }
     }
 }

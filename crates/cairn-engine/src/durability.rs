@@ -5,7 +5,7 @@
 //! (`snapshots.remote_durable_at`) only once every object it reaches is
 //! confirmed remote; until then only this host can restore it.
 
-use std::collections::HashSet;
+use std::collections::{HashMap, HashSet};
 use std::time::Duration;
 
 use crate::{Engine, EngineError, SnapshotError};
@@ -42,5 +42,16 @@ impl Engine {
     /// epoch), if it did.
     pub fn remote_durable_at(&self, id: &str) -> Result<Option<i64>, EngineError> {
         Ok(self.db.snapshot_remote_durable_at(id)?)
+    }
+
+    /// When each snapshot became durable in the remote store (ms since
+    /// the epoch), by id; a snapshot not yet durable is absent. `None`
+    /// for a home without a remote store, where the question does not
+    /// arise.
+    pub fn remote_durability(&self) -> Result<Option<HashMap<String, i64>>, EngineError> {
+        if !self.store.backend().is_remote() {
+            return Ok(None);
+        }
+        Ok(Some(self.db.snapshots_remote_durable_at()?))
     }
 }

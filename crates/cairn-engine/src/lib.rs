@@ -84,6 +84,8 @@ pub enum EngineError {
     UnknownDriver(String),
     #[error("snapshot {snapshot} holds the memory of a gvisor sandbox; the {driver} driver cannot restore memory (use --driver gvisor, the default for it)")]
     NoMemorySnapshots { snapshot: String, driver: String },
+    #[error("snapshot {snapshot} holds a gVisor memory image this host cannot resume: {differences}. Restore it on a host that matches (the same runsc release and platform, a CPU of the same vendor and family with every feature the image's record lists), or install here the runsc release it was taken with")]
+    IncompatibleMemoryImage { snapshot: String, differences: String },
     #[error("service {command:?} did not start: {reason}")]
     Service { command: String, reason: String },
     #[error("Cairn needs root to create sandboxes (namespaces, cgroups, mounts); run it as root")]

@@ -17,6 +17,7 @@ use std::time::Duration;
 
 use cairn_layers::archive::{capture_since, capture_since_mapped, Baseline, LayerIndex};
 use cairn_layers::LayerId;
+use cairn_sandbox::gvisor::image_host::ImageHost;
 use cairn_store::{BlobError, ChunkHash, Framed, ReadContext, StoreError};
 use nix::fcntl::{Flock, FlockArg};
 use serde::{Deserialize, Serialize};
@@ -48,6 +49,10 @@ pub struct SnapshotManifest {
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct MemoryImage {
     pub driver: String,
+    /// The host it was taken on, which a restoring host must match
+    /// (checked before a restore starts anything). `None` only in images
+    /// recorded before version 4: those are refused, fail-closed.
+    pub host: Option<ImageHost>,
     pub files: Vec<MemoryFile>,
 }
 
@@ -68,6 +73,26 @@ pub enum MemoryForm {
     /// stream, `header` the bytes before its first chunk (see
     /// `cairn_sandbox::gvisor::statefile`).
     GvisorStateStream { header: Vec<u8> },
+}
+
+/// Version 3 manifests did not record the host a memory image needs.
+#[derive(Deserialize)]
+struct ManifestV3 {
+    parent: Option<ChunkHash>,
+    layers: Vec<LayerId>,
+    image: String,
+    driver: String,
+    services: Vec<String>,
+    label: Option<String>,
+    sandbox: String,
+    created_at_ms: i64,
+    memory: Option<MemoryImageV3>,
+}
+
+#[derive(Deserialize)]
+struct MemoryImageV3 {
+    driver: String,
+    files: Vec<MemoryFile>,
 }
 
 /// Version 2 manifests kept every checkpoint file as written.
@@ -105,11 +130,29 @@ struct ManifestV1 {
 
 impl Framed for SnapshotManifest {
     const MAGIC: [u8; 8] = *b"CAIRNSNP";
-    const VERSION: u32 = 3;
+    const VERSION: u32 = 4;
     const MAX_PAYLOAD: u64 = 16 << 20;
     const NAME: &'static str = "snapshot manifest";
 
     fn decode_older(version: u32, payload: &[u8]) -> Result<Self, cairn_store::FrameError> {
+        if version == 3 {
+            let v3: ManifestV3 = cairn_store::frame::decode_payload(Self::NAME, Self::MAX_PAYLOAD, payload)?;
+            return Ok(SnapshotManifest {
+                parent: v3.parent,
+                layers: v3.layers,
+                image: v3.image,
+                driver: v3.driver,
+                services: v3.services,
+                label: v3.label,
+                sandbox: v3.sandbox,
+                created_at_ms: v3.created_at_ms,
+                memory: v3.memory.map(|m| MemoryImage {
+                    driver: m.driver,
+                    host: None,
+                    files: m.files,
+                }),
+            });
+        }
         if version == 2 {
             let v2: ManifestV2 = cairn_store::frame::decode_payload(Self::NAME, Self::MAX_PAYLOAD, payload)?;
             return Ok(SnapshotManifest {
@@ -123,6 +166,7 @@ impl Framed for SnapshotManifest {
                 created_at_ms: v2.created_at_ms,
                 memory: v2.memory.map(|m| MemoryImage {
                     driver: m.driver,
+                    host: None,
                     files: m
                         .files
                         .into_iter()
@@ -139,7 +183,7 @@ impl Framed for SnapshotManifest {
             return Err(cairn_store::FrameError::UnsupportedOldVersion {
                 what: Self::NAME,
                 found: version,
-                supported: 3,
+                supported: 4,
             });
         }
         let v1: ManifestV1 = cairn_store::frame::decode_payload(Self::NAME, Self::MAX_PAYLOAD, payload)?;
@@ -527,6 +571,7 @@ impl Engine {
                         driver,
                     });
                 }
+                self.check_image_host(snap, memory)?;
                 let cached = self.home.memory_image(&snap.id);
                 if memory
                     .files
@@ -555,6 +600,30 @@ impl Engine {
         self.create_from(origin, opts)
     }
 
+    /// Refuses, before anything starts, a memory image this host cannot
+    /// resume: taken with another runsc or platform, on another CPU
+    /// vendor or family, or using CPU features this host lacks; an image
+    /// that does not record its host is refused too.
+    fn check_image_host(&self, snap: &SnapshotRecord, memory: &MemoryImage) -> Result<(), EngineError> {
+        let differences = match &memory.host {
+            None => vec![
+                "it was taken by a Cairn that did not record the host it needs (snapshot format 3 or older)"
+                    .to_string(),
+            ],
+            Some(taken) => {
+                let here = self.gvisor()?.image_host().map_err(cairn_sandbox::SandboxError::from)?;
+                taken.differences(&here)
+            }
+        };
+        if differences.is_empty() {
+            return Ok(());
+        }
+        Err(EngineError::IncompatibleMemoryImage {
+            snapshot: snap.id.clone(),
+            differences: differences.join("; "),
+        })
+    }
+
     /// Checkpoints a sandbox whose driver keeps memory: the image and the
     /// files at one stopped instant, then the sandbox goes on from the image.
     /// Returns the captured files, the stored image and the image directory.
@@ -572,6 +641,9 @@ impl Engine {
         EngineError,
     > {
         let gvisor = self.gvisor()?;
+        // Before the checkpoint: a host that cannot say what it is stops
+        // the snapshot while the sandbox still runs.
+        let host = gvisor.image_host().map_err(cairn_sandbox::SandboxError::from)?;
         let dir = self.home.sandbox(&rec.id);
         // From the checkpoint until the restored process is recorded, the
         // recorded process is gone: reconciliation must not take that for
@@ -620,6 +692,7 @@ impl Engine {
             captured,
             MemoryImage {
                 driver: rec.driver.clone(),
+                host: Some(host),
                 files,
             },
             scratch,

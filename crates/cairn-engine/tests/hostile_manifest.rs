@@ -11,6 +11,7 @@ use cairn_engine::pipeline::artifacts::ArtifactObject;
 use cairn_engine::snapshots::{MemoryFile, MemoryForm, MemoryImage};
 use cairn_engine::SnapshotManifest;
 use cairn_layers::LayerId;
+use cairn_sandbox::gvisor::image_host::ImageHost;
 use cairn_store::frame::{self, HEADER_LEN};
 use cairn_store::{ChunkHash, ChunkRef, FileContent, Framed};
 use proptest::prelude::*;
@@ -48,6 +49,16 @@ fn manifest() -> SnapshotManifest {
         created_at_ms: 1_764_500_000_000,
         memory: Some(MemoryImage {
             driver: "gvisor".into(),
+            host: Some(ImageHost {
+                runsc_version: "runsc version release-20250101.0".into(),
+                platform: "systrap".into(),
+                arch: "x86_64".into(),
+                cpu_vendor: "GenuineIntel".into(),
+                cpu_family: "6".into(),
+                cpu_model: "167".into(),
+                cpu_features: vec!["avx2".into(), "sse2".into()],
+                kernel_release: "6.1.0".into(),
+            }),
             files: vec![
                 MemoryFile {
                     name: "checkpoint.img".into(),
@@ -99,6 +110,50 @@ fn a_valid_manifest_decodes_and_validates() {
     back.validate().unwrap();
 }
 
+/// The version 3 layout: a memory image without the host it needs.
+#[derive(serde::Serialize, serde::Deserialize)]
+struct ManifestV3 {
+    parent: Option<ChunkHash>,
+    layers: Vec<LayerId>,
+    image: String,
+    driver: String,
+    services: Vec<String>,
+    label: Option<String>,
+    sandbox: String,
+    created_at_ms: i64,
+    memory: Option<(String, Vec<MemoryFile>)>,
+}
+
+impl Framed for ManifestV3 {
+    const MAGIC: [u8; 8] = *b"CAIRNSNP";
+    const VERSION: u32 = 3;
+    const MAX_PAYLOAD: u64 = 16 << 20;
+    const NAME: &'static str = "snapshot manifest";
+}
+
+#[test]
+fn a_version_3_manifest_reads_as_a_memory_image_without_its_host() {
+    let m = manifest();
+    let memory = m.memory.clone().unwrap();
+    let v3 = ManifestV3 {
+        parent: m.parent,
+        layers: m.layers.clone(),
+        image: m.image.clone(),
+        driver: m.driver.clone(),
+        services: m.services.clone(),
+        label: m.label.clone(),
+        sandbox: m.sandbox.clone(),
+        created_at_ms: m.created_at_ms,
+        memory: Some((memory.driver.clone(), memory.files.clone())),
+    };
+    let back = frame::decode::<SnapshotManifest>(&frame::encode(&v3).unwrap()).unwrap();
+    let read = back.memory.as_ref().unwrap();
+    // A restore refuses an image without its host (fail-closed).
+    assert_eq!(read.host, None);
+    assert_eq!(read.files, memory.files);
+    assert_eq!(back.layers, m.layers);
+}
+
 #[test]
 fn memory_file_names_that_leave_the_image_directory_are_refused() {
     for name in [
@@ -142,7 +197,7 @@ proptest! {
     #[test]
     fn arbitrary_bytes_are_refused_cleanly(
         bytes in proptest::collection::vec(any::<u8>(), 0..1024),
-        version in 0u32..5,
+        version in 0u32..6,
     ) {
         decode_both(&bytes);
         decode_both(&frame::seal::<SnapshotManifest>(version, &bytes));
@@ -153,7 +208,7 @@ proptest! {
     fn mutated_manifests_are_refused_or_validated(
         muts in mutation::mutations(),
         reseal in any::<bool>(),
-        version in 1u32..=3,
+        version in 1u32..=4,
     ) {
         let mut bytes = frame::encode(&manifest()).unwrap();
         if reseal {

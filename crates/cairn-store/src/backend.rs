@@ -7,6 +7,7 @@ use std::time::Duration;
 use crate::blob::{BlobError, BlobStore, IncompleteWrites, ObjectInfo, PutOutcome};
 use crate::hash::ChunkHash;
 use crate::local::LocalStore;
+use crate::read_ahead::ReadAhead;
 use crate::s3::{S3Config, S3Store};
 use crate::tiered::{TieredOptions, TieredStore};
 
@@ -96,8 +97,8 @@ impl BlobStore for StoreBackend {
     fn remove_incomplete_writes(&self) -> Result<IncompleteWrites, BlobError> {
         self.inner().remove_incomplete_writes()
     }
-    fn prefetch(&self, keys: &[ChunkHash]) {
-        self.inner().prefetch(keys)
+    fn read_ahead(&self, keys: Vec<ChunkHash>) -> ReadAhead {
+        self.inner().read_ahead(keys)
     }
     fn drop_corrupt_copy(&self, key: &ChunkHash) -> bool {
         self.inner().drop_corrupt_copy(key)

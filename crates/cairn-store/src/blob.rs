@@ -10,6 +10,7 @@ use std::time::SystemTime;
 
 use crate::frame::FrameError;
 use crate::hash::ChunkHash;
+use crate::read_ahead::ReadAhead;
 
 /// What a backend knows about one stored object.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -62,10 +63,14 @@ pub trait BlobStore: Send + Sync {
     /// [`UNIDENTIFIED_GRACE`](crate::process::UNIDENTIFIED_GRACE). A write
     /// in progress is never removed, however long it takes.
     fn remove_incomplete_writes(&self) -> Result<IncompleteWrites, BlobError>;
-    /// Says these objects are about to be read, in this order. A backend
-    /// whose reads are far (a cache in front of S3) fetches the missing
-    /// ones in parallel; errors are left for the reads to report.
-    fn prefetch(&self, _keys: &[ChunkHash]) {}
+    /// Says these objects are about to be read, in this order, reporting
+    /// progress through the returned [`ReadAhead`]. A backend whose reads
+    /// are far (a cache in front of S3) fetches the missing ones ahead of
+    /// the reader, several at once; errors are left for the reads to
+    /// report.
+    fn read_ahead(&self, _keys: Vec<ChunkHash>) -> ReadAhead {
+        ReadAhead::none()
+    }
     /// The object read back was corrupt: a caching backend drops its copy
     /// when another one (remote) exists and returns true, so a second
     /// read fetches that instead of failing on the same bytes forever.

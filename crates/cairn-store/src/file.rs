@@ -13,15 +13,12 @@ use serde::{Deserialize, Serialize};
 use crate::blob::BlobStore;
 use crate::chunk::{ChunkStore, ReadContext, StoreError};
 use crate::hash::ChunkHash;
+use crate::read_ahead::ReadAhead;
 
 /// FastCDC bounds. Data shorter than `MIN_CHUNK` is always one chunk.
 pub const MIN_CHUNK: u32 = 64 * 1024;
 pub const AVG_CHUNK: u32 = 256 * 1024;
 pub const MAX_CHUNK: u32 = 1024 * 1024;
-
-/// Chunks of a file announced to the backend at once before they are read
-/// (at the average chunk size, 16 MiB).
-const PREFETCH_WINDOW: usize = 64;
 
 /// FastCDC bounds for one kind of data.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -196,9 +193,8 @@ impl<B: BlobStore> ChunkStore<B> {
     }
 
     /// Calls `f` on each chunk in order while the backend fetches the
-    /// next [`PREFETCH_WINDOW`] chunks in the background (the first window
-    /// before the first call), so a far backend's fetches overlap the
-    /// reader's work.
+    /// ones after it ([`BlobStore::read_ahead`]), so a far backend's
+    /// fetches overlap each other and the reader's work.
     fn for_each_chunk(
         &self,
         content: &FileContent,
@@ -208,32 +204,20 @@ impl<B: BlobStore> ChunkStore<B> {
         if chunks.len() <= 1 {
             return chunks.iter().try_for_each(&mut f);
         }
-        let window = |start: usize| -> Vec<ChunkHash> {
-            chunks[start..(start + PREFETCH_WINDOW).min(chunks.len())]
-                .iter()
-                .map(|c| c.hash)
-                .collect()
-        };
-        self.backend().prefetch(&window(0));
-        std::thread::scope(|scope| {
-            let mut ahead = None;
-            for (i, c) in chunks.iter().enumerate() {
-                if i.is_multiple_of(PREFETCH_WINDOW) {
-                    // This window is fetched; start on the next one.
-                    if let Some(fetching) = ahead.take() {
-                        let _ = std::thread::ScopedJoinHandle::join(fetching);
-                    }
-                    let next = i + PREFETCH_WINDOW;
-                    if next < chunks.len() {
-                        let keys = window(next);
-                        let backend = self.backend();
-                        ahead = Some(scope.spawn(move || backend.prefetch(&keys)));
-                    }
-                }
-                f(c)?;
-            }
-            Ok(())
-        })
+        let ahead = self.backend().read_ahead(chunks.iter().map(|c| c.hash).collect());
+        Self::each_chunk_advancing(content, &ahead, f)
+    }
+
+    fn each_chunk_advancing(
+        content: &FileContent,
+        ahead: &ReadAhead,
+        mut f: impl FnMut(&ChunkRef) -> Result<(), StoreError>,
+    ) -> Result<(), StoreError> {
+        for c in &content.chunks {
+            f(c)?;
+            ahead.advance(1);
+        }
+        Ok(())
     }
 
     fn checked_chunk(&self, c: &ChunkRef, context: &ReadContext) -> Result<Vec<u8>, StoreError> {
@@ -291,6 +275,30 @@ impl<B: BlobStore> ChunkStore<B> {
     /// Restores the file into `file` (truncated first), leaving holes
     /// where no chunk covers the range, so sparse files stay sparse.
     pub fn restore_to_file(&self, content: &FileContent, file: &File, context: &ReadContext) -> Result<(), StoreError> {
+        self.restore_to_file_inner(content, file, context, None)
+    }
+
+    /// [`restore_to_file`](Self::restore_to_file) for a reader restoring
+    /// many files whose chunks, all files' in order, `ahead` fetches: it
+    /// is advanced one per chunk of this file, and no read-ahead of the
+    /// file's own is started.
+    pub fn restore_to_file_read_ahead(
+        &self,
+        content: &FileContent,
+        file: &File,
+        context: &ReadContext,
+        ahead: &ReadAhead,
+    ) -> Result<(), StoreError> {
+        self.restore_to_file_inner(content, file, context, Some(ahead))
+    }
+
+    fn restore_to_file_inner(
+        &self,
+        content: &FileContent,
+        file: &File,
+        context: &ReadContext,
+        ahead: Option<&ReadAhead>,
+    ) -> Result<(), StoreError> {
         content.validate().map_err(|reason| StoreError::InvalidContent {
             context: Box::new(context.clone()),
             reason,
@@ -300,10 +308,14 @@ impl<B: BlobStore> ChunkStore<B> {
             source,
         };
         file.set_len(0).map_err(write_err)?;
-        self.for_each_chunk(content, |c| {
+        let write = |c: &ChunkRef| {
             let data = self.checked_chunk(c, context)?;
             file.write_all_at(&data, c.offset).map_err(write_err)
-        })?;
+        };
+        match ahead {
+            Some(ahead) => Self::each_chunk_advancing(content, ahead, write)?,
+            None => self.for_each_chunk(content, write)?,
+        }
         file.set_len(content.size).map_err(write_err)?;
         Ok(())
     }

@@ -4,7 +4,8 @@
 //! - [`BlobStore`]: object-store-shaped backend trait; [`LocalStore`] keeps
 //!   objects in a directory with a two-level hex fan-out.
 //! - [`S3Store`]: objects in an S3-compatible bucket; [`TieredStore`]: a
-//!   local cache in front of it, uploads written behind through a journal.
+//!   local cache in front of it, uploads written behind through a journal,
+//!   reads fetched ahead of the reader ([`ReadAhead`]).
 //! - [`ChunkStore`]: zstd compression, hash verification on every read,
 //!   framed metadata objects, and the file API ([`FileContent`]) with
 //!   FastCDC content-defined chunking and sparse-file support.
@@ -25,6 +26,7 @@ mod gc;
 mod hash;
 mod local;
 pub mod process;
+mod read_ahead;
 mod s3;
 mod tiered;
 
@@ -38,5 +40,6 @@ pub use frame::{FrameError, Framed};
 pub use gc::{collect_garbage, GcReport};
 pub use hash::{ChunkHash, ParseChunkHashError};
 pub use local::LocalStore;
+pub use read_ahead::ReadAhead;
 pub use s3::{S3Config, S3Store, MULTIPART_THRESHOLD, REFRESH_WINDOW};
 pub use tiered::{TieredOptions, TieredStore};

@@ -29,7 +29,7 @@ use std::collections::{HashSet, VecDeque};
 use std::fs::{self, File, OpenOptions};
 use std::io;
 use std::path::{Path, PathBuf};
-use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Condvar, Mutex, MutexGuard};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
@@ -40,12 +40,16 @@ use crate::blob::{BlobError, BlobStore, IncompleteWrites, ObjectInfo, PutOutcome
 use crate::frame::{self, Framed};
 use crate::hash::ChunkHash;
 use crate::local::LocalStore;
+use crate::read_ahead::ReadAhead;
 
 const BINDING_FILE: &str = "REMOTE";
 const PENDING_DIR: &str = "pending";
 
-/// Parallel fetches of one prefetch.
-const PREFETCH_STREAMS: usize = 8;
+/// Fetches a read-ahead keeps running at once.
+const READ_AHEAD_STREAMS: usize = 16;
+/// How many objects a read-ahead fetches past the reader: at most this
+/// many fetched and unread objects (≤ 1 MiB each) sit in the cache.
+const READ_AHEAD_OBJECTS: usize = 256;
 
 /// Which remote a cache directory fronts: a cache whose objects are taken
 /// as remote must never be put in front of another bucket.
@@ -106,6 +110,12 @@ struct Shared<R> {
     /// Signalled when an upload ends.
     progress: Condvar,
     evicting: Mutex<()>,
+    /// Objects being fetched from the remote: one fetch per object at a
+    /// time, so a reader that catches up with its read-ahead waits for
+    /// that fetch instead of starting another.
+    fetching: Mutex<HashSet<ChunkHash>>,
+    /// Signalled when a fetch ends.
+    fetched: Condvar,
     cache_bytes: AtomicU64,
     cache_limit: u64,
 }
@@ -154,6 +164,8 @@ impl<R: BlobStore + 'static> TieredStore<R> {
             work: Condvar::new(),
             progress: Condvar::new(),
             evicting: Mutex::new(()),
+            fetching: Mutex::new(HashSet::new()),
+            fetched: Condvar::new(),
             cache_bytes: AtomicU64::new(cache_bytes),
             cache_limit: options.cache_limit,
         });
@@ -396,6 +408,55 @@ impl<R: BlobStore> Shared<R> {
         Ok(())
     }
 
+    /// The object from the cache, or fetched from the remote into it.
+    fn fill(&self, key: &ChunkHash) -> Result<Vec<u8>, BlobError> {
+        if let Some(bytes) = self.cached(key)? {
+            return Ok(bytes);
+        }
+        {
+            let mut fetching = self.fetching.lock().unwrap_or_else(|p| p.into_inner());
+            if fetching.contains(key) {
+                while fetching.contains(key) {
+                    fetching = self.fetched.wait(fetching).unwrap_or_else(|p| p.into_inner());
+                }
+                drop(fetching);
+                // Fetched meanwhile (or that fetch failed: try once more).
+                if let Some(bytes) = self.cached(key)? {
+                    return Ok(bytes);
+                }
+                fetching = self.fetching.lock().unwrap_or_else(|p| p.into_inner());
+            }
+            fetching.insert(*key);
+        }
+        let result = self.fetch(key);
+        self.fetching.lock().unwrap_or_else(|p| p.into_inner()).remove(key);
+        self.fetched.notify_all();
+        result
+    }
+
+    fn cached(&self, key: &ChunkHash) -> Result<Option<Vec<u8>>, BlobError> {
+        match self.cache.get(key) {
+            Ok(bytes) => {
+                // The modification time is the cache's recency.
+                self.cache.refresh(key)?;
+                Ok(Some(bytes))
+            }
+            Err(BlobError::NotFound { .. }) => Ok(None),
+            Err(e) => Err(e),
+        }
+    }
+
+    fn fetch(&self, key: &ChunkHash) -> Result<Vec<u8>, BlobError> {
+        let bytes = self.remote.get(key)?;
+        // Fetched from the remote, so remote: no journal entry. Not
+        // fsynced: a copy torn by a power loss is dropped when read.
+        if self.cache.put_unsynced(key, &bytes)? == PutOutcome::Stored {
+            self.cache_bytes.fetch_add(bytes.len() as u64, Ordering::Relaxed);
+        }
+        self.evict_if_over()?;
+        Ok(bytes)
+    }
+
     fn cached_size(&self, key: &ChunkHash) -> u64 {
         fs::metadata(self.cache.object_path(key)).map(|m| m.len()).unwrap_or(0)
     }
@@ -424,24 +485,7 @@ impl<R: BlobStore + 'static> BlobStore for TieredStore<R> {
     }
 
     fn get(&self, key: &ChunkHash) -> Result<Vec<u8>, BlobError> {
-        let s = &self.shared;
-        match s.cache.get(key) {
-            Ok(bytes) => {
-                // The modification time is the cache's recency.
-                s.cache.refresh(key)?;
-                return Ok(bytes);
-            }
-            Err(BlobError::NotFound { .. }) => {}
-            Err(e) => return Err(e),
-        }
-        let bytes = s.remote.get(key)?;
-        // Fetched from the remote, so remote: no journal entry. Not
-        // fsynced: a copy torn by a power loss is dropped when read.
-        if s.cache.put_unsynced(key, &bytes)? == PutOutcome::Stored {
-            s.cache_bytes.fetch_add(bytes.len() as u64, Ordering::Relaxed);
-        }
-        s.evict_if_over()?;
-        Ok(bytes)
+        self.shared.fill(key)
     }
 
     fn contains(&self, key: &ChunkHash) -> Result<bool, BlobError> {
@@ -505,30 +549,20 @@ impl<R: BlobStore + 'static> BlobStore for TieredStore<R> {
         Ok(out)
     }
 
-    /// Fetches the uncached ones among `keys` into the cache,
-    /// [`PREFETCH_STREAMS`] at a time.
-    fn prefetch(&self, keys: &[ChunkHash]) {
-        let mut seen = HashSet::new();
-        let missing: Vec<ChunkHash> = keys
-            .iter()
-            .filter(|k| seen.insert(**k) && !self.shared.cache.contains(k).unwrap_or(true))
-            .copied()
-            .collect();
-        if missing.len() < 2 {
-            return; // the read itself fetches one
-        }
-        let next = AtomicUsize::new(0);
-        std::thread::scope(|scope| {
-            for _ in 0..PREFETCH_STREAMS.min(missing.len()) {
-                scope.spawn(|| loop {
-                    let i = next.fetch_add(1, Ordering::Relaxed);
-                    // A failure stops this stream; the read reports it.
-                    if i >= missing.len() || self.get(&missing[i]).is_err() {
-                        break;
-                    }
-                });
-            }
-        });
+    /// Fetches the uncached ones among `keys` into the cache, in order,
+    /// [`READ_AHEAD_STREAMS`] at a time and at most [`READ_AHEAD_OBJECTS`]
+    /// past the reader.
+    fn read_ahead(&self, keys: Vec<ChunkHash>) -> ReadAhead {
+        let shared = self.shared.clone();
+        ReadAhead::start(
+            keys,
+            READ_AHEAD_STREAMS,
+            READ_AHEAD_OBJECTS,
+            Arc::new(move |key: &ChunkHash| {
+                // A cached object costs a stat, not a read.
+                shared.cache.contains(key).unwrap_or(false) || shared.fill(key).is_ok()
+            }),
+        )
     }
 
     /// Drops the cached copy unless it is the only one (upload pending).

@@ -218,7 +218,8 @@ pub enum Command {
         #[command(subcommand)]
         command: Option<SnapshotCommand>,
     },
-    /// List snapshots with their lineage, sizes and labels.
+    /// List snapshots with their lineage, sizes and labels (and, with a
+    /// remote store, whether each is durable there).
     Snapshots {
         /// Draw the lineage as a tree.
         #[arg(long)]
@@ -512,6 +513,14 @@ pub enum ArtifactCommand {
 
 #[derive(Subcommand)]
 pub enum SnapshotCommand {
+    /// One snapshot: lineage, sizes, label and, with a remote store,
+    /// whether it is durable there (restorable from any host).
+    Show {
+        /// Snapshot id, unique prefix or label.
+        snapshot: String,
+        #[arg(long)]
+        json: bool,
+    },
     /// Forget snapshots; sandboxes and snapshots made from them are unaffected.
     Rm {
         #[arg(required = true)]

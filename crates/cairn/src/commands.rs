@@ -17,8 +17,26 @@ use nix::sys::signal::{SigSet, Signal};
 use crate::cli::{Cli, Command, ImageCommand, ImageKind, LimitArgs, ProcessArgs, SandboxArgs, SnapshotCommand};
 use crate::progress::Steps;
 
-/// How long a command waits at its end for what it stored to be uploaded.
+/// How long a command waits at its end for what it stored to be uploaded,
+/// unless `CAIRN_UPLOAD_WAIT` (whole seconds) says otherwise.
 const UPLOAD_WAIT: std::time::Duration = std::time::Duration::from_secs(600);
+
+/// [`UPLOAD_WAIT`], or `CAIRN_UPLOAD_WAIT` seconds.
+fn upload_wait() -> std::time::Duration {
+    match std::env::var("CAIRN_UPLOAD_WAIT") {
+        Err(_) => UPLOAD_WAIT,
+        Ok(v) => match v.trim().parse::<u64>() {
+            Ok(secs) => std::time::Duration::from_secs(secs),
+            Err(_) => {
+                eprintln!(
+                    "cairn: CAIRN_UPLOAD_WAIT takes whole seconds (e.g. 30), got {v:?}; waiting the default {} s",
+                    UPLOAD_WAIT.as_secs()
+                );
+                UPLOAD_WAIT
+            }
+        },
+    }
+}
 
 pub fn dispatch(cli: Cli) -> Result<i32> {
     let mut home = cli.home.map(Home::at).unwrap_or_else(Home::from_env);
@@ -178,6 +196,13 @@ pub fn dispatch(cli: Cli) -> Result<i32> {
             Ok(0)
         }
         Command::Snapshot {
+            command: Some(SnapshotCommand::Show { snapshot, json }),
+            ..
+        } => {
+            let snap = engine.snapshot_record(&snapshot)?;
+            crate::lineage::show(&snap, &engine.remote_durability()?, json).map(|()| 0)
+        }
+        Command::Snapshot {
             command: Some(SnapshotCommand::Rm { snapshots }),
             ..
         } => {
@@ -203,7 +228,9 @@ pub fn dispatch(cli: Cli) -> Result<i32> {
             }
             Ok(0)
         }
-        Command::Snapshots { tree, json } => crate::lineage::print(&engine.snapshots()?, tree, json).map(|()| 0),
+        Command::Snapshots { tree, json } => {
+            crate::lineage::print(&engine.snapshots()?, &engine.remote_durability()?, tree, json).map(|()| 0)
+        }
         Command::Fork {
             source,
             count,
@@ -271,10 +298,10 @@ pub fn create_options(args: &SandboxArgs, auto_remove: bool) -> CreateOptions {
 
 /// With a remote store, a command ends once what it stored is uploaded and
 /// the snapshots now complete there are marked durable; uploads still
-/// pending after [`UPLOAD_WAIT`] stay queued for the next command.
+/// pending after [`upload_wait`] stay queued for the next command.
 fn finish_uploads(engine: &Engine) {
     if engine.home().store_url().is_some() {
-        if let Err(e) = engine.mark_remote_durable(UPLOAD_WAIT) {
+        if let Err(e) = engine.mark_remote_durable(upload_wait()) {
             eprintln!("cairn: not everything this command stored is in the remote store yet: {e}");
         }
     }

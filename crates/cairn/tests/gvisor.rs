@@ -250,3 +250,50 @@ fn a_link_planted_in_the_socket_directory_is_never_followed() {
     );
     home.ok(&["rm", "-f", &id]);
 }
+
+#[test]
+fn a_memory_image_is_refused_by_another_runsc_and_restores_with_its_own() {
+    let name = "a_memory_image_is_refused_by_another_runsc_and_restores_with_its_own";
+    let Some((home, id)) = counting_sandbox(name) else {
+        return;
+    };
+    let snap = home.ok(&["snapshot", &id]);
+    let at_snapshot = home.read_number(&id, "/tmp/count");
+
+    // The same runsc, saying it is another release: the host a restore
+    // would run on differs from the one that took the image.
+    let out = std::process::Command::new("sh")
+        .args(["-c", "command -v runsc"])
+        .output()
+        .unwrap();
+    let real = String::from_utf8_lossy(&out.stdout).trim().to_string();
+    let other = home.path().join("other-runsc");
+    std::fs::write(
+        &other,
+        format!("#!/bin/sh\nif [ \"$1\" = --version ]; then echo 'runsc version 0.0~20991231.0'; exit 0; fi\nexec {real} \"$@\"\n"),
+    )
+    .unwrap();
+    std::fs::set_permissions(&other, std::os::unix::fs::PermissionsExt::from_mode(0o755)).unwrap();
+    let before = home.ps().len();
+    let out = home
+        .command(&["fork", &snap])
+        .env("CAIRN_RUNSC", &other)
+        .output()
+        .unwrap();
+    assert!(!out.status.success(), "a memory image was restored by another runsc");
+    let err = stderr(&out);
+    assert!(err.contains("cannot resume"), "{err}");
+    assert!(err.contains("runsc version") && err.contains("20991231"), "{err}");
+    assert!(err.contains("Restore it on a host that matches"), "{err}");
+    // Refused before anything started: no sandbox, running or not.
+    assert_eq!(home.ps().len(), before, "{:?}", home.ps());
+
+    // With the runsc that took it, the same snapshot goes on counting.
+    let fork = home.ok(&["fork", &snap]);
+    let count = home.read_number(&fork, "/tmp/count");
+    assert!(
+        count >= at_snapshot.saturating_sub(5),
+        "the fork restarted its counter: {count} < {at_snapshot}"
+    );
+    home.ok(&["rm", "-f", &fork, &id]);
+}

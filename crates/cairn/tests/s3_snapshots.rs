@@ -1,7 +1,8 @@
 //! End-to-end: snapshots kept in S3 (a real Garage on loopback). A home
 //! whose chunks go to S3 marks a snapshot durable once it is uploaded; a
 //! fresh home with an empty cache, sharing the state and the bucket,
-//! restores it with identical files.
+//! restores it with identical files, also with one node of a three-node
+//! cluster lost.
 
 mod common;
 
@@ -9,11 +10,51 @@ mod common;
 #[path = "../../cairn-store/tests/support/garage.rs"]
 mod garage;
 
+#[allow(dead_code)]
+#[path = "../../cairn-store/tests/support/garage_cluster.rs"]
+mod garage_cluster;
+
 use common::{skip, stderr, Home};
 use garage::Garage;
+use garage_cluster::GarageCluster;
 
 /// Every regular file under /data with its checksum, sorted.
 const CHECKSUMS: &str = "cd /data && find . -type f | sort | xargs md5sum";
+
+/// Starts `cairn serve` on `home`, GETs each of `paths` through the HTTP
+/// API, stops the server; the JSON answers in order.
+fn api_get(home: &Home, paths: &[&str]) -> Vec<serde_json::Value> {
+    use std::io::BufRead;
+    let token = home.ok(&["token", "create", "tests"]);
+    let mut child = home
+        .command(&["serve", "--listen", "127.0.0.1:0"])
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut lines = std::io::BufReader::new(child.stderr.take().unwrap()).lines();
+    let base = loop {
+        let line = lines.next().expect("the server prints where it listens").unwrap();
+        if let Some(rest) = line.strip_prefix("cairn: serving on http://") {
+            break format!("http://{}", rest.split_whitespace().next().unwrap());
+        }
+    };
+    std::thread::spawn(move || for _ in lines.by_ref() {});
+    let answers = paths
+        .iter()
+        .map(|path| {
+            ureq::get(&format!("{base}{path}"))
+                .set("Authorization", &format!("Bearer {token}"))
+                .call()
+                .unwrap()
+                .into_json()
+                .unwrap()
+        })
+        .collect();
+    let _ = child.kill();
+    let _ = child.wait();
+    answers
+}
 
 #[test]
 fn a_fresh_home_with_an_empty_cache_restores_a_snapshot_from_s3_with_identical_files() {
@@ -57,6 +98,30 @@ fn a_fresh_home_with_an_empty_cache_restores_a_snapshot_from_s3_with_identical_f
         durable.is_some(),
         "the snapshot was not marked durable after cairn snapshot returned"
     );
+    // The mark is shown: in the list, in one snapshot's view, and in JSON.
+    let listed: serde_json::Value = serde_json::from_str(&first.ok(&["snapshots", "--json"])).unwrap();
+    let entry = listed
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|s| s["id"] == snap.as_str())
+        .unwrap();
+    assert_eq!(entry["remote_durable_at"].as_i64(), durable, "{entry}");
+    let table = first.ok(&["snapshots"]);
+    assert!(table.contains("REMOTE") && table.contains("durable"), "{table}");
+    let shown: serde_json::Value = serde_json::from_str(&first.ok(&["snapshot", "show", &snap, "--json"])).unwrap();
+    assert_eq!(shown["remote_durable_at"].as_i64(), durable, "{shown}");
+    let shown = first.ok(&["snapshot", "show", "shared"]);
+    assert!(shown.contains("remote    durable since"), "{shown}");
+    let api = api_get(&first, &[&format!("/v1/snapshots/{snap}"), "/v1/snapshots"]);
+    assert_eq!(api[0]["remote_durable_at"].as_i64(), durable, "{}", api[0]);
+    let item = api[1]["items"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|s| s["id"] == snap.as_str())
+        .unwrap();
+    assert_eq!(item["remote_durable_at"].as_i64(), durable, "{item}");
     first.ok(&["rm", "-f", &id]);
     let journal = std::fs::read_dir(first.path().join("store/pending")).unwrap().count();
     assert_eq!(journal, 0, "uploads left pending");
@@ -123,4 +188,174 @@ fn a_bad_store_stops_cairn_at_start_saying_what_to_do() {
     let out = home.cairn(&["ps"]);
     assert!(!out.status.success());
     assert!(stderr(&out).contains("that the server is running"), "{}", stderr(&out));
+}
+
+#[test]
+fn a_home_without_a_remote_store_shows_no_durable_mark() {
+    if skip("a_home_without_a_remote_store_shows_no_durable_mark") {
+        return;
+    }
+    let home = Home::new();
+    let id = home.ok(&["create"]);
+    let snap = home.ok(&["snapshot", &id]);
+    let listed: serde_json::Value = serde_json::from_str(&home.ok(&["snapshots", "--json"])).unwrap();
+    let entry = listed
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|s| s["id"] == snap.as_str())
+        .unwrap();
+    assert!(entry["remote_durable_at"].is_null(), "{entry}");
+    let table = home.ok(&["snapshots"]);
+    assert!(!table.contains("REMOTE"), "{table}");
+    let shown = home.ok(&["snapshot", "show", &snap]);
+    assert!(shown.contains(&snap) && !shown.contains("remote"), "{shown}");
+    let api = api_get(&home, &[&format!("/v1/snapshots/{snap}")]);
+    assert!(api[0]["remote_durable_at"].is_null(), "{}", api[0]);
+    home.ok(&["rm", "-f", &id]);
+}
+
+#[test]
+fn a_snapshot_in_a_three_node_cluster_restores_with_a_node_lost() {
+    let name = "a_snapshot_in_a_three_node_cluster_restores_with_a_node_lost";
+    if skip(name) {
+        return;
+    }
+    let Some(mut cluster) = GarageCluster::start(name) else {
+        return;
+    };
+    let env = vec![
+        ("CAIRN_STORE".to_string(), cluster.url("homes")),
+        ("AWS_ACCESS_KEY_ID".to_string(), cluster.key_id.clone()),
+        ("AWS_SECRET_ACCESS_KEY".to_string(), cluster.secret.clone()),
+    ];
+    let first = Home::with_state_and_env(None, env.clone());
+    let id = first.ok(&["create"]);
+    first.sh(
+        &id,
+        "set -e; mkdir -p /data/d; echo hello > /data/small; \
+         dd if=/dev/urandom of=/data/random bs=64k count=128 2>/dev/null; \
+         echo deep > /data/d/f",
+    );
+    let before = first.sh(&id, CHECKSUMS);
+    let snap = first.ok(&["snapshot", &id]);
+    let shown: serde_json::Value = serde_json::from_str(&first.ok(&["snapshot", "show", &snap, "--json"])).unwrap();
+    assert!(shown["remote_durable_at"].is_i64(), "{shown}");
+    first.ok(&["rm", "-f", &id]);
+    std::fs::remove_dir_all(first.path().join("store")).unwrap();
+    std::fs::remove_dir_all(first.path().join("layers")).unwrap();
+
+    // One machine of three is lost; every object is on the other two.
+    cluster.kill(2);
+
+    let state = format!("sqlite:{}", first.path().join("state.db").display());
+    let second = Home::bare(Some(state), env);
+    let out = second.cairn(&["fork", &snap]);
+    assert!(
+        out.status.success(),
+        "{}\nnode 0's log:\n{}",
+        stderr(&out),
+        cluster.log(0)
+    );
+    let fork = String::from_utf8_lossy(&out.stdout).trim().to_string();
+    assert_eq!(second.sh(&fork, CHECKSUMS), before);
+    second.ok(&["rm", "-f", &fork]);
+}
+
+/// The objects in the bucket under `prefix`.
+fn remote_keys(garage: &Garage, prefix: &str) -> std::collections::HashSet<String> {
+    use cairn_store::BlobStore;
+    garage
+        .open(prefix)
+        .list()
+        .unwrap()
+        .into_iter()
+        .map(|o| o.key.to_hex())
+        .collect()
+}
+
+/// The keys the home's upload journal holds (objects not yet remote).
+fn journal(home: &Home) -> Vec<String> {
+    std::fs::read_dir(home.path().join("store/pending"))
+        .unwrap()
+        .map(|e| e.unwrap().file_name().into_string().unwrap())
+        .collect()
+}
+
+#[test]
+fn a_snapshot_whose_uploads_are_cut_off_is_marked_durable_only_once_they_land() {
+    let name = "a_snapshot_whose_uploads_are_cut_off_is_marked_durable_only_once_they_land";
+    if skip(name) {
+        return;
+    }
+    let Some(mut garage) = Garage::start(name) else {
+        return;
+    };
+    let url = format!("s3://{}/cut?endpoint={}&region=garage", garage.bucket, garage.endpoint);
+    let env = vec![
+        ("CAIRN_STORE".to_string(), url),
+        ("AWS_ACCESS_KEY_ID".to_string(), garage.key_id.clone()),
+        ("AWS_SECRET_ACCESS_KEY".to_string(), garage.secret.clone()),
+        ("CAIRN_UPLOAD_WAIT".to_string(), "2".to_string()),
+    ];
+    let home = Home::with_state_and_env(None, env);
+    let id = home.ok(&["create"]);
+    home.sh(
+        &id,
+        "mkdir -p /data && dd if=/dev/urandom of=/data/random bs=64k count=64 2>/dev/null",
+    );
+
+    // The store stops taking writes (reads still answer): every upload fails.
+    let (bucket, key) = (garage.bucket.clone(), garage.key_id.clone());
+    garage.admin(&["bucket", "deny", "--write", &bucket, "--key", &key]);
+    let out = home.cairn(&["snapshot", &id]);
+    assert!(out.status.success(), "{}", stderr(&out));
+    assert!(stderr(&out).contains("remote store yet"), "{}", stderr(&out));
+    let snap = String::from_utf8_lossy(&out.stdout).trim().to_string();
+    let pending = journal(&home);
+    assert!(!pending.is_empty(), "nothing waits for upload");
+    let remote = remote_keys(&garage, "cut");
+    assert!(
+        pending.iter().any(|k| !remote.contains(k)),
+        "the pending objects are remote already"
+    );
+    let shown: serde_json::Value = serde_json::from_str(&home.ok(&["snapshot", "show", &snap, "--json"])).unwrap();
+    assert!(
+        shown["remote_durable_at"].is_null(),
+        "marked durable with uploads pending: {shown}"
+    );
+    assert!(home.ok(&["snapshot", "show", &snap]).contains("remote    pending"));
+
+    // Then the store is cut off altogether, uploads still pending.
+    garage.kill();
+    let out = home.cairn(&["snapshots"]);
+    assert!(!out.status.success(), "cairn ran without its store");
+    let db = rusqlite::Connection::open(home.path().join("state.db")).unwrap();
+    let durable: Option<i64> = db
+        .query_row("SELECT remote_durable_at FROM snapshots WHERE id = ?1", [&snap], |r| {
+            r.get(0)
+        })
+        .unwrap();
+    assert_eq!(durable, None);
+
+    // The store is back and takes writes: the next command uploads what
+    // waited, and only then marks the snapshot.
+    garage.restart();
+    garage.admin(&["bucket", "allow", "--write", &bucket, "--key", &key]);
+    // (A command prints before it waits for uploads: the mark shows from
+    // the next command on.)
+    home.ok(&["snapshots"]);
+    let shown: serde_json::Value = serde_json::from_str(&home.ok(&["snapshot", "show", &snap, "--json"])).unwrap();
+    assert!(
+        shown["remote_durable_at"].is_i64(),
+        "not marked once the uploads landed: {shown}"
+    );
+    assert!(journal(&home).is_empty(), "uploads left pending: {:?}", journal(&home));
+    let remote = remote_keys(&garage, "cut");
+    let missing: Vec<&String> = pending.iter().filter(|k| !remote.contains(*k)).collect();
+    assert!(
+        missing.is_empty(),
+        "marked durable with objects missing from the store: {missing:?}"
+    );
+    home.ok(&["rm", "-f", &id]);
 }

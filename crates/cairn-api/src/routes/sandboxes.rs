@@ -150,10 +150,16 @@ pub async fn snapshot(State(app): State<Arc<App>>, Path(id): Path<String>, body:
     let rec = app.engine(move |e| Ok(e.sandbox(&id)?)).await?;
     let _busy = app.claim(&rec.id, "snapshot")?;
     let t = Instant::now();
-    let snap = app.engine(move |e| Ok(e.snapshot(&rec, req.label.as_deref())?)).await?;
+    let snap = app
+        .engine(move |e| {
+            let snap = e.snapshot(&rec, req.label.as_deref())?;
+            let durable = e.remote_durability()?;
+            Ok(Snapshot::with_durability(snap, durable.as_ref()))
+        })
+        .await?;
     app.metrics.observe("snapshot", t.elapsed());
     app.emit("snapshot.created", &snap.id, format!("of sandbox {}", snap.sandbox_id));
-    Ok(json(StatusCode::CREATED, &Snapshot::from(snap)))
+    Ok(json(StatusCode::CREATED, &snap))
 }
 
 fn fork_count(req: &ForkBody) -> ApiResult<usize> {
@@ -273,9 +279,12 @@ pub async fn snapshots(
     q: Result<Query<PageQuery>, axum::extract::rejection::QueryRejection>,
 ) -> ApiResult<Json<SnapshotPage>> {
     let Query(q) = q?;
-    let mut all = app.engine(|e| Ok(e.snapshots()?)).await?;
+    let (mut all, durable) = app.engine(|e| Ok((e.snapshots()?, e.remote_durability()?))).await?;
     all.sort_by(|a, b| (a.created_at, &a.id).cmp(&(b.created_at, &b.id)));
-    let items: Vec<Snapshot> = all.into_iter().map(Snapshot::from).collect();
+    let items: Vec<Snapshot> = all
+        .into_iter()
+        .map(|s| Snapshot::with_durability(s, durable.as_ref()))
+        .collect();
     let (items, next) = crate::model::page(items, |s| &s.id, q.after.as_deref(), q.limit);
     Ok(Json(SnapshotPage { items, next }))
 }
@@ -283,13 +292,14 @@ pub async fn snapshots(
 fn detail(e: &Engine, key: &str) -> ApiResult<SnapshotDetail> {
     let snap = e.snapshot_record(key)?;
     let all = e.snapshots()?;
+    let durable = e.remote_durability()?;
     let mut lineage = Vec::new();
     let mut parent = snap.parent_id.clone();
     while let Some(p) = parent {
         match all.iter().find(|s| s.id == p) {
             Some(s) if lineage.len() < 10_000 => {
                 parent = s.parent_id.clone();
-                lineage.push(Snapshot::from(s.clone()));
+                lineage.push(Snapshot::with_durability(s.clone(), durable.as_ref()));
             }
             _ => break,
         }
@@ -300,7 +310,7 @@ fn detail(e: &Engine, key: &str) -> ApiResult<SnapshotDetail> {
         .map(|s| s.id.clone())
         .collect();
     Ok(SnapshotDetail {
-        snapshot: snap.into(),
+        snapshot: Snapshot::with_durability(snap, durable.as_ref()),
         lineage,
         children,
     })

@@ -11,7 +11,7 @@ pub mod backend;
 pub mod postgresql;
 pub mod sqlite;
 
-use std::collections::HashSet;
+use std::collections::{HashMap, HashSet};
 use std::fmt;
 use std::path::{Path, PathBuf};
 use std::str::FromStr;
@@ -464,6 +464,21 @@ impl Db {
                 Some(r) => r.get::<Option<i64>>(0)?,
                 None => None,
             })
+        })
+    }
+
+    /// When each snapshot marked durable in the remote store became so
+    /// (ms since the epoch), by snapshot id.
+    pub fn snapshots_remote_durable_at(&self) -> Result<HashMap<String, i64>, StateError> {
+        self.with(|b| {
+            let mut out = HashMap::new();
+            for r in b.query(
+                "SELECT id, remote_durable_at FROM snapshots WHERE remote_durable_at IS NOT NULL",
+                &[],
+            )? {
+                out.insert(r.get::<String>(0)?, r.get::<i64>(1)?);
+            }
+            Ok(out)
         })
     }
 

@@ -10,7 +10,7 @@ use std::path::{Path, PathBuf};
 use std::time::SystemTime;
 
 use cairn_store::process::{self, WriterId};
-use cairn_store::{BlobStore, ChunkStore, ReadContext};
+use cairn_store::{BlobStore, ChunkStore, ReadAhead, ReadContext};
 use nix::fcntl::{renameat2, AtFlags, RenameFlags};
 use nix::sys::stat::{
     fchmod, fchmodat, futimens, makedev, mkdirat, mknodat, utimensat, FchmodatFlags, Mode, SFlag, UtimensatFlags,
@@ -140,6 +140,9 @@ struct Builder<'a, B> {
     stack: Vec<OpenDir>,
     /// Device nodes left out, and hard links to them.
     skipped: HashSet<&'a LayerPath>,
+    /// Fetches every file's chunks, in the order files are written, ahead
+    /// of the writing (from a far store: many at once).
+    ahead: ReadAhead,
 }
 
 fn timespec(t: Timestamp) -> TimeSpec {
@@ -157,12 +160,22 @@ fn build<B: BlobStore>(
     temp: &Path,
     dest: &Path,
 ) -> Result<File, ArchiveError> {
+    let chunks = index
+        .entries
+        .iter()
+        .filter_map(|e| match &e.kind {
+            EntryKind::File(content) => Some(content.chunks.iter().map(|c| c.hash)),
+            _ => None,
+        })
+        .flatten()
+        .collect();
     let mut b = Builder {
         store,
         layer,
         dest,
         stack: Vec::new(),
         skipped: HashSet::new(),
+        ahead: store.backend().read_ahead(chunks),
     };
     let root_entry = &index.entries[0];
     let root = open_dir(temp).map_err(|e| b.err(&root_entry.path, "opening the temp directory", e))?;
@@ -288,7 +301,8 @@ impl<B: BlobStore> Builder<'_, B> {
                 let context = ReadContext::new()
                     .owner("layer", *self.layer.as_hash())
                     .path(path.display_path());
-                self.store.restore_to_file(content, &file, &context)?;
+                self.store
+                    .restore_to_file_read_ahead(content, &file, &context, &self.ahead)?;
                 self.own_and_label(&file, entry)?;
                 fchmod(file.as_raw_fd(), Mode::from_bits_truncate(meta.mode))
                     .map_err(|e| self.err(path, "chmod", e.into()))?;

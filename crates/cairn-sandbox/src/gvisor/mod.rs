@@ -11,6 +11,7 @@
 //! process that started the sandbox has exited).
 
 mod bundle;
+pub mod image_host;
 mod runsc;
 pub mod sockets;
 pub mod statefile;
@@ -133,6 +134,11 @@ pub struct GvisorDriver {
 }
 
 impl GvisorDriver {
+    /// This host as a memory image records it (see [`image_host`]).
+    pub fn image_host(&self) -> Result<image_host::ImageHost, GvisorError> {
+        image_host::ImageHost::here(&self.runsc)
+    }
+
     /// A driver keeping runsc's per-sandbox state under `state_dir`; `scope`
     /// keeps its cgroups apart from other state directories' (as for the
     /// native driver).

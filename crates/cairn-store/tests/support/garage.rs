@@ -11,7 +11,7 @@ use std::time::{Duration, Instant};
 
 use cairn_store::{S3Config, S3Store};
 
-const INSTALL: &str =
+pub const INSTALL: &str =
     "cargo install garage --locked --version 2.5.0 --debug --no-default-features --features bundled-libs,sqlite";
 
 /// Under CI a missing part fails the test; elsewhere the test is skipped,
@@ -33,11 +33,11 @@ pub struct Garage {
     pub secret: String,
 }
 
-fn free_port() -> u16 {
+pub fn free_port() -> u16 {
     TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port()
 }
 
-fn random_hex(bytes: usize) -> String {
+pub fn random_hex(bytes: usize) -> String {
     let mut buf = vec![0u8; bytes];
     fs::File::open("/dev/urandom").unwrap().read_exact(&mut buf).unwrap();
     buf.iter().map(|b| format!("{b:02x}")).collect()
@@ -164,6 +164,26 @@ root_domain = ".s3.garage.localhost"
 
     pub fn open(&self, prefix: &str) -> S3Store {
         S3Store::open(self.config(prefix)).unwrap()
+    }
+
+    /// Runs the garage command line against this server, asserting
+    /// success; returns its output.
+    pub fn admin(&self, args: &[&str]) -> String {
+        let out = Command::new("garage")
+            .arg("-c")
+            .arg(self.dir.path().join("garage.toml"))
+            .args(args)
+            .env("RUST_LOG", "garage=warn")
+            .stdin(Stdio::null())
+            .output()
+            .expect("run garage");
+        assert!(
+            out.status.success(),
+            "garage {args:?} failed: {}{}",
+            String::from_utf8_lossy(&out.stdout),
+            String::from_utf8_lossy(&out.stderr)
+        );
+        String::from_utf8_lossy(&out.stdout).into_owned()
     }
 
     /// Kills the server now (as a lost host would vanish).

@@ -2,6 +2,7 @@
 #![allow(dead_code)]
 
 pub mod garage;
+pub mod garage_cluster;
 
 /// Deterministic, incompressible bytes (xorshift64*).
 pub fn random_bytes(len: usize, seed: u64) -> Vec<u8> {

@@ -103,6 +103,9 @@ class Snapshot(Model):
     stored_bytes: int = 0
     label: Optional[str] = None
     parent_id: Optional[str] = None
+    # When every object is in the remote chunk store (ms since the epoch);
+    # None while uploads are pending, or on a server without one.
+    remote_durable_at: Optional[int] = None
 
 
 @dataclass
