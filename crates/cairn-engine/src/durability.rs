@@ -38,6 +38,40 @@ impl Engine {
         Ok(marked)
     }
 
+    /// Reads every object snapshot `id` reaches straight from the remote
+    /// store, past the cache, `streams` requests at a time: the store's own
+    /// GET rate for this snapshot's objects, which a cold restore is
+    /// measured against. Returns the bytes read and the time taken.
+    pub fn bench_remote_read(&self, id: &str, streams: usize) -> Result<(u64, Duration), EngineError> {
+        let snap = self.snapshot_record(id)?;
+        let layers: HashSet<String> = snap.layers.iter().cloned().collect();
+        let objects = self.reachable_objects(&layers, std::slice::from_ref(&snap), &HashSet::new())?;
+        let backend = self.store.backend();
+        let next = std::sync::atomic::AtomicUsize::new(0);
+        let bytes = std::sync::atomic::AtomicU64::new(0);
+        let t0 = std::time::Instant::now();
+        std::thread::scope(|s| -> Result<(), EngineError> {
+            let workers: Vec<_> = (0..streams.max(1))
+                .map(|_| {
+                    s.spawn(|| -> Result<(), EngineError> {
+                        loop {
+                            let i = next.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                            let Some(key) = objects.get(i) else { return Ok(()) };
+                            let Some(got) = backend.remote_get(key) else { return Ok(()) };
+                            let data = got.map_err(SnapshotError::from)?;
+                            bytes.fetch_add(data.len() as u64, std::sync::atomic::Ordering::Relaxed);
+                        }
+                    })
+                })
+                .collect();
+            for w in workers {
+                w.join().expect("a reader panicked")?;
+            }
+            Ok(())
+        })?;
+        Ok((bytes.into_inner(), t0.elapsed()))
+    }
+
     /// When snapshot `id` became durable in the remote store (ms since the
     /// epoch), if it did.
     pub fn remote_durable_at(&self, id: &str) -> Result<Option<i64>, EngineError> {

@@ -67,6 +67,15 @@ impl StoreBackend {
         }
     }
 
+    /// An object read straight from the remote store, past the cache (a
+    /// benchmark's peer figure); `None` for a local store.
+    pub fn remote_get(&self, key: &ChunkHash) -> Option<Result<Vec<u8>, BlobError>> {
+        match self {
+            Self::Local(_) => None,
+            Self::S3(s) => Some(s.remote().get(key)),
+        }
+    }
+
     fn inner(&self) -> &dyn BlobStore {
         match self {
             Self::Local(s) => s,

@@ -269,7 +269,29 @@ impl Bench {
             let mut fresh = Engine::open(Home::at(dir.path()).with_state(state_url.as_str()).with_store(store))?;
             cold.push(restore(&mut fresh)?);
         }
+        // The peer: the same objects straight from the store, as many
+        // requests at a time as the restore's read-ahead keeps running.
+        let mut gets = Vec::new();
+        for _ in 0..runs {
+            let (bytes, took) = engine.bench_remote_read(&snap.id, 16)?;
+            gets.push(bytes as f64 / (1 << 20) as f64 / took.as_secs_f64());
+        }
         let bandwidth = |ms: &[f64]| -> Vec<f64> { ms.iter().map(|m| mib as f64 / (m / 1e3)).collect() };
+        let cold_rate = summarize(
+            &format!("restore {mib} MiB, cold cache"),
+            "MiB/s",
+            bandwidth(&cold),
+            None,
+            false,
+        );
+        let get_rate = summarize(
+            "S3 GET of the same objects, 16 at a time (peer; target: cold >= 0.8 of it)",
+            "MiB/s",
+            gets,
+            None,
+            false,
+        )
+        .peer_of(&cold_rate);
         Ok(vec![
             summarize(
                 &format!("restore {mib} MiB, cold cache (another host)"),
@@ -286,13 +308,8 @@ impl Bench {
                 true,
             ),
             // Warm, the layers are already on disk: no bytes move, so no rate.
-            summarize(
-                &format!("restore {mib} MiB, cold cache"),
-                "MiB/s",
-                bandwidth(&cold),
-                None,
-                false,
-            ),
+            cold_rate,
+            get_rate,
         ])
     }
 }
