@@ -17,17 +17,36 @@ impl Engine {
     /// after `wait` are an error once the rest is marked (they stay
     /// queued, and the next process resumes them).
     pub fn mark_remote_durable(&self, wait: Duration) -> Result<Vec<String>, EngineError> {
+        self.mark_durable_among(None, wait)
+    }
+
+    /// [`mark_remote_durable`](Self::mark_remote_durable) for the snapshots
+    /// `ids` alone (a commit under a queue claim checks what it names, not
+    /// every snapshot of every host).
+    pub fn mark_remote_durable_ids(&self, ids: &[&str], wait: Duration) -> Result<Vec<String>, EngineError> {
+        self.mark_durable_among(Some(ids), wait)
+    }
+
+    fn mark_durable_among(&self, only: Option<&[&str]>, wait: Duration) -> Result<Vec<String>, EngineError> {
         let backend = self.store.backend();
         if !backend.is_remote() {
             return Ok(Vec::new());
         }
         let flushed = backend.flush(wait);
-        let pending = self.db.snapshots_not_remote_durable()?;
+        let mut pending = self.db.snapshots_not_remote_durable()?;
+        if let Some(ids) = only {
+            pending.retain(|id| ids.contains(&id.as_str()));
+        }
         let mut marked = Vec::new();
         if !pending.is_empty() {
             for snap in self.db.snapshots()?.into_iter().filter(|s| pending.contains(&s.id)) {
+                // Another host's snapshot whose objects are still on their
+                // way (or never will be: that host died) cannot be read
+                // whole: it stays unmarked, and marks nothing else.
                 let layers: HashSet<String> = snap.layers.iter().cloned().collect();
-                let objects = self.reachable_objects(&layers, std::slice::from_ref(&snap), &HashSet::new())?;
+                let Ok(objects) = self.reachable_objects(&layers, std::slice::from_ref(&snap), &HashSet::new()) else {
+                    continue;
+                };
                 if backend.not_remote(objects).map_err(SnapshotError::from)?.is_empty() {
                     self.db.mark_snapshot_remote_durable(&snap.id, crate::now_ms())?;
                     marked.push(snap.id);
@@ -57,7 +76,9 @@ impl Engine {
                         loop {
                             let i = next.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
                             let Some(key) = objects.get(i) else { return Ok(()) };
-                            let Some(got) = backend.remote_get(key) else { return Ok(()) };
+                            let Some(got) = backend.remote_get(key) else {
+                                return Ok(());
+                            };
                             let data = got.map_err(SnapshotError::from)?;
                             bytes.fetch_add(data.len() as u64, std::sync::atomic::Ordering::Relaxed);
                         }

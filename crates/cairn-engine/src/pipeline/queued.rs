@@ -77,7 +77,7 @@ impl Engine {
         if self.db.fence().is_none() || !self.store.backend().is_remote() {
             return Ok(());
         }
-        self.mark_remote_durable(DURABLE_WAIT)?;
+        self.mark_remote_durable_ids(ids, DURABLE_WAIT)?;
         for id in ids {
             if self.remote_durable_at(id)?.is_none() {
                 return Err(RunError::Lost(format!(
