@@ -1034,3 +1034,75 @@ fn a_metric_file_above_1_mib_fails_its_branch_with_a_clear_error() {
         "the error does not say what is wrong and what to do: {error}"
     );
 }
+
+#[test]
+fn checkpoints_keep_within_their_share_of_the_stage_however_often_they_are_asked_for() {
+    if skip("checkpoints_keep_within_their_share_of_the_stage_however_often_they_are_asked_for") {
+        return;
+    }
+    let home = Home::new();
+    // Asked for every 20 ms: the bound, not the interval, sets the pace. The
+    // stage runs until the test has seen three checkpoints.
+    let file = write(
+        &home,
+        "p.toml",
+        r#"
+[pipeline]
+name = "shared"
+image = "busybox"
+
+[[stage]]
+name = "busy"
+key = "busy-v1"
+checkpoint_every = "20ms"
+checkpoint_share = "10%"
+run = [
+  "mkdir -p /work; for i in $(seq 1 8); do dd if=/dev/urandom of=/work/f$i bs=64k count=1 2>/dev/null; done",
+  "i=0; while [ ! -e /work/done ]; do i=$((i+1)); echo $i > /work/tick; sleep 0.05; done",
+]
+"#,
+    );
+    let mut child = home
+        .command(&["pipeline", "run", &file])
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(300);
+    let run = loop {
+        let runs: serde_json::Value = serde_json::from_str(&home.ok(&["runs", "--json"])).unwrap();
+        if let Some(id) = runs[0]["id"].as_str() {
+            let v = show(&home, id);
+            if events(&v, "checkpoint").len() >= 3 {
+                let sandbox = v["stages"][0]["sandbox_id"].as_str().unwrap().to_string();
+                home.ok(&["exec", &sandbox, "--", "touch", "/work/done"]);
+                break id.to_string();
+            }
+        }
+        assert!(std::time::Instant::now() < deadline, "three checkpoints never came");
+        std::thread::sleep(std::time::Duration::from_millis(200));
+    };
+    let out = child.wait_with_output().unwrap();
+    assert!(out.status.success(), "{}", stderr(&out));
+    let v = show(&home, &run);
+    let checkpoints = events(&v, "checkpoint");
+    // Each checkpoint's event says what it took; the next came at least
+    // nine times that later (10%: 90 to 10).
+    let took = |e: &serde_json::Value| -> i64 {
+        let d = e["detail"].as_str().unwrap();
+        assert!(d.contains("(at most 10%)"), "{d}");
+        d.split("took ")
+            .nth(1)
+            .and_then(|r| r.split(" ms").next())
+            .and_then(|n| n.parse().ok())
+            .unwrap()
+    };
+    for pair in checkpoints.windows(2) {
+        let gap = pair[1]["created_at"].as_i64().unwrap() - pair[0]["created_at"].as_i64().unwrap();
+        assert!(
+            gap >= 9 * took(pair[0]),
+            "checkpoints {gap} ms apart after one that took {} ms: {checkpoints:?}",
+            took(pair[0])
+        );
+    }
+}

@@ -531,20 +531,33 @@ impl Db {
         snapshot: &str,
         at: i64,
     ) -> Result<(), StateError> {
+        self.add_checkpoint_noted(
+            run,
+            stage,
+            branch,
+            snapshot,
+            at,
+            "periodic checkpoint of the running stage",
+        )
+    }
+
+    /// [`add_checkpoint`](Self::add_checkpoint) with the event's detail
+    /// (what the checkpoint cost, and the share of the stage it took).
+    pub fn add_checkpoint_noted(
+        &self,
+        run: &str,
+        stage: &str,
+        branch: &str,
+        snapshot: &str,
+        at: i64,
+        detail: &str,
+    ) -> Result<(), StateError> {
         self.fenced(|b| {
             b.execute(
                 "INSERT INTO checkpoints (run_id, stage, branch, snapshot_id, created_at) VALUES ($1, $2, $3, $4, $5)",
                 params![run, stage, branch, snapshot, at],
             )?;
-            insert_event(
-                b,
-                run,
-                Some(stage),
-                Some(branch),
-                "checkpoint",
-                "periodic checkpoint of the running stage",
-                Some(snapshot),
-            )
+            insert_event(b, run, Some(stage), Some(branch), "checkpoint", detail, Some(snapshot))
         })
     }
 

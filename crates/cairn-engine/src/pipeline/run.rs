@@ -788,8 +788,19 @@ impl Engine {
                 branch.to_string(),
                 sandbox.id.clone(),
             );
+            let share = stage.checkpoint_share;
             std::thread::spawn(move || {
-                checkpoint_loop(home, fence, every, stop_rx, &run_id, &stage_name, &branch, &sandbox_id)
+                checkpoint_loop(
+                    home,
+                    fence,
+                    every,
+                    share,
+                    stop_rx,
+                    &run_id,
+                    &stage_name,
+                    &branch,
+                    &sandbox_id,
+                )
             })
         });
         // A re-attached attempt keeps the deadline it began with (its running
@@ -1016,24 +1027,34 @@ impl Engine {
     }
 }
 
+/// Takes a checkpoint every `every` until `stop`, but never more often than
+/// keeps checkpoints within `share` percent of the stage's time: after one
+/// that took `d`, the next waits at least `d * (100 - share) / share`. Each
+/// checkpoint's event says what it took and the share so far.
 #[allow(clippy::too_many_arguments)]
 fn checkpoint_loop(
     home: Home,
     fence: Option<crate::queue::Fence>,
     every: Duration,
+    share: u8,
     stop: mpsc::Receiver<()>,
     run: &str,
     stage: &str,
     branch: &str,
     sandbox: &str,
 ) {
-    while let Err(mpsc::RecvTimeoutError::Timeout) = stop.recv_timeout(every) {
+    let began = Instant::now();
+    let mut spent = Duration::ZERO;
+    let mut wait = every;
+    let share = f64::from(share.clamp(1, 50)) / 100.0;
+    while let Err(mpsc::RecvTimeoutError::Timeout) = stop.recv_timeout(wait) {
         let Ok(mut engine) = Engine::open(home.clone()) else {
             return;
         };
         engine.db.set_fence(fence.clone());
         let Ok(sb) = engine.sandbox(sandbox) else { return };
-        match engine.snapshot(
+        let started = Instant::now();
+        let taken = engine.snapshot(
             &sb,
             Some(&format!(
                 "{run}/{stage}{}/checkpoint",
@@ -1043,12 +1064,26 @@ fn checkpoint_loop(
                     format!("/{branch}")
                 }
             )),
-        ) {
+        );
+        let took = started.elapsed();
+        spent += took;
+        wait = every.max(took.mul_f64((1.0 - share) / share));
+        match taken {
             // Under a queue claim, a checkpoint counts once every host can
             // restore it.
             Ok(snap) => match engine.durable_for_queue(&[&snap.id]) {
                 Ok(()) => {
-                    let _ = engine.db.add_checkpoint(run, stage, branch, &snap.id, crate::now_ms());
+                    let detail = format!(
+                        "periodic checkpoint of the running stage: took {} ms; checkpoints so far {:.1}% of \
+                         the stage's time (at most {:.0}%); the next in {:.1} s",
+                        took.as_millis(),
+                        100.0 * spent.as_secs_f64() / began.elapsed().as_secs_f64().max(1e-3),
+                        share * 100.0,
+                        wait.as_secs_f64()
+                    );
+                    let _ = engine
+                        .db
+                        .add_checkpoint_noted(run, stage, branch, &snap.id, crate::now_ms(), &detail);
                 }
                 Err(e) => tracing::warn!(stage, "checkpoint not recorded: {e}"),
             },

@@ -17,6 +17,7 @@
 //! timeout = "6h"
 //! retries = 2
 //! checkpoint_every = "10m"
+//! checkpoint_share = "10%"            # checkpoints take at most this share of the stage's time
 //!
 //! [[stage]]
 //! name = "fit"
@@ -106,6 +107,7 @@ struct RawStage {
     #[serde(default)]
     retries: u32,
     checkpoint_every: Option<Spanned<String>>,
+    checkpoint_share: Option<Spanned<String>>,
     branches: Option<Spanned<RawBranches>>,
     /// Pause before the stage until `cairn run approve RUN STAGE`.
     #[serde(default)]
@@ -156,6 +158,10 @@ pub struct Pipeline {
     pub stages: Vec<Stage>,
 }
 
+/// The most of a stage's wall time its checkpoints take unless the file
+/// says otherwise (`checkpoint_share`), in percent.
+pub const DEFAULT_CHECKPOINT_SHARE: u8 = 10;
+
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Stage {
     pub name: String,
@@ -168,6 +174,11 @@ pub struct Stage {
     pub timeout: Option<Duration>,
     pub retries: u32,
     pub checkpoint_every: Option<Duration>,
+    /// The most of the stage's wall time its checkpoints may take, in
+    /// percent (1 to 50): after a checkpoint that took `d`, the next waits
+    /// at least `d * (100 - share) / share`, however short
+    /// `checkpoint_every` is.
+    pub checkpoint_share: u8,
     pub branches: Option<Branches>,
     /// The run pauses before this stage (once its input is ready) until a
     /// person approves it: `cairn run approve RUN STAGE`.
@@ -434,6 +445,25 @@ pub fn parse(file: &str, text: &str, overrides: &BTreeMap<String, String>) -> Re
         };
         let timeout = duration(&s.timeout, "timeout")?;
         let checkpoint_every = duration(&s.checkpoint_every, "checkpoint_every")?;
+        let checkpoint_share = match &s.checkpoint_share {
+            None => DEFAULT_CHECKPOINT_SHARE,
+            Some(v) => v
+                .get_ref()
+                .trim()
+                .strip_suffix('%')
+                .and_then(|n| n.trim().parse::<u8>().ok())
+                .filter(|p| (1..=50).contains(p))
+                .ok_or_else(|| {
+                    lines.err(
+                        at(&v.span()),
+                        format!(
+                            "checkpoint_share {:?} is not a share of the stage's time: write a whole \
+                             percentage from 1% to 50%, e.g. \"10%\"",
+                            v.get_ref()
+                        ),
+                    )
+                })?,
+        };
         let branches = match &s.branches {
             None => None,
             Some(b) => {
@@ -564,6 +594,7 @@ pub fn parse(file: &str, text: &str, overrides: &BTreeMap<String, String>) -> Re
                 timeout,
                 retries: s.retries,
                 checkpoint_every,
+                checkpoint_share,
                 branches,
                 approve: s.approve,
                 decide,
@@ -891,6 +922,29 @@ select = "first_success"
         // Hypotheses still needed where no decide stage chooses them.
         let e = bad(&DECIDED.replace("[\"hypotheses\", ", "["));
         assert!(e.message.contains("at least two hypotheses"), "{e}");
+    }
+
+    #[test]
+    fn a_checkpoint_share_is_a_whole_percentage_up_to_half() {
+        let p = parse("p.toml", GOOD, &BTreeMap::new()).unwrap();
+        assert_eq!(p.stages[0].checkpoint_share, DEFAULT_CHECKPOINT_SHARE);
+        let set = GOOD.replace(
+            "checkpoint_every = \"10m\"",
+            "checkpoint_every = \"10m\"\ncheckpoint_share = \"5%\"",
+        );
+        assert_eq!(
+            parse("p.toml", &set, &BTreeMap::new()).unwrap().stages[0].checkpoint_share,
+            5
+        );
+        for wrong in ["75%", "0%", "10", "ten%", "2.5%"] {
+            let text = GOOD.replace(
+                "checkpoint_every = \"10m\"",
+                &format!("checkpoint_every = \"10m\"\ncheckpoint_share = \"{wrong}\""),
+            );
+            let e = bad(&text);
+            assert!(e.message.contains("from 1% to 50%"), "{wrong}: {e}");
+            assert_eq!(e.line, 14, "the line of checkpoint_share: {e}");
+        }
     }
 
     #[test]
