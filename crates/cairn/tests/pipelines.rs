@@ -1062,7 +1062,7 @@ run = [
 ]
 "#,
     );
-    let mut child = home
+    let child = home
         .command(&["pipeline", "run", &file])
         .stdout(std::process::Stdio::piped())
         .stderr(std::process::Stdio::piped())
