@@ -364,6 +364,16 @@ impl Bench {
                 samples.push(dt);
             }
         }
+        // The connection alone (a ping: connect, handshake, one frame each
+        // way), so the exec figure splits into the protocol and the process.
+        let mut pings = Vec::with_capacity(runs);
+        for i in 0..runs + 10 {
+            let t0 = Instant::now();
+            client.ping(Duration::from_secs(5))?;
+            if i >= 10 {
+                pings.push(t0.elapsed().as_secs_f64() * 1e3);
+            }
+        }
         let mut cli = Vec::with_capacity(runs / 4);
         for _ in 0..(runs / 4).max(5) {
             let t0 = Instant::now();
@@ -379,13 +389,22 @@ impl Bench {
         let rec = engine.sandbox(&rec.id)?;
         engine.remove_sandbox(&rec, true)?;
         let cli = summarize("exec: cairn exec ID -- true (whole command)", "ms", cli, None, true);
-        let mut out = vec![summarize(
-            "exec: round trip of `true` (engine API)",
-            "ms",
-            samples,
-            Some(1.0),
-            true,
-        )];
+        let mut out = vec![
+            summarize(
+                "exec: round trip of `true` (engine API)",
+                "ms",
+                samples,
+                Some(1.0),
+                true,
+            ),
+            summarize(
+                "exec: a ping to init alone (connection and handshake)",
+                "ms",
+                pings,
+                None,
+                true,
+            ),
+        ];
         if let Some(crun) = peer("crun", "crun") {
             let bundle = self.crun_bundle(&crun, &["/bin/sleep", "1000000"])?;
             let peer_samples = in_crun_namespace(|| {
