@@ -26,6 +26,7 @@ name = "count"
 key = "count-big-memory-v1"
 retries = 2
 checkpoint_every = "1s"
+checkpoint_share = "50%"
 run = ["mkdir -p /work; echo start >> /work/starts; yes cairn-ballast | head -c 268435456 > /tmp/ballast; i=0; until [ -e /work/stop ]; do i=$((i+1)); echo $i >> /work/progress; sleep 0.1; done; echo counted to $i; wc -c < /tmp/ballast"]
 artifacts = ["/work/starts", "/work/progress"]
 "#;

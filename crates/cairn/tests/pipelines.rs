@@ -834,6 +834,8 @@ name = "count"
 key = "count-in-memory-v1"
 retries = 2
 checkpoint_every = "700ms"
+# Checkpoints as often as the bound allows (each then waits its own length).
+checkpoint_share = "50%"
 run = ["mkdir -p /work; echo start >> /work/starts; i=0; while [ $i -lt 40 ]; do i=$((i+1)); echo $i > /work/progress; sleep 0.1; done; echo counted to $i"]
 artifacts = ["/work/starts"]
 "#;
