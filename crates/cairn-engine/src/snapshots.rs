@@ -75,9 +75,11 @@ pub enum MemoryForm {
     GvisorStateStream { header: Vec<u8> },
 }
 
-/// Version 3 manifests did not record the host a memory image needs.
+/// Versions 2 and 3 of the manifest: version 3 did not record the host a
+/// memory image needs (`MemoryImageV3`), version 2 also kept every
+/// checkpoint file as written (`MemoryImageV2`).
 #[derive(Deserialize)]
-struct ManifestV3 {
+struct ManifestBefore4<M> {
     parent: Option<ChunkHash>,
     layers: Vec<LayerId>,
     image: String,
@@ -86,27 +88,29 @@ struct ManifestV3 {
     label: Option<String>,
     sandbox: String,
     created_at_ms: i64,
-    memory: Option<MemoryImageV3>,
+    memory: Option<M>,
+}
+
+impl<M> ManifestBefore4<M> {
+    fn current(self, memory: impl FnOnce(M) -> MemoryImage) -> SnapshotManifest {
+        SnapshotManifest {
+            parent: self.parent,
+            layers: self.layers,
+            image: self.image,
+            driver: self.driver,
+            services: self.services,
+            label: self.label,
+            sandbox: self.sandbox,
+            created_at_ms: self.created_at_ms,
+            memory: self.memory.map(memory),
+        }
+    }
 }
 
 #[derive(Deserialize)]
 struct MemoryImageV3 {
     driver: String,
     files: Vec<MemoryFile>,
-}
-
-/// Version 2 manifests kept every checkpoint file as written.
-#[derive(Deserialize)]
-struct ManifestV2 {
-    parent: Option<ChunkHash>,
-    layers: Vec<LayerId>,
-    image: String,
-    driver: String,
-    services: Vec<String>,
-    label: Option<String>,
-    sandbox: String,
-    created_at_ms: i64,
-    memory: Option<MemoryImageV2>,
 }
 
 #[derive(Deserialize)]
@@ -136,48 +140,30 @@ impl Framed for SnapshotManifest {
 
     fn decode_older(version: u32, payload: &[u8]) -> Result<Self, cairn_store::FrameError> {
         if version == 3 {
-            let v3: ManifestV3 = cairn_store::frame::decode_payload(Self::NAME, Self::MAX_PAYLOAD, payload)?;
-            return Ok(SnapshotManifest {
-                parent: v3.parent,
-                layers: v3.layers,
-                image: v3.image,
-                driver: v3.driver,
-                services: v3.services,
-                label: v3.label,
-                sandbox: v3.sandbox,
-                created_at_ms: v3.created_at_ms,
-                memory: v3.memory.map(|m| MemoryImage {
-                    driver: m.driver,
-                    host: None,
-                    files: m.files,
-                }),
-            });
+            let v3: ManifestBefore4<MemoryImageV3> =
+                cairn_store::frame::decode_payload(Self::NAME, Self::MAX_PAYLOAD, payload)?;
+            return Ok(v3.current(|m| MemoryImage {
+                driver: m.driver,
+                host: None,
+                files: m.files,
+            }));
         }
         if version == 2 {
-            let v2: ManifestV2 = cairn_store::frame::decode_payload(Self::NAME, Self::MAX_PAYLOAD, payload)?;
-            return Ok(SnapshotManifest {
-                parent: v2.parent,
-                layers: v2.layers,
-                image: v2.image,
-                driver: v2.driver,
-                services: v2.services,
-                label: v2.label,
-                sandbox: v2.sandbox,
-                created_at_ms: v2.created_at_ms,
-                memory: v2.memory.map(|m| MemoryImage {
-                    driver: m.driver,
-                    host: None,
-                    files: m
-                        .files
-                        .into_iter()
-                        .map(|(name, content)| MemoryFile {
-                            name,
-                            form: MemoryForm::AsWritten,
-                            content,
-                        })
-                        .collect(),
-                }),
-            });
+            let v2: ManifestBefore4<MemoryImageV2> =
+                cairn_store::frame::decode_payload(Self::NAME, Self::MAX_PAYLOAD, payload)?;
+            return Ok(v2.current(|m| MemoryImage {
+                driver: m.driver,
+                host: None,
+                files: m
+                    .files
+                    .into_iter()
+                    .map(|(name, content)| MemoryFile {
+                        name,
+                        form: MemoryForm::AsWritten,
+                        content,
+                    })
+                    .collect(),
+            }));
         }
         if version != 1 {
             return Err(cairn_store::FrameError::UnsupportedOldVersion {

@@ -3,8 +3,8 @@
 //! its claim as the fence on every commit.
 //!
 //! One heartbeat thread renews the leases of every job held; a job whose
-//! renewal fails (its lease expired and another worker claimed it) is
-//! marked lost, and its next commit is refused by the fence anyway. Each
+//! renewal is refused (its lease expired and another worker claimed it)
+//! is renewed no more, and its next commit is refused by the fence. Each
 //! loop also returns expired leases to the queue (the reaper), so a dead
 //! worker's jobs are taken within a lease. PostgreSQL wakes idle workers
 //! with NOTIFY; they poll as well, so a lost notification costs one poll.
@@ -105,7 +105,7 @@ impl Drop for Lent {
 }
 
 /// The claims this worker holds, for the heartbeat.
-type Held = Arc<Mutex<HashMap<String, (Fence, Arc<AtomicBool>)>>>;
+type Held = Arc<Mutex<HashMap<String, Fence>>>;
 
 /// Runs a worker until `stop` is set (then waits for the jobs running to
 /// end) or, with `idle_exit`, until the queue stays empty that long.
@@ -216,10 +216,9 @@ fn claim_round<'scope, 'env>(
             job: job.id.clone(),
             epoch: job.epoch,
         };
-        let lost = Arc::new(AtomicBool::new(false));
         held.lock()
             .unwrap_or_else(|p| p.into_inner())
-            .insert(job.id.clone(), (fence.clone(), lost));
+            .insert(job.id.clone(), fence.clone());
         watch.job(&job, "claimed", &format!("claim {} by {}", job.epoch, me.id));
         running.fetch_add(1, Ordering::SeqCst);
         let (home, slots, held, running) = (home.clone(), slots.clone(), held.clone(), running.clone());
@@ -242,8 +241,8 @@ fn claim_round<'scope, 'env>(
     Ok(claimed)
 }
 
-/// Renews every held lease a third of a lease apart; a renewal refused
-/// marks the job lost.
+/// Renews every held lease a third of a lease apart; a job whose renewal
+/// is refused has moved on and is renewed no more.
 fn heartbeat(home: &Home, held: &Held, beating: &AtomicBool, lease: Duration, worker: &str) {
     let mut db = None;
     while beating.load(Ordering::SeqCst) {
@@ -258,10 +257,16 @@ fn heartbeat(home: &Home, held: &Held, beating: &AtomicBool, lease: Duration, wo
                 .values()
                 .cloned()
                 .collect();
-            for (fence, lost) in jobs {
+            for fence in jobs {
                 match d.renew_lease(&fence, worker, lease) {
                     Ok(true) => {}
-                    Ok(false) => lost.store(true, Ordering::SeqCst),
+                    Ok(false) => {
+                        let mut held = held.lock().unwrap_or_else(|p| p.into_inner());
+                        // Only this claim: the worker may hold the job again under a newer one.
+                        if held.get(&fence.job) == Some(&fence) {
+                            held.remove(&fence.job);
+                        }
+                    }
                     // The store is away: the lease runs down, and the fence
                     // decides if it expired before the next commit.
                     Err(e) => tracing::warn!(job = fence.job, "cannot renew the lease: {e}"),

@@ -23,6 +23,29 @@ pub fn skipped(message: &str) {
     eprintln!("SKIPPED {message}");
 }
 
+/// A node's configuration: its data under `dir`, its ports, the cluster's
+/// shared RPC secret and replication factor.
+pub fn config_text(dir: &std::path::Path, rpc: u16, s3: u16, secret: &str, replication: u8) -> String {
+    format!(
+        r#"metadata_dir = "{d}/meta"
+data_dir = "{d}/data"
+db_engine = "sqlite"
+replication_factor = {replication}
+metadata_fsync = false
+data_fsync = false
+rpc_bind_addr = "127.0.0.1:{rpc}"
+rpc_public_addr = "127.0.0.1:{rpc}"
+rpc_secret = "{secret}"
+
+[s3_api]
+s3_region = "garage"
+api_bind_addr = "127.0.0.1:{s3}"
+root_domain = ".s3.garage.localhost"
+"#,
+        d = dir.display(),
+    )
+}
+
 pub struct Garage {
     child: Option<Child>,
     s3_port: u16,
@@ -56,29 +79,7 @@ impl Garage {
         let dir = tempfile::tempdir().unwrap();
         let (s3, rpc) = (free_port(), free_port());
         let config = dir.path().join("garage.toml");
-        fs::write(
-            &config,
-            format!(
-                r#"metadata_dir = "{d}/meta"
-data_dir = "{d}/data"
-db_engine = "sqlite"
-replication_factor = 1
-metadata_fsync = false
-data_fsync = false
-rpc_bind_addr = "127.0.0.1:{rpc}"
-rpc_public_addr = "127.0.0.1:{rpc}"
-rpc_secret = "{secret}"
-
-[s3_api]
-s3_region = "garage"
-api_bind_addr = "127.0.0.1:{s3}"
-root_domain = ".s3.garage.localhost"
-"#,
-                d = dir.path().display(),
-                secret = random_hex(32),
-            ),
-        )
-        .unwrap();
+        fs::write(&config, config_text(dir.path(), rpc, s3, &random_hex(32), 1)).unwrap();
         let key_id = format!("GK{}", random_hex(12));
         let secret = random_hex(32);
         let bucket = "cairn-test".to_string();

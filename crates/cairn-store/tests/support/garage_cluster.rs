@@ -10,7 +10,7 @@ use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Output, Stdio};
 use std::time::{Duration, Instant};
 
-use super::garage::{free_port, random_hex, skipped, INSTALL};
+use super::garage::{config_text, free_port, random_hex, skipped, INSTALL};
 
 struct Node {
     config: PathBuf,
@@ -56,28 +56,7 @@ impl GarageCluster {
             let d = dir.path().join(format!("node{i}"));
             fs::create_dir_all(&d).unwrap();
             let config = d.join("garage.toml");
-            fs::write(
-                &config,
-                format!(
-                    r#"metadata_dir = "{d}/meta"
-data_dir = "{d}/data"
-db_engine = "sqlite"
-replication_factor = 3
-metadata_fsync = false
-data_fsync = false
-rpc_bind_addr = "127.0.0.1:{rpc}"
-rpc_public_addr = "127.0.0.1:{rpc}"
-rpc_secret = "{secret}"
-
-[s3_api]
-s3_region = "garage"
-api_bind_addr = "127.0.0.1:{s3}"
-root_domain = ".s3.garage.localhost"
-"#,
-                    d = d.display(),
-                ),
-            )
-            .unwrap();
+            fs::write(&config, config_text(&d, rpc, s3, &secret, 3)).unwrap();
             nodes.push(Node {
                 config,
                 s3_port: s3,
