@@ -16,9 +16,10 @@ fi
 # tests, which start throwaway clusters of their own (the system service is
 # not used); gcc and libc6-dev: the static attack programs of the isolation
 # and seccomp tests; iproute2 and util-linux (ip, nsenter): the multi-host
-# tests' network namespaces. busybox-static is fetched by `apt-get download`,
+# tests' network namespaces and every sandbox's veth pair; nftables (nft):
+# the fence of sandboxes with `--network egress`. busybox-static is fetched by `apt-get download`,
 # which needs the package lists.
-packages=(bubblewrap crun debootstrap runsc postgresql gcc libc6-dev ca-certificates iproute2 util-linux)
+packages=(bubblewrap crun debootstrap runsc postgresql gcc libc6-dev ca-certificates iproute2 util-linux nftables)
 missing=()
 for p in "${packages[@]}"; do
     dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")

@@ -11,6 +11,7 @@ mod durability;
 pub mod e2b;
 pub mod home;
 pub mod images;
+pub mod network;
 pub mod pipeline;
 pub mod queue;
 pub mod sandboxes;
@@ -58,6 +59,8 @@ pub enum EngineError {
     Session(#[from] sessions::SessionError),
     #[error(transparent)]
     Access(#[from] access::AccessError),
+    #[error(transparent)]
+    Network(#[from] cairn_sandbox::net::NetError),
     #[error(transparent)]
     Bundle(#[from] sessions::BundleError),
     #[error("the state database names layer {0:?}, which is not a layer id; the database is damaged")]
@@ -113,6 +116,7 @@ pub struct Engine {
     /// The gVisor driver, or why it is not available here.
     /// Made on first use: most commands never need it.
     gvisor: std::sync::OnceLock<Result<cairn_sandbox::gvisor::GvisorDriver, String>>,
+    host_net: std::sync::OnceLock<Result<cairn_sandbox::net::HostNet, String>>,
     init_binary: PathBuf,
     store: ChunkStore<StoreBackend>,
     /// Sandboxes the reconciliation at open removed (reported by `gc`).
@@ -154,6 +158,7 @@ impl Engine {
             layers,
             native,
             gvisor: std::sync::OnceLock::new(),
+            host_net: std::sync::OnceLock::new(),
             init_binary,
             store,
             reconciled: Vec::new(),

@@ -25,6 +25,9 @@ pub struct CreateOptions {
     pub services: Vec<String>,
     /// `native` (the default) or `gvisor`.
     pub driver: Option<String>,
+    /// Loopback only or `egress`, with its allows and ports. Unset: a fork
+    /// of a sandbox takes the sandbox's, anything else loopback only.
+    pub network: Option<cairn_sandbox::net::NetPolicy>,
 }
 
 /// Where a new sandbox's root comes from.
@@ -66,6 +69,8 @@ pub struct GcReport {
     /// Layer directories that builds, deletes and materialisations killed
     /// mid-way left behind.
     pub partial_layers_removed: u64,
+    /// Network slots (host interfaces `cn-N`) whose sandbox was gone.
+    pub networks_released: Vec<String>,
 }
 
 fn new_sandbox_id() -> String {
@@ -124,6 +129,7 @@ impl Engine {
                 pids: rec.pids_max,
             },
             init_binary: self.init_binary.clone(),
+            network: None,
         })
     }
 
@@ -177,6 +183,7 @@ impl Engine {
             layers: origin.layers,
             services: origin.services,
             last_snapshot: origin.snapshot.clone(),
+            network: opts.network.as_ref().and_then(crate::network::SandboxNetwork::of),
         };
         // The driver first: an unavailable one fails before anything exists.
         self.driver(&origin.driver)?;
@@ -189,7 +196,13 @@ impl Engine {
         // The row comes first: from here on a crash leaves something the
         // garbage collector can find.
         self.db.insert_sandbox(&rec)?;
-        let started = self.spec(&rec).and_then(|spec| match &origin.memory {
+        let leased = self.lease_network(&mut rec);
+        let started = leased.and_then(|plan| {
+            let mut spec = self.spec(&rec)?;
+            spec.network = plan;
+            Ok(spec)
+        });
+        let started = started.and_then(|spec| match &origin.memory {
             Some(image) => Ok(self
                 .gvisor()?
                 .restore(&spec, image)
@@ -199,11 +212,19 @@ impl Engine {
         let process = match started {
             Ok(p) => p,
             Err(e) => {
+                let _ = self.release_network(&rec);
                 let _ = fs::remove_dir_all(self.home.sandbox(&id));
                 let _ = self.db.delete_sandbox(&id);
                 return Err(e);
             }
         };
+        if let Err(e) = self.bind_network(&rec, process) {
+            let _ = self.driver(&rec.driver)?.stop(&rec.id, Some(process));
+            let _ = self.release_network(&rec);
+            let _ = fs::remove_dir_all(self.home.sandbox(&id));
+            let _ = self.db.delete_sandbox(&id);
+            return Err(e);
+        }
         self.db.set_running(&id, process.pid, process.start_time)?;
         rec.state = SandboxState::Running;
         rec.pid = Some(process.pid);
@@ -324,6 +345,7 @@ impl Engine {
     fn release(&self, rec: &SandboxRecord) -> Result<(), EngineError> {
         let process = process_of(rec);
         self.driver(&rec.driver)?.stop(&rec.id, process)?;
+        self.release_network(rec)?;
         let dir = self.home.sandbox(&rec.id);
         match fs::remove_dir_all(&dir) {
             Ok(()) => {}
@@ -412,6 +434,7 @@ impl Engine {
                     }
                     tracing::debug!(id = rec.id, pid = rec.pid, "sandbox init is gone");
                     self.driver(&rec.driver)?.stop(&rec.id, None)?;
+                    self.release_network(&rec)?;
                 }
                 SandboxState::Creating | SandboxState::Removing if !owner_alive => {
                     if !self
@@ -492,6 +515,7 @@ impl Engine {
                 report.cgroups_released.push(id);
             }
         }
+        report.networks_released = self.release_dead_networks()?;
         if let Ok(entries) = fs::read_dir(self.home.sandboxes()) {
             for e in entries.flatten() {
                 let name = e.file_name().to_string_lossy().into_owned();

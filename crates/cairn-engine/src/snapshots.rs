@@ -771,6 +771,14 @@ impl Engine {
                     cpu_millis: rec.cpu_millis,
                     pids: rec.pids_max,
                 };
+                // A fork keeps its source's network and allows; a host
+                // port is one sandbox's, so published ports stay behind.
+                if opts.network.is_none() {
+                    opts.network = rec.network.as_ref().map(|n| cairn_sandbox::net::NetPolicy {
+                        publish: Vec::new(),
+                        ..n.policy.clone()
+                    });
+                }
                 self.snapshot(&rec, None)?
             }
             Err(EngineError::NoSuchSandbox(_)) => self.snapshot_record(key)?,
@@ -818,6 +826,7 @@ impl Engine {
             .zip(rec.pid_start)
             .map(|(pid, start_time)| cairn_sandbox::SandboxProcess { pid, start_time });
         self.driver_of(rec)?.stop(&rec.id, process)?;
+        self.release_network(rec)?;
         let dir = self.home.sandbox(&rec.id);
         for sub in ["upper", "work"] {
             let p = dir.join(sub);
@@ -835,17 +844,26 @@ impl Engine {
         let (pid, start) = crate::sandboxes::me();
         self.db.set_owner(&rec.id, pid, start)?;
         let mut fresh = self.sandbox(&rec.id)?;
-        let spec = self.spec(&fresh)?;
-        let process = match self.driver_of(&fresh)?.start(&spec) {
+        let started = self.lease_network(&mut fresh).and_then(|plan| {
+            let mut spec = self.spec(&fresh)?;
+            spec.network = plan;
+            let process = self.driver_of(&fresh)?.start(&spec)?;
+            self.bind_network(&fresh, process).inspect_err(|_| {
+                let _ = self.driver_of(&fresh).map(|d| d.stop(&fresh.id, Some(process)));
+            })?;
+            Ok(process)
+        });
+        let process = match started {
             Ok(p) => p,
             Err(e) => {
+                let _ = self.release_network(&fresh);
                 let _ = self.db.transition(
                     &rec.id,
                     SandboxState::Creating,
                     SandboxState::Exited,
                     Some("reset failed"),
                 );
-                return Err(e.into());
+                return Err(e);
             }
         };
         self.db.set_running(&rec.id, process.pid, process.start_time)?;

@@ -317,6 +317,7 @@ fn sandbox(id: &str, name: &str) -> SandboxRecord {
         layers: vec!["b".into(), "a".into(), "c".into()],
         services: vec!["sleep 1".into(), "httpd".into()],
         last_snapshot: None,
+        network: None,
     }
 }
 
@@ -374,8 +375,11 @@ fn sandboxes_round_trip_with_every_field_and_their_layers_in_order(store: &Store
     rec.owner_start = 1 << 40;
     rec.auto_remove = true;
     rec.last_snapshot = Some("snap".into());
+    let policy = cairn_sandbox::net::NetPolicy::parse(None, &["pypi.org:443".into()], &["8080:80".into()]).unwrap();
+    rec.network = cairn_engine::network::SandboxNetwork::of(&policy);
     db.insert_sandbox(&rec).unwrap();
     db.insert_sandbox(&sandbox("abd456", "two")).unwrap();
+    assert_eq!(db.find_sandboxes("abd456").unwrap()[0].network, None);
     let got = db.find_sandboxes("one").unwrap();
     assert_eq!(got.len(), 1);
     let got = &got[0];
@@ -388,6 +392,18 @@ fn sandboxes_round_trip_with_every_field_and_their_layers_in_order(store: &Store
     assert!(got.auto_remove);
     assert_eq!(got.state, SandboxState::Creating);
     assert_eq!(got.last_snapshot.as_deref(), Some("snap"));
+    assert_eq!(got.network, rec.network);
+    let mut held = rec.network.clone().unwrap();
+    held.held = Some(cairn_engine::network::Held {
+        slot: 7,
+        interface: "cn-7".into(),
+        address: "10.213.0.30".parse().unwrap(),
+        gateway: "10.213.0.29".parse().unwrap(),
+        mac: "02:00:00:00:00:01".into(),
+        resolved: vec![("pypi.org".into(), vec!["1.2.3.4".parse().unwrap()])],
+    });
+    db.set_network("abc123", Some(&held)).unwrap();
+    assert_eq!(db.find_sandboxes("abc123").unwrap()[0].network.as_ref(), Some(&held));
     // Prefixes of at least three characters match; an exact id wins.
     assert_eq!(db.find_sandboxes("ab").unwrap().len(), 0);
     assert_eq!(db.find_sandboxes("abc").unwrap().len(), 1);

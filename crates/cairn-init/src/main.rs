@@ -14,6 +14,7 @@ mod files;
 mod jobs;
 mod listen;
 mod native;
+mod net;
 mod reaper;
 mod spawn;
 mod tree;

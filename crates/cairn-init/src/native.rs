@@ -159,6 +159,7 @@ fn setup_root(plan: &NativeSetup, userns: OwnedFd) -> Step<()> {
         Ok(())
     })?;
     let _ = nix::unistd::close(top);
+    let net_files = plan.network.as_ref().map(crate::net::clone_files).transpose()?;
     let mut masks = Masks::default();
     mount_proc(root, &mut masks)?;
     mount_dev(root, plan.host_id_base)?;
@@ -173,6 +174,9 @@ fn setup_root(plan: &NativeSetup, userns: OwnedFd) -> Step<()> {
         format!("set host name {}", plan.hostname)
     })?;
     loopback_up()?;
+    if let (Some(net), Some(files)) = (&plan.network, net_files) {
+        crate::net::configure(net, files, plan.host_id_base)?;
+    }
     ctx(nix::unistd::setsid(), || "setsid".into())?;
     // Closes `userns` before fd 3 is taken for the listening socket: the
     // namespace's descriptor may be fd 3.
@@ -236,7 +240,7 @@ fn mount_overlay(plan: &NativeSetup, root: &Path, userns: &OwnedFd) -> Step<()> 
 }
 
 /// The new mount API's calls, which nix does not wrap.
-mod mount_api {
+pub(crate) mod mount_api {
     use std::ffi::{CString, OsStr};
     use std::io;
     use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
@@ -253,6 +257,8 @@ mod mount_api {
     const FSCONFIG_CMD_CREATE: libc::c_uint = 6;
     const OPEN_TREE_CLONE: libc::c_uint = 1;
     const MOVE_MOUNT_F_EMPTY_PATH: libc::c_uint = 0x4;
+    const MOVE_MOUNT_T_EMPTY_PATH: libc::c_uint = 0x40;
+    const MOUNT_ATTR_NOEXEC: u64 = 0x8;
 
     /// `struct mount_attr` from `<linux/mount.h>`.
     #[repr(C)]
@@ -340,11 +346,32 @@ mod mount_api {
     /// whose ids are mapped as `userns` maps them.
     pub fn idmapped_clone(path: &str, userns: &OwnedFd) -> io::Result<OwnedFd> {
         let tree = clone(Path::new(path))?;
+        set_attrs(
+            &tree,
+            MOUNT_ATTR_IDMAP | MOUNT_ATTR_RDONLY | MOUNT_ATTR_NOSUID | MOUNT_ATTR_NODEV,
+            userns.as_raw_fd() as u64,
+        )?;
+        Ok(tree)
+    }
+
+    /// A detached, read-only, `nosuid,nodev,noexec` copy of the file or
+    /// directory at `path`.
+    pub fn readonly_clone(path: &Path) -> io::Result<OwnedFd> {
+        let tree = clone(path)?;
+        set_attrs(
+            &tree,
+            MOUNT_ATTR_RDONLY | MOUNT_ATTR_NOSUID | MOUNT_ATTR_NODEV | MOUNT_ATTR_NOEXEC,
+            0,
+        )?;
+        Ok(tree)
+    }
+
+    fn set_attrs(tree: &OwnedFd, attrs: u64, userns_fd: u64) -> io::Result<()> {
         let attr = MountAttr {
-            attr_set: MOUNT_ATTR_IDMAP | MOUNT_ATTR_RDONLY | MOUNT_ATTR_NOSUID | MOUNT_ATTR_NODEV,
+            attr_set: attrs,
             attr_clr: 0,
             propagation: 0,
-            userns_fd: userns.as_raw_fd() as u64,
+            userns_fd,
         };
         let empty = cstr(OsStr::new(""))?;
         // SAFETY: `attr` is a `struct mount_attr` alive for the call, and
@@ -358,8 +385,24 @@ mod mount_api {
                 &attr as *const MountAttr,
                 std::mem::size_of::<MountAttr>(),
             )
-        })?;
-        Ok(tree)
+        })
+    }
+
+    /// Attaches the detached mount `mnt` on the file or directory `target`
+    /// is an O_PATH descriptor of.
+    pub fn attach_to_fd(mnt: &OwnedFd, target: &OwnedFd) -> io::Result<()> {
+        let empty = cstr(OsStr::new(""))?;
+        // SAFETY: empty NUL-terminated paths; both descriptors are ours.
+        unit(unsafe {
+            libc::syscall(
+                libc::SYS_move_mount,
+                mnt.as_raw_fd(),
+                empty.as_ptr(),
+                target.as_raw_fd(),
+                empty.as_ptr(),
+                MOVE_MOUNT_F_EMPTY_PATH | MOVE_MOUNT_T_EMPTY_PATH,
+            )
+        })
     }
 
     /// Opens the directory `name` under `dir` (which may be a mount's

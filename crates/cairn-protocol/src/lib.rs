@@ -493,6 +493,22 @@ pub struct NativeSetup {
     pub keep_capabilities: u64,
     /// Seccomp filters to install, each a classic BPF program.
     pub seccomp: Vec<Vec<BpfInstruction>>,
+    /// The sandbox's network beyond loopback (`--network egress`): the
+    /// host moves a veth end named `eth0` into the namespace after `P`,
+    /// then writes `N\n`; PID 1 configures it before reporting `R`.
+    #[serde(default)]
+    pub network: Option<NetSetup>,
+}
+
+/// The address of a sandbox's `eth0` and the files its resolver reads.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct NetSetup {
+    pub address: [u8; 4],
+    pub prefix_len: u8,
+    pub gateway: [u8; 4],
+    /// Host files bound read-only over `/etc/resolv.conf` and `/etc/hosts`.
+    pub resolv_conf: String,
+    pub hosts: Option<String>,
 }
 
 /// One classic BPF instruction: (code, jt, jf, k).
@@ -516,6 +532,7 @@ mod setup_tests {
             id_count: 65536,
             keep_capabilities: 0xff,
             seccomp: vec![vec![(6, 0, 0, 0x7fff0000)]],
+            network: None,
         };
         let mut wire = Vec::new();
         write_frame(&mut wire, &s).unwrap();

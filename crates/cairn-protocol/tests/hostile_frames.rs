@@ -133,6 +133,13 @@ fn native_setup() -> NativeSetup {
         id_count: 65536,
         keep_capabilities: 0x3ff,
         seccomp: vec![vec![(0x20, 0, 0, 4), (6, 0, 0, 0x7fff_0000)]],
+        network: Some(cairn_protocol::NetSetup {
+            address: [10, 213, 0, 2],
+            prefix_len: 30,
+            gateway: [10, 213, 0, 1],
+            resolv_conf: "/s/net/resolv.conf".into(),
+            hosts: None,
+        }),
     }
 }
 

@@ -36,6 +36,7 @@ fn main() {
                 layers: vec![base.clone()],
                 limits: Limits::default(),
                 init_binary: init.clone(),
+                network: None,
             }
         };
         let s = spec("s");

@@ -11,6 +11,7 @@ pub mod gvisor;
 pub mod init_binary;
 pub mod limits;
 pub mod native;
+pub mod net;
 
 use std::path::{Path, PathBuf};
 
@@ -45,6 +46,8 @@ pub struct SandboxSpec {
     pub limits: Limits,
     /// The static cairn-init executable on the host.
     pub init_binary: PathBuf,
+    /// `--network egress`: the leased address the sandbox gets.
+    pub network: Option<net::NetPlan>,
 }
 
 impl SandboxSpec {

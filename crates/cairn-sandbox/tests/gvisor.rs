@@ -78,6 +78,7 @@ impl Env {
             layers,
             limits: Limits::default(),
             init_binary: self.init.clone(),
+            network: None,
         }
     }
 

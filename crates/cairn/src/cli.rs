@@ -71,6 +71,27 @@ pub struct LimitArgs {
     /// Limit on processes and threads (default 1024); stops fork bombs.
     #[arg(long, value_name = "N")]
     pub pids: Option<PidCount>,
+    #[command(flatten)]
+    pub network: NetworkArgs,
+}
+
+#[derive(Args, Clone, Default)]
+pub struct NetworkArgs {
+    /// `none`: loopback only (the default; a fork of a sandbox keeps the
+    /// sandbox's). `egress`: an address of its own, NAT to this host's
+    /// route out, DNS through this host's resolver; link-local, private
+    /// and this host's addresses stay refused. See docs/network.md.
+    #[arg(long, value_name = "MODE", value_parser = ["none", "egress"])]
+    pub network: Option<String>,
+    /// Reach only these (repeatable; implies egress): HOST[:PORT] (pinned
+    /// to the addresses it resolves to at start), ADDRESS[:PORT] or
+    /// ADDRESS/LEN[:PORT]. Everything else is refused, DNS included.
+    #[arg(long = "allow", value_name = "DEST")]
+    pub allow: Vec<String>,
+    /// Make the sandbox's TCP PORT reachable at this host's HOSTPORT
+    /// (repeatable; implies egress), e.g. --publish 8080:8000.
+    #[arg(long = "publish", short = 'p', value_name = "HOSTPORT:PORT")]
+    pub publish: Vec<String>,
 }
 
 #[derive(Args, Clone)]

@@ -138,7 +138,7 @@ pub fn dispatch(cli: Cli) -> Result<i32> {
         Command::Artifact(cmd) => crate::pipelines::artifact(&engine, cmd).map(|()| 0),
         Command::Token(cmd) => token(&engine, cmd).map(|()| 0),
         Command::Create { sandbox } => {
-            let rec = engine.create_sandbox(&create_options(&sandbox, false), &Steps::new())?;
+            let rec = engine.create_sandbox(&create_options(&sandbox, false)?, &Steps::new())?;
             println!("{}", rec.id);
             Ok(0)
         }
@@ -237,7 +237,7 @@ pub fn dispatch(cli: Cli) -> Result<i32> {
             limits,
             driver,
         } => {
-            let (snap, forks) = engine.fork(&source, count, &limit_options(&limits, driver))?;
+            let (snap, forks) = engine.fork(&source, count, &limit_options(&limits, driver)?)?;
             eprintln!("cairn: forked {count} from snapshot {}", &snap.id[..12]);
             for f in forks {
                 println!("{}", f.id);
@@ -250,7 +250,7 @@ pub fn dispatch(cli: Cli) -> Result<i32> {
             driver,
         } => {
             let snap = engine.snapshot_record(&snapshot)?;
-            let rec = engine.restore(&snap, &limit_options(&limits, driver))?;
+            let rec = engine.restore(&snap, &limit_options(&limits, driver)?)?;
             println!("{}", rec.id);
             Ok(0)
         }
@@ -287,13 +287,13 @@ fn limits(memory: Option<MemorySize>, cpus: Option<CpuCount>, pids: Option<PidCo
     limits
 }
 
-pub fn create_options(args: &SandboxArgs, auto_remove: bool) -> CreateOptions {
-    CreateOptions {
+pub fn create_options(args: &SandboxArgs, auto_remove: bool) -> Result<CreateOptions> {
+    Ok(CreateOptions {
         image: Some(args.image.clone()),
         auto_remove,
         services: args.services.clone(),
-        ..limit_options(&args.limits, Some(args.driver.clone()))
-    }
+        ..limit_options(&args.limits, Some(args.driver.clone()))?
+    })
 }
 
 /// With a remote store, a command ends once what it stored is uploaded and
@@ -307,17 +307,31 @@ fn finish_uploads(engine: &Engine) {
     }
 }
 
-fn limit_options(args: &LimitArgs, driver: Option<String>) -> CreateOptions {
-    CreateOptions {
+fn limit_options(args: &LimitArgs, driver: Option<String>) -> Result<CreateOptions> {
+    Ok(CreateOptions {
         name: args.name.clone(),
         limits: limits(args.memory, args.cpus, args.pids),
         driver,
+        network: network_policy(&args.network)?,
         ..CreateOptions::default()
+    })
+}
+
+/// `--network`, `--allow`, `--publish`; nothing given is `None` (a fork
+/// keeps its source's).
+pub fn network_policy(args: &crate::cli::NetworkArgs) -> Result<Option<cairn_sandbox::net::NetPolicy>> {
+    if args.network.is_none() && args.allow.is_empty() && args.publish.is_empty() {
+        return Ok(None);
     }
+    Ok(Some(cairn_sandbox::net::NetPolicy::parse(
+        args.network.as_deref(),
+        &args.allow,
+        &args.publish,
+    )?))
 }
 
 fn run(engine: &mut Engine, sandbox: &SandboxArgs, process: &ProcessArgs, cmd: Vec<String>) -> Result<i32> {
-    let rec = engine.create_sandbox(&create_options(sandbox, true), &Steps::new())?;
+    let rec = engine.create_sandbox(&create_options(sandbox, true)?, &Steps::new())?;
     let result = exec(engine, &rec, process, cmd, false);
     // Removal happens whatever the command did; a removal failure is
     // reported, and `cairn gc` finishes it later.

@@ -184,6 +184,8 @@ pub struct SandboxRecord {
     pub services: Vec<String>,
     /// The snapshot its next snapshot stacks on.
     pub last_snapshot: Option<String>,
+    /// `--network egress`: what was asked for and the address it holds.
+    pub network: Option<crate::network::SandboxNetwork>,
 }
 
 #[derive(Debug, Clone, Serialize)]
@@ -362,8 +364,8 @@ impl Db {
         self.transaction(|b| {
             let inserted = b.execute(
                 "INSERT INTO sandboxes (id, name, image, driver, state, pid, pid_start, owner_pid, owner_start,
-                 memory_bytes, cpu_millis, pids_max, created_at, ended_reason, auto_remove, last_snapshot, home_id)
-                 VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14, $15, $16, $17)",
+                 memory_bytes, cpu_millis, pids_max, created_at, ended_reason, auto_remove, last_snapshot, home_id, network)
+                 VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14, $15, $16, $17, $18)",
                 params![
                     &rec.id,
                     &rec.name,
@@ -382,6 +384,7 @@ impl Db {
                     rec.auto_remove,
                     &rec.last_snapshot,
                     &self.home_id,
+                    rec.network.as_ref().map(|n| n.to_json()),
                 ],
             );
             match inserted {
@@ -570,6 +573,17 @@ impl Db {
         Ok(())
     }
 
+    /// Records a sandbox's network (the address it holds while it runs).
+    pub fn set_network(&self, id: &str, network: Option<&crate::network::SandboxNetwork>) -> Result<(), StateError> {
+        self.with(|b| {
+            b.execute(
+                "UPDATE sandboxes SET network = $2 WHERE id = $1",
+                params![id, network.map(|n| n.to_json())],
+            )?;
+            Ok(())
+        })
+    }
+
     /// Records a running sandbox's new init process (after a driver
     /// restarted it from a checkpoint).
     pub fn set_process(&self, id: &str, pid: i32, pid_start: u64) -> Result<(), StateError> {
@@ -756,7 +770,7 @@ fn snapshots_of(b: &mut dyn Backend, sql: &str, params: &[Value]) -> Result<Vec<
 }
 
 const SANDBOX_COLUMNS: &str = "id, name, image, driver, state, pid, pid_start, owner_pid, owner_start,
-    memory_bytes, cpu_millis, pids_max, created_at, ended_reason, auto_remove, last_snapshot";
+    memory_bytes, cpu_millis, pids_max, created_at, ended_reason, auto_remove, last_snapshot, network";
 
 fn sandbox_from_row(r: &Row) -> Result<SandboxRecord, StateError> {
     let state: String = r.get(4)?;
@@ -777,6 +791,11 @@ fn sandbox_from_row(r: &Row) -> Result<SandboxRecord, StateError> {
         ended_reason: r.get(13)?,
         auto_remove: r.get(14)?,
         last_snapshot: r.get(15)?,
+        network: r
+            .get::<Option<String>>(16)?
+            .map(|text| crate::network::SandboxNetwork::from_json(&text))
+            .transpose()
+            .map_err(StateError::Damaged)?,
         layers: Vec::new(),
         services: Vec::new(),
     })

@@ -117,6 +117,7 @@ mod tests {
             layers: vec![PathBuf::from("/var/cairn/layers/a")],
             limits: crate::Limits::default(),
             init_binary: PathBuf::from("/var/cairn/bin/cairn-init-abc"),
+            network: None,
         };
         let c = config(&spec, Path::new("/var/cairn/s1/rootfs"), Path::new("/var/cairn/s1/uds")).unwrap();
         assert_eq!(c["process"]["args"][0], "/run/cairn-init/cairn-init-abc");

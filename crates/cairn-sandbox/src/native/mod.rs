@@ -14,7 +14,7 @@ mod caps;
 pub mod seccomp;
 
 use std::fs::{self, OpenOptions};
-use std::io::Read;
+use std::io::{Read, Write};
 use std::os::fd::OwnedFd;
 use std::os::unix::net::{UnixListener, UnixStream};
 use std::os::unix::process::CommandExt;
@@ -113,6 +113,19 @@ impl NativeDriver {
             id_count: HOST_IDS.count,
             keep_capabilities: caps::keep_mask(),
             seccomp,
+            network: spec
+                .network
+                .as_ref()
+                .map(|n| {
+                    Ok::<_, SandboxError>(cairn_protocol::NetSetup {
+                        address: n.address.octets(),
+                        prefix_len: n.prefix_len,
+                        gateway: n.gateway.octets(),
+                        resolv_conf: path(&n.resolv_conf)?,
+                        hosts: n.hosts.as_deref().map(path).transpose()?,
+                    })
+                })
+                .transpose()?,
         })
     }
 
@@ -173,9 +186,21 @@ impl NativeDriver {
         // Our copies of the child's ends must close, or the report never ends.
         drop(cmd);
         let mut text = String::new();
-        let read = report.read_to_string(&mut text);
+        let read = match &spec.network {
+            // The sandbox's end of the veth goes into its namespace once
+            // init names its pid; PID 1 waits for `N` before it is ready.
+            Some(plan) => read_pid(&mut report, &mut text).and_then(|pid| {
+                if let Some(pid) = pid {
+                    crate::net::link::create(plan, pid)
+                        .map_err(|e| std::io::Error::other(e.to_string()))
+                        .and_then(|()| report.write_all(b"N\n"))?;
+                }
+                report.read_to_string(&mut text)
+            }),
+            None => report.read_to_string(&mut text),
+        };
         let _ = child.wait();
-        read.map_err(|e| SandboxError::setup("read the start report", e))?;
+        read.map_err(|e| SandboxError::Start(format!("set up the sandbox: {e}")))?;
         parse_report(&text)
     }
 }
@@ -206,6 +231,26 @@ fn lower_dirs(spec: &SandboxSpec) -> Result<Vec<String>, SandboxError> {
             Ok(s.to_string())
         })
         .collect()
+}
+
+/// Reads the report up to `P<pid>\n` (or its end, or an error), keeping
+/// what it read in `text`.
+fn read_pid(report: &mut UnixStream, text: &mut String) -> std::io::Result<Option<i32>> {
+    let mut byte = [0u8; 1];
+    loop {
+        if report.read(&mut byte)? == 0 {
+            return Ok(None);
+        }
+        text.push(byte[0] as char);
+        if byte[0] == b'\n' {
+            if let Some(pid) = text.lines().find_map(|l| l.strip_prefix('P')) {
+                return Ok(pid.parse().ok());
+            }
+        }
+        if text.len() > 65536 {
+            return Ok(None);
+        }
+    }
 }
 
 /// `P<pid>\n` from init's setup process and `R\n` from PID 1 once it is

@@ -136,6 +136,7 @@ impl Native {
             layers: vec![base],
             limits: Limits::default(),
             init_binary: init_binary::install(&tmp.path().join("bin")).unwrap(),
+            network: None,
         };
         std::fs::create_dir_all(&spec.dir).unwrap();
         let process = driver.start(&spec).unwrap();

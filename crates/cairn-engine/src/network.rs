@@ -1,0 +1,131 @@
+//! A sandbox's network, as the engine keeps it: the policy asked for
+//! (`--network`, `--allow`, `--publish`) is recorded on the sandbox's row;
+//! each start leases an address from the host ([`cairn_sandbox::net`]),
+//! records it beside the policy, and hands the slot to the sandbox's init;
+//! removal, a failed start and `cairn gc` give it back. A fork or a restore
+//! is a new sandbox with a lease of its own: a new address and MAC, fresh
+//! resolver files.
+
+use std::net::Ipv4Addr;
+
+use cairn_sandbox::net::{HostNet, NetError, NetPlan, NetPolicy};
+use cairn_sandbox::SandboxProcess;
+use serde::{Deserialize, Serialize};
+
+use crate::state::SandboxRecord;
+use crate::{Engine, EngineError};
+
+/// The `network` column of a sandbox's row.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct SandboxNetwork {
+    #[serde(flatten)]
+    pub policy: NetPolicy,
+    /// The address it holds while it runs.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub held: Option<Held>,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Held {
+    pub slot: u32,
+    pub interface: String,
+    pub address: Ipv4Addr,
+    pub gateway: Ipv4Addr,
+    pub mac: String,
+    /// Each allowed name and the addresses it was pinned to.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub resolved: Vec<(String, Vec<Ipv4Addr>)>,
+}
+
+impl SandboxNetwork {
+    /// `None` for loopback only.
+    pub fn of(policy: &NetPolicy) -> Option<SandboxNetwork> {
+        policy.egress.then(|| SandboxNetwork {
+            policy: policy.clone(),
+            held: None,
+        })
+    }
+
+    pub fn to_json(&self) -> String {
+        serde_json::to_string(self).expect("a network record serialises")
+    }
+
+    pub fn from_json(text: &str) -> Result<SandboxNetwork, String> {
+        let n: SandboxNetwork =
+            serde_json::from_str(text).map_err(|e| format!("a sandbox's network record is unreadable: {e}"))?;
+        n.policy
+            .check()
+            .map_err(|e| format!("a sandbox's network record is invalid: {e}"))?;
+        Ok(n)
+    }
+}
+
+impl Engine {
+    pub(crate) fn host_net(&self) -> Result<&HostNet, EngineError> {
+        self.host_net
+            .get_or_init(|| HostNet::new().map_err(|e| e.to_string()))
+            .as_ref()
+            .map_err(|e| EngineError::Network(NetError::Invalid(e.clone())))
+    }
+
+    /// Leases an address for a sandbox about to start with `egress`, and
+    /// records it on the row; `None` for loopback only.
+    pub(crate) fn lease_network(&self, rec: &mut SandboxRecord) -> Result<Option<NetPlan>, EngineError> {
+        let Some(net) = rec.network.as_mut() else {
+            return Ok(None);
+        };
+        if rec.driver != "native" {
+            return Err(EngineError::Network(NetError::Invalid(format!(
+                "--network egress is for native sandboxes; this one's driver is {} (see docs/network.md)",
+                rec.driver
+            ))));
+        }
+        let dir = self.home.sandbox(&rec.id);
+        let lease = self.host_net()?.lease(&net.policy, &dir, &rec.name)?;
+        net.held = Some(Held {
+            slot: lease.slot,
+            interface: lease.plan.ifname.clone(),
+            address: lease.plan.address,
+            gateway: lease.plan.gateway,
+            mac: cairn_sandbox::net::mac_text(&lease.plan.mac),
+            resolved: lease.resolved.clone(),
+        });
+        if let Err(e) = self.db.set_network(&rec.id, Some(net)) {
+            let _ = self.host_net()?.release(lease.slot, &dir);
+            return Err(e.into());
+        }
+        Ok(Some(lease.plan))
+    }
+
+    /// The started sandbox's init holds the slot from here on.
+    pub(crate) fn bind_network(&self, rec: &SandboxRecord, process: SandboxProcess) -> Result<(), EngineError> {
+        if let Some(held) = rec.network.as_ref().and_then(|n| n.held.as_ref()) {
+            self.host_net()?
+                .bind(held.slot, &self.home.sandbox(&rec.id), process.pid, process.start_time)?;
+        }
+        Ok(())
+    }
+
+    /// Gives the sandbox's address back (its process is gone or going).
+    pub(crate) fn release_network(&self, rec: &SandboxRecord) -> Result<(), EngineError> {
+        if let Some(net) = rec.network.as_ref() {
+            if let Some(held) = &net.held {
+                self.host_net()?.release(held.slot, &self.home.sandbox(&rec.id))?;
+                let released = SandboxNetwork {
+                    policy: net.policy.clone(),
+                    held: None,
+                };
+                self.db.set_network(&rec.id, Some(&released))?;
+            }
+        }
+        Ok(())
+    }
+
+    /// `cairn gc`: every slot on this host whose owner died.
+    pub(crate) fn release_dead_networks(&self) -> Result<Vec<String>, EngineError> {
+        if !std::path::Path::new("/run/cairn/net").exists() {
+            return Ok(Vec::new());
+        }
+        Ok(self.host_net()?.release_dead()?)
+    }
+}

@@ -1,0 +1,65 @@
+//! Sandbox networking (`--network egress`): a veth pair per sandbox, an
+//! address from a private range, NAT to the host's default route, DNS
+//! forwarded to the host's resolver, and a fence made of nftables rules.
+//!
+//! - [`policy`]: what a user asks for (`--allow`, `--publish`), checked.
+//! - [`lease`]: host-wide address slots (`/run/cairn/net/slots/N`), each
+//!   owned by a live process; a dead owner's slot is cleaned and reused.
+//! - [`nft`]: the `inet cairn` table (installed once per boot) and each
+//!   sandbox's elements in its sets, through Debian's `nft`.
+//! - [`link`]: the veth pair, through iproute2's `ip`.
+//!
+//! Everything host-wide lives under `/run/cairn/net`, so it is gone after a
+//! reboot together with the interfaces and rules it describes.
+
+pub mod lease;
+pub mod link;
+pub mod nft;
+pub mod policy;
+
+use std::net::Ipv4Addr;
+
+pub use lease::{HostNet, Lease};
+pub use policy::{Allow, NetPolicy, Publish};
+
+#[derive(Debug, thiserror::Error)]
+pub enum NetError {
+    #[error("{0}")]
+    Invalid(String),
+    #[error("sandbox networking needs `{tool}` ({package} package): apt-get install {package}")]
+    MissingTool { tool: &'static str, package: &'static str },
+    #[error("{what}: {detail}")]
+    Host { what: String, detail: String },
+    #[error("every address of {range} is in use by a running sandbox; remove some, or set CAIRN_NET_RANGE to a larger private range")]
+    Exhausted { range: String },
+    #[error("cannot resolve allowed host {name}: {detail}; check the name, or allow its address instead")]
+    Resolve { name: String, detail: String },
+}
+
+impl NetError {
+    pub(crate) fn host(what: impl Into<String>, detail: impl std::fmt::Display) -> NetError {
+        NetError::Host {
+            what: what.into(),
+            detail: detail.to_string(),
+        }
+    }
+}
+
+/// What a driver needs to give a sandbox its network, decided by a
+/// [`Lease`]: the host side is `ifname` at `gateway`, the sandbox's `eth0`
+/// is `address` with `mac`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct NetPlan {
+    pub ifname: String,
+    pub address: Ipv4Addr,
+    pub gateway: Ipv4Addr,
+    pub prefix_len: u8,
+    pub mac: [u8; 6],
+    /// Host files for the sandbox's `/etc/resolv.conf` and `/etc/hosts`.
+    pub resolv_conf: std::path::PathBuf,
+    pub hosts: Option<std::path::PathBuf>,
+}
+
+pub fn mac_text(mac: &[u8; 6]) -> String {
+    mac.iter().map(|b| format!("{b:02x}")).collect::<Vec<_>>().join(":")
+}
