@@ -150,6 +150,7 @@ pub fn create(engine: &mut Engine, new: NewAgent) -> Result<SessionRecord, Agent
         image,
         driver: None,
         idle_timeout_ms: None,
+        network: None,
     };
     let session = match &snapshot {
         Some(snap) => engine.create_session_from(&opts, snap, "the agent's starting point")?,

@@ -103,6 +103,14 @@ fn status_of(e: &EngineError) -> StatusCode {
         // This host cannot do it; another one can.
         EngineError::IncompatibleMemoryImage { .. } => S::CONFLICT,
         EngineError::DriverUnavailable(_) => S::SERVICE_UNAVAILABLE,
+        EngineError::Network(n) => {
+            use cairn_sandbox::net::NetError as N;
+            match n {
+                N::Invalid(_) | N::Resolve { .. } => S::BAD_REQUEST,
+                N::MissingTool { .. } | N::Exhausted { .. } => S::SERVICE_UNAVAILABLE,
+                N::Host { .. } => S::INTERNAL_SERVER_ERROR,
+            }
+        }
         EngineError::Service { .. } => S::BAD_REQUEST,
         EngineError::Snapshot(s) => match s {
             SnapshotError::NotFound(_) => S::NOT_FOUND,

@@ -44,7 +44,7 @@ use crate::routes::{exec, files, runs, sandboxes, session_files, sessions, syste
     ),
     paths(
         system::healthz, system::metrics, system::openapi, system::events,
-        sandboxes::create, sandboxes::list, sandboxes::get, sandboxes::remove,
+        sandboxes::create, sandboxes::list, sandboxes::get, sandboxes::remove, sandboxes::port,
         exec::exec, exec::exec_stream, exec::stdin, exec::signal,
         files::stat, files::download, files::upload, files::list, files::mkdir, files::rename, files::remove,
         sandboxes::snapshot, sandboxes::fork_sandbox, sandboxes::reset,
@@ -111,6 +111,7 @@ pub fn router(app: Arc<App>) -> Router {
         .route("/v1/events", get(system::events))
         .route("/v1/sandboxes", post(sandboxes::create).get(sandboxes::list))
         .route("/v1/sandboxes/{id}", get(sandboxes::get).delete(sandboxes::remove))
+        .route("/v1/sandboxes/{id}/ports/{port}", get(sandboxes::port))
         .route("/v1/sandboxes/{id}/exec", post(exec::exec))
         .route("/v1/sandboxes/{id}/exec/stream", post(exec::exec_stream))
         .route("/v1/sandboxes/{id}/processes/{pid}/stdin", post(exec::stdin))

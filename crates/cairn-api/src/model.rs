@@ -33,6 +33,80 @@ pub struct Sandbox {
     pub services: Vec<String>,
     /// The sandbox's newest snapshot, if any.
     pub last_snapshot: Option<String>,
+    /// Absent: loopback only.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub network: Option<NetworkView>,
+}
+
+/// A sandbox's network, as asked for and as held now.
+#[derive(Debug, Serialize, Deserialize, ToSchema)]
+pub struct NetworkView {
+    /// `egress`.
+    pub mode: String,
+    /// What it may reach; empty: anything but link-local, private and this
+    /// host's addresses.
+    pub allow: Vec<String>,
+    /// `HOSTPORT:PORT` pairs.
+    pub publish: Vec<String>,
+    /// Its address while it runs.
+    pub address: Option<String>,
+    pub gateway: Option<String>,
+    pub mac: Option<String>,
+}
+
+impl From<cairn_engine::network::SandboxNetwork> for NetworkView {
+    fn from(n: cairn_engine::network::SandboxNetwork) -> NetworkView {
+        NetworkView {
+            mode: n.policy.mode().into(),
+            allow: n.policy.allow.iter().map(|a| a.to_string()).collect(),
+            publish: n.policy.publish.iter().map(|p| p.to_string()).collect(),
+            address: n.held.as_ref().map(|h| h.address.to_string()),
+            gateway: n.held.as_ref().map(|h| h.gateway.to_string()),
+            mac: n.held.map(|h| h.mac),
+        }
+    }
+}
+
+/// The network a new sandbox (or session) gets; absent: loopback only (a
+/// fork of a sandbox: the sandbox's). docs/network.md.
+#[derive(Debug, Clone, Default, Serialize, Deserialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct NetworkRequest {
+    /// `none` or `egress` (implied by `allow` or `publish`).
+    pub mode: Option<String>,
+    /// `HOST[:PORT]`, `ADDRESS[:PORT]` or `ADDRESS/LEN[:PORT]`; with any,
+    /// everything else is refused. At most 64.
+    #[serde(default)]
+    pub allow: Vec<String>,
+    /// `HOSTPORT:PORT`: the sandbox's TCP port at this host's port. At most 16.
+    #[serde(default)]
+    pub publish: Vec<String>,
+}
+
+impl NetworkRequest {
+    pub fn policy(&self) -> Result<cairn_sandbox::net::NetPolicy, String> {
+        if self.allow.len() > 64 || self.publish.len() > 16 {
+            return Err("network: at most 64 allows and 16 published ports".into());
+        }
+        for text in self.allow.iter().chain(&self.publish) {
+            if text.len() > 300 {
+                return Err("network: an entry over 300 bytes".into());
+            }
+        }
+        cairn_sandbox::net::NetPolicy::parse(self.mode.as_deref(), &self.allow, &self.publish)
+            .map_err(|e| format!("network: {e}"))
+    }
+}
+
+/// Where a sandbox's port is reached from this host (E2B's `get_host`).
+#[derive(Debug, Serialize, Deserialize, ToSchema)]
+pub struct PortHost {
+    /// `ADDRESS:PORT` of the sandbox, reachable from this host.
+    pub host: String,
+    pub port: u16,
+    pub url: String,
+    /// Host ports published to this port (reachable from other machines too).
+    pub published: Vec<u16>,
 }
 
 impl From<SandboxRecord> for Sandbox {
@@ -51,6 +125,7 @@ impl From<SandboxRecord> for Sandbox {
             ended_reason: r.ended_reason,
             services: r.services,
             last_snapshot: r.last_snapshot,
+            network: r.network.map(NetworkView::from),
         }
     }
 }
@@ -84,6 +159,7 @@ pub struct CreateSandbox {
     /// Commands kept running in the background.
     #[serde(default)]
     pub services: Vec<String>,
+    pub network: Option<NetworkRequest>,
 }
 
 #[derive(Debug, Serialize, Deserialize, ToSchema)]
@@ -344,6 +420,8 @@ pub struct ForkBody {
     pub driver: Option<String>,
     #[serde(default)]
     pub limits: Limits,
+    /// Absent: a fork of a sandbox keeps its network (not its published ports).
+    pub network: Option<NetworkRequest>,
 }
 
 #[derive(Debug, Serialize, Deserialize, ToSchema)]
@@ -360,6 +438,7 @@ pub struct RestoreBody {
     pub name: Option<String>,
     #[serde(default)]
     pub limits: Limits,
+    pub network: Option<NetworkRequest>,
 }
 
 #[derive(Debug, Serialize, Deserialize, ToSchema)]

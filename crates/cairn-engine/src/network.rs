@@ -8,7 +8,7 @@
 
 use std::net::Ipv4Addr;
 
-use cairn_sandbox::net::{HostNet, NetError, NetPlan, NetPolicy};
+use cairn_sandbox::net::{HostNet, Lease, NetError, NetPolicy};
 use cairn_sandbox::SandboxProcess;
 use serde::{Deserialize, Serialize};
 
@@ -68,9 +68,10 @@ impl Engine {
             .map_err(|e| EngineError::Network(NetError::Invalid(e.clone())))
     }
 
-    /// Leases an address for a sandbox about to start with `egress`, and
-    /// records it on the row; `None` for loopback only.
-    pub(crate) fn lease_network(&self, rec: &mut SandboxRecord) -> Result<Option<NetPlan>, EngineError> {
+    /// Leases an address for a sandbox about to start with `egress` and
+    /// notes it on the record (the caller writes the row); `None` for
+    /// loopback only.
+    pub(crate) fn lease_network(&self, rec: &mut SandboxRecord) -> Result<Option<Lease>, EngineError> {
         let Some(net) = rec.network.as_mut() else {
             return Ok(None);
         };
@@ -80,8 +81,9 @@ impl Engine {
                 rec.driver
             ))));
         }
-        let dir = self.home.sandbox(&rec.id);
-        let lease = self.host_net()?.lease(&net.policy, &dir, &rec.name)?;
+        let lease = self
+            .host_net()?
+            .lease(&net.policy, &self.home.sandbox(&rec.id), &rec.name)?;
         net.held = Some(Held {
             slot: lease.slot,
             interface: lease.plan.ifname.clone(),
@@ -90,18 +92,21 @@ impl Engine {
             mac: cairn_sandbox::net::mac_text(&lease.plan.mac),
             resolved: lease.resolved.clone(),
         });
-        if let Err(e) = self.db.set_network(&rec.id, Some(net)) {
-            let _ = self.host_net()?.release(lease.slot, &dir);
-            return Err(e.into());
-        }
-        Ok(Some(lease.plan))
+        Ok(Some(lease))
     }
 
-    /// The started sandbox's init holds the slot from here on.
-    pub(crate) fn bind_network(&self, rec: &SandboxRecord, process: SandboxProcess) -> Result<(), EngineError> {
-        if let Some(held) = rec.network.as_ref().and_then(|n| n.held.as_ref()) {
-            self.host_net()?
-                .bind(held.slot, &self.home.sandbox(&rec.id), process.pid, process.start_time)?;
+    /// The sandbox started: its rules are confirmed in place, and its init
+    /// holds the slot from here on.
+    pub(crate) fn network_started(
+        &self,
+        rec: &SandboxRecord,
+        lease: Option<&mut Lease>,
+        process: SandboxProcess,
+    ) -> Result<(), EngineError> {
+        if let (Some(lease), Some(net)) = (lease, rec.network.as_ref()) {
+            let host = self.host_net()?;
+            host.confirm(lease, &net.policy.publish)?;
+            host.bind(lease.slot, &self.home.sandbox(&rec.id), process.pid, process.start_time)?;
         }
         Ok(())
     }

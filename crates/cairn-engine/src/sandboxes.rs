@@ -195,12 +195,16 @@ impl Engine {
         }
         // The row comes first: from here on a crash leaves something the
         // garbage collector can find.
-        self.db.insert_sandbox(&rec)?;
-        let leased = self.lease_network(&mut rec);
-        let started = leased.and_then(|plan| {
-            let mut spec = self.spec(&rec)?;
-            spec.network = plan;
-            Ok(spec)
+        // The address too, so the row records it: a crash before the row
+        // exists leaves a slot whose owner (this process) is dead.
+        let mut lease = self.lease_network(&mut rec)?;
+        if let Err(e) = self.db.insert_sandbox(&rec) {
+            let _ = self.release_network(&rec);
+            return Err(e.into());
+        }
+        let started = self.spec(&rec).map(|mut spec| {
+            spec.network = lease.as_ref().map(|l| l.plan.clone());
+            spec
         });
         let started = started.and_then(|spec| match &origin.memory {
             Some(image) => Ok(self
@@ -218,7 +222,7 @@ impl Engine {
                 return Err(e);
             }
         };
-        if let Err(e) = self.bind_network(&rec, process) {
+        if let Err(e) = self.network_started(&rec, lease.as_mut(), process) {
             let _ = self.driver(&rec.driver)?.stop(&rec.id, Some(process));
             let _ = self.release_network(&rec);
             let _ = fs::remove_dir_all(self.home.sandbox(&id));

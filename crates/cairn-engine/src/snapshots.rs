@@ -844,11 +844,12 @@ impl Engine {
         let (pid, start) = crate::sandboxes::me();
         self.db.set_owner(&rec.id, pid, start)?;
         let mut fresh = self.sandbox(&rec.id)?;
-        let started = self.lease_network(&mut fresh).and_then(|plan| {
+        let started = self.lease_network(&mut fresh).and_then(|mut lease| {
+            self.db.set_network(&fresh.id, fresh.network.as_ref())?;
             let mut spec = self.spec(&fresh)?;
-            spec.network = plan;
+            spec.network = lease.as_ref().map(|l| l.plan.clone());
             let process = self.driver_of(&fresh)?.start(&spec)?;
-            self.bind_network(&fresh, process).inspect_err(|_| {
+            self.network_started(&fresh, lease.as_mut(), process).inspect_err(|_| {
                 let _ = self.driver_of(&fresh).map(|d| d.stop(&fresh.id, Some(process)));
             })?;
             Ok(process)

@@ -1212,6 +1212,7 @@ fn session(id: &str, name: &str) -> SessionRecord {
         error: None,
         created_at: 7,
         updated_at: 7,
+        network: None,
     }
 }
 
@@ -1223,7 +1224,8 @@ fn note(text: &str) -> Entry {
 
 fn sessions_round_trip_are_found_by_name_or_prefix_and_names_are_unique(store: &Store) {
     let db = store.open();
-    let s = session("abcdef012345", "agent");
+    let mut s = session("abcdef012345", "agent");
+    s.network = Some(cairn_sandbox::net::NetPolicy::parse(None, &["10.1.0.0/16:5432".into()], &[]).unwrap());
     db.insert_session(&s).unwrap();
     assert_eq!(db.session_by_id(&s.id).unwrap().unwrap(), s);
     assert_eq!(db.find_sessions("agent").unwrap(), vec![s.clone()]);

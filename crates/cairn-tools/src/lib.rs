@@ -185,6 +185,7 @@ impl Tools {
                     image: None,
                     driver: None,
                     idle_timeout_ms: None,
+                    network: None,
                 };
                 let s = e.create_session_from(&opts, &snap, &format!("asked by {caller}: {reason}"))?;
                 Ok(json!({"session": s.id, "name": s.name, "snapshot_id": snap.id}))

@@ -38,6 +38,7 @@ impl Tools {
                 image,
                 driver: None,
                 idle_timeout_ms: None,
+                network: None,
             };
             let s = match snapshot_id {
                 Some(id) => {

@@ -662,6 +662,9 @@ pub enum SessionCommand {
         /// file call or user message resumes it.
         #[arg(long, value_name = "DURATION")]
         idle: Option<String>,
+        /// The network of the session's sandboxes, kept across suspends.
+        #[command(flatten)]
+        network: NetworkArgs,
     },
     /// List sessions.
     Ls {

@@ -35,12 +35,14 @@ pub fn session(engine: &mut Engine, cmd: SessionCommand) -> Result<i32> {
             driver,
             name,
             idle,
+            network,
         } => {
             let opts = SessionOptions {
                 name,
                 image,
                 driver,
                 idle_timeout_ms: idle.as_deref().map(duration_ms).transpose()?,
+                network: crate::commands::network_policy(&network)?,
             };
             let s = engine.create_session(&opts, &Steps::new())?;
             println!("{}", s.id);

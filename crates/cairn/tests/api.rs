@@ -932,3 +932,74 @@ run = ["echo one > /work.txt"]
     assert_eq!(d["run"]["status"], "completed", "{d}");
     assert_eq!(d["run"]["orchestrated"], false, "{d}");
 }
+
+#[test]
+fn a_sandbox_with_a_network_is_created_and_its_port_found_through_the_api() {
+    if skip("a_sandbox_with_a_network_is_created_and_its_port_found_through_the_api") {
+        return;
+    }
+    if std::process::Command::new("nft").arg("--version").output().is_err() {
+        common::skipped(
+            "a_sandbox_with_a_network_is_created_and_its_port_found_through_the_api: apt-get install nftables",
+        );
+        return;
+    }
+    let home = Home::new();
+    let s = Server::start(&home, &[]);
+    let host_port = std::net::TcpListener::bind("0.0.0.0:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port();
+    let (status, v) = s.call(
+        "POST",
+        "/v1/sandboxes",
+        Some(json!({
+            "network": { "publish": [format!("{host_port}:8000")] },
+            "services": ["mkdir -p /www && echo via-the-api > /www/index.html && httpd -f -p 8000 -h /www"],
+        })),
+    );
+    assert_eq!(status, 201, "{v}");
+    let id = v["id"].as_str().unwrap().to_string();
+    assert_eq!(v["network"]["mode"], "egress", "{v}");
+    let address = v["network"]["address"].as_str().expect("an address").to_string();
+    let (status, port) = s.call("GET", &format!("/v1/sandboxes/{id}/ports/8000"), None);
+    assert_eq!(status, 200, "{port}");
+    assert_eq!(port["host"], format!("{address}:8000"));
+    assert_eq!(port["published"], json!([host_port]));
+    // What it names answers.
+    let body = (0..50)
+        .find_map(|_| {
+            let got = ureq::get(port["url"].as_str().unwrap()).call().ok()?.into_string().ok();
+            if got.is_none() {
+                std::thread::sleep(std::time::Duration::from_millis(100));
+            }
+            got
+        })
+        .expect("the sandbox's server answered");
+    assert_eq!(body.trim(), "via-the-api");
+    // Bad input: one error shape, nothing made.
+    for (body, says) in [
+        (json!({"network": {"mode": "bridge"}}), "unknown network"),
+        (json!({"network": {"allow": ["10.0.0.1/8"]}}), "host bits"),
+        (json!({"network": {"mode": "egress", "extra": 1}}), "unknown field"),
+        (
+            json!({"network": {"publish": [format!("{host_port}:80")]}}),
+            &host_port.to_string(),
+        ),
+    ] {
+        let (status, v) = s.call("POST", "/v1/sandboxes", Some(body.clone()));
+        assert!(status == 400 || status == 422, "{body}: {status} {v}");
+        assert!(
+            v["error"]["message"].as_str().unwrap_or_default().contains(says),
+            "{body}: {v}"
+        );
+    }
+    let (status, v) = s.call("GET", &format!("/v1/sandboxes/{id}/ports/0"), None);
+    assert_eq!(status, 400, "{v}");
+    let plain = create(&s);
+    let (status, v) = s.call("GET", &format!("/v1/sandboxes/{plain}/ports/80"), None);
+    assert_eq!(status, 409, "{v}");
+    let (_, list) = s.call("GET", "/v1/sandboxes", None);
+    assert_eq!(list["items"].as_array().unwrap().len(), 2, "{list}");
+}

@@ -75,6 +75,8 @@ pub struct CreateSession {
     /// for the idle timer.
     #[schema(minimum = 1000, maximum = 2592000000u64)]
     pub idle_timeout_ms: Option<u64>,
+    /// The network of its sandboxes, across suspends (absent: loopback only).
+    pub network: Option<crate::model::NetworkRequest>,
 }
 
 #[derive(Debug, Serialize, Deserialize, ToSchema)]

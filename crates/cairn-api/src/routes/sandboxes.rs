@@ -17,10 +17,16 @@ use crate::app::App;
 use crate::error::{ApiError, ApiResult, ErrorBody};
 use crate::model::*;
 
-fn options(limits: &Limits, driver: Option<String>, name: Option<String>) -> ApiResult<CreateOptions> {
+fn options(
+    limits: &Limits,
+    driver: Option<String>,
+    name: Option<String>,
+    network: Option<&NetworkRequest>,
+) -> ApiResult<CreateOptions> {
     let mut opts = CreateOptions {
         driver,
         name,
+        network: network.map(|n| n.policy()).transpose().map_err(ApiError::bad_request)?,
         ..CreateOptions::default()
     };
     if let Some(m) = &limits.memory {
@@ -54,7 +60,7 @@ fn options(limits: &Limits, driver: Option<String>, name: Option<String>) -> Api
         (status = 422, body = ErrorBody, description = "The Idempotency-Key was used with another body")))]
 pub async fn create(State(app): State<Arc<App>>, headers: HeaderMap, body: Bytes) -> ApiResult<Response> {
     let req: CreateSandbox = parse(&body)?;
-    let mut opts = options(&req.limits, req.driver.clone(), req.name.clone())?;
+    let mut opts = options(&req.limits, req.driver.clone(), req.name.clone(), req.network.as_ref())?;
     opts.image = req.image.clone();
     opts.services = req.services.clone();
     if req.snapshot.is_some() && req.image.is_some() {
@@ -122,6 +128,46 @@ pub async fn get(State(app): State<Arc<App>>, Path(id): Path<String>) -> ApiResu
     Ok(Json(app.engine(move |e| Ok(e.sandbox(&id)?)).await?.into()))
 }
 
+/// Where one of a sandbox's ports is reached from this host: its address
+/// (a sandbox with a network) and the host ports published to it.
+#[utoipa::path(operation_id = "get_sandbox_port", get, path = "/v1/sandboxes/{id}/ports/{port}", tag = "sandboxes",
+    params(("id" = String, Path, description = "Sandbox id, unique prefix or name"),
+        ("port" = u16, Path, description = "A TCP port in the sandbox, 1-65535")),
+    responses((status = 200, body = PortHost), (status = 400, body = ErrorBody), (status = 404, body = ErrorBody),
+        (status = 409, body = ErrorBody, description = "The sandbox has no network, or is not running")))]
+pub async fn port(State(app): State<Arc<App>>, Path((id, port)): Path<(String, String)>) -> ApiResult<Json<PortHost>> {
+    let port: u16 = port
+        .parse()
+        .ok()
+        .filter(|p| *p > 0)
+        .ok_or_else(|| ApiError::bad_request(format!("port {port:?} is not a TCP port (1-65535)")))?;
+    let rec = app.engine(move |e| Ok(e.sandbox(&id)?)).await?;
+    let Some(net) = &rec.network else {
+        return Err(ApiError::conflict(format!(
+            "sandbox {} has no network (loopback only); create it with network.mode = \"egress\"",
+            rec.id
+        )));
+    };
+    let Some(held) = &net.held else {
+        return Err(ApiError::conflict(format!(
+            "sandbox {} is {}; its address exists only while it runs",
+            rec.id, rec.state
+        )));
+    };
+    Ok(Json(PortHost {
+        host: format!("{}:{port}", held.address),
+        port,
+        url: format!("http://{}:{port}", held.address),
+        published: net
+            .policy
+            .publish
+            .iter()
+            .filter(|p| p.port == port)
+            .map(|p| p.host_port)
+            .collect(),
+    }))
+}
+
 /// Removes a sandbox: processes, cgroups, files. A running one needs `force`.
 #[utoipa::path(operation_id = "remove_sandbox", delete, path = "/v1/sandboxes/{id}", tag = "sandboxes",
     params(("id" = String, Path, description = "Sandbox id"), RemoveQuery),
@@ -171,7 +217,7 @@ fn fork_count(req: &ForkBody) -> ApiResult<usize> {
 
 async fn fork_of(app: &Arc<App>, key: String, req: ForkBody) -> ApiResult<(StatusCode, serde_json::Value)> {
     let count = fork_count(&req)?;
-    let opts = options(&req.limits, req.driver.clone(), None)?;
+    let opts = options(&req.limits, req.driver.clone(), None, req.network.as_ref())?;
     let t = Instant::now();
     let (snap, forks) = app.engine(move |e| Ok(e.fork(&key, count, &opts)?)).await?;
     app.metrics.observe("fork", t.elapsed());
@@ -237,7 +283,7 @@ pub async fn fork_snapshot(
     responses((status = 201, body = Sandbox), (status = 400, body = ErrorBody), (status = 404, body = ErrorBody)))]
 pub async fn restore(State(app): State<Arc<App>>, Path(id): Path<String>, body: Bytes) -> ApiResult<Response> {
     let req: RestoreBody = parse(&body)?;
-    let opts = options(&req.limits, req.driver.clone(), req.name.clone())?;
+    let opts = options(&req.limits, req.driver.clone(), req.name.clone(), req.network.as_ref())?;
     let t = Instant::now();
     let rec = app
         .engine(move |e| {

@@ -128,11 +128,18 @@ pub async fn create(
             )));
         }
     }
+    let network = req
+        .network
+        .as_ref()
+        .map(|n| n.policy())
+        .transpose()
+        .map_err(ApiError::bad_request)?;
     let opts = SessionOptions {
         name: req.name,
         image: req.image,
         driver: req.driver,
         idle_timeout_ms: req.idle_timeout_ms,
+        network,
     };
     let a = Arc::clone(&app);
     idempotent(&app, &headers, "sessions.create", &body, || async move {

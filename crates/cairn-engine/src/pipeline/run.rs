@@ -561,6 +561,7 @@ impl Engine {
                         image: p.image.clone(),
                         driver: p.driver.clone(),
                         auto_remove: true,
+                        network: Some(stage.network.clone().unwrap_or_else(|| p.network.clone())),
                         ..CreateOptions::default()
                     };
                     let sandbox = match &from {

@@ -171,12 +171,15 @@ pub struct SessionRecord {
     pub error: Option<String>,
     pub created_at: i64,
     pub updated_at: i64,
+    /// The network of its sandboxes (`--network egress`); none: loopback.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub network: Option<cairn_sandbox::net::NetPolicy>,
 }
 
 const SESSION_COLUMNS: &str =
     "id, name, state, image, driver, sandbox_id, snapshot_id, snapshot_seq, idle_timeout_ms, \
      parent_id, fork_seq, fork_reason, fork_rewinds, head_seq, head_hash, rewinds, owner_pid, owner_start, error, \
-     created_at, updated_at";
+     created_at, updated_at, network";
 
 fn session_row(r: &Row) -> Result<SessionRecord, StateError> {
     let state: String = r.get(2)?;
@@ -202,6 +205,17 @@ fn session_row(r: &Row) -> Result<SessionRecord, StateError> {
         error: r.get(18)?,
         created_at: r.get(19)?,
         updated_at: r.get(20)?,
+        network: r
+            .get::<Option<String>>(21)?
+            .map(|text| {
+                let policy: cairn_sandbox::net::NetPolicy = serde_json::from_str(&text)
+                    .map_err(|e| StateError::Damaged(format!("a session's network is unreadable: {e}")))?;
+                policy
+                    .check()
+                    .map_err(|e| StateError::Damaged(format!("a session's network is invalid: {e}")))?;
+                Ok::<_, StateError>(policy)
+            })
+            .transpose()?,
     })
 }
 
@@ -210,7 +224,7 @@ pub(crate) fn insert_session_row(b: &mut dyn Backend, s: &SessionRecord) -> Resu
     b.execute(
         &format!(
             "INSERT INTO sessions ({SESSION_COLUMNS}) VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11,
-             $12, $13, $14, $15, $16, $17, $18, $19, $20, $21)"
+             $12, $13, $14, $15, $16, $17, $18, $19, $20, $21, $22)"
         ),
         params![
             &s.id,
@@ -234,6 +248,9 @@ pub(crate) fn insert_session_row(b: &mut dyn Backend, s: &SessionRecord) -> Resu
             &s.error,
             s.created_at,
             s.updated_at,
+            s.network
+                .as_ref()
+                .map(|n| serde_json::to_string(n).expect("a policy serialises")),
         ],
     )
 }

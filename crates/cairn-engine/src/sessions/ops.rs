@@ -24,6 +24,8 @@ pub struct SessionOptions {
     pub image: Option<String>,
     pub driver: Option<String>,
     pub idle_timeout_ms: Option<u64>,
+    /// The network of the session's sandboxes, kept across suspends.
+    pub network: Option<cairn_sandbox::net::NetPolicy>,
 }
 
 /// Which entries of the live log to read.
@@ -222,10 +224,12 @@ impl Engine {
         if !self.db.find_sessions(&name)?.iter().all(|s| s.name != name) {
             return Err(SessionError::NameTaken(name).into());
         }
+        let network = opts.network.clone().filter(|n| n.egress);
         let create = CreateOptions {
             image: opts.image.clone(),
             driver: opts.driver.clone(),
             name: Some(sandbox_name(&id)),
+            network: Some(network.clone().unwrap_or_default()),
             ..CreateOptions::default()
         };
         let sandbox = match from {
@@ -240,6 +244,7 @@ impl Engine {
             state: SessionState::Active,
             image: sandbox.image.clone(),
             driver: sandbox.driver.clone(),
+            network,
             sandbox_id: Some(sandbox.id.clone()),
             snapshot_id: None,
             snapshot_seq: None,
@@ -551,6 +556,7 @@ impl Engine {
             image: Some(s.image.clone()),
             driver: Some(s.driver.clone()),
             name: Some(name),
+            network: Some(s.network.clone().unwrap_or_default()),
             ..CreateOptions::default()
         };
         match snapshot {
@@ -1046,6 +1052,7 @@ impl Engine {
             state: SessionState::Active,
             image: p.image.clone(),
             driver: p.driver.clone(),
+            network: p.network.clone(),
             sandbox_id: Some(sandbox.id.clone()),
             snapshot_id: snap.as_ref().and_then(|e| e.snapshot_id.clone()),
             snapshot_seq: snap.as_ref().map(|e| e.seq),

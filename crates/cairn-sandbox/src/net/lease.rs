@@ -39,12 +39,15 @@ struct SlotRecord {
 }
 
 /// A slot held for one sandbox.
-#[derive(Debug, Clone)]
+#[derive(Debug)]
 pub struct Lease {
     pub slot: u32,
     pub plan: NetPlan,
     /// Addresses each allowed name resolved to, for the record.
     pub resolved: Vec<(String, Vec<Ipv4Addr>)>,
+    elements: Vec<Element>,
+    /// The `nft` transaction adding the elements, until confirmed.
+    pending: Option<nft::Pending>,
 }
 
 impl HostNet {
@@ -132,28 +135,55 @@ impl HostNet {
         };
         self.write_record(slot, &record)?;
         drop(lock);
-        let lease = Lease { slot, plan, resolved };
-        let added = write_resolver_files(&lease, hostname).and_then(|()| {
-            nft::add(&elements).map_err(|e| match e {
-                NetError::Host { detail, .. } if detail.contains("exists") && !policy.publish.is_empty() => {
-                    NetError::Invalid(format!(
-                        "a published host port is taken by another sandbox ({}); publish another",
-                        policy
-                            .publish
-                            .iter()
-                            .map(|p| p.to_string())
-                            .collect::<Vec<_>>()
-                            .join(", ")
-                    ))
-                }
-                other => other,
-            })
-        });
-        if let Err(e) = added {
-            let _ = self.release(slot, sandbox_dir);
-            return Err(e);
+        let mut lease = Lease {
+            slot,
+            plan,
+            resolved,
+            elements,
+            pending: None,
+        };
+        // The elements go in while the sandbox starts; nothing passes
+        // before they are all in (forwarding needs the `sandboxes` one),
+        // and [`HostNet::confirm`] waits for them before it is handed out.
+        let started = write_resolver_files(&lease, hostname).and_then(|()| nft::add(&lease.elements));
+        match started {
+            Ok(pending) => lease.pending = Some(pending),
+            Err(e) => {
+                let _ = self.release(slot, sandbox_dir);
+                return Err(e);
+            }
         }
         Ok(lease)
+    }
+
+    /// Waits for the lease's set elements. A table removed behind Cairn's
+    /// back (a flushed ruleset) is installed again and the elements retried.
+    pub fn confirm(&self, lease: &mut Lease, publish: &[super::Publish]) -> Result<(), NetError> {
+        let Some(pending) = lease.pending.take() else {
+            return Ok(());
+        };
+        let taken = |e: NetError| match e {
+            NetError::Host { detail, .. } if detail.contains("exists") && !publish.is_empty() => {
+                NetError::Invalid(format!(
+                    "a published host port is taken by another sandbox ({}); publish another",
+                    publish.iter().map(|p| p.to_string()).collect::<Vec<_>>().join(", ")
+                ))
+            }
+            other => other,
+        };
+        match pending.wait() {
+            Ok(()) => Ok(()),
+            Err(e) if nft::table_exists()? => Err(taken(e)),
+            Err(_) => {
+                let (upstream, host_nets) = (upstream_dns()?, self.host_networks()?);
+                {
+                    let _lock = self.lock()?;
+                    let _ = fs::remove_file(self.dir.join("rules"));
+                    self.ensure_rules(upstream, &host_nets)?;
+                }
+                nft::add(&lease.elements)?.wait().map_err(taken)
+            }
+        }
     }
 
     /// Hands the slot to the sandbox's init: it stays taken while that
@@ -260,6 +290,12 @@ impl HostNet {
         let marker = self.dir.join("rules");
         let want = format!("{} {upstream} {}", nft::RULES_VERSION, host_nets.join(","));
         let have = fs::read_to_string(&marker).ok();
+        // Recorded as current: taken as installed. Were the table gone, the
+        // sandbox's elements would fail to go in, and [`HostNet::confirm`]
+        // installs it again.
+        if have.as_deref() == Some(want.as_str()) {
+            return Ok(());
+        }
         let live = self
             .recorded_slots()
             .into_iter()

@@ -95,6 +95,15 @@ pub fn ruleset(upstream: Ipv4Addr, host_nets: &[String]) -> String {
 
 /// Runs `script` as one `nft -f -` transaction.
 pub fn apply(script: &str) -> Result<(), NetError> {
+    start(script)?.wait()
+}
+
+/// An `nft` transaction under way.
+#[derive(Debug)]
+pub struct Pending(std::process::Child);
+
+/// Starts `script` as one `nft -f -` transaction; [`Pending::wait`] ends it.
+pub fn start(script: &str) -> Result<Pending, NetError> {
     let mut child = Command::new("nft")
         .args(["-f", "-"])
         .stdin(Stdio::piped())
@@ -108,16 +117,27 @@ pub fn apply(script: &str) -> Result<(), NetError> {
             },
             _ => NetError::host("start nft", e),
         })?;
+    // A script is far below a pipe's buffer: the write does not block.
     let written = child.stdin.take().expect("piped").write_all(script.as_bytes());
-    let out = child.wait_with_output().map_err(|e| NetError::host("run nft", e))?;
-    written.map_err(|e| NetError::host("write to nft", e))?;
-    if !out.status.success() {
-        return Err(NetError::host(
-            "nftables refused the sandbox's rules",
-            String::from_utf8_lossy(&out.stderr).trim(),
-        ));
+    if let Err(e) = written {
+        let _ = child.kill();
+        let _ = child.wait();
+        return Err(NetError::host("write to nft", e));
     }
-    Ok(())
+    Ok(Pending(child))
+}
+
+impl Pending {
+    pub fn wait(self) -> Result<(), NetError> {
+        let out = self.0.wait_with_output().map_err(|e| NetError::host("run nft", e))?;
+        if !out.status.success() {
+            return Err(NetError::host(
+                "nftables refused the sandbox's rules",
+                String::from_utf8_lossy(&out.stderr).trim(),
+            ));
+        }
+        Ok(())
+    }
 }
 
 /// Whether the table exists (one `nft list`).
@@ -162,8 +182,8 @@ impl Element {
     }
 }
 
-pub fn add(elements: &[Element]) -> Result<(), NetError> {
-    apply(&elements.iter().map(|e| e.line("add")).collect::<String>())
+pub fn add(elements: &[Element]) -> Result<Pending, NetError> {
+    start(&elements.iter().map(|e| e.line("add")).collect::<String>())
 }
 
 /// Deletes `elements`, one transaction; if that fails (one is already

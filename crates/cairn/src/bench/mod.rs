@@ -280,10 +280,36 @@ impl Bench {
         let first_output = summarize(
             "start: cairn run -- echo (to first output)",
             "ms",
-            firsts,
+            firsts.clone(),
             Some(10.0),
             true,
         );
+        // The same with `--network egress`: a veth pair, an address slot
+        // and its nftables element; the extra is each run's difference from
+        // the loopback-only run of the same index.
+        if which("nft").is_some() {
+            let (egress, _) = repeat(runs, || {
+                let mut cmd = Command::new(&self.exe);
+                cmd.args(["run", "--network", "egress", "--", "echo", "hi"])
+                    .env("CAIRN_HOME", self.home.path());
+                cmd
+            })?;
+            let extra = egress.iter().zip(&firsts).map(|(e, n)| e - n).collect();
+            results.push(summarize(
+                "start: cairn run --network egress -- echo (to first output)",
+                "ms",
+                egress,
+                None,
+                true,
+            ));
+            results.push(summarize(
+                "start: egress's extra over loopback only",
+                "ms",
+                extra,
+                Some(5.0),
+                true,
+            ));
+        }
         results.push(summarize(
             "start: cairn run -- echo (whole command, with rm)",
             "ms",

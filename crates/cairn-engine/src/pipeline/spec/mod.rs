@@ -5,6 +5,8 @@
 //! name = "variant-calling"
 //! image = "busybox"                 # where the first stages start
 //! driver = "native"                 # or "gvisor": checkpoints keep memory too
+//! network = "egress"                # or "none" (the default): loopback only
+//! allow = ["pypi.org:443"]          # with any, everything else is refused
 //!
 //! [params]
 //! sample = "NA12878"
@@ -35,6 +37,7 @@
 use std::collections::{BTreeMap, HashMap, HashSet};
 use std::time::Duration;
 
+use cairn_sandbox::net::NetPolicy;
 use serde::Deserialize;
 use toml::Spanned;
 
@@ -71,6 +74,9 @@ struct RawHeader {
     driver: Option<Spanned<String>>,
     /// The model decide stages ask.
     model: Option<Spanned<RawModel>>,
+    /// `none` or `egress`, and what egress may reach.
+    network: Option<Spanned<String>>,
+    allow: Option<Spanned<Vec<String>>>,
 }
 
 #[derive(Debug, Deserialize)]
@@ -114,6 +120,9 @@ struct RawStage {
     approve: bool,
     /// A decision point: the model chooses, the stage runs no command.
     decide: Option<Spanned<RawDecide>>,
+    /// This stage's network instead of the pipeline's.
+    network: Option<Spanned<String>>,
+    allow: Option<Spanned<Vec<String>>>,
 }
 
 #[derive(Debug, Deserialize)]
@@ -150,6 +159,8 @@ pub struct Pipeline {
     /// The driver stage sandboxes run on (`native` when absent); with
     /// `gvisor`, checkpoints keep memory and processes too.
     pub driver: Option<String>,
+    /// The network of stage sandboxes (loopback only unless `egress`).
+    pub network: NetPolicy,
     pub params: BTreeMap<String, String>,
     /// The model decide stages ask, as the file names it (flags on `cairn
     /// pipeline run|resume` override each part).
@@ -185,6 +196,8 @@ pub struct Stage {
     pub approve: bool,
     /// A decision point: no commands; the model chooses (`run` is empty).
     pub decide: Option<Decide>,
+    /// The stage's own network, instead of the pipeline's.
+    pub network: Option<NetPolicy>,
     /// Line of the stage in the file, for later messages.
     pub line: usize,
 }
@@ -226,6 +239,27 @@ pub enum Metric {
     File(String),
     /// The last number the stage printed.
     Output,
+}
+
+/// `network = "..."` and `allow = [...]`, checked as `--network` and
+/// `--allow` are; neither given: `None`.
+fn network_of(
+    lines: &Lines,
+    network: &Option<Spanned<String>>,
+    allow: &Option<Spanned<Vec<String>>>,
+) -> Result<Option<NetPolicy>, PipelineError> {
+    if network.is_none() && allow.is_none() {
+        return Ok(None);
+    }
+    let at = network
+        .as_ref()
+        .map(|n| n.span().start)
+        .or(allow.as_ref().map(|a| a.span().start))
+        .unwrap_or(0);
+    let allows = allow.as_ref().map(|a| a.get_ref().clone()).unwrap_or_default();
+    NetPolicy::parse(network.as_ref().map(|n| n.get_ref().as_str()), &allows, &[])
+        .map(Some)
+        .map_err(|e| lines.err(at, e.to_string()))
 }
 
 /// Parses a duration such as `6h`, `30m`, `1h30m`, `45s` or `500ms`.
@@ -598,6 +632,7 @@ pub fn parse(file: &str, text: &str, overrides: &BTreeMap<String, String>) -> Re
                 branches,
                 approve: s.approve,
                 decide,
+                network: network_of(&lines, &s.network, &s.allow)?,
                 line: lines.line(at(&spanned.span())),
             },
             after,
@@ -695,6 +730,7 @@ pub fn parse(file: &str, text: &str, overrides: &BTreeMap<String, String>) -> Re
         name: raw.pipeline.name.into_inner(),
         image: raw.pipeline.image,
         snapshot: raw.pipeline.snapshot,
+        network: network_of(&lines, &raw.pipeline.network, &raw.pipeline.allow)?.unwrap_or_default(),
         driver: raw.pipeline.driver.map(Spanned::into_inner),
         model: match raw.pipeline.model {
             None => ModelSpec::default(),
@@ -922,6 +958,36 @@ select = "first_success"
         // Hypotheses still needed where no decide stage chooses them.
         let e = bad(&DECIDED.replace("[\"hypotheses\", ", "["));
         assert!(e.message.contains("at least two hypotheses"), "{e}");
+    }
+
+    #[test]
+    fn networks_are_the_pipelines_unless_a_stage_names_its_own() {
+        let p = parse("p.toml", GOOD, &BTreeMap::new()).unwrap();
+        assert!(!p.network.egress && p.stages.iter().all(|s| s.network.is_none()));
+        let text = GOOD.replace(
+            "image = \"busybox\"\n",
+            "image = \"busybox\"\nnetwork = \"egress\"\nallow = [\"pypi.org:443\"]\n",
+        );
+        let p = parse("p.toml", &text, &BTreeMap::new()).unwrap();
+        assert!(p.network.egress && p.network.restricted());
+        let text = GOOD.replace(
+            "checkpoint_every = \"10m\"",
+            "checkpoint_every = \"10m\"\nnetwork = \"egress\"",
+        );
+        let p = parse("p.toml", &text, &BTreeMap::new()).unwrap();
+        assert!(p
+            .stages
+            .iter()
+            .any(|s| s.network.as_ref().is_some_and(|n| n.egress && !n.restricted())));
+        for (wrong, says) in [
+            ("network = \"bridge\"", "unknown network"),
+            ("network = \"none\"\nallow = [\"pypi.org\"]", "--network egress"),
+            ("allow = [\"10.0.0.1/8\"]", "host bits"),
+        ] {
+            let e = bad(&GOOD.replace("image = \"busybox\"\n", &format!("image = \"busybox\"\n{wrong}\n")));
+            assert!(e.message.contains(says), "{wrong}: {e}");
+            assert_eq!(e.line, 4, "{e}");
+        }
     }
 
     #[test]

@@ -392,6 +392,9 @@ impl Engine {
             state: SessionState::Suspended,
             image: s.image.clone(),
             driver: s.driver.clone(),
+            // A bundle carries no network: what a session may reach is the
+            // importing host's to grant.
+            network: None,
             sandbox_id: None,
             snapshot_id: s.snapshot_id.clone(),
             snapshot_seq: s.snapshot_seq,
