@@ -427,3 +427,54 @@ fn pip_downloads_a_package_from_pypi_with_egress() {
         stdout(&out)
     );
 }
+
+#[test]
+fn pipeline_stages_and_sessions_get_the_network_they_name() {
+    if skip_without_nft("pipeline_stages_and_sessions_get_the_network_they_name") {
+        return;
+    }
+    let home = Home::new();
+    // The pipeline is loopback only; one stage asks for PyPI alone.
+    let file = home.path().join("net.toml");
+    std::fs::write(
+        &file,
+        r#"
+[pipeline]
+name = "net"
+image = "busybox"
+
+[[stage]]
+name = "offline"
+key = "offline-1"
+run = ["mkdir -p /work", "nc -w 3 pypi.org 443 </dev/null && echo reached > /work/offline || echo refused > /work/offline"]
+
+[[stage]]
+name = "fetch"
+after = "offline"
+key = "fetch-1"
+network = "egress"
+allow = ["pypi.org:443"]
+run = [
+  "nc -w 5 pypi.org 443 </dev/null 2>/dev/null && echo reached > /work/fetch || echo refused > /work/fetch",
+  "nc -w 3 1.1.1.1 443 </dev/null 2>/dev/null && echo reached >> /work/fetch || echo refused >> /work/fetch",
+  "cat /work/offline /work/fetch",
+]
+"#,
+    )
+    .unwrap();
+    let run = home.ok(&["pipeline", "run", file.to_str().unwrap()]);
+    let log = home.ok(&["logs", &run, "fetch"]);
+    assert_eq!(log.split_whitespace().collect::<Vec<_>>(), ["refused", "reached", "refused"], "{log}");
+
+    // A session's network survives a suspend and resume, with a new address.
+    let id = home.ok(&["session", "create", "--network", "egress"]);
+    let probe = ["session", "exec", &id, "--", "sh", "-c", "nc -w 5 pypi.org 443 </dev/null && echo reached"];
+    assert_eq!(home.ok(&probe), "reached");
+    home.ok(&["session", "suspend", &id]);
+    assert!(slots_of(&home).is_empty(), "a suspended session holds an address");
+    home.ok(&["session", "resume", &id]);
+    assert_eq!(home.ok(&probe), "reached");
+    let plain = home.ok(&["session", "create"]);
+    let out = home.cairn(&["session", "exec", &plain, "--", "nc", "-w", "3", "1.1.1.1", "443"]);
+    assert!(!out.status.success());
+}
