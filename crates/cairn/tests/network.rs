@@ -464,11 +464,23 @@ run = [
     .unwrap();
     let run = home.ok(&["pipeline", "run", file.to_str().unwrap()]);
     let log = home.ok(&["logs", &run, "fetch"]);
-    assert_eq!(log.split_whitespace().collect::<Vec<_>>(), ["refused", "reached", "refused"], "{log}");
+    assert_eq!(
+        log.split_whitespace().collect::<Vec<_>>(),
+        ["refused", "reached", "refused"],
+        "{log}"
+    );
 
     // A session's network survives a suspend and resume, with a new address.
     let id = home.ok(&["session", "create", "--network", "egress"]);
-    let probe = ["session", "exec", &id, "--", "sh", "-c", "nc -w 5 pypi.org 443 </dev/null && echo reached"];
+    let probe = [
+        "session",
+        "exec",
+        &id,
+        "--",
+        "sh",
+        "-c",
+        "nc -w 5 pypi.org 443 </dev/null && echo reached",
+    ];
     assert_eq!(home.ok(&probe), "reached");
     home.ok(&["session", "suspend", &id]);
     assert!(slots_of(&home).is_empty(), "a suspended session holds an address");

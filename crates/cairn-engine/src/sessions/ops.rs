@@ -1043,7 +1043,17 @@ impl Engine {
         if !valid_name(&name) {
             return Err(SessionError::BadName(name).into());
         }
-        let sandbox = self.sandbox_from(&p, &id, snap.as_ref().and_then(|e| e.snapshot_id.as_deref()))?;
+        // The fork keeps the parent's network, not its published ports
+        // (a host port is one sandbox's).
+        let network = p.network.clone().map(|n| cairn_sandbox::net::NetPolicy {
+            publish: Vec::new(),
+            ..n
+        });
+        let child = SessionRecord {
+            network: network.clone(),
+            ..p.clone()
+        };
+        let sandbox = self.sandbox_from(&child, &id, snap.as_ref().and_then(|e| e.snapshot_id.as_deref()))?;
         let now = crate::now_ms();
         let owner = me();
         let rec = SessionRecord {
@@ -1052,7 +1062,7 @@ impl Engine {
             state: SessionState::Active,
             image: p.image.clone(),
             driver: p.driver.clone(),
-            network: p.network.clone(),
+            network,
             sandbox_id: Some(sandbox.id.clone()),
             snapshot_id: snap.as_ref().and_then(|e| e.snapshot_id.clone()),
             snapshot_seq: snap.as_ref().map(|e| e.seq),
