@@ -288,7 +288,9 @@ impl HostNet {
     /// record says what its elements were.
     fn ensure_rules(&self, upstream: Ipv4Addr, host_nets: &[String]) -> Result<(), NetError> {
         let marker = self.dir.join("rules");
-        let want = format!("{} {upstream} {}", nft::RULES_VERSION, host_nets.join(","));
+        // The host's networks are taken as they are at install; links that
+        // come and go later (a container bridge) do not replace the table.
+        let want = format!("{} {upstream}", nft::RULES_VERSION);
         let have = fs::read_to_string(&marker).ok();
         // Recorded as current: taken as installed. Were the table gone, the
         // sandbox's elements would fail to go in, and [`HostNet::confirm`]
@@ -304,7 +306,7 @@ impl HostNet {
         let exists = nft::table_exists()?;
         if exists && (have.as_deref() == Some(want.as_str()) || live) {
             if have.as_deref() != Some(want.as_str()) {
-                tracing::warn!("the sandbox network rules are from another configuration; they are replaced once no sandbox uses them");
+                tracing::debug!("the sandbox network rules are from another configuration; they are replaced once no sandbox uses them");
             }
             return Ok(());
         }
