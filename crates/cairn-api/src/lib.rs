@@ -24,7 +24,7 @@ use axum::extract::{Request, State};
 use axum::http::StatusCode;
 use axum::middleware::Next;
 use axum::response::{IntoResponse, Response};
-use axum::routing::{get, post, put};
+use axum::routing::{any, get, post, put};
 use axum::Router;
 use utoipa::OpenApi;
 
@@ -32,7 +32,7 @@ pub use app::{App, Settings};
 pub use serve::{serve, ServeOptions};
 
 use crate::error::ApiError;
-use crate::routes::{exec, files, runs, sandboxes, session_files, sessions, system};
+use crate::routes::{exec, files, proxy, runs, sandboxes, session_files, sessions, system};
 
 #[derive(OpenApi)]
 #[openapi(
@@ -112,6 +112,15 @@ pub fn router(app: Arc<App>) -> Router {
         .route("/v1/sandboxes", post(sandboxes::create).get(sandboxes::list))
         .route("/v1/sandboxes/{id}", get(sandboxes::get).delete(sandboxes::remove))
         .route("/v1/sandboxes/{id}/ports/{port}", get(sandboxes::port))
+        .route("/v1/sandboxes/{id}/ports/{port}/http", any(proxy::root).layer(no_limit))
+        .route(
+            "/v1/sandboxes/{id}/ports/{port}/http/",
+            any(proxy::root).layer(no_limit),
+        )
+        .route(
+            "/v1/sandboxes/{id}/ports/{port}/http/{*path}",
+            any(proxy::path).layer(no_limit),
+        )
         .route("/v1/sandboxes/{id}/exec", post(exec::exec))
         .route("/v1/sandboxes/{id}/exec/stream", post(exec::exec_stream))
         .route("/v1/sandboxes/{id}/processes/{pid}/stdin", post(exec::stdin))

@@ -956,7 +956,9 @@ fn a_sandbox_with_a_network_is_created_and_its_port_found_through_the_api() {
         "/v1/sandboxes",
         Some(json!({
             "network": { "publish": [format!("{host_port}:8000")] },
-            "services": ["mkdir -p /www && echo via-the-api > /www/index.html && httpd -f -p 8000 -h /www"],
+            "services": ["mkdir -p /www/cgi-bin && echo via-the-api > /www/index.html \
+                && printf '#!/bin/sh\\necho Content-Type: text/plain\\necho\\nenv\\necho body: $(cat)\\n' > /www/cgi-bin/env \
+                && chmod +x /www/cgi-bin/env && httpd -f -p 8000 -h /www"],
         })),
     );
     assert_eq!(status, 201, "{v}");
@@ -978,6 +980,28 @@ fn a_sandbox_with_a_network_is_created_and_its_port_found_through_the_api() {
         })
         .expect("the sandbox's server answered");
     assert_eq!(body.trim(), "via-the-api");
+    // Through the server too, for clients that cannot reach the sandbox:
+    // method, path, query and body go in; Cairn's token does not.
+    let (status, page) = s.call("GET", &format!("/v1/sandboxes/{id}/ports/8000/http/"), None);
+    assert_eq!(
+        (status, page.as_str().map(str::trim)),
+        (200, Some("via-the-api")),
+        "{page}"
+    );
+    let resp = s
+        .req(
+            "POST",
+            &format!("/v1/sandboxes/{id}/ports/8000/http/cgi-bin/env?probe=1"),
+        )
+        .send_string("posted-through")
+        .unwrap();
+    let env = resp.into_string().unwrap();
+    assert!(env.contains("QUERY_STRING=probe=1"), "{env}");
+    assert!(env.contains("REQUEST_METHOD=POST"), "{env}");
+    assert!(env.contains("body: posted-through"), "{env}");
+    assert!(!env.contains(&s.token), "the token reached the sandbox: {env}");
+    let (status, v) = s.call("GET", &format!("/v1/sandboxes/{id}/ports/8001/http/"), None);
+    assert_eq!(status, 502, "{v}");
     // Bad input: one error shape, nothing made.
     for (body, says) in [
         (json!({"network": {"mode": "bridge"}}), "unknown network"),
@@ -999,6 +1023,8 @@ fn a_sandbox_with_a_network_is_created_and_its_port_found_through_the_api() {
     assert_eq!(status, 400, "{v}");
     let plain = create(&s);
     let (status, v) = s.call("GET", &format!("/v1/sandboxes/{plain}/ports/80"), None);
+    assert_eq!(status, 409, "{v}");
+    let (status, v) = s.call("GET", &format!("/v1/sandboxes/{plain}/ports/80/http/"), None);
     assert_eq!(status, 409, "{v}");
     let (_, list) = s.call("GET", "/v1/sandboxes", None);
     assert_eq!(list["items"].as_array().unwrap().len(), 2, "{list}");

@@ -3,6 +3,7 @@
 
 pub mod exec;
 pub mod files;
+pub mod proxy;
 pub mod runs;
 pub mod sandboxes;
 pub mod session_files;
