@@ -58,6 +58,9 @@ pub struct OomProbe {
 pub struct GcReport {
     pub sandboxes_removed: Vec<String>,
     pub cgroups_released: Vec<String>,
+    /// Emptied cgroups kept for reuse (this state directory's, and stale
+    /// ones of any on the host) that were removed.
+    pub pooled_cgroups_removed: u64,
     pub directories_removed: Vec<String>,
     pub layers_removed: Vec<String>,
     pub chunks_removed: u64,
@@ -492,6 +495,9 @@ impl Engine {
                 report.cgroups_released.push(id);
             }
         }
+        // The pool of emptied cgroups drains: what gc leaves of a state
+        // directory on the host is its running sandboxes' cgroups.
+        report.pooled_cgroups_removed = self.native.cgroups().drain_pool() as u64;
         if let Ok(entries) = fs::read_dir(self.home.sandboxes()) {
             for e in entries.flatten() {
                 let name = e.file_name().to_string_lossy().into_owned();
