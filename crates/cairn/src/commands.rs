@@ -52,6 +52,7 @@ pub fn dispatch(cli: Cli) -> Result<i32> {
         entries,
         size,
         postgres,
+        churn,
         json,
     } = cli.command
     {
@@ -61,7 +62,7 @@ pub fn dispatch(cli: Cli) -> Result<i32> {
             store: home.store_url().map(str::to_string),
             size,
         };
-        return crate::bench::run(home, &which, runs, &sessions, &scale, json);
+        return crate::bench::run(home, &which, runs, &sessions, &scale, churn, json);
     }
     if let Command::Serve {
         socket,
