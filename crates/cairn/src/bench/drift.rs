@@ -55,18 +55,24 @@ impl Bench {
         // bwrap beside each figure is the control: it makes no cgroup, so
         // what the host's load does to both shows in its figures too.
         let bwrap = peer("bwrap", "bubblewrap");
-        let control = || -> Result<Option<Measurement>> {
+        let control = |turn: &str| -> Result<Option<Measurement>> {
             let Some(bwrap) = &bwrap else { return Ok(None) };
             let (firsts, _) = repeat(runs, || self.bwrap(bwrap, &["/bin/echo", "hi"]))?;
-            Ok(Some(summarize("drift: bwrap echo (control)", "ms", firsts, None, true)))
+            Ok(Some(summarize(
+                &format!("drift: bwrap echo (control), {turn}"),
+                "ms",
+                firsts,
+                None,
+                true,
+            )))
         };
         let dying_before = dying_memory_cgroups();
         let (fresh, _) = repeat(runs, start)?;
-        let control_fresh = control()?;
+        let control_fresh = control("fresh")?;
         self.churn(churn)?;
         let dying_after = dying_memory_cgroups();
         let (after, _) = repeat(runs, start)?;
-        let control_after = control()?;
+        let control_after = control("after the churn")?;
         let fresh = summarize("drift: cairn run -- echo, fresh host", "ms", fresh, None, true);
         let after = summarize(
             &format!("drift: cairn run -- echo, after {churn} sandboxes that wrote files"),
