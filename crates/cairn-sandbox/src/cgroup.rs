@@ -5,9 +5,9 @@
 //! the scope names one state directory, so two Cairn homes on a host never
 //! touch each other's sandboxes. On v1 that is one directory per controller
 //! (memory, pids, cpu, freezer); on v2 one directory in the unified tree.
-//! The memory cgroup (v2: the sandbox's one directory) of a removed sandbox
-//! goes into its scope's [`pool`] rather than away, so that removals leave
-//! no dying memory cgroups behind.
+//! On v1 the memory cgroup of a removed sandbox goes into its scope's
+//! [`pool`] rather than away, so that removals leave no dying memory
+//! cgroups behind. v2 has no pool: its kernel refuses to rename a cgroup.
 
 mod pool;
 
@@ -146,13 +146,20 @@ impl Hierarchy {
         Ok(cgroup)
     }
 
-    /// The controller whose cgroup is pooled: memory on v1 (the others
-    /// leave nothing behind when removed), the one directory on v2.
-    fn pooled_controller(&self) -> &'static str {
+    /// The controller whose cgroups are pooled: memory on v1 (the others
+    /// leave nothing behind when removed). None on v2, whose kernel
+    /// refuses to rename a cgroup (EPERM), so a pooled one could never
+    /// take a sandbox's name.
+    fn pooled_controller(&self) -> Option<&'static str> {
         match self {
-            Hierarchy::V2 { .. } => "",
-            Hierarchy::V1 { .. } => "memory",
+            Hierarchy::V2 { .. } => None,
+            Hierarchy::V1 { .. } => Some("memory"),
         }
+    }
+
+    /// Whether removed sandboxes' memory cgroups are kept for reuse here.
+    pub fn pools(&self) -> bool {
+        self.pooled_controller().is_some()
     }
 
     /// Makes the sandbox's directories, taking the pooled one from the
@@ -168,7 +175,7 @@ impl Hierarchy {
                 enable_v2_controllers(&level)?;
             }
         }
-        let pooled = self.parent(self.pooled_controller()).join(id);
+        let pooled = self.pooled_controller().map(|c| self.parent(c).join(id));
         let mut reused = false;
         for dir in self.dirs(id) {
             if let Some(parent) = dir.parent() {
@@ -176,7 +183,7 @@ impl Hierarchy {
                     fs::create_dir_all(parent).map_err(io_err("create cgroup", parent))?;
                 }
             }
-            if reuse && dir == pooled && pool::take(&dir) {
+            if reuse && pooled.as_ref() == Some(&dir) && pool::take(&dir) {
                 reused = true;
                 continue;
             }
@@ -189,7 +196,10 @@ impl Hierarchy {
     /// stale pooled cgroups of every scope on the host (state directories
     /// that are gone cannot drain their own). Returns how many went.
     pub fn drain_pool(&self) -> usize {
-        let parent = self.parent(self.pooled_controller());
+        let Some(controller) = self.pooled_controller() else {
+            return 0;
+        };
+        let parent = self.parent(controller);
         let mut removed = pool::drain(&parent);
         for c in V1_CONTROLLERS {
             let _ = fs::remove_dir(self.parent(c));
@@ -202,7 +212,10 @@ impl Hierarchy {
 
     /// How many cgroups wait in this scope's pool.
     pub fn pooled(&self) -> usize {
-        fs::read_dir(self.parent(self.pooled_controller()))
+        let Some(controller) = self.pooled_controller() else {
+            return 0;
+        };
+        fs::read_dir(self.parent(controller))
             .map(|d| {
                 d.flatten()
                     .filter(|e| e.file_name().to_str().is_some_and(pool::is_entry))
@@ -437,9 +450,10 @@ impl Cgroup {
     }
 
     fn remove_dirs(&self, to_pool: bool) -> Result<(), CgroupError> {
-        let pooled = self.dir(self.hierarchy.pooled_controller());
+        let pooled = self.hierarchy.pooled_controller().map(|c| self.dir(c));
         for dir in self.hierarchy.dirs(&self.id) {
-            if to_pool && dir == pooled && dir.exists() && self.reset_for_pool() && pool::put(&dir) {
+            if to_pool && pooled.as_ref() == Some(&dir) && dir.exists() && self.reset_for_pool(&dir) && pool::put(&dir)
+            {
                 continue;
             }
             let deadline = Instant::now() + Duration::from_secs(10);
@@ -463,13 +477,13 @@ impl Cgroup {
         Ok(())
     }
 
-    /// Readies the pooled cgroup for another sandbox: no process left in
-    /// it, limits back to unlimited, peak and failure counters zeroed.
-    /// False when it cannot be (an OOM kill in its history, a process that
-    /// will not leave, a file that refuses the reset): it is removed then.
-    fn reset_for_pool(&self) -> bool {
-        let controller = self.hierarchy.pooled_controller();
-        let procs = self.dir(controller).join("cgroup.procs");
+    /// Readies the memory cgroup `dir` (v1) for another sandbox: no
+    /// process left in it, limits back to unlimited, peak and failure
+    /// counters zeroed. False when it cannot be (an OOM kill in its
+    /// history, a process that will not leave, a file that refuses the
+    /// reset): it is removed then.
+    fn reset_for_pool(&self, dir: &Path) -> bool {
+        let procs = dir.join("cgroup.procs");
         let deadline = Instant::now() + Duration::from_secs(10);
         // Exiting tasks may still be listed for a moment.
         while !fs::read_to_string(&procs).is_ok_and(|p| p.trim().is_empty()) {
@@ -481,30 +495,17 @@ impl Cgroup {
         if self.oom_kills() > 0 {
             return false;
         }
-        let dir = self.dir(controller);
-        let write = |file: &str, value: &str| !dir.join(file).exists() || fs::write(dir.join(file), value).is_ok();
-        match self.hierarchy {
-            // The swap limit may not be below the memory limit: raised first.
-            Hierarchy::V1 { .. } => [
-                ("memory.memsw.limit_in_bytes", "-1"),
-                ("memory.limit_in_bytes", "-1"),
-                ("memory.max_usage_in_bytes", "0"),
-                ("memory.memsw.max_usage_in_bytes", "0"),
-                ("memory.failcnt", "0"),
-                ("memory.memsw.failcnt", "0"),
-            ]
-            .iter()
-            .all(|(file, value)| write(file, value)),
-            Hierarchy::V2 { .. } => [
-                ("memory.max", "max"),
-                ("memory.swap.max", "max"),
-                ("pids.max", "max"),
-                ("cpu.max", "max"),
-                ("cgroup.freeze", "0"),
-            ]
-            .iter()
-            .all(|(file, value)| write(file, value)),
-        }
+        // The swap limit may not be below the memory limit: raised first.
+        [
+            ("memory.memsw.limit_in_bytes", "-1"),
+            ("memory.limit_in_bytes", "-1"),
+            ("memory.max_usage_in_bytes", "0"),
+            ("memory.memsw.max_usage_in_bytes", "0"),
+            ("memory.failcnt", "0"),
+            ("memory.memsw.failcnt", "0"),
+        ]
+        .iter()
+        .all(|(file, value)| !dir.join(file).exists() || fs::write(dir.join(file), value).is_ok())
     }
 }
 

@@ -10,7 +10,8 @@
 //! measured here). A memory cgroup that is renamed instead of removed stays
 //! alive and keeps its charges; the next sandbox of the same scope takes it
 //! by renaming it to its own id (the kernel renames a cgroup only within
-//! its parent, hence one pool per scope).
+//! its parent, hence one pool per scope, and only on v1: v2 refuses any
+//! rename, so v2 hosts have no pool).
 //!
 //! An entry is reset before it goes into the pool: its limits back to
 //! unlimited, its peak and failure counters to zero. One whose sandbox saw
