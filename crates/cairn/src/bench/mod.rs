@@ -856,7 +856,8 @@ fn which(tool: &str) -> Option<PathBuf> {
         .find(|p| p.is_file())
 }
 
-/// The benchmark's own state directory, garbage-collected and removed on drop.
+/// The benchmark's own state directory, emptied (its cgroup pool drained)
+/// and removed on drop.
 mod tempfile_home {
     use std::path::{Path, PathBuf};
 
@@ -881,6 +882,8 @@ mod tempfile_home {
                         let _ = engine.remove_sandbox(&rec, true);
                     }
                 }
+                // The pool of emptied cgroups the removals filled goes too.
+                engine.drain_cgroup_pool();
             }
             let _ = std::fs::remove_dir_all(&self.0);
             // Deleting gigabytes leaves the file system work to do; done
