@@ -61,6 +61,9 @@ pub struct OomProbe {
 pub struct GcReport {
     pub sandboxes_removed: Vec<String>,
     pub cgroups_released: Vec<String>,
+    /// Emptied cgroups kept for reuse (this state directory's, and stale
+    /// ones of any on the host) that were removed.
+    pub pooled_cgroups_removed: u64,
     pub directories_removed: Vec<String>,
     pub layers_removed: Vec<String>,
     pub chunks_removed: u64,
@@ -477,6 +480,13 @@ impl Engine {
         }
     }
 
+    /// Removes this state directory's pool of emptied cgroups (and stale
+    /// pools of any on the host); returns how many went. `gc` does it too;
+    /// alone, it is for a state directory about to be deleted.
+    pub fn drain_cgroup_pool(&self) -> usize {
+        self.native.cgroups().drain_pool()
+    }
+
     /// Reconciles, then removes exited sandboxes, cgroups and directories no
     /// row accounts for, unreferenced layers and interrupted temporaries.
     pub fn gc(&mut self) -> Result<GcReport, EngineError> {
@@ -520,6 +530,9 @@ impl Engine {
             }
         }
         report.networks_released = self.release_dead_networks()?;
+        // The pool of emptied cgroups drains: what gc leaves of a state
+        // directory on the host is its running sandboxes' cgroups.
+        report.pooled_cgroups_removed = self.drain_cgroup_pool() as u64;
         if let Ok(entries) = fs::read_dir(self.home.sandboxes()) {
             for e in entries.flatten() {
                 let name = e.file_name().to_string_lossy().into_owned();

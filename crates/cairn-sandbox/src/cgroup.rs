@@ -5,6 +5,11 @@
 //! the scope names one state directory, so two Cairn homes on a host never
 //! touch each other's sandboxes. On v1 that is one directory per controller
 //! (memory, pids, cpu, freezer); on v2 one directory in the unified tree.
+//! On v1 the memory cgroup of a removed sandbox goes into its scope's
+//! [`pool`] rather than away, so that removals leave no dying memory
+//! cgroups behind. v2 has no pool: its kernel refuses to rename a cgroup.
+
+mod pool;
 
 use std::fs;
 use std::io::{self, ErrorKind};
@@ -114,24 +119,52 @@ impl Hierarchy {
         };
         // A scope directory is removed with its last sandbox (see
         // `Cgroup::remove`); one removed under this create is made again.
-        let mut result = self.create_dirs(id);
+        let mut result = self.create_dirs(id, true);
         for _ in 0..5 {
             match &result {
                 Err(CgroupError::Io { source, .. }) if source.kind() == ErrorKind::NotFound => {
-                    result = self.create_dirs(id);
+                    result = self.create_dirs(id, true);
                 }
                 _ => break,
             }
         }
-        let result = result.and_then(|()| cgroup.apply(limits));
+        let result = result.and_then(|reused| match cgroup.apply(limits) {
+            // A pooled cgroup that cannot take the limits (its leftover
+            // charges do not fit under a lower one, say) is dropped for a
+            // fresh one.
+            Err(_) if reused => {
+                cgroup.remove_dirs(false)?;
+                self.create_dirs(id, false)?;
+                cgroup.apply(limits)
+            }
+            applied => applied,
+        });
         if let Err(e) = result {
-            let _ = cgroup.remove();
+            let _ = cgroup.remove_dirs(false);
             return Err(e);
         }
         Ok(cgroup)
     }
 
-    fn create_dirs(&self, id: &str) -> Result<(), CgroupError> {
+    /// The controller whose cgroups are pooled: memory on v1 (the others
+    /// leave nothing behind when removed). None on v2, whose kernel
+    /// refuses to rename a cgroup (EPERM), so a pooled one could never
+    /// take a sandbox's name.
+    fn pooled_controller(&self) -> Option<&'static str> {
+        match self {
+            Hierarchy::V2 { .. } => None,
+            Hierarchy::V1 { .. } => Some("memory"),
+        }
+    }
+
+    /// Whether removed sandboxes' memory cgroups are kept for reuse here.
+    pub fn pools(&self) -> bool {
+        self.pooled_controller().is_some()
+    }
+
+    /// Makes the sandbox's directories, taking the pooled one from the
+    /// pool when `reuse` and it has one; returns whether it did.
+    fn create_dirs(&self, id: &str, reuse: bool) -> Result<bool, CgroupError> {
         if let Hierarchy::V2 { root, .. } = self {
             // Controllers must be enabled on every level above the leaf.
             enable_v2_controllers(root)?;
@@ -142,15 +175,53 @@ impl Hierarchy {
                 enable_v2_controllers(&level)?;
             }
         }
+        let pooled = self.pooled_controller().map(|c| self.parent(c).join(id));
+        let mut reused = false;
         for dir in self.dirs(id) {
             if let Some(parent) = dir.parent() {
                 if !parent.exists() {
                     fs::create_dir_all(parent).map_err(io_err("create cgroup", parent))?;
                 }
             }
+            if reuse && pooled.as_ref() == Some(&dir) && pool::take(&dir) {
+                reused = true;
+                continue;
+            }
             mkdir(&dir)?;
         }
-        Ok(())
+        Ok(reused)
+    }
+
+    /// Removes this scope's pooled cgroups (and the scope, once empty), and
+    /// stale pooled cgroups of every scope on the host (state directories
+    /// that are gone cannot drain their own). Returns how many went.
+    pub fn drain_pool(&self) -> usize {
+        let Some(controller) = self.pooled_controller() else {
+            return 0;
+        };
+        let parent = self.parent(controller);
+        let mut removed = pool::drain(&parent);
+        for c in V1_CONTROLLERS {
+            let _ = fs::remove_dir(self.parent(c));
+        }
+        if let Some(top) = parent.parent() {
+            removed += pool::sweep_stale(top);
+        }
+        removed
+    }
+
+    /// How many cgroups wait in this scope's pool.
+    pub fn pooled(&self) -> usize {
+        let Some(controller) = self.pooled_controller() else {
+            return 0;
+        };
+        fs::read_dir(self.parent(controller))
+            .map(|d| {
+                d.flatten()
+                    .filter(|e| e.file_name().to_str().is_some_and(pool::is_entry))
+                    .count()
+            })
+            .unwrap_or(0)
     }
 
     /// Opens the sandbox's cgroup handle (it need not exist).
@@ -169,6 +240,7 @@ impl Hierarchy {
             .flat_map(|entries| entries.flatten())
             .filter(|e| e.path().is_dir())
             .filter_map(|e| e.file_name().into_string().ok())
+            .filter(|name| !pool::is_entry(name))
             .collect();
         ids.sort();
         ids.dedup();
@@ -371,9 +443,19 @@ impl Cgroup {
         }
     }
 
-    /// Removes the cgroup directories (after [`Cgroup::kill_all`]).
+    /// Removes the cgroup directories (after [`Cgroup::kill_all`]); the
+    /// pooled one goes into its scope's pool when it can.
     pub fn remove(&self) -> Result<(), CgroupError> {
+        self.remove_dirs(true)
+    }
+
+    fn remove_dirs(&self, to_pool: bool) -> Result<(), CgroupError> {
+        let pooled = self.hierarchy.pooled_controller().map(|c| self.dir(c));
         for dir in self.hierarchy.dirs(&self.id) {
+            if to_pool && pooled.as_ref() == Some(&dir) && dir.exists() && self.reset_for_pool(&dir) && pool::put(&dir)
+            {
+                continue;
+            }
             let deadline = Instant::now() + Duration::from_secs(10);
             loop {
                 match fs::remove_dir(&dir) {
@@ -393,6 +475,37 @@ impl Cgroup {
             }
         }
         Ok(())
+    }
+
+    /// Readies the memory cgroup `dir` (v1) for another sandbox: no
+    /// process left in it, limits back to unlimited, peak and failure
+    /// counters zeroed. False when it cannot be (an OOM kill in its
+    /// history, a process that will not leave, a file that refuses the
+    /// reset): it is removed then.
+    fn reset_for_pool(&self, dir: &Path) -> bool {
+        let procs = dir.join("cgroup.procs");
+        let deadline = Instant::now() + Duration::from_secs(10);
+        // Exiting tasks may still be listed for a moment.
+        while !fs::read_to_string(&procs).is_ok_and(|p| p.trim().is_empty()) {
+            if Instant::now() > deadline {
+                return false;
+            }
+            std::thread::sleep(Duration::from_millis(1));
+        }
+        if self.oom_kills() > 0 {
+            return false;
+        }
+        // The swap limit may not be below the memory limit: raised first.
+        [
+            ("memory.memsw.limit_in_bytes", "-1"),
+            ("memory.limit_in_bytes", "-1"),
+            ("memory.max_usage_in_bytes", "0"),
+            ("memory.memsw.max_usage_in_bytes", "0"),
+            ("memory.failcnt", "0"),
+            ("memory.memsw.failcnt", "0"),
+        ]
+        .iter()
+        .all(|(file, value)| !dir.join(file).exists() || fs::write(dir.join(file), value).is_ok())
     }
 }
 

@@ -32,6 +32,10 @@ impl Drop for Env {
         for id in self.started.borrow().iter() {
             let _ = self.driver.stop(id, None);
         }
+        // Stopped sandboxes' memory cgroups wait in the scope's pool.
+        if let Ok(cgroups) = Hierarchy::detect("gvisor-test") {
+            cgroups.drain_pool();
+        }
     }
 }
 

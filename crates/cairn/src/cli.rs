@@ -356,6 +356,10 @@ pub enum Command {
         /// restore uses --store (or CAIRN_STORE), an s3:// store.
         #[arg(long, value_name = "URL")]
         postgres: Option<String>,
+        /// drift: how many sandboxes write files and are removed between
+        /// the fresh figure and the one after.
+        #[arg(long, default_value_t = 2000, value_name = "N")]
+        churn: usize,
         #[arg(long)]
         json: bool,
     },

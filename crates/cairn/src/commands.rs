@@ -52,6 +52,7 @@ pub fn dispatch(cli: Cli) -> Result<i32> {
         entries,
         size,
         postgres,
+        churn,
         json,
     } = cli.command
     {
@@ -61,7 +62,7 @@ pub fn dispatch(cli: Cli) -> Result<i32> {
             store: home.store_url().map(str::to_string),
             size,
         };
-        return crate::bench::run(home, &which, runs, &sessions, &scale, json);
+        return crate::bench::run(home, &which, runs, &sessions, &scale, churn, json);
     }
     if let Command::Serve {
         socket,
@@ -170,9 +171,10 @@ pub fn dispatch(cli: Cli) -> Result<i32> {
                 println!("{}", serde_json::to_string_pretty(&report)?);
             } else {
                 println!(
-                    "removed {} sandboxes, released {} stray cgroups, {} stray directories, {} unused layers",
+                    "removed {} sandboxes, released {} stray cgroups and {} pooled ones, {} stray directories, {} unused layers",
                     report.sandboxes_removed.len(),
                     report.cgroups_released.len(),
+                    report.pooled_cgroups_removed,
                     report.directories_removed.len(),
                     report.layers_removed.len()
                 );

@@ -45,18 +45,19 @@ fn run_removes_its_sandbox_and_leaves_nothing_on_the_host() {
     assert!(home.ps().is_empty());
     assert!(home.host_mounts().is_empty());
     assert_eq!(std::fs::read_dir(home.path().join("sandboxes")).unwrap().count(), 0);
-    let scope = cairn_engine::Home::at(home.path()).scope();
-    let hierarchy = cairn_sandbox::cgroup::Hierarchy::detect(&scope).unwrap();
     assert!(
-        hierarchy.sandbox_ids().is_empty(),
+        home.sandbox_cgroups_left().is_empty(),
         "cgroups left: {:?}",
-        hierarchy.sandbox_ids()
+        home.sandbox_cgroups_left()
     );
-    // The home's scope went with its last sandbox.
-    for dir in home.cgroup_dirs("x") {
-        let scope = dir.parent().unwrap();
-        assert!(!scope.exists(), "scope cgroup {} left behind", scope.display());
-    }
+    // What the scope still holds is the sandbox's emptied memory cgroup,
+    // kept for the next sandbox (v1); gc removes it and the scope with it.
+    assert_eq!(home.cgroups().pooled(), usize::from(home.cgroups().pools()));
+    assert!(
+        home.cgroup_scopes_after_gc().is_empty(),
+        "scope cgroups left behind after gc: {:?}",
+        home.cgroup_scopes_left()
+    );
 }
 
 #[test]
@@ -124,8 +125,13 @@ fn bad_input_gets_a_clear_error_and_creates_nothing() {
     assert!(home.host_mounts().is_empty());
     assert_eq!(std::fs::read_dir(home.path().join("sandboxes")).unwrap().count(), 0);
     assert!(
-        home.cgroup_scopes_left().is_empty(),
+        home.sandbox_cgroups_left().is_empty(),
         "a refused command left cgroups: {:?}",
+        home.sandbox_cgroups_left()
+    );
+    assert!(
+        home.cgroup_scopes_after_gc().is_empty(),
+        "cgroups left after gc: {:?}",
         home.cgroup_scopes_left()
     );
 }
@@ -834,5 +840,14 @@ fn a_service_that_cannot_start_leaves_no_sandbox_behind() {
     );
     assert!(home.host_mounts().is_empty());
     assert_eq!(std::fs::read_dir(home.path().join("sandboxes")).unwrap().count(), 0);
-    assert!(home.cgroup_scopes_left().is_empty(), "{:?}", home.cgroup_scopes_left());
+    assert!(
+        home.sandbox_cgroups_left().is_empty(),
+        "{:?}",
+        home.sandbox_cgroups_left()
+    );
+    assert!(
+        home.cgroup_scopes_after_gc().is_empty(),
+        "{:?}",
+        home.cgroup_scopes_left()
+    );
 }

@@ -177,5 +177,7 @@ impl Native {
 impl Drop for Native {
     fn drop(&mut self) {
         let _ = self.driver.stop(&self.spec.id, Some(self.process));
+        // The test's scope goes with the cgroup its sandbox left pooled.
+        self.driver.cgroups().drain_pool();
     }
 }

@@ -17,6 +17,7 @@ use cairn_protocol::{ExecRequest, FileKind, FileMeta};
 use serde::Serialize;
 
 mod api;
+mod drift;
 mod scale;
 mod sessions;
 mod state;
@@ -28,6 +29,10 @@ pub use sessions::SessionsOptions;
 pub enum Which {
     /// Sandbox start to first output of `echo` (`cairn run`), beside bwrap and crun.
     Start,
+    /// Start to first output on this host as it is, beside the same after
+    /// --churn sandboxes that wrote files and were removed; the ratio, and
+    /// the dying memory cgroups before and after.
+    Drift,
     /// Round trip of `true` in a running sandbox.
     Exec,
     /// File copy throughput into and out of a sandbox.
@@ -126,6 +131,7 @@ pub fn run(
     runs: usize,
     sessions: &SessionsOptions,
     scale: &ScaleOptions,
+    churn: usize,
     json: bool,
 ) -> Result<i32> {
     if runs < 5 {
@@ -141,6 +147,7 @@ pub fn run(
         eprintln!("cairn bench: measuring {w:?} ({runs} runs)");
         let r = match w {
             Which::Start => bench.start(runs),
+            Which::Drift => bench.drift(runs, churn),
             Which::Exec => bench.exec(runs),
             Which::Cp => bench.copy(runs.min(20)),
             Which::Throughput => bench.throughput(),
@@ -875,7 +882,8 @@ fn which(tool: &str) -> Option<PathBuf> {
         .find(|p| p.is_file())
 }
 
-/// The benchmark's own state directory, garbage-collected and removed on drop.
+/// The benchmark's own state directory, emptied (its cgroup pool drained)
+/// and removed on drop.
 mod tempfile_home {
     use std::path::{Path, PathBuf};
 
@@ -900,6 +908,8 @@ mod tempfile_home {
                         let _ = engine.remove_sandbox(&rec, true);
                     }
                 }
+                // The pool of emptied cgroups the removals filled goes too.
+                engine.drain_cgroup_pool();
             }
             let _ = std::fs::remove_dir_all(&self.0);
             // Deleting gigabytes leaves the file system work to do; done

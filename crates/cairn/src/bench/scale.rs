@@ -268,6 +268,8 @@ impl Bench {
             let dir = tempfile::Builder::new().prefix("cairn-bench-cold").tempdir_in("/tmp")?;
             let mut fresh = Engine::open(Home::at(dir.path()).with_state(state_url.as_str()).with_store(store))?;
             cold.push(restore(&mut fresh)?);
+            // The state directory goes: so does its pool of emptied cgroups.
+            fresh.drain_cgroup_pool();
         }
         // The peer: the same objects straight from the store, as many
         // requests at a time as the restore's read-ahead keeps running.
@@ -276,6 +278,7 @@ impl Bench {
             let (bytes, took) = engine.bench_remote_read(&snap.id, 16)?;
             gets.push(bytes as f64 / (1 << 20) as f64 / took.as_secs_f64());
         }
+        engine.drain_cgroup_pool();
         let bandwidth = |ms: &[f64]| -> Vec<f64> { ms.iter().map(|m| mib as f64 / (m / 1e3)).collect() };
         let cold_rate = summarize(
             &format!("restore {mib} MiB, cold cache"),

@@ -166,8 +166,28 @@ impl Home {
         cairn_sandbox::cgroup::Hierarchy::detect(&scope).unwrap().dirs(id)
     }
 
+    /// This home's cgroup hierarchy (v1 or v2) under its scope.
+    pub fn cgroups(&self) -> cairn_sandbox::cgroup::Hierarchy {
+        cairn_sandbox::cgroup::Hierarchy::detect(&cairn_engine::Home::at(self.path()).scope()).unwrap()
+    }
+
+    /// Ids of this home's sandboxes that have cgroups on the host (emptied
+    /// cgroups waiting in the pool are not sandboxes').
+    pub fn sandbox_cgroups_left(&self) -> Vec<String> {
+        self.cgroups().sandbox_ids()
+    }
+
+    /// Runs `cairn gc` (which drains the pool of emptied cgroups), then
+    /// gives [`Home::cgroup_scopes_left`]: a pooled cgroup is only not a
+    /// leak if gc removes it.
+    pub fn cgroup_scopes_after_gc(&self) -> Vec<PathBuf> {
+        self.ok(&["gc"]);
+        self.cgroup_scopes_left()
+    }
+
     /// This home's cgroup scope directories that exist: any sandbox cgroup
-    /// left behind keeps its scope (the scope goes with its last sandbox).
+    /// left behind keeps its scope, and so does a pooled one until `gc`
+    /// (the scope goes with its last cgroup).
     pub fn cgroup_scopes_left(&self) -> Vec<PathBuf> {
         self.cgroup_dirs("x")
             .iter()
@@ -259,6 +279,8 @@ impl Drop for Home {
         for id in String::from_utf8_lossy(&ids.stdout).lines() {
             let _ = self.cairn(&["rm", "-f", id]);
         }
+        // Drains the pool of emptied cgroups the removals filled.
+        let _ = self.cairn(&["gc"]);
     }
 }
 
