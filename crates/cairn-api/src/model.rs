@@ -516,9 +516,14 @@ pub struct RunEvent {
     pub stage: Option<String>,
     pub branch: Option<String>,
     pub kind: String,
+    /// The sentence, rendered from `data` when the event has typed fields.
     pub detail: String,
     pub snapshot_id: Option<String>,
     pub created_at: i64,
+    /// The event's typed fields, `{"type": …, fields…}` (docs/formats.md
+    /// "Run events"); null for kinds that carry only a sentence.
+    #[schema(value_type = Option<Object>)]
+    pub data: Option<serde_json::Value>,
 }
 
 impl From<EventRecord> for RunEvent {
@@ -531,6 +536,7 @@ impl From<EventRecord> for RunEvent {
             detail: e.detail,
             snapshot_id: e.snapshot_id,
             created_at: e.created_at,
+            data: e.data.map(|d| serde_json::to_value(d).expect("event data serialises")),
         }
     }
 }

@@ -94,7 +94,8 @@ pub enum Command {
     /// Run a command in a fresh sandbox, stream its output, remove the sandbox.
     ///
     /// Exits with the command's status (128+N when killed by signal N, 127
-    /// when the command does not exist).
+    /// when the command does not exist). Pipeline runs are `cairn pipeline
+    /// show|ls|approve|reject`.
     #[command(args_conflicts_with_subcommands = true, subcommand_negates_reqs = true)]
     Run {
         #[command(flatten)]
@@ -107,9 +108,33 @@ pub enum Command {
         #[command(subcommand)]
         show: Option<RunCommand>,
     },
-    /// Run pipelines: stages in sandboxes forked from snapshots.
+    /// Pipelines and their runs: stages in sandboxes forked from snapshots.
     #[command(subcommand)]
     Pipeline(PipelineCommand),
+    /// Where a pipeline run's time and bytes went, stage by stage, with
+    /// advice on snapshots and checkpoints where it applies.
+    ///
+    /// For each stage (each branch of a group): setup time (making the
+    /// sandbox, writing edits) against compute time (its commands), the
+    /// output snapshot's and checkpoints' cost and new bytes, artifacts,
+    /// retries with the work they lost and what restoring a checkpoint
+    /// saved. Advice is given for a stage computing over 5 minutes without
+    /// `checkpoint_every`, for over 10 GiB carried as artifacts, and for
+    /// commands every branch of a group runs alike that a stage before the
+    /// group would run once.
+    #[command(after_help = "Examples:\n  cairn audit 3f2a9c\n  cairn audit 3f2a9c --json | jq '.recommendations'")]
+    Audit {
+        /// Run id or unique prefix (`cairn pipeline ls`).
+        run: String,
+        #[arg(long)]
+        json: bool,
+        /// Compute time worth a snapshot (seconds; default 300).
+        #[arg(long, hide = true, value_name = "SECS", default_value_t = 300.0)]
+        long_stage_secs: f64,
+        /// State too large for artifacts (default 10G).
+        #[arg(long, hide = true, value_name = "SIZE", default_value = "10G", value_parser = parse_bytes)]
+        large_state: u64,
+    },
     /// Claim and run pipeline stages from the shared stage queue.
     ///
     /// Many hosts share one queue through one PostgreSQL state store
@@ -128,7 +153,8 @@ pub enum Command {
         #[command(subcommand)]
         list: Option<WorkerCommand>,
     },
-    /// List pipeline runs.
+    /// Deprecated: `cairn pipeline ls`.
+    #[command(hide = true)]
     Runs {
         #[arg(long)]
         json: bool,
@@ -340,15 +366,42 @@ pub enum Command {
     },
 }
 
+/// The spellings of `cairn pipeline show|approve|reject` before pipeline
+/// runs had one noun; each still works with a note on stderr, for one release.
 #[derive(Subcommand)]
 pub enum RunCommand {
-    /// A pipeline run's lineage: stages, branches, winners, retries,
-    /// checkpoints, dead letters, artifacts.
+    /// Deprecated: `cairn pipeline show`.
+    #[command(hide = true)]
     Show {
         run: String,
         #[arg(long)]
         json: bool,
     },
+    /// Deprecated: `cairn pipeline approve`.
+    #[command(hide = true)]
+    Approve {
+        run: String,
+        stage: String,
+        #[arg(long, value_name = "TEXT")]
+        reason: Option<String>,
+        #[arg(long)]
+        no_continue: bool,
+        #[command(flatten)]
+        model: PipelineModelArgs,
+    },
+    /// Deprecated: `cairn pipeline reject`.
+    #[command(hide = true)]
+    Reject {
+        run: String,
+        stage: String,
+        #[arg(long, value_name = "TEXT", required = true)]
+        reason: String,
+    },
+}
+
+/// What a person decides about a stage waiting for approval.
+#[derive(Subcommand)]
+pub enum VerdictCommand {
     /// Approve a stage that waits for a person (`approve = true`), then
     /// continue the run here, like `cairn pipeline resume`.
     ///
@@ -357,7 +410,9 @@ pub enum RunCommand {
     /// RUN` continues it. Exits 0 when the run completes, 1 when it fails,
     /// 3 when it stops at another stage waiting for approval.
     Approve {
+        /// Run id or unique prefix.
         run: String,
+        /// The stage waiting for approval.
         stage: String,
         /// Why, recorded with the approval (at most 4 KiB).
         #[arg(long, value_name = "TEXT")]
@@ -373,7 +428,9 @@ pub enum RunCommand {
     /// dead-letter queue; start a new run to try again (completed stage keys
     /// are reused).
     Reject {
+        /// Run id or unique prefix.
         run: String,
+        /// The stage waiting for approval.
         stage: String,
         /// Why (required, at most 4 KiB).
         #[arg(long, value_name = "TEXT", required = true)]
@@ -422,8 +479,8 @@ pub enum PipelineCommand {
     ///
     /// Exits 0 when the run completes, 1 when it fails (a stage in the
     /// dead-letter queue, or rejected), and 3 when it stops at a stage with
-    /// `approve = true`: the run waits, with no process, until `cairn run
-    /// approve RUN STAGE` continues it.
+    /// `approve = true`: the run waits, with no process, until `cairn
+    /// pipeline approve RUN STAGE` continues it.
     Run {
         file: PathBuf,
         /// Set a parameter (repeatable), overriding [params].
@@ -441,12 +498,31 @@ pub enum PipelineCommand {
     ///
     /// Exits like `pipeline run`: 0 completed, 1 failed, 3 waiting for approval.
     Resume {
+        /// Run id or unique prefix.
         run: String,
         #[command(flatten)]
         model: PipelineModelArgs,
         #[command(flatten)]
         queue: QueueArgs,
     },
+    /// List pipeline runs: status (`interrupted` when nothing executes a
+    /// run recorded as running), pipeline, file.
+    Ls {
+        #[arg(long)]
+        json: bool,
+    },
+    /// A run's lineage: stages, branches with the winner and why the others
+    /// lost, attempts, retries and the checkpoints they restored, decisions,
+    /// dead letters, artifacts. `--json` gives the same records, each event
+    /// with its typed fields (docs/formats.md, "Run events").
+    Show {
+        /// Run id or unique prefix.
+        run: String,
+        #[arg(long)]
+        json: bool,
+    },
+    #[command(flatten)]
+    Verdict(VerdictCommand),
 }
 
 /// Running through the shared stage queue instead of in this process.

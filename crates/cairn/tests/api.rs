@@ -558,6 +558,17 @@ n = "0"
         kinds.contains(&"reattached"),
         "the first stage went on in its sandbox: {kinds:?}"
     );
+    // Events carry their typed fields through the API too.
+    let completed: Vec<&Value> = detail["events"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|e| e["data"]["type"] == "stage-completed")
+        .collect();
+    assert!(!completed.is_empty(), "{detail}");
+    assert!(completed
+        .iter()
+        .all(|e| e["data"]["output_snapshot"] == e["snapshot_id"] && e["data"]["compute_ms"].is_u64()));
     let artifact = detail["artifacts"][0]["id"].as_str().unwrap();
     let resp = s.req("GET", &format!("/v1/artifacts/{artifact}")).call().unwrap();
     assert_eq!(resp.into_string().unwrap(), "one\ntwo\n");

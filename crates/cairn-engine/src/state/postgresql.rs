@@ -31,6 +31,7 @@ const MIGRATIONS: &[&str] = &[
     include_str!("../../migrations/postgres/0007_decisions.sql"),
     include_str!("../../migrations/postgres/0008_snapshot_durability.sql"),
     include_str!("../../migrations/postgres/0009_stage_queue.sql"),
+    include_str!("../../migrations/postgres/0011_event_data.sql"),
 ];
 
 /// Serialises migrations (and the home claim) between processes opening

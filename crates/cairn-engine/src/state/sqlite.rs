@@ -26,6 +26,7 @@ const MIGRATIONS: &[&str] = &[
     include_str!("../../migrations/sqlite/0007_decisions.sql"),
     include_str!("../../migrations/sqlite/0008_snapshot_durability.sql"),
     include_str!("../../migrations/sqlite/0009_stage_queue.sql"),
+    include_str!("../../migrations/sqlite/0011_event_data.sql"),
 ];
 
 pub struct SqliteBackend {
