@@ -16,9 +16,11 @@ fi
 # tests, which start throwaway clusters of their own (the system service is
 # not used); gcc and libc6-dev: the static attack programs of the isolation
 # and seccomp tests; iproute2 and util-linux (ip, nsenter): the multi-host
-# tests' network namespaces. busybox-static is fetched by `apt-get download`,
-# which needs the package lists.
-packages=(bubblewrap crun debootstrap runsc postgresql gcc libc6-dev ca-certificates iproute2 util-linux)
+# tests' network namespaces; chromium: the headless browser the lineage
+# page's tests drive (through Playwright, which fetches no browser of its
+# own). busybox-static is fetched by `apt-get download`, which needs the
+# package lists.
+packages=(bubblewrap crun debootstrap runsc postgresql gcc libc6-dev ca-certificates iproute2 util-linux chromium)
 missing=()
 for p in "${packages[@]}"; do
     dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
@@ -61,11 +63,12 @@ set -e
 
 # The Python suites (the SDK's, the e2b package's against the
 # E2B-compatible API, the mcp package's against `cairn mcp` and /mcp, the
-# anthropic and openai packages' against the scripted model server) drive
+# anthropic and openai packages' against the scripted model server, and
+# Playwright's against the lineage page in Debian's chromium) drive
 # the binaries cargo just built, from a virtual environment kept in target/
 # and reinstalled only when their requirements change.
 suites=()
-for d in sdk/python/tests tests/e2b tests/mcp tests/agent; do
+for d in sdk/python/tests tests/e2b tests/mcp tests/agent tests/ui; do
     [ -d "$d" ] && suites+=("$d")
 done
 py_passed=0 py_failed=0
@@ -75,21 +78,25 @@ if [ ${#suites[@]} -gt 0 ]; then
         DEBIAN_FRONTEND=noninteractive apt-get install -y -q --no-install-recommends python3-venv >/dev/null
     fi
     venv=target/test-venv
-    reqs=(sdk/python/requirements-test.txt tests/e2b/requirements.txt tests/agent/requirements.txt sdk/python/pyproject.toml)
+    reqs=(sdk/python/requirements-test.txt tests/e2b/requirements.txt tests/agent/requirements.txt tests/ui/requirements.txt
+        sdk/python/pyproject.toml)
     stamp=$(cat "${reqs[@]}" 2>/dev/null | sha256sum | cut -d' ' -f1)
     if [ ! -x "$venv/bin/python" ] || [ "$(cat "$venv/.stamp" 2>/dev/null)" != "$stamp" ]; then
         echo "test.sh: preparing the Python environment in $venv" >&2
         rm -rf "$venv"
         python3 -m venv "$venv"
         "$venv/bin/pip" install -q --disable-pip-version-check --upgrade pip
-        for r in sdk/python/requirements-test.txt tests/e2b/requirements.txt tests/agent/requirements.txt; do
+        for r in sdk/python/requirements-test.txt tests/e2b/requirements.txt tests/agent/requirements.txt \
+            tests/ui/requirements.txt; do
             [ -f "$r" ] && "$venv/bin/pip" install -q --disable-pip-version-check -r "$r"
         done
         [ -f sdk/python/pyproject.toml ] && "$venv/bin/pip" install -q --disable-pip-version-check -e sdk/python
         echo "$stamp" >"$venv/.stamp"
     fi
     set +e
+    # The lineage page's screenshots are kept in target/ui-artifacts.
     CAIRN_BIN="$PWD/target/debug/cairn" CAIRN_SCRIPTED_MODEL="$PWD/target/debug/cairn-scripted-model" \
+        CAIRN_UI_ARTIFACTS="$PWD/target/ui-artifacts" \
         "$venv/bin/python" -m pytest -q -p no:cacheprovider \
         --junitxml="$junit" "${suites[@]}"
     py_status=$?

@@ -7,7 +7,7 @@
 //! The server listens on a Unix socket in the state directory (mode
 //! 0600: whoever can reach it owns the state directory anyway) and, with
 //! `--listen`, on TCP, where every request needs a bearer token made with
-//! `cairn token create`.
+//! `cairn token create`. [`ui`] is the lineage page at `/ui/`.
 
 pub mod app;
 pub mod e2b;
@@ -17,6 +17,7 @@ pub mod metrics;
 pub mod model;
 pub mod routes;
 pub mod serve;
+pub mod ui;
 
 use std::sync::Arc;
 
@@ -105,6 +106,9 @@ pub fn router(app: Arc<App>) -> Router {
     }
     Router::new()
         .nest_service("/mcp", mcp::http_service(app.home.clone(), mcp_stop))
+        .route("/ui", get(ui::root))
+        .route("/ui/", get(ui::index))
+        .route("/ui/{file}", get(ui::asset))
         .route("/healthz", get(system::healthz))
         .route("/metrics", get(system::metrics))
         .route("/v1/openapi.json", get(system::openapi))
@@ -207,8 +211,12 @@ async fn observe(State(app): State<Arc<App>>, req: Request, next: Next) -> Respo
     resp
 }
 
-/// Refuses requests without a valid `Authorization: Bearer` token (TCP).
+/// Refuses requests without a valid `Authorization: Bearer` token (TCP),
+/// but for the page's own files, which hold no data.
 pub async fn require_token(State(app): State<Arc<App>>, req: Request, next: Next) -> Response {
+    if req.method() == axum::http::Method::GET && ui::is_page(req.uri().path()) {
+        return next.run(req).await;
+    }
     let presented = req
         .headers()
         .get(axum::http::header::AUTHORIZATION)

@@ -452,6 +452,11 @@ pub struct Run {
     /// Whether a process is executing the run now: this server, another
     /// local process, or the stage queue's workers (queued or claimed).
     pub orchestrated: bool,
+    /// Its stage rows by status (a branch of a group counts as one, and
+    /// so does the group's own row): filled by `GET /v1/runs` and
+    /// `GET /v1/runs/{id}`, empty in the answers that start or resume a run.
+    #[serde(default)]
+    pub stage_counts: BTreeMap<String, u64>,
 }
 
 impl Run {
@@ -471,6 +476,7 @@ impl Run {
             ended_at: r.ended_at,
             error: r.error,
             orchestrated,
+            stage_counts: BTreeMap::new(),
         }
     }
 }

@@ -574,6 +574,29 @@ n = "0"
     assert_eq!(resp.into_string().unwrap(), "one\ntwo\n");
     let (status, log) = s.call("GET", &format!("/v1/runs/{run_id}/logs/two"), None);
     assert_eq!((status, log.as_str()), (200, Some("one\n")));
+    // A tail: the last bytes from the first whole line; bounds checked.
+    let (status, log) = s.call("GET", &format!("/v1/runs/{run_id}/logs/two?tail_bytes=100"), None);
+    assert_eq!((status, log.as_str()), (200, Some("one\n")));
+    for bad in ["0", "16777217", "-1", "x"] {
+        let (status, _) = s.call("GET", &format!("/v1/runs/{run_id}/logs/two?tail_bytes={bad}"), None);
+        assert_eq!(status, 400, "tail_bytes={bad}");
+    }
+    // The list counts each run's stages by status.
+    let (_, listed) = s.call("GET", "/v1/runs", None);
+    let mine = listed["items"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|r| r["id"] == run_id.as_str())
+        .unwrap();
+    assert_eq!(mine["stage_counts"]["completed"], 2, "{mine}");
+    // The lineage page is served from the binary, with a strict policy.
+    let resp = s.req("GET", "/ui/").call().unwrap();
+    assert!(resp
+        .header("content-security-policy")
+        .unwrap()
+        .contains("default-src 'none'"));
+    assert!(resp.into_string().unwrap().contains("/ui/app.js"));
 }
 
 #[test]

@@ -303,6 +303,19 @@ impl Db {
         })
     }
 
+    /// How many stage rows each run has in each status: run id, status, count.
+    pub fn stage_counts(&self) -> Result<Vec<(String, String, u64)>, StateError> {
+        self.with(|b| {
+            rows(
+                b.query(
+                    "SELECT run_id, status, COUNT(*) FROM stages GROUP BY run_id, status ORDER BY run_id, status",
+                    &[],
+                )?,
+                |r| Ok((r.get(0)?, r.get(1)?, r.get::<i64>(2)?.max(0) as u64)),
+            )
+        })
+    }
+
     pub fn stage(&self, run: &str, stage: &str, branch: &str) -> Result<Option<StageRecord>, StateError> {
         self.with(|b| {
             b.query_opt(

@@ -276,6 +276,15 @@ impl Engine {
         crate::flock_holder(&self.run_dir(run).join("orchestrator.lock"))
     }
 
+    /// Each run's stage rows counted by status (branches count one each).
+    pub fn stage_counts(&self) -> Result<std::collections::HashMap<String, BTreeMap<String, u64>>, EngineError> {
+        let mut out: std::collections::HashMap<String, BTreeMap<String, u64>> = std::collections::HashMap::new();
+        for (run, status, n) in self.db.stage_counts()? {
+            out.entry(run).or_default().insert(status, n);
+        }
+        Ok(out)
+    }
+
     pub fn run_stages(&self, run: &str) -> Result<Vec<StageRecord>, EngineError> {
         Ok(self.db.stages_of(run)?)
     }
