@@ -126,6 +126,7 @@ pub enum Command {
     Audit {
         /// Run id or unique prefix (`cairn pipeline ls`).
         run: String,
+        /// Print JSON for scripts instead of text.
         #[arg(long)]
         json: bool,
         /// Compute time worth a snapshot (seconds; default 300).
@@ -156,6 +157,7 @@ pub enum Command {
     /// Deprecated: `cairn pipeline ls`.
     #[command(hide = true)]
     Runs {
+        /// Print JSON for scripts instead of text.
         #[arg(long)]
         json: bool,
     },
@@ -188,6 +190,7 @@ pub enum Command {
         detach: bool,
         #[command(flatten)]
         process: ProcessArgs,
+        /// The command and its arguments.
         #[arg(last = true, required = true, value_name = "CMD")]
         cmd: Vec<String>,
     },
@@ -199,18 +202,25 @@ pub enum Command {
     /// permission bits less the umask, never setuid, setgid or sticky. A
     /// destination that is a symlink is replaced by the copy, not written
     /// through (one to a directory gets the file inside).
-    Cp { src: String, dst: String },
+    Cp {
+        /// A host path, or ID:/path in a sandbox.
+        src: String,
+        /// A host path (`-`: stdout), or ID:/path in a sandbox.
+        dst: String,
+    },
     /// List sandboxes.
     Ps {
         /// Only print ids.
         #[arg(long, short)]
         quiet: bool,
+        /// Print JSON for scripts instead of text.
         #[arg(long)]
         json: bool,
     },
     /// Print a sandbox's log (init's messages, background processes'
     /// output), or with a stage, a pipeline stage's output: `cairn logs RUN STAGE`.
     Logs {
+        /// Sandbox id, unique id prefix or name; with STAGE, a run id or prefix.
         sandbox: String,
         /// A stage of the run given first (`stage` or `stage.branch`).
         stage: Option<String>,
@@ -223,6 +233,7 @@ pub enum Command {
         /// Kill running sandboxes first.
         #[arg(long, short)]
         force: bool,
+        /// Sandbox ids, unique id prefixes or names.
         #[arg(required = true)]
         sandboxes: Vec<String>,
     },
@@ -239,6 +250,7 @@ pub enum Command {
         /// A label to find the snapshot by (`cairn restore LABEL`).
         #[arg(long)]
         label: Option<String>,
+        /// Print JSON for scripts instead of text.
         #[arg(long)]
         json: bool,
         #[command(subcommand)]
@@ -250,6 +262,7 @@ pub enum Command {
         /// Draw the lineage as a tree.
         #[arg(long)]
         tree: bool,
+        /// Print JSON for scripts instead of text.
         #[arg(long)]
         json: bool,
     },
@@ -287,6 +300,7 @@ pub enum Command {
     /// Release what crashed or killed Cairn processes left behind, and the
     /// layers and chunks nothing uses any more.
     Gc {
+        /// Print JSON for scripts instead of text.
         #[arg(long)]
         json: bool,
     },
@@ -361,6 +375,7 @@ pub enum Command {
         /// restore uses --store (or CAIRN_STORE), an s3:// store.
         #[arg(long, value_name = "URL")]
         postgres: Option<String>,
+        /// Print JSON for scripts instead of text.
         #[arg(long)]
         json: bool,
     },
@@ -374,6 +389,7 @@ pub enum RunCommand {
     #[command(hide = true)]
     Show {
         run: String,
+        /// Print JSON for scripts instead of text.
         #[arg(long)]
         json: bool,
     },
@@ -463,11 +479,13 @@ pub struct WorkerArgs {
 pub enum WorkerCommand {
     /// The workers that ever registered on this state store.
     Ls {
+        /// Print JSON for scripts instead of text.
         #[arg(long)]
         json: bool,
     },
     /// The stage queue: runs and branches, their claims and leases.
     Jobs {
+        /// Print JSON for scripts instead of text.
         #[arg(long)]
         json: bool,
     },
@@ -482,6 +500,7 @@ pub enum PipelineCommand {
     /// `approve = true`: the run waits, with no process, until `cairn
     /// pipeline approve RUN STAGE` continues it.
     Run {
+        /// The pipeline file (TOML; docs/pipelines.md).
         file: PathBuf,
         /// Set a parameter (repeatable), overriding [params].
         #[arg(long = "param", value_name = "KEY=VALUE")]
@@ -508,6 +527,7 @@ pub enum PipelineCommand {
     /// List pipeline runs: status (`interrupted` when nothing executes a
     /// run recorded as running), pipeline, file.
     Ls {
+        /// Print JSON for scripts instead of text.
         #[arg(long)]
         json: bool,
     },
@@ -518,6 +538,7 @@ pub enum PipelineCommand {
     Show {
         /// Run id or unique prefix.
         run: String,
+        /// Print JSON for scripts instead of text.
         #[arg(long)]
         json: bool,
     },
@@ -558,13 +579,18 @@ pub struct PipelineModelArgs {
 pub enum DlqCommand {
     /// List dead letters.
     Ls {
+        /// Print JSON for scripts instead of text.
         #[arg(long)]
         json: bool,
     },
     /// One dead letter, with its failure and input snapshots.
-    Show { id: String },
+    Show {
+        /// Dead letter id or unique prefix (`cairn dlq ls`).
+        id: String,
+    },
     /// Run the stage again (fresh retries), then the rest of its run.
     Retry {
+        /// Dead letter id or unique prefix (`cairn dlq ls`).
         id: String,
         #[command(flatten)]
         model: PipelineModelArgs,
@@ -575,13 +601,17 @@ pub enum DlqCommand {
 pub enum ArtifactCommand {
     /// List artifacts (of one run).
     Ls {
+        /// Run id or unique prefix; every run's when left out.
         run: Option<String>,
+        /// Print JSON for scripts instead of text.
         #[arg(long)]
         json: bool,
     },
     /// Write an artifact's content to a file or stdout (`-`).
     Get {
+        /// Artifact id or unique prefix (`cairn artifact ls`).
         id: String,
+        /// Where to write it; `-` is standard output.
         #[arg(short, long, default_value = "-")]
         output: PathBuf,
     },
@@ -594,11 +624,13 @@ pub enum SnapshotCommand {
     Show {
         /// Snapshot id, unique prefix or label.
         snapshot: String,
+        /// Print JSON for scripts instead of text.
         #[arg(long)]
         json: bool,
     },
     /// Forget snapshots; sandboxes and snapshots made from them are unaffected.
     Rm {
+        /// Snapshot ids, unique prefixes or labels.
         #[arg(required = true)]
         snapshots: Vec<String>,
     },
@@ -632,17 +664,20 @@ pub enum ImageCommand {
     },
     /// Import a directory or a tarball (e.g. `docker export` output; plain, gzip or zstd).
     Import {
+        /// A directory, or a tarball (plain, gzip or zstd).
         path: PathBuf,
         #[arg(long)]
         name: String,
     },
     /// List images.
     Ls {
+        /// Print JSON for scripts instead of text.
         #[arg(long)]
         json: bool,
     },
     /// Remove images (sandboxes using them keep their layers).
     Rm {
+        /// Image names (`cairn image ls`).
         #[arg(required = true)]
         names: Vec<String>,
     },
@@ -660,16 +695,19 @@ pub enum TokenCommand {
     Create {
         /// A name to tell tokens apart (letters, digits, '-', '_', '.').
         name: String,
+        /// Print JSON for scripts instead of text.
         #[arg(long)]
         json: bool,
     },
     /// List tokens (names and ids; secrets are never shown again).
     Ls {
+        /// Print JSON for scripts instead of text.
         #[arg(long)]
         json: bool,
     },
     /// Revoke tokens by id or name; requests using them are refused at once.
     Rm {
+        /// Token ids or names (`cairn token ls`).
         #[arg(required = true)]
         tokens: Vec<String>,
     },
@@ -724,6 +762,7 @@ pub enum SessionCommand {
         /// forked at and the reason given.
         #[arg(long, conflicts_with = "json")]
         tree: bool,
+        /// Print JSON for scripts instead of text.
         #[arg(long)]
         json: bool,
     },
@@ -731,6 +770,7 @@ pub enum SessionCommand {
     Show {
         /// Session id, unique id prefix (3+ characters) or name.
         id: String,
+        /// Print JSON for scripts instead of text.
         #[arg(long)]
         json: bool,
     },
@@ -932,6 +972,7 @@ pub enum AgentCommand {
         /// Stop once the model calls cost this many US dollars.
         #[arg(long, value_name = "USD")]
         budget_usd: Option<f64>,
+        /// Print JSON for scripts instead of text.
         #[arg(long)]
         json: bool,
     },
@@ -945,6 +986,7 @@ pub enum AgentCommand {
         /// Raise the budget.
         #[arg(long, value_name = "USD")]
         budget_usd: Option<f64>,
+        /// Print JSON for scripts instead of text.
         #[arg(long)]
         json: bool,
     },
@@ -953,11 +995,13 @@ pub enum AgentCommand {
     Show {
         /// Agent name (agent-…), session id or unique id prefix.
         agent: String,
+        /// Print JSON for scripts instead of text.
         #[arg(long)]
         json: bool,
     },
     /// List agents.
     Ls {
+        /// Print JSON for scripts instead of text.
         #[arg(long)]
         json: bool,
     },
