@@ -1,6 +1,7 @@
 """The lineage page of `cairn serve` in a real headless Chromium: it loads a
 run the CLI made, marks the branch group's winner, opens a failed stage's
-log, downloads an artifact, and follows a run started after it loaded."""
+log, downloads an artifact, follows a run started after it loaded, draws a
+run of 10,000 stages, and shows a session's log beside its snapshots."""
 
 import json
 import urllib.request
@@ -48,6 +49,9 @@ def test_an_artifact_downloads_with_the_token(browser, cairn):
     with page.expect_download() as d:
         page.get_by_role("button", name="download").click()
     assert open(d.value.path()).read() == "2\n"
+    # Nothing absent is printed as "null" or "undefined".
+    shown = page.locator("#detail").inner_text() + page.locator("#run-head").inner_text()
+    assert "null" not in shown and "undefined" not in shown, shown
     assert not errors, errors
 
 
@@ -119,12 +123,21 @@ def test_a_run_of_ten_thousand_stages_draws_only_what_is_in_view(browser, cairn,
     assert not errors, errors
 
 
-def test_sessions_are_listed_with_their_state(browser, cairn):
+def test_a_session_shows_its_context_log_beside_its_snapshots(browser, cairn, artifacts_dir):
     made = cairn["cli"]("session", "create", "--name", "ui-session").stdout.split()[-1]
     try:
+        cairn["cli"]("session", "exec", made, "--", "sh", "-c", "echo hello-from-the-session")
+        cairn["cli"]("session", "suspend", made)
         page, errors = page_for(browser, cairn)
-        expect(page.locator("#sessions")).to_contain_text("ui-session")
-        expect(page.locator("#sessions")).to_contain_text("active")
+        item = page.locator(f'[data-session="{made}"]')
+        expect(item).to_contain_text("ui-session")
+        expect(item).to_contain_text("suspended")
+        # Its context log beside the snapshots the log records.
+        item.click()
+        expect(page.locator("#session-log")).to_contain_text("hello-from-the-session")
+        expect(page.locator("#session-snapshots")).to_contain_text("cairn restore ")
+        assert "null" not in page.locator("#detail").inner_text()
+        page.screenshot(path=str(artifacts_dir / "session.png"))
         assert not errors, errors
     finally:
         cairn["cli"]("session", "rm", made, "--purge", check=False)

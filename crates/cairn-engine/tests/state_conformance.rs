@@ -877,6 +877,14 @@ fn typed_events_keep_their_fields_and_a_won_event_names_its_branch(store: &Store
     )
     .unwrap();
     db.event("r", None, None, "queued", "plain sentence", None).unwrap();
+    // Stage rows counted per run and status.
+    assert_eq!(
+        db.stage_counts().unwrap(),
+        vec![
+            ("r".to_string(), "completed".to_string(), 1),
+            ("r".to_string(), "running".to_string(), 1)
+        ]
+    );
     let events = db.events_of("r").unwrap();
     assert_eq!(events.len(), 3);
     assert_eq!(

@@ -42,6 +42,11 @@ function el(tag, attrs = {}, ...children) {
   return e;
 }
 
+/// Replaces a node's children, leaving out the absent ones.
+function fill(node, ...children) {
+  node.replaceChildren(...children.flat().filter((c) => c !== null && c !== undefined && c !== false));
+}
+
 function showError(message) {
   $("error").textContent = message || "";
 }
@@ -146,7 +151,7 @@ const runList = new VirtualList($("runs"), ITEM, (r) => {
 const sessionList = new VirtualList($("sessions"), ITEM, (s) =>
   el(
     "div",
-    { class: "item", title: s.error || "" },
+    { class: "item", title: s.error || "", "data-session": s.id, onclick: () => openSession(s.id) },
     el("div", {}, el("span", { class: `badge ${s.state}`, text: s.state }), " ", el("strong", { text: s.name || s.id })),
     el("div", { class: "sub", text: `${ago(s.created_at)} · ${s.snapshot_id ? "snapshot " + short(s.snapshot_id) : "no snapshot yet"}` }),
   ),
@@ -273,7 +278,7 @@ async function openRun(id) {
   location.hash = `#/run/${id}`;
   runList.draw();
   await refreshRun();
-  $("detail").replaceChildren(el("p", { class: "muted", text: "Click a stage to see its log, artifacts and snapshots." }));
+  fill($("detail"), el("p", { class: "muted", text: "Click a stage to see its log, artifacts and snapshots." }));
 }
 
 async function refreshRun() {
@@ -288,7 +293,7 @@ async function refreshRun() {
   const counts = Object.entries(r.stage_counts || {})
     .map(([k, n]) => `${n} ${k}`)
     .join(", ");
-  $("run-head").replaceChildren(
+  fill($("run-head"),
     el("span", { class: `badge ${r.status}`, text: r.status }),
     " ",
     el("strong", { text: `${r.pipeline}` }),
@@ -333,7 +338,7 @@ async function openStage(stage, branch, scroll = true) {
     .pop();
   const arts = detail.artifacts.filter((a) => a.stage === stage && a.branch === branch);
   const log = el("pre", { id: "log", text: "loading…" });
-  $("detail").replaceChildren(
+  fill($("detail"),
     el("h3", { text: branch ? `${stage} [${branch}]` : stage }),
     el("div", {}, el("span", { class: `badge ${s.status}`, text: s.status }), ` · ${s.attempts} attempt(s) · key ${s.stage_key}`),
     s.error ? el("div", { class: "error", text: s.error }) : null,
@@ -354,6 +359,60 @@ async function openStage(stage, branch, scroll = true) {
   } catch (e) {
     log.textContent = e.message;
   }
+}
+
+// ---------------------------------------------------------------- a session
+
+/// A session: its context log (the newest entries) beside the snapshots
+/// its log records, each with the command that restores it.
+async function openSession(id) {
+  let s, page;
+  try {
+    s = await json(`/v1/sessions/${encodeURIComponent(id)}`);
+    page = await json(`/v1/sessions/${encodeURIComponent(id)}/log?tail=200`);
+  } catch (e) {
+    showError(e.message);
+    return;
+  }
+  const entries = page.entries || [];
+  const clip = (t) => (t && t.length > 400 ? `${t.slice(0, 400)}…` : t || "");
+  const log = el(
+    "table",
+    { id: "session-log" },
+    entries.map((e) =>
+      el(
+        "tr",
+        { class: `entry ${e.kind}` },
+        el("td", { text: String(e.seq) }),
+        el("td", { text: e.role || e.tool || e.kind }),
+        el("td", { text: clip(e.content || e.result || (e.arguments ? JSON.stringify(e.arguments) : "")) }),
+      ),
+    ),
+  );
+  const snaps = entries.filter((e) => e.snapshot_id);
+  const timeline = el(
+    "table",
+    { id: "session-snapshots" },
+    snaps.map((e) =>
+      el(
+        "tr",
+        {},
+        el("td", { text: `#${e.seq} ${ago(e.created_at)}` }),
+        el("td", {}, el("code", { class: "restore", text: `cairn restore ${e.snapshot_id}` })),
+      ),
+    ),
+  );
+  fill($("detail"),
+    el("h3", { text: `session ${s.name || s.id}` }),
+    el("div", {}, el("span", { class: `badge ${s.state}`, text: s.state }), ` · ${s.head_seq} entries · image ${s.image} · ${s.driver}`),
+    s.error ? el("div", { class: "error", text: s.error }) : null,
+    el(
+      "div",
+      { class: "beside" },
+      el("div", {}, el("h4", { text: `Context log (last ${entries.length})` }), log),
+      el("div", {}, el("h4", { text: `Snapshots (${snaps.length})` }), snaps.length ? timeline : el("p", { class: "muted", text: "none in these entries" })),
+    ),
+  );
 }
 
 // ---------------------------------------------------------------- live
