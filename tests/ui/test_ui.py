@@ -141,3 +141,26 @@ def test_a_session_shows_its_context_log_beside_its_snapshots(browser, cairn, ar
         assert not errors, errors
     finally:
         cairn["cli"]("session", "rm", made, "--purge", check=False)
+
+
+def test_a_run_the_cli_executes_is_followed_to_its_end(browser, cairn, tmp_path):
+    import subprocess
+
+    path = tmp_path / "cli.toml"
+    path.write_text(
+        '[pipeline]\nname = "ui-cli"\nimage = "busybox"\n\n[[stage]]\nname = "slow"\nkey = "slow-v1"\n'
+        'run = ["sleep 6; echo slept"]\n'
+    )
+    env = dict(__import__("os").environ, CAIRN_HOME=cairn["home"])
+    proc = subprocess.Popen([cairn["bin"], "pipeline", "run", str(path)], env=env, stdout=subprocess.PIPE, text=True)
+    try:
+        run = proc.stdout.readline().strip()
+        page, errors = page_for(browser, cairn)
+        page.locator(f'[data-run="{run}"]').click()
+        node = page.locator('.node[data-stage="slow"]')
+        expect(node).to_have_class("node running", timeout=10_000)
+        # No event reaches the server from the CLI: the page reads the run again.
+        expect(node).to_have_class("node completed", timeout=30_000)
+        assert not errors, errors
+    finally:
+        proc.wait(timeout=60)

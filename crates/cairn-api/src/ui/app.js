@@ -477,3 +477,9 @@ await loadLists();
 const m = location.hash.match(/^#\/run\/([0-9a-f]+)/);
 if (m) await openRun(m[1]);
 live();
+// Runs that the CLI or `cairn worker`s execute send this server no events:
+// a run shown as running is read again every few seconds, the lists less often.
+setInterval(() => {
+  if (detail && detail.run.status === "running") refreshRunSoon();
+}, 4000);
+setInterval(refreshListsSoon, 15000);
