@@ -71,7 +71,8 @@ pub struct StageAudit {
     /// Work the failed attempts did that was thrown away (their setup and
     /// compute, less what a checkpoint kept).
     pub lost_ms: Option<u64>,
-    /// Work the retries did not redo because they restored a checkpoint.
+    /// Work the retries did not redo because they restored a checkpoint
+    /// (for each retry, the work done before the checkpoint it restored).
     pub saved_ms: u64,
 }
 
@@ -131,11 +132,15 @@ fn stage_audit(row: &StageRecord, events: &[&EventRecord]) -> StageAudit {
         wall_ms: row.started_at.zip(row.ended_at).map(|(s, e)| (e - s).max(0) as u64),
         ..StageAudit::default()
     };
-    // When the current attempt began, and the checkpoints taken in it.
+    // When the current attempt began, and how much earlier work it kept
+    // (the work before the checkpoint it restored).
     let mut attempt_began: Option<i64> = None;
-    // Checkpoint snapshot -> how far into its attempt it was taken.
-    let mut checkpoint_at: BTreeMap<&str, u64> = BTreeMap::new();
-    let mut saved_by_retry: u64 = 0;
+    let mut attempt_kept: u64 = 0;
+    // Checkpoint snapshot -> (work before it in all, the part done before
+    // the attempt that took it).
+    let mut checkpoint_at: BTreeMap<&str, (u64, u64)> = BTreeMap::new();
+    // Work the failed attempts did that a restored checkpoint kept.
+    let mut kept_of_failed: u64 = 0;
     for e in events {
         match &e.data {
             Some(EventData::Reused { .. }) => a.reused = true,
@@ -144,9 +149,12 @@ fn stage_audit(row: &StageRecord, events: &[&EventRecord]) -> StageAudit {
             }) => {
                 add(&mut a.restore_ms, *restore_ms);
                 add(&mut a.setup_ms, *restore_ms);
-                // A retry from a checkpoint keeps the work done before it.
-                if let Some(kept) = checkpoint.as_deref().and_then(|c| checkpoint_at.get(c)) {
-                    saved_by_retry += kept;
+                // A retry from a checkpoint does not redo the work before it.
+                attempt_kept = 0;
+                if let Some(&(before, base)) = checkpoint.as_deref().and_then(|c| checkpoint_at.get(c)) {
+                    a.saved_ms += before;
+                    kept_of_failed += before - base;
+                    attempt_kept = before;
                 }
                 attempt_began = Some(e.created_at);
             }
@@ -160,7 +168,8 @@ fn stage_audit(row: &StageRecord, events: &[&EventRecord]) -> StageAudit {
                 a.checkpoint_ms += took_ms;
                 a.checkpoint_bytes += state_bytes;
                 if let Some(began) = attempt_began {
-                    checkpoint_at.insert(snapshot, (e.created_at - began).max(0) as u64);
+                    let into = (e.created_at - began).max(0) as u64;
+                    checkpoint_at.insert(snapshot, (attempt_kept + into, attempt_kept));
                 }
             }
             Some(EventData::StageCompleted {
@@ -187,10 +196,9 @@ fn stage_audit(row: &StageRecord, events: &[&EventRecord]) -> StageAudit {
             _ => {}
         }
     }
-    a.saved_ms = saved_by_retry;
-    // What a checkpoint kept was not lost.
+    // What a checkpoint kept of a failed attempt was not lost.
     if let Some(lost) = a.lost_ms.as_mut() {
-        *lost = lost.saturating_sub(saved_by_retry);
+        *lost = lost.saturating_sub(kept_of_failed);
     }
     a
 }
@@ -364,6 +372,94 @@ impl Engine {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    fn event(at: i64, data: EventData) -> EventRecord {
+        EventRecord {
+            seq: at,
+            stage: Some("s".into()),
+            branch: Some(String::new()),
+            kind: data.kind().into(),
+            detail: data.sentence(),
+            snapshot_id: None,
+            created_at: at,
+            data: Some(data),
+        }
+    }
+
+    fn attempt(n: u32, checkpoint: Option<&str>) -> EventData {
+        EventData::Attempt {
+            attempt: n,
+            parent_snapshot: checkpoint.map(str::to_string),
+            checkpoint: checkpoint.map(str::to_string),
+            image: None,
+            restore_ms: 10,
+        }
+    }
+
+    fn checkpoint(id: &str) -> EventData {
+        EventData::Checkpoint {
+            snapshot: id.into(),
+            took_ms: 100,
+            state_bytes: 1000,
+            share_percent: 1.0,
+            limit_percent: 10.0,
+            next_in_ms: 1000,
+        }
+    }
+
+    fn failed(n: u32, compute_ms: u64) -> EventData {
+        EventData::StageFailed {
+            attempt: n,
+            error: "exit 1".into(),
+            failure_snapshot: None,
+            setup_ms: 0,
+            compute_ms,
+        }
+    }
+
+    #[test]
+    fn retries_from_checkpoints_count_what_they_kept_once() {
+        // Attempt 1 checkpoints 8 s in and fails at 10 s; attempt 2 goes on
+        // from there, checkpoints 4 s later and fails at 5 s; attempt 3 goes
+        // on from that checkpoint and completes.
+        let events = [
+            event(0, attempt(1, None)),
+            event(8_000, checkpoint("a")),
+            event(10_000, failed(1, 10_000)),
+            event(10_000, attempt(2, Some("a"))),
+            event(14_000, checkpoint("b")),
+            event(15_000, failed(2, 5_000)),
+            event(15_000, attempt(3, Some("b"))),
+            event(
+                16_000,
+                EventData::StageCompleted {
+                    attempt: 3,
+                    output_snapshot: "out".into(),
+                    setup_ms: 0,
+                    compute_ms: 1_000,
+                    snapshot_ms: 50,
+                    artifacts_ms: 0,
+                    state_bytes: 7,
+                    artifact_bytes: 0,
+                    command_ms: vec![1_000],
+                    metric: None,
+                },
+            ),
+        ];
+        let refs: Vec<&EventRecord> = events.iter().collect();
+        let mut row = StageRecord::pending("r", "s", "", "k", None);
+        row.attempts = 3;
+        let a = stage_audit(&row, &refs);
+        assert_eq!(a.retries, 2);
+        assert_eq!(a.compute_ms, Some(16_000));
+        assert_eq!(a.restore_ms, Some(30));
+        assert_eq!((a.checkpoints, a.checkpoint_ms, a.checkpoint_bytes), (2, 200, 2000));
+        // The retries did not redo 8 s, then 12 s.
+        assert_eq!(a.saved_ms, 20_000);
+        // Thrown away: 2 s of attempt 1 and 1 s of attempt 2.
+        assert_eq!(a.lost_ms, Some(3_000));
+        assert_eq!(a.state_bytes, Some(7));
+    }
 
     #[test]
     fn durations_and_sizes_read_as_words() {
