@@ -38,6 +38,8 @@ def test_the_page_shows_the_winner_and_a_failed_stages_log(browser, cairn, artif
     dead.click()
     expect(page.locator("#log")).to_contain_text("boom-marker from the broken stage")
     expect(page.locator("#detail")).to_contain_text("cairn restore ")
+    # Its costs, from the run's audit.
+    expect(page.locator("#cost")).to_contain_text("setup / compute")
     page.screenshot(path=str(artifacts_dir / "run-failed-stage.png"), full_page=True)
     assert not errors, errors
 

@@ -52,7 +52,7 @@ use crate::routes::{exec, files, runs, sandboxes, session_files, sessions, syste
         sandboxes::snapshots, sandboxes::get_snapshot, sandboxes::remove_snapshot,
         sandboxes::fork_snapshot, sandboxes::restore,
         system::images, system::build_image, system::import_image, system::remove_image,
-        runs::start, runs::list, runs::get, runs::resume, runs::approve, runs::reject, runs::log, runs::artifact,
+        runs::start, runs::list, runs::get, runs::audit, runs::resume, runs::approve, runs::reject, runs::log, runs::artifact,
         runs::dlq, runs::dlq_get, runs::dlq_retry,
         sessions::create, sessions::list, sessions::get, sessions::remove,
         sessions::log, sessions::append, sessions::verify, sessions::exec, sessions::exec_stream,
@@ -144,6 +144,7 @@ pub fn router(app: Arc<App>) -> Router {
         .route("/v1/images/{name}", axum::routing::delete(system::remove_image))
         .route("/v1/runs", post(runs::start).get(runs::list))
         .route("/v1/runs/{id}", get(runs::get))
+        .route("/v1/runs/{id}/audit", get(runs::audit))
         .route("/v1/runs/{id}/resume", post(runs::resume))
         .route("/v1/runs/{id}/stages/{stage}/approve", post(runs::approve))
         .route("/v1/runs/{id}/stages/{stage}/reject", post(runs::reject))

@@ -590,6 +590,19 @@ n = "0"
         .find(|r| r["id"] == run_id.as_str())
         .unwrap();
     assert_eq!(mine["stage_counts"]["completed"], 2, "{mine}");
+    // The audit of the run: each stage's costs from its typed events.
+    let (status, audit) = s.call("GET", &format!("/v1/runs/{run_id}/audit"), None);
+    assert_eq!(status, 200, "{audit}");
+    let stages = audit["stages"].as_array().unwrap();
+    assert_eq!(stages.len(), 2, "{audit}");
+    assert!(
+        stages
+            .iter()
+            .all(|s| s["compute_ms"].is_u64() && s["restore_ms"].is_u64()),
+        "{audit}"
+    );
+    let (status, _) = s.call("GET", "/v1/runs/nosuchrun/audit", None);
+    assert_eq!(status, 404);
     // The lineage page is served from the binary, with a strict policy.
     let resp = s.req("GET", "/ui/").call().unwrap();
     assert!(resp

@@ -204,6 +204,17 @@ pub async fn get(State(app): State<Arc<App>>, Path(id): Path<String>) -> ApiResu
     Ok(Json(detail))
 }
 
+/// Where a run's time and bytes went, stage by stage, with the seed's
+/// snapshot advice where it applies (`cairn audit`).
+#[utoipa::path(operation_id = "audit_run", get, path = "/v1/runs/{id}/audit", tag = "runs",
+    params(("id" = String, Path, description = "Run id or unique prefix")),
+    responses((status = 200, body = RunAudit), (status = 404, body = ErrorBody)))]
+pub async fn audit(State(app): State<Arc<App>>, Path(id): Path<String>) -> ApiResult<Json<RunAudit>> {
+    let limits = cairn_engine::pipeline::audit::AuditLimits::default();
+    let audit = app.engine(move |e| Ok(e.audit_run(&id, &limits)?)).await?;
+    Ok(Json(RunAudit::from(audit)))
+}
+
 /// Resumes an interrupted run in the server.
 #[utoipa::path(operation_id = "resume_run", post, path = "/v1/runs/{id}/resume", tag = "runs",
     params(("id" = String, Path, description = "Run id")),

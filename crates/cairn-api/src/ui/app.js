@@ -130,6 +130,7 @@ class VirtualList {
 let current = null; // the run shown
 let selected = null; // {stage, branch}
 let detail = null; // the run's GET /v1/runs/{id}
+let audit = null; // its GET /v1/runs/{id}/audit
 
 const runList = new VirtualList($("runs"), ITEM, (r) => {
   const counts = Object.entries(r.stage_counts || {})
@@ -263,7 +264,7 @@ function drawRow(row, i) {
         style: { left: `${x}px` },
         onclick: () => openStage(s.stage, s.branch),
       },
-      el("div", { class: "name", text: s.branch ? `${s.stage} [${s.branch}]` : s.stage }),
+      el("div", { class: "name", text: `${audit && audit.recommendations.some((r) => r.stage === s.stage) ? "⚑ " : ""}${s.branch ? `${s.stage} [${s.branch}]` : s.stage}` }),
       el("div", { class: "meta", text: `${tag ? tag + " · " : ""}${s.status} · ${s.attempts} attempt(s)${s.metric !== null && s.metric !== undefined ? " · " + s.metric : ""}` }),
       el("div", { class: "meta", text: reason }),
       timeline(s, evs),
@@ -285,6 +286,7 @@ async function refreshRun() {
   if (!current) return;
   try {
     detail = await json(`/v1/runs/${encodeURIComponent(current)}`);
+    audit = await json(`/v1/runs/${encodeURIComponent(current)}/audit`);
   } catch (e) {
     showError(e.message);
     return;
@@ -299,6 +301,7 @@ async function refreshRun() {
     el("strong", { text: `${r.pipeline}` }),
     ` · run ${r.id} · started ${ago(r.created_at)} · took ${span((r.ended_at || Date.now()) - r.created_at)} · ${counts}`,
     r.error ? el("div", { class: "error", text: r.error }) : null,
+    audit.recommendations.length ? el("div", { class: "advice", text: `${audit.recommendations.length} piece(s) of advice: see the stages marked ⚑` }) : null,
   );
   model = layout(detail);
   if (!graph) graph = new VirtualList($("dag"), ROW, drawRow);
@@ -337,11 +340,27 @@ async function openStage(stage, branch, scroll = true) {
     .filter(Boolean)
     .pop();
   const arts = detail.artifacts.filter((a) => a.stage === stage && a.branch === branch);
+  const cost = audit && audit.stages.find((x) => x.stage === stage && x.branch === branch);
+  const advice = audit ? audit.recommendations.filter((r) => r.stage === stage) : [];
+  const row = (k, v) => el("tr", {}, el("td", { text: k }), el("td", { text: v }));
+  const bytes = (b) => (b === null || b === undefined ? "-" : b >= 1 << 20 ? `${(b / (1 << 20)).toFixed(1)} MiB` : `${b} B`);
   const log = el("pre", { id: "log", text: "loading…" });
   fill($("detail"),
     el("h3", { text: branch ? `${stage} [${branch}]` : stage }),
     el("div", {}, el("span", { class: `badge ${s.status}`, text: s.status }), ` · ${s.attempts} attempt(s) · key ${s.stage_key}`),
     s.error ? el("div", { class: "error", text: s.error }) : null,
+    cost
+      ? el(
+          "table",
+          { id: "cost" },
+          row("setup / compute", `${span(cost.setup_ms)} / ${span(cost.compute_ms)}`),
+          row("restore / snapshot", `${span(cost.restore_ms)} / ${span(cost.snapshot_ms)}`),
+          row("checkpoints", `${cost.checkpoints} · ${span(cost.checkpoint_ms)} · ${bytes(cost.checkpoint_bytes)}`),
+          row("state / artifacts", `${bytes(cost.state_bytes)} / ${bytes(cost.artifact_bytes)}`),
+          row("retries", `${cost.retries} · lost ${span(cost.lost_ms)} · saved ${span(cost.saved_ms)}`),
+        )
+      : null,
+    advice.map((a) => el("p", { class: "advice", text: `⚑ ${a.advice}` })),
     el("h4", { text: "Snapshots" }),
     el("table", {}, restoreLine("input", s.input_snapshot), restoreLine("output", s.output_snapshot), restoreLine("failure", failure)),
     el("h4", { text: `Artifacts (${arts.length})` }),
