@@ -7,7 +7,7 @@
 //! prefix every branch of a group runs alike belongs in a stage before the
 //! group, whose snapshot every branch forks.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, HashMap, HashSet};
 use std::time::Duration;
 
 use serde::Serialize;
@@ -225,16 +225,39 @@ fn longest_compute(events: &[&EventRecord]) -> u64 {
         .unwrap_or(0)
 }
 
-fn advise(p: &Pipeline, stages: &[StageAudit], events: &[EventRecord], limits: &AuditLimits) -> Vec<Recommendation> {
+/// A run's events by stage, and by stage and branch ('' outside groups),
+/// in `seq` order: one pass, however many stages.
+type ByStage<'a> = (
+    HashMap<&'a str, Vec<&'a EventRecord>>,
+    HashMap<(&'a str, &'a str), Vec<&'a EventRecord>>,
+);
+
+fn by_stage(events: &[EventRecord]) -> ByStage<'_> {
+    let (mut stages, mut branches): ByStage = Default::default();
+    for e in events {
+        let Some(stage) = e.stage.as_deref() else { continue };
+        stages.entry(stage).or_default().push(e);
+        branches
+            .entry((stage, e.branch.as_deref().unwrap_or("")))
+            .or_default()
+            .push(e);
+    }
+    (stages, branches)
+}
+
+fn advise(p: &Pipeline, stages: &[StageAudit], events: &ByStage, limits: &AuditLimits) -> Vec<Recommendation> {
     let long = limits.long.as_millis() as u64;
     let mut out = Vec::new();
+    // Artifact bytes of a stage: the most any of its rows collected.
+    let mut artifact_bytes: HashMap<&str, u64> = HashMap::new();
+    for s in stages {
+        let b = artifact_bytes.entry(s.stage.as_str()).or_default();
+        *b = (*b).max(s.artifact_bytes);
+    }
     for stage in &p.stages {
-        let mine: Vec<&EventRecord> = events
-            .iter()
-            .filter(|e| e.stage.as_deref() == Some(stage.name.as_str()))
-            .collect();
+        let mine: &[&EventRecord] = events.0.get(stage.name.as_str()).map(Vec::as_slice).unwrap_or(&[]);
         // A long stage (or branch) without periodic checkpoints.
-        let longest = longest_compute(&mine);
+        let longest = longest_compute(mine);
         if stage.checkpoint_every.is_none() && stage.decide.is_none() && longest > long {
             out.push(Recommendation {
                 stage: stage.name.clone(),
@@ -250,12 +273,7 @@ fn advise(p: &Pipeline, stages: &[StageAudit], events: &[EventRecord], limits: &
             });
         }
         // Large state carried as artifacts.
-        let artifacts: u64 = stages
-            .iter()
-            .filter(|s| s.stage == stage.name)
-            .map(|s| s.artifact_bytes)
-            .max()
-            .unwrap_or(0);
+        let artifacts = artifact_bytes.get(stage.name.as_str()).copied().unwrap_or(0);
         if artifacts > limits.large_bytes {
             out.push(Recommendation {
                 stage: stage.name.clone(),
@@ -329,18 +347,23 @@ impl Engine {
         let run = self.run_record(key)?;
         let rows = self.db.stages_of(&run.id)?;
         let events = self.db.events_of(&run.id)?;
+        let grouped = by_stage(&events);
+        // A group's own row holds no work: its branches do.
+        let groups: HashSet<&str> = rows
+            .iter()
+            .filter(|r| !r.branch.is_empty())
+            .map(|r| r.stage.as_str())
+            .collect();
         let stages: Vec<StageAudit> = rows
             .iter()
-            // A group's own row holds no work: its branches do.
-            .filter(|r| !(r.branch.is_empty() && rows.iter().any(|b| b.stage == r.stage && !b.branch.is_empty())))
+            .filter(|r| !(r.branch.is_empty() && groups.contains(r.stage.as_str())))
             .map(|r| {
-                let mine: Vec<&EventRecord> = events
-                    .iter()
-                    .filter(|e| {
-                        e.stage.as_deref() == Some(r.stage.as_str()) && e.branch.as_deref().unwrap_or("") == r.branch
-                    })
-                    .collect();
-                stage_audit(r, &mine)
+                let mine = grouped
+                    .1
+                    .get(&(r.stage.as_str(), r.branch.as_str()))
+                    .map(Vec::as_slice)
+                    .unwrap_or(&[]);
+                stage_audit(r, mine)
             })
             .collect();
         let mut notes = Vec::new();
@@ -352,7 +375,7 @@ impl Engine {
             );
         }
         let recommendations = match pipeline_of(&run) {
-            Ok(p) => advise(&p, &stages, &events, limits),
+            Ok(p) => advise(&p, &stages, &grouped, limits),
             Err(e) => {
                 notes.push(format!("the run's pipeline no longer parses ({e}); no advice is given"));
                 Vec::new()
