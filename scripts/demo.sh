@@ -59,6 +59,9 @@ say "a pipeline: prepare once, three hypotheses in parallel, a crash resumed fro
 run=$($cairn pipeline run examples/quickstart.toml)
 $cairn pipeline show "$run"
 
+say "where the run's time and bytes went, stage by stage"
+$cairn audit "$run"
+
 say "clean up"
 $cairn rm -f "$id" $forks
 $cairn snapshot rm "$snap" after-reset >/dev/null
