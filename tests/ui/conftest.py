@@ -79,6 +79,8 @@ def cairn():
         pytest.fail(f"no cairn binary at {binary}: build it or set CAIRN_BIN")
     home = tempfile.mkdtemp(prefix="cairn-ui-")
     env = dict(os.environ, CAIRN_HOME=home)
+    # The embedded store: one test writes a synthetic run into its state.db.
+    env.pop("CAIRN_STATE", None)
 
     def cli(*args, check=True):
         return subprocess.run([binary, *args], env=env, check=check, capture_output=True, text=True)

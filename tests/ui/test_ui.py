@@ -153,7 +153,8 @@ def test_a_run_the_cli_executes_is_followed_to_its_end(browser, cairn, tmp_path)
         '[pipeline]\nname = "ui-cli"\nimage = "busybox"\n\n[[stage]]\nname = "slow"\nkey = "slow-v1"\n'
         'run = ["sleep 6; echo slept"]\n'
     )
-    env = dict(__import__("os").environ, CAIRN_HOME=cairn["home"])
+    env = {k: v for k, v in __import__("os").environ.items() if k != "CAIRN_STATE"}
+    env["CAIRN_HOME"] = cairn["home"]
     proc = subprocess.Popen([cairn["bin"], "pipeline", "run", str(path)], env=env, stdout=subprocess.PIPE, text=True)
     try:
         run = proc.stdout.readline().strip()
