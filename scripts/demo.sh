@@ -57,7 +57,10 @@ $cairn snapshots --tree
 
 say "a pipeline: prepare once, three hypotheses in parallel, a crash resumed from its checkpoint"
 run=$($cairn pipeline run examples/quickstart.toml)
-$cairn run show "$run"
+$cairn pipeline show "$run"
+
+say "where the run's time and bytes went, stage by stage"
+$cairn audit "$run"
 
 say "clean up"
 $cairn rm -f "$id" $forks

@@ -17,9 +17,11 @@ fi
 # not used); gcc and libc6-dev: the static attack programs of the isolation
 # and seccomp tests; iproute2 and util-linux (ip, nsenter): the multi-host
 # tests' network namespaces and every sandbox's veth pair; nftables (nft):
-# the fence of sandboxes with `--network egress`. busybox-static is fetched by `apt-get download`,
+# the fence of sandboxes with `--network egress`; chromium: the headless
+# browser the lineage page's tests drive (through Playwright, which fetches
+# no browser of its own). busybox-static is fetched by `apt-get download`,
 # which needs the package lists.
-packages=(bubblewrap crun debootstrap runsc postgresql gcc libc6-dev ca-certificates iproute2 util-linux nftables)
+packages=(bubblewrap crun debootstrap runsc postgresql gcc libc6-dev ca-certificates iproute2 util-linux nftables chromium)
 missing=()
 for p in "${packages[@]}"; do
     dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
@@ -50,7 +52,8 @@ fi
 
 log=$(mktemp)
 junit=$(mktemp --suffix .xml)
-trap 'rm -f "$log" "$junit"' EXIT
+junit_ui=$(mktemp --suffix .xml)
+trap 'rm -f "$log" "$junit" "$junit_ui"' EXIT
 set +e
 cargo test --workspace 2>&1 | tee "$log"
 status=${PIPESTATUS[0]}
@@ -62,7 +65,8 @@ set -e
 
 # The Python suites (the SDK's, the e2b package's against the
 # E2B-compatible API, the mcp package's against `cairn mcp` and /mcp, the
-# anthropic and openai packages' against the scripted model server) drive
+# anthropic and openai packages' against the scripted model server, and
+# Playwright's against the lineage page in Debian's chromium) drive
 # the binaries cargo just built, from a virtual environment kept in target/
 # and reinstalled only when their requirements change.
 suites=()
@@ -76,14 +80,16 @@ if [ ${#suites[@]} -gt 0 ]; then
         DEBIAN_FRONTEND=noninteractive apt-get install -y -q --no-install-recommends python3-venv >/dev/null
     fi
     venv=target/test-venv
-    reqs=(sdk/python/requirements-test.txt tests/e2b/requirements.txt tests/agent/requirements.txt sdk/python/pyproject.toml)
+    reqs=(sdk/python/requirements-test.txt tests/e2b/requirements.txt tests/agent/requirements.txt tests/ui/requirements.txt
+        sdk/python/pyproject.toml)
     stamp=$(cat "${reqs[@]}" 2>/dev/null | sha256sum | cut -d' ' -f1)
     if [ ! -x "$venv/bin/python" ] || [ "$(cat "$venv/.stamp" 2>/dev/null)" != "$stamp" ]; then
         echo "test.sh: preparing the Python environment in $venv" >&2
         rm -rf "$venv"
         python3 -m venv "$venv"
         "$venv/bin/pip" install -q --disable-pip-version-check --upgrade pip
-        for r in sdk/python/requirements-test.txt tests/e2b/requirements.txt tests/agent/requirements.txt; do
+        for r in sdk/python/requirements-test.txt tests/e2b/requirements.txt tests/agent/requirements.txt \
+            tests/ui/requirements.txt; do
             [ -f "$r" ] && "$venv/bin/pip" install -q --disable-pip-version-check -r "$r"
         done
         [ -f sdk/python/pyproject.toml ] && "$venv/bin/pip" install -q --disable-pip-version-check -e sdk/python
@@ -94,19 +100,28 @@ if [ ${#suites[@]} -gt 0 ]; then
         "$venv/bin/python" -m pytest -q -p no:cacheprovider \
         --junitxml="$junit" "${suites[@]}"
     py_status=$?
+    # The lineage page in Chromium, in a pytest of its own: Playwright's
+    # sync API keeps an event loop running that the asyncio suites above
+    # would find. Its screenshots are kept in target/ui-artifacts.
+    CAIRN_BIN="$PWD/target/debug/cairn" CAIRN_UI_ARTIFACTS="$PWD/target/ui-artifacts" \
+        "$venv/bin/python" -m pytest -q -p no:cacheprovider --junitxml="$junit_ui" tests/ui
+    ui_status=$?
+    [ "$py_status" = 0 ] && py_status=$ui_status
     set -e
     # The API fuzzed from its OpenAPI document: one more test.
     set +e
     PATH="$PWD/$venv/bin:$PATH" CAIRN_BIN="$PWD/target/debug/cairn" bash scripts/api-fuzz.sh
     fuzz_status=$?
     set -e
-    read -r py_passed py_failed < <("$venv/bin/python" - "$junit" <<'PY'
+    read -r py_passed py_failed < <("$venv/bin/python" - "$junit" "$junit_ui" <<'PY'
 import sys, xml.etree.ElementTree as ET
-try:
-    root = ET.parse(sys.argv[1]).getroot()
-except Exception:
-    print(0, 1); sys.exit()
-suites = [root] if root.tag == "testsuite" else list(root)
+suites = []
+for path in sys.argv[1:]:
+    try:
+        root = ET.parse(path).getroot()
+    except Exception:
+        print(0, 1); sys.exit()
+    suites += [root] if root.tag == "testsuite" else list(root)
 t = sum(int(s.get("tests", 0)) for s in suites)
 f = sum(int(s.get("failures", 0)) + int(s.get("errors", 0)) for s in suites)
 k = sum(int(s.get("skipped", 0)) for s in suites)

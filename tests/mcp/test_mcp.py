@@ -133,14 +133,14 @@ def test_stage_forks_select_and_inspection(cairn, transport, mode):
             return branches
 
     branches = run(go)
-    shown = json.loads(cairn["cli"]("run", "show", branches[1], "--json"))
+    shown = json.loads(cairn["cli"]("pipeline", "show", branches[1], "--json"))
     won = [e for e in shown["events"] if e["kind"] == "won"]
     assert len(won) == 1 and f"triple fits best {tag}" in won[0]["detail"], shown["events"]
     hyp = [e["detail"] for e in shown["events"] if e["kind"] == "hypothesis"]
     assert hyp == ["triple"], shown["events"]
     asked = [e["detail"] for e in shown["events"] if e["kind"] == "asked"]
     assert len(asked) == 1 and "try triple" in asked[0] and "over MCP " + ERAS[mode] in asked[0], asked
-    text = cairn["cli"]("run", "show", branches[0])
+    text = cairn["cli"]("pipeline", "show", branches[0])
     assert "lost" in text and f"triple fits best {tag}" in text
 
 
@@ -260,7 +260,7 @@ def test_a_failed_stage_is_listed_in_the_dlq_and_retried(cairn, transport):
             return s["handle"]
 
     handle = run(go)
-    shown = json.loads(cairn["cli"]("run", "show", handle, "--json"))
+    shown = json.loads(cairn["cli"]("pipeline", "show", handle, "--json"))
     assert any(e["kind"] == "asked" and "once more" in e["detail"] for e in shown["events"])
 
 
@@ -323,7 +323,7 @@ def test_three_hypotheses_run_as_one_group_and_select_first_success_records_the_
             return group["handle"]
 
     handle = run(go)
-    shown = json.loads(cairn["cli"]("run", "show", handle, "--json"))
+    shown = json.loads(cairn["cli"]("pipeline", "show", handle, "--json"))
     events = shown["events"]
     won = [e for e in events if e["kind"] == "won"]
     assert len(won) == 1 and won[0]["branch"] == "fast" and f"the quickest wins {tag}" in won[0]["detail"], events

@@ -441,7 +441,7 @@ impl Loop<'_> {
             };
             if done.status != "completed" {
                 let detail = format!(
-                    "the starting pipeline's run {} {}: {}; `cairn run show {}` shows why",
+                    "the starting pipeline's run {} {}: {}; `cairn pipeline show {}` shows why",
                     done.id,
                     done.status,
                     done.error.clone().unwrap_or_default(),

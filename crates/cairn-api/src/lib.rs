@@ -7,7 +7,7 @@
 //! The server listens on a Unix socket in the state directory (mode
 //! 0600: whoever can reach it owns the state directory anyway) and, with
 //! `--listen`, on TCP, where every request needs a bearer token made with
-//! `cairn token create`.
+//! `cairn token create`. [`ui`] is the lineage page at `/ui/`.
 
 pub mod app;
 pub mod e2b;
@@ -17,6 +17,7 @@ pub mod metrics;
 pub mod model;
 pub mod routes;
 pub mod serve;
+pub mod ui;
 
 use std::sync::Arc;
 
@@ -51,7 +52,7 @@ use crate::routes::{exec, files, proxy, runs, sandboxes, session_files, sessions
         sandboxes::snapshots, sandboxes::get_snapshot, sandboxes::remove_snapshot,
         sandboxes::fork_snapshot, sandboxes::restore,
         system::images, system::build_image, system::import_image, system::remove_image,
-        runs::start, runs::list, runs::get, runs::resume, runs::approve, runs::reject, runs::log, runs::artifact,
+        runs::start, runs::list, runs::get, runs::audit, runs::resume, runs::approve, runs::reject, runs::log, runs::artifact,
         runs::dlq, runs::dlq_get, runs::dlq_retry,
         sessions::create, sessions::list, sessions::get, sessions::remove,
         sessions::log, sessions::append, sessions::verify, sessions::exec, sessions::exec_stream,
@@ -105,6 +106,9 @@ pub fn router(app: Arc<App>) -> Router {
     }
     Router::new()
         .nest_service("/mcp", mcp::http_service(app.home.clone(), mcp_stop))
+        .route("/ui", get(ui::root))
+        .route("/ui/", get(ui::index))
+        .route("/ui/{file}", get(ui::asset))
         .route("/healthz", get(system::healthz))
         .route("/metrics", get(system::metrics))
         .route("/v1/openapi.json", get(system::openapi))
@@ -150,6 +154,7 @@ pub fn router(app: Arc<App>) -> Router {
         .route("/v1/images/{name}", axum::routing::delete(system::remove_image))
         .route("/v1/runs", post(runs::start).get(runs::list))
         .route("/v1/runs/{id}", get(runs::get))
+        .route("/v1/runs/{id}/audit", get(runs::audit))
         .route("/v1/runs/{id}/resume", post(runs::resume))
         .route("/v1/runs/{id}/stages/{stage}/approve", post(runs::approve))
         .route("/v1/runs/{id}/stages/{stage}/reject", post(runs::reject))
@@ -217,8 +222,12 @@ async fn observe(State(app): State<Arc<App>>, req: Request, next: Next) -> Respo
     resp
 }
 
-/// Refuses requests without a valid `Authorization: Bearer` token (TCP).
+/// Refuses requests without a valid `Authorization: Bearer` token (TCP),
+/// but for the page's own files, which hold no data.
 pub async fn require_token(State(app): State<Arc<App>>, req: Request, next: Next) -> Response {
+    if req.method() == axum::http::Method::GET && ui::is_page(req.uri().path()) {
+        return next.run(req).await;
+    }
     let presented = req
         .headers()
         .get(axum::http::header::AUTHORIZATION)

@@ -531,6 +531,11 @@ pub struct Run {
     /// Whether a process is executing the run now: this server, another
     /// local process, or the stage queue's workers (queued or claimed).
     pub orchestrated: bool,
+    /// Its stage rows by status (a branch of a group counts as one, and
+    /// so does the group's own row): filled by `GET /v1/runs` and
+    /// `GET /v1/runs/{id}`, empty in the answers that start or resume a run.
+    #[serde(default)]
+    pub stage_counts: BTreeMap<String, u64>,
 }
 
 impl Run {
@@ -550,6 +555,7 @@ impl Run {
             ended_at: r.ended_at,
             error: r.error,
             orchestrated,
+            stage_counts: BTreeMap::new(),
         }
     }
 }
@@ -595,9 +601,14 @@ pub struct RunEvent {
     pub stage: Option<String>,
     pub branch: Option<String>,
     pub kind: String,
+    /// The sentence, rendered from `data` when the event has typed fields.
     pub detail: String,
     pub snapshot_id: Option<String>,
     pub created_at: i64,
+    /// The event's typed fields, `{"type": …, fields…}` (docs/formats.md
+    /// "Run events"); null for kinds that carry only a sentence.
+    #[schema(value_type = Option<Object>)]
+    pub data: Option<serde_json::Value>,
 }
 
 impl From<EventRecord> for RunEvent {
@@ -610,6 +621,7 @@ impl From<EventRecord> for RunEvent {
             detail: e.detail,
             snapshot_id: e.snapshot_id,
             created_at: e.created_at,
+            data: e.data.map(|d| serde_json::to_value(d).expect("event data serialises")),
         }
     }
 }
@@ -649,6 +661,103 @@ pub struct RunDetail {
     pub artifacts: Vec<Artifact>,
     /// What decide stages' models chose, oldest first.
     pub decisions: Vec<Decision>,
+}
+
+/// Where a run's time and bytes went, stage by stage, and the advice that
+/// applies (`cairn audit`, docs/pipelines.md "Audit").
+#[derive(Debug, Serialize, Deserialize, ToSchema)]
+pub struct RunAudit {
+    pub run: String,
+    pub pipeline: String,
+    pub status: String,
+    /// Each stage, and each branch of a group (not the group's own row).
+    pub stages: Vec<StageAudit>,
+    pub recommendations: Vec<Recommendation>,
+    /// What the audit could not read.
+    pub notes: Vec<String>,
+}
+
+/// One stage's costs: milliseconds summed over its attempts, null where
+/// its events do not say (events recorded before typed fields).
+#[derive(Debug, Serialize, Deserialize, ToSchema)]
+pub struct StageAudit {
+    pub stage: String,
+    pub branch: String,
+    pub status: String,
+    pub attempts: u32,
+    /// Its output came from a completed stage key.
+    pub reused: bool,
+    pub wall_ms: Option<u64>,
+    /// Making sandboxes and writing edits.
+    pub setup_ms: Option<u64>,
+    /// The stage's commands.
+    pub compute_ms: Option<u64>,
+    pub restore_ms: Option<u64>,
+    pub snapshot_ms: Option<u64>,
+    pub checkpoints: u32,
+    pub checkpoint_ms: u64,
+    /// Bytes the output snapshot stored anew.
+    pub state_bytes: Option<u64>,
+    pub checkpoint_bytes: u64,
+    pub artifact_bytes: u64,
+    pub retries: u32,
+    /// Work failed attempts did that no checkpoint kept.
+    pub lost_ms: Option<u64>,
+    /// Work retries did not redo because they restored a checkpoint.
+    pub saved_ms: u64,
+}
+
+/// Advice about one stage.
+#[derive(Debug, Serialize, Deserialize, ToSchema)]
+pub struct Recommendation {
+    pub stage: String,
+    /// `checkpoint`, `snapshot-state` or `share-prefix`.
+    pub kind: String,
+    pub advice: String,
+}
+
+impl From<cairn_engine::pipeline::audit::RunAudit> for RunAudit {
+    fn from(a: cairn_engine::pipeline::audit::RunAudit) -> RunAudit {
+        RunAudit {
+            run: a.run,
+            pipeline: a.pipeline,
+            status: a.status,
+            stages: a
+                .stages
+                .into_iter()
+                .map(|s| StageAudit {
+                    stage: s.stage,
+                    branch: s.branch,
+                    status: s.status,
+                    attempts: s.attempts,
+                    reused: s.reused,
+                    wall_ms: s.wall_ms,
+                    setup_ms: s.setup_ms,
+                    compute_ms: s.compute_ms,
+                    restore_ms: s.restore_ms,
+                    snapshot_ms: s.snapshot_ms,
+                    checkpoints: s.checkpoints,
+                    checkpoint_ms: s.checkpoint_ms,
+                    state_bytes: s.state_bytes,
+                    checkpoint_bytes: s.checkpoint_bytes,
+                    artifact_bytes: s.artifact_bytes,
+                    retries: s.retries,
+                    lost_ms: s.lost_ms,
+                    saved_ms: s.saved_ms,
+                })
+                .collect(),
+            recommendations: a
+                .recommendations
+                .into_iter()
+                .map(|r| Recommendation {
+                    stage: r.stage,
+                    kind: r.kind.to_string(),
+                    advice: r.advice,
+                })
+                .collect(),
+            notes: a.notes,
+        }
+    }
 }
 
 /// One decision of a decide stage (docs/pipelines.md).

@@ -8,8 +8,9 @@ use std::time::Duration;
 
 use cairn_engine::access::{Claim, TokenRecord};
 use cairn_engine::e2b::{E2bLife, E2bSandbox, E2bSnapshot};
+use cairn_engine::pipeline::lineage::EventData;
 use cairn_engine::pipeline::records::{
-    ArtifactRecord, DeadLetter, DecisionEffect, DecisionRecord, RunRecord, StageRecord,
+    ArtifactRecord, DeadLetter, DecisionEffect, DecisionRecord, NewEvent, RunRecord, StageRecord,
 };
 use cairn_engine::sessions::bundle::BundleRewind;
 use cairn_engine::sessions::log::{Order, Segment};
@@ -105,6 +106,7 @@ conformance!(
     artifacts_are_replaced_by_id_and_listed_per_run,
     dead_letters_round_trip_and_remember_their_retry,
     events_keep_their_order_and_snapshots,
+    typed_events_keep_their_fields_and_a_won_event_names_its_branch,
     a_newer_schema_is_refused,
     a_failing_transaction_leaves_nothing,
     reopening_keeps_everything,
@@ -861,6 +863,74 @@ fn events_keep_their_order_and_snapshots(store: &Store) {
     assert_eq!(db.events_of("other").unwrap()[0].branch.as_deref(), Some("b"));
 }
 
+fn typed_events_keep_their_fields_and_a_won_event_names_its_branch(store: &Store) {
+    let mut db = store.open();
+    db.insert_run(&run("r", 1)).unwrap();
+    let won = EventData::Won {
+        branch: "small".into(),
+        rule: "min".into(),
+        metric: Some(0.5),
+        runner_up: Some("large".into()),
+        runner_up_metric: Some(2.5),
+        chosen_by: None,
+        reason: None,
+    };
+    // The group's row has no branch; its `won` event names the winner.
+    let mut group = stage("r", "sweep", "", "completed");
+    group.output_snapshot = Some("out".into());
+    db.put_stage_event(&group, NewEvent::typed(won.clone(), Some("out")))
+        .unwrap();
+    let retry = EventData::Attempt {
+        attempt: 2,
+        parent_snapshot: Some("cp".into()),
+        checkpoint: Some("cp".into()),
+        image: None,
+        restore_ms: 4,
+    };
+    db.put_stage_event(
+        &stage("r", "align", "", "running"),
+        NewEvent::typed(retry.clone(), Some("cp")),
+    )
+    .unwrap();
+    db.event("r", None, None, "queued", "plain sentence", None).unwrap();
+    // Stage rows counted per run and status.
+    assert_eq!(
+        db.stage_counts().unwrap(),
+        vec![
+            ("r".to_string(), "completed".to_string(), 1),
+            ("r".to_string(), "running".to_string(), 1)
+        ]
+    );
+    let events = db.events_of("r").unwrap();
+    assert_eq!(events.len(), 3);
+    assert_eq!(
+        (events[0].kind.as_str(), events[0].branch.as_deref()),
+        ("won", Some("small"))
+    );
+    assert_eq!(events[0].data.as_ref(), Some(&won));
+    assert_eq!(events[0].detail, won.sentence());
+    assert_eq!(
+        (events[1].kind.as_str(), events[1].data.as_ref()),
+        ("retry", Some(&retry))
+    );
+    assert!(events[1].detail.contains("restores checkpoint"), "{}", events[1].detail);
+    assert_eq!(
+        (events[2].detail.as_str(), events[2].data.as_ref()),
+        ("plain sentence", None)
+    );
+    // Fields from a future Cairn are refused, naming the event.
+    db.with(|b| {
+        Ok(b.execute(
+            "UPDATE events SET data = $1 WHERE kind = 'won'",
+            &[Value::Text(r#"{"v":2,"type":"won"}"#.into())],
+        )?)
+    })
+    .unwrap();
+    let err = db.events_of("r").unwrap_err();
+    assert!(matches!(err, StateError::EventData { .. }), "{err}");
+    assert!(err.to_string().contains("upgrade Cairn"), "{err}");
+}
+
 fn a_newer_schema_is_refused(store: &Store) {
     let db = store.open();
     store.set_schema_version(&db, 99);
@@ -1612,7 +1682,7 @@ fn decisions_are_recorded_with_their_effect_in_one_transaction(store: &Store) {
     db.record_decision(
         &decision("r1", "choose", 1, "choose-v1"),
         &choose,
-        ("decided", "d"),
+        NewEvent::text("decided", "d", None),
         DecisionEffect::Complete,
     )
     .unwrap();
@@ -1636,7 +1706,7 @@ fn decisions_are_recorded_with_their_effect_in_one_transaction(store: &Store) {
     db.record_decision(
         &decision("r1", "judge", 1, "judge-v1"),
         &judge,
-        ("decided", "retry"),
+        NewEvent::text("decided", "retry", None),
         DecisionEffect::Retry { previous: &reset },
     )
     .unwrap();
@@ -1655,7 +1725,7 @@ fn decisions_are_recorded_with_their_effect_in_one_transaction(store: &Store) {
         .record_decision(
             &decision("r1", "judge", 1, "judge-v1"),
             &judge,
-            ("decided", "dlq"),
+            NewEvent::text("decided", "dlq", None),
             DecisionEffect::Dlq {
                 previous: &dead,
                 dead_letter: &dl,
@@ -1670,7 +1740,7 @@ fn decisions_are_recorded_with_their_effect_in_one_transaction(store: &Store) {
     db.record_decision(
         &decision("r1", "judge", 2, "judge-v1"),
         &judge,
-        ("decided", "dlq"),
+        NewEvent::text("decided", "dlq", None),
         DecisionEffect::Dlq {
             previous: &dead,
             dead_letter: &dl,

@@ -6,6 +6,7 @@
 
 use std::collections::BTreeMap;
 
+use cairn_engine::pipeline::lineage::EventData;
 use cairn_engine::Engine;
 use serde::Serialize;
 use serde_json::{json, Value};
@@ -192,19 +193,37 @@ impl Tools {
             } else {
                 lost.iter().map(|b| b.name.as_str()).collect::<Vec<_>>().join(", ")
             };
-            let detail = format!("chosen{how} by {caller} over {others}: {reason}");
-            e.record_branch_event(&run.id, GROUP_STAGE, &winner.name, "won", &detail, Some(&output))?;
+            let rule = match how.trim() {
+                "" => "by name".to_string(),
+                h => h.to_string(),
+            };
+            let metric = |name: &str| metrics.get(name).and_then(serde_json::Value::as_f64);
+            let chosen = EventData::Won {
+                branch: winner.name.clone(),
+                rule: rule.clone(),
+                metric: metric(&winner.name),
+                runner_up: None,
+                runner_up_metric: None,
+                chosen_by: Some(caller.to_string()),
+                reason: Some(format!("over {others}: {reason}")),
+            };
+            e.record_typed_event(&run.id, Some(GROUP_STAGE), Some(&winner.name), chosen, Some(&output))?;
             for b in &lost {
-                let detail = format!(
-                    "lost to {} (chosen{how} by {caller}; it ended {}): {reason}",
-                    winner.name, b.status
-                );
-                e.record_branch_event(
+                let lost = EventData::Lost {
+                    branch: b.name.clone(),
+                    winner: winner.name.clone(),
+                    rule: rule.clone(),
+                    ended: b.status.clone(),
+                    metric: metric(&b.name),
+                    winner_metric: metric(&winner.name),
+                    chosen_by: Some(caller.to_string()),
+                    reason: Some(reason.to_string()),
+                };
+                e.record_typed_event(
                     &run.id,
-                    GROUP_STAGE,
-                    &b.name,
-                    "lost",
-                    &detail,
+                    Some(GROUP_STAGE),
+                    Some(&b.name),
+                    lost,
                     b.output_snapshot.as_deref(),
                 )?;
             }

@@ -6,7 +6,7 @@
 //! commands durably (stage keys, checkpoints, the dead-letter queue and
 //! `cairn pipeline resume` all apply) and ends with an output snapshot.
 //! Its handle is the run's id. Who asked and the reason the model gave
-//! go into the run's events, which `cairn run show` prints. fork_from's
+//! go into the run's events, which `cairn pipeline show` prints. fork_from's
 //! `hypotheses` are one run whose stage is a branch group (group.rs); the
 //! session lifecycle tools are in lifecycle.rs.
 
@@ -20,6 +20,7 @@ use std::io::{Read, Seek, SeekFrom};
 use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
+use cairn_engine::pipeline::lineage::EventData;
 use cairn_engine::pipeline::run::Quiet;
 use cairn_engine::{Engine, EngineError, Home};
 use serde::Serialize;
@@ -231,11 +232,15 @@ impl Tools {
             let recorded = match handle {
                 Some(h) => {
                     let run = e.run_record(h)?;
-                    let detail = format!(
-                        "by {caller}: {context}{} — because {reason}",
-                        constraints.map(|c| format!(" (constraints: {c})")).unwrap_or_default()
-                    );
-                    e.record_run_event(&run.id, Some(stage_of(&run.pipeline)), "plan", &detail, None)?;
+                    let plan = EventData::Plan {
+                        by: caller.to_string(),
+                        context: format!(
+                            "{context}{}",
+                            constraints.map(|c| format!(" (constraints: {c})")).unwrap_or_default()
+                        ),
+                        reason: reason.to_string(),
+                    };
+                    e.record_typed_event(&run.id, Some(stage_of(&run.pipeline)), None, plan, None)?;
                     true
                 }
                 None => false,
@@ -367,7 +372,7 @@ impl Tools {
             let run = e.run_record(handle)?;
             if !run.pipeline.starts_with("tool-") {
                 return Err(ToolError::Failed(format!(
-                    "run {} is a pipeline run, not a stage a tool started; `cairn run show {}` shows it",
+                    "run {} is a pipeline run, not a stage a tool started; `cairn pipeline show {}` shows it",
                     run.id, run.id
                 )));
             }
@@ -480,16 +485,36 @@ impl Tools {
             } else {
                 lost.keys().map(String::as_str).collect::<Vec<_>>().join(", ")
             };
-            e.record_run_event(
-                &won.handle,
-                Some(&won.stage),
-                "won",
-                &format!("chosen{how} by {caller} over {others}: {reason}"),
-                Some(&output),
-            )?;
+            let rule = match how.trim() {
+                "" => "by name".to_string(),
+                h => h.to_string(),
+            };
+            let chosen = EventData::Won {
+                branch: won.handle.clone(),
+                rule: rule.clone(),
+                metric: metrics.get(&won.handle).and_then(Value::as_f64),
+                runner_up: None,
+                runner_up_metric: None,
+                chosen_by: Some(caller.to_string()),
+                reason: Some(format!("over {others}: {reason}")),
+            };
+            e.record_typed_event(&won.handle, Some(&won.stage), None, chosen, Some(&output))?;
             for (l, stage) in &lost {
-                let detail = format!("lost to {} (chosen{how} by {caller}): {reason}", won.handle);
-                e.record_run_event(l, Some(stage), "lost", &detail, None)?;
+                let lost = EventData::Lost {
+                    branch: l.clone(),
+                    winner: won.handle.clone(),
+                    rule: rule.clone(),
+                    ended: states
+                        .iter()
+                        .find(|s| &s.handle == l)
+                        .map(|s| s.status.clone())
+                        .unwrap_or_default(),
+                    metric: metrics.get(l).and_then(Value::as_f64),
+                    winner_metric: metrics.get(&won.handle).and_then(Value::as_f64),
+                    chosen_by: Some(caller.to_string()),
+                    reason: Some(reason.to_string()),
+                };
+                e.record_typed_event(l, Some(stage), None, lost, None)?;
             }
             Ok(())
         })?;

@@ -115,7 +115,8 @@ pub enum Command {
     /// Run a command in a fresh sandbox, stream its output, remove the sandbox.
     ///
     /// Exits with the command's status (128+N when killed by signal N, 127
-    /// when the command does not exist).
+    /// when the command does not exist). Pipeline runs are `cairn pipeline
+    /// show|ls|approve|reject`.
     #[command(args_conflicts_with_subcommands = true, subcommand_negates_reqs = true)]
     Run {
         #[command(flatten)]
@@ -128,9 +129,34 @@ pub enum Command {
         #[command(subcommand)]
         show: Option<RunCommand>,
     },
-    /// Run pipelines: stages in sandboxes forked from snapshots.
+    /// Pipelines and their runs: stages in sandboxes forked from snapshots.
     #[command(subcommand)]
     Pipeline(PipelineCommand),
+    /// Where a pipeline run's time and bytes went, stage by stage, with
+    /// advice on snapshots and checkpoints where it applies.
+    ///
+    /// For each stage (each branch of a group): setup time (making the
+    /// sandbox, writing edits) against compute time (its commands), the
+    /// output snapshot's and checkpoints' cost and new bytes, artifacts,
+    /// retries with the work they lost and what restoring a checkpoint
+    /// saved. Advice is given for a stage computing over 5 minutes without
+    /// `checkpoint_every`, for over 10 GiB carried as artifacts, and for
+    /// commands every branch of a group runs alike that a stage before the
+    /// group would run once.
+    #[command(after_help = "Examples:\n  cairn audit 3f2a9c\n  cairn audit 3f2a9c --json | jq '.recommendations'")]
+    Audit {
+        /// Run id or unique prefix (`cairn pipeline ls`).
+        run: String,
+        /// Print JSON for scripts instead of text.
+        #[arg(long)]
+        json: bool,
+        /// Compute time worth a snapshot (seconds; default 300).
+        #[arg(long, hide = true, value_name = "SECS", default_value_t = 300.0)]
+        long_stage_secs: f64,
+        /// State too large for artifacts (default 10G).
+        #[arg(long, hide = true, value_name = "SIZE", default_value = "10G", value_parser = parse_bytes)]
+        large_state: u64,
+    },
     /// Claim and run pipeline stages from the shared stage queue.
     ///
     /// Many hosts share one queue through one PostgreSQL state store
@@ -149,8 +175,10 @@ pub enum Command {
         #[command(subcommand)]
         list: Option<WorkerCommand>,
     },
-    /// List pipeline runs.
+    /// Deprecated: `cairn pipeline ls`.
+    #[command(hide = true)]
     Runs {
+        /// Print JSON for scripts instead of text.
         #[arg(long)]
         json: bool,
     },
@@ -183,6 +211,7 @@ pub enum Command {
         detach: bool,
         #[command(flatten)]
         process: ProcessArgs,
+        /// The command and its arguments.
         #[arg(last = true, required = true, value_name = "CMD")]
         cmd: Vec<String>,
     },
@@ -194,18 +223,25 @@ pub enum Command {
     /// permission bits less the umask, never setuid, setgid or sticky. A
     /// destination that is a symlink is replaced by the copy, not written
     /// through (one to a directory gets the file inside).
-    Cp { src: String, dst: String },
+    Cp {
+        /// A host path, or ID:/path in a sandbox.
+        src: String,
+        /// A host path (`-`: stdout), or ID:/path in a sandbox.
+        dst: String,
+    },
     /// List sandboxes.
     Ps {
         /// Only print ids.
         #[arg(long, short)]
         quiet: bool,
+        /// Print JSON for scripts instead of text.
         #[arg(long)]
         json: bool,
     },
     /// Print a sandbox's log (init's messages, background processes'
     /// output), or with a stage, a pipeline stage's output: `cairn logs RUN STAGE`.
     Logs {
+        /// Sandbox id, unique id prefix or name; with STAGE, a run id or prefix.
         sandbox: String,
         /// A stage of the run given first (`stage` or `stage.branch`).
         stage: Option<String>,
@@ -218,6 +254,7 @@ pub enum Command {
         /// Kill running sandboxes first.
         #[arg(long, short)]
         force: bool,
+        /// Sandbox ids, unique id prefixes or names.
         #[arg(required = true)]
         sandboxes: Vec<String>,
     },
@@ -234,6 +271,7 @@ pub enum Command {
         /// A label to find the snapshot by (`cairn restore LABEL`).
         #[arg(long)]
         label: Option<String>,
+        /// Print JSON for scripts instead of text.
         #[arg(long)]
         json: bool,
         #[command(subcommand)]
@@ -245,6 +283,7 @@ pub enum Command {
         /// Draw the lineage as a tree.
         #[arg(long)]
         tree: bool,
+        /// Print JSON for scripts instead of text.
         #[arg(long)]
         json: bool,
     },
@@ -282,6 +321,7 @@ pub enum Command {
     /// Release what crashed or killed Cairn processes left behind, and the
     /// layers and chunks nothing uses any more.
     Gc {
+        /// Print JSON for scripts instead of text.
         #[arg(long)]
         json: bool,
     },
@@ -360,20 +400,49 @@ pub enum Command {
         /// the fresh figure and the one after.
         #[arg(long, default_value_t = 2000, value_name = "N")]
         churn: usize,
+        /// Print JSON for scripts instead of text.
         #[arg(long)]
         json: bool,
     },
 }
 
+/// The spellings of `cairn pipeline show|approve|reject` before pipeline
+/// runs had one noun; each still works with a note on stderr, for one release.
 #[derive(Subcommand)]
 pub enum RunCommand {
-    /// A pipeline run's lineage: stages, branches, winners, retries,
-    /// checkpoints, dead letters, artifacts.
+    /// Deprecated: `cairn pipeline show`.
+    #[command(hide = true)]
     Show {
         run: String,
+        /// Print JSON for scripts instead of text.
         #[arg(long)]
         json: bool,
     },
+    /// Deprecated: `cairn pipeline approve`.
+    #[command(hide = true)]
+    Approve {
+        run: String,
+        stage: String,
+        #[arg(long, value_name = "TEXT")]
+        reason: Option<String>,
+        #[arg(long)]
+        no_continue: bool,
+        #[command(flatten)]
+        model: PipelineModelArgs,
+    },
+    /// Deprecated: `cairn pipeline reject`.
+    #[command(hide = true)]
+    Reject {
+        run: String,
+        stage: String,
+        #[arg(long, value_name = "TEXT", required = true)]
+        reason: String,
+    },
+}
+
+/// What a person decides about a stage waiting for approval.
+#[derive(Subcommand)]
+pub enum VerdictCommand {
     /// Approve a stage that waits for a person (`approve = true`), then
     /// continue the run here, like `cairn pipeline resume`.
     ///
@@ -382,7 +451,9 @@ pub enum RunCommand {
     /// RUN` continues it. Exits 0 when the run completes, 1 when it fails,
     /// 3 when it stops at another stage waiting for approval.
     Approve {
+        /// Run id or unique prefix.
         run: String,
+        /// The stage waiting for approval.
         stage: String,
         /// Why, recorded with the approval (at most 4 KiB).
         #[arg(long, value_name = "TEXT")]
@@ -398,7 +469,9 @@ pub enum RunCommand {
     /// dead-letter queue; start a new run to try again (completed stage keys
     /// are reused).
     Reject {
+        /// Run id or unique prefix.
         run: String,
+        /// The stage waiting for approval.
         stage: String,
         /// Why (required, at most 4 KiB).
         #[arg(long, value_name = "TEXT", required = true)]
@@ -431,11 +504,13 @@ pub struct WorkerArgs {
 pub enum WorkerCommand {
     /// The workers that ever registered on this state store.
     Ls {
+        /// Print JSON for scripts instead of text.
         #[arg(long)]
         json: bool,
     },
     /// The stage queue: runs and branches, their claims and leases.
     Jobs {
+        /// Print JSON for scripts instead of text.
         #[arg(long)]
         json: bool,
     },
@@ -447,9 +522,10 @@ pub enum PipelineCommand {
     ///
     /// Exits 0 when the run completes, 1 when it fails (a stage in the
     /// dead-letter queue, or rejected), and 3 when it stops at a stage with
-    /// `approve = true`: the run waits, with no process, until `cairn run
-    /// approve RUN STAGE` continues it.
+    /// `approve = true`: the run waits, with no process, until `cairn
+    /// pipeline approve RUN STAGE` continues it.
     Run {
+        /// The pipeline file (TOML; docs/pipelines.md).
         file: PathBuf,
         /// Set a parameter (repeatable), overriding [params].
         #[arg(long = "param", value_name = "KEY=VALUE")]
@@ -466,12 +542,33 @@ pub enum PipelineCommand {
     ///
     /// Exits like `pipeline run`: 0 completed, 1 failed, 3 waiting for approval.
     Resume {
+        /// Run id or unique prefix.
         run: String,
         #[command(flatten)]
         model: PipelineModelArgs,
         #[command(flatten)]
         queue: QueueArgs,
     },
+    /// List pipeline runs: status (`interrupted` when nothing executes a
+    /// run recorded as running), pipeline, file.
+    Ls {
+        /// Print JSON for scripts instead of text.
+        #[arg(long)]
+        json: bool,
+    },
+    /// A run's lineage: stages, branches with the winner and why the others
+    /// lost, attempts, retries and the checkpoints they restored, decisions,
+    /// dead letters, artifacts. `--json` gives the same records, each event
+    /// with its typed fields (docs/formats.md, "Run events").
+    Show {
+        /// Run id or unique prefix.
+        run: String,
+        /// Print JSON for scripts instead of text.
+        #[arg(long)]
+        json: bool,
+    },
+    #[command(flatten)]
+    Verdict(VerdictCommand),
 }
 
 /// Running through the shared stage queue instead of in this process.
@@ -507,13 +604,18 @@ pub struct PipelineModelArgs {
 pub enum DlqCommand {
     /// List dead letters.
     Ls {
+        /// Print JSON for scripts instead of text.
         #[arg(long)]
         json: bool,
     },
     /// One dead letter, with its failure and input snapshots.
-    Show { id: String },
+    Show {
+        /// Dead letter id or unique prefix (`cairn dlq ls`).
+        id: String,
+    },
     /// Run the stage again (fresh retries), then the rest of its run.
     Retry {
+        /// Dead letter id or unique prefix (`cairn dlq ls`).
         id: String,
         #[command(flatten)]
         model: PipelineModelArgs,
@@ -524,13 +626,17 @@ pub enum DlqCommand {
 pub enum ArtifactCommand {
     /// List artifacts (of one run).
     Ls {
+        /// Run id or unique prefix; every run's when left out.
         run: Option<String>,
+        /// Print JSON for scripts instead of text.
         #[arg(long)]
         json: bool,
     },
     /// Write an artifact's content to a file or stdout (`-`).
     Get {
+        /// Artifact id or unique prefix (`cairn artifact ls`).
         id: String,
+        /// Where to write it; `-` is standard output.
         #[arg(short, long, default_value = "-")]
         output: PathBuf,
     },
@@ -543,11 +649,13 @@ pub enum SnapshotCommand {
     Show {
         /// Snapshot id, unique prefix or label.
         snapshot: String,
+        /// Print JSON for scripts instead of text.
         #[arg(long)]
         json: bool,
     },
     /// Forget snapshots; sandboxes and snapshots made from them are unaffected.
     Rm {
+        /// Snapshot ids, unique prefixes or labels.
         #[arg(required = true)]
         snapshots: Vec<String>,
     },
@@ -581,17 +689,20 @@ pub enum ImageCommand {
     },
     /// Import a directory or a tarball (e.g. `docker export` output; plain, gzip or zstd).
     Import {
+        /// A directory, or a tarball (plain, gzip or zstd).
         path: PathBuf,
         #[arg(long)]
         name: String,
     },
     /// List images.
     Ls {
+        /// Print JSON for scripts instead of text.
         #[arg(long)]
         json: bool,
     },
     /// Remove images (sandboxes using them keep their layers).
     Rm {
+        /// Image names (`cairn image ls`).
         #[arg(required = true)]
         names: Vec<String>,
     },
@@ -609,16 +720,19 @@ pub enum TokenCommand {
     Create {
         /// A name to tell tokens apart (letters, digits, '-', '_', '.').
         name: String,
+        /// Print JSON for scripts instead of text.
         #[arg(long)]
         json: bool,
     },
     /// List tokens (names and ids; secrets are never shown again).
     Ls {
+        /// Print JSON for scripts instead of text.
         #[arg(long)]
         json: bool,
     },
     /// Revoke tokens by id or name; requests using them are refused at once.
     Rm {
+        /// Token ids or names (`cairn token ls`).
         #[arg(required = true)]
         tokens: Vec<String>,
     },
@@ -676,6 +790,7 @@ pub enum SessionCommand {
         /// forked at and the reason given.
         #[arg(long, conflicts_with = "json")]
         tree: bool,
+        /// Print JSON for scripts instead of text.
         #[arg(long)]
         json: bool,
     },
@@ -683,6 +798,7 @@ pub enum SessionCommand {
     Show {
         /// Session id, unique id prefix (3+ characters) or name.
         id: String,
+        /// Print JSON for scripts instead of text.
         #[arg(long)]
         json: bool,
     },
@@ -884,6 +1000,7 @@ pub enum AgentCommand {
         /// Stop once the model calls cost this many US dollars.
         #[arg(long, value_name = "USD")]
         budget_usd: Option<f64>,
+        /// Print JSON for scripts instead of text.
         #[arg(long)]
         json: bool,
     },
@@ -897,6 +1014,7 @@ pub enum AgentCommand {
         /// Raise the budget.
         #[arg(long, value_name = "USD")]
         budget_usd: Option<f64>,
+        /// Print JSON for scripts instead of text.
         #[arg(long)]
         json: bool,
     },
@@ -905,11 +1023,13 @@ pub enum AgentCommand {
     Show {
         /// Agent name (agent-…), session id or unique id prefix.
         agent: String,
+        /// Print JSON for scripts instead of text.
         #[arg(long)]
         json: bool,
     },
     /// List agents.
     Ls {
+        /// Print JSON for scripts instead of text.
         #[arg(long)]
         json: bool,
     },

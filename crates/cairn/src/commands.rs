@@ -121,11 +121,7 @@ pub fn dispatch(cli: Cli) -> Result<i32> {
     }
     let mut engine = Engine::open(home)?;
     let result = match cli.command {
-        Command::Run {
-            show: Some(crate::cli::RunCommand::Show { run, json }),
-            ..
-        } => crate::pipelines::show(&engine, &run, json).map(|()| 0),
-        Command::Run { show: Some(cmd), .. } => crate::pipelines::verdict(&mut engine, cmd),
+        Command::Run { show: Some(cmd), .. } => crate::pipelines::deprecated(&mut engine, cmd),
         Command::Run {
             sandbox,
             process,
@@ -133,7 +129,25 @@ pub fn dispatch(cli: Cli) -> Result<i32> {
             show: None,
         } => run(&mut engine, &sandbox, &process, cmd),
         Command::Pipeline(cmd) => crate::pipelines::pipeline(&mut engine, cmd),
-        Command::Runs { json } => crate::pipelines::runs(&engine, json).map(|()| 0),
+        Command::Runs { json } => {
+            crate::pipelines::note_deprecated("runs", "pipeline ls");
+            crate::pipelines::runs(&engine, json).map(|()| 0)
+        }
+        Command::Audit {
+            run,
+            json,
+            long_stage_secs,
+            large_state,
+        } => {
+            if !(long_stage_secs.is_finite() && long_stage_secs > 0.0 && long_stage_secs < 1e9) {
+                anyhow::bail!("--long-stage-secs must be a number of seconds above 0, e.g. 300");
+            }
+            let limits = cairn_engine::pipeline::audit::AuditLimits {
+                long: std::time::Duration::from_secs_f64(long_stage_secs),
+                large_bytes: large_state,
+            };
+            crate::pipelines::audit(&engine, &run, json, &limits).map(|()| 0)
+        }
         Command::Dlq(cmd) => crate::pipelines::dlq(&mut engine, cmd),
         Command::Session(cmd) => crate::sessions::session(&mut engine, cmd),
         Command::Artifact(cmd) => crate::pipelines::artifact(&engine, cmd).map(|()| 0),

@@ -1,4 +1,5 @@
-//! Pipeline commands: run, resume, runs, run show, dlq, artifacts, stage logs.
+//! Pipeline commands: run, resume, ls, show, approve and reject, audit, dlq,
+//! artifacts, stage logs.
 
 use std::io::Write;
 
@@ -9,7 +10,7 @@ use cairn_engine::Engine;
 
 use cairn_engine::pipeline::approval::{approve_command, Verdict, AWAITING};
 
-use crate::cli::{ArtifactCommand, DlqCommand, PipelineCommand, PipelineModelArgs, RunCommand};
+use crate::cli::{ArtifactCommand, DlqCommand, PipelineCommand, PipelineModelArgs, RunCommand, VerdictCommand};
 
 /// Stage progress and a live tail of stage output, on stderr.
 struct Progress;
@@ -75,8 +76,113 @@ pub fn pipeline(engine: &mut Engine, cmd: PipelineCommand) -> Result<i32> {
             eprintln!("cairn: resuming run {}", run.id);
             engine.execute_run(&run.id, &Progress)?
         }
+        PipelineCommand::Ls { json } => return runs(engine, json).map(|()| 0),
+        PipelineCommand::Show { run, json } => return show(engine, &run, json).map(|()| 0),
+        PipelineCommand::Verdict(v) => return verdict(engine, v),
     };
     ended(engine, &run)
+}
+
+/// The spellings from before `cairn pipeline show|ls|approve|reject`: they
+/// work, with a note saying what replaces them.
+pub fn deprecated(engine: &mut Engine, cmd: RunCommand) -> Result<i32> {
+    let (old, new) = match &cmd {
+        RunCommand::Show { .. } => ("run show", "pipeline show"),
+        RunCommand::Approve { .. } => ("run approve", "pipeline approve"),
+        RunCommand::Reject { .. } => ("run reject", "pipeline reject"),
+    };
+    note_deprecated(old, new);
+    match cmd {
+        RunCommand::Show { run, json } => show(engine, &run, json).map(|()| 0),
+        RunCommand::Approve {
+            run,
+            stage,
+            reason,
+            no_continue,
+            model,
+        } => verdict(
+            engine,
+            VerdictCommand::Approve {
+                run,
+                stage,
+                reason,
+                no_continue,
+                model,
+            },
+        ),
+        RunCommand::Reject { run, stage, reason } => verdict(engine, VerdictCommand::Reject { run, stage, reason }),
+    }
+}
+
+/// Says on stderr that `cairn OLD` is now `cairn NEW`.
+pub fn note_deprecated(old: &str, new: &str) {
+    eprintln!("cairn: `cairn {old}` is deprecated and will be removed in the next release; use `cairn {new}`");
+}
+
+/// `cairn audit RUN`: each stage's time and bytes, then the advice.
+pub fn audit(
+    engine: &Engine,
+    run: &str,
+    json: bool,
+    limits: &cairn_engine::pipeline::audit::AuditLimits,
+) -> Result<()> {
+    use cairn_engine::pipeline::audit::{bytes_words, duration_words};
+    let a = engine.audit_run(run, limits)?;
+    if json {
+        println!("{}", serde_json::to_string_pretty(&a)?);
+        return Ok(());
+    }
+    let t = |ms: Option<u64>| ms.map(duration_words).unwrap_or_else(|| "-".into());
+    let b = |n: Option<u64>| n.map(bytes_words).unwrap_or_else(|| "-".into());
+    println!("run {} · {} · {}", a.run, a.pipeline, a.status);
+    println!(
+        "{:<24} {:<10} {:>4} {:>8} {:>8} {:>8} {:>8} {:>11} {:>10} {:>10} {:>8} {:>8}",
+        "STAGE",
+        "STATUS",
+        "TRY",
+        "SETUP",
+        "COMPUTE",
+        "RESTORE",
+        "SNAPSHOT",
+        "CHECKPOINTS",
+        "STATE",
+        "ARTIFACTS",
+        "LOST",
+        "SAVED"
+    );
+    for s in &a.stages {
+        let name = if s.branch.is_empty() {
+            s.stage.clone()
+        } else {
+            format!("{}[{}]", s.stage, s.branch)
+        };
+        let status = if s.reused { "reused" } else { &s.status };
+        println!(
+            "{:<24} {:<10} {:>4} {:>8} {:>8} {:>8} {:>8} {:>11} {:>10} {:>10} {:>8} {:>8}",
+            name,
+            status,
+            s.attempts,
+            t(s.setup_ms),
+            t(s.compute_ms),
+            t(s.restore_ms),
+            t(s.snapshot_ms),
+            format!("{} · {}", s.checkpoints, duration_words(s.checkpoint_ms)),
+            b(s.state_bytes),
+            bytes_words(s.artifact_bytes),
+            t(s.lost_ms),
+            duration_words(s.saved_ms)
+        );
+    }
+    for n in &a.notes {
+        println!("note: {n}");
+    }
+    if a.recommendations.is_empty() {
+        println!("no advice: no stage computed over the time worth a snapshot without checkpoints, none carried large state as artifacts, and no branch group repeated a shared prefix");
+    }
+    for r in &a.recommendations {
+        println!("advice ({}): {}", r.kind, r.advice);
+    }
+    Ok(())
 }
 
 /// Queues a run for the workers and, unless detached, follows its events
@@ -125,7 +231,7 @@ fn ended(engine: &Engine, run: &RunRecord) -> Result<i32> {
         eprintln!("cairn: run {} waits for approval of stage {stage}", run.id);
         eprintln!("cairn: to continue it, run: {}", approve_command(&run.id, &stage));
         eprintln!(
-            "cairn: to fail it there, run: cairn run reject {} {stage} --reason TEXT",
+            "cairn: to fail it there, run: cairn pipeline reject {} {stage} --reason TEXT",
             run.id
         );
         return Ok(AWAITING_APPROVAL_EXIT);
@@ -149,12 +255,11 @@ fn who() -> String {
         .unwrap_or_else(|| format!("uid {}", nix::unistd::getuid()))
 }
 
-/// `cairn run approve|reject`: records the verdict, then (approved)
+/// `cairn pipeline approve|reject`: records the verdict, then (approved)
 /// continues the run in the foreground.
-pub fn verdict(engine: &mut Engine, cmd: RunCommand) -> Result<i32> {
+fn verdict(engine: &mut Engine, cmd: VerdictCommand) -> Result<i32> {
     match cmd {
-        RunCommand::Show { .. } => unreachable!("handled by show"),
-        RunCommand::Approve {
+        VerdictCommand::Approve {
             run,
             stage,
             reason,
@@ -171,7 +276,7 @@ pub fn verdict(engine: &mut Engine, cmd: RunCommand) -> Result<i32> {
             let run = engine.execute_run(&run.id, &Progress)?;
             ended(engine, &run)
         }
-        RunCommand::Reject { run, stage, reason } => {
+        VerdictCommand::Reject { run, stage, reason } => {
             let run = engine.decide_approval(&run, &stage, Verdict::Reject, &who(), Some(&reason))?;
             eprintln!("cairn: stage {stage} of run {} rejected; the run failed", run.id);
             Ok(0)

@@ -52,7 +52,7 @@ fn only_agent(home: &Home) -> String {
 }
 
 fn run_json(home: &Home, run: &str) -> Value {
-    serde_json::from_str(&home.ok(&["run", "show", run, "--json"])).unwrap()
+    serde_json::from_str(&home.ok(&["pipeline", "show", run, "--json"])).unwrap()
 }
 
 fn event_kinds(run: &Value) -> Vec<String> {
@@ -461,7 +461,7 @@ fn a_loop_killed_at_random_instants_resumes_without_a_stage_twice_or_a_reply_los
     assert_eq!(rounds.len(), 5, "one recorded reply per turn: {ids:?}");
     assert_eq!(shown["stages"], 4);
     // Exactly the four runs the calls named, each completed once.
-    let runs: Value = serde_json::from_str(&home.ok(&["runs", "--json"])).unwrap();
+    let runs: Value = serde_json::from_str(&home.ok(&["pipeline", "ls", "--json"])).unwrap();
     assert_eq!(runs.as_array().unwrap().len(), 4, "{runs}");
     for r in runs.as_array().unwrap() {
         let run = run_json(&home, r["id"].as_str().unwrap());
@@ -567,7 +567,7 @@ fn a_group_of_hypotheses_runs_as_one_stage_and_the_first_success_wins() {
     let group = rounds[1]["calls"][0]["stage_run"].as_str().unwrap();
     let select: Value = serde_json::from_str(rounds[2]["calls"][0]["result"].as_str().unwrap()).unwrap();
     assert_eq!(select["winner"], "fast", "{select}");
-    let runs: Value = serde_json::from_str(&home.ok(&["runs", "--json"])).unwrap();
+    let runs: Value = serde_json::from_str(&home.ok(&["pipeline", "ls", "--json"])).unwrap();
     assert_eq!(runs.as_array().unwrap().len(), 1, "three hypotheses, one run: {runs}");
     let won = run_json(&home, group);
     assert!(won["events"]

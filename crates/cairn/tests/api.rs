@@ -558,11 +558,58 @@ n = "0"
         kinds.contains(&"reattached"),
         "the first stage went on in its sandbox: {kinds:?}"
     );
+    // Events carry their typed fields through the API too.
+    let completed: Vec<&Value> = detail["events"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|e| e["data"]["type"] == "stage-completed")
+        .collect();
+    assert!(!completed.is_empty(), "{detail}");
+    assert!(completed
+        .iter()
+        .all(|e| e["data"]["output_snapshot"] == e["snapshot_id"] && e["data"]["compute_ms"].is_u64()));
     let artifact = detail["artifacts"][0]["id"].as_str().unwrap();
     let resp = s.req("GET", &format!("/v1/artifacts/{artifact}")).call().unwrap();
     assert_eq!(resp.into_string().unwrap(), "one\ntwo\n");
     let (status, log) = s.call("GET", &format!("/v1/runs/{run_id}/logs/two"), None);
     assert_eq!((status, log.as_str()), (200, Some("one\n")));
+    // A tail: the last bytes from the first whole line; bounds checked.
+    let (status, log) = s.call("GET", &format!("/v1/runs/{run_id}/logs/two?tail_bytes=100"), None);
+    assert_eq!((status, log.as_str()), (200, Some("one\n")));
+    for bad in ["0", "16777217", "-1", "x"] {
+        let (status, _) = s.call("GET", &format!("/v1/runs/{run_id}/logs/two?tail_bytes={bad}"), None);
+        assert_eq!(status, 400, "tail_bytes={bad}");
+    }
+    // The list counts each run's stages by status.
+    let (_, listed) = s.call("GET", "/v1/runs", None);
+    let mine = listed["items"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|r| r["id"] == run_id.as_str())
+        .unwrap();
+    assert_eq!(mine["stage_counts"]["completed"], 2, "{mine}");
+    // The audit of the run: each stage's costs from its typed events.
+    let (status, audit) = s.call("GET", &format!("/v1/runs/{run_id}/audit"), None);
+    assert_eq!(status, 200, "{audit}");
+    let stages = audit["stages"].as_array().unwrap();
+    assert_eq!(stages.len(), 2, "{audit}");
+    assert!(
+        stages
+            .iter()
+            .all(|s| s["compute_ms"].is_u64() && s["restore_ms"].is_u64()),
+        "{audit}"
+    );
+    let (status, _) = s.call("GET", "/v1/runs/nosuchrun/audit", None);
+    assert_eq!(status, 404);
+    // The lineage page is served from the binary, with a strict policy.
+    let resp = s.req("GET", "/ui/").call().unwrap();
+    assert!(resp
+        .header("content-security-policy")
+        .unwrap()
+        .contains("default-src 'none'"));
+    assert!(resp.into_string().unwrap().contains("/ui/app.js"));
 }
 
 #[test]

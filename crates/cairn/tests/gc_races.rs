@@ -203,7 +203,7 @@ fn gc_during_artifact_collection_loses_nothing() {
 
     // One more gc, then every artifact reads back whole.
     home.ok(&["gc"]);
-    let v: serde_json::Value = serde_json::from_str(&home.ok(&["run", "show", &run, "--json"])).unwrap();
+    let v: serde_json::Value = serde_json::from_str(&home.ok(&["pipeline", "show", &run, "--json"])).unwrap();
     let artifacts = v["artifacts"].as_array().unwrap();
     assert_eq!(artifacts.len(), 4, "{v}");
     let out_dir = tempfile::tempdir().unwrap();

@@ -32,7 +32,7 @@ artifacts = ["/work/starts", "/work/progress"]
 "#;
 
 fn show(home: &Home, run: &str) -> serde_json::Value {
-    serde_json::from_str(&home.ok(&["run", "show", run, "--json"])).unwrap()
+    serde_json::from_str(&home.ok(&["pipeline", "show", run, "--json"])).unwrap()
 }
 
 fn events<'a>(v: &'a serde_json::Value, kind: &str) -> Vec<&'a serde_json::Value> {
@@ -107,7 +107,7 @@ fn a_gvisor_stage_killed_inside_its_memory_checkpoints_goes_on_where_it_was() {
         if i == 0 {
             // The run, its stage's sandbox, and the ballast in its memory.
             let (r, dir) = wait_for("the stage never started counting", || {
-                let runs: serde_json::Value = serde_json::from_str(&home.ok(&["runs", "--json"])).ok()?;
+                let runs: serde_json::Value = serde_json::from_str(&home.ok(&["pipeline", "ls", "--json"])).ok()?;
                 let r = runs.as_array()?.first()?["id"].as_str()?.to_string();
                 let sandbox = show(&home, &r)["stages"][0]["sandbox_id"].as_str()?.to_string();
                 let dir = home.path().join("sandboxes").join(sandbox);

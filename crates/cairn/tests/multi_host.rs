@@ -335,12 +335,12 @@ impl Cluster {
     }
 
     fn events(&self, k: usize, run: &str) -> Vec<serde_json::Value> {
-        let shown: serde_json::Value = serde_json::from_str(&self.ok(k, &["run", "show", run, "--json"])).unwrap();
+        let shown: serde_json::Value = serde_json::from_str(&self.ok(k, &["pipeline", "show", run, "--json"])).unwrap();
         shown["events"].as_array().cloned().unwrap_or_default()
     }
 
     fn run_status(&self, k: usize, run: &str) -> String {
-        let shown: serde_json::Value = serde_json::from_str(&self.ok(k, &["run", "show", run, "--json"])).unwrap();
+        let shown: serde_json::Value = serde_json::from_str(&self.ok(k, &["pipeline", "show", run, "--json"])).unwrap();
         shown["run"]["status"].as_str().unwrap_or_default().to_string()
     }
 
@@ -436,7 +436,7 @@ fn count_kind(events: &[serde_json::Value], kind: &str) -> usize {
 /// The output snapshot's /work/FILE, read on host `k` from a sandbox
 /// restored there.
 fn read_output(c: &Cluster, k: usize, run: &str, file: &str) -> String {
-    let shown: serde_json::Value = serde_json::from_str(&c.ok(k, &["run", "show", run, "--json"])).unwrap();
+    let shown: serde_json::Value = serde_json::from_str(&c.ok(k, &["pipeline", "show", run, "--json"])).unwrap();
     let snap = shown["stages"]
         .as_array()
         .unwrap()

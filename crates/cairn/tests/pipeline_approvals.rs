@@ -15,7 +15,7 @@ fn write(home: &Home, name: &str, text: &str) -> String {
 }
 
 fn show(home: &Home, run: &str) -> serde_json::Value {
-    serde_json::from_str(&home.ok(&["run", "show", run, "--json"])).unwrap()
+    serde_json::from_str(&home.ok(&["pipeline", "show", run, "--json"])).unwrap()
 }
 
 fn events<'a>(v: &'a serde_json::Value, kind: &str) -> Vec<&'a serde_json::Value> {
@@ -87,24 +87,24 @@ fn a_run_waits_for_approval_with_no_process_and_goes_on_when_approved() {
     );
     let run = stdout(&out).trim().to_string();
     assert!(
-        stderr(&out).contains(&format!("cairn run approve {run} deploy")),
+        stderr(&out).contains(&format!("cairn pipeline approve {run} deploy")),
         "it says what to run: {}",
         stderr(&out)
     );
     // Waiting is a record: nothing executes the run, and it is not interrupted.
-    let runs: serde_json::Value = serde_json::from_str(&home.ok(&["runs", "--json"])).unwrap();
+    let runs: serde_json::Value = serde_json::from_str(&home.ok(&["pipeline", "ls", "--json"])).unwrap();
     assert_eq!(runs[0]["status"], "awaiting_approval", "{runs}");
     assert_eq!(runs[0]["interrupted"], false);
     assert_eq!(runs[0]["orchestrator_pid"], serde_json::Value::Null);
     assert_eq!(runs[0]["awaiting_approval"], "deploy");
-    let listed = home.cairn(&["runs"]);
+    let listed = home.cairn(&["pipeline", "ls"]);
     assert!(stdout(&listed).contains("awaiting_approval"), "{}", stdout(&listed));
     assert!(
-        stderr(&listed).contains(&format!("cairn run approve {run} deploy")),
+        stderr(&listed).contains(&format!("cairn pipeline approve {run} deploy")),
         "{}",
         stderr(&listed)
     );
-    let tree = home.ok(&["run", "show", &run]);
+    let tree = home.ok(&["pipeline", "show", &run]);
     assert!(
         tree.contains("awaiting approval of stage deploy") && tree.contains("awaiting-approval"),
         "{tree}"
@@ -123,24 +123,28 @@ fn a_run_waits_for_approval_with_no_process_and_goes_on_when_approved() {
     );
 
     // Wrong verdicts are refused with what to do, and change nothing.
-    let (code, _, err) = as_user(&home, "alice", &["run", "approve", &run, "deplyo"]);
+    let (code, _, err) = as_user(&home, "alice", &["pipeline", "approve", &run, "deplyo"]);
     assert!(
         code != 0 && err.contains("has no stage \"deplyo\"") && err.contains("prepare, deploy, announce"),
         "{err}"
     );
-    let (code, _, err) = as_user(&home, "alice", &["run", "approve", &run, "prepare"]);
+    let (code, _, err) = as_user(&home, "alice", &["pipeline", "approve", &run, "prepare"]);
     assert!(code != 0 && err.contains("does not ask for approval"), "{err}");
-    let (code, _, err) = as_user(&home, "alice", &["run", "approve", &run, "announce"]);
+    let (code, _, err) = as_user(&home, "alice", &["pipeline", "approve", &run, "announce"]);
     assert!(code != 0 && err.contains("has not reached it"), "{err}");
-    let (code, _, err) = as_user(&home, "alice", &["run", "approve", "zzzzzz", "deploy"]);
+    let (code, _, err) = as_user(&home, "alice", &["pipeline", "approve", "zzzzzz", "deploy"]);
     assert!(code != 0 && err.contains("no run matches"), "{err}");
-    let (code, _, err) = as_user(&home, "alice", &["run", "reject", &run, "deploy"]);
+    let (code, _, err) = as_user(&home, "alice", &["pipeline", "reject", &run, "deploy"]);
     assert!(
         code != 0 && err.contains("--reason"),
         "a rejection needs a reason: {err}"
     );
     let long = "x".repeat(5000);
-    let (code, _, err) = as_user(&home, "alice", &["run", "approve", &run, "deploy", "--reason", &long]);
+    let (code, _, err) = as_user(
+        &home,
+        "alice",
+        &["pipeline", "approve", &run, "deploy", "--reason", &long],
+    );
     assert!(code != 0 && err.contains("4096-byte limit"), "{err}");
     assert!(events(&show(&home, &run), "approved").is_empty());
 
@@ -149,10 +153,10 @@ fn a_run_waits_for_approval_with_no_process_and_goes_on_when_approved() {
     let (code, _, err) = as_user(
         &home,
         "alice",
-        &["run", "approve", &run, "deploy", "--reason", "change 42 reviewed"],
+        &["pipeline", "approve", &run, "deploy", "--reason", "change 42 reviewed"],
     );
     assert_eq!(code, 3, "{err}");
-    assert!(err.contains(&format!("cairn run approve {run} announce")), "{err}");
+    assert!(err.contains(&format!("cairn pipeline approve {run} announce")), "{err}");
     let v = show(&home, &run);
     let approved = events(&v, "approved");
     assert_eq!(approved.len(), 1);
@@ -162,7 +166,7 @@ fn a_run_waits_for_approval_with_no_process_and_goes_on_when_approved() {
     assert_eq!(v["run"]["status"], "awaiting_approval");
     let log = home.ok(&["logs", &run, "deploy"]);
     assert_eq!(log, "prepared");
-    let (code, _, err) = as_user(&home, "alice", &["run", "approve", &run, "deploy"]);
+    let (code, _, err) = as_user(&home, "alice", &["pipeline", "approve", &run, "deploy"]);
     assert!(code != 0 && err.contains("already approved"), "twice is refused: {err}");
 
     // Resuming a waiting run stops at the same place and runs nothing.
@@ -174,7 +178,7 @@ fn a_run_waits_for_approval_with_no_process_and_goes_on_when_approved() {
     let (code, _, err) = as_user(
         &home,
         "bob",
-        &["run", "reject", &run, "announce", "--reason", "not today"],
+        &["pipeline", "reject", &run, "announce", "--reason", "not today"],
     );
     assert_eq!(code, 0, "{err}");
     let v = show(&home, &run);
@@ -184,7 +188,7 @@ fn a_run_waits_for_approval_with_no_process_and_goes_on_when_approved() {
     assert!(!home.path().join(format!("runs/{run}/announce.log")).exists());
     let dlq: serde_json::Value = serde_json::from_str(&home.ok(&["dlq", "ls", "--json"])).unwrap();
     assert_eq!(dlq.as_array().unwrap().len(), 0, "a rejection is no dead letter");
-    let (code, _, err) = as_user(&home, "bob", &["run", "approve", &run, "announce"]);
+    let (code, _, err) = as_user(&home, "bob", &["pipeline", "approve", &run, "announce"]);
     assert!(code != 0 && err.contains("already rejected"), "{err}");
     let out = home.cairn(&["pipeline", "resume", &run]);
     assert_eq!(
@@ -228,15 +232,19 @@ fn an_approval_recorded_before_a_kill_is_kept_and_resume_continues_the_run() {
 
     // The approval is recorded first: with nothing continuing the run it is
     // interrupted, not waiting, and is approved once.
-    let (code, _, err) = as_user(&home, "carol", &["run", "approve", &run, "deploy", "--no-continue"]);
+    let (code, _, err) = as_user(
+        &home,
+        "carol",
+        &["pipeline", "approve", &run, "deploy", "--no-continue"],
+    );
     assert_eq!(code, 0, "{err}");
-    let runs: serde_json::Value = serde_json::from_str(&home.ok(&["runs", "--json"])).unwrap();
+    let runs: serde_json::Value = serde_json::from_str(&home.ok(&["pipeline", "ls", "--json"])).unwrap();
     assert_eq!(
         (runs[0]["status"].as_str(), runs[0]["interrupted"].as_bool()),
         (Some("running"), Some(true))
     );
 
-    let (code, _, err) = as_user(&home, "carol", &["run", "approve", &run, "deploy"]);
+    let (code, _, err) = as_user(&home, "carol", &["pipeline", "approve", &run, "deploy"]);
     assert!(code != 0 && err.contains("already approved"), "{err}");
     assert!(
         err.contains(&format!("cairn pipeline resume {run}")),

@@ -28,7 +28,7 @@ fn write(home: &Home, name: &str, text: &str) -> String {
 }
 
 fn show(home: &Home, run: &str) -> Value {
-    serde_json::from_str(&home.ok(&["run", "show", run, "--json"])).unwrap()
+    serde_json::from_str(&home.ok(&["pipeline", "show", run, "--json"])).unwrap()
 }
 
 fn events<'a>(v: &'a Value, kind: &str) -> Vec<&'a Value> {
@@ -134,7 +134,11 @@ fn a_decide_stage_chooses_three_hypotheses_that_the_next_stage_runs_as_a_branch_
     // charmm wins under min: 1 * scale, the scale the model chose (5).
     let won = events(&v, "won");
     assert_eq!(won.len(), 1);
-    assert_eq!(won[0]["detail"], "charmm won under min with 5");
+    assert_eq!(won[0]["detail"], "charmm won under min with 5; runner-up opls with 10");
+    assert_eq!(
+        (won[0]["branch"].as_str(), won[0]["data"]["runner_up"].as_str()),
+        (Some("charmm"), Some("opls"))
+    );
     assert_eq!(home.ok(&["logs", &run, "fit.opls"]), "oplsaa");
     // One decision, recorded with its model, reason, tokens and calls.
     let d = &v["decisions"];
@@ -144,7 +148,20 @@ fn a_decide_stage_chooses_three_hypotheses_that_the_next_stage_runs_as_a_branch_
     assert_eq!(d[0]["answer"]["params"]["scale"], "5");
     assert!(d[0]["input_tokens"].as_u64().unwrap() > 0);
     assert_eq!(d[0]["reason"], "charmm minimised lowest; amber and opls bracket it");
-    let tree = home.ok(&["run", "show", &run]);
+    // The lineage's `decided` event carries the model's reason as a field.
+    let decided = events(&v, "decided");
+    assert_eq!(decided.len(), 1, "{v}");
+    assert_eq!(
+        (
+            decided[0]["data"]["reason"].as_str(),
+            decided[0]["data"]["model"].as_str()
+        ),
+        (
+            Some("charmm minimised lowest; amber and opls bracket it"),
+            Some("anthropic/claude-test")
+        )
+    );
+    let tree = home.ok(&["pipeline", "show", &run]);
     assert!(
         tree.contains("◇ decision 1 by anthropic/claude-test: hypotheses amber, charmm, opls; params scale=5"),
         "{tree}"
@@ -223,7 +240,11 @@ fn invalid_answers_send_the_decide_stage_to_the_dead_letters_and_a_dlq_retry_ask
     let v = show(&home, &run);
     assert_eq!(v["run"]["status"], "completed", "{v}");
     assert_eq!(v["decisions"].as_array().unwrap().len(), 1);
-    assert_eq!(events(&v, "won")[0]["detail"], "charmm won under min with 5");
+    assert_eq!(
+        events(&v, "won")[0]["detail"],
+        "charmm won under min with 5; runner-up opls with 10"
+    );
+    assert_eq!(events(&v, "won")[0]["data"]["branch"], "charmm");
     assert_eq!((model.requests().len(), better.requests().len()), (3, 1));
 }
 
@@ -246,7 +267,7 @@ fn an_outage_leaves_the_run_interrupted_and_resume_asks_again() {
         "{}",
         stderr(&out)
     );
-    let runs: Value = serde_json::from_str(&home.ok(&["runs", "--json"])).unwrap();
+    let runs: Value = serde_json::from_str(&home.ok(&["pipeline", "ls", "--json"])).unwrap();
     assert_eq!(runs[0]["interrupted"], true, "{runs}");
     let v = show(&home, &run);
     assert_eq!(events(&v, "model-unavailable").len(), 1);
@@ -283,7 +304,7 @@ fn a_decision_recorded_before_a_kill_is_not_asked_for_again() {
     let deadline = Instant::now() + Duration::from_secs(90);
     let run = loop {
         assert!(Instant::now() < deadline, "the branches never started");
-        let runs: Value = serde_json::from_str(&home.ok(&["runs", "--json"])).unwrap();
+        let runs: Value = serde_json::from_str(&home.ok(&["pipeline", "ls", "--json"])).unwrap();
         if let Some(id) = runs[0]["id"].as_str() {
             let v = show(&home, id);
             if rows(&v, "fit").iter().any(|r| r["status"] == "running") {
@@ -305,7 +326,11 @@ fn a_decision_recorded_before_a_kill_is_not_asked_for_again() {
         "the recorded decision was applied, not asked for"
     );
     assert_eq!(v["decisions"].as_array().unwrap().len(), 1);
-    assert_eq!(events(&v, "won")[0]["detail"], "charmm won under min with 5");
+    assert_eq!(
+        events(&v, "won")[0]["detail"],
+        "charmm won under min with 5; runner-up opls with 10"
+    );
+    assert_eq!(events(&v, "won")[0]["data"]["branch"], "charmm");
 }
 
 #[test]
@@ -424,7 +449,7 @@ run = ["echo report"]
         "{}",
         stderr(&out)
     );
-    assert_eq!(home.ok(&["runs", "--json"]), "[]");
+    assert_eq!(home.ok(&["pipeline", "ls", "--json"]), "[]");
     // A provider's own endpoint without its key is refused too.
     let out = home
         .command(&["pipeline", "run", &file, "--provider", "openai", "--model", "gpt-test"])
@@ -432,7 +457,7 @@ run = ["echo report"]
         .output()
         .unwrap();
     assert!(stderr(&out).contains("OPENAI_API_KEY is not set"), "{}", stderr(&out));
-    assert_eq!(home.ok(&["runs", "--json"]), "[]");
+    assert_eq!(home.ok(&["pipeline", "ls", "--json"]), "[]");
     // The flags name the model.
     let url = format!("{}/v1", model.url());
     let args = ["--provider", "openai", "--model", "gpt-test", "--base-url", &url];
@@ -475,7 +500,7 @@ fn a_person_approves_before_the_model_is_asked_and_before_its_branches_run() {
     let run = stdout(&out).trim().to_string();
     assert!(model.requests().is_empty(), "nobody approved asking the model yet");
 
-    let out = cairn(&home, &["run", "approve", &run, "choose", "--reason", "budget ok"])
+    let out = cairn(&home, &["pipeline", "approve", &run, "choose", "--reason", "budget ok"])
         .env("USER", "erin")
         .output()
         .unwrap();
@@ -486,12 +511,12 @@ fn a_person_approves_before_the_model_is_asked_and_before_its_branches_run() {
         stderr(&out)
     );
     assert!(
-        stderr(&out).contains(&format!("cairn run approve {run} fit")),
+        stderr(&out).contains(&format!("cairn pipeline approve {run} fit")),
         "{}",
         stderr(&out)
     );
     assert_eq!(model.requests().len(), 1);
-    let tree = home.ok(&["run", "show", &run]);
+    let tree = home.ok(&["pipeline", "show", &run]);
     assert!(
         tree.contains("◇ decision 1") && tree.contains("awaiting approval of stage fit"),
         "{tree}"
@@ -504,11 +529,15 @@ fn a_person_approves_before_the_model_is_asked_and_before_its_branches_run() {
         (Some(""), Some("awaiting_approval"))
     );
 
-    let out = cairn(&home, &["run", "approve", &run, "fit"]).output().unwrap();
+    let out = cairn(&home, &["pipeline", "approve", &run, "fit"]).output().unwrap();
     assert!(out.status.success(), "{}", stderr(&out));
     let v = show(&home, &run);
     assert_eq!(v["run"]["status"], "completed");
-    assert_eq!(events(&v, "won")[0]["detail"], "charmm won under min with 5");
+    assert_eq!(
+        events(&v, "won")[0]["detail"],
+        "charmm won under min with 5; runner-up opls with 10"
+    );
+    assert_eq!(events(&v, "won")[0]["data"]["branch"], "charmm");
     assert_eq!(model.requests().len(), 1, "approving fit did not ask again");
     let approved: Vec<&str> = events(&v, "approved")
         .iter()
@@ -542,14 +571,14 @@ fn the_decide_example_runs_with_the_model_choosing_the_sweep() {
         stdout(&out),
         stderr(&out)
     );
-    let runs: Value = serde_json::from_str(&home.ok(&["runs", "--json"])).unwrap();
+    let runs: Value = serde_json::from_str(&home.ok(&["pipeline", "ls", "--json"])).unwrap();
     let id = runs[0]["id"].as_str().unwrap().to_string();
-    let tree = home.ok(&["run", "show", &id]);
+    let tree = home.ok(&["pipeline", "show", &id]);
     assert!(tree.contains("hypotheses size-1, size-5, size-9"), "{tree}");
     assert!(tree.contains("the smallest and the largest block"), "{tree}");
-    let out = run(&["run", "approve", &id, "report", "--reason", "sizes look right"]);
+    let out = run(&["pipeline", "approve", &id, "report", "--reason", "sizes look right"]);
     assert!(out.status.success(), "{}{}", stdout(&out), stderr(&out));
-    let shown: Value = serde_json::from_str(&home.ok(&["run", "show", &id, "--json"])).unwrap();
+    let shown: Value = serde_json::from_str(&home.ok(&["pipeline", "show", &id, "--json"])).unwrap();
     assert_eq!(shown["run"]["status"], "completed");
     let won: Vec<&Value> = shown["events"]
         .as_array()

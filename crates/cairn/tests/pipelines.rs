@@ -14,11 +14,11 @@ fn write(home: &Home, name: &str, text: &str) -> String {
 }
 
 fn show(home: &Home, run: &str) -> serde_json::Value {
-    serde_json::from_str(&home.ok(&["run", "show", run, "--json"])).unwrap()
+    serde_json::from_str(&home.ok(&["pipeline", "show", run, "--json"])).unwrap()
 }
 
 /// Starts `cairn pipeline run FILE` in the background, polls its only run
-/// until `ready` holds for `cairn run show --json`, waits `then`, and kills
+/// until `ready` holds for `cairn pipeline show --json`, waits `then`, and kills
 /// the orchestrator (`kill -9`); returns the run id.
 fn kill_run_when(
     home: &Home,
@@ -42,12 +42,12 @@ fn kill_run_when(
     run.unwrap_or_else(|| panic!("{why}"))
 }
 
-/// The home's only run once `ready` holds for `cairn run show --json`
+/// The home's only run once `ready` holds for `cairn pipeline show --json`
 /// (polled for up to 90 s).
 fn the_run_when(home: &Home, ready: impl Fn(&serde_json::Value) -> bool) -> Option<String> {
     let deadline = Instant::now() + Duration::from_secs(90);
     while Instant::now() < deadline {
-        let runs: serde_json::Value = serde_json::from_str(&home.ok(&["runs", "--json"])).unwrap();
+        let runs: serde_json::Value = serde_json::from_str(&home.ok(&["pipeline", "ls", "--json"])).unwrap();
         if let Some(id) = runs.as_array().and_then(|a| a.first()).and_then(|r| r["id"].as_str()) {
             if ready(&show(home, id)) {
                 return Some(id.to_string());
@@ -115,7 +115,26 @@ fn a_failing_stage_retries_from_its_checkpoint_each_time() {
     assert!(events(&v, "retry")
         .iter()
         .all(|e| e["detail"].as_str().unwrap().contains("restores checkpoint")));
-    assert!(!events(&v, "checkpoint").is_empty());
+    let checkpoints: Vec<&str> = events(&v, "checkpoint")
+        .iter()
+        .map(|e| e["data"]["snapshot"].as_str().unwrap())
+        .collect();
+    assert!(!checkpoints.is_empty());
+    // Each retry names the checkpoint it restored, one the stage took.
+    for r in events(&v, "retry") {
+        let restored = r["data"]["checkpoint"].as_str().expect("a retry names its checkpoint");
+        assert!(checkpoints.contains(&restored), "{r}");
+        assert_eq!(r["data"]["parent_snapshot"].as_str(), Some(restored));
+        assert_eq!(r["snapshot_id"].as_str(), Some(restored));
+    }
+    let failed = events(&v, "failed");
+    assert!(failed
+        .iter()
+        .any(|f| f["data"]["type"] == "stage-failed" && f["data"]["attempt"] == 1));
+    let done = events(&v, "completed");
+    assert!(done
+        .iter()
+        .any(|c| c["data"]["type"] == "stage-completed" && c["data"]["attempt"] == 3));
     assert_eq!(v["run"]["status"], "completed");
 }
 
@@ -246,7 +265,48 @@ fn a_branch_group_keeps_the_right_winner_under_each_rule() {
             "{select}: {}",
             won[0]["detail"]
         );
-        assert_eq!(events(&v, "lost").len(), 2, "{select}: the losers keep their reason");
+        // The winner, rule and runner-up are fields, not only words.
+        let data = &won[0]["data"];
+        assert_eq!(won[0]["branch"], winner, "{select}: {won:?}");
+        assert_eq!(
+            (data["type"].as_str(), data["branch"].as_str()),
+            (Some("won"), Some(winner))
+        );
+        assert_eq!(data["rule"], select);
+        match select {
+            "min" => assert_eq!(
+                (data["metric"].as_f64(), data["runner_up"].as_str()),
+                (Some(1.0), Some("fast-mid"))
+            ),
+            "max" => assert_eq!(
+                (data["metric"].as_f64(), data["runner_up"].as_str()),
+                (Some(9.0), Some("fast-mid"))
+            ),
+            _ => assert!(
+                data["runner_up"].as_str().is_some_and(|r| r.starts_with("slow")),
+                "{data}"
+            ),
+        }
+        let lost = events(&v, "lost");
+        assert_eq!(lost.len(), 2, "{select}: the losers keep their reason");
+        assert!(lost
+            .iter()
+            .all(|l| l["data"]["winner"] == winner && l["data"]["ended"] == "completed"));
+        // Each branch's first attempt names the snapshot it forked.
+        let base = v["stages"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|s| s["stage"] == "base")
+            .unwrap();
+        let forks: Vec<_> = events(&v, "forked")
+            .into_iter()
+            .filter(|e| e["stage"] == "pick")
+            .collect();
+        assert_eq!(forks.len(), 3);
+        assert!(forks
+            .iter()
+            .all(|f| f["data"]["parent_snapshot"] == base["output_snapshot"] && f["data"]["attempt"] == 1));
         // The winner's files continue the run.
         let group = v["stages"]
             .as_array()
@@ -366,7 +426,7 @@ fn a_bad_pipeline_is_refused_before_anything_runs() {
     assert!(stderr(&out).contains("cycle"), "{}", stderr(&out));
     let out = home.cairn(&["pipeline", "run", &write(&home, "p.toml", DEAD), "--param", "nokey"]);
     assert!(stderr(&out).contains("KEY=VALUE"), "{}", stderr(&out));
-    assert_eq!(home.ok(&["runs", "--json"]), "[]");
+    assert_eq!(home.ok(&["pipeline", "ls", "--json"]), "[]");
     assert!(home.ps().is_empty());
 }
 
@@ -594,8 +654,8 @@ fn a_resumed_run_reattaches_to_the_command_still_running_in_its_sandbox() {
     let v = show(&home, &run);
     assert_eq!(v["run"]["status"], "running", "{v}");
     assert_eq!(v["run"]["interrupted"], true, "{v}");
-    assert!(home.ok(&["runs"]).contains("interrupted"));
-    assert!(home.ok(&["run", "show", &run]).contains("pipeline resume"));
+    assert!(home.ok(&["pipeline", "ls"]).contains("interrupted"));
+    assert!(home.ok(&["pipeline", "show", &run]).contains("pipeline resume"));
     let out = home.cairn(&["pipeline", "resume", &run]);
     assert!(out.status.success(), "{}", stderr(&out));
     let v = show(&home, &run);
@@ -818,7 +878,7 @@ fn a_pipeline_runs_on_a_postgres_state_store_and_its_keys_are_reused() {
             .get::<_, String>(0)
     );
     // Without the URL the home's embedded store knows nothing of the runs.
-    let mut embedded = home.command(&["runs", "--json"]);
+    let mut embedded = home.command(&["pipeline", "ls", "--json"]);
     embedded.env_remove("CAIRN_STATE");
     assert_eq!(stdout(&embedded.output().unwrap()).trim(), "[]");
 }
@@ -961,7 +1021,7 @@ fn a_stage_printing_2_gib_leaves_the_orchestrator_small_and_its_log_whole() {
     // The orchestrator echoes stage output on stderr: 2 GiB nobody reads here.
     let (code, out, peak) = run_measured(home.command(&["pipeline", "run", &file]).stderr(Stdio::null()));
     let run = out.trim().to_string();
-    assert_eq!(code, 0, "the run failed: {}", home.ok(&["run", "show", &run]));
+    assert_eq!(code, 0, "the run failed: {}", home.ok(&["pipeline", "show", &run]));
     eprintln!("cairn pipeline run: peak RSS {} MiB", peak >> 20);
     assert!(
         peak < RSS_BOUND,
@@ -1072,7 +1132,7 @@ run = [
         .unwrap();
     let deadline = std::time::Instant::now() + std::time::Duration::from_secs(300);
     let run = loop {
-        let runs: serde_json::Value = serde_json::from_str(&home.ok(&["runs", "--json"])).unwrap();
+        let runs: serde_json::Value = serde_json::from_str(&home.ok(&["pipeline", "ls", "--json"])).unwrap();
         if let Some(id) = runs[0]["id"].as_str() {
             let v = show(&home, id);
             if events(&v, "checkpoint").len() >= 3 {

@@ -38,7 +38,14 @@ def test_pipeline_run_completes_and_its_artifact_downloads(client):
     assert artifact.path == "/work/out.txt" and artifact.stage == "make"
     assert client.artifacts.download(artifact.id) == b"cairn\n"
     assert "made it" in client.runs.log(run.id, "make")
+    assert client.runs.log(run.id, "make", tail_bytes=1 << 20) == client.runs.log(run.id, "make")
     assert run.id in [r.id for r in client.runs.list()]
+    # Events carry typed fields; the audit reads them back per stage.
+    done = [e.data for e in detail.events if e.data and e.data["type"] == "stage-completed"]
+    assert len(done) == 2 and all(d["compute_ms"] >= 0 for d in done)
+    audit = client.runs.audit(run.id)
+    assert {s["stage"] for s in audit["stages"]} == {"make", "check"}
+    assert audit["stages"][0]["artifact_bytes"] + audit["stages"][1]["artifact_bytes"] == len("cairn\n")
 
 
 GATED = """

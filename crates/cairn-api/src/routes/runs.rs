@@ -156,11 +156,16 @@ pub async fn list(State(app): State<Arc<App>>, q: QueryResult<PageQuery>) -> Api
     let mut runs = app
         .engine(|e| {
             let runs = e.runs()?;
+            let mut counts = e.stage_counts()?;
             Ok(runs
                 .into_iter()
                 .map(|r| {
                     let live = e.run_executed(&r.id);
-                    Run::of(r, live)
+                    let stage_counts = counts.remove(&r.id).unwrap_or_default();
+                    Run {
+                        stage_counts,
+                        ..Run::of(r, live)
+                    }
                 })
                 .collect::<Vec<_>>())
         })
@@ -179,16 +184,35 @@ pub async fn get(State(app): State<Arc<App>>, Path(id): Path<String>) -> ApiResu
         .engine(move |e| {
             let run = e.run_record(&id)?;
             let live = e.run_executed(&run.id);
+            let stages: Vec<Stage> = e.run_stages(&run.id)?.into_iter().map(Stage::from).collect();
+            let mut stage_counts = std::collections::BTreeMap::new();
+            for s in &stages {
+                *stage_counts.entry(s.status.clone()).or_insert(0) += 1;
+            }
             Ok(RunDetail {
-                stages: e.run_stages(&run.id)?.into_iter().map(Stage::from).collect(),
+                stages,
                 events: e.run_events(&run.id)?.into_iter().map(RunEvent::from).collect(),
                 artifacts: e.artifacts(Some(&run.id))?.into_iter().map(Artifact::from).collect(),
                 decisions: e.run_decisions(&run.id)?.into_iter().map(Decision::from).collect(),
-                run: Run::of(run, live),
+                run: Run {
+                    stage_counts,
+                    ..Run::of(run, live)
+                },
             })
         })
         .await?;
     Ok(Json(detail))
+}
+
+/// Where a run's time and bytes went, stage by stage, with the seed's
+/// snapshot advice where it applies (`cairn audit`).
+#[utoipa::path(operation_id = "audit_run", get, path = "/v1/runs/{id}/audit", tag = "runs",
+    params(("id" = String, Path, description = "Run id or unique prefix")),
+    responses((status = 200, body = RunAudit), (status = 404, body = ErrorBody)))]
+pub async fn audit(State(app): State<Arc<App>>, Path(id): Path<String>) -> ApiResult<Json<RunAudit>> {
+    let limits = cairn_engine::pipeline::audit::AuditLimits::default();
+    let audit = app.engine(move |e| Ok(e.audit_run(&id, &limits)?)).await?;
+    Ok(Json(RunAudit::from(audit)))
 }
 
 /// Resumes an interrupted run in the server.
@@ -296,7 +320,13 @@ pub async fn reject(
 pub struct LogQuery {
     /// The branch, for a stage in a branch group.
     pub branch: Option<String>,
+    /// Only the last this many bytes (1 to 16 MiB), from the start of a line.
+    #[param(minimum = 1, maximum = 16777216)]
+    pub tail_bytes: Option<u64>,
 }
+
+/// The most a log tail returns.
+const LOG_TAIL_MAX: u64 = 16 << 20;
 
 /// A stage's output log (all attempts), as text.
 #[utoipa::path(operation_id = "get_stage_log", get, path = "/v1/runs/{id}/logs/{stage}", tag = "runs",
@@ -316,6 +346,12 @@ pub async fn log(
             "stage and branch are names: letters, digits, '-', '_', '.'",
         ));
     }
+    let tail = q.tail_bytes;
+    if tail.is_some_and(|t| t == 0 || t > LOG_TAIL_MAX) {
+        return Err(ApiError::bad_request(format!(
+            "tail_bytes is 1 to {LOG_TAIL_MAX} (16 MiB); leave it out for the whole log"
+        )));
+    }
     let path = app
         .engine(move |e| {
             let run = e.run_record(&id)?;
@@ -333,10 +369,37 @@ pub async fn log(
             Ok(path)
         })
         .await?;
-    let file = tokio::fs::File::open(&path)
+    let mut file = tokio::fs::File::open(&path)
         .await
         .map_err(|e| ApiError::internal(format!("{}: {e}", path.display())))?;
-    let mut resp = Response::new(axum::body::Body::from_stream(tokio_util::io::ReaderStream::new(file)));
+    let body = match tail {
+        None => axum::body::Body::from_stream(tokio_util::io::ReaderStream::new(file)),
+        Some(n) => {
+            use tokio::io::{AsyncReadExt, AsyncSeekExt};
+            let len = file
+                .metadata()
+                .await
+                .map_err(|e| ApiError::internal(format!("{}: {e}", path.display())))?
+                .len();
+            let from = len.saturating_sub(n);
+            file.seek(std::io::SeekFrom::Start(from))
+                .await
+                .map_err(|e| ApiError::internal(format!("{}: {e}", path.display())))?;
+            let mut bytes = Vec::with_capacity((len - from) as usize);
+            file.take(n)
+                .read_to_end(&mut bytes)
+                .await
+                .map_err(|e| ApiError::internal(format!("{}: {e}", path.display())))?;
+            // From the first whole line, unless the tail is the whole log.
+            if from > 0 {
+                if let Some(nl) = bytes.iter().position(|&b| b == b'\n') {
+                    bytes.drain(..=nl);
+                }
+            }
+            axum::body::Body::from(bytes)
+        }
+    };
+    let mut resp = Response::new(body);
     resp.headers_mut().insert(
         header::CONTENT_TYPE,
         HeaderValue::from_static("text/plain; charset=utf-8"),

@@ -1,12 +1,13 @@
 //! Stages that wait for a person: `approve = true` pauses a run before the
-//! stage, once its input is ready, until `cairn run approve RUN STAGE` (or
+//! stage, once its input is ready, until `cairn pipeline approve RUN STAGE` (or
 //! `reject`). Waiting is a record, not a process: the orchestrator writes
 //! the stage as `awaiting_approval`, the run as `awaiting_approval`, and
 //! exits. The verdict is recorded (who, why) before anything continues,
 //! so a process killed between the two loses nothing: `cairn pipeline
 //! resume` continues an approved run.
 
-use super::records::{RunRecord, StageRecord};
+use super::lineage::EventData;
+use super::records::{NewEvent, RunRecord, StageRecord};
 use super::run::{render, RunError, RunWatcher};
 use super::spec::{Pipeline, Stage};
 use crate::{now_ms, Engine, EngineError};
@@ -40,7 +41,7 @@ pub(super) enum Gate {
 
 /// The command that continues a run waiting at `stage`.
 pub fn approve_command(run: &str, stage: &str) -> String {
-    format!("cairn run approve {run} {stage} [--reason TEXT]")
+    format!("cairn pipeline approve {run} {stage} [--reason TEXT]")
 }
 
 impl Engine {
@@ -90,13 +91,18 @@ impl Engine {
             metric: None,
         });
         let detail = format!(
-            "waits for a person: `{}` continues the run, `cairn run reject {} {} --reason TEXT` fails it",
+            "waits for a person: `{}` continues the run, `cairn pipeline reject {} {} --reason TEXT` fails it",
             approve_command(&run.id, &stage.name),
             run.id,
             stage.name
         );
-        self.db
-            .put_stage_and_run(&rec, ("awaiting-approval", &detail), AWAITING, None, None)?;
+        self.db.put_stage_and_run(
+            &rec,
+            NewEvent::text("awaiting-approval", &detail, None),
+            AWAITING,
+            None,
+            None,
+        )?;
         watch.stage(&stage.name, "", AWAITING, &detail);
         Ok(Gate::Waiting)
     }
@@ -172,28 +178,33 @@ impl Engine {
             None => {
                 return Err(RunError::NotAwaitingApproval(format!(
                     "stage {stage} of run {} is not waiting for approval: the run has not reached it \
-                     (`cairn run show {}` shows where it is)",
+                     (`cairn pipeline show {}` shows where it is)",
                     run.id, run.id
                 ))
                 .into())
             }
         };
-        let said = reason.map(|r| format!(": {r}")).unwrap_or_default();
+        let event = NewEvent::typed(
+            EventData::Verdict {
+                approved: verdict == Verdict::Approve,
+                by: by.to_string(),
+                reason: reason.map(str::to_string),
+            },
+            None,
+        );
         match verdict {
             Verdict::Approve => {
                 rec.status = APPROVED.into();
-                let detail = format!("approved by {by}{said}");
-                self.db
-                    .put_stage_and_run(&rec, ("approved", &detail), "running", None, None)?;
+                self.db.put_stage_and_run(&rec, event, "running", None, None)?;
             }
             Verdict::Reject => {
-                let detail = format!("rejected by {by}{said}");
+                let detail = event.detail.clone();
                 rec.status = REJECTED.into();
                 rec.error = Some(detail.clone());
                 rec.ended_at = Some(now_ms());
                 let msg = format!("stage {stage} was {detail}");
                 self.db
-                    .put_stage_and_run(&rec, ("rejected", &detail), "failed", Some(&msg), Some(now_ms()))?;
+                    .put_stage_and_run(&rec, event, "failed", Some(&msg), Some(now_ms()))?;
             }
         }
         self.run_record(&run.id)

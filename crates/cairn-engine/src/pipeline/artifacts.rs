@@ -35,7 +35,7 @@ impl Engine {
         branch: &str,
         path: &str,
         snapshot: &str,
-    ) -> Result<(), EngineError> {
+    ) -> Result<u64, EngineError> {
         let scratch =
             crate::images::ScratchDir::new(&self.home.scratch()).map_err(|e| RunError::Read(self.home.scratch(), e))?;
         let tmp = scratch.path().join("artifact");
@@ -69,7 +69,7 @@ impl Engine {
             content_hash: hash,
             snapshot_id: snapshot.to_string(),
         })?;
-        Ok(())
+        Ok(size)
     }
 
     /// Writes an artifact's content to `out`, verified chunk by chunk.

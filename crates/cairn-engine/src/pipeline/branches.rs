@@ -1,7 +1,8 @@
 //! Branch groups: hypotheses forked from one snapshot in parallel, and the
 //! selection rule that keeps one winner.
 
-use super::records::{RunRecord, StageRecord};
+use super::lineage::EventData;
+use super::records::{NewEvent, RunRecord, StageRecord};
 use super::run::RunWatcher;
 use super::spec::{Branches, Pipeline, Selection, Stage};
 use crate::{now_ms, Engine, EngineError};
@@ -56,25 +57,36 @@ impl Engine {
         let Some(winner) = winner else {
             return Ok(None);
         };
+        // The runner-up: the best of the rest under the same rule.
+        let rest = done.iter().filter(|s| s.branch != winner.branch);
+        let runner_up = match &branches.select {
+            Selection::Min(_) => rest
+                .filter(|s| s.metric.is_some())
+                .min_by(|a, b| a.metric.unwrap().total_cmp(&b.metric.unwrap())),
+            Selection::Max(_) => rest
+                .filter(|s| s.metric.is_some())
+                .max_by(|a, b| a.metric.unwrap().total_cmp(&b.metric.unwrap())),
+            _ => rest.min_by_key(|s| s.ended_at.unwrap_or(i64::MAX)),
+        };
         for s in &rows {
             if s.branch == winner.branch {
                 continue;
             }
-            let why = match (&s.status[..], s.metric) {
-                ("completed", Some(m)) => format!(
-                    "lost under {rule}: metric {m} against the winner's {}",
-                    winner.metric.unwrap_or(f64::NAN)
-                ),
-                ("completed", None) => format!("lost under {rule}: finished later than {}", winner.branch),
-                (status, _) => format!("lost: it ended {status}"),
+            let lost = EventData::Lost {
+                branch: s.branch.clone(),
+                winner: winner.branch.clone(),
+                rule: rule.clone(),
+                ended: s.status.clone(),
+                metric: s.metric,
+                winner_metric: winner.metric,
+                chosen_by: None,
+                reason: None,
             };
-            self.db.event(
+            self.db.event_typed(
                 &run.id,
                 Some(&stage.name),
                 Some(&s.branch),
-                "lost",
-                &why,
-                s.output_snapshot.as_deref(),
+                &NewEvent::typed(lost, s.output_snapshot.as_deref()),
             )?;
         }
         let rec = StageRecord {
@@ -92,13 +104,20 @@ impl Engine {
             error: None,
             metric: winner.metric,
         };
-        let detail = format!(
-            "{} won under {rule}{}",
-            winner.branch,
-            winner.metric.map(|m| format!(" with {m}")).unwrap_or_default()
+        let won = NewEvent::typed(
+            EventData::Won {
+                branch: winner.branch.clone(),
+                rule,
+                metric: winner.metric,
+                runner_up: runner_up.map(|r| r.branch.clone()),
+                runner_up_metric: runner_up.and_then(|r| r.metric),
+                chosen_by: None,
+                reason: None,
+            },
+            winner.output_snapshot.as_deref(),
         );
-        self.db
-            .put_stage(&rec, Some(("won", &detail, winner.output_snapshot.as_deref())))?;
+        let detail = won.detail.clone();
+        self.db.put_stage_event(&rec, won)?;
         watch.stage(&stage.name, &winner.branch, "won", &detail);
         Ok(winner.output_snapshot.clone())
     }

@@ -14,7 +14,8 @@ use std::io::{Read, Seek, SeekFrom};
 use cairn_llm::{Conversation, ModelConfig, ProviderKind, ToolDef, ToolResult, Turn};
 
 use super::decision::{self, Action, Answer, Rules};
-use super::records::{DeadLetter, DecisionEffect, DecisionRecord, RunRecord, StageRecord};
+use super::lineage::EventData;
+use super::records::{DeadLetter, DecisionEffect, DecisionRecord, NewEvent, RunRecord, StageRecord};
 use super::run::{new_id, render, RunError, RunWatcher};
 use super::spec::{Decide, Metric, ModelSpec, Pipeline, Selection, Stage};
 use crate::{now_ms, Engine, EngineError};
@@ -148,7 +149,7 @@ impl Engine {
                 created_at: now_ms(),
                 ..done
             };
-            self.complete(&mut rec, &copy, "reused", &detail)?;
+            self.complete(&mut rec, &copy, NewEvent::text("reused", &detail, None))?;
             watch.stage(&stage.name, "", "reused", &detail);
             return Ok(Step::Apply(answer));
         }
@@ -195,23 +196,23 @@ impl Engine {
             created_at: now_ms(),
         };
         // At list price, when the model's is known.
-        let cost = cairn_llm::price_for(&cfg.model)
-            .map(|p| {
-                let used = cairn_llm::Usage {
-                    input_tokens: usage.0,
-                    output_tokens: usage.1,
-                };
-                format!(", ${:.4}", p.cost(&used))
+        let cost_usd = cairn_llm::price_for(&cfg.model).map(|p| {
+            p.cost(&cairn_llm::Usage {
+                input_tokens: usage.0,
+                output_tokens: usage.1,
             })
-            .unwrap_or_default();
-        let detail = format!(
-            "{model} chose {} — {} ({} tokens in, {} out, {} call(s){cost})",
-            answer.summary(),
-            answer.reason,
-            usage.0,
-            usage.1,
-            usage.2
-        );
+        });
+        let decided = EventData::Decided {
+            round,
+            model: model.clone(),
+            chose: answer.summary(),
+            reason: answer.reason.clone(),
+            input_tokens: usage.0,
+            output_tokens: usage.1,
+            calls: usage.2,
+            cost_usd,
+            then: None,
+        };
         // Retries asked for since the stage before last went to the dead
         // letters: a retry from there starts the count again.
         let mut retries_asked = 0;
@@ -224,7 +225,7 @@ impl Engine {
                 _ => {}
             }
         }
-        self.act(run, stage, rec, &record, answer, &detail, retries_asked, watch)
+        self.act(run, stage, rec, &record, answer, decided, retries_asked, watch)
     }
 
     /// Records a new decision with what it does to the stage before: the
@@ -239,15 +240,23 @@ impl Engine {
         mut rec: StageRecord,
         record: &DecisionRecord,
         answer: Answer,
-        detail: &str,
+        decided: EventData,
         retries_asked: u32,
         watch: &dyn RunWatcher,
     ) -> Result<Step, EngineError> {
         let previous = &stage.after[0];
+        let detail = decided.sentence();
+        let then = |t: String| {
+            let mut d = decided.clone();
+            if let EventData::Decided { then, .. } = &mut d {
+                *then = Some(t);
+            }
+            NewEvent::typed(d, None)
+        };
         match answer.action {
             None | Some(Action::Continue) => {
-                self.complete(&mut rec, record, "decided", detail)?;
-                watch.stage(&stage.name, "", "decided", detail);
+                self.complete(&mut rec, record, NewEvent::typed(decided.clone(), None))?;
+                watch.stage(&stage.name, "", "decided", &detail);
                 Ok(Step::Apply(answer))
             }
             Some(Action::Retry) if retries_asked < MAX_DECIDED_RETRIES => {
@@ -267,10 +276,10 @@ impl Engine {
                 self.db.record_decision(
                     record,
                     &rec,
-                    ("decided", &format!("{detail}; stage {previous} runs again")),
+                    then(format!("stage {previous} runs again")),
                     DecisionEffect::Retry { previous: &prev },
                 )?;
-                watch.stage(&stage.name, "", "decided", detail);
+                watch.stage(&stage.name, "", "decided", &detail);
                 Ok(Step::Restart)
             }
             Some(action) => {
@@ -309,10 +318,7 @@ impl Engine {
                 self.db.record_decision(
                     record,
                     &rec,
-                    (
-                        "decided",
-                        &format!("{detail}; stage {previous} is dead letter {}", dl.id),
-                    ),
+                    then(format!("stage {previous} is dead letter {}", dl.id)),
                     DecisionEffect::Dlq {
                         previous: &prev,
                         dead_letter: &dl,
@@ -325,19 +331,12 @@ impl Engine {
         }
     }
 
-    fn complete(
-        &mut self,
-        rec: &mut StageRecord,
-        d: &DecisionRecord,
-        kind: &str,
-        detail: &str,
-    ) -> Result<(), EngineError> {
+    fn complete(&mut self, rec: &mut StageRecord, d: &DecisionRecord, event: NewEvent) -> Result<(), EngineError> {
         rec.status = "completed".into();
         rec.output_snapshot = rec.input_snapshot.clone();
         rec.ended_at = Some(now_ms());
         rec.error = None;
-        self.db
-            .record_decision(d, rec, (kind, detail), DecisionEffect::Complete)?;
+        self.db.record_decision(d, rec, event, DecisionEffect::Complete)?;
         Ok(())
     }
 

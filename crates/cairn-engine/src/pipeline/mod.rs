@@ -4,16 +4,20 @@
 //! attempts, checkpoints, retries, dead letters); `branches` runs branch
 //! groups and picks winners; `artifacts` collects files into the chunk
 //! store; `output` takes stage output in with bounded memory; `records`
-//! holds the rows all of it writes; `approval` pauses a run before a
-//! stage until a person approves it; `decide` asks a model at a decide
+//! holds the rows all of it writes, `lineage` the typed fields of its
+//! events; `approval` pauses a run before a stage until a person approves
+//! it; `decide` asks a model at a decide
 //! stage and records its answer, which `decision` checks; `queued` is a
-//! run through the shared stage queue (a worker's side and the enqueuer's).
+//! run through the shared stage queue (a worker's side and the enqueuer's);
+//! `audit` reads a run's events back as where its time and bytes went.
 
 pub mod approval;
 pub mod artifacts;
+pub mod audit;
 mod branches;
 mod decide;
 pub mod decision;
+pub mod lineage;
 mod output;
 mod queued;
 pub mod records;

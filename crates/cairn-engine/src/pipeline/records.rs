@@ -2,6 +2,7 @@
 
 use serde::Serialize;
 
+use super::lineage::EventData;
 use crate::state::{params, Backend, Db, Row, StateError};
 
 #[derive(Debug, Clone, Serialize)]
@@ -62,9 +63,45 @@ pub struct EventRecord {
     pub stage: Option<String>,
     pub branch: Option<String>,
     pub kind: String,
+    /// The sentence, rendered from `data` when the event has typed fields.
     pub detail: String,
     pub snapshot_id: Option<String>,
     pub created_at: i64,
+    /// The typed fields (docs/formats.md "Run events"); none for kinds
+    /// that have only a sentence, and for events older than the fields.
+    pub data: Option<EventData>,
+}
+
+/// An event to record with a row: its kind, sentence, snapshot and, when
+/// it has them, typed fields (from which kind and sentence are made).
+#[derive(Debug, Clone)]
+pub struct NewEvent<'a> {
+    pub kind: &'a str,
+    pub detail: String,
+    pub snapshot: Option<&'a str>,
+    pub data: Option<EventData>,
+}
+
+impl<'a> NewEvent<'a> {
+    /// An event with only a sentence.
+    pub fn text(kind: &'a str, detail: &str, snapshot: Option<&'a str>) -> NewEvent<'a> {
+        NewEvent {
+            kind,
+            detail: detail.to_string(),
+            snapshot,
+            data: None,
+        }
+    }
+
+    /// An event with typed fields; its kind and sentence come from them.
+    pub fn typed(data: EventData, snapshot: Option<&'a str>) -> NewEvent<'a> {
+        NewEvent {
+            kind: data.kind(),
+            detail: data.sentence(),
+            snapshot,
+            data: Some(data),
+        }
+    }
 }
 
 #[derive(Debug, Clone, Serialize)]
@@ -266,6 +303,19 @@ impl Db {
         })
     }
 
+    /// How many stage rows each run has in each status: run id, status, count.
+    pub fn stage_counts(&self) -> Result<Vec<(String, String, u64)>, StateError> {
+        self.with(|b| {
+            rows(
+                b.query(
+                    "SELECT run_id, status, COUNT(*) FROM stages GROUP BY run_id, status ORDER BY run_id, status",
+                    &[],
+                )?,
+                |r| Ok((r.get(0)?, r.get(1)?, r.get::<i64>(2)?.max(0) as u64)),
+            )
+        })
+    }
+
     pub fn stage(&self, run: &str, stage: &str, branch: &str) -> Result<Option<StageRecord>, StateError> {
         self.with(|b| {
             b.query_opt(
@@ -292,7 +342,12 @@ impl Db {
 
     /// Writes a stage's row (insert or replace) with an event, in one transaction.
     pub fn put_stage(&mut self, s: &StageRecord, event: Option<(&str, &str, Option<&str>)>) -> Result<(), StateError> {
-        self.put_stage_releasing(s, event, None)
+        self.put_stage_releasing(s, event.map(|(k, d, snap)| NewEvent::text(k, d, snap)), None)
+    }
+
+    /// [`put_stage`](Self::put_stage) with a typed event.
+    pub fn put_stage_event(&mut self, s: &StageRecord, event: NewEvent) -> Result<(), StateError> {
+        self.put_stage_releasing(s, Some(event), None)
     }
 
     /// [`put_stage`](Self::put_stage) for an attempt's outcome, in the same
@@ -302,7 +357,7 @@ impl Db {
     pub fn put_stage_releasing(
         &mut self,
         s: &StageRecord,
-        event: Option<(&str, &str, Option<&str>)>,
+        event: Option<NewEvent>,
         release: Option<(&str, (i32, u64))>,
     ) -> Result<(), StateError> {
         self.fenced(|b| {
@@ -313,8 +368,9 @@ impl Db {
                 )?;
             }
             upsert_stage(b, s)?;
-            if let Some((kind, detail, snapshot)) = event {
-                insert_event(b, &s.run_id, Some(&s.stage), Some(&s.branch), kind, detail, snapshot)?;
+            if let Some(e) = &event {
+                let branch = e.data.as_ref().and_then(EventData::branch).unwrap_or(&s.branch);
+                insert_new_event(b, &s.run_id, Some(&s.stage), Some(branch), e)?;
             }
             if s.status == "completed" && s.branch.is_empty() {
                 if let Some(out) = &s.output_snapshot {
@@ -341,14 +397,14 @@ impl Db {
     pub fn put_stage_and_run(
         &mut self,
         s: &StageRecord,
-        event: (&str, &str),
+        event: NewEvent,
         run_status: &str,
         run_error: Option<&str>,
         ended_at: Option<i64>,
     ) -> Result<(), StateError> {
         self.fenced(|b| {
             upsert_stage(b, s)?;
-            insert_event(b, &s.run_id, Some(&s.stage), Some(&s.branch), event.0, event.1, None)?;
+            insert_new_event(b, &s.run_id, Some(&s.stage), Some(&s.branch), &event)?;
             b.execute(
                 "UPDATE runs SET status = $2, error = $3, ended_at = $4 WHERE id = $1",
                 params![&s.run_id, run_status, run_error, ended_at],
@@ -364,7 +420,7 @@ impl Db {
         &mut self,
         d: &DecisionRecord,
         stage: &StageRecord,
-        event: (&str, &str),
+        event: NewEvent,
         effect: DecisionEffect,
     ) -> Result<(), StateError> {
         self.fenced(|b| {
@@ -387,7 +443,7 @@ impl Db {
                 ],
             )?;
             upsert_stage(b, stage)?;
-            insert_event(b, &stage.run_id, Some(&stage.stage), Some(""), event.0, event.1, None)?;
+            insert_new_event(b, &stage.run_id, Some(&stage.stage), Some(""), &event)?;
             let forget = |b: &mut dyn Backend, previous: &StageRecord| {
                 b.execute(
                     "DELETE FROM stage_keys WHERE stage_key = $1",
@@ -500,23 +556,45 @@ impl Db {
         self.with(|b| insert_event(b, run, stage, branch, kind, detail, snapshot))
     }
 
+    /// Records an event with typed fields outside any other write.
+    pub fn event_typed(
+        &self,
+        run: &str,
+        stage: Option<&str>,
+        branch: Option<&str>,
+        event: &NewEvent,
+    ) -> Result<(), StateError> {
+        self.with(|b| insert_new_event(b, run, stage, branch, event))
+    }
+
     pub fn events_of(&self, run: &str) -> Result<Vec<EventRecord>, StateError> {
         self.with(|b| {
             rows(
                 b.query(
-                    "SELECT seq, stage, branch, kind, detail, snapshot_id, created_at FROM events WHERE run_id = $1
-                     ORDER BY seq",
+                    "SELECT seq, stage, branch, kind, detail, snapshot_id, created_at, data FROM events
+                     WHERE run_id = $1 ORDER BY seq",
                     params![run],
                 )?,
                 |r| {
+                    let seq: i64 = r.get(0)?;
+                    let data = r
+                        .get::<Option<String>>(7)?
+                        .map(|text| EventData::from_stored(&text))
+                        .transpose()
+                        .map_err(|reason| StateError::EventData {
+                            run: run.to_string(),
+                            seq,
+                            reason,
+                        })?;
                     Ok(EventRecord {
-                        seq: r.get(0)?,
+                        seq,
                         stage: r.get(1)?,
                         branch: r.get(2)?,
                         kind: r.get(3)?,
                         detail: r.get(4)?,
                         snapshot_id: r.get(5)?,
                         created_at: r.get(6)?,
+                        data,
                     })
                 },
             )
@@ -552,12 +630,36 @@ impl Db {
         at: i64,
         detail: &str,
     ) -> Result<(), StateError> {
+        self.add_checkpoint_event(
+            run,
+            stage,
+            branch,
+            snapshot,
+            at,
+            &NewEvent::text("checkpoint", detail, None),
+        )
+    }
+
+    /// Records a checkpoint with its event (typed: what it cost).
+    pub fn add_checkpoint_event(
+        &self,
+        run: &str,
+        stage: &str,
+        branch: &str,
+        snapshot: &str,
+        at: i64,
+        event: &NewEvent,
+    ) -> Result<(), StateError> {
         self.fenced(|b| {
             b.execute(
                 "INSERT INTO checkpoints (run_id, stage, branch, snapshot_id, created_at) VALUES ($1, $2, $3, $4, $5)",
                 params![run, stage, branch, snapshot, at],
             )?;
-            insert_event(b, run, Some(stage), Some(branch), "checkpoint", detail, Some(snapshot))
+            let e = NewEvent {
+                snapshot: Some(snapshot),
+                ..event.clone()
+            };
+            insert_new_event(b, run, Some(stage), Some(branch), &e)
         })
     }
 
@@ -724,10 +826,21 @@ pub(crate) fn insert_event(
     detail: &str,
     snapshot: Option<&str>,
 ) -> Result<(), StateError> {
+    insert_new_event(b, run, stage, branch, &NewEvent::text(kind, detail, snapshot))
+}
+
+fn insert_new_event(
+    b: &mut dyn Backend,
+    run: &str,
+    stage: Option<&str>,
+    branch: Option<&str>,
+    e: &NewEvent,
+) -> Result<(), StateError> {
+    let data = e.data.as_ref().map(EventData::to_stored);
     b.execute(
-        "INSERT INTO events (run_id, stage, branch, kind, detail, snapshot_id, created_at)
-         VALUES ($1, $2, $3, $4, $5, $6, $7)",
-        params![run, stage, branch, kind, detail, snapshot, crate::now_ms()],
+        "INSERT INTO events (run_id, stage, branch, kind, detail, snapshot_id, created_at, data)
+         VALUES ($1, $2, $3, $4, $5, $6, $7, $8)",
+        params![run, stage, branch, e.kind, &e.detail, e.snapshot, crate::now_ms(), data],
     )?;
     Ok(())
 }

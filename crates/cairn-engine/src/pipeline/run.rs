@@ -20,8 +20,9 @@ use nix::fcntl::{Flock, FlockArg};
 
 use super::approval::Gate;
 use super::decide::Step;
+use super::lineage::EventData;
 use super::output::{Capped, Tail, Tee, METRIC_FILE_MAX};
-use super::records::{ArtifactRecord, DeadLetter, RunRecord, StageRecord};
+use super::records::{ArtifactRecord, DeadLetter, NewEvent, RunRecord, StageRecord};
 use super::spec::{self, Metric, Pipeline, Selection, Stage};
 use crate::sandboxes::CreateOptions;
 use crate::{now_ms, Engine, EngineError, Home, Silent};
@@ -32,7 +33,7 @@ pub enum RunError {
     Spec(#[from] spec::PipelineError),
     #[error("cannot read {0}: {1}")]
     Read(PathBuf, std::io::Error),
-    #[error("no run matches {0:?}; `cairn runs` lists them")]
+    #[error("no run matches {0:?}; `cairn pipeline ls` lists them")]
     NoSuchRun(String),
     #[error("invalid run id {0:?}: a run id is 12 lowercase hex digits")]
     BadRunId(String),
@@ -42,7 +43,7 @@ pub enum RunError {
     NoSuchDeadLetter(String),
     #[error("dead letter {0} was already retried")]
     AlreadyRetried(String),
-    #[error("no artifact matches {0:?}; `cairn run show RUN` lists a run's artifacts")]
+    #[error("no artifact matches {0:?}; `cairn pipeline show RUN` lists a run's artifacts")]
     NoSuchArtifact(String),
     #[error("--param takes KEY=VALUE, got {0:?}")]
     BadParam(String),
@@ -78,7 +79,7 @@ pub enum RunError {
     )]
     Busy { run: String, pid: Option<u32> },
     #[error(
-        "run {run} is queued for `cairn worker`s (held by {worker}); follow it with `cairn run show {run}`; \
+        "run {run} is queued for `cairn worker`s (held by {worker}); follow it with `cairn pipeline show {run}`; \
          a worker that stops or dies loses it to another once its lease expires"
     )]
     Queued { run: String, worker: String },
@@ -175,11 +176,29 @@ enum Outcome {
     Succeeded {
         output: String,
         metric: Option<f64>,
+        spent: Spent,
     },
     Failed {
         error: String,
         failure_snapshot: Option<String>,
+        spent: Spent,
     },
+}
+
+/// Where an attempt's time went (ms) and what it stored, for its event.
+#[derive(Default, Clone)]
+struct Spent {
+    setup_ms: u64,
+    compute_ms: u64,
+    command_ms: Vec<u64>,
+    snapshot_ms: u64,
+    artifacts_ms: u64,
+    state_bytes: u64,
+    artifact_bytes: u64,
+}
+
+fn ms(d: Duration) -> u64 {
+    d.as_millis().min(u128::from(u64::MAX)) as u64
 }
 
 impl Engine {
@@ -228,14 +247,12 @@ impl Engine {
             error: None,
         };
         self.db.insert_run(&run)?;
-        self.db.event(
-            &run.id,
-            None,
-            None,
-            "started",
-            &format!("pipeline {} from {}", pipeline.name, run.file),
-            None,
-        )?;
+        let started = EventData::RunStarted {
+            pipeline: pipeline.name.clone(),
+            file: run.file.clone(),
+        };
+        self.db
+            .event_typed(&run.id, None, None, &NewEvent::typed(started, None))?;
         Ok(run)
     }
 
@@ -257,6 +274,15 @@ impl Engine {
     /// no orchestrator was interrupted: `cairn pipeline resume` continues it.
     pub fn run_orchestrator(&self, run: &str) -> Option<u32> {
         crate::flock_holder(&self.run_dir(run).join("orchestrator.lock"))
+    }
+
+    /// Each run's stage rows counted by status (branches count one each).
+    pub fn stage_counts(&self) -> Result<std::collections::HashMap<String, BTreeMap<String, u64>>, EngineError> {
+        let mut out: std::collections::HashMap<String, BTreeMap<String, u64>> = std::collections::HashMap::new();
+        for (run, status, n) in self.db.stage_counts()? {
+            out.entry(run).or_default().insert(status, n);
+        }
+        Ok(out)
     }
 
     pub fn run_stages(&self, run: &str) -> Result<Vec<StageRecord>, EngineError> {
@@ -297,6 +323,22 @@ impl Engine {
         Ok(self
             .db
             .event(&run.id, Some(stage), Some(branch), kind, detail, snapshot)?)
+    }
+
+    /// Records an event with typed fields from outside the orchestrator: a
+    /// planner's plan with its reason, a winner a model or person chose.
+    pub fn record_typed_event(
+        &self,
+        run: &str,
+        stage: Option<&str>,
+        branch: Option<&str>,
+        data: EventData,
+        snapshot: Option<&str>,
+    ) -> Result<(), EngineError> {
+        let run = self.run_record(run)?;
+        Ok(self
+            .db
+            .event_typed(&run.id, stage, branch, &NewEvent::typed(data, snapshot))?)
     }
 
     pub fn artifacts(&self, run: Option<&str>) -> Result<Vec<ArtifactRecord>, EngineError> {
@@ -410,7 +452,7 @@ impl Engine {
                             if record.status != "failed" {
                                 let msg = format!("stage {} went to the dead-letter queue", stage.name);
                                 self.db.finish_run(&run.id, "failed", Some(&msg), now_ms())?;
-                                self.db.event(&run.id, Some(&stage.name), None, "failed", &msg, None)?;
+                                self.run_failed(&run.id, &stage.name, &msg)?;
                             }
                             return self.run_record(&run.id);
                         }
@@ -432,7 +474,7 @@ impl Engine {
                     None => {
                         let msg = format!("stage {} went to the dead-letter queue", stage.name);
                         self.db.finish_run(&run.id, "failed", Some(&msg), now_ms())?;
-                        self.db.event(&run.id, Some(&stage.name), None, "failed", &msg, None)?;
+                        self.run_failed(&run.id, &stage.name, &msg)?;
                         return self.run_record(&run.id);
                     }
                 }
@@ -440,15 +482,19 @@ impl Engine {
             break;
         }
         self.db.finish_run(&run.id, "completed", None, now_ms())?;
-        self.db.event(
-            &run.id,
-            None,
-            None,
-            "completed",
-            "every stage completed",
-            outputs.values().last().map(|s| s.as_str()),
-        )?;
+        let last = outputs.values().last().map(|s| s.as_str());
+        let done = EventData::RunCompleted {
+            output_snapshot: last.map(str::to_string),
+        };
+        self.db.event_typed(&run.id, None, None, &NewEvent::typed(done, last))?;
         self.run_record(&run.id)
+    }
+
+    fn run_failed(&self, run: &str, stage: &str, msg: &str) -> Result<(), EngineError> {
+        let failed = EventData::RunFailed { error: msg.to_string() };
+        Ok(self
+            .db
+            .event_typed(run, Some(stage), None, &NewEvent::typed(failed, None))?)
     }
 
     /// One stage (or one branch of a group). `Some(output snapshot)` when it
@@ -483,8 +529,16 @@ impl Engine {
             rec.output_snapshot = Some(output.clone());
             rec.metric = metric;
             rec.ended_at = Some(now_ms());
-            let detail = format!("stage key {key} completed in run {from_run}; its output is reused");
-            self.db.put_stage(&rec, Some(("reused", &detail, Some(&output))))?;
+            let reused = NewEvent::typed(
+                EventData::Reused {
+                    stage_key: key.clone(),
+                    from_run,
+                    output_snapshot: output.clone(),
+                },
+                Some(&output),
+            );
+            let detail = reused.detail.clone();
+            self.db.put_stage_event(&rec, reused)?;
             watch.stage(&stage.name, branch, "reused", &detail);
             return Ok(Some(output));
         }
@@ -564,6 +618,7 @@ impl Engine {
                         network: Some(stage.network.clone().unwrap_or_else(|| p.network.clone())),
                         ..CreateOptions::default()
                     };
+                    let making = Instant::now();
                     let sandbox = match &from {
                         Some(snap) => {
                             let snap = self.snapshot_record(snap)?;
@@ -573,17 +628,20 @@ impl Engine {
                     };
                     rec.status = "running".into();
                     rec.sandbox_id = Some(sandbox.id.clone());
-                    let detail = match (&checkpoint, input) {
-                        (Some(c), _) => format!("attempt {} restores checkpoint {}", rec.attempts, &c[..12]),
-                        (None, Some(i)) => format!("attempt {} forks {}", rec.attempts, &i[..12.min(i.len())]),
-                        (None, None) => format!(
-                            "attempt {} starts from image {}",
-                            rec.attempts,
-                            p.image.as_deref().unwrap_or("busybox")
-                        ),
-                    };
-                    let kind = if rec.attempts > 1 { "retry" } else { "forked" };
-                    self.db.put_stage(&rec, Some((kind, &detail, from.as_deref())))?;
+                    let began = NewEvent::typed(
+                        EventData::Attempt {
+                            attempt: rec.attempts,
+                            parent_snapshot: from.clone(),
+                            checkpoint: checkpoint.clone(),
+                            image: from
+                                .is_none()
+                                .then(|| p.image.clone().unwrap_or_else(|| "busybox".into())),
+                            restore_ms: ms(making.elapsed()),
+                        },
+                        from.as_deref(),
+                    );
+                    let detail = began.detail.clone();
+                    self.db.put_stage_event(&rec, began)?;
                     // The stage row owns the sandbox now: it outlives this
                     // process, and a resume re-attaches to it.
                     self.db.set_auto_remove(&sandbox.id, false)?;
@@ -629,16 +687,31 @@ impl Engine {
                 e
             };
             match outcome {
-                Outcome::Succeeded { output, metric } => {
+                Outcome::Succeeded { output, metric, spent } => {
                     rec.status = "completed".into();
                     rec.output_snapshot = Some(output.clone());
                     rec.metric = metric;
                     rec.error = None;
                     rec.ended_at = Some(now_ms());
-                    let detail = format!("completed on attempt {}", rec.attempts);
+                    let completed = NewEvent::typed(
+                        EventData::StageCompleted {
+                            attempt: rec.attempts,
+                            output_snapshot: output.clone(),
+                            setup_ms: spent.setup_ms,
+                            compute_ms: spent.compute_ms,
+                            snapshot_ms: spent.snapshot_ms,
+                            artifacts_ms: spent.artifacts_ms,
+                            state_bytes: spent.state_bytes,
+                            artifact_bytes: spent.artifact_bytes,
+                            command_ms: spent.command_ms,
+                            metric,
+                        },
+                        Some(&output),
+                    );
+                    let detail = completed.detail.clone();
                     self.durable_for_queue(&[&output])?;
                     self.db
-                        .put_stage_releasing(&rec, Some(("completed", &detail, Some(&output))), release)
+                        .put_stage_releasing(&rec, Some(completed), release)
                         .map_err(|e| fenced(self, e.into()))?;
                     remove(self)?;
                     if !branch.is_empty() {
@@ -650,14 +723,25 @@ impl Engine {
                 Outcome::Failed {
                     error,
                     failure_snapshot,
+                    spent,
                 } => {
                     rec.status = "failed".into();
                     rec.error = Some(error.clone());
                     if let Some(f) = &failure_snapshot {
                         self.durable_for_queue(&[f])?;
                     }
+                    let failed = NewEvent::typed(
+                        EventData::StageFailed {
+                            attempt: rec.attempts,
+                            error: error.clone(),
+                            failure_snapshot: failure_snapshot.clone(),
+                            setup_ms: spent.setup_ms,
+                            compute_ms: spent.compute_ms,
+                        },
+                        failure_snapshot.as_deref(),
+                    );
                     self.db
-                        .put_stage_releasing(&rec, Some(("failed", &error, failure_snapshot.as_deref())), release)
+                        .put_stage_releasing(&rec, Some(failed), release)
                         .map_err(|e| fenced(self, e.into()))?;
                     remove(self)?;
                     watch.stage(&stage.name, branch, "failed", &error);
@@ -676,12 +760,17 @@ impl Engine {
                             retried_at: None,
                         };
                         self.db.insert_dead_letter(&dl)?;
-                        let detail = format!(
-                            "retries exhausted after {} attempts; dead letter {}",
-                            rec.attempts, dl.id
+                        let dead = NewEvent::typed(
+                            EventData::Dead {
+                                attempts: rec.attempts,
+                                dead_letter: dl.id.clone(),
+                                error: error.clone(),
+                                failure_snapshot: dl.failure_snapshot.clone(),
+                            },
+                            dl.failure_snapshot.as_deref(),
                         );
-                        self.db
-                            .put_stage(&rec, Some(("dead", &detail, dl.failure_snapshot.as_deref())))?;
+                        let detail = dead.detail.clone();
+                        self.db.put_stage_event(&rec, dead)?;
                         watch.stage(&stage.name, branch, "dead", &detail);
                         return Ok(None);
                     }
@@ -721,7 +810,9 @@ impl Engine {
             .append(true)
             .open(self.run_dir(&run.id).join(log_name))
             .map_err(|e| RunError::Read(self.run_dir(&run.id), e))?;
-        let fail = |engine: &mut Engine, error: String| -> Result<Outcome, EngineError> {
+        let mut cost = Spent::default();
+        let mut clock = Instant::now();
+        let fail = |engine: &mut Engine, error: String, cost: Spent| -> Result<Outcome, EngineError> {
             let failure_snapshot = engine
                 .sandbox(&sandbox.id)
                 .ok()
@@ -730,6 +821,7 @@ impl Engine {
             Ok(Outcome::Failed {
                 error,
                 failure_snapshot,
+                spent: cost,
             })
         };
         // Named by stage, not attempt: a retry restored from a memory
@@ -750,6 +842,7 @@ impl Engine {
                     return fail(
                         self,
                         format!("edit path {path:?} (from {:?}) is not absolute", edit.path),
+                        cost,
                     );
                 }
                 let parent = Path::new(&path)
@@ -774,10 +867,12 @@ impl Engine {
                     mtime_ns: now_ms() as i128 * 1_000_000,
                 };
                 if let Err(e) = client.put_file(meta, &mut content.as_bytes()) {
-                    return fail(self, format!("edit {path}: {e}"));
+                    return fail(self, format!("edit {path}: {e}"), cost);
                 }
             }
         }
+        cost.setup_ms = ms(clock.elapsed());
+        clock = Instant::now();
         // Periodic checkpoints from a thread with its own engine.
         let (stop_tx, stop_rx) = mpsc::channel::<()>();
         let checkpointer = stage.checkpoint_every.map(|every| {
@@ -811,6 +906,7 @@ impl Engine {
         let mut output = Tail::default();
         let mut failure = None;
         for (i, cmd) in stage.run.iter().enumerate() {
+            let cmd_began = Instant::now();
             let cmd = render(cmd, p, stage, hypothesis);
             let left = deadline.map(|d| d.saturating_duration_since(Instant::now()));
             if left.is_some_and(|l| l.is_zero()) {
@@ -920,13 +1016,15 @@ impl Engine {
                 }
                 None => {}
             }
+            cost.command_ms.push(ms(cmd_began.elapsed()));
         }
         drop(stop_tx);
         if let Some(t) = checkpointer {
             let _ = t.join();
         }
+        cost.compute_ms = ms(clock.elapsed());
         if let Some(error) = failure {
-            return fail(self, error);
+            return fail(self, error, cost);
         }
         let metric = match stage.branches.as_ref().map(|b| &b.select) {
             Some(Selection::Min(m)) | Some(Selection::Max(m)) => match m {
@@ -935,7 +1033,9 @@ impl Engine {
                     let mut file = Capped::default();
                     match client.get_file(path, &mut file) {
                         Ok(_) => number(&String::from_utf8_lossy(&file.bytes), false),
-                        Err(_) if file.over => return fail(self, RunError::MetricTooLarge(path.clone()).to_string()),
+                        Err(_) if file.over => {
+                            return fail(self, RunError::MetricTooLarge(path.clone()).to_string(), cost)
+                        }
                         // No metric file: the branch has no metric and cannot win on one.
                         Err(_) => None,
                     }
@@ -944,6 +1044,7 @@ impl Engine {
             _ => None,
         };
         let sb = self.sandbox(&sandbox.id)?;
+        clock = Instant::now();
         let out = self.snapshot(
             &sb,
             Some(&format!(
@@ -957,12 +1058,21 @@ impl Engine {
                 }
             )),
         )?;
+        cost.snapshot_ms = ms(clock.elapsed());
+        cost.state_bytes = out.new_bytes;
+        clock = Instant::now();
         for path in &stage.artifacts {
-            if let Err(e) = self.collect_artifact(&client, run, stage, branch, path, &out.id) {
-                return fail(self, format!("artifact {path}: {e}"));
+            match self.collect_artifact(&client, run, stage, branch, path, &out.id) {
+                Ok(size) => cost.artifact_bytes += size,
+                Err(e) => return fail(self, format!("artifact {path}: {e}"), cost),
             }
         }
-        Ok(Outcome::Succeeded { output: out.id, metric })
+        cost.artifacts_ms = ms(clock.elapsed());
+        Ok(Outcome::Succeeded {
+            output: out.id,
+            metric,
+            spent: cost,
+        })
     }
 
     /// After the connection to a stage's init was lost: waits until init
@@ -1020,8 +1130,10 @@ impl Engine {
         if let Some(mut rec) = self.db.stage(&dl.run_id, &dl.stage, &dl.branch)? {
             rec.status = "pending".into();
             rec.error = None;
-            self.db
-                .put_stage(&rec, Some(("retry", &format!("dead letter {} retried", dl.id), None)))?;
+            let retried = EventData::DeadLetterRetried {
+                dead_letter: dl.id.clone(),
+            };
+            self.db.put_stage_event(&rec, NewEvent::typed(retried, None))?;
         }
         self.db.mark_dead_letter_retried(&dl.id, now_ms())?;
         self.execute_locked_run(&dl.run_id, watch)
@@ -1074,17 +1186,20 @@ fn checkpoint_loop(
             // restore it.
             Ok(snap) => match engine.durable_for_queue(&[&snap.id]) {
                 Ok(()) => {
-                    let detail = format!(
-                        "periodic checkpoint of the running stage: took {} ms; checkpoints so far {:.1}% of \
-                         the stage's time (at most {:.0}%); the next in {:.1} s",
-                        took.as_millis(),
-                        100.0 * spent.as_secs_f64() / began.elapsed().as_secs_f64().max(1e-3),
-                        share * 100.0,
-                        wait.as_secs_f64()
+                    let event = NewEvent::typed(
+                        EventData::Checkpoint {
+                            snapshot: snap.id.clone(),
+                            took_ms: ms(took),
+                            state_bytes: snap.new_bytes,
+                            share_percent: 100.0 * spent.as_secs_f64() / began.elapsed().as_secs_f64().max(1e-3),
+                            limit_percent: share * 100.0,
+                            next_in_ms: ms(wait),
+                        },
+                        None,
                     );
                     let _ = engine
                         .db
-                        .add_checkpoint_noted(run, stage, branch, &snap.id, crate::now_ms(), &detail);
+                        .add_checkpoint_event(run, stage, branch, &snap.id, crate::now_ms(), &event);
                 }
                 Err(e) => tracing::warn!(stage, "checkpoint not recorded: {e}"),
             },

@@ -85,6 +85,9 @@ pub enum StateError {
     Conflict(String),
     #[error("the state database holds {0}; it is damaged")]
     Damaged(String),
+    /// A run event's typed fields that this build cannot read.
+    #[error("event {seq} of run {run}: {reason}")]
+    EventData { run: String, seq: i64, reason: String },
 }
 
 /// The lifecycle of a sandbox.

@@ -32,6 +32,7 @@ const MIGRATIONS: &[&str] = &[
     include_str!("../../migrations/postgres/0008_snapshot_durability.sql"),
     include_str!("../../migrations/postgres/0009_stage_queue.sql"),
     include_str!("../../migrations/postgres/0010_sandbox_network.sql"),
+    include_str!("../../migrations/postgres/0011_event_data.sql"),
 ];
 
 /// Serialises migrations (and the home claim) between processes opening

@@ -31,6 +31,7 @@ const MIGRATIONS: &[&str] = &[
     include_str!("../../migrations/sqlite/0008_snapshot_durability.sql"),
     include_str!("../../migrations/sqlite/0009_stage_queue.sql"),
     include_str!("../../migrations/sqlite/0010_sandbox_network.sql"),
+    include_str!("../../migrations/sqlite/0011_event_data.sql"),
 ];
 
 pub struct SqliteBackend {

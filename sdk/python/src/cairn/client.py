@@ -440,9 +440,14 @@ class Runs:
                 raise TimeoutError(f"run {detail.run.id} still running after {timeout}s")
             time.sleep(poll)
 
-    def log(self, id: Any, stage: str, branch: Optional[str] = None) -> str:
-        params = {"branch": branch} if branch else None
-        return self._c._send("GET", f"/v1/runs/{cfg.ident(id)}/logs/{stage}", params=params).text
+    def log(self, id: Any, stage: str, branch: Optional[str] = None, tail_bytes: Optional[int] = None) -> str:
+        """A stage's log; with `tail_bytes`, only its end (from a line's start)."""
+        params = {k: v for k, v in (("branch", branch), ("tail_bytes", tail_bytes)) if v}
+        return self._c._send("GET", f"/v1/runs/{cfg.ident(id)}/logs/{stage}", params=params or None).text
+
+    def audit(self, id: Any) -> Dict[str, Any]:
+        """Where the run's time and bytes went, per stage, with advice (`cairn audit --json`)."""
+        return self._c._json("GET", f"/v1/runs/{cfg.ident(id)}/audit")
 
 
 class Artifacts:

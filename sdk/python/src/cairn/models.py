@@ -229,6 +229,8 @@ class Run(Model):
     orchestrated: bool = False
     ended_at: Optional[int] = None
     error: Optional[str] = None
+    # Stage rows by status (in listings and a run's detail).
+    stage_counts: Dict[str, int] = field(default_factory=dict)
 
     @property
     def done(self) -> bool:
@@ -260,6 +262,8 @@ class RunEvent(Model):
     stage: Optional[str] = None
     branch: Optional[str] = None
     snapshot_id: Optional[str] = None
+    # The event's typed fields, {"type": ..., ...} (docs/formats.md "Run events").
+    data: Optional[Dict[str, Any]] = None
 
 
 @dataclass

@@ -115,7 +115,7 @@ struct RawStage {
     checkpoint_every: Option<Spanned<String>>,
     checkpoint_share: Option<Spanned<String>>,
     branches: Option<Spanned<RawBranches>>,
-    /// Pause before the stage until `cairn run approve RUN STAGE`.
+    /// Pause before the stage until `cairn pipeline approve RUN STAGE`.
     #[serde(default)]
     approve: bool,
     /// A decision point: the model chooses, the stage runs no command.
@@ -192,7 +192,7 @@ pub struct Stage {
     pub checkpoint_share: u8,
     pub branches: Option<Branches>,
     /// The run pauses before this stage (once its input is ready) until a
-    /// person approves it: `cairn run approve RUN STAGE`.
+    /// person approves it: `cairn pipeline approve RUN STAGE`.
     pub approve: bool,
     /// A decision point: no commands; the model chooses (`run` is empty).
     pub decide: Option<Decide>,
