@@ -570,13 +570,22 @@ fn ps(engine: &mut Engine, quiet: bool, json: bool) -> Result<()> {
         }
     } else {
         println!(
-            "{:<12}  {:<16}  {:<10}  {:<8}  {:>7}  {:>6}  CREATED",
-            "ID", "NAME", "IMAGE", "STATE", "PID", "MEMORY"
+            "{:<12}  {:<16}  {:<10}  {:<8}  {:>7}  {:>6}  {:<15}  CREATED",
+            "ID", "NAME", "IMAGE", "STATE", "PID", "MEMORY", "NETWORK"
         );
         for r in rows {
             let age = (cairn_engine::now_ms() - r.created_at) / 1000;
+            // The address while it runs; `egress` (or `allow-list`) when not.
+            let network = match &r.network {
+                None => "none".to_string(),
+                Some(n) => match &n.held {
+                    Some(h) => h.address.to_string(),
+                    None if n.policy.restricted() => "allow-list".into(),
+                    None => "egress".into(),
+                },
+            };
             println!(
-                "{:<12}  {:<16}  {:<10}  {:<8}  {:>7}  {:>6}  {} ago",
+                "{:<12}  {:<16}  {:<10}  {:<8}  {:>7}  {:>6}  {:<15}  {} ago",
                 r.id,
                 r.name,
                 r.image,
@@ -586,6 +595,7 @@ fn ps(engine: &mut Engine, quiet: bool, json: bool) -> Result<()> {
                     .map(|p| p.to_string())
                     .unwrap_or_else(|| "-".into()),
                 MemorySize(r.memory_bytes).to_string(),
+                network,
                 human_age(age)
             );
         }
