@@ -51,6 +51,7 @@ pub fn dispatch(cli: Cli) -> Result<i32> {
         runs,
         entries,
         size,
+        memory,
         postgres,
         json,
     } = cli.command
@@ -61,7 +62,7 @@ pub fn dispatch(cli: Cli) -> Result<i32> {
             store: home.store_url().map(str::to_string),
             size,
         };
-        return crate::bench::run(home, &which, runs, &sessions, &scale, json);
+        return crate::bench::run(home, &which, runs, &sessions, &scale, memory, json);
     }
     if let Command::Serve {
         socket,
