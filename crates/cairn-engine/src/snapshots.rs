@@ -92,8 +92,10 @@ pub struct MemoryPhases {
     pub runsc_restore: Duration,
     /// Storing the image in the chunk store, start to end.
     pub store_image: Duration,
-    /// Of which reading the image and inflating its state stream.
-    pub unpack: Duration,
+    /// What the chunk store did with the image's files (reading and
+    /// inflating them, chunking, hashing, lookups, compression, writes),
+    /// summed over the files.
+    pub store: cairn_store::StreamStats,
     /// The size of runsc's image files and of what was stored of them.
     pub image_bytes: u64,
     pub stored_bytes: u64,
@@ -751,28 +753,53 @@ impl Engine {
     }
 
     /// Stores one checkpoint file, a gVisor state file unpacked so that
-    /// checkpoints share what did not change.
+    /// checkpoints share what did not change. The state stream is chunked
+    /// as it is inflated (nothing is written out and read back); a file
+    /// found not to be a state file part-way is stored as written.
     fn store_memory_file(
         &self,
         dir: &Path,
         name: String,
         phases: &mut MemoryPhases,
     ) -> Result<MemoryFile, EngineError> {
+        use cairn_sandbox::gvisor::statefile;
         let path = dir.join(&name);
-        let mut f = File::open(&path).map_err(home_err(&path))?;
-        let mut raw = scratch_stream(dir)?;
-        let t = Instant::now();
-        let unpacked = cairn_sandbox::gvisor::statefile::unpack(&mut f, &mut raw).map_err(home_err(&path))?;
-        phases.unpack += t.elapsed();
-        let (form, stored) = match unpacked {
-            Some(header) => (MemoryForm::GvisorStateStream { header }, &raw),
-            None => (MemoryForm::AsWritten, &f),
+        let open = || {
+            let f = File::open(&path)?;
+            let len = f.metadata()?.len();
+            Ok((std::io::BufReader::with_capacity(1 << 20, f), len))
         };
-        let content = self
+        let (image, len) = open().map_err(home_err(&path))?;
+        let t = Instant::now();
+        let opened = statefile::open_stream(image, len).map_err(home_err(&path))?;
+        phases.store.read += t.elapsed();
+        if let Some((header, stream)) = opened {
+            match self.store.store_stream(stream, cairn_store::ChunkSizes::FINE) {
+                Ok((content, stats)) => {
+                    phases.store += stats;
+                    return Ok(MemoryFile {
+                        name,
+                        form: MemoryForm::GvisorStateStream { header },
+                        content,
+                    });
+                }
+                Err(StoreError::ReadSource { source, .. }) if statefile::is_not_unpackable(&source) => {
+                    tracing::warn!("{}: {source}; it is stored as written", path.display());
+                }
+                Err(e) => return Err(SnapshotError::from(e).into()),
+            }
+        }
+        let (image, _) = open().map_err(home_err(&path))?;
+        let (content, stats) = self
             .store
-            .store_file_chunked(stored, cairn_store::ChunkSizes::FINE)
+            .store_stream(image, cairn_store::ChunkSizes::FINE)
             .map_err(SnapshotError::from)?;
-        Ok(MemoryFile { name, form, content })
+        phases.store += stats;
+        Ok(MemoryFile {
+            name,
+            form: MemoryForm::AsWritten,
+            content,
+        })
     }
 
     /// Writes a snapshot's memory image into a scratch directory.

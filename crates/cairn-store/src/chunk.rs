@@ -10,7 +10,7 @@ use crate::frame::{self, FrameError, Framed};
 use crate::hash::ChunkHash;
 
 /// zstd level for chunks: fast, still a good ratio on text and binaries.
-const ZSTD_LEVEL: i32 = 3;
+pub(crate) const ZSTD_LEVEL: i32 = 3;
 
 /// Largest uncompressed object the store reads back (data chunks are at
 /// most [`crate::MAX_CHUNK`]; metadata objects are capped by their frame).
@@ -115,7 +115,7 @@ pub struct PutChunk {
 pub struct ChunkStore<B> {
     backend: B,
     /// Compressed bytes of new chunks written through this handle.
-    written: std::sync::atomic::AtomicU64,
+    pub(crate) written: std::sync::atomic::AtomicU64,
 }
 
 impl<B: BlobStore> ChunkStore<B> {

@@ -159,7 +159,8 @@ fn report(what: &str, s: &Sample) {
     eprintln!(
         "cairn bench: gvisor memory snapshot ({what}): {:.0} ms = runsc {:.0} (checkpoint {:.0}, cleanup {:.0}, \
          restore {:.0}) + Cairn {:.0} (quiesce {:.0}, file capture {:.0}, rest after the restore); beside the \
-         restore, storing the image {:.0} ms (unpack {:.0}); image {:.1} MB, stored {:.1} MB",
+         restore, storing the image {:.0} ms (read and inflate {:.0}, chunking {:.0}; on the pool: hashing {:.0}, \
+         lookups {:.0}, compression {:.0}; writes {:.0}); image {:.1} MB, {} of {} chunks new, stored {:.1} MB",
         s.total,
         s.runsc,
         ms(p.runsc_checkpoint),
@@ -169,8 +170,15 @@ fn report(what: &str, s: &Sample) {
         ms(p.quiesce),
         ms(p.file_capture),
         s.store,
-        ms(p.unpack),
+        ms(p.store.read),
+        ms(p.store.chunking),
+        ms(p.store.hash),
+        ms(p.store.lookup),
+        ms(p.store.compress),
+        ms(p.store.write),
         p.image_bytes as f64 / 1e6,
+        p.store.new_chunks,
+        p.store.chunks,
         s.stored_mb,
     );
 }
