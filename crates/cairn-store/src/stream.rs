@@ -1,23 +1,23 @@
 //! Storing a long stream fast: a memory image, hundreds of MiB of which a
 //! few change between two checkpoints.
 //!
-//! One thread cuts content-defined chunks as the reader yields bytes (for a
-//! gVisor image the reader inflates it, so nothing is written out and read
-//! back); batches of chunks go to a pool that hashes each, looks it up and
+//! One thread reads ahead (for a gVisor image the reader inflates it, so
+//! nothing is written out and read back), another cuts content-defined
+//! chunks from what it read; batches of chunks go to a pool that hashes each, looks it up and
 //! compresses only the new ones; a batch's new chunks are then written
 //! together and made durable together ([`BlobStore::put_batch`]). The
 //! chunking of one batch overlaps the hashing of the one before it.
 
 use std::io::{self, Read};
 use std::sync::atomic::Ordering;
-use std::sync::mpsc::{self, SyncSender};
+use std::sync::mpsc::{self, Receiver, SyncSender};
 use std::time::{Duration, Instant};
 
 use fastcdc::v2020::StreamCDC;
 use rayon::prelude::*;
 
 use crate::blob::{BlobStore, PutOutcome};
-use crate::chunk::{ChunkStore, StoreError, ZSTD_LEVEL};
+use crate::chunk::{compress_chunk, ChunkStore, StoreError};
 use crate::file::{ChunkRef, ChunkSizes, FileContent};
 use crate::hash::ChunkHash;
 
@@ -38,8 +38,8 @@ pub struct StreamStats {
     pub stored_bytes: u64,
     /// From the first read to the last write being durable.
     pub wall: Duration,
-    /// The chunking thread waiting on the reader (for a gVisor image:
-    /// reading and inflating it).
+    /// The read-ahead thread in the reader (for a gVisor image: reading
+    /// and inflating it), beside the chunking.
     pub read: Duration,
     /// The chunking thread finding cut points (FastCDC) and copying chunks.
     pub chunking: Duration,
@@ -100,19 +100,28 @@ impl<B: BlobStore> ChunkStore<B> {
         let mut stats = StreamStats::default();
         let mut content = FileContent::default();
         let (tx, rx) = mpsc::sync_channel::<Vec<Piece>>(1);
+        let (blocks_tx, blocks_rx) = mpsc::sync_channel(2);
         let (read, chunking) = std::thread::scope(|s| {
-            let cutter = s.spawn(move || cut(reader, sizes, tx));
+            let reading = s.spawn(move || read_ahead(reader, blocks_tx));
+            let blocks = Blocks {
+                rx: blocks_rx,
+                block: Vec::new(),
+                pos: 0,
+            };
+            let cutter = s.spawn(move || cut(blocks, sizes, tx));
             // On an error the receiver is dropped, which stops the cutter.
             for batch in rx {
                 self.store_batch(batch, &mut content, &mut stats)?;
             }
-            cutter
+            let chunking = cutter
                 .join()
                 .unwrap_or_else(|e| std::panic::resume_unwind(e))
                 .map_err(|source| StoreError::ReadSource {
                     context: Box::default(),
                     source,
-                })
+                })?;
+            let read = reading.join().unwrap_or_else(|e| std::panic::resume_unwind(e));
+            Ok::<_, StoreError>((read, chunking))
         })?;
         content.size = stats.bytes;
         stats.read = read;
@@ -177,7 +186,7 @@ impl<B: BlobStore> ChunkStore<B> {
         let t = Instant::now();
         let compressed = match present {
             true => None,
-            false => Some(zstd::bulk::compress(data, ZSTD_LEVEL).map_err(StoreError::Compress)?),
+            false => Some(compress_chunk(data).map_err(StoreError::Compress)?),
         };
         Ok(Prepared {
             hash,
@@ -189,7 +198,77 @@ impl<B: BlobStore> ChunkStore<B> {
     }
 }
 
-/// Counts the time spent in the reader.
+/// Bytes read ahead of the chunking thread at a time.
+const READ_BLOCK: usize = 4 << 20;
+
+/// Reads `reader` to its end in blocks, ahead of the chunking thread (for
+/// a gVisor image, inflating overlaps chunking); returns the time spent in
+/// the reader. A read error is passed on; nobody receiving stops it.
+fn read_ahead(mut reader: impl Read, tx: SyncSender<io::Result<Vec<u8>>>) -> Duration {
+    let mut spent = Duration::ZERO;
+    loop {
+        let mut block = vec![0; READ_BLOCK];
+        let t = Instant::now();
+        let read = read_full(&mut reader, &mut block);
+        spent += t.elapsed();
+        let sent = match read {
+            Ok(0) => break,
+            Ok(n) => {
+                block.truncate(n);
+                tx.send(Ok(block))
+            }
+            Err(e) => {
+                let _ = tx.send(Err(e));
+                break;
+            }
+        };
+        if sent.is_err() {
+            break;
+        }
+    }
+    spent
+}
+
+/// Reads until `buf` is full or the input ends; returns the bytes read.
+fn read_full(r: &mut impl Read, buf: &mut [u8]) -> io::Result<usize> {
+    let mut n = 0;
+    while n < buf.len() {
+        match r.read(&mut buf[n..]) {
+            Ok(0) => break,
+            Ok(k) => n += k,
+            Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+            Err(e) => return Err(e),
+        }
+    }
+    Ok(n)
+}
+
+/// The blocks [`read_ahead`] sends, as a reader.
+struct Blocks {
+    rx: Receiver<io::Result<Vec<u8>>>,
+    block: Vec<u8>,
+    pos: usize,
+}
+
+impl Read for Blocks {
+    fn read(&mut self, buf: &mut [u8]) -> io::Result<usize> {
+        while self.pos == self.block.len() {
+            match self.rx.recv() {
+                Ok(block) => {
+                    self.block = block?;
+                    self.pos = 0;
+                }
+                Err(_) => return Ok(0),
+            }
+        }
+        let n = buf.len().min(self.block.len() - self.pos);
+        buf[..n].copy_from_slice(&self.block[self.pos..self.pos + n]);
+        self.pos += n;
+        Ok(n)
+    }
+}
+
+/// Counts the time spent waiting for input.
 struct TimedReader<R> {
     inner: R,
     spent: Duration,
@@ -205,9 +284,9 @@ impl<R: Read> Read for TimedReader<R> {
 }
 
 /// Cuts `reader` into chunks and sends them in batches; returns the time
-/// spent reading and the time spent cutting (waiting for the pool is
-/// neither). Stops early, without an error, once nobody receives.
-fn cut(reader: impl Read, sizes: ChunkSizes, tx: SyncSender<Vec<Piece>>) -> io::Result<(Duration, Duration)> {
+/// spent cutting (waiting for input or for the pool is not counted).
+/// Stops early, without an error, once nobody receives.
+fn cut(reader: impl Read, sizes: ChunkSizes, tx: SyncSender<Vec<Piece>>) -> io::Result<Duration> {
     let started = Instant::now();
     let mut waited = Duration::ZERO;
     let mut reader = TimedReader {
@@ -242,8 +321,8 @@ fn cut(reader: impl Read, sizes: ChunkSizes, tx: SyncSender<Vec<Piece>>) -> io::
     if !batch.is_empty() {
         send(batch);
     }
-    let read = reader.spent;
-    Ok((read, started.elapsed().saturating_sub(waited).saturating_sub(read)))
+    let input = reader.spent;
+    Ok(started.elapsed().saturating_sub(waited).saturating_sub(input))
 }
 
 #[cfg(test)]
