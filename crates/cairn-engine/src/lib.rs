@@ -34,7 +34,7 @@ use cairn_store::{ChunkStore, StoreBackend, TieredOptions};
 pub use home::Home;
 pub use images::ImageError;
 pub use sandboxes::{CreateOptions, ExecStart, GcReport, OomProbe};
-pub use snapshots::{SnapshotError, SnapshotManifest};
+pub use snapshots::{MemoryPhases, SnapshotError, SnapshotManifest};
 pub use state::{ImageRecord, SandboxRecord, SandboxState, SnapshotRecord, StateError, StateLocation};
 
 #[derive(Debug, thiserror::Error)]
@@ -127,6 +127,8 @@ pub struct Engine {
     /// The worker's job slots, when a `cairn worker` runs this engine's job:
     /// a run waiting for its branches lends its slot back.
     slots: Option<std::sync::Arc<worker::Slots>>,
+    /// Where the last memory snapshot's time went.
+    memory_phases: std::sync::Mutex<Option<snapshots::MemoryPhases>>,
 }
 
 impl Engine {
@@ -164,6 +166,7 @@ impl Engine {
             reconciled: Vec::new(),
             model_override: Default::default(),
             slots: None,
+            memory_phases: std::sync::Mutex::new(None),
         };
         engine.reconciled = engine.reconcile()?;
         Ok(engine)

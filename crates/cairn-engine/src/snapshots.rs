@@ -13,7 +13,7 @@ use std::collections::HashSet;
 use std::fs::{self, File};
 use std::io::Seek;
 use std::path::Path;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use cairn_layers::archive::{capture_since, capture_since_mapped, Baseline, LayerIndex};
 use cairn_layers::LayerId;
@@ -73,6 +73,32 @@ pub enum MemoryForm {
     /// stream, `header` the bytes before its first chunk (see
     /// `cairn_sandbox::gvisor::statefile`).
     GvisorStateStream { header: Vec<u8> },
+}
+
+/// Where the time of a memory snapshot went: logged at debug level, kept
+/// for [`Engine::last_memory_phases`] (`cairn bench gvisor` prints it).
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct MemoryPhases {
+    /// Init ending its connections before the checkpoint.
+    pub quiesce: Duration,
+    /// `runsc checkpoint`: the sentry saving itself and writing the image.
+    pub runsc_checkpoint: Duration,
+    /// Removing the stopped sandbox's processes, cgroup and runsc state.
+    pub cleanup: Duration,
+    /// Capturing the files changed since the previous snapshot.
+    pub file_capture: Duration,
+    /// `runsc restore` until the sandbox runs again; the image is stored
+    /// beside it, on the other cores.
+    pub runsc_restore: Duration,
+    /// Storing the image in the chunk store, start to end.
+    pub store_image: Duration,
+    /// What the chunk store did with the image's files (reading and
+    /// inflating them, chunking, hashing, lookups, compression, writes),
+    /// summed over the files.
+    pub store: cairn_store::StreamStats,
+    /// The size of runsc's image files and of what was stored of them.
+    pub image_bytes: u64,
+    pub stored_bytes: u64,
 }
 
 /// Versions 2 and 3 of the manifest: version 3 did not record the host a
@@ -345,6 +371,11 @@ impl Engine {
             reason,
         })?;
         Ok(manifest)
+    }
+
+    /// Where the time of this engine's last memory snapshot went.
+    pub fn last_memory_phases(&self) -> Option<MemoryPhases> {
+        self.memory_phases.lock().unwrap_or_else(|e| e.into_inner()).clone()
     }
 
     /// Takes a snapshot of a sandbox's files. A running sandbox is frozen
@@ -647,26 +678,47 @@ impl Engine {
         let window = Window::open(&dir, &rec.id, process)
             .map_err(|e| cairn_sandbox::SandboxError::from(cairn_sandbox::gvisor::GvisorError::from(e)))?;
         let scratch = crate::images::ScratchDir::at(window.image_dir()).map_err(home_err(&window.image_dir()))?;
-        if let Err(e) = gvisor.checkpoint_in(&rec.id, &window) {
-            // The sandbox runs on (init listens again): nothing to finish.
-            let _ = window.remove();
-            return Err(cairn_sandbox::SandboxError::from(e).into());
-        }
+        let checkpoint = match gvisor.checkpoint_in(&rec.id, &window) {
+            Ok(c) => c,
+            Err(e) => {
+                // The sandbox runs on (init listens again): nothing to finish.
+                let _ = window.remove();
+                return Err(cairn_sandbox::SandboxError::from(e).into());
+            }
+        };
+        let mut phases = MemoryPhases {
+            quiesce: checkpoint.quiesce,
+            runsc_checkpoint: checkpoint.save,
+            cleanup: checkpoint.cleanup,
+            image_bytes: checkpoint.image_bytes,
+            ..MemoryPhases::default()
+        };
         // Everything is stopped: the files match the memory image exactly.
         // They are captured before the sandbox goes on and writes again.
+        let t = Instant::now();
         let captured = capture_since(&dir.join("upper"), &self.store, baseline);
+        phases.file_capture = t.elapsed();
         // The sandbox goes on where it stopped, as after any snapshot, while
         // the image is stored beside it (runsc only reads it); it goes on
         // even when storing fails.
         let spec = self.spec(rec)?;
         let (restored, files) = std::thread::scope(|s| {
-            let restore = s.spawn(|| gvisor.restore_in(&spec, &window));
-            let files = self.store_memory_files(scratch.path());
+            let restore = s.spawn(|| {
+                let t = Instant::now();
+                (gvisor.restore_in(&spec, &window), t.elapsed())
+            });
+            let t = Instant::now();
+            let written_before = self.store.bytes_written();
+            let files = self.store_memory_files(scratch.path(), &mut phases);
+            phases.store_image = t.elapsed();
+            phases.stored_bytes = self.store.bytes_written() - written_before;
             (restore.join(), files)
         });
-        let process = restored
-            .unwrap_or_else(|e| std::panic::resume_unwind(e))
-            .map_err(cairn_sandbox::SandboxError::from)?;
+        let (restored, restore_time) = restored.unwrap_or_else(|e| std::panic::resume_unwind(e));
+        phases.runsc_restore = restore_time;
+        tracing::debug!(sandbox = %rec.id, ?phases, "memory snapshot");
+        *self.memory_phases.lock().unwrap_or_else(|e| e.into_inner()) = Some(phases);
+        let process = restored.map_err(cairn_sandbox::SandboxError::from)?;
         self.db.set_process(&rec.id, process.pid, process.start_time)?;
         // The restored process is recorded: the window is over (its image
         // stays, for the snapshot's local copy).
@@ -686,7 +738,7 @@ impl Engine {
     }
 
     /// Stores every file of a checkpoint image directory, by name.
-    fn store_memory_files(&self, dir: &Path) -> Result<Vec<MemoryFile>, EngineError> {
+    fn store_memory_files(&self, dir: &Path, phases: &mut MemoryPhases) -> Result<Vec<MemoryFile>, EngineError> {
         let mut names: Vec<_> = fs::read_dir(dir)
             .map_err(home_err(dir))?
             .flatten()
@@ -696,26 +748,58 @@ impl Engine {
         names.sort();
         names
             .into_iter()
-            .map(|name| self.store_memory_file(dir, name))
+            .map(|name| self.store_memory_file(dir, name, phases))
             .collect()
     }
 
     /// Stores one checkpoint file, a gVisor state file unpacked so that
-    /// checkpoints share what did not change.
-    fn store_memory_file(&self, dir: &Path, name: String) -> Result<MemoryFile, EngineError> {
+    /// checkpoints share what did not change. The state stream is chunked
+    /// as it is inflated (nothing is written out and read back); a file
+    /// found not to be a state file part-way is stored as written.
+    fn store_memory_file(
+        &self,
+        dir: &Path,
+        name: String,
+        phases: &mut MemoryPhases,
+    ) -> Result<MemoryFile, EngineError> {
+        use cairn_sandbox::gvisor::statefile;
         let path = dir.join(&name);
-        let mut f = File::open(&path).map_err(home_err(&path))?;
-        let mut raw = scratch_stream(dir)?;
-        let unpacked = cairn_sandbox::gvisor::statefile::unpack(&mut f, &mut raw).map_err(home_err(&path))?;
-        let (form, stored) = match unpacked {
-            Some(header) => (MemoryForm::GvisorStateStream { header }, &raw),
-            None => (MemoryForm::AsWritten, &f),
+        let open = || {
+            let f = File::open(&path)?;
+            let len = f.metadata()?.len();
+            Ok((std::io::BufReader::with_capacity(1 << 20, f), len))
         };
-        let content = self
+        let (image, len) = open().map_err(home_err(&path))?;
+        let t = Instant::now();
+        let opened = statefile::open_stream(image, len).map_err(home_err(&path))?;
+        phases.store.read += t.elapsed();
+        if let Some((header, stream)) = opened {
+            match self.store.store_stream(stream, cairn_store::ChunkSizes::FINE) {
+                Ok((content, stats)) => {
+                    phases.store += stats;
+                    return Ok(MemoryFile {
+                        name,
+                        form: MemoryForm::GvisorStateStream { header },
+                        content,
+                    });
+                }
+                Err(StoreError::ReadSource { source, .. }) if statefile::is_not_unpackable(&source) => {
+                    tracing::warn!("{}: {source}; it is stored as written", path.display());
+                }
+                Err(e) => return Err(SnapshotError::from(e).into()),
+            }
+        }
+        let (image, _) = open().map_err(home_err(&path))?;
+        let (content, stats) = self
             .store
-            .store_file_chunked(stored, cairn_store::ChunkSizes::FINE)
+            .store_stream(image, cairn_store::ChunkSizes::FINE)
             .map_err(SnapshotError::from)?;
-        Ok(MemoryFile { name, form, content })
+        phases.store += stats;
+        Ok(MemoryFile {
+            name,
+            form: MemoryForm::AsWritten,
+            content,
+        })
     }
 
     /// Writes a snapshot's memory image into a scratch directory.

@@ -88,6 +88,9 @@ impl BlobStore for StoreBackend {
     fn put(&self, key: &ChunkHash, bytes: &[u8]) -> Result<PutOutcome, BlobError> {
         self.inner().put(key, bytes)
     }
+    fn put_batch(&self, objects: &[(ChunkHash, &[u8])]) -> Result<Vec<PutOutcome>, BlobError> {
+        self.inner().put_batch(objects)
+    }
     fn get(&self, key: &ChunkHash) -> Result<Vec<u8>, BlobError> {
         self.inner().get(key)
     }

@@ -47,6 +47,14 @@ pub struct IncompleteWrites {
 /// - `get` of an absent key is [`BlobError::NotFound`].
 pub trait BlobStore: Send + Sync {
     fn put(&self, key: &ChunkHash, bytes: &[u8]) -> Result<PutOutcome, BlobError>;
+    /// Puts several objects, each as [`put`](Self::put) would, all durable
+    /// when it returns; one outcome per object, in order (a key given twice
+    /// is stored once). A backend may make them durable together, which
+    /// costs far less than one by one: a memory image's new chunks are
+    /// written this way.
+    fn put_batch(&self, objects: &[(ChunkHash, &[u8])]) -> Result<Vec<PutOutcome>, BlobError> {
+        objects.iter().map(|(key, bytes)| self.put(key, bytes)).collect()
+    }
     fn get(&self, key: &ChunkHash) -> Result<Vec<u8>, BlobError>;
     fn contains(&self, key: &ChunkHash) -> Result<bool, BlobError>;
     /// If the object exists, refreshes its modification time (as a

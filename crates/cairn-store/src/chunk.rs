@@ -12,6 +12,56 @@ use crate::hash::ChunkHash;
 /// zstd level for chunks: fast, still a good ratio on text and binaries.
 const ZSTD_LEVEL: i32 = 3;
 
+/// Bytes of each of the three samples tried before a chunk is compressed.
+const SAMPLE: usize = 1024;
+
+/// A chunk as it is stored: one zstd frame at [`ZSTD_LEVEL`], unless
+/// samples of it (its start, middle and end) do not compress (random or
+/// already compressed bytes): then a zstd frame of raw blocks, which is
+/// what zstd would write for it after trying, without the cost of trying.
+/// Readers decode both alike.
+pub(crate) fn compress_chunk(data: &[u8]) -> std::io::Result<Vec<u8>> {
+    if data.len() >= 8 * SAMPLE && !samples_compress(data)? {
+        return Ok(raw_frame(data));
+    }
+    zstd::bulk::compress(data, ZSTD_LEVEL)
+}
+
+/// Whether zstd saves at least 1/32 of three 1 KiB samples of `data`
+/// (which is at least 3 KiB long).
+fn samples_compress(data: &[u8]) -> std::io::Result<bool> {
+    let mut sample = Vec::with_capacity(3 * SAMPLE);
+    for at in [0, data.len() / 2 - SAMPLE / 2, data.len() - SAMPLE] {
+        sample.extend_from_slice(&data[at..at + SAMPLE]);
+    }
+    let packed = zstd::bulk::compress(&sample, 1)?;
+    Ok(packed.len() < sample.len() - sample.len() / 32)
+}
+
+/// A zstd frame (RFC 8878) holding `data` (at most 4 GiB) in raw blocks of
+/// at most 128 KiB: single segment, content size given, no checksum.
+pub(crate) fn raw_frame(data: &[u8]) -> Vec<u8> {
+    const MAX_BLOCK: usize = 128 << 10;
+    let mut out = Vec::with_capacity(data.len() + 9 + 3 * (data.len() / MAX_BLOCK + 1));
+    out.extend_from_slice(&0xFD2F_B528u32.to_le_bytes());
+    // Frame header descriptor: a 4-byte content size, single segment.
+    out.push(0b1010_0000);
+    out.extend_from_slice(&u32::try_from(data.len()).expect("chunks are small").to_le_bytes());
+    let blocks: Vec<&[u8]> = if data.is_empty() {
+        vec![data]
+    } else {
+        data.chunks(MAX_BLOCK).collect()
+    };
+    for (i, block) in blocks.iter().enumerate() {
+        // Block header: last-block bit, block type 0 (raw), size.
+        let last = u32::from(i + 1 == blocks.len());
+        let header = last | (block.len() as u32) << 3;
+        out.extend_from_slice(&header.to_le_bytes()[..3]);
+        out.extend_from_slice(block);
+    }
+    out
+}
+
 /// Largest uncompressed object the store reads back (data chunks are at
 /// most [`crate::MAX_CHUNK`]; metadata objects are capped by their frame).
 pub const MAX_OBJECT: u64 = 1 << 30;
@@ -115,7 +165,7 @@ pub struct PutChunk {
 pub struct ChunkStore<B> {
     backend: B,
     /// Compressed bytes of new chunks written through this handle.
-    written: std::sync::atomic::AtomicU64,
+    pub(crate) written: std::sync::atomic::AtomicU64,
 }
 
 impl<B: BlobStore> ChunkStore<B> {
@@ -143,7 +193,7 @@ impl<B: BlobStore> ChunkStore<B> {
         if self.backend.refresh(&hash)? {
             return Ok(PutChunk { hash, new: false });
         }
-        let compressed = zstd::bulk::compress(data, ZSTD_LEVEL).map_err(StoreError::Compress)?;
+        let compressed = compress_chunk(data).map_err(StoreError::Compress)?;
         let outcome = self.backend.put(&hash, &compressed)?;
         if outcome == PutOutcome::Stored {
             self.written
@@ -265,6 +315,44 @@ mod tests {
             format!(" of /data/genome.fa in snapshot {}", id.short())
         );
         assert_eq!(ReadContext::new().to_string(), "");
+    }
+
+    fn noise(len: usize) -> Vec<u8> {
+        let mut x = 0x9E37_79B9_7F4A_7C15u64;
+        (0..len)
+            .map(|_| {
+                x ^= x << 13;
+                x ^= x >> 7;
+                x ^= x << 17;
+                x as u8
+            })
+            .collect()
+    }
+
+    #[test]
+    fn an_incompressible_chunk_is_stored_raw_in_a_zstd_frame_and_reads_back() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = ChunkStore::new(LocalStore::open(dir.path()).unwrap());
+        // Raw blocks cut at 128 KiB: sizes on both sides of a cut.
+        for len in [8 * 1024, 64 * 1024, 128 * 1024, 300 * 1024, 1 << 20] {
+            let data = noise(len);
+            let put = store.put_chunk(&data).unwrap();
+            let stored = std::fs::read(store.backend().object_path(&put.hash)).unwrap();
+            // Header (9 bytes) and 3 bytes per block: nothing was compressed.
+            assert_eq!(stored.len(), len + 9 + 3 * len.div_ceil(128 << 10), "{len}");
+            assert_eq!(&stored[9 + 3..9 + 3 + 16], &data[..16], "raw bytes follow the headers");
+            assert!(store.get_chunk(&put.hash, &ReadContext::new()).unwrap() == data);
+            assert!(zstd::decode_all(&stored[..]).unwrap() == data, "zstd itself reads it");
+        }
+        assert_eq!(zstd::decode_all(&raw_frame(b"")[..]).unwrap(), b"");
+    }
+
+    #[test]
+    fn a_chunk_that_compresses_in_part_is_compressed() {
+        // Random at the start, text from the middle on: a sample compresses.
+        let mut data = noise(16 * 1024);
+        data.extend(b"ACGT".repeat(4 * 1024));
+        assert!(compress_chunk(&data).unwrap().len() < data.len() * 3 / 4);
     }
 
     #[test]

@@ -8,7 +8,9 @@
 //!   reads fetched ahead of the reader ([`ReadAhead`]).
 //! - [`ChunkStore`]: zstd compression, hash verification on every read,
 //!   framed metadata objects, and the file API ([`FileContent`]) with
-//!   FastCDC content-defined chunking and sparse-file support.
+//!   FastCDC content-defined chunking and sparse-file support;
+//!   [`ChunkStore::store_stream`] stores a long stream (a memory image)
+//!   hashing and compressing on every core, new chunks written in batches.
 //! - [`frame`]: the magic/version/length/CRC32 envelope for metadata.
 //! - [`collect_garbage`]: mark-and-sweep from caller-supplied live roots.
 //! - [`process`]: processes told apart by start time; the writer named in
@@ -28,6 +30,7 @@ mod local;
 pub mod process;
 mod read_ahead;
 mod s3;
+mod stream;
 mod tiered;
 
 pub use backend::StoreBackend;
@@ -42,4 +45,5 @@ pub use hash::{ChunkHash, ParseChunkHashError};
 pub use local::LocalStore;
 pub use read_ahead::ReadAhead;
 pub use s3::{S3Config, S3Store, MULTIPART_THRESHOLD, REFRESH_WINDOW};
+pub use stream::StreamStats;
 pub use tiered::{TieredOptions, TieredStore};

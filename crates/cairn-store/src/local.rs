@@ -168,16 +168,32 @@ impl LocalStore {
     /// Creates the fan-out directories for `path`, fsyncing each parent
     /// whose entry was created so the object is reachable after a crash.
     fn ensure_parent(&self, path: &Path) -> Result<PathBuf, BlobError> {
+        self.make_parent(path, true)
+    }
+
+    /// [`ensure_parent`](Self::ensure_parent), fsyncing parents only when
+    /// `sync` (a batch syncs the whole filesystem afterwards instead).
+    fn make_parent(&self, path: &Path, sync: bool) -> Result<PathBuf, BlobError> {
         let leaf = path.parent().expect("object paths have parents").to_path_buf();
         let mid = leaf.parent().expect("two fan-out levels").to_path_buf();
         for (dir, parent) in [(&mid, self.root.join(OBJECTS_DIR)), (&leaf, mid.clone())] {
             match fs::create_dir(dir) {
-                Ok(()) => sync_dir(&parent)?,
+                Ok(()) if sync => sync_dir(&parent)?,
+                Ok(()) => {}
                 Err(e) if e.kind() == io::ErrorKind::AlreadyExists => {}
                 Err(e) => return Err(BlobError::io("create fan-out directory", dir, e)),
             }
         }
         Ok(leaf)
+    }
+}
+
+impl LocalStore {
+    /// Makes everything written to the store's filesystem durable.
+    fn sync_filesystem(&self) -> Result<(), BlobError> {
+        use std::os::fd::AsRawFd;
+        let dir = File::open(&self.root).map_err(|e| BlobError::io("open", &self.root, e))?;
+        nix::unistd::syncfs(dir.as_raw_fd()).map_err(|e| BlobError::io("sync the filesystem of", &self.root, e.into()))
     }
 }
 
@@ -202,6 +218,54 @@ impl BlobStore for LocalStore {
         Ok(PutOutcome::Stored)
     }
 
+    /// Writes every new object to a temp file unsynced, makes them all
+    /// durable with one `syncfs`, renames them into place and syncs once
+    /// more: two syncs for the batch instead of two fsyncs per object
+    /// (~3.5 ms each here). Nothing is renamed before its bytes are
+    /// durable, so an object under its name is whole after a crash, as
+    /// with [`put`](Self::put).
+    fn put_batch(&self, objects: &[(ChunkHash, &[u8])]) -> Result<Vec<PutOutcome>, BlobError> {
+        if objects.len() <= 1 {
+            return objects.iter().map(|(key, bytes)| self.put(key, bytes)).collect();
+        }
+        let mut outcomes = Vec::with_capacity(objects.len());
+        let mut staged: Vec<(PathBuf, PathBuf)> = Vec::new();
+        let mut seen = std::collections::HashSet::with_capacity(objects.len());
+        let result = (|| {
+            for (key, bytes) in objects {
+                if !seen.insert(*key) || self.refresh(key)? {
+                    outcomes.push(PutOutcome::AlreadyPresent);
+                    continue;
+                }
+                let tmp = self.temp_path();
+                OpenOptions::new()
+                    .write(true)
+                    .create_new(true)
+                    .open(&tmp)
+                    .and_then(|mut f| f.write_all(bytes))
+                    .map_err(|e| BlobError::io("write temp file", &tmp, e))?;
+                staged.push((tmp, self.object_path(key)));
+                outcomes.push(PutOutcome::Stored);
+            }
+            if staged.is_empty() {
+                return Ok(());
+            }
+            self.sync_filesystem()?;
+            for (tmp, dest) in &staged {
+                self.make_parent(dest, false)?;
+                fs::rename(tmp, dest).map_err(|e| BlobError::io("rename temp file into", dest, e))?;
+            }
+            // The renames and any new fan-out directories.
+            self.sync_filesystem()
+        })();
+        if result.is_err() {
+            for (tmp, _) in &staged {
+                let _ = fs::remove_file(tmp);
+            }
+        }
+        result.map(|()| outcomes)
+    }
+
     fn get(&self, key: &ChunkHash) -> Result<Vec<u8>, BlobError> {
         let path = self.object_path(key);
         fs::read(&path).map_err(|e| {
@@ -223,16 +287,21 @@ impl BlobStore for LocalStore {
     }
 
     fn refresh(&self, key: &ChunkHash) -> Result<bool, BlobError> {
+        use nix::sys::stat::{utimensat, UtimensatFlags};
+        use nix::sys::time::TimeSpec;
         let path = self.object_path(key);
-        match OpenOptions::new().write(true).open(&path) {
-            Ok(f) => {
-                // A new mtime puts this writer under GC's grace period.
-                f.set_modified(SystemTime::now())
-                    .map_err(|e| BlobError::io("refresh the modification time of", &path, e))?;
-                Ok(true)
-            }
-            Err(e) if e.kind() == io::ErrorKind::NotFound => Ok(false),
-            Err(e) => Err(BlobError::io("open", &path, e)),
+        // A new mtime puts this writer under GC's grace period. One system
+        // call: a memory image looks up tens of thousands of chunks.
+        match utimensat(
+            None,
+            &path,
+            &TimeSpec::UTIME_OMIT,
+            &TimeSpec::UTIME_NOW,
+            UtimensatFlags::FollowSymlink,
+        ) {
+            Ok(()) => Ok(true),
+            Err(nix::errno::Errno::ENOENT) => Ok(false),
+            Err(e) => Err(BlobError::io("refresh the modification time of", &path, e.into())),
         }
     }
 
@@ -339,6 +408,30 @@ mod tests {
         assert!(store.delete(&key).unwrap());
         assert!(!store.delete(&key).unwrap());
         assert!(matches!(store.get(&key), Err(BlobError::NotFound { .. })));
+    }
+
+    #[test]
+    fn a_batch_stores_each_new_object_once_and_reports_the_rest() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = LocalStore::open(dir.path()).unwrap();
+        let (a, b) = (ChunkHash::of(b"a"), ChunkHash::of(b"b"));
+        store.put(&a, b"A").unwrap();
+        let outcomes = store.put_batch(&[(a, b"A"), (b, b"B"), (b, b"B")]).unwrap();
+        assert_eq!(
+            outcomes,
+            [
+                PutOutcome::AlreadyPresent,
+                PutOutcome::Stored,
+                PutOutcome::AlreadyPresent
+            ]
+        );
+        assert_eq!(store.get(&b).unwrap(), b"B");
+        assert_eq!(store.list().unwrap().len(), 2);
+        assert_eq!(
+            fs::read_dir(store.temp_dir()).unwrap().count(),
+            0,
+            "no temp file is left"
+        );
     }
 
     #[test]

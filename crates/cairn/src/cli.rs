@@ -391,6 +391,9 @@ pub enum Command {
         /// 256M; scale: the size of the snapshot restored cold and warm.
         #[arg(long, default_value = "1G", value_name = "SIZE", value_parser = parse_bytes)]
         size: u64,
+        /// gvisor-memory: the random bytes the sandbox holds in its tmpfs.
+        #[arg(long, default_value = "512M", value_name = "SIZE", value_parser = parse_bytes)]
+        memory: u64,
         /// scale: an empty PostgreSQL database for the queue figures
         /// (postgres://…); without it they are taken on SQLite. The cold
         /// restore uses --store (or CAIRN_STORE), an s3:// store.

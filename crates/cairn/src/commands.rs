@@ -51,6 +51,7 @@ pub fn dispatch(cli: Cli) -> Result<i32> {
         runs,
         entries,
         size,
+        memory,
         postgres,
         churn,
         json,
@@ -62,7 +63,7 @@ pub fn dispatch(cli: Cli) -> Result<i32> {
             store: home.store_url().map(str::to_string),
             size,
         };
-        return crate::bench::run(home, &which, runs, &sessions, &scale, churn, json);
+        return crate::bench::run(home, &which, runs, &sessions, &scale, churn, memory, json);
     }
     if let Command::Serve {
         socket,

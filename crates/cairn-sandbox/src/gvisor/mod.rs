@@ -215,7 +215,11 @@ impl GvisorDriver {
         let quiesce = t.elapsed();
         let t = Instant::now();
         let mut cmd = self.runsc.command(&root);
-        cmd.arg("checkpoint").arg("--image-path").arg(image_dir).arg(id);
+        cmd.arg("checkpoint")
+            .args(&self.runsc.checkpoint_flags)
+            .arg("--image-path")
+            .arg(image_dir)
+            .arg(id);
         let saved = match window {
             None => self.runsc.run_to_end("checkpoint", cmd),
             Some(w) => self.checkpoint_recorded(cmd, w),

@@ -28,7 +28,23 @@ pub struct Runsc {
     pub binary: PathBuf,
     /// `systrap` where this runsc offers it, else `ptrace`.
     pub platform: &'static str,
+    /// Flags `runsc checkpoint` gets because this runsc has them
+    /// ([`CHECKPOINT_FLAGS`]); none on runsc releases before 2024.
+    pub checkpoint_flags: Vec<&'static str>,
 }
+
+/// `runsc checkpoint` flags that make a memory snapshot cheaper, used where
+/// `runsc checkpoint --help` lists them (newer runsc releases):
+/// - `-compression=none`: the image's state stream is written raw instead
+///   of flate-compressed, so runsc does not compress it, the restore does
+///   not inflate it, and Cairn stores it as written (content-defined chunks
+///   of raw memory pages find what two checkpoints share).
+/// - `-exclude-committed-zero-pages`: pages that are all zeros are left out
+///   of the image.
+pub const CHECKPOINT_FLAGS: [(&str, &str); 2] = [
+    ("compression", "--compression=none"),
+    ("exclude-committed-zero-pages", "--exclude-committed-zero-pages"),
+];
 
 /// What `run` and `restore` need besides their arguments.
 pub struct Launch<'a> {
@@ -66,7 +82,16 @@ impl Runsc {
         }
         .ok_or(GvisorError::RunscMissing)?;
         let platform = cached_platform(&binary, &cache_dir.join("runsc-platform"));
-        Ok(Runsc { binary, platform })
+        let checkpoint_flags = checkpoint_flags_in(&cached_answer(
+            &binary,
+            &cache_dir.join("runsc-checkpoint-flags"),
+            checkpoint_flag_names,
+        ));
+        Ok(Runsc {
+            binary,
+            platform,
+            checkpoint_flags,
+        })
     }
 
     /// `runsc` with the global flags for the sandbox whose state lives in `root`.
@@ -210,9 +235,19 @@ pub(super) fn first_lines(s: &str) -> String {
     }
 }
 
-/// [`platform_of`], remembered in `cache` for this binary (its path, size
-/// and modification time): a reinstalled runsc is asked again.
+/// [`platform_of`], remembered in `cache` for this binary.
 fn cached_platform(binary: &Path, cache: &Path) -> &'static str {
+    let answer = cached_answer(binary, cache, |b| platform_of(b).to_string());
+    ["systrap", "ptrace"]
+        .into_iter()
+        .find(|p| *p == answer)
+        .unwrap_or("ptrace")
+}
+
+/// `ask(binary)` (one word, no spaces), remembered in `cache` for this
+/// binary (its path, size and modification time): asking costs a runsc
+/// start-up, and a reinstalled runsc is asked again.
+fn cached_answer(binary: &Path, cache: &Path, ask: fn(&Path) -> String) -> String {
     let identity = std::fs::metadata(binary).ok().map(|m| {
         use std::os::unix::fs::MetadataExt;
         format!(
@@ -223,23 +258,59 @@ fn cached_platform(binary: &Path, cache: &Path) -> &'static str {
         )
     });
     if let (Some(id), Ok(text)) = (&identity, std::fs::read_to_string(cache)) {
-        if let Some((platform, seen)) = text.trim_end().split_once(' ') {
+        if let Some((answer, seen)) = text.trim_end().split_once(' ') {
             if seen == id {
-                if let Some(p) = ["systrap", "ptrace"].into_iter().find(|p| *p == platform) {
-                    return p;
-                }
+                return answer.to_string();
             }
         }
     }
-    let platform = platform_of(binary);
+    let answer = ask(binary);
     if let Some(id) = identity {
         // Written whole, then renamed: a reader sees the old answer or the new.
         let tmp = cache.with_extension(format!("tmp{}", std::process::id()));
-        if std::fs::write(&tmp, format!("{platform} {id}\n")).is_ok() {
+        if std::fs::write(&tmp, format!("{answer} {id}\n")).is_ok() {
             let _ = std::fs::rename(&tmp, cache);
         }
     }
-    platform
+    answer
+}
+
+/// The names of the [`CHECKPOINT_FLAGS`] that `runsc checkpoint --help`
+/// lists, joined by commas (`-` for none).
+fn checkpoint_flag_names(binary: &Path) -> String {
+    let out = Command::new(binary)
+        .args(["checkpoint", "--help"])
+        .stdin(Stdio::null())
+        .output();
+    let help = out
+        .map(|o| [o.stdout, o.stderr].concat())
+        .map(|b| String::from_utf8_lossy(&b).into_owned())
+        .unwrap_or_default();
+    let names: Vec<&str> = CHECKPOINT_FLAGS
+        .iter()
+        .map(|(name, _)| *name)
+        .filter(|name| {
+            help.lines().any(|l| {
+                let l = l.trim_start().trim_start_matches('-');
+                l.strip_prefix(name)
+                    .is_some_and(|rest| rest.is_empty() || rest.starts_with([' ', '=', '\t']))
+            })
+        })
+        .collect();
+    if names.is_empty() {
+        "-".into()
+    } else {
+        names.join(",")
+    }
+}
+
+/// The checkpoint flags for the names [`checkpoint_flag_names`] found.
+fn checkpoint_flags_in(names: &str) -> Vec<&'static str> {
+    CHECKPOINT_FLAGS
+        .iter()
+        .filter(|(name, _)| names.split(',').any(|n| n == *name))
+        .map(|(_, flag)| *flag)
+        .collect()
 }
 
 /// The platform to use with `binary`: `systrap` when its `-platform` flag
@@ -277,6 +348,25 @@ mod tests {
         assert_eq!(platform_in(old), "ptrace");
         assert_eq!(platform_in(new), "systrap");
         assert_eq!(platform_in(""), "ptrace");
+    }
+
+    #[test]
+    fn checkpoint_flags_are_used_only_where_runsc_lists_them() {
+        use std::os::unix::fs::PermissionsExt;
+        let dir = tempfile::tempdir().unwrap();
+        let binary = dir.path().join("runsc");
+        let help = |text: &str| {
+            std::fs::write(&binary, format!("#!/bin/sh\nprintf '{text}'\n")).unwrap();
+            std::fs::set_permissions(&binary, std::fs::Permissions::from_mode(0o755)).unwrap();
+            checkpoint_flags_in(&checkpoint_flag_names(&binary))
+        };
+        // This host's runsc (2022).
+        let old = "checkpoint [flags] <container id>\\n  -image-path string\\n  -leave-running\\n";
+        assert!(help(old).is_empty());
+        let new = "  -compression value\\n    \\tcompression: none|flate-best-speed\\n  -direct\\n  -exclude-committed-zero-pages\\n";
+        assert_eq!(help(new), ["--compression=none", "--exclude-committed-zero-pages"]);
+        // A flag whose name only starts like one of them is not it.
+        assert!(help("  -compression-level int\\n").is_empty());
     }
 
     #[test]

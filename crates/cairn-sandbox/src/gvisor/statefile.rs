@@ -16,19 +16,22 @@
 //! is the kernel's objects and memory pages as they are, and the chunk
 //! store's content-defined chunks find what two checkpoints share.
 //!
-//! [`unpack`] keeps the header (everything before the first chunk) verbatim
-//! and writes the inflated stream; [`pack`] writes the header back and
+//! [`open_stream`] keeps the header (everything before the first chunk)
+//! verbatim and reads the inflated stream, chunks inflated in parallel, so
+//! it can be chunked into the store as it is inflated; [`unpack`] writes
+//! the stream out; [`pack`] writes the header back and
 //! re-frames the stream in stored (uncompressed) DEFLATE blocks, which runsc
 //! reads at copying speed. A file in any other form (a keyed stream, an
 //! uncompressed one from a newer runsc, a different file) is not unpacked;
 //! the caller keeps it as it is.
 
+use std::collections::VecDeque;
 use std::fs::File;
-use std::io::{self, BufReader, BufWriter, Read, Seek, SeekFrom, Write};
+use std::io::{self, BufWriter, Read, Seek, SeekFrom, Write};
 
-use flate2::read::DeflateDecoder;
 use flate2::write::DeflateEncoder;
-use flate2::Compression;
+use flate2::{Compression, Decompress, FlushDecompress, Status};
+use rayon::prelude::*;
 
 const MAGIC: &[u8; 8] = b"gVisorSF";
 const MAX_METADATA: u64 = 16 << 20;
@@ -45,7 +48,7 @@ pub fn unpack(image: &mut File, raw: &mut File) -> io::Result<Option<Vec<u8>>> {
 }
 
 /// Where [`unpack_from`] writes the state stream. It starts again from
-/// nothing when the first layout it tried turns out not to be the file's.
+/// nothing when the file turns out not to be a state file after all.
 pub trait StreamOut: Write {
     /// Discards everything written so far.
     fn restart(&mut self) -> io::Result<()>;
@@ -70,7 +73,50 @@ impl StreamOut for Vec<u8> {
 /// it declares before that length is checked against the input and a cap
 /// (16 MiB of metadata, chunks of 4 KiB to 64 MiB).
 pub fn unpack_from<R: Read + Seek, W: StreamOut>(image: &mut R, len: u64, raw: &mut W) -> io::Result<Option<Vec<u8>>> {
-    let Some(metadata_end) = metadata_end(image, len)? else {
+    raw.restart()?;
+    let Some((header, mut stream)) = open_stream(image, len)? else {
+        return Ok(None);
+    };
+    loop {
+        match stream.next_chunk() {
+            Ok(Some(chunk)) => raw.write_all(&chunk)?,
+            Ok(None) => break,
+            Err(e) if is_not_unpackable(&e) => {
+                raw.restart()?;
+                return Ok(None);
+            }
+            Err(e) => return Err(e),
+        }
+    }
+    raw.flush()?;
+    Ok(Some(header))
+}
+
+/// A state file found not to be one this module can unpack, part-way
+/// through (an error of kind `InvalidData` carrying this); the caller
+/// keeps the file as written instead.
+#[derive(Debug, thiserror::Error)]
+#[error("{0}: the checkpoint image is not a gVisor state file Cairn can unpack")]
+pub struct NotUnpackable(String);
+
+/// Whether `e` is a [`StateStream`] finding its file not unpackable (as
+/// opposed to failing to read it).
+pub fn is_not_unpackable(e: &io::Error) -> bool {
+    e.get_ref().is_some_and(|inner| inner.is::<NotUnpackable>())
+}
+
+fn not_unpackable(why: String) -> io::Error {
+    io::Error::new(io::ErrorKind::InvalidData, NotUnpackable(why))
+}
+
+/// Opens a state file for streaming: its header and a reader of its
+/// inflated state stream, or `None` when the header or the first chunk is
+/// not a layout this module knows (nothing else read). A later chunk that
+/// does not inflate as it must ends the stream with an error for which
+/// [`is_not_unpackable`] holds. Chunks are inflated several at a time on
+/// rayon's pool, at most 16 MiB of them at once.
+pub fn open_stream<R: Read + Seek>(mut image: R, len: u64) -> io::Result<Option<(Vec<u8>, StateStream<R>)>> {
+    let Some(metadata_end) = metadata_end(&mut image, len)? else {
         return Ok(None);
     };
     // Releases before 2023 always follow the metadata with its MAC; later
@@ -81,21 +127,145 @@ pub fn unpack_from<R: Read + Seek, W: StreamOut>(image: &mut R, len: u64, raw: &
             continue;
         }
         image.seek(SeekFrom::Start(metadata_end + mac))?;
-        let chunk_size = read_u32(image)?;
+        let chunk_size = read_u32(&mut image)?;
         if !(MIN_CHUNK..=MAX_CHUNK).contains(&chunk_size) {
             continue;
         }
-        raw.restart()?;
-        if inflate_chunks(image, len, chunk_size, raw)? {
-            image.seek(SeekFrom::Start(0))?;
-            let mut header = vec![0; header_len as usize];
-            image.read_exact(&mut header)?;
-            raw.flush()?;
-            return Ok(Some(header));
+        image.seek(SeekFrom::Start(0))?;
+        let mut header = vec![0; header_len as usize];
+        image.read_exact(&mut header)?;
+        let mut stream = StateStream {
+            image,
+            offset: header_len,
+            len,
+            chunk_size,
+            ready: VecDeque::new(),
+            pos: 0,
+            short: false,
+        };
+        match stream.fill() {
+            Ok(_) => return Ok(Some((header, stream))),
+            Err(e) if is_not_unpackable(&e) => image = stream.image,
+            Err(e) => return Err(e),
         }
     }
-    raw.restart()?;
     Ok(None)
+}
+
+/// The inflated state stream of a state file (see [`open_stream`]).
+pub struct StateStream<R> {
+    image: R,
+    /// Where the next chunk's length is, and the file's end.
+    offset: u64,
+    len: u64,
+    chunk_size: u32,
+    /// Inflated chunks not yet read, and how far into the first.
+    ready: VecDeque<Vec<u8>>,
+    pos: usize,
+    /// A chunk shorter than the chunk size was seen: it must be the last.
+    short: bool,
+}
+
+/// The most state stream inflated at once.
+const INFLATE_AHEAD: usize = 16 << 20;
+
+impl<R: Read> StateStream<R> {
+    /// The next inflated chunk, `None` at the end.
+    pub fn next_chunk(&mut self) -> io::Result<Option<Vec<u8>>> {
+        if self.ready.is_empty() && !self.fill()? {
+            return Ok(None);
+        }
+        self.pos = 0;
+        Ok(self.ready.pop_front())
+    }
+
+    /// Reads and inflates the next chunks; false at the end of the file.
+    fn fill(&mut self) -> io::Result<bool> {
+        let chunk_size = self.chunk_size as usize;
+        // DEFLATE's worst expansion is far below this; more is not ours.
+        let max_compressed = (chunk_size + chunk_size / 8 + 1024) as u64;
+        let most = (INFLATE_AHEAD / chunk_size).clamp(1, 2 * rayon::current_num_threads());
+        let mut inputs = Vec::new();
+        while inputs.len() < most && self.offset < self.len {
+            let at = self.offset;
+            if self.offset + 4 > self.len {
+                return Err(not_unpackable(format!("a chunk length at offset {at} is cut short")));
+            }
+            let l = u64::from(read_u32(&mut self.image)?);
+            self.offset += 4;
+            if l > max_compressed || self.offset + l > self.len {
+                return Err(not_unpackable(format!(
+                    "the chunk at offset {at} declares {l} bytes, past the file or its chunk size"
+                )));
+            }
+            let mut input = vec![0; l as usize];
+            self.image.read_exact(&mut input)?;
+            self.offset += l;
+            inputs.push((at, input));
+        }
+        if inputs.is_empty() {
+            return Ok(false);
+        }
+        let inflated: Vec<_> = if inputs.len() == 1 {
+            vec![inflate(&inputs[0].1, chunk_size)]
+        } else {
+            inputs.par_iter().map(|(_, input)| inflate(input, chunk_size)).collect()
+        };
+        for ((at, _), chunk) in inputs.iter().zip(inflated) {
+            let Some(chunk) = chunk else {
+                return Err(not_unpackable(format!(
+                    "the chunk at offset {at} is not DEFLATE data inflating to at most {chunk_size} bytes"
+                )));
+            };
+            if self.short {
+                return Err(not_unpackable(format!("the chunk at offset {at} follows a short one")));
+            }
+            self.short = chunk.len() < chunk_size;
+            self.ready.push_back(chunk);
+        }
+        Ok(true)
+    }
+}
+
+impl<R: Read> Read for StateStream<R> {
+    fn read(&mut self, buf: &mut [u8]) -> io::Result<usize> {
+        loop {
+            if let Some(front) = self.ready.front() {
+                if self.pos < front.len() {
+                    let n = buf.len().min(front.len() - self.pos);
+                    buf[..n].copy_from_slice(&front[self.pos..self.pos + n]);
+                    self.pos += n;
+                    return Ok(n);
+                }
+                self.ready.pop_front();
+                self.pos = 0;
+                continue;
+            }
+            if !self.fill()? {
+                return Ok(0);
+            }
+        }
+    }
+}
+
+/// Inflates one raw DEFLATE chunk that must fill `input` exactly and
+/// produce between 1 and `chunk_size` bytes; `None` otherwise. Nothing is
+/// allocated past `chunk_size` bytes, whatever the input says.
+fn inflate(input: &[u8], chunk_size: usize) -> Option<Vec<u8>> {
+    let mut out = Vec::with_capacity(chunk_size);
+    let mut d = Decompress::new(false);
+    let mut status = d.decompress_vec(input, &mut out, FlushDecompress::Finish).ok()?;
+    if status != Status::StreamEnd && out.len() == chunk_size {
+        // Full: only the end of the stream may be left, no more bytes.
+        let mut more = Vec::with_capacity(1);
+        let rest = &input[usize::try_from(d.total_in()).ok()?..];
+        status = d.decompress_vec(rest, &mut more, FlushDecompress::Finish).ok()?;
+        if !more.is_empty() {
+            return None;
+        }
+    }
+    let whole = status == Status::StreamEnd && d.total_in() == input.len() as u64;
+    (whole && !out.is_empty()).then_some(out)
 }
 
 /// Writes a state file runsc can restore from: `header` as [`unpack`]
@@ -161,66 +331,6 @@ fn metadata_end(image: &mut (impl Read + Seek), len: u64) -> io::Result<Option<u
         return Ok(None);
     }
     Ok(Some(16 + n))
-}
-
-/// Inflates the chunks from the current offset to `len` into `raw`.
-/// `Ok(false)` when they are not DEFLATE chunks of `chunk_size` bytes.
-fn inflate_chunks(image: &mut (impl Read + Seek), len: u64, chunk_size: u32, raw: &mut impl Write) -> io::Result<bool> {
-    let mut offset = image.stream_position()?;
-    let mut input = BufReader::with_capacity(1 << 20, &mut *image);
-    let mut out = BufWriter::with_capacity(1 << 20, &mut *raw);
-    let mut chunk = Vec::with_capacity(chunk_size as usize);
-    let mut short = false;
-    while offset < len {
-        if short || offset + 4 > len {
-            return Ok(false);
-        }
-        let mut l = [0; 4];
-        input.read_exact(&mut l)?;
-        let l = u64::from(u32::from_be_bytes(l));
-        offset += 4;
-        if offset + l > len {
-            return Ok(false);
-        }
-        chunk.clear();
-        let mut decoder = DeflateDecoder::new((&mut input).take(l));
-        // At most `chunk_size` bytes are kept; one more means the chunk is
-        // not ours.
-        let inflated = (&mut decoder)
-            .take(u64::from(chunk_size))
-            .read_to_end(&mut chunk)
-            .and_then(|_| decoder.read(&mut [0; 1]));
-        match inflated {
-            Ok(0) => {}
-            Ok(_) => return Ok(false),
-            // Not DEFLATE, or cut short within its declared length (the
-            // length was checked against the file, so the end of input is
-            // the stream's, not the file's).
-            Err(e)
-                if matches!(
-                    e.kind(),
-                    io::ErrorKind::InvalidInput | io::ErrorKind::InvalidData | io::ErrorKind::UnexpectedEof
-                ) =>
-            {
-                return Ok(false)
-            }
-            Err(e) => return Err(e),
-        }
-        // The DEFLATE data must fill its length exactly. What is left is
-        // counted, not kept: it can be gigabytes.
-        let mut rest = decoder.into_inner();
-        if rest.limit() != 0 && io::copy(&mut rest, &mut io::sink())? != 0 {
-            return Ok(false);
-        }
-        if chunk.is_empty() {
-            return Ok(false);
-        }
-        short = chunk.len() < chunk_size as usize;
-        out.write_all(&chunk)?;
-        offset += l;
-    }
-    out.flush()?;
-    Ok(true)
 }
 
 fn read_u32(r: &mut impl Read) -> io::Result<u32> {
@@ -349,6 +459,34 @@ mod tests {
         let shorter = u32::from_be_bytes(image[last_len_at..last_len_at + 4].try_into().unwrap()) - 2;
         image[last_len_at..last_len_at + 4].copy_from_slice(&shorter.to_be_bytes());
         assert!(unpacked(&image).is_none());
+    }
+
+    #[test]
+    fn a_stream_of_many_chunks_reads_in_order_and_a_late_bad_chunk_says_so() {
+        let s = stream(100 * 4096 + 5);
+        let image = state_file(&s, 4096, true);
+        let (header, mut reader) = open_stream(io::Cursor::new(&image), image.len() as u64)
+            .unwrap()
+            .unwrap();
+        assert_eq!(header, image[..header.len()]);
+        let mut back = Vec::new();
+        reader.read_to_end(&mut back).unwrap();
+        assert!(back == s, "the stream reads back in order");
+
+        // The header and first chunk are fine; chunk 60 is not DEFLATE.
+        let mut image = image;
+        let mut at = header.len();
+        for _ in 0..60 {
+            at += 4 + u32::from_be_bytes(image[at..at + 4].try_into().unwrap()) as usize;
+        }
+        image[at + 4] = 0xFF;
+        image[at + 5] = 0xFF;
+        let (_, mut reader) = open_stream(io::Cursor::new(&image), image.len() as u64)
+            .unwrap()
+            .unwrap();
+        let err = reader.read_to_end(&mut Vec::new()).unwrap_err();
+        assert!(is_not_unpackable(&err), "{err}");
+        assert!(unpacked(&image).is_none(), "unpack leaves it alone");
     }
 
     #[test]

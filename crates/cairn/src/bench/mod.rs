@@ -18,6 +18,7 @@ use serde::Serialize;
 
 mod api;
 mod drift;
+mod gvisor_memory;
 mod scale;
 mod sessions;
 mod state;
@@ -54,6 +55,10 @@ pub enum Which {
     /// gvisor: memory snapshot and restore to first output, fresh and after
     /// 30 s of process churn.
     Gvisor,
+    /// gvisor: memory snapshots of a sandbox holding --memory of random
+    /// bytes in tmpfs, the first and then after 8 MiB changes, each split
+    /// into runsc's part and Cairn's, with the bytes stored.
+    GvisorMemory,
     /// The HTTP API over its Unix socket: create to first output beside the
     /// engine, exec round trip, 1,000 concurrent streamed execs.
     Api,
@@ -132,6 +137,7 @@ pub fn run(
     sessions: &SessionsOptions,
     scale: &ScaleOptions,
     churn: usize,
+    gvisor_memory: u64,
     json: bool,
 ) -> Result<i32> {
     if runs < 5 {
@@ -154,6 +160,7 @@ pub fn run(
             Which::Snapshot | Which::Fork | Which::Restore => bench.snapshots(*w, runs.min(30)),
             Which::Stages => bench.stages(runs.min(50)),
             Which::Gvisor => bench.gvisor(runs.min(10)),
+            Which::GvisorMemory => bench.gvisor_memory(runs.min(5), gvisor_memory),
             Which::Api => bench.api(runs),
             Which::Sessions => bench.sessions(runs, sessions),
             Which::Scale => bench.scale(runs, scale),

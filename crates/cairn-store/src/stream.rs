@@ -1,0 +1,395 @@
+//! Storing a long stream fast: a memory image, hundreds of MiB of which a
+//! few change between two checkpoints.
+//!
+//! One thread reads ahead (for a gVisor image the reader inflates it, so
+//! nothing is written out and read back), another cuts content-defined
+//! chunks from what it read; batches of chunks go to a pool that hashes each, looks it up and
+//! compresses only the new ones; a batch's new chunks are then written
+//! together and made durable together ([`BlobStore::put_batch`]). The
+//! chunking of one batch overlaps the hashing of the one before it.
+
+use std::io::{self, Read};
+use std::sync::atomic::Ordering;
+use std::sync::mpsc::{self, Receiver, SyncSender};
+use std::time::{Duration, Instant};
+
+use fastcdc::v2020::StreamCDC;
+use rayon::prelude::*;
+
+use crate::blob::{BlobStore, PutOutcome};
+use crate::chunk::{compress_chunk, ChunkStore, StoreError};
+use crate::file::{ChunkRef, ChunkSizes, FileContent};
+use crate::hash::ChunkHash;
+
+/// Bytes of chunks handed to the pool at a time: the memory a stream holds
+/// is about three batches (one being cut, one queued, one stored).
+const BATCH_BYTES: usize = 8 << 20;
+
+/// What storing a stream did and where its time went.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct StreamStats {
+    /// Bytes the reader yielded, and the chunks they were cut into.
+    pub bytes: u64,
+    pub chunks: u64,
+    /// Chunks this stream added to the store (a chunk repeated within it
+    /// counts once), their bytes, and what they take stored (compressed).
+    pub new_chunks: u64,
+    pub new_bytes: u64,
+    pub stored_bytes: u64,
+    /// From the first read to the last write being durable.
+    pub wall: Duration,
+    /// The read-ahead thread in the reader (for a gVisor image: reading
+    /// and inflating it), beside the chunking.
+    pub read: Duration,
+    /// The chunking thread finding cut points (FastCDC) and copying chunks.
+    pub chunking: Duration,
+    /// BLAKE3, summed over the pool's threads.
+    pub hash: Duration,
+    /// Asking the store whether it holds a chunk (and refreshing it if so),
+    /// summed over the pool's threads.
+    pub lookup: Duration,
+    /// zstd of the new chunks, summed over the pool's threads.
+    pub compress: Duration,
+    /// Writing the new chunks and making them durable.
+    pub write: Duration,
+}
+
+impl std::ops::AddAssign for StreamStats {
+    fn add_assign(&mut self, o: StreamStats) {
+        self.bytes += o.bytes;
+        self.chunks += o.chunks;
+        self.new_chunks += o.new_chunks;
+        self.new_bytes += o.new_bytes;
+        self.stored_bytes += o.stored_bytes;
+        self.wall += o.wall;
+        self.read += o.read;
+        self.chunking += o.chunking;
+        self.hash += o.hash;
+        self.lookup += o.lookup;
+        self.compress += o.compress;
+        self.write += o.write;
+    }
+}
+
+/// One chunk cut from the stream.
+struct Piece {
+    offset: u64,
+    data: Vec<u8>,
+}
+
+/// A chunk hashed, looked up and, when new, compressed.
+struct Prepared {
+    hash: ChunkHash,
+    compressed: Option<Vec<u8>>,
+    hash_time: Duration,
+    lookup_time: Duration,
+    compress_time: Duration,
+}
+
+impl<B: BlobStore> ChunkStore<B> {
+    /// Stores everything `reader` yields as one file of content-defined
+    /// chunks of `sizes`, hashing and compressing on all cores. Returns the
+    /// file and what storing it cost. A read error ends it with
+    /// [`StoreError::ReadSource`] (chunks stored until then stay, for GC).
+    pub fn store_stream<R: Read + Send>(
+        &self,
+        reader: R,
+        sizes: ChunkSizes,
+    ) -> Result<(FileContent, StreamStats), StoreError> {
+        let started = Instant::now();
+        let mut stats = StreamStats::default();
+        let mut content = FileContent::default();
+        let (tx, rx) = mpsc::sync_channel::<Vec<Piece>>(1);
+        let (blocks_tx, blocks_rx) = mpsc::sync_channel(2);
+        let (read, chunking) = std::thread::scope(|s| {
+            let reading = s.spawn(move || read_ahead(reader, blocks_tx));
+            let blocks = Blocks {
+                rx: blocks_rx,
+                block: Vec::new(),
+                pos: 0,
+            };
+            let cutter = s.spawn(move || cut(blocks, sizes, tx));
+            // On an error the receiver is dropped, which stops the cutter.
+            for batch in rx {
+                self.store_batch(batch, &mut content, &mut stats)?;
+            }
+            let chunking = cutter
+                .join()
+                .unwrap_or_else(|e| std::panic::resume_unwind(e))
+                .map_err(|source| StoreError::ReadSource {
+                    context: Box::default(),
+                    source,
+                })?;
+            let read = reading.join().unwrap_or_else(|e| std::panic::resume_unwind(e));
+            Ok::<_, StoreError>((read, chunking))
+        })?;
+        content.size = stats.bytes;
+        stats.read = read;
+        stats.chunking = chunking;
+        stats.wall = started.elapsed();
+        Ok((content, stats))
+    }
+
+    fn store_batch(
+        &self,
+        batch: Vec<Piece>,
+        content: &mut FileContent,
+        stats: &mut StreamStats,
+    ) -> Result<(), StoreError> {
+        let prepared = batch
+            .par_iter()
+            .map(|piece| self.prepare(&piece.data))
+            .collect::<Result<Vec<_>, _>>()?;
+        let (at, new): (Vec<usize>, Vec<(ChunkHash, &[u8])>) = prepared
+            .iter()
+            .enumerate()
+            .filter_map(|(i, p)| Some((i, (p.hash, p.compressed.as_deref()?))))
+            .unzip();
+        let t = Instant::now();
+        let outcomes = self.backend().put_batch(&new)?;
+        stats.write += t.elapsed();
+        let mut stored = vec![false; batch.len()];
+        for ((i, (_, bytes)), outcome) in at.iter().zip(&new).zip(&outcomes) {
+            if *outcome == PutOutcome::Stored {
+                stored[*i] = true;
+                stats.stored_bytes += bytes.len() as u64;
+                self.written.fetch_add(bytes.len() as u64, Ordering::Relaxed);
+            }
+        }
+        for ((piece, p), stored) in batch.iter().zip(&prepared).zip(stored) {
+            stats.bytes += piece.data.len() as u64;
+            stats.chunks += 1;
+            stats.hash += p.hash_time;
+            stats.lookup += p.lookup_time;
+            stats.compress += p.compress_time;
+            if stored {
+                stats.new_chunks += 1;
+                stats.new_bytes += piece.data.len() as u64;
+            }
+            content.chunks.push(ChunkRef {
+                offset: piece.offset,
+                len: piece.data.len() as u32,
+                hash: p.hash,
+            });
+        }
+        Ok(())
+    }
+
+    /// Hashes a chunk and compresses it only if the store lacks it.
+    fn prepare(&self, data: &[u8]) -> Result<Prepared, StoreError> {
+        let t = Instant::now();
+        let hash = ChunkHash::of(data);
+        let hash_time = t.elapsed();
+        let t = Instant::now();
+        let present = self.backend().refresh(&hash)?;
+        let lookup_time = t.elapsed();
+        let t = Instant::now();
+        let compressed = match present {
+            true => None,
+            false => Some(compress_chunk(data).map_err(StoreError::Compress)?),
+        };
+        Ok(Prepared {
+            hash,
+            compressed,
+            hash_time,
+            lookup_time,
+            compress_time: t.elapsed(),
+        })
+    }
+}
+
+/// Bytes read ahead of the chunking thread at a time.
+const READ_BLOCK: usize = 4 << 20;
+
+/// Reads `reader` to its end in blocks, ahead of the chunking thread (for
+/// a gVisor image, inflating overlaps chunking); returns the time spent in
+/// the reader. A read error is passed on; nobody receiving stops it.
+fn read_ahead(mut reader: impl Read, tx: SyncSender<io::Result<Vec<u8>>>) -> Duration {
+    let mut spent = Duration::ZERO;
+    loop {
+        let mut block = vec![0; READ_BLOCK];
+        let t = Instant::now();
+        let read = read_full(&mut reader, &mut block);
+        spent += t.elapsed();
+        let sent = match read {
+            Ok(0) => break,
+            Ok(n) => {
+                block.truncate(n);
+                tx.send(Ok(block))
+            }
+            Err(e) => {
+                let _ = tx.send(Err(e));
+                break;
+            }
+        };
+        if sent.is_err() {
+            break;
+        }
+    }
+    spent
+}
+
+/// Reads until `buf` is full or the input ends; returns the bytes read.
+fn read_full(r: &mut impl Read, buf: &mut [u8]) -> io::Result<usize> {
+    let mut n = 0;
+    while n < buf.len() {
+        match r.read(&mut buf[n..]) {
+            Ok(0) => break,
+            Ok(k) => n += k,
+            Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+            Err(e) => return Err(e),
+        }
+    }
+    Ok(n)
+}
+
+/// The blocks [`read_ahead`] sends, as a reader.
+struct Blocks {
+    rx: Receiver<io::Result<Vec<u8>>>,
+    block: Vec<u8>,
+    pos: usize,
+}
+
+impl Read for Blocks {
+    fn read(&mut self, buf: &mut [u8]) -> io::Result<usize> {
+        while self.pos == self.block.len() {
+            match self.rx.recv() {
+                Ok(block) => {
+                    self.block = block?;
+                    self.pos = 0;
+                }
+                Err(_) => return Ok(0),
+            }
+        }
+        let n = buf.len().min(self.block.len() - self.pos);
+        buf[..n].copy_from_slice(&self.block[self.pos..self.pos + n]);
+        self.pos += n;
+        Ok(n)
+    }
+}
+
+/// Counts the time spent waiting for input.
+struct TimedReader<R> {
+    inner: R,
+    spent: Duration,
+}
+
+impl<R: Read> Read for TimedReader<R> {
+    fn read(&mut self, buf: &mut [u8]) -> io::Result<usize> {
+        let t = Instant::now();
+        let n = self.inner.read(buf);
+        self.spent += t.elapsed();
+        n
+    }
+}
+
+/// Cuts `reader` into chunks and sends them in batches; returns the time
+/// spent cutting (waiting for input or for the pool is not counted).
+/// Stops early, without an error, once nobody receives.
+fn cut(reader: impl Read, sizes: ChunkSizes, tx: SyncSender<Vec<Piece>>) -> io::Result<Duration> {
+    let started = Instant::now();
+    let mut waited = Duration::ZERO;
+    let mut reader = TimedReader {
+        inner: reader,
+        spent: Duration::ZERO,
+    };
+    let mut batch = Vec::new();
+    let mut batch_bytes = 0;
+    let mut send = |batch: Vec<Piece>| {
+        let t = Instant::now();
+        let sent = tx.send(batch).is_ok();
+        waited += t.elapsed();
+        sent
+    };
+    for chunk in StreamCDC::new(&mut reader, sizes.min, sizes.avg, sizes.max) {
+        let chunk = chunk.map_err(|e| match e {
+            fastcdc::v2020::Error::IoError(io) => io,
+            other => io::Error::other(other.to_string()),
+        })?;
+        batch_bytes += chunk.data.len();
+        batch.push(Piece {
+            offset: chunk.offset,
+            data: chunk.data,
+        });
+        if batch_bytes >= BATCH_BYTES {
+            batch_bytes = 0;
+            if !send(std::mem::take(&mut batch)) {
+                break;
+            }
+        }
+    }
+    if !batch.is_empty() {
+        send(batch);
+    }
+    let input = reader.spent;
+    Ok(started.elapsed().saturating_sub(waited).saturating_sub(input))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::{LocalStore, ReadContext};
+
+    fn noise(len: usize, seed: u64) -> Vec<u8> {
+        let mut x = seed | 1;
+        (0..len)
+            .map(|_| {
+                x ^= x << 13;
+                x ^= x >> 7;
+                x ^= x << 17;
+                x as u8
+            })
+            .collect()
+    }
+
+    #[test]
+    fn a_stream_reads_back_as_written_and_a_second_store_adds_only_the_change() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = ChunkStore::new(LocalStore::open(dir.path()).unwrap());
+        // More than one batch, some of it repetitive (zero pages).
+        let mut data = noise(20 << 20, 7);
+        data[3 << 20..5 << 20].fill(0);
+        let (content, stats) = store.store_stream(&data[..], ChunkSizes::FINE).unwrap();
+        assert_eq!(content.size, data.len() as u64);
+        assert_eq!(stats.bytes, data.len() as u64);
+        assert_eq!(stats.chunks, content.chunks.len() as u64);
+        assert!(stats.new_chunks < stats.chunks, "zero pages are stored once");
+        assert_eq!(stats.stored_bytes, store.bytes_written());
+        let mut back = Vec::new();
+        store.read_to_writer(&content, &mut back, &ReadContext::new()).unwrap();
+        assert!(back == data, "the stream reads back as written");
+
+        // 64 KiB changed in the middle: a few chunks are new, the rest found.
+        data[10 << 20..(10 << 20) + (64 << 10)].copy_from_slice(&noise(64 << 10, 9));
+        let before = store.bytes_written();
+        let (again, stats) = store.store_stream(&data[..], ChunkSizes::FINE).unwrap();
+        assert!(stats.new_bytes < 512 << 10, "{stats:?}");
+        assert_eq!(store.bytes_written() - before, stats.stored_bytes);
+        let mut back = Vec::new();
+        store.read_to_writer(&again, &mut back, &ReadContext::new()).unwrap();
+        assert!(back == data);
+    }
+
+    #[test]
+    fn a_read_error_ends_the_stream_with_it() {
+        struct Failing(usize);
+        impl Read for Failing {
+            fn read(&mut self, buf: &mut [u8]) -> io::Result<usize> {
+                if self.0 == 0 {
+                    return Err(io::Error::new(io::ErrorKind::InvalidData, "chunk 3 does not inflate"));
+                }
+                let n = buf.len().min(self.0);
+                buf[..n].fill(1);
+                self.0 -= n;
+                Ok(n)
+            }
+        }
+        let dir = tempfile::tempdir().unwrap();
+        let store = ChunkStore::new(LocalStore::open(dir.path()).unwrap());
+        let err = store.store_stream(Failing(12 << 20), ChunkSizes::FINE).unwrap_err();
+        assert!(
+            matches!(&err, StoreError::ReadSource { source, .. } if source.kind() == io::ErrorKind::InvalidData),
+            "{err}"
+        );
+    }
+}

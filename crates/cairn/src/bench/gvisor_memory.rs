@@ -1,0 +1,184 @@
+//! `cairn bench gvisor`, large memory: a gVisor sandbox holding `--memory`
+//! of random bytes in its tmpfs, its first memory snapshot, then snapshots
+//! after an 8 MiB change each, every one split into runsc's part and
+//! Cairn's, with the bytes stored.
+
+use std::io;
+use std::time::{Duration, Instant};
+
+use anyhow::{bail, Result};
+use cairn_engine::{CreateOptions, Engine, MemoryPhases, Silent};
+use cairn_protocol::ExecRequest;
+
+use super::{summarize, Bench, Measurement};
+
+/// The change between two snapshots, in MiB.
+const CHANGE_MIB: u64 = 8;
+
+fn ms(d: Duration) -> f64 {
+    d.as_secs_f64() * 1e3
+}
+
+/// One snapshot's figures.
+struct Sample {
+    total: f64,
+    /// `runsc checkpoint`, the stopped sandbox's cleanup and `runsc
+    /// restore`: what the plain CLI pays for the same sandbox to go on.
+    runsc: f64,
+    /// The rest: quiescing, capturing files, storing the image past the
+    /// restore's end, the manifest and the database.
+    cairn: f64,
+    store: f64,
+    stored_mb: f64,
+    phases: MemoryPhases,
+}
+
+impl Bench {
+    pub(super) fn gvisor_memory(&self, runs: usize, bytes: u64) -> Result<Vec<Measurement>> {
+        let mib = bytes >> 20;
+        if mib < 2 * CHANGE_MIB {
+            bail!("--memory must be at least {} MiB", 2 * CHANGE_MIB);
+        }
+        let mut engine = self.engine()?;
+        let mut opts = CreateOptions {
+            driver: Some("gvisor".into()),
+            ..CreateOptions::default()
+        };
+        // The tmpfs lives in the sentry's memory, inside the sandbox's limit.
+        opts.limits.memory_bytes = opts.limits.memory_bytes.max(2 * bytes + (256 << 20));
+        let rec = engine.create_sandbox(&opts, &Silent)?;
+        let result = (|| -> Result<Vec<Measurement>> {
+            eprintln!("cairn bench: filling {mib} MiB of a gVisor sandbox's tmpfs with random bytes");
+            run(
+                &engine,
+                &rec,
+                &format!("dd if=/dev/urandom of=/tmp/fill bs=1M count={mib} 2>/dev/null"),
+            )?;
+            let first = snapshot(&mut engine, &rec.id)?;
+            report(&format!("first, {mib} MiB"), &first);
+            let mut later = Vec::new();
+            for i in 0..runs {
+                // A different 8 MiB each time, inside the file.
+                let seek = (i as u64 * 2 * CHANGE_MIB) % (mib - CHANGE_MIB);
+                run(
+                    &engine,
+                    &rec,
+                    &format!(
+                        "dd if=/dev/urandom of=/tmp/fill bs=1M count={CHANGE_MIB} seek={seek} conv=notrunc 2>/dev/null"
+                    ),
+                )?;
+                let s = snapshot(&mut engine, &rec.id)?;
+                report(&format!("after an {CHANGE_MIB} MiB change, run {}", i + 1), &s);
+                later.push(s);
+            }
+            let name = |what: &str| format!("gvisor: {mib} MiB in tmpfs, {what}");
+            let column = |f: fn(&Sample) -> f64| later.iter().map(f).collect::<Vec<_>>();
+            Ok(vec![
+                summarize(&name("first memory snapshot"), "ms", vec![first.total], None, true),
+                summarize(
+                    &name("first snapshot, runsc's part"),
+                    "ms",
+                    vec![first.runsc],
+                    None,
+                    true,
+                ),
+                summarize(
+                    &name("first snapshot, Cairn's part"),
+                    "ms",
+                    vec![first.cairn],
+                    None,
+                    true,
+                ),
+                summarize(&name("first snapshot stored"), "MB", vec![first.stored_mb], None, true),
+                summarize(
+                    &name(&format!("snapshot after an {CHANGE_MIB} MiB change")),
+                    "ms",
+                    column(|s| s.total),
+                    None,
+                    true,
+                ),
+                summarize(&name("  of which runsc's part"), "ms", column(|s| s.runsc), None, true),
+                summarize(&name("  of which Cairn's part"), "ms", column(|s| s.cairn), None, true),
+                summarize(
+                    &name("  storing the image (beside the restore)"),
+                    "ms",
+                    column(|s| s.store),
+                    None,
+                    true,
+                ),
+                summarize(
+                    &name(&format!("stored after an {CHANGE_MIB} MiB change")),
+                    "MB",
+                    column(|s| s.stored_mb),
+                    None,
+                    true,
+                ),
+            ])
+        })();
+        let _ = engine.sandbox(&rec.id).and_then(|r| engine.remove_sandbox(&r, true));
+        result
+    }
+}
+
+fn run(engine: &Engine, rec: &cairn_engine::SandboxRecord, cmd: &str) -> Result<()> {
+    let req = ExecRequest {
+        argv: vec!["sh".into(), "-c".into(), cmd.into()],
+        ..ExecRequest::default()
+    };
+    let start = engine.exec(rec, req)?.map_err(|f| anyhow::anyhow!(f.message))?;
+    let mut err = Vec::new();
+    match start.session.wait(&mut io::sink(), &mut err)? {
+        Some(s) if s.code == Some(0) => Ok(()),
+        other => bail!(
+            "`{cmd}` failed in the sandbox ({other:?}): {}",
+            String::from_utf8_lossy(&err).trim()
+        ),
+    }
+}
+
+fn snapshot(engine: &mut Engine, id: &str) -> Result<Sample> {
+    let t0 = Instant::now();
+    let snap = engine.snapshot(&engine.sandbox(id)?, None)?;
+    let total = ms(t0.elapsed());
+    let Some(phases) = engine.last_memory_phases() else {
+        bail!("the snapshot of a gVisor sandbox recorded no memory image");
+    };
+    let runsc = ms(phases.runsc_checkpoint + phases.cleanup + phases.runsc_restore);
+    Ok(Sample {
+        total,
+        runsc,
+        cairn: total - runsc,
+        store: ms(phases.store_image),
+        stored_mb: snap.stored_bytes as f64 / 1e6,
+        phases,
+    })
+}
+
+fn report(what: &str, s: &Sample) {
+    let p = &s.phases;
+    eprintln!(
+        "cairn bench: gvisor memory snapshot ({what}): {:.0} ms = runsc {:.0} (checkpoint {:.0}, cleanup {:.0}, \
+         restore {:.0}) + Cairn {:.0} (quiesce {:.0}, file capture {:.0}, rest after the restore); beside the \
+         restore, storing the image {:.0} ms (read and inflate {:.0}, chunking {:.0}; on the pool: hashing {:.0}, \
+         lookups {:.0}, compression {:.0}; writes {:.0}); image {:.1} MB, {} of {} chunks new, stored {:.1} MB",
+        s.total,
+        s.runsc,
+        ms(p.runsc_checkpoint),
+        ms(p.cleanup),
+        ms(p.runsc_restore),
+        s.cairn,
+        ms(p.quiesce),
+        ms(p.file_capture),
+        s.store,
+        ms(p.store.read),
+        ms(p.store.chunking),
+        ms(p.store.hash),
+        ms(p.store.lookup),
+        ms(p.store.compress),
+        ms(p.store.write),
+        p.image_bytes as f64 / 1e6,
+        p.store.new_chunks,
+        p.store.chunks,
+        s.stored_mb,
+    );
+}
