@@ -63,7 +63,11 @@ pub fn dispatch(cli: Cli) -> Result<i32> {
             store: home.store_url().map(str::to_string),
             size,
         };
-        return crate::bench::run(home, &which, runs, &sessions, &scale, churn, memory, json);
+        let sizes = crate::bench::Sizes {
+            churn,
+            gvisor_memory: memory,
+        };
+        return crate::bench::run(home, &which, runs, &sessions, &scale, &sizes, json);
     }
     if let Command::Serve {
         socket,

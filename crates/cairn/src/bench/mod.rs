@@ -130,16 +130,25 @@ struct Bench {
     layer: PathBuf,
 }
 
+/// How much work the `drift` and `gvisor-memory` groups do.
+#[derive(Debug, Clone, Copy)]
+pub struct Sizes {
+    /// Sandboxes made and removed between drift's two figures.
+    pub churn: usize,
+    /// Bytes the gVisor sandbox holds in tmpfs.
+    pub gvisor_memory: u64,
+}
+
 pub fn run(
     user_home: Home,
     which: &[Which],
     runs: usize,
     sessions: &SessionsOptions,
     scale: &ScaleOptions,
-    churn: usize,
-    gvisor_memory: u64,
+    sizes: &Sizes,
     json: bool,
 ) -> Result<i32> {
+    let Sizes { churn, gvisor_memory } = *sizes;
     if runs < 5 {
         bail!("--runs must be at least 5 to give a median and a p95");
     }
