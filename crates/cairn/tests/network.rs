@@ -328,15 +328,24 @@ fn nothing_is_left_after_rm_or_after_kill_9_and_gc() {
         nix::sys::signal::Signal::SIGKILL,
     )
     .unwrap();
-    let mut starting = home.command(&["create", "--network", "egress"]).spawn().unwrap();
-    std::thread::sleep(Duration::from_millis(30));
-    let _ = starting.kill();
-    let _ = starting.wait();
+    // Starts killed at spread instants: before the lease, holding it,
+    // with init running, or (the latest) after they finished.
+    for delay in [0, 2, 4, 7, 10, 14, 20, 30] {
+        let mut starting = home.command(&["create", "--network", "egress"]).spawn().unwrap();
+        std::thread::sleep(Duration::from_millis(delay));
+        let _ = starting.kill();
+        let _ = starting.wait();
+    }
     let gc: serde_json::Value = serde_json::from_str(&home.ok(&["gc", "--json"])).unwrap();
     assert!(
         gc["sandboxes_removed"].as_array().unwrap().iter().any(|s| s == &b),
         "{gc}"
     );
+    // A start the kill came too late for is a sandbox like any other.
+    for s in home.ps() {
+        assert_eq!(s["state"], "running", "gc left {s}");
+        home.ok(&["rm", "-f", s["id"].as_str().unwrap()]);
+    }
     assert!(slots_of(&home).is_empty(), "{:?}", slots_of(&home));
     let rules = ruleset();
     assert!(

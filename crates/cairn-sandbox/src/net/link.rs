@@ -6,12 +6,12 @@
 
 use std::io::Write;
 use std::path::Path;
-use std::process::{Command, Stdio};
+use std::process::Stdio;
 
 use super::{mac_text, NetError, NetPlan};
 
 fn ip(batch: &str) -> Result<(), NetError> {
-    let mut child = Command::new("ip")
+    let mut child = super::helper("ip")
         .args(["-batch", "-"])
         .stdin(Stdio::piped())
         .stdout(Stdio::null())

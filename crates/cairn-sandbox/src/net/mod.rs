@@ -60,6 +60,24 @@ pub struct NetPlan {
     pub hosts: Option<std::path::PathBuf>,
 }
 
+/// A helper process (`ip`, `nft`) that dies with the thread that started
+/// it: a command killed mid-start leaves no `nft` to commit elements after
+/// whoever frees its slot has deleted them.
+pub(crate) fn helper(program: &str) -> std::process::Command {
+    use std::os::unix::process::CommandExt;
+    let mut cmd = std::process::Command::new(program);
+    // SAFETY: prctl is async-signal-safe and touches only the child.
+    unsafe {
+        cmd.pre_exec(|| {
+            if libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL) != 0 {
+                return Err(std::io::Error::last_os_error());
+            }
+            Ok(())
+        });
+    }
+    cmd
+}
+
 pub fn mac_text(mac: &[u8; 6]) -> String {
     mac.iter().map(|b| format!("{b:02x}")).collect::<Vec<_>>().join(":")
 }

@@ -13,7 +13,7 @@
 
 use std::io::Write;
 use std::net::Ipv4Addr;
-use std::process::{Command, Stdio};
+use std::process::Stdio;
 
 use super::NetError;
 
@@ -104,7 +104,7 @@ pub struct Pending(std::process::Child);
 
 /// Starts `script` as one `nft -f -` transaction; [`Pending::wait`] ends it.
 pub fn start(script: &str) -> Result<Pending, NetError> {
-    let mut child = Command::new("nft")
+    let mut child = super::helper("nft")
         .args(["-f", "-"])
         .stdin(Stdio::piped())
         .stdout(Stdio::null())
@@ -142,7 +142,7 @@ impl Pending {
 
 /// Whether the table exists (one `nft list`).
 pub fn table_exists() -> Result<bool, NetError> {
-    let out = Command::new("nft")
+    let out = super::helper("nft")
         .args(["list", "table", "inet", "cairn"])
         .stdout(Stdio::null())
         .stderr(Stdio::null())
