@@ -60,9 +60,15 @@ def test_sandbox_env_vars_reach_every_command():
 
 
 def test_background_commands_run_on_until_killed(sbx):
-    h = sbx.commands.run("echo started; sleep 60", background=True)
+    h = sbx.commands.run("echo started; touch /tmp/echoed; sleep 60", background=True)
     assert h.pid > 0
     assert any(p.pid == h.pid for p in sbx.commands.list())
+    # Killed once it has printed: a kill that lands before the echo runs
+    # rightly leaves no output.
+    deadline = time.time() + 10
+    while not sbx.files.exists("/tmp/echoed"):
+        assert time.time() < deadline, "the background command never ran"
+        time.sleep(0.05)
     assert sbx.commands.kill(h.pid)
     with pytest.raises(CommandExitException) as exc:
         h.wait()
