@@ -111,9 +111,8 @@ impl HostNet {
             }
         }
         let upstream = upstream_dns()?;
-        let host_nets = self.host_networks()?;
         let lock = self.lock()?;
-        self.ensure_rules(upstream, &host_nets)?;
+        self.ensure_rules(upstream)?;
         let slot = self.free_slot()?;
         let first = self.base + slot * 4;
         let plan = NetPlan {
@@ -175,11 +174,11 @@ impl HostNet {
             Ok(()) => Ok(()),
             Err(e) if nft::table_exists()? => Err(taken(e)),
             Err(_) => {
-                let (upstream, host_nets) = (upstream_dns()?, self.host_networks()?);
+                let upstream = upstream_dns()?;
                 {
                     let _lock = self.lock()?;
                     let _ = fs::remove_file(self.dir.join("rules"));
-                    self.ensure_rules(upstream, &host_nets)?;
+                    self.ensure_rules(upstream)?;
                 }
                 nft::add(&lease.elements)?.wait().map_err(taken)
             }
@@ -286,7 +285,7 @@ impl HostNet {
     /// Installs the table unless the installed one is current. A table
     /// left from before `/run/cairn/net` was lost is replaced, since no
     /// record says what its elements were.
-    fn ensure_rules(&self, upstream: Ipv4Addr, host_nets: &[String]) -> Result<(), NetError> {
+    fn ensure_rules(&self, upstream: Ipv4Addr) -> Result<(), NetError> {
         let marker = self.dir.join("rules");
         // The host's networks are taken as they are at install; links that
         // come and go later (a container bridge) do not replace the table.
@@ -314,7 +313,9 @@ impl HostNet {
         if exists {
             script.push_str(&format!("delete table {}\n", nft::TABLE));
         }
-        script.push_str(&nft::ruleset(upstream, host_nets));
+        // The host's networks (and the range's overlap with them) are read
+        // only here, when the table is made.
+        script.push_str(&nft::ruleset(upstream, &self.host_networks()?));
         nft::apply(&script)?;
         link::sysctl("ipv4/ip_forward", "1")?;
         fs::write(&marker, want).map_err(|e| NetError::host("record the network rules", e))

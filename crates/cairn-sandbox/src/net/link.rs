@@ -4,36 +4,19 @@
 //! sandbox's MAC. Killing the sandbox's last process destroys its namespace
 //! and with it both ends; [`delete`] is for a dead owner's leftovers.
 
-use std::io::Write;
 use std::path::Path;
-use std::process::Stdio;
 
 use super::{mac_text, NetError, NetPlan};
 
 fn ip(batch: &str) -> Result<(), NetError> {
-    let mut child = super::helper("ip")
-        .args(["-batch", "-"])
-        .stdin(Stdio::piped())
-        .stdout(Stdio::null())
-        .stderr(Stdio::piped())
-        .spawn()
-        .map_err(|e| match e.kind() {
-            std::io::ErrorKind::NotFound => NetError::MissingTool {
-                tool: "ip",
-                package: "iproute2",
-            },
-            _ => NetError::host("start ip", e),
-        })?;
-    let written = child.stdin.take().expect("piped").write_all(batch.as_bytes());
-    let out = child.wait_with_output().map_err(|e| NetError::host("run ip", e))?;
-    written.map_err(|e| NetError::host("write to ip", e))?;
-    if !out.status.success() {
-        return Err(NetError::host(
-            "set up the sandbox's network link",
-            String::from_utf8_lossy(&out.stderr).trim(),
-        ));
-    }
-    Ok(())
+    super::start_script(
+        "ip",
+        "iproute2",
+        &["-batch", "-"],
+        batch,
+        "set up the sandbox's network link",
+    )?
+    .wait()
 }
 
 /// Creates the pair for the sandbox whose init is `pid` (in its namespace).

@@ -78,6 +78,61 @@ pub(crate) fn helper(program: &str) -> std::process::Command {
     cmd
 }
 
+/// A helper given a script on stdin (`ip -batch -`, `nft -f -`), under
+/// way: one process, and for `nft` one kernel transaction.
+#[derive(Debug)]
+pub struct Script {
+    child: std::process::Child,
+    /// What a non-zero exit means, for the error.
+    failed: &'static str,
+}
+
+pub(crate) fn spawn_error(tool: &'static str, package: &'static str, e: std::io::Error) -> NetError {
+    match e.kind() {
+        std::io::ErrorKind::NotFound => NetError::MissingTool { tool, package },
+        _ => NetError::host(format!("start {tool}"), e),
+    }
+}
+
+/// Starts `tool ARGS` with `script` on its stdin; [`Script::wait`] ends it.
+pub(crate) fn start_script(
+    tool: &'static str,
+    package: &'static str,
+    args: &[&str],
+    script: &str,
+    failed: &'static str,
+) -> Result<Script, NetError> {
+    use std::io::Write;
+    use std::process::Stdio;
+    let mut child = helper(tool)
+        .args(args)
+        .stdin(Stdio::piped())
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .map_err(|e| spawn_error(tool, package, e))?;
+    // A script is far below a pipe's buffer: the write does not block.
+    if let Err(e) = child.stdin.take().expect("piped").write_all(script.as_bytes()) {
+        let _ = child.kill();
+        let _ = child.wait();
+        return Err(NetError::host(format!("write to {tool}"), e));
+    }
+    Ok(Script { child, failed })
+}
+
+impl Script {
+    pub fn wait(self) -> Result<(), NetError> {
+        let out = self
+            .child
+            .wait_with_output()
+            .map_err(|e| NetError::host("wait for a network helper", e))?;
+        if !out.status.success() {
+            return Err(NetError::host(self.failed, String::from_utf8_lossy(&out.stderr).trim()));
+        }
+        Ok(())
+    }
+}
+
 pub fn mac_text(mac: &[u8; 6]) -> String {
     mac.iter().map(|b| format!("{b:02x}")).collect::<Vec<_>>().join(":")
 }

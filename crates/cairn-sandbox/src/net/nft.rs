@@ -11,7 +11,6 @@
 //! loopback and the host's own networks, then accept. To the host itself,
 //! only replies and DNS.
 
-use std::io::Write;
 use std::net::Ipv4Addr;
 use std::process::Stdio;
 
@@ -99,45 +98,17 @@ pub fn apply(script: &str) -> Result<(), NetError> {
 }
 
 /// An `nft` transaction under way.
-#[derive(Debug)]
-pub struct Pending(std::process::Child);
+pub type Pending = super::Script;
 
 /// Starts `script` as one `nft -f -` transaction; [`Pending::wait`] ends it.
 pub fn start(script: &str) -> Result<Pending, NetError> {
-    let mut child = super::helper("nft")
-        .args(["-f", "-"])
-        .stdin(Stdio::piped())
-        .stdout(Stdio::null())
-        .stderr(Stdio::piped())
-        .spawn()
-        .map_err(|e| match e.kind() {
-            std::io::ErrorKind::NotFound => NetError::MissingTool {
-                tool: "nft",
-                package: "nftables",
-            },
-            _ => NetError::host("start nft", e),
-        })?;
-    // A script is far below a pipe's buffer: the write does not block.
-    let written = child.stdin.take().expect("piped").write_all(script.as_bytes());
-    if let Err(e) = written {
-        let _ = child.kill();
-        let _ = child.wait();
-        return Err(NetError::host("write to nft", e));
-    }
-    Ok(Pending(child))
-}
-
-impl Pending {
-    pub fn wait(self) -> Result<(), NetError> {
-        let out = self.0.wait_with_output().map_err(|e| NetError::host("run nft", e))?;
-        if !out.status.success() {
-            return Err(NetError::host(
-                "nftables refused the sandbox's rules",
-                String::from_utf8_lossy(&out.stderr).trim(),
-            ));
-        }
-        Ok(())
-    }
+    super::start_script(
+        "nft",
+        "nftables",
+        &["-f", "-"],
+        script,
+        "nftables refused the sandbox's rules",
+    )
 }
 
 /// Whether the table exists (one `nft list`).
@@ -147,13 +118,7 @@ pub fn table_exists() -> Result<bool, NetError> {
         .stdout(Stdio::null())
         .stderr(Stdio::null())
         .status()
-        .map_err(|e| match e.kind() {
-            std::io::ErrorKind::NotFound => NetError::MissingTool {
-                tool: "nft",
-                package: "nftables",
-            },
-            _ => NetError::host("run nft", e),
-        })?;
+        .map_err(|e| super::spawn_error("nft", "nftables", e))?;
     Ok(out.success())
 }
 
