@@ -78,6 +78,7 @@ impl App {
     /// Opens the state directory once (migrating and reconciling it).
     pub fn open(home: Home, settings: Settings) -> Result<Arc<App>, EngineError> {
         let engine = Engine::open(home.clone())?;
+        engine.keep_init_waiting();
         let (events, _) = broadcast::channel(1024);
         Ok(Arc::new(App {
             home,

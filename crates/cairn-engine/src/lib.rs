@@ -136,6 +136,17 @@ impl Engine {
     /// with the host: sandboxes whose processes died since the last command
     /// are marked exited and their cgroups released.
     pub fn open(home: Home) -> Result<Engine, EngineError> {
+        Engine::open_with(home, false)
+    }
+
+    /// [`Engine::open`] for a command about to start one native sandbox:
+    /// its `cairn-init` starts before the state store opens, and waits for
+    /// its setup, so that its start and the store's overlap.
+    pub fn open_to_start(home: Home) -> Result<Engine, EngineError> {
+        Engine::open_with(home, true)
+    }
+
+    fn open_with(home: Home, start_init_ahead: bool) -> Result<Engine, EngineError> {
         if !nix::unistd::geteuid().is_root() {
             return Err(EngineError::NotRoot);
         }
@@ -143,17 +154,20 @@ impl Engine {
         mkdir(home.root().to_path_buf())?;
         private(home.root())?;
         mkdir(home.sandboxes())?;
+        let init_binary = cairn_sandbox::init_binary::install(&home.lib()).map_err(|source| EngineError::Home {
+            path: home.lib(),
+            source,
+        })?;
+        let native = NativeDriver::new(&home.scope())?;
+        if start_init_ahead {
+            native.start_init_ahead(&init_binary);
+        }
         let db = state::Db::open_home(&home)?;
         let layers = LayerStore::open(home.layers())?;
         let store = ChunkStore::new(
             StoreBackend::open(&home.store(), home.store_url(), TieredOptions::default())
                 .map_err(SnapshotError::from)?,
         );
-        let init_binary = cairn_sandbox::init_binary::install(&home.lib()).map_err(|source| EngineError::Home {
-            path: home.lib(),
-            source,
-        })?;
-        let native = NativeDriver::new(&home.scope())?;
         let mut engine = Engine {
             home,
             db,
@@ -170,6 +184,13 @@ impl Engine {
         };
         engine.reconciled = engine.reconcile()?;
         Ok(engine)
+    }
+
+    /// Keeps a native sandbox's `cairn-init` started and waiting, so that
+    /// each sandbox this engine starts skips init's own start (see
+    /// [`NativeDriver::keep_init_waiting`]); for long-lived processes.
+    pub fn keep_init_waiting(&self) {
+        self.native.keep_init_waiting(&self.init_binary);
     }
 
     pub fn home(&self) -> &Home {

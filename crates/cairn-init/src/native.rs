@@ -43,6 +43,12 @@ pub fn build() -> RawFd {
     unsafe {
         libc::syscall(libc::SYS_close_range, 3u32, u32::MAX, 0u32);
     }
+    // The host may start init before its sandbox exists (see the driver's
+    // `WaitingInit`): the listening socket and the console log come with
+    // the setup, and take fds 0 and 2.
+    if let Err(e) = receive_fds(&report) {
+        fail(&mut report, e);
+    }
     let setup: NativeSetup = match cairn_protocol::read_frame(&mut *report) {
         Ok(s) => s,
         Err(e) => fail(&mut report, format!("read the sandbox setup: {e}")),
@@ -99,6 +105,46 @@ pub fn build() -> RawFd {
 }
 
 type Step<T> = Result<T, String>;
+
+/// Receives the listening socket and the console log: one byte,
+/// [`cairn_protocol::SETUP_FDS_MARKER`], carrying exactly those two
+/// descriptors; they become fds 0 and 2.
+fn receive_fds(report: &std::os::unix::net::UnixStream) -> Step<()> {
+    use nix::sys::socket::{recvmsg, ControlMessageOwned, MsgFlags};
+    let mut byte = [0u8; 1];
+    let mut space = nix::cmsg_space!([RawFd; 2]);
+    let mut iov = [std::io::IoSliceMut::new(&mut byte)];
+    let msg = ctx(
+        recvmsg::<()>(
+            report.as_raw_fd(),
+            &mut iov,
+            Some(&mut space),
+            MsgFlags::MSG_CMSG_CLOEXEC,
+        ),
+        || "receive the sandbox's socket and console".into(),
+    )?;
+    let mut fds = Vec::new();
+    for cmsg in ctx(msg.cmsgs(), || "read the descriptors sent".into())? {
+        if let ControlMessageOwned::ScmRights(got) = cmsg {
+            fds.extend(got);
+        }
+    }
+    let truncated = msg.flags.contains(MsgFlags::MSG_CTRUNC);
+    let marker = msg.bytes == 1 && byte[0] == cairn_protocol::SETUP_FDS_MARKER;
+    if !marker || truncated || fds.len() != 2 {
+        for fd in fds {
+            let _ = nix::unistd::close(fd);
+        }
+        return Err("the host sent no listening socket and console with the setup".into());
+    }
+    for (fd, to) in fds.into_iter().zip([0, 2]) {
+        ctx(nix::unistd::dup2(fd, to), || {
+            format!("move a received descriptor to fd {to}")
+        })?;
+        let _ = nix::unistd::close(fd);
+    }
+    Ok(())
+}
 
 fn ctx<T, E: std::fmt::Display>(r: Result<T, E>, what: impl FnOnce() -> String) -> Step<T> {
     r.map_err(|e| format!("{}: {e}", what()))

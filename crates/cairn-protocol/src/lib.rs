@@ -19,6 +19,9 @@ use serde::{Deserialize, Serialize};
 pub const MAGIC: u32 = 0x4352_4e49;
 /// Bumped whenever a message changes shape. See `docs/formats.md`.
 pub const PROTOCOL_VERSION: u16 = 1;
+/// The byte that carries the listening socket and the console log to
+/// `cairn-init --native-setup` (`SCM_RIGHTS`), just before its setup frame.
+pub const SETUP_FDS_MARKER: u8 = b'F';
 /// Largest frame either side accepts (payload bytes).
 pub const MAX_FRAME_LEN: u32 = 8 << 20;
 /// Size of the data chunks senders put in one frame.

@@ -30,6 +30,67 @@ fn a_native_sandbox_answers_and_refuses_to_quiesce() {
     assert!(!sandbox.process.alive());
 }
 
+/// Whether process `pid` is alive and not yet reaped (a zombie counts as
+/// gone: it only waits for its parent).
+fn alive(pid: u32) -> bool {
+    std::fs::read_to_string(format!("/proc/{pid}/stat"))
+        .map(|stat| !stat.rsplit(')').next().unwrap_or("").trim_start().starts_with('Z'))
+        .unwrap_or(false)
+}
+
+#[test]
+fn an_init_started_ahead_becomes_the_sandbox_and_a_killed_one_is_replaced() {
+    let mut ahead = None;
+    let Some(sandbox) = Native::start_after(
+        "ahead",
+        |d| d,
+        |driver, init| {
+            driver.start_init_ahead(init);
+            ahead = driver.waiting_init();
+        },
+    ) else {
+        return;
+    };
+    let ahead = ahead.expect("an init waits after start_init_ahead");
+    assert_eq!(sandbox.run(&["/bin/echo", "ahead"]), "ahead\n");
+    // The waiting init was the setup parent: it exited once PID 1 forked.
+    assert!(!alive(ahead), "the init started ahead is still running");
+    assert_eq!(sandbox.driver.waiting_init(), None);
+    sandbox.stop();
+
+    // One killed while it waits: the start uses a fresh one.
+    let Some(sandbox) = Native::start_after(
+        "ahead-killed",
+        |d| d,
+        |driver, init| {
+            driver.start_init_ahead(init);
+            let pid = driver.waiting_init().unwrap();
+            nix::sys::signal::kill(
+                nix::unistd::Pid::from_raw(pid as i32),
+                nix::sys::signal::Signal::SIGKILL,
+            )
+            .unwrap();
+        },
+    ) else {
+        return;
+    };
+    assert_eq!(sandbox.run(&["/bin/echo", "fresh"]), "fresh\n");
+    sandbox.stop();
+}
+
+#[test]
+fn an_init_started_ahead_and_never_used_is_gone_with_its_driver() {
+    let Some(sandbox) = Native::start("ahead-unused") else {
+        return;
+    };
+    sandbox.driver.start_init_ahead(&sandbox.spec.init_binary);
+    let pid = sandbox.driver.waiting_init().unwrap();
+    assert!(alive(pid));
+    sandbox.stop();
+    drop(sandbox);
+    assert!(!alive(pid), "an unused init outlived its driver");
+}
+
 #[test]
 fn a_running_native_sandbox_answers_ping_and_a_stopped_one_does_not() {
     let Some(sandbox) = Native::start("ping") else {

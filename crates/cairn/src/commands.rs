@@ -124,7 +124,20 @@ pub fn dispatch(cli: Cli) -> Result<i32> {
     if let Command::Worker { opts, list } = cli.command {
         return crate::worker::worker(home, opts, list);
     }
-    let mut engine = Engine::open(home)?;
+    // A command about to start a native sandbox has its init start first,
+    // so that init's own start overlaps with opening the state store.
+    let starts_native = match &cli.command {
+        Command::Run {
+            show: None, sandbox, ..
+        }
+        | Command::Create { sandbox } => sandbox.driver == "native",
+        _ => false,
+    };
+    let mut engine = if starts_native {
+        Engine::open_to_start(home)?
+    } else {
+        Engine::open(home)?
+    };
     let result = match cli.command {
         Command::Run { show: Some(cmd), .. } => crate::pipelines::deprecated(&mut engine, cmd),
         Command::Run {

@@ -8,7 +8,14 @@
 //! A closing connection does not checkpoint: the WAL stays for the next
 //! process, which otherwise pays two fsyncs (the new WAL's header and its
 //! directory) before its first write, and every `cairn` command is one
-//! process. SQLite checkpoints as the WAL grows (1,000 pages).
+//! process. But the first process to open the database replays the whole
+//! WAL to rebuild its index (a read and a checksum per page), so a WAL left
+//! to grow to SQLite's own checkpoint (1,000 pages) would slow every command
+//! by its length. The process that closes a WAL longer than [`WAL_KEPT`]
+//! therefore checkpoints it, without waiting for anyone, and starts the next
+//! WAL with one small write, so the next command finds a short log whose
+//! header is already durable. `journal_size_limit = 0` keeps the file's
+//! length the length of the log in use.
 
 use std::path::Path;
 use std::time::Duration;
@@ -34,8 +41,12 @@ const MIGRATIONS: &[&str] = &[
     include_str!("../../migrations/sqlite/0011_event_data.sql"),
 ];
 
+/// The WAL a closing process leaves as it is; a longer one is checkpointed.
+const WAL_KEPT: u64 = 512 << 10;
+
 pub struct SqliteBackend {
     conn: Connection,
+    wal: std::path::PathBuf,
 }
 
 impl SqliteBackend {
@@ -46,6 +57,7 @@ impl SqliteBackend {
             conn.busy_timeout(Duration::from_secs(30))?;
             conn.pragma_update(None, "journal_mode", "WAL")?;
             conn.pragma_update(None, "synchronous", "NORMAL")?;
+            conn.pragma_update(None, "journal_size_limit", 0)?;
             conn.pragma_update(None, "foreign_keys", "ON")?;
             conn.set_db_config(rusqlite::config::DbConfig::SQLITE_DBCONFIG_NO_CKPT_ON_CLOSE, true)?;
             Ok(conn)
@@ -61,7 +73,11 @@ impl SqliteBackend {
                 .map_err(|e| StateError::from(BackendError::from(e)))
                 .and_then(|mut conn| migrate(&mut conn).map(|()| conn));
             match opened {
-                Ok(conn) => return Ok(SqliteBackend { conn }),
+                Ok(conn) => {
+                    let mut wal = path.as_os_str().to_owned();
+                    wal.push("-wal");
+                    return Ok(SqliteBackend { conn, wal: wal.into() });
+                }
                 Err(e) if is_busy(&e) && std::time::Instant::now() < deadline => {
                     std::thread::sleep(delay);
                     delay = (delay * 2).min(Duration::from_millis(100));
@@ -74,6 +90,30 @@ impl SqliteBackend {
     /// The schema version the database records.
     pub fn schema_version(&self) -> Result<i64, BackendError> {
         Ok(self.conn.pragma_query_value(None, "user_version", |r| r.get(0))?)
+    }
+}
+
+impl Drop for SqliteBackend {
+    /// Checkpoints a WAL longer than [`WAL_KEPT`] and starts the next one
+    /// (see the module's documentation). Nothing here waits: a reader or
+    /// writer in another process leaves the WAL for a later close.
+    fn drop(&mut self) {
+        let long = std::fs::metadata(&self.wal).is_ok_and(|m| m.len() > WAL_KEPT);
+        if !long || self.conn.busy_timeout(Duration::ZERO).is_err() {
+            return;
+        }
+        let checkpointed = self
+            .conn
+            .query_row("PRAGMA wal_checkpoint(RESTART)", [], |r| r.get::<_, i64>(0))
+            .is_ok_and(|busy| busy == 0);
+        if checkpointed {
+            // The first write after a complete checkpoint starts the WAL
+            // over and makes its header durable: done here, on the way out.
+            let _ = self
+                .conn
+                .pragma_query_value(None, "user_version", |r| r.get::<_, i64>(0))
+                .and_then(|v| self.conn.pragma_update(None, "user_version", v));
+        }
     }
 }
 
@@ -233,6 +273,34 @@ mod tests {
             "UPDATE t SET a = ?2, b = '$1', \"c$1\" = ?10 WHERE id = ?1"
         );
         assert_eq!(sqlite_placeholders("SELECT '$' || $1"), "SELECT '$' || ?1");
+    }
+
+    #[test]
+    fn processes_leave_a_short_wal_and_lose_no_commit() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("s.db");
+        let wal = dir.path().join("s.db-wal");
+        let blob = "x".repeat(3000);
+        let mut longest = 0;
+        // Each open, commits and close is one `cairn` command.
+        for i in 0..300i64 {
+            let mut b = SqliteBackend::open(&path).unwrap();
+            for j in 0..4i64 {
+                b.execute(
+                    "INSERT INTO images (name, source, size_bytes, created_at) VALUES ($1, $2, 0, 0)",
+                    &[Value::Text(format!("i{i}-{j}")), Value::Text(blob.clone())],
+                )
+                .unwrap();
+            }
+            drop(b);
+            longest = longest.max(std::fs::metadata(&wal).map(|m| m.len()).unwrap_or(0));
+        }
+        // A WAL past the bound is checkpointed on close, so the next open
+        // replays at most the bound plus one command's commits.
+        assert!(longest < WAL_KEPT + (256 << 10), "the WAL reached {longest} bytes");
+        let mut b = SqliteBackend::open(&path).unwrap();
+        let rows = b.query("SELECT count(*) FROM images", &[]).unwrap();
+        assert_eq!(rows[0].0, vec![Value::Int(1200)]);
     }
 
     #[test]

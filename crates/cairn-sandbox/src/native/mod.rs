@@ -18,7 +18,9 @@ use std::io::{Read, Write};
 use std::os::fd::OwnedFd;
 use std::os::unix::net::{UnixListener, UnixStream};
 use std::os::unix::process::CommandExt;
-use std::process::{Command, Stdio};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::sync::Mutex;
 
 use cairn_layers::archive::HostIds;
 use cairn_protocol::{NativeSetup, PROTOCOL_VERSION};
@@ -58,6 +60,10 @@ pub struct NativeDriver {
     cgroups: Hierarchy,
     /// Sandboxes get [`seccomp::programs`] unless a test set another filter.
     seccomp: Option<Vec<Vec<cairn_protocol::BpfInstruction>>>,
+    /// An init started ahead for the next sandbox ([`NativeDriver::start_init_ahead`]).
+    waiting: Mutex<Option<WaitingInit>>,
+    /// Whether each start leaves the next init waiting (long-lived processes).
+    keep_waiting: std::sync::atomic::AtomicBool,
 }
 
 impl NativeDriver {
@@ -67,6 +73,8 @@ impl NativeDriver {
         Ok(NativeDriver {
             cgroups: Hierarchy::detect(scope)?,
             seccomp: None,
+            waiting: Mutex::new(None),
+            keep_waiting: std::sync::atomic::AtomicBool::new(false),
         })
     }
 
@@ -155,41 +163,33 @@ impl NativeDriver {
             .append(true)
             .open(spec.console_log())
             .map_err(|e| SandboxError::setup("open the console log", e))?;
-        let (mut report, init_end) = UnixStream::pair().map_err(|e| SandboxError::setup("create a socket pair", e))?;
-        cairn_protocol::write_frame(&mut report, &setup)
-            .map_err(|e| SandboxError::Start(format!("send the setup to cairn-init: {e}")))?;
-        let mut cmd = Command::new(&spec.init_binary);
-        cmd.arg0("cairn-init")
-            .arg("--native-setup")
-            .env_clear()
-            .env("PATH", "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin")
-            .stdin(Stdio::from(OwnedFd::from(listener)))
-            .stdout(Stdio::from(OwnedFd::from(init_end)))
-            .stderr(Stdio::from(console));
-        // Another thread of this process may be spawning while a third writes
-        // an executable (another init install, a download): the child holds
-        // that write descriptor until it execs, and the kernel refuses to run
-        // a file open for writing (ETXTBSY). The window is one spawn long.
-        let mut busy = 0;
-        let mut child = loop {
-            match cmd.spawn() {
-                Err(e) if e.kind() == std::io::ErrorKind::ExecutableFileBusy && busy < 100 => {
-                    busy += 1;
-                    std::thread::sleep(std::time::Duration::from_millis(5));
-                }
-                spawned => {
-                    break spawned
-                        .map_err(|e| SandboxError::setup(format!("start {}", spec.init_binary.display()), e))?
-                }
+        let waiting = self
+            .waiting
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .take()
+            .filter(|w| w.binary == spec.init_binary);
+        let hand = |w: &mut WaitingInit| {
+            send_fds(&w.report, &listener, &console)
+                .and_then(|()| cairn_protocol::write_frame(&mut w.report, &setup).map_err(std::io::Error::other))
+        };
+        // One started ahead may have been killed since: a fresh one then.
+        let handed = waiting.and_then(|mut w| hand(&mut w).ok().map(|()| w));
+        let mut init = match handed {
+            Some(w) => w,
+            None => {
+                let mut w = WaitingInit::spawn(&spec.init_binary)?;
+                hand(&mut w).map_err(|e| SandboxError::Start(format!("send the setup to cairn-init: {e}")))?;
+                w
             }
         };
-        // Our copies of the child's ends must close, or the report never ends.
-        drop(cmd);
+        drop((listener, console));
+        let report = &mut init.report;
         let mut text = String::new();
         let read = match &spec.network {
             // The sandbox's end of the veth goes into its namespace once
             // init names its pid; PID 1 waits for `N` before it is ready.
-            Some(plan) => read_pid(&mut report, &mut text).and_then(|pid| {
+            Some(plan) => read_pid(report, &mut text).and_then(|pid| {
                 if let Some(pid) = pid {
                     crate::net::link::create(plan, pid)
                         .map_err(|e| std::io::Error::other(e.to_string()))
@@ -199,10 +199,118 @@ impl NativeDriver {
             }),
             None => report.read_to_string(&mut text),
         };
-        let _ = child.wait();
+        let _ = init.child.wait();
         read.map_err(|e| SandboxError::Start(format!("set up the sandbox: {e}")))?;
-        parse_report(&text)
+        let started = parse_report(&text)?;
+        if self.keep_waiting.load(std::sync::atomic::Ordering::Relaxed) {
+            self.start_init_ahead(&spec.init_binary);
+        }
+        Ok(started)
     }
+
+    /// The pid of the init waiting for the next sandbox, if one is.
+    #[doc(hidden)]
+    pub fn waiting_init(&self) -> Option<u32> {
+        let waiting = self.waiting.lock().unwrap_or_else(|p| p.into_inner());
+        waiting.as_ref().map(|w| w.child.id())
+    }
+
+    /// Keeps an init waiting for the next sandbox from now on: one now, and
+    /// one more after each start, so that a long-lived process (`cairn
+    /// serve`) never waits for init's own start. It costs one sleeping
+    /// process.
+    pub fn keep_init_waiting(&self, init_binary: &Path) {
+        self.keep_waiting.store(true, std::sync::atomic::Ordering::Relaxed);
+        self.start_init_ahead(init_binary);
+    }
+
+    /// Starts `cairn-init` for the next sandbox now, so that its exec and its
+    /// C library's start (half a millisecond of `cpuid` on some VMs) overlap
+    /// with this process's own work until then. It waits for its setup; an
+    /// unused one is killed when the driver is dropped.
+    pub fn start_init_ahead(&self, init_binary: &Path) {
+        if self.seccomp.is_none() {
+            seccomp::compile_ahead();
+        }
+        let mut waiting = self.waiting.lock().unwrap_or_else(|p| p.into_inner());
+        if waiting.is_none() {
+            match WaitingInit::spawn(init_binary) {
+                Ok(w) => *waiting = Some(w),
+                Err(e) => tracing::debug!("cannot start cairn-init ahead: {e}"),
+            }
+        }
+    }
+}
+
+/// A `cairn-init --native-setup` started, waiting for its setup on `report`.
+struct WaitingInit {
+    child: Child,
+    report: UnixStream,
+    binary: PathBuf,
+}
+
+impl WaitingInit {
+    fn spawn(binary: &Path) -> Result<WaitingInit, SandboxError> {
+        let (report, init_end) = UnixStream::pair().map_err(|e| SandboxError::setup("create a socket pair", e))?;
+        let mut cmd = Command::new(binary);
+        cmd.arg0("cairn-init")
+            .arg("--native-setup")
+            .env_clear()
+            .env("PATH", "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin")
+            .stdin(Stdio::null())
+            .stdout(Stdio::from(OwnedFd::from(init_end)))
+            .stderr(Stdio::null());
+        // Another thread of this process may be spawning while a third writes
+        // an executable (another init install, a download): the child holds
+        // that write descriptor until it execs, and the kernel refuses to run
+        // a file open for writing (ETXTBSY). The window is one spawn long.
+        let mut busy = 0;
+        let child = loop {
+            match cmd.spawn() {
+                Err(e) if e.kind() == std::io::ErrorKind::ExecutableFileBusy && busy < 100 => {
+                    busy += 1;
+                    std::thread::sleep(std::time::Duration::from_millis(5));
+                }
+                spawned => break spawned.map_err(|e| SandboxError::setup(format!("start {}", binary.display()), e))?,
+            }
+        };
+        // Our copy of the child's end must close, or the report never ends.
+        drop(cmd);
+        Ok(WaitingInit {
+            child,
+            report,
+            binary: binary.to_path_buf(),
+        })
+    }
+}
+
+impl Drop for WaitingInit {
+    /// An init that got no setup has nothing yet (no namespace, no cgroup):
+    /// killing it is all.
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// Sends init its listening socket and console log (see
+/// [`cairn_protocol::SETUP_FDS_MARKER`]).
+fn send_fds(report: &UnixStream, listener: &UnixListener, console: &fs::File) -> std::io::Result<()> {
+    use nix::sys::socket::{sendmsg, ControlMessage, MsgFlags};
+    use std::os::fd::AsRawFd;
+    let fds = [listener.as_raw_fd(), console.as_raw_fd()];
+    let iov = [std::io::IoSlice::new(&[cairn_protocol::SETUP_FDS_MARKER])];
+    let sent = sendmsg::<()>(
+        report.as_raw_fd(),
+        &iov,
+        &[ControlMessage::ScmRights(&fds)],
+        MsgFlags::MSG_NOSIGNAL,
+        None,
+    )?;
+    if sent != 1 {
+        return Err(std::io::Error::other("the descriptors' byte was not sent"));
+    }
+    Ok(())
 }
 
 /// The lower layers as host paths, checked for what overlayfs refuses.

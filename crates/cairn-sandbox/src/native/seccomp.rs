@@ -516,9 +516,22 @@ const RET_EPERM: u32 = libc::SECCOMP_RET_ERRNO | libc::EPERM as u32;
 const RET_ENOSYS: u32 = libc::SECCOMP_RET_ERRNO | libc::ENOSYS as u32;
 
 /// The filter as plain instructions, the form `cairn-init` installs (one
-/// program; the setup carries a list).
+/// program; the setup carries a list). Compiled once per process (half a
+/// million instructions): [`compile_ahead`] may start that early.
 pub fn programs() -> Result<Vec<Vec<BpfInstruction>>, String> {
-    Ok(vec![program(&[])?])
+    COMPILED.get_or_init(|| Ok(vec![program(&[])?])).clone()
+}
+
+static COMPILED: std::sync::OnceLock<Result<Vec<Vec<BpfInstruction>>, String>> = std::sync::OnceLock::new();
+
+/// Compiles the filter on a thread of its own, so that a sandbox started
+/// later in this process finds it ready ([`programs`] waits for it if not).
+pub fn compile_ahead() {
+    if COMPILED.get().is_none() {
+        let _ = std::thread::Builder::new()
+            .name("seccomp".into())
+            .spawn(|| drop(programs()));
+    }
 }
 
 /// The filter with `also_allowed` allowed whatever their arguments. Tests

@@ -114,6 +114,16 @@ impl Native {
     /// [`Native::start`] with a driver `configure` made (a test's own
     /// seccomp filter, say).
     pub fn start_with(test: &str, configure: impl FnOnce(NativeDriver) -> NativeDriver) -> Option<Native> {
+        Native::start_after(test, configure, |_, _| {})
+    }
+
+    /// [`Native::start_with`], calling `before` with the driver and the
+    /// init binary just before the sandbox starts.
+    pub fn start_after(
+        test: &str,
+        configure: impl FnOnce(NativeDriver) -> NativeDriver,
+        before: impl FnOnce(&NativeDriver, &std::path::Path),
+    ) -> Option<Native> {
         if !nix::unistd::geteuid().is_root() {
             skipped(&format!("{test}: the native driver test needs root"));
             return None;
@@ -139,6 +149,7 @@ impl Native {
             network: None,
         };
         std::fs::create_dir_all(&spec.dir).unwrap();
+        before(&driver, &spec.init_binary);
         let process = driver.start(&spec).unwrap();
         let client = InitClient::new(spec.socket_path());
         Some(Native {
