@@ -1,4 +1,11 @@
 //! The command line: what users type.
+//!
+//! Every subcommand enum is `defer`red: clap builds a subcommand's
+//! arguments only when that subcommand is parsed or its help shown, so
+//! `cairn run` does not build the whole tree first (a third of a megabyte
+//! of allocations, on every command). A deferred item's own doc comment
+//! would then override the help of the command it is used in, so doc
+//! comments go on variants and fields only; a test holds that.
 
 use std::path::PathBuf;
 
@@ -111,6 +118,7 @@ pub struct ProcessArgs {
 }
 
 #[derive(Subcommand)]
+#[command(defer = true)]
 pub enum Command {
     /// Run a command in a fresh sandbox, stream its output, remove the sandbox.
     ///
@@ -409,9 +417,10 @@ pub enum Command {
     },
 }
 
-/// The spellings of `cairn pipeline show|approve|reject` before pipeline
-/// runs had one noun; each still works with a note on stderr, for one release.
+// The spellings of `cairn pipeline show|approve|reject` before pipeline
+// runs had one noun; each still works with a note on stderr, for one release.
 #[derive(Subcommand)]
+#[command(defer = true)]
 pub enum RunCommand {
     /// Deprecated: `cairn pipeline show`.
     #[command(hide = true)]
@@ -443,8 +452,9 @@ pub enum RunCommand {
     },
 }
 
-/// What a person decides about a stage waiting for approval.
+// What a person decides about a stage waiting for approval.
 #[derive(Subcommand)]
+#[command(defer = true)]
 pub enum VerdictCommand {
     /// Approve a stage that waits for a person (`approve = true`), then
     /// continue the run here, like `cairn pipeline resume`.
@@ -504,6 +514,7 @@ pub struct WorkerArgs {
 }
 
 #[derive(Subcommand)]
+#[command(defer = true)]
 pub enum WorkerCommand {
     /// The workers that ever registered on this state store.
     Ls {
@@ -520,6 +531,7 @@ pub enum WorkerCommand {
 }
 
 #[derive(Subcommand)]
+#[command(defer = true)]
 pub enum PipelineCommand {
     /// Check a pipeline file, then run it; prints the run id.
     ///
@@ -574,7 +586,7 @@ pub enum PipelineCommand {
     Verdict(VerdictCommand),
 }
 
-/// Running through the shared stage queue instead of in this process.
+// Running through the shared stage queue instead of in this process.
 #[derive(Args, Clone, Default)]
 pub struct QueueArgs {
     /// Queue the run for `cairn worker`s (any host sharing this state store
@@ -587,9 +599,9 @@ pub struct QueueArgs {
     pub detach: bool,
 }
 
-/// The model decide stages ask, over the pipeline file's `[pipeline] model`.
-/// The API key comes from ANTHROPIC_API_KEY or OPENAI_API_KEY. Flags are not
-/// remembered: give them again to `pipeline resume`.
+// The model decide stages ask, over the pipeline file's `[pipeline] model`.
+// The API key comes from ANTHROPIC_API_KEY or OPENAI_API_KEY. Flags are not
+// remembered: give them again to `pipeline resume`.
 #[derive(Args, Clone, Default)]
 pub struct PipelineModelArgs {
     /// anthropic or openai.
@@ -604,6 +616,7 @@ pub struct PipelineModelArgs {
 }
 
 #[derive(Subcommand)]
+#[command(defer = true)]
 pub enum DlqCommand {
     /// List dead letters.
     Ls {
@@ -626,6 +639,7 @@ pub enum DlqCommand {
 }
 
 #[derive(Subcommand)]
+#[command(defer = true)]
 pub enum ArtifactCommand {
     /// List artifacts (of one run).
     Ls {
@@ -646,6 +660,7 @@ pub enum ArtifactCommand {
 }
 
 #[derive(Subcommand)]
+#[command(defer = true)]
 pub enum SnapshotCommand {
     /// One snapshot: lineage, sizes, label and, with a remote store,
     /// whether it is durable there (restorable from any host).
@@ -675,6 +690,7 @@ pub enum SnapshotCommand {
 }
 
 #[derive(Subcommand)]
+#[command(defer = true)]
 pub enum ImageCommand {
     /// Build an image: `busybox` (tiny, static) or `debian` (debootstrap minbase).
     Build {
@@ -718,6 +734,7 @@ pub enum ImageKind {
 }
 
 #[derive(Subcommand)]
+#[command(defer = true)]
 pub enum TokenCommand {
     /// Make a token; its secret is printed once, to stdout.
     Create {
@@ -766,6 +783,7 @@ fn parse_bytes(s: &str) -> Result<u64, String> {
 }
 
 #[derive(Subcommand)]
+#[command(defer = true)]
 pub enum SessionCommand {
     /// Start a session: a sandbox and an empty log; prints the session id.
     Create {
@@ -959,6 +977,7 @@ pub enum SessionCommand {
 }
 
 #[derive(Subcommand)]
+#[command(defer = true)]
 pub enum AgentCommand {
     /// Start an agent on a goal and drive it until the model ends its turn,
     /// a limit is reached or the model is unavailable.
@@ -1072,4 +1091,30 @@ pub struct ModelArgs {
     /// US dollars per million output tokens.
     #[arg(long, value_name = "USD", requires = "price_in")]
     pub price_out: Option<f64>,
+}
+
+#[cfg(test)]
+mod tests {
+    use clap::CommandFactory;
+
+    #[test]
+    fn the_command_line_is_consistent_when_built_whole() {
+        super::Cli::command().debug_assert();
+    }
+
+    #[test]
+    fn no_argument_struct_or_subcommand_enum_has_a_doc_comment_of_its_own() {
+        let source = include_str!("cli.rs");
+        let lines: Vec<&str> = source.lines().collect();
+        for (i, line) in lines.iter().enumerate() {
+            let derives = line.starts_with("#[derive(") && (line.contains("Args") || line.contains("Subcommand"));
+            if derives && i > 0 {
+                assert!(
+                    !lines[i - 1].starts_with("///"),
+                    "line {}: a doc comment on a deferred item replaces its command's help; use //",
+                    i
+                );
+            }
+        }
+    }
 }
