@@ -391,7 +391,9 @@ pub fn show(engine: &Engine, key: &str, json: bool) -> Result<()> {
                 v
             })
             .collect();
-        let v = serde_json::json!({ "run": listed, "stages": stages, "events": events, "artifacts": artifacts, "decisions": decisions });
+        // The edges as the API gives them: null when the stored file no longer parses.
+        let graph = engine.run_graph(&run);
+        let v = serde_json::json!({ "run": listed, "stages": stages, "events": events, "artifacts": artifacts, "decisions": decisions, "graph": graph });
         println!("{}", serde_json::to_string_pretty(&v)?);
         return Ok(());
     }
