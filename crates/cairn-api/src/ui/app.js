@@ -623,7 +623,7 @@ async function openSession(id) {
   render();
   fill($("detail"),
     el("h3", { text: `session ${s.name || s.id}` }),
-    el("div", {}, el("span", { class: `badge ${s.state}`, text: s.state }), ` · ${s.head_seq} entries · image ${s.image} · ${s.driver}`),
+    el("div", {}, el("span", { class: `badge ${s.state}`, text: s.state }), ` · head at entry ${s.head_seq} · image ${s.image} · ${s.driver}`),
     s.error ? el("div", { class: "error", text: s.error }) : null,
     el(
       "div",
