@@ -1174,6 +1174,20 @@ run = ["true"]
     // `cairn pipeline show --json` reads the same edges.
     let shown: Value = serde_json::from_str(&home.ok(&["pipeline", "show", &run, "--json"])).unwrap();
     assert_eq!(shown["graph"], d["graph"]);
+    // And its tree nests each stage under the stage it forks.
+    let depth = |text: &str, stage: &str| -> usize {
+        let line = text
+            .lines()
+            .find(|l| l.contains(&format!("─ {stage}: ")))
+            .unwrap_or_else(|| panic!("{stage}: {text}"));
+        line.chars().take_while(|c| !matches!(c, '├' | '└')).count()
+    };
+    let text = home.ok(&["pipeline", "show", &run]);
+    let depths: Vec<usize> = ["prepare", "alone", "left", "right", "sweep"]
+        .iter()
+        .map(|s| depth(&text, s))
+        .collect();
+    assert_eq!(depths, [0, 0, 3, 3, 6], "{text}");
     // A run whose stored file no longer parses still loads, without a graph.
     let shown_stages = d["stages"].clone();
     let db = rusqlite::Connection::open(home.path().join("state.db")).unwrap();
@@ -1183,4 +1197,11 @@ run = ["true"]
     assert_eq!(status, 200, "{d}");
     assert_eq!(d["graph"], Value::Null, "{d}");
     assert_eq!(d["stages"], shown_stages, "{d}");
+    let text = home.ok(&["pipeline", "show", &run]);
+    assert!(
+        ["prepare", "alone", "left", "right", "sweep"]
+            .iter()
+            .all(|s| depth(&text, s) == 0),
+        "without edges the stages follow each other: {text}"
+    );
 }
