@@ -300,8 +300,11 @@ function layout(d) {
   }
   for (const l of layers) l.sort((a, b) => a.x - b.x);
   for (const u of order) {
-    u.childMin = Math.min(u.outX, ...u.children.map((c) => c.inX));
-    u.childMax = Math.max(u.outX, ...u.children.map((c) => c.inX));
+    u.childMin = u.childMax = u.outX;
+    for (const c of u.children) {
+      u.childMin = Math.min(u.childMin, c.inX);
+      u.childMax = Math.max(u.childMax, c.inX);
+    }
   }
   return { units, layers, events, width, height: layers.length * ROW };
 }
