@@ -661,6 +661,30 @@ pub struct RunDetail {
     pub artifacts: Vec<Artifact>,
     /// What decide stages' models chose, oldest first.
     pub decisions: Vec<Decision>,
+    /// Every stage of the run's pipeline, run or not, with the stage it
+    /// comes after, parents first; null when the pipeline file the run
+    /// stored no longer parses (the stages then tell only the order they
+    /// ran in).
+    pub graph: Option<Vec<StageEdges>>,
+}
+
+/// A stage of a run's pipeline and what its sandbox starts from.
+#[derive(Debug, Serialize, Deserialize, ToSchema)]
+pub struct StageEdges {
+    pub stage: String,
+    /// The stages whose output this one forks (a branch group's winner's):
+    /// one at most today; empty when it starts from the pipeline's
+    /// snapshot or image.
+    pub after: Vec<String>,
+}
+
+impl From<cairn_engine::pipeline::graph::StageEdges> for StageEdges {
+    fn from(e: cairn_engine::pipeline::graph::StageEdges) -> StageEdges {
+        StageEdges {
+            stage: e.stage,
+            after: e.after,
+        }
+    }
 }
 
 /// Where a run's time and bytes went, stage by stage, and the advice that

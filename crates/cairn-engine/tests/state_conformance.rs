@@ -1524,6 +1524,11 @@ fn a_long_log_reads_by_range_and_tail_around_abandoned_stretches(store: &Store) 
         vec![1, 2, 6, 7, 8, 9, 10, 4999, 5000]
     );
     assert_eq!(seqs(&hidden, Order::Descending, 3), vec![5000, 4999, 10]);
+    // Paging back: below a seq, around the abandoned stretches.
+    assert_eq!(seqs(&[], Order::Below { before: 2500 }, 3), vec![2499, 2498, 2497]);
+    assert_eq!(seqs(&hidden, Order::Below { before: 4999 }, 3), vec![10, 9, 8]);
+    assert_eq!(seqs(&hidden, Order::Below { before: 7 }, 10), vec![6, 2, 1]);
+    assert!(seqs(&hidden, Order::Below { before: 1 }, 10).is_empty());
     // The chain of a long log, end to end.
     let mut previous = GENESIS.to_string();
     let mut from = 1;

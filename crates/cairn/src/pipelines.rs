@@ -379,6 +379,8 @@ pub fn show(engine: &Engine, key: &str, json: bool) -> Result<()> {
     let artifacts = engine.artifacts(Some(&run.id))?;
     let decisions = engine.run_decisions(&run.id)?;
     let listed = Listed::of(engine, &run);
+    // The edges as the API gives them: none when the stored file no longer parses.
+    let graph = engine.run_graph(&run);
     if json {
         let decisions: Vec<serde_json::Value> = decisions
             .iter()
@@ -391,7 +393,7 @@ pub fn show(engine: &Engine, key: &str, json: bool) -> Result<()> {
                 v
             })
             .collect();
-        let v = serde_json::json!({ "run": listed, "stages": stages, "events": events, "artifacts": artifacts, "decisions": decisions });
+        let v = serde_json::json!({ "run": listed, "stages": stages, "events": events, "artifacts": artifacts, "decisions": decisions, "graph": graph });
         println!("{}", serde_json::to_string_pretty(&v)?);
         return Ok(());
     }
@@ -424,10 +426,56 @@ pub fn show(engine: &Engine, key: &str, json: bool) -> Result<()> {
             names.push(&s.stage);
         }
     }
-    for (i, name) in names.iter().enumerate() {
-        let last = i + 1 == names.len();
-        let (head, pad) = if last { ("└─", "   ") } else { ("├─", "│  ") };
-        let group = stages.iter().find(|s| s.stage == *name && s.branch.is_empty());
+    // Each stage under the stage whose output it forks; without the
+    // pipeline's edges (a file that no longer parses), one after another.
+    let mut children: std::collections::BTreeMap<&str, Vec<&str>> = Default::default();
+    let mut roots = Vec::new();
+    for name in &names {
+        let parent = graph
+            .iter()
+            .flatten()
+            .find(|e| e.stage == *name)
+            .and_then(|e| e.after.first())
+            .map(String::as_str)
+            .filter(|p| names.contains(p) && p != name);
+        match parent {
+            Some(p) => children.entry(p).or_default().push(name),
+            None => roots.push(*name),
+        }
+    }
+    let tree = Tree {
+        stages: &stages,
+        events: &events,
+        artifacts: &artifacts,
+        decisions: &decisions,
+        children: &children,
+    };
+    for (i, name) in roots.iter().enumerate() {
+        tree.print(name, "", i + 1 == roots.len());
+    }
+    Ok(())
+}
+
+/// A run's records, printed as a tree of stages.
+struct Tree<'a> {
+    stages: &'a [cairn_engine::pipeline::records::StageRecord],
+    events: &'a [cairn_engine::pipeline::records::EventRecord],
+    artifacts: &'a [cairn_engine::pipeline::records::ArtifactRecord],
+    decisions: &'a [cairn_engine::pipeline::records::DecisionRecord],
+    children: &'a std::collections::BTreeMap<&'a str, Vec<&'a str>>,
+}
+
+impl Tree<'_> {
+    /// One stage: its summary, decisions, events, branches and artifacts,
+    /// then the stages after it, one level in.
+    fn print(&self, name: &str, prefix: &str, last: bool) {
+        let (head, pad) = if last {
+            (format!("{prefix}└─"), format!("{prefix}   "))
+        } else {
+            (format!("{prefix}├─"), format!("{prefix}│  "))
+        };
+        let stages = self.stages;
+        let group = stages.iter().find(|s| s.stage == name && s.branch.is_empty());
         let summary = group
             .map(|g| {
                 format!(
@@ -443,7 +491,7 @@ pub fn show(engine: &Engine, key: &str, json: bool) -> Result<()> {
             })
             .unwrap_or_else(|| "branches".into());
         println!("{head} {name}: {summary}");
-        for d in decisions.iter().filter(|d| d.stage == *name) {
+        for d in self.decisions.iter().filter(|d| d.stage == name) {
             let chosen = cairn_engine::pipeline::decision::Answer::from_stored(&d.answer)
                 .map(|a| a.summary())
                 .unwrap_or_else(|e| e);
@@ -452,11 +500,15 @@ pub fn show(engine: &Engine, key: &str, json: bool) -> Result<()> {
                 d.round, d.model, d.reason, d.input_tokens, d.output_tokens, d.calls
             );
         }
-        let stage_events: Vec<_> = events.iter().filter(|e| e.stage.as_deref() == Some(name)).collect();
+        let stage_events: Vec<_> = self
+            .events
+            .iter()
+            .filter(|e| e.stage.as_deref() == Some(name))
+            .collect();
         let branches: Vec<&str> = {
             let mut b: Vec<&str> = stages
                 .iter()
-                .filter(|s| s.stage == *name && !s.branch.is_empty())
+                .filter(|s| s.stage == name && !s.branch.is_empty())
                 .map(|s| s.branch.as_str())
                 .collect();
             b.dedup();
@@ -476,9 +528,11 @@ pub fn show(engine: &Engine, key: &str, json: bool) -> Result<()> {
                     .unwrap_or_default()
             );
         }
+        let after: &[&str] = self.children.get(name).map(Vec::as_slice).unwrap_or_default();
         for (j, b) in branches.iter().enumerate() {
-            let bl = j + 1 == branches.len();
-            let row = stages.iter().find(|s| s.stage == *name && s.branch == *b).unwrap();
+            // The stages after this one follow its branches at their level.
+            let bl = j + 1 == branches.len() && after.is_empty();
+            let row = stages.iter().find(|s| s.stage == name && s.branch == *b).unwrap();
             println!(
                 "{pad}{} {b}: {}{}",
                 if bl { "└─" } else { "├─" },
@@ -498,11 +552,13 @@ pub fn show(engine: &Engine, key: &str, json: bool) -> Result<()> {
                 );
             }
         }
-        for a in artifacts.iter().filter(|a| a.stage == *name) {
+        for a in self.artifacts.iter().filter(|a| a.stage == name) {
             println!("{pad}  ◆ artifact {} {} ({} bytes)", &a.id[..12], a.path, a.size_bytes);
         }
+        for (k, child) in after.iter().enumerate() {
+            self.print(child, &pad, k + 1 == after.len());
+        }
     }
-    Ok(())
 }
 
 pub fn dlq(engine: &mut Engine, cmd: DlqCommand) -> Result<i32> {

@@ -1076,3 +1076,132 @@ fn a_sandbox_with_a_network_is_created_and_its_port_found_through_the_api() {
     let (_, list) = s.call("GET", "/v1/sandboxes", None);
     assert_eq!(list["items"].as_array().unwrap().len(), 2, "{list}");
 }
+
+#[test]
+fn a_runs_graph_gives_each_stage_the_stage_it_forks_and_an_unreadable_file_gives_none() {
+    if skip("a_runs_graph_gives_each_stage_the_stage_it_forks_and_an_unreadable_file_gives_none") {
+        return;
+    }
+    let home = Home::new();
+    let s = Server::start(&home, &[]);
+    // Two stages after one, listed before it; a branch group after one of
+    // them; a second root.
+    let pipeline = r#"
+[pipeline]
+name = "tree"
+image = "busybox"
+
+[[stage]]
+name = "left"
+after = "prepare"
+key = "tree-left"
+run = ["echo left > /left"]
+
+[[stage]]
+name = "prepare"
+key = "tree-prepare"
+run = ["echo prepared > /base"]
+
+[[stage]]
+name = "right"
+after = "prepare"
+key = "tree-right"
+run = ["echo right > /right"]
+
+[[stage]]
+name = "sweep"
+after = "left"
+key = "tree-sweep-{hypothesis}"
+run = ["echo {hypothesis.v} > /v"]
+[stage.branches]
+select = "min"
+metric = "file:/v"
+hypotheses = [{ name = "a", v = "1" }, { name = "b", v = "2" }]
+
+[[stage]]
+name = "alone"
+key = "tree-alone"
+run = ["true"]
+"#;
+    let (status, run) = s.call("POST", "/v1/runs", Some(json!({ "pipeline": pipeline })));
+    assert_eq!(status, 202, "{run}");
+    let run = run["id"].as_str().unwrap().to_string();
+    let d = settled(&s, &run);
+    assert_eq!(d["run"]["status"], "completed", "{d}");
+    let graph = d["graph"].as_array().unwrap();
+    let after = |stage: &str| -> Vec<&str> {
+        let e = graph
+            .iter()
+            .find(|e| e["stage"] == stage)
+            .unwrap_or_else(|| panic!("{stage}: {d}"));
+        e["after"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|a| a.as_str().unwrap())
+            .collect()
+    };
+    assert_eq!(after("left"), ["prepare"]);
+    assert_eq!(after("right"), ["prepare"]);
+    assert_eq!(after("sweep"), ["left"]);
+    assert!(after("prepare").is_empty() && after("alone").is_empty(), "{d}");
+    let at = |stage: &str| graph.iter().position(|e| e["stage"] == stage).unwrap();
+    assert!(
+        at("prepare") < at("left") && at("left") < at("sweep"),
+        "parents first: {d}"
+    );
+    // The edges are what the orchestrator did: each stage forked its
+    // parent's output, the right one too, not the stage run before it.
+    let row = |stage: &str, branch: &str| {
+        d["stages"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|r| r["stage"] == stage && r["branch"] == branch)
+            .unwrap_or_else(|| panic!("{stage}/{branch}: {d}"))
+            .clone()
+    };
+    let prepared = row("prepare", "")["output_snapshot"].clone();
+    assert!(prepared.is_string(), "{d}");
+    assert_eq!(row("left", "")["input_snapshot"], prepared);
+    assert_eq!(row("right", "")["input_snapshot"], prepared);
+    assert_eq!(row("sweep", "a")["input_snapshot"], row("left", "")["output_snapshot"]);
+    assert_eq!(
+        row("alone", "")["input_snapshot"],
+        Value::Null,
+        "a root starts from the image"
+    );
+    // `cairn pipeline show --json` reads the same edges.
+    let shown: Value = serde_json::from_str(&home.ok(&["pipeline", "show", &run, "--json"])).unwrap();
+    assert_eq!(shown["graph"], d["graph"]);
+    // And its tree nests each stage under the stage it forks.
+    let depth = |text: &str, stage: &str| -> usize {
+        let line = text
+            .lines()
+            .find(|l| l.contains(&format!("─ {stage}: ")))
+            .unwrap_or_else(|| panic!("{stage}: {text}"));
+        line.chars().take_while(|c| !matches!(c, '├' | '└')).count()
+    };
+    let text = home.ok(&["pipeline", "show", &run]);
+    let depths: Vec<usize> = ["prepare", "alone", "left", "right", "sweep"]
+        .iter()
+        .map(|s| depth(&text, s))
+        .collect();
+    assert_eq!(depths, [0, 0, 3, 3, 6], "{text}");
+    // A run whose stored file no longer parses still loads, without a graph.
+    let shown_stages = d["stages"].clone();
+    let db = rusqlite::Connection::open(home.path().join("state.db")).unwrap();
+    db.execute("UPDATE runs SET spec = 'not a pipeline' WHERE id = ?1", [&run])
+        .unwrap();
+    let (status, d) = s.call("GET", &format!("/v1/runs/{run}"), None);
+    assert_eq!(status, 200, "{d}");
+    assert_eq!(d["graph"], Value::Null, "{d}");
+    assert_eq!(d["stages"], shown_stages, "{d}");
+    let text = home.ok(&["pipeline", "show", &run]);
+    assert!(
+        ["prepare", "alone", "left", "right", "sweep"]
+            .iter()
+            .all(|s| depth(&text, s) == 0),
+        "without edges the stages follow each other: {text}"
+    );
+}

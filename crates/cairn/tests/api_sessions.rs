@@ -247,6 +247,7 @@ fn a_session_lives_its_whole_life_through_the_api() {
     );
     let tail = s.ok("GET", "/v1/sessions/agent/log?tail=2", None, 200);
     assert_eq!(seqs(&tail), [5, 6]);
+    assert_eq!(tail["prev"].as_u64(), Some(5), "older entries are there: {tail}");
     let result: Value = serde_json::from_str(tail["entries"][1]["result"].as_str().unwrap()).unwrap();
     assert_eq!(
         (tail["entries"][1]["kind"].as_str(), result["stderr"].as_str()),
@@ -324,6 +325,20 @@ fn a_session_lives_its_whole_life_through_the_api() {
         seqs(&s.ok("GET", "/v1/sessions/agent/log", None, 200)),
         [1, 2, head + 1]
     );
+    // Paging back from the tail, by `prev`, across the abandoned entries.
+    let page = s.ok("GET", "/v1/sessions/agent/log?tail=1", None, 200);
+    assert_eq!((seqs(&page), page["prev"].as_u64()), (vec![head + 1], Some(head + 1)));
+    let page = s.ok(
+        "GET",
+        &format!("/v1/sessions/agent/log?before={}&limit=1", head + 1),
+        None,
+        200,
+    );
+    assert_eq!((seqs(&page), page["prev"].as_u64()), (vec![2], Some(2)));
+    let page = s.ok("GET", "/v1/sessions/agent/log?before=2&limit=5", None, 200);
+    assert_eq!((seqs(&page), page["prev"].as_u64()), (vec![1], None));
+    let page = s.ok("GET", "/v1/sessions/agent/log?tail=10", None, 200);
+    assert_eq!((seqs(&page), page["prev"].as_u64()), (vec![1, 2, head + 1], None));
     // The fork still sees the entries it shares.
     assert_eq!(
         seqs(&s.ok("GET", "/v1/sessions/other/log", None, 200))[..4],
@@ -596,6 +611,20 @@ fn bad_session_requests_get_one_error_shape_and_change_nothing() {
         "timeout_secs",
     );
     expect(400, "GET", "/v1/sessions/calm/log?tail=5&from=1", None, "tail alone");
+    expect(
+        400,
+        "GET",
+        "/v1/sessions/calm/log?before=5&from=1",
+        None,
+        "before and limit",
+    );
+    expect(
+        400,
+        "GET",
+        "/v1/sessions/calm/log?before=0",
+        None,
+        "before counts entries from 1",
+    );
     expect(
         400,
         "GET",

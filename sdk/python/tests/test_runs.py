@@ -1,6 +1,7 @@
 import pytest
 import uuid
 
+import cairn
 from cairn import CairnError
 
 PIPELINE = """
@@ -44,8 +45,16 @@ def test_pipeline_run_completes_and_its_artifact_downloads(client):
     done = [e.data for e in detail.events if e.data and e.data["type"] == "stage-completed"]
     assert len(done) == 2 and all(d["compute_ms"] >= 0 for d in done)
     audit = client.runs.audit(run.id)
-    assert {s["stage"] for s in audit["stages"]} == {"make", "check"}
-    assert audit["stages"][0]["artifact_bytes"] + audit["stages"][1]["artifact_bytes"] == len("cairn\n")
+    assert isinstance(audit, cairn.RunAudit)
+    assert (audit.run, audit.pipeline, audit.status) == (run.id, "sdk-test", "completed")
+    assert all(isinstance(s, cairn.StageAudit) for s in audit.stages)
+    by_stage = {s.stage: s for s in audit.stages}
+    assert set(by_stage) == {"make", "check"}
+    assert by_stage["make"].artifact_bytes == len("cairn\n") and by_stage["check"].artifact_bytes == 0
+    assert by_stage["make"].attempts == 1 and by_stage["make"].compute_ms is not None
+    assert all(isinstance(r, cairn.Recommendation) for r in audit.recommendations)
+    # The run's stages as a graph: check comes after make.
+    assert [(e.stage, e.after) for e in detail.graph] == [("make", []), ("check", ["make"])]
 
 
 GATED = """
@@ -80,3 +89,18 @@ def test_a_stage_waiting_for_approval_is_approved_through_the_sdk(client):
     assert detail.run.status == "completed", detail.run.error
     assert [e.detail for e in detail.events if e.kind == "approved"] == ["approved by sdk-test: looks right"]
     assert client.runs.log(run.id, "ship") == "built\n"
+
+
+async def test_the_async_client_reads_a_runs_audit_as_typed_records(aclient):
+    salt = uuid.uuid4().hex[:8]
+    run = await aclient.runs.start(PIPELINE % (salt, salt), params={"word": "async"})
+    detail = await aclient.runs.wait(run.id, timeout=60, poll=0.2)
+    assert detail.run.status == "completed", detail.run.error
+    audit = await aclient.runs.audit(run.id)
+    assert isinstance(audit, cairn.RunAudit) and audit.run == run.id
+    by_stage = {s.stage: s for s in audit.stages}
+    assert set(by_stage) == {"make", "check"}
+    assert by_stage["make"].artifact_bytes == len("async\n")
+    assert not by_stage["check"].reused and by_stage["check"].retries == 0
+    with pytest.raises(cairn.NotFound):
+        await aclient.runs.audit("nosuchrun")

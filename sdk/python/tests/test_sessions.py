@@ -61,6 +61,9 @@ def test_a_session_appends_execs_suspends_forks_rewinds_and_verifies(client):
         assert isinstance(rw, cairn.Rewind) and (rw.to_seq, rw.head_seq) == (2, head)
         assert [e.seq for e in client.sessions.log(name)] == [1, 2]
         assert client.sessions.append(name, "note", "again").seq == head + 1
+        # Paging back from the end skips the abandoned entries.
+        assert [e.seq for e in client.sessions.log(name, before=head + 1, limit=1)] == [2]
+        assert [e.seq for e in client.sessions.log(name, before=head + 1)] == [1, 2]
 
         v = client.sessions.verify(name)
         assert isinstance(v, cairn.Verification) and v.ok and v.entries == head + 1 and v.first_bad is None

@@ -114,15 +114,20 @@ pub struct CloseQuery {
 #[into_params(parameter_in = Query)]
 #[serde(deny_unknown_fields)]
 pub struct LogQuery {
-    /// The first entry to read (default 1); not with `tail`.
+    /// The first entry to read (default 1); not with `tail` or `before`.
     #[param(minimum = 1)]
     pub from: Option<u64>,
-    /// At most this many from `from` (default 100, at most 1000).
+    /// At most this many from `from`, or before `before` (default 100, at
+    /// most 1000).
     #[param(minimum = 1, maximum = 1000)]
     pub limit: Option<usize>,
     /// The last this many entries instead (at most 1000).
     #[param(minimum = 1, maximum = 1000)]
     pub tail: Option<usize>,
+    /// The last `limit` entries before this one instead (a page's `prev`):
+    /// paging back from a `tail`.
+    #[param(minimum = 1)]
+    pub before: Option<u64>,
 }
 
 /// One entry of a session's context log.
@@ -183,6 +188,9 @@ pub struct LogPage {
     pub entries: Vec<LogEntry>,
     /// Pass as `from` for the entries after these; absent when there are none yet.
     pub next: Option<u64>,
+    /// Of a `tail` or `before` read: pass as `before` for the entries
+    /// before these; absent when these begin the log.
+    pub prev: Option<u64>,
 }
 
 /// A new entry. `seq`, `hash`, `version`, `created_at`, `snapshot_id` and

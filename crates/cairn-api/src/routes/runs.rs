@@ -194,6 +194,7 @@ pub async fn get(State(app): State<Arc<App>>, Path(id): Path<String>) -> ApiResu
                 events: e.run_events(&run.id)?.into_iter().map(RunEvent::from).collect(),
                 artifacts: e.artifacts(Some(&run.id))?.into_iter().map(Artifact::from).collect(),
                 decisions: e.run_decisions(&run.id)?.into_iter().map(Decision::from).collect(),
+                graph: e.run_graph(&run).map(|g| g.into_iter().map(StageEdges::from).collect()),
                 run: Run {
                     stage_counts,
                     ..Run::of(run, live)

@@ -218,7 +218,8 @@ pub async fn remove(
     Ok(StatusCode::NO_CONTENT)
 }
 
-/// Reads the live log: `limit` entries from `from`, or the last `tail`.
+/// Reads the live log: `limit` entries from `from`, the last `tail`, or
+/// the last `limit` before `before` (paging back from a tail).
 #[utoipa::path(operation_id = "session_log", get, path = "/v1/sessions/{id}/log", tag = "sessions",
     params(("id" = String, Path, description = "Session id, unique prefix or name"), LogQuery),
     responses((status = 200, body = LogPage), (status = 400, body = ErrorBody), (status = 404, body = ErrorBody)))]
@@ -235,37 +236,61 @@ pub async fn log(
             Err(ApiError::bad_request(format!("{name} must be 1 to {LOG_MAX}, got {n}")))
         }
     };
-    let (range, limit) = match (q.tail, q.from, q.limit) {
-        (Some(_), Some(_), _) | (Some(_), _, Some(_)) => {
+    // One more than asked says whether there is a page beyond: after the
+    // last entry (`from`), or before the first (`tail`, `before`).
+    let (range, read) = match (q.tail, q.from, q.before, q.limit) {
+        (Some(_), Some(_), _, _) | (Some(_), _, Some(_), _) | (Some(_), _, _, Some(_)) | (None, Some(_), Some(_), _) => {
             return Err(ApiError::bad_request(
-                "give tail alone, or from and limit: tail reads the end of the log",
+                "give tail alone, from and limit, or before and limit: tail reads the end of the log, before pages back from it",
             ))
         }
-        (Some(n), None, None) => (LogRange::Tail(bounded("tail", n)?), None),
-        (None, from, limit) => {
+        (Some(n), None, None, None) => {
+            let n = bounded("tail", n)?;
+            (LogRange::Tail(n + 1), Read::Back(n))
+        }
+        (None, None, Some(before), limit) => {
+            if before == 0 {
+                return Err(ApiError::bad_request("before counts entries from 1"));
+            }
+            let limit = bounded("limit", limit.unwrap_or(100))?;
+            (LogRange::Before { before, count: limit + 1 }, Read::Back(limit))
+        }
+        (None, from, None, limit) => {
             let from = from.unwrap_or(1);
             if from == 0 {
                 return Err(ApiError::bad_request("from counts entries from 1"));
             }
             let limit = bounded("limit", limit.unwrap_or(100))?;
-            // One more than asked says whether there is a next page.
-            (LogRange::From { from, count: limit + 1 }, Some(limit))
+            (LogRange::From { from, count: limit + 1 }, Read::On(limit))
         }
     };
     let s = session(&app, id).await?;
     let mut entries = app.engine(move |e| Ok(e.session_log(&s, range)?)).await?;
-    let next = match limit {
-        Some(limit) if entries.len() > limit => {
-            let next = entries[limit].seq;
+    let (mut next, mut prev) = (None, None);
+    match read {
+        Read::On(limit) if entries.len() > limit => {
+            next = Some(entries[limit].seq);
             entries.truncate(limit);
-            Some(next)
         }
-        _ => None,
-    };
+        Read::Back(limit) if entries.len() > limit => {
+            entries.drain(..entries.len() - limit);
+            prev = Some(entries[0].seq);
+        }
+        _ => {}
+    }
     Ok(Json(LogPage {
         entries: entries.into_iter().map(LogEntry::from).collect(),
         next,
+        prev,
     }))
+}
+
+/// Which way a log read goes, and how many entries it answers.
+enum Read {
+    /// From `from` on: `next` names the entry after them.
+    On(usize),
+    /// Back from the end or from `before`: `prev` names the first of them.
+    Back(usize),
 }
 
 /// Refuses what Cairn assigns, with a sentence rather than "unknown field".

@@ -16,8 +16,14 @@ const TOKEN_KEY = "cairn-token";
 const token = sessionStorage.getItem(TOKEN_KEY);
 const headers = token ? { Authorization: `Bearer ${token}` } : {};
 
-const ROW = 120; // px per stage row in the graph
 const ITEM = 44; // px per run or session in the lists
+// The graph, in px: a layer of stages per ROW; in each, the connector bar
+// (BUS_Y), where a branch group's edges fan out (FAN_Y), then the nodes.
+const ROW = 132;
+const BUS_Y = 6;
+const FAN_Y = 18;
+const NODE_TOP = 34;
+const NODE_H = 84;
 const NODE_W = 190;
 const GAP = 16;
 
@@ -25,7 +31,7 @@ const $ = (id) => document.getElementById(id);
 
 /// An element with attributes and children (strings become text nodes).
 function el(tag, attrs = {}, ...children) {
-  const svg = ["svg", "line"].includes(tag);
+  const svg = ["svg", "line", "path"].includes(tag);
   const e = svg ? document.createElementNS("http://www.w3.org/2000/svg", tag) : document.createElement(tag);
   for (const [k, v] of Object.entries(attrs)) {
     if (v === undefined || v === null || v === false) continue;
@@ -184,19 +190,24 @@ async function loadLists() {
 
 // ---------------------------------------------------------------- a run
 
-/// The rows of the graph: one per stage in the order they ran; a branch
-/// group's row holds its branches.
+/// The graph of a run: one unit per stage (a branch group's holds its
+/// branches side by side), in layers by the longest path from a root
+/// (stages of one layer side by side), each placed under the stage whose
+/// output it forks. The edges are the pipeline's (`graph`); a run whose
+/// stored file no longer parses has none, and its stages follow each other
+/// in the order they ran. Linear in the stages, but for sorting each layer.
 function layout(d) {
-  const order = [];
-  const byName = new Map();
+  const rows = new Map(); // stage -> {group, branches}
+  const ran = [];
   for (const s of d.stages) {
-    if (!byName.has(s.stage)) {
-      byName.set(s.stage, { name: s.stage, group: null, branches: [] });
-      order.push(byName.get(s.stage));
+    let r = rows.get(s.stage);
+    if (!r) {
+      r = { group: null, branches: [] };
+      rows.set(s.stage, r);
+      ran.push(s.stage);
     }
-    const row = byName.get(s.stage);
-    if (s.branch === "") row.group = s;
-    else row.branches.push(s);
+    if (s.branch === "") r.group = s;
+    else r.branches.push(s);
   }
   const events = new Map(); // "stage/branch" -> events
   for (const e of d.events) {
@@ -205,19 +216,102 @@ function layout(d) {
     if (!events.has(key)) events.set(key, []);
     events.get(key).push(e);
   }
-  for (const row of order) {
-    const mine = events.get(`${row.name}/`) || [];
-    const won = [...mine, ...row.branches.flatMap((b) => events.get(`${row.name}/${b.branch}`) || [])].filter((e) => e.kind === "won").pop();
-    row.winner = won ? (won.data && won.data.branch) || won.branch : null;
-    row.wonDetail = won ? won.detail : null;
-    row.nodes = row.branches.length ? row.branches : [row.group];
+  const edges = d.graph || ran.map((stage, i) => ({ stage, after: i ? [ran[i - 1]] : [] }));
+  const units = [];
+  const byName = new Map();
+  const add = (name, after) => {
+    if (byName.has(name)) return;
+    const u = { name, after, parents: [], children: [], kids: [] };
+    byName.set(name, u);
+    units.push(u);
+  };
+  for (const e of edges) add(e.stage, e.after);
+  for (const name of ran) add(name, []); // rows the graph does not name
+  for (const u of units) {
+    const r = rows.get(u.name) || { group: null, branches: [] };
+    u.group = r.group;
+    u.branches = r.branches;
+    const mine = events.get(`${u.name}/`) || [];
+    const won = [...mine, ...u.branches.flatMap((b) => events.get(`${u.name}/${b.branch}`) || [])].filter((e) => e.kind === "won").pop();
+    u.winner = won ? (won.data && won.data.branch) || won.branch : null;
+    u.wonDetail = won ? won.detail : null;
+    // A stage not started yet is drawn as what is to come.
+    u.nodes = u.branches.length ? u.branches : [u.group || { stage: u.name, branch: "", status: "pending", attempts: 0, planned: true }];
+    u.parents = u.after.map((a) => byName.get(a)).filter(Boolean);
+    for (const p of u.parents) p.children.push(u);
   }
-  return { rows: order, events };
+  // Parents first (Kahn's order); a stage left over (a cycle, which no
+  // pipeline that parses has) is taken as a root.
+  const waiting = new Map(units.map((u) => [u, u.parents.length]));
+  const order = units.filter((u) => !u.parents.length);
+  for (let i = 0; i < order.length; i++) {
+    for (const c of order[i].children) {
+      waiting.set(c, waiting.get(c) - 1);
+      if (waiting.get(c) === 0) order.push(c);
+    }
+  }
+  if (order.length < units.length) {
+    const placed = new Set(order);
+    for (const u of units) {
+      if (!placed.has(u)) {
+        u.parents = [];
+        order.push(u);
+      }
+    }
+  }
+  let depth = 0;
+  for (const u of order) {
+    u.layer = 0;
+    for (const p of u.parents) u.layer = Math.max(u.layer, p.layer + 1);
+    depth = Math.max(depth, u.layer);
+    if (u.parents.length) u.parents[0].kids.push(u); // placed under its first parent
+  }
+  // Widths up the tree, then places down it: each unit's span holds its
+  // own nodes and, centred under them, its children's spans.
+  const SLOT = NODE_W + GAP;
+  for (let i = order.length - 1; i >= 0; i--) {
+    const u = order[i];
+    u.own = u.nodes.length * SLOT;
+    u.kidsWidth = u.kids.reduce((w, k) => w + k.width, 0);
+    u.width = Math.max(u.own, u.kidsWidth);
+  }
+  let width = 0;
+  for (const u of order) {
+    if (!u.parents.length) {
+      u.x0 = width;
+      width += u.width;
+    }
+  }
+  const layers = Array.from({ length: units.length ? depth + 1 : 0 }, () => []);
+  for (const u of order) {
+    let x = u.x0 + (u.width - u.kidsWidth) / 2;
+    for (const k of u.kids) {
+      k.x0 = x;
+      x += k.width;
+    }
+    u.center = u.x0 + u.width / 2;
+    const left = u.center - u.own / 2 + GAP / 2;
+    u.boxes = u.nodes.map((s, j) => ({ x: left + j * SLOT, s, unit: u }));
+    for (const b of u.boxes) layers[u.layer].push(b);
+    const winner = u.boxes.find((b) => u.branches.length && b.s.branch === u.winner);
+    // Out from the winner, whose output the next stages fork.
+    u.outX = (winner ? winner.x : u.boxes.length === 1 ? u.boxes[0].x : u.center - NODE_W / 2) + NODE_W / 2;
+    u.inX = u.boxes.length === 1 ? u.boxes[0].x + NODE_W / 2 : u.center;
+  }
+  for (const l of layers) l.sort((a, b) => a.x - b.x);
+  for (const u of order) {
+    u.childMin = u.childMax = u.outX;
+    for (const c of u.children) {
+      u.childMin = Math.min(u.childMin, c.inX);
+      u.childMax = Math.max(u.childMax, c.inX);
+    }
+  }
+  return { units, layers, events, width, height: layers.length * ROW };
 }
 
-function nodeClass(s, row) {
+function nodeClass(s, u) {
   const c = ["node", s.status];
-  if (row.branches.length && row.winner) c.push(s.branch === row.winner ? "winner" : "loser");
+  if (u.branches.length && u.winner) c.push(s.branch === u.winner ? "winner" : "loser");
   if (selected && selected.stage === s.stage && selected.branch === s.branch) c.push("selected");
   return c.join(" ");
 }
@@ -237,40 +331,119 @@ function timeline(s, evs) {
 let graph = null;
 let model = null;
 
-function drawRow(row, i) {
-  const n = row.nodes.length;
-  const width = Math.max(n * (NODE_W + GAP) + GAP, $("dag").clientWidth);
-  const center = width / 2;
-  const left = center - (n * (NODE_W + GAP) - GAP) / 2;
-  const svg = el("svg", { width, height: ROW });
-  const nodes = row.nodes.map((s, j) => {
-    const x = left + j * (NODE_W + GAP);
-    // In from the row above, fanned out to each branch; out to the row below.
-    svg.append(el("line", { x1: center, y1: 0, x2: x + NODE_W / 2, y2: 22 }));
-    if (!row.branches.length || s.branch === row.winner) {
-      svg.append(el("line", { x1: x + NODE_W / 2, y1: 106, x2: center, y2: ROW }));
+function drawNode(b, ox) {
+  const { s, unit: u } = b;
+  const evs = model.events.get(`${s.stage}/${s.branch}`) || [];
+  const lost = evs.filter((e) => e.kind === "lost").pop();
+  const reason = s.planned ? "not started" : s.branch && s.branch === u.winner ? u.wonDetail : lost ? lost.detail : s.error || "";
+  const tag = u.branches.length && u.winner ? (s.branch === u.winner ? "★ won" : "lost") : "";
+  const flag = audit && audit.recommendations.some((r) => r.stage === s.stage) ? "⚑ " : "";
+  return el(
+    "div",
+    {
+      class: nodeClass(s, u),
+      "data-stage": s.stage,
+      "data-branch": s.branch,
+      "data-layer": u.layer,
+      title: reason,
+      style: { left: `${b.x + ox}px`, top: `${u.layer * ROW + NODE_TOP}px` },
+      onclick: () => openStage(s.stage, s.branch),
+    },
+    el("div", { class: "name", text: `${flag}${s.branch ? `${s.stage} [${s.branch}]` : s.stage}` }),
+    el("div", { class: "meta", text: s.planned ? `not started · after ${u.after.join(", ") || "the pipeline's input"}` : `${tag ? tag + " · " : ""}${s.status} · ${s.attempts} attempt(s)${s.metric !== null && s.metric !== undefined ? " · " + s.metric : ""}` }),
+    el("div", { class: "meta", text: s.planned ? "" : reason }),
+    s.planned ? null : timeline(s, evs),
+  );
+}
+
+/// The graph, drawing only the nodes in view (and the edges into them)
+/// however many stages and layers the run has.
+class DagView {
+  constructor(container) {
+    this.container = container;
+    this.spacer = container.querySelector(".spacer");
+    this.layer = container.appendChild(el("div"));
+    this.model = null;
+    this.queued = false;
+    container.addEventListener("scroll", () => this.schedule());
+    window.addEventListener("resize", () => this.schedule());
+  }
+  set(m) {
+    this.model = m;
+    this.spacer.style.width = `${m.width}px`;
+    this.spacer.style.height = `${m.height}px`;
+    this.draw();
+  }
+  schedule() {
+    if (this.queued) return;
+    this.queued = true;
+    requestAnimationFrame(() => {
+      this.queued = false;
+      this.draw();
+    });
+  }
+  /// Back to the top, the first stage in the middle of the view.
+  home() {
+    const root = this.model && this.model.units.find((u) => !u.parents.length);
+    const c = this.container;
+    c.scrollTop = 0;
+    c.scrollLeft = root ? Math.max(0, root.center - c.clientWidth / 2) : 0;
+    this.draw();
+  }
+  draw() {
+    const m = this.model;
+    if (!m) return;
+    const c = this.container;
+    // Narrower than the view: centred in it.
+    const ox = Math.max(0, (c.clientWidth - m.width) / 2);
+    const left = c.scrollLeft - ox - NODE_W;
+    const right = c.scrollLeft - ox + c.clientWidth + NODE_W;
+    const first = Math.max(0, Math.floor(c.scrollTop / ROW) - 1);
+    const last = Math.min(m.layers.length - 1, Math.floor((c.scrollTop + c.clientHeight) / ROW) + 1);
+    const nodes = [];
+    const shown = new Set();
+    for (let l = first; l <= last; l++) {
+      const boxes = m.layers[l];
+      let lo = 0;
+      let hi = boxes.length;
+      while (lo < hi) {
+        const mid = (lo + hi) >> 1;
+        if (boxes[mid].x + NODE_W < left) lo = mid + 1;
+        else hi = mid;
+      }
+      for (let i = lo; i < boxes.length && boxes[i].x <= right; i++) {
+        nodes.push(drawNode(boxes[i], ox));
+        shown.add(boxes[i].unit);
+      }
     }
-    const evs = model.events.get(`${s.stage}/${s.branch}`) || [];
-    const lost = evs.filter((e) => e.kind === "lost").pop();
-    const reason = s.branch === row.winner ? row.wonDetail : lost ? lost.detail : s.error || "";
-    const tag = row.branches.length && row.winner ? (s.branch === row.winner ? "★ won" : "lost") : "";
-    return el(
-      "div",
-      {
-        class: nodeClass(s, row),
-        "data-stage": s.stage,
-        "data-branch": s.branch,
-        title: reason,
-        style: { left: `${x}px` },
-        onclick: () => openStage(s.stage, s.branch),
-      },
-      el("div", { class: "name", text: `${audit && audit.recommendations.some((r) => r.stage === s.stage) ? "⚑ " : ""}${s.branch ? `${s.stage} [${s.branch}]` : s.stage}` }),
-      el("div", { class: "meta", text: `${tag ? tag + " · " : ""}${s.status} · ${s.attempts} attempt(s)${s.metric !== null && s.metric !== undefined ? " · " + s.metric : ""}` }),
-      el("div", { class: "meta", text: reason }),
-      timeline(s, evs),
-    );
-  });
-  return el("div", { class: "row", style: { width: `${width}px` }, "data-row": row.name }, svg, nodes);
+    // The edges, in the graph's own coordinates, within a box around the view.
+    const vx = left - NODE_W;
+    const vw = right - left + 2 * NODE_W;
+    const vy = first * ROW;
+    const vh = (last - first + 1) * ROW;
+    const clip = (x) => Math.min(Math.max(x, vx), vx + vw);
+    const svg = el("svg", { width: Math.max(vw, 1), height: Math.max(vh, 1), viewBox: `${vx} ${vy} ${Math.max(vw, 1)} ${Math.max(vh, 1)}`, class: "edges", style: { left: `${vx + ox}px`, top: `${vy}px` } });
+    for (const u of shown) {
+      const top = u.layer * ROW;
+      const fanned = u.boxes.length > 1;
+      for (const p of u.parents) {
+        const from = `${p.outX},${p.layer * ROW + NODE_TOP + NODE_H}`;
+        const to = fanned ? top + FAN_Y : top + NODE_TOP;
+        svg.append(el("path", { class: "edge", "data-from": p.name, "data-to": u.name, d: `M${from} V${top + BUS_Y} H${u.inX} V${to}` }));
+      }
+      if (fanned) {
+        for (const b of u.boxes) {
+          svg.append(el("line", { class: "fan", x1: u.center, y1: top + FAN_Y, x2: b.x + NODE_W / 2, y2: top + NODE_TOP }));
+        }
+      }
+      // Down to the bar its children hang from, which may reach out of view.
+      if (u.children.length) {
+        const bar = (u.layer + 1) * ROW + BUS_Y;
+        svg.append(el("path", { class: "bus", "data-from": u.name, d: `M${u.outX},${top + NODE_TOP + NODE_H} V${bar} M${clip(u.childMin)},${bar} H${clip(u.childMax)}` }));
+      }
+    }
+    this.layer.replaceChildren(svg, ...nodes);
+  }
 }
 
 async function openRun(id) {
@@ -279,6 +452,7 @@ async function openRun(id) {
   location.hash = `#/run/${id}`;
   runList.draw();
   await refreshRun();
+  if (graph) graph.home();
   fill($("detail"), el("p", { class: "muted", text: "Click a stage to see its log, artifacts and snapshots." }));
 }
 
@@ -304,8 +478,8 @@ async function refreshRun() {
     audit.recommendations.length ? el("div", { class: "advice", text: `${audit.recommendations.length} piece(s) of advice: see the stages marked ⚑` }) : null,
   );
   model = layout(detail);
-  if (!graph) graph = new VirtualList($("dag"), ROW, drawRow);
-  graph.set(model.rows);
+  if (!graph) graph = new DagView($("dag"));
+  graph.set(model);
   if (selected) openStage(selected.stage, selected.branch, false);
 }
 
@@ -332,7 +506,10 @@ async function openStage(stage, branch, scroll = true) {
   selected = { stage, branch };
   if (graph) graph.draw();
   const s = detail.stages.find((x) => x.stage === stage && x.branch === branch);
-  if (!s) return;
+  if (!s) {
+    fill($("detail"), el("h3", { text: stage }), el("p", { class: "muted", text: "This stage has not started yet." }));
+    return;
+  }
   const evs = (model.events.get(`${stage}/${branch}`) || []).slice();
   const failure = evs
     .filter((e) => e.data && (e.data.type === "stage-failed" || e.data.type === "dead"))
@@ -382,54 +559,80 @@ async function openStage(stage, branch, scroll = true) {
 
 // ---------------------------------------------------------------- a session
 
-/// A session: its context log (the newest entries) beside the snapshots
-/// its log records, each with the command that restores it.
+/// Entries a read of a session's log asks for.
+const LOG_PAGE = 200;
+
+/// A session: its context log (the newest entries, and older ones a page
+/// at a time) beside the snapshots its log records, each with the command
+/// that restores it.
 async function openSession(id) {
   let s, page;
+  const path = `/v1/sessions/${encodeURIComponent(id)}`;
   try {
-    s = await json(`/v1/sessions/${encodeURIComponent(id)}`);
-    page = await json(`/v1/sessions/${encodeURIComponent(id)}/log?tail=200`);
+    s = await json(path);
+    page = await json(`${path}/log?tail=${LOG_PAGE}`);
   } catch (e) {
     showError(e.message);
     return;
   }
-  const entries = page.entries || [];
+  const shown = { entries: page.entries || [], prev: page.prev };
   const clip = (t) => (t && t.length > 400 ? `${t.slice(0, 400)}…` : t || "");
-  const log = el(
-    "table",
-    { id: "session-log" },
-    entries.map((e) =>
+  const log = el("table", { id: "session-log" });
+  const timeline = el("table", { id: "session-snapshots" });
+  const logHead = el("h4");
+  const snapHead = el("h4");
+  const none = el("p", { class: "muted", text: "none in these entries" });
+  const older = el("button", { id: "session-older", text: "older entries", onclick: () => loadOlder() });
+  const render = () => {
+    const entries = shown.entries;
+    fill(log, entries.map((e) =>
       el(
         "tr",
-        { class: `entry ${e.kind}` },
+        { class: `entry ${e.kind}`, "data-seq": e.seq },
         el("td", { text: String(e.seq) }),
         el("td", { text: e.role || e.tool || e.kind }),
         el("td", { text: clip(e.content || e.result || (e.arguments ? JSON.stringify(e.arguments) : "")) }),
       ),
-    ),
-  );
-  const snaps = entries.filter((e) => e.snapshot_id);
-  const timeline = el(
-    "table",
-    { id: "session-snapshots" },
-    snaps.map((e) =>
+    ));
+    const snaps = entries.filter((e) => e.snapshot_id);
+    fill(timeline, snaps.map((e) =>
       el(
         "tr",
         {},
         el("td", { text: `#${e.seq} ${ago(e.created_at)}` }),
         el("td", {}, el("code", { class: "restore", text: `cairn restore ${e.snapshot_id}` })),
       ),
-    ),
-  );
+    ));
+    logHead.textContent = shown.prev ? `Context log (last ${entries.length})` : `Context log (all ${entries.length})`;
+    snapHead.textContent = `Snapshots (${snaps.length})`;
+    none.hidden = snaps.length > 0;
+    older.hidden = !shown.prev;
+  };
+  // The page before the oldest entry shown, put above it.
+  const loadOlder = async () => {
+    if (!shown.prev || older.disabled) return;
+    older.disabled = true;
+    try {
+      const before = await json(`${path}/log?before=${shown.prev}&limit=${LOG_PAGE}`);
+      shown.entries = [...(before.entries || []), ...shown.entries];
+      shown.prev = before.prev;
+      render();
+    } catch (e) {
+      showError(e.message);
+    } finally {
+      older.disabled = false;
+    }
+  };
+  render();
   fill($("detail"),
     el("h3", { text: `session ${s.name || s.id}` }),
-    el("div", {}, el("span", { class: `badge ${s.state}`, text: s.state }), ` · ${s.head_seq} entries · image ${s.image} · ${s.driver}`),
+    el("div", {}, el("span", { class: `badge ${s.state}`, text: s.state }), ` · head at entry ${s.head_seq} · image ${s.image} · ${s.driver}`),
     s.error ? el("div", { class: "error", text: s.error }) : null,
     el(
       "div",
       { class: "beside" },
-      el("div", {}, el("h4", { text: `Context log (last ${entries.length})` }), log),
-      el("div", {}, el("h4", { text: `Snapshots (${snaps.length})` }), snaps.length ? timeline : el("p", { class: "muted", text: "none in these entries" })),
+      el("div", {}, logHead, older, log),
+      el("div", {}, snapHead, timeline, none),
     ),
   );
 }

@@ -9,7 +9,8 @@
 //! it; `decide` asks a model at a decide
 //! stage and records its answer, which `decision` checks; `queued` is a
 //! run through the shared stage queue (a worker's side and the enqueuer's);
-//! `audit` reads a run's events back as where its time and bytes went.
+//! `audit` reads a run's events back as where its time and bytes went;
+//! `graph` gives a run's stages with the stage each one comes after.
 
 pub mod approval;
 pub mod artifacts;
@@ -17,6 +18,7 @@ pub mod audit;
 mod branches;
 mod decide;
 pub mod decision;
+pub mod graph;
 pub mod lineage;
 mod output;
 mod queued;

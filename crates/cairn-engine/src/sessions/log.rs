@@ -207,6 +207,8 @@ pub enum Order {
     Ascending { from: u64 },
     /// The newest first.
     Descending,
+    /// The newest below a seq first (paging back through a long log).
+    Below { before: u64 },
 }
 
 const ENTRY_COLUMNS: &str = "seq, version, kind, role, content, content_ref, tool, arguments, result, result_ref, \
@@ -352,18 +354,19 @@ impl Db {
         let mut out = Vec::new();
         let ordered: Vec<&Segment> = match order {
             Order::Ascending { .. } => segments.iter().collect(),
-            Order::Descending => segments.iter().rev().collect(),
+            Order::Descending | Order::Below { .. } => segments.iter().rev().collect(),
         };
         self.with(|b| {
             for s in ordered {
                 if out.len() >= limit {
                     break;
                 }
-                let (lo, dir) = match order {
-                    Order::Ascending { from } => (s.lo.max(from.saturating_sub(1)), "ASC"),
-                    Order::Descending => (s.lo, "DESC"),
+                let (lo, hi, dir) = match order {
+                    Order::Ascending { from } => (s.lo.max(from.saturating_sub(1)), s.hi, "ASC"),
+                    Order::Descending => (s.lo, s.hi, "DESC"),
+                    Order::Below { before } => (s.lo, s.hi.min(before.saturating_sub(1)), "DESC"),
                 };
-                if lo >= s.hi {
+                if lo >= hi {
                     continue;
                 }
                 let sql = format!(
@@ -373,7 +376,7 @@ impl Db {
                 let mut p = vec![
                     Value::from(s.session.as_str()),
                     Value::from(lo),
-                    Value::from(s.hi),
+                    Value::from(hi),
                     Value::from((limit - out.len()) as u64),
                 ];
                 p.extend(base.iter().cloned());

@@ -35,6 +35,8 @@ pub enum LogRange {
     From { from: u64, count: usize },
     /// The last `n` entries.
     Tail(usize),
+    /// The last `count` entries before seq `before` (paging back).
+    Before { before: u64, count: usize },
 }
 
 /// What an exec in a session did.
@@ -420,6 +422,13 @@ impl Engine {
             }
             LogRange::Tail(n) => {
                 let mut v = self.db.read_entries(&segments, &hidden, Order::Descending, n, false)?;
+                v.reverse();
+                v
+            }
+            LogRange::Before { before, count } => {
+                let mut v = self
+                    .db
+                    .read_entries(&segments, &hidden, Order::Below { before }, count, false)?;
                 v.reverse();
                 v
             }

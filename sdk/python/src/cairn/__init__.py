@@ -10,8 +10,9 @@ from .client import Client, ExecStream, SessionExecStream
 from .errors import (BadRequest, CairnError, Conflict, ConnectError, NotFound, TooLarge, Unauthorized,
                      Unavailable)
 from .models import (Artifact, BadEntry, DeadLetter, Event, ExecResult, FileStat, ForkResult, Health, Image,
-                     LogEntry, Output, RecoverResult, ReplayedCall, Rewind, Run, RunDetail, RunEvent, Sandbox,
-                     Session, SessionExecResult, Snapshot, SnapshotDetail, Stage, Verification)
+                     LogEntry, Output, Recommendation, RecoverResult, ReplayedCall, Rewind, Run, RunAudit, RunDetail,
+                     RunEvent, Sandbox, Session, SessionExecResult, Snapshot, SnapshotDetail, Stage, StageAudit,
+                     StageEdges, Verification)
 
 __version__ = "0.1.0"
 
@@ -20,7 +21,8 @@ __all__ = [
     "Sandbox", "AsyncSandbox",
     "CairnError", "BadRequest", "Unauthorized", "NotFound", "Conflict", "TooLarge", "Unavailable", "ConnectError",
     "Artifact", "DeadLetter", "Event", "ExecResult", "FileStat", "ForkResult", "Health", "Image", "Output", "Run",
-    "RunDetail", "RunEvent", "Snapshot", "SnapshotDetail", "Stage",
+    "RunDetail", "RunEvent", "Snapshot", "SnapshotDetail", "Stage", "StageEdges", "RunAudit", "StageAudit",
+    "Recommendation",
     "Session", "LogEntry", "SessionExecResult", "Rewind", "Verification", "BadEntry", "RecoverResult",
     "ReplayedCall",
 ]

@@ -16,8 +16,8 @@ from . import errors
 from ._sse import aevents
 from .client import _STARTED, _entry_body, _log_params
 from .models import (DeadLetter, Event, ExecResult, FileStat, ForkResult, Health, Image, LogEntry, Output,
-                     RecoverResult, Rewind, Run, RunDetail, Sandbox, Session, SessionExecResult, Snapshot, SnapshotDetail,
-                     Verification)
+                     RecoverResult, Rewind, Run, RunAudit, RunDetail, Sandbox, Session, SessionExecResult, Snapshot,
+                     SnapshotDetail, Verification)
 
 
 @dataclass
@@ -486,9 +486,9 @@ class AsyncRuns:
         params = {k: v for k, v in (("branch", branch), ("tail_bytes", tail_bytes)) if v}
         return (await self._c._send("GET", f"/v1/runs/{cfg.ident(id)}/logs/{stage}", params=params or None)).text
 
-    async def audit(self, id: Any) -> Dict[str, Any]:
+    async def audit(self, id: Any) -> RunAudit:
         """Where the run's time and bytes went, per stage, with advice (`cairn audit --json`)."""
-        return await self._c._json("GET", f"/v1/runs/{cfg.ident(id)}/audit")
+        return RunAudit.from_dict(await self._c._json("GET", f"/v1/runs/{cfg.ident(id)}/audit"))
 
 
 class AsyncArtifacts:
@@ -567,13 +567,13 @@ class AsyncSessions:
         return LogEntry.from_dict(await self._c._json("POST", self._path(id, "/entries"), json=body))
 
     async def log(self, id: Any, *, from_: Optional[int] = None, limit: Optional[int] = None,
-                  tail: Optional[int] = None) -> List[LogEntry]:
-        params = _log_params(from_, limit, tail)
+                  tail: Optional[int] = None, before: Optional[int] = None) -> List[LogEntry]:
+        params = _log_params(from_, limit, tail, before)
         out: List[LogEntry] = []
         while True:
             page = await self._c._json("GET", self._path(id, "/log"), params=params)
             out.extend(LogEntry.from_dict(e) for e in page.get("entries", []))
-            if tail is not None or limit is not None or not page.get("next"):
+            if tail is not None or limit is not None or before is not None or not page.get("next"):
                 return out
             params["from"] = page["next"]
 

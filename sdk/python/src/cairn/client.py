@@ -12,8 +12,8 @@ from . import _config as cfg
 from . import errors
 from ._sse import events as sse_events
 from .models import (Artifact, DeadLetter, Event, ExecResult, FileStat, ForkResult, Health, Image, LogEntry,
-                     Output, RecoverResult, Rewind, Run, RunDetail, Sandbox, Session, SessionExecResult,
-                     Snapshot, SnapshotDetail, Verification)
+                     Output, RecoverResult, Rewind, Run, RunAudit, RunDetail, Sandbox, Session,
+                     SessionExecResult, Snapshot, SnapshotDetail, Verification)
 
 
 class Client:
@@ -445,9 +445,9 @@ class Runs:
         params = {k: v for k, v in (("branch", branch), ("tail_bytes", tail_bytes)) if v}
         return self._c._send("GET", f"/v1/runs/{cfg.ident(id)}/logs/{stage}", params=params or None).text
 
-    def audit(self, id: Any) -> Dict[str, Any]:
+    def audit(self, id: Any) -> RunAudit:
         """Where the run's time and bytes went, per stage, with advice (`cairn audit --json`)."""
-        return self._c._json("GET", f"/v1/runs/{cfg.ident(id)}/audit")
+        return RunAudit.from_dict(self._c._json("GET", f"/v1/runs/{cfg.ident(id)}/audit"))
 
 
 class Artifacts:
@@ -506,11 +506,17 @@ def _entry_body(kind: str, content: Optional[str], role: Optional[str], tool: Op
     return body
 
 
-def _log_params(from_: Optional[int], limit: Optional[int], tail: Optional[int]) -> Dict[str, Any]:
-    if tail is not None and (from_ is not None or limit is not None):
-        raise ValueError("give tail alone, or from_ and limit")
-    params = {"tail": tail} if tail is not None else {"from": from_ or 1, "limit": limit or 1000}
-    return params
+def _log_params(from_: Optional[int], limit: Optional[int], tail: Optional[int],
+                before: Optional[int] = None) -> Dict[str, Any]:
+    if tail is not None and (from_ is not None or limit is not None or before is not None):
+        raise ValueError("give tail alone, from_ and limit, or before and limit")
+    if before is not None and from_ is not None:
+        raise ValueError("give before and limit, or from_ and limit")
+    if tail is not None:
+        return {"tail": tail}
+    if before is not None:
+        return {"before": before, "limit": limit or 1000}
+    return {"from": from_ or 1, "limit": limit or 1000}
 
 
 class Sessions:
@@ -552,15 +558,16 @@ class Sessions:
         return LogEntry.from_dict(self._c._json("POST", self._path(id, "/entries"), json=body))
 
     def log(self, id: Any, *, from_: Optional[int] = None, limit: Optional[int] = None,
-            tail: Optional[int] = None) -> List[LogEntry]:
+            tail: Optional[int] = None, before: Optional[int] = None) -> List[LogEntry]:
         """The live log: the last `tail` entries; `limit` entries from `from_`;
-        or, with neither limit nor tail, every entry from `from_` (default 1)."""
-        params = _log_params(from_, limit, tail)
+        the last `limit` (default 1000) before seq `before`; or, with none of
+        limit, tail and before, every entry from `from_` (default 1)."""
+        params = _log_params(from_, limit, tail, before)
         out: List[LogEntry] = []
         while True:
             page = self._c._json("GET", self._path(id, "/log"), params=params)
             out.extend(LogEntry.from_dict(e) for e in page.get("entries", []))
-            if tail is not None or limit is not None or not page.get("next"):
+            if tail is not None or limit is not None or before is not None or not page.get("next"):
                 return out
             params["from"] = page["next"]
 

@@ -279,14 +279,83 @@ class Artifact(Model):
 
 
 @dataclass
+class StageEdges(Model):
+    """A stage of a run's pipeline and the stages whose output it forks
+    (one at most today; none when it starts from the pipeline's snapshot
+    or image)."""
+
+    stage: str
+    after: List[str] = field(default_factory=list)
+
+
+@dataclass
 class RunDetail(Model):
     run: Run
     stages: List[Stage] = field(default_factory=list)
     events: List[RunEvent] = field(default_factory=list)
     artifacts: List[Artifact] = field(default_factory=list)
+    # Every stage of the pipeline with what it comes after, parents first;
+    # None when the file the run stored no longer parses.
+    graph: Optional[List[StageEdges]] = None
 
     _nested = {"run": (Run, False), "stages": (Stage, True), "events": (RunEvent, True),
-               "artifacts": (Artifact, True)}
+               "artifacts": (Artifact, True), "graph": (StageEdges, True)}
+
+
+@dataclass
+class StageAudit(Model):
+    """One stage's costs (one branch's, in a group): milliseconds summed
+    over its attempts, None where its events do not say."""
+
+    stage: str
+    branch: str
+    status: str
+    attempts: int = 0
+    # Its output came from a completed stage key.
+    reused: bool = False
+    wall_ms: Optional[int] = None
+    # Making sandboxes and writing edits.
+    setup_ms: Optional[int] = None
+    # The stage's commands.
+    compute_ms: Optional[int] = None
+    restore_ms: Optional[int] = None
+    snapshot_ms: Optional[int] = None
+    checkpoints: int = 0
+    checkpoint_ms: int = 0
+    # Bytes the output snapshot stored anew.
+    state_bytes: Optional[int] = None
+    checkpoint_bytes: int = 0
+    artifact_bytes: int = 0
+    retries: int = 0
+    # Work failed attempts did that no checkpoint kept.
+    lost_ms: Optional[int] = None
+    # Work retries did not redo because they restored a checkpoint.
+    saved_ms: int = 0
+
+
+@dataclass
+class Recommendation(Model):
+    """Advice about one stage; `kind` is `checkpoint`, `snapshot-state` or `share-prefix`."""
+
+    stage: str
+    kind: str
+    advice: str
+
+
+@dataclass
+class RunAudit(Model):
+    """Where a run's time and bytes went, stage by stage, and the advice
+    that applies (`cairn audit --json`)."""
+
+    run: str
+    pipeline: str
+    status: str
+    stages: List[StageAudit] = field(default_factory=list)
+    recommendations: List[Recommendation] = field(default_factory=list)
+    # What the audit could not read.
+    notes: List[str] = field(default_factory=list)
+
+    _nested = {"stages": (StageAudit, True), "recommendations": (Recommendation, True)}
 
 
 @dataclass
