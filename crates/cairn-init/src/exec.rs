@@ -1,19 +1,27 @@
 //! Running a process for the host: streamed output, stdin, signals, timeout.
+//!
+//! A foreground exec is a state machine ([`Exec`]) driven by the serving
+//! loop ([`crate::hub`]), which polls every exec's pipes and connection in
+//! one thread: no thread is started for a command, so a command that uses
+//! up the sandbox's process limit (a fork bomb) never leaves init unable to
+//! serve it or the next one. Every descriptor here is non-blocking; what the
+//! host has not taken yet is held (up to [`OUT_HELD`]), and the command's
+//! pipes are not read meanwhile, so a slow host slows its own command as a
+//! full pipe would, and nobody else's.
 
 use std::fs::File;
-use std::io::{self, BufReader, ErrorKind, Read, Write};
-use std::os::fd::{AsFd, AsRawFd, OwnedFd};
+use std::io::{self, ErrorKind, Read, Write};
+use std::os::fd::{AsRawFd, RawFd};
 use std::os::unix::net::UnixStream;
 use std::sync::mpsc::Receiver;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use cairn_protocol::{
-    encode_frame, read_frame, write_frame, ExecRequest, ExitStatus, FrameError, FromInit, SpawnErrorKind, ToInit,
-    DATA_CHUNK,
+    decode_payload, encode_frame, ExecRequest, ExitStatus, FrameError, FromInit, SpawnErrorKind, ToInit, DATA_CHUNK,
+    MAX_FRAME_LEN,
 };
 use nix::fcntl::{fcntl, FcntlArg, OFlag};
-use nix::poll::{poll, PollFd, PollFlags, PollTimeout};
 use nix::sys::signal::{killpg, Signal};
 use nix::unistd::Pid;
 
@@ -29,27 +37,87 @@ pub(crate) const DRAIN_GRACE: Duration = Duration::from_millis(250);
 /// frames wait.
 const STDIN_HELD: usize = 4 * DATA_CHUNK;
 
-pub fn run(
+/// Output held for a host that is not reading before the command's pipes
+/// wait.
+pub(crate) const OUT_HELD: usize = 2 * DATA_CHUNK;
+
+/// The most bytes of frames from the host read in one go.
+pub(crate) const HOST_READ: usize = 64 << 10;
+
+/// One foreground exec: its command, and the connection it answers on.
+pub struct Exec {
+    host: UnixStream,
+    /// Frames from the host not yet handled (at most one frame past what is
+    /// complete: see [`Exec::wants_host`]).
+    host_in: Vec<u8>,
+    /// False once the host hung up (or broke the protocol): stdin ends.
+    host_open: bool,
+    /// Frames for the host not yet written.
+    out: Vec<u8>,
+    /// Set once a write to the host failed: output is drained and dropped.
+    host_gone: bool,
+    pid: i32,
+    exited: Receiver<ExitStatus>,
+    pipes: [Option<File>; 2],
+    stdin: Option<File>,
+    /// Stdin the pipe has not taken yet.
+    pending: Vec<u8>,
+    stdin_eof: bool,
+    deadline: Option<Instant>,
+    timed_out: bool,
+    status: Option<ExitStatus>,
+    drain_until: Option<Instant>,
+    /// Set once `Exited` is queued: late output is dropped, and the exec is
+    /// over once the host has it.
+    finished: bool,
+    /// Dropped with the exec: the quiesce waits for it.
+    _live: Arc<Live>,
+}
+
+/// What an exec wants polled; the loop reports back what is ready.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Interest {
+    Stdout,
+    Stderr,
+    Stdin,
+    HostIn,
+    HostOut,
+}
+
+/// What became of a request to run a command.
+pub enum Begun {
+    /// A foreground command is running; follow it.
+    Running(Box<Exec>),
+    /// Answered at once (detached, refused, failed to start): write these
+    /// frames and close.
+    Answered((UnixStream, Vec<u8>)),
+}
+
+/// Starts `req`. `welcome` is the encoded welcome, sent in the same write
+/// as the answer.
+pub fn begin(
     req: ExecRequest,
-    reader: BufReader<UnixStream>,
-    mut writer: UnixStream,
+    host: UnixStream,
+    host_in: Vec<u8>,
+    mut welcome: Vec<u8>,
     reaper: &Reaper,
     live: Arc<Live>,
-) -> Result<(), FrameError> {
+) -> Begun {
+    let answer = |host: UnixStream, mut out: Vec<u8>, msg: &FromInit| {
+        append(&mut out, msg);
+        Begun::Answered((host, out))
+    };
     if req.argv.is_empty() {
-        write_frame(&mut writer, &FromInit::Error("no command given".into()))?;
-        return Ok(());
+        return answer(host, welcome, &FromInit::Error("no command given".into()));
     }
     let cwd = req.cwd.as_deref().unwrap_or("/");
     if !std::path::Path::new(cwd).is_dir() {
         let message = format!("working directory {cwd} does not exist in the sandbox");
-        return write_frame(
-            &mut writer,
-            &FromInit::SpawnFailed {
-                kind: SpawnErrorKind::Other,
-                message,
-            },
-        );
+        let failed = FromInit::SpawnFailed {
+            kind: SpawnErrorKind::Other,
+            message,
+        };
+        return answer(host, welcome, &failed);
     }
     if req.detach {
         let name = req.argv.join(" ");
@@ -60,290 +128,266 @@ pub fn run(
             Ok(pid) => FromInit::Started { pid },
             Err(e) => spawn_failed(&req.argv[0], &e),
         };
-        return write_frame(&mut writer, &reply);
+        return answer(host, welcome, &reply);
     }
-
-    // No thread is started for a foreground command: this connection's
-    // thread polls the command's pipes, the host's frames and the command's
-    // end in one loop. A command that uses up the sandbox's process limit
-    // (a fork bomb) therefore never leaves init unable to serve it.
-    let mut out = Output {
-        stream: Some(writer),
-        closed: false,
-        buf: Vec::new(),
-    };
-    let (exit_rx, exit_tx) = match nix::unistd::pipe2(OFlag::O_CLOEXEC | OFlag::O_NONBLOCK) {
-        Ok(p) => p,
-        Err(e) => return out.send(&spawn_failed(&req.argv[0], &io::Error::from(e))),
-    };
     let stdio = spawn::Stdio::Piped { stdin: req.stdin };
-    let (mut child, pid, exited) = match reaper.spawn_notify(exit_tx, || {
-        spawn::spawn(&req.argv, &req.env, cwd, stdio).map(|c| (c.pid, c))
-    }) {
+    let started = reaper.spawn_polled(|| spawn::spawn(&req.argv, &req.env, cwd, stdio).map(|c| (c.pid, c)));
+    let (mut child, pid, exited) = match started {
         Ok(x) => x,
-        Err(e) => {
-            let sent = out.send(&spawn_failed(&req.argv[0], &e));
-            out.closed = true;
-            return sent;
-        }
+        Err(e) => return answer(host, welcome, &spawn_failed(&req.argv[0], &e)),
     };
-    out.send(&FromInit::Started { pid })?;
-    let status = follow(&mut out, &mut child, pid, &exited, &exit_rx, reader, req.timeout_ms);
-    let sent = out.send(&FromInit::Exited(status));
-    out.closed = true;
-    // A background grandchild may hold the pipes for ever; the connection
-    // must not live as long (a quiesce waits for every connection to end).
-    drop(live);
-    sent
-}
-
-struct Output {
-    /// `None` once the host is gone.
-    stream: Option<UnixStream>,
-    /// Set once `Exited` went out: late output is dropped.
-    closed: bool,
-    buf: Vec<u8>,
-}
-
-impl Output {
-    fn send(&mut self, msg: &FromInit) -> Result<(), FrameError> {
-        let Some(stream) = self.stream.as_mut().filter(|_| !self.closed) else {
-            return Ok(());
-        };
-        encode_frame(msg, &mut self.buf)?;
-        stream.write_all(&self.buf)?;
-        Ok(())
+    let pipes = [child.stdout.take(), child.stderr.take()];
+    let stdin = child.stdin.take();
+    for fd in pipes.iter().flatten().chain(stdin.iter()) {
+        nonblocking(fd.as_raw_fd());
     }
-
-    /// Output for the host; a host that hung up is forgotten, and the pipes
-    /// are drained on regardless, so the command never blocks on them.
-    fn data(&mut self, msg: &FromInit) {
-        if self.send(msg).is_err() {
-            self.stream = None;
-        }
-    }
-}
-
-fn nonblocking(fd: &impl AsFd) {
-    if let Ok(flags) = fcntl(fd.as_fd().as_raw_fd(), FcntlArg::F_GETFL) {
-        let _ = fcntl(
-            fd.as_fd().as_raw_fd(),
-            FcntlArg::F_SETFL(OFlag::from_bits_truncate(flags) | OFlag::O_NONBLOCK),
-        );
-    }
-}
-
-/// Streams the command's output to the host and the host's stdin and
-/// signals to the command until it exited and its pipes closed (or
-/// [`DRAIN_GRACE`] after its exit), killing its group at the timeout.
-fn follow(
-    out: &mut Output,
-    child: &mut spawn::Child,
-    pid: i32,
-    exited: &Receiver<ExitStatus>,
-    exit_rx: &OwnedFd,
-    mut reader: BufReader<UnixStream>,
-    timeout_ms: Option<u64>,
-) -> ExitStatus {
-    let mut pipes: [Option<File>; 2] = [child.stdout.take(), child.stderr.take()];
-    for p in pipes.iter().flatten() {
-        nonblocking(p);
-    }
-    let mut stdin = child.stdin.take();
-    if let Some(s) = &stdin {
-        nonblocking(s);
-    }
-    let mut pending: Vec<u8> = Vec::new();
-    let mut stdin_eof = false;
-    let mut host_open = true;
-    let deadline = timeout_ms.map(|ms| Instant::now() + Duration::from_millis(ms));
-    let mut timed_out = false;
-    let mut status: Option<ExitStatus> = None;
-    let mut drain_until: Option<Instant> = None;
-    let mut buf = vec![0u8; DATA_CHUNK];
-    loop {
-        if status.is_none() {
-            if let Ok(s) = exited.try_recv() {
-                status = Some(s);
-                drain_until = Some(Instant::now() + DRAIN_GRACE);
-                if timed_out {
-                    // Whatever the group left behind goes with it.
-                    let _ = killpg(Pid::from_raw(pid), Signal::SIGKILL);
-                }
-            }
-        }
-        if status.is_some() && (pipes.iter().all(Option::is_none) || drain_until.is_some_and(|d| Instant::now() >= d)) {
-            break;
-        }
-        // Host frames already buffered are handled before waiting.
-        // Stdin the pipe has not taken yet holds the host's frames back.
-        let take_frames = host_open && pending.len() < STDIN_HELD;
-        if take_frames && !reader.buffer().is_empty() {
-            host_open = host_frame(&mut reader, &mut stdin, &mut pending, &mut stdin_eof, pid);
-            continue;
-        }
-        let wait_until = match (drain_until, deadline.filter(|_| !timed_out && status.is_none())) {
-            (Some(d), _) => Some(d),
-            (None, Some(d)) => Some(d),
-            (None, None) => None,
-        };
-        let timeout = match wait_until {
-            Some(t) => {
-                let left = t.saturating_duration_since(Instant::now());
-                PollTimeout::try_from(left.as_millis().min(60_000) as i32 + 1).unwrap_or(PollTimeout::MAX)
-            }
-            None => PollTimeout::NONE,
-        };
-        let (ready, stdin_ready, host_ready, exit_ready) = {
-            let mut fds: Vec<PollFd> = Vec::with_capacity(5);
-            let mut which = Vec::with_capacity(5);
-            for (i, p) in pipes.iter().enumerate() {
-                if let Some(p) = p {
-                    fds.push(PollFd::new(p.as_fd(), PollFlags::POLLIN));
-                    which.push(i);
-                }
-            }
-            let stdin_slot = match (&stdin, pending.is_empty()) {
-                (Some(s), false) => {
-                    fds.push(PollFd::new(s.as_fd(), PollFlags::POLLOUT));
-                    Some(fds.len() - 1)
-                }
-                _ => None,
-            };
-            let host_slot = take_frames.then(|| {
-                fds.push(PollFd::new(reader.get_ref().as_fd(), PollFlags::POLLIN));
-                fds.len() - 1
-            });
-            let exit_slot = status.is_none().then(|| {
-                fds.push(PollFd::new(exit_rx.as_fd(), PollFlags::POLLIN));
-                fds.len() - 1
-            });
-            match poll(&mut fds, timeout) {
-                Ok(_) => {}
-                Err(nix::errno::Errno::EINTR) => continue,
-                Err(_) => std::thread::sleep(Duration::from_millis(1)),
-            }
-            let hit = |i: usize| fds[i].revents().is_some_and(|r| !r.is_empty());
-            let ready: Vec<usize> = which
-                .iter()
-                .enumerate()
-                .filter(|(slot, _)| hit(*slot))
-                .map(|(_, i)| *i)
-                .collect();
-            (
-                ready,
-                stdin_slot.is_some_and(hit),
-                host_slot.is_some_and(hit),
-                exit_slot.is_some_and(hit),
-            )
-        };
-        if exit_ready {
-            let mut byte = [0u8; 8];
-            let _ = nix::unistd::read(exit_rx.as_raw_fd(), &mut byte);
-        }
-        for i in ready {
-            let Some(p) = pipes[i].as_mut() else { continue };
-            match p.read(&mut buf) {
-                Ok(0) => pipes[i] = None,
-                Ok(n) => {
-                    let data = buf[..n].to_vec();
-                    out.data(&if i == 0 {
-                        FromInit::Stdout(data)
-                    } else {
-                        FromInit::Stderr(data)
-                    });
-                }
-                Err(e) if matches!(e.kind(), ErrorKind::Interrupted | ErrorKind::WouldBlock) => {}
-                Err(_) => pipes[i] = None,
-            }
-        }
-        if stdin_ready {
-            write_pending(&mut stdin, &mut pending);
-        }
-        if stdin_eof && pending.is_empty() {
-            stdin = None;
-        }
-        if host_ready {
-            host_open = host_frame(&mut reader, &mut stdin, &mut pending, &mut stdin_eof, pid);
-        }
-        if !timed_out && status.is_none() && deadline.is_some_and(|d| Instant::now() >= d) {
-            timed_out = true;
-            let _ = killpg(Pid::from_raw(pid), Signal::SIGKILL);
-        }
-    }
-    let mut status = status.unwrap_or(ExitStatus {
-        code: None,
-        signal: None,
+    append(&mut welcome, &FromInit::Started { pid });
+    Begun::Running(Box::new(Exec {
+        host,
+        host_in,
+        host_open: true,
+        out: welcome,
+        host_gone: false,
+        pid,
+        exited,
+        pipes,
+        stdin,
+        pending: Vec::new(),
+        stdin_eof: false,
+        deadline: req.timeout_ms.map(|ms| Instant::now() + Duration::from_millis(ms)),
         timed_out: false,
-    });
-    status.timed_out = timed_out;
-    status
+        status: None,
+        drain_until: None,
+        finished: false,
+        _live: live,
+    }))
 }
 
-/// Writes what the host sent for stdin as far as the pipe takes it.
-fn write_pending(stdin: &mut Option<File>, pending: &mut Vec<u8>) {
-    let Some(s) = stdin.as_mut() else {
-        pending.clear();
-        return;
-    };
-    while !pending.is_empty() {
-        match s.write(pending) {
+/// Appends `msg` as a frame to `out`.
+pub(crate) fn append(out: &mut Vec<u8>, msg: &FromInit) {
+    let mut frame = Vec::new();
+    // Init's own frames always encode: they are small or DATA_CHUNK bounded.
+    if encode_frame(msg, &mut frame).is_ok() {
+        out.extend_from_slice(&frame);
+    }
+}
+
+/// Makes `fd`, a pipe end or socket init made with no other status flag
+/// (so there is none to keep), non-blocking: one system call.
+pub(crate) fn nonblocking(fd: RawFd) {
+    let _ = fcntl(fd, FcntlArg::F_SETFL(OFlag::O_NONBLOCK));
+}
+
+impl Exec {
+    /// The descriptors to poll and for what (`true`: writable), and when
+    /// the exec next needs the loop even if nothing is ready.
+    pub fn interests(&self, mut add: impl FnMut(RawFd, bool, Interest)) -> Option<Instant> {
+        if !self.finished && (self.host_gone || self.out.len() < OUT_HELD) {
+            for (pipe, which) in self.pipes.iter().zip([Interest::Stdout, Interest::Stderr]) {
+                if let Some(p) = pipe {
+                    add(p.as_raw_fd(), false, which);
+                }
+            }
+        }
+        if let (Some(s), false) = (&self.stdin, self.pending.is_empty()) {
+            add(s.as_raw_fd(), true, Interest::Stdin);
+        }
+        if self.wants_host() {
+            add(self.host.as_raw_fd(), false, Interest::HostIn);
+        }
+        if !self.out.is_empty() && !self.host_gone {
+            add(self.host.as_raw_fd(), true, Interest::HostOut);
+        }
+        if self.finished {
+            return None;
+        }
+        match self.drain_until {
+            Some(d) => Some(d),
+            None => self.deadline.filter(|_| !self.timed_out),
+        }
+    }
+
+    /// Whether to read from the host: it is there, the stdin it sent has
+    /// mostly gone into the pipe, and no whole frame waits to be handled.
+    fn wants_host(&self) -> bool {
+        self.host_open && !self.finished && self.pending.len() < STDIN_HELD && whole_frame(&self.host_in).is_none()
+    }
+
+    /// Handles what the poll found ready (`ready`), the command's end, the
+    /// host's frames and the timeout; `buf` is scratch space for reads.
+    /// Returns false once the exec is over: its `Exited` written (or the
+    /// host gone), it can be dropped.
+    pub fn advance(&mut self, ready: &[Interest], buf: &mut [u8]) -> bool {
+        for which in ready {
+            match which {
+                Interest::Stdout | Interest::Stderr => self.read_output(*which == Interest::Stderr, buf),
+                Interest::Stdin => self.write_stdin(),
+                Interest::HostIn => self.read_host(buf),
+                Interest::HostOut => {}
+            }
+        }
+        self.host_frames();
+        if self.stdin_eof && self.pending.is_empty() {
+            self.stdin = None;
+        }
+        let now = Instant::now();
+        if self.status.is_none() {
+            if let Ok(s) = self.exited.try_recv() {
+                self.status = Some(s);
+                self.drain_until = Some(now + DRAIN_GRACE);
+                if self.timed_out {
+                    // Whatever the group left behind goes with it.
+                    let _ = killpg(Pid::from_raw(self.pid), Signal::SIGKILL);
+                }
+            } else if !self.timed_out && self.deadline.is_some_and(|d| now >= d) {
+                self.timed_out = true;
+                let _ = killpg(Pid::from_raw(self.pid), Signal::SIGKILL);
+            }
+        }
+        if let Some(status) = self.status.filter(|_| !self.finished) {
+            if self.pipes.iter().all(Option::is_none) || self.drain_until.is_some_and(|d| now >= d) {
+                let status = ExitStatus {
+                    timed_out: self.timed_out,
+                    ..status
+                };
+                self.queue(&FromInit::Exited(status));
+                self.finished = true;
+                // A background grandchild may hold the pipes for ever; the
+                // exec must not live as long (a quiesce waits for it).
+                self.pipes = [None, None];
+                self.stdin = None;
+                self.pending = Vec::new();
+            }
+        }
+        self.flush();
+        !(self.finished && (self.out.is_empty() || self.host_gone))
+    }
+
+    fn queue(&mut self, msg: &FromInit) {
+        if !self.host_gone {
+            append(&mut self.out, msg);
+        }
+    }
+
+    /// Writes what the host has not taken, as far as its socket takes it.
+    fn flush(&mut self) {
+        while !self.out.is_empty() && !self.host_gone {
+            match (&self.host).write(&self.out) {
+                Ok(n) => {
+                    self.out.drain(..n);
+                }
+                Err(e) if e.kind() == ErrorKind::Interrupted => {}
+                Err(e) if e.kind() == ErrorKind::WouldBlock => return,
+                // The host is gone: output is drained and dropped from now.
+                Err(_) => {
+                    self.host_gone = true;
+                    self.out = Vec::new();
+                }
+            }
+        }
+    }
+
+    fn read_output(&mut self, stderr: bool, buf: &mut [u8]) {
+        let i = usize::from(stderr);
+        let Some(p) = self.pipes[i].as_mut() else { return };
+        let n = buf.len().min(DATA_CHUNK);
+        match p.read(&mut buf[..n]) {
+            Ok(0) => self.pipes[i] = None,
             Ok(n) => {
-                pending.drain(..n);
+                let data = buf[..n].to_vec();
+                self.queue(&if stderr {
+                    FromInit::Stderr(data)
+                } else {
+                    FromInit::Stdout(data)
+                });
             }
-            Err(e) if e.kind() == ErrorKind::Interrupted => {}
-            Err(e) if e.kind() == ErrorKind::WouldBlock => return,
-            // The command closed its stdin: the rest is dropped.
-            Err(_) => {
-                *stdin = None;
-                pending.clear();
-                return;
+            Err(e) if matches!(e.kind(), ErrorKind::Interrupted | ErrorKind::WouldBlock) => {}
+            Err(_) => self.pipes[i] = None,
+        }
+    }
+
+    /// Writes what the host sent for stdin as far as the pipe takes it.
+    fn write_stdin(&mut self) {
+        let Some(s) = self.stdin.as_mut() else {
+            self.pending.clear();
+            return;
+        };
+        while !self.pending.is_empty() {
+            match s.write(&self.pending) {
+                Ok(n) => {
+                    self.pending.drain(..n);
+                }
+                Err(e) if e.kind() == ErrorKind::Interrupted => {}
+                Err(e) if e.kind() == ErrorKind::WouldBlock => return,
+                // The command closed its stdin: the rest is dropped.
+                Err(_) => {
+                    self.stdin = None;
+                    self.pending.clear();
+                    return;
+                }
+            }
+        }
+    }
+
+    fn read_host(&mut self, buf: &mut [u8]) {
+        let n = buf.len().min(HOST_READ);
+        match (&self.host).read(&mut buf[..n]) {
+            Ok(0) => self.host_hung_up(),
+            Ok(n) => self.host_in.extend_from_slice(&buf[..n]),
+            Err(e) if matches!(e.kind(), ErrorKind::Interrupted | ErrorKind::WouldBlock) => {}
+            Err(_) => self.host_hung_up(),
+        }
+    }
+
+    /// The host hung up (or broke the protocol): the command's stdin ends
+    /// with it.
+    fn host_hung_up(&mut self) {
+        self.host_open = false;
+        self.host_in = Vec::new();
+        self.stdin_eof = true;
+    }
+
+    /// Handles the host's whole frames (stdin data, its end, a signal) while
+    /// the stdin held stays under [`STDIN_HELD`]: stdin waits in `pending`
+    /// until the pipe takes it, so a command that does not read never stops
+    /// its output from flowing.
+    fn host_frames(&mut self) {
+        while self.host_open && self.pending.len() < STDIN_HELD {
+            let frame = match whole_frame(&self.host_in) {
+                None => return,
+                Some(Err(_)) => return self.host_hung_up(),
+                Some(Ok(len)) => len,
+            };
+            let msg = decode_payload::<ToInit>(&self.host_in[4..4 + frame]);
+            self.host_in.drain(..4 + frame);
+            match msg {
+                Ok(ToInit::Stdin(data)) => {
+                    if self.stdin.is_some() {
+                        self.pending.extend_from_slice(&data);
+                        self.write_stdin();
+                    }
+                }
+                Ok(ToInit::StdinEof) => self.stdin_eof = true,
+                Ok(ToInit::Signal(sig)) => {
+                    if let Ok(sig) = Signal::try_from(sig) {
+                        let _ = killpg(Pid::from_raw(self.pid), sig);
+                    }
+                }
+                Ok(_) => {}
+                Err(_) => return self.host_hung_up(),
             }
         }
     }
 }
 
-/// One frame from the host (stdin data, its end, a signal); false once the
-/// host hung up. Stdin is held in `pending` until the pipe takes it, so a
-/// command that does not read never stops its output from flowing.
-fn host_frame(
-    reader: &mut BufReader<UnixStream>,
-    stdin: &mut Option<File>,
-    pending: &mut Vec<u8>,
-    stdin_eof: &mut bool,
-    pid: i32,
-) -> bool {
-    match read_frame::<ToInit, _>(reader) {
-        Ok(ToInit::Stdin(data)) => {
-            if stdin.is_some() {
-                pending.extend_from_slice(&data);
-                write_pending(stdin, pending);
-            }
-            true
-        }
-        Ok(ToInit::StdinEof) => {
-            *stdin_eof = true;
-            if pending.is_empty() {
-                *stdin = None;
-            }
-            true
-        }
-        Ok(ToInit::Signal(sig)) => {
-            if let Ok(sig) = Signal::try_from(sig) {
-                let _ = killpg(Pid::from_raw(pid), sig);
-            }
-            true
-        }
-        Ok(_) => true,
-        // The host hung up: the command's stdin ends with it.
-        Err(_) => {
-            if pending.is_empty() {
-                *stdin = None;
-            }
-            *stdin_eof = true;
-            false
-        }
+/// The payload length of the whole frame at the start of `buf`: `None`
+/// while it is incomplete, an error when its length is over the limit.
+pub(crate) fn whole_frame(buf: &[u8]) -> Option<Result<usize, FrameError>> {
+    let len = u32::from_le_bytes(buf.get(..4)?.try_into().ok()?);
+    if len > MAX_FRAME_LEN {
+        return Some(Err(FrameError::TooLarge(len)));
     }
+    (buf.len() >= 4 + len as usize).then_some(Ok(len as usize))
 }
 
 pub(crate) fn spawn_failed(program: &str, e: &io::Error) -> FromInit {

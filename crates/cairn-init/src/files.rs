@@ -1,10 +1,9 @@
 //! File transfer and post-restore housekeeping.
 
 use std::fs::{self, File};
-use std::io::{BufReader, Read, Write};
+use std::io::{Read, Write};
 use std::os::fd::AsRawFd;
 use std::os::unix::fs::{fchown, MetadataExt, OpenOptionsExt, PermissionsExt};
-use std::os::unix::net::UnixStream;
 use std::path::{Path, PathBuf};
 
 use cairn_protocol::{read_frame, write_frame, FileKind, FileMeta, FrameError, FromInit, ToInit, DATA_CHUNK};
@@ -41,7 +40,7 @@ fn meta_of(path: &str, md: &fs::Metadata) -> FileMeta {
 /// Receives a file. The content goes to a temporary file beside the target,
 /// renamed into place only once complete, so an interrupted copy never
 /// leaves a truncated file behind.
-pub fn put<W: Write>(meta: FileMeta, reader: &mut BufReader<UnixStream>, writer: &mut W) -> Result<(), FrameError> {
+pub fn put<W: Write>(meta: FileMeta, reader: &mut impl Read, writer: &mut W) -> Result<(), FrameError> {
     let reply = match receive(&meta, reader) {
         Ok(()) => FromInit::Done,
         Err(Failure::Protocol(e)) => return Err(e),
@@ -57,7 +56,7 @@ enum Failure {
     Refused(String),
 }
 
-fn receive(meta: &FileMeta, reader: &mut BufReader<UnixStream>) -> Result<(), Failure> {
+fn receive(meta: &FileMeta, reader: &mut impl Read) -> Result<(), Failure> {
     let target = PathBuf::from(&meta.path);
     let refuse = |what: &str, e: std::io::Error| Failure::Refused(format!("cannot write {}: {what}: {e}", meta.path));
     let parent = target
@@ -156,7 +155,7 @@ fn create_temporary(parent: &Path, name: &str) -> std::io::Result<(PathBuf, File
     }
 }
 
-fn drain(reader: &mut BufReader<UnixStream>) -> Result<(), FrameError> {
+fn drain(reader: &mut impl Read) -> Result<(), FrameError> {
     loop {
         match read_frame::<ToInit, _>(reader)? {
             ToInit::End => return Ok(()),

@@ -11,7 +11,7 @@
 use std::collections::HashMap;
 use std::io::Write;
 use std::net::Shutdown;
-use std::os::fd::AsFd;
+use std::os::fd::AsRawFd;
 use std::os::unix::net::UnixListener;
 use std::os::unix::net::UnixStream;
 use std::path::{Path, PathBuf};
@@ -20,8 +20,9 @@ use std::sync::mpsc::{channel, Receiver, Sender};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use nix::poll::{poll, PollFd, PollFlags, PollTimeout};
 use nix::sys::signal::{SigSet, Signal};
+
+use crate::hub::Hub;
 
 /// How long a quiesce waits for connections to end.
 const QUIESCE_WAIT: Duration = Duration::from_secs(5);
@@ -31,7 +32,7 @@ pub const RELISTEN_SIGNAL: Signal = Signal::SIGUSR2;
 
 /// Blocks [`RELISTEN_SIGNAL`] in the calling thread; call before any thread
 /// starts so that only [`Server::accept_loop`]'s sigwait takes it (and an
-/// early one is not fatal). Children start with an empty mask (std resets it).
+/// early one is not fatal). Children start with an empty mask (`spawn` resets it).
 pub fn block_relisten_signal() {
     let mut set = SigSet::empty();
     set.add(RELISTEN_SIGNAL);
@@ -50,8 +51,9 @@ pub struct Connections {
     quiescing: std::sync::atomic::AtomicBool,
 }
 
-/// One connection's registration: dropped by the last thread that holds a
-/// copy of the connection's socket, which removes it from [`Connections`].
+/// One connection's registration: dropped with the last holder of the
+/// connection's socket (the serving loop's exec, or the thread serving
+/// another request), which removes it from [`Connections`].
 pub struct Live {
     id: u64,
     conns: Arc<Connections>,
@@ -175,8 +177,9 @@ impl Server {
         matches!(self.source, Source::Path(_))
     }
 
-    /// Serves connections for ever, handing each to `serve`.
-    pub fn accept_loop(&self, serve: impl Fn(UnixStream, Arc<Live>)) {
+    /// Serves connections for ever, handing each to `hub`, whose
+    /// descriptors this loop polls too.
+    pub fn accept_loop(&self, hub: &mut Hub) {
         loop {
             let listener = match &self.source {
                 Source::Inherited(l) => l.try_clone().unwrap_or_else(|e| {
@@ -185,7 +188,8 @@ impl Server {
                 }),
                 Source::Path(base) => listen_on_path(base, &self.generation),
             };
-            self.accept_until_quiesced(&listener, &serve);
+            self.accept_until_quiesced(&listener, hub);
+            hub.drop_greetings();
             let bound = listener.local_addr().ok();
             drop(listener);
             if let Some(path) = bound.as_ref().and_then(|a| a.as_pathname()) {
@@ -203,23 +207,39 @@ impl Server {
         }
     }
 
-    fn accept_until_quiesced(&self, listener: &UnixListener, serve: &impl Fn(UnixStream, Arc<Live>)) {
+    fn accept_until_quiesced(&self, listener: &UnixListener, hub: &mut Hub) {
+        let mut fds: Vec<libc::pollfd> = Vec::new();
         loop {
-            let mut fds = [
-                PollFd::new(listener.as_fd(), PollFlags::POLLIN),
-                PollFd::new(self.wake_rx.as_fd(), PollFlags::POLLIN),
-            ];
-            match poll(&mut fds, PollTimeout::NONE) {
-                Ok(_) => {}
-                Err(nix::errno::Errno::EINTR) => continue,
-                Err(e) => {
+            fds.clear();
+            for fd in [listener.as_raw_fd(), self.wake_rx.as_raw_fd()] {
+                fds.push(libc::pollfd {
+                    fd,
+                    events: libc::POLLIN,
+                    revents: 0,
+                });
+            }
+            let timeout = match hub.interests(&mut fds) {
+                // Rounded up: woken early, a timer would find itself not due.
+                Some(at) => at
+                    .saturating_duration_since(Instant::now())
+                    .as_micros()
+                    .div_ceil(1000)
+                    .min(60_000) as libc::c_int,
+                None => -1,
+            };
+            // SAFETY: `fds` is a valid array of `fds.len()` pollfd structs.
+            let rc = unsafe { libc::poll(fds.as_mut_ptr(), fds.len() as libc::nfds_t, timeout) };
+            if rc < 0 {
+                let e = std::io::Error::last_os_error();
+                if e.kind() != std::io::ErrorKind::Interrupted {
                     eprintln!("cairn-init: poll failed: {e}");
                     std::thread::sleep(Duration::from_millis(10));
-                    continue;
                 }
+                continue;
             }
-            let woken = fds[1].revents().is_some_and(|r| !r.is_empty());
-            let incoming = fds[0].revents().is_some_and(|r| !r.is_empty());
+            hub.ready(&fds[2..]);
+            let woken = fds[1].revents != 0;
+            let incoming = fds[0].revents != 0;
             if woken {
                 let mut byte = [0u8; 64];
                 let _ = std::io::Read::read(&mut &self.wake_rx, &mut byte);
@@ -232,7 +252,7 @@ impl Server {
                     Ok((stream, _)) if self.conns.is_quiescing() => drop(stream),
                     Ok((stream, _)) => {
                         let live = self.conns.register(&stream);
-                        serve(stream, live);
+                        hub.admit(stream, live);
                     }
                     Err(e) => eprintln!("cairn-init: accept failed: {e}"),
                 }

@@ -4,13 +4,16 @@
 //! (see [`native`]) and then serves on the socket the driver handed it.
 //! Otherwise it receives a listening Unix socket on fd [`LISTEN_FD`] from
 //! the driver (or binds one itself at `CAIRN_INIT_LISTEN_PATH`, under gVisor),
-//! serves one operation per connection (exec, files, signals, ping) on its
-//! own thread, and reaps every process of the sandbox, including orphans.
+//! serves one operation per connection (exec, files, signals, ping), and
+//! reaps every process of the sandbox, including orphans. One thread
+//! accepts connections and serves every exec and ping ([`hub`]); the other
+//! operations get a thread each; the reaper has its own.
 //! It is linked statically so that it runs in any image, even one without a
 //! libc.
 
 mod exec;
 mod files;
+mod hub;
 mod jobs;
 mod listen;
 mod native;
@@ -19,13 +22,14 @@ mod reaper;
 mod spawn;
 mod tree;
 
-use std::io::{BufReader, BufWriter, Write};
+use std::io::{BufWriter, Write};
 use std::os::fd::{FromRawFd, RawFd};
 use std::os::unix::net::{UnixListener, UnixStream};
 use std::sync::Arc;
 
-use cairn_protocol::{read_frame, write_frame, FromInit, ToInit, LISTEN_FD, MAGIC, PROTOCOL_VERSION};
+use cairn_protocol::{write_frame, FromInit, ToInit, LISTEN_FD};
 
+use crate::hub::HostReader;
 use crate::listen::{Live, Server, Source};
 use crate::reaper::Reaper;
 
@@ -46,16 +50,23 @@ fn main() {
     // SIGCHLD and SIGUSR2 must be blocked in every thread before any thread
     // starts, so that only the reaper's and the accept loop's sigwait see them.
     listen::block_relisten_signal();
-    let reaper = Arc::new(Reaper::start());
+    let (exits_rx, exits_tx) = nix::unistd::pipe2(nix::fcntl::OFlag::O_CLOEXEC | nix::fcntl::OFlag::O_NONBLOCK)
+        .unwrap_or_else(|e| {
+            eprintln!("cairn-init: cannot create a pipe: {e}");
+            std::process::exit(111);
+        });
+    let reaper = Arc::new(Reaper::start(exits_tx));
     ignore_terminal_signals();
 
     let server = Arc::new(Server::new(source));
-    let for_serve = Arc::clone(&server);
-    server.accept_loop(move |stream, live| {
-        let reaper = Arc::clone(&reaper);
-        let server = Arc::clone(&for_serve);
-        spawn_or_run(move || serve(stream, &reaper, &server, live));
+    let (for_handoff, reaper_for_handoff) = (Arc::clone(&server), Arc::clone(&reaper));
+    let handoff: hub::Handoff = Box::new(move |request, reader, stream, live| {
+        let reaper = Arc::clone(&reaper_for_handoff);
+        let server = Arc::clone(&for_handoff);
+        spawn_or_run(move || serve(request, reader, stream, &reaper, &server, live));
     });
+    let mut hub = hub::Hub::new(Arc::clone(&reaper), exits_rx, handoff);
+    server.accept_loop(&mut hub);
 }
 
 /// Runs `job` on a new thread; when none can start (the sandbox is at its
@@ -129,57 +140,19 @@ fn ignore_terminal_signals() {
     }
 }
 
-/// Serves one connection: hello, then one operation.
-fn serve(stream: UnixStream, reaper: &Reaper, server: &Server, live: Arc<Live>) {
-    let Ok(read_half) = stream.try_clone() else {
-        return;
-    };
-    let mut reader = BufReader::new(read_half);
+/// Serves one request the serving loop handed over (see [`hub`]), the
+/// welcome already sent.
+fn serve(
+    request: ToInit,
+    mut reader: HostReader,
+    stream: UnixStream,
+    reaper: &Reaper,
+    server: &Server,
+    live: Arc<Live>,
+) {
     let mut writer = BufWriter::new(stream);
     let result = (|| -> Result<(), cairn_protocol::FrameError> {
-        match read_frame::<ToInit, _>(&mut reader)? {
-            ToInit::Hello { magic, version } if magic == MAGIC && version == PROTOCOL_VERSION => {
-                write_frame(
-                    &mut writer,
-                    &FromInit::Welcome {
-                        version: PROTOCOL_VERSION,
-                        init_pid: std::process::id() as i32,
-                    },
-                )?;
-                // The client waits for the welcome before streaming data.
-                writer.flush()?;
-            }
-            ToInit::Hello { magic, version } => {
-                let msg = if magic != MAGIC {
-                    "not a Cairn client (bad magic)".to_string()
-                } else {
-                    format!(
-                        "protocol version {version} is not supported by this cairn-init (version {PROTOCOL_VERSION}); recreate the sandbox with the same Cairn build"
-                    )
-                };
-                write_frame(&mut writer, &FromInit::Error(msg))?;
-                writer.flush()?;
-                return Ok(());
-            }
-            other => {
-                write_frame(
-                    &mut writer,
-                    &FromInit::Error(format!("expected Hello, got {}", name(&other))),
-                )?;
-                writer.flush()?;
-                return Ok(());
-            }
-        }
-        let request = read_frame::<ToInit, _>(&mut reader)?;
         match request {
-            ToInit::Ping => {
-                write_frame(&mut writer, &FromInit::Pong)?;
-                writer.flush()?;
-            }
-            ToInit::Exec(req) => {
-                let writer = writer.into_inner().map_err(|e| e.into_error())?;
-                exec::run(req, reader, writer, reaper, live)?;
-            }
             ToInit::Kill { pid, signal } => {
                 let reply = match nix::sys::signal::Signal::try_from(signal) {
                     Ok(sig) => match nix::sys::signal::kill(nix::unistd::Pid::from_raw(pid), sig) {
@@ -259,7 +232,7 @@ fn serve(stream: UnixStream, reaper: &Reaper, server: &Server, live: Arc<Live>) 
     }
 }
 
-fn name(msg: &ToInit) -> &'static str {
+pub(crate) fn name(msg: &ToInit) -> &'static str {
     match msg {
         ToInit::Hello { .. } => "Hello",
         ToInit::Ping => "Ping",

@@ -19,8 +19,8 @@ use nix::unistd::Pid;
 enum Waiter {
     /// A foreground exec waiting for the status.
     Channel(Sender<ExitStatus>),
-    /// The same, woken by a byte on a pipe it polls.
-    Notify(Sender<ExitStatus>, OwnedFd),
+    /// The same for the serving loop, woken by a byte on its pipe.
+    Polled(Sender<ExitStatus>),
     /// A background process: its end is written to the sandbox log.
     Log(String),
 }
@@ -29,15 +29,22 @@ pub struct Reaper {
     waiters: Arc<Mutex<HashMap<i32, Waiter>>>,
 }
 
+/// The write end of the serving loop's wake-up pipe (non-blocking: a byte
+/// already there wakes it as well).
+struct LoopWake(OwnedFd);
+
 impl Reaper {
     /// Blocks SIGCHLD in the calling thread (call before starting any other
-    /// thread, so all inherit the mask) and starts the reaper thread.
-    pub fn start() -> Reaper {
+    /// thread, so all inherit the mask) and starts the reaper thread, which
+    /// writes a byte to `loop_wake` whenever a status for the serving loop
+    /// is in.
+    pub fn start(loop_wake: OwnedFd) -> Reaper {
         let mut set = SigSet::empty();
         set.add(Signal::SIGCHLD);
         set.thread_block().expect("blocking SIGCHLD cannot fail");
         let waiters: Arc<Mutex<HashMap<i32, Waiter>>> = Arc::default();
         let table = Arc::clone(&waiters);
+        let loop_wake = LoopWake(loop_wake);
         std::thread::Builder::new()
             .name("reaper".into())
             .spawn(move || loop {
@@ -45,7 +52,7 @@ impl Reaper {
                     continue;
                 }
                 let mut table = table.lock().unwrap_or_else(|e| e.into_inner());
-                reap_all(&mut table);
+                reap_all(&mut table, &loop_wake);
             })
             .expect("cannot start the reaper thread");
         Reaper { waiters }
@@ -62,17 +69,16 @@ impl Reaper {
         Ok((extra, pid, rx))
     }
 
-    /// [`spawn`](Self::spawn) for a waiter that polls: a byte is written to
-    /// `wake` once the status is in the receiver.
-    pub fn spawn_notify<T>(
+    /// [`spawn`](Self::spawn) for the serving loop: its wake-up pipe gets a
+    /// byte once the status is in the receiver.
+    pub fn spawn_polled<T>(
         &self,
-        wake: OwnedFd,
         spawn: impl FnOnce() -> io::Result<(i32, T)>,
     ) -> io::Result<(T, i32, Receiver<ExitStatus>)> {
         let mut table = self.waiters.lock().unwrap_or_else(|e| e.into_inner());
         let (pid, extra) = spawn()?;
         let (tx, rx) = channel();
-        table.insert(pid, Waiter::Notify(tx, wake));
+        table.insert(pid, Waiter::Polled(tx));
         Ok((extra, pid, rx))
     }
 
@@ -85,7 +91,7 @@ impl Reaper {
     }
 }
 
-fn reap_all(table: &mut HashMap<i32, Waiter>) {
+fn reap_all(table: &mut HashMap<i32, Waiter>, loop_wake: &LoopWake) {
     loop {
         let status = match waitpid(Pid::from_raw(-1), Some(WaitPidFlag::WNOHANG)) {
             Ok(WaitStatus::StillAlive) | Err(_) => return,
@@ -114,9 +120,9 @@ fn reap_all(table: &mut HashMap<i32, Waiter>) {
             Some(Waiter::Channel(tx)) => {
                 let _ = tx.send(exit);
             }
-            Some(Waiter::Notify(tx, wake)) => {
+            Some(Waiter::Polled(tx)) => {
                 let _ = tx.send(exit);
-                let _ = nix::unistd::write(&wake, &[1]);
+                let _ = nix::unistd::write(&loop_wake.0, &[1]);
             }
             Some(Waiter::Log(name)) => {
                 eprintln!(

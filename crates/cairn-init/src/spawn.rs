@@ -1,13 +1,15 @@
-//! Starting processes with `posix_spawn`, which glibc implements with
-//! `clone(CLONE_VM | CLONE_VFORK)`: no copy of init's page tables, so an
-//! exec costs the same however much init has mapped.
+//! Starting processes: `clone(CLONE_VM | CLONE_VFORK)` and exec, as glibc's
+//! `posix_spawn` does, with only the signals init changed reset in the
+//! child (see [`start`]).
 
 use std::ffi::CString;
 use std::fs::File;
 use std::io;
-use std::os::fd::{AsRawFd, OwnedFd};
+use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
 use std::os::unix::ffi::OsStrExt;
 use std::path::{Path, PathBuf};
+
+use nix::fcntl::OFlag;
 
 const DEFAULT_PATH: &str = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin";
 
@@ -32,7 +34,7 @@ fn cstring(s: impl AsRef<[u8]>) -> io::Result<CString> {
 }
 
 fn pipe() -> io::Result<(OwnedFd, OwnedFd)> {
-    Ok(nix::unistd::pipe2(nix::fcntl::OFlag::O_CLOEXEC)?)
+    Ok(nix::unistd::pipe2(OFlag::O_CLOEXEC)?)
 }
 
 /// Finds `program` on `path` the way a shell does.
@@ -56,31 +58,6 @@ fn resolve(program: &str, path: &str) -> io::Result<PathBuf> {
     } else {
         io::ErrorKind::NotFound.into()
     })
-}
-
-struct Actions(libc::posix_spawn_file_actions_t);
-struct Attrs(libc::posix_spawnattr_t);
-
-impl Drop for Actions {
-    fn drop(&mut self) {
-        // SAFETY: initialised in `spawn` before any Actions value exists.
-        unsafe { libc::posix_spawn_file_actions_destroy(&mut self.0) };
-    }
-}
-
-impl Drop for Attrs {
-    fn drop(&mut self) {
-        // SAFETY: initialised in `spawn` before any Attrs value exists.
-        unsafe { libc::posix_spawnattr_destroy(&mut self.0) };
-    }
-}
-
-fn check(rc: libc::c_int) -> io::Result<()> {
-    if rc == 0 {
-        Ok(())
-    } else {
-        Err(io::Error::from_raw_os_error(rc))
-    }
 }
 
 /// Starts `argv` in its own process group with `env` on top of the default
@@ -112,82 +89,40 @@ pub fn spawn(argv: &[String], env: &[(String, String)], cwd: &str, stdio: Stdio)
     env_p.push(std::ptr::null_mut());
     let cwd_c = cstring(cwd)?;
 
-    // SAFETY: zeroed structs are immediately initialised by their init
-    // functions, and destroyed by the Drop impls above.
-    let mut actions = Actions(unsafe { std::mem::zeroed() });
-    // SAFETY: as above.
-    check(unsafe { libc::posix_spawn_file_actions_init(&mut actions.0) })?;
-    // SAFETY: as above.
-    let mut attrs = Attrs(unsafe { std::mem::zeroed() });
-    // SAFETY: as above.
-    check(unsafe { libc::posix_spawnattr_init(&mut attrs.0) })?;
-
     let mut ours = (None, None, None);
+    // Kept open until the child has exec'd: its stdio is dup'd from these.
     let mut child_ends: Vec<OwnedFd> = Vec::new();
+    let mut plan = ChildPlan {
+        program: program.as_ptr(),
+        argv: argv_p.as_ptr(),
+        envp: env_p.as_ptr(),
+        cwd: cwd_c.as_ptr(),
+        dups: [-1; 3],
+        reset_signals: reset_signals(),
+        error: 0,
+    };
     match stdio {
         Stdio::Piped { stdin } => {
             if stdin {
                 let (r, w) = pipe()?;
-                // SAFETY: `r` stays open (in child_ends) until after spawn.
-                check(unsafe { libc::posix_spawn_file_actions_adddup2(&mut actions.0, r.as_raw_fd(), 0) })?;
+                plan.dups[0] = r.as_raw_fd();
                 child_ends.push(r);
                 ours.0 = Some(File::from(w));
             } else {
-                // SAFETY: the path is a static NUL-terminated string.
-                check(unsafe {
-                    libc::posix_spawn_file_actions_addopen(&mut actions.0, 0, c"/dev/null".as_ptr(), libc::O_RDONLY, 0)
-                })?;
+                plan.dups[0] = dev_null()?;
             }
             let (r, w) = pipe()?;
-            // SAFETY: `w` stays open until after spawn.
-            check(unsafe { libc::posix_spawn_file_actions_adddup2(&mut actions.0, w.as_raw_fd(), 1) })?;
+            plan.dups[1] = w.as_raw_fd();
             child_ends.push(w);
             ours.1 = Some(File::from(r));
             let (r, w) = pipe()?;
-            // SAFETY: `w` stays open until after spawn.
-            check(unsafe { libc::posix_spawn_file_actions_adddup2(&mut actions.0, w.as_raw_fd(), 2) })?;
+            plan.dups[2] = w.as_raw_fd();
             child_ends.push(w);
             ours.2 = Some(File::from(r));
         }
-        Stdio::Console => {
-            // SAFETY: the path is a static NUL-terminated string.
-            check(unsafe {
-                libc::posix_spawn_file_actions_addopen(&mut actions.0, 0, c"/dev/null".as_ptr(), libc::O_RDONLY, 0)
-            })?;
-        }
+        Stdio::Console => plan.dups[0] = dev_null()?,
     }
-    // SAFETY: cwd_c lives until after spawn; glibc copies nothing lazily.
-    check(unsafe { libc::posix_spawn_file_actions_addchdir_np(&mut actions.0, cwd_c.as_ptr()) })?;
-
-    let flags = libc::POSIX_SPAWN_SETPGROUP | libc::POSIX_SPAWN_SETSIGMASK | libc::POSIX_SPAWN_SETSIGDEF;
-    // SAFETY: plain initialisation calls on an initialised attrs object and
-    // local signal sets.
-    unsafe {
-        check(libc::posix_spawnattr_setflags(&mut attrs.0, flags as libc::c_short))?;
-        check(libc::posix_spawnattr_setpgroup(&mut attrs.0, 0))?;
-        let mut empty: libc::sigset_t = std::mem::zeroed();
-        libc::sigemptyset(&mut empty);
-        check(libc::posix_spawnattr_setsigmask(&mut attrs.0, &empty))?;
-        // Init ignores SIGPIPE; its children must not inherit that.
-        let mut defaults: libc::sigset_t = std::mem::zeroed();
-        libc::sigemptyset(&mut defaults);
-        libc::sigaddset(&mut defaults, libc::SIGPIPE);
-        check(libc::posix_spawnattr_setsigdefault(&mut attrs.0, &defaults))?;
-    }
-
-    let mut pid: libc::pid_t = 0;
-    // SAFETY: every pointer refers to a live, NUL-terminated CString or a
-    // NULL-terminated array of them, all outliving the call.
-    check(unsafe {
-        libc::posix_spawn(
-            &mut pid,
-            program.as_ptr(),
-            &actions.0,
-            &attrs.0,
-            argv_p.as_ptr(),
-            env_p.as_ptr(),
-        )
-    })?;
+    let pid = start(&mut plan)?;
     drop(child_ends);
     Ok(Child {
         pid,
@@ -195,4 +130,268 @@ pub fn spawn(argv: &[String], env: &[(String, String)], cwd: &str, stdio: Stdio)
         stdout: ours.1,
         stderr: ours.2,
     })
+}
+
+/// `/dev/null`, opened once (close-on-exec) and dup'd as the stdin of
+/// every command that gets none.
+fn dev_null() -> io::Result<RawFd> {
+    static NULL: std::sync::OnceLock<OwnedFd> = std::sync::OnceLock::new();
+    if NULL.get().is_none() {
+        let fd = nix::fcntl::open(
+            "/dev/null",
+            OFlag::O_RDONLY | OFlag::O_CLOEXEC,
+            nix::sys::stat::Mode::empty(),
+        )?;
+        // SAFETY: `open` just returned this descriptor; nothing else owns it.
+        let _ = NULL.set(unsafe { OwnedFd::from_raw_fd(fd) });
+    }
+    NULL.get()
+        .map(AsRawFd::as_raw_fd)
+        .ok_or_else(|| io::ErrorKind::NotFound.into())
+}
+
+/// Everything the child needs, prepared by the parent: between clone and
+/// exec the child shares init's memory and only reads this (and writes
+/// `error`), making raw system calls and nothing else.
+#[repr(C)]
+struct ChildPlan {
+    program: *const libc::c_char,
+    argv: *const *mut libc::c_char,
+    envp: *const *mut libc::c_char,
+    cwd: *const libc::c_char,
+    /// The fd to put on 0, 1 and 2 (-1: leave as is).
+    dups: [RawFd; 3],
+    /// See [`reset_signals`].
+    reset_signals: &'static [libc::c_int],
+    /// Set by the child when it could not exec: the errno.
+    error: libc::c_int,
+}
+
+/// The signals the child sets back to their default action before it runs
+/// anything: every one that is not at its default in init when it first
+/// spawns (it ignores SIGPIPE, std handles SIGSEGV and SIGBUS, and whatever
+/// init inherited ignored, such as glibc's own 32 and 33 from a parent
+/// started by `posix_spawn`), and glibc's 32 and 33 always, whose handlers
+/// glibc installs lazily. An ignored signal would stay ignored across exec,
+/// and a handler must not run in a child that shares init's memory. Init
+/// installs no handler of its own later (its threads take SIGCHLD and
+/// SIGUSR2 by sigwait), so the list holds; glibc's `posix_spawn` instead
+/// asks about all 64 signals in every child, two system calls each.
+fn reset_signals() -> &'static [libc::c_int] {
+    static RESET: std::sync::OnceLock<Vec<libc::c_int>> = std::sync::OnceLock::new();
+    RESET.get_or_init(|| {
+        (1..=64)
+            .filter(|&sig| sig != libc::SIGKILL && sig != libc::SIGSTOP)
+            .filter(|&sig| {
+                let mut old = KernelSigaction::default();
+                // SAFETY: a query only: no new action, `old` is writable.
+                let rc = unsafe { rt_sigaction(sig, std::ptr::null(), &mut old) };
+                sig == 32 || sig == 33 || (rc == 0 && old.handler != libc::SIG_DFL)
+            })
+            .collect()
+    })
+}
+
+/// The kernel's `struct sigaction`, whose handler comes first on every
+/// architecture; all zeroes is SIG_DFL with no flags and an empty mask.
+#[derive(Default)]
+#[repr(C)]
+struct KernelSigaction {
+    handler: libc::sighandler_t,
+    rest: [u64; 3],
+}
+
+/// `rt_sigaction` itself: glibc's wrapper refuses its internal signals 32
+/// and 33, which the child must reset too.
+///
+/// # Safety
+/// `new` is null or valid to read, `old` null or valid to write.
+unsafe fn rt_sigaction(sig: libc::c_int, new: *const KernelSigaction, old: *mut KernelSigaction) -> libc::c_long {
+    // SAFETY: the caller's pointers; the size is the kernel's sigset_t.
+    unsafe { libc::syscall(libc::SYS_rt_sigaction, sig, new, old, 8usize) }
+}
+
+/// The child's stack: it runs a few system calls, then exec. The kernel
+/// stops using it at exec, and `CLONE_VFORK` holds the parent until then.
+const CHILD_STACK: usize = 32 << 10;
+
+/// Starts the child with `clone(CLONE_VM | CLONE_VFORK)`, as glibc's
+/// `posix_spawn` does (no copy of init's page tables, so an exec costs the
+/// same however much init has mapped), but resetting only
+/// [`reset_signals`]. Returns its pid once it has exec'd; an exec that
+/// failed is reaped here and returned as its errno.
+fn start(plan: &mut ChildPlan) -> io::Result<i32> {
+    // Memory only, never read as a Vec: no need to zero it.
+    let mut stack: Vec<u8> = Vec::with_capacity(CHILD_STACK);
+    // SAFETY: one past the end of the allocation, which the stack grows
+    // down from; 16-byte aligned below as the ABI wants. It outlives the
+    // child's use of it (the parent waits in clone).
+    let top = unsafe { stack.as_mut_ptr().add(CHILD_STACK) };
+    let top = (top as usize & !15) as *mut libc::c_void;
+    // Every signal is blocked across the clone, so no handler can run in the
+    // child while it shares init's memory; it unblocks them once the
+    // handled ones are back to their defaults.
+    // SAFETY: sigfillset and pthread_sigmask on local, valid sigset_t values.
+    let old = unsafe {
+        let mut all: libc::sigset_t = std::mem::zeroed();
+        libc::sigfillset(&mut all);
+        let mut old: libc::sigset_t = std::mem::zeroed();
+        libc::pthread_sigmask(libc::SIG_SETMASK, &all, &mut old);
+        old
+    };
+    // SAFETY: `child` only makes async-signal-safe system calls on what
+    // `plan` points to, which outlives the call: CLONE_VFORK suspends this
+    // thread until the child exec'd or exited, so nothing it reads changes
+    // and its write to `plan.error` is seen once clone returns.
+    let pid = unsafe {
+        libc::clone(
+            child,
+            top,
+            libc::CLONE_VM | libc::CLONE_VFORK | libc::SIGCHLD,
+            plan as *mut ChildPlan as *mut libc::c_void,
+        )
+    };
+    let cloned = io::Error::last_os_error();
+    // SAFETY: restores this thread's own mask saved above.
+    unsafe { libc::pthread_sigmask(libc::SIG_SETMASK, &old, std::ptr::null_mut()) };
+    drop(stack);
+    if pid < 0 {
+        return Err(cloned);
+    }
+    // SAFETY: volatile read of a field the child wrote before this thread resumed.
+    let error = unsafe { std::ptr::read_volatile(&plan.error) };
+    if error != 0 {
+        // The child exited without exec; the reaper cannot take it first, as
+        // every spawn runs under the reaper's lock.
+        let _ = nix::sys::wait::waitpid(nix::unistd::Pid::from_raw(pid), None);
+        return Err(io::Error::from_raw_os_error(error));
+    }
+    Ok(pid)
+}
+
+/// The child between clone and exec.
+extern "C" fn child(arg: *mut libc::c_void) -> libc::c_int {
+    // SAFETY: `arg` is the parent's ChildPlan, alive and unchanged while the
+    // parent is suspended (CLONE_VFORK). Only raw system calls follow: no
+    // allocation, no lock, nothing a suspended parent thread could hold.
+    unsafe {
+        let plan = &mut *(arg as *mut ChildPlan);
+        let fail = |plan: &mut ChildPlan| -> libc::c_int {
+            std::ptr::write_volatile(&mut plan.error, *libc::__errno_location());
+            libc::_exit(127)
+        };
+        let default = KernelSigaction::default();
+        for &sig in plan.reset_signals {
+            rt_sigaction(sig, &default, std::ptr::null_mut());
+        }
+        if libc::setpgid(0, 0) != 0 {
+            return fail(plan);
+        }
+        for (target, &fd) in plan.dups.iter().enumerate() {
+            let target = target as RawFd;
+            if fd < 0 {
+                continue;
+            }
+            // dup2 onto itself would keep close-on-exec; clear it instead.
+            let rc = if fd == target {
+                libc::fcntl(fd, libc::F_SETFD, 0)
+            } else {
+                libc::dup2(fd, target)
+            };
+            if rc < 0 {
+                return fail(plan);
+            }
+        }
+        if libc::chdir(plan.cwd) != 0 {
+            return fail(plan);
+        }
+        let mut empty: libc::sigset_t = std::mem::zeroed();
+        libc::sigemptyset(&mut empty);
+        libc::sigprocmask(libc::SIG_SETMASK, &empty, std::ptr::null_mut());
+        libc::execve(
+            plan.program,
+            plan.argv as *const *const libc::c_char,
+            plan.envp as *const *const libc::c_char,
+        );
+        fail(plan)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::io::{Read, Write};
+
+    fn wait(pid: i32) -> nix::sys::wait::WaitStatus {
+        nix::sys::wait::waitpid(nix::unistd::Pid::from_raw(pid), None).unwrap()
+    }
+
+    fn read_all(f: Option<File>) -> String {
+        let mut s = String::new();
+        f.unwrap().read_to_string(&mut s).unwrap();
+        s
+    }
+
+    #[test]
+    fn a_child_runs_in_its_own_group_and_directory_with_default_signals_and_no_mask() {
+        // Init ignores SIGPIPE (so does the test harness) and blocks signals
+        // in its threads; none of that may reach the command.
+        let mut blocked = nix::sys::signal::SigSet::empty();
+        blocked.add(nix::sys::signal::Signal::SIGUSR2);
+        blocked.thread_block().unwrap();
+        let script =
+            "pwd; grep -E '^Sig(Blk|Ign)' /proc/self/status; echo $$ $(cut -d' ' -f5 /proc/$$/stat); echo oops >&2";
+        let argv = ["sh".to_string(), "-c".into(), script.into()];
+        let child = spawn(
+            &argv,
+            &[("X".into(), "1".into())],
+            "/tmp",
+            Stdio::Piped { stdin: false },
+        )
+        .unwrap();
+        assert!(child.stdin.is_none());
+        let out = read_all(child.stdout);
+        let err = read_all(child.stderr);
+        assert!(matches!(wait(child.pid), nix::sys::wait::WaitStatus::Exited(_, 0)));
+        blocked.thread_unblock().unwrap();
+        let lines: Vec<&str> = out.lines().collect();
+        assert_eq!(lines[0], "/tmp");
+        assert_eq!(lines[1].split_whitespace().nth(1), Some("0000000000000000"), "{out}");
+        assert_eq!(lines[2].split_whitespace().nth(1), Some("0000000000000000"), "{out}");
+        let ids: Vec<&str> = lines[3].split_whitespace().collect();
+        assert_eq!(ids[0], child.pid.to_string());
+        assert_eq!(ids[1], ids[0], "not the leader of its own process group");
+        assert_eq!(err, "oops\n");
+    }
+
+    #[test]
+    fn stdin_is_piped_when_asked_and_empty_otherwise() {
+        let cat = ["cat".to_string()];
+        let child = spawn(&cat, &[], "/", Stdio::Piped { stdin: true }).unwrap();
+        let mut stdin = child.stdin.unwrap();
+        stdin.write_all(b"through\n").unwrap();
+        drop(stdin);
+        assert_eq!(read_all(child.stdout), "through\n");
+        wait(child.pid);
+        let child = spawn(&cat, &[], "/", Stdio::Piped { stdin: false }).unwrap();
+        assert_eq!(read_all(child.stdout), "");
+        wait(child.pid);
+    }
+
+    #[test]
+    fn a_command_that_cannot_start_is_an_error_and_leaves_no_child() {
+        let missing = spawn(&["no-such-command".to_string()], &[], "/", Stdio::Console);
+        assert_eq!(missing.err().map(|e| e.kind()), Some(io::ErrorKind::NotFound));
+        // Found on the path but failing in the child (exec of a directory,
+        // a missing working directory): the child is reaped here.
+        for (argv, cwd) in [("/tmp", "/"), ("true", "/no/such/dir")] {
+            let failed = spawn(&[argv.to_string()], &[], cwd, Stdio::Piped { stdin: false });
+            assert!(failed.is_err(), "{argv} in {cwd} started");
+        }
+        let left = nix::sys::wait::waitpid(
+            nix::unistd::Pid::from_raw(-1),
+            Some(nix::sys::wait::WaitPidFlag::WNOHANG),
+        );
+        assert!(!matches!(left, Ok(nix::sys::wait::WaitStatus::Exited(..))), "{left:?}");
+    }
 }

@@ -124,6 +124,20 @@ impl Native {
         configure: impl FnOnce(NativeDriver) -> NativeDriver,
         before: impl FnOnce(&NativeDriver, &std::path::Path),
     ) -> Option<Native> {
+        Native::start_full(test, Limits::default(), configure, before)
+    }
+
+    /// [`Native::start`] under `limits`.
+    pub fn start_limited(test: &str, limits: Limits) -> Option<Native> {
+        Native::start_full(test, limits, |driver| driver, |_, _| {})
+    }
+
+    fn start_full(
+        test: &str,
+        limits: Limits,
+        configure: impl FnOnce(NativeDriver) -> NativeDriver,
+        before: impl FnOnce(&NativeDriver, &std::path::Path),
+    ) -> Option<Native> {
         if !nix::unistd::geteuid().is_root() {
             skipped(&format!("{test}: the native driver test needs root"));
             return None;
@@ -144,7 +158,7 @@ impl Native {
             hostname: "native".into(),
             dir: tmp.path().join("s"),
             layers: vec![base],
-            limits: Limits::default(),
+            limits,
             init_binary: init_binary::install(&tmp.path().join("bin")).unwrap(),
             network: None,
         };
