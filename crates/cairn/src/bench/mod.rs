@@ -34,7 +34,8 @@ pub enum Which {
     /// --churn sandboxes that wrote files and were removed; the ratio, and
     /// the dying memory cgroups before and after.
     Drift,
-    /// Round trip of `true` in a running sandbox.
+    /// Round trip of `true` in a running sandbox, beside a ping and the
+    /// same `true` started by a shell inside.
     Exec,
     /// File copy throughput into and out of a sandbox.
     Cp,
@@ -423,6 +424,26 @@ impl Bench {
                 pings.push(t0.elapsed().as_secs_f64() * 1e3);
             }
         }
+        // The process alone: a shell in the sandbox starts `/bin/true` in a
+        // loop, timed from the host, per `true`. Its fork copies the shell
+        // where init's clone shares init's memory, so the round trip less
+        // this is at least what init and the protocol add.
+        const LOOP: usize = 100;
+        let script = format!("i=0; while [ $i -lt {LOOP} ]; do /bin/true; i=$((i+1)); done");
+        let looped = ExecRequest {
+            argv: vec!["sh".into(), "-c".into(), script],
+            ..ExecRequest::default()
+        };
+        let mut alone = Vec::with_capacity(runs / 10);
+        for _ in 0..(runs / 10).max(5) {
+            let t0 = Instant::now();
+            let session = client.exec(looped.clone())?.map_err(|f| anyhow::anyhow!(f.message))?;
+            let status = session.wait(&mut io::sink(), &mut io::sink())?;
+            if status.map(|s| s.code) != Some(Some(0)) {
+                bail!("the loop of `true` failed in the sandbox: {status:?}");
+            }
+            alone.push(t0.elapsed().as_secs_f64() * 1e3 / LOOP as f64);
+        }
         let mut cli = Vec::with_capacity(runs / 4);
         for _ in 0..(runs / 4).max(5) {
             let t0 = Instant::now();
@@ -450,6 +471,13 @@ impl Bench {
                 "exec: a ping to init alone (connection and handshake)",
                 "ms",
                 pings,
+                None,
+                true,
+            ),
+            summarize(
+                "exec: `true` run by a shell in the sandbox (process alone)",
+                "ms",
+                alone,
                 None,
                 true,
             ),
