@@ -76,6 +76,26 @@ fn an_init_started_ahead_becomes_the_sandbox_and_a_killed_one_is_replaced() {
     };
     assert_eq!(sandbox.run(&["/bin/echo", "fresh"]), "fresh\n");
     sandbox.stop();
+
+    // One that dies after its setup was sent to it, before it reported
+    // anything (stopped, then killed while the start waits for it).
+    let Some(sandbox) = Native::start_after(
+        "ahead-dies",
+        |d| d,
+        |driver, init| {
+            driver.start_init_ahead(init);
+            let pid = nix::unistd::Pid::from_raw(driver.waiting_init().unwrap() as i32);
+            nix::sys::signal::kill(pid, nix::sys::signal::Signal::SIGSTOP).unwrap();
+            std::thread::spawn(move || {
+                std::thread::sleep(Duration::from_millis(200));
+                let _ = nix::sys::signal::kill(pid, nix::sys::signal::Signal::SIGKILL);
+            });
+        },
+    ) else {
+        return;
+    };
+    assert_eq!(sandbox.run(&["/bin/echo", "again"]), "again\n");
+    sandbox.stop();
 }
 
 #[test]

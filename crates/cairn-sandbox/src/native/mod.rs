@@ -169,37 +169,46 @@ impl NativeDriver {
             .unwrap_or_else(|p| p.into_inner())
             .take()
             .filter(|w| w.binary == spec.init_binary);
-        let hand = |w: &mut WaitingInit| {
-            send_fds(&w.report, &listener, &console)
-                .and_then(|()| cairn_protocol::write_frame(&mut w.report, &setup).map_err(std::io::Error::other))
+        // Hands init the setup and reads its report to the end.
+        let attempt = |init: &mut WaitingInit| -> (std::io::Result<()>, String) {
+            let mut text = String::new();
+            let handed = send_fds(&init.report, &listener, &console)
+                .and_then(|()| cairn_protocol::write_frame(&mut init.report, &setup).map_err(std::io::Error::other));
+            if let Err(e) = handed {
+                return (Err(e), text);
+            }
+            let report = &mut init.report;
+            let read = match &spec.network {
+                // The sandbox's end of the veth goes into its namespace once
+                // init names its pid; PID 1 waits for `N` before it is ready.
+                Some(plan) => read_pid(report, &mut text).and_then(|pid| {
+                    if let Some(pid) = pid {
+                        crate::net::link::create(plan, pid)
+                            .map_err(|e| std::io::Error::other(e.to_string()))
+                            .and_then(|()| report.write_all(b"N\n"))?;
+                    }
+                    report.read_to_string(&mut text).map(drop)
+                }),
+                None => report.read_to_string(&mut text).map(drop),
+            };
+            let _ = init.child.wait();
+            (read, text)
         };
-        // One started ahead may have been killed since: a fresh one then.
-        let handed = waiting.and_then(|mut w| hand(&mut w).ok().map(|()| w));
-        let mut init = match handed {
-            Some(w) => w,
-            None => {
+        // One started ahead may have died since (killed, say): when it
+        // reported nothing, it never forked PID 1, and a fresh one starts.
+        let ahead = waiting.map(|mut w| {
+            let outcome = attempt(&mut w);
+            (w, outcome)
+        });
+        let (_init, (read, text)) = match ahead {
+            Some((w, (read, text))) if read.is_ok() || !text.is_empty() => (w, (read, text)),
+            _ => {
                 let mut w = WaitingInit::spawn(&spec.init_binary)?;
-                hand(&mut w).map_err(|e| SandboxError::Start(format!("send the setup to cairn-init: {e}")))?;
-                w
+                let outcome = attempt(&mut w);
+                (w, outcome)
             }
         };
         drop((listener, console));
-        let report = &mut init.report;
-        let mut text = String::new();
-        let read = match &spec.network {
-            // The sandbox's end of the veth goes into its namespace once
-            // init names its pid; PID 1 waits for `N` before it is ready.
-            Some(plan) => read_pid(report, &mut text).and_then(|pid| {
-                if let Some(pid) = pid {
-                    crate::net::link::create(plan, pid)
-                        .map_err(|e| std::io::Error::other(e.to_string()))
-                        .and_then(|()| report.write_all(b"N\n"))?;
-                }
-                report.read_to_string(&mut text)
-            }),
-            None => report.read_to_string(&mut text),
-        };
-        let _ = init.child.wait();
         read.map_err(|e| SandboxError::Start(format!("set up the sandbox: {e}")))?;
         let started = parse_report(&text)?;
         if self.keep_waiting.load(std::sync::atomic::Ordering::Relaxed) {
