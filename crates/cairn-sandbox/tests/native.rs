@@ -99,6 +99,32 @@ fn an_init_started_ahead_becomes_the_sandbox_and_a_killed_one_is_replaced() {
 }
 
 #[test]
+fn a_driver_that_keeps_an_init_waiting_has_a_new_one_after_each_start() {
+    let mut first = None;
+    let Some(sandbox) = Native::start_after(
+        "keep-waiting",
+        |d| d,
+        |driver, init| {
+            driver.keep_init_waiting(init);
+            first = driver.waiting_init();
+        },
+    ) else {
+        return;
+    };
+    let first = first.expect("an init waits once kept");
+    let next = sandbox
+        .driver
+        .waiting_init()
+        .expect("another init waits after the start");
+    assert_ne!(first, next);
+    assert!(alive(next) && !alive(first));
+    assert_eq!(sandbox.run(&["/bin/echo", "kept"]), "kept\n");
+    sandbox.stop();
+    drop(sandbox);
+    assert!(!alive(next), "the waiting init outlived its driver");
+}
+
+#[test]
 fn an_init_started_ahead_and_never_used_is_gone_with_its_driver() {
     let Some(sandbox) = Native::start("ahead-unused") else {
         return;

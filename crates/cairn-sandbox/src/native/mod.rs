@@ -177,6 +177,11 @@ impl NativeDriver {
             if let Err(e) = handed {
                 return (Err(e), text);
             }
+            // The next sandbox's init starts while this one builds its root,
+            // when this process has nothing else to do.
+            if self.keep_waiting.load(std::sync::atomic::Ordering::Relaxed) {
+                self.start_init_ahead(&spec.init_binary);
+            }
             let report = &mut init.report;
             let read = match &spec.network {
                 // The sandbox's end of the veth goes into its namespace once
@@ -210,11 +215,7 @@ impl NativeDriver {
         };
         drop((listener, console));
         read.map_err(|e| SandboxError::Start(format!("set up the sandbox: {e}")))?;
-        let started = parse_report(&text)?;
-        if self.keep_waiting.load(std::sync::atomic::Ordering::Relaxed) {
-            self.start_init_ahead(&spec.init_binary);
-        }
-        Ok(started)
+        parse_report(&text)
     }
 
     /// The pid of the init waiting for the next sandbox, if one is.
@@ -225,9 +226,9 @@ impl NativeDriver {
     }
 
     /// Keeps an init waiting for the next sandbox from now on: one now, and
-    /// one more after each start, so that a long-lived process (`cairn
-    /// serve`) never waits for init's own start. It costs one sleeping
-    /// process.
+    /// one more during each start (while the sandbox builds its root), so
+    /// that a long-lived process (`cairn serve`) never waits for init's own
+    /// start. It costs one sleeping process.
     pub fn keep_init_waiting(&self, init_binary: &Path) {
         self.keep_waiting.store(true, std::sync::atomic::Ordering::Relaxed);
         self.start_init_ahead(init_binary);
