@@ -159,8 +159,71 @@ impl Engine {
         self.create_from(origin, opts)
     }
 
+    /// Creates and starts a sandbox and runs `req` in it (`cairn run`). The
+    /// native driver sends the command while init builds the sandbox, so it
+    /// starts the moment init serves; a sandbox with services runs it after
+    /// them. On an error, nothing is left behind, as with
+    /// [`Engine::create_sandbox`]; a command that init refuses to start
+    /// (`SpawnFailure`) leaves the sandbox running, for the caller to remove.
+    pub fn create_and_exec(
+        &mut self,
+        opts: &CreateOptions,
+        req: ExecRequest,
+        progress: &dyn Progress,
+    ) -> Result<(SandboxRecord, Result<ExecStart, SpawnFailure>), EngineError> {
+        let image_name = opts
+            .image
+            .clone()
+            .unwrap_or_else(|| crate::images::DEFAULT_IMAGE.to_string());
+        let image = self.image_or_default(&image_name, progress)?;
+        let origin = Origin {
+            image: image.name,
+            layers: image.layers,
+            services: opts.services.clone(),
+            snapshot: None,
+            memory: None,
+            driver: opts.driver.clone().unwrap_or_else(|| "native".into()),
+        };
+        let early = opts.services.is_empty().then_some(&req);
+        let (rec, first) = self.create_started(origin, opts, early)?;
+        let start = match first {
+            Some(first) => {
+                let probe = OomProbe {
+                    sandbox_id: rec.id.clone(),
+                    oom_kills_before: first.oom_kills_before,
+                };
+                first
+                    .pending
+                    .started()
+                    .map(|started| started.map(|session| ExecStart { session, probe }))
+                    .map_err(EngineError::from)
+            }
+            None => self.exec(&rec, req),
+        };
+        match start {
+            Ok(start) => Ok((rec, start)),
+            Err(e) => {
+                if let Err(cleanup) = self.remove_sandbox(&rec, true) {
+                    tracing::warn!(sandbox = %rec.id, "removing a sandbox whose command could not start: {cleanup}");
+                }
+                Err(e)
+            }
+        }
+    }
+
     /// Creates and starts a sandbox on `origin`'s layers; see [`Engine::create_sandbox`].
     pub(crate) fn create_from(&mut self, origin: Origin, opts: &CreateOptions) -> Result<SandboxRecord, EngineError> {
+        Ok(self.create_started(origin, opts, None)?.0)
+    }
+
+    /// [`Engine::create_from`], with `first` sent to init while the sandbox
+    /// starts when the driver can (see [`Driver::start_with_exec`]).
+    fn create_started(
+        &mut self,
+        origin: Origin,
+        opts: &CreateOptions,
+        first: Option<&ExecRequest>,
+    ) -> Result<(SandboxRecord, Option<cairn_sandbox::FirstExec>), EngineError> {
         let id = new_sandbox_id();
         let name = opts.name.clone().unwrap_or_else(|| id.clone());
         if !valid_hostname(&name) {
@@ -209,12 +272,18 @@ impl Engine {
             spec.network = lease.as_ref().map(|l| l.plan.clone());
             spec
         });
-        let started = started.and_then(|spec| match &origin.memory {
-            Some(image) => Ok(self
+        let mut first_exec = None;
+        let started = started.and_then(|spec| match (&origin.memory, first) {
+            (Some(image), _) => Ok(self
                 .gvisor()?
                 .restore(&spec, image)
                 .map_err(cairn_sandbox::SandboxError::from)?),
-            None => Ok(self.driver(&rec.driver)?.start(&spec)?),
+            (None, Some(req)) => {
+                let (process, sent) = self.driver(&rec.driver)?.start_with_exec(&spec, req)?;
+                first_exec = sent;
+                Ok(process)
+            }
+            (None, None) => Ok(self.driver(&rec.driver)?.start(&spec)?),
         });
         let process = match started {
             Ok(p) => p,
@@ -244,7 +313,7 @@ impl Engine {
             }
             return Err(e);
         }
-        Ok(rec)
+        Ok((rec, first_exec))
     }
 
     /// After a sandbox (re)started: a restored one gets the wall clock and

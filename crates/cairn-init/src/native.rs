@@ -1,11 +1,17 @@
 //! `cairn-init --native-setup`: building a native sandbox around init.
 //!
 //! The host spawns init (cheaply: vfork and exec of a small static binary)
-//! with a [`NativeSetup`]. Init joins the sandbox's cgroups, unshares the
-//! mount, pid, network, ipc, uts and cgroup namespaces and forks; the parent
-//! reports the child's pid to the host and exits, so the child, PID 1 of the
-//! new pid namespace, is re-parented away from the host process and
-//! outlives it. The child mounts the overlay root with a fresh /proc, a
+//! with the sandbox's host id range on its command line (`BASE:COUNT`), and
+//! may do so before it knows which sandbox it is for. Init makes what needs
+//! nothing more at once, while the host prepares the rest: the user
+//! namespace with that range, and the pid, network, ipc and uts
+//! namespaces (a network namespace alone costs about 0.4 ms to make). It
+//! then waits for the [`NativeSetup`], joins the sandbox's cgroups,
+//! unshares the mount and cgroup namespaces (the mount table is copied as
+//! it is then, and the cgroup namespace is rooted at the cgroup just
+//! joined) and forks; the parent reports the child's pid to the host and
+//! exits, so the child, PID 1 of the new pid namespace, is re-parented away
+//! from the host process and outlives it. The child mounts the overlay root with a fresh /proc, a
 //! minimal /dev and a read-only /sys, pivots into it, names the host, brings
 //! up loopback, drops capabilities, sets `no_new_privs`, installs the
 //! seccomp filters and goes on to serve.
@@ -43,9 +49,17 @@ pub fn build() -> RawFd {
     unsafe {
         libc::syscall(libc::SYS_close_range, 3u32, u32::MAX, 0u32);
     }
+    let ids = std::env::args().nth(2);
+    let ahead = ids
+        .as_deref()
+        .and_then(|ids| ids.split_once(':'))
+        .and_then(|(base, count)| Some((base.parse::<u32>().ok()?, count.parse::<u32>().ok()?)))
+        .ok_or_else(|| format!("cairn-init --native-setup takes the host id range as BASE:COUNT, not {ids:?}"))
+        .and_then(|(base, count)| Ok(((base, count), namespaces_ahead(base, count)?)));
     // The host may start init before its sandbox exists (see the driver's
     // `WaitingInit`): the listening socket and the console log come with
-    // the setup, and take fds 0 and 2.
+    // the setup, and take fds 0 and 2. A failure above is reported once
+    // the setup is read, when the host listens for the report.
     if let Err(e) = receive_fds(&report) {
         fail(&mut report, e);
     }
@@ -59,24 +73,27 @@ pub fn build() -> RawFd {
             format!("setup version {} from a different Cairn build", setup.version),
         );
     }
+    let ((base, count), (userns, holder)) = match ahead {
+        Ok(made) => made,
+        Err(e) => fail(&mut report, e),
+    };
+    if (base, count) != (setup.host_id_base, setup.id_count) {
+        fail(
+            &mut report,
+            format!(
+                "the setup maps ids to {}+{}, but init was started for {base}+{count}",
+                setup.host_id_base, setup.id_count
+            ),
+        );
+    }
     let setup = &setup;
     for procs in &setup.cgroup_procs {
         if let Err(e) = fs::write(procs, "0") {
             fail(&mut report, format!("join the sandbox cgroup {procs}: {e}"));
         }
     }
-    let (userns, holder) = match user_namespace(setup.host_id_base, setup.id_count) {
-        Ok(made) => made,
-        Err(e) => fail(&mut report, e),
-    };
-    let flags = CloneFlags::CLONE_NEWNS
-        | CloneFlags::CLONE_NEWPID
-        | CloneFlags::CLONE_NEWNET
-        | CloneFlags::CLONE_NEWIPC
-        | CloneFlags::CLONE_NEWUTS
-        | CloneFlags::CLONE_NEWCGROUP;
-    if let Err(e) = unshare(flags) {
-        fail(&mut report, format!("create namespaces: {e}"));
+    if let Err(e) = unshare(CloneFlags::CLONE_NEWNS | CloneFlags::CLONE_NEWCGROUP) {
+        fail(&mut report, format!("create the mount and cgroup namespaces: {e}"));
     }
     // SAFETY: this process is single-threaded (setup runs before any thread
     // starts), so the child may do anything the parent could.
@@ -105,6 +122,20 @@ pub fn build() -> RawFd {
 }
 
 type Step<T> = Result<T, String>;
+
+/// The namespaces that need nothing from the setup: the user namespace
+/// mapping `0..count` to host ids `base..` (held by a descriptor, with the
+/// child that made it, for the caller to reap), and the pid, network, ipc
+/// and uts namespaces of this process's next child. The mount namespace
+/// waits for the setup, so that its copy of the host's mount table is
+/// current; the cgroup namespace waits for the cgroups it is rooted at.
+fn namespaces_ahead(base: u32, count: u32) -> Step<(OwnedFd, nix::unistd::Pid)> {
+    let made = user_namespace(base, count)?;
+    let flags =
+        CloneFlags::CLONE_NEWPID | CloneFlags::CLONE_NEWNET | CloneFlags::CLONE_NEWIPC | CloneFlags::CLONE_NEWUTS;
+    ctx(unshare(flags), || "create namespaces".into())?;
+    Ok(made)
+}
 
 /// Receives the listening socket and the console log: one byte,
 /// [`cairn_protocol::SETUP_FDS_MARKER`], carrying exactly those two

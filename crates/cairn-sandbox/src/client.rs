@@ -132,6 +132,14 @@ impl InitClient {
         request: &ToInit,
         timeout: Option<Duration>,
     ) -> Result<(UnixStream, BufReader<UnixStream>), ClientError> {
+        let stream = self.send(request, timeout)?;
+        self.welcomed(stream)
+    }
+
+    /// Connects and sends the hello and `request` in one write; nothing is
+    /// read yet, so this may run before init accepts (its socket is bound
+    /// by the host before init starts).
+    fn send(&self, request: &ToInit, timeout: Option<Duration>) -> Result<UnixStream, ClientError> {
         let mut stream = self.connect().map_err(|e| match e.kind() {
             io::ErrorKind::NotFound | io::ErrorKind::ConnectionRefused => ClientError::NotRunning(self.socket.clone()),
             _ => ClientError::Io(e),
@@ -144,6 +152,11 @@ impl InitClient {
         encode_frame(request, &mut frame)?;
         buf.extend_from_slice(&frame);
         stream.write_all(&buf).map_err(|e| self.lost(e))?;
+        Ok(stream)
+    }
+
+    /// Reads and checks the welcome on a connection [`Self::send`] opened.
+    fn welcomed(&self, stream: UnixStream) -> Result<(UnixStream, BufReader<UnixStream>), ClientError> {
         let mut reader = BufReader::with_capacity(DATA_CHUNK + 64, stream.try_clone()?);
         match self.read(&mut reader)? {
             FromInit::Welcome { version, .. } if version == PROTOCOL_VERSION => Ok((stream, reader)),
@@ -190,8 +203,25 @@ impl InitClient {
 
     /// Starts a process; output is collected with [`ExecSession::wait`].
     pub fn exec(&self, req: ExecRequest) -> Result<Result<ExecSession, SpawnFailure>, ClientError> {
+        self.send_exec(req)?.started()
+    }
+
+    /// Sends an exec request without waiting for any answer: the native
+    /// driver sends a sandbox's first command while init is still building
+    /// the sandbox, and init starts it as soon as it serves.
+    pub fn send_exec(&self, req: ExecRequest) -> Result<PendingExec, ClientError> {
         let detach = req.detach;
-        let (stream, mut reader) = self.open(&ToInit::Exec(req))?;
+        let stream = self.send(&ToInit::Exec(req), None)?;
+        Ok(PendingExec {
+            client: self.clone(),
+            stream,
+            detach,
+        })
+    }
+
+    /// The answer to a request [`Self::send_exec`] sent.
+    fn exec_started(&self, stream: UnixStream, detach: bool) -> Result<Result<ExecSession, SpawnFailure>, ClientError> {
+        let (stream, mut reader) = self.welcomed(stream)?;
         match self.read(&mut reader)? {
             FromInit::Started { pid } => Ok(Ok(ExecSession {
                 pid,
@@ -489,6 +519,21 @@ pub struct ExecSession {
     writer: Arc<Mutex<UnixStream>>,
     reader: BufReader<UnixStream>,
     client: InitClient,
+}
+
+/// An exec request sent, its answer not yet read ([`InitClient::send_exec`]).
+#[derive(Debug)]
+pub struct PendingExec {
+    client: InitClient,
+    stream: UnixStream,
+    detach: bool,
+}
+
+impl PendingExec {
+    /// Waits for init to start the process (or refuse it).
+    pub fn started(self) -> Result<Result<ExecSession, SpawnFailure>, ClientError> {
+        self.client.exec_started(self.stream, self.detach)
+    }
 }
 
 /// Sends stdin and signals to a running process from any thread.

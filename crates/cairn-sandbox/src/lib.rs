@@ -110,6 +110,16 @@ impl SandboxError {
     }
 }
 
+/// A sandbox's first command, sent while the sandbox started
+/// ([`Driver::start_with_exec`]).
+#[derive(Debug)]
+pub struct FirstExec {
+    pub pending: client::PendingExec,
+    /// The sandbox's OOM-kill count before the command was sent (a pooled
+    /// cgroup keeps its count).
+    pub oom_kills_before: u64,
+}
+
 /// A way of running sandboxes.
 pub trait Driver: Send + Sync {
     /// The driver's name as users write it (`--driver native`).
@@ -117,6 +127,18 @@ pub trait Driver: Send + Sync {
     fn capabilities(&self) -> Capabilities;
     /// Starts a sandbox; on error nothing is left behind.
     fn start(&self, spec: &SandboxSpec) -> Result<SandboxProcess, SandboxError>;
+    /// [`Driver::start`], sending the sandbox's first command to its init as
+    /// early as the driver can, so that it starts the moment init serves
+    /// (the native driver sends it while init builds the root). `None`: the
+    /// driver sent nothing, and the caller execs as usual.
+    fn start_with_exec(
+        &self,
+        spec: &SandboxSpec,
+        first: &cairn_protocol::ExecRequest,
+    ) -> Result<(SandboxProcess, Option<FirstExec>), SandboxError> {
+        let _ = first;
+        Ok((self.start(spec)?, None))
+    }
     /// Kills every process of the sandbox and removes its cgroups. Idempotent:
     /// safe on a sandbox that is already dead or half cleaned.
     fn stop(&self, id: &str, process: Option<SandboxProcess>) -> Result<(), SandboxError>;

@@ -7,9 +7,9 @@ use std::os::unix::fs::{MetadataExt, PermissionsExt};
 use std::path::{Path, PathBuf};
 
 use anyhow::{bail, Context, Result};
-use cairn_engine::{CreateOptions, Engine, Home, SandboxRecord, SandboxState};
+use cairn_engine::{CreateOptions, Engine, ExecStart, Home, SandboxRecord, SandboxState};
 use cairn_protocol::{ExecRequest, FileKind, FileMeta};
-use cairn_sandbox::client::InitClient;
+use cairn_sandbox::client::{InitClient, SpawnFailure};
 use cairn_sandbox::limits::{CpuCount, MemorySize, PidCount};
 use cairn_sandbox::Limits;
 use nix::sys::signal::{SigSet, Signal};
@@ -365,8 +365,9 @@ pub fn network_policy(args: &crate::cli::NetworkArgs) -> Result<Option<cairn_san
 }
 
 fn run(engine: &mut Engine, sandbox: &SandboxArgs, process: &ProcessArgs, cmd: Vec<String>) -> Result<i32> {
-    let rec = engine.create_sandbox(&create_options(sandbox, true)?, &Steps::new())?;
-    let result = exec(engine, &rec, process, cmd, false);
+    let req = request(process, cmd, false)?;
+    let (rec, start) = engine.create_and_exec(&create_options(sandbox, true)?, req, &Steps::new())?;
+    let result = follow(engine, &rec, process, start, false);
     // Removal happens whatever the command did; a removal failure is
     // reported, and `cairn gc` finishes it later.
     let rec = engine.sandbox(&rec.id)?;
@@ -401,7 +402,20 @@ pub(crate) fn request(process: &ProcessArgs, argv: Vec<String>, detach: bool) ->
 /// Runs a process and returns the exit status to pass on.
 fn exec(engine: &Engine, rec: &SandboxRecord, process: &ProcessArgs, argv: Vec<String>, detach: bool) -> Result<i32> {
     let req = request(process, argv, detach)?;
-    let start = match engine.exec(rec, req)? {
+    let start = engine.exec(rec, req)?;
+    follow(engine, rec, process, start, detach)
+}
+
+/// Follows a started process to its end (or prints its pid, detached) and
+/// returns the exit status to pass on.
+fn follow(
+    engine: &Engine,
+    rec: &SandboxRecord,
+    process: &ProcessArgs,
+    start: Result<ExecStart, SpawnFailure>,
+    detach: bool,
+) -> Result<i32> {
+    let start = match start {
         Ok(start) => start,
         Err(failure) => {
             eprintln!("cairn: {}", failure.message);

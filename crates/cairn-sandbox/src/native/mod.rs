@@ -137,7 +137,13 @@ impl NativeDriver {
         })
     }
 
-    fn launch(&self, spec: &SandboxSpec) -> Result<SandboxProcess, SandboxError> {
+    /// Starts init on `spec`'s sandbox; `first`, when given, is sent to
+    /// its socket once init has its setup, and comes back pending.
+    fn launch(
+        &self,
+        spec: &SandboxSpec,
+        first: Option<&cairn_protocol::ExecRequest>,
+    ) -> Result<(SandboxProcess, Option<crate::client::PendingExec>), SandboxError> {
         let socket = spec.socket_path();
         if socket.as_os_str().len() >= 100 {
             return Err(SandboxError::SocketPathTooLong(spec.dir.clone()));
@@ -169,13 +175,22 @@ impl NativeDriver {
             .unwrap_or_else(|p| p.into_inner())
             .take()
             .filter(|w| w.binary == spec.init_binary);
+        // The first command goes to the listening socket once, whichever
+        // init serves it; a failure to send leaves it to the caller.
+        let mut first = first;
+        let mut pending = None;
         // Hands init the setup and reads its report to the end.
-        let attempt = |init: &mut WaitingInit| -> (std::io::Result<()>, String) {
+        let mut attempt = |init: &mut WaitingInit| -> (std::io::Result<()>, String) {
             let mut text = String::new();
             let handed = send_fds(&init.report, &listener, &console)
                 .and_then(|()| cairn_protocol::write_frame(&mut init.report, &setup).map_err(std::io::Error::other));
             if let Err(e) = handed {
                 return (Err(e), text);
+            }
+            // Sent while init builds the root: it is accepted as soon as
+            // init serves.
+            if let Some(req) = first.take() {
+                pending = crate::client::InitClient::new(&socket).send_exec(req.clone()).ok();
             }
             // The next sandbox's init starts while this one builds its root,
             // when this process has nothing else to do.
@@ -215,7 +230,7 @@ impl NativeDriver {
         };
         drop((listener, console));
         read.map_err(|e| SandboxError::Start(format!("set up the sandbox: {e}")))?;
-        parse_report(&text)
+        Ok((parse_report(&text)?, pending))
     }
 
     /// The pid of the init waiting for the next sandbox, if one is.
@@ -265,6 +280,7 @@ impl WaitingInit {
         let mut cmd = Command::new(binary);
         cmd.arg0("cairn-init")
             .arg("--native-setup")
+            .arg(format!("{}:{}", HOST_IDS.base, HOST_IDS.count))
             .env_clear()
             .env("PATH", "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin")
             .stdin(Stdio::null())
@@ -413,9 +429,35 @@ impl Driver for NativeDriver {
 
     fn start(&self, spec: &SandboxSpec) -> Result<SandboxProcess, SandboxError> {
         self.cgroups.create(&spec.id, &spec.limits)?;
-        self.launch(spec).inspect_err(|_| {
-            let _ = self.stop(&spec.id, None);
-        })
+        match self.launch(spec, None) {
+            Ok((process, _)) => Ok(process),
+            Err(e) => {
+                let _ = self.stop(&spec.id, None);
+                Err(e)
+            }
+        }
+    }
+
+    fn start_with_exec(
+        &self,
+        spec: &SandboxSpec,
+        first: &cairn_protocol::ExecRequest,
+    ) -> Result<(SandboxProcess, Option<crate::FirstExec>), SandboxError> {
+        self.cgroups.create(&spec.id, &spec.limits)?;
+        let oom_kills_before = self.oom_kills(&spec.id);
+        match self.launch(spec, Some(first)) {
+            Ok((process, pending)) => Ok((
+                process,
+                pending.map(|pending| crate::FirstExec {
+                    pending,
+                    oom_kills_before,
+                }),
+            )),
+            Err(e) => {
+                let _ = self.stop(&spec.id, None);
+                Err(e)
+            }
+        }
     }
 
     fn stop(&self, id: &str, process: Option<SandboxProcess>) -> Result<(), SandboxError> {
