@@ -121,6 +121,9 @@ pub struct Engine {
     store: ChunkStore<StoreBackend>,
     /// Sandboxes the reconciliation at open removed (reported by `gc`).
     reconciled: Vec<String>,
+    /// Whether the reconciliation at open was put off to the sandbox start
+    /// ([`Engine::open_to_start`]).
+    reconcile_pending: bool,
     /// The model decide stages ask, over what pipeline files say (the
     /// CLI's `--provider`, `--model`, `--base-url`).
     model_override: pipeline::spec::ModelSpec,
@@ -141,7 +144,9 @@ impl Engine {
 
     /// [`Engine::open`] for a command about to start one native sandbox:
     /// its `cairn-init` starts before the state store opens, and waits for
-    /// its setup, so that its start and the store's overlap.
+    /// its setup, so that its start and the store's overlap; and the
+    /// reconciliation is put off until init has its setup, and runs while
+    /// init builds the sandbox.
     pub fn open_to_start(home: Home) -> Result<Engine, EngineError> {
         Engine::open_with(home, true)
     }
@@ -178,11 +183,14 @@ impl Engine {
             init_binary,
             store,
             reconciled: Vec::new(),
+            reconcile_pending: start_init_ahead,
             model_override: Default::default(),
             slots: None,
             memory_phases: std::sync::Mutex::new(None),
         };
-        engine.reconciled = engine.reconcile()?;
+        if !start_init_ahead {
+            engine.reconciled = engine.reconcile()?;
+        }
         Ok(engine)
     }
 

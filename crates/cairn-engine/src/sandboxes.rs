@@ -273,18 +273,40 @@ impl Engine {
             spec
         });
         let mut first_exec = None;
-        let started = started.and_then(|spec| match (&origin.memory, first) {
-            (Some(image), _) => Ok(self
-                .gvisor()?
-                .restore(&spec, image)
-                .map_err(cairn_sandbox::SandboxError::from)?),
-            (None, Some(req)) => {
-                let (process, sent) = self.driver(&rec.driver)?.start_with_exec(&spec, req)?;
-                first_exec = sent;
-                Ok(process)
+        let started = match (started, &origin.memory) {
+            (Err(e), _) => Err(e),
+            // The native driver hands init its setup first; what this
+            // process still has to do (a reconciliation put off at open)
+            // is done while init builds the sandbox.
+            (Ok(spec), None) if rec.driver == "native" => self
+                .native
+                .start_begin(&spec, first)
+                .map_err(EngineError::from)
+                .and_then(|starting| {
+                    self.reconcile_deferred();
+                    Ok(starting.finish(&self.native)?)
+                })
+                .map(|(process, sent)| {
+                    first_exec = sent;
+                    process
+                }),
+            (Ok(spec), memory) => {
+                self.reconcile_deferred();
+                match (memory, first) {
+                    (Some(image), _) => self
+                        .gvisor()
+                        .and_then(|g| Ok(g.restore(&spec, image).map_err(cairn_sandbox::SandboxError::from)?)),
+                    (None, Some(req)) => self
+                        .driver(&rec.driver)
+                        .and_then(|d| Ok(d.start_with_exec(&spec, req)?))
+                        .map(|(process, sent)| {
+                            first_exec = sent;
+                            process
+                        }),
+                    (None, None) => self.driver(&rec.driver).and_then(|d| Ok(d.start(&spec)?)),
+                }
             }
-            (None, None) => Ok(self.driver(&rec.driver)?.start(&spec)?),
-        });
+        };
         let process = match started {
             Ok(p) => p,
             Err(e) => {
@@ -430,6 +452,18 @@ impl Engine {
         }
         self.db.delete_sandbox(&rec.id)?;
         Ok(())
+    }
+
+    /// Runs the reconciliation [`Engine::open_to_start`] put off, once.
+    /// A failure is logged: the next command reconciles again.
+    pub(crate) fn reconcile_deferred(&mut self) {
+        if !std::mem::take(&mut self.reconcile_pending) {
+            return;
+        }
+        match self.reconcile() {
+            Ok(removed) => self.reconciled.extend(removed),
+            Err(e) => tracing::warn!("reconciling the state with the host: {e}"),
+        }
     }
 
     /// Brings the rows in line with the host after crashes: a running

@@ -137,13 +137,10 @@ impl NativeDriver {
         })
     }
 
-    /// Starts init on `spec`'s sandbox; `first`, when given, is sent to
-    /// its socket once init has its setup, and comes back pending.
-    fn launch(
-        &self,
-        spec: &SandboxSpec,
-        first: Option<&cairn_protocol::ExecRequest>,
-    ) -> Result<(SandboxProcess, Option<crate::client::PendingExec>), SandboxError> {
+    /// Hands `spec`'s setup to an init (the one waiting, or a fresh one);
+    /// `first`, when given, is sent to the sandbox's socket then, and comes
+    /// back pending from [`Starting::finish`]. The sandbox's cgroups exist.
+    fn begin(&self, spec: &SandboxSpec, first: Option<&cairn_protocol::ExecRequest>) -> Result<Launch, SandboxError> {
         let socket = spec.socket_path();
         if socket.as_os_str().len() >= 100 {
             return Err(SandboxError::SocketPathTooLong(spec.dir.clone()));
@@ -175,62 +172,83 @@ impl NativeDriver {
             .unwrap_or_else(|p| p.into_inner())
             .take()
             .filter(|w| w.binary == spec.init_binary);
+        let mut launch = match waiting {
+            Some(init) => Launch {
+                init,
+                ahead: true,
+                handed: Ok(()),
+                listener,
+                console,
+                setup,
+                pending: None,
+            },
+            None => Launch {
+                init: WaitingInit::spawn(&spec.init_binary)?,
+                ahead: false,
+                handed: Ok(()),
+                listener,
+                console,
+                setup,
+                pending: None,
+            },
+        };
+        launch.handed = launch.hand();
         // The first command goes to the listening socket once, whichever
-        // init serves it; a failure to send leaves it to the caller.
-        let mut first = first;
-        let mut pending = None;
-        // Hands init the setup and reads its report to the end.
-        let mut attempt = |init: &mut WaitingInit| -> (std::io::Result<()>, String) {
-            let mut text = String::new();
-            let handed = send_fds(&init.report, &listener, &console)
-                .and_then(|()| cairn_protocol::write_frame(&mut init.report, &setup).map_err(std::io::Error::other));
-            if let Err(e) = handed {
-                return (Err(e), text);
-            }
-            // Sent while init builds the root: it is accepted as soon as
-            // init serves.
-            if let Some(req) = first.take() {
-                pending = crate::client::InitClient::new(&socket).send_exec(req.clone()).ok();
-            }
-            // The next sandbox's init starts while this one builds its root,
-            // when this process has nothing else to do.
-            if self.keep_waiting.load(std::sync::atomic::Ordering::Relaxed) {
-                self.start_init_ahead(&spec.init_binary);
-            }
-            let report = &mut init.report;
-            let read = match &spec.network {
-                // The sandbox's end of the veth goes into its namespace once
-                // init names its pid; PID 1 waits for `N` before it is ready.
-                Some(plan) => read_pid(report, &mut text).and_then(|pid| {
-                    if let Some(pid) = pid {
-                        crate::net::link::create(plan, pid)
-                            .map_err(|e| std::io::Error::other(e.to_string()))
-                            .and_then(|()| report.write_all(b"N\n"))?;
-                    }
-                    report.read_to_string(&mut text).map(drop)
-                }),
-                None => report.read_to_string(&mut text).map(drop),
-            };
-            let _ = init.child.wait();
-            (read, text)
-        };
-        // One started ahead may have died since (killed, say): when it
-        // reported nothing, it never forked PID 1, and a fresh one starts.
-        let ahead = waiting.map(|mut w| {
-            let outcome = attempt(&mut w);
-            (w, outcome)
-        });
-        let (_init, (read, text)) = match ahead {
-            Some((w, (read, text))) if read.is_ok() || !text.is_empty() => (w, (read, text)),
-            _ => {
-                let mut w = WaitingInit::spawn(&spec.init_binary)?;
-                let outcome = attempt(&mut w);
-                (w, outcome)
-            }
-        };
-        drop((listener, console));
+        // init serves it: it is accepted as soon as init serves. A failure
+        // to send leaves it to the caller.
+        if let Some(req) = first {
+            launch.pending = crate::client::InitClient::new(&socket).send_exec(req.clone()).ok();
+        }
+        // The next sandbox's init starts while this one builds its root,
+        // when this process has nothing else to do.
+        if self.keep_waiting.load(std::sync::atomic::Ordering::Relaxed) {
+            self.start_init_ahead(&spec.init_binary);
+        }
+        Ok(launch)
+    }
+
+    /// Reads init's report to its end (see [`Launch`]); an init started
+    /// ahead that died before it reported anything (it never forked PID
+    /// 1) is replaced by a fresh one.
+    fn finish(
+        &self,
+        spec: &SandboxSpec,
+        mut launch: Launch,
+    ) -> Result<(SandboxProcess, Option<crate::client::PendingExec>), SandboxError> {
+        let (mut read, mut text) = launch.report(spec);
+        if launch.ahead && read.is_err() && text.is_empty() {
+            launch.init = WaitingInit::spawn(&spec.init_binary)?;
+            launch.ahead = false;
+            launch.handed = launch.hand();
+            (read, text) = launch.report(spec);
+        }
+        let Launch { pending, .. } = launch;
         read.map_err(|e| SandboxError::Start(format!("set up the sandbox: {e}")))?;
         Ok((parse_report(&text)?, pending))
+    }
+
+    /// Starts `spec`'s sandbox in two steps, so that the caller can work
+    /// while init builds it: this one creates the cgroups and hands init
+    /// its setup (and `first`, see [`Driver::start_with_exec`]);
+    /// [`Starting::finish`] waits for init. On error nothing is left behind.
+    pub fn start_begin(
+        &self,
+        spec: &SandboxSpec,
+        first: Option<&cairn_protocol::ExecRequest>,
+    ) -> Result<Starting, SandboxError> {
+        self.cgroups.create(&spec.id, &spec.limits)?;
+        let oom_kills_before = self.oom_kills(&spec.id);
+        match self.begin(spec, first) {
+            Ok(launch) => Ok(Starting {
+                spec: spec.clone(),
+                launch,
+                oom_kills_before,
+            }),
+            Err(e) => {
+                let _ = self.stop(&spec.id, None);
+                Err(e)
+            }
+        }
     }
 
     /// The pid of the init waiting for the next sandbox, if one is.
@@ -264,6 +282,86 @@ impl NativeDriver {
                 Err(e) => tracing::debug!("cannot start cairn-init ahead: {e}"),
             }
         }
+    }
+}
+
+/// A native sandbox whose init has its setup ([`NativeDriver::start_begin`]).
+pub struct Starting {
+    spec: SandboxSpec,
+    launch: Launch,
+    oom_kills_before: u64,
+}
+
+impl Starting {
+    /// Waits for init to report the sandbox ready; on error the sandbox's
+    /// processes and cgroups are gone.
+    pub fn finish(self, driver: &NativeDriver) -> Result<(SandboxProcess, Option<crate::FirstExec>), SandboxError> {
+        let Starting {
+            spec,
+            launch,
+            oom_kills_before,
+        } = self;
+        match driver.finish(&spec, launch) {
+            Ok((process, pending)) => Ok((
+                process,
+                pending.map(|pending| crate::FirstExec {
+                    pending,
+                    oom_kills_before,
+                }),
+            )),
+            Err(e) => {
+                let _ = driver.stop(&spec.id, None);
+                Err(e)
+            }
+        }
+    }
+}
+
+/// One start's init, with what it is handed: the listening socket, the
+/// console log and the setup.
+struct Launch {
+    init: WaitingInit,
+    /// Whether `init` was started ahead (and may have died waiting).
+    ahead: bool,
+    /// How handing `init` its setup went.
+    handed: std::io::Result<()>,
+    listener: UnixListener,
+    console: fs::File,
+    setup: NativeSetup,
+    pending: Option<crate::client::PendingExec>,
+}
+
+impl Launch {
+    /// Sends init its socket, console and setup.
+    fn hand(&mut self) -> std::io::Result<()> {
+        send_fds(&self.init.report, &self.listener, &self.console)?;
+        cairn_protocol::write_frame(&mut self.init.report, &self.setup).map_err(std::io::Error::other)
+    }
+
+    /// Reads init's report to the end: `P<pid>`, then (with a network) the
+    /// veth goes into the sandbox's namespace and init is told `N`, then
+    /// `R` or `E<message>`.
+    fn report(&mut self, spec: &SandboxSpec) -> (std::io::Result<()>, String) {
+        let mut text = String::new();
+        if let Err(e) = std::mem::replace(&mut self.handed, Ok(())) {
+            return (Err(e), text);
+        }
+        let report = &mut self.init.report;
+        let read = match &spec.network {
+            // The sandbox's end of the veth goes into its namespace once
+            // init names its pid; PID 1 waits for `N` before it is ready.
+            Some(plan) => read_pid(report, &mut text).and_then(|pid| {
+                if let Some(pid) = pid {
+                    crate::net::link::create(plan, pid)
+                        .map_err(|e| std::io::Error::other(e.to_string()))
+                        .and_then(|()| report.write_all(b"N\n"))?;
+                }
+                report.read_to_string(&mut text).map(drop)
+            }),
+            None => report.read_to_string(&mut text).map(drop),
+        };
+        let _ = self.init.child.wait();
+        (read, text)
     }
 }
 
@@ -428,14 +526,7 @@ impl Driver for NativeDriver {
     }
 
     fn start(&self, spec: &SandboxSpec) -> Result<SandboxProcess, SandboxError> {
-        self.cgroups.create(&spec.id, &spec.limits)?;
-        match self.launch(spec, None) {
-            Ok((process, _)) => Ok(process),
-            Err(e) => {
-                let _ = self.stop(&spec.id, None);
-                Err(e)
-            }
-        }
+        Ok(self.start_begin(spec, None)?.finish(self)?.0)
     }
 
     fn start_with_exec(
@@ -443,21 +534,7 @@ impl Driver for NativeDriver {
         spec: &SandboxSpec,
         first: &cairn_protocol::ExecRequest,
     ) -> Result<(SandboxProcess, Option<crate::FirstExec>), SandboxError> {
-        self.cgroups.create(&spec.id, &spec.limits)?;
-        let oom_kills_before = self.oom_kills(&spec.id);
-        match self.launch(spec, Some(first)) {
-            Ok((process, pending)) => Ok((
-                process,
-                pending.map(|pending| crate::FirstExec {
-                    pending,
-                    oom_kills_before,
-                }),
-            )),
-            Err(e) => {
-                let _ = self.stop(&spec.id, None);
-                Err(e)
-            }
-        }
+        self.start_begin(spec, Some(first))?.finish(self)
     }
 
     fn stop(&self, id: &str, process: Option<SandboxProcess>) -> Result<(), SandboxError> {
