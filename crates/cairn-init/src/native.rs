@@ -5,25 +5,25 @@
 //! may do so before it knows which sandbox it is for. Init makes what needs
 //! nothing more at once, while the host prepares the rest: the user
 //! namespace with that range, and the pid, network, ipc and uts
-//! namespaces (a network namespace alone costs about 0.4 ms to make). It
-//! then waits for the [`NativeSetup`], joins the sandbox's cgroups,
-//! unshares the mount and cgroup namespaces (the mount table is copied as
-//! it is then, and the cgroup namespace is rooted at the cgroup just
-//! joined) and forks; the parent reports the child's pid to the host and
-//! exits, so the child, PID 1 of the new pid namespace, is re-parented away
-//! from the host process and outlives it. The child mounts the overlay root with a fresh /proc, a
-//! minimal /dev and a read-only /sys, pivots into it, names the host, brings
-//! up loopback, drops capabilities, sets `no_new_privs`, installs the
-//! seccomp filters and goes on to serve.
+//! namespaces (a network namespace alone costs about 0.4 ms to make), and
+//! forks PID 1 of the new pid namespace. PID 1 waits for the
+//! [`NativeSetup`]; once it has it, it reports its pid to the host and the
+//! parent exits, so PID 1 is re-parented away from the host process and
+//! outlives it. PID 1 joins the sandbox's cgroups, unshares the mount and
+//! cgroup namespaces (the mount table is copied as it is then, and the
+//! cgroup namespace is rooted at the cgroup just joined), mounts the
+//! overlay root with a fresh /proc, a minimal /dev and a read-only /sys,
+//! pivots into it, names the host, brings up loopback, drops capabilities,
+//! sets `no_new_privs`, installs the seccomp filters and goes on to serve.
 //!
 //! fd 1 is a socket to the host. The host sends the [`NativeSetup`] as one
 //! frame (so nothing of it shows on init's command line); init answers with
-//! `P<pid>\n` from the parent and `R\n` from PID 1 once it is ready (in
-//! either order), or `E<message>` on failure.
+//! `P<pid>\n` (PID 1's host pid) once PID 1 has the setup and `R\n` once it
+//! is ready, or `E<message>` on failure.
 
 use std::fs;
 use std::io::Write;
-use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
+use std::os::fd::{AsFd, AsRawFd, FromRawFd, OwnedFd, RawFd};
 use std::os::unix::fs::PermissionsExt;
 use std::path::Path;
 
@@ -56,27 +56,77 @@ pub fn build() -> RawFd {
         .and_then(|(base, count)| Some((base.parse::<u32>().ok()?, count.parse::<u32>().ok()?)))
         .ok_or_else(|| format!("cairn-init --native-setup takes the host id range as BASE:COUNT, not {ids:?}"))
         .and_then(|(base, count)| Ok(((base, count), namespaces_ahead(base, count)?)));
-    // The host may start init before its sandbox exists (see the driver's
-    // `WaitingInit`): the listening socket and the console log come with
-    // the setup, and take fds 0 and 2. A failure above is reported once
-    // the setup is read, when the host listens for the report.
-    if let Err(e) = receive_fds(&report) {
-        fail(&mut report, e);
-    }
-    let setup: NativeSetup = match cairn_protocol::read_frame(&mut *report) {
-        Ok(s) => s,
-        Err(e) => fail(&mut report, format!("read the sandbox setup: {e}")),
-    };
-    if setup.version != cairn_protocol::PROTOCOL_VERSION {
-        fail(
-            &mut report,
-            format!("setup version {} from a different Cairn build", setup.version),
-        );
-    }
     let ((base, count), (userns, holder)) = match ahead {
         Ok(made) => made,
-        Err(e) => fail(&mut report, e),
+        // Reported once the setup is read, when the host listens for it.
+        Err(e) => {
+            read_setup(&mut report);
+            fail(&mut report, e)
+        }
     };
+    // PID 1 is forked now too, and takes the setup itself. Until it has,
+    // it dies with this process (a waiting init the host kills leaves
+    // nothing, and the host, seeing nothing reported, starts another);
+    // once it has, it names itself to the host and this process exits, so
+    // that PID 1 is re-parented away from the host process and outlives it.
+    let (taken, took) = match nix::unistd::pipe2(OFlag::O_CLOEXEC) {
+        Ok(pipe) => pipe,
+        Err(e) => {
+            read_setup(&mut report);
+            fail(&mut report, format!("create a pipe: {e}"))
+        }
+    };
+    // SAFETY: this process is single-threaded (setup runs before any thread
+    // starts), so the child may do anything the parent could.
+    match unsafe { fork() } {
+        Err(e) => {
+            read_setup(&mut report);
+            fail(&mut report, format!("fork PID 1: {e}"))
+        }
+        Ok(ForkResult::Parent { .. }) => {
+            drop(took);
+            // Returns once PID 1 has the setup (or is gone).
+            let mut byte = [0u8; 1];
+            let _ = nix::unistd::read(taken.as_raw_fd(), &mut byte);
+            // The namespace's first holder exited once its pipe closed;
+            // reaped here, off the path to PID 1's readiness.
+            let _ = nix::sys::wait::waitpid(holder, None);
+            std::process::exit(0)
+        }
+        Ok(ForkResult::Child) => {}
+    }
+    drop(taken);
+    // SAFETY: prctl with integer arguments.
+    unsafe {
+        libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL as libc::c_ulong, 0, 0, 0);
+    }
+    // A parent that died before that was set closed the pipe's only read
+    // end (`getppid` cannot tell: the parent is outside this pid
+    // namespace).
+    let mut probe = [nix::poll::PollFd::new(took.as_fd(), nix::poll::PollFlags::POLLOUT)];
+    let _ = nix::poll::poll(&mut probe, nix::poll::PollTimeout::ZERO);
+    if probe[0]
+        .revents()
+        .is_none_or(|r| r.intersects(nix::poll::PollFlags::POLLERR | nix::poll::PollFlags::POLLHUP))
+    {
+        std::process::exit(1);
+    }
+    let setup = read_setup(&mut report);
+    // SAFETY: as above; from here this process is the sandbox's and
+    // outlives the one that forked it.
+    unsafe {
+        libc::prctl(libc::PR_SET_PDEATHSIG, 0 as libc::c_ulong, 0, 0, 0);
+    }
+    // PID 1 names itself: its host pid is what the host's /proc (still
+    // this process's) calls `self`.
+    match fs::read_link("/proc/self") {
+        Ok(pid) => {
+            let _ = report.write_all(format!("P{}\n", pid.display()).as_bytes());
+        }
+        Err(e) => fail(&mut report, format!("read PID 1's host pid: {e}")),
+    }
+    let _ = nix::unistd::write(&took, b"1");
+    drop(took);
     if (base, count) != (setup.host_id_base, setup.id_count) {
         fail(
             &mut report,
@@ -95,19 +145,6 @@ pub fn build() -> RawFd {
     if let Err(e) = unshare(CloneFlags::CLONE_NEWNS | CloneFlags::CLONE_NEWCGROUP) {
         fail(&mut report, format!("create the mount and cgroup namespaces: {e}"));
     }
-    // SAFETY: this process is single-threaded (setup runs before any thread
-    // starts), so the child may do anything the parent could.
-    match unsafe { fork() } {
-        Err(e) => fail(&mut report, format!("fork PID 1: {e}")),
-        Ok(ForkResult::Parent { child }) => {
-            let _ = report.write_all(format!("P{}\n", child.as_raw()).as_bytes());
-            // The namespace's first holder exited once its pipe closed;
-            // reaped here, off the path to PID 1's readiness.
-            let _ = nix::sys::wait::waitpid(holder, None);
-            std::process::exit(0)
-        }
-        Ok(ForkResult::Child) => {}
-    }
     if let Err(e) = setup_root(setup, userns) {
         fail(&mut report, e);
     }
@@ -122,6 +159,31 @@ pub fn build() -> RawFd {
 }
 
 type Step<T> = Result<T, String>;
+
+/// Takes the listening socket, the console log and the setup from the
+/// host (see the driver's `WaitingInit`: the host may start init before
+/// its sandbox exists); the descriptors become fds 0 and 2. A failure is
+/// reported and ends the process.
+fn read_setup(report: &mut std::os::unix::net::UnixStream) -> NativeSetup {
+    let fail = |report: &mut std::os::unix::net::UnixStream, msg: String| -> ! {
+        let _ = report.write_all(format!("E{msg}").as_bytes());
+        std::process::exit(1)
+    };
+    if let Err(e) = receive_fds(report) {
+        fail(report, e);
+    }
+    let setup: NativeSetup = match cairn_protocol::read_frame(&mut *report) {
+        Ok(s) => s,
+        Err(e) => fail(report, format!("read the sandbox setup: {e}")),
+    };
+    if setup.version != cairn_protocol::PROTOCOL_VERSION {
+        fail(
+            report,
+            format!("setup version {} from a different Cairn build", setup.version),
+        );
+    }
+    setup
+}
 
 /// The namespaces that need nothing from the setup: the user namespace
 /// mapping `0..count` to host ids `base..` (held by a descriptor, with the

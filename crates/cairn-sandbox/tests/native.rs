@@ -53,7 +53,8 @@ fn an_init_started_ahead_becomes_the_sandbox_and_a_killed_one_is_replaced() {
     };
     let ahead = ahead.expect("an init waits after start_init_ahead");
     assert_eq!(sandbox.run(&["/bin/echo", "ahead"]), "ahead\n");
-    // The waiting init was the setup parent: it exited once PID 1 forked.
+    // The waiting init was the setup parent: it exited once PID 1 took
+    // the setup.
     assert!(!alive(ahead), "the init started ahead is still running");
     assert_eq!(sandbox.driver.waiting_init(), None);
     sandbox.stop();
@@ -77,8 +78,8 @@ fn an_init_started_ahead_becomes_the_sandbox_and_a_killed_one_is_replaced() {
     assert_eq!(sandbox.run(&["/bin/echo", "fresh"]), "fresh\n");
     sandbox.stop();
 
-    // One that dies after its setup was sent to it, before it reported
-    // anything (stopped, then killed while the start waits for it).
+    // One stopped, then killed while the start waits for it: the PID 1 it
+    // forked takes the setup and reports itself, and the start goes on.
     let Some(sandbox) = Native::start_after(
         "ahead-dies",
         |d| d,
@@ -132,9 +133,37 @@ fn an_init_started_ahead_and_never_used_is_gone_with_its_driver() {
     sandbox.driver.start_init_ahead(&sandbox.spec.init_binary);
     let pid = sandbox.driver.waiting_init().unwrap();
     assert!(alive(pid));
+    // It forks the sandbox's PID 1 while it waits; that one waits too.
+    let deadline = std::time::Instant::now() + Duration::from_secs(10);
+    let mut forked = children(pid);
+    while forked.is_empty() && std::time::Instant::now() < deadline {
+        std::thread::sleep(Duration::from_millis(5));
+        forked = children(pid);
+    }
+    assert!(!forked.is_empty(), "the waiting init forked no PID 1");
     sandbox.stop();
     drop(sandbox);
     assert!(!alive(pid), "an unused init outlived its driver");
+    // PID 1 goes with it: it never took a setup.
+    while forked.iter().any(|&c| alive(c)) && std::time::Instant::now() < deadline {
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    assert!(
+        forked.iter().all(|&c| !alive(c)),
+        "the PID 1 an unused init forked outlived it"
+    );
+}
+
+/// The live processes whose parent is `pid`.
+fn children(pid: u32) -> Vec<u32> {
+    let ppid = format!("PPid:\t{pid}\n");
+    std::fs::read_dir("/proc")
+        .unwrap()
+        .flatten()
+        .filter_map(|e| e.file_name().to_str()?.parse::<u32>().ok())
+        .filter(|&p| std::fs::read_to_string(format!("/proc/{p}/status")).is_ok_and(|s| s.contains(&ppid)))
+        .filter(|&p| alive(p))
+        .collect()
 }
 
 #[test]

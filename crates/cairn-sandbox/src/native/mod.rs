@@ -485,9 +485,8 @@ fn read_pid(report: &mut UnixStream, text: &mut String) -> std::io::Result<Optio
     }
 }
 
-/// `P<pid>\n` from init's setup process and `R\n` from PID 1 once it is
-/// ready, in either order; `E<message>` (the rest of the text) from either
-/// on failure.
+/// `P<pid>\n` once PID 1 has its setup and `R\n` once it is ready;
+/// `E<message>` (the rest of the text) on failure.
 fn parse_report(report: &str) -> Result<SandboxProcess, SandboxError> {
     let (mut pid, mut ready) = (None, false);
     let mut rest = report;
