@@ -20,12 +20,21 @@ impl Default for Limits {
     fn default() -> Self {
         Limits {
             memory_bytes: 1 << 30,
-            cpu_millis: std::thread::available_parallelism()
-                .map(|n| n.get() as u32 * 1000)
-                .unwrap_or(1000),
+            cpu_millis: host_cpu_millis(),
             pids: 1024,
         }
     }
+}
+
+/// The CPUs this process may use, in thousandths: read once per process
+/// (the standard library reads the cgroup's quota files every time).
+fn host_cpu_millis() -> u32 {
+    static MILLIS: std::sync::OnceLock<u32> = std::sync::OnceLock::new();
+    *MILLIS.get_or_init(|| {
+        std::thread::available_parallelism()
+            .map(|n| n.get() as u32 * 1000)
+            .unwrap_or(1000)
+    })
 }
 
 #[derive(Debug, thiserror::Error, PartialEq, Eq)]

@@ -61,7 +61,7 @@ pub struct NativeDriver {
     /// Sandboxes get [`seccomp::programs`] unless a test set another filter.
     seccomp: Option<Vec<Vec<cairn_protocol::BpfInstruction>>>,
     /// An init started ahead for the next sandbox ([`NativeDriver::start_init_ahead`]).
-    waiting: Mutex<Option<WaitingInit>>,
+    waiting: Mutex<Option<Ahead>>,
     /// Whether each start leaves the next init waiting (long-lived processes).
     keep_waiting: std::sync::atomic::AtomicBool,
 }
@@ -166,12 +166,7 @@ impl NativeDriver {
             .append(true)
             .open(spec.console_log())
             .map_err(|e| SandboxError::setup("open the console log", e))?;
-        let waiting = self
-            .waiting
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .take()
-            .filter(|w| w.binary == spec.init_binary);
+        let waiting = self.take_waiting().filter(|w| w.binary == spec.init_binary);
         let mut launch = match waiting {
             Some(init) => Launch {
                 init,
@@ -254,8 +249,17 @@ impl NativeDriver {
     /// The pid of the init waiting for the next sandbox, if one is.
     #[doc(hidden)]
     pub fn waiting_init(&self) -> Option<u32> {
-        let waiting = self.waiting.lock().unwrap_or_else(|p| p.into_inner());
-        waiting.as_ref().map(|w| w.child.id())
+        let init = self.take_waiting()?;
+        let pid = init.child.id();
+        *self.waiting.lock().unwrap_or_else(|p| p.into_inner()) = Some(Ahead::Waiting(Some(init)));
+        Some(pid)
+    }
+
+    /// The init started ahead, once its spawn is done; `None` when there is
+    /// none (or its spawn failed).
+    fn take_waiting(&self) -> Option<WaitingInit> {
+        let ahead = self.waiting.lock().unwrap_or_else(|p| p.into_inner()).take()?;
+        ahead.into_init()
     }
 
     /// Keeps an init waiting for the next sandbox from now on: one now, and
@@ -271,15 +275,64 @@ impl NativeDriver {
     /// C library's start (half a millisecond of `cpuid` on some VMs) overlap
     /// with this process's own work until then. It waits for its setup; an
     /// unused one is killed when the driver is dropped.
+    ///
+    /// The spawn runs on a thread of its own (with the seccomp filter's
+    /// compilation after it), so that this one does not wait for init's
+    /// exec; the start that takes the init waits for the spawn if need be.
     pub fn start_init_ahead(&self, init_binary: &Path) {
-        if self.seccomp.is_none() {
-            seccomp::compile_ahead();
-        }
         let mut waiting = self.waiting.lock().unwrap_or_else(|p| p.into_inner());
-        if waiting.is_none() {
-            match WaitingInit::spawn(init_binary) {
-                Ok(w) => *waiting = Some(w),
+        if waiting.is_some() {
+            return;
+        }
+        let binary = init_binary.to_path_buf();
+        let compile = self.seccomp.is_none();
+        let spawned = std::thread::Builder::new().name("init-ahead".into()).spawn(move || {
+            let init = WaitingInit::spawn(&binary);
+            if compile {
+                drop(seccomp::programs());
+            }
+            init
+        });
+        match spawned {
+            Ok(thread) => *waiting = Some(Ahead::Spawning(Some(thread))),
+            // No thread to spare: spawned here.
+            Err(_) => match WaitingInit::spawn(init_binary) {
+                Ok(init) => *waiting = Some(Ahead::Waiting(Some(init))),
                 Err(e) => tracing::debug!("cannot start cairn-init ahead: {e}"),
+            },
+        }
+    }
+}
+
+/// An init started ahead: spawning on its thread, or spawned and waiting.
+/// Dropped unused (with its driver), it is killed, its spawn finished first
+/// if it was still under way.
+enum Ahead {
+    Spawning(Option<std::thread::JoinHandle<Result<WaitingInit, SandboxError>>>),
+    Waiting(Option<WaitingInit>),
+}
+
+impl Ahead {
+    fn into_init(mut self) -> Option<WaitingInit> {
+        match &mut self {
+            Ahead::Waiting(init) => init.take(),
+            Ahead::Spawning(thread) => match thread.take()?.join() {
+                Ok(Ok(init)) => Some(init),
+                Ok(Err(e)) => {
+                    tracing::debug!("cannot start cairn-init ahead: {e}");
+                    None
+                }
+                Err(_) => None,
+            },
+        }
+    }
+}
+
+impl Drop for Ahead {
+    fn drop(&mut self) {
+        if let Ahead::Spawning(thread) = self {
+            if let Some(thread) = thread.take() {
+                drop(thread.join());
             }
         }
     }
