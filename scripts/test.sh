@@ -55,7 +55,9 @@ junit=$(mktemp --suffix .xml)
 junit_ui=$(mktemp --suffix .xml)
 trap 'rm -f "$log" "$junit" "$junit_ui"' EXIT
 set +e
-cargo test --workspace 2>&1 | tee "$log"
+# Every test binary runs even after one fails, so a red run lists every
+# failure at once.
+cargo test --workspace --no-fail-fast 2>&1 | tee "$log"
 status=${PIPESTATUS[0]}
 # The scripted model server the agent suite starts (cargo test builds no
 # binary of a crate without integration tests).
