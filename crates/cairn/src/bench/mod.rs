@@ -202,9 +202,14 @@ fn print_table(results: &[Measurement]) {
         "measurement", "median", "p95", "runs", "target", "met", "cairn/peer"
     );
     for m in results {
+        // Targets derived from a peer's median print at the figures' precision.
+        let shown = |t: f64| {
+            let s = format!("{t:.3}");
+            s.trim_end_matches('0').trim_end_matches('.').to_string()
+        };
         let target = match m.target {
-            Some(t) if m.lower_is_better => format!("<= {t}"),
-            Some(t) => format!(">= {t}"),
+            Some(t) if m.lower_is_better => format!("<= {}", shown(t)),
+            Some(t) => format!(">= {}", shown(t)),
             None => "-".into(),
         };
         let met = match m.met() {
