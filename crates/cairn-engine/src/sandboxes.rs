@@ -143,20 +143,26 @@ impl Engine {
         opts: &CreateOptions,
         progress: &dyn Progress,
     ) -> Result<SandboxRecord, EngineError> {
+        let origin = self.image_origin(opts, progress)?;
+        self.create_from(origin, opts)
+    }
+
+    /// A new sandbox's origin: `opts`' image (the default one when unset,
+    /// built on first use), its services and driver.
+    fn image_origin(&mut self, opts: &CreateOptions, progress: &dyn Progress) -> Result<Origin, EngineError> {
         let image_name = opts
             .image
             .clone()
             .unwrap_or_else(|| crate::images::DEFAULT_IMAGE.to_string());
         let image = self.image_or_default(&image_name, progress)?;
-        let origin = Origin {
+        Ok(Origin {
             image: image.name,
             layers: image.layers,
             services: opts.services.clone(),
             snapshot: None,
             memory: None,
             driver: opts.driver.clone().unwrap_or_else(|| "native".into()),
-        };
-        self.create_from(origin, opts)
+        })
     }
 
     /// Creates and starts a sandbox and runs `req` in it (`cairn run`). The
@@ -171,19 +177,7 @@ impl Engine {
         req: ExecRequest,
         progress: &dyn Progress,
     ) -> Result<(SandboxRecord, Result<ExecStart, SpawnFailure>), EngineError> {
-        let image_name = opts
-            .image
-            .clone()
-            .unwrap_or_else(|| crate::images::DEFAULT_IMAGE.to_string());
-        let image = self.image_or_default(&image_name, progress)?;
-        let origin = Origin {
-            image: image.name,
-            layers: image.layers,
-            services: opts.services.clone(),
-            snapshot: None,
-            memory: None,
-            driver: opts.driver.clone().unwrap_or_else(|| "native".into()),
-        };
+        let origin = self.image_origin(opts, progress)?;
         let early = opts.services.is_empty().then_some(&req);
         let (rec, first) = self.create_started(origin, opts, early)?;
         let start = match first {
