@@ -23,7 +23,7 @@
 
 use std::fs;
 use std::io::Write;
-use std::os::fd::{AsFd, AsRawFd, FromRawFd, OwnedFd, RawFd};
+use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
 use std::os::unix::fs::PermissionsExt;
 use std::path::Path;
 
@@ -64,11 +64,12 @@ pub fn build() -> RawFd {
             fail(&mut report, e)
         }
     };
-    // PID 1 is forked now too, and takes the setup itself. Until it has,
-    // it dies with this process (a waiting init the host kills leaves
-    // nothing, and the host, seeing nothing reported, starts another);
-    // once it has, it names itself to the host and this process exits, so
-    // that PID 1 is re-parented away from the host process and outlives it.
+    // PID 1 is forked now too, and takes the setup itself: a waiting init
+    // the host drops (or a host that dies) closes the host's end of the
+    // socket, and PID 1, waiting on it, exits; one killed without that
+    // leaves PID 1 to take the setup. Once PID 1 has it, it names itself to
+    // the host and this process exits, so that PID 1 is re-parented away
+    // from the host process and outlives it.
     let (taken, took) = match nix::unistd::pipe2(OFlag::O_CLOEXEC) {
         Ok(pipe) => pipe,
         Err(e) => {
@@ -96,27 +97,7 @@ pub fn build() -> RawFd {
         Ok(ForkResult::Child) => {}
     }
     drop(taken);
-    // SAFETY: prctl with integer arguments.
-    unsafe {
-        libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL as libc::c_ulong, 0, 0, 0);
-    }
-    // A parent that died before that was set closed the pipe's only read
-    // end (`getppid` cannot tell: the parent is outside this pid
-    // namespace).
-    let mut probe = [nix::poll::PollFd::new(took.as_fd(), nix::poll::PollFlags::POLLOUT)];
-    let _ = nix::poll::poll(&mut probe, nix::poll::PollTimeout::ZERO);
-    if probe[0]
-        .revents()
-        .is_none_or(|r| r.intersects(nix::poll::PollFlags::POLLERR | nix::poll::PollFlags::POLLHUP))
-    {
-        std::process::exit(1);
-    }
     let setup = read_setup(&mut report);
-    // SAFETY: as above; from here this process is the sandbox's and
-    // outlives the one that forked it.
-    unsafe {
-        libc::prctl(libc::PR_SET_PDEATHSIG, 0 as libc::c_ulong, 0, 0, 0);
-    }
     // PID 1 names itself: its host pid is what the host's /proc (still
     // this process's) calls `self`.
     match fs::read_link("/proc/self") {

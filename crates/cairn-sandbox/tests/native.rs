@@ -59,13 +59,36 @@ fn an_init_started_ahead_becomes_the_sandbox_and_a_killed_one_is_replaced() {
     assert_eq!(sandbox.driver.waiting_init(), None);
     sandbox.stop();
 
-    // One killed while it waits: the start uses a fresh one.
+    // One killed while it waits, with the PID 1 it forked: nothing takes
+    // the setup, nothing is reported, and the start uses a fresh one.
     let Some(sandbox) = Native::start_after(
         "ahead-killed",
         |d| d,
         |driver, init| {
             driver.start_init_ahead(init);
             let pid = driver.waiting_init().unwrap();
+            let forked = forked_pid1(pid);
+            for p in [pid, forked] {
+                nix::sys::signal::kill(nix::unistd::Pid::from_raw(p as i32), nix::sys::signal::Signal::SIGKILL)
+                    .unwrap();
+            }
+        },
+    ) else {
+        return;
+    };
+    assert_eq!(sandbox.run(&["/bin/echo", "fresh"]), "fresh\n");
+    sandbox.stop();
+
+    // Its setup process alone killed while it waits: the PID 1 it forked
+    // still takes the setup and becomes the sandbox.
+    let mut pid1 = None;
+    let Some(sandbox) = Native::start_after(
+        "ahead-orphaned",
+        |d| d,
+        |driver, init| {
+            driver.start_init_ahead(init);
+            let pid = driver.waiting_init().unwrap();
+            pid1 = Some(forked_pid1(pid));
             nix::sys::signal::kill(
                 nix::unistd::Pid::from_raw(pid as i32),
                 nix::sys::signal::Signal::SIGKILL,
@@ -75,7 +98,12 @@ fn an_init_started_ahead_becomes_the_sandbox_and_a_killed_one_is_replaced() {
     ) else {
         return;
     };
-    assert_eq!(sandbox.run(&["/bin/echo", "fresh"]), "fresh\n");
+    assert_eq!(sandbox.run(&["/bin/echo", "orphan"]), "orphan\n");
+    assert_eq!(
+        Some(sandbox.process.pid as u32),
+        pid1,
+        "the sandbox is not the PID 1 forked ahead"
+    );
     sandbox.stop();
 
     // One stopped, then killed while the start waits for it: the PID 1 it
@@ -134,24 +162,34 @@ fn an_init_started_ahead_and_never_used_is_gone_with_its_driver() {
     let pid = sandbox.driver.waiting_init().unwrap();
     assert!(alive(pid));
     // It forks the sandbox's PID 1 while it waits; that one waits too.
-    let deadline = std::time::Instant::now() + Duration::from_secs(10);
-    let mut forked = children(pid);
-    while forked.is_empty() && std::time::Instant::now() < deadline {
-        std::thread::sleep(Duration::from_millis(5));
-        forked = children(pid);
-    }
-    assert!(!forked.is_empty(), "the waiting init forked no PID 1");
+    let forked = forked_pid1(pid);
     sandbox.stop();
     drop(sandbox);
     assert!(!alive(pid), "an unused init outlived its driver");
-    // PID 1 goes with it: it never took a setup.
-    while forked.iter().any(|&c| alive(c)) && std::time::Instant::now() < deadline {
+    // PID 1 goes with it: the host's end of the socket it waits on closed.
+    let deadline = std::time::Instant::now() + Duration::from_secs(10);
+    while alive(forked) && std::time::Instant::now() < deadline {
         std::thread::sleep(Duration::from_millis(5));
     }
-    assert!(
-        forked.iter().all(|&c| !alive(c)),
-        "the PID 1 an unused init forked outlived it"
-    );
+    assert!(!alive(forked), "the PID 1 an unused init forked outlived it");
+}
+
+/// The PID 1 the waiting init `pid` forks (its one child besides the
+/// short-lived holder of the user namespace), once it is there.
+fn forked_pid1(pid: u32) -> u32 {
+    let deadline = std::time::Instant::now() + Duration::from_secs(10);
+    loop {
+        // The namespace's holder exits at once; PID 1 waits for its setup.
+        let kids = children(pid);
+        if kids.len() == 1 {
+            std::thread::sleep(Duration::from_millis(20));
+            if children(pid) == kids {
+                return kids[0];
+            }
+        }
+        assert!(std::time::Instant::now() < deadline, "the waiting init forked no PID 1");
+        std::thread::sleep(Duration::from_millis(5));
+    }
 }
 
 /// The live processes whose parent is `pid`.
