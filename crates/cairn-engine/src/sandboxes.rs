@@ -211,7 +211,9 @@ impl Engine {
     }
 
     /// [`Engine::create_from`], with `first` sent to init while the sandbox
-    /// starts when the driver can (see [`Driver::start_with_exec`]).
+    /// starts when the driver can (the native driver: see
+    /// [`cairn_sandbox::native::NativeDriver::start_begin`]); `None` back:
+    /// it was not sent.
     fn create_started(
         &mut self,
         origin: Origin,
@@ -266,43 +268,9 @@ impl Engine {
             spec.network = lease.as_ref().map(|l| l.plan.clone());
             spec
         });
-        let mut first_exec = None;
-        let started = match (started, &origin.memory) {
-            (Err(e), _) => Err(e),
-            // The native driver hands init its setup first; what this
-            // process still has to do (a reconciliation put off at open)
-            // is done while init builds the sandbox.
-            (Ok(spec), None) if rec.driver == "native" => self
-                .native
-                .start_begin(&spec, first)
-                .map_err(EngineError::from)
-                .and_then(|starting| {
-                    self.reconcile_deferred();
-                    Ok(starting.finish(&self.native)?)
-                })
-                .map(|(process, sent)| {
-                    first_exec = sent;
-                    process
-                }),
-            (Ok(spec), memory) => {
-                self.reconcile_deferred();
-                match (memory, first) {
-                    (Some(image), _) => self
-                        .gvisor()
-                        .and_then(|g| Ok(g.restore(&spec, image).map_err(cairn_sandbox::SandboxError::from)?)),
-                    (None, Some(req)) => self
-                        .driver(&rec.driver)
-                        .and_then(|d| Ok(d.start_with_exec(&spec, req)?))
-                        .map(|(process, sent)| {
-                            first_exec = sent;
-                            process
-                        }),
-                    (None, None) => self.driver(&rec.driver).and_then(|d| Ok(d.start(&spec)?)),
-                }
-            }
-        };
-        let process = match started {
-            Ok(p) => p,
+        let started = started.and_then(|spec| self.start_driver(&rec.driver, &spec, origin.memory.as_deref(), first));
+        let (process, first_exec) = match started {
+            Ok(started) => started,
             Err(e) => {
                 let _ = self.release_network(&rec);
                 let _ = fs::remove_dir_all(self.home.sandbox(&id));
@@ -330,6 +298,34 @@ impl Engine {
             return Err(e);
         }
         Ok((rec, first_exec))
+    }
+
+    /// Starts `spec`'s sandbox on `driver`, from the gVisor memory image
+    /// `memory` if given, and runs the reconciliation put off at open
+    /// meanwhile. The native driver hands init its setup first (and
+    /// `first`, which comes back pending), and the reconciliation runs while
+    /// init builds the sandbox.
+    fn start_driver(
+        &mut self,
+        driver: &str,
+        spec: &cairn_sandbox::SandboxSpec,
+        memory: Option<&std::path::Path>,
+        first: Option<&ExecRequest>,
+    ) -> Result<(SandboxProcess, Option<cairn_sandbox::FirstExec>), EngineError> {
+        if driver == "native" && memory.is_none() {
+            let starting = self.native.start_begin(spec, first)?;
+            self.reconcile_deferred();
+            return Ok(starting.finish(&self.native)?);
+        }
+        self.reconcile_deferred();
+        let process = match memory {
+            Some(image) => self
+                .gvisor()?
+                .restore(spec, image)
+                .map_err(cairn_sandbox::SandboxError::from)?,
+            None => self.driver(driver)?.start(spec)?,
+        };
+        Ok((process, None))
     }
 
     /// After a sandbox (re)started: a restored one gets the wall clock and

@@ -271,19 +271,10 @@ impl Exec {
 
     /// Writes what the host has not taken, as far as its socket takes it.
     fn flush(&mut self) {
-        while !self.out.is_empty() && !self.host_gone {
-            match (&self.host).write(&self.out) {
-                Ok(n) => {
-                    self.out.drain(..n);
-                }
-                Err(e) if e.kind() == ErrorKind::Interrupted => {}
-                Err(e) if e.kind() == ErrorKind::WouldBlock => return,
-                // The host is gone: output is drained and dropped from now.
-                Err(_) => {
-                    self.host_gone = true;
-                    self.out = Vec::new();
-                }
-            }
+        // The host gone, output is drained and dropped from now.
+        if !self.host_gone && write_nonblocking(&self.host, &mut self.out).is_err() {
+            self.host_gone = true;
+            self.out = Vec::new();
         }
     }
 
@@ -312,20 +303,10 @@ impl Exec {
             self.pending.clear();
             return;
         };
-        while !self.pending.is_empty() {
-            match s.write(&self.pending) {
-                Ok(n) => {
-                    self.pending.drain(..n);
-                }
-                Err(e) if e.kind() == ErrorKind::Interrupted => {}
-                Err(e) if e.kind() == ErrorKind::WouldBlock => return,
-                // The command closed its stdin: the rest is dropped.
-                Err(_) => {
-                    self.stdin = None;
-                    self.pending.clear();
-                    return;
-                }
-            }
+        // The command closed its stdin: the rest is dropped.
+        if write_nonblocking(s, &mut self.pending).is_err() {
+            self.stdin = None;
+            self.pending.clear();
         }
     }
 
@@ -400,4 +381,20 @@ pub(crate) fn spawn_failed(program: &str, e: &io::Error) -> FromInit {
         _ => (SpawnErrorKind::Other, format!("{program}: cannot start: {e}")),
     };
     FromInit::SpawnFailed { kind, message }
+}
+
+/// Writes `buf` to the non-blocking `w` as far as it takes it, draining
+/// what went; an error other than "would block" is `w` gone for good.
+fn write_nonblocking(mut w: impl Write, buf: &mut Vec<u8>) -> io::Result<()> {
+    while !buf.is_empty() {
+        match w.write(buf) {
+            Ok(n) => {
+                buf.drain(..n);
+            }
+            Err(e) if e.kind() == ErrorKind::Interrupted => {}
+            Err(e) if e.kind() == ErrorKind::WouldBlock => return Ok(()),
+            Err(e) => return Err(e),
+        }
+    }
+    Ok(())
 }

@@ -6,15 +6,15 @@
 //! nothing more at once, while the host prepares the rest: the user
 //! namespace with that range, and the pid, network, ipc and uts
 //! namespaces (a network namespace alone costs about 0.4 ms to make) with
-//! its loopback up, and forks PID 1 of the new pid namespace. PID 1 waits for the
-//! [`NativeSetup`]; once it has it, it reports its pid to the host and the
-//! parent exits, so PID 1 is re-parented away from the host process and
-//! outlives it. PID 1 joins the sandbox's cgroups, unshares the mount and
-//! cgroup namespaces (the mount table is copied as it is then, and the
-//! cgroup namespace is rooted at the cgroup just joined), mounts the
-//! overlay root with a fresh /proc, a minimal /dev and a read-only /sys,
-//! pivots into it, names the host, drops capabilities,
-//! sets `no_new_privs`, installs the seccomp filters and goes on to serve.
+//! its loopback up, and forks PID 1 of the new pid namespace. PID 1 waits
+//! for the [`NativeSetup`]; once it has it, it reports its pid to the host
+//! and the parent exits, so PID 1 is re-parented away from the host process
+//! and outlives it. PID 1 joins the sandbox's cgroups, unshares the mount
+//! and cgroup namespaces (the mount table is copied as it is then, and the
+//! cgroup namespace is rooted at the cgroup just joined), mounts the overlay
+//! root with a fresh /proc, a minimal /dev and a read-only /sys, pivots
+//! into it, names the host, drops capabilities, sets `no_new_privs`,
+//! installs the seccomp filters and goes on to serve.
 //!
 //! fd 1 is a socket to the host. The host sends the [`NativeSetup`] as one
 //! frame (so nothing of it shows on init's command line); init answers with
@@ -40,10 +40,6 @@ pub fn build() -> RawFd {
     // SAFETY: fd 1 is the socket the host gave us; we own it until PID 1
     // replaces it with the console.
     let mut report = std::mem::ManuallyDrop::new(unsafe { std::os::unix::net::UnixStream::from_raw_fd(1) });
-    let fail = |report: &mut std::os::unix::net::UnixStream, msg: String| -> ! {
-        let _ = report.write_all(format!("E{msg}").as_bytes());
-        std::process::exit(1)
-    };
     // Whatever the host process leaked to us beyond stdio stays outside.
     // SAFETY: close_range takes plain integers; fds 0-2 are kept.
     unsafe {
@@ -59,10 +55,7 @@ pub fn build() -> RawFd {
     let ((base, count), (userns, holder)) = match ahead {
         Ok(made) => made,
         // Reported once the setup is read, when the host listens for it.
-        Err(e) => {
-            read_setup(&mut report);
-            fail(&mut report, e)
-        }
+        Err(e) => fail_once_read(&mut report, e),
     };
     // PID 1 is forked now too, and takes the setup itself: a waiting init
     // the host drops (or a host that dies) closes the host's end of the
@@ -72,18 +65,12 @@ pub fn build() -> RawFd {
     // from the host process and outlives it.
     let (taken, took) = match nix::unistd::pipe2(OFlag::O_CLOEXEC) {
         Ok(pipe) => pipe,
-        Err(e) => {
-            read_setup(&mut report);
-            fail(&mut report, format!("create a pipe: {e}"))
-        }
+        Err(e) => fail_once_read(&mut report, format!("create a pipe: {e}")),
     };
     // SAFETY: this process is single-threaded (setup runs before any thread
     // starts), so the child may do anything the parent could.
     match unsafe { fork() } {
-        Err(e) => {
-            read_setup(&mut report);
-            fail(&mut report, format!("fork PID 1: {e}"))
-        }
+        Err(e) => fail_once_read(&mut report, format!("fork PID 1: {e}")),
         Ok(ForkResult::Parent { .. }) => {
             drop(took);
             // Returns once PID 1 has the setup (or is gone).
@@ -141,15 +128,24 @@ pub fn build() -> RawFd {
 
 type Step<T> = Result<T, String>;
 
+/// Reports a failure to the host and ends the process.
+fn fail(report: &mut std::os::unix::net::UnixStream, msg: String) -> ! {
+    let _ = report.write_all(format!("E{msg}").as_bytes());
+    std::process::exit(1)
+}
+
+/// [`fail`] once the setup is read: before that, the host is not yet
+/// listening for the report.
+fn fail_once_read(report: &mut std::os::unix::net::UnixStream, msg: String) -> ! {
+    read_setup(report);
+    fail(report, msg)
+}
+
 /// Takes the listening socket, the console log and the setup from the
 /// host (see the driver's `WaitingInit`: the host may start init before
 /// its sandbox exists); the descriptors become fds 0 and 2. A failure is
 /// reported and ends the process.
 fn read_setup(report: &mut std::os::unix::net::UnixStream) -> NativeSetup {
-    let fail = |report: &mut std::os::unix::net::UnixStream, msg: String| -> ! {
-        let _ = report.write_all(format!("E{msg}").as_bytes());
-        std::process::exit(1)
-    };
     if let Err(e) = receive_fds(report) {
         fail(report, e);
     }

@@ -111,7 +111,7 @@ impl SandboxError {
 }
 
 /// A sandbox's first command, sent while the sandbox started
-/// ([`Driver::start_with_exec`]).
+/// ([`native::NativeDriver::start_begin`]).
 #[derive(Debug)]
 pub struct FirstExec {
     pub pending: client::PendingExec,
@@ -127,18 +127,6 @@ pub trait Driver: Send + Sync {
     fn capabilities(&self) -> Capabilities;
     /// Starts a sandbox; on error nothing is left behind.
     fn start(&self, spec: &SandboxSpec) -> Result<SandboxProcess, SandboxError>;
-    /// [`Driver::start`], sending the sandbox's first command to its init as
-    /// early as the driver can, so that it starts the moment init serves
-    /// (the native driver sends it while init builds the root). `None`: the
-    /// driver sent nothing, and the caller execs as usual.
-    fn start_with_exec(
-        &self,
-        spec: &SandboxSpec,
-        first: &cairn_protocol::ExecRequest,
-    ) -> Result<(SandboxProcess, Option<FirstExec>), SandboxError> {
-        let _ = first;
-        Ok((self.start(spec)?, None))
-    }
     /// Kills every process of the sandbox and removes its cgroups. Idempotent:
     /// safe on a sandbox that is already dead or half cleaned.
     fn stop(&self, id: &str, process: Option<SandboxProcess>) -> Result<(), SandboxError>;

@@ -38,20 +38,31 @@ fn alive(pid: u32) -> bool {
         .unwrap_or(false)
 }
 
-#[test]
-fn an_init_started_ahead_becomes_the_sandbox_and_a_killed_one_is_replaced() {
-    let mut ahead = None;
-    let Some(sandbox) = Native::start_after(
-        "ahead",
+/// A sandbox started by an init started ahead, after `meanwhile` was
+/// given the waiting init's pid.
+fn start_ahead(test: &str, meanwhile: impl FnOnce(u32)) -> Option<Native> {
+    Native::start_after(
+        test,
         |d| d,
         |driver, init| {
             driver.start_init_ahead(init);
-            ahead = driver.waiting_init();
+            meanwhile(driver.waiting_init().expect("an init waits after start_init_ahead"));
         },
-    ) else {
+    )
+}
+
+fn signal(pid: u32, signal: nix::sys::signal::Signal) {
+    nix::sys::signal::kill(nix::unistd::Pid::from_raw(pid as i32), signal).unwrap();
+}
+
+#[test]
+fn an_init_started_ahead_becomes_the_sandbox_and_a_killed_one_is_replaced() {
+    use nix::sys::signal::Signal::{SIGKILL, SIGSTOP};
+    let mut ahead = None;
+    let Some(sandbox) = start_ahead("ahead", |pid| ahead = Some(pid)) else {
         return;
     };
-    let ahead = ahead.expect("an init waits after start_init_ahead");
+    let ahead = ahead.unwrap();
     assert_eq!(sandbox.run(&["/bin/echo", "ahead"]), "ahead\n");
     // The waiting init was the setup parent: it exited once PID 1 took
     // the setup.
@@ -61,19 +72,11 @@ fn an_init_started_ahead_becomes_the_sandbox_and_a_killed_one_is_replaced() {
 
     // One killed while it waits, with the PID 1 it forked: nothing takes
     // the setup, nothing is reported, and the start uses a fresh one.
-    let Some(sandbox) = Native::start_after(
-        "ahead-killed",
-        |d| d,
-        |driver, init| {
-            driver.start_init_ahead(init);
-            let pid = driver.waiting_init().unwrap();
-            let forked = forked_pid1(pid);
-            for p in [pid, forked] {
-                nix::sys::signal::kill(nix::unistd::Pid::from_raw(p as i32), nix::sys::signal::Signal::SIGKILL)
-                    .unwrap();
-            }
-        },
-    ) else {
+    let Some(sandbox) = start_ahead("ahead-killed", |pid| {
+        let forked = forked_pid1(pid);
+        signal(pid, SIGKILL);
+        signal(forked, SIGKILL);
+    }) else {
         return;
     };
     assert_eq!(sandbox.run(&["/bin/echo", "fresh"]), "fresh\n");
@@ -82,20 +85,10 @@ fn an_init_started_ahead_becomes_the_sandbox_and_a_killed_one_is_replaced() {
     // Its setup process alone killed while it waits: the PID 1 it forked
     // still takes the setup and becomes the sandbox.
     let mut pid1 = None;
-    let Some(sandbox) = Native::start_after(
-        "ahead-orphaned",
-        |d| d,
-        |driver, init| {
-            driver.start_init_ahead(init);
-            let pid = driver.waiting_init().unwrap();
-            pid1 = Some(forked_pid1(pid));
-            nix::sys::signal::kill(
-                nix::unistd::Pid::from_raw(pid as i32),
-                nix::sys::signal::Signal::SIGKILL,
-            )
-            .unwrap();
-        },
-    ) else {
+    let Some(sandbox) = start_ahead("ahead-orphaned", |pid| {
+        pid1 = Some(forked_pid1(pid));
+        signal(pid, SIGKILL);
+    }) else {
         return;
     };
     assert_eq!(sandbox.run(&["/bin/echo", "orphan"]), "orphan\n");
@@ -108,19 +101,13 @@ fn an_init_started_ahead_becomes_the_sandbox_and_a_killed_one_is_replaced() {
 
     // One stopped, then killed while the start waits for it: the PID 1 it
     // forked takes the setup and reports itself, and the start goes on.
-    let Some(sandbox) = Native::start_after(
-        "ahead-dies",
-        |d| d,
-        |driver, init| {
-            driver.start_init_ahead(init);
-            let pid = nix::unistd::Pid::from_raw(driver.waiting_init().unwrap() as i32);
-            nix::sys::signal::kill(pid, nix::sys::signal::Signal::SIGSTOP).unwrap();
-            std::thread::spawn(move || {
-                std::thread::sleep(Duration::from_millis(200));
-                let _ = nix::sys::signal::kill(pid, nix::sys::signal::Signal::SIGKILL);
-            });
-        },
-    ) else {
+    let Some(sandbox) = start_ahead("ahead-dies", |pid| {
+        signal(pid, SIGSTOP);
+        std::thread::spawn(move || {
+            std::thread::sleep(Duration::from_millis(200));
+            let _ = nix::sys::signal::kill(nix::unistd::Pid::from_raw(pid as i32), SIGKILL);
+        });
+    }) else {
         return;
     };
     assert_eq!(sandbox.run(&["/bin/echo", "again"]), "again\n");

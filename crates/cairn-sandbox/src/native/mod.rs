@@ -166,26 +166,18 @@ impl NativeDriver {
             .append(true)
             .open(spec.console_log())
             .map_err(|e| SandboxError::setup("open the console log", e))?;
-        let waiting = self.take_waiting().filter(|w| w.binary == spec.init_binary);
-        let mut launch = match waiting {
-            Some(init) => Launch {
-                init,
-                ahead: true,
-                handed: Ok(()),
-                listener,
-                console,
-                setup,
-                pending: None,
-            },
-            None => Launch {
-                init: WaitingInit::spawn(&spec.init_binary)?,
-                ahead: false,
-                handed: Ok(()),
-                listener,
-                console,
-                setup,
-                pending: None,
-            },
+        let (init, ahead) = match self.take_waiting().filter(|w| w.binary == spec.init_binary) {
+            Some(init) => (init, true),
+            None => (WaitingInit::spawn(&spec.init_binary)?, false),
+        };
+        let mut launch = Launch {
+            init,
+            ahead,
+            handed: Ok(()),
+            listener,
+            console,
+            setup,
+            pending: None,
         };
         launch.handed = launch.hand();
         // The first command goes to the listening socket once, whichever
@@ -224,8 +216,8 @@ impl NativeDriver {
 
     /// Starts `spec`'s sandbox in two steps, so that the caller can work
     /// while init builds it: this one creates the cgroups and hands init
-    /// its setup (and `first`, see [`Driver::start_with_exec`]);
-    /// [`Starting::finish`] waits for init. On error nothing is left behind.
+    /// its setup, and `first` then, if given, so that init starts it the
+    /// moment it serves; [`Starting::finish`] waits for init. On error nothing is left behind.
     pub fn start_begin(
         &self,
         spec: &SandboxSpec,
@@ -579,14 +571,6 @@ impl Driver for NativeDriver {
 
     fn start(&self, spec: &SandboxSpec) -> Result<SandboxProcess, SandboxError> {
         Ok(self.start_begin(spec, None)?.finish(self)?.0)
-    }
-
-    fn start_with_exec(
-        &self,
-        spec: &SandboxSpec,
-        first: &cairn_protocol::ExecRequest,
-    ) -> Result<(SandboxProcess, Option<crate::FirstExec>), SandboxError> {
-        self.start_begin(spec, Some(first))?.finish(self)
     }
 
     fn stop(&self, id: &str, process: Option<SandboxProcess>) -> Result<(), SandboxError> {
