@@ -9,17 +9,21 @@
 //! its loopback up, and forks PID 1 of the new pid namespace. PID 1 waits
 //! for the [`NativeSetup`]; once it has it, it reports its pid to the host
 //! and the parent exits, so PID 1 is re-parented away from the host process
-//! and outlives it. PID 1 joins the sandbox's cgroups, unshares the mount
-//! and cgroup namespaces (the mount table is copied as it is then, and the
-//! cgroup namespace is rooted at the cgroup just joined), mounts the overlay
-//! root with a fresh /proc, a minimal /dev and a read-only /sys, pivots
-//! into it, names the host, drops capabilities, sets `no_new_privs`,
-//! installs the seccomp filters and goes on to serve.
+//! and outlives it. PID 1 unshares the mount namespace (the mount table is
+//! copied as it is then) and mounts the overlay root with a fresh /proc, a
+//! minimal /dev and a read-only /sys, while the host makes the sandbox's
+//! cgroups. Once the host says they exist, PID 1 joins them and unshares
+//! the cgroup namespace (rooted at the cgroups just joined), before anything
+//! of the sandbox's runs; it then pivots into the root, names the host,
+//! drops capabilities, sets `no_new_privs`, installs the seccomp filters and
+//! goes on to serve.
 //!
 //! fd 1 is a socket to the host. The host sends the [`NativeSetup`] as one
 //! frame (so nothing of it shows on init's command line); init answers with
-//! `P<pid>\n` (PID 1's host pid) once PID 1 has the setup and `R\n` once it
-//! is ready, or `E<message>` on failure.
+//! `P<pid>\n` (PID 1's host pid) once PID 1 has the setup, waits for the
+//! host's `G\n` (the cgroups exist; with a network, `eth0` is in the
+//! namespace too), and answers `R\n` once it is ready, or `E<message>` on
+//! failure.
 
 use std::fs;
 use std::io::Write;
@@ -105,13 +109,8 @@ pub fn build() -> RawFd {
         );
     }
     let setup = &setup;
-    for procs in &setup.cgroup_procs {
-        if let Err(e) = fs::write(procs, "0") {
-            fail(&mut report, format!("join the sandbox cgroup {procs}: {e}"));
-        }
-    }
-    if let Err(e) = unshare(CloneFlags::CLONE_NEWNS | CloneFlags::CLONE_NEWCGROUP) {
-        fail(&mut report, format!("create the mount and cgroup namespaces: {e}"));
+    if let Err(e) = unshare(CloneFlags::CLONE_NEWNS) {
+        fail(&mut report, format!("create the mount namespace: {e}"));
     }
     if let Err(e) = setup_root(setup, userns) {
         fail(&mut report, e);
@@ -296,6 +295,10 @@ fn setup_root(plan: &NativeSetup, userns: OwnedFd) -> Step<()> {
     mount_proc(root, &mut masks)?;
     mount_dev(root, plan.host_id_base)?;
     mount_sys(root, &mut masks)?;
+    // The host made the cgroups while the root was built; they are joined
+    // before the pivot, while their host paths can still be reached.
+    wait_for_host()?;
+    join_cgroups(&plan.cgroup_procs)?;
 
     ctx(chdir(root), || "enter the root".into())?;
     ctx(pivot_root(".", "."), || "pivot_root".into())?;
@@ -319,6 +322,39 @@ fn setup_root(plan: &NativeSetup, userns: OwnedFd) -> Step<()> {
         install_seccomp(filter)?;
     }
     Ok(())
+}
+
+/// Waits for the host's `G\n` on fd 1 (still the report socket): the
+/// sandbox's cgroups exist and, with a network, `eth0` is in the namespace.
+/// The host closing the socket instead means it gave up on the start.
+fn wait_for_host() -> Step<()> {
+    let mut buf = [0u8; 2];
+    let mut got = 0;
+    while got < 2 {
+        // SAFETY: reading into a buffer we own, within its length.
+        let n = unsafe { libc::read(1, buf[got..].as_mut_ptr().cast(), 2 - got) };
+        match n {
+            n if n > 0 => got += n as usize,
+            0 => return Err("the host gave up before the sandbox's cgroups were ready".into()),
+            _ if std::io::Error::last_os_error().kind() == std::io::ErrorKind::Interrupted => {}
+            _ => return Err(format!("wait for the host: {}", std::io::Error::last_os_error())),
+        }
+    }
+    if &buf != b"G\n" {
+        return Err(format!("unexpected go-ahead from the host {buf:?}"));
+    }
+    Ok(())
+}
+
+/// Joins the sandbox's cgroups (writing `0` moves this thread, the only
+/// one) and unshares the cgroup namespace, rooted at them.
+fn join_cgroups(procs: &[String]) -> Step<()> {
+    for file in procs {
+        ctx(fs::write(file, "0"), || format!("join the sandbox cgroup {file}"))?;
+    }
+    ctx(unshare(CloneFlags::CLONE_NEWCGROUP), || {
+        "create the cgroup namespace".into()
+    })
 }
 
 /// Mounts the overlay root with the new mount API, every layer given as a

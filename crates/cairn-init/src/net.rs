@@ -2,8 +2,8 @@
 //!
 //! Before the pivot, the resolver files the host wrote are cloned as
 //! detached read-only mounts (their host paths are reachable only then).
-//! After it, PID 1 waits for the host's `N` (the veth end is in this
-//! namespace), gives `eth0` its address and the default route with the
+//! After it (the host's `G` came before: the veth end is in this
+//! namespace), PID 1 gives `eth0` its address and the default route with the
 //! classic ioctls, and binds the files over `/etc/resolv.conf` and
 //! `/etc/hosts`, found without leaving the sandbox's root. The namespace is
 //! owned by the host's user namespace: the sandbox's root, holding no
@@ -37,10 +37,10 @@ pub fn clone_files(net: &NetSetup) -> Step<Files> {
     })
 }
 
-/// Waits for the host's veth, configures it and binds the resolver files;
-/// runs in PID 1 after the pivot, with every capability still held.
+/// Configures the host's veth (in the namespace once the host said go) and
+/// binds the resolver files; runs in PID 1 after the pivot, with every
+/// capability still held.
 pub fn configure(net: &NetSetup, files: Files, host_id_base: u32) -> Step<()> {
-    wait_for_link()?;
     let sock = Socket::new()?;
     sock.set_addr(libc::SIOCSIFADDR, net.address, "address")?;
     sock.set_addr(libc::SIOCSIFNETMASK, netmask(net.prefix_len), "netmask")?;
@@ -49,27 +49,6 @@ pub fn configure(net: &NetSetup, files: Files, host_id_base: u32) -> Step<()> {
     bind_over("resolv.conf", &files.resolv_conf, host_id_base)?;
     if let Some(hosts) = &files.hosts {
         bind_over("hosts", hosts, host_id_base)?;
-    }
-    Ok(())
-}
-
-/// fd 1 is still the report socket; the host writes `N\n` once `eth0` is
-/// here (or closes it, having failed).
-fn wait_for_link() -> Step<()> {
-    let mut buf = [0u8; 2];
-    let mut got = 0;
-    while got < 2 {
-        // SAFETY: reading into a buffer we own, within its length.
-        let n = unsafe { libc::read(1, buf[got..].as_mut_ptr().cast(), 2 - got) };
-        match n {
-            n if n > 0 => got += n as usize,
-            0 => return Err("the host gave up before the sandbox's network was ready".into()),
-            _ if io::Error::last_os_error().kind() == io::ErrorKind::Interrupted => {}
-            _ => return Err(format!("wait for the network: {}", io::Error::last_os_error())),
-        }
-    }
-    if &buf != b"N\n" {
-        return Err(format!("unexpected network go-ahead {buf:?}"));
     }
     Ok(())
 }

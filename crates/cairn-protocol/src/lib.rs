@@ -476,7 +476,8 @@ pub struct NativeSetup {
     /// Must equal [`PROTOCOL_VERSION`].
     pub version: u16,
     /// cgroup files (v1 `tasks`, v2 `cgroup.procs`) to write `0` to, joining
-    /// the sandbox cgroup before creating namespaces (setup is single-threaded).
+    /// the sandbox's cgroups (PID 1 is single-threaded then). The host makes
+    /// them while PID 1 builds the root and says `G` once they exist.
     pub cgroup_procs: Vec<String>,
     /// Where to mount the overlay root (a host path).
     pub rootfs: String,
@@ -498,7 +499,7 @@ pub struct NativeSetup {
     pub seccomp: Vec<Vec<BpfInstruction>>,
     /// The sandbox's network beyond loopback (`--network egress`): the
     /// host moves a veth end named `eth0` into the namespace after `P`,
-    /// then writes `N\n`; PID 1 configures it before reporting `R`.
+    /// then writes `G\n` (see `cgroup_procs`); PID 1 configures it before reporting `R`.
     #[serde(default)]
     pub network: Option<NetSetup>,
 }

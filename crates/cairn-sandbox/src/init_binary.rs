@@ -15,10 +15,10 @@ static INIT: &[u8] = include_bytes!(env!("CAIRN_INIT_PATH"));
 /// The write is atomic: a concurrent or interrupted install never exposes a
 /// partial executable.
 pub fn install(dir: &Path) -> io::Result<PathBuf> {
-    let path = dir.join(format!("cairn-init-{INIT_HASH}"));
-    if path.exists() {
+    if let Some(path) = installed(dir) {
         return Ok(path);
     }
+    let path = dir.join(format!("cairn-init-{INIT_HASH}"));
     fs::create_dir_all(dir)?;
     let tmp = dir.join(format!(".cairn-init-{INIT_HASH}.{}", std::process::id()));
     let mut f = fs::File::create(&tmp)?;
@@ -30,4 +30,9 @@ pub fn install(dir: &Path) -> io::Result<PathBuf> {
     fs::set_permissions(&tmp, fs::Permissions::from_mode(0o555))?;
     fs::rename(&tmp, &path)?;
     Ok(path)
+}
+
+/// This build's init in `dir`, if [`install`] put it there.
+pub fn installed(dir: &Path) -> Option<PathBuf> {
+    Some(dir.join(format!("cairn-init-{INIT_HASH}"))).filter(|path| path.exists())
 }

@@ -14,6 +14,7 @@ use cairn_protocol::{
     read_frame, write_frame, FileKind, FromInit, FsErrorKind, ToInit, LIST_ENTRIES_MAX, MAGIC, PROTOCOL_VERSION,
 };
 use cairn_sandbox::client::{ClientError, DirListing, FsFailure};
+use cairn_sandbox::Driver;
 use support::Native;
 
 #[test]
@@ -159,6 +160,82 @@ fn an_init_started_ahead_and_never_used_is_gone_with_its_driver() {
         std::thread::sleep(Duration::from_millis(5));
     }
     assert!(!alive(forked), "the PID 1 an unused init forked outlived it");
+}
+
+/// Waits up to ten seconds for `pid` to be gone; whether it is.
+fn gone(pid: u32) -> bool {
+    let deadline = std::time::Instant::now() + Duration::from_secs(10);
+    while alive(pid) && std::time::Instant::now() < deadline {
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    !alive(pid)
+}
+
+#[test]
+fn a_start_given_up_before_init_is_told_to_go_leaves_no_process() {
+    let Some(sandbox) = Native::start("given-up") else {
+        return;
+    };
+    let driver = &sandbox.driver;
+    driver.start_init_ahead(&sandbox.spec.init_binary);
+    let waiting = driver.waiting_init().unwrap();
+    let pid1 = forked_pid1(waiting);
+    let spec = cairn_sandbox::SandboxSpec {
+        id: format!("{}b", sandbox.spec.id),
+        dir: sandbox.spec.dir.with_file_name("given-up"),
+        ..sandbox.spec.clone()
+    };
+    let starting = driver.start_begin(&spec, None).unwrap();
+    // The setup process exits once PID 1 has the setup: PID 1 builds the
+    // root and waits to be told that its cgroups exist.
+    assert!(gone(waiting), "PID 1 never took its setup");
+    assert!(alive(pid1));
+    // The host goes without telling it (dropped, as by a crash): PID 1,
+    // which has run nothing of the sandbox's, exits.
+    drop(starting);
+    assert!(gone(pid1), "PID 1 outlived a start given up before its go-ahead");
+    driver.stop(&spec.id, None).unwrap();
+    assert_eq!(sandbox.run(&["/bin/echo", "still"]), "still\n");
+    sandbox.stop();
+}
+
+#[test]
+fn an_init_started_first_is_taken_by_the_driver_of_its_binary_only() {
+    let Some(sandbox) = Native::start("first") else {
+        return;
+    };
+    let binary = &sandbox.spec.init_binary;
+    let before = children(std::process::id());
+    cairn_sandbox::native::start_init_first(binary);
+    let first = children(std::process::id())
+        .into_iter()
+        .find(|pid| {
+            !before.contains(pid) && std::fs::read_link(format!("/proc/{pid}/exe")).is_ok_and(|exe| &exe == binary)
+        })
+        .expect("start_init_first started no init");
+    // A driver for another init binary leaves it alone and starts its own.
+    let other = sandbox.spec.dir.with_file_name("other-bin");
+    let other_init = cairn_sandbox::init_binary::install(&other).unwrap();
+    let elsewhere =
+        cairn_sandbox::native::NativeDriver::new(&format!("native-test-{}-first2", std::process::id())).unwrap();
+    elsewhere.start_init_ahead(&other_init);
+    assert_ne!(elsewhere.waiting_init(), Some(first));
+    drop(elsewhere);
+    assert!(alive(first), "another binary's driver took the init started first");
+    // The driver of its binary takes it, and it becomes the next sandbox.
+    sandbox.driver.start_init_ahead(binary);
+    assert_eq!(sandbox.driver.waiting_init(), Some(first));
+    let spec = cairn_sandbox::SandboxSpec {
+        id: format!("{}b", sandbox.spec.id),
+        dir: sandbox.spec.dir.with_file_name("first-b"),
+        ..sandbox.spec.clone()
+    };
+    let process = sandbox.driver.start(&spec).unwrap();
+    let client = cairn_sandbox::client::InitClient::new(spec.socket_path());
+    client.ping(Duration::from_secs(10)).unwrap();
+    assert!(gone(first), "the init started first did not hand over to its PID 1");
+    sandbox.driver.stop(&spec.id, Some(process)).unwrap();
+    sandbox.stop();
 }
 
 /// The PID 1 the waiting init `pid` forks (its one child besides the

@@ -26,11 +26,35 @@ pub(crate) fn user_umask() -> u32 {
 
 static USER_UMASK: std::sync::OnceLock<u32> = std::sync::OnceLock::new();
 
+/// The init to start before the command line is parsed: this build's, when
+/// it is installed in the state directory the environment names and the
+/// command is `run` or `create` with neither `--home` nor `--driver` before
+/// `--` (those are left to the parse; the engine then starts init as
+/// usual). A sandbox's start waits for its init to make its namespaces and
+/// fork PID 1, so init starts first.
+fn first_init() -> Option<std::path::PathBuf> {
+    let mut args = std::env::args_os().skip(1);
+    let command = args.next()?;
+    if (command != "run" && command != "create") || !nix::unistd::geteuid().is_root() {
+        return None;
+    }
+    for arg in args.take_while(|a| a != "--") {
+        let arg = arg.as_encoded_bytes();
+        if arg.starts_with(b"--home") || arg.starts_with(b"--driver") {
+            return None;
+        }
+    }
+    cairn_sandbox::init_binary::installed(&cairn_engine::Home::from_env().lib())
+}
+
 fn main() -> ExitCode {
     // Everything Cairn itself creates (state, store, layers, logs) is
     // root's alone: 0600 files, 0700 directories.
     let old = nix::sys::stat::umask(nix::sys::stat::Mode::from_bits_truncate(0o077));
     let _ = USER_UMASK.set(old.bits());
+    if let Some(init) = first_init() {
+        cairn_sandbox::native::start_init_first(&init);
+    }
     let cli = cli::Cli::parse();
     // The server logs each request; the CLI only what went wrong.
     let serving = matches!(cli.command, cli::Command::Serve { openapi: false, .. });

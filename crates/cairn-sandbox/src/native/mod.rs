@@ -5,8 +5,9 @@
 //! seccomp filter) and spawns `cairn-init --native-setup` with it, using
 //! `posix_spawn` (a vfork: the host process's memory is never copied, which
 //! matters on hosts where fork is expensive, and is safe from any thread).
-//! Init joins the cgroups, creates the namespaces, forks PID 1 and builds
-//! the root (see cairn-init's `native` module). The overlay and every other
+//! Init creates the namespaces, forks PID 1 and builds the root while the
+//! driver makes the sandbox's cgroups, which PID 1 joins once told they
+//! exist (see cairn-init's `native` module). The overlay and every other
 //! mount live only in the sandbox's mount namespace and vanish with its last
 //! process; nothing is mounted on the host.
 
@@ -139,7 +140,8 @@ impl NativeDriver {
 
     /// Hands `spec`'s setup to an init (the one waiting, or a fresh one);
     /// `first`, when given, is sent to the sandbox's socket then, and comes
-    /// back pending from [`Starting::finish`]. The sandbox's cgroups exist.
+    /// back pending from [`Starting::finish`]. The sandbox's cgroups need
+    /// not exist yet: init joins them once [`Launch::report`] says go.
     fn begin(&self, spec: &SandboxSpec, first: Option<&cairn_protocol::ExecRequest>) -> Result<Launch, SandboxError> {
         let socket = spec.socket_path();
         if socket.as_os_str().len() >= 100 {
@@ -215,21 +217,25 @@ impl NativeDriver {
     }
 
     /// Starts `spec`'s sandbox in two steps, so that the caller can work
-    /// while init builds it: this one creates the cgroups and hands init
-    /// its setup, and `first` then, if given, so that init starts it the
-    /// moment it serves; [`Starting::finish`] waits for init. On error nothing is left behind.
+    /// while init builds it: this one hands init its setup (and `first`
+    /// then, if given, so that init starts it the moment it serves), and
+    /// creates the cgroups while init builds the root; [`Starting::finish`]
+    /// tells init to join them and waits for it. On error nothing is left
+    /// behind: an init whose socket closes before it is told to go exits.
     pub fn start_begin(
         &self,
         spec: &SandboxSpec,
         first: Option<&cairn_protocol::ExecRequest>,
     ) -> Result<Starting, SandboxError> {
-        self.cgroups.create(&spec.id, &spec.limits)?;
-        let oom_kills_before = self.oom_kills(&spec.id);
-        match self.begin(spec, first) {
+        let made = self.begin(spec, first).and_then(|launch| {
+            self.cgroups.create(&spec.id, &spec.limits)?;
+            Ok(launch)
+        });
+        match made {
             Ok(launch) => Ok(Starting {
                 spec: spec.clone(),
                 launch,
-                oom_kills_before,
+                oom_kills_before: self.oom_kills(&spec.id),
             }),
             Err(e) => {
                 let _ = self.stop(&spec.id, None);
@@ -276,6 +282,17 @@ impl NativeDriver {
         if waiting.is_some() {
             return;
         }
+        let first = {
+            let mut first = FIRST.lock().unwrap_or_else(|p| p.into_inner());
+            first.take_if(|init| init.binary == init_binary)
+        };
+        if let Some(init) = first {
+            *waiting = Some(Ahead::Waiting(Some(init)));
+            if self.seccomp.is_none() {
+                seccomp::compile_ahead();
+            }
+            return;
+        }
         let binary = init_binary.to_path_buf();
         let compile = self.seccomp.is_none();
         let spawned = std::thread::Builder::new().name("init-ahead".into()).spawn(move || {
@@ -293,6 +310,24 @@ impl NativeDriver {
                 Err(e) => tracing::debug!("cannot start cairn-init ahead: {e}"),
             },
         }
+    }
+}
+
+/// The init [`start_init_first`] started, until a driver takes it.
+static FIRST: Mutex<Option<WaitingInit>> = Mutex::new(None);
+
+/// Starts `cairn-init` now, before this process has a driver: a command
+/// that is about to start a native sandbox calls it first thing, before
+/// even parsing its command line, so that init's exec and its C library's
+/// start, the namespaces it makes before its setup arrives and the fork of
+/// PID 1 are done by the time the driver hands it the setup.
+/// [`NativeDriver::start_init_ahead`] takes it when `init_binary` is the
+/// driver's; one nothing takes exits with this process, whose end of its
+/// socket then closes.
+pub fn start_init_first(init_binary: &Path) {
+    match WaitingInit::spawn(init_binary) {
+        Ok(init) => *FIRST.lock().unwrap_or_else(|p| p.into_inner()) = Some(init),
+        Err(e) => tracing::debug!("cannot start cairn-init first: {e}"),
     }
 }
 
@@ -384,27 +419,30 @@ impl Launch {
     }
 
     /// Reads init's report to the end: `P<pid>`, then (with a network) the
-    /// veth goes into the sandbox's namespace and init is told `N`, then
-    /// `R` or `E<message>`.
+    /// veth goes into the sandbox's namespace, and init is told `G` (its
+    /// cgroups exist by now), then `R` or `E<message>`.
     fn report(&mut self, spec: &SandboxSpec) -> (std::io::Result<()>, String) {
         let mut text = String::new();
         if let Err(e) = std::mem::replace(&mut self.handed, Ok(())) {
             return (Err(e), text);
         }
         let report = &mut self.init.report;
-        let read = match &spec.network {
-            // The sandbox's end of the veth goes into its namespace once
-            // init names its pid; PID 1 waits for `N` before it is ready.
-            Some(plan) => read_pid(report, &mut text).and_then(|pid| {
-                if let Some(pid) = pid {
-                    crate::net::link::create(plan, pid)
-                        .map_err(|e| std::io::Error::other(e.to_string()))
-                        .and_then(|()| report.write_all(b"N\n"))?;
-                }
-                report.read_to_string(&mut text).map(drop)
-            }),
-            None => report.read_to_string(&mut text).map(drop),
-        };
+        let read = read_pid(report, &mut text).and_then(|pid| {
+            let Some(pid) = pid else {
+                return report.read_to_string(&mut text).map(drop);
+            };
+            if let Some(plan) = &spec.network {
+                crate::net::link::create(plan, pid).map_err(|e| std::io::Error::other(e.to_string()))?;
+            }
+            // A PID 1 that failed before it read `G` has reported why and
+            // exited: the write may find it gone, and the read then ends
+            // in a reset (the `G` it never read), after its message.
+            let _ = report.write_all(b"G\n");
+            match report.read_to_string(&mut text) {
+                Err(e) if e.kind() == std::io::ErrorKind::ConnectionReset => Ok(()),
+                read => read.map(drop),
+            }
+        });
         let _ = self.init.child.wait();
         (read, text)
     }
