@@ -299,30 +299,40 @@ impl Bench {
     }
 
     fn start(&self, runs: usize) -> Result<Vec<Measurement>> {
-        let mut results = Vec::new();
-        let (firsts, totals) = repeat(runs, || {
+        let cairn = |network: Option<&str>| {
             let mut cmd = Command::new(&self.exe);
-            cmd.args(["run", "--", "echo", "hi"])
-                .env("CAIRN_HOME", self.home.path());
+            cmd.arg("run");
+            if let Some(network) = network {
+                cmd.args(["--network", network]);
+            }
+            cmd.args(["--", "echo", "hi"]).env("CAIRN_HOME", self.home.path());
             cmd
-        })?;
-        let first_output = summarize(
+        };
+        let bwrap = peer("bwrap", "bubblewrap");
+        // Cairn and bwrap in turn, one run of each per round: the host's
+        // speed drifts over a run of this length (by 0.5 ms within minutes
+        // here), and a drift then reaches both figures alike.
+        let mut makes: Vec<Box<dyn Fn() -> Command + '_>> = vec![Box::new(|| cairn(None))];
+        if let Some(bwrap) = &bwrap {
+            makes.push(Box::new(move || self.bwrap(bwrap, &["/bin/echo", "hi"])));
+        }
+        let mut timed = interleaved(runs, &makes)?.into_iter();
+        let (firsts, totals) = timed.next().context("no cairn figures")?;
+        let mut first_output = summarize(
             "start: cairn run -- echo (to first output)",
             "ms",
             firsts.clone(),
             None,
             true,
         );
-        // The same with `--network egress`: a veth pair, an address slot
-        // and its nftables element; the extra is each run's difference from
-        // the loopback-only run of the same index.
+        let mut results = Vec::new();
+        // With `--network egress`: a veth pair, an address slot and its
+        // nftables element; the extra is each run's difference from the
+        // loopback-only run of the same index. These run after the others:
+        // the kernel's deferred teardown of a veth pair and its namespace
+        // would slow whatever ran next.
         if which("nft").is_some() {
-            let (egress, _) = repeat(runs, || {
-                let mut cmd = Command::new(&self.exe);
-                cmd.args(["run", "--network", "egress", "--", "echo", "hi"])
-                    .env("CAIRN_HOME", self.home.path());
-                cmd
-            })?;
+            let (egress, _) = repeat(runs, || cairn(Some("egress")))?;
             let extra = egress.iter().zip(&firsts).map(|(e, n)| e - n).collect();
             results.push(summarize(
                 "start: cairn run --network egress -- echo (to first output)",
@@ -346,14 +356,15 @@ impl Bench {
             None,
             true,
         ));
-        let mut first_output = first_output;
-        if let Some(bwrap) = peer("bwrap", "bubblewrap") {
-            let (firsts, _) = repeat(runs, || self.bwrap(&bwrap, &["/bin/echo", "hi"]))?;
+        if bwrap.is_some() {
+            let (firsts, _) = timed.next().context("no bwrap figures")?;
             let bwrap = summarize("start: bwrap echo (peer)", "ms", firsts, None, true).peer_of(&first_output);
             // DESIGN.md's target: 1.5x bwrap measured in the same run.
             first_output.target = Some(1.5 * bwrap.median);
             results.push(bwrap);
         }
+        // crun needs a thread whose mount namespace hides the hybrid
+        // cgroup v2 mount: its runs come after the others.
         if let Some(crun) = peer("crun", "crun") {
             let bundle = self.crun_bundle(&crun, &["/bin/echo", "hi"])?;
             let (firsts, _) = in_crun_namespace(|| repeat(runs, || crun_run(&crun, &bundle)))?;
@@ -782,6 +793,28 @@ fn repeat(runs: usize, make: impl Fn() -> Command) -> Result<(Vec<f64>, Vec<f64>
         totals.push(t);
     }
     Ok((firsts, totals))
+}
+
+/// [`repeat`] for several commands at once: `runs` rounds, each running
+/// every command `makes` gives once, in turn, the order reversed every
+/// other round; each command's first-output and whole times, in the order
+/// of `makes`.
+fn interleaved(runs: usize, makes: &[Box<dyn Fn() -> Command + '_>]) -> Result<Vec<(Vec<f64>, Vec<f64>)>> {
+    for make in makes {
+        for _ in 0..runs.min(5) {
+            Bench::first_output(&mut make())?;
+        }
+    }
+    let mut timed = vec![(Vec::with_capacity(runs), Vec::with_capacity(runs)); makes.len()];
+    for round in 0..runs {
+        for k in 0..makes.len() {
+            let i = if round % 2 == 0 { k } else { makes.len() - 1 - k };
+            let (first, total) = Bench::first_output(&mut makes[i]())?;
+            timed[i].0.push(first);
+            timed[i].1.push(total);
+        }
+    }
+    Ok(timed)
 }
 
 /// MiB per second for `bytes` moved since `t0`.
