@@ -6,12 +6,13 @@
 //! nothing more at once, while the host prepares the rest: the user
 //! namespace with that range, and the pid, network, ipc and uts
 //! namespaces (a network namespace alone costs about 0.4 ms to make) with
-//! its loopback up, and forks PID 1 of the new pid namespace. PID 1 waits
+//! its loopback up, and forks PID 1 of the new pid namespace. PID 1 makes
+//! the sandbox's /proc and a populated /dev as detached mounts, and waits
 //! for the [`NativeSetup`]; once it has it, it reports its pid to the host
 //! and the parent exits, so PID 1 is re-parented away from the host process
 //! and outlives it. PID 1 unshares the mount namespace (the mount table is
-//! copied as it is then) and mounts the overlay root with a fresh /proc, a
-//! minimal /dev and a read-only /sys, while the host makes the sandbox's
+//! copied as it is then), mounts the overlay root and attaches /proc and
+//! /dev to it, with a read-only /sys, while the host makes the sandbox's
 //! cgroups. Once the host says they exist, PID 1 joins them and unshares
 //! the cgroup namespace (rooted at the cgroups just joined), before anything
 //! of the sandbox's runs; it then pivots into the root, names the host,
@@ -28,14 +29,13 @@
 use std::fs;
 use std::io::Write;
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
-use std::os::unix::fs::PermissionsExt;
 use std::path::Path;
 
 use cairn_protocol::{NativeSetup, LISTEN_FD};
 use nix::fcntl::{AtFlags, OFlag};
 use nix::mount::{mount, umount2, MntFlags, MsFlags};
 use nix::sched::{unshare, CloneFlags};
-use nix::sys::stat::{makedev, mknod, FchmodatFlags, Mode, SFlag};
+use nix::sys::stat::{makedev, mknodat, FchmodatFlags, Mode, SFlag};
 use nix::unistd::{chdir, fork, pivot_root, sethostname, ForkResult};
 
 /// Builds the sandbox. Returns (in PID 1 only) the listening socket's fd;
@@ -88,6 +88,14 @@ pub fn build() -> RawFd {
         Ok(ForkResult::Child) => {}
     }
     drop(taken);
+    // PID 1 makes the sandbox's /proc and /dev as detached mounts while it
+    // waits: neither needs the setup (/proc is this pid namespace's, /dev
+    // belongs to the sandbox's root, host id `base`).
+    let made = mount_proc_detached().and_then(|proc| Ok((proc, make_dev(base)?)));
+    let (proc, dev) = match made {
+        Ok(made) => made,
+        Err(e) => fail_once_read(&mut report, e),
+    };
     let setup = read_setup(&mut report);
     // PID 1 names itself: its host pid is what the host's /proc (still
     // this process's) calls `self`.
@@ -112,7 +120,7 @@ pub fn build() -> RawFd {
     if let Err(e) = unshare(CloneFlags::CLONE_NEWNS) {
         fail(&mut report, format!("create the mount namespace: {e}"));
     }
-    if let Err(e) = setup_root(setup, userns) {
+    if let Err(e) = setup_root(setup, userns, Premade { proc, dev }) {
         fail(&mut report, e);
     }
     if let Err(e) = report.write_all(b"R\n") {
@@ -235,7 +243,13 @@ fn ctx<T, E: std::fmt::Display>(r: Result<T, E>, what: impl FnOnce() -> String) 
     r.map_err(|e| format!("{}: {e}", what()))
 }
 
-fn setup_root(plan: &NativeSetup, userns: OwnedFd) -> Step<()> {
+/// The sandbox's /proc and /dev, made before the setup arrived.
+struct Premade {
+    proc: OwnedFd,
+    dev: OwnedFd,
+}
+
+fn setup_root(plan: &NativeSetup, userns: OwnedFd, premade: Premade) -> Step<()> {
     let root = Path::new(&plan.rootfs);
     ctx(
         mount(
@@ -292,8 +306,8 @@ fn setup_root(plan: &NativeSetup, userns: OwnedFd) -> Step<()> {
     let _ = nix::unistd::close(top);
     let net_files = plan.network.as_ref().map(crate::net::clone_files).transpose()?;
     let mut masks = Masks::default();
-    mount_proc(root, &mut masks)?;
-    mount_dev(root, plan.host_id_base)?;
+    mount_proc(root, premade.proc, &mut masks)?;
+    mount_dev(root, premade.dev, plan.host_id_base)?;
     mount_sys(root, &mut masks)?;
     // The host made the cgroups while the root was built; they are joined
     // before the pivot, while their host paths can still be reached.
@@ -420,12 +434,14 @@ pub(crate) mod mount_api {
     const MOUNT_ATTR_IDMAP: u64 = 0x0010_0000;
     const FSOPEN_CLOEXEC: libc::c_uint = 1;
     const FSMOUNT_CLOEXEC: libc::c_uint = 1;
+    const FSCONFIG_SET_STRING: libc::c_uint = 1;
     const FSCONFIG_SET_FD: libc::c_uint = 5;
     const FSCONFIG_CMD_CREATE: libc::c_uint = 6;
     const OPEN_TREE_CLONE: libc::c_uint = 1;
     const MOVE_MOUNT_F_EMPTY_PATH: libc::c_uint = 0x4;
     const MOVE_MOUNT_T_EMPTY_PATH: libc::c_uint = 0x40;
-    const MOUNT_ATTR_NOEXEC: u64 = 0x8;
+    pub const MOUNT_ATTR_NOEXEC: u64 = 0x8;
+    pub const MOUNT_ATTR_STRICTATIME: u64 = 0x20;
 
     /// `struct mount_attr` from `<linux/mount.h>`.
     #[repr(C)]
@@ -460,6 +476,22 @@ pub(crate) mod mount_api {
         let name = cstr(OsStr::new(fs_type))?;
         // SAFETY: a NUL-terminated name and flags.
         fd(unsafe { libc::syscall(libc::SYS_fsopen, name.as_ptr(), FSOPEN_CLOEXEC) })
+    }
+
+    /// Sets `key` of the filesystem context `fs` to the string `value`.
+    pub fn set_str(fs: &OwnedFd, key: &str, value: &str) -> io::Result<()> {
+        let (key, value) = (cstr(OsStr::new(key))?, cstr(OsStr::new(value))?);
+        // SAFETY: NUL-terminated key and value.
+        unit(unsafe {
+            libc::syscall(
+                libc::SYS_fsconfig,
+                fs.as_raw_fd(),
+                FSCONFIG_SET_STRING,
+                key.as_ptr(),
+                value.as_ptr(),
+                0,
+            )
+        })
     }
 
     /// Sets `key` of the filesystem context `fs` to the file `value`.
@@ -699,12 +731,19 @@ fn enter_user_namespace(userns: OwnedFd) -> Step<()> {
     Ok(())
 }
 
-fn mount_proc(root: &Path, masks: &mut Masks) -> Step<()> {
+/// A detached procfs of this process's pid namespace, `nosuid,nodev,noexec`.
+fn mount_proc_detached() -> Step<OwnedFd> {
+    let fs = ctx(mount_api::fsopen("proc"), || "open a proc context".into())?;
+    ctx(mount_api::set_str(&fs, "source", "proc"), || "/proc's source".into())?;
+    let attrs = mount_api::MOUNT_ATTR_NOSUID | mount_api::MOUNT_ATTR_NODEV | mount_api::MOUNT_ATTR_NOEXEC;
+    ctx(mount_api::create(&fs, attrs), || "mount /proc".into())
+}
+
+/// Attaches `mnt` ([`mount_proc_detached`]) as the root's /proc, with its
+/// host-wide knobs read-only and what it shows of the host masked.
+fn mount_proc(root: &Path, mnt: OwnedFd, masks: &mut Masks) -> Step<()> {
     let proc = root.join("proc");
-    let flags = MsFlags::MS_NOSUID | MsFlags::MS_NODEV | MsFlags::MS_NOEXEC;
-    ctx(mount(Some("proc"), &proc, Some("proc"), flags, None::<&str>), || {
-        "mount /proc".into()
-    })?;
+    ctx(mount_api::attach(&mnt, &proc), || "attach /proc".into())?;
     // Host-wide knobs stay read-only; kernel memory and keys stay hidden.
     for sub in ["sys", "sysrq-trigger", "irq", "bus", "fs"] {
         let p = proc.join(sub);
@@ -788,19 +827,37 @@ impl Masks {
     }
 }
 
-/// A minimal `/dev`, owned by the sandbox's root (host id `base`).
-fn mount_dev(root: &Path, base: u32) -> Step<()> {
-    let dev = root.join("dev");
-    let flags = MsFlags::MS_NOSUID | MsFlags::MS_STRICTATIME;
-    let options = format!("mode=755,size=65536k,uid={base},gid={base}");
-    ctx(
-        mount(Some("tmpfs"), &dev, Some("tmpfs"), flags, Some(options.as_str())),
-        || "mount /dev".into(),
-    )?;
+/// A minimal `/dev` owned by the sandbox's root (host id `base`), as a
+/// detached tmpfs: its nodes, links and directories are made relative to
+/// the mount, which [`mount_dev`] attaches.
+fn make_dev(base: u32) -> Step<OwnedFd> {
+    let fs = ctx(mount_api::fsopen("tmpfs"), || "open a tmpfs context".into())?;
+    let base_id = base.to_string();
+    let options = [
+        ("source", "tmpfs"),
+        ("mode", "755"),
+        ("size", "65536k"),
+        ("uid", &base_id),
+        ("gid", &base_id),
+    ];
+    for (key, value) in options {
+        ctx(mount_api::set_str(&fs, key, value), || {
+            format!("/dev's tmpfs option {key}")
+        })?;
+    }
+    let attrs = mount_api::MOUNT_ATTR_NOSUID | mount_api::MOUNT_ATTR_STRICTATIME;
+    let dev = ctx(mount_api::create(&fs, attrs), || "mount /dev".into())?;
+    let at = Some(dev.as_raw_fd());
     let owner = (
         Some(nix::unistd::Uid::from_raw(base)),
         Some(nix::unistd::Gid::from_raw(base)),
     );
+    let chown = |name: &str| {
+        ctx(
+            nix::unistd::fchownat(at, name, owner.0, owner.1, AtFlags::AT_SYMLINK_NOFOLLOW),
+            || format!("chown /dev/{name}"),
+        )
+    };
     let nodes: [(&str, u64, u64); 6] = [
         ("null", 1, 3),
         ("zero", 1, 5),
@@ -810,10 +867,10 @@ fn mount_dev(root: &Path, base: u32) -> Step<()> {
         ("tty", 5, 0),
     ];
     for (name, major, minor) in nodes {
-        let path = dev.join(name);
         ctx(
-            mknod(
-                &path,
+            mknodat(
+                at,
+                name,
                 SFlag::S_IFCHR,
                 Mode::from_bits_truncate(0o666),
                 makedev(major, minor),
@@ -821,12 +878,11 @@ fn mount_dev(root: &Path, base: u32) -> Step<()> {
             || format!("create /dev/{name}"),
         )?;
         // mknod applies the umask.
-        ctx(fs::set_permissions(&path, fs::Permissions::from_mode(0o666)), || {
-            format!("chmod /dev/{name}")
-        })?;
-        ctx(nix::unistd::chown(&path, owner.0, owner.1), || {
-            format!("chown /dev/{name}")
-        })?;
+        ctx(
+            nix::sys::stat::fchmodat(at, name, Mode::from_bits_truncate(0o666), FchmodatFlags::FollowSymlink),
+            || format!("chmod /dev/{name}"),
+        )?;
+        chown(name)?;
     }
     for (link, target) in [
         ("fd", "/proc/self/fd"),
@@ -835,23 +891,25 @@ fn mount_dev(root: &Path, base: u32) -> Step<()> {
         ("stderr", "/proc/self/fd/2"),
         ("ptmx", "pts/ptmx"),
     ] {
-        ctx(std::os::unix::fs::symlink(target, dev.join(link)), || {
-            format!("link /dev/{link}")
-        })?;
+        ctx(nix::unistd::symlinkat(target, at, link), || format!("link /dev/{link}"))?;
+        chown(link)?;
+    }
+    for dir in ["pts", "shm"] {
         ctx(
-            std::os::unix::fs::lchown(dev.join(link), Some(base), Some(base)),
-            || format!("chown /dev/{link}"),
+            nix::sys::stat::mkdirat(at, dir, Mode::from_bits_truncate(0o755)),
+            || format!("create /dev/{dir}"),
         )?;
+        chown(dir)?;
     }
-    let pts = dev.join("pts");
-    ctx(fs::create_dir(&pts), || "create /dev/pts".into())?;
-    let shm = dev.join("shm");
-    ctx(fs::create_dir(&shm), || "create /dev/shm".into())?;
-    for d in [&pts, &shm] {
-        ctx(nix::unistd::chown(d, owner.0, owner.1), || {
-            format!("chown {}", d.display())
-        })?;
-    }
+    Ok(dev)
+}
+
+/// Attaches `mnt` ([`make_dev`]) as the root's /dev, with a devpts of its
+/// own and a tmpfs for shared memory in it.
+fn mount_dev(root: &Path, mnt: OwnedFd, base: u32) -> Step<()> {
+    let dev = root.join("dev");
+    ctx(mount_api::attach(&mnt, &dev), || "attach /dev".into())?;
+    let (pts, shm) = (dev.join("pts"), dev.join("shm"));
     ctx(
         mount(
             Some("devpts"),
