@@ -27,7 +27,7 @@
 //! failure.
 
 use std::fs;
-use std::io::Write;
+use std::io::{Read, Write};
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
 use std::path::Path;
 
@@ -120,7 +120,7 @@ pub fn build() -> RawFd {
     if let Err(e) = unshare(CloneFlags::CLONE_NEWNS) {
         fail(&mut report, format!("create the mount namespace: {e}"));
     }
-    if let Err(e) = setup_root(setup, userns, Premade { proc, dev }) {
+    if let Err(e) = setup_root(setup, userns, Premade { proc, dev }, &mut report) {
         fail(&mut report, e);
     }
     if let Err(e) = report.write_all(b"R\n") {
@@ -249,7 +249,12 @@ struct Premade {
     dev: OwnedFd,
 }
 
-fn setup_root(plan: &NativeSetup, userns: OwnedFd, premade: Premade) -> Step<()> {
+fn setup_root(
+    plan: &NativeSetup,
+    userns: OwnedFd,
+    premade: Premade,
+    report: &mut std::os::unix::net::UnixStream,
+) -> Step<()> {
     let root = Path::new(&plan.rootfs);
     ctx(
         mount(
@@ -311,7 +316,7 @@ fn setup_root(plan: &NativeSetup, userns: OwnedFd, premade: Premade) -> Step<()>
     mount_sys(root, &mut masks)?;
     // The host made the cgroups while the root was built; they are joined
     // before the pivot, while their host paths can still be reached.
-    wait_for_host()?;
+    wait_for_host(report)?;
     join_cgroups(&plan.cgroup_procs)?;
 
     ctx(chdir(root), || "enter the root".into())?;
@@ -338,21 +343,17 @@ fn setup_root(plan: &NativeSetup, userns: OwnedFd, premade: Premade) -> Step<()>
     Ok(())
 }
 
-/// Waits for the host's `G\n` on fd 1 (still the report socket): the
-/// sandbox's cgroups exist and, with a network, `eth0` is in the namespace.
-/// The host closing the socket instead means it gave up on the start.
-fn wait_for_host() -> Step<()> {
+/// Waits for the host's `G\n` on the report socket: the sandbox's cgroups
+/// exist and, with a network, `eth0` is in the namespace. The host closing
+/// the socket instead means it gave up on the start.
+fn wait_for_host(report: &mut std::os::unix::net::UnixStream) -> Step<()> {
     let mut buf = [0u8; 2];
-    let mut got = 0;
-    while got < 2 {
-        // SAFETY: reading into a buffer we own, within its length.
-        let n = unsafe { libc::read(1, buf[got..].as_mut_ptr().cast(), 2 - got) };
-        match n {
-            n if n > 0 => got += n as usize,
-            0 => return Err("the host gave up before the sandbox's cgroups were ready".into()),
-            _ if std::io::Error::last_os_error().kind() == std::io::ErrorKind::Interrupted => {}
-            _ => return Err(format!("wait for the host: {}", std::io::Error::last_os_error())),
+    match report.read_exact(&mut buf) {
+        Ok(()) => {}
+        Err(e) if e.kind() == std::io::ErrorKind::UnexpectedEof => {
+            return Err("the host gave up before the sandbox's cgroups were ready".into())
         }
+        Err(e) => return Err(format!("wait for the host: {e}")),
     }
     if &buf != b"G\n" {
         return Err(format!("unexpected go-ahead from the host {buf:?}"));

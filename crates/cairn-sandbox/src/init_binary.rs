@@ -15,10 +15,10 @@ static INIT: &[u8] = include_bytes!(env!("CAIRN_INIT_PATH"));
 /// The write is atomic: a concurrent or interrupted install never exposes a
 /// partial executable.
 pub fn install(dir: &Path) -> io::Result<PathBuf> {
-    if let Some(path) = installed(dir) {
+    let path = path_in(dir);
+    if path.exists() {
         return Ok(path);
     }
-    let path = dir.join(format!("cairn-init-{INIT_HASH}"));
     fs::create_dir_all(dir)?;
     let tmp = dir.join(format!(".cairn-init-{INIT_HASH}.{}", std::process::id()));
     let mut f = fs::File::create(&tmp)?;
@@ -34,5 +34,10 @@ pub fn install(dir: &Path) -> io::Result<PathBuf> {
 
 /// This build's init in `dir`, if [`install`] put it there.
 pub fn installed(dir: &Path) -> Option<PathBuf> {
-    Some(dir.join(format!("cairn-init-{INIT_HASH}"))).filter(|path| path.exists())
+    Some(path_in(dir)).filter(|path| path.exists())
+}
+
+/// Where [`install`] puts this build's init in `dir`.
+fn path_in(dir: &Path) -> PathBuf {
+    dir.join(format!("cairn-init-{INIT_HASH}"))
 }

@@ -782,17 +782,8 @@ fn rounds(workers: usize, work: impl Fn(Instant) -> Result<usize> + Sync) -> Res
 /// Milliseconds to first output and to exit of `runs` commands `make`
 /// gives, after a few unmeasured ones.
 fn repeat(runs: usize, make: impl Fn() -> Command) -> Result<(Vec<f64>, Vec<f64>)> {
-    for _ in 0..runs.min(5) {
-        Bench::first_output(&mut make())?;
-    }
-    let mut firsts = Vec::with_capacity(runs);
-    let mut totals = Vec::with_capacity(runs);
-    for _ in 0..runs {
-        let (f, t) = Bench::first_output(&mut make())?;
-        firsts.push(f);
-        totals.push(t);
-    }
-    Ok((firsts, totals))
+    let mut timed = interleaved(runs, &[Box::new(make)])?;
+    Ok(timed.remove(0))
 }
 
 /// [`repeat`] for several commands at once: `runs` rounds, each running
