@@ -411,6 +411,11 @@ pub enum Command {
         /// the fresh figure and the one after.
         #[arg(long, default_value_t = 2000, value_name = "N")]
         churn: usize,
+        /// start: another `cairn` binary (an earlier build, say) timed in
+        /// the same rounds as this one and bwrap, in a state directory of
+        /// its own; its ratio to this build's figure is printed.
+        #[arg(long, value_name = "PATH")]
+        against: Option<std::path::PathBuf>,
         /// Print JSON for scripts instead of text.
         #[arg(long)]
         json: bool,

@@ -54,6 +54,7 @@ pub fn dispatch(cli: Cli) -> Result<i32> {
         memory,
         postgres,
         churn,
+        against,
         json,
     } = cli.command
     {
@@ -66,6 +67,7 @@ pub fn dispatch(cli: Cli) -> Result<i32> {
         let sizes = crate::bench::Sizes {
             churn,
             gvisor_memory: memory,
+            against,
         };
         return crate::bench::run(home, &which, runs, &sessions, &scale, &sizes, json);
     }

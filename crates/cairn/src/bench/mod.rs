@@ -131,13 +131,16 @@ struct Bench {
     layer: PathBuf,
 }
 
-/// How much work the `drift` and `gvisor-memory` groups do.
-#[derive(Debug, Clone, Copy)]
+/// How much work the `drift` and `gvisor-memory` groups do, and what
+/// `start` compares with.
+#[derive(Debug, Clone)]
 pub struct Sizes {
     /// Sandboxes made and removed between drift's two figures.
     pub churn: usize,
     /// Bytes the gVisor sandbox holds in tmpfs.
     pub gvisor_memory: u64,
+    /// Another `cairn` binary `start` times in the same rounds.
+    pub against: Option<PathBuf>,
 }
 
 pub fn run(
@@ -149,7 +152,11 @@ pub fn run(
     sizes: &Sizes,
     json: bool,
 ) -> Result<i32> {
-    let Sizes { churn, gvisor_memory } = *sizes;
+    let Sizes {
+        churn,
+        gvisor_memory,
+        ref against,
+    } = *sizes;
     if runs < 5 {
         bail!("--runs must be at least 5 to give a median and a p95");
     }
@@ -162,7 +169,7 @@ pub fn run(
     for w in which {
         eprintln!("cairn bench: measuring {w:?} ({runs} runs)");
         let r = match w {
-            Which::Start => bench.start(runs),
+            Which::Start => bench.start(runs, against.as_deref()),
             Which::Drift => bench.drift(runs, churn),
             Which::Exec => bench.exec(runs),
             Which::Cp => bench.copy(runs.min(20)),
@@ -298,7 +305,7 @@ impl Bench {
         Ok((first, t0.elapsed().as_secs_f64() * 1e3))
     }
 
-    fn start(&self, runs: usize) -> Result<Vec<Measurement>> {
+    fn start(&self, runs: usize, against: Option<&Path>) -> Result<Vec<Measurement>> {
         let cairn = |network: Option<&str>| {
             let mut cmd = Command::new(&self.exe);
             cmd.arg("run");
@@ -309,12 +316,20 @@ impl Bench {
             cmd
         };
         let bwrap = peer("bwrap", "bubblewrap");
+        let other = against.map(|exe| self.other_cairn(exe)).transpose()?;
         // Cairn and bwrap in turn, one run of each per round: the host's
         // speed drifts over a run of this length (by 0.5 ms within minutes
         // here), and a drift then reaches both figures alike.
         let mut makes: Vec<Box<dyn Fn() -> Command + '_>> = vec![Box::new(|| cairn(None))];
         if let Some(bwrap) = &bwrap {
             makes.push(Box::new(move || self.bwrap(bwrap, &["/bin/echo", "hi"])));
+        }
+        if let Some((exe, home)) = &other {
+            makes.push(Box::new(move || {
+                let mut cmd = Command::new(exe);
+                cmd.args(["run", "--", "echo", "hi"]).env("CAIRN_HOME", home.path());
+                cmd
+            }));
         }
         let mut timed = interleaved(runs, &makes)?.into_iter();
         let (firsts, totals) = timed.next().context("no cairn figures")?;
@@ -363,6 +378,11 @@ impl Bench {
             first_output.target = Some(1.5 * bwrap.median);
             results.push(bwrap);
         }
+        if let Some((exe, _)) = &other {
+            let (firsts, _) = timed.next().context("no figures for the other cairn")?;
+            let name = format!("start: {} run -- echo (to first output)", exe.display());
+            results.push(summarize(&name, "ms", firsts, None, true).peer_of(&first_output));
+        }
         // crun needs a thread whose mount namespace hides the hybrid
         // cgroup v2 mount: its runs come after the others.
         if let Some(crun) = peer("crun", "crun") {
@@ -372,6 +392,37 @@ impl Bench {
         }
         results.insert(0, first_output);
         Ok(results)
+    }
+
+    /// `exe`, another `cairn` binary, with a state directory of its own
+    /// holding the benchmark's busybox layer (imported by `exe`, which may
+    /// keep another schema).
+    fn other_cairn(&self, exe: &Path) -> Result<(PathBuf, tempfile_home::ScratchHome)> {
+        let exe = exe
+            .canonicalize()
+            .with_context(|| format!("--against {}: no such binary", exe.display()))?;
+        let version = Command::new(&exe)
+            .arg("--version")
+            .output()
+            .with_context(|| format!("--against {}: cannot run it", exe.display()))?;
+        if !version.stdout.starts_with(b"cairn ") {
+            bail!(
+                "--against {}: not a cairn binary (`--version` does not say cairn)",
+                exe.display()
+            );
+        }
+        let home = tempfile_home::ScratchHome::named("against")?;
+        let status = Command::new(&exe)
+            .args(["image", "import"])
+            .arg(&self.layer)
+            .args(["--name", "busybox"])
+            .env("CAIRN_HOME", home.path())
+            .stdout(Stdio::null())
+            .status()?;
+        if !status.success() {
+            bail!("--against {}: its `image import` failed ({status})", exe.display());
+        }
+        Ok((exe, home))
     }
 
     /// bwrap over the busybox layer (read-only), with fresh /proc, /dev, /tmp.
@@ -968,7 +1019,15 @@ mod tempfile_home {
 
     impl ScratchHome {
         pub fn new() -> std::io::Result<ScratchHome> {
-            let dir = std::env::temp_dir().join(format!("cairn-bench-{}", std::process::id()));
+            ScratchHome::at(std::env::temp_dir().join(format!("cairn-bench-{}", std::process::id())))
+        }
+
+        /// Another scratch directory of this benchmark, told apart by `what`.
+        pub fn named(what: &str) -> std::io::Result<ScratchHome> {
+            ScratchHome::at(std::env::temp_dir().join(format!("cairn-bench-{}-{what}", std::process::id())))
+        }
+
+        fn at(dir: PathBuf) -> std::io::Result<ScratchHome> {
             std::fs::create_dir_all(&dir)?;
             Ok(ScratchHome(dir))
         }
