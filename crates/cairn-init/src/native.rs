@@ -88,11 +88,11 @@ pub fn build() -> RawFd {
         Ok(ForkResult::Child) => {}
     }
     drop(taken);
-    // PID 1 makes the sandbox's /proc and /dev as detached mounts while it
-    // waits: neither needs the setup (/proc is this pid namespace's, /dev
-    // belongs to the sandbox's root, host id `base`).
-    let made = mount_proc_detached().and_then(|proc| Ok((proc, make_dev(base)?)));
-    let (proc, dev) = match made {
+    // PID 1 makes the sandbox's /proc, /sys and /dev as detached mounts
+    // while it waits: none needs the setup (/proc is this pid namespace's,
+    // /sys this network namespace's, /dev belongs to the sandbox's root,
+    // host id `base`).
+    let premade = match premade(base) {
         Ok(made) => made,
         Err(e) => fail_once_read(&mut report, e),
     };
@@ -120,7 +120,7 @@ pub fn build() -> RawFd {
     if let Err(e) = unshare(CloneFlags::CLONE_NEWNS) {
         fail(&mut report, format!("create the mount namespace: {e}"));
     }
-    if let Err(e) = setup_root(setup, userns, Premade { proc, dev }, &mut report) {
+    if let Err(e) = setup_root(setup, userns, premade, &mut report) {
         fail(&mut report, e);
     }
     if let Err(e) = report.write_all(b"R\n") {
@@ -243,10 +243,33 @@ fn ctx<T, E: std::fmt::Display>(r: Result<T, E>, what: impl FnOnce() -> String) 
     r.map_err(|e| format!("{}: {e}", what()))
 }
 
-/// The sandbox's /proc and /dev, made before the setup arrived.
+/// The sandbox's /proc, /sys and /dev, made as detached mounts before the
+/// setup arrived.
 struct Premade {
     proc: OwnedFd,
+    sys: OwnedFd,
     dev: OwnedFd,
+    /// Whether what goes on them ([`fill`]) is on already: the kernel takes
+    /// mounts onto a detached tree (Linux 6.15). Otherwise it goes on once
+    /// they are attached.
+    filled: bool,
+}
+
+/// Makes [`Premade`]'s mounts, and fills them where the kernel allows.
+fn premade(base: u32) -> Step<Premade> {
+    let proc = mount_proc_detached()?;
+    let sys = mount_sys_detached()?;
+    let dev = make_dev(base)?;
+    // The first mount onto the detached /proc says whether the kernel takes
+    // them; a kernel that refuses it has changed nothing.
+    let filled = match read_only_at(&proc, "sys") {
+        Ok(()) => {
+            fill_rest(&proc, &sys, &dev, base)?;
+            true
+        }
+        Err(_) => false,
+    };
+    Ok(Premade { proc, sys, dev, filled })
 }
 
 fn setup_root(
@@ -310,10 +333,26 @@ fn setup_root(
     })?;
     let _ = nix::unistd::close(top);
     let net_files = plan.network.as_ref().map(crate::net::clone_files).transpose()?;
-    let mut masks = Masks::default();
-    mount_proc(root, premade.proc, &mut masks)?;
-    mount_dev(root, premade.dev, plan.host_id_base)?;
-    mount_sys(root, &mut masks)?;
+    let Premade { proc, sys, dev, filled } = premade;
+    for (name, mnt) in [("proc", proc), ("sys", sys), ("dev", dev)] {
+        ctx(mount_api::attach(&mnt, &root.join(name)), || format!("attach /{name}"))?;
+    }
+    if !filled {
+        let open = |name: &str| {
+            ctx(
+                nix::fcntl::open(
+                    &root.join(name),
+                    OFlag::O_PATH | OFlag::O_DIRECTORY | OFlag::O_NOFOLLOW | OFlag::O_CLOEXEC,
+                    Mode::empty(),
+                ),
+                || format!("open /{name}"),
+            )
+            // SAFETY: open just returned this descriptor to us alone.
+            .map(|fd| unsafe { OwnedFd::from_raw_fd(fd) })
+        };
+        let (proc, sys, dev) = (open("proc")?, open("sys")?, open("dev")?);
+        fill(&proc, &sys, &dev, plan.host_id_base)?;
+    }
     // The host made the cgroups while the root was built; they are joined
     // before the pivot, while their host paths can still be reached.
     wait_for_host(report)?;
@@ -435,6 +474,7 @@ pub(crate) mod mount_api {
     const MOUNT_ATTR_IDMAP: u64 = 0x0010_0000;
     const FSOPEN_CLOEXEC: libc::c_uint = 1;
     const FSMOUNT_CLOEXEC: libc::c_uint = 1;
+    const FSCONFIG_SET_FLAG: libc::c_uint = 0;
     const FSCONFIG_SET_STRING: libc::c_uint = 1;
     const FSCONFIG_SET_FD: libc::c_uint = 5;
     const FSCONFIG_CMD_CREATE: libc::c_uint = 6;
@@ -495,6 +535,22 @@ pub(crate) mod mount_api {
         })
     }
 
+    /// Sets the flag `key` of the filesystem context `fs`.
+    pub fn set_flag(fs: &OwnedFd, key: &str) -> io::Result<()> {
+        let key = cstr(OsStr::new(key))?;
+        // SAFETY: a NUL-terminated key, no value.
+        unit(unsafe {
+            libc::syscall(
+                libc::SYS_fsconfig,
+                fs.as_raw_fd(),
+                FSCONFIG_SET_FLAG,
+                key.as_ptr(),
+                std::ptr::null::<u8>(),
+                0,
+            )
+        })
+    }
+
     /// Sets `key` of the filesystem context `fs` to the file `value`.
     pub fn set_fd(fs: &OwnedFd, key: &str, value: &OwnedFd) -> io::Result<()> {
         let key = cstr(OsStr::new(key))?;
@@ -550,6 +606,38 @@ pub(crate) mod mount_api {
             &tree,
             MOUNT_ATTR_IDMAP | MOUNT_ATTR_RDONLY | MOUNT_ATTR_NOSUID | MOUNT_ATTR_NODEV,
             userns.as_raw_fd() as u64,
+        )?;
+        Ok(tree)
+    }
+
+    /// A detached copy of the mount at `name` under `dir` (not of its
+    /// submounts); `""` for `dir`'s own mount, which may be detached.
+    pub fn clone_at(dir: &OwnedFd, name: &str) -> io::Result<OwnedFd> {
+        let p = cstr(OsStr::new(name))?;
+        let empty = if name.is_empty() {
+            libc::AT_EMPTY_PATH as libc::c_uint
+        } else {
+            0
+        };
+        // SAFETY: a NUL-terminated path under an fd we own, and flags.
+        fd(unsafe {
+            libc::syscall(
+                libc::SYS_open_tree,
+                dir.as_raw_fd(),
+                p.as_ptr(),
+                OPEN_TREE_CLONE | libc::O_CLOEXEC as libc::c_uint | empty,
+            )
+        })
+    }
+
+    /// A detached, read-only, `nosuid,nodev,noexec` copy of the mount at
+    /// `name` under `dir`.
+    pub fn readonly_clone_at(dir: &OwnedFd, name: &str) -> io::Result<OwnedFd> {
+        let tree = clone_at(dir, name)?;
+        set_attrs(
+            &tree,
+            MOUNT_ATTR_RDONLY | MOUNT_ATTR_NOSUID | MOUNT_ATTR_NODEV | MOUNT_ATTR_NOEXEC,
+            0,
         )?;
         Ok(tree)
     }
@@ -616,6 +704,23 @@ pub(crate) mod mount_api {
                 p.as_ptr(),
                 libc::O_RDONLY | libc::O_DIRECTORY | libc::O_NOFOLLOW | libc::O_CLOEXEC,
             ) as libc::c_long
+        })
+    }
+
+    /// Attaches the detached mount `mnt` at `name` under `dir`, which may be
+    /// a detached tree itself (Linux 6.15).
+    pub fn attach_at(mnt: &OwnedFd, dir: &OwnedFd, name: &str) -> io::Result<()> {
+        let (empty, t) = (cstr(OsStr::new(""))?, cstr(OsStr::new(name))?);
+        // SAFETY: NUL-terminated paths; both descriptors are ours.
+        unit(unsafe {
+            libc::syscall(
+                libc::SYS_move_mount,
+                mnt.as_raw_fd(),
+                empty.as_ptr(),
+                dir.as_raw_fd(),
+                t.as_ptr(),
+                MOVE_MOUNT_F_EMPTY_PATH,
+            )
         })
     }
 
@@ -734,120 +839,146 @@ fn enter_user_namespace(userns: OwnedFd) -> Step<()> {
 
 /// A detached procfs of this process's pid namespace, `nosuid,nodev,noexec`.
 fn mount_proc_detached() -> Step<OwnedFd> {
-    let fs = ctx(mount_api::fsopen("proc"), || "open a proc context".into())?;
-    ctx(mount_api::set_str(&fs, "source", "proc"), || "/proc's source".into())?;
-    let attrs = mount_api::MOUNT_ATTR_NOSUID | mount_api::MOUNT_ATTR_NODEV | mount_api::MOUNT_ATTR_NOEXEC;
-    ctx(mount_api::create(&fs, attrs), || "mount /proc".into())
+    new_mount(
+        "proc",
+        &[("source", "proc")],
+        mount_api::MOUNT_ATTR_NOSUID | mount_api::MOUNT_ATTR_NODEV | mount_api::MOUNT_ATTR_NOEXEC,
+    )
 }
 
-/// Attaches `mnt` ([`mount_proc_detached`]) as the root's /proc, with its
-/// host-wide knobs read-only and what it shows of the host masked.
-fn mount_proc(root: &Path, mnt: OwnedFd, masks: &mut Masks) -> Step<()> {
-    let proc = root.join("proc");
-    ctx(mount_api::attach(&mnt, &proc), || "attach /proc".into())?;
-    // Host-wide knobs stay read-only; kernel memory and keys stay hidden.
-    for sub in ["sys", "sysrq-trigger", "irq", "bus", "fs"] {
-        let p = proc.join(sub);
-        if p.exists() {
-            ctx(
-                mount(
-                    Some(&p),
-                    &p,
-                    None::<&str>,
-                    MsFlags::MS_BIND | MsFlags::MS_REC,
-                    None::<&str>,
-                ),
-                || format!("bind /proc/{sub}"),
-            )?;
-            let ro = MsFlags::MS_BIND | MsFlags::MS_REMOUNT | MsFlags::MS_RDONLY;
-            ctx(mount(None::<&str>, &p, None::<&str>, ro, None::<&str>), || {
-                format!("make /proc/{sub} read-only")
-            })?;
-        }
+/// A detached, read-only sysfs of this network namespace,
+/// `nosuid,nodev,noexec`.
+fn mount_sys_detached() -> Step<OwnedFd> {
+    new_mount(
+        "sysfs",
+        &[("source", "sysfs")],
+        mount_api::MOUNT_ATTR_RDONLY
+            | mount_api::MOUNT_ATTR_NOSUID
+            | mount_api::MOUNT_ATTR_NODEV
+            | mount_api::MOUNT_ATTR_NOEXEC,
+    )
+}
+
+/// What goes on the sandbox's /proc, /sys and /dev (each given as its
+/// mount's root): /proc's host-wide knobs read-only and what it shows of
+/// the host masked, /sys without the host's firmware tables (ACPI, EFI,
+/// DMI) or power-capping counters (which time other tenants' work), and
+/// /dev's devpts and shared memory.
+fn fill(proc: &OwnedFd, sys: &OwnedFd, dev: &OwnedFd, base: u32) -> Step<()> {
+    read_only_at(proc, "sys")?;
+    fill_rest(proc, sys, dev, base)
+}
+
+/// [`fill`] after its first mount.
+fn fill_rest(proc: &OwnedFd, sys: &OwnedFd, dev: &OwnedFd, base: u32) -> Step<()> {
+    for sub in ["sysrq-trigger", "irq", "bus", "fs"] {
+        read_only_at(proc, sub)?;
     }
+    // Kernel memory, keys and timers read as empty.
     for sub in ["kcore", "keys", "timer_list", "sched_debug", "latency_stats"] {
-        let p = proc.join(sub);
-        if p.exists() {
-            ctx(
-                mount(Some("/dev/null"), &p, None::<&str>, MsFlags::MS_BIND, None::<&str>),
-                || format!("mask /proc/{sub}"),
-            )?;
+        if exists_at(proc, sub, None) {
+            let null = ctx(mount_api::clone(Path::new("/dev/null")), || "clone /dev/null".into())?;
+            ctx(mount_api::attach_at(&null, proc, sub), || format!("mask /proc/{sub}"))?;
         }
     }
-    // The host's hardware stays out of sight.
-    for sub in ["acpi", "scsi", "asound"] {
-        masks.cover(&proc.join(sub), &format!("/proc/{sub}"))?;
-    }
-    Ok(())
-}
-
-/// A read-only `/sys` without the host's firmware tables (ACPI, EFI, DMI)
-/// or power-capping counters (which time other tenants' work).
-fn mount_sys(root: &Path, masks: &mut Masks) -> Step<()> {
-    let sys = root.join("sys");
-    let flags = MsFlags::MS_RDONLY | MsFlags::MS_NOSUID | MsFlags::MS_NODEV | MsFlags::MS_NOEXEC;
-    ctx(mount(Some("sysfs"), &sys, Some("sysfs"), flags, None::<&str>), || {
-        "mount /sys".into()
-    })?;
-    for sub in ["firmware", "devices/virtual/powercap"] {
-        masks.cover(&sys.join(sub), &format!("/sys/{sub}"))?;
-    }
-    Ok(())
-}
-
-/// Empty read-only directories laid over those the sandbox must not see:
-/// one tmpfs, bound over each after the first (a bind is a quarter of a
-/// new tmpfs's cost, and sandbox start pays for every mask).
-#[derive(Default)]
-struct Masks {
-    empty: Option<std::path::PathBuf>,
-}
-
-impl Masks {
-    /// Covers the directory `dir`, when there is one.
-    fn cover(&mut self, dir: &Path, name: &str) -> Step<()> {
-        if !dir.is_dir() {
-            return Ok(());
-        }
-        let flags = MsFlags::MS_RDONLY | MsFlags::MS_NOSUID | MsFlags::MS_NODEV | MsFlags::MS_NOEXEC;
-        match &self.empty {
-            // The bind keeps the tmpfs's read-only flags.
-            Some(empty) => ctx(
-                mount(Some(empty.as_path()), dir, None::<&str>, MsFlags::MS_BIND, None::<&str>),
-                || format!("mask {name}"),
-            ),
-            None => {
-                ctx(
-                    mount(Some("tmpfs"), dir, Some("tmpfs"), flags, Some("size=0,mode=555")),
-                    || format!("mask {name}"),
-                )?;
-                self.empty = Some(dir.to_path_buf());
-                Ok(())
-            }
+    // The host's hardware stays out of sight: one empty read-only tmpfs,
+    // a clone of it over each directory (a clone is a quarter of a new
+    // tmpfs's cost, and sandbox start pays for every mask).
+    let empty = empty_tmpfs()?;
+    for (dir, sub) in [
+        (proc, "acpi"),
+        (proc, "scsi"),
+        (proc, "asound"),
+        (sys, "firmware"),
+        (sys, "devices/virtual/powercap"),
+    ] {
+        if exists_at(dir, sub, Some(SFlag::S_IFDIR)) {
+            let mask = ctx(mount_api::clone_at(&empty, ""), || "clone the empty tmpfs".into())?;
+            ctx(mount_api::attach_at(&mask, dir, sub), || format!("mask {sub}"))?;
         }
     }
+    let pts = new_mount(
+        "devpts",
+        &[("source", "devpts"), ("ptmxmode", "0666"), ("mode", "0620")],
+        mount_api::MOUNT_ATTR_NOSUID | mount_api::MOUNT_ATTR_NOEXEC,
+    )?;
+    ctx(mount_api::attach_at(&pts, dev, "pts"), || "attach /dev/pts".into())?;
+    let id = base.to_string();
+    let shm = new_mount(
+        "tmpfs",
+        &[
+            ("source", "shm"),
+            ("mode", "1777"),
+            ("size", "65536k"),
+            ("uid", &id),
+            ("gid", &id),
+        ],
+        mount_api::MOUNT_ATTR_NOSUID | mount_api::MOUNT_ATTR_NODEV | mount_api::MOUNT_ATTR_NOEXEC,
+    )?;
+    ctx(mount_api::attach_at(&shm, dev, "shm"), || "attach /dev/shm".into())
+}
+
+/// A read-only clone of `dir`'s `sub` mounted over it, when there is one.
+fn read_only_at(dir: &OwnedFd, sub: &str) -> Step<()> {
+    if !exists_at(dir, sub, None) {
+        return Ok(());
+    }
+    let tree = ctx(mount_api::readonly_clone_at(dir, sub), || format!("clone /proc/{sub}"))?;
+    ctx(mount_api::attach_at(&tree, dir, sub), || {
+        format!("make /proc/{sub} read-only")
+    })
+}
+
+/// Whether `dir` holds `name` (of type `kind`, if given), not following a
+/// final symlink.
+fn exists_at(dir: &OwnedFd, name: &str, kind: Option<SFlag>) -> bool {
+    nix::sys::stat::fstatat(Some(dir.as_raw_fd()), name, AtFlags::AT_SYMLINK_NOFOLLOW)
+        .is_ok_and(|st| kind.is_none_or(|k| SFlag::from_bits_truncate(st.st_mode & SFlag::S_IFMT.bits()) == k))
+}
+
+/// An empty, read-only tmpfs, `nosuid,nodev,noexec`, detached.
+fn empty_tmpfs() -> Step<OwnedFd> {
+    new_mount(
+        "tmpfs",
+        &[("source", "tmpfs"), ("size", "0"), ("mode", "555")],
+        mount_api::MOUNT_ATTR_RDONLY
+            | mount_api::MOUNT_ATTR_NOSUID
+            | mount_api::MOUNT_ATTR_NODEV
+            | mount_api::MOUNT_ATTR_NOEXEC,
+    )
+}
+
+/// A detached mount of a new `fs_type` with string `options`; one with
+/// `MOUNT_ATTR_RDONLY` is read-only in its superblock too.
+fn new_mount(fs_type: &str, options: &[(&str, &str)], attrs: u64) -> Step<OwnedFd> {
+    let fs = ctx(mount_api::fsopen(fs_type), || format!("open a {fs_type} context"))?;
+    for (key, value) in options {
+        ctx(mount_api::set_str(&fs, key, value), || {
+            format!("{fs_type} option {key}={value}")
+        })?;
+    }
+    if attrs & mount_api::MOUNT_ATTR_RDONLY != 0 {
+        ctx(mount_api::set_flag(&fs, "ro"), || format!("{fs_type} option ro"))?;
+    }
+    ctx(mount_api::create(&fs, attrs), || format!("mount a {fs_type}"))
 }
 
 /// A minimal `/dev` owned by the sandbox's root (host id `base`), as a
 /// detached tmpfs: its nodes, links and directories are made relative to
 /// the mount, which [`mount_dev`] attaches.
 fn make_dev(base: u32) -> Step<OwnedFd> {
-    let fs = ctx(mount_api::fsopen("tmpfs"), || "open a tmpfs context".into())?;
-    let base_id = base.to_string();
-    let options = [
-        ("source", "tmpfs"),
-        ("mode", "755"),
-        ("size", "65536k"),
-        ("uid", &base_id),
-        ("gid", &base_id),
-    ];
-    for (key, value) in options {
-        ctx(mount_api::set_str(&fs, key, value), || {
-            format!("/dev's tmpfs option {key}")
-        })?;
-    }
-    let attrs = mount_api::MOUNT_ATTR_NOSUID | mount_api::MOUNT_ATTR_STRICTATIME;
-    let dev = ctx(mount_api::create(&fs, attrs), || "mount /dev".into())?;
+    let id = base.to_string();
+    let dev = new_mount(
+        "tmpfs",
+        &[
+            ("source", "tmpfs"),
+            ("mode", "755"),
+            ("size", "65536k"),
+            ("uid", &id),
+            ("gid", &id),
+        ],
+        mount_api::MOUNT_ATTR_NOSUID | mount_api::MOUNT_ATTR_STRICTATIME,
+    )?;
     let at = Some(dev.as_raw_fd());
     let owner = (
         Some(nix::unistd::Uid::from_raw(base)),
@@ -903,35 +1034,6 @@ fn make_dev(base: u32) -> Step<OwnedFd> {
         chown(dir)?;
     }
     Ok(dev)
-}
-
-/// Attaches `mnt` ([`make_dev`]) as the root's /dev, with a devpts of its
-/// own and a tmpfs for shared memory in it.
-fn mount_dev(root: &Path, mnt: OwnedFd, base: u32) -> Step<()> {
-    let dev = root.join("dev");
-    ctx(mount_api::attach(&mnt, &dev), || "attach /dev".into())?;
-    let (pts, shm) = (dev.join("pts"), dev.join("shm"));
-    ctx(
-        mount(
-            Some("devpts"),
-            &pts,
-            Some("devpts"),
-            MsFlags::MS_NOSUID | MsFlags::MS_NOEXEC,
-            Some("newinstance,ptmxmode=0666,mode=0620"),
-        ),
-        || "mount /dev/pts".into(),
-    )?;
-    ctx(
-        mount(
-            Some("shm"),
-            &shm,
-            Some("tmpfs"),
-            MsFlags::MS_NOSUID | MsFlags::MS_NODEV | MsFlags::MS_NOEXEC,
-            Some(format!("mode=1777,size=65536k,uid={base},gid={base}").as_str()),
-        ),
-        || "mount /dev/shm".into(),
-    )?;
-    Ok(())
 }
 
 /// A new network namespace starts with `lo` down.

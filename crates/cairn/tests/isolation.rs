@@ -181,6 +181,39 @@ fn the_sandbox_sees_no_host_path_or_firmware_and_its_root_is_nosuid_nodev() {
             "root mount without {flag}: {root}"
         );
     }
+    // Host-wide knobs are read-only mounts of their own; kernel memory,
+    // keys and timers read as empty.
+    for path in [
+        "/sys",
+        "/proc/sys",
+        "/proc/sysrq-trigger",
+        "/proc/irq",
+        "/proc/bus",
+        "/proc/fs",
+    ] {
+        if !Path::new(path).exists() {
+            continue;
+        }
+        let line = mountinfo
+            .lines()
+            .find(|l| l.split_whitespace().nth(4) == Some(path))
+            .unwrap_or_else(|| panic!("{path} is not a mount of its own:\n{mountinfo}"));
+        let options = line.split_whitespace().nth(5).unwrap();
+        assert!(options.split(',').any(|o| o == "ro"), "{path} is writable: {line}");
+    }
+    for file in [
+        "/proc/kcore",
+        "/proc/keys",
+        "/proc/timer_list",
+        "/proc/sched_debug",
+        "/proc/latency_stats",
+    ] {
+        if !Path::new(file).exists() {
+            continue;
+        }
+        let size = home.sh(&id, &format!("wc -c < {file}"));
+        assert_eq!(size, "0", "{file} shows the host's inside the sandbox");
+    }
     // The host's hardware: firmware tables, power counters, ACPI and SCSI.
     for dir in [
         "/sys/firmware",
