@@ -7,13 +7,14 @@
 //! namespace with that range, and the pid, network, ipc and uts
 //! namespaces (a network namespace alone costs about 0.4 ms to make) with
 //! its loopback up, and forks PID 1 of the new pid namespace. PID 1 makes
-//! the sandbox's /proc and a populated /dev as detached mounts, and waits
+//! the sandbox's /proc, read-only /sys and a populated /dev as detached
+//! mounts, with what goes on them (masks, read-only knobs, devpts, shared
+//! memory) where the kernel allows mounts onto a detached tree, and waits
 //! for the [`NativeSetup`]; once it has it, it reports its pid to the host
 //! and the parent exits, so PID 1 is re-parented away from the host process
 //! and outlives it. PID 1 unshares the mount namespace (the mount table is
-//! copied as it is then), mounts the overlay root and attaches /proc and
-//! /dev to it, with a read-only /sys, while the host makes the sandbox's
-//! cgroups. Once the host says they exist, PID 1 joins them and unshares
+//! copied as it is then), mounts the overlay root and attaches /proc, /sys
+//! and /dev to it, while the host makes the sandbox's cgroups. Once the host says they exist, PID 1 joins them and unshares
 //! the cgroup namespace (rooted at the cgroups just joined), before anything
 //! of the sandbox's runs; it then pivots into the root, names the host,
 //! drops capabilities, sets `no_new_privs`, installs the seccomp filters and
