@@ -966,7 +966,7 @@ fn new_mount(fs_type: &str, options: &[(&str, &str)], attrs: u64) -> Step<OwnedF
 
 /// A minimal `/dev` owned by the sandbox's root (host id `base`), as a
 /// detached tmpfs: its nodes, links and directories are made relative to
-/// the mount, which [`mount_dev`] attaches.
+/// the mount, which `setup_root` attaches.
 fn make_dev(base: u32) -> Step<OwnedFd> {
     let id = base.to_string();
     let dev = new_mount(
