@@ -97,6 +97,7 @@ pub fn build() -> RawFd {
         Ok(made) => made,
         Err(e) => fail_once_read(&mut report, e),
     };
+    crate::spawn::reset_signals();
     let setup = read_setup(&mut report);
     // PID 1 names itself: its host pid is what the host's /proc (still
     // this process's) calls `self`.

@@ -177,7 +177,9 @@ struct ChildPlan {
 /// installs no handler of its own later (its threads take SIGCHLD and
 /// SIGUSR2 by sigwait), so the list holds; glibc's `posix_spawn` instead
 /// asks about all 64 signals in every child, two system calls each.
-fn reset_signals() -> &'static [libc::c_int] {
+/// Found once, by asking the kernel (62 system calls); PID 1 asks while it
+/// waits for its setup, so that the sandbox's first command does not wait.
+pub(crate) fn reset_signals() -> &'static [libc::c_int] {
     static RESET: std::sync::OnceLock<Vec<libc::c_int>> = std::sync::OnceLock::new();
     RESET.get_or_init(|| {
         (1..=64)
