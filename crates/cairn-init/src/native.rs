@@ -14,9 +14,10 @@
 //! and the parent exits, so PID 1 is re-parented away from the host process
 //! and outlives it. PID 1 unshares the mount namespace (the mount table is
 //! copied as it is then), mounts the overlay root and attaches /proc, /sys
-//! and /dev to it, while the host makes the sandbox's cgroups. Once the host says they exist, PID 1 joins them and unshares
-//! the cgroup namespace (rooted at the cgroups just joined), before anything
-//! of the sandbox's runs; it then pivots into the root, names the host,
+//! and /dev to it, while the host makes the sandbox's cgroups. Once the
+//! host says they exist, PID 1 joins them and unshares the cgroup namespace
+//! (rooted at the cgroups just joined), before anything of the sandbox's
+//! runs; it then pivots into the root, names the host,
 //! drops capabilities, sets `no_new_privs`, installs the seccomp filters and
 //! goes on to serve.
 //!
@@ -97,6 +98,7 @@ pub fn build() -> RawFd {
         Ok(made) => made,
         Err(e) => fail_once_read(&mut report, e),
     };
+    // So is what the first command's spawn would otherwise ask the kernel.
     crate::spawn::reset_signals();
     let setup = read_setup(&mut report);
     // PID 1 names itself: its host pid is what the host's /proc (still
