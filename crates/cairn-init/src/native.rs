@@ -306,11 +306,13 @@ fn setup_root(
         ),
         || "open the root".into(),
     )?;
+    // SAFETY: open just returned this descriptor to us alone.
+    let top = unsafe { OwnedFd::from_raw_fd(top) };
     as_sandbox_root(plan.host_id_base, || {
         for (dir, mode) in [("proc", 0o555), ("dev", 0o755), ("sys", 0o555), ("tmp", 0o1777)] {
             // Mounts go on these paths while the host's root is still `/`:
             // an image's symlink there would point them at host paths.
-            if let Ok(st) = nix::sys::stat::fstatat(Some(top), dir, AtFlags::AT_SYMLINK_NOFOLLOW) {
+            if let Ok(st) = nix::sys::stat::fstatat(Some(top.as_raw_fd()), dir, AtFlags::AT_SYMLINK_NOFOLLOW) {
                 if SFlag::from_bits_truncate(st.st_mode & SFlag::S_IFMT.bits()) != SFlag::S_IFDIR {
                     return Err(format!(
                         "the image's /{dir} is not a directory; a sandbox mounts its own there"
@@ -319,13 +321,13 @@ fn setup_root(
                 continue;
             }
             ctx(
-                nix::sys::stat::mkdirat(Some(top), dir, Mode::from_bits_truncate(mode)),
+                nix::sys::stat::mkdirat(Some(top.as_raw_fd()), dir, Mode::from_bits_truncate(mode)),
                 || format!("create /{dir}"),
             )?;
             // mkdir applies the umask and drops the sticky bit.
             ctx(
                 nix::sys::stat::fchmodat(
-                    Some(top),
+                    Some(top.as_raw_fd()),
                     dir,
                     Mode::from_bits_truncate(mode),
                     FchmodatFlags::NoFollowSymlink,
@@ -335,28 +337,18 @@ fn setup_root(
         }
         Ok(())
     })?;
-    let _ = nix::unistd::close(top);
     let net_files = plan.network.as_ref().map(crate::net::clone_files).transpose()?;
     let Premade { proc, sys, dev, filled } = premade;
     for (name, mnt) in [("proc", proc), ("sys", sys), ("dev", dev)] {
         ctx(mount_api::attach(&mnt, &root.join(name)), || format!("attach /{name}"))?;
     }
     if !filled {
-        let open = |name: &str| {
-            ctx(
-                nix::fcntl::open(
-                    &root.join(name),
-                    OFlag::O_PATH | OFlag::O_DIRECTORY | OFlag::O_NOFOLLOW | OFlag::O_CLOEXEC,
-                    Mode::empty(),
-                ),
-                || format!("open /{name}"),
-            )
-            // SAFETY: open just returned this descriptor to us alone.
-            .map(|fd| unsafe { OwnedFd::from_raw_fd(fd) })
-        };
+        let open = |name: &str| ctx(mount_api::open_dir_at(&top, name), || format!("open /{name}"));
         let (proc, sys, dev) = (open("proc")?, open("sys")?, open("dev")?);
         fill(&proc, &sys, &dev, plan.host_id_base)?;
     }
+    // Closed before fd 3 is taken for the listening socket (`wire_fds`).
+    drop(top);
     // The host made the cgroups while the root was built; they are joined
     // before the pivot, while their host paths can still be reached.
     wait_for_host(report)?;
@@ -588,18 +580,35 @@ pub(crate) mod mount_api {
         fd(unsafe { libc::syscall(libc::SYS_fsmount, fs.as_raw_fd(), FSMOUNT_CLOEXEC, attrs) })
     }
 
-    /// A detached copy of the mount at `path` (not of its submounts).
-    pub fn clone(path: &Path) -> io::Result<OwnedFd> {
-        let p = cstr(path.as_os_str())?;
-        // SAFETY: a NUL-terminated path and flags.
+    /// `open_tree(OPEN_TREE_CLONE)` of `path` under `dir` (`AT_FDCWD` for
+    /// the working directory; an empty path for `dir`'s own mount).
+    fn open_tree(dir: libc::c_int, path: &OsStr) -> io::Result<OwnedFd> {
+        let p = cstr(path)?;
+        let empty = if path.is_empty() {
+            libc::AT_EMPTY_PATH as libc::c_uint
+        } else {
+            0
+        };
+        // SAFETY: a NUL-terminated path under `dir` (ours, or AT_FDCWD), and flags.
         fd(unsafe {
             libc::syscall(
                 libc::SYS_open_tree,
-                libc::AT_FDCWD,
+                dir,
                 p.as_ptr(),
-                OPEN_TREE_CLONE | libc::O_CLOEXEC as libc::c_uint,
+                OPEN_TREE_CLONE | libc::O_CLOEXEC as libc::c_uint | empty,
             )
         })
+    }
+
+    /// A detached copy of the mount at `path` (not of its submounts).
+    pub fn clone(path: &Path) -> io::Result<OwnedFd> {
+        open_tree(libc::AT_FDCWD, path.as_os_str())
+    }
+
+    /// [`clone`] of `name` under `dir`; `""` for `dir`'s own mount, which
+    /// may be detached.
+    pub fn clone_at(dir: &OwnedFd, name: &str) -> io::Result<OwnedFd> {
+        open_tree(dir.as_raw_fd(), OsStr::new(name))
     }
 
     /// A detached, read-only, `nosuid,nodev` copy of the directory `path`
@@ -614,42 +623,18 @@ pub(crate) mod mount_api {
         Ok(tree)
     }
 
-    /// A detached copy of the mount at `name` under `dir` (not of its
-    /// submounts); `""` for `dir`'s own mount, which may be detached.
-    pub fn clone_at(dir: &OwnedFd, name: &str) -> io::Result<OwnedFd> {
-        let p = cstr(OsStr::new(name))?;
-        let empty = if name.is_empty() {
-            libc::AT_EMPTY_PATH as libc::c_uint
-        } else {
-            0
-        };
-        // SAFETY: a NUL-terminated path under an fd we own, and flags.
-        fd(unsafe {
-            libc::syscall(
-                libc::SYS_open_tree,
-                dir.as_raw_fd(),
-                p.as_ptr(),
-                OPEN_TREE_CLONE | libc::O_CLOEXEC as libc::c_uint | empty,
-            )
-        })
-    }
-
-    /// A detached, read-only, `nosuid,nodev,noexec` copy of the mount at
-    /// `name` under `dir`.
-    pub fn readonly_clone_at(dir: &OwnedFd, name: &str) -> io::Result<OwnedFd> {
-        let tree = clone_at(dir, name)?;
-        set_attrs(
-            &tree,
-            MOUNT_ATTR_RDONLY | MOUNT_ATTR_NOSUID | MOUNT_ATTR_NODEV | MOUNT_ATTR_NOEXEC,
-            0,
-        )?;
-        Ok(tree)
-    }
-
     /// A detached, read-only, `nosuid,nodev,noexec` copy of the file or
     /// directory at `path`.
     pub fn readonly_clone(path: &Path) -> io::Result<OwnedFd> {
-        let tree = clone(path)?;
+        read_only(clone(path)?)
+    }
+
+    /// [`readonly_clone`] of the mount at `name` under `dir`.
+    pub fn readonly_clone_at(dir: &OwnedFd, name: &str) -> io::Result<OwnedFd> {
+        read_only(clone_at(dir, name)?)
+    }
+
+    fn read_only(tree: OwnedFd) -> io::Result<OwnedFd> {
         set_attrs(
             &tree,
             MOUNT_ATTR_RDONLY | MOUNT_ATTR_NOSUID | MOUNT_ATTR_NODEV | MOUNT_ATTR_NOEXEC,
@@ -680,21 +665,40 @@ pub(crate) mod mount_api {
         })
     }
 
-    /// Attaches the detached mount `mnt` on the file or directory `target`
-    /// is an O_PATH descriptor of.
-    pub fn attach_to_fd(mnt: &OwnedFd, target: &OwnedFd) -> io::Result<()> {
-        let empty = cstr(OsStr::new(""))?;
-        // SAFETY: empty NUL-terminated paths; both descriptors are ours.
+    /// `move_mount` of the detached mount `mnt` onto `path` under `dir`
+    /// (`AT_FDCWD` for the working directory; an empty path for `dir`
+    /// itself).
+    fn move_mount(mnt: &OwnedFd, dir: libc::c_int, path: &OsStr) -> io::Result<()> {
+        let (empty, t) = (cstr(OsStr::new(""))?, cstr(path)?);
+        let to_empty = if path.is_empty() { MOVE_MOUNT_T_EMPTY_PATH } else { 0 };
+        // SAFETY: NUL-terminated paths; `mnt` is ours, `dir` ours or AT_FDCWD.
         unit(unsafe {
             libc::syscall(
                 libc::SYS_move_mount,
                 mnt.as_raw_fd(),
                 empty.as_ptr(),
-                target.as_raw_fd(),
-                empty.as_ptr(),
-                MOVE_MOUNT_F_EMPTY_PATH | MOVE_MOUNT_T_EMPTY_PATH,
+                dir,
+                t.as_ptr(),
+                MOVE_MOUNT_F_EMPTY_PATH | to_empty,
             )
         })
+    }
+
+    /// Attaches the detached mount `mnt` on the file or directory `target`
+    /// is an O_PATH descriptor of.
+    pub fn attach_to_fd(mnt: &OwnedFd, target: &OwnedFd) -> io::Result<()> {
+        move_mount(mnt, target.as_raw_fd(), OsStr::new(""))
+    }
+
+    /// Attaches the detached mount `mnt` at `name` under `dir`, which may be
+    /// a detached tree itself (Linux 6.15).
+    pub fn attach_at(mnt: &OwnedFd, dir: &OwnedFd, name: &str) -> io::Result<()> {
+        move_mount(mnt, dir.as_raw_fd(), OsStr::new(name))
+    }
+
+    /// Attaches the detached mount `mnt` at `target`.
+    pub fn attach(mnt: &OwnedFd, target: &Path) -> io::Result<()> {
+        move_mount(mnt, libc::AT_FDCWD, target.as_os_str())
     }
 
     /// Opens the directory `name` under `dir` (which may be a mount's
@@ -708,39 +712,6 @@ pub(crate) mod mount_api {
                 p.as_ptr(),
                 libc::O_RDONLY | libc::O_DIRECTORY | libc::O_NOFOLLOW | libc::O_CLOEXEC,
             ) as libc::c_long
-        })
-    }
-
-    /// Attaches the detached mount `mnt` at `name` under `dir`, which may be
-    /// a detached tree itself (Linux 6.15).
-    pub fn attach_at(mnt: &OwnedFd, dir: &OwnedFd, name: &str) -> io::Result<()> {
-        let (empty, t) = (cstr(OsStr::new(""))?, cstr(OsStr::new(name))?);
-        // SAFETY: NUL-terminated paths; both descriptors are ours.
-        unit(unsafe {
-            libc::syscall(
-                libc::SYS_move_mount,
-                mnt.as_raw_fd(),
-                empty.as_ptr(),
-                dir.as_raw_fd(),
-                t.as_ptr(),
-                MOVE_MOUNT_F_EMPTY_PATH,
-            )
-        })
-    }
-
-    /// Attaches the detached mount `mnt` at `target`.
-    pub fn attach(mnt: &OwnedFd, target: &Path) -> io::Result<()> {
-        let (empty, t) = (cstr(OsStr::new(""))?, cstr(target.as_os_str())?);
-        // SAFETY: NUL-terminated paths; `mnt` is a detached mount we own.
-        unit(unsafe {
-            libc::syscall(
-                libc::SYS_move_mount,
-                mnt.as_raw_fd(),
-                empty.as_ptr(),
-                libc::AT_FDCWD,
-                t.as_ptr(),
-                MOVE_MOUNT_F_EMPTY_PATH,
-            )
         })
     }
 }

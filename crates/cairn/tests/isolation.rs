@@ -170,16 +170,9 @@ fn the_sandbox_sees_no_host_path_or_firmware_and_its_root_is_nosuid_nodev() {
         !mountinfo.contains(home_path),
         "the mount table shows the state directory:\n{mountinfo}"
     );
-    let root = mountinfo
-        .lines()
-        .find(|l| l.split_whitespace().nth(4) == Some("/"))
-        .unwrap_or_else(|| panic!("no root mount in\n{mountinfo}"));
-    let options = root.split_whitespace().nth(5).unwrap();
+    let root = mount_options(&mountinfo, "/").unwrap_or_else(|| panic!("no root mount in\n{mountinfo}"));
     for flag in ["nosuid", "nodev"] {
-        assert!(
-            options.split(',').any(|o| o == flag),
-            "root mount without {flag}: {root}"
-        );
+        assert!(root.split(',').any(|o| o == flag), "root mount without {flag}: {root}");
     }
     // Host-wide knobs are read-only mounts of their own; kernel memory,
     // keys and timers read as empty.
@@ -194,12 +187,9 @@ fn the_sandbox_sees_no_host_path_or_firmware_and_its_root_is_nosuid_nodev() {
         if !Path::new(path).exists() {
             continue;
         }
-        let line = mountinfo
-            .lines()
-            .find(|l| l.split_whitespace().nth(4) == Some(path))
-            .unwrap_or_else(|| panic!("{path} is not a mount of its own:\n{mountinfo}"));
-        let options = line.split_whitespace().nth(5).unwrap();
-        assert!(options.split(',').any(|o| o == "ro"), "{path} is writable: {line}");
+        let options =
+            mount_options(&mountinfo, path).unwrap_or_else(|| panic!("{path} is not a mount of its own:\n{mountinfo}"));
+        assert!(options.split(',').any(|o| o == "ro"), "{path} is writable: {options}");
     }
     for file in [
         "/proc/kcore",
@@ -228,6 +218,15 @@ fn the_sandbox_sees_no_host_path_or_firmware_and_its_root_is_nosuid_nodev() {
         assert_eq!(listing, "0", "{dir} is readable inside the sandbox");
     }
     home.ok(&["rm", "-f", &id]);
+}
+
+/// The mount options of the mount at `path` in `mountinfo`.
+fn mount_options<'a>(mountinfo: &'a str, path: &str) -> Option<&'a str> {
+    let fields = mountinfo
+        .lines()
+        .map(|l| l.split_whitespace().collect::<Vec<_>>())
+        .find(|f| f.get(4) == Some(&path))?;
+    fields.get(5).copied()
 }
 
 #[test]

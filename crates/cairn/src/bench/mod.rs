@@ -263,14 +263,7 @@ impl Bench {
                 });
             }
         };
-        let status = Command::new(std::env::current_exe()?)
-            .args(["image", "import"])
-            .arg(&layer)
-            .args(["--name", "busybox"])
-            .env("CAIRN_HOME", home.path())
-            .stdout(Stdio::null())
-            .status()?;
-        if !status.success() {
+        if !import_busybox(&std::env::current_exe()?, home.path(), &layer)?.success() {
             bail!("cannot seed the benchmark's state directory");
         }
         Ok(Bench {
@@ -412,13 +405,7 @@ impl Bench {
             );
         }
         let home = tempfile_home::ScratchHome::named("against")?;
-        let status = Command::new(&exe)
-            .args(["image", "import"])
-            .arg(&self.layer)
-            .args(["--name", "busybox"])
-            .env("CAIRN_HOME", home.path())
-            .stdout(Stdio::null())
-            .status()?;
+        let status = import_busybox(&exe, home.path(), &self.layer)?;
         if !status.success() {
             bail!("--against {}: its `image import` failed ({status})", exe.display());
         }
@@ -828,6 +815,17 @@ fn rounds(workers: usize, work: impl Fn(Instant) -> Result<usize> + Sync) -> Res
         rates.push(total as f64 / began.elapsed().as_secs_f64());
     }
     Ok(rates)
+}
+
+/// `exe image import layer --name busybox` into the state directory `home`.
+fn import_busybox(exe: &Path, home: &Path, layer: &Path) -> Result<std::process::ExitStatus> {
+    Ok(Command::new(exe)
+        .args(["image", "import"])
+        .arg(layer)
+        .args(["--name", "busybox"])
+        .env("CAIRN_HOME", home)
+        .stdout(Stdio::null())
+        .status()?)
 }
 
 /// Milliseconds to first output and to exit of `runs` commands `make`
