@@ -3,8 +3,11 @@
 //! that nothing of the sandbox before carries over, and drained by `gc`, so
 //! that a pooled cgroup is never a leak.
 //!
-//! Needs root and cgroup v1 (v2 refuses to rename a cgroup, so it has no
-//! pool); otherwise prints `SKIPPED: <reason>` and passes.
+//! The pool's own tests need root and cgroup v1 (v2 refuses to rename a
+//! cgroup, so it has no pool); otherwise they print `SKIPPED: <reason>`
+//! and pass (under `CI=true` they fail). The first test holds on either
+//! hierarchy: on v2 the kernel itself must leave no dying memory cgroup
+//! (`scripts/test.sh` runs it on a pure v2 host in a virtual machine).
 
 mod common;
 
@@ -26,6 +29,64 @@ fn skip(test: &str) -> bool {
         return true;
     }
     false
+}
+
+/// Sandboxes that wrote files (the file system's metadata blocks and page
+/// cache charged to their memory cgroups) leave no dying memory cgroup
+/// behind: on v1 their memory cgroups go into the pool and the next start
+/// takes one; on v2, which has no pool, the kernel must hand a removed
+/// cgroup's pages to its parent, which Linux 7 does.
+#[test]
+fn removed_sandboxes_leave_no_dying_memory_cgroup() {
+    if common::skip("removed_sandboxes_leave_no_dying_memory_cgroup") {
+        return;
+    }
+    let home = Home::new();
+    // Keeps the scope (whose cgroup.stat counts what is dying below it).
+    let kept = home.ok(&["create"]);
+    let write = "dd if=/dev/zero of=/data bs=1M count=8 2>/dev/null; mkdir -p /d/e; \
+                 for i in 1 2 3 4 5 6 7 8; do echo $i >/d/e/$i; done; sync";
+    for _ in 0..12 {
+        let id = home.ok(&["create", "--memory", "64M"]);
+        home.sh(&id, write);
+        home.ok(&["rm", "-f", &id]);
+    }
+    let cgroups = home.cgroups();
+    if cgroups.pools() {
+        assert_eq!(
+            cgroups.pooled(),
+            1,
+            "each removal's memory cgroup goes into the pool and the next start takes it"
+        );
+    } else {
+        let scope = home.cgroup_dirs(&kept)[0].parent().unwrap().to_path_buf();
+        let dying = || {
+            read(&scope, "cgroup.stat")
+                .lines()
+                .find_map(|l| l.strip_prefix("nr_dying_descendants "))
+                .and_then(|n| n.parse::<u64>().ok())
+                .unwrap_or_else(|| panic!("{}/cgroup.stat has no nr_dying_descendants", scope.display()))
+        };
+        // Removal finishes asynchronously (an RCU grace period or two).
+        let deadline = std::time::Instant::now() + Duration::from_secs(10);
+        while dying() > 0 && std::time::Instant::now() < deadline {
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        assert_eq!(
+            dying(),
+            0,
+            "removed sandboxes left dying memory cgroups under {}: this kernel ({}) keeps a removed \
+             cgroup's pages charged to it",
+            scope.display(),
+            read(std::path::Path::new("/proc/sys/kernel"), "osrelease")
+        );
+    }
+    home.ok(&["rm", "-f", &kept]);
+    assert!(
+        home.cgroup_scopes_after_gc().is_empty(),
+        "{:?}",
+        home.cgroup_scopes_left()
+    );
 }
 
 /// The sandbox's memory cgroup directory.
