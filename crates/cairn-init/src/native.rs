@@ -416,14 +416,19 @@ fn join_cgroups(procs: &[String]) -> Step<()> {
 /// no host path.
 fn mount_overlay(plan: &NativeSetup, root: &Path, userns: &OwnedFd) -> Step<()> {
     let layers = plan.lower_dirs.len();
+    // Linux 6.1 answers `lowerdir+` with EOPNOTSUPP, others with EINVAL.
     let old_kernel = |step: &str, e: std::io::Error| {
-        if matches!(e.raw_os_error(), Some(libc::ENOSYS) | Some(libc::EINVAL)) {
-            format!(
-                "mount the overlay root ({layers} layers): {step}: {e}; native sandboxes need Linux 6.13 or newer \
-                 (idmapped overlayfs layers given as file descriptors), or use --driver gvisor"
-            )
-        } else {
-            format!("mount the overlay root ({layers} layers): {step}: {e}")
+        let refused = matches!(
+            e.raw_os_error(),
+            Some(libc::ENOSYS) | Some(libc::EINVAL) | Some(libc::EOPNOTSUPP)
+        );
+        match kernel_release() {
+            Some((release, version)) if refused && version < (6, 13) => format!(
+                "mount the overlay root ({layers} layers): {step}: {e}; this is Linux {release}, and native \
+                 sandboxes need Linux 6.13 or newer (idmapped overlayfs layers given as file descriptors): \
+                 upgrade the kernel, or use --driver gvisor"
+            ),
+            _ => format!("mount the overlay root ({layers} layers): {step}: {e}"),
         }
     };
     let fs = ctx(mount_api::fsopen("overlay"), || "open an overlay context".into())?;
@@ -454,6 +459,16 @@ fn mount_overlay(plan: &NativeSetup, root: &Path, userns: &OwnedFd) -> Step<()> 
     let mnt = mount_api::create(&fs, mount_api::MOUNT_ATTR_NOSUID | mount_api::MOUNT_ATTR_NODEV)
         .map_err(|e| old_kernel("create", e))?;
     ctx(mount_api::attach(&mnt, root), || "attach the overlay root".into())
+}
+
+/// The running kernel's release and its (major, minor) version.
+fn kernel_release() -> Option<(String, (u32, u32))> {
+    let release = std::fs::read_to_string("/proc/sys/kernel/osrelease").ok()?;
+    let release = release.trim().to_string();
+    let mut parts = release.split(|c: char| !c.is_ascii_digit());
+    let major = parts.next()?.parse().ok()?;
+    let minor = parts.next()?.parse().ok()?;
+    Some((release, (major, minor)))
 }
 
 /// The new mount API's calls, which nix does not wrap.
