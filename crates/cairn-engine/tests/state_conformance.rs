@@ -127,7 +127,28 @@ conformance!(
     a_job_is_claimed_by_one_worker_at_a_time_and_a_stale_claim_commits_nothing,
     concurrent_claims_take_each_job_once,
     sandboxes_are_listed_and_found_only_on_their_home,
+    rows_without_a_home_are_adopted_by_the_next_open,
 );
+
+fn rows_without_a_home_are_adopted_by_the_next_open(store: &Store) {
+    let mut db = store.open();
+    db.insert_sandbox(&sandbox("abc123", "old")).unwrap();
+    // As written before sandboxes named their home.
+    db.with(|b| Ok(b.execute("UPDATE sandboxes SET home_id = '' WHERE id = 'abc123'", &[])?))
+        .unwrap();
+    assert!(db.sandboxes().unwrap().is_empty());
+    db.insert_sandbox(&sandbox("def456", "new")).unwrap();
+    drop(db);
+    let db = store.open();
+    let names: Vec<String> = db.sandboxes().unwrap().into_iter().map(|s| s.name).collect();
+    assert_eq!(names, ["old", "new"], "the row without a home was not adopted");
+    // Nothing is left to adopt, so the next open writes nothing.
+    let left = db
+        .with(|b| Ok(b.query("SELECT id FROM sandboxes WHERE home_id = ''", &[])?))
+        .unwrap();
+    assert!(left.is_empty());
+    assert_eq!(store.open().sandboxes().unwrap().len(), 2);
+}
 
 fn a_job_is_claimed_by_one_worker_at_a_time_and_a_stale_claim_commits_nothing(store: &Store) {
     use cairn_engine::queue::Fence;

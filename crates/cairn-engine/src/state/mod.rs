@@ -283,9 +283,15 @@ impl Db {
             }
         };
         // Rows from before sandboxes named their home belong to the first
-        // home that opens the store (until then there was only one).
+        // home that opens the store (until then there was only one). Looked
+        // for first: an UPDATE would take the store's write lock at every
+        // command, for rows that are adopted once.
         db.with(|b| {
-            b.execute("UPDATE sandboxes SET home_id = $1 WHERE home_id = ''", params![&id])?;
+            if b.query_opt("SELECT 1 FROM sandboxes WHERE home_id = '' LIMIT 1", &[])?
+                .is_some()
+            {
+                b.execute("UPDATE sandboxes SET home_id = $1 WHERE home_id = ''", params![&id])?;
+            }
             Ok(())
         })?;
         db.home_id = id;
