@@ -172,8 +172,11 @@ mount -t tmpfs run /run
 mkdir -p /lib/modules/$release && mount --bind "$modules" /lib/modules/$release
 ln -sf "$busybox" /sbin/modprobe
 modprobe -a virtio_blk ext4
+# A checkout under /tmp stays in sight (and writable) on top of /tmp's disk.
+mkdir -p /run/checkout && mount --bind "$root" /run/checkout
 mount -t ext4 /dev/vda /tmp || { echo "cgroup-v2-vm: /tmp's disk did not mount"; echo 1 >/vmio/rc; "$busybox" poweroff -f; }
 chmod 1777 /tmp
+case "$root" in /tmp/*) mkdir -p "$root" && mount --bind /run/checkout "$root" ;; esac
 ${seed_copies}ip link set lo up
 export PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin HOME=/root CI=${CI:-}
 cd "$PWD"
