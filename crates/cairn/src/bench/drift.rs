@@ -19,9 +19,15 @@ use super::{peer, repeat, summarize, Bench, Measurement};
 const WRITE: &str = "dd if=/dev/zero of=/tmp/data bs=64k count=4 2>/dev/null && mkdir -p /tmp/d && echo x > /tmp/d/a";
 
 /// Memory cgroups the kernel holds beyond those visible in the tree: the
-/// removed ones it keeps while pages are still charged to them. None on a
-/// host without a v1 memory hierarchy or `/proc/cgroups` line.
+/// removed ones it keeps while pages are still charged to them. On cgroup
+/// v2 the root's `cgroup.stat` counts them (`nr_dying_subsys_memory`,
+/// Linux 6.11+); elsewhere `/proc/cgroups`' memory count less the
+/// directories in the tree. None on a host with neither.
 pub fn dying_memory_cgroups() -> Option<i64> {
+    let stat = std::fs::read_to_string("/sys/fs/cgroup/cgroup.stat").unwrap_or_default();
+    if let Some(n) = stat.lines().find_map(|l| l.strip_prefix("nr_dying_subsys_memory ")) {
+        return n.trim().parse().ok();
+    }
     let table = std::fs::read_to_string("/proc/cgroups").ok()?;
     let line = table.lines().find(|l| l.split_whitespace().next() == Some("memory"))?;
     let counted: i64 = line.split_whitespace().nth(2)?.parse().ok()?;
