@@ -20,8 +20,8 @@ fi
 # the fence of sandboxes with `--network egress`; chromium: the headless
 # browser the lineage page's tests drive (through Playwright, which fetches
 # no browser of its own); qemu-system-x86: the virtual machine in which the
-# native sandbox suites run again on a pure cgroup v2 host. busybox-static is fetched by `apt-get download`,
-# which needs the package lists.
+# native sandbox suites run again on a pure cgroup v2 host. busybox-static
+# is fetched by `apt-get download`, which needs the package lists.
 packages=(bubblewrap crun debootstrap runsc postgresql gcc libc6-dev ca-certificates iproute2 util-linux nftables chromium qemu-system-x86)
 missing=()
 for p in "${packages[@]}"; do
