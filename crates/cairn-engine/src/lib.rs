@@ -145,8 +145,8 @@ impl Engine {
     /// [`Engine::open`] for a command about to start one native sandbox:
     /// its `cairn-init` starts before the state store opens, and waits for
     /// its setup, so that its start and the store's overlap; and the
-    /// reconciliation is put off until init has its setup, and runs while
-    /// init builds the sandbox.
+    /// reconciliation is put off until the sandbox is ready, and runs while
+    /// its first command starts.
     pub fn open_to_start(home: Home) -> Result<Engine, EngineError> {
         Engine::open_with(home, true)
     }

@@ -314,8 +314,12 @@ impl Engine {
     ) -> Result<(SandboxProcess, Option<cairn_sandbox::FirstExec>), EngineError> {
         if driver == "native" && memory.is_none() {
             let starting = self.native.start_begin(spec, first)?;
+            // Put off until the sandbox is ready: while init builds it, this
+            // process makes the cgroups and init waits for them; once it is
+            // ready, this process only waits for the first command's output.
+            let started = starting.finish(&self.native);
             self.reconcile_deferred();
-            return Ok(starting.finish(&self.native)?);
+            return Ok(started?);
         }
         self.reconcile_deferred();
         let process = match memory {
