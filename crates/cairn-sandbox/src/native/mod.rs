@@ -97,7 +97,7 @@ impl NativeDriver {
     fn setup(&self, spec: &SandboxSpec) -> Result<NativeSetup, SandboxError> {
         let seccomp = match &self.seccomp {
             Some(programs) => programs.clone(),
-            None => seccomp::programs().map_err(|e| SandboxError::Start(format!("seccomp filter: {e}")))?,
+            None => seccomp::programs(),
         };
         let path = |p: &std::path::Path| {
             p.to_str()
@@ -274,9 +274,9 @@ impl NativeDriver {
     /// with this process's own work until then. It waits for its setup; an
     /// unused one is killed when the driver is dropped.
     ///
-    /// The spawn runs on a thread of its own (with the seccomp filter's
-    /// compilation after it), so that this one does not wait for init's
-    /// exec; the start that takes the init waits for the spawn if need be.
+    /// The spawn runs on a thread of its own, so that this one does not wait
+    /// for init's exec; the start that takes the init waits for the spawn if
+    /// need be.
     pub fn start_init_ahead(&self, init_binary: &Path) {
         let mut waiting = self.waiting.lock().unwrap_or_else(|p| p.into_inner());
         if waiting.is_some() {
@@ -288,20 +288,12 @@ impl NativeDriver {
         };
         if let Some(init) = first {
             *waiting = Some(Ahead::Waiting(Some(init)));
-            if self.seccomp.is_none() {
-                seccomp::compile_ahead();
-            }
             return;
         }
         let binary = init_binary.to_path_buf();
-        let compile = self.seccomp.is_none();
-        let spawned = std::thread::Builder::new().name("init-ahead".into()).spawn(move || {
-            let init = WaitingInit::spawn(&binary);
-            if compile {
-                drop(seccomp::programs());
-            }
-            init
-        });
+        let spawned = std::thread::Builder::new()
+            .name("init-ahead".into())
+            .spawn(move || WaitingInit::spawn(&binary));
         match spawned {
             Ok(thread) => *waiting = Some(Ahead::Spawning(Some(thread))),
             // No thread to spare: spawned here.

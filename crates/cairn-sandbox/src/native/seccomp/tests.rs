@@ -66,9 +66,14 @@ fn run(program: &[BpfInstruction], call: &Call) -> u32 {
 }
 
 fn the_program() -> Vec<BpfInstruction> {
-    let mut programs = programs().unwrap();
+    let mut programs = programs();
     assert_eq!(programs.len(), 1, "one program holds the whole filter");
     programs.pop().unwrap()
+}
+
+#[test]
+fn the_embedded_program_is_the_policy_compiled() {
+    assert_eq!(the_program(), program(&[]).unwrap());
 }
 
 fn answer(program: &[BpfInstruction], nr: i64, args: &[u64]) -> u32 {
