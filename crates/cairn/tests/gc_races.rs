@@ -58,21 +58,13 @@ fn layer_temporaries(home: &Home) -> Vec<String> {
         .unwrap_or_default()
 }
 
-/// Runs `cairn gc` until `child` exits; returns its output and how many gc
-/// runs started and ended while `watched()` named the same temporary, that
-/// is, ran beside it.
-fn gc_until_done(home: &Home, mut child: Child, watched: impl Fn() -> Vec<String>) -> (std::process::Output, usize) {
-    let mut beside = 0;
+/// Runs `cairn gc` over and over until `child` exits; returns its output.
+fn gc_until_done(home: &Home, mut child: Child) -> std::process::Output {
     while child.try_wait().unwrap().is_none() {
-        let before = watched();
         let gc = home.cairn(&["gc"]);
         assert!(gc.status.success(), "cairn gc failed: {}", stderr(&gc));
-        let after = watched();
-        if before.iter().any(|t| after.contains(t)) {
-            beside += 1;
-        }
     }
-    (child.wait_with_output().unwrap(), beside)
+    child.wait_with_output().unwrap()
 }
 
 #[test]
@@ -129,7 +121,7 @@ fn an_image_imported_while_gc_runs_is_complete() {
     assert_eq!(filling.len(), 1, "{filling:?}");
     assert!(gc.status.success(), "cairn gc failed: {}", stderr(&gc));
     // And gc goes on running through the rest of the copy and the capture.
-    let (import, _) = gc_until_done(&home, child, || layer_temporaries(&home));
+    let import = gc_until_done(&home, child);
     assert!(import.status.success(), "the import failed: {}", stderr(&import));
 
     // Every file made it into the image's layer, with its content.
@@ -190,35 +182,75 @@ fn gc_during_artifact_collection_loses_nothing() {
         return;
     }
     let home = Home::new();
-    // Each attempt collects anew (a stage key of its own); the race is run
-    // once some gc ran while an artifact was being collected, which a fast
-    // collection can slip between gc runs.
-    let mut beside = 0;
-    for attempt in 1..=5 {
-        beside += collect_beside_gc(&home, &format!("make-v{attempt}"));
-        if beside > 0 {
-            break;
-        }
-    }
+    // Each attempt collects anew (a stage key of its own). One is enough
+    // when the pipeline is caught while an artifact's download sits in its
+    // scratch directory; a collection quicker than the poll can slip by.
+    let held = (1..=5).any(|attempt| collect_beside_gc(&home, &format!("make-v{attempt}")));
     assert!(
-        beside > 0,
-        "no gc ran while the artifacts were collected, in five runs; make them larger"
+        held,
+        "no collection was caught in progress in five runs; make the artifacts larger"
     );
 }
 
-/// Runs the artifacts pipeline with stage key `key` while gc runs over and
-/// over, checks that every artifact reads back whole, and returns how many
-/// gc runs ran while an artifact was being collected.
-fn collect_beside_gc(home: &Home, key: &str) -> usize {
+/// Runs the artifacts pipeline with stage key `key`. The pipeline is
+/// stopped while an artifact is being collected and one gc runs (to its end
+/// if it can; a gc waiting for the collection's store lock finishes once
+/// the pipeline goes on), then gc runs over and over until the pipeline
+/// ends, and every artifact must read back whole. Returns whether a
+/// collection was caught and held.
+fn collect_beside_gc(home: &Home, key: &str) -> bool {
     let file = home.path().join("p.toml");
     std::fs::write(&file, ARTIFACTS.replace("{key}", key)).unwrap();
-    let child = home
+    let mut child = home
         .command(&["pipeline", "run", file.to_str().unwrap()])
         .stdout(Stdio::piped())
         .stderr(Stdio::piped())
         .spawn()
         .unwrap();
-    let (run, beside) = gc_until_done(home, child, || scratch_dirs(home));
+    let pid = Pid::from_raw(child.id() as i32);
+    let held = loop {
+        if child.try_wait().unwrap().is_some() {
+            break false;
+        }
+        if scratch_dirs(home).is_empty() {
+            std::thread::sleep(std::time::Duration::from_micros(200));
+            continue;
+        }
+        kill(pid, Signal::SIGSTOP).unwrap();
+        let filling = scratch_dirs(home);
+        if !stopped(pid.as_raw()) || filling.is_empty() {
+            // The collection ended before the stop took hold: the next one.
+            kill(pid, Signal::SIGCONT).unwrap();
+            continue;
+        }
+        let mut gc = home
+            .command(&["gc"])
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .unwrap();
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(3);
+        while gc.try_wait().unwrap().is_none() && std::time::Instant::now() < deadline {
+            std::thread::sleep(std::time::Duration::from_millis(5));
+        }
+        let finished_while_held = gc.try_wait().unwrap().is_some();
+        let left = scratch_dirs(home);
+        kill(pid, Signal::SIGCONT).unwrap();
+        let gc = gc.wait_with_output().unwrap();
+        assert!(gc.status.success(), "cairn gc failed: {}", stderr(&gc));
+        if finished_while_held {
+            // gc ran from start to end with the download in its scratch
+            // directory, whose writer is alive: the directory must be there.
+            for d in &filling {
+                assert!(
+                    left.contains(d),
+                    "gc removed the scratch directory {d} of a live collection"
+                );
+            }
+        }
+        break true;
+    };
+    let run = gc_until_done(home, child);
     assert!(run.status.success(), "the pipeline failed: {}", stderr(&run));
     let run = stdout(&run).trim().to_string();
 
@@ -240,7 +272,7 @@ fn collect_beside_gc(home: &Home, key: &str) -> usize {
         );
         check_whole(&out, a);
     }
-    beside
+    held
 }
 
 fn check_whole(out: &Path, artifact: &serde_json::Value) {
