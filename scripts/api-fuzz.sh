@@ -5,9 +5,9 @@
 # response that does not match the document.
 #
 #   pip install schemathesis==4.32.5
-#   CAIRN_BIN=target/debug/cairn scripts/api-fuzz.sh [extra schemathesis args]
+#   CAIRN_BIN=target/x86_64-unknown-linux-gnu/debug/cairn scripts/api-fuzz.sh [extra schemathesis args]
 #
-# Environment: CAIRN_BIN (default target/debug/cairn), SCHEMATHESIS (default
+# Environment: CAIRN_BIN (default target/<host tuple>/debug/cairn), SCHEMATHESIS (default
 # `schemathesis`), FUZZ_EXAMPLES (cases per route, default 20), FUZZ_SEED.
 #
 # Not fuzzed: POST /v1/images (an image build runs debootstrap or fetches
@@ -15,7 +15,7 @@
 set -euo pipefail
 
 repo=$(cd "$(dirname "$0")/.." && pwd)
-bin=${CAIRN_BIN:-$repo/target/debug/cairn}
+bin=${CAIRN_BIN:-$repo/target/$(rustc --print host-tuple)/debug/cairn}
 st=${SCHEMATHESIS:-schemathesis}
 examples=${FUZZ_EXAMPLES:-20}
 [ -x "$bin" ] || { echo "no cairn binary at $bin: cargo build -p cairn, or set CAIRN_BIN" >&2; exit 2; }

@@ -3,7 +3,7 @@
 (the sandbox is killed after each, not timed).
 
     python -m venv v && v/bin/pip install e2b==2.63.0
-    v/bin/python scripts/bench-e2b.py [RUNS]     # CAIRN_BIN: default target/release/cairn
+    v/bin/python scripts/bench-e2b.py [RUNS]     # CAIRN_BIN: default target/<host tuple>/release/cairn
 
 Starts its own `cairn serve --e2b` on a scratch state directory seeded with
 the busybox image, as root."""
@@ -21,9 +21,14 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 
 
+def _host_tuple():
+    """Cargo's output directory under target/ (.cargo/config.toml names the host as the target)."""
+    return subprocess.run(["rustc", "--print", "host-tuple"], check=True, capture_output=True, text=True).stdout.strip()
+
+
 def main():
     runs = int(sys.argv[1]) if len(sys.argv) > 1 else 50
-    binary = os.environ.get("CAIRN_BIN") or str(REPO / "target" / "release" / "cairn")
+    binary = os.environ.get("CAIRN_BIN") or str(REPO / "target" / _host_tuple() / "release" / "cairn")
     home = tempfile.mkdtemp(prefix="cairn-bench-e2b-")
     env = dict(os.environ, CAIRN_HOME=home)
     env.pop("CAIRN_STATE", None)

@@ -5,7 +5,7 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 
 cargo build --release -q -p cairn
-cairn=target/release/cairn
+cairn=target/$(rustc --print host-tuple)/release/cairn
 export CAIRN_HOME="${CAIRN_HOME:-$(mktemp -d /tmp/cairn-demo.XXXXXX)}"
 say() { printf '\n\033[1m== %s\033[0m\n' "$*"; }
 

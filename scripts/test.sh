@@ -95,7 +95,9 @@ fi
 rm -f "$v2_suites.tmp"
 
 # The scripted model server the agent suite starts (cargo test builds no
-# binary of a crate without integration tests).
+# binary of a crate without integration tests). Cargo's output is under
+# target/<host tuple>/ (.cargo/config.toml).
+bin="$PWD/target/$(rustc --print host-tuple)/debug"
 cargo build -p cairn-testkit --bins 2>&1 | tee -a "$log"
 [ "${PIPESTATUS[0]}" = 0 ] || status=1
 set -e
@@ -133,21 +135,21 @@ if [ ${#suites[@]} -gt 0 ]; then
         echo "$stamp" >"$venv/.stamp"
     fi
     set +e
-    CAIRN_BIN="$PWD/target/debug/cairn" CAIRN_SCRIPTED_MODEL="$PWD/target/debug/cairn-scripted-model" \
+    CAIRN_BIN="$bin/cairn" CAIRN_SCRIPTED_MODEL="$bin/cairn-scripted-model" \
         "$venv/bin/python" -m pytest -q -p no:cacheprovider \
         --junitxml="$junit" "${suites[@]}"
     py_status=$?
     # The lineage page in Chromium, in a pytest of its own: Playwright's
     # sync API keeps an event loop running that the asyncio suites above
     # would find. Its screenshots are kept in target/ui-artifacts.
-    CAIRN_BIN="$PWD/target/debug/cairn" CAIRN_UI_ARTIFACTS="$PWD/target/ui-artifacts" \
+    CAIRN_BIN="$bin/cairn" CAIRN_UI_ARTIFACTS="$PWD/target/ui-artifacts" \
         "$venv/bin/python" -m pytest -q -p no:cacheprovider --junitxml="$junit_ui" tests/ui
     ui_status=$?
     [ "$py_status" = 0 ] && py_status=$ui_status
     set -e
     # The API fuzzed from its OpenAPI document: one more test.
     set +e
-    PATH="$PWD/$venv/bin:$PATH" CAIRN_BIN="$PWD/target/debug/cairn" bash scripts/api-fuzz.sh
+    PATH="$PWD/$venv/bin:$PATH" CAIRN_BIN="$bin/cairn" bash scripts/api-fuzz.sh
     fuzz_status=$?
     set -e
     read -r py_passed py_failed < <("$venv/bin/python" - "$junit" "$junit_ui" <<'PY'

@@ -2,7 +2,7 @@
 cairn-testkit crate) with a script per test, for the official `anthropic`
 and `openai` packages to talk to.
 
-The binary is $CAIRN_SCRIPTED_MODEL, else target/debug/cairn-scripted-model
+The binary is $CAIRN_SCRIPTED_MODEL, else target/<host tuple>/debug/cairn-scripted-model
 (build it with `cargo build -p cairn-testkit --bins`; this builds nothing)."""
 
 import json
@@ -15,6 +15,11 @@ from pathlib import Path
 import pytest
 
 REPO = Path(__file__).resolve().parents[2]
+
+
+def _host_tuple():
+    """Cargo's output directory under target/ (.cargo/config.toml names the host as the target)."""
+    return subprocess.run(["rustc", "--print", "host-tuple"], check=True, capture_output=True, text=True).stdout.strip()
 
 
 class Server:
@@ -35,7 +40,7 @@ class Server:
 
 @pytest.fixture(scope="session")
 def binary():
-    path = os.environ.get("CAIRN_SCRIPTED_MODEL") or str(REPO / "target" / "debug" / "cairn-scripted-model")
+    path = os.environ.get("CAIRN_SCRIPTED_MODEL") or str(REPO / "target" / _host_tuple() / "debug" / "cairn-scripted-model")
     if not os.access(path, os.X_OK):
         pytest.fail(
             f"no cairn-scripted-model binary at {path}: run `cargo build -p cairn-testkit --bins` "

@@ -1,7 +1,7 @@
 """Starts `cairn serve --e2b` on a fresh state directory and points the real
 e2b SDK at it (E2B_API_URL, E2B_SANDBOX_URL, E2B_API_KEY).
 
-The binary is $CAIRN_BIN, else target/debug/cairn (this builds nothing).
+The binary is $CAIRN_BIN, else target/<host tuple>/debug/cairn (this builds nothing).
 Needs root: the sandboxes are real."""
 
 import os
@@ -17,6 +17,11 @@ import pytest
 REPO = Path(__file__).resolve().parents[2]
 
 
+def _host_tuple():
+    """Cargo's output directory under target/ (.cargo/config.toml names the host as the target)."""
+    return subprocess.run(["rustc", "--print", "host-tuple"], check=True, capture_output=True, text=True).stdout.strip()
+
+
 def _free_port():
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
@@ -25,7 +30,7 @@ def _free_port():
 
 @pytest.fixture(scope="session", autouse=True)
 def cairn_e2b():
-    binary = os.environ.get("CAIRN_BIN") or str(REPO / "target" / "debug" / "cairn")
+    binary = os.environ.get("CAIRN_BIN") or str(REPO / "target" / _host_tuple() / "debug" / "cairn")
     if not os.path.exists(binary):
         pytest.fail(f"no cairn binary at {binary}: build it or set CAIRN_BIN")
     home = tempfile.mkdtemp(prefix="cairn-e2b-")

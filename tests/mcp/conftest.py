@@ -2,7 +2,7 @@
 mcp` over stdio (a process per client) and `/mcp` on `cairn serve --listen`
 (Streamable HTTP, bearer token required), for the official `mcp` client.
 
-The binary is $CAIRN_BIN, else target/debug/cairn (this builds nothing).
+The binary is $CAIRN_BIN, else target/<host tuple>/debug/cairn (this builds nothing).
 Needs root: the sandboxes are real."""
 
 import os
@@ -18,6 +18,11 @@ import pytest
 REPO = Path(__file__).resolve().parents[2]
 
 
+def _host_tuple():
+    """Cargo's output directory under target/ (.cargo/config.toml names the host as the target)."""
+    return subprocess.run(["rustc", "--print", "host-tuple"], check=True, capture_output=True, text=True).stdout.strip()
+
+
 def _free_port():
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
@@ -26,7 +31,7 @@ def _free_port():
 
 @pytest.fixture(scope="session")
 def cairn():
-    binary = os.environ.get("CAIRN_BIN") or str(REPO / "target" / "debug" / "cairn")
+    binary = os.environ.get("CAIRN_BIN") or str(REPO / "target" / _host_tuple() / "debug" / "cairn")
     if not os.path.exists(binary):
         pytest.fail(f"no cairn binary at {binary}: build it or set CAIRN_BIN")
     home = tempfile.mkdtemp(prefix="cairn-mcp-")

@@ -3,7 +3,7 @@ by the CLI (a branch group with a winner, then a stage that fails into the
 dead letters), for the lineage page's tests in a real headless Chromium
 (Debian's `chromium`, driven by Playwright; $CAIRN_CHROMIUM names another).
 
-The binary is $CAIRN_BIN, else target/debug/cairn (this builds nothing).
+The binary is $CAIRN_BIN, else target/<host tuple>/debug/cairn (this builds nothing).
 Screenshots go to $CAIRN_UI_ARTIFACTS, else target/ui-artifacts. Needs root:
 the sandboxes are real."""
 
@@ -18,6 +18,12 @@ from pathlib import Path
 import pytest
 
 REPO = Path(__file__).resolve().parents[2]
+
+
+def _host_tuple():
+    """Cargo's output directory under target/ (.cargo/config.toml names the host as the target)."""
+    return subprocess.run(["rustc", "--print", "host-tuple"], check=True, capture_output=True, text=True).stdout.strip()
+
 
 PIPELINE = """
 [pipeline]
@@ -74,7 +80,7 @@ def artifacts_dir():
 
 @pytest.fixture(scope="session")
 def cairn():
-    binary = os.environ.get("CAIRN_BIN") or str(REPO / "target" / "debug" / "cairn")
+    binary = os.environ.get("CAIRN_BIN") or str(REPO / "target" / _host_tuple() / "debug" / "cairn")
     if not os.path.exists(binary):
         pytest.fail(f"no cairn binary at {binary}: build it or set CAIRN_BIN")
     home = tempfile.mkdtemp(prefix="cairn-ui-")
