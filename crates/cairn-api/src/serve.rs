@@ -187,11 +187,11 @@ fn bind_unix(path: &std::path::Path) -> Result<UnixListener, ServeError> {
         }
         Err(_) => {}
     }
-    // Created with no access for anyone but the owner from the start.
-    let old = nix::sys::stat::umask(nix::sys::stat::Mode::from_bits_truncate(0o177));
-    let bound = UnixListener::bind(path);
-    nix::sys::stat::umask(old);
-    let listener = bound.map_err(|source| ServeError::Listen {
+    // The process's umask (077, see cairn's main) keeps the socket the
+    // owner's from the start; it is not changed here, for a umask is the
+    // whole process's, and an init started meanwhile on another thread
+    // would take the change with it.
+    let listener = UnixListener::bind(path).map_err(|source| ServeError::Listen {
         what: path.display().to_string(),
         source,
         hint: "check the state directory, or give --socket PATH",

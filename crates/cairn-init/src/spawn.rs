@@ -1,6 +1,6 @@
 //! Starting processes: `clone(CLONE_VM | CLONE_VFORK)` and exec, as glibc's
 //! `posix_spawn` does, with only the signals init changed reset in the
-//! child (see [`start`]).
+//! child (see [`start`]) and the umask set to [`COMMAND_UMASK`].
 
 use std::ffi::CString;
 use std::fs::File;
@@ -12,6 +12,9 @@ use std::path::{Path, PathBuf};
 use nix::fcntl::OFlag;
 
 const DEFAULT_PATH: &str = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin";
+
+/// Every command's umask.
+pub const COMMAND_UMASK: libc::mode_t = 0o022;
 
 /// What the child's stdio is.
 pub enum Stdio {
@@ -307,6 +310,10 @@ extern "C" fn child(arg: *mut libc::c_void) -> libc::c_int {
         if libc::chdir(plan.cwd) != 0 {
             return fail(plan);
         }
+        // Commands create files as on a usual host (0644, 0755), whatever
+        // umask init inherited from the Cairn process that started it
+        // (which keeps its own files private with 077).
+        libc::umask(COMMAND_UMASK);
         let mut empty: libc::sigset_t = std::mem::zeroed();
         libc::sigemptyset(&mut empty);
         libc::sigprocmask(libc::SIG_SETMASK, &empty, std::ptr::null_mut());
@@ -335,14 +342,14 @@ mod tests {
     }
 
     #[test]
-    fn a_child_runs_in_its_own_group_and_directory_with_default_signals_and_no_mask() {
+    fn a_child_runs_in_its_own_group_and_directory_with_default_signals_no_mask_and_umask_022() {
         // Init ignores SIGPIPE (so does the test harness) and blocks signals
         // in its threads; none of that may reach the command.
         let mut blocked = nix::sys::signal::SigSet::empty();
         blocked.add(nix::sys::signal::Signal::SIGUSR2);
         blocked.thread_block().unwrap();
         let script =
-            "pwd; grep -E '^Sig(Blk|Ign)' /proc/self/status; echo $$ $(cut -d' ' -f5 /proc/$$/stat); echo oops >&2";
+            "pwd; grep -E '^Sig(Blk|Ign)' /proc/self/status; echo $$ $(cut -d' ' -f5 /proc/$$/stat); umask; echo oops >&2";
         let argv = ["sh".to_string(), "-c".into(), script.into()];
         let child = spawn(
             &argv,
@@ -363,7 +370,32 @@ mod tests {
         let ids: Vec<&str> = lines[3].split_whitespace().collect();
         assert_eq!(ids[0], child.pid.to_string());
         assert_eq!(ids[1], ids[0], "not the leader of its own process group");
+        assert_eq!(lines[4], "0022", "the command's umask");
         assert_eq!(err, "oops\n");
+    }
+
+    #[test]
+    fn a_command_has_umask_022_whatever_init_has() {
+        // A umask is the whole process's: this runs in a test process of
+        // its own, which takes a private one first, as init does from the
+        // Cairn process that starts it.
+        const INNER: &str = "CAIRN_SPAWN_TEST_INNER";
+        if std::env::var_os(INNER).is_none() {
+            let out = std::process::Command::new(std::env::current_exe().unwrap())
+                .args(["--exact", "spawn::tests::a_command_has_umask_022_whatever_init_has"])
+                .env(INNER, "1")
+                .output()
+                .unwrap();
+            let text = String::from_utf8_lossy(&out.stdout);
+            assert!(out.status.success() && text.contains("1 passed"), "{text}");
+            return;
+        }
+        nix::sys::stat::umask(nix::sys::stat::Mode::from_bits_truncate(0o177));
+        let argv = ["sh".to_string(), "-c".into(), "umask".into()];
+        let child = spawn(&argv, &[], "/", Stdio::Piped { stdin: false }).unwrap();
+        let out = read_all(child.stdout);
+        assert!(matches!(wait(child.pid), nix::sys::wait::WaitStatus::Exited(_, 0)));
+        assert_eq!(out.trim(), "0022");
     }
 
     #[test]
