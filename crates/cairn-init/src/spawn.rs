@@ -14,7 +14,7 @@ use nix::fcntl::OFlag;
 const DEFAULT_PATH: &str = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin";
 
 /// Every command's umask.
-pub const COMMAND_UMASK: libc::mode_t = 0o022;
+const COMMAND_UMASK: libc::mode_t = 0o022;
 
 /// What the child's stdio is.
 pub enum Stdio {
