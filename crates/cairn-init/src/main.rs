@@ -2,6 +2,9 @@
 //!
 //! With `--native-setup` it first builds a native sandbox around itself
 //! (see [`native`]) and then serves on the socket the driver handed it.
+//! With `--time-spawn N COMMAND...` it is not an init but a benchmark's
+//! probe ([`spawn::time`]): `cairn bench exec` copies it into a sandbox to
+//! time the command alone, started the way init starts every command.
 //! Otherwise it receives a listening Unix socket on fd [`LISTEN_FD`] from
 //! the driver (or binds one itself at `CAIRN_INIT_LISTEN_PATH`, under gVisor),
 //! serves one operation per connection (exec, files, signals, ping), and
@@ -34,6 +37,10 @@ use crate::listen::{Live, Server, Source};
 use crate::reaper::Reaper;
 
 fn main() {
+    if std::env::args().nth(1).as_deref() == Some("--time-spawn") {
+        let args: Vec<String> = std::env::args().skip(2).collect();
+        std::process::exit(spawn::time(&args, &mut std::io::stdout().lock()));
+    }
     let native = std::env::args().nth(1).as_deref() == Some("--native-setup");
     let source = if native {
         Source::Inherited(listener_on(native::build()))

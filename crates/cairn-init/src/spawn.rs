@@ -135,6 +135,42 @@ pub fn spawn(argv: &[String], env: &[(String, String)], cwd: &str, stdio: Stdio)
     })
 }
 
+/// `--time-spawn N COMMAND...`: starts COMMAND N times as a foreground
+/// exec starts it ([`spawn`] with piped output, the default environment,
+/// in `/`), waits for each, and prints each start-to-reaped time in
+/// milliseconds, one a line, to `out`: what the process costs without the
+/// protocol, the serving loop and the reaper. Its output is not read, so
+/// the command must write less than a pipe holds. Returns the exit code for
+/// the caller.
+pub fn time(args: &[String], out: &mut impl std::io::Write) -> i32 {
+    let usage = "usage: cairn-init --time-spawn N COMMAND [ARG...]";
+    let (Some(Ok(n)), Some(_)) = (args.first().map(|a| a.parse::<u32>()), args.get(1)) else {
+        eprintln!("{usage}");
+        return 2;
+    };
+    let argv = &args[1..];
+    for _ in 0..n {
+        let t0 = std::time::Instant::now();
+        let child = match spawn(argv, &[], "/", Stdio::Piped { stdin: false }) {
+            Ok(c) => c,
+            Err(e) => {
+                eprintln!("cairn-init --time-spawn: {}: cannot start: {e}", argv[0]);
+                return 1;
+            }
+        };
+        let status = nix::sys::wait::waitpid(nix::unistd::Pid::from_raw(child.pid), None);
+        let ms = t0.elapsed().as_secs_f64() * 1e3;
+        if !matches!(status, Ok(nix::sys::wait::WaitStatus::Exited(_, 0))) {
+            eprintln!("cairn-init --time-spawn: {} did not exit 0: {status:?}", argv[0]);
+            return 1;
+        }
+        if writeln!(out, "{ms:.4}").is_err() {
+            return 1;
+        }
+    }
+    0
+}
+
 /// `/dev/null`, opened once (close-on-exec) and dup'd as the stdin of
 /// every command that gets none.
 fn dev_null() -> io::Result<RawFd> {
@@ -339,6 +375,32 @@ mod tests {
         let mut s = String::new();
         f.unwrap().read_to_string(&mut s).unwrap();
         s
+    }
+
+    #[test]
+    fn time_spawn_prints_each_start_to_reaped_time_and_refuses_what_it_cannot_time() {
+        let args = |a: &[&str]| a.iter().map(|s| s.to_string()).collect::<Vec<_>>();
+        let mut out = Vec::new();
+        assert_eq!(time(&args(&["3", "true"]), &mut out), 0);
+        let times: Vec<f64> = String::from_utf8(out)
+            .unwrap()
+            .lines()
+            .map(|l| l.parse().unwrap())
+            .collect();
+        assert_eq!(times.len(), 3, "{times:?}");
+        assert!(times.iter().all(|&ms| ms > 0.0), "{times:?}");
+        // A command that fails or is missing gives no timing; bad arguments
+        // are a usage error.
+        for (argv, code) in [
+            (&["3", "false"][..], 1),
+            (&["3", "no-such-command-anywhere"], 1),
+            (&["three", "true"], 2),
+            (&["3"], 2),
+        ] {
+            let mut out = Vec::new();
+            assert_eq!(time(&args(argv), &mut out), code, "{argv:?}");
+            assert!(out.len() <= 10, "{argv:?} printed {out:?}");
+        }
     }
 
     #[test]

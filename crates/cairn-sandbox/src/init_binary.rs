@@ -11,6 +11,12 @@ use std::path::{Path, PathBuf};
 pub const INIT_HASH: &str = env!("CAIRN_INIT_HASH");
 static INIT: &[u8] = include_bytes!(env!("CAIRN_INIT_PATH"));
 
+/// The embedded executable itself (`cairn bench exec` copies it into a
+/// sandbox as a probe: see `cairn-init --time-spawn`).
+pub fn bytes() -> &'static [u8] {
+    INIT
+}
+
 /// Writes the embedded init into `dir` (once per build) and returns its path.
 /// The write is atomic: a concurrent or interrupted install never exposes a
 /// partial executable.

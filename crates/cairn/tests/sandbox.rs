@@ -851,3 +851,32 @@ fn a_service_that_cannot_start_leaves_no_sandbox_behind() {
         home.cgroup_scopes_left()
     );
 }
+
+#[test]
+fn bench_exec_gives_the_round_trip_beside_its_parts_each_over_every_run() {
+    if skip("bench_exec_gives_the_round_trip_beside_its_parts_each_over_every_run") {
+        return;
+    }
+    let home = Home::new();
+    let out = home.cairn(&["bench", "exec", "--runs", "5", "--json"]);
+    assert!(out.status.success(), "{}", stderr(&out));
+    let figures: Vec<serde_json::Value> = serde_json::from_str(&stdout(&out)).unwrap();
+    let figure = |prefix: &str| {
+        figures
+            .iter()
+            .find(|f| f["name"].as_str().is_some_and(|n| n.starts_with(prefix)))
+            .unwrap_or_else(|| panic!("no figure {prefix:?} in {figures:#?}"))
+    };
+    // The process alone is timed inside the sandbox by a copy of init: one
+    // sample per run, each a real duration.
+    for name in [
+        "exec: round trip of `true`",
+        "exec: a ping to init alone",
+        "exec: `true` started as init starts it",
+    ] {
+        let f = figure(name);
+        assert_eq!(f["runs"], 5, "{f}");
+        assert!(f["median"].as_f64().unwrap() > 0.0, "{f}");
+    }
+    assert_eq!(figure("exec: round trip of `true`")["target"], 0.5);
+}

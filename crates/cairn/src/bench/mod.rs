@@ -14,6 +14,7 @@ use std::time::{Duration, Instant};
 use anyhow::{bail, Context, Result};
 use cairn_engine::{CreateOptions, Engine, Home, Silent};
 use cairn_protocol::{ExecRequest, FileKind, FileMeta};
+use cairn_sandbox::client::InitClient;
 use serde::Serialize;
 
 mod api;
@@ -35,7 +36,7 @@ pub enum Which {
     /// the dying memory cgroups before and after.
     Drift,
     /// Round trip of `true` in a running sandbox, beside a ping and the
-    /// same `true` started by a shell inside.
+    /// same `true` started and reaped inside as init starts it.
     Exec,
     /// File copy throughput into and out of a sandbox.
     Cp,
@@ -482,26 +483,12 @@ impl Bench {
                 pings.push(t0.elapsed().as_secs_f64() * 1e3);
             }
         }
-        // The process alone: a shell in the sandbox starts `/bin/true` in a
-        // loop, timed from the host, per `true`. Its fork copies the shell
-        // where init's clone shares init's memory, so the round trip less
-        // this is at least what init and the protocol add.
-        const LOOP: usize = 100;
-        let script = format!("i=0; while [ $i -lt {LOOP} ]; do /bin/true; i=$((i+1)); done");
-        let looped = ExecRequest {
-            argv: vec!["sh".into(), "-c".into(), script],
-            ..ExecRequest::default()
-        };
-        let mut alone = Vec::with_capacity(runs / 10);
-        for _ in 0..(runs / 10).max(5) {
-            let t0 = Instant::now();
-            let session = client.exec(looped.clone())?.map_err(|f| anyhow::anyhow!(f.message))?;
-            let status = session.wait(&mut io::sink(), &mut io::sink())?;
-            if status.map(|s| s.code) != Some(Some(0)) {
-                bail!("the loop of `true` failed in the sandbox: {status:?}");
-            }
-            alone.push(t0.elapsed().as_secs_f64() * 1e3 / LOOP as f64);
-        }
+        // The process alone, started the way init starts every command
+        // (clone with CLONE_VM | CLONE_VFORK, exec, wait) by a copy of init
+        // put into the sandbox (`cairn-init --time-spawn`): the round trip
+        // less this is the protocol's, the serving loop's and the reaper's
+        // share.
+        let alone = spawn_alone(&client, runs)?;
         let mut cli = Vec::with_capacity(runs / 4);
         for _ in 0..(runs / 4).max(5) {
             let t0 = Instant::now();
@@ -533,7 +520,7 @@ impl Bench {
                 true,
             ),
             summarize(
-                "exec: `true` run by a shell in the sandbox (process alone)",
+                "exec: `true` started as init starts it, timed inside (process alone)",
                 "ms",
                 alone,
                 None,
@@ -991,6 +978,52 @@ impl Drop for CrunContainer {
             .stderr(Stdio::null())
             .status();
     }
+}
+
+/// `runs` start-to-reaped times of `true` in the sandbox behind
+/// `client`, taken inside by a copy of this build's init run with
+/// `--time-spawn` (its first 10 dropped, as the round trip's are).
+fn spawn_alone(client: &InitClient, runs: usize) -> Result<Vec<f64>> {
+    const PROBE: &str = "/tmp/.cairn-time-spawn";
+    let init = cairn_sandbox::init_binary::bytes();
+    let meta = FileMeta {
+        path: PROBE.into(),
+        kind: FileKind::File,
+        mode: 0o755,
+        uid: 0,
+        gid: 0,
+        size: init.len() as u64,
+        mtime_ns: 0,
+    };
+    client.put_file(meta, &mut &init[..])?;
+    let timed = ExecRequest {
+        argv: [PROBE, "--time-spawn", &(runs + 10).to_string(), "true"]
+            .map(String::from)
+            .to_vec(),
+        ..ExecRequest::default()
+    };
+    let session = client.exec(timed)?.map_err(|f| anyhow::anyhow!(f.message))?;
+    let (mut out, mut err) = (Vec::new(), Vec::new());
+    let status = session.wait(&mut out, &mut err)?;
+    if status.map(|s| s.code) != Some(Some(0)) {
+        bail!(
+            "timing `true` inside the sandbox failed ({status:?}): {}",
+            String::from_utf8_lossy(&err).trim()
+        );
+    }
+    let samples = String::from_utf8_lossy(&out)
+        .lines()
+        .skip(10)
+        .map(|l| {
+            l.parse::<f64>()
+                .with_context(|| format!("`cairn-init --time-spawn` printed {l:?}"))
+        })
+        .collect::<Result<Vec<f64>>>()?;
+    client.remove(PROBE, false)?;
+    if samples.len() != runs {
+        bail!("`cairn-init --time-spawn` gave {} times of {runs}", samples.len());
+    }
+    Ok(samples)
 }
 
 /// A peer tool on PATH, or a loud note that its figures are left out.
