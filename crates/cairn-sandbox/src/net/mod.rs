@@ -7,7 +7,7 @@
 //!   owned by a live process; a dead owner's slot is cleaned and reused.
 //! - [`nft`]: the `inet cairn` table (installed once per boot) and each
 //!   sandbox's elements in its sets, through Debian's `nft`.
-//! - [`link`]: the veth pair, through iproute2's `ip`.
+//! - [`link`]: the veth pair, over rtnetlink.
 //!
 //! Everything host-wide lives under `/run/cairn/net`, so it is gone after a
 //! reboot together with the interfaces and rules it describes.
@@ -60,7 +60,7 @@ pub struct NetPlan {
     pub hosts: Option<std::path::PathBuf>,
 }
 
-/// A helper process (`ip`, `nft`) that dies with the thread that started
+/// A helper process (`nft`) that dies with the thread that started
 /// it: a command killed mid-start leaves no `nft` to commit elements after
 /// whoever frees its slot has deleted them.
 pub(crate) fn helper(program: &str) -> std::process::Command {
@@ -78,8 +78,8 @@ pub(crate) fn helper(program: &str) -> std::process::Command {
     cmd
 }
 
-/// A helper given a script on stdin (`ip -batch -`, `nft -f -`), under
-/// way: one process, and for `nft` one kernel transaction.
+/// A helper given a script on stdin (`nft -f -`), under way: one process
+/// and one kernel transaction.
 #[derive(Debug)]
 pub struct Script {
     child: std::process::Child,
