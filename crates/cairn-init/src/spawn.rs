@@ -143,9 +143,8 @@ pub fn spawn(argv: &[String], env: &[(String, String)], cwd: &str, stdio: Stdio)
 /// the command must write less than a pipe holds. Returns the exit code for
 /// the caller.
 pub fn time(args: &[String], out: &mut impl std::io::Write) -> i32 {
-    let usage = "usage: cairn-init --time-spawn N COMMAND [ARG...]";
     let (Some(Ok(n)), Some(_)) = (args.first().map(|a| a.parse::<u32>()), args.get(1)) else {
-        eprintln!("{usage}");
+        eprintln!("usage: cairn-init --time-spawn N COMMAND [ARG...]");
         return 2;
     };
     let argv = &args[1..];

@@ -24,6 +24,9 @@ use super::{NetError, NetPlan};
 struct Rtnl {
     socket: Socket,
     seq: u32,
+    /// Answers are read here. An error echoes the request (a few hundred
+    /// bytes at most here).
+    rx: Vec<u8>,
 }
 
 impl Rtnl {
@@ -31,7 +34,11 @@ impl Rtnl {
         let mut socket = Socket::new(NETLINK_ROUTE)?;
         socket.bind_auto()?;
         socket.connect(&SocketAddr::new(0, 0))?;
-        Ok(Rtnl { socket, seq: 0 })
+        Ok(Rtnl {
+            socket,
+            seq: 0,
+            rx: vec![0u8; 16 << 10],
+        })
     }
 
     /// Sends `msg` and waits for the kernel's answer to it: `Ok` for an
@@ -46,8 +53,7 @@ impl Rtnl {
         let mut buf = vec![0u8; packet.buffer_len()];
         packet.serialize(&mut buf);
         self.socket.send(&buf, 0)?;
-        // An error echoes the request (a few hundred bytes at most here).
-        let mut rx = vec![0u8; 16 << 10];
+        let rx = &mut self.rx;
         loop {
             let n = self.socket.recv(&mut &mut rx[..], 0)?;
             let mut at = 0;
@@ -97,7 +103,7 @@ pub fn create(plan: &NetPlan, pid: i32) -> Result<(), NetError> {
     ];
     rtnl.request(RouteNetlinkMessage::NewLink(link), NLM_F_CREATE | NLM_F_EXCL)
         .map_err(link_error)?;
-    let index = index_of(name).map_err(link_error)?;
+    let index = nix::net::if_::if_nametoindex(name.as_str()).map_err(|e| link_error(e.into()))?;
     let mut addr = AddressMessage::default();
     addr.header.family = AddressFamily::Inet;
     addr.header.prefix_len = plan.prefix_len;
@@ -124,16 +130,6 @@ pub fn create(plan: &NetPlan, pid: i32) -> Result<(), NetError> {
         sysctl(&key.replace("{}", name), value)?;
     }
     Ok(())
-}
-
-/// The interface index of the host interface `name`.
-fn index_of(name: &str) -> io::Result<u32> {
-    let c = std::ffi::CString::new(name).map_err(|_| io::Error::from(io::ErrorKind::InvalidInput))?;
-    // SAFETY: a NUL-terminated string that outlives the call.
-    match unsafe { libc::if_nametoindex(c.as_ptr()) } {
-        0 => Err(io::Error::last_os_error()),
-        index => Ok(index),
-    }
 }
 
 pub fn sysctl(key: &str, value: &str) -> Result<(), NetError> {
@@ -217,7 +213,7 @@ mod tests {
             std::fs::read_to_string(format!("/proc/sys/net/ipv6/conf/{name}/disable_ipv6")).unwrap_or_default(),
         );
         // A second pair of the same name is refused, saying what failed.
-        let again = create(&plan, init.id() as i32).map(|_| ()).unwrap_err().to_string();
+        let again = create(&plan, init.id() as i32).unwrap_err().to_string();
         let deleted = delete(&name);
         let _ = init.kill();
         let _ = init.wait();
