@@ -163,7 +163,7 @@ impl Engine {
             path: home.lib(),
             source,
         })?;
-        let native = NativeDriver::new(&home.scope())?;
+        let native = NativeDriver::new(&home.scope(), home.root())?;
         if start_init_ahead {
             native.start_init_ahead(&init_binary);
         }

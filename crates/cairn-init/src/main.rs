@@ -5,6 +5,8 @@
 //! With `--time-spawn N COMMAND...` it is not an init but a benchmark's
 //! probe ([`spawn::time`]): `cairn bench exec` copies it into a sandbox to
 //! time the command alone, started the way init starts every command.
+//! With `--probe-layers DIR BASE:COUNT` it tells the host which way this
+//! kernel takes a native sandbox's layers ([`probe`]).
 //! Otherwise it receives a listening Unix socket on fd [`LISTEN_FD`] from
 //! the driver (or binds one itself at `CAIRN_INIT_LISTEN_PATH`, under gVisor),
 //! serves one operation per connection (exec, files, signals, ping), and
@@ -21,6 +23,7 @@ mod jobs;
 mod listen;
 mod native;
 mod net;
+mod probe;
 mod reaper;
 mod spawn;
 mod tree;
@@ -40,6 +43,10 @@ fn main() {
     if std::env::args().nth(1).as_deref() == Some("--time-spawn") {
         let args: Vec<String> = std::env::args().skip(2).collect();
         std::process::exit(spawn::time(&args, &mut std::io::stdout().lock()));
+    }
+    if std::env::args().nth(1).as_deref() == Some("--probe-layers") {
+        let args: Vec<String> = std::env::args().skip(2).collect();
+        std::process::exit(probe::run(&args, &mut std::io::stdout().lock()));
     }
     let native = std::env::args().nth(1).as_deref() == Some("--native-setup");
     let source = if native {

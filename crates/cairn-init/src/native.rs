@@ -33,7 +33,7 @@ use std::io::{Read, Write};
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
 use std::path::Path;
 
-use cairn_protocol::{NativeSetup, LISTEN_FD};
+use cairn_protocol::{LayerMount, NativeSetup, LISTEN_FD};
 use nix::fcntl::{AtFlags, OFlag};
 use nix::mount::{mount, umount2, MntFlags, MsFlags};
 use nix::sched::{unshare, CloneFlags};
@@ -137,7 +137,7 @@ pub fn build() -> RawFd {
     LISTEN_FD
 }
 
-type Step<T> = Result<T, String>;
+pub(crate) type Step<T> = Result<T, String>;
 
 /// Reports a failure to the host and ends the process.
 fn fail(report: &mut std::os::unix::net::UnixStream, msg: String) -> ! {
@@ -243,7 +243,7 @@ fn receive_fds(report: &std::os::unix::net::UnixStream) -> Step<()> {
     Ok(())
 }
 
-fn ctx<T, E: std::fmt::Display>(r: Result<T, E>, what: impl FnOnce() -> String) -> Step<T> {
+pub(crate) fn ctx<T, E: std::fmt::Display>(r: Result<T, E>, what: impl FnOnce() -> String) -> Step<T> {
     r.map_err(|e| format!("{}: {e}", what()))
 }
 
@@ -293,7 +293,12 @@ fn setup_root(
         ),
         || "make mounts private".into(),
     )?;
-    mount_overlay(plan, root, &userns)?;
+    let layers = Layers {
+        lower: &plan.lower_dirs,
+        upper: &plan.upper_dir,
+        work: &plan.work_dir,
+    };
+    mount_overlay(&layers, root, &userns, plan.layer_mount)?;
     // Mount points and /tmp are made as the sandbox's root, whose files
     // they are (a host id outside the namespace's map would show as nobody).
     // Relative to the root's descriptor: the host path leading to it is
@@ -407,78 +412,183 @@ fn join_cgroups(procs: &[String]) -> Step<()> {
     })
 }
 
-/// Mounts the overlay root with the new mount API, every layer given as a
-/// file descriptor (Linux 6.13): each lower layer is an idmapped clone
-/// that shows the layer's ids (sandbox ids, as stored) as the host ids of
-/// the sandbox's user namespace; the upper and work directories come from
-/// a clone of the sandbox directory. The overlay is `nosuid,nodev`, and
-/// since every layer is a detached mount, the sandbox's mount table names
-/// no host path.
-fn mount_overlay(plan: &NativeSetup, root: &Path, userns: &OwnedFd) -> Step<()> {
-    let layers = plan.lower_dirs.len();
-    // Linux 6.1 answers `lowerdir+` with EOPNOTSUPP, others with EINVAL.
-    let old_kernel = |step: &str, e: std::io::Error| {
-        let refused = matches!(
-            e.raw_os_error(),
-            Some(libc::ENOSYS) | Some(libc::EINVAL) | Some(libc::EOPNOTSUPP)
-        );
-        match kernel_release() {
-            Some((release, version)) if refused && version < (6, 13) => format!(
-                "mount the overlay root ({layers} layers): {step}: {e}; this is Linux {release}, and native \
-                 sandboxes need Linux 6.13 or newer (idmapped overlayfs layers given as file descriptors): \
-                 upgrade the kernel, or use --driver gvisor"
-            ),
-            _ => format!("mount the overlay root ({layers} layers): {step}: {e}"),
-        }
+/// What an overlay root is made of: read-only layers (host paths, topmost
+/// first) and the upper and work directories, which share one directory.
+pub(crate) struct Layers<'a> {
+    pub lower: &'a [String],
+    pub upper: &'a str,
+    pub work: &'a str,
+}
+
+/// Mounts the overlay root at `root`, nosuid and nodev, its layers given
+/// to overlayfs as `how` says (the host probed which way this kernel takes:
+/// see `cairn-init --probe-layers`). On every way, the lower layers show
+/// the ids they are stored with (the sandbox's) as the host ids of the
+/// sandbox's user namespace, and the sandbox's mount table names no host
+/// path.
+pub(crate) fn mount_overlay(layers: &Layers, root: &Path, userns: &OwnedFd, how: LayerMount) -> Step<()> {
+    let sandbox_dir = Path::new(layers.upper)
+        .parent()
+        .filter(|d| Path::new(layers.work).parent() == Some(*d))
+        .ok_or_else(|| "the upper and work directories must share one sandbox directory".to_string())?;
+    match how {
+        LayerMount::Descriptors => mount_overlay_fds(layers, sandbox_dir, root, userns),
+        LayerMount::IdmappedPaths => mount_overlay_paths(layers, sandbox_dir, root, Some(userns)),
+        LayerMount::ShiftedPaths => mount_overlay_paths(layers, sandbox_dir, root, None),
+    }
+}
+
+/// A failed overlay step, with what the kernel lacks when that is the
+/// likely cause.
+fn overlay_error(layers: usize, how: LayerMount, step: &str, e: std::io::Error) -> String {
+    let refused = matches!(
+        e.raw_os_error(),
+        Some(libc::ENOSYS) | Some(libc::EINVAL) | Some(libc::EOPNOTSUPP) | Some(libc::EPERM)
+    );
+    let feature = match how {
+        LayerMount::Descriptors => "overlayfs taking idmapped layers as file descriptors (Linux 6.13)",
+        LayerMount::IdmappedPaths => "overlayfs taking idmapped lower layers (Linux 5.19)",
+        LayerMount::ShiftedPaths => "overlayfs",
     };
+    let release = kernel_release().unwrap_or_else(|| "unknown".into());
+    if refused {
+        format!(
+            "mount the overlay root ({layers} layers): {step}: {e}; this kernel (Linux {release}) refused {feature}: \
+             run `cairn doctor` to see what it lacks, unset CAIRN_LAYER_MOUNT if it is set, or use --driver gvisor"
+        )
+    } else {
+        format!("mount the overlay root ({layers} layers): {step}: {e}")
+    }
+}
+
+/// The new mount API, every layer a file descriptor (Linux 6.13): each
+/// lower layer is an idmapped clone; the upper and work directories come
+/// from a clone of the sandbox directory. Since every layer is a detached
+/// mount, the sandbox's mount table shows `lowerdir+=/`.
+fn mount_overlay_fds(layers: &Layers, sandbox_dir: &Path, root: &Path, userns: &OwnedFd) -> Step<()> {
+    let count = layers.lower.len();
+    let how = LayerMount::Descriptors;
     let fs = ctx(mount_api::fsopen("overlay"), || "open an overlay context".into())?;
     // A detached mount lives while its descriptor is open: every clone is
     // kept until the overlay has taken its own private copies.
-    let mut clones = Vec::with_capacity(layers + 1);
-    for lower in &plan.lower_dirs {
-        let clone = ctx(mount_api::idmapped_clone(lower, userns), || {
-            format!("make an idmapped mount of layer {lower}")
-        })?;
+    let mut clones = Vec::with_capacity(count + 1);
+    for lower in layers.lower {
+        let clone = mount_api::layer_clone(lower, Some(userns))
+            .map_err(|e| overlay_error(count, how, &format!("make an idmapped mount of layer {lower}"), e))?;
         let dir = ctx(mount_api::open_dir_at(&clone, "."), || format!("open layer {lower}"))?;
-        mount_api::set_fd(&fs, "lowerdir+", &dir).map_err(|e| old_kernel("lowerdir+", e))?;
+        mount_api::set_fd(&fs, "lowerdir+", &dir).map_err(|e| overlay_error(count, how, "lowerdir+", e))?;
         clones.push(clone);
     }
-    let upper = Path::new(&plan.upper_dir);
-    let sandbox_dir = upper
-        .parent()
-        .filter(|d| Path::new(&plan.work_dir).parent() == Some(*d))
-        .ok_or_else(|| "the upper and work directories must share one sandbox directory".to_string())?;
     let dir = ctx(mount_api::clone(sandbox_dir), || {
         format!("clone {}", sandbox_dir.display())
     })?;
-    for (key, path) in [("upperdir", &plan.upper_dir), ("workdir", &plan.work_dir)] {
+    for (key, path) in [("upperdir", layers.upper), ("workdir", layers.work)] {
         let name = Path::new(path).file_name().unwrap_or_default();
         let fd = ctx(mount_api::open_dir_at(&dir, name), || format!("open {path}"))?;
-        mount_api::set_fd(&fs, key, &fd).map_err(|e| old_kernel(key, e))?;
+        mount_api::set_fd(&fs, key, &fd).map_err(|e| overlay_error(count, how, key, e))?;
     }
     let mnt = mount_api::create(&fs, mount_api::MOUNT_ATTR_NOSUID | mount_api::MOUNT_ATTR_NODEV)
-        .map_err(|e| old_kernel("create", e))?;
+        .map_err(|e| overlay_error(count, how, "create", e))?;
     ctx(mount_api::attach(&mnt, root), || "attach the overlay root".into())?;
     // The overlay holds its own copies now. The clones are attached over
     // paths nothing reads again rather than closed detached, which tears a
     // mount down at once and waits for an RCU grace period (~0.1 ms each
     // on a busy host); attached, they go with the host's root, detached
     // lazily after the pivot. One that cannot be attached is closed.
-    for (clone, lower) in clones.iter().zip(&plan.lower_dirs) {
+    for (clone, lower) in clones.iter().zip(layers.lower) {
         let _ = mount_api::attach(clone, Path::new(lower));
     }
-    let _ = mount_api::attach(&dir, Path::new(&plan.work_dir));
+    let _ = mount_api::attach(&dir, Path::new(layers.work));
     Ok(())
 }
 
-/// The running kernel's release and its (major, minor) version.
-fn kernel_release() -> Option<(String, (u32, u32))> {
+/// A classic overlay mount whose options name every layer by a path
+/// relative to a staging directory: a tmpfs of init's own mount namespace
+/// attached over the root's mount point, under which lower layer `i` is
+/// attached as `i` (an idmapped clone when `userns` is given, a plain
+/// read-only one for layers whose ids are already shifted) and the
+/// sandbox directory as `s`. overlayfs resolves the names from the working
+/// directory and shows them as given (`lowerdir=0:1,upperdir=s/upper,
+/// workdir=s/work`), so no host path reaches the sandbox's mount table.
+/// The overlay goes on top of the staging tmpfs; the pivot takes the
+/// tmpfs, and the clones under it, away with the host's root.
+fn mount_overlay_paths(layers: &Layers, sandbox_dir: &Path, root: &Path, userns: Option<&OwnedFd>) -> Step<()> {
+    let count = layers.lower.len();
+    let how = if userns.is_some() {
+        LayerMount::IdmappedPaths
+    } else {
+        LayerMount::ShiftedPaths
+    };
+    let staging = ctx(mount_api::fsopen("tmpfs"), || "open a tmpfs context".into())?;
+    ctx(mount_api::set_str(&staging, "mode", "0700"), || {
+        "set the staging tmpfs's mode".into()
+    })?;
+    let staging = ctx(
+        mount_api::create(
+            &staging,
+            mount_api::MOUNT_ATTR_NOSUID | mount_api::MOUNT_ATTR_NODEV | mount_api::MOUNT_ATTR_NOEXEC,
+        ),
+        || "make the staging tmpfs".into(),
+    )?;
+    ctx(mount_api::attach(&staging, root), || "attach the staging tmpfs".into())?;
+    let top = ctx(mount_api::open_path(root), || "open the staging tmpfs".into())?;
+    let attach_dir = |mnt: &OwnedFd, name: &str| -> Step<()> {
+        ctx(
+            nix::sys::stat::mkdirat(Some(top.as_raw_fd()), name, Mode::from_bits_truncate(0o700)),
+            || format!("create the staging directory {name}"),
+        )?;
+        ctx(mount_api::attach_at(mnt, &top, name), || {
+            format!("attach {name} in the staging tmpfs")
+        })
+    };
+    let mut names = String::with_capacity(count * 4);
+    for (i, lower) in layers.lower.iter().enumerate() {
+        let clone = mount_api::layer_clone(lower, userns)
+            .map_err(|e| overlay_error(count, how, &format!("make a read-only mount of layer {lower}"), e))?;
+        attach_dir(&clone, &i.to_string())?;
+        if i > 0 {
+            names.push(':');
+        }
+        names.push_str(&i.to_string());
+    }
+    let dir = ctx(mount_api::clone(sandbox_dir), || {
+        format!("clone {}", sandbox_dir.display())
+    })?;
+    attach_dir(&dir, "s")?;
+    let name = |path: &str| {
+        Path::new(path)
+            .file_name()
+            .unwrap_or_default()
+            .to_string_lossy()
+            .into_owned()
+    };
+    let options = format!(
+        "lowerdir={names},upperdir=s/{},workdir=s/{}",
+        name(layers.upper),
+        name(layers.work)
+    );
+    // The kernel copies one page of options.
+    if options.len() >= 4000 {
+        return Err(format!("{count} layers make overlay options longer than one page"));
+    }
+    ctx(nix::unistd::fchdir(top.as_raw_fd()), || {
+        "enter the staging tmpfs".into()
+    })?;
+    let mounted = mount(
+        Some("overlay"),
+        root,
+        Some("overlay"),
+        MsFlags::MS_NOSUID | MsFlags::MS_NODEV,
+        Some(options.as_str()),
+    );
+    ctx(chdir("/"), || "leave the staging tmpfs".into())?;
+    mounted.map_err(|e| overlay_error(count, how, "mount", e.into()))
+}
+
+/// The running kernel's release.
+pub(crate) fn kernel_release() -> Option<String> {
     let release = std::fs::read_to_string("/proc/sys/kernel/osrelease").ok()?;
-    let release = release.trim().to_string();
-    let mut parts = release.split(|c: char| !c.is_ascii_digit());
-    let major = parts.next()?.parse().ok()?;
-    let minor = parts.next()?.parse().ok()?;
-    Some((release, (major, minor)))
+    Some(release.trim().to_string())
 }
 
 /// The new mount API's calls, which nix does not wrap.
@@ -636,16 +746,27 @@ pub(crate) mod mount_api {
         open_tree(dir.as_raw_fd(), OsStr::new(name))
     }
 
-    /// A detached, read-only, `nosuid,nodev` copy of the directory `path`
-    /// whose ids are mapped as `userns` maps them.
-    pub fn idmapped_clone(path: &str, userns: &OwnedFd) -> io::Result<OwnedFd> {
+    /// A detached, read-only, `nosuid,nodev` copy of the layer directory
+    /// `path`, whose ids are mapped as `userns` maps them when given.
+    pub fn layer_clone(path: &str, userns: Option<&OwnedFd>) -> io::Result<OwnedFd> {
         let tree = clone(Path::new(path))?;
+        let (idmap, ns) = match userns {
+            Some(ns) => (MOUNT_ATTR_IDMAP, ns.as_raw_fd() as u64),
+            None => (0, 0),
+        };
         set_attrs(
             &tree,
-            MOUNT_ATTR_IDMAP | MOUNT_ATTR_RDONLY | MOUNT_ATTR_NOSUID | MOUNT_ATTR_NODEV,
-            userns.as_raw_fd() as u64,
+            idmap | MOUNT_ATTR_RDONLY | MOUNT_ATTR_NOSUID | MOUNT_ATTR_NODEV,
+            ns,
         )?;
         Ok(tree)
+    }
+
+    /// An `O_PATH` descriptor of the directory `path`.
+    pub fn open_path(path: &Path) -> io::Result<OwnedFd> {
+        let p = cstr(path.as_os_str())?;
+        // SAFETY: a NUL-terminated path.
+        fd(unsafe { libc::open(p.as_ptr(), libc::O_PATH | libc::O_DIRECTORY | libc::O_CLOEXEC) as libc::c_long })
     }
 
     /// A detached, read-only, `nosuid,nodev,noexec` copy of the file or
@@ -745,7 +866,7 @@ pub(crate) mod mount_api {
 /// count`, held by a descriptor: a short-lived child creates it, this
 /// process (root on the host) writes its maps, and the child exits. Returns
 /// the descriptor and the child, for the caller to reap.
-fn user_namespace(base: u32, count: u32) -> Step<(OwnedFd, nix::unistd::Pid)> {
+pub(crate) fn user_namespace(base: u32, count: u32) -> Step<(OwnedFd, nix::unistd::Pid)> {
     if count == 0 || base.checked_add(count).is_none() || base == 0 {
         return Err(format!("host id range {base}+{count} is not one a sandbox can use"));
     }

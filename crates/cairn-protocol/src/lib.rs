@@ -483,6 +483,10 @@ pub struct NativeSetup {
     pub rootfs: String,
     /// Read-only layers, topmost first (host paths).
     pub lower_dirs: Vec<String>,
+    /// How the layers reach overlayfs: the host probes which way the
+    /// running kernel accepts ([`LayerMount`]).
+    #[serde(default)]
+    pub layer_mount: LayerMount,
     /// The sandbox's private upper directory and overlayfs' work directory.
     pub upper_dir: String,
     pub work_dir: String,
@@ -502,6 +506,26 @@ pub struct NativeSetup {
     /// then writes `G\n` (see `cgroup_procs`); PID 1 configures it before reporting `R`.
     #[serde(default)]
     pub network: Option<NetSetup>,
+}
+
+/// How a native sandbox's read-only layers are given to overlayfs. Layers
+/// are stored with the sandbox's own ids (root is 0); the sandbox must see
+/// them as the host ids its user namespace maps those to, without any host
+/// path showing in its mount table.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub enum LayerMount {
+    /// Each layer an idmapped, detached mount handed to overlayfs as a file
+    /// descriptor (`lowerdir+`; Linux 6.13).
+    #[default]
+    Descriptors,
+    /// Each layer an idmapped mount attached under a private directory of
+    /// init's mount namespace and named there by a relative path, in a
+    /// classic overlay mount (idmapped lower layers: Linux 5.19).
+    IdmappedPaths,
+    /// The layers given are copies whose ids are already shifted into the
+    /// sandbox's host range: plain read-only mounts, named as
+    /// [`LayerMount::IdmappedPaths`] names them (any overlayfs).
+    ShiftedPaths,
 }
 
 /// The address of a sandbox's `eth0` and the files its resolver reads.
@@ -529,6 +553,7 @@ mod setup_tests {
             cgroup_procs: vec!["/sys/fs/cgroup/x/cgroup.procs".into()],
             rootfs: "/r".into(),
             lower_dirs: vec!["/a".into()],
+            layer_mount: LayerMount::default(),
             upper_dir: "/u".into(),
             work_dir: "/w".into(),
             hostname: "h".into(),

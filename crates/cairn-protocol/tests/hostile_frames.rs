@@ -126,6 +126,7 @@ fn native_setup() -> NativeSetup {
         cgroup_procs: vec!["/sys/fs/cgroup/cairn/x/cgroup.procs".into()],
         rootfs: "/var/lib/cairn/r".into(),
         lower_dirs: vec!["/a".into(), "/b".into()],
+        layer_mount: cairn_protocol::LayerMount::IdmappedPaths,
         upper_dir: "/u".into(),
         work_dir: "/w".into(),
         hostname: "sandbox".into(),

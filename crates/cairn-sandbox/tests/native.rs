@@ -213,7 +213,8 @@ fn an_init_started_first_is_taken_by_the_driver_of_its_binary_only() {
     let other = sandbox.spec.dir.with_file_name("other-bin");
     let other_init = cairn_sandbox::init_binary::install(&other).unwrap();
     let elsewhere =
-        cairn_sandbox::native::NativeDriver::new(&format!("native-test-{}-first2", std::process::id())).unwrap();
+        cairn_sandbox::native::NativeDriver::new(&format!("native-test-{}-first2", std::process::id()), &other)
+            .unwrap();
     elsewhere.start_init_ahead(&other_init);
     assert_ne!(elsewhere.waiting_init(), Some(first));
     drop(elsewhere);

@@ -53,14 +53,7 @@ pub fn materialise<B: BlobStore>(
         action: "naming the destination",
         source: io::Error::new(io::ErrorKind::InvalidInput, "the path has no final component"),
     })?;
-    let nanos = SystemTime::now()
-        .duration_since(SystemTime::UNIX_EPOCH)
-        .map(|d| d.as_nanos())
-        .unwrap_or(0);
-    let mut temp_name = b".".to_vec();
-    temp_name.extend_from_slice(name.as_bytes());
-    temp_name.extend_from_slice(format!("{TEMP_MARKER}{}-{nanos}", WriterId::current()).as_bytes());
-    let temp = parent.join(OsStr::from_bytes(&temp_name));
+    let temp = temp_beside(&parent, name);
 
     let fail = |action, source| ArchiveError::Materialise {
         path: dest.to_path_buf(),
@@ -87,6 +80,20 @@ pub fn materialise<B: BlobStore>(
 }
 
 const TEMP_MARKER: &str = ".materialising-";
+
+/// The temp directory a materialisation of `name` in `parent` fills:
+/// `.<name>.materialising-<writer>-<nanos>`, which
+/// [`remove_abandoned_materialisations`] sweeps once its writer is dead.
+pub(super) fn temp_beside(parent: &Path, name: &OsStr) -> PathBuf {
+    let nanos = SystemTime::now()
+        .duration_since(SystemTime::UNIX_EPOCH)
+        .map(|d| d.as_nanos())
+        .unwrap_or(0);
+    let mut temp_name = b".".to_vec();
+    temp_name.extend_from_slice(name.as_bytes());
+    temp_name.extend_from_slice(format!("{TEMP_MARKER}{}-{nanos}", WriterId::current()).as_bytes());
+    parent.join(OsStr::from_bytes(&temp_name))
+}
 
 /// Removes temp directories that a materialisation into `parent` left when
 /// its process died (`.<name>.materialising-<writer>-<nanos>` whose writer,

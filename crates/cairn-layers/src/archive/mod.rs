@@ -27,6 +27,7 @@ mod dirfd;
 mod flatten;
 mod index;
 mod materialise;
+mod shift;
 mod view;
 
 use std::io;
@@ -38,6 +39,7 @@ pub use capture::{capture, capture_since, capture_since_mapped, remove_device_no
 pub use flatten::{flatten, FlattenError};
 pub use index::{Entry, EntryKind, LayerId, LayerIndex, LayerPath, Metadata, Timestamp, Xattr};
 pub use materialise::{materialise, remove_abandoned_materialisations};
+pub use shift::{shifted_copy, ShiftedCopy};
 pub use view::{lookup, merged_view, Lookup};
 
 /// The host ids a user namespace maps a sandbox's ids `0..count` to:
@@ -79,6 +81,40 @@ impl HostIds {
         v2[..4].copy_from_slice(&((magic & !REVISION_MASK) | REVISION_2).to_le_bytes());
         v2
     }
+
+    /// The host id a sandbox id is stored as in a copy of a layer whose ids
+    /// are shifted into this range; an id outside `0..count` is stored as
+    /// the range's overflow id (65534), as an idmapped mount would show it.
+    pub fn host_id(self, sandbox: u32) -> u32 {
+        const OVERFLOW: u32 = 65534;
+        let id = if sandbox < self.count {
+            sandbox
+        } else {
+            OVERFLOW.min(self.count.saturating_sub(1))
+        };
+        self.base + id
+    }
+
+    /// An xattr of a layer as a shifted copy stores it: a plain version 2
+    /// file capability (the namespace's root, as layers record it) becomes
+    /// version 3 naming the range's root, as the kernel stores one set
+    /// inside the sandbox; anything else is kept as it is.
+    pub fn host_xattr(self, name: &[u8], value: Vec<u8>) -> Vec<u8> {
+        const REVISION_MASK: u32 = 0xff00_0000;
+        const REVISION_2: u32 = 0x0200_0000;
+        const REVISION_3: u32 = 0x0300_0000;
+        if name != b"security.capability" || value.len() != 20 {
+            return value;
+        }
+        let magic = u32::from_le_bytes([value[0], value[1], value[2], value[3]]);
+        if magic & REVISION_MASK != REVISION_2 {
+            return value;
+        }
+        let mut v3 = value;
+        v3[..4].copy_from_slice(&((magic & !REVISION_MASK) | REVISION_3).to_le_bytes());
+        v3.extend_from_slice(&self.base.to_le_bytes());
+        v3
+    }
 }
 
 #[cfg(test)]
@@ -116,6 +152,22 @@ mod host_ids_tests {
         assert_eq!(IDS.sandbox_xattr(b"security.capability", other.clone()), other);
         assert_eq!(IDS.sandbox_xattr(b"user.x", v3.clone()), v3);
         assert_eq!(IDS.sandbox_xattr(b"security.capability", v2.clone()), v2);
+    }
+
+    #[test]
+    fn a_shifted_copy_stores_ids_in_the_range_and_capabilities_in_version_3() {
+        assert_eq!(IDS.host_id(0), 0x7000_0000);
+        assert_eq!(IDS.host_id(1000), 0x7000_0000 + 1000);
+        assert_eq!(IDS.host_id(70_000), 0x7000_0000 + 65534);
+        let mut v3 = (0x0300_0000u32 | 1).to_le_bytes().to_vec();
+        v3.extend_from_slice(&(1u32 << 13).to_le_bytes());
+        v3.extend_from_slice(&[0; 12]);
+        v3.extend_from_slice(&0x7000_0000u32.to_le_bytes());
+        let v2 = IDS.sandbox_xattr(b"security.capability", v3.clone());
+        // The two forms round-trip; other xattrs and values stay.
+        assert_eq!(IDS.host_xattr(b"security.capability", v2.clone()), v3);
+        assert_eq!(IDS.host_xattr(b"security.capability", v3.clone()), v3);
+        assert_eq!(IDS.host_xattr(b"user.x", v2.clone()), v2);
     }
 }
 

@@ -12,6 +12,7 @@
 //! process; nothing is mounted on the host.
 
 mod caps;
+pub mod layers;
 pub mod seccomp;
 
 use std::fs::{self, OpenOptions};
@@ -59,6 +60,11 @@ pub const HOST_IDS: HostIds = HostIds {
 
 pub struct NativeDriver {
     cgroups: Hierarchy,
+    /// The state directory: the layer probe's cache and scratch, and the
+    /// shifted copies of layers ([`layers`]).
+    state_dir: PathBuf,
+    /// How layers reach overlayfs on this kernel, probed at the first start.
+    layer_mount: std::sync::OnceLock<Result<layers::Mechanism, String>>,
     /// Sandboxes get [`seccomp::programs`] unless a test set another filter.
     seccomp: Option<Vec<Vec<cairn_protocol::BpfInstruction>>>,
     /// An init started ahead for the next sandbox ([`NativeDriver::start_init_ahead`]).
@@ -69,10 +75,13 @@ pub struct NativeDriver {
 
 impl NativeDriver {
     /// `scope` keeps this driver's cgroups apart from other state
-    /// directories' on the same host.
-    pub fn new(scope: &str) -> Result<NativeDriver, SandboxError> {
+    /// directories' on the same host; `state_dir` is the state directory,
+    /// on the filesystem its sandboxes' layers live on.
+    pub fn new(scope: &str, state_dir: &Path) -> Result<NativeDriver, SandboxError> {
         Ok(NativeDriver {
             cgroups: Hierarchy::detect(scope)?,
+            state_dir: state_dir.to_path_buf(),
+            layer_mount: std::sync::OnceLock::new(),
             seccomp: None,
             waiting: Mutex::new(None),
             keep_waiting: std::sync::atomic::AtomicBool::new(false),
@@ -94,7 +103,39 @@ impl NativeDriver {
         &self.cgroups
     }
 
+    /// How this driver gives layers to overlayfs: `CAIRN_LAYER_MOUNT`'s
+    /// way, or the best the kernel took in the probe ([`layers`]), found
+    /// once per driver (and kept per kernel in the state directory).
+    pub fn layer_mechanism(&self, init_binary: &Path) -> Result<layers::Mechanism, SandboxError> {
+        self.layer_mount
+            .get_or_init(|| {
+                let wanted = layers::wanted()?;
+                layers::cached_probe(&self.state_dir, init_binary)?.choose(wanted)
+            })
+            .clone()
+            .map_err(SandboxError::Start)
+    }
+
+    /// The lower layers as init mounts them: the layers themselves, or
+    /// their shifted copies (made now where missing).
+    fn mounted_layers(&self, spec: &SandboxSpec, way: layers::Mechanism) -> Result<Vec<String>, SandboxError> {
+        let lowers = lower_dirs(spec)?;
+        if way != layers::Mechanism::Shifted {
+            return Ok(lowers);
+        }
+        lowers
+            .iter()
+            .map(|l| {
+                let copy = layers::ensure_shifted(&self.state_dir, Path::new(l)).map_err(SandboxError::Start)?;
+                copy.to_str()
+                    .map(str::to_string)
+                    .ok_or_else(|| SandboxError::Start(format!("{} is not UTF-8", copy.display())))
+            })
+            .collect()
+    }
+
     fn setup(&self, spec: &SandboxSpec) -> Result<NativeSetup, SandboxError> {
+        let way = self.layer_mechanism(&spec.init_binary)?;
         let seccomp = match &self.seccomp {
             Some(programs) => programs.clone(),
             None => seccomp::programs(),
@@ -114,7 +155,8 @@ impl NativeDriver {
                 .map(|p| path(p))
                 .collect::<Result<_, _>>()?,
             rootfs: path(&spec.dir.join("rootfs"))?,
-            lower_dirs: lower_dirs(spec)?,
+            lower_dirs: self.mounted_layers(spec, way)?,
+            layer_mount: way.layer_mount(),
             upper_dir: path(&spec.dir.join("upper"))?,
             work_dir: path(&spec.dir.join("work"))?,
             hostname: spec.hostname.clone(),

@@ -152,7 +152,8 @@ impl Native {
         let tmp = tempfile::Builder::new().prefix("nvt").tempdir_in("/tmp").unwrap();
         // A scope per test: tests run in parallel, and a scope goes with its
         // last sandbox.
-        let driver = configure(NativeDriver::new(&format!("native-test-{}-{test}", std::process::id())).unwrap());
+        let driver =
+            configure(NativeDriver::new(&format!("native-test-{}-{test}", std::process::id()), tmp.path()).unwrap());
         let spec = SandboxSpec {
             id: format!("nvt{}{test}", std::process::id()),
             hostname: "native".into(),
