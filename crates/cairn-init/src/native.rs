@@ -1020,7 +1020,11 @@ fn fill_rest(proc: &OwnedFd, sys: &OwnedFd, dev: &OwnedFd, base: u32) -> Step<()
     .collect();
     if let Some(((last_dir, last), rest)) = hidden.split_last() {
         for (dir, sub) in rest {
-            let mask = ctx(mount_api::clone_at(&empty, ""), || "clone the empty tmpfs".into())?;
+            // Kernels before 6.15 clone no detached mount: a tmpfs each.
+            let mask = match mount_api::clone_at(&empty, "") {
+                Err(e) if e.raw_os_error() == Some(libc::EINVAL) => empty_tmpfs()?,
+                made => ctx(made, || "clone the empty tmpfs".into())?,
+            };
             ctx(mount_api::attach_at(&mask, dir, sub), || format!("mask {sub}"))?;
         }
         ctx(mount_api::attach_at(&empty, last_dir, last), || format!("mask {last}"))?;
