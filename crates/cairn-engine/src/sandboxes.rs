@@ -74,6 +74,10 @@ pub struct GcReport {
     pub partial_layers_removed: u64,
     /// Network slots (host interfaces `cn-N`) whose sandbox was gone.
     pub networks_released: Vec<String>,
+    /// Shifted copies of layers (`shifted/`, on kernels whose overlayfs
+    /// takes no idmapped layers) whose layer was removed, and copies a
+    /// killed start left half-made.
+    pub shifted_copies_removed: u64,
 }
 
 fn new_sandbox_id() -> String {
@@ -655,6 +659,11 @@ impl Engine {
         report.partial_layers_removed = self.layers.sweep_temporaries() as u64;
         report.partial_layers_removed += cairn_layers::archive::remove_abandoned_materialisations(self.layers.root())
             .map_err(cairn_layers::LayerError::from)?;
+        // A layer's shifted copy goes with it: a layer in use is referenced,
+        // so its copy stays.
+        report.shifted_copies_removed =
+            cairn_sandbox::native::layers::collect_shifted(self.home.root(), self.layers.root())
+                .map_err(|e| EngineError::Sandbox(cairn_sandbox::SandboxError::Start(e)))?;
         self.sweep_memory_images()?;
         let store = self.collect_chunks(&referenced)?;
         report.chunks_removed = store.deleted;

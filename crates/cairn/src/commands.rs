@@ -205,12 +205,13 @@ pub fn dispatch(cli: Cli) -> Result<i32> {
                 println!("{}", serde_json::to_string_pretty(&report)?);
             } else {
                 println!(
-                    "removed {} sandboxes, released {} stray cgroups and {} pooled ones, {} stray directories, {} unused layers",
+                    "removed {} sandboxes, released {} stray cgroups and {} pooled ones, {} stray directories, {} unused layers, {} shifted layer copies",
                     report.sandboxes_removed.len(),
                     report.cgroups_released.len(),
                     report.pooled_cgroups_removed,
                     report.directories_removed.len(),
-                    report.layers_removed.len()
+                    report.layers_removed.len(),
+                    report.shifted_copies_removed
                 );
             }
             Ok(0)

@@ -1,0 +1,230 @@
+//! End-to-end: each way a native sandbox's layers reach overlayfs
+//! (descriptors, idmapped mounts by path, copies with shifted ids), chosen
+//! by the kernel's probe or asked for with `CAIRN_LAYER_MOUNT`, keeps the
+//! same promises; a way the kernel refused is refused whole; shifted copies
+//! survive a kill mid-copy and go with their layer in `gc`. Runs on this
+//! host and in the virtual machines of older kernels (scripts/test.sh).
+
+mod common;
+
+use std::path::{Path, PathBuf};
+use std::time::{Duration, Instant};
+
+use common::{skip, Home};
+
+const WAYS: [&str; 3] = ["fd", "path", "shifted"];
+/// Host id of a native sandbox's root.
+const SANDBOX_ROOT_ON_HOST: u32 = 0x7000_0000;
+
+/// The kernel probe's answer, read from the state directory's cache after
+/// one sandbox ran there.
+fn probe(home: &Home) -> serde_json::Value {
+    home.ok(&["run", "--", "true"]);
+    let cache = std::fs::read(home.path().join("layer-mount.json")).expect("the probe's answer is cached");
+    serde_json::from_slice(&cache).unwrap()
+}
+
+fn works(probe: &serde_json::Value, way: &str) -> bool {
+    probe["checks"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .any(|c| c["name"] == format!("overlay {way}") && c["ok"] == true)
+}
+
+fn with_way(way: &str) -> Home {
+    Home::with_state_and_env(None, vec![("CAIRN_LAYER_MOUNT".into(), way.into())])
+}
+
+#[test]
+fn every_way_the_kernel_takes_gives_the_sandbox_its_layers_as_its_own_and_no_host_path() {
+    if skip("layer ways") {
+        return;
+    }
+    let probed = probe(&Home::new());
+    let release = std::fs::read_to_string("/proc/sys/kernel/osrelease").unwrap();
+    assert_eq!(probed["kernel"], release.trim(), "the answer is keyed by this kernel");
+    let chosen = probed["mechanism"]
+        .as_str()
+        .expect("some way works on a host the suites run on");
+    assert!(works(&probed, chosen) && works(&probed, "shifted"), "{probed}");
+    for way in WAYS {
+        let home = with_way(way);
+        if !works(&probed, way) {
+            // Refused whole: a message naming the way and the fix, no
+            // sandbox, directory or cgroup left.
+            let out = home.cairn(&["create"]);
+            let err = String::from_utf8_lossy(&out.stderr);
+            assert_eq!(out.status.code(), Some(125), "{err}");
+            assert!(
+                err.contains(&format!("CAIRN_LAYER_MOUNT={way}")) && err.contains("refused"),
+                "{err}"
+            );
+            assert!(home.ps().is_empty(), "a refused start left a sandbox");
+            let dirs = std::fs::read_dir(home.path().join("sandboxes"))
+                .map(|d| d.count())
+                .unwrap_or(0);
+            assert_eq!(dirs, 0, "a refused start left a sandbox directory");
+            assert!(home.sandbox_cgroups_left().is_empty(), "a refused start left a cgroup");
+            continue;
+        }
+        let id = home.ok(&["create"]);
+        // The image's files are the sandbox root's, and its own writes are.
+        let owners = home.sh(
+            &id,
+            "stat -c %u:%g /bin/busybox /; echo x >/tmp/w; stat -c %u:%g /tmp/w; id -u",
+        );
+        assert_eq!(owners.lines().collect::<Vec<_>>(), ["0:0", "0:0", "0:0", "0"], "{way}");
+        let mountinfo = home.ok(&["exec", &id, "--", "cat", "/proc/self/mountinfo"]);
+        let state_dir = home.path().to_str().unwrap();
+        assert!(
+            !mountinfo.contains(state_dir),
+            "{way}: the mount table shows the state directory:\n{mountinfo}"
+        );
+        let root = mountinfo
+            .lines()
+            .find(|l| l.split(' ').nth(4) == Some("/"))
+            .unwrap_or_else(|| panic!("no root mount in\n{mountinfo}"));
+        let layers = if way == "fd" { "lowerdir+=/" } else { "lowerdir=0," };
+        assert!(
+            root.contains(layers) && root.contains("nosuid") && root.contains("nodev"),
+            "{way}: {root}"
+        );
+        // On the host, what the sandbox wrote belongs to its root's host id.
+        let upper = home.path().join("sandboxes").join(&id).join("upper/tmp/w");
+        assert_eq!(owner(&upper), SANDBOX_ROOT_ON_HOST, "{way}");
+        // A snapshot and a fork of it see the same files, owned the same.
+        home.sh(&id, "mkdir -p /data && echo kept >/data/f && chown 1000:1000 /data/f");
+        let snap = home.ok(&["snapshot", &id]);
+        let fork = home.ok(&["fork", &snap]);
+        let seen = home.sh(&fork, "cat /data/f; stat -c %u:%g /data/f /bin/busybox");
+        assert_eq!(seen.lines().collect::<Vec<_>>(), ["kept", "1000:1000", "0:0"], "{way}");
+        let shifted = home.path().join("shifted");
+        if way == "shifted" {
+            let copies: Vec<PathBuf> = std::fs::read_dir(&shifted)
+                .unwrap()
+                .map(|e| e.unwrap().path())
+                .collect();
+            // The image's layer and the snapshot's.
+            assert_eq!(copies.len(), 2, "{copies:?}");
+            for copy in &copies {
+                assert_eq!(owner(copy), SANDBOX_ROOT_ON_HOST, "{}", copy.display());
+            }
+        } else {
+            assert!(!shifted.exists(), "{way} made shifted copies");
+        }
+        home.ok(&["rm", "-f", &id, &fork]);
+    }
+}
+
+fn owner(p: &Path) -> u32 {
+    use std::os::unix::fs::MetadataExt;
+    std::fs::symlink_metadata(p).unwrap().uid()
+}
+
+/// A tree of many small files and a few large ones, so a copy takes long
+/// enough to be caught in the middle.
+fn big_tree(dir: &Path) {
+    let bin = common::busybox_layer();
+    let status = std::process::Command::new("cp")
+        .arg("-a")
+        .arg(bin)
+        .arg(dir)
+        .status()
+        .unwrap();
+    assert!(status.success());
+    for d in 0..20 {
+        let sub = dir.join(format!("data/{d}"));
+        std::fs::create_dir_all(&sub).unwrap();
+        for f in 0..100 {
+            std::fs::write(sub.join(f.to_string()), format!("{d}/{f}\n").repeat(64)).unwrap();
+        }
+    }
+    std::fs::write(dir.join("data/large"), vec![7u8; 16 << 20]).unwrap();
+}
+
+#[test]
+fn a_shifted_copy_killed_midway_is_made_again_and_gc_keeps_the_copies_in_use() {
+    if skip("shifted copies") {
+        return;
+    }
+    let home = with_way("shifted");
+    if !works(&probe(&home), "shifted") {
+        panic!("overlayfs over plain layers failed on this host");
+    }
+    let tree = home.path().join("tree");
+    big_tree(&tree);
+    home.ok(&["image", "import", tree.to_str().unwrap(), "--name", "big"]);
+    std::fs::remove_dir_all(&tree).unwrap();
+    let images: serde_json::Value = serde_json::from_str(&home.ok(&["image", "ls", "--json"])).unwrap();
+    let layer = images
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|i| i["name"] == "big")
+        .and_then(|i| i["layers"][0].as_str())
+        .unwrap()
+        .to_string();
+    let shifted = home.path().join("shifted");
+    let copy = shifted.join(&layer);
+    // Killed while its temporary fills; up to five tries, in case a copy
+    // finishes between two looks.
+    let mut caught = false;
+    for _ in 0..5 {
+        let _ = std::fs::remove_dir_all(&copy);
+        let mut child = home.command(&["run", "--image", "big", "--", "true"]).spawn().unwrap();
+        let deadline = Instant::now() + Duration::from_secs(60);
+        while Instant::now() < deadline && !copy.exists() {
+            if temporaries(&shifted).iter().any(|t| t.contains(&layer)) {
+                child.kill().unwrap();
+                caught = true;
+                break;
+            }
+            if child.try_wait().unwrap().is_some() {
+                break;
+            }
+            std::thread::sleep(Duration::from_micros(200));
+        }
+        let _ = child.wait();
+        if caught {
+            break;
+        }
+    }
+    assert!(caught, "no start was caught copying");
+    assert!(!copy.exists(), "a killed copy was put in place");
+    assert!(!temporaries(&shifted).is_empty());
+    // The next start makes it again; the file a sandbox reads is whole.
+    let id = home.ok(&["create", "--image", "big"]);
+    assert!(copy.is_dir());
+    let size = home.sh(
+        &id,
+        "wc -c </data/large; cat /data/19/99 | head -1; stat -c %u /data/large",
+    );
+    assert_eq!(
+        size.lines().collect::<Vec<_>>(),
+        [&(16u64 << 20).to_string(), "19/99", "0"]
+    );
+    // gc sweeps the killed start's temporary and keeps the copy in use...
+    let report: serde_json::Value = serde_json::from_str(&home.ok(&["gc", "--json"])).unwrap();
+    assert!(report["shifted_copies_removed"].as_u64().unwrap() >= 1, "{report}");
+    assert!(temporaries(&shifted).is_empty(), "gc left {:?}", temporaries(&shifted));
+    assert!(copy.is_dir(), "gc removed a copy in use");
+    assert_eq!(home.sh(&id, "head -1 /data/0/0"), "0/0");
+    // ... and, with the image and its sandbox gone, the copy goes too.
+    home.ok(&["rm", "-f", &id]);
+    home.ok(&["image", "rm", "big"]);
+    home.ok(&["gc"]);
+    assert!(!copy.exists(), "gc kept the copy of a removed layer");
+}
+
+/// Names of copies' temporaries in `dir`.
+fn temporaries(dir: &Path) -> Vec<String> {
+    std::fs::read_dir(dir)
+        .map(|d| {
+            d.filter_map(Result::ok)
+                .map(|e| e.file_name().to_string_lossy().into_owned())
+                .filter(|n| n.starts_with('.'))
+                .collect()
+        })
+        .unwrap_or_default()
+}
