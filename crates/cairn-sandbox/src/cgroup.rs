@@ -647,6 +647,45 @@ mod tests {
         assert_eq!(Hierarchy::detect_at(dir.path(), "test").unwrap().version(), 1);
     }
 
+    /// A v2 root in `dir` offering `controllers`, with `enabled` in its
+    /// subtree_control.
+    fn v2_root(dir: &Path, controllers: &str, enabled: &str) -> Hierarchy {
+        fs::write(dir.join("cgroup.controllers"), controllers).unwrap();
+        fs::write(dir.join("cgroup.subtree_control"), enabled).unwrap();
+        Hierarchy::detect_at(dir, "test").unwrap()
+    }
+
+    #[test]
+    fn v2_controllers_missing_from_the_root_are_named() {
+        let dir = tempfile::tempdir().unwrap();
+        let h = v2_root(dir.path(), "memory pids io\n", "");
+        assert_eq!(h.controllers(), vec![("memory", true), ("pids", true), ("cpu", false)]);
+    }
+
+    #[test]
+    fn v2_delegation_is_refused_below_a_cgroup_holding_processes() {
+        let dir = tempfile::tempdir().unwrap();
+        let h = v2_root(dir.path(), "memory pids cpu\n", "memory\n");
+        // The host's root cgroup has no cgroup.type and may hold processes.
+        fs::write(dir.path().join("cgroup.procs"), "1\n").unwrap();
+        assert!(h.delegation().unwrap().unwrap().contains("enables them"));
+        // A container's namespace root is not the host's: processes in it
+        // keep controllers from being enabled below.
+        fs::write(dir.path().join("cgroup.type"), "domain\n").unwrap();
+        let why = h.delegation().unwrap().unwrap_err();
+        assert!(why.contains("holds processes") && why.contains("pids, cpu"), "{why}");
+        fs::write(dir.path().join("cgroup.procs"), "").unwrap();
+        fs::write(dir.path().join("cgroup.subtree_control"), "memory pids cpu\n").unwrap();
+        assert!(h.delegation().unwrap().unwrap().starts_with("enabled in"));
+    }
+
+    #[test]
+    fn a_directory_without_cgroup_mounts_has_no_layout() {
+        let dir = tempfile::tempdir().unwrap();
+        fs::create_dir(dir.path().join("memory")).unwrap();
+        assert_eq!(Layout::at(dir.path()), None);
+    }
+
     #[test]
     fn no_controllers_is_a_clear_error() {
         let dir = tempfile::tempdir().unwrap();
