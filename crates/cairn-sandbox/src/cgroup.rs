@@ -19,6 +19,8 @@ use std::time::{Duration, Instant};
 use crate::Limits;
 
 const V1_CONTROLLERS: [&str; 4] = ["memory", "pids", "cpu", "freezer"];
+/// The v2 controllers enabled for sandboxes (freezing is in every v2 cgroup).
+const V2_CONTROLLERS: [&str; 3] = ["memory", "pids", "cpu"];
 const CFS_PERIOD_US: u64 = 100_000;
 
 #[derive(Debug, thiserror::Error)]
@@ -45,6 +47,46 @@ fn io_err<'a>(what: &'static str, path: &'a Path) -> impl FnOnce(io::Error) -> C
         what,
         path: path.to_path_buf(),
         source,
+    }
+}
+
+/// How the host mounts cgroups, whichever of them Cairn uses ([`Hierarchy`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Layout {
+    /// Only per-controller v1 mounts.
+    V1,
+    /// One unified v2 tree at the root.
+    V2,
+    /// v1 controllers with a v2 tree beside them (`unified/`), as systemd's
+    /// hybrid mode mounts them.
+    Hybrid,
+}
+
+impl Layout {
+    /// The layout under `root` (`/sys/fs/cgroup`), from the file system
+    /// types mounted there; None when no cgroup file system is.
+    pub fn at(root: &Path) -> Option<Layout> {
+        use nix::sys::statfs::{statfs, CGROUP2_SUPER_MAGIC, CGROUP_SUPER_MAGIC};
+        let is = |path: &Path, magic| statfs(path).is_ok_and(|s| s.filesystem_type() == magic);
+        if is(root, CGROUP2_SUPER_MAGIC) {
+            return Some(Layout::V2);
+        }
+        let v1 = fs::read_dir(root)
+            .map(|d| d.flatten().any(|e| is(&e.path(), CGROUP_SUPER_MAGIC)))
+            .unwrap_or(false);
+        match (v1, is(&root.join("unified"), CGROUP2_SUPER_MAGIC)) {
+            (true, true) => Some(Layout::Hybrid),
+            (true, false) => Some(Layout::V1),
+            (false, _) => None,
+        }
+    }
+
+    pub fn name(self) -> &'static str {
+        match self {
+            Layout::V1 => "v1",
+            Layout::V2 => "v2",
+            Layout::Hybrid => "hybrid",
+        }
     }
 }
 
@@ -91,6 +133,79 @@ impl Hierarchy {
             Hierarchy::V2 { .. } => 2,
             Hierarchy::V1 { .. } => 1,
         }
+    }
+
+    /// The controllers sandboxes' limits and freezing use, each with
+    /// whether this hierarchy offers it: mounted, on v1; listed in the
+    /// root's `cgroup.controllers` on v2 (where freezing is the core's).
+    pub fn controllers(&self) -> Vec<(&'static str, bool)> {
+        match self {
+            Hierarchy::V1 { root, .. } => V1_CONTROLLERS
+                .iter()
+                .map(|c| (*c, root.join(c).join("cgroup.procs").exists()))
+                .collect(),
+            Hierarchy::V2 { root, .. } => {
+                let listed = fs::read_to_string(root.join("cgroup.controllers")).unwrap_or_default();
+                V2_CONTROLLERS
+                    .iter()
+                    .map(|c| (*c, listed.split_whitespace().any(|x| x == *c)))
+                    .collect()
+            }
+        }
+    }
+
+    /// On v2, whether the controllers can be enabled for this scope's
+    /// sandboxes: each level above them (the root, `cairn`, the scope)
+    /// either has them in its `cgroup.subtree_control` already or can take
+    /// them. A level that is not the host's root (a container's cgroup
+    /// namespace, say) and holds processes cannot (the kernel's rule that a
+    /// cgroup with controllers below it has no processes of its own). Says
+    /// how, or why not; None on v1, which has nothing to delegate.
+    pub fn delegation(&self) -> Option<Result<String, String>> {
+        let Hierarchy::V2 { root, .. } = self else {
+            return None;
+        };
+        let mut enabled_at = Vec::new();
+        for level in [root.clone(), root.join("cairn"), self.parent("")] {
+            if !level.exists() {
+                break;
+            }
+            let control = fs::read_to_string(level.join("cgroup.subtree_control")).unwrap_or_default();
+            let missing: Vec<&str> = V2_CONTROLLERS
+                .iter()
+                .copied()
+                .filter(|c| !control.split_whitespace().any(|x| x == *c))
+                .collect();
+            if missing.is_empty() {
+                enabled_at.push(level.display().to_string());
+                continue;
+            }
+            // Only the host's root cgroup has no `cgroup.type`.
+            let is_host_root = !level.join("cgroup.type").exists();
+            let procs = fs::read_to_string(level.join("cgroup.procs")).unwrap_or_default();
+            if !is_host_root && !procs.trim().is_empty() {
+                return Some(Err(format!(
+                    "{} holds processes, so {} cannot be enabled below it",
+                    level.display(),
+                    missing.join(", ")
+                )));
+            }
+            if nix::unistd::access(&level.join("cgroup.subtree_control"), nix::unistd::AccessFlags::W_OK).is_err() {
+                return Some(Err(format!(
+                    "{} lacks {} and cannot be written here",
+                    level.join("cgroup.subtree_control").display(),
+                    missing.join(", ")
+                )));
+            }
+        }
+        Some(Ok(if enabled_at.is_empty() {
+            format!(
+                "Cairn enables them in {} at first use",
+                root.join("cgroup.subtree_control").display()
+            )
+        } else {
+            format!("enabled in {}", enabled_at.join(", "))
+        }))
     }
 
     /// The directory holding this scope's sandboxes in `controller`'s tree
@@ -259,7 +374,7 @@ fn mkdir(path: &Path) -> Result<(), CgroupError> {
 fn enable_v2_controllers(dir: &Path) -> Result<(), CgroupError> {
     let path = dir.join("cgroup.subtree_control");
     let current = fs::read_to_string(&path).unwrap_or_default();
-    for c in ["memory", "pids", "cpu"] {
+    for c in V2_CONTROLLERS {
         if !current.split_whitespace().any(|x| x == c) {
             fs::write(&path, format!("+{c}")).map_err(io_err("enable controllers in", &path))?;
         }
@@ -530,6 +645,45 @@ mod tests {
             fs::write(dir.path().join(c).join("cgroup.procs"), "").unwrap();
         }
         assert_eq!(Hierarchy::detect_at(dir.path(), "test").unwrap().version(), 1);
+    }
+
+    /// A v2 root in `dir` offering `controllers`, with `enabled` in its
+    /// subtree_control.
+    fn v2_root(dir: &Path, controllers: &str, enabled: &str) -> Hierarchy {
+        fs::write(dir.join("cgroup.controllers"), controllers).unwrap();
+        fs::write(dir.join("cgroup.subtree_control"), enabled).unwrap();
+        Hierarchy::detect_at(dir, "test").unwrap()
+    }
+
+    #[test]
+    fn v2_controllers_missing_from_the_root_are_named() {
+        let dir = tempfile::tempdir().unwrap();
+        let h = v2_root(dir.path(), "memory pids io\n", "");
+        assert_eq!(h.controllers(), vec![("memory", true), ("pids", true), ("cpu", false)]);
+    }
+
+    #[test]
+    fn v2_delegation_is_refused_below_a_cgroup_holding_processes() {
+        let dir = tempfile::tempdir().unwrap();
+        let h = v2_root(dir.path(), "memory pids cpu\n", "memory\n");
+        // The host's root cgroup has no cgroup.type and may hold processes.
+        fs::write(dir.path().join("cgroup.procs"), "1\n").unwrap();
+        assert!(h.delegation().unwrap().unwrap().contains("enables them"));
+        // A container's namespace root is not the host's: processes in it
+        // keep controllers from being enabled below.
+        fs::write(dir.path().join("cgroup.type"), "domain\n").unwrap();
+        let why = h.delegation().unwrap().unwrap_err();
+        assert!(why.contains("holds processes") && why.contains("pids, cpu"), "{why}");
+        fs::write(dir.path().join("cgroup.procs"), "").unwrap();
+        fs::write(dir.path().join("cgroup.subtree_control"), "memory pids cpu\n").unwrap();
+        assert!(h.delegation().unwrap().unwrap().starts_with("enabled in"));
+    }
+
+    #[test]
+    fn a_directory_without_cgroup_mounts_has_no_layout() {
+        let dir = tempfile::tempdir().unwrap();
+        fs::create_dir(dir.path().join("memory")).unwrap();
+        assert_eq!(Layout::at(dir.path()), None);
     }
 
     #[test]

@@ -44,6 +44,6 @@ pub use gc::{collect_garbage, GcReport};
 pub use hash::{ChunkHash, ParseChunkHashError};
 pub use local::LocalStore;
 pub use read_ahead::ReadAhead;
-pub use s3::{S3Config, S3Store, MULTIPART_THRESHOLD, REFRESH_WINDOW};
+pub use s3::{S3Config, S3Prefix, S3Store, MULTIPART_THRESHOLD, REFRESH_WINDOW};
 pub use stream::StreamStats;
 pub use tiered::{TieredOptions, TieredStore};

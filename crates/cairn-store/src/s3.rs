@@ -191,7 +191,8 @@ impl S3Config {
         })
     }
 
-    fn endpoint_name(&self) -> String {
+    /// Where the store is: its endpoint's URL, or `AWS S3 (REGION)`.
+    pub fn endpoint_name(&self) -> String {
         self.endpoint
             .clone()
             .unwrap_or_else(|| format!("AWS S3 ({})", self.region))
@@ -203,6 +204,15 @@ fn valid_bucket(name: &str) -> bool {
         && name
             .bytes()
             .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'.' || b == b'-')
+}
+
+/// What an S3 store's prefix holds when it is opened.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum S3Prefix {
+    /// A Cairn chunk store (its layout marker).
+    Store,
+    /// Nothing yet: the first open writes the layout marker.
+    Empty,
 }
 
 /// A chunk store backend in an S3 bucket.
@@ -226,6 +236,22 @@ impl S3Store {
     /// the credentials are accepted and the bucket exists; each failure is
     /// its own error saying what to fix.
     pub fn open(config: S3Config) -> Result<Self, BlobError> {
+        let store = Self::connect(config)?;
+        if store.layout()? == S3Prefix::Empty {
+            store.mark()?;
+        }
+        Ok(store)
+    }
+
+    /// What the prefix holds, read without writing anything (what `cairn
+    /// doctor` reports): the same first request as [`S3Store::open`], with
+    /// the same errors.
+    pub fn inspect(config: S3Config) -> Result<S3Prefix, BlobError> {
+        Self::connect(config)?.layout()
+    }
+
+    /// The client and its runtime; no request is made.
+    fn connect(config: S3Config) -> Result<Self, BlobError> {
         let mut builder = AmazonS3Builder::new()
             .with_bucket_name(&config.bucket)
             .with_region(&config.region)
@@ -260,13 +286,11 @@ impl S3Store {
             .enable_all()
             .build()
             .map_err(|e| BlobError::io("start the S3 client runtime", "(threads)", e))?;
-        let store = Self {
+        Ok(Self {
             config,
             client: Arc::new(client),
             runtime,
-        };
-        store.probe_and_mark()?;
-        Ok(store)
+        })
     }
 
     pub fn config(&self) -> &S3Config {
@@ -295,7 +319,9 @@ impl S3Store {
         }
     }
 
-    fn probe_and_mark(&self) -> Result<(), BlobError> {
+    /// Reads the layout marker: a Cairn store's, or an empty prefix (one
+    /// holding anything else is refused).
+    fn layout(&self) -> Result<S3Prefix, BlobError> {
         let client = self.client.clone();
         let marker = self.path(LAYOUT_KEY);
         let read = self.run(async move { client.get(&marker).await?.bytes().await });
@@ -310,7 +336,7 @@ impl S3Store {
                         store: self.config.to_string(),
                     });
                 }
-                Ok(())
+                Ok(S3Prefix::Store)
             }
             Err(object_store::Error::NotFound { source, .. }) if !is_no_such_bucket(&source.to_string()) => {
                 // No marker: the prefix must hold nothing else.
@@ -326,15 +352,20 @@ impl S3Store {
                     }
                     Some(Err(e)) => return Err(self.open_error(e)),
                 }
-                let bytes = frame::encode(&S3Layout { flat_objects: true }).expect("layout marker is tiny");
-                let client = self.client.clone();
-                let marker = self.path(LAYOUT_KEY);
-                self.run(async move { client.put(&marker, PutPayload::from(bytes)).await })
-                    .map_err(|e| self.open_error(e))?;
-                Ok(())
+                Ok(S3Prefix::Empty)
             }
             Err(e) => Err(self.open_error(e)),
         }
+    }
+
+    /// Writes the layout marker into an empty prefix.
+    fn mark(&self) -> Result<(), BlobError> {
+        let bytes = frame::encode(&S3Layout { flat_objects: true }).expect("layout marker is tiny");
+        let client = self.client.clone();
+        let marker = self.path(LAYOUT_KEY);
+        self.run(async move { client.put(&marker, PutPayload::from(bytes)).await })
+            .map_err(|e| self.open_error(e))?;
+        Ok(())
     }
 
     /// Names what is wrong when the first requests fail.

@@ -384,6 +384,33 @@ pub enum Command {
     /// API tokens for `cairn serve --listen` (stored as hashes).
     #[command(subcommand)]
     Token(TokenCommand),
+    /// Check what Cairn needs on this host; the first step when something
+    /// does not work.
+    ///
+    /// One line per check, `✓ name: detail`, or `✗ name: detail — remedy`
+    /// when Cairn cannot run as configured until the remedy is applied, or
+    /// `! name: detail — remedy` when only an optional feature needs it;
+    /// then whether the native driver can run here. Checked: root, the
+    /// kernel, user namespaces (one is made), seccomp, overlayfs, the mount
+    /// API, idmapped mounts on the state directory's file system, cgroups
+    /// (v1, v2 or hybrid, the controllers, v2 delegation), the layer
+    /// mechanism, runsc and its flags (--driver gvisor), nftables and route
+    /// netlink (--network egress), the state directory's owner, mode and
+    /// free space, and the state and chunk stores --state and --store name
+    /// (connected to and read; nothing is written). Nothing is left behind.
+    ///
+    /// Exits 0 when no check failed, 1 when one did (warnings never fail).
+    /// --json prints `{"ok": BOOL, "checks": [{"name", "status": "ok" |
+    /// "warn" | "fail", "detail", "remedy"}]}`, `remedy` null on ok lines;
+    /// `ok` is the exit status's verdict.
+    #[command(
+        after_help = "Examples:\n  cairn doctor\n  cairn doctor --json | jq '.checks[] | select(.status != \"ok\")'\n  CAIRN_STATE=postgres://cairn@db:5432/cairn cairn doctor"
+    )]
+    Doctor {
+        /// Print JSON for scripts instead of text.
+        #[arg(long)]
+        json: bool,
+    },
     /// Measure Cairn against the targets (and bwrap/crun where installed).
     Bench {
         /// What to measure.

@@ -120,6 +120,9 @@ pub fn dispatch(cli: Cli) -> Result<i32> {
         runtime.shutdown_timeout(std::time::Duration::from_secs(2));
         return Ok(0);
     }
+    if let Command::Doctor { json } = cli.command {
+        return crate::doctor::doctor(&home, json);
+    }
     if let Command::Agent(cmd) = cli.command {
         return crate::agent::agent(&home, cmd);
     }
@@ -302,6 +305,7 @@ pub fn dispatch(cli: Cli) -> Result<i32> {
         | Command::Serve { .. }
         | Command::Mcp { .. }
         | Command::Agent(_)
+        | Command::Doctor { .. }
         | Command::Worker { .. } => {
             unreachable!("handled above")
         }

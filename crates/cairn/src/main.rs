@@ -5,6 +5,7 @@ mod bench;
 mod bundle;
 mod cli;
 mod commands;
+mod doctor;
 mod lineage;
 mod pipelines;
 mod progress;

@@ -110,6 +110,19 @@ impl PostgresTarget {
     }
 }
 
+/// The server's version (`SHOW server_version`), from one connection
+/// made as the state store makes its own; nothing is migrated, claimed or
+/// written (what `cairn doctor` reports).
+pub fn server_version(target: &PostgresTarget) -> Result<String, StateError> {
+    let connect_error = |e: postgres::Error| StateError::Connect {
+        target: target.shown.clone(),
+        reason: scrub_password(&error_chain(&e), target),
+    };
+    let mut client = target.config.connect(NoTls).map_err(connect_error)?;
+    let row = client.query_one("SHOW server_version", &[]).map_err(connect_error)?;
+    Ok(row.get(0))
+}
+
 /// The URL with any password replaced by `***`, for error messages.
 pub(crate) fn redact(url: &str) -> String {
     let Some((scheme, rest)) = url.split_once("://") else {

@@ -27,7 +27,7 @@ use crate::cgroup::Hierarchy;
 use crate::client::{ClientError, InitClient};
 use crate::{pid_start_time, Capabilities, Driver, SandboxError, SandboxProcess, SandboxSpec};
 use runsc::Launch;
-pub use runsc::Runsc;
+pub use runsc::{Runsc, CHECKPOINT_FLAGS};
 use window::Window;
 
 /// How long a started or restored sandbox may take to answer on its socket.

@@ -20,6 +20,12 @@ use netlink_sys::{protocols::NETLINK_ROUTE, Socket, SocketAddr};
 
 use super::{NetError, NetPlan};
 
+/// Whether a route netlink socket opens and binds here (what `cairn
+/// doctor` checks for `--network egress`); nothing is sent.
+pub fn probe() -> io::Result<()> {
+    Rtnl::open().map(drop)
+}
+
 /// A route netlink socket for a few requests, each acknowledged.
 struct Rtnl {
     socket: Socket,

@@ -111,6 +111,31 @@ pub fn start(script: &str) -> Result<Pending, NetError> {
     )
 }
 
+/// `nft`'s version, once it has shown it can talk to the kernel's
+/// nftables (one `nft list tables`, which changes nothing): what `cairn
+/// doctor` reports for `--network egress`.
+pub fn probe() -> Result<String, NetError> {
+    let version = super::helper("nft")
+        .arg("--version")
+        .stdin(Stdio::null())
+        .output()
+        .map_err(|e| super::spawn_error("nft", "nftables", e))?;
+    let version = String::from_utf8_lossy(&version.stdout).trim().to_string();
+    let listed = super::helper("nft")
+        .args(["list", "tables"])
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .output()
+        .map_err(|e| super::spawn_error("nft", "nftables", e))?;
+    if !listed.status.success() {
+        return Err(NetError::host(
+            "nft list tables",
+            String::from_utf8_lossy(&listed.stderr).trim(),
+        ));
+    }
+    Ok(version)
+}
+
 /// Whether the table exists (one `nft list`).
 pub fn table_exists() -> Result<bool, NetError> {
     let out = super::helper("nft")
