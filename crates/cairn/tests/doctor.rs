@@ -14,7 +14,8 @@ use std::process::{Command, Output};
 use common::CAIRN;
 
 /// The lines that must be ok wherever the native driver runs.
-const REQUIRED: [&str; 11] = [
+const REQUIRED: [&str; 12] = [
+    "layers",
     "root",
     "kernel",
     "userns",
@@ -129,6 +130,33 @@ fn doctor_passes_every_required_check_on_this_host() {
     assert!(
         std::fs::read_dir(home.path()).unwrap().next().is_none(),
         "doctor left something in the state directory"
+    );
+    // The layer mechanism doctor names is the one a sandbox's start uses.
+    let used = common::Home::new();
+    used.ok(&["run", "--", "true"]);
+    let cache: serde_json::Value =
+        serde_json::from_slice(&std::fs::read(used.path().join("layer-mount.json")).unwrap()).unwrap();
+    let way = cache["mechanism"].as_str().unwrap();
+    let layers = check(&report, "layers")["detail"].as_str().unwrap();
+    assert!(
+        layers.starts_with(&format!("native sandboxes use {way} (")),
+        "{layers} vs {cache}"
+    );
+}
+
+#[test]
+fn a_layer_mechanism_asked_for_by_a_wrong_name_fails_the_layers_line() {
+    if common::skip("a_layer_mechanism_asked_for_by_a_wrong_name_fails_the_layers_line") {
+        return;
+    }
+    let home = private_home();
+    let (report, code) = report(home.path(), &[("CAIRN_LAYER_MOUNT", "sideways")]);
+    assert_eq!(code, 1, "{report:#}");
+    let layers = check(&report, "layers");
+    assert_eq!(layers["status"], "fail");
+    assert!(
+        layers["detail"].as_str().unwrap().contains("use fd, path or shifted"),
+        "{layers}"
     );
 }
 

@@ -368,12 +368,13 @@ fn idmapped_mounts(dir: &Path, ns: &ChildNamespace) -> Line {
         Some((fstype, source)) => format!("{fstype} ({source})"),
         None => "a file system not in /proc/self/mountinfo".to_string(),
     };
-    let remedy = "put the state directory (--home, CAIRN_HOME) on a file system that supports idmapped \
-                  mounts (ext4, xfs, btrfs, tmpfs; Linux 5.12 or later)";
+    let remedy = "without them native sandboxes use copies of their layers with shifted ids (disk, and a \
+                  first start that copies); to avoid that, put the state directory (--home, CAIRN_HOME) on a \
+                  file system that supports idmapped mounts (ext4, xfs, btrfs; tmpfs from Linux 6.3)";
     let userns = match &ns.made {
         Ok(fd) => fd,
         Err(_) => {
-            return Line::fail(
+            return Line::warn(
                 "idmapped-mounts",
                 format!(
                     "{} is on {fs}; not checked: no user namespace to map with (see userns)",
@@ -388,7 +389,7 @@ fn idmapped_mounts(dir: &Path, ns: &ChildNamespace) -> Line {
     let tree = match mount_api::open_tree(dir, mount_api::OPEN_TREE_CLONE | mount_api::OPEN_TREE_CLOEXEC) {
         Ok(t) => t,
         Err(e) => {
-            return Line::fail(
+            return Line::warn(
                 "idmapped-mounts",
                 format!("{} is on {fs}; cannot clone its mount: {e}", dir.display()),
                 remedy,
@@ -403,7 +404,7 @@ fn idmapped_mounts(dir: &Path, ns: &ChildNamespace) -> Line {
     };
     match mount_api::set_attr(&tree, &attr) {
         Ok(()) => Line::ok("idmapped-mounts", format!("{} is on {fs}, which idmaps", dir.display())),
-        Err(e) => Line::fail(
+        Err(e) => Line::warn(
             "idmapped-mounts",
             format!("{} is on {fs}, which cannot be idmapped: {e}", dir.display()),
             remedy,

@@ -149,14 +149,65 @@ impl Report {
 /// Which mechanism the native driver gives image layers to overlayfs with
 /// (idmapped layer descriptors, idmapped layer mounts by path, or layers
 /// copied with shifted ids), and the kernel features that decided it.
-fn layer_lines(_home: &Home) -> Vec<Line> {
-    // merged with the layer probe: `cairn_sandbox::native::layers::probe(home.root(),
-    // init binary)` gives the mechanism and one line per kernel feature it checked.
-    vec![Line::warn(
-        "layers",
-        "not checked yet",
-        "this build does not report the layer mechanism; sandboxes still start",
-    )]
+fn layer_lines(home: &Home) -> Vec<Line> {
+    use cairn_sandbox::native::layers;
+    let remedy = "native sandboxes need overlayfs and user namespaces: check the lines above, or use --driver gvisor";
+    // The probe runs where the state directory's layers live: in a scratch
+    // directory beside it (nothing of it is left), with this build's init.
+    let dir = host::existing_ancestor(home.root());
+    let probed = tempfile::Builder::new()
+        .prefix(".cairn-doctor-")
+        .tempdir_in(&dir)
+        .map_err(|e| format!("make a scratch directory in {}: {e}", dir.display()))
+        .and_then(|scratch| {
+            let init = cairn_sandbox::init_binary::install(&scratch.path().join("lib"))
+                .map_err(|e| format!("install cairn-init in {}: {e}", scratch.path().display()))?;
+            layers::probe(scratch.path(), &init)
+        });
+    let probe = match probed {
+        Ok(p) => p,
+        Err(e) => {
+            return vec![Line::fail(
+                "layers",
+                format!("the layer probe did not run: {e}"),
+                remedy,
+            )]
+        }
+    };
+    let mut lines = Vec::new();
+    for way in layers::Mechanism::ALL {
+        let name = match way {
+            layers::Mechanism::Fd => "layers-fd",
+            layers::Mechanism::Path => "layers-path",
+            layers::Mechanism::Shifted => "layers-shifted",
+        };
+        let check = probe.checks.iter().find(|c| c.name == format!("overlay {way}"));
+        lines.push(match check {
+            Some(c) if c.ok => Line::ok(name, way.describe()),
+            Some(c) => Line::warn(
+                name,
+                format!("{}: not available: {}", way.describe(), c.detail),
+                "none needed while another way works",
+            ),
+            None => Line::warn(name, format!("{}: not tried", way.describe()), "see the layers line"),
+        });
+    }
+    let wanted = layers::wanted();
+    lines.push(match wanted.clone().and_then(|w| probe.choose(w)) {
+        Ok(way) => {
+            let asked = if matches!(wanted, Ok(Some(_))) {
+                ", as CAIRN_LAYER_MOUNT asks"
+            } else {
+                ""
+            };
+            Line::ok(
+                "layers",
+                format!("native sandboxes use {way} ({}){asked}", way.describe()),
+            )
+        }
+        Err(e) => Line::fail("layers", e, remedy),
+    });
+    lines
 }
 
 /// `cairn doctor`: prints the report; 1 when a check failed, else 0.
