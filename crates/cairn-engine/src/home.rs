@@ -6,6 +6,8 @@
 //! lib/                the installed cairn-init executable
 //! store/              chunk store (layers, manifests, file contents)
 //! layers/<id>/        read-only layer directories, materialised from the store
+//! shifted/<id>/       copies of layers with shifted ids, where the kernel takes no idmapped layers
+//! layer-mount.json    how this kernel takes layers (the layer probe's answer)
 //! sandboxes/<id>/     upper/, work/, rootfs/, init.sock (native) or uds/ (gvisor), console.log
 //! tmp/<writer>-…/     scratch, named after its process; gc removes it once that process is dead
 //! ```
