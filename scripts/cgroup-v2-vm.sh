@@ -58,11 +58,10 @@ root=$(cd "$(dirname "$0")/.." && pwd)
 vm="$root/target/cgroup-v2-vm"
 mkdir -p "$vm"
 
-# Debian's kernel and static busybox, once. Native sandboxes need Linux
-# 6.13 or newer, so the kernel comes from the newest backports suite, read
-# through an apt configuration of its own (the host's sources stay as they
-# are).
-# CAIRN_VM_SUITE names another suite (bookworm: Linux 6.1, say).
+# Debian's kernel and static busybox, once: by default the newest
+# (trixie-backports), read through an apt configuration of its own (the
+# host's sources stay as they are). CAIRN_VM_SUITE names another suite
+# (bookworm: Linux 6.1; trixie: 6.12).
 suite=${CAIRN_VM_SUITE:-trixie-backports}
 vm="$vm/$suite"
 apt_opts=(-o "Dir::State::Lists=$vm/apt/lists" -o "Dir::Etc::SourceList=$vm/apt/sources.list"
