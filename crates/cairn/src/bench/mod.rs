@@ -20,6 +20,7 @@ use serde::Serialize;
 mod api;
 mod drift;
 mod gvisor_memory;
+mod layers;
 mod scale;
 mod sessions;
 mod state;
@@ -68,6 +69,10 @@ pub enum Which {
     /// up to --entries; native suspend and resume over --size of files beside
     /// a plain snapshot and restore; a gVisor session's resume to first output.
     Sessions,
+    /// Native layers: start by each way the kernel takes them (fd, path,
+    /// shifted) beside bwrap; a shifted copy of a 1 GiB image: its first
+    /// start, its disk, a later start.
+    Layers,
     /// The shared stage queue with four workers: claim latency, enqueue to
     /// claim by an idle worker, stages dispatched per second (on --postgres,
     /// else SQLite); with --store s3://…, a snapshot of --size restored on a
@@ -182,6 +187,7 @@ pub fn run(
             Which::Api => bench.api(runs),
             Which::Sessions => bench.sessions(runs, sessions),
             Which::Scale => bench.scale(runs, scale),
+            Which::Layers => bench.layers(runs),
         };
         results.extend(r?);
     }
