@@ -118,7 +118,10 @@ fn probe(dir: &Path, base: u32, count: u32, line: &mut impl FnMut(&str, &Step<St
             "overlayfs over layers copied with shifted ids",
         ),
     ] {
-        let result = attempt(dir, base, &userns, how).map(|()| what.to_string());
+        // The refusal without the remedy a start would print with it.
+        let result = attempt(dir, base, &userns, how)
+            .map(|()| what.to_string())
+            .map_err(|e| e.split("; this kernel (Linux").next().unwrap_or_default().to_string());
         line(name, &result);
         if result.is_ok() && chosen.is_none() {
             chosen = Some(how);
