@@ -22,7 +22,7 @@
 # when one failed. Runs as root (sandboxes, dpkg in the machine). Here
 # (2 cores) the packaging takes ~N s and the checks ~N s.
 set -uo pipefail
-cd "$(dirname "$0")/.."
+cd "$(dirname "$0")/.." || exit 2
 
 if [ "$(id -u)" != 0 ]; then
     echo "package-test.sh: the checks start real sandboxes and install a .deb in a virtual machine; run it as root" >&2
@@ -188,8 +188,13 @@ vm='$vm'
 deb='$vm/$(basename "$deb")'
 EOF
 cat >>"$vm/checks.sh" <<'EOF'
-ok() { echo "package-test: ok      the .deb: $1"; }
-bad() { echo "package-test: FAILED  the .deb: $1"; [ -z "$2" ] || printf '%s\n' "$2" | tail -n 30 | sed 's/^/    /'; }
+# Each line says how long its step took (emulated: seconds, not milliseconds).
+t=$(date +%s)
+ok() { now=$(date +%s); echo "package-test: ok      the .deb: $1 ($((now - t)) s)"; t=$now; }
+bad() {
+    now=$(date +%s); echo "package-test: FAILED  the .deb: $1 ($((now - t)) s)"; t=$now
+    [ -z "$2" ] || printf '%s\n' "$2" | tail -n 30 | sed 's/^/    /'
+}
 if out=$(dpkg -i "$vm"/busybox-static_*.deb "$deb" 2>&1); then
     ok "dpkg -i installs it (with busybox-static) on a machine with no Rust toolchain: $(uname -r), cgroup v2"
 else
