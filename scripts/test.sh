@@ -51,11 +51,18 @@ if ! command -v garage >/dev/null; then
     echo "test.sh: installing garage (an S3 server) for the S3 store tests" >&2
     cargo install garage --locked --version 2.5.0 --debug --no-default-features --features bundled-libs,sqlite
 fi
+# cargo-deb: the Debian package scripts/package.sh makes for the package
+# checks (scripts/package-test.sh); a minute or two once.
+if ! command -v cargo-deb >/dev/null; then
+    echo "test.sh: installing cargo-deb for the package checks" >&2
+    cargo install cargo-deb --locked --version 3.8.0
+fi
 
 log=$(mktemp)
 junit=$(mktemp --suffix .xml)
 junit_ui=$(mktemp --suffix .xml)
-trap 'rm -f "$log" "$junit" "$junit_ui"' EXIT
+pkg_log=$(mktemp)
+trap 'rm -f "$log" "$junit" "$junit_ui" "$pkg_log"' EXIT
 set +e
 # Every test binary runs even after one fails, so a red run lists every
 # failure at once.
@@ -154,8 +161,24 @@ PY
         [ "$py_failed" = 0 ] && py_failed=1
     fi
 fi
+
+# Cairn installed as users install it, with no Rust toolchain on PATH: the
+# wheel and the .deb made from the debug binary just built (no rebuild),
+# the wheel in a fresh virtual environment, the .deb with dpkg in the
+# throwaway machine of scripts/cgroup-v2-vm.sh; each check one test.
+set +e
+bash scripts/package-test.sh 2>&1 | tee "$pkg_log"
+pkg_status=${PIPESTATUS[0]}
+set -e
+read -r pkg_passed pkg_failed < <(awk '/^package tests: [0-9]+ passed, [0-9]+ failed$/ { p = $3; f = $5 }
+    END { if (p == "") print 0, 1; else print p, f }' "$pkg_log")
+if [ "$pkg_status" != 0 ]; then
+    [ "$status" = 0 ] && status=$pkg_status
+    [ "$pkg_failed" = 0 ] && pkg_failed=1
+fi
+
 # One closing line for the whole run (cargo's last line is a doc-test
 # summary).
-awk -v pp="$py_passed" -v pf="$py_failed" \
+awk -v pp=$((py_passed + pkg_passed)) -v pf=$((py_failed + pkg_failed)) \
     '/^test result:/ { p += $4; f += $6 } END { printf "tests: %d passed, %d failed\n", p + pp, f + pf }' "$log"
 exit "$status"
