@@ -10,7 +10,8 @@
 #     `cairn run -- echo hello`, `import cairn` from the environment, and
 #     the SDK driving the wheel's `cairn serve`;
 #   the .deb: `dpkg -i` in a throwaway machine whose root is this host's
-#     under a tmpfs overlay (scripts/cgroup-v2-vm.sh; no network there, so
+#     (Debian 12) under a tmpfs overlay, booting Debian 12's kernel, Linux
+#     6.1, as a Debian 12 server would (scripts/cgroup-v2-vm.sh; no network there, so
 #     Debian's busybox-static, the default image's busybox, is installed
 #     beside it), then `cairn --version`, `cairn doctor`,
 #     `cairn run -- echo hello` and `dpkg -r`.
@@ -233,7 +234,7 @@ else
     bad "dpkg -r did not remove it" "$out"
 fi
 EOF
-bash scripts/cgroup-v2-vm.sh --mem 2048 --timeout 900 --seed "$vm" -- sh "$vm/checks.sh" >"$work/vm.log" 2>&1
+CAIRN_VM_SUITE=bookworm bash scripts/cgroup-v2-vm.sh --mem 2048 --timeout 900 --seed "$vm" -- sh "$vm/checks.sh" >"$work/vm.log" 2>&1
 vm_status=$?
 grep '^\(package-test: \|    \)' "$work/vm.log"
 vm_ok=$(grep -c '^package-test: ok ' "$work/vm.log")
