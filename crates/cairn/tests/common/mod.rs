@@ -130,7 +130,21 @@ impl Home {
     /// imported with it.
     pub fn with_state_and_env(state: Option<String>, env: Vec<(String, String)>) -> Home {
         let dir = tempfile::Builder::new().prefix("cairn-e2e").tempdir_in("/tmp").unwrap();
-        let home = Home { dir, state, env };
+        Home::importing(Home { dir, state, env })
+    }
+
+    /// A home with the busybox image in a new directory under `parent`
+    /// (on the filesystem a test chose).
+    pub fn in_dir(parent: &Path) -> Home {
+        let dir = tempfile::Builder::new().prefix("cairn-e2e").tempdir_in(parent).unwrap();
+        Home::importing(Home {
+            dir,
+            state: None,
+            env: Vec::new(),
+        })
+    }
+
+    fn importing(home: Home) -> Home {
         let out = home.cairn(&[
             "image",
             "import",
