@@ -84,16 +84,7 @@ impl Runsc {
     /// remembered in `cache_dir` (asking costs a runsc start-up, ~20 ms,
     /// which every command touching a gvisor sandbox would otherwise pay).
     pub fn find(cache_dir: &Path) -> Result<Runsc, GvisorError> {
-        let binary = match std::env::var_os("CAIRN_RUNSC") {
-            Some(p) => Some(PathBuf::from(p)).filter(|p| p.is_file()),
-            None => {
-                let path = std::env::var_os("PATH").unwrap_or_else(|| "/usr/sbin:/usr/bin:/sbin:/bin".into());
-                std::env::split_paths(&path)
-                    .map(|d| d.join("runsc"))
-                    .find(|p| p.is_file())
-            }
-        }
-        .ok_or(GvisorError::RunscMissing)?;
+        let binary = Runsc::locate().ok_or(GvisorError::RunscMissing)?;
         let (platform, global_flags) = cached_global(&binary, &cache_dir.join("runsc-global-flags"));
         let checkpoint_flags = flags_in(
             &CHECKPOINT_FLAGS,
@@ -109,6 +100,20 @@ impl Runsc {
             global_flags,
             checkpoint_flags,
         })
+    }
+
+    /// The runsc executable [`Runsc::find`] uses, without asking it
+    /// anything: `$CAIRN_RUNSC`, else the first `runsc` on `PATH`.
+    pub fn locate() -> Option<PathBuf> {
+        match std::env::var_os("CAIRN_RUNSC") {
+            Some(p) => Some(PathBuf::from(p)).filter(|p| p.is_file()),
+            None => {
+                let path = std::env::var_os("PATH").unwrap_or_else(|| "/usr/sbin:/usr/bin:/sbin:/bin".into());
+                std::env::split_paths(&path)
+                    .map(|d| d.join("runsc"))
+                    .find(|p| p.is_file())
+            }
+        }
     }
 
     /// `runsc` with the global flags for the sandbox whose state lives in `root`.
