@@ -28,6 +28,9 @@ pub struct Runsc {
     pub binary: PathBuf,
     /// `systrap` where this runsc offers it, else `ptrace`.
     pub platform: &'static str,
+    /// Global flags every invocation gets because this runsc has them
+    /// ([`GLOBAL_FLAGS`]).
+    pub global_flags: Vec<&'static str>,
     /// Flags `runsc checkpoint` gets because this runsc has them
     /// ([`CHECKPOINT_FLAGS`]); none on runsc releases before 2024.
     pub checkpoint_flags: Vec<&'static str>,
@@ -45,6 +48,16 @@ pub const CHECKPOINT_FLAGS: [(&str, &str); 2] = [
     ("compression", "--compression=none"),
     ("exclude-committed-zero-pages", "--exclude-committed-zero-pages"),
 ];
+
+/// Global runsc flags given where `runsc flags` lists them:
+/// - `-overlay2=none`: the root is served as the driver mounted it. runsc
+///   releases since 2023 default to `root:self`, an overlay inside the
+///   sentry whose upper layer is a file in the root itself: the sandbox's
+///   writes would never reach its `upper/` directory on the host, so layer
+///   capture, file snapshots and forks would not see them, and every
+///   written byte would be in the memory image. Older releases default to
+///   `none` and accept it too.
+pub const GLOBAL_FLAGS: [(&str, &str); 1] = [("overlay2", "--overlay2=none")];
 
 /// What `run` and `restore` need besides their arguments.
 pub struct Launch<'a> {
@@ -67,11 +80,32 @@ pub struct Launch<'a> {
 
 impl Runsc {
     /// Finds runsc: `$CAIRN_RUNSC`, else the first `runsc` on `PATH`. The
-    /// platform it offers is asked once per runsc binary and remembered in
-    /// `cache_dir` (asking costs a runsc start-up, ~20 ms, which every
-    /// command touching a gvisor sandbox would otherwise pay).
+    /// platform and flags it offers are asked once per runsc binary and
+    /// remembered in `cache_dir` (asking costs a runsc start-up, ~20 ms,
+    /// which every command touching a gvisor sandbox would otherwise pay).
     pub fn find(cache_dir: &Path) -> Result<Runsc, GvisorError> {
-        let binary = match std::env::var_os("CAIRN_RUNSC") {
+        let binary = Runsc::locate().ok_or(GvisorError::RunscMissing)?;
+        let (platform, global_flags) = cached_global(&binary, &cache_dir.join("runsc-global-flags"));
+        let checkpoint_flags = flags_in(
+            &CHECKPOINT_FLAGS,
+            &cached_answer(
+                &binary,
+                &cache_dir.join("runsc-checkpoint-flags"),
+                checkpoint_flag_names,
+            ),
+        );
+        Ok(Runsc {
+            binary,
+            platform,
+            global_flags,
+            checkpoint_flags,
+        })
+    }
+
+    /// The runsc executable [`Runsc::find`] uses, without asking it
+    /// anything: `$CAIRN_RUNSC`, else the first `runsc` on `PATH`.
+    pub fn locate() -> Option<PathBuf> {
+        match std::env::var_os("CAIRN_RUNSC") {
             Some(p) => Some(PathBuf::from(p)).filter(|p| p.is_file()),
             None => {
                 let path = std::env::var_os("PATH").unwrap_or_else(|| "/usr/sbin:/usr/bin:/sbin:/bin".into());
@@ -80,18 +114,6 @@ impl Runsc {
                     .find(|p| p.is_file())
             }
         }
-        .ok_or(GvisorError::RunscMissing)?;
-        let platform = cached_platform(&binary, &cache_dir.join("runsc-platform"));
-        let checkpoint_flags = checkpoint_flags_in(&cached_answer(
-            &binary,
-            &cache_dir.join("runsc-checkpoint-flags"),
-            checkpoint_flag_names,
-        ));
-        Ok(Runsc {
-            binary,
-            platform,
-            checkpoint_flags,
-        })
     }
 
     /// `runsc` with the global flags for the sandbox whose state lives in `root`.
@@ -105,12 +127,14 @@ impl Runsc {
     /// - `--host-uds create`: lets init bind its socket in a gofer-served
     ///   directory, so the host connects to it.
     /// - `--ignore-cgroups`: runsc starts inside our cgroup already.
+    /// - [`GLOBAL_FLAGS`] this runsc lists.
     pub fn command(&self, root: &Path) -> Command {
         let mut cmd = Command::new(&self.binary);
         cmd.arg("--root")
             .arg(root)
             .args(["--platform", self.platform, "--network", "none"])
-            .args(["--host-uds", "create", "--ignore-cgroups"]);
+            .args(["--host-uds", "create", "--ignore-cgroups"])
+            .args(&self.global_flags);
         if let Some(dir) = std::env::var_os("CAIRN_RUNSC_DEBUG_LOG") {
             let mut d = dir.clone();
             d.push("/");
@@ -235,13 +259,25 @@ pub(super) fn first_lines(s: &str) -> String {
     }
 }
 
-/// [`platform_of`], remembered in `cache` for this binary.
-fn cached_platform(binary: &Path, cache: &Path) -> &'static str {
-    let answer = cached_answer(binary, cache, |b| platform_of(b).to_string());
-    ["systrap", "ptrace"]
-        .into_iter()
-        .find(|p| *p == answer)
-        .unwrap_or("ptrace")
+/// The platform and the [`GLOBAL_FLAGS`] of `binary` ([`global_answer`]),
+/// remembered in `cache` for this binary.
+fn cached_global(binary: &Path, cache: &Path) -> (&'static str, Vec<&'static str>) {
+    let answer = cached_answer(binary, cache, global_answer);
+    let mut words = answer.split(',');
+    let platform = words
+        .next()
+        .and_then(|w| ["systrap", "ptrace"].into_iter().find(|p| *p == w))
+        .unwrap_or("ptrace");
+    (platform, flags_in(&GLOBAL_FLAGS, &words.collect::<Vec<_>>().join(",")))
+}
+
+/// `runsc flags` of `binary` as one word: the platform to use, then the
+/// names of the [`GLOBAL_FLAGS`] it lists, joined by commas.
+fn global_answer(binary: &Path) -> String {
+    let text = help_of(binary, &["flags"]);
+    let mut words = vec![platform_in(&text)];
+    words.extend(listed(&GLOBAL_FLAGS, &text));
+    words.join(",")
 }
 
 /// `ask(binary)` (one word, no spaces), remembered in `cache` for this
@@ -275,18 +311,22 @@ fn cached_answer(binary: &Path, cache: &Path, ask: fn(&Path) -> String) -> Strin
     answer
 }
 
-/// The names of the [`CHECKPOINT_FLAGS`] that `runsc checkpoint --help`
-/// lists, joined by commas (`-` for none).
-fn checkpoint_flag_names(binary: &Path) -> String {
-    let out = Command::new(binary)
-        .args(["checkpoint", "--help"])
+/// What `binary args` prints, stdout and stderr (runsc prints help to
+/// either, depending on the release).
+fn help_of(binary: &Path, args: &[&str]) -> String {
+    Command::new(binary)
+        .args(args)
         .stdin(Stdio::null())
-        .output();
-    let help = out
+        .output()
         .map(|o| [o.stdout, o.stderr].concat())
         .map(|b| String::from_utf8_lossy(&b).into_owned())
-        .unwrap_or_default();
-    let names: Vec<&str> = CHECKPOINT_FLAGS
+        .unwrap_or_default()
+}
+
+/// The names in `table` that a runsc help text lists as flags (a line
+/// `  -name …`).
+fn listed<'a>(table: &[(&'a str, &str)], help: &str) -> Vec<&'a str> {
+    table
         .iter()
         .map(|(name, _)| *name)
         .filter(|name| {
@@ -296,7 +336,13 @@ fn checkpoint_flag_names(binary: &Path) -> String {
                     .is_some_and(|rest| rest.is_empty() || rest.starts_with([' ', '=', '\t']))
             })
         })
-        .collect();
+        .collect()
+}
+
+/// The names of the [`CHECKPOINT_FLAGS`] that `runsc checkpoint --help`
+/// lists, joined by commas (`-` for none).
+fn checkpoint_flag_names(binary: &Path) -> String {
+    let names = listed(&CHECKPOINT_FLAGS, &help_of(binary, &["checkpoint", "--help"]));
     if names.is_empty() {
         "-".into()
     } else {
@@ -304,24 +350,13 @@ fn checkpoint_flag_names(binary: &Path) -> String {
     }
 }
 
-/// The checkpoint flags for the names [`checkpoint_flag_names`] found.
-fn checkpoint_flags_in(names: &str) -> Vec<&'static str> {
-    CHECKPOINT_FLAGS
+/// The flags of `table` whose names are in `names` (comma-separated).
+fn flags_in(table: &[(&str, &'static str)], names: &str) -> Vec<&'static str> {
+    table
         .iter()
         .filter(|(name, _)| names.split(',').any(|n| n == *name))
         .map(|(_, flag)| *flag)
         .collect()
-}
-
-/// The platform to use with `binary`: `systrap` when its `-platform` flag
-/// lists it (`runsc flags`), else `ptrace`.
-fn platform_of(binary: &Path) -> &'static str {
-    let out = Command::new(binary).arg("flags").stdin(Stdio::null()).output();
-    let text = out
-        .map(|o| [o.stdout, o.stderr].concat())
-        .map(|b| String::from_utf8_lossy(&b).into_owned())
-        .unwrap_or_default();
-    platform_in(&text)
 }
 
 fn platform_in(flags: &str) -> &'static str {
@@ -358,7 +393,7 @@ mod tests {
         let help = |text: &str| {
             std::fs::write(&binary, format!("#!/bin/sh\nprintf '{text}'\n")).unwrap();
             std::fs::set_permissions(&binary, std::fs::Permissions::from_mode(0o755)).unwrap();
-            checkpoint_flags_in(&checkpoint_flag_names(&binary))
+            flags_in(&CHECKPOINT_FLAGS, &checkpoint_flag_names(&binary))
         };
         // This host's runsc (2022).
         let old = "checkpoint [flags] <container id>\\n  -image-path string\\n  -leave-running\\n";
@@ -370,27 +405,29 @@ mod tests {
     }
 
     #[test]
-    fn the_platform_is_asked_once_per_runsc_binary() {
+    fn the_platform_and_global_flags_are_asked_once_per_runsc_binary() {
         use std::os::unix::fs::PermissionsExt;
         let dir = tempfile::tempdir().unwrap();
         let binary = dir.path().join("runsc");
-        let cache = dir.path().join("runsc-platform");
-        let script = |platforms: &str| {
-            std::fs::write(
-                &binary,
-                format!("#!/bin/sh\nprintf '  -platform string\\n    \\tuse: {platforms}\\n'\n"),
-            )
-            .unwrap();
+        let cache = dir.path().join("runsc-global-flags");
+        let script = |text: &str| {
+            std::fs::write(&binary, format!("#!/bin/sh\nprintf '{text}'\n")).unwrap();
             std::fs::set_permissions(&binary, std::fs::Permissions::from_mode(0o755)).unwrap();
         };
-        script("systrap (default), ptrace, kvm");
-        assert_eq!(cached_platform(&binary, &cache), "systrap");
+        // Debian 13's runsc (2024): systrap, and an overlay2 flag whose
+        // default would keep the sandbox's writes inside the sentry.
+        script("  -overlay2 value\\n    \\twrap mounts with overlayfs. (default root:self)\\n  -platform string\\n    \\tuse: systrap (default), ptrace, kvm\\n");
+        assert_eq!(cached_global(&binary, &cache), ("systrap", vec!["--overlay2=none"]));
         // Not asked again: a binary that can no longer answer still gets the
-        // remembered platform.
+        // remembered answer.
         std::fs::set_permissions(&binary, std::fs::Permissions::from_mode(0o644)).unwrap();
-        assert_eq!(cached_platform(&binary, &cache), "systrap");
-        // Another binary at that path is asked again.
-        script("ptrace (default), kvm, and more");
-        assert_eq!(cached_platform(&binary, &cache), "ptrace");
+        assert_eq!(cached_global(&binary, &cache), ("systrap", vec!["--overlay2=none"]));
+        // Another binary at that path is asked again; one without the flag
+        // does not get it.
+        script("  -platform string\\n    \\tuse: ptrace (default), kvm, and more\\n");
+        assert_eq!(cached_global(&binary, &cache), ("ptrace", vec![]));
+        // One that cannot answer gets ptrace and no flags.
+        std::fs::write(&binary, "#!/bin/sh\nexit 1\n").unwrap();
+        assert_eq!(cached_global(&binary, &cache), ("ptrace", vec![]));
     }
 }

@@ -55,8 +55,8 @@ pub enum Which {
     /// and 100,000 stage records (first vs last 1,000). docs/benchmarks.md
     /// says how each figure is taken.
     Stages,
-    /// gvisor: memory snapshot and restore to first output, fresh and after
-    /// 30 s of process churn.
+    /// gvisor: start to first output; memory snapshot and restore to
+    /// first output, fresh and after 30 s of process churn.
     Gvisor,
     /// gvisor: memory snapshots of a sandbox holding --memory of random
     /// bytes in tmpfs, the first and then after 8 MiB changes, each split

@@ -207,7 +207,7 @@ impl Bench {
     pub(super) fn sessions(&self, runs: usize, opts: &SessionsOptions) -> Result<Vec<Measurement>> {
         let mut out = self.session_log(runs.min(200), opts.entries)?;
         out.extend(self.suspend_resume(runs.min(50), opts.size)?);
-        match super::which("runsc") {
+        match cairn_sandbox::gvisor::Runsc::locate() {
             Some(_) => out.extend(self.gvisor_session(runs.min(20))?),
             None => eprintln!(
                 "cairn bench: runsc (gVisor) is not installed (apt-get install runsc); no gVisor session resume figure"

@@ -348,7 +348,18 @@ impl Bench {
             driver: Some("gvisor".into()),
             ..CreateOptions::default()
         };
-        let mut out = Vec::new();
+        // A fresh sandbox, from nothing to the first output of `echo`,
+        // removed after each run: what the runsc in use costs before any
+        // snapshot.
+        let mut starts = Vec::new();
+        for _ in 0..runs {
+            let t0 = Instant::now();
+            let rec = engine.create_sandbox(&opts, &Silent)?;
+            Self::first_echo(&engine, &rec)?;
+            starts.push(t0.elapsed().as_secs_f64() * 1e3);
+            engine.remove_sandbox(&engine.sandbox(&rec.id)?, true)?;
+        }
+        let mut out = vec![summarize("gvisor: start to first output", "ms", starts, None, true)];
         for (name, churn) in [("fresh", 0u64), ("after 30 s of churn", 30)] {
             let rec = engine.create_sandbox(&opts, &Silent)?;
             let detach = |engine: &Engine, cmd: &str| -> Result<()> {
@@ -440,7 +451,7 @@ impl Bench {
     /// to first output. Each restore takes a new container id (a checkpoint
     /// leaves the old one stopped).
     fn plain_runsc(&self, name: &str, churn: u64, runs: usize) -> Result<Vec<Measurement>> {
-        let runsc = super::which("runsc").ok_or_else(|| anyhow::anyhow!("runsc is not installed"))?;
+        let runsc = cairn_sandbox::gvisor::Runsc::locate().ok_or_else(|| anyhow::anyhow!("runsc is not installed"))?;
         // The platform Cairn's driver picks for this runsc, so that the two
         // differ only in what Cairn adds.
         let platform = cairn_sandbox::gvisor::Runsc::find(&self.home.path().join("gvisor"))

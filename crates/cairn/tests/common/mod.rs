@@ -46,9 +46,13 @@ pub fn skip_without_runsc(test: &str) -> bool {
     if skip(test) {
         return true;
     }
-    if Command::new("runsc").arg("--version").output().is_err() {
+    // The runsc Cairn uses: $CAIRN_RUNSC when set (an older build under
+    // test, say), else the one on PATH.
+    let runsc = std::env::var_os("CAIRN_RUNSC").unwrap_or_else(|| "runsc".into());
+    if Command::new(&runsc).arg("--version").output().is_err() {
         skipped(&format!(
-            "{test}: runsc (gVisor) is not installed; apt-get install runsc"
+            "{test}: runsc (gVisor) {} cannot run; apt-get install runsc, or set CAIRN_RUNSC to a runsc binary",
+            runsc.to_string_lossy()
         ));
         return true;
     }
