@@ -245,7 +245,10 @@ fn a_state_directory_on_tmpfs_runs_sandboxes_by_the_best_way_its_probe_found() {
     }
     // tmpfs takes idmapped mounts only from Linux 6.3: before, its state
     // directory gets shifted copies.
-    let dir = tempfile::Builder::new().prefix("cairn-tmpfs").tempdir_in("/tmp").unwrap();
+    let dir = tempfile::Builder::new()
+        .prefix("cairn-tmpfs")
+        .tempdir_in("/tmp")
+        .unwrap();
     nix::mount::mount(
         Some("tmpfs"),
         dir.path(),
@@ -257,11 +260,16 @@ fn a_state_directory_on_tmpfs_runs_sandboxes_by_the_best_way_its_probe_found() {
     let mount = Tmpfs(dir);
     let home = Home::in_dir(mount.0.path());
     let probed = probe(&home);
-    let best = WAYS.into_iter().find(|w| works(&probed, w)).expect("a way works on tmpfs");
+    let best = WAYS
+        .into_iter()
+        .find(|w| works(&probed, w))
+        .expect("a way works on tmpfs");
     assert_eq!(probed["mechanism"], best, "{probed}");
     let id = home.ok(&["create"]);
     assert_eq!(home.sh(&id, "stat -c %u:%g /bin/busybox; echo x >/f; cat /f"), "0:0\nx");
-    let copies = std::fs::read_dir(home.path().join("shifted")).map(|d| d.count()).unwrap_or(0);
+    let copies = std::fs::read_dir(home.path().join("shifted"))
+        .map(|d| d.count())
+        .unwrap_or(0);
     assert_eq!(copies > 0, best == "shifted", "{best}: {copies} shifted copies");
     home.ok(&["rm", "-f", &id]);
 }
