@@ -63,8 +63,9 @@ pub struct NativeDriver {
     /// The state directory: the layer probe's cache and scratch, and the
     /// shifted copies of layers ([`layers`]).
     state_dir: PathBuf,
-    /// How layers reach overlayfs on this kernel, probed at the first start.
-    layer_mount: std::sync::OnceLock<Result<layers::Mechanism, String>>,
+    /// How layers reach overlayfs on this kernel, once a start found out
+    /// (a failed probe is tried again at the next start).
+    layer_mount: Mutex<Option<layers::Mechanism>>,
     /// Sandboxes get [`seccomp::programs`] unless a test set another filter.
     seccomp: Option<Vec<Vec<cairn_protocol::BpfInstruction>>>,
     /// An init started ahead for the next sandbox ([`NativeDriver::start_init_ahead`]).
@@ -81,7 +82,7 @@ impl NativeDriver {
         Ok(NativeDriver {
             cgroups: Hierarchy::detect(scope)?,
             state_dir: state_dir.to_path_buf(),
-            layer_mount: std::sync::OnceLock::new(),
+            layer_mount: Mutex::new(None),
             seccomp: None,
             waiting: Mutex::new(None),
             keep_waiting: std::sync::atomic::AtomicBool::new(false),
@@ -107,13 +108,15 @@ impl NativeDriver {
     /// way, or the best the kernel took in the probe ([`layers`]), found
     /// once per driver (and kept per kernel in the state directory).
     pub fn layer_mechanism(&self, init_binary: &Path) -> Result<layers::Mechanism, SandboxError> {
-        self.layer_mount
-            .get_or_init(|| {
-                let wanted = layers::wanted()?;
-                layers::cached_probe(&self.state_dir, init_binary)?.choose(wanted)
-            })
-            .clone()
-            .map_err(SandboxError::Start)
+        let mut known = self.layer_mount.lock().unwrap_or_else(|e| e.into_inner());
+        if let Some(way) = *known {
+            return Ok(way);
+        }
+        let way = layers::wanted()
+            .and_then(|wanted| layers::cached_probe(&self.state_dir, init_binary)?.choose(wanted))
+            .map_err(SandboxError::Start)?;
+        *known = Some(way);
+        Ok(way)
     }
 
     /// The lower layers as init mounts them: the layers themselves, or
