@@ -188,7 +188,8 @@ pub fn kernel_release() -> String {
 /// cached.
 pub fn probe(home: &Path, init_binary: &Path) -> Result<Probe, String> {
     let writer = cairn_store::process::WriterId::current();
-    let scratch = home.join("tmp").join(format!("{writer}-layer-probe"));
+    // Starts in one process (a run's parallel branches) may probe at once.
+    let scratch = home.join("tmp").join(format!("{writer}-layer-probe-{}", unique()));
     let _ = fs::remove_dir_all(&scratch);
     fs::create_dir_all(&scratch).map_err(|e| format!("create {}: {e}", scratch.display()))?;
     let output = Command::new(init_binary)
@@ -207,6 +208,12 @@ pub fn probe(home: &Path, init_binary: &Path) -> Result<Probe, String> {
         ));
     }
     parse(&String::from_utf8_lossy(&output.stdout))
+}
+
+/// A number no other call in this process gets.
+fn unique() -> u64 {
+    static NEXT: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+    NEXT.fetch_add(1, std::sync::atomic::Ordering::Relaxed)
 }
 
 /// Reads the probe's lines (`NAME\tok|no\tDETAIL`, then `mechanism\tWAY`).
@@ -263,7 +270,7 @@ pub fn cached_probe(home: &Path, init_binary: &Path) -> Result<Probe, String> {
     }
     if let Some(way) = probe.mechanism {
         tracing::info!("native sandboxes on Linux {release} use {}", way.describe());
-        let tmp = home.join(format!(".{CACHE}.{}", std::process::id()));
+        let tmp = home.join(format!(".{CACHE}.{}-{}", std::process::id(), unique()));
         let json = serde_json::to_vec_pretty(&probe).map_err(|e| e.to_string())?;
         // A cache that cannot be written costs a probe next time, no more.
         if fs::write(&tmp, json).and_then(|()| fs::rename(&tmp, &cache)).is_err() {
@@ -371,6 +378,37 @@ mod tests {
         );
         let e = p.choose(Some(Mechanism::Shifted)).unwrap_err();
         assert!(e.contains("EPERM"), "{e}");
+    }
+
+    #[test]
+    fn probes_at_once_in_one_process_each_get_an_answer() {
+        if !nix::unistd::geteuid().is_root() {
+            assert!(
+                std::env::var("CI").as_deref() != Ok("true"),
+                "the layer probe needs root"
+            );
+            eprintln!("SKIPPED: the layer probe needs root; run the tests as root");
+            return;
+        }
+        let home = tempfile::tempdir_in("/tmp").unwrap();
+        let init = crate::init_binary::install(&home.path().join("lib")).unwrap();
+        let answers: Vec<Result<Probe, String>> = std::thread::scope(|s| {
+            let probes: Vec<_> = (0..6).map(|_| s.spawn(|| cached_probe(home.path(), &init))).collect();
+            probes.into_iter().map(|p| p.join().unwrap()).collect()
+        });
+        for answer in answers {
+            let probe = answer.unwrap();
+            assert!(probe.mechanism.is_some(), "{probe:?}");
+        }
+        let cached: Probe = serde_json::from_slice(&fs::read(home.path().join(CACHE)).unwrap()).unwrap();
+        assert!(cached.mechanism.is_some());
+        let left: Vec<_> = fs::read_dir(home.path().join("tmp")).unwrap().collect();
+        assert!(left.is_empty(), "probes left {left:?}");
+        let temporaries = fs::read_dir(home.path())
+            .unwrap()
+            .filter(|e| e.as_ref().unwrap().file_name().to_string_lossy().starts_with('.'))
+            .count();
+        assert_eq!(temporaries, 0, "a cache temporary was left");
     }
 
     #[test]
