@@ -50,6 +50,11 @@ pub struct HostIds {
     pub count: u32,
 }
 
+/// `security.capability`'s revision field (`<linux/capability.h>`).
+const REVISION_MASK: u32 = 0xff00_0000;
+const REVISION_2: u32 = 0x0200_0000;
+const REVISION_3: u32 = 0x0300_0000;
+
 impl HostIds {
     /// The sandbox id a host id stands for. Ids outside the range (the
     /// upper directory's own root, whiteouts, made by the host) are kept.
@@ -66,9 +71,6 @@ impl HostIds {
     /// sandbox's idmapped mount shows as its own root's. Anything else is
     /// kept as it is.
     pub fn sandbox_xattr(self, name: &[u8], value: Vec<u8>) -> Vec<u8> {
-        const REVISION_MASK: u32 = 0xff00_0000;
-        const REVISION_2: u32 = 0x0200_0000;
-        const REVISION_3: u32 = 0x0300_0000;
         if name != b"security.capability" || value.len() != 24 {
             return value;
         }
@@ -100,9 +102,6 @@ impl HostIds {
     /// version 3 naming the range's root, as the kernel stores one set
     /// inside the sandbox; anything else is kept as it is.
     pub fn host_xattr(self, name: &[u8], value: Vec<u8>) -> Vec<u8> {
-        const REVISION_MASK: u32 = 0xff00_0000;
-        const REVISION_2: u32 = 0x0200_0000;
-        const REVISION_3: u32 = 0x0300_0000;
         if name != b"security.capability" || value.len() != 20 {
             return value;
         }

@@ -196,19 +196,8 @@ pub fn probe(home: &Path, init_binary: &Path) -> Result<Probe, String> {
     cmd.arg("--probe-layers")
         .arg(&scratch)
         .arg(format!("{}:{}", HOST_IDS.base, HOST_IDS.count));
-    // Another thread's spawn may hold a write descriptor of a just
-    // installed init until it execs (ETXTBSY): one spawn long, tried again
-    // as the driver's own start of init does.
-    let mut busy = 0;
-    let output = loop {
-        match cmd.output() {
-            Err(e) if e.kind() == std::io::ErrorKind::ExecutableFileBusy && busy < 100 => {
-                busy += 1;
-                std::thread::sleep(std::time::Duration::from_millis(5));
-            }
-            done => break done,
-        }
-    };
+    // A just installed init may be busy for one spawn (ETXTBSY).
+    let output = super::while_busy(|| cmd.output());
     let _ = fs::remove_dir_all(&scratch);
     let output = output.map_err(|e| format!("run {} --probe-layers: {e}", init_binary.display()))?;
     if !output.status.success() {

@@ -504,20 +504,8 @@ impl WaitingInit {
             .stdin(Stdio::null())
             .stdout(Stdio::from(OwnedFd::from(init_end)))
             .stderr(Stdio::null());
-        // Another thread of this process may be spawning while a third writes
-        // an executable (another init install, a download): the child holds
-        // that write descriptor until it execs, and the kernel refuses to run
-        // a file open for writing (ETXTBSY). The window is one spawn long.
-        let mut busy = 0;
-        let child = loop {
-            match cmd.spawn() {
-                Err(e) if e.kind() == std::io::ErrorKind::ExecutableFileBusy && busy < 100 => {
-                    busy += 1;
-                    std::thread::sleep(std::time::Duration::from_millis(5));
-                }
-                spawned => break spawned.map_err(|e| SandboxError::setup(format!("start {}", binary.display()), e))?,
-            }
-        };
+        let child =
+            while_busy(|| cmd.spawn()).map_err(|e| SandboxError::setup(format!("start {}", binary.display()), e))?;
         // Our copy of the child's end must close, or the report never ends.
         drop(cmd);
         Ok(WaitingInit {
@@ -555,6 +543,25 @@ fn send_fds(report: &UnixStream, listener: &UnixListener, console: &fs::File) ->
         return Err(std::io::Error::other("the descriptors' byte was not sent"));
     }
     Ok(())
+}
+
+/// Runs `spawn` (a spawn of an executable this process may just have
+/// installed) again while it fails with ETXTBSY, up to half a second:
+/// another thread of this process may be spawning while a third writes an
+/// executable (another init install, a download); that child holds the
+/// write descriptor until it execs, and the kernel refuses to run a file
+/// open for writing. The window is one spawn long.
+pub(crate) fn while_busy<T>(mut spawn: impl FnMut() -> std::io::Result<T>) -> std::io::Result<T> {
+    let mut busy = 0;
+    loop {
+        match spawn() {
+            Err(e) if e.kind() == std::io::ErrorKind::ExecutableFileBusy && busy < 100 => {
+                busy += 1;
+                std::thread::sleep(std::time::Duration::from_millis(5));
+            }
+            done => return done,
+        }
+    }
 }
 
 /// The lower layers as host paths, checked for what overlayfs refuses.
