@@ -79,8 +79,16 @@ pub enum MemoryForm {
 /// for [`Engine::last_memory_phases`] (`cairn bench gvisor` prints it).
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct MemoryPhases {
+    /// Whether runsc left the sandbox running (paused around the
+    /// checkpoint, no restore: see `cairn_sandbox::gvisor::LiveSave`);
+    /// otherwise it stopped and was restored from the image.
+    pub left_running: bool,
     /// Init ending its connections before the checkpoint.
     pub quiesce: Duration,
+    /// `runsc pause` and `runsc resume` around a checkpoint that leaves the
+    /// sandbox running.
+    pub runsc_pause: Duration,
+    pub runsc_resume: Duration,
     /// `runsc checkpoint`: the sentry saving itself and writing the image.
     pub runsc_checkpoint: Duration,
     /// Removing the stopped sandbox's processes, cgroup and runsc state.
@@ -678,6 +686,18 @@ impl Engine {
         let window = Window::open(&dir, &rec.id, process)
             .map_err(|e| cairn_sandbox::SandboxError::from(cairn_sandbox::gvisor::GvisorError::from(e)))?;
         let scratch = crate::images::ScratchDir::at(window.image_dir()).map_err(home_err(&window.image_dir()))?;
+        if gvisor.can_leave_running() {
+            let (captured, files) = self.capture_leaving_running(rec, baseline, &window)?;
+            return Ok((
+                captured,
+                MemoryImage {
+                    driver: rec.driver.clone(),
+                    host: Some(host),
+                    files,
+                },
+                scratch,
+            ));
+        }
         let checkpoint = match gvisor.checkpoint_in(&rec.id, &window) {
             Ok(c) => c,
             Err(e) => {
@@ -737,16 +757,107 @@ impl Engine {
         ))
     }
 
+    /// [`Self::capture_with_memory`] where runsc can leave the sandbox
+    /// running: quiesce, pause, `runsc checkpoint --leave-running` while
+    /// its pages file is stored behind the writer, the files captured while
+    /// the sandbox is still paused, then it resumes, and the rest of the
+    /// image (kernel objects, page metadata) is stored. No restore, no
+    /// second copy of the memory.
+    #[allow(clippy::type_complexity)]
+    fn capture_leaving_running(
+        &self,
+        rec: &SandboxRecord,
+        baseline: Option<&Baseline>,
+        window: &Window,
+    ) -> Result<
+        (
+            Result<(cairn_layers::archive::CapturedLayer, Baseline), cairn_layers::archive::ArchiveError>,
+            Vec<MemoryFile>,
+        ),
+        EngineError,
+    > {
+        let gvisor = self.gvisor()?;
+        let dir = self.home.sandbox(&rec.id);
+        let save = match gvisor.start_live(&rec.id, window) {
+            Ok(s) => s,
+            Err(e) => {
+                // The sandbox runs on (init listens again): nothing to finish.
+                let _ = window.remove();
+                return Err(cairn_sandbox::SandboxError::from(e).into());
+            }
+        };
+        let mut phases = MemoryPhases {
+            left_running: true,
+            quiesce: save.quiesce,
+            runsc_pause: save.pause,
+            ..MemoryPhases::default()
+        };
+        let started = Instant::now();
+        let written_before = self.store.bytes_written();
+        let mut behind = save.behind(PAGES_FILE);
+        let (saved, pages) = std::thread::scope(|s| {
+            let follower = s.spawn(move || {
+                let stored = self.store.store_stream(&mut behind, cairn_store::Cutting::Pages);
+                (stored, behind.appeared())
+            });
+            let saved = gvisor.finish_live(&rec.id, save);
+            (saved, follower.join().unwrap_or_else(|e| std::panic::resume_unwind(e)))
+        });
+        let checkpoint = match saved {
+            Ok(c) => c,
+            Err(e) => {
+                // The sandbox runs again; the chunks stored behind the
+                // writer are garbage for gc.
+                let _ = window.remove();
+                return Err(cairn_sandbox::SandboxError::from(e).into());
+            }
+        };
+        phases.runsc_checkpoint = checkpoint.save;
+        phases.image_bytes = checkpoint.image_bytes;
+        // Paused: the files match the memory image exactly.
+        let t = Instant::now();
+        let captured = capture_since(&dir.join("upper"), &self.store, baseline);
+        phases.file_capture = t.elapsed();
+        // The sandbox goes on, even when storing failed. If it does not
+        // listen again, the window stays for the next command to finish.
+        phases.runsc_resume = gvisor
+            .resume_live(&rec.id)
+            .map_err(cairn_sandbox::SandboxError::from)?;
+        let image_dir = window.image_dir();
+        let files = (|| {
+            let mut files = Vec::new();
+            let (pages, appeared) = pages;
+            if appeared {
+                let (content, stats) = pages.map_err(SnapshotError::from)?;
+                phases.store += stats;
+                files.push(MemoryFile {
+                    name: PAGES_FILE.into(),
+                    form: MemoryForm::AsWritten,
+                    content,
+                });
+            }
+            for name in image_files(&image_dir)? {
+                if !(appeared && name == PAGES_FILE) {
+                    files.push(self.store_memory_file(&image_dir, name, &mut phases)?);
+                }
+            }
+            files.sort_by(|a, b| a.name.cmp(&b.name));
+            Ok::<_, EngineError>(files)
+        })();
+        phases.store_image = started.elapsed();
+        phases.stored_bytes = self.store.bytes_written() - written_before;
+        tracing::debug!(sandbox = %rec.id, ?phases, "memory snapshot");
+        *self.memory_phases.lock().unwrap_or_else(|e| e.into_inner()) = Some(phases);
+        // The sandbox runs as the same process: the window is over.
+        if let Err(e) = window.close() {
+            tracing::warn!(sandbox = %rec.id, "cannot close the checkpoint window: {e}");
+        }
+        Ok((captured, files?))
+    }
+
     /// Stores every file of a checkpoint image directory, by name.
     fn store_memory_files(&self, dir: &Path, phases: &mut MemoryPhases) -> Result<Vec<MemoryFile>, EngineError> {
-        let mut names: Vec<_> = fs::read_dir(dir)
-            .map_err(home_err(dir))?
-            .flatten()
-            .filter(|e| e.path().is_file())
-            .map(|e| e.file_name().to_string_lossy().into_owned())
-            .collect();
-        names.sort();
-        names
+        image_files(dir)?
             .into_iter()
             .map(|name| self.store_memory_file(dir, name, phases))
             .collect()
@@ -790,10 +901,11 @@ impl Engine {
             }
         }
         let (image, _) = open().map_err(home_err(&path))?;
-        let (content, stats) = self
-            .store
-            .store_stream(image, cairn_store::ChunkSizes::FINE)
-            .map_err(SnapshotError::from)?;
+        let cutting = match name.as_str() {
+            PAGES_FILE => cairn_store::Cutting::Pages,
+            _ => cairn_store::ChunkSizes::FINE.into(),
+        };
+        let (content, stats) = self.store.store_stream(image, cutting).map_err(SnapshotError::from)?;
         phases.store += stats;
         Ok(MemoryFile {
             name,
@@ -1068,6 +1180,22 @@ impl Engine {
 /// 15 minutes) plus the longest a writer on another host takes from
 /// storing a chunk to committing the row that references it.
 const REMOTE_GC_GRACE: Duration = Duration::from_secs(2 * 3600);
+
+/// The file of a checkpoint image that holds raw memory pages (runsc
+/// releases that write one, with `--compression=none`).
+const PAGES_FILE: &str = "pages.img";
+
+/// The plain files of a checkpoint image directory, by name.
+fn image_files(dir: &Path) -> Result<Vec<String>, EngineError> {
+    let mut names: Vec<_> = fs::read_dir(dir)
+        .map_err(home_err(dir))?
+        .flatten()
+        .filter(|e| e.file_type().is_ok_and(|t| t.is_file()))
+        .map(|e| e.file_name().to_string_lossy().into_owned())
+        .collect();
+    names.sort();
+    Ok(names)
+}
 
 fn read_baseline(path: &Path) -> Option<Baseline> {
     let bytes = fs::read(path).ok()?;

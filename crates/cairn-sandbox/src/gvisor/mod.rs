@@ -12,6 +12,7 @@
 
 mod bundle;
 pub mod image_host;
+mod live;
 mod runsc;
 pub mod sockets;
 pub mod statefile;
@@ -27,6 +28,7 @@ use crate::cgroup::Hierarchy;
 use crate::client::{ClientError, InitClient};
 use crate::{pid_start_time, Capabilities, Driver, SandboxError, SandboxProcess, SandboxSpec};
 use runsc::Launch;
+pub use live::{Behind, LiveCheckpoint, LiveSave};
 pub use runsc::{Runsc, CHECKPOINT_FLAGS};
 use window::Window;
 
@@ -201,14 +203,7 @@ impl GvisorDriver {
             .ok_or_else(|| GvisorError::Unknown(id.to_string()))?;
         let client = client_in(&dir);
         let root = self.runsc_root(id);
-        fs::create_dir_all(image_dir).map_err(|e| GvisorError::io(format!("create {}", image_dir.display()), e))?;
-        // The image remembers how big init's restore mark was, so that a
-        // restore from it makes the mark bigger still (see `launch`); only
-        // a restore changes the mark, so it is written before the image.
-        let mark = fs::metadata(dir.join("restore-mark")).map(|m| m.len()).unwrap_or(0);
-        let mark_file = image_dir.join(MARK_SIZE_FILE);
-        fs::write(&mark_file, mark.to_string())
-            .map_err(|e| GvisorError::io(format!("write {}", mark_file.display()), e))?;
+        self.prepare_image(&dir, image_dir)?;
         let t = Instant::now();
         // A refused quiesce leaves init listening as before.
         client.quiesce(QUIESCE_TIMEOUT).map_err(GvisorError::Quiesce)?;
@@ -244,11 +239,41 @@ impl GvisorDriver {
         })
     }
 
-    /// Runs `runsc checkpoint` (`cmd`) through [`window::CHECKPOINT_SCRIPT`]:
+    /// Creates the image directory of sandbox `dir`'s checkpoint. The image
+    /// remembers how big init's restore mark was, so that a restore from it
+    /// makes the mark bigger still (see `launch`); the mark changes only
+    /// after the image, so it is written before.
+    fn prepare_image(&self, dir: &Path, image_dir: &Path) -> Result<(), GvisorError> {
+        fs::create_dir_all(image_dir).map_err(|e| GvisorError::io(format!("create {}", image_dir.display()), e))?;
+        let mark = fs::metadata(dir.join("restore-mark")).map(|m| m.len()).unwrap_or(0);
+        let mark_file = image_dir.join(MARK_SIZE_FILE);
+        fs::write(&mark_file, mark.to_string())
+            .map_err(|e| GvisorError::io(format!("write {}", mark_file.display()), e))
+    }
+
+    /// Runs `runsc checkpoint` (`cmd`) through [`window::CHECKPOINT_SCRIPT`]
+    /// and waits for it (see [`Self::spawn_recorded_checkpoint`]).
+    fn checkpoint_recorded(&self, cmd: std::process::Command, w: &Window) -> Result<(), GvisorError> {
+        let mut child = self.spawn_recorded_checkpoint(cmd, w)?;
+        let status = child.wait().map_err(|e| GvisorError::Exec("/bin/sh".into(), e))?;
+        if status.success() {
+            return Ok(());
+        }
+        Err(GvisorError::Runsc {
+            what: "checkpoint".into(),
+            message: runsc::first_lines(&fs::read_to_string(w.checkpoint_log()).unwrap_or_default()),
+        })
+    }
+
+    /// Starts `runsc checkpoint` (`cmd`) through [`window::CHECKPOINT_SCRIPT`]:
     /// in a process group of its own (an interrupt of the terminal does not
     /// cut it short), its output in a file (it never writes to a pipe whose
     /// reader died), its pid in the window's record.
-    fn checkpoint_recorded(&self, cmd: std::process::Command, w: &Window) -> Result<(), GvisorError> {
+    fn spawn_recorded_checkpoint(
+        &self,
+        cmd: std::process::Command,
+        w: &Window,
+    ) -> Result<std::process::Child, GvisorError> {
         use std::os::unix::process::CommandExt;
         let log_path = w.checkpoint_log();
         let log =
@@ -274,14 +299,7 @@ impl GvisorDriver {
             let _ = child.wait();
             return Err(e.into());
         }
-        let status = child.wait().map_err(|e| GvisorError::Exec("/bin/sh".into(), e))?;
-        if status.success() {
-            return Ok(());
-        }
-        Err(GvisorError::Runsc {
-            what: "checkpoint".into(),
-            message: runsc::first_lines(&fs::read_to_string(&log_path).unwrap_or_default()),
-        })
+        Ok(child)
     }
 
     /// Starts sandbox `spec` from a checkpoint image: every process continues
@@ -344,6 +362,8 @@ impl GvisorDriver {
             }
             std::thread::sleep(Duration::from_millis(50));
         }
+        // A checkpoint that leaves the sandbox running paused it first.
+        self.unpause_for_recovery(&spec.id, &w);
         let opened_with = record.process.map(SandboxProcess::from);
         let root = self.runsc_root(&spec.id);
         if let Some(p) = recorded.filter(SandboxProcess::alive) {

@@ -34,6 +34,11 @@ pub struct Runsc {
     /// Flags `runsc checkpoint` gets because this runsc has them
     /// ([`CHECKPOINT_FLAGS`]); none on runsc releases before 2024.
     pub checkpoint_flags: Vec<&'static str>,
+    /// Whether `runsc checkpoint` can leave the sandbox running: it lists
+    /// `-leave-running` and `-compression` (the save path that writes raw
+    /// pages resumes the same sentry; Debian 12's 2022 runsc lists
+    /// `-leave-running` too, but implements it as a restore and hangs).
+    pub leave_running: bool,
 }
 
 /// `runsc checkpoint` flags that make a memory snapshot cheaper, used where
@@ -86,19 +91,18 @@ impl Runsc {
     pub fn find(cache_dir: &Path) -> Result<Runsc, GvisorError> {
         let binary = Runsc::locate().ok_or(GvisorError::RunscMissing)?;
         let (platform, global_flags) = cached_global(&binary, &cache_dir.join("runsc-global-flags"));
-        let checkpoint_flags = flags_in(
-            &CHECKPOINT_FLAGS,
-            &cached_answer(
-                &binary,
-                &cache_dir.join("runsc-checkpoint-flags"),
-                checkpoint_flag_names,
-            ),
+        let names = cached_answer(
+            &binary,
+            &cache_dir.join("runsc-checkpoint-flags-2"),
+            checkpoint_flag_names,
         );
+        let checkpoint_flags = flags_in(&CHECKPOINT_FLAGS, &names);
         Ok(Runsc {
             binary,
             platform,
             global_flags,
             checkpoint_flags,
+            leave_running: leaves_running(&names),
         })
     }
 
@@ -339,10 +343,21 @@ fn listed<'a>(table: &[(&'a str, &str)], help: &str) -> Vec<&'a str> {
         .collect()
 }
 
+/// Whether the flag names [`checkpoint_flag_names`] found allow a
+/// checkpoint that leaves the sandbox running ([`Runsc::leave_running`]).
+fn leaves_running(names: &str) -> bool {
+    let has = |flag: &str| names.split(',').any(|n| n == flag);
+    has("leave-running") && has("compression")
+}
+
 /// The names of the [`CHECKPOINT_FLAGS`] that `runsc checkpoint --help`
-/// lists, joined by commas (`-` for none).
+/// lists, and `leave-running` if it does, joined by commas (`-` for none).
 fn checkpoint_flag_names(binary: &Path) -> String {
-    let names = listed(&CHECKPOINT_FLAGS, &help_of(binary, &["checkpoint", "--help"]));
+    let asked: Vec<(&str, &str)> = CHECKPOINT_FLAGS
+        .into_iter()
+        .chain([("leave-running", "--leave-running")])
+        .collect();
+    let names = listed(&asked, &help_of(binary, &["checkpoint", "--help"]));
     if names.is_empty() {
         "-".into()
     } else {
@@ -398,8 +413,10 @@ mod tests {
         // This host's runsc (2022).
         let old = "checkpoint [flags] <container id>\\n  -image-path string\\n  -leave-running\\n";
         assert!(help(old).is_empty());
-        let new = "  -compression value\\n    \\tcompression: none|flate-best-speed\\n  -direct\\n  -exclude-committed-zero-pages\\n";
+        assert!(!leaves_running(&checkpoint_flag_names(&binary)), "the 2022 runsc's -leave-running hangs");
+        let new = "  -compression value\\n    \\tcompression: none|flate-best-speed\\n  -direct\\n  -exclude-committed-zero-pages\\n  -leave-running\\n";
         assert_eq!(help(new), ["--compression=none", "--exclude-committed-zero-pages"]);
+        assert!(leaves_running(&checkpoint_flag_names(&binary)));
         // A flag whose name only starts like one of them is not it.
         assert!(help("  -compression-level int\\n").is_empty());
     }

@@ -13,6 +13,8 @@
 //! - `complete`: written (and fsynced) once `runsc checkpoint` succeeded, by
 //!   the shell that runs it, which outlives the Cairn process that started it.
 //! - `checkpoint.log`: what `runsc checkpoint` printed.
+//! - `paused`: written before a checkpoint that leaves the sandbox running
+//!   pauses it (see [`super::live`]); a recovery resumes such a sandbox.
 //!
 //! [`super::GvisorDriver::recover`] finishes a window its owner left open.
 
@@ -30,6 +32,7 @@ const RECORD: &str = "window";
 const IMAGE: &str = "image";
 const COMPLETE: &str = "complete";
 const CHECKPOINT_LOG: &str = "checkpoint.log";
+const PAUSED: &str = "paused";
 
 const FORMAT: &str = "cairn-checkpoint-window";
 const VERSION: u32 = 1;
@@ -191,6 +194,18 @@ impl Window {
 
     pub fn is_complete(&self) -> bool {
         self.complete_marker().exists()
+    }
+
+    /// Records that the sandbox is about to be paused (before it is).
+    pub fn mark_paused(&self) -> Result<(), WindowError> {
+        let path = self.dir.join(PAUSED);
+        File::create(&path)
+            .and_then(|f| f.sync_all())
+            .map_err(|source| WindowError::Io { path, source })
+    }
+
+    pub fn was_paused(&self) -> bool {
+        self.dir.join(PAUSED).exists()
     }
 
     pub fn checkpoint_log(&self) -> PathBuf {

@@ -143,7 +143,9 @@ fn snapshot(engine: &mut Engine, id: &str) -> Result<Sample> {
     let Some(phases) = engine.last_memory_phases() else {
         bail!("the snapshot of a gVisor sandbox recorded no memory image");
     };
-    let runsc = ms(phases.runsc_checkpoint + phases.cleanup + phases.runsc_restore);
+    let runsc = ms(
+        phases.runsc_pause + phases.runsc_checkpoint + phases.runsc_resume + phases.cleanup + phases.runsc_restore,
+    );
     Ok(Sample {
         total,
         runsc,
@@ -156,16 +158,28 @@ fn snapshot(engine: &mut Engine, id: &str) -> Result<Sample> {
 
 fn report(what: &str, s: &Sample) {
     let p = &s.phases;
+    let runsc = if p.left_running {
+        format!(
+            "pause {:.0}, checkpoint --leave-running {:.0}, resume {:.0}",
+            ms(p.runsc_pause),
+            ms(p.runsc_checkpoint),
+            ms(p.runsc_resume)
+        )
+    } else {
+        format!(
+            "checkpoint {:.0}, cleanup {:.0}, restore {:.0}",
+            ms(p.runsc_checkpoint),
+            ms(p.cleanup),
+            ms(p.runsc_restore)
+        )
+    };
     eprintln!(
-        "cairn bench: gvisor memory snapshot ({what}): {:.0} ms = runsc {:.0} (checkpoint {:.0}, cleanup {:.0}, \
-         restore {:.0}) + Cairn {:.0} (quiesce {:.0}, file capture {:.0}, rest after the restore); beside the \
-         restore, storing the image {:.0} ms (read and inflate {:.0}, chunking {:.0}; on the pool: hashing {:.0}, \
-         lookups {:.0}, compression {:.0}; writes {:.0}); image {:.1} MB, {} of {} chunks new, stored {:.1} MB",
+        "cairn bench: gvisor memory snapshot ({what}): {:.0} ms = runsc {:.0} ({runsc}) + Cairn {:.0} (quiesce \
+         {:.0}, file capture {:.0}, the rest after runsc); storing the image {:.0} ms from runsc's start (read \
+         {:.0}, chunking {:.0}; on the pool: hashing {:.0}, lookups {:.0}, compression {:.0}; writes {:.0}); \
+         image {:.1} MB, {} of {} chunks new, stored {:.1} MB",
         s.total,
         s.runsc,
-        ms(p.runsc_checkpoint),
-        ms(p.cleanup),
-        ms(p.runsc_restore),
         s.cairn,
         ms(p.quiesce),
         ms(p.file_capture),
