@@ -91,7 +91,9 @@ impl Engine {
         let note = match recovery {
             Recovery::NoWindow => return Ok(()),
             Recovery::NotTaken => {
-                "a memory checkpoint was interrupted before it stopped the sandbox; the sandbox ran on".to_string()
+                "a memory checkpoint was interrupted before it stopped the sandbox (or one that leaves it running \
+                 was, while it was paused); the sandbox ran on"
+                    .to_string()
             }
             Recovery::Finished => {
                 "a memory checkpoint had completed and the sandbox had gone on from its image".to_string()

@@ -389,6 +389,28 @@ impl Engine {
     /// Takes a snapshot of a sandbox's files. A running sandbox is frozen
     /// while its changes are captured and keeps running afterwards.
     pub fn snapshot(&mut self, rec: &SandboxRecord, label: Option<&str>) -> Result<SnapshotRecord, EngineError> {
+        self.snapshot_then(rec, label, Then::GoOn)
+    }
+
+    /// A snapshot of a sandbox about to be removed (a session suspending,
+    /// an E2B pause): as [`Self::snapshot`], but a gVisor sandbox is not
+    /// brought back after its memory checkpoint, which saves a restore (or
+    /// a resume). Its process is gone when this returns; remove the sandbox
+    /// next ([`Self::remove_sandbox`]). A failure leaves it running.
+    pub fn snapshot_to_stop(
+        &mut self,
+        rec: &SandboxRecord,
+        label: Option<&str>,
+    ) -> Result<SnapshotRecord, EngineError> {
+        self.snapshot_then(rec, label, Then::Stop)
+    }
+
+    fn snapshot_then(
+        &mut self,
+        rec: &SandboxRecord,
+        label: Option<&str>,
+        then: Then,
+    ) -> Result<SnapshotRecord, EngineError> {
         if let Some(l) = label {
             if l.is_empty() || l.len() > 64 || l.chars().any(char::is_control) {
                 return Err(SnapshotError::BadLabel(l.to_string()).into());
@@ -421,7 +443,7 @@ impl Engine {
         let running = rec.state == SandboxState::Running;
         let mut image_dir = None;
         let (captured, memory) = if running && self.driver_of(rec)?.capabilities().memory_snapshots {
-            let (captured, memory, dir) = self.capture_with_memory(rec, baseline.as_ref())?;
+            let (captured, memory, dir) = self.capture_with_memory(rec, baseline.as_ref(), then)?;
             image_dir = Some(dir);
             (captured, Some(memory))
         } else {
@@ -657,6 +679,7 @@ impl Engine {
         &self,
         rec: &SandboxRecord,
         baseline: Option<&Baseline>,
+        then: Then,
     ) -> Result<
         (
             Result<(cairn_layers::archive::CapturedLayer, Baseline), cairn_layers::archive::ArchiveError>,
@@ -686,7 +709,7 @@ impl Engine {
         let window = Window::open(&dir, &rec.id, process)
             .map_err(|e| cairn_sandbox::SandboxError::from(cairn_sandbox::gvisor::GvisorError::from(e)))?;
         let scratch = crate::images::ScratchDir::at(window.image_dir()).map_err(home_err(&window.image_dir()))?;
-        if gvisor.can_leave_running() {
+        if then == Then::GoOn && gvisor.can_leave_running() {
             let (captured, files) = self.capture_leaving_running(rec, baseline, &window)?;
             return Ok((
                 captured,
@@ -718,6 +741,36 @@ impl Engine {
         let t = Instant::now();
         let captured = capture_since(&dir.join("upper"), &self.store, baseline);
         phases.file_capture = t.elapsed();
+        if then == Then::Stop {
+            let t = Instant::now();
+            let written_before = self.store.bytes_written();
+            let files = self.store_memory_files(scratch.path(), &mut phases);
+            phases.store_image = t.elapsed();
+            phases.stored_bytes = self.store.bytes_written() - written_before;
+            tracing::debug!(sandbox = %rec.id, ?phases, "memory snapshot, the sandbox stopped");
+            *self.memory_phases.lock().unwrap_or_else(|e| e.into_inner()) = Some(phases);
+            // Stopped as asked: the window is over; a failure to store the
+            // image leaves a complete image for the window's recovery.
+            let files = match files {
+                Ok(f) => f,
+                Err(e) => {
+                    self.restore_after_failed_store(rec, &window);
+                    return Err(e);
+                }
+            };
+            if let Err(e) = window.close() {
+                tracing::warn!(sandbox = %rec.id, "cannot close the checkpoint window: {e}");
+            }
+            return Ok((
+                captured,
+                MemoryImage {
+                    driver: rec.driver.clone(),
+                    host: Some(host),
+                    files,
+                },
+                scratch,
+            ));
+        }
         // The sandbox goes on where it stopped, as after any snapshot, while
         // the image is stored beside it (runsc only reads it); it goes on
         // even when storing fails.
@@ -755,6 +808,44 @@ impl Engine {
             },
             scratch,
         ))
+    }
+
+    /// runsc's own checkpoint of running gVisor sandbox `rec`, as the plain
+    /// command line takes it (init quiesced first; the image discarded),
+    /// for benchmarks that set a snapshot beside it. The sandbox runs on.
+    /// Returns runsc's time alone.
+    pub fn plain_runsc_checkpoint(&self, rec: &SandboxRecord) -> Result<Duration, EngineError> {
+        let gvisor = self.gvisor()?;
+        let spec = self.spec(rec)?;
+        let _lifecycle = self.lock_sandbox(&rec.id, true).map_err(home_err(&spec.dir))?;
+        let scratch = crate::images::ScratchDir::new(&self.home.scratch()).map_err(home_err(&self.home.scratch()))?;
+        let (took, process) = gvisor
+            .plain_checkpoint(&spec, scratch.path())
+            .map_err(cairn_sandbox::SandboxError::from)?;
+        if let Some(p) = process {
+            self.db.set_process(&rec.id, p.pid, p.start_time)?;
+        }
+        Ok(took)
+    }
+
+    /// After a checkpoint that stopped the sandbox for good, storing its
+    /// image failed: the sandbox goes on from the image instead, so a
+    /// failed snapshot leaves it running.
+    fn restore_after_failed_store(&self, rec: &SandboxRecord, window: &Window) {
+        let restored = self.spec(rec).and_then(|spec| {
+            let process = self
+                .gvisor()?
+                .restore_in(&spec, window)
+                .map_err(cairn_sandbox::SandboxError::from)?;
+            Ok(self.db.set_process(&rec.id, process.pid, process.start_time)?)
+        });
+        match restored {
+            Ok(()) => {
+                let _ = window.close();
+            }
+            // The window stays: the next command finishes it.
+            Err(e) => tracing::warn!(sandbox = %rec.id, "cannot restore after a failed snapshot: {e}"),
+        }
     }
 
     /// [`Self::capture_with_memory`] where runsc can leave the sandbox
@@ -1180,6 +1271,13 @@ impl Engine {
 /// 15 minutes) plus the longest a writer on another host takes from
 /// storing a chunk to committing the row that references it.
 const REMOTE_GC_GRACE: Duration = Duration::from_secs(2 * 3600);
+
+/// What a sandbox does after its snapshot.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Then {
+    GoOn,
+    Stop,
+}
 
 /// The file of a checkpoint image that holds raw memory pages (runsc
 /// releases that write one, with `--compression=none`).

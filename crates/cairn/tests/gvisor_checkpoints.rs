@@ -88,7 +88,10 @@ fn a_gvisor_stage_killed_inside_its_memory_checkpoints_goes_on_where_it_was() {
     // checkpoint window opened: at once (quiescing, `runsc checkpoint`), a
     // little later (the image being written or the files captured), later
     // still (the restore, the image being stored, or just after).
-    let delays = [0, 300, 900, 1800, 50].map(Duration::from_millis);
+    // Where runsc can leave the sandbox running, the early kills land while
+    // it is paused: runsc writing the pages file, Cairn reading and hashing
+    // it behind the writer, the files being captured.
+    let delays = [0, 300, 900, 1800, 50, 150].map(Duration::from_millis);
     let mut run = String::new();
     let mut sandbox_dir = PathBuf::new();
     let mut inside = 0;
@@ -137,6 +140,13 @@ fn a_gvisor_stage_killed_inside_its_memory_checkpoints_goes_on_where_it_was() {
         let _ = child.wait();
         if window_record(&sandbox_dir).exists() {
             inside += 1;
+            let window = sandbox_dir.join("checkpoint");
+            eprintln!(
+                "kill {i} landed in a window: paused {}, pages file written so far {:?}, image complete {}",
+                window.join("paused").exists(),
+                std::fs::metadata(window.join("image/pages.img")).map(|m| m.len()).ok(),
+                window.join("complete").exists()
+            );
             // The next Cairn command, whatever it is, finishes the window;
             // every other time that one is killed too, a spread instant
             // into its recovery, and the one after finishes it.

@@ -891,7 +891,7 @@ impl Engine {
         self.claim(&s, SessionState::Suspending, mine)?;
         if let Some(sandbox) = self.session_sandbox(&s) {
             if matches!(sandbox.state, SandboxState::Running | SandboxState::Exited) {
-                let mut snap = self.snapshot(&sandbox, None)?;
+                let mut snap = self.snapshot_to_stop(&sandbox, None)?;
                 // Each suspend that changed files stacks a layer; overlayfs
                 // mounts at most 500. A flatten that fails leaves the
                 // stacked snapshot, which holds everything all the same.
@@ -990,10 +990,14 @@ impl Engine {
         let sandbox = match self.session_sandbox(&s) {
             Some(r) if r.state == SandboxState::Running => r,
             leftover => {
+                // A suspend that died after its snapshot stopped the
+                // sandbox left that snapshot as the newest state, perhaps
+                // before the log's note named it.
+                let newest = leftover.as_ref().and_then(|o| o.last_snapshot.clone());
                 if let Some(old) = leftover {
                     self.remove_sandbox(&old, true)?;
                 }
-                match self.sandbox_from(&s, &s.id, s.snapshot_id.as_deref()) {
+                match self.sandbox_from(&s, &s.id, newest.as_deref().or(s.snapshot_id.as_deref())) {
                     Ok(r) => r,
                     Err(e) => {
                         let _ = self.db.move_session(

@@ -186,6 +186,42 @@ impl GvisorDriver {
         Ok(resumed)
     }
 
+    /// runsc's own checkpoint of sandbox `spec`, as the plain command line
+    /// takes it, for benchmarks that set Cairn's snapshot beside it: with
+    /// `--leave-running` where this runsc can, else checkpoint then restore
+    /// (the sandbox's new process is returned). The image goes into
+    /// `image_dir`; the sandbox runs on. Returns runsc's time alone.
+    pub fn plain_checkpoint(
+        &self,
+        spec: &crate::SandboxSpec,
+        image_dir: &Path,
+    ) -> Result<(Duration, Option<crate::SandboxProcess>), GvisorError> {
+        if !self.can_leave_running() {
+            let c = self.checkpoint(&spec.id, image_dir)?;
+            let t = Instant::now();
+            let process = self.restore(spec, image_dir)?;
+            return Ok((c.save + c.cleanup + t.elapsed(), Some(process)));
+        }
+        let root = self.runsc_root(&spec.id);
+        self.prepare_image(&spec.dir, image_dir)?;
+        client_in(&spec.dir)
+            .quiesce(QUIESCE_TIMEOUT)
+            .map_err(GvisorError::Quiesce)?;
+        let t = Instant::now();
+        let mut cmd = self.runsc.command(&root);
+        cmd.arg("checkpoint")
+            .args(&self.runsc.checkpoint_flags)
+            .arg("--leave-running")
+            .arg("--image-path")
+            .arg(image_dir)
+            .arg(&spec.id);
+        let saved = self.runsc.run_to_end("checkpoint --leave-running", cmd);
+        let took = t.elapsed();
+        grow_mark(&spec.dir)?;
+        self.relisten_and_wait(&root, &spec.id, &spec.dir, "a plain checkpoint", true)?;
+        saved.map(|()| (took, None))
+    }
+
     /// After a failed live checkpoint: the sandbox runs and listens again.
     fn resume_paused(&self, root: &Path, id: &str, dir: &Path) {
         let mut cmd = self.runsc.command(root);

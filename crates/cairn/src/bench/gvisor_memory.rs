@@ -71,8 +71,38 @@ impl Bench {
                 report(&format!("after an {CHANGE_MIB} MiB change, run {}", i + 1), &s);
                 later.push(s);
             }
+            // runsc alone on the same sandbox: what the plain command line
+            // pays for the same image with the sandbox going on.
+            let mut plain = Vec::new();
+            for _ in 0..runs.min(3) {
+                let rec = engine.sandbox(&rec.id)?;
+                plain.push(ms(engine.plain_runsc_checkpoint(&rec)?));
+            }
+            eprintln!("cairn bench: plain runsc checkpoint of the same sandbox, going on: {plain:.0?} ms");
+            // Restores of the newest snapshot to the first output of a command.
+            let newest = engine
+                .snapshot_record(&engine.sandbox(&rec.id)?.last_snapshot.unwrap_or_default())?;
+            let mut restores = Vec::new();
+            for _ in 0..runs.min(3) {
+                let t = Instant::now();
+                let r = engine.restore(&newest, &opts)?;
+                let first = run(&engine, &r, "echo ok");
+                restores.push(ms(t.elapsed()));
+                engine.remove_sandbox(&engine.sandbox(&r.id)?, true)?;
+                first?;
+            }
+            eprintln!("cairn bench: restore of the {mib} MiB snapshot to first output: {restores:.0?} ms");
             let name = |what: &str| format!("gvisor: {mib} MiB in tmpfs, {what}");
             let column = |f: fn(&Sample) -> f64| later.iter().map(f).collect::<Vec<_>>();
+            let mut quoted = summarize(
+                &name(&format!("snapshot after an {CHANGE_MIB} MiB change")),
+                "ms",
+                column(|s| s.total),
+                None,
+                true,
+            );
+            let plain_median = summarize("", "ms", plain.clone(), None, true).median;
+            quoted.cairn_ratio = Some(quoted.median / plain_median);
             Ok(vec![
                 summarize(&name("first memory snapshot"), "ms", vec![first.total], None, true),
                 summarize(
@@ -90,17 +120,11 @@ impl Bench {
                     true,
                 ),
                 summarize(&name("first snapshot stored"), "MB", vec![first.stored_mb], None, true),
-                summarize(
-                    &name(&format!("snapshot after an {CHANGE_MIB} MiB change")),
-                    "ms",
-                    column(|s| s.total),
-                    None,
-                    true,
-                ),
+                quoted,
                 summarize(&name("  of which runsc's part"), "ms", column(|s| s.runsc), None, true),
                 summarize(&name("  of which Cairn's part"), "ms", column(|s| s.cairn), None, true),
                 summarize(
-                    &name("  storing the image (beside the restore)"),
+                    &name("  storing the image"),
                     "ms",
                     column(|s| s.store),
                     None,
@@ -113,6 +137,8 @@ impl Bench {
                     None,
                     true,
                 ),
+                summarize(&name("plain runsc checkpoint, going on"), "ms", plain, None, true),
+                summarize(&name("restore to first output"), "ms", restores, None, true),
             ])
         })();
         let _ = engine.sandbox(&rec.id).and_then(|r| engine.remove_sandbox(&r, true));

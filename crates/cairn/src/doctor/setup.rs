@@ -114,7 +114,22 @@ fn runsc(home: &Home) -> Vec<Line> {
         };
         Line::ok("runsc-flags", format!("{globals} known{extra}"))
     };
-    vec![found, flags_line]
+    let snapshots = if runsc.leave_running {
+        Line::ok(
+            "memory-snapshots",
+            "fast: runsc checkpoints with --leave-running and writes raw pages, stored as they are written; \
+             no restore after a snapshot",
+        )
+    } else {
+        Line::warn(
+            "memory-snapshots",
+            "slow: this runsc cannot checkpoint a sandbox and leave it running (it lacks --leave-running with \
+             --compression, or its --leave-running is the old restore that hangs), so every memory snapshot \
+             stops the sandbox and restores it, and the whole image is stored after runsc wrote it",
+            "install gVisor's release 2024 or later (Debian 13's runsc), or point CAIRN_RUNSC at one",
+        )
+    };
+    vec![found, flags_line, snapshots]
 }
 
 const EGRESS_ONLY: &str = "only --network egress, --allow and --publish need it";
