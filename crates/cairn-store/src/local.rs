@@ -188,13 +188,23 @@ impl LocalStore {
     }
 }
 
-impl LocalStore {
-    /// Makes everything written to the store's filesystem durable.
-    fn sync_filesystem(&self) -> Result<(), BlobError> {
-        use std::os::fd::AsRawFd;
-        let dir = File::open(&self.root).map_err(|e| BlobError::io("open", &self.root, e))?;
-        nix::unistd::syncfs(dir.as_raw_fd()).map_err(|e| BlobError::io("sync the filesystem of", &self.root, e.into()))
-    }
+/// Runs `f` on every item from up to 16 threads at once (fsyncs: the
+/// filesystem commits concurrent ones together); the first error wins.
+fn in_parallel<T: Sync>(items: &[T], f: impl Fn(&T) -> Result<(), BlobError> + Sync) -> Result<(), BlobError> {
+    const THREADS: usize = 16;
+    let per = items.len().div_ceil(THREADS).max(1);
+    std::thread::scope(|s| {
+        let f = &f;
+        let handles: Vec<_> = items
+            .chunks(per)
+            .map(|part| s.spawn(move || part.iter().try_for_each(f)))
+            .collect();
+        handles
+            .into_iter()
+            .map(|h| h.join().unwrap_or_else(|e| std::panic::resume_unwind(e)))
+            .collect::<Result<Vec<()>, _>>()
+            .map(|_| ())
+    })
 }
 
 fn sync_dir(dir: &Path) -> Result<(), BlobError> {
@@ -218,12 +228,14 @@ impl BlobStore for LocalStore {
         Ok(PutOutcome::Stored)
     }
 
-    /// Writes every new object to a temp file unsynced, makes them all
-    /// durable with one `syncfs`, renames them into place and syncs once
-    /// more: two syncs for the batch instead of two fsyncs per object
-    /// (~3.5 ms each here). Nothing is renamed before its bytes are
-    /// durable, so an object under its name is whole after a crash, as
-    /// with [`put`](Self::put).
+    /// Writes every new object to a temp file, makes them durable with
+    /// fsyncs issued at once from several threads (the filesystem commits
+    /// them together), renames them into place and syncs the directories
+    /// that changed the same way. Nothing is renamed before its bytes are
+    /// durable, so an object under its name is whole after a crash, as with
+    /// [`put`](Self::put). Unlike one `syncfs`, this does not wait for
+    /// everything else dirty on the filesystem (a memory image runsc has
+    /// just written beside the store: ~0.45 s for 512 MB here).
     fn put_batch(&self, objects: &[(ChunkHash, &[u8])]) -> Result<Vec<PutOutcome>, BlobError> {
         if objects.len() <= 1 {
             return objects.iter().map(|(key, bytes)| self.put(key, bytes)).collect();
@@ -250,13 +262,25 @@ impl BlobStore for LocalStore {
             if staged.is_empty() {
                 return Ok(());
             }
-            self.sync_filesystem()?;
+            // Opened again to be synced: a batch holds no descriptors.
+            in_parallel(&staged, |(tmp, _)| {
+                File::open(tmp)
+                    .and_then(|f| f.sync_data())
+                    .map_err(|e| BlobError::io("fsync temp file", tmp, e))
+            })?;
+            let mut dirs = std::collections::BTreeSet::new();
             for (tmp, dest) in &staged {
-                self.make_parent(dest, false)?;
+                let leaf = self.make_parent(dest, false)?;
                 fs::rename(tmp, dest).map_err(|e| BlobError::io("rename temp file into", dest, e))?;
+                // The leaf holds the new name; its parents, any fan-out
+                // directory created just now.
+                let mid = leaf.parent().expect("two fan-out levels").to_path_buf();
+                dirs.insert(mid.parent().expect("under the store").to_path_buf());
+                dirs.insert(mid);
+                dirs.insert(leaf);
             }
-            // The renames and any new fan-out directories.
-            self.sync_filesystem()
+            let dirs: Vec<PathBuf> = dirs.into_iter().collect();
+            in_parallel(&dirs, |dir| sync_dir(dir))
         })();
         if result.is_err() {
             for (tmp, _) in &staged {

@@ -368,52 +368,58 @@ fn cut(reader: impl Read, sizes: ChunkSizes, tx: SyncSender<Vec<Piece>>) -> io::
 }
 
 /// [`cut`] for [`Cutting::Pages`]: chunks of whole pages (the stream's
-/// last chunk ends where the stream does).
-fn cut_pages(reader: impl Read, tx: SyncSender<Vec<Piece>>) -> io::Result<Duration> {
+/// last chunk ends where the stream does), cut straight from the blocks
+/// read ahead (every block but the last is whole pages).
+fn cut_pages(blocks: Blocks, tx: SyncSender<Vec<Piece>>) -> io::Result<Duration> {
     let started = Instant::now();
     let mut waited = Duration::ZERO;
-    let mut reader = TimedReader {
-        inner: reader,
-        spent: Duration::ZERO,
+    let send = |batch: Vec<Piece>, waited: &mut Duration| {
+        let t = Instant::now();
+        let sent = tx.send(batch).is_ok();
+        *waited += t.elapsed();
+        sent
     };
     let mut batch = Vec::new();
     let mut batch_bytes = 0;
-    let mut send = |batch: Vec<Piece>| {
-        let t = Instant::now();
-        let sent = tx.send(batch).is_ok();
-        waited += t.elapsed();
-        sent
-    };
     let mut offset = 0u64;
     let mut chunk = Vec::with_capacity(MAX_PAGES * PAGE);
-    let mut page = [0u8; PAGE];
     loop {
-        let n = read_full(&mut reader, &mut page)?;
-        chunk.extend_from_slice(&page[..n]);
-        let pages = chunk.len() / PAGE;
-        let end = n < PAGE || pages >= MAX_PAGES || (pages >= MIN_PAGES && ends_chunk(&page));
-        if end && !chunk.is_empty() {
-            let data = std::mem::replace(&mut chunk, Vec::with_capacity(MAX_PAGES * PAGE));
-            batch_bytes += data.len();
-            let len = data.len() as u64;
-            batch.push(Piece { offset, data });
-            offset += len;
-            if batch_bytes >= BATCH_BYTES {
-                batch_bytes = 0;
-                if !send(std::mem::take(&mut batch)) {
-                    return Ok(started.elapsed());
+        let t = Instant::now();
+        let block = match blocks.rx.recv() {
+            Ok(block) => block?,
+            Err(_) => break,
+        };
+        waited += t.elapsed();
+        for page in block.chunks(PAGE) {
+            chunk.extend_from_slice(page);
+            let pages = chunk.len() / PAGE;
+            let whole: Option<&[u8; PAGE]> = page.try_into().ok();
+            let end = match whole {
+                None => true,
+                Some(page) => pages >= MAX_PAGES || (pages >= MIN_PAGES && ends_chunk(page)),
+            };
+            if end {
+                let data = std::mem::replace(&mut chunk, Vec::with_capacity(MAX_PAGES * PAGE));
+                let len = data.len();
+                batch.push(Piece { offset, data });
+                offset += len as u64;
+                batch_bytes += len;
+                if batch_bytes >= BATCH_BYTES {
+                    batch_bytes = 0;
+                    if !send(std::mem::take(&mut batch), &mut waited) {
+                        return Ok(started.elapsed().saturating_sub(waited));
+                    }
                 }
             }
         }
-        if n < PAGE {
-            break;
-        }
+    }
+    if !chunk.is_empty() {
+        batch.push(Piece { offset, data: chunk });
     }
     if !batch.is_empty() {
-        send(batch);
+        send(batch, &mut waited);
     }
-    let input = reader.spent;
-    Ok(started.elapsed().saturating_sub(waited).saturating_sub(input))
+    Ok(started.elapsed().saturating_sub(waited))
 }
 
 #[cfg(test)]
