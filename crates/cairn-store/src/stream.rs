@@ -13,6 +13,7 @@
 use std::io::{self, Read};
 use std::sync::atomic::Ordering;
 use std::sync::mpsc::{self, Receiver, SyncSender};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use fastcdc::v2020::StreamCDC;
@@ -112,7 +113,24 @@ impl std::ops::AddAssign for StreamStats {
 /// One chunk cut from the stream.
 struct Piece {
     offset: u64,
-    data: Vec<u8>,
+    data: Data,
+}
+
+/// A chunk's bytes: its own, or a part of a block read ahead (pages cut
+/// inside one block are not copied).
+enum Data {
+    Owned(Vec<u8>),
+    Shared(Arc<Vec<u8>>, std::ops::Range<usize>),
+}
+
+impl std::ops::Deref for Data {
+    type Target = [u8];
+    fn deref(&self) -> &[u8] {
+        match self {
+            Data::Owned(v) => v,
+            Data::Shared(block, range) => &block[range.clone()],
+        }
+    }
 }
 
 /// A chunk hashed, looked up and, when new, compressed.
@@ -249,16 +267,14 @@ const READ_BLOCK: usize = 4 << 20;
 fn read_ahead(mut reader: impl Read, tx: SyncSender<io::Result<Vec<u8>>>) -> Duration {
     let mut spent = Duration::ZERO;
     loop {
-        let mut block = vec![0; READ_BLOCK];
+        // Not zeroed first: `read_to_end` reads into the spare capacity.
+        let mut block = Vec::with_capacity(READ_BLOCK);
         let t = Instant::now();
-        let read = read_full(&mut reader, &mut block);
+        let read = (&mut reader).take(READ_BLOCK as u64).read_to_end(&mut block);
         spent += t.elapsed();
         let sent = match read {
             Ok(0) => break,
-            Ok(n) => {
-                block.truncate(n);
-                tx.send(Ok(block))
-            }
+            Ok(_) => tx.send(Ok(block)),
             Err(e) => {
                 let _ = tx.send(Err(e));
                 break;
@@ -269,20 +285,6 @@ fn read_ahead(mut reader: impl Read, tx: SyncSender<io::Result<Vec<u8>>>) -> Dur
         }
     }
     spent
-}
-
-/// Reads until `buf` is full or the input ends; returns the bytes read.
-fn read_full(r: &mut impl Read, buf: &mut [u8]) -> io::Result<usize> {
-    let mut n = 0;
-    while n < buf.len() {
-        match r.read(&mut buf[n..]) {
-            Ok(0) => break,
-            Ok(k) => n += k,
-            Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
-            Err(e) => return Err(e),
-        }
-    }
-    Ok(n)
 }
 
 /// The blocks [`read_ahead`] sends, as a reader.
@@ -351,7 +353,7 @@ fn cut(reader: impl Read, sizes: ChunkSizes, tx: SyncSender<Vec<Piece>>) -> io::
         batch_bytes += chunk.data.len();
         batch.push(Piece {
             offset: chunk.offset,
-            data: chunk.data,
+            data: Data::Owned(chunk.data),
         });
         if batch_bytes >= BATCH_BYTES {
             batch_bytes = 0;
@@ -369,7 +371,8 @@ fn cut(reader: impl Read, sizes: ChunkSizes, tx: SyncSender<Vec<Piece>>) -> io::
 
 /// [`cut`] for [`Cutting::Pages`]: chunks of whole pages (the stream's
 /// last chunk ends where the stream does), cut straight from the blocks
-/// read ahead (every block but the last is whole pages).
+/// read ahead; a chunk inside one block is not copied, one that spans two
+/// blocks is.
 fn cut_pages(blocks: Blocks, tx: SyncSender<Vec<Piece>>) -> io::Result<Duration> {
     let started = Instant::now();
     let mut waited = Duration::ZERO;
@@ -382,39 +385,55 @@ fn cut_pages(blocks: Blocks, tx: SyncSender<Vec<Piece>>) -> io::Result<Duration>
     let mut batch = Vec::new();
     let mut batch_bytes = 0;
     let mut offset = 0u64;
-    let mut chunk = Vec::with_capacity(MAX_PAGES * PAGE);
+    // The start of a chunk begun in an earlier block.
+    let mut carried: Vec<u8> = Vec::new();
     loop {
         let t = Instant::now();
         let block = match blocks.rx.recv() {
-            Ok(block) => block?,
+            Ok(block) => Arc::new(block?),
             Err(_) => break,
         };
         waited += t.elapsed();
-        for page in block.chunks(PAGE) {
-            chunk.extend_from_slice(page);
-            let pages = chunk.len() / PAGE;
-            let whole: Option<&[u8; PAGE]> = page.try_into().ok();
-            let end = match whole {
-                None => true,
-                Some(page) => pages >= MAX_PAGES || (pages >= MIN_PAGES && ends_chunk(page)),
+        let mut from = 0;
+        let mut at = 0;
+        while at < block.len() {
+            let end = (at + PAGE).min(block.len());
+            let page = &block[at..end];
+            at = end;
+            let pages = (carried.len() + (at - from)) / PAGE;
+            let cut = match <&[u8; PAGE]>::try_from(page) {
+                Err(_) => true,
+                Ok(page) => pages >= MAX_PAGES || (pages >= MIN_PAGES && ends_chunk(page)),
             };
-            if end {
-                let data = std::mem::replace(&mut chunk, Vec::with_capacity(MAX_PAGES * PAGE));
-                let len = data.len();
-                batch.push(Piece { offset, data });
-                offset += len as u64;
-                batch_bytes += len;
-                if batch_bytes >= BATCH_BYTES {
-                    batch_bytes = 0;
-                    if !send(std::mem::take(&mut batch), &mut waited) {
-                        return Ok(started.elapsed().saturating_sub(waited));
-                    }
+            if !cut {
+                continue;
+            }
+            let data = if carried.is_empty() {
+                Data::Shared(block.clone(), from..at)
+            } else {
+                let mut whole = std::mem::take(&mut carried);
+                whole.extend_from_slice(&block[from..at]);
+                Data::Owned(whole)
+            };
+            from = at;
+            let len = data.len();
+            batch.push(Piece { offset, data });
+            offset += len as u64;
+            batch_bytes += len;
+            if batch_bytes >= BATCH_BYTES {
+                batch_bytes = 0;
+                if !send(std::mem::take(&mut batch), &mut waited) {
+                    return Ok(started.elapsed().saturating_sub(waited));
                 }
             }
         }
+        carried.extend_from_slice(&block[from..]);
     }
-    if !chunk.is_empty() {
-        batch.push(Piece { offset, data: chunk });
+    if !carried.is_empty() {
+        batch.push(Piece {
+            offset,
+            data: Data::Owned(carried),
+        });
     }
     if !batch.is_empty() {
         send(batch, &mut waited);
