@@ -1,5 +1,6 @@
 """Starts `cairn serve --e2b` on a fresh state directory and points the real
-e2b SDK at it (E2B_API_URL, E2B_SANDBOX_URL, E2B_API_KEY).
+e2b SDK at it (E2B_API_URL, E2B_SANDBOX_URL, E2B_API_KEY). Templates run on
+the native driver, except GVISOR_TEMPLATE (a busybox image) on gVisor.
 
 The binary is $CAIRN_BIN, else target/<host tuple>/debug/cairn (this builds nothing).
 Needs root: the sandboxes are real."""
@@ -15,6 +16,8 @@ from pathlib import Path
 import pytest
 
 REPO = Path(__file__).resolve().parents[2]
+# A Cairn image the server runs on gVisor (`--e2b-driver TEMPLATE=gvisor`).
+GVISOR_TEMPLATE = "busybox-gvisor"
 
 
 def _host_tuple():
@@ -39,13 +42,19 @@ def cairn_e2b():
         [binary, "token", "create", "e2b-tests"], env=env, check=True, capture_output=True, text=True
     ).stdout
     secret = next(w for w in token.split() if len(w) >= 20)
+    subprocess.run(
+        [binary, "image", "build", "busybox", "--name", GVISOR_TEMPLATE], env=env, check=True, capture_output=True
+    )
     port = _free_port()
     log = open(os.path.join(home, "serve.log"), "a")
     server = {}
 
     def start():
         server["p"] = subprocess.Popen(
-            [binary, "serve", "--e2b", f"127.0.0.1:{port}"], env=env, stdout=log, stderr=subprocess.STDOUT
+            [binary, "serve", "--e2b", f"127.0.0.1:{port}", "--e2b-driver", f"{GVISOR_TEMPLATE}=gvisor"],
+            env=env,
+            stdout=log,
+            stderr=subprocess.STDOUT,
         )
         deadline = time.time() + 30
         while True:

@@ -21,6 +21,8 @@ pub struct ServeOptions {
     /// A TCP address for the E2B-compatible API (its own API keys and
     /// access tokens).
     pub e2b: Option<SocketAddr>,
+    /// Which driver runs each E2B template's sandboxes.
+    pub e2b_drivers: crate::e2b::Drivers,
     pub settings: Settings,
 }
 
@@ -101,7 +103,13 @@ pub async fn serve(home: Home, opts: ServeOptions) -> Result<(), ServeError> {
             .local_addr()
             .map(|a| a.to_string())
             .unwrap_or_else(|_| addr.to_string());
-        let e2b = crate::e2b::router(Arc::clone(&app));
+        if opts.e2b_drivers.uses_gvisor() && cairn_sandbox::gvisor::Runsc::locate().is_none() {
+            eprintln!(
+                "cairn: warning: --e2b-driver names gvisor but runsc is not installed \
+                 (apt-get install runsc, or set CAIRN_RUNSC): creating those E2B sandboxes will fail"
+            );
+        }
+        let e2b = crate::e2b::router(Arc::clone(&app), opts.e2b_drivers.clone());
         let mut stop = stop_rx.clone();
         tasks.spawn(async move {
             axum::serve(tcp.tap_io(no_delay), e2b)

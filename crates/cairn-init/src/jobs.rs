@@ -14,7 +14,7 @@
 use std::collections::{HashMap, VecDeque};
 use std::fs::File;
 use std::io::{ErrorKind, Read, Write};
-use std::os::fd::AsFd;
+use std::os::fd::{AsFd, AsRawFd};
 use std::os::unix::net::UnixStream;
 use std::sync::{Arc, Condvar, Mutex};
 use std::time::Duration;
@@ -304,11 +304,33 @@ fn host_gone(stream: &UnixStream) -> bool {
         stream.as_fd(),
         PollFlags::POLLIN | PollFlags::from_bits_retain(libc::POLLRDHUP),
     )];
-    match poll(&mut fds, PollTimeout::ZERO) {
+    let polled = match poll(&mut fds, PollTimeout::ZERO) {
         Ok(0) => false,
         Ok(_) => fds[0].revents().is_some_and(|r| !r.is_empty()),
         Err(_) => true,
+    };
+    // gVisor's zero-timeout poll of a host socket misses bytes the host
+    // sent and a quiesce's shutdown; a peek that does not wait sees both.
+    polled || peer_sent_or_ended(stream)
+}
+
+fn peer_sent_or_ended(stream: &UnixStream) -> bool {
+    let mut byte = [0u8; 1];
+    // SAFETY: `byte` is a valid buffer of 1 byte for the duration of the
+    // call, and the descriptor is the open socket `stream` borrows.
+    let n = unsafe {
+        libc::recv(
+            stream.as_raw_fd(),
+            byte.as_mut_ptr().cast(),
+            1,
+            libc::MSG_PEEK | libc::MSG_DONTWAIT,
+        )
+    };
+    if n >= 0 {
+        return true;
     }
+    let e = std::io::Error::last_os_error().kind();
+    !matches!(e, ErrorKind::WouldBlock | ErrorKind::Interrupted)
 }
 
 fn pump(pipe: Option<File>, job: &Job, stream: usize) {

@@ -358,6 +358,15 @@ pub enum Command {
         /// point E2B_API_URL and E2B_SANDBOX_URL here, E2B_API_KEY = a token.
         #[arg(long, value_name = "ADDR")]
         e2b: Option<std::net::SocketAddr>,
+        /// Which driver runs E2B sandboxes: native (the default; a pause
+        /// keeps files, processes end) or gvisor (a pause keeps memory and
+        /// running processes; needs runsc). TEMPLATE=DRIVER chooses for one
+        /// template; repeat the flag, e.g. `--e2b-driver gvisor
+        /// --e2b-driver debian=native`. A snapshot used as a template keeps
+        /// the driver it was taken on.
+        #[arg(long = "e2b-driver", value_name = "[TEMPLATE=]DRIVER", requires = "e2b",
+              value_parser = cairn_api::e2b::parse_driver_choice)]
+        e2b_driver: Vec<cairn_api::e2b::DriverChoice>,
         /// The largest file upload accepted (413 above it), e.g. 512M, 4G.
         #[arg(long, default_value = "1G", value_name = "SIZE", value_parser = parse_bytes)]
         max_upload: u64,

@@ -75,6 +75,7 @@ pub fn dispatch(cli: Cli) -> Result<i32> {
         socket,
         listen,
         e2b,
+        e2b_driver,
         max_upload,
         openapi,
     } = cli.command
@@ -87,6 +88,7 @@ pub fn dispatch(cli: Cli) -> Result<i32> {
             socket,
             listen,
             e2b,
+            e2b_drivers: cairn_api::e2b::Drivers::new(e2b_driver),
             settings: cairn_api::Settings { max_upload },
         };
         // A streamed exec holds a blocking thread for as long as it runs.

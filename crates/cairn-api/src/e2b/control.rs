@@ -11,7 +11,7 @@ use axum::http::StatusCode;
 use axum::middleware::Next;
 use axum::response::{IntoResponse, Response};
 use axum::Json;
-use cairn_engine::{CreateOptions, EngineError, SandboxRecord, Silent};
+use cairn_engine::{CreateOptions, Engine, EngineError, SandboxRecord, SnapshotRecord, Silent};
 use serde::Deserialize;
 use serde_json::{json, Value};
 
@@ -154,7 +154,8 @@ fn make_home(e: &cairn_engine::Engine, rec: &SandboxRecord) -> Result<(), crate:
 }
 
 /// `POST /v2/sandboxes`: a template is `base` (Cairn's default image), a
-/// Cairn image name, or a snapshot id (restored).
+/// Cairn image name, or a snapshot id (restored, on the driver it was
+/// taken on). An image template runs on the driver `--e2b-driver` names.
 pub async fn create(State(gw): G, body: Bytes) -> Rest<Response> {
     let req: NewSandbox = parse(&body)?;
     if req.template_id.is_empty() || req.template_id.len() > 256 || req.template_id.contains('\0') {
@@ -176,17 +177,29 @@ pub async fn create(State(gw): G, body: Bytes) -> Rest<Response> {
     check_map("envVars", &env, true)?;
     let life = timeout_ms(req.timeout)?;
     let template = req.template_id.clone();
+    let driver = gw.drivers.of(&template);
     let rec = gw
         .app
         .engine(move |e| {
+            let on_driver = |image: Option<String>| CreateOptions {
+                image,
+                driver: Some(driver.to_string()),
+                ..CreateOptions::default()
+            };
+            // A 500, not the API's 503: the SDK words a 503 as "retry",
+            // and nothing changes until runsc is installed.
+            let created = |r: Result<SandboxRecord, EngineError>| {
+                r.map_err(|err| match err {
+                    EngineError::DriverUnavailable(why) => crate::error::ApiError::internal(format!(
+                        "template {template:?} runs on the {driver} driver (cairn serve --e2b-driver): {why}"
+                    )),
+                    other => other.into(),
+                })
+            };
             let rec = if template == "base" {
-                e.create_sandbox(&CreateOptions::default(), &Silent)?
+                created(e.create_sandbox(&on_driver(None), &Silent))?
             } else if e.image(&template).is_ok() {
-                let opts = CreateOptions {
-                    image: Some(template.clone()),
-                    ..CreateOptions::default()
-                };
-                e.create_sandbox(&opts, &Silent)?
+                created(e.create_sandbox(&on_driver(Some(template.clone())), &Silent))?
             } else {
                 match e.snapshot_record(&template) {
                     Ok(snap) => e.restore(&snap, &CreateOptions::default())?,
@@ -358,6 +371,46 @@ pub async fn set_timeout(State(gw): G, Path(id): Path<String>, body: Bytes) -> R
     Ok(StatusCode::NO_CONTENT)
 }
 
+/// Snapshots a Cairn sandbox, then removes it: on gVisor the snapshot
+/// holds memory and running processes, on native files only. The same
+/// engine calls as a session's suspend; the one place to change when the
+/// engine makes them one.
+fn snapshot_and_stop(en: &mut Engine, sandbox: &str) -> Result<SnapshotRecord, EngineError> {
+    let rec = en.sandbox(sandbox)?;
+    let snap = en.snapshot(&rec, None)?;
+    // Read again: a memory snapshot restores the sandbox so it goes on.
+    let rec = en.sandbox(sandbox)?;
+    en.remove_sandbox(&rec, true)?;
+    Ok(snap)
+}
+
+/// Refuses a memory snapshot of a gVisor sandbox while a command started
+/// with stdin runs: it holds a connection to init, which gVisor cannot
+/// checkpoint (commands without stdin run as jobs and are kept).
+async fn check_memory_snapshot(gw: &Arc<Gateway>, id: &str, sandbox: &str, what: &str) -> Rest<()> {
+    let attached = gw.attached_pids(id);
+    if attached.is_empty() {
+        return Ok(());
+    }
+    let s = sandbox.to_string();
+    let driver = gw.app.engine(move |en| Ok(en.sandbox(&s)?.driver)).await?;
+    if driver != "gvisor" {
+        return Ok(());
+    }
+    let pids: Vec<String> = attached.iter().map(i32::to_string).collect();
+    // 400, Connect's failed_precondition: the SDK reads a 409 on pause as
+    // "already paused" and says nothing.
+    Err(RestError::new(
+        StatusCode::BAD_REQUEST,
+        format!(
+            "cannot {what} sandbox {id} with its memory while commands started with stdin run (pid {}): \
+             they hold a connection gVisor cannot checkpoint; close their stdin and wait for them, \
+             or kill them, then retry",
+            pids.join(", ")
+        ),
+    ))
+}
+
 /// Snapshots a running E2B sandbox and removes the Cairn sandbox under it.
 pub(crate) async fn pause_entry(gw: &Arc<Gateway>, id: &str) -> Rest<bool> {
     known(gw, id)?;
@@ -366,22 +419,24 @@ pub(crate) async fn pause_entry(gw: &Arc<Gateway>, id: &str) -> Rest<bool> {
     let Some(sandbox) = e.running().map(str::to_string) else {
         return Ok(false);
     };
+    check_memory_snapshot(gw, id, &sandbox, "pause").await?;
+    let _held = gw.hold_followers(id);
     let snap = gw
         .app
-        .engine(move |en| {
-            let rec = en.sandbox(&sandbox)?;
-            let snap = en.snapshot(&rec, None)?;
-            en.remove_sandbox(&rec, true)?;
-            Ok(snap)
-        })
+        .engine(move |en| Ok(snapshot_and_stop(en, &sandbox)?))
         .await?;
-    gw.drop_procs(id);
+    let memory = snap.driver == "gvisor";
+    if !memory {
+        // Nothing ran on past a files-only pause.
+        gw.drop_procs(id);
+    }
     let paused = Life::Paused {
         snapshot: snap.id.clone(),
     };
     gw.modify(id, |e| e.life = paused).await?;
+    let kept = if memory { "memory and processes" } else { "files" };
     gw.app
-        .emit("sandbox.removed", id, format!("paused as snapshot {}", snap.id));
+        .emit("sandbox.removed", id, format!("paused as snapshot {} ({kept})", snap.id));
     Ok(true)
 }
 
@@ -429,6 +484,8 @@ pub async fn connect(State(gw): G, Path(id): Path<String>, body: Bytes) -> Rest<
                     sandbox: rec.id.clone(),
                 };
                 gw.modify(&id, |e| e.life = running).await?;
+                // Jobs that ran on in the memory image are followed again.
+                gw.refollow(&id);
                 gw.app
                     .emit("sandbox.created", &rec.id, format!("resumed E2B sandbox {id}"));
             }
@@ -467,13 +524,17 @@ pub async fn create_snapshot(State(gw): G, Path(id): Path<String>, body: Bytes) 
         })?
         .to_string();
     let _busy = gw.app.claim(&format!("e2b:{id}"), "snapshot")?;
+    check_memory_snapshot(&gw, &id, &sandbox, "snapshot").await?;
+    let held = gw.hold_followers(&id);
     let snap = gw
         .app
         .engine(move |en| {
             let rec = en.sandbox(&sandbox)?;
             Ok(en.snapshot(&rec, None)?)
         })
-        .await?;
+        .await;
+    drop(held);
+    let snap = snap?;
     let name = req.name.unwrap_or_else(|| snap.id.clone());
     let out = json!({ "snapshotID": snap.id, "names": [name] });
     let record = E2bSnapshot {
@@ -566,10 +627,14 @@ pub async fn fork(State(gw): G, Path(id): Path<String>, body: Bytes) -> Rest<Res
         })?
         .to_string();
     let _busy = gw.app.claim(&format!("e2b:{id}"), "fork")?;
-    let (_, forks) = gw
+    check_memory_snapshot(&gw, &id, &sandbox, "fork").await?;
+    let held = gw.hold_followers(&id);
+    let forked = gw
         .app
         .engine(move |en| Ok(en.fork(&sandbox, count, &CreateOptions::default())?))
-        .await?;
+        .await;
+    drop(held);
+    let (_, forks) = forked?;
     let mut out = Vec::with_capacity(forks.len());
     let mut entries = Vec::with_capacity(forks.len());
     for rec in &forks {
@@ -610,8 +675,11 @@ pub(crate) fn spawn_reaper(gw: Arc<Gateway>) {
                 };
                 match r {
                     Ok(()) => tracing::info!(sandbox = id, auto_pause, "e2b: sandbox timed out"),
-                    // Busy: the next tick tries again.
-                    Err(e) if e.status == StatusCode::CONFLICT => {}
+                    // Busy, or (gVisor) a command with stdin holds a
+                    // connection: the next tick tries again.
+                    Err(e) if e.status == StatusCode::CONFLICT || (auto_pause && e.status == StatusCode::BAD_REQUEST) => {
+                        tracing::debug!(sandbox = id, "e2b: timed out, not ended yet: {}", e.message)
+                    }
                     Err(e) => tracing::warn!(sandbox = id, "e2b: ending a timed-out sandbox: {}", e.message),
                 }
             }

@@ -9,14 +9,18 @@
 //!
 //! An E2B sandbox keeps its id across pause and resume while the Cairn
 //! sandbox under it changes: the state store keeps that mapping
-//! ([`cairn_engine::e2b`]), and the gateway a copy in memory.
+//! ([`cairn_engine::e2b`]), and the gateway a copy in memory. Which driver
+//! runs a template's sandboxes is the server's choice ([`Drivers`]): on
+//! gVisor a pause keeps memory and running processes.
 
 mod control;
+mod drivers;
 mod envd;
 mod files;
+mod jobs;
 mod rpc;
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::{BTreeMap, HashMap, HashSet};
 use std::io::{Read, Write};
 use std::sync::{Arc, Mutex};
 
@@ -33,6 +37,7 @@ use crate::app::App;
 use crate::error::{ApiError, ApiResult};
 
 pub use cairn_engine::e2b::{E2bLife as Life, E2bSandbox as Entry};
+pub use drivers::{parse_driver_choice, DriverChoice, Drivers};
 
 /// The envd version reported: ≥ 0.5.2 so the SDK allows `close_stdin`,
 /// ≥ 0.4.0 so it sends no user unless asked.
@@ -45,11 +50,25 @@ pub const MAX_TIMEOUT_SECS: u64 = 86_400;
 /// A process started through `Process/Start`, for `Connect`, `List`,
 /// `SendInput`, `SendSignal` and `CloseStdin`.
 pub(crate) struct Proc {
-    pub control: ExecControl,
+    pub handle: Handle,
     /// The `ProcessInfo` JSON `Process/List` answers.
     pub info: serde_json::Value,
     /// Every event after `start`, framed, for reattached streams.
     pub events: broadcast::Sender<bytes::Bytes>,
+}
+
+/// How the gateway reaches a process it started.
+#[derive(Clone)]
+pub(crate) enum Handle {
+    /// Over the connection to init that started it (its stdin, its
+    /// signals): a native sandbox's commands, and commands started with
+    /// stdin. Such a connection keeps a gVisor sandbox from a memory
+    /// snapshot.
+    Attached(ExecControl),
+    /// As one of init's named jobs (gVisor, without stdin): it runs on
+    /// through memory snapshots, pauses and resumes, and the gateway
+    /// follows it again by name afterwards.
+    Job(Arc<jobs::Job>),
 }
 
 /// The gateway's shared state.
@@ -66,6 +85,23 @@ pub struct Gateway {
     /// Whether a Cairn sandbox has `/bin/bash` (the SDK runs every
     /// command through it).
     pub(crate) bash: Mutex<HashMap<String, bool>>,
+    /// Which driver runs each template's sandboxes.
+    drivers: Drivers,
+    /// Sandboxes being snapshotted, whose jobs' followers stay off.
+    held: Mutex<HashSet<String>>,
+}
+
+/// Keeps the followers of a sandbox's jobs off while it lives
+/// ([`Gateway::hold_followers`]).
+pub(crate) struct FollowersHeld {
+    gw: Arc<Gateway>,
+    id: String,
+}
+
+impl Drop for FollowersHeld {
+    fn drop(&mut self) {
+        self.gw.held.lock().unwrap_or_else(|e| e.into_inner()).remove(&self.id);
+    }
 }
 
 /// The key access tokens are derived with, `$CAIRN_HOME/e2b-token.key`
@@ -181,6 +217,69 @@ impl Gateway {
         let mut p = self.procs.lock().unwrap_or_else(|e| e.into_inner());
         p.retain(|(sid, _), _| sid != id);
     }
+
+    /// The pids of a sandbox's processes attached to a connection to init
+    /// (see [`Handle::Attached`]), lowest first.
+    pub(crate) fn attached_pids(&self, id: &str) -> Vec<i32> {
+        let p = self.procs.lock().unwrap_or_else(|e| e.into_inner());
+        let mut pids: Vec<i32> = p
+            .iter()
+            .filter(|((sid, _), proc)| sid == id && matches!(proc.handle, Handle::Attached(_)))
+            .map(|((_, pid), _)| *pid)
+            .collect();
+        pids.sort_unstable();
+        pids
+    }
+
+    /// Lets go of every attachment following sandbox `id`'s jobs and keeps
+    /// their followers off until the guard is dropped: gVisor cannot
+    /// checkpoint while a connection to init is open, and init ends an
+    /// attachment on quiesce only once its job writes something.
+    pub(crate) fn hold_followers(self: &Arc<Self>, id: &str) -> FollowersHeld {
+        self.held.lock().unwrap_or_else(|e| e.into_inner()).insert(id.to_string());
+        let jobs: Vec<Arc<jobs::Job>> = {
+            let p = self.procs.lock().unwrap_or_else(|e| e.into_inner());
+            p.iter()
+                .filter(|((sid, _), _)| sid == id)
+                .filter_map(|(_, proc)| match &proc.handle {
+                    Handle::Job(job) => Some(Arc::clone(job)),
+                    Handle::Attached(_) => None,
+                })
+                .collect()
+        };
+        for job in jobs {
+            job.let_go();
+        }
+        FollowersHeld {
+            gw: Arc::clone(self),
+            id: id.to_string(),
+        }
+    }
+
+    pub(crate) fn followers_held(&self, id: &str) -> bool {
+        self.held.lock().unwrap_or_else(|e| e.into_inner()).contains(id)
+    }
+
+    /// Follows again the jobs of sandbox `id` that nothing follows (after
+    /// a resume, or a follower that gave up), so their output reaches
+    /// reattached streams and their end is noticed.
+    pub(crate) fn refollow(self: &Arc<Self>, id: &str) {
+        let idle: Vec<(i32, Arc<jobs::Job>, broadcast::Sender<bytes::Bytes>)> = {
+            let p = self.procs.lock().unwrap_or_else(|e| e.into_inner());
+            p.iter()
+                .filter(|((sid, _), _)| sid == id)
+                .filter_map(|((_, pid), proc)| match &proc.handle {
+                    Handle::Job(job) if job.claim_following() => Some((*pid, Arc::clone(job), proc.events.clone())),
+                    _ => None,
+                })
+                .collect()
+        };
+        for (pid, job, events) in idle {
+            let gw = Arc::clone(self);
+            let id = id.to_string();
+            tokio::task::spawn_blocking(move || jobs::follow_again(gw, id, pid, job, events));
+        }
+    }
 }
 
 /// A control-plane error: `{"code": <status>, "message"}`, as the SDK
@@ -229,8 +328,9 @@ impl IntoResponse for RestError {
     }
 }
 
-/// Every route the E2B SDK calls: the control plane and envd.
-pub fn router(app: Arc<App>) -> Router {
+/// Every route the E2B SDK calls: the control plane and envd; `drivers`
+/// says which driver runs each template's sandboxes.
+pub fn router(app: Arc<App>, drivers: Drivers) -> Router {
     let book: BTreeMap<String, Entry> = match app.take_engine().and_then(|e| {
         let all = e.e2b_sandboxes().map_err(ApiError::from);
         app.give_back(e);
@@ -254,6 +354,8 @@ pub fn router(app: Arc<App>) -> Router {
         token_key,
         procs: Mutex::new(HashMap::new()),
         bash: Mutex::new(HashMap::new()),
+        drivers,
+        held: Mutex::new(HashSet::new()),
     });
     control::spawn_reaper(Arc::clone(&gw));
     let api = Router::new()

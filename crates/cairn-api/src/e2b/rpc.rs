@@ -2,7 +2,8 @@
 //! Connect as server streams of 5-byte envelopes ending in an
 //! end-of-stream frame; List, SendInput, SendSignal, CloseStdin unary) and
 //! `filesystem.Filesystem` (Stat, ListDir, MakeDir, Move, Remove). PTYs,
-//! watchers, Update and StreamInput answer `unimplemented`.
+//! watchers, Update and StreamInput answer `unimplemented`. On gVisor
+//! sandboxes commands without stdin run as init's jobs (`jobs.rs`).
 
 use std::io::Write;
 use std::sync::Arc;
@@ -19,7 +20,8 @@ use serde_json::{json, Value};
 use tokio::sync::{broadcast, mpsc};
 
 use super::envd::{entry_info, home_of, resolve, sandbox_of, user_of, Denied};
-use super::{Gateway, Proc};
+use super::jobs::{self, Job};
+use super::{Gateway, Handle, Proc};
 use crate::error::{client_status, ApiError};
 
 /// The largest request message accepted (SendInput carries stdin).
@@ -37,7 +39,7 @@ pub(crate) struct RpcError {
 }
 
 impl RpcError {
-    fn new(code: &'static str, message: impl Into<String>) -> RpcError {
+    pub(super) fn new(code: &'static str, message: impl Into<String>) -> RpcError {
         RpcError {
             code,
             message: message.into(),
@@ -126,11 +128,11 @@ fn frame(flags: u8, v: &Value) -> Bytes {
     Bytes::from(out)
 }
 
-fn event(v: Value) -> Bytes {
+pub(super) fn event(v: Value) -> Bytes {
     frame(0, &json!({ "event": v }))
 }
 
-fn end_of_stream(err: Option<&RpcError>) -> Bytes {
+pub(super) fn end_of_stream(err: Option<&RpcError>) -> Bytes {
     frame(
         2,
         &err.map(|e| json!({ "error": e.json() })).unwrap_or_else(|| json!({})),
@@ -234,7 +236,7 @@ pub async fn process(
                 "Start" => start(&gw, entry, sandbox, &headers, &body).await,
                 "Connect" => reattach(&gw, &entry.id, &body),
                 "List" => Ok(list(&gw, &entry.id)),
-                "SendSignal" => signal(&gw, &entry.id, &body),
+                "SendSignal" => signal(&gw, &entry.id, &sandbox, &body).await,
                 "SendInput" => send_input(&gw, &entry.id, &body),
                 "CloseStdin" => close_stdin(&gw, &entry.id, &body),
                 "Update" => Err(RpcError::unimplemented("resizing a PTY (Process/Update)")),
@@ -279,12 +281,23 @@ fn find(gw: &Gateway, id: &str, sel: &Selector) -> Rpc<i32> {
     }
 }
 
-fn control(gw: &Gateway, id: &str, pid: i32) -> Rpc<cairn_sandbox::client::ExecControl> {
+fn handle(gw: &Gateway, id: &str, pid: i32) -> Rpc<Handle> {
     let procs = gw.procs.lock().unwrap_or_else(|e| e.into_inner());
     procs
         .get(&(id.to_string(), pid))
-        .map(|p| p.control.clone())
+        .map(|p| p.handle.clone())
         .ok_or_else(|| RpcError::new("not_found", format!("process with pid {pid} not found")))
+}
+
+/// The connection to a process started with stdin; a job has none.
+fn attached(gw: &Gateway, id: &str, pid: i32) -> Rpc<cairn_sandbox::client::ExecControl> {
+    match handle(gw, id, pid)? {
+        Handle::Attached(c) => Ok(c),
+        Handle::Job(_) => Err(RpcError::new(
+            "failed_precondition",
+            format!("process {pid} was started without stdin: start it with stdin=True to send it input"),
+        )),
+    }
 }
 
 fn list(gw: &Gateway, id: &str) -> Response {
@@ -297,7 +310,7 @@ fn list(gw: &Gateway, id: &str) -> Response {
     unary(json!({ "processes": items }))
 }
 
-fn signal(gw: &Gateway, id: &str, body: &[u8]) -> Rpc<Response> {
+async fn signal(gw: &Arc<Gateway>, id: &str, sandbox: &str, body: &[u8]) -> Rpc<Response> {
     let req: SelectorRequest = message(body)?;
     let sig = match req.signal.as_ref() {
         Some(Value::String(s)) if s == "SIGNAL_SIGKILL" => libc::SIGKILL,
@@ -311,9 +324,22 @@ fn signal(gw: &Gateway, id: &str, body: &[u8]) -> Rpc<Response> {
         }
     };
     let pid = find(gw, id, &req.process)?;
-    control(gw, id, pid)?
-        .signal(sig)
-        .map_err(|e| RpcError::new("not_found", format!("process with pid {pid} is gone: {e}")))?;
+    let gone = |e: String| RpcError::new("not_found", format!("process with pid {pid} is gone: {e}"));
+    match handle(gw, id, pid)? {
+        Handle::Attached(c) => c.signal(sig).map_err(|e| gone(e.to_string()))?,
+        Handle::Job(_) => {
+            // A job leads its own process group: the group gets the
+            // signal, as an attached command's does.
+            let sandbox = sandbox.to_string();
+            gw.app
+                .engine(move |e| {
+                    let rec = e.sandbox(&sandbox)?;
+                    Ok(e.client(&rec)?.kill(-pid, sig)?)
+                })
+                .await
+                .map_err(|e| gone(e.message))?;
+        }
+    }
     Ok(unary(json!({})))
 }
 
@@ -328,7 +354,7 @@ fn send_input(gw: &Gateway, id: &str, body: &[u8]) -> Rpc<Response> {
         _ => Vec::new(),
     };
     let pid = find(gw, id, &req.process)?;
-    let c = control(gw, id, pid)?;
+    let c = attached(gw, id, pid)?;
     if !data.is_empty() {
         c.stdin(&data).map_err(|e| {
             RpcError::new(
@@ -343,7 +369,7 @@ fn send_input(gw: &Gateway, id: &str, body: &[u8]) -> Rpc<Response> {
 fn close_stdin(gw: &Gateway, id: &str, body: &[u8]) -> Rpc<Response> {
     let req: SelectorRequest = message(body)?;
     let pid = find(gw, id, &req.process)?;
-    control(gw, id, pid)?.close_stdin().map_err(|e| {
+    attached(gw, id, pid)?.close_stdin().map_err(|e| {
         RpcError::new(
             "failed_precondition",
             format!("the stdin of process {pid} is gone: {e}"),
@@ -364,15 +390,45 @@ fn decode_bytes(s: &str) -> Rpc<Vec<u8>> {
 /// Output of a started process, sent as `data` events to the stream that
 /// started it (while it listens) and to reattached streams. The process
 /// keeps running when its client goes.
-struct Out {
+pub(super) struct Out {
     tx: mpsc::Sender<Bytes>,
     open: bool,
     events: broadcast::Sender<Bytes>,
     key: &'static str,
+    /// A job counts what it relayed, to be followed again from there.
+    job: Option<Arc<Job>>,
 }
 
 impl Out {
-    fn send(&mut self, f: Bytes) {
+    /// The stdout and stderr relays of a process.
+    pub(super) fn pair(
+        tx: mpsc::Sender<Bytes>,
+        events: broadcast::Sender<Bytes>,
+        job: Option<Arc<Job>>,
+    ) -> (Out, Out) {
+        let out = Out {
+            tx: tx.clone(),
+            open: !tx.is_closed(),
+            events: events.clone(),
+            key: "stdout",
+            job: job.clone(),
+        };
+        let err = Out {
+            tx,
+            open: out.open,
+            events,
+            key: "stderr",
+            job,
+        };
+        (out, err)
+    }
+
+    /// Where reattached streams listen.
+    pub(super) fn events(&self) -> broadcast::Sender<Bytes> {
+        self.events.clone()
+    }
+
+    pub(super) fn send(&mut self, f: Bytes) {
         if self.open && self.tx.blocking_send(f.clone()).is_err() {
             self.open = false;
         }
@@ -382,6 +438,9 @@ impl Out {
 
 impl Write for Out {
     fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+        if let Some(job) = &self.job {
+            job.relayed(usize::from(self.key == "stderr"), buf.len());
+        }
         let b64 = base64::engine::general_purpose::STANDARD.encode(buf);
         self.send(event(json!({ "data": { self.key: b64 } })));
         Ok(buf.len())
@@ -423,7 +482,7 @@ async fn argv(gw: &Arc<Gateway>, sandbox: &str, cmd: String, args: Vec<String>) 
     Ok(argv)
 }
 
-fn end_event(status: &cairn_protocol::ExitStatus) -> Value {
+pub(super) fn end_event(status: &cairn_protocol::ExitStatus) -> Value {
     let (code, text) = match (status.code, status.signal) {
         (Some(c), _) => (c, format!("exit status {c}")),
         (None, Some(libc::SIGKILL)) => (-1, "signal: killed".to_string()),
@@ -515,20 +574,23 @@ fn run(
     let started = engine
         .sandbox(&sandbox)
         .map_err(ApiError::from)
-        .and_then(|rec| engine.exec(&rec, exec).map_err(ApiError::from));
+        .and_then(|rec| jobs::start(&engine, &rec, exec));
     gw.app.give_back(engine);
-    let session = match started {
-        Ok(Ok(s)) => s.session,
-        Ok(Err(failure)) => return drop(ready.send(Err(RpcError::invalid(failure.message)))),
+    let (pid, started) = match started {
+        Ok(Ok(s)) => s,
+        Ok(Err(message)) => return drop(ready.send(Err(RpcError::invalid(message)))),
         Err(e) => return drop(ready.send(Err(e.into()))),
     };
-    let pid = session.pid;
     info["pid"] = json!(pid);
     let (events, _) = broadcast::channel(256);
+    let (handle, job) = match &started {
+        jobs::Started::Attached(session) => (Handle::Attached(session.control()), None),
+        jobs::Started::Job(job) => (Handle::Job(Arc::clone(job)), Some(Arc::clone(job))),
+    };
     gw.procs.lock().unwrap_or_else(|e| e.into_inner()).insert(
         (id.clone(), pid),
         Proc {
-            control: session.control(),
+            handle,
             info,
             events: events.clone(),
         },
@@ -536,39 +598,51 @@ fn run(
     if ready.send(Ok(())).is_err() {
         // The client went before the start: the process stays, as in envd.
     }
-    let mut out = Out {
-        tx: tx.clone(),
-        open: true,
-        events: events.clone(),
-        key: "stdout",
-    };
+    let (mut out, mut err) = Out::pair(tx, events, job);
     out.send(event(json!({ "start": { "pid": pid } })));
-    let mut err = Out {
-        tx,
-        open: true,
-        events,
-        key: "stderr",
-    };
-    let waited = session.wait(&mut out, &mut err);
-    gw.procs.lock().unwrap_or_else(|e| e.into_inner()).remove(&(id, pid));
-    match waited {
-        Ok(status) => {
-            let status = status.unwrap_or(cairn_protocol::ExitStatus {
-                code: Some(0),
-                signal: None,
-                timed_out: false,
-            });
-            out.send(event(end_event(&status)));
-            let deadline = status
-                .timed_out
-                .then(|| RpcError::new("deadline_exceeded", "the command ran past its timeout and was killed"));
-            out.send(end_of_stream(deadline.as_ref()));
+    match started {
+        jobs::Started::Attached(session) => {
+            let waited = session.wait(&mut out, &mut err);
+            forget_proc(&gw, &id, pid, None);
+            match waited {
+                Ok(status) => ended(&mut out, status),
+                Err(e) => {
+                    let e: RpcError = e.into();
+                    out.send(end_of_stream(Some(&RpcError::new("unavailable", e.message))));
+                }
+            }
         }
-        Err(e) => {
-            let e: RpcError = e.into();
-            out.send(end_of_stream(Some(&RpcError::new("unavailable", e.message))));
-        }
+        jobs::Started::Job(job) => jobs::relay(&gw, &id, pid, &job, &mut out, &mut err),
     }
+}
+
+/// Forgets process `pid` of sandbox `id`; with `job`, only if it is still
+/// that job's.
+pub(super) fn forget_proc(gw: &Gateway, id: &str, pid: i32, job: Option<&Arc<Job>>) {
+    let mut procs = gw.procs.lock().unwrap_or_else(|e| e.into_inner());
+    let key = (id.to_string(), pid);
+    let same = match (procs.get(&key).map(|p| &p.handle), job) {
+        (Some(Handle::Job(mine)), Some(job)) => Arc::ptr_eq(mine, job),
+        (Some(_), None) => true,
+        _ => false,
+    };
+    if same {
+        procs.remove(&key);
+    }
+}
+
+/// Sends a process's end event and ends its streams.
+pub(super) fn ended(out: &mut Out, status: Option<cairn_protocol::ExitStatus>) {
+    let status = status.unwrap_or(cairn_protocol::ExitStatus {
+        code: Some(0),
+        signal: None,
+        timed_out: false,
+    });
+    out.send(event(end_event(&status)));
+    let deadline = status
+        .timed_out
+        .then(|| RpcError::new("deadline_exceeded", "the command ran past its timeout and was killed"));
+    out.send(end_of_stream(deadline.as_ref()));
 }
 
 /// The response body: frames as they come, a keepalive on quiet streams.
@@ -608,7 +682,7 @@ fn stream_body(gw: &Gateway, rx: mpsc::Receiver<Bytes>) -> Body {
 
 /// `Process/Connect`: a new stream of a running process's events from now
 /// on (earlier output is not replayed, as in envd).
-fn reattach(gw: &Gateway, id: &str, body: &[u8]) -> Rpc<Response> {
+fn reattach(gw: &Arc<Gateway>, id: &str, body: &[u8]) -> Rpc<Response> {
     let req: SelectorRequest = envelope(body)?;
     let pid = find(gw, id, &req.process)?;
     let mut sub = {
@@ -618,6 +692,8 @@ fn reattach(gw: &Gateway, id: &str, body: &[u8]) -> Rpc<Response> {
             .map(|p| p.events.subscribe())
             .ok_or_else(|| RpcError::new("not_found", format!("process with pid {pid} not found")))?
     };
+    // A job nothing follows (its follower gave up) is followed again.
+    gw.refollow(id);
     let (tx, rx) = mpsc::channel::<Bytes>(64);
     tokio::spawn(async move {
         if tx.send(event(json!({ "start": { "pid": pid } }))).await.is_err() {
