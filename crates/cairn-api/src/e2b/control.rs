@@ -372,13 +372,13 @@ pub async fn set_timeout(State(gw): G, Path(id): Path<String>, body: Bytes) -> R
 }
 
 /// Snapshots a Cairn sandbox, then removes it: on gVisor the snapshot
-/// holds memory and running processes, on native files only. The same
-/// engine calls as a session's suspend; the one place to change when the
-/// engine makes them one.
+/// holds memory and running processes (the sandbox stops at its
+/// checkpoint, no restore), on native files only. The same engine calls as
+/// a session's suspend.
 fn snapshot_and_stop(en: &mut Engine, sandbox: &str) -> Result<SnapshotRecord, EngineError> {
     let rec = en.sandbox(sandbox)?;
-    let snap = en.snapshot(&rec, None)?;
-    // Read again: a memory snapshot restores the sandbox so it goes on.
+    // As a session suspends: a gVisor sandbox stops at its checkpoint.
+    let snap = en.snapshot_to_stop(&rec, None)?;
     let rec = en.sandbox(sandbox)?;
     en.remove_sandbox(&rec, true)?;
     Ok(snap)
