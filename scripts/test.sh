@@ -129,6 +129,13 @@ if [ -x "$runsc_bookworm" ]; then
 else
     echo "test.sh: SKIPPED the gVisor suites on Debian 12's runsc ($runsc_bookworm is missing)" | tee -a "$log"
 fi
+# Memory snapshots that stop the sandbox and restore it (the path of a
+# runsc that cannot leave it running, as Debian 12's), on Debian 13's runsc:
+# the orchestrator killed inside its checkpoints, a session's memory across
+# suspend and resume.
+CAIRN_GVISOR_LEAVE_RUNNING=0 cargo test -p cairn --test gvisor_checkpoints --test sessions_gvisor \
+    --no-fail-fast 2>&1 | tee -a "$log"
+[ "${PIPESTATUS[0]}" = 0 ] || status=1
 # The native sandbox suites again on the kernels users run, in virtual
 # machines (qemu, software emulation) on a pure cgroup v2 host, three at
 # once: Debian's newest kernel (this machine's controllers are bound to
