@@ -1016,8 +1016,9 @@ fn a_sandbox_with_a_network_is_created_and_its_port_found_through_the_api() {
     assert_eq!(status, 200, "{port}");
     assert_eq!(port["host"], format!("{address}:8000"));
     assert_eq!(port["published"], json!([host_port]));
-    // What it names answers.
-    let body = (0..50)
+    // What it names answers (once the service listens; patient on a
+    // loaded host).
+    let body = (0..300)
         .find_map(|_| {
             let got = ureq::get(port["url"].as_str().unwrap()).call().ok()?.into_string().ok();
             if got.is_none() {

@@ -235,3 +235,38 @@ fn an_unreachable_postgresql_state_store_fails_the_state_line() {
     );
     assert_eq!(out.status.code(), Some(1));
 }
+
+#[test]
+fn memory_snapshots_say_whether_runsc_can_leave_a_sandbox_running() {
+    let name = "memory_snapshots_say_whether_runsc_can_leave_a_sandbox_running";
+    if common::skip(name) || common::skip_without_runsc(name) {
+        return;
+    }
+    // Debian 13's runsc (on PATH in CI): checkpoints that leave the sandbox
+    // running, the pages file stored as it is written.
+    let home = private_home();
+    let (report, _) = report(home.path(), &[]);
+    let line = check(&report, "memory-snapshots");
+    assert_eq!(line["status"], "ok", "{line}");
+    assert!(line["detail"].as_str().unwrap().contains("--leave-running"), "{line}");
+    // Debian 12's (kept by test.sh): its --leave-running hangs, so every
+    // memory snapshot stops and restores the sandbox; the line says so and
+    // what to install.
+    let old = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../target/runsc-bookworm/runsc");
+    if !old.exists() {
+        assert!(
+            std::env::var("CI").as_deref() != Ok("true"),
+            "{} is missing: scripts/test.sh keeps Debian 12's runsc there",
+            old.display()
+        );
+        eprintln!("SKIPPED the Debian 12 half of {name}: {} is missing", old.display());
+        return;
+    }
+    let home = private_home();
+    let (report, code) = report(home.path(), &[("CAIRN_RUNSC", old.to_str().unwrap())]);
+    let line = check(&report, "memory-snapshots");
+    assert_eq!(line["status"], "warn", "{line}");
+    assert!(line["detail"].as_str().unwrap().contains("stops the sandbox"), "{line}");
+    assert!(line["remedy"].as_str().unwrap().contains("Debian 13"), "{line}");
+    assert_eq!(code, 0, "a slow path is a warning, not a failure: {report:#}");
+}
