@@ -14,7 +14,16 @@ import warnings
 import pytest
 from e2b import CommandExitException, Sandbox, SandboxException
 
-from conftest import GVISOR_TEMPLATE, _free_port
+# The image conftest.py builds and serves on gVisor (`--e2b-driver
+# busybox-gvisor=gvisor`). Not imported from conftest: with several test
+# directories in one pytest run, `conftest` names another directory's.
+GVISOR_TEMPLATE = "busybox-gvisor"
+
+
+def _free_port():
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
 
 # An HTTP server in busybox sh: each request gets the shell's pid, a nonce
 # drawn once at its start and the count of requests served, all held only

@@ -245,8 +245,8 @@ fn memory_snapshots_say_whether_runsc_can_leave_a_sandbox_running() {
     // Debian 13's runsc (on PATH in CI): checkpoints that leave the sandbox
     // running, the pages file stored as it is written.
     let home = private_home();
-    let (report, _) = report(home.path(), &[]);
-    let line = check(&report, "memory-snapshots");
+    let (new, _) = report(home.path(), &[]);
+    let line = check(&new, "memory-snapshots");
     assert_eq!(line["status"], "ok", "{line}");
     assert!(line["detail"].as_str().unwrap().contains("--leave-running"), "{line}");
     // Debian 12's (kept by test.sh): its --leave-running hangs, so every
@@ -263,10 +263,10 @@ fn memory_snapshots_say_whether_runsc_can_leave_a_sandbox_running() {
         return;
     }
     let home = private_home();
-    let (report, code) = report(home.path(), &[("CAIRN_RUNSC", old.to_str().unwrap())]);
-    let line = check(&report, "memory-snapshots");
+    let (slow, code) = report(home.path(), &[("CAIRN_RUNSC", old.to_str().unwrap())]);
+    let line = check(&slow, "memory-snapshots");
     assert_eq!(line["status"], "warn", "{line}");
     assert!(line["detail"].as_str().unwrap().contains("stops the sandbox"), "{line}");
     assert!(line["remedy"].as_str().unwrap().contains("Debian 13"), "{line}");
-    assert_eq!(code, 0, "a slow path is a warning, not a failure: {report:#}");
+    assert_eq!(code, 0, "a slow path is a warning, not a failure: {slow:#}");
 }
