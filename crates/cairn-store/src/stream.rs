@@ -89,7 +89,6 @@ struct Mapped {
 // SAFETY: a read-only private mapping is plain memory that nothing in this
 // process writes; it is unmapped only on drop.
 unsafe impl Send for Mapped {}
-// SAFETY: as for `Send`: shared reads of memory nobody writes.
 unsafe impl Sync for Mapped {}
 
 impl Mapped {
