@@ -869,8 +869,6 @@ impl Engine {
     > {
         let gvisor = self.gvisor()?;
         let dir = self.home.sandbox(&rec.id);
-        let previous = self.previous_pages(rec);
-        let store = &self.store;
         let save = match gvisor.start_live(&rec.id, window) {
             Ok(s) => s,
             Err(e) => {
@@ -890,9 +888,7 @@ impl Engine {
         let mut behind = save.behind(PAGES_FILE);
         let (saved, pages) = std::thread::scope(|s| {
             let follower = s.spawn(move || {
-                // Read while runsc saves the kernel, before it writes pages.
-                let previous = previous.map(|(file, content)| cairn_store::Previous::new(file, &content));
-                let stored = store.store_stream_after(&mut behind, cairn_store::Cutting::Pages, previous.as_ref());
+                let stored = self.store.store_stream(&mut behind, cairn_store::Cutting::Pages);
                 (stored, behind.appeared())
             });
             let saved = gvisor.finish_live(&rec.id, save);
@@ -948,27 +944,6 @@ impl Engine {
             tracing::warn!(sandbox = %rec.id, "cannot close the checkpoint window: {e}");
         }
         Ok((captured, files?))
-    }
-
-    /// The pages file of sandbox `rec`'s previous memory snapshot, as kept
-    /// on this host, with its chunk list: what did not change since is
-    /// found by comparison ([`cairn_store::Previous`]). None when that
-    /// snapshot has no raw pages file or its local copy is gone.
-    fn previous_pages(&self, rec: &SandboxRecord) -> Option<(File, cairn_store::FileContent)> {
-        use std::os::unix::fs::OpenOptionsExt;
-        let id = self.db.find_sandboxes(&rec.id).ok()?.into_iter().find(|r| r.id == rec.id)?.last_snapshot?;
-        let snap = self.db.find_snapshots(&id).ok()?.into_iter().find(|r| r.id == id)?;
-        let memory = self.manifest(&snap).ok()?.memory?;
-        let pages = memory
-            .files
-            .into_iter()
-            .find(|f| f.name == PAGES_FILE && f.form == MemoryForm::AsWritten)?;
-        let file = fs::OpenOptions::new()
-            .read(true)
-            .custom_flags(libc::O_NOFOLLOW)
-            .open(self.home.memory_image(&snap.id).join(PAGES_FILE))
-            .ok()?;
-        (file.metadata().ok()?.len() == pages.content.size).then_some((file, pages.content))
     }
 
     /// Stores every file of a checkpoint image directory, by name.

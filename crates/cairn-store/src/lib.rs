@@ -45,5 +45,5 @@ pub use hash::{ChunkHash, ParseChunkHashError};
 pub use local::LocalStore;
 pub use read_ahead::ReadAhead;
 pub use s3::{S3Config, S3Prefix, S3Store, MULTIPART_THRESHOLD, REFRESH_WINDOW};
-pub use stream::{Cutting, Previous, StreamStats};
+pub use stream::{Cutting, StreamStats};
 pub use tiered::{TieredOptions, TieredStore};

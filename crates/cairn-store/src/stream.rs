@@ -64,47 +64,6 @@ fn ends_chunk(page: &[u8; PAGE]) -> bool {
     mixed.wrapping_mul(0x9E37_79B9_7F4A_7C15) >> 60 == 0
 }
 
-/// The same file as stored by an earlier snapshot, kept on this host: a
-/// chunk whose bytes equal an earlier chunk's (found by its length and
-/// first bytes, wherever it moved to, then compared whole) is that earlier
-/// chunk, so its hash is taken from the earlier chunk list instead of
-/// being computed, and it is not looked up (a comparison from the page
-/// cache costs a fraction of a hash). The earlier file is trusted to hold
-/// what its chunk list says, as a restore from it on this host trusts it.
-pub struct Previous {
-    file: std::fs::File,
-    chunks: std::collections::HashMap<(u32, [u8; KEY]), (u64, ChunkHash)>,
-}
-
-/// The bytes at the start of a chunk that find it in [`Previous`].
-const KEY: usize = 64;
-
-impl Previous {
-    /// Reads the first bytes of every chunk of `content` from `file` (a
-    /// read each: ~10 ms for 512 MiB of 80 KiB chunks from the page cache).
-    pub fn new(file: std::fs::File, content: &FileContent) -> Previous {
-        use std::os::unix::fs::FileExt;
-        let mut chunks = std::collections::HashMap::with_capacity(content.chunks.len());
-        for c in &content.chunks {
-            let mut key = [0; KEY];
-            if c.len as usize >= KEY && file.read_exact_at(&mut key, c.offset).is_ok() {
-                chunks.insert((c.len, key), (c.offset, c.hash));
-            }
-        }
-        Previous { file, chunks }
-    }
-
-    /// The earlier chunk holding exactly `data`, if there is one.
-    fn same(&self, data: &[u8]) -> Option<ChunkHash> {
-        use std::os::unix::fs::FileExt;
-        let key: [u8; KEY] = data.get(..KEY)?.try_into().ok()?;
-        let (offset, hash) = *self.chunks.get(&(u32::try_from(data.len()).ok()?, key))?;
-        let mut earlier = vec![0; data.len()];
-        self.file.read_exact_at(&mut earlier, offset).ok()?;
-        (earlier == data).then_some(hash)
-    }
-}
-
 /// What storing a stream did and where its time went.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct StreamStats {
@@ -132,10 +91,6 @@ pub struct StreamStats {
     pub compress: Duration,
     /// Writing the new chunks and making them durable.
     pub write: Duration,
-    /// Chunks found equal to one of an earlier snapshot's file
-    /// ([`Previous`]), and the comparing, summed over the pool's threads.
-    pub unchanged: u64,
-    pub compare: Duration,
 }
 
 impl std::ops::AddAssign for StreamStats {
@@ -152,8 +107,6 @@ impl std::ops::AddAssign for StreamStats {
         self.lookup += o.lookup;
         self.compress += o.compress;
         self.write += o.write;
-        self.unchanged += o.unchanged;
-        self.compare += o.compare;
     }
 }
 
@@ -184,8 +137,6 @@ impl std::ops::Deref for Data {
 struct Prepared {
     hash: ChunkHash,
     compressed: Option<Vec<u8>>,
-    unchanged: bool,
-    compare_time: Duration,
     hash_time: Duration,
     lookup_time: Duration,
     compress_time: Duration,
@@ -200,18 +151,6 @@ impl<B: BlobStore> ChunkStore<B> {
         &self,
         reader: R,
         cutting: impl Into<Cutting>,
-    ) -> Result<(FileContent, StreamStats), StoreError> {
-        self.store_stream_after(reader, cutting, None)
-    }
-
-    /// [`Self::store_stream`] of a new version of a file an earlier
-    /// snapshot stored: what is unchanged at its place is recognised by
-    /// comparison ([`Previous`]) rather than hashed, wherever it moved.
-    pub fn store_stream_after<R: Read + Send>(
-        &self,
-        reader: R,
-        cutting: impl Into<Cutting>,
-        previous: Option<&Previous>,
     ) -> Result<(FileContent, StreamStats), StoreError> {
         let cutting = cutting.into();
         let started = Instant::now();
@@ -232,7 +171,7 @@ impl<B: BlobStore> ChunkStore<B> {
             });
             // On an error the receiver is dropped, which stops the cutter.
             for batch in rx {
-                self.store_batch(batch, &mut content, &mut stats, previous)?;
+                self.store_batch(batch, &mut content, &mut stats)?;
             }
             let chunking = cutter
                 .join()
@@ -256,11 +195,10 @@ impl<B: BlobStore> ChunkStore<B> {
         batch: Vec<Piece>,
         content: &mut FileContent,
         stats: &mut StreamStats,
-        previous: Option<&Previous>,
     ) -> Result<(), StoreError> {
         let prepared = batch
             .par_iter()
-            .map(|piece| self.prepare(piece, previous))
+            .map(|piece| self.prepare(&piece.data))
             .collect::<Result<Vec<_>, _>>()?;
         let (at, new): (Vec<usize>, Vec<(ChunkHash, &[u8])>) = prepared
             .iter()
@@ -284,8 +222,6 @@ impl<B: BlobStore> ChunkStore<B> {
             stats.hash += p.hash_time;
             stats.lookup += p.lookup_time;
             stats.compress += p.compress_time;
-            stats.compare += p.compare_time;
-            stats.unchanged += u64::from(p.unchanged);
             if stored {
                 stats.new_chunks += 1;
                 stats.new_bytes += piece.data.len() as u64;
@@ -300,22 +236,7 @@ impl<B: BlobStore> ChunkStore<B> {
     }
 
     /// Hashes a chunk and compresses it only if the store lacks it.
-    fn prepare(&self, piece: &Piece, previous: Option<&Previous>) -> Result<Prepared, StoreError> {
-        let data = &piece.data[..];
-        let t = Instant::now();
-        let same = previous.and_then(|p| p.same(data));
-        let compare_time = t.elapsed();
-        if let Some(hash) = same {
-            return Ok(Prepared {
-                hash,
-                compressed: None,
-                unchanged: true,
-                compare_time,
-                hash_time: Duration::ZERO,
-                lookup_time: Duration::ZERO,
-                compress_time: Duration::ZERO,
-            });
-        }
+    fn prepare(&self, data: &[u8]) -> Result<Prepared, StoreError> {
         let t = Instant::now();
         let hash = ChunkHash::of(data);
         let hash_time = t.elapsed();
@@ -330,8 +251,6 @@ impl<B: BlobStore> ChunkStore<B> {
         Ok(Prepared {
             hash,
             compressed,
-            unchanged: false,
-            compare_time,
             hash_time,
             lookup_time,
             compress_time: t.elapsed(),
@@ -601,25 +520,6 @@ mod tests {
         let mut back = Vec::new();
         store.read_to_writer(&again, &mut back, &ReadContext::new()).unwrap();
         assert!(back == moved);
-        // Against the earlier file kept on disk: what is unchanged is
-        // compared, not hashed, wherever it moved, and gives the same chunk
-        // list.
-        let earlier = dir.path().join("earlier");
-        std::fs::write(&earlier, &moved).unwrap();
-        let mut changed = moved[..PAGE].to_vec();
-        changed.extend_from_slice(&moved[2 * PAGE..]);
-        changed[1 << 20..(1 << 20) + 5000].copy_from_slice(&noise(5000, 13));
-        let previous = Previous::new(std::fs::File::open(&earlier).unwrap(), &again);
-        let (after, stats) = store
-            .store_stream_after(&changed[..], Cutting::Pages, Some(&previous))
-            .unwrap();
-        let (plain, _) = store.store_stream(&changed[..], Cutting::Pages).unwrap();
-        assert_eq!(after, plain, "comparing finds what hashing finds");
-        assert!(stats.unchanged >= stats.chunks - 4, "{stats:?}");
-        assert!(stats.new_chunks >= 1 && stats.new_chunks <= 4, "{stats:?}");
-        let mut back = Vec::new();
-        store.read_to_writer(&after, &mut back, &ReadContext::new()).unwrap();
-        assert!(back == changed);
         // An empty stream is an empty file.
         let (empty, _) = store.store_stream(&[][..], Cutting::Pages).unwrap();
         assert_eq!((empty.size, empty.chunks.len()), (0, 0));

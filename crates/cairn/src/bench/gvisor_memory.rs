@@ -202,8 +202,8 @@ fn report(what: &str, s: &Sample) {
     eprintln!(
         "cairn bench: gvisor memory snapshot ({what}): {:.0} ms = runsc {:.0} ({runsc}) + Cairn {:.0} (quiesce \
          {:.0}, file capture {:.0}, the rest after runsc); storing the image {:.0} ms from runsc's start (read \
-         {:.0}, chunking {:.0}; on the pool: comparing with the previous image {:.0} ({} chunks unchanged), hashing \
-         {:.0}, lookups {:.0}, compression {:.0}; writes {:.0}); image {:.1} MB, {} of {} chunks new, stored {:.1} MB",
+         {:.0}, chunking {:.0}; on the pool: hashing {:.0}, lookups {:.0}, compression {:.0}; writes {:.0}); \
+         image {:.1} MB, {} of {} chunks new, stored {:.1} MB",
         s.total,
         s.runsc,
         s.cairn,
@@ -212,8 +212,6 @@ fn report(what: &str, s: &Sample) {
         s.store,
         ms(p.store.read),
         ms(p.store.chunking),
-        ms(p.store.compare),
-        p.store.unchanged,
         ms(p.store.hash),
         ms(p.store.lookup),
         ms(p.store.compress),
