@@ -911,9 +911,7 @@ impl Engine {
         phases.file_capture = t.elapsed();
         // The sandbox goes on, even when storing failed. If it does not
         // listen again, the window stays for the next command to finish.
-        phases.runsc_resume = gvisor
-            .resume_live(&rec.id)
-            .map_err(cairn_sandbox::SandboxError::from)?;
+        phases.runsc_resume = gvisor.resume_live(&rec.id).map_err(cairn_sandbox::SandboxError::from)?;
         let image_dir = window.image_dir();
         let files = (|| {
             let mut files = Vec::new();

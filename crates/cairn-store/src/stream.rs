@@ -499,7 +499,10 @@ mod tests {
         for c in whole {
             assert_eq!(c.offset % PAGE as u64, 0);
             assert_eq!(c.len as usize % PAGE, 0, "{c:?}");
-            assert!((MIN_PAGES * PAGE..=MAX_PAGES * PAGE).contains(&(c.len as usize)), "{c:?}");
+            assert!(
+                (MIN_PAGES * PAGE..=MAX_PAGES * PAGE).contains(&(c.len as usize)),
+                "{c:?}"
+            );
         }
         assert_eq!(last.offset + u64::from(last.len), data.len() as u64);
         let avg = data.len() / content.chunks.len();

@@ -11,7 +11,7 @@ use axum::http::StatusCode;
 use axum::middleware::Next;
 use axum::response::{IntoResponse, Response};
 use axum::Json;
-use cairn_engine::{CreateOptions, Engine, EngineError, SandboxRecord, SnapshotRecord, Silent};
+use cairn_engine::{CreateOptions, Engine, EngineError, SandboxRecord, Silent, SnapshotRecord};
 use serde::Deserialize;
 use serde_json::{json, Value};
 
@@ -421,10 +421,7 @@ pub(crate) async fn pause_entry(gw: &Arc<Gateway>, id: &str) -> Rest<bool> {
     };
     check_memory_snapshot(gw, id, &sandbox, "pause").await?;
     let _held = gw.hold_followers(id);
-    let snap = gw
-        .app
-        .engine(move |en| Ok(snapshot_and_stop(en, &sandbox)?))
-        .await?;
+    let snap = gw.app.engine(move |en| Ok(snapshot_and_stop(en, &sandbox)?)).await?;
     let memory = snap.driver == "gvisor";
     if !memory {
         // Nothing ran on past a files-only pause.
@@ -435,8 +432,11 @@ pub(crate) async fn pause_entry(gw: &Arc<Gateway>, id: &str) -> Rest<bool> {
     };
     gw.modify(id, |e| e.life = paused).await?;
     let kept = if memory { "memory and processes" } else { "files" };
-    gw.app
-        .emit("sandbox.removed", id, format!("paused as snapshot {} ({kept})", snap.id));
+    gw.app.emit(
+        "sandbox.removed",
+        id,
+        format!("paused as snapshot {} ({kept})", snap.id),
+    );
     Ok(true)
 }
 
@@ -677,7 +677,9 @@ pub(crate) fn spawn_reaper(gw: Arc<Gateway>) {
                     Ok(()) => tracing::info!(sandbox = id, auto_pause, "e2b: sandbox timed out"),
                     // Busy, or (gVisor) a command with stdin holds a
                     // connection: the next tick tries again.
-                    Err(e) if e.status == StatusCode::CONFLICT || (auto_pause && e.status == StatusCode::BAD_REQUEST) => {
+                    Err(e)
+                        if e.status == StatusCode::CONFLICT || (auto_pause && e.status == StatusCode::BAD_REQUEST) =>
+                    {
                         tracing::debug!(sandbox = id, "e2b: timed out, not ended yet: {}", e.message)
                     }
                     Err(e) => tracing::warn!(sandbox = id, "e2b: ending a timed-out sandbox: {}", e.message),

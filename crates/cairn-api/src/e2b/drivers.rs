@@ -104,7 +104,9 @@ mod tests {
 
     #[test]
     fn unknown_drivers_and_empty_templates_are_refused() {
-        assert!(parse_driver_choice("firecracker").unwrap_err().contains("native or gvisor"));
+        assert!(parse_driver_choice("firecracker")
+            .unwrap_err()
+            .contains("native or gvisor"));
         assert!(parse_driver_choice("=gvisor").is_err());
         assert!(parse_driver_choice("base=").is_err());
     }

@@ -213,9 +213,7 @@ pub(super) fn relay(gw: &Arc<Gateway>, id: &str, pid: i32, job: &Arc<Job>, out: 
             }
             Followed::Missing => {
                 forget_proc(gw, id, pid, Some(job));
-                return out.send(unavailable(format!(
-                    "process {pid} is no longer in sandbox {id}"
-                )));
+                return out.send(unavailable(format!("process {pid} is no longer in sandbox {id}")));
             }
             Followed::Paused => out.send(unavailable(format!(
                 "sandbox {id} was paused while process {pid} ran; the process goes on when the \

@@ -236,7 +236,10 @@ impl Gateway {
     /// checkpoint while a connection to init is open, and init ends an
     /// attachment on quiesce only once its job writes something.
     pub(crate) fn hold_followers(self: &Arc<Self>, id: &str) -> FollowersHeld {
-        self.held.lock().unwrap_or_else(|e| e.into_inner()).insert(id.to_string());
+        self.held
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .insert(id.to_string());
         let jobs: Vec<Arc<jobs::Job>> = {
             let p = self.procs.lock().unwrap_or_else(|e| e.into_inner());
             p.iter()

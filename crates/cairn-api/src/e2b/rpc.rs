@@ -401,11 +401,7 @@ pub(super) struct Out {
 
 impl Out {
     /// The stdout and stderr relays of a process.
-    pub(super) fn pair(
-        tx: mpsc::Sender<Bytes>,
-        events: broadcast::Sender<Bytes>,
-        job: Option<Arc<Job>>,
-    ) -> (Out, Out) {
+    pub(super) fn pair(tx: mpsc::Sender<Bytes>, events: broadcast::Sender<Bytes>, job: Option<Arc<Job>>) -> (Out, Out) {
         let out = Out {
             tx: tx.clone(),
             open: !tx.is_closed(),

@@ -100,9 +100,7 @@ impl GvisorDriver {
         let image_dir = window.image_dir();
         self.prepare_image(&dir, &image_dir)?;
         let t = Instant::now();
-        client_in(&dir)
-            .quiesce(QUIESCE_TIMEOUT)
-            .map_err(GvisorError::Quiesce)?;
+        client_in(&dir).quiesce(QUIESCE_TIMEOUT).map_err(GvisorError::Quiesce)?;
         let quiesce = t.elapsed();
         let t = Instant::now();
         let paused = window.mark_paused().map_err(GvisorError::from).and_then(|()| {

@@ -27,8 +27,8 @@ use std::time::{Duration, Instant};
 use crate::cgroup::Hierarchy;
 use crate::client::{ClientError, InitClient};
 use crate::{pid_start_time, Capabilities, Driver, SandboxError, SandboxProcess, SandboxSpec};
-use runsc::Launch;
 pub use live::{Behind, LiveCheckpoint, LiveSave};
+use runsc::Launch;
 pub use runsc::{Runsc, CHECKPOINT_FLAGS};
 use window::Window;
 

@@ -413,7 +413,10 @@ mod tests {
         // This host's runsc (2022).
         let old = "checkpoint [flags] <container id>\\n  -image-path string\\n  -leave-running\\n";
         assert!(help(old).is_empty());
-        assert!(!leaves_running(&checkpoint_flag_names(&binary)), "the 2022 runsc's -leave-running hangs");
+        assert!(
+            !leaves_running(&checkpoint_flag_names(&binary)),
+            "the 2022 runsc's -leave-running hangs"
+        );
         let new = "  -compression value\\n    \\tcompression: none|flate-best-speed\\n  -direct\\n  -exclude-committed-zero-pages\\n  -leave-running\\n";
         assert_eq!(help(new), ["--compression=none", "--exclude-committed-zero-pages"]);
         assert!(leaves_running(&checkpoint_flag_names(&binary)));

@@ -80,8 +80,7 @@ impl Bench {
             }
             eprintln!("cairn bench: plain runsc checkpoint of the same sandbox, going on: {plain:.0?} ms");
             // Restores of the newest snapshot to the first output of a command.
-            let newest = engine
-                .snapshot_record(&engine.sandbox(&rec.id)?.last_snapshot.unwrap_or_default())?;
+            let newest = engine.snapshot_record(&engine.sandbox(&rec.id)?.last_snapshot.unwrap_or_default())?;
             let mut restores = Vec::new();
             for _ in 0..runs.min(3) {
                 let t = Instant::now();
@@ -123,13 +122,7 @@ impl Bench {
                 quoted,
                 summarize(&name("  of which runsc's part"), "ms", column(|s| s.runsc), None, true),
                 summarize(&name("  of which Cairn's part"), "ms", column(|s| s.cairn), None, true),
-                summarize(
-                    &name("  storing the image"),
-                    "ms",
-                    column(|s| s.store),
-                    None,
-                    true,
-                ),
+                summarize(&name("  storing the image"), "ms", column(|s| s.store), None, true),
                 summarize(
                     &name(&format!("stored after an {CHANGE_MIB} MiB change")),
                     "MB",
@@ -169,9 +162,8 @@ fn snapshot(engine: &mut Engine, id: &str) -> Result<Sample> {
     let Some(phases) = engine.last_memory_phases() else {
         bail!("the snapshot of a gVisor sandbox recorded no memory image");
     };
-    let runsc = ms(
-        phases.runsc_pause + phases.runsc_checkpoint + phases.runsc_resume + phases.cleanup + phases.runsc_restore,
-    );
+    let runsc =
+        ms(phases.runsc_pause + phases.runsc_checkpoint + phases.runsc_resume + phases.cleanup + phases.runsc_restore);
     Ok(Sample {
         total,
         runsc,
