@@ -442,9 +442,11 @@ impl Engine {
         let written_before = self.store.bytes_written();
         let running = rec.state == SandboxState::Running;
         let mut image_dir = None;
+        let mut held = None;
         let (captured, memory) = if running && self.driver_of(rec)?.capabilities().memory_snapshots {
-            let (captured, memory, dir) = self.capture_with_memory(rec, baseline.as_ref(), then)?;
+            let (captured, memory, dir, window) = self.capture_with_memory(rec, baseline.as_ref(), then)?;
             image_dir = Some(dir);
+            held = window;
             (captured, Some(memory))
         } else {
             let driver = self.driver_of(rec)?;
@@ -532,6 +534,9 @@ impl Engine {
             if fs::create_dir_all(self.home.memory_images()).is_ok() && !cache.exists() {
                 let _ = image.persist(&cache);
             }
+        }
+        if let Some(held) = held {
+            held.close(&rec.id);
         }
         // Marks this and earlier snapshots whose uploads already finished;
         // the rest are marked by a later call (`cairn snapshot` waits).
@@ -672,8 +677,12 @@ impl Engine {
     }
 
     /// Checkpoints a sandbox whose driver keeps memory: the image and the
-    /// files at one stopped instant, then the sandbox goes on from the image.
-    /// Returns the captured files, the stored image and the image directory.
+    /// files at one stopped instant, then the sandbox goes on from the image
+    /// (or, for [`Then::Stop`], stays stopped). Returns the captured files,
+    /// the stored image, the image directory and, for a stop, the window
+    /// still open under the sandbox's lifecycle lock: until the snapshot's
+    /// row exists the window's complete image is the sandbox, which the
+    /// next command restores if this one dies or fails first.
     #[allow(clippy::type_complexity)]
     fn capture_with_memory(
         &self,
@@ -685,6 +694,7 @@ impl Engine {
             Result<(cairn_layers::archive::CapturedLayer, Baseline), cairn_layers::archive::ArchiveError>,
             MemoryImage,
             crate::images::ScratchDir,
+            Option<HeldWindow>,
         ),
         EngineError,
     > {
@@ -696,7 +706,7 @@ impl Engine {
         // From the checkpoint until the restored process is recorded, the
         // recorded process is gone: reconciliation must not take that for
         // a dead sandbox.
-        let _lifecycle = self.lock_sandbox(&rec.id, true).map_err(home_err(&dir))?;
+        let lifecycle = self.lock_sandbox(&rec.id, true).map_err(home_err(&dir))?;
         // The window is recorded before init quiesces: if this process dies
         // in it, the next Cairn process finishes it (`finish_window`).
         // The process as recorded now, under the lock (`rec` may be older).
@@ -719,6 +729,7 @@ impl Engine {
                     files,
                 },
                 scratch,
+                None,
             ));
         }
         let checkpoint = match gvisor.checkpoint_in(&rec.id, &window) {
@@ -749,8 +760,9 @@ impl Engine {
             phases.stored_bytes = self.store.bytes_written() - written_before;
             tracing::debug!(sandbox = %rec.id, ?phases, "memory snapshot, the sandbox stopped");
             *self.memory_phases.lock().unwrap_or_else(|e| e.into_inner()) = Some(phases);
-            // Stopped as asked: the window is over; a failure to store the
-            // image leaves a complete image for the window's recovery.
+            // Stopped as asked. A failure to store the image brings the
+            // sandbox back from it now; the window stays open until the
+            // snapshot is recorded.
             let files = match files {
                 Ok(f) => f,
                 Err(e) => {
@@ -758,9 +770,6 @@ impl Engine {
                     return Err(e);
                 }
             };
-            if let Err(e) = window.close() {
-                tracing::warn!(sandbox = %rec.id, "cannot close the checkpoint window: {e}");
-            }
             return Ok((
                 captured,
                 MemoryImage {
@@ -769,6 +778,10 @@ impl Engine {
                     files,
                 },
                 scratch,
+                Some(HeldWindow {
+                    window,
+                    _lifecycle: lifecycle,
+                }),
             ));
         }
         // The sandbox goes on where it stopped, as after any snapshot, while
@@ -799,6 +812,7 @@ impl Engine {
             tracing::warn!(sandbox = %rec.id, "cannot close the checkpoint window: {e}");
         }
         let files = files?;
+        drop(lifecycle);
         Ok((
             captured,
             MemoryImage {
@@ -807,6 +821,7 @@ impl Engine {
                 files,
             },
             scratch,
+            None,
         ))
     }
 
@@ -1269,6 +1284,23 @@ impl Engine {
 /// 15 minutes) plus the longest a writer on another host takes from
 /// storing a chunk to committing the row that references it.
 const REMOTE_GC_GRACE: Duration = Duration::from_secs(2 * 3600);
+
+/// The checkpoint window of a sandbox stopped by its snapshot, open under
+/// its lifecycle lock until the snapshot is recorded. Dropped without
+/// [`HeldWindow::close`] (the snapshot failed), the window stays for the
+/// next command, which restores the sandbox from its complete image.
+struct HeldWindow {
+    window: Window,
+    _lifecycle: Option<Flock<File>>,
+}
+
+impl HeldWindow {
+    fn close(self, sandbox: &str) {
+        if let Err(e) = self.window.close() {
+            tracing::warn!(sandbox, "cannot close the checkpoint window: {e}");
+        }
+    }
+}
 
 /// What a sandbox does after its snapshot.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

@@ -79,3 +79,43 @@ fn a_background_server_keeps_its_memory_across_suspend_and_resume() {
     }
     assert!(home.ok(&["session", "verify", &session]).starts_with("ok: "));
 }
+
+#[test]
+fn a_suspend_killed_midway_keeps_the_memory() {
+    let name = "a_suspend_killed_midway_keeps_the_memory";
+    if skip_without_runsc(name) {
+        return;
+    }
+    let home = Home::new();
+    let session = home.ok(&["session", "create", "--driver", "gvisor", "--name", "killed"]);
+    home.sh_detached(&sandbox_of(&home, &session), COUNTER_SERVER);
+    let (pid, nonce, mut count) = request(&home, &session, "before any suspend");
+    // A suspend stops the sandbox at its checkpoint (no restore); killed at
+    // spread instants (quiescing, the checkpoint, the image being stored,
+    // the snapshot being recorded, the sandbox being removed, or after),
+    // the next command finds the sandbox running, or restores it from the
+    // window's image, or the resume restores the snapshot: never an older
+    // state.
+    for delay in [0u64, 40, 120, 250, 500, 900] {
+        let mut child = home
+            .command(&["session", "suspend", &session])
+            .stdout(std::process::Stdio::null())
+            .stderr(std::process::Stdio::null())
+            .spawn()
+            .unwrap();
+        std::thread::sleep(std::time::Duration::from_millis(delay));
+        let _ = child.kill();
+        let _ = child.wait();
+        let show: serde_json::Value = serde_json::from_str(&home.ok(&["session", "show", &session, "--json"])).unwrap();
+        eprintln!("a suspend killed at {delay} ms left the session {}", show["state"]);
+        if show["state"] != "active" {
+            home.ok(&["session", "resume", &session]);
+        }
+        let when = format!("after a suspend killed at {delay} ms");
+        let (p, n, c) = request(&home, &session, &when);
+        assert_eq!((p, n), (pid, nonce), "{when}: another server process answered");
+        assert_eq!(c, count + 1, "{when}: the in-memory counter went back or skipped");
+        count = c;
+    }
+    assert!(home.ok(&["session", "verify", &session]).starts_with("ok: "));
+}
