@@ -245,7 +245,7 @@ impl GvisorDriver {
 
 /// Makes a quiesced init that was not restored listen again: its stdin, the
 /// restore mark, gets one byte longer (see `GvisorDriver::launch`).
-fn grow_mark(dir: &Path) -> Result<(), GvisorError> {
+pub(super) fn grow_mark(dir: &Path) -> Result<(), GvisorError> {
     let path = dir.join("restore-mark");
     OpenOptions::new()
         .append(true)

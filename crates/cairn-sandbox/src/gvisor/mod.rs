@@ -368,9 +368,15 @@ impl GvisorDriver {
         let root = self.runsc_root(&spec.id);
         if let Some(p) = recorded.filter(SandboxProcess::alive) {
             // Restored and recorded, or never stopped: it runs on, once its
-            // init listens (it may have been left quiesced).
+            // init listens (it may have been left quiesced: a longer restore
+            // mark makes a quiesced init listen without runsc's help).
             let finished = opened_with != Some(p);
-            if finished || !w.is_complete() {
+            if let Err(e) = live::grow_mark(&spec.dir) {
+                tracing::debug!(sandbox = spec.id, "{e}");
+            }
+            // A checkpoint that leaves the sandbox running never stopped it,
+            // complete image or not.
+            if finished || w.was_paused() || !w.is_complete() {
                 return Ok(
                     match self.relisten_and_wait(&root, &spec.id, &spec.dir, "an interrupted checkpoint", true) {
                         Ok(()) if finished => Recovery::Finished,
@@ -610,7 +616,16 @@ impl GvisorDriver {
             return Ok(());
         }
         loop {
-            self.relisten(root, id)?;
+            // runsc's control server refused a connection now and then under
+            // load: asked again until the deadline.
+            if let Err(e) = self.relisten(root, id) {
+                if Instant::now() >= deadline {
+                    return Err(e);
+                }
+                tracing::debug!(sandbox = id, "relisten signal: {e}; trying again");
+                std::thread::sleep(Duration::from_millis(100));
+                continue;
+            }
             let wait = Duration::from_secs(1).min(deadline.saturating_duration_since(Instant::now()));
             match self.wait_ready_for(dir, what, wait) {
                 Ok(()) => return Ok(()),
