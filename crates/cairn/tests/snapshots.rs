@@ -346,8 +346,21 @@ fn assert_ticking(home: &Home, id: &str, when: &str) {
         );
         std::thread::sleep(Duration::from_millis(50));
     }
-    let ps = home.ok(&["exec", id, "--", "ps", "-o", "args"]);
-    let copies = ps.lines().filter(|l| l.contains("while true")).count();
+    // A copy whose parent is a copy is the loop forking `date` or `sleep`
+    // before it execs: the same service, caught mid-fork.
+    let ps = home.ok(&["exec", id, "--", "ps", "-o", "pid,ppid,args"]);
+    let loops: Vec<(&str, &str)> = ps
+        .lines()
+        .filter(|l| l.contains("while true"))
+        .filter_map(|l| {
+            let mut f = l.split_whitespace();
+            Some((f.next()?, f.next()?))
+        })
+        .collect();
+    let copies = loops
+        .iter()
+        .filter(|(_, ppid)| !loops.iter().any(|(pid, _)| pid == ppid))
+        .count();
     assert_eq!(copies, 1, "{when}: {copies} copies of the service in {id}:\n{ps}");
 }
 
