@@ -719,19 +719,47 @@ impl Engine {
         let window = Window::open(&dir, &rec.id, process)
             .map_err(|e| cairn_sandbox::SandboxError::from(cairn_sandbox::gvisor::GvisorError::from(e)))?;
         let scratch = crate::images::ScratchDir::at(window.image_dir()).map_err(home_err(&window.image_dir()))?;
-        if then == Then::GoOn && gvisor.can_leave_running() {
+        let (captured, files, held) = if then == Then::GoOn && gvisor.can_leave_running() {
             let (captured, files) = self.capture_leaving_running(rec, baseline, &window)?;
-            return Ok((
-                captured,
-                MemoryImage {
-                    driver: rec.driver.clone(),
-                    host: Some(host),
-                    files,
-                },
-                scratch,
-                None,
-            ));
-        }
+            (captured, files, None)
+        } else {
+            self.capture_stopping(rec, baseline, window, &scratch, then, lifecycle)?
+        };
+        Ok((
+            captured,
+            MemoryImage {
+                driver: rec.driver.clone(),
+                host: Some(host),
+                files,
+            },
+            scratch,
+            held,
+        ))
+    }
+
+    /// [`Self::capture_with_memory`] where the checkpoint stops the
+    /// sandbox: the files are captured, then the sandbox goes on from the
+    /// image (restored beside the storing) or, for [`Then::Stop`], stays
+    /// stopped with its window held (see there).
+    #[allow(clippy::type_complexity)]
+    fn capture_stopping(
+        &self,
+        rec: &SandboxRecord,
+        baseline: Option<&Baseline>,
+        window: Window,
+        scratch: &crate::images::ScratchDir,
+        then: Then,
+        lifecycle: Option<Flock<File>>,
+    ) -> Result<
+        (
+            Result<(cairn_layers::archive::CapturedLayer, Baseline), cairn_layers::archive::ArchiveError>,
+            Vec<MemoryFile>,
+            Option<HeldWindow>,
+        ),
+        EngineError,
+    > {
+        let gvisor = self.gvisor()?;
+        let dir = self.home.sandbox(&rec.id);
         let checkpoint = match gvisor.checkpoint_in(&rec.id, &window) {
             Ok(c) => c,
             Err(e) => {
@@ -758,8 +786,7 @@ impl Engine {
             let files = self.store_memory_files(scratch.path(), &mut phases);
             phases.store_image = t.elapsed();
             phases.stored_bytes = self.store.bytes_written() - written_before;
-            tracing::debug!(sandbox = %rec.id, ?phases, "memory snapshot, the sandbox stopped");
-            *self.memory_phases.lock().unwrap_or_else(|e| e.into_inner()) = Some(phases);
+            self.keep_phases(&rec.id, phases);
             // Stopped as asked. A failure to store the image brings the
             // sandbox back from it now; the window stays open until the
             // snapshot is recorded.
@@ -770,19 +797,11 @@ impl Engine {
                     return Err(e);
                 }
             };
-            return Ok((
-                captured,
-                MemoryImage {
-                    driver: rec.driver.clone(),
-                    host: Some(host),
-                    files,
-                },
-                scratch,
-                Some(HeldWindow {
-                    window,
-                    _lifecycle: lifecycle,
-                }),
-            ));
+            let held = HeldWindow {
+                window,
+                _lifecycle: lifecycle,
+            };
+            return Ok((captured, files, Some(held)));
         }
         // The sandbox goes on where it stopped, as after any snapshot, while
         // the image is stored beside it (runsc only reads it); it goes on
@@ -802,8 +821,7 @@ impl Engine {
         });
         let (restored, restore_time) = restored.unwrap_or_else(|e| std::panic::resume_unwind(e));
         phases.runsc_restore = restore_time;
-        tracing::debug!(sandbox = %rec.id, ?phases, "memory snapshot");
-        *self.memory_phases.lock().unwrap_or_else(|e| e.into_inner()) = Some(phases);
+        self.keep_phases(&rec.id, phases);
         let process = restored.map_err(cairn_sandbox::SandboxError::from)?;
         self.db.set_process(&rec.id, process.pid, process.start_time)?;
         // The restored process is recorded: the window is over (its image
@@ -811,18 +829,15 @@ impl Engine {
         if let Err(e) = window.close() {
             tracing::warn!(sandbox = %rec.id, "cannot close the checkpoint window: {e}");
         }
-        let files = files?;
         drop(lifecycle);
-        Ok((
-            captured,
-            MemoryImage {
-                driver: rec.driver.clone(),
-                host: Some(host),
-                files,
-            },
-            scratch,
-            None,
-        ))
+        Ok((captured, files?, None))
+    }
+
+    /// Logs where a memory snapshot's time went and keeps it for
+    /// [`Self::last_memory_phases`].
+    fn keep_phases(&self, sandbox: &str, phases: MemoryPhases) {
+        tracing::debug!(sandbox, ?phases, "memory snapshot");
+        *self.memory_phases.lock().unwrap_or_else(|e| e.into_inner()) = Some(phases);
     }
 
     /// runsc's own checkpoint of running gVisor sandbox `rec`, as the plain
@@ -950,8 +965,7 @@ impl Engine {
         })();
         phases.store_image = started.elapsed();
         phases.stored_bytes = self.store.bytes_written() - written_before;
-        tracing::debug!(sandbox = %rec.id, ?phases, "memory snapshot");
-        *self.memory_phases.lock().unwrap_or_else(|e| e.into_inner()) = Some(phases);
+        self.keep_phases(&rec.id, phases);
         // The sandbox runs as the same process: the window is over.
         if let Err(e) = window.close() {
             tracing::warn!(sandbox = %rec.id, "cannot close the checkpoint window: {e}");

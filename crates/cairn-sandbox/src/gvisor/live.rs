@@ -113,13 +113,7 @@ impl GvisorDriver {
             return Err(e);
         }
         let pause = t.elapsed();
-        let mut cmd = self.runsc.command(&root);
-        cmd.arg("checkpoint")
-            .args(&self.runsc.checkpoint_flags)
-            .arg("--leave-running")
-            .arg("--image-path")
-            .arg(&image_dir)
-            .arg(id);
+        let cmd = self.leave_running_command(&root, id, &image_dir);
         let started = Instant::now();
         let child = match self.spawn_recorded_checkpoint(cmd, window) {
             Ok(c) => c,
@@ -175,9 +169,7 @@ impl GvisorDriver {
             .ok_or_else(|| GvisorError::Unknown(id.to_string()))?;
         let root = self.runsc_root(id);
         let t = Instant::now();
-        let mut cmd = self.runsc.command(&root);
-        cmd.args(["resume", id]);
-        self.runsc.run_to_end("resume", cmd)?;
+        self.runsc_resume(&root, id)?;
         let resumed = t.elapsed();
         grow_mark(&dir)?;
         self.relisten_and_wait(&root, id, &dir, "a checkpoint that left the sandbox running", true)?;
@@ -206,13 +198,7 @@ impl GvisorDriver {
             .quiesce(QUIESCE_TIMEOUT)
             .map_err(GvisorError::Quiesce)?;
         let t = Instant::now();
-        let mut cmd = self.runsc.command(&root);
-        cmd.arg("checkpoint")
-            .args(&self.runsc.checkpoint_flags)
-            .arg("--leave-running")
-            .arg("--image-path")
-            .arg(image_dir)
-            .arg(&spec.id);
+        let cmd = self.leave_running_command(&root, &spec.id, image_dir);
         let saved = self.runsc.run_to_end("checkpoint --leave-running", cmd);
         let took = t.elapsed();
         grow_mark(&spec.dir)?;
@@ -220,11 +206,29 @@ impl GvisorDriver {
         saved.map(|()| (took, None))
     }
 
-    /// After a failed live checkpoint: the sandbox runs and listens again.
-    fn resume_paused(&self, root: &Path, id: &str, dir: &Path) {
+    /// `runsc checkpoint` with this runsc's flags, leaving sandbox `id`
+    /// running, its image into `image_dir`.
+    fn leave_running_command(&self, root: &Path, id: &str, image_dir: &Path) -> std::process::Command {
+        let mut cmd = self.runsc.command(root);
+        cmd.arg("checkpoint")
+            .args(&self.runsc.checkpoint_flags)
+            .arg("--leave-running")
+            .arg("--image-path")
+            .arg(image_dir)
+            .arg(id);
+        cmd
+    }
+
+    /// `runsc resume`: a paused sandbox runs again.
+    fn runsc_resume(&self, root: &Path, id: &str) -> Result<(), GvisorError> {
         let mut cmd = self.runsc.command(root);
         cmd.args(["resume", id]);
-        if let Err(e) = self.runsc.run_to_end("resume", cmd) {
+        self.runsc.run_to_end("resume", cmd)
+    }
+
+    /// After a failed live checkpoint: the sandbox runs and listens again.
+    fn resume_paused(&self, root: &Path, id: &str, dir: &Path) {
+        if let Err(e) = self.runsc_resume(root, id) {
             tracing::debug!(sandbox = id, "resume after a failed checkpoint: {e}");
         }
         self.resume_after_failed_checkpoint(root, id, dir);
@@ -234,9 +238,7 @@ impl GvisorDriver {
     /// sandbox runs again (a sandbox that is not paused is left alone).
     pub(super) fn unpause_for_recovery(&self, id: &str, window: &Window) {
         if window.was_paused() {
-            let mut cmd = self.runsc.command(&self.runsc_root(id));
-            cmd.args(["resume", id]);
-            if let Err(e) = self.runsc.run_to_end("resume", cmd) {
+            if let Err(e) = self.runsc_resume(&self.runsc_root(id), id) {
                 tracing::debug!(sandbox = id, "resume during recovery: {e}");
             }
         }
