@@ -1,39 +1,38 @@
-//! File transfer and post-restore housekeeping.
+//! File transfer and post-restore housekeeping. Paths are opened as
+//! [`resolve`] opens them: from the sandbox's root, no symbolic link
+//! followed, init's own `/proc` entries refused.
 
 use std::fs::{self, File};
 use std::io::{Read, Write};
-use std::os::fd::AsRawFd;
-use std::os::unix::fs::{fchown, MetadataExt, OpenOptionsExt, PermissionsExt};
-use std::path::{Path, PathBuf};
+use std::os::fd::{AsRawFd, OwnedFd};
+use std::os::unix::fs::{fchown, PermissionsExt};
 
-use cairn_protocol::{read_frame, write_frame, FileKind, FileMeta, FrameError, FromInit, ToInit, DATA_CHUNK};
-use nix::sys::stat::futimens;
+use cairn_protocol::{read_frame, write_frame, FileMeta, FrameError, FromInit, FsErrorKind, ToInit, DATA_CHUNK};
+use nix::errno::Errno;
+use nix::fcntl::{fcntl, openat, renameat, AtFlags, FcntlArg, OFlag};
+use nix::sys::stat::{fstat, fstatat, futimens, FileStat, Mode, SFlag};
 use nix::sys::time::TimeSpec;
+use nix::unistd::{unlinkat, UnlinkatFlags};
 
-pub fn stat(path: &str) -> Option<FileMeta> {
-    let md = fs::symlink_metadata(path).ok()?;
-    Some(meta_of(path, &md))
+use crate::resolve::{self, answer, Refusal, SandboxPath, Unresolved};
+use crate::tree::meta_of_stat;
+
+/// Answers [`cairn_protocol::ToInit::Stat`]: the metadata of `path`, the
+/// last name not followed (a symbolic link is described itself), `None`
+/// when nothing is there.
+pub fn stat<W: Write>(path: &str, writer: &mut W) -> Result<(), FrameError> {
+    answer(writer, stat_of(path).map(FromInit::Stat))
 }
 
-fn meta_of(path: &str, md: &fs::Metadata) -> FileMeta {
-    let ft = md.file_type();
-    let kind = if ft.is_file() {
-        FileKind::File
-    } else if ft.is_dir() {
-        FileKind::Dir
-    } else if ft.is_symlink() {
-        FileKind::Symlink
-    } else {
-        FileKind::Other
-    };
-    FileMeta {
-        path: path.to_string(),
-        kind,
-        mode: md.mode() & 0o7777,
-        uid: md.uid(),
-        gid: md.gid(),
-        size: md.size(),
-        mtime_ns: md.mtime() as i128 * 1_000_000_000 + md.mtime_nsec() as i128,
+fn stat_of(path: &str) -> Result<Option<FileMeta>, Refusal> {
+    let parsed = SandboxPath::parse(path)?;
+    match resolve::open(&parsed, OFlag::O_PATH) {
+        Ok(fd) => {
+            let st = fstat(fd.as_raw_fd()).map_err(|e| Refusal::errno(e, format!("cannot stat {path}")))?;
+            Ok(Some(meta_of_stat(path.to_string(), &st)))
+        }
+        Err(Unresolved::Errno(Errno::ENOENT | Errno::ENOTDIR)) => Ok(None),
+        Err(e) => Err(e.refusal(&format!("cannot stat {path}"))),
     }
 }
 
@@ -42,45 +41,61 @@ fn meta_of(path: &str, md: &fs::Metadata) -> FileMeta {
 /// leaves a truncated file behind.
 pub fn put<W: Write>(meta: FileMeta, reader: &mut impl Read, writer: &mut W) -> Result<(), FrameError> {
     let reply = match receive(&meta, reader) {
-        Ok(()) => FromInit::Done,
+        Ok(()) => Ok(FromInit::Done),
         Err(Failure::Protocol(e)) => return Err(e),
-        Err(Failure::Refused(msg)) => FromInit::Error(msg),
+        Err(Failure::Refused(refusal)) => Err(refusal),
     };
-    write_frame(writer, &reply)?;
-    writer.flush()?;
-    Ok(())
+    answer(writer, reply)
 }
 
 enum Failure {
     Protocol(FrameError),
-    Refused(String),
+    Refused(Refusal),
+}
+
+/// The directory a file is received into, and the file's name there.
+struct Target {
+    dir: OwnedFd,
+    name: String,
+}
+
+/// Opens the directory of `path` for receiving a file into: every name on
+/// the way a directory, none a symbolic link.
+fn target_of(path: &str) -> Result<Target, Refusal> {
+    let (dir, name) = SandboxPath::parse_named(path)?;
+    let what = format!("cannot write {path}");
+    let fd = resolve::open_parent(&dir, name).map_err(|e| match e {
+        Unresolved::Errno(Errno::ENOENT | Errno::ENOTDIR) => Refusal::new(
+            FsErrorKind::NotFound,
+            format!("{what}: the directory {dir} does not exist in the sandbox"),
+        ),
+        e => e.refusal(&what),
+    })?;
+    Ok(Target {
+        dir: fd,
+        name: name.to_string(),
+    })
 }
 
 fn receive(meta: &FileMeta, reader: &mut impl Read) -> Result<(), Failure> {
-    let target = PathBuf::from(&meta.path);
-    let refuse = |what: &str, e: std::io::Error| Failure::Refused(format!("cannot write {}: {what}: {e}", meta.path));
-    let parent = target
-        .parent()
-        .filter(|p| !p.as_os_str().is_empty())
-        .unwrap_or(Path::new("/"));
-    if !parent.is_dir() {
-        drain(reader).map_err(Failure::Protocol)?;
-        return Err(Failure::Refused(format!(
-            "cannot write {}: directory {} does not exist in the sandbox",
-            meta.path,
-            parent.display()
-        )));
-    }
-    let name = target
-        .file_name()
-        .map(|n| n.to_string_lossy().into_owned())
-        .unwrap_or_default();
-    let (tmp, mut file) = match create_temporary(parent, &name) {
+    let refuse =
+        |what: &str, e: Errno| Failure::Refused(Refusal::errno(e, format!("cannot write {}: {what}", meta.path)));
+    let target = match target_of(&meta.path) {
+        Ok(target) => target,
+        Err(refusal) => {
+            drain(reader).map_err(Failure::Protocol)?;
+            return Err(Failure::Refused(refusal));
+        }
+    };
+    let (tmp, mut file) = match create_temporary(&target) {
         Ok(created) => created,
         Err(e) => {
             drain(reader).map_err(Failure::Protocol)?;
             return Err(refuse("create", e));
         }
+    };
+    let remove_tmp = || {
+        let _ = unlinkat(Some(target.dir.as_raw_fd()), tmp.as_str(), UnlinkatFlags::NoRemoveDir);
     };
     let mut write_error = None;
     loop {
@@ -94,62 +109,79 @@ fn receive(meta: &FileMeta, reader: &mut impl Read) -> Result<(), Failure> {
             }
             Ok(ToInit::End) => break,
             Ok(_) => {
-                let _ = fs::remove_file(&tmp);
-                return Err(Failure::Refused("unexpected frame inside a file transfer".into()));
+                remove_tmp();
+                return Err(Failure::Refused(Refusal::new(
+                    FsErrorKind::Invalid,
+                    "unexpected frame inside a file transfer".into(),
+                )));
             }
             Err(e) => {
-                let _ = fs::remove_file(&tmp);
+                remove_tmp();
                 return Err(Failure::Protocol(e));
             }
         }
     }
+    let io_errno = |e: std::io::Error| Errno::from_raw(e.raw_os_error().unwrap_or(libc::EIO));
     let finish = || -> Result<(), Failure> {
         if let Some(e) = write_error {
-            return Err(refuse("write", e));
+            return Err(refuse("write", io_errno(e)));
         }
-        file.sync_data().map_err(|e| refuse("sync", e))?;
+        file.sync_data().map_err(|e| refuse("sync", io_errno(e)))?;
         // Through the handle: the name may have been replaced meanwhile.
-        fchown(&file, Some(meta.uid), Some(meta.gid)).map_err(|e| refuse("chown", e))?;
+        fchown(&file, Some(meta.uid), Some(meta.gid)).map_err(|e| refuse("chown", io_errno(e)))?;
         file.set_permissions(fs::Permissions::from_mode(meta.mode))
-            .map_err(|e| refuse("chmod", e))?;
+            .map_err(|e| refuse("chmod", io_errno(e)))?;
         let secs = meta.mtime_ns.div_euclid(1_000_000_000) as i64;
         let nsec = meta.mtime_ns.rem_euclid(1_000_000_000) as i64;
         let ts = TimeSpec::new(secs, nsec);
-        futimens(file.as_raw_fd(), &ts, &ts).map_err(|e| refuse("set mtime", e.into()))?;
-        if target.is_dir() {
-            return Err(Failure::Refused(format!(
-                "cannot write {}: it is a directory",
-                meta.path
+        futimens(file.as_raw_fd(), &ts, &ts).map_err(|e| refuse("set mtime", e))?;
+        let dir = target.dir.as_raw_fd();
+        if fstatat(Some(dir), target.name.as_str(), AtFlags::AT_SYMLINK_NOFOLLOW)
+            .is_ok_and(|st| resolve::file_type(&st) == SFlag::S_IFDIR)
+        {
+            return Err(Failure::Refused(Refusal::new(
+                FsErrorKind::IsADirectory,
+                format!("cannot write {}: it is a directory", meta.path),
             )));
         }
-        fs::rename(&tmp, &target).map_err(|e| refuse("rename", e))
+        // Within the one directory opened above: a symbolic link at the
+        // name is replaced, never followed.
+        renameat(Some(dir), tmp.as_str(), Some(dir), target.name.as_str()).map_err(|e| refuse("rename", e))
     };
     let result = finish();
     if result.is_err() {
-        let _ = fs::remove_file(&tmp);
+        remove_tmp();
     }
     result
 }
 
-/// A new file beside the target, created exclusively (never through a
-/// symlink another process in the sandbox put at the name) and owner-only
-/// until complete.
-fn create_temporary(parent: &Path, name: &str) -> std::io::Result<(PathBuf, File)> {
+/// The longest part of a file's name a temporary's name keeps, so that it
+/// stays within NAME_MAX (255 bytes) with its prefix and suffix.
+const TEMPORARY_NAME_KEPT: usize = 200;
+
+/// A new file in the target's directory, created exclusively (never through
+/// a symlink another process in the sandbox put at the name) and
+/// owner-only until complete.
+fn create_temporary(target: &Target) -> Result<(String, File), Errno> {
+    let mut kept = target.name.len().min(TEMPORARY_NAME_KEPT);
+    while !target.name.is_char_boundary(kept) {
+        kept -= 1;
+    }
     let mut attempt = 0u32;
     loop {
         let nanos = std::time::SystemTime::now()
             .duration_since(std::time::UNIX_EPOCH)
             .map(|d| d.subsec_nanos())
             .unwrap_or(0);
-        let tmp = parent.join(format!(".{name}.cairn-{nanos:08x}{attempt}"));
-        match fs::OpenOptions::new()
-            .write(true)
-            .create_new(true)
-            .mode(0o600)
-            .open(&tmp)
-        {
-            Ok(file) => return Ok((tmp, file)),
-            Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists && attempt < 16 => attempt += 1,
+        let tmp = format!(".{}.cairn-{nanos:08x}{attempt}", &target.name[..kept]);
+        match openat(
+            Some(target.dir.as_raw_fd()),
+            tmp.as_str(),
+            OFlag::O_WRONLY | OFlag::O_CREAT | OFlag::O_EXCL | OFlag::O_NOFOLLOW | OFlag::O_CLOEXEC,
+            Mode::from_bits_truncate(0o600),
+        ) {
+            Ok(fd) => return Ok((tmp, File::from(resolve::owned(fd)))),
+            Err(Errno::EEXIST) if attempt < 16 => attempt += 1,
             Err(e) => return Err(e),
         }
     }
@@ -164,31 +196,54 @@ fn drain(reader: &mut impl Read) -> Result<(), FrameError> {
     }
 }
 
+/// Opens `path` for sending: a regular file, opened without blocking
+/// (a FIFO swapped in would otherwise hold the open until a writer came)
+/// and checked on the descriptor.
+fn open_regular(path: &str) -> Result<(File, FileStat), Refusal> {
+    let parsed = SandboxPath::parse(path)?;
+    let what = format!("cannot read {path}");
+    let fd = match resolve::open(&parsed, OFlag::O_RDONLY | OFlag::O_NONBLOCK | OFlag::O_NOCTTY) {
+        Ok(fd) => fd,
+        // A socket (or a device without a driver) cannot be opened; say
+        // which it is.
+        Err(Unresolved::Errno(Errno::ENXIO)) => {
+            let fd = resolve::open(&parsed, OFlag::O_PATH).map_err(|e| e.refusal(&what))?;
+            let st = fstat(fd.as_raw_fd()).map_err(|e| Refusal::errno(e, what.clone()))?;
+            return Err(not_regular(path, &st));
+        }
+        Err(e) => return Err(e.refusal(&what)),
+    };
+    let st = fstat(fd.as_raw_fd()).map_err(|e| Refusal::errno(e, what.clone()))?;
+    if resolve::file_type(&st) != SFlag::S_IFREG {
+        return Err(not_regular(path, &st));
+    }
+    // Reads of a regular file never block; the flag goes for good measure
+    // (some file systems read it).
+    fcntl(fd.as_raw_fd(), FcntlArg::F_SETFL(OFlag::O_RDONLY)).map_err(|e| Refusal::errno(e, what.clone()))?;
+    Ok((File::from(fd), st))
+}
+
+fn not_regular(path: &str, st: &FileStat) -> Refusal {
+    let kind = match resolve::file_type(st) {
+        SFlag::S_IFDIR => FsErrorKind::IsADirectory,
+        _ => FsErrorKind::Invalid,
+    };
+    Refusal::new(
+        kind,
+        format!(
+            "{path} is {}; only regular files can be downloaded",
+            resolve::type_name(st)
+        ),
+    )
+}
+
 /// Sends a file: its metadata, then its content.
 pub fn get<W: Write>(path: &str, writer: &mut W) -> Result<(), FrameError> {
-    // Refuse fifos and devices before opening: opening a fifo blocks.
-    if let Ok(md) = fs::metadata(path) {
-        if !md.is_file() {
-            write_frame(writer, &FromInit::Error(format!("{path} is not a regular file")))?;
-            return Ok(writer.flush()?);
-        }
-    }
-    let opened = File::open(path).and_then(|f| f.metadata().map(|m| (f, m)));
-    let (mut file, md) = match opened {
-        Ok(x) => x,
-        Err(e) => {
-            write_frame(
-                writer,
-                &FromInit::Error(format!("cannot read {path} in the sandbox: {e}")),
-            )?;
-            return Ok(writer.flush()?);
-        }
+    let (mut file, st) = match open_regular(path) {
+        Ok(opened) => opened,
+        Err(refusal) => return answer(writer, Err(refusal)),
     };
-    if !md.is_file() {
-        write_frame(writer, &FromInit::Error(format!("{path} is not a regular file")))?;
-        return Ok(writer.flush()?);
-    }
-    write_frame(writer, &FromInit::File(meta_of(path, &md)))?;
+    write_frame(writer, &FromInit::File(meta_of_stat(path.to_string(), &st)))?;
     let mut buf = vec![0u8; DATA_CHUNK];
     let mut frame = Vec::with_capacity(DATA_CHUNK + 16);
     loop {

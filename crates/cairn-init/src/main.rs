@@ -25,6 +25,7 @@ mod native;
 mod net;
 mod probe;
 mod reaper;
+mod resolve;
 mod spawn;
 mod tree;
 
@@ -178,10 +179,7 @@ fn serve(
                 write_frame(&mut writer, &reply)?;
                 writer.flush()?;
             }
-            ToInit::Stat { path } => {
-                write_frame(&mut writer, &FromInit::Stat(files::stat(&path)))?;
-                writer.flush()?;
-            }
+            ToInit::Stat { path } => files::stat(&path, &mut writer)?,
             ToInit::PutFile(meta) => files::put(meta, &mut reader, &mut writer)?,
             ToInit::GetFile { path } => files::get(&path, &mut writer)?,
             ToInit::Quiesce => {
@@ -219,9 +217,9 @@ fn serve(
                 depth,
                 max_entries,
             } => tree::list(&path, depth, max_entries, &mut writer)?,
-            ToInit::MakeDir { path, parents } => tree::answer(&mut writer, tree::make_dir(&path, parents))?,
-            ToInit::Rename { from, to } => tree::answer(&mut writer, tree::rename(&from, &to))?,
-            ToInit::Remove { path, recursive } => tree::answer(&mut writer, tree::remove(&path, recursive))?,
+            ToInit::MakeDir { path, parents } => resolve::answer(&mut writer, tree::make_dir(&path, parents))?,
+            ToInit::Rename { from, to } => resolve::answer(&mut writer, tree::rename(&from, &to))?,
+            ToInit::Remove { path, recursive } => resolve::answer(&mut writer, tree::remove(&path, recursive))?,
             ToInit::Restored { unix_time_ns, entropy } => {
                 let reply = match files::restored(unix_time_ns, &entropy) {
                     Ok(()) => FromInit::Done,

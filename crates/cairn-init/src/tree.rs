@@ -1,13 +1,14 @@
 //! The file tree: list a directory, make directories, rename, remove.
 //!
-//! Listings and recursive removes work on open directory handles with the
+//! Paths are opened as [`resolve`] opens them: from the sandbox's root, no
+//! symbolic link followed, init's own `/proc` entries refused. Below that,
+//! listings and recursive removes work on open directory handles with the
 //! `*at` calls and `O_NOFOLLOW`, so neither follows a symlink, whatever a
-//! process in the sandbox swaps in meanwhile. Paths are absolute paths in
-//! the sandbox, resolved from init's root as the other file operations do.
+//! process in the sandbox swaps in meanwhile.
 
 use std::ffi::CStr;
 use std::io::Write;
-use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
+use std::os::fd::{AsRawFd, OwnedFd, RawFd};
 
 use cairn_protocol::{
     write_frame, DirEntry, FileKind, FileMeta, FrameError, FromInit, FsErrorKind, LIST_BYTES_MAX, LIST_DEPTH_MAX,
@@ -19,118 +20,26 @@ use nix::fcntl::{openat, readlinkat, renameat, AtFlags, OFlag};
 use nix::sys::stat::{fstat, fstatat, mkdirat, FileStat, Mode, SFlag};
 use nix::unistd::{unlinkat, UnlinkatFlags};
 
+use crate::resolve::{self, answer, Refusal, SandboxPath, Unresolved};
+
 /// Deepest directory tree a recursive remove descends: each level holds a
 /// directory handle open.
 const REMOVE_DEPTH_MAX: u32 = 256;
 
-/// A file operation refused, as sent to the host.
-#[derive(Debug)]
-pub struct Refusal {
-    kind: FsErrorKind,
-    message: String,
-}
-
-impl Refusal {
-    fn new(kind: FsErrorKind, message: String) -> Refusal {
-        Refusal { kind, message }
-    }
-
-    fn errno(e: Errno, what: String) -> Refusal {
-        Refusal::new(kind_of(e), format!("{what}: {}", e.desc()))
-    }
-
-    fn into_frame(self) -> FromInit {
-        FromInit::FsError {
-            kind: self.kind,
-            message: self.message,
-        }
-    }
-}
-
-fn kind_of(e: Errno) -> FsErrorKind {
-    match e {
-        Errno::ENOENT => FsErrorKind::NotFound,
-        Errno::EEXIST => FsErrorKind::Exists,
-        Errno::ENOTDIR => FsErrorKind::NotADirectory,
-        Errno::EISDIR => FsErrorKind::IsADirectory,
-        Errno::ENOTEMPTY => FsErrorKind::NotEmpty,
-        Errno::EACCES | Errno::EPERM | Errno::EROFS => FsErrorKind::PermissionDenied,
-        Errno::EINVAL | Errno::ENAMETOOLONG => FsErrorKind::Invalid,
-        _ => FsErrorKind::Other,
-    }
-}
-
-/// Writes `reply` (the operation's answer or its refusal) and flushes.
-pub fn answer<W: Write>(writer: &mut W, reply: Result<FromInit, Refusal>) -> Result<(), FrameError> {
-    write_frame(writer, &reply.unwrap_or_else(Refusal::into_frame))?;
-    writer.flush()?;
-    Ok(())
-}
-
-/// `path` without its trailing slashes, refused unless absolute; `""` is
-/// the root.
-fn absolute(path: &str) -> Result<&str, Refusal> {
-    if !path.starts_with('/') {
-        return Err(Refusal::new(
-            FsErrorKind::Invalid,
-            format!("{path:?} is not an absolute path in the sandbox"),
-        ));
-    }
-    if path.contains('\0') {
-        return Err(Refusal::new(
-            FsErrorKind::Invalid,
-            format!("{path:?} contains a NUL byte"),
-        ));
-    }
-    Ok(path.trim_end_matches('/'))
-}
-
-/// `path` as its parent directory and its last name, which is neither `.`
-/// nor `..`; the root has neither.
-fn split(path: &str) -> Result<(&str, &str), Refusal> {
-    let trimmed = absolute(path)?;
-    let Some((parent, name)) = trimmed.rsplit_once('/') else {
-        return Err(Refusal::new(
-            FsErrorKind::Invalid,
-            format!("{path} is the sandbox's root; the operation needs a path below it"),
-        ));
-    };
-    if name == "." || name == ".." {
-        return Err(Refusal::new(
-            FsErrorKind::Invalid,
-            format!("{path:?} ends in {name:?}; name the file itself"),
-        ));
-    }
-    Ok((if parent.is_empty() { "/" } else { parent }, name))
-}
-
-fn owned(fd: RawFd) -> OwnedFd {
-    // SAFETY: `fd` was just returned by a successful openat and nothing else
-    // owns it.
-    unsafe { OwnedFd::from_raw_fd(fd) }
-}
-
-/// The directory at `path` as a handle for `*at` calls (the path's own
-/// symlinks followed, as any path lookup in the sandbox does).
-fn open_parent(path: &str) -> Result<OwnedFd, Refusal> {
-    openat(
-        None,
-        path,
-        OFlag::O_PATH | OFlag::O_DIRECTORY | OFlag::O_CLOEXEC,
-        Mode::empty(),
-    )
-    .map(owned)
-    .map_err(|e| Refusal::errno(e, format!("cannot open the directory {path}")))
-}
-
 /// Opens `name` in `dir` for reading its entries, refusing a symlink.
-fn open_dir_nofollow<P: ?Sized + nix::NixPath>(dir: Option<RawFd>, name: &P) -> nix::Result<Dir> {
-    Dir::openat(
-        dir,
+fn open_dir_nofollow<P: ?Sized + nix::NixPath>(dir: RawFd, name: &P) -> nix::Result<OwnedFd> {
+    openat(
+        Some(dir),
         name,
         OFlag::O_RDONLY | OFlag::O_DIRECTORY | OFlag::O_NOFOLLOW | OFlag::O_CLOEXEC,
         Mode::empty(),
     )
+    .map(resolve::owned)
+}
+
+/// `fd`, a directory opened for reading, as a handle on its entries.
+fn entries(fd: OwnedFd) -> nix::Result<Dir> {
+    Dir::from_fd(std::os::fd::IntoRawFd::into_raw_fd(fd))
 }
 
 fn kind_of_mode(mode: u32) -> FileKind {
@@ -142,7 +51,7 @@ fn kind_of_mode(mode: u32) -> FileKind {
     }
 }
 
-fn meta_of_stat(path: String, st: &FileStat) -> FileMeta {
+pub(crate) fn meta_of_stat(path: String, st: &FileStat) -> FileMeta {
     FileMeta {
         path,
         kind: kind_of_mode(st.st_mode),
@@ -156,6 +65,20 @@ fn meta_of_stat(path: String, st: &FileStat) -> FileMeta {
 
 fn is_dot(name: &CStr) -> bool {
     matches!(name.to_bytes(), b"." | b"..")
+}
+
+/// Whether `name` in the /proc directory `dir` is init's own entry, which
+/// a listing leaves out.
+fn is_inits_own(dir: RawFd, name: &CStr) -> bool {
+    name.to_str().is_ok_and(resolve::is_pid_name)
+        && openat(
+            Some(dir),
+            name,
+            OFlag::O_PATH | OFlag::O_NOFOLLOW | OFlag::O_CLOEXEC,
+            Mode::empty(),
+        )
+        .map(resolve::owned)
+        .is_ok_and(|entry| resolve::is_init_task(&entry))
 }
 
 /// Answers [`cairn_protocol::ToInit::ListDir`]: entry frames as they are
@@ -213,29 +136,32 @@ impl<W: Write> Lister<'_, W> {
             )
             .into());
         }
-        let trimmed = absolute(path)?;
-        let top = if trimmed.is_empty() { "/" } else { trimmed };
-        let dir = open_dir_nofollow(None, top).map_err(|e| match fstatat(None, top, AtFlags::AT_SYMLINK_NOFOLLOW) {
-            Ok(st) if kind_of_mode(st.st_mode) == FileKind::Symlink => Refusal::new(
+        let parsed = SandboxPath::parse(path)?;
+        let what = format!("cannot list {path}");
+        let dir = resolve::open(&parsed, OFlag::O_RDONLY | OFlag::O_DIRECTORY).map_err(|e| match e {
+            Unresolved::Symlink(link) if link == parsed.to_string() => Refusal::new(
                 FsErrorKind::NotADirectory,
                 format!("{path} is a symbolic link, which a listing does not follow"),
             ),
-            Ok(st) if kind_of_mode(st.st_mode) != FileKind::Dir => {
+            Unresolved::Errno(Errno::ENOTDIR) => {
                 Refusal::new(FsErrorKind::NotADirectory, format!("{path} is not a directory"))
             }
-            _ => Refusal::errno(e, format!("cannot list {path}")),
+            e => e.refusal(&what),
         })?;
-        self.walk(dir, trimmed, depth)
+        // Entries are named below the path as asked (the host checks that).
+        self.walk(dir, path.trim_end_matches('/'), depth)
     }
 
     /// Sends the entries of `dir` (whose path is `prefix`), and those below
     /// them down to `depth` levels.
-    fn walk(&mut self, mut dir: Dir, prefix: &str, depth: u32) -> Result<(), Failure> {
+    fn walk(&mut self, dir: OwnedFd, prefix: &str, depth: u32) -> Result<(), Failure> {
+        let in_proc = resolve::on_procfs(&dir);
+        let mut dir = entries(dir).map_err(|e| Refusal::errno(e, format!("cannot read the directory {prefix}/")))?;
         let fd = dir.as_raw_fd();
         for entry in dir.iter() {
             let entry = entry.map_err(|e| Refusal::errno(e, format!("cannot read the directory {prefix}/")))?;
             let name = entry.file_name();
-            if is_dot(name) {
+            if is_dot(name) || (in_proc && is_inits_own(fd, name)) {
                 continue;
             }
             let path = format!("{prefix}/{}", String::from_utf8_lossy(name.to_bytes()));
@@ -263,7 +189,7 @@ impl<W: Write> Lister<'_, W> {
             let entry = FromInit::Entry(DirEntry { meta, symlink_target });
             write_frame(self.writer, &entry).map_err(Failure::Frame)?;
             if let Some(below) = below {
-                match open_dir_nofollow(Some(fd), name) {
+                match open_dir_nofollow(fd, name) {
                     Ok(child) => self.walk(child, &below, depth - 1)?,
                     // Removed, or swapped for something else, since read.
                     Err(Errno::ENOENT | Errno::ENOTDIR | Errno::ELOOP) => {}
@@ -279,76 +205,102 @@ impl<W: Write> Lister<'_, W> {
 }
 
 /// Makes the directory `path`; whether it was created (false: a directory
-/// was already there).
+/// was already there). With `parents`, missing directories on the way are
+/// made too; a symbolic link on the way is refused, not followed.
 pub fn make_dir(path: &str, parents: bool) -> Result<FromInit, Refusal> {
-    let trimmed = absolute(path)?;
-    if trimmed.is_empty() {
+    if SandboxPath::parse(path)?.names().is_empty() {
         return Ok(FromInit::Made { created: false });
     }
-    let (parent, _) = split(path)?;
-    let mode = Mode::from_bits_truncate(0o755);
+    let (dir, name) = SandboxPath::parse_named(path)?;
     if parents {
-        let mut at = String::new();
-        for name in parent.split('/').filter(|n| !n.is_empty()) {
-            if name == "." || name == ".." {
-                return Err(Refusal::new(
-                    FsErrorKind::Invalid,
-                    format!("{path:?} has a {name:?} in it; name the directories themselves"),
-                ));
-            }
-            at.push('/');
-            at.push_str(name);
-            match mkdirat(None, at.as_str(), mode) {
-                Ok(()) => {}
-                // A directory, or a symlink to one, as `mkdir -p` accepts.
-                Err(Errno::EEXIST) if std::path::Path::new(&at).is_dir() => {}
-                Err(Errno::EEXIST) => {
+        for (count, &on_the_way) in dir.names().iter().enumerate() {
+            let above = dir.first(count);
+            let at = dir.first(count + 1);
+            match make_one(&above, on_the_way, path)? {
+                Made::Created | Made::There => {}
+                Made::Link => {
+                    return Err(Unresolved::Symlink(at.to_string()).refusal(&format!("cannot make {path}")));
+                }
+                Made::Other => {
                     return Err(Refusal::new(
                         FsErrorKind::NotADirectory,
                         format!("cannot make {path}: {at} is in the way and is not a directory"),
                     ))
                 }
-                Err(e) => return Err(Refusal::errno(e, format!("cannot make the directory {at}"))),
             }
         }
     }
-    match mkdirat(None, trimmed, mode) {
-        Ok(()) => Ok(FromInit::Made { created: true }),
-        Err(Errno::EEXIST) => match fstatat(None, trimmed, AtFlags::AT_SYMLINK_NOFOLLOW) {
-            Ok(st) if kind_of_mode(st.st_mode) == FileKind::Dir => Ok(FromInit::Made { created: false }),
-            _ => Err(Refusal::new(
-                FsErrorKind::Exists,
-                format!("cannot make the directory {path}: something that is not a directory is there"),
-            )),
-        },
-        Err(Errno::ENOENT) => Err(Refusal::new(
-            FsErrorKind::NotFound,
-            format!("cannot make the directory {path}: {parent} does not exist (ask for parents to make it)"),
+    match make_one(&dir, name, path)? {
+        Made::Created => Ok(FromInit::Made { created: true }),
+        Made::There => Ok(FromInit::Made { created: false }),
+        Made::Link | Made::Other => Err(Refusal::new(
+            FsErrorKind::Exists,
+            format!(
+                "cannot make the directory {path}: something that is not a directory (a file, or a symbolic \
+                 link, which is not followed) is there"
+            ),
         )),
+    }
+}
+
+enum Made {
+    Created,
+    /// A directory was there already.
+    There,
+    /// A symbolic link is there (not followed).
+    Link,
+    /// Something else is there.
+    Other,
+}
+
+/// Makes `name` in `dir`, a step of making `path`.
+fn make_one(dir: &SandboxPath, name: &str, path: &str) -> Result<Made, Refusal> {
+    let parent = resolve::open_parent(dir, name).map_err(|e| match e {
+        Unresolved::Errno(Errno::ENOENT) => Refusal::new(
+            FsErrorKind::NotFound,
+            format!("cannot make the directory {path}: {dir} does not exist (ask for parents to make it)"),
+        ),
+        e => e.refusal(&format!("cannot make the directory {path}")),
+    })?;
+    match mkdirat(Some(parent.as_raw_fd()), name, Mode::from_bits_truncate(0o755)) {
+        Ok(()) => Ok(Made::Created),
+        Err(Errno::EEXIST) => Ok(
+            match fstatat(Some(parent.as_raw_fd()), name, AtFlags::AT_SYMLINK_NOFOLLOW)
+                .map(|st| resolve::file_type(&st))
+            {
+                Ok(SFlag::S_IFDIR) => Made::There,
+                Ok(SFlag::S_IFLNK) => Made::Link,
+                _ => Made::Other,
+            },
+        ),
         Err(e) => Err(Refusal::errno(e, format!("cannot make the directory {path}"))),
     }
 }
 
-/// Renames `from` to `to` as rename(2) does.
+/// Renames `from` to `to` as rename(2) does, except that neither path's
+/// directories are reached through a symbolic link.
 pub fn rename(from: &str, to: &str) -> Result<FromInit, Refusal> {
-    split(from)?;
-    split(to)?;
-    match renameat(None, from, None, to) {
+    let (from_dir, from_name) = SandboxPath::parse_named(from)?;
+    let (to_dir, to_name) = SandboxPath::parse_named(to)?;
+    let what = format!("cannot rename {from} to {to}");
+    let from_fd = resolve::open_parent(&from_dir, from_name).map_err(|e| e.refusal(&what))?;
+    let to_fd = resolve::open_parent(&to_dir, to_name).map_err(|e| e.refusal(&what))?;
+    match renameat(Some(from_fd.as_raw_fd()), from_name, Some(to_fd.as_raw_fd()), to_name) {
         Ok(()) => Ok(FromInit::Done),
         // rename(2) answers either for a directory that is not empty.
         Err(Errno::ENOTEMPTY | Errno::EEXIST) => Err(Refusal::new(
             FsErrorKind::NotEmpty,
-            format!("cannot rename {from} to {to}: {to} is a directory that is not empty"),
+            format!("{what}: {to} is a directory that is not empty"),
         )),
-        Err(e) => Err(Refusal::errno(e, format!("cannot rename {from} to {to}"))),
+        Err(e) => Err(Refusal::errno(e, what)),
     }
 }
 
 /// Removes `path`: a file or symlink, an empty directory, or with
 /// `recursive` a whole tree on `path`'s file system.
 pub fn remove(path: &str, recursive: bool) -> Result<FromInit, Refusal> {
-    let (parent, name) = split(path)?;
-    let parent_fd = open_parent(parent)?;
+    let (parent, name) = SandboxPath::parse_named(path)?;
+    let parent_fd = resolve::open_parent(&parent, name).map_err(|e| e.refusal(&format!("cannot remove {path}")))?;
     let pfd = parent_fd.as_raw_fd();
     match unlinkat(Some(pfd), name, UnlinkatFlags::NoRemoveDir) {
         Ok(()) => return Ok(FromInit::Done),
@@ -357,7 +309,9 @@ pub fn remove(path: &str, recursive: bool) -> Result<FromInit, Refusal> {
         Err(e) => return Err(Refusal::errno(e, format!("cannot remove {path}"))),
     }
     if recursive {
-        let dir = open_dir_nofollow(Some(pfd), name).map_err(|e| Refusal::errno(e, format!("cannot open {path}")))?;
+        let dir = open_dir_nofollow(pfd, name)
+            .and_then(entries)
+            .map_err(|e| Refusal::errno(e, format!("cannot open {path}")))?;
         let device = fstat(dir.as_raw_fd())
             .map_err(|e| Refusal::errno(e, format!("cannot stat {path}")))?
             .st_dev;
@@ -412,7 +366,7 @@ fn empty(mut dir: Dir, path: &str, device: u64, level: u32) -> Result<(), Refusa
             Ok(()) | Err(Errno::ENOENT) => continue,
             Err(e) => e,
         };
-        let child = match open_dir_nofollow(Some(fd), name) {
+        let child = match open_dir_nofollow(fd, name).and_then(entries) {
             Ok(child) => child,
             // Not a directory after all: the unlink's answer stands.
             Err(Errno::ENOTDIR | Errno::ELOOP) => {
@@ -434,19 +388,4 @@ fn empty(mut dir: Dir, path: &str, device: u64, level: u32) -> Result<(), Refusa
         }
     }
     Ok(())
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn paths_split_into_parent_and_name_and_bad_ones_are_invalid() {
-        assert_eq!(split("/a/b/").unwrap(), ("/a", "b"));
-        assert_eq!(split("/a").unwrap(), ("/", "a"));
-        for bad in ["a/b", "", "/", "//", "/a/..", "/a/.", "/a\0b"] {
-            let refusal = split(bad).unwrap_err();
-            assert_eq!(refusal.kind, FsErrorKind::Invalid, "{bad:?}: {}", refusal.message);
-        }
-    }
 }

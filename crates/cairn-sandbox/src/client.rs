@@ -26,7 +26,7 @@ pub enum ClientError {
     Io(#[from] io::Error),
     /// A file operation failed in the sandbox (or was refused before it was
     /// sent); its kind says how.
-    #[error("{0}")]
+    #[error(transparent)]
     Fs(#[from] FsFailure),
 }
 
@@ -284,15 +284,22 @@ impl InitClient {
         self.expect_done(&mut reader)
     }
 
+    /// The metadata of `path` (absolute in the sandbox), its last name not
+    /// followed (a symbolic link is described itself); `None` when nothing
+    /// is there. A symbolic link on the way, or the sandbox init's own
+    /// `/proc` entries, are refused ([`ClientError::Fs`]).
     pub fn stat(&self, path: &str) -> Result<Option<FileMeta>, ClientError> {
         let (_stream, mut reader) = self.open(&ToInit::Stat { path: path.to_string() })?;
         match self.read(&mut reader)? {
             FromInit::Stat(meta) => Ok(meta),
-            other => Err(unexpected(&other)),
+            other => Err(refusal(other)),
         }
     }
 
-    /// Streams `src` into a file in the sandbox described by `meta`.
+    /// Streams `src` into a file in the sandbox described by `meta`. The
+    /// file's directory must exist, reached without a symbolic link; the
+    /// file is written under a temporary name and renamed into place, so
+    /// a refused or cut transfer leaves nothing.
     pub fn put_file(&self, meta: FileMeta, src: &mut dyn Read) -> Result<u64, ClientError> {
         let (mut stream, mut reader) = self.open(&ToInit::PutFile(meta))?;
         let mut buf = vec![0u8; DATA_CHUNK];
@@ -316,19 +323,24 @@ impl InitClient {
 
     /// Streams a file out of the sandbox into `dst`; returns its metadata.
     pub fn get_file(&self, path: &str, dst: &mut dyn Write) -> Result<FileMeta, ClientError> {
-        let (_stream, mut reader) = self.open(&ToInit::GetFile { path: path.to_string() })?;
-        let meta = match self.read(&mut reader)? {
-            FromInit::File(meta) => meta,
-            FromInit::Error(e) => return Err(ClientError::Refused(e)),
-            other => return Err(unexpected(&other)),
-        };
-        loop {
-            match self.read(&mut reader)? {
-                FromInit::Data(d) => dst.write_all(&d)?,
-                FromInit::End => return Ok(meta),
-                FromInit::Error(e) => return Err(ClientError::Refused(e)),
-                other => return Err(unexpected(&other)),
-            }
+        self.open_file(path)?.copy_to(dst)
+    }
+
+    /// Starts a download of `path` (absolute in the sandbox): init has
+    /// opened it and sent its metadata; its bytes follow. A path through a
+    /// symbolic link, a file that is not a regular file (a FIFO, a socket,
+    /// a device, a directory) and the sandbox init's own `/proc` entries are
+    /// refused here ([`ClientError::Fs`]), before any byte.
+    pub fn open_file(&self, path: &str) -> Result<FileDownload, ClientError> {
+        let (stream, mut reader) = self.open(&ToInit::GetFile { path: path.to_string() })?;
+        match self.read(&mut reader)? {
+            FromInit::File(meta) => Ok(FileDownload {
+                client: self.clone(),
+                meta,
+                _stream: stream,
+                reader,
+            }),
+            other => Err(refusal(other)),
         }
     }
 
@@ -430,6 +442,33 @@ impl InitClient {
         match self.read(reader)? {
             FromInit::Done => Ok(()),
             other => Err(refusal(other)),
+        }
+    }
+}
+
+/// A file init is sending ([`InitClient::open_file`]).
+#[derive(Debug)]
+pub struct FileDownload {
+    client: InitClient,
+    meta: FileMeta,
+    _stream: UnixStream,
+    reader: BufReader<UnixStream>,
+}
+
+impl FileDownload {
+    /// The file's metadata, from the descriptor init reads.
+    pub fn meta(&self) -> &FileMeta {
+        &self.meta
+    }
+
+    /// Copies the file's bytes into `dst`; returns its metadata.
+    pub fn copy_to(mut self, dst: &mut dyn Write) -> Result<FileMeta, ClientError> {
+        loop {
+            match self.client.read(&mut self.reader)? {
+                FromInit::Data(d) => dst.write_all(&d)?,
+                FromInit::End => return Ok(self.meta),
+                other => return Err(refusal(other)),
+            }
         }
     }
 }

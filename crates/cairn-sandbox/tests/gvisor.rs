@@ -282,6 +282,31 @@ fn directories_are_listed_made_renamed_and_removed_inside_gvisor_without_followi
     env.driver.stop(&spec.id, None).unwrap();
 }
 
+/// The attacks on file operations, on gVisor's kernel, which may have no
+/// `openat2` (init then walks each path name by name).
+#[test]
+fn file_operations_refuse_symlinks_special_files_and_inits_proc_inside_gvisor() {
+    let Some(env) = env() else { return };
+    let spec = env.spec("fileattacks", vec![env.base.clone()]);
+    let client = env.start(&spec);
+    support::file_attacks::symlinks_on_the_way_are_refused(&client);
+    support::file_attacks::special_files_are_refused_by_name(&client);
+    support::file_attacks::inits_own_proc_entries_are_refused(&client);
+    env.driver.stop(&spec.id, None).unwrap();
+}
+
+#[test]
+fn a_fifo_swapped_with_a_file_in_a_loop_never_hangs_a_download_inside_gvisor() {
+    let Some(env) = env() else { return };
+    let Some(helper) = support::compile("swap", env.tmp.path()) else {
+        return;
+    };
+    let spec = env.spec("fiforace", vec![env.base.clone()]);
+    let client = env.start(&spec);
+    support::file_attacks::a_fifo_swapped_in_never_hangs_a_download(&client, &helper, 400);
+    env.driver.stop(&spec.id, None).unwrap();
+}
+
 #[test]
 fn a_restored_sandbox_continues_its_processes_from_memory_with_the_host_clock() {
     let Some(env) = env() else { return };

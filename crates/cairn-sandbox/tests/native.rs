@@ -618,3 +618,38 @@ fn rename_moves_and_refuses_to_replace_a_directory_that_is_not_empty() {
         FsErrorKind::Invalid
     );
 }
+
+#[test]
+fn file_operations_refuse_a_symlink_on_the_way_and_touch_nothing_it_points_to() {
+    let Some(sandbox) = Native::start("symlinks") else {
+        return;
+    };
+    support::file_attacks::symlinks_on_the_way_are_refused(&sandbox.client);
+}
+
+#[test]
+fn downloads_refuse_fifos_devices_and_directories_by_name() {
+    let Some(sandbox) = Native::start("special") else {
+        return;
+    };
+    support::file_attacks::special_files_are_refused_by_name(&sandbox.client);
+}
+
+#[test]
+fn file_operations_never_reach_inits_own_proc_entries() {
+    let Some(sandbox) = Native::start("initproc") else {
+        return;
+    };
+    support::file_attacks::inits_own_proc_entries_are_refused(&sandbox.client);
+}
+
+#[test]
+fn a_fifo_swapped_with_a_file_in_a_loop_never_hangs_a_download() {
+    let Some(sandbox) = Native::start("fiforace") else {
+        return;
+    };
+    let Some(helper) = support::compile("swap", sandbox.spec.dir.parent().unwrap()) else {
+        return;
+    };
+    support::file_attacks::a_fifo_swapped_in_never_hangs_a_download(&sandbox.client, &helper, 400);
+}

@@ -12,7 +12,6 @@ mod support;
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
-use std::process::Command;
 
 use cairn_protocol::{BpfInstruction, ExecRequest, FileKind, FileMeta};
 use cairn_sandbox::client::InitClient;
@@ -169,22 +168,5 @@ fn parse(output: &str) -> BTreeMap<String, Outcome> {
 /// Compiles the probe into `dir`; None (and says why) without a compiler,
 /// which fails the test under CI=true.
 fn compile_probe(dir: &Path) -> Option<PathBuf> {
-    let source = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/support/probe.c");
-    let binary = dir.join("probe");
-    let install = "install a C compiler and a static libc: apt-get install gcc libc6-dev";
-    let why = match Command::new("cc")
-        .args(["-static", "-O1", "-pthread", "-o"])
-        .arg(&binary)
-        .arg(&source)
-        .output()
-    {
-        Ok(out) if out.status.success() => return Some(binary),
-        Ok(out) => format!(
-            "cc -static failed ({install}):\n{}",
-            String::from_utf8_lossy(&out.stderr)
-        ),
-        Err(e) => format!("cannot run cc ({e}); {install}"),
-    };
-    support::skipped(&why);
-    None
+    support::compile("probe", dir)
 }

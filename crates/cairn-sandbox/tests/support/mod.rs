@@ -3,9 +3,11 @@
 
 #![allow(dead_code)]
 
+pub mod file_attacks;
+
 use std::fs;
 use std::os::unix::fs::symlink;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::process::Command;
 
 use cairn_protocol::ExecRequest;
@@ -20,6 +22,30 @@ pub fn skipped(message: &str) {
         panic!("{message} (CI=true: a missing part fails the test)");
     }
     eprintln!("SKIPPED {message}");
+}
+
+/// Compiles `tests/support/<name>.c` statically into `dir` (so that it
+/// runs in any sandbox); None (and says why) without a C compiler, which
+/// fails the test under CI=true.
+pub fn compile(name: &str, dir: &Path) -> Option<PathBuf> {
+    let source = Path::new(env!("CARGO_MANIFEST_DIR")).join(format!("tests/support/{name}.c"));
+    let binary = dir.join(name);
+    let install = "install a C compiler and a static libc: apt-get install gcc libc6-dev";
+    let why = match Command::new("cc")
+        .args(["-static", "-O1", "-pthread", "-o"])
+        .arg(&binary)
+        .arg(&source)
+        .output()
+    {
+        Ok(out) if out.status.success() => return Some(binary),
+        Ok(out) => format!(
+            "cc -static failed ({install}):\n{}",
+            String::from_utf8_lossy(&out.stderr)
+        ),
+        Err(e) => format!("cannot run cc ({e}); {install}"),
+    };
+    skipped(&why);
+    None
 }
 
 /// A root with a static busybox and its applet links: `/bin/busybox` when
