@@ -2,7 +2,7 @@
 //! from engine errors to HTTP statuses.
 
 use axum::extract::rejection::{JsonRejection, QueryRejection};
-use axum::http::StatusCode;
+use axum::http::{header, HeaderValue, StatusCode};
 use axum::response::{IntoResponse, Response};
 use axum::Json;
 use cairn_engine::access::AccessError;
@@ -86,7 +86,19 @@ impl IntoResponse for ApiError {
                 message: self.message,
             },
         };
-        (self.status, Json(body)).into_response()
+        let mut resp = (self.status, Json(body)).into_response();
+        close_after_refused_body(&mut resp);
+        resp
+    }
+}
+
+/// A body refused for its size is left unread, so the connection cannot
+/// carry another request: say so, or a client that pools connections sends
+/// its next request into one the server is closing.
+pub(crate) fn close_after_refused_body(resp: &mut Response) {
+    if resp.status() == StatusCode::PAYLOAD_TOO_LARGE {
+        resp.headers_mut()
+            .insert(header::CONNECTION, HeaderValue::from_static("close"));
     }
 }
 

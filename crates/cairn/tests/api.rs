@@ -401,6 +401,58 @@ fn bad_requests_get_one_error_shape_and_change_nothing() {
     assert!(status == 400 && message(&v).contains("absolute"), "{v}");
     let (status, v) = s.call("GET", &format!("/v1/sandboxes/{id}/files?path=/nonexistent"), None);
     assert_eq!(status, 404, "{v}");
+    // What a process in the sandbox planted is refused by name, before any
+    // byte: a FIFO, links on the way (to init's /proc among them), init's
+    // own /proc entries.
+    exec(
+        &s,
+        &id,
+        "mkfifo /tmp/fifo && ln -s /proc/1 /tmp/p1 && mkdir /tmp/real && ln -s /tmp/real /tmp/link",
+    );
+    for (route, path, want, saying) in [
+        (
+            "files",
+            "/tmp/fifo",
+            400,
+            "/tmp/fifo is a FIFO; only regular files can be downloaded",
+        ),
+        ("files", "/tmp/p1/maps", 400, "/tmp/p1 is a symbolic link"),
+        (
+            "files",
+            "/proc/1/maps",
+            403,
+            "/proc/1 is the /proc entry of the sandbox's init",
+        ),
+        ("files/list", "/proc/self/fd", 400, "/proc/self is a symbolic link"),
+        (
+            "files/list",
+            "/proc/1/fd",
+            403,
+            "/proc/1 is the /proc entry of the sandbox's init",
+        ),
+        (
+            "files/stat",
+            "/proc/1",
+            403,
+            "/proc/1 is the /proc entry of the sandbox's init",
+        ),
+    ] {
+        let (status, v) = s.call("GET", &format!("/v1/sandboxes/{id}/{route}?path={path}"), None);
+        assert!(
+            status == want && message(&v).contains(saying),
+            "{route} {path}: {status} {v}"
+        );
+    }
+    let (status, v) = answer(
+        s.req("PUT", &format!("/v1/sandboxes/{id}/files?path=/tmp/link/x"))
+            .send_bytes(b"x"),
+    );
+    assert!(
+        status == 400 && message(&v).contains("/tmp/link is a symbolic link"),
+        "{v}"
+    );
+    let listed = exec(&s, &id, "ls -A /tmp/real");
+    assert_eq!(listed["stdout"], "", "an upload wrote through a link");
     let (status, v) = s.call("GET", "/v1/nowhere", None);
     assert_eq!((status, code(&v)), (404, "not_found".into()));
     // An upload above the cap: 413, and no file appears.
@@ -412,7 +464,7 @@ fn bad_requests_get_one_error_shape_and_change_nothing() {
     let listed = exec(&s, &id, "ls /tmp/big 2>&1; true");
     assert!(listed["stdout"].as_str().unwrap().contains("No such file"), "{listed}");
     assert_eq!(
-        std::fs::read_dir(home.path().join("scratch"))
+        std::fs::read_dir(home.path().join("tmp"))
             .map(|d| d.count())
             .unwrap_or(0),
         0,

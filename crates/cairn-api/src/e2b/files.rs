@@ -1,25 +1,29 @@
 //! envd's `/files`: `GET` streams a file out; `POST` writes files from a
 //! multipart form (one part per file, its filename the destination) or an
-//! octet-stream body, creating parent directories.
+//! octet-stream body, creating parent directories. Uploads are spooled to
+//! the state directory's `scratch/` as they arrive (at most `cairn serve
+//! --max-upload` bytes of files, else 413 and nothing written), downloads
+//! streamed with a few pieces held, whatever the file's size.
 
 use std::collections::HashMap;
+use std::io::{Read, Seek, SeekFrom};
 use std::sync::Arc;
 
-use axum::body::{Body, Bytes};
+use axum::body::Body;
 use axum::extract::{Query, State};
 use axum::http::{header, HeaderMap, HeaderValue, StatusCode};
 use axum::response::{IntoResponse, Response};
 use cairn_protocol::{FileKind, FileMeta};
+use futures_util::StreamExt;
 use serde_json::{json, Value};
 
 use super::envd::{home_of, resolve, sandbox_of, Denied};
+use super::form::Form;
 use super::{Gateway, RestError};
 use crate::app::now_ms;
-use crate::routes::files::streamed;
+use crate::error::ApiError;
+use crate::routes::files::{streamed_file, Spool};
 
-/// The largest upload (a whole multipart form, or one octet-stream file)
-/// held in memory.
-pub const MAX_UPLOAD: usize = 64 << 20;
 /// The most files one multipart form writes.
 const MAX_PARTS: usize = 1000;
 
@@ -54,22 +58,7 @@ async fn read_file(gw: Arc<Gateway>, headers: &HeaderMap, q: &HashMap<String, St
         .get("path")
         .ok_or_else(|| RestError::bad_request("give the file as ?path=..."))?;
     let path = resolve(raw, home(q)).map_err(RestError::bad_request)?;
-    let p = path.clone();
-    let (rec, meta) = gw
-        .app
-        .engine(move |e| {
-            let rec = e.sandbox(&sandbox)?;
-            let meta = e.client(&rec)?.stat(&p)?;
-            Ok((rec, meta))
-        })
-        .await?;
-    let meta = meta.ok_or_else(|| RestError::new(StatusCode::NOT_FOUND, format!("path '{path}' does not exist")))?;
-    if meta.kind != FileKind::File {
-        return Err(RestError::bad_request(format!("path '{path}' is not a regular file")));
-    }
-    let mut resp = streamed(&gw.app, move |e, out| {
-        Ok(e.client(&rec)?.get_file(&path, out).map(drop)?)
-    });
+    let (meta, mut resp) = streamed_file(&gw.app, sandbox, path).await?;
     resp.headers_mut()
         .insert(header::CONTENT_LENGTH, HeaderValue::from(meta.size));
     Ok(resp)
@@ -88,6 +77,14 @@ pub async fn write(
     }
 }
 
+/// A file of an upload, spooled: where it goes, and where its bytes are in
+/// the spool.
+struct Spooled {
+    path: String,
+    offset: u64,
+    size: u64,
+}
+
 async fn write_files(gw: Arc<Gateway>, headers: &HeaderMap, q: &HashMap<String, String>, body: Body) -> Files<Value> {
     let (_, sandbox) = sandbox_of(&gw, headers).map_err(denied)?;
     if headers
@@ -99,18 +96,15 @@ async fn write_files(gw: Arc<Gateway>, headers: &HeaderMap, q: &HashMap<String, 
             "compressed uploads are not supported by Cairn's E2B gateway; write without gzip=True",
         ));
     }
-    let body = axum::body::to_bytes(body, MAX_UPLOAD).await.map_err(|_| {
-        RestError::new(
-            StatusCode::PAYLOAD_TOO_LARGE,
-            format!("an upload is limited to {MAX_UPLOAD} bytes"),
-        )
-    })?;
     let ct = headers
         .get(header::CONTENT_TYPE)
         .and_then(|v| v.to_str().ok())
         .unwrap_or("");
     let home = home(q);
-    let mut files: Vec<(String, Bytes)> = Vec::new();
+    // Spooled whole before anything is written, in bounded memory: an
+    // upload refused midway (too large, malformed, cut) writes no file.
+    let mut spool = Spool::new(&gw.app, "upload", "").await?;
+    let mut files = Vec::new();
     if ct.starts_with("multipart/form-data") {
         let boundary = ct
             .split(';')
@@ -119,30 +113,57 @@ async fn write_files(gw: Arc<Gateway>, headers: &HeaderMap, q: &HashMap<String, 
             .map(|b| b.trim_matches('"'))
             .filter(|b| !b.is_empty() && b.len() <= 200)
             .ok_or_else(|| RestError::bad_request("multipart/form-data without a boundary"))?;
-        for (filename, data) in multipart(&body, boundary).map_err(RestError::bad_request)? {
+        let mut form = Form::new(body.into_data_stream(), boundary);
+        while let Some(filename) = form.next_part().await.map_err(RestError::bad_request)? {
+            if files.len() == MAX_PARTS {
+                return Err(RestError::bad_request(format!(
+                    "a form writes at most {MAX_PARTS} files"
+                )));
+            }
             let target = match (q.get("path"), filename) {
                 (Some(p), _) => p.clone(),
                 (None, Some(f)) => f,
                 (None, None) => return Err(RestError::bad_request("a part names no file: give ?path=")),
             };
-            files.push((resolve(&target, home).map_err(RestError::bad_request)?, data));
+            let path = resolve(&target, home).map_err(RestError::bad_request)?;
+            let offset = spool.size();
+            while let Some(chunk) = form.chunk().await.map_err(RestError::bad_request)? {
+                spool.write(&chunk).await?;
+            }
+            files.push(Spooled {
+                path,
+                offset,
+                size: spool.size() - offset,
+            });
         }
     } else {
         let p = q
             .get("path")
             .ok_or_else(|| RestError::bad_request("give the destination as ?path=..."))?;
-        files.push((resolve(p, home).map_err(RestError::bad_request)?, body));
+        let path = resolve(p, home).map_err(RestError::bad_request)?;
+        let mut stream = body.into_data_stream();
+        while let Some(chunk) = stream.next().await {
+            let chunk = chunk.map_err(|e| RestError::bad_request(format!("the upload was cut short: {e}")))?;
+            spool.write(&chunk).await?;
+        }
+        files.push(Spooled {
+            path,
+            offset: 0,
+            size: spool.size(),
+        });
     }
     if files.is_empty() {
         return Err(RestError::bad_request("the upload holds no file"));
     }
+    let (spooled, spool_path, _) = spool.finish().await?;
     let written = gw
         .app
         .engine(move |e| {
             let rec = e.sandbox(&sandbox)?;
             let client = e.client(&rec)?;
             let mut out = Vec::with_capacity(files.len());
-            for (path, data) in files {
+            for file in files {
+                let path = file.path;
                 if let Some((parent, _)) = path.rsplit_once('/') {
                     if !parent.is_empty() {
                         client.make_dir(parent, true)?;
@@ -154,83 +175,19 @@ async fn write_files(gw: Arc<Gateway>, headers: &HeaderMap, q: &HashMap<String, 
                     mode: 0o644,
                     uid: 0,
                     gid: 0,
-                    size: data.len() as u64,
+                    size: file.size,
                     mtime_ns: now_ms() as i128 * 1_000_000,
                 };
-                client.put_file(meta, &mut &data[..])?;
+                let mut data = &spooled;
+                data.seek(SeekFrom::Start(file.offset))
+                    .map_err(|e| ApiError::internal(format!("reading back the spooled upload: {e}")))?;
+                client.put_file(meta, &mut data.take(file.size))?;
                 let name = path.rsplit('/').next().unwrap_or("").to_string();
                 out.push(json!({ "name": name, "type": "file", "path": path }));
             }
+            drop(spool_path);
             Ok(out)
         })
         .await?;
     Ok(Value::Array(written))
-}
-
-fn find(hay: &[u8], needle: &[u8], from: usize) -> Option<usize> {
-    if needle.is_empty() || hay.len() < needle.len() {
-        return None;
-    }
-    (from..=hay.len() - needle.len()).find(|&i| hay[i] == needle[0] && hay[i..].starts_with(needle))
-}
-
-/// The parts of a multipart body: each part's filename (if any) and data.
-fn multipart(body: &Bytes, boundary: &str) -> Result<Vec<(Option<String>, Bytes)>, String> {
-    let delim = format!("--{boundary}");
-    let mut pos = find(body, delim.as_bytes(), 0).ok_or("the multipart body has no boundary")? + delim.len();
-    let sep = format!("\r\n--{boundary}");
-    let mut parts = Vec::new();
-    loop {
-        if body[pos..].starts_with(b"--") {
-            return Ok(parts);
-        }
-        if !body[pos..].starts_with(b"\r\n") {
-            return Err("malformed multipart boundary line".into());
-        }
-        pos += 2;
-        let head_end = find(body, b"\r\n\r\n", pos).ok_or("a multipart part has no header end")?;
-        let head = std::str::from_utf8(&body[pos..head_end]).map_err(|_| "multipart headers are not UTF-8")?;
-        let filename = head
-            .lines()
-            .find(|l| l.to_ascii_lowercase().starts_with("content-disposition:"))
-            .and_then(|l| {
-                let i = l.find("filename=\"")? + 10;
-                let rest = &l[i..];
-                Some(rest[..rest.find('"')?].to_string())
-            });
-        let data_start = head_end + 4;
-        let data_end = find(body, sep.as_bytes(), data_start).ok_or("a multipart part is not closed")?;
-        parts.push((filename, body.slice(data_start..data_end)));
-        if parts.len() > MAX_PARTS {
-            return Err(format!("a form writes at most {MAX_PARTS} files"));
-        }
-        pos = data_end + sep.len();
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn multipart_forms_give_each_file_and_hostile_ones_are_refused() {
-        let body = Bytes::from_static(
-            b"--xx\r\nContent-Disposition: form-data; name=\"file\"; filename=\"/home/user/a.txt\"\r\n\
-              Content-Type: text/plain\r\n\r\nhello\r\n--xx\r\nContent-Disposition: form-data; name=\"file\"; \
-              filename=\"b\"\r\n\r\n\r\n--xx--\r\n",
-        );
-        let parts = multipart(&body, "xx").unwrap();
-        assert_eq!(parts.len(), 2);
-        assert_eq!(parts[0].0.as_deref(), Some("/home/user/a.txt"));
-        assert_eq!(&parts[0].1[..], b"hello");
-        assert_eq!(&parts[1].1[..], b"");
-        for bad in [
-            &b"--xx\r\nno header end"[..],
-            b"--xx\r\n\r\nunclosed",
-            b"nothing",
-            b"--xxjunk",
-        ] {
-            assert!(multipart(&Bytes::copy_from_slice(bad), "xx").is_err(), "{bad:?}");
-        }
-    }
 }

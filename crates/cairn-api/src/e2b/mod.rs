@@ -17,6 +17,7 @@ mod control;
 mod drivers;
 mod envd;
 mod files;
+mod form;
 mod jobs;
 mod rpc;
 
@@ -327,6 +328,7 @@ impl IntoResponse for RestError {
         // Nothing here gets better by retrying at once.
         resp.headers_mut()
             .insert("should-retry", axum::http::HeaderValue::from_static("false"));
+        crate::error::close_after_refused_body(&mut resp);
         resp
     }
 }

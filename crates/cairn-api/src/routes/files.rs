@@ -28,19 +28,37 @@ pub(crate) fn check_path(path: &str) -> ApiResult<()> {
     Ok(())
 }
 
-/// A blocking writer that sends what it is given to an HTTP body.
+/// The largest piece of a streamed body handed to the HTTP server at once.
+const BODY_PIECE: usize = 64 << 10;
+/// Pieces a streamed body holds for a client that reads slowly (or not at
+/// all): with [`BODY_PIECE`], at most 256 KiB per download wait here.
+const BODY_PIECES_HELD: usize = 4;
+
+/// A blocking writer that sends what it is given to an HTTP body, in
+/// pieces of at most [`BODY_PIECE`] bytes, waiting while
+/// [`BODY_PIECES_HELD`] are unread.
 pub(crate) struct BodyWriter(pub mpsc::Sender<Result<Bytes, std::io::Error>>);
 
 impl Write for BodyWriter {
     fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+        let piece = &buf[..buf.len().min(BODY_PIECE)];
         self.0
-            .blocking_send(Ok(Bytes::copy_from_slice(buf)))
+            .blocking_send(Ok(Bytes::copy_from_slice(piece)))
             .map_err(|_| std::io::Error::new(std::io::ErrorKind::BrokenPipe, "the client went away"))?;
-        Ok(buf.len())
+        Ok(piece.len())
     }
     fn flush(&mut self) -> std::io::Result<()> {
         Ok(())
     }
+}
+
+fn octet_stream(rx: mpsc::Receiver<Result<Bytes, std::io::Error>>) -> Response {
+    let mut resp = Response::new(Body::from_stream(tokio_stream::wrappers::ReceiverStream::new(rx)));
+    resp.headers_mut().insert(
+        header::CONTENT_TYPE,
+        HeaderValue::from_static("application/octet-stream"),
+    );
+    resp
 }
 
 /// An `application/octet-stream` response whose body `write` produces on
@@ -51,7 +69,7 @@ pub(crate) fn streamed(
     app: &Arc<App>,
     write: impl FnOnce(&mut cairn_engine::Engine, &mut BodyWriter) -> ApiResult<()> + Send + 'static,
 ) -> Response {
-    let (tx, rx) = mpsc::channel(16);
+    let (tx, rx) = mpsc::channel(BODY_PIECES_HELD);
     let a = Arc::clone(app);
     tokio::task::spawn_blocking(move || {
         let mut out = BodyWriter(tx.clone());
@@ -64,18 +82,53 @@ pub(crate) fn streamed(
             let _ = tx.blocking_send(Err(std::io::Error::other(e.message)));
         }
     });
-    let mut resp = Response::new(Body::from_stream(tokio_stream::wrappers::ReceiverStream::new(rx)));
-    resp.headers_mut().insert(
-        header::CONTENT_TYPE,
-        HeaderValue::from_static("application/octet-stream"),
-    );
-    resp
+    octet_stream(rx)
 }
 
-/// A file's metadata (symlinks are not followed).
+/// A regular file of a running sandbox as an `application/octet-stream`
+/// response, with its metadata: init opens the file first, so a refusal
+/// (not there, not a regular file, a symbolic link on the way) is an
+/// error answer rather than a cut stream, and the metadata is the opened
+/// file's. Streamed without holding an engine.
+pub(crate) async fn streamed_file(app: &Arc<App>, sandbox: String, path: String) -> ApiResult<(FileMeta, Response)> {
+    let (tx, rx) = mpsc::channel(BODY_PIECES_HELD);
+    let (opened_tx, opened_rx) = tokio::sync::oneshot::channel();
+    let a = Arc::clone(app);
+    tokio::task::spawn_blocking(move || {
+        let opened = a.take_engine().and_then(|e| {
+            let r = e
+                .sandbox(&sandbox)
+                .map_err(ApiError::from)
+                .and_then(|rec| Ok(e.client(&rec)?))
+                .and_then(|client| Ok(client.open_file(&path)?));
+            a.give_back(e);
+            r
+        });
+        let download = match opened {
+            Ok(download) => download,
+            Err(e) => {
+                let _ = opened_tx.send(Err(e));
+                return;
+            }
+        };
+        if opened_tx.send(Ok(download.meta().clone())).is_err() {
+            return;
+        }
+        if let Err(e) = download.copy_to(&mut BodyWriter(tx.clone())) {
+            let _ = tx.blocking_send(Err(std::io::Error::other(e.to_string())));
+        }
+    });
+    let meta = opened_rx
+        .await
+        .map_err(|_| ApiError::internal("the download's worker thread ended before the file was opened"))??;
+    Ok((meta, octet_stream(rx)))
+}
+
+/// A file's metadata (a symbolic link at the end is described, not
+/// followed; one on the way is refused).
 #[utoipa::path(operation_id = "stat_file", get, path = "/v1/sandboxes/{id}/files/stat", tag = "files",
     params(("id" = String, Path, description = "Sandbox id"), PathQuery),
-    responses((status = 200, body = FileStat), (status = 404, body = ErrorBody)))]
+    responses((status = 200, body = FileStat), (status = 400, body = ErrorBody), (status = 403, body = ErrorBody, description = "The sandbox init's own /proc entries"), (status = 404, body = ErrorBody)))]
 pub async fn stat(
     State(app): State<Arc<App>>,
     Path(id): Path<String>,
@@ -95,10 +148,11 @@ pub async fn stat(
 }
 
 /// Downloads a regular file, streamed. `X-Cairn-Mode` gives its
-/// permission bits in octal.
+/// permission bits in octal. A FIFO, socket, device or directory, and a
+/// path through a symbolic link, are refused (400) before any byte.
 #[utoipa::path(operation_id = "download_file", get, path = "/v1/sandboxes/{id}/files", tag = "files",
     params(("id" = String, Path, description = "Sandbox id"), PathQuery),
-    responses((status = 200, content_type = "application/octet-stream", body = Binary), (status = 400, body = ErrorBody), (status = 404, body = ErrorBody)))]
+    responses((status = 200, content_type = "application/octet-stream", body = Binary), (status = 400, body = ErrorBody), (status = 403, body = ErrorBody, description = "The sandbox init's own /proc entries"), (status = 404, body = ErrorBody)))]
 pub async fn download(
     State(app): State<Arc<App>>,
     Path(id): Path<String>,
@@ -106,25 +160,7 @@ pub async fn download(
 ) -> ApiResult<Response> {
     let Query(q) = q?;
     check_path(&q.path)?;
-    let path = q.path.clone();
-    let (rec, meta) = app
-        .engine(move |e| {
-            let rec = e.sandbox(&id)?;
-            let meta = e.client(&rec)?.stat(&path)?;
-            Ok((rec, meta))
-        })
-        .await?;
-    let meta = meta.ok_or_else(|| ApiError::not_found(format!("no file {} in the sandbox", q.path)))?;
-    if meta.kind != FileKind::File {
-        return Err(ApiError::bad_request(format!(
-            "{} is not a regular file; list a directory with .../files/list",
-            q.path
-        )));
-    }
-    let path = q.path.clone();
-    let mut resp = streamed(&app, move |e, out| {
-        Ok(e.client(&rec)?.get_file(&path, out).map(drop)?)
-    });
+    let (meta, mut resp) = streamed_file(&app, id, q.path).await?;
     let h = resp.headers_mut();
     h.insert(
         "x-cairn-mode",
@@ -134,11 +170,12 @@ pub async fn download(
 }
 
 /// Uploads a file, streamed: the body is the content. Its directory must
-/// exist; an existing file is replaced.
+/// exist and be reached without a symbolic link; an existing file (or
+/// symbolic link) is replaced.
 #[utoipa::path(operation_id = "upload_file", put, path = "/v1/sandboxes/{id}/files", tag = "files",
     params(("id" = String, Path, description = "Sandbox id"), UploadQuery),
     request_body(content = Binary, content_type = "application/octet-stream"),
-    responses((status = 201, body = FileStat), (status = 400, body = ErrorBody), (status = 404, body = ErrorBody), (status = 413, body = ErrorBody)))]
+    responses((status = 201, body = FileStat), (status = 400, body = ErrorBody), (status = 403, body = ErrorBody, description = "The sandbox init's own /proc entries"), (status = 404, body = ErrorBody), (status = 413, body = ErrorBody)))]
 pub async fn upload(
     State(app): State<Arc<App>>,
     Path(id): Path<String>,
@@ -177,10 +214,11 @@ pub async fn upload(
     Ok((StatusCode::CREATED, Json(meta.into())))
 }
 
-/// Lists a directory (symlinks are listed, never followed).
+/// Lists a directory (symlinks are listed, never followed, on the way
+/// either).
 #[utoipa::path(operation_id = "list_files", get, path = "/v1/sandboxes/{id}/files/list", tag = "files",
     params(("id" = String, Path, description = "Sandbox id"), ListQuery),
-    responses((status = 200, body = DirListingView), (status = 400, body = ErrorBody), (status = 404, body = ErrorBody)))]
+    responses((status = 200, body = DirListingView), (status = 400, body = ErrorBody), (status = 403, body = ErrorBody, description = "The sandbox init's own /proc entries"), (status = 404, body = ErrorBody)))]
 pub async fn list(
     State(app): State<Arc<App>>,
     Path(id): Path<String>,
@@ -279,10 +317,6 @@ pub async fn remove(
     Ok(StatusCode::NO_CONTENT)
 }
 
-/// Writes a request body to a temporary file in the state directory's
-/// `scratch/` (removed with the returned path), refusing one above the
-/// server's upload limit with 413. Answers the file (rewound), its path
-/// and its size.
 /// Permission bits given in octal (`644` when not given).
 pub(crate) fn mode_of(mode: Option<&str>) -> ApiResult<u32> {
     match mode {
@@ -294,43 +328,87 @@ pub(crate) fn mode_of(mode: Option<&str>) -> ApiResult<u32> {
     }
 }
 
+/// Writes a request body to a temporary file in the state directory's
+/// `scratch/` (removed with the returned path), refusing one above the
+/// server's upload limit with 413. Answers the file (rewound), its path
+/// and its size.
 pub(crate) async fn spool(
     app: &App,
     body: Body,
     what: &str,
     suffix: &str,
 ) -> ApiResult<(std::fs::File, tempfile::TempPath, u64)> {
-    let scratch = app.home.scratch();
-    tokio::fs::create_dir_all(&scratch)
-        .await
-        .map_err(|e| ApiError::internal(format!("cannot create {}: {e}", scratch.display())))?;
-    let (file, path) = tempfile::Builder::new()
-        .suffix(suffix)
-        .tempfile_in(&scratch)
-        .map_err(|e| ApiError::internal(format!("cannot spool the {what} in {}: {e}", scratch.display())))?
-        .into_parts();
-    let mut file = tokio::fs::File::from_std(file);
-    let mut size: u64 = 0;
+    let mut spool = Spool::new(app, what, suffix).await?;
     let mut stream = body.into_data_stream();
     while let Some(chunk) = stream.next().await {
         let chunk = chunk.map_err(|e| ApiError::bad_request(format!("the {what} was cut short: {e}")))?;
-        size += chunk.len() as u64;
-        if size > app.settings.max_upload {
+        spool.write(&chunk).await?;
+    }
+    spool.finish().await
+}
+
+/// Bytes written to a temporary file in the state directory's `scratch/`
+/// as they arrive, at most the server's upload limit of them (`cairn serve
+/// --max-upload`); the file goes when its path is dropped, so a refused
+/// upload leaves nothing.
+pub(crate) struct Spool {
+    file: tokio::fs::File,
+    path: tempfile::TempPath,
+    size: u64,
+    limit: u64,
+    what: String,
+}
+
+impl Spool {
+    /// An empty spool for the `what` ("upload") of a request.
+    pub(crate) async fn new(app: &App, what: &str, suffix: &str) -> ApiResult<Spool> {
+        let scratch = app.home.scratch();
+        tokio::fs::create_dir_all(&scratch)
+            .await
+            .map_err(|e| ApiError::internal(format!("cannot create {}: {e}", scratch.display())))?;
+        let (file, path) = tempfile::Builder::new()
+            .suffix(suffix)
+            .tempfile_in(&scratch)
+            .map_err(|e| ApiError::internal(format!("cannot spool the {what} in {}: {e}", scratch.display())))?
+            .into_parts();
+        Ok(Spool {
+            file: tokio::fs::File::from_std(file),
+            path,
+            size: 0,
+            limit: app.settings.max_upload,
+            what: what.to_string(),
+        })
+    }
+
+    /// Bytes written so far.
+    pub(crate) fn size(&self) -> u64 {
+        self.size
+    }
+
+    /// Appends `chunk`; 413 once the whole would pass the limit.
+    pub(crate) async fn write(&mut self, chunk: &[u8]) -> ApiResult<()> {
+        self.size += chunk.len() as u64;
+        if self.size > self.limit {
             return Err(ApiError::new(
                 StatusCode::PAYLOAD_TOO_LARGE,
                 format!(
-                    "the {what} is larger than this server's limit of {} bytes (cairn serve --max-upload)",
-                    app.settings.max_upload
+                    "the {} is larger than this server's limit of {} bytes (cairn serve --max-upload)",
+                    self.what, self.limit
                 ),
             ));
         }
-        file.write_all(&chunk)
+        self.file
+            .write_all(chunk)
             .await
-            .map_err(|e| ApiError::internal(format!("spooling the {what}: {e}")))?;
+            .map_err(|e| ApiError::internal(format!("spooling the {}: {e}", self.what)))
     }
-    file.flush().await.map_err(|e| ApiError::internal(e.to_string()))?;
-    let mut file = file.into_std().await;
-    use std::io::Seek;
-    file.rewind().map_err(|e| ApiError::internal(e.to_string()))?;
-    Ok((file, path, size))
+
+    /// The spooled file, rewound, its path and its size.
+    pub(crate) async fn finish(mut self) -> ApiResult<(std::fs::File, tempfile::TempPath, u64)> {
+        self.file.flush().await.map_err(|e| ApiError::internal(e.to_string()))?;
+        let mut file = self.file.into_std().await;
+        use std::io::Seek;
+        file.rewind().map_err(|e| ApiError::internal(e.to_string()))?;
+        Ok((file, self.path, self.size))
+    }
 }

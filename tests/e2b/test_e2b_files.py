@@ -1,0 +1,127 @@
+"""Files through the real e2b SDK against what a sandbox plants and what a
+client sends: a FIFO, a link to init's /proc and a link on the way are
+refused by name; uploads are spooled to disk, so one past the 64 MiB the
+gateway once held in memory goes through, and one past the server's limit
+(a server of its own, `--max-upload 8M`) is refused with 413 and writes
+nothing, not even the files of its form that fitted."""
+
+import hashlib
+import io
+import os
+import shutil
+import socket
+import subprocess
+import tempfile
+import time
+
+import pytest
+from e2b import Sandbox, SandboxException
+
+
+@pytest.fixture
+def sbx():
+    s = Sandbox.create()
+    yield s
+    Sandbox.kill(s.sandbox_id)
+
+
+def _free_port():
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.fixture(scope="module")
+def small_server(cairn_e2b):
+    """A second `cairn serve --e2b`, on a state directory of its own, whose
+    uploads are limited to 8 MiB."""
+    binary = cairn_e2b["bin"]
+    home = tempfile.mkdtemp(prefix="cairn-e2b-small-")
+    env = dict(os.environ, CAIRN_HOME=home)
+    token = subprocess.run(
+        [binary, "token", "create", "small"], env=env, check=True, capture_output=True, text=True
+    ).stdout
+    key = next(w for w in token.split() if len(w) >= 20)
+    port = _free_port()
+    log = open(os.path.join(home, "serve.log"), "a")
+    server = subprocess.Popen(
+        [binary, "serve", "--e2b", f"127.0.0.1:{port}", "--max-upload", "8M"],
+        env=env,
+        stdout=log,
+        stderr=subprocess.STDOUT,
+    )
+    deadline = time.time() + 30
+    while True:
+        try:
+            socket.create_connection(("127.0.0.1", port), timeout=1).close()
+            break
+        except OSError:
+            if server.poll() is not None or time.time() > deadline:
+                raise RuntimeError(open(os.path.join(home, "serve.log")).read())
+            time.sleep(0.05)
+    url = f"http://127.0.0.1:{port}"
+    yield {"url": url, "key": key, "home": home}
+    server.terminate()
+    server.wait(timeout=30)
+    ids = subprocess.run([binary, "ps", "-q"], env=env, capture_output=True, text=True).stdout.split()
+    if ids:
+        subprocess.run([binary, "rm", "--force", *ids], env=env, capture_output=True)
+    shutil.rmtree(home, ignore_errors=True)
+
+
+def _md5(sbx, path):
+    return sbx.commands.run(f"md5sum {path}").stdout.split()[0]
+
+
+def test_planted_fifos_and_links_are_refused_by_name(sbx):
+    sbx.commands.run("mkfifo /tmp/fifo && ln -s /proc/1 /tmp/p1 && mkdir /tmp/real && ln -s /tmp/real /tmp/link")
+    with pytest.raises(SandboxException, match="/tmp/fifo is a FIFO"):
+        sbx.files.read("/tmp/fifo")
+    with pytest.raises(SandboxException, match="/tmp/p1 is a symbolic link"):
+        sbx.files.read("/tmp/p1/maps")
+    with pytest.raises(SandboxException, match="/proc/1 is the /proc entry of the sandbox's init"):
+        sbx.files.read("/proc/1/maps")
+    with pytest.raises(SandboxException, match="/proc/self is a symbolic link"):
+        sbx.files.list("/proc/self/fd")
+    with pytest.raises(SandboxException, match="symbolic link"):
+        sbx.files.write("/tmp/link/planted", "x")
+    with pytest.raises(SandboxException, match="/tmp/link is a symbolic link"):
+        sbx.files.write("/tmp/link/sub/planted", "x")
+    assert sbx.commands.run("ls -A /tmp/real").stdout == ""
+
+
+def test_an_upload_past_the_old_in_memory_cap_is_written_whole(sbx):
+    data = os.urandom(80 << 20)
+    digest = hashlib.md5(data).hexdigest()
+    # A multipart form (bytes), then an octet-stream body (a file object).
+    sbx.files.write("/home/user/form.bin", data)
+    assert _md5(sbx, "/home/user/form.bin") == digest
+    sbx.files.write("/home/user/stream.bin", io.BytesIO(data))
+    assert _md5(sbx, "/home/user/stream.bin") == digest
+    assert hashlib.md5(bytes(sbx.files.read("/home/user/stream.bin", format="bytes"))).hexdigest() == digest
+
+
+def test_an_upload_past_the_servers_limit_is_refused_and_writes_nothing(small_server):
+    s = Sandbox.create(api_url=small_server["url"], sandbox_url=small_server["url"], api_key=small_server["key"])
+    try:
+        fits = os.urandom(6 << 20)
+        s.files.write("/home/user/fits.bin", fits)
+        assert _md5(s, "/home/user/fits.bin") == hashlib.md5(fits).hexdigest()
+
+        too_large = os.urandom(9 << 20)
+        for write in (
+            lambda: s.files.write("/home/user/big.bin", too_large),
+            lambda: s.files.write("/home/user/big.bin", io.BytesIO(too_large)),
+            lambda: s.files.write_files(
+                [{"path": "/home/user/first.bin", "data": b"small"}, {"path": "/home/user/big.bin", "data": too_large}]
+            ),
+        ):
+            with pytest.raises(SandboxException, match="413: .*limit of 8388608 bytes"):
+                write()
+            assert not s.files.exists("/home/user/big.bin")
+            assert not s.files.exists("/home/user/first.bin")
+        assert s.commands.run("ls -A /home/user").stdout.split() == ["fits.bin"]
+        # The spools (the state directory's tmp/) are gone with their uploads.
+        assert [n for n in os.listdir(os.path.join(small_server["home"], "tmp")) if n.startswith(".tmp")] == []
+    finally:
+        s.kill()
