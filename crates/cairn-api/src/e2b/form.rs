@@ -95,6 +95,9 @@ where
                 // headers (none, or lines each after a CRLF) end at the
                 // first blank line.
                 Stage::Head => match find(&self.buf, b"\r\n\r\n") {
+                    Some(end) if end > HEAD_MAX => {
+                        return Err(format!("a multipart part's headers are longer than {HEAD_MAX} bytes"))
+                    }
                     Some(end) => {
                         let head = self.buf.split_to(end + 4);
                         let head = std::str::from_utf8(&head[..end]).map_err(|_| "multipart headers are not UTF-8")?;
@@ -228,6 +231,10 @@ mod tests {
         let mut endless_head = b"--xx\r\nX: ".to_vec();
         endless_head.extend(std::iter::repeat_n(b'a', HEAD_MAX + 10));
         let err = read(&endless_head, "xx", 1000).unwrap_err();
+        assert!(err.contains("longer than"), "{err}");
+        // Ended, but in one piece longer than allowed.
+        endless_head.extend_from_slice(b"\r\n\r\ndata\r\n--xx--");
+        let err = read(&endless_head, "xx", endless_head.len()).unwrap_err();
         assert!(err.contains("longer than"), "{err}");
     }
 }
