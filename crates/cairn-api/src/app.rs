@@ -58,6 +58,57 @@ pub struct App {
     pub events: broadcast::Sender<Event>,
     /// Set when the server stops: open streams end so that it can.
     stopping: tokio::sync::watch::Sender<bool>,
+    /// Token checks, on threads of their own.
+    auth: Auth,
+}
+
+/// Threads that check bearer tokens and nothing else: work that blocks
+/// (a sandbox that does not answer, a slow store) holds threads of the
+/// general pool, never the check that lets a request in.
+struct Auth {
+    jobs: std::sync::mpsc::SyncSender<AuthJob>,
+}
+
+type Checked = Result<Option<cairn_engine::access::TokenRecord>, EngineError>;
+
+struct AuthJob {
+    secret: String,
+    reply: tokio::sync::oneshot::Sender<Checked>,
+}
+
+impl Auth {
+    const THREADS: usize = 2;
+    /// Checks waiting beyond this are answered 503 at once.
+    const QUEUE: usize = 1024;
+
+    fn start(home: Home) -> Auth {
+        let (jobs, rx) = std::sync::mpsc::sync_channel::<AuthJob>(Self::QUEUE);
+        let rx = Arc::new(Mutex::new(rx));
+        for _ in 0..Self::THREADS {
+            let rx = Arc::clone(&rx);
+            let home = home.clone();
+            let started = std::thread::Builder::new().name("cairn-auth".into()).spawn(move || {
+                let mut engine: Option<Engine> = None;
+                loop {
+                    let job = rx.lock().unwrap_or_else(|e| e.into_inner()).recv();
+                    let Ok(job) = job else { return };
+                    let checked = match &engine {
+                        Some(e) => e.check_token(&job.secret),
+                        None => Engine::open(home.clone()).and_then(|e| {
+                            let checked = e.check_token(&job.secret);
+                            engine = Some(e);
+                            checked
+                        }),
+                    };
+                    let _ = job.reply.send(checked);
+                }
+            });
+            if let Err(e) = started {
+                tracing::warn!("cannot start a token-checking thread: {e}");
+            }
+        }
+        Auth { jobs }
+    }
 }
 
 /// A sandbox claimed for one operation; released when dropped.
@@ -80,6 +131,7 @@ impl App {
         let engine = Engine::open(home.clone())?;
         engine.keep_init_waiting();
         let (events, _) = broadcast::channel(1024);
+        let auth = Auth::start(home.clone());
         Ok(Arc::new(App {
             home,
             settings,
@@ -90,6 +142,7 @@ impl App {
             metrics: Metrics::default(),
             events,
             stopping: tokio::sync::watch::Sender::new(false),
+            auth,
         }))
     }
 
@@ -107,6 +160,28 @@ impl App {
         })
         .await
         .map_err(|e| ApiError::internal(format!("a worker thread failed: {e}")))?
+    }
+
+    /// Checks a bearer token on the token-checking threads: `None` when it
+    /// is not valid; 503 when more checks wait than those threads keep.
+    pub async fn check_token(&self, secret: String) -> ApiResult<Option<cairn_engine::access::TokenRecord>> {
+        let (reply, answer) = tokio::sync::oneshot::channel();
+        match self.auth.jobs.try_send(AuthJob { secret, reply }) {
+            Ok(()) => {}
+            Err(std::sync::mpsc::TrySendError::Full(_)) => {
+                return Err(ApiError::new(
+                    axum::http::StatusCode::SERVICE_UNAVAILABLE,
+                    "too many requests are waiting for their token to be checked; retry shortly",
+                ))
+            }
+            Err(std::sync::mpsc::TrySendError::Disconnected(_)) => {
+                return Err(ApiError::internal("the token-checking threads are gone"))
+            }
+        }
+        match answer.await {
+            Ok(checked) => Ok(checked?),
+            Err(_) => Err(ApiError::internal("a token-checking thread failed")),
+        }
     }
 
     /// An engine for a blocking thread of the caller's own (pipeline runs).

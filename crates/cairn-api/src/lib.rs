@@ -12,6 +12,7 @@
 pub mod app;
 pub mod e2b;
 pub mod error;
+pub mod listen;
 pub mod mcp;
 pub mod metrics;
 pub mod model;
@@ -30,6 +31,7 @@ use axum::Router;
 use utoipa::OpenApi;
 
 pub use app::{App, Settings};
+pub use listen::Limits;
 pub use serve::{serve, ServeOptions};
 
 use crate::error::ApiError;
@@ -224,6 +226,14 @@ async fn observe(State(app): State<Arc<App>>, req: Request, next: Next) -> Respo
 
 /// Refuses requests without a valid `Authorization: Bearer` token (TCP),
 /// but for the page's own files, which hold no data.
+/// The credentials of an `Authorization: Bearer` value; the scheme is
+/// matched without regard to case (RFC 9110, 11.1).
+fn bearer(value: &str) -> Option<&str> {
+    let (scheme, token) = value.trim_start().split_once(' ')?;
+    let token = token.trim();
+    (scheme.eq_ignore_ascii_case("bearer") && !token.is_empty()).then_some(token)
+}
+
 pub async fn require_token(State(app): State<Arc<App>>, req: Request, next: Next) -> Response {
     if req.method() == axum::http::Method::GET && ui::is_page(req.uri().path()) {
         return next.run(req).await;
@@ -232,8 +242,8 @@ pub async fn require_token(State(app): State<Arc<App>>, req: Request, next: Next
         .headers()
         .get(axum::http::header::AUTHORIZATION)
         .and_then(|v| v.to_str().ok())
-        .and_then(|v| v.strip_prefix("Bearer "))
-        .map(|t| t.trim().to_string());
+        .and_then(bearer)
+        .map(str::to_string);
     let Some(secret) = presented else {
         return ApiError::new(
             StatusCode::UNAUTHORIZED,
@@ -241,7 +251,7 @@ pub async fn require_token(State(app): State<Arc<App>>, req: Request, next: Next
         )
         .into_response();
     };
-    match app.engine(move |e| Ok(e.check_token(&secret)?)).await {
+    match app.check_token(secret).await {
         Ok(Some(_)) => next.run(req).await,
         Ok(None) => ApiError::new(
             StatusCode::UNAUTHORIZED,
@@ -249,5 +259,20 @@ pub async fn require_token(State(app): State<Arc<App>>, req: Request, next: Next
         )
         .into_response(),
         Err(e) => e.into_response(),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::bearer;
+
+    #[test]
+    fn the_bearer_scheme_is_matched_without_regard_to_case() {
+        for value in ["Bearer t", "bearer t", "BEARER t", "  Bearer   t  "] {
+            assert_eq!(bearer(value), Some("t"), "{value:?}");
+        }
+        for value in ["Basic t", "Bearer", "Bearer ", "Bearert", "Token t"] {
+            assert_eq!(bearer(value), None, "{value:?}");
+        }
     }
 }

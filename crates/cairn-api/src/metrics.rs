@@ -32,8 +32,21 @@ pub struct Request {
     pub status: u16,
 }
 
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct Listener {
+    pub listener: String,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct Closed {
+    pub listener: String,
+    pub reason: String,
+}
+
 pub struct Metrics {
     registry: Mutex<Registry>,
+    connections: Family<Listener, Gauge>,
+    closed: Family<Closed, Counter>,
     latency: Family<Op, Histogram>,
     stages: Family<Outcome, Counter>,
     sandboxes: Family<State, Gauge>,
@@ -51,6 +64,8 @@ impl Default for Metrics {
         let sandboxes = Family::<State, Gauge>::default();
         let store_bytes = Gauge::default();
         let requests = Family::<Request, Counter>::default();
+        let connections = Family::<Listener, Gauge>::default();
+        let closed = Family::<Closed, Counter>::default();
         let mut registry = Registry::with_prefix("cairn");
         registry.register(
             "operation_seconds",
@@ -69,8 +84,21 @@ impl Default for Metrics {
             "HTTP requests answered, by method and status",
             requests.clone(),
         );
+        registry.register(
+            "connections",
+            "Connections open, by listener (unix, api, e2b)",
+            connections.clone(),
+        );
+        registry.register(
+            "connections_closed_by_server",
+            "Connections the server refused or closed, by listener and reason \
+             (refused, evicted, header_timeout, idle_timeout)",
+            closed.clone(),
+        );
         Metrics {
             registry: Mutex::new(registry),
+            connections,
+            closed,
             latency,
             stages,
             sandboxes,
@@ -100,6 +128,23 @@ impl Metrics {
             .get_or_create(&Request {
                 method: method.into(),
                 status,
+            })
+            .inc();
+    }
+
+    pub fn connections_open(&self, listener: &str, open: usize) {
+        self.connections
+            .get_or_create(&Listener {
+                listener: listener.into(),
+            })
+            .set(open as i64);
+    }
+
+    pub fn connection_closed(&self, listener: &str, reason: &str) {
+        self.closed
+            .get_or_create(&Closed {
+                listener: listener.into(),
+                reason: reason.into(),
             })
             .inc();
     }

@@ -6,11 +6,11 @@ use std::os::unix::fs::PermissionsExt;
 use std::path::PathBuf;
 use std::sync::Arc;
 
-use axum::serve::ListenerExt;
 use cairn_engine::Home;
-use tokio::net::{TcpListener, TcpStream, UnixListener};
+use tokio::net::{TcpListener, UnixListener};
 
 use crate::app::{App, Settings};
+use crate::listen::{Limits, Listener};
 
 #[derive(Debug, Clone)]
 pub struct ServeOptions {
@@ -24,6 +24,8 @@ pub struct ServeOptions {
     /// Which driver runs each E2B template's sandboxes.
     pub e2b_drivers: crate::e2b::Drivers,
     pub settings: Settings,
+    /// Timeouts and connection caps of every listener.
+    pub limits: Limits,
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -55,19 +57,21 @@ pub async fn serve(home: Home, opts: ServeOptions) -> Result<(), ServeError> {
     let unix = bind_unix(&socket)?;
     let resumed = crate::routes::runs::resume_interrupted(&app).map_err(|e| ServeError::Other(e.message))?;
     let router = crate::router(Arc::clone(&app));
+    let tcp_listeners = usize::from(opts.listen.is_some()) + usize::from(opts.e2b.is_some());
+    let caps = crate::listen::caps(&opts.limits, open_files(), tcp_listeners).map_err(ServeError::Other)?;
+    let limits = opts.limits.clone();
     let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
     let mut tasks = tokio::task::JoinSet::new();
-    {
-        let mut stop = stop_rx.clone();
-        let r = router.clone();
-        tasks.spawn(async move {
-            axum::serve(unix, r)
-                .with_graceful_shutdown(async move {
-                    let _ = stop.wait_for(|s| *s).await;
-                })
-                .await
-        });
-    }
+    tasks.spawn(crate::listen::run(
+        "unix",
+        Listener::Unix(unix),
+        router.clone(),
+        Arc::clone(&app),
+        limits.clone(),
+        caps.unix,
+        caps.unix,
+        stop_rx.clone(),
+    ));
     eprintln!("cairn: serving on {} (unix)", socket.display());
     if let Some(addr) = opts.listen {
         let tcp = TcpListener::bind(addr).await.map_err(|source| ServeError::Listen {
@@ -83,14 +87,16 @@ pub async fn serve(home: Home, opts: ServeOptions) -> Result<(), ServeError> {
             Arc::clone(&app),
             crate::require_token,
         ));
-        let mut stop = stop_rx.clone();
-        tasks.spawn(async move {
-            axum::serve(tcp.tap_io(no_delay), authed)
-                .with_graceful_shutdown(async move {
-                    let _ = stop.wait_for(|s| *s).await;
-                })
-                .await
-        });
+        tasks.spawn(crate::listen::run(
+            "api",
+            Listener::Tcp(tcp),
+            authed,
+            Arc::clone(&app),
+            limits.clone(),
+            caps.tcp,
+            caps.per_peer,
+            stop_rx.clone(),
+        ));
         eprintln!("cairn: serving on http://{shown} (bearer tokens: `cairn token create NAME`)");
     }
     if let Some(addr) = opts.e2b {
@@ -110,15 +116,30 @@ pub async fn serve(home: Home, opts: ServeOptions) -> Result<(), ServeError> {
             );
         }
         let e2b = crate::e2b::router(Arc::clone(&app), opts.e2b_drivers.clone());
-        let mut stop = stop_rx.clone();
-        tasks.spawn(async move {
-            axum::serve(tcp.tap_io(no_delay), e2b)
-                .with_graceful_shutdown(async move {
-                    let _ = stop.wait_for(|s| *s).await;
-                })
-                .await
-        });
+        tasks.spawn(crate::listen::run(
+            "e2b",
+            Listener::Tcp(tcp),
+            e2b,
+            Arc::clone(&app),
+            limits.clone(),
+            caps.tcp,
+            caps.per_peer,
+            stop_rx.clone(),
+        ));
         eprintln!("cairn: serving the E2B API on http://{shown} (E2B_API_KEY: `cairn token create NAME`)");
+    }
+    if tcp_listeners > 0 {
+        eprintln!(
+            "cairn: limits: {} connections per TCP listener, {} per address; headers within {}, idle {}, \
+             unread answers {}; {} of {} descriptors reserved (docs/security.md)",
+            caps.tcp,
+            caps.per_peer,
+            humantime::format_duration(limits.header_timeout),
+            humantime::format_duration(limits.idle_timeout),
+            humantime::format_duration(limits.write_timeout),
+            caps.reserve,
+            caps.nofile,
+        );
     }
     let idle = tokio::spawn(idle_timer(Arc::clone(&app)));
     if !resumed.is_empty() {
@@ -223,10 +244,9 @@ fn raise_open_files() {
     }
 }
 
-/// Streamed answers go out as many small writes (an event, an envelope);
-/// with Nagle's algorithm each waits for the client's delayed ACK (40 ms).
-fn no_delay(tcp: &mut TcpStream) {
-    if let Err(e) = tcp.set_nodelay(true) {
-        tracing::debug!("cannot set TCP_NODELAY: {e}");
-    }
+/// The process's descriptor limit (after [`raise_open_files`]).
+fn open_files() -> u64 {
+    nix::sys::resource::getrlimit(nix::sys::resource::Resource::RLIMIT_NOFILE)
+        .map(|(soft, _)| soft)
+        .unwrap_or(1024)
 }

@@ -370,6 +370,28 @@ pub enum Command {
         /// The largest file upload accepted (413 above it), e.g. 512M, 4G.
         #[arg(long, default_value = "1G", value_name = "SIZE", value_parser = parse_bytes)]
         max_upload: u64,
+        /// Close a connection whose request headers have not arrived whole
+        /// this long after the server began waiting for them, e.g. 10s.
+        #[arg(long, default_value = "10s", value_name = "DURATION", value_parser = humantime::parse_duration)]
+        header_timeout: std::time::Duration,
+        /// Close a connection with no request in progress after this long.
+        #[arg(long, default_value = "2m", value_name = "DURATION", value_parser = humantime::parse_duration)]
+        idle_timeout: std::time::Duration,
+        /// Close a connection whose client reads nothing of an answer for
+        /// this long.
+        #[arg(long, default_value = "60s", value_name = "DURATION", value_parser = humantime::parse_duration)]
+        write_timeout: std::time::Duration,
+        /// Connections at once per listener (lowered to fit the descriptor
+        /// limit); when full, the connection idle longest makes room.
+        #[arg(long, default_value_t = 4096, value_name = "N")]
+        max_connections: usize,
+        /// Connections at once from one address on each TCP listener.
+        #[arg(long, default_value_t = 256, value_name = "N")]
+        max_connections_per_peer: usize,
+        /// Descriptors TCP connections never take, kept for the Unix
+        /// socket, sandboxes' init connections and the state store.
+        #[arg(long, default_value_t = 1024, value_name = "N")]
+        fd_reserve: u64,
         /// Print the OpenAPI document and exit.
         #[arg(long)]
         openapi: bool,

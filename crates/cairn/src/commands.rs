@@ -77,6 +77,12 @@ pub fn dispatch(cli: Cli) -> Result<i32> {
         e2b,
         e2b_driver,
         max_upload,
+        header_timeout,
+        idle_timeout,
+        write_timeout,
+        max_connections,
+        max_connections_per_peer,
+        fd_reserve,
         openapi,
     } = cli.command
     {
@@ -90,6 +96,14 @@ pub fn dispatch(cli: Cli) -> Result<i32> {
             e2b,
             e2b_drivers: cairn_api::e2b::Drivers::new(e2b_driver),
             settings: cairn_api::Settings { max_upload },
+            limits: cairn_api::Limits {
+                header_timeout,
+                idle_timeout,
+                write_timeout,
+                max_connections,
+                max_per_peer: max_connections_per_peer,
+                fd_reserve,
+            },
         };
         // A streamed exec holds a blocking thread for as long as it runs.
         let runtime = tokio::runtime::Builder::new_multi_thread()

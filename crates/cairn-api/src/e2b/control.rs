@@ -43,7 +43,7 @@ pub async fn require_api_key(State(gw): G, req: Request, next: Next) -> Response
         )
         .into_response();
     };
-    match gw.app.engine(move |e| Ok(e.check_token(&key)?)).await {
+    match gw.app.check_token(key).await {
         Ok(Some(_)) => next.run(req).await,
         Ok(None) => RestError::new(
             StatusCode::UNAUTHORIZED,
