@@ -386,18 +386,27 @@ pub enum Listener {
     Unix(UnixListener),
 }
 
+/// A listener's name (for `/metrics`) and caps.
+#[derive(Debug, Clone, Copy)]
+pub struct Admission {
+    pub name: &'static str,
+    /// Connections at once.
+    pub cap: usize,
+    /// Connections at once from one address.
+    pub per_peer: usize,
+}
+
 /// Accepts on `listener` until `stop` turns true, serving `router` on each
-/// admitted connection; then lets requests in flight finish.
+/// connection `admission` lets in; then lets requests in flight finish.
 pub async fn run(
-    name: &'static str,
     listener: Listener,
+    admission: Admission,
     router: Router,
     app: Arc<App>,
     limits: Limits,
-    cap: usize,
-    per_peer: usize,
     mut stop: tokio::sync::watch::Receiver<bool>,
 ) {
+    let Admission { name, cap, per_peer } = admission;
     let table = Arc::new(Table {
         name,
         cap,
@@ -470,7 +479,10 @@ async fn accept(listener: &Listener) -> io::Result<Accepted> {
 fn transient(e: &io::Error) -> bool {
     matches!(
         e.kind(),
-        io::ErrorKind::ConnectionAborted | io::ErrorKind::ConnectionReset | io::ErrorKind::ConnectionRefused | io::ErrorKind::Interrupted
+        io::ErrorKind::ConnectionAborted
+            | io::ErrorKind::ConnectionReset
+            | io::ErrorKind::ConnectionRefused
+            | io::ErrorKind::Interrupted
     )
 }
 
@@ -544,9 +556,7 @@ impl<S> Watched<S> {
     /// not for `limit`.
     fn poll_stalled(&mut self, cx: &mut Context<'_>) -> Poll<io::Error> {
         let limit = self.limit;
-        let sleep = self
-            .stalled
-            .get_or_insert_with(|| Box::pin(tokio::time::sleep(limit)));
+        let sleep = self.stalled.get_or_insert_with(|| Box::pin(tokio::time::sleep(limit)));
         match sleep.as_mut().poll(cx) {
             Poll::Ready(()) => Poll::Ready(io::Error::new(
                 io::ErrorKind::TimedOut,

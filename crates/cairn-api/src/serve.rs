@@ -10,7 +10,7 @@ use cairn_engine::Home;
 use tokio::net::{TcpListener, UnixListener};
 
 use crate::app::{App, Settings};
-use crate::listen::{Limits, Listener};
+use crate::listen::{Admission, Limits, Listener};
 
 #[derive(Debug, Clone)]
 pub struct ServeOptions {
@@ -63,13 +63,15 @@ pub async fn serve(home: Home, opts: ServeOptions) -> Result<(), ServeError> {
     let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
     let mut tasks = tokio::task::JoinSet::new();
     tasks.spawn(crate::listen::run(
-        "unix",
         Listener::Unix(unix),
+        Admission {
+            name: "unix",
+            cap: caps.unix,
+            per_peer: caps.unix,
+        },
         router.clone(),
         Arc::clone(&app),
         limits.clone(),
-        caps.unix,
-        caps.unix,
         stop_rx.clone(),
     ));
     eprintln!("cairn: serving on {} (unix)", socket.display());
@@ -88,13 +90,15 @@ pub async fn serve(home: Home, opts: ServeOptions) -> Result<(), ServeError> {
             crate::require_token,
         ));
         tasks.spawn(crate::listen::run(
-            "api",
             Listener::Tcp(tcp),
+            Admission {
+                name: "api",
+                cap: caps.tcp,
+                per_peer: caps.per_peer,
+            },
             authed,
             Arc::clone(&app),
             limits.clone(),
-            caps.tcp,
-            caps.per_peer,
             stop_rx.clone(),
         ));
         eprintln!("cairn: serving on http://{shown} (bearer tokens: `cairn token create NAME`)");
@@ -117,13 +121,15 @@ pub async fn serve(home: Home, opts: ServeOptions) -> Result<(), ServeError> {
         }
         let e2b = crate::e2b::router(Arc::clone(&app), opts.e2b_drivers.clone());
         tasks.spawn(crate::listen::run(
-            "e2b",
             Listener::Tcp(tcp),
+            Admission {
+                name: "e2b",
+                cap: caps.tcp,
+                per_peer: caps.per_peer,
+            },
             e2b,
             Arc::clone(&app),
             limits.clone(),
-            caps.tcp,
-            caps.per_peer,
             stop_rx.clone(),
         ));
         eprintln!("cairn: serving the E2B API on http://{shown} (E2B_API_KEY: `cairn token create NAME`)");

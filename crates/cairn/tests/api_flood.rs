@@ -99,7 +99,9 @@ fn half_open(from: std::net::Ipv4Addr, to: SocketAddr) -> Option<TcpStream> {
     socket.bind(&SocketAddr::new(from.into(), 0).into()).ok()?;
     socket.connect_timeout(&to.into(), Duration::from_secs(5)).ok()?;
     let mut stream: TcpStream = socket.into();
-    stream.write_all(b"GET /v1/sandboxes HTTP/1.1\r\nHost: cairn\r\n").ok()?;
+    stream
+        .write_all(b"GET /v1/sandboxes HTTP/1.1\r\nHost: cairn\r\n")
+        .ok()?;
     Some(stream)
 }
 
@@ -163,7 +165,11 @@ fn a_flood_of_half_open_connections_does_not_stop_the_api() {
             }
         }
     }
-    assert!(flood.len() > 512, "the flood opened {} of {attempted} connections", flood.len());
+    assert!(
+        flood.len() > 512,
+        "the flood opened {} of {attempted} connections",
+        flood.len()
+    );
     // Meanwhile, authenticated requests on both listeners, interleaved with
     // more half-open connections.
     for round in 0..40 {
@@ -179,10 +185,7 @@ fn a_flood_of_half_open_connections_does_not_stop_the_api() {
     }
     // A request without a token is still answered (401), not dropped.
     let answer = ureq::get(&format!("http://{}/v1/sandboxes", s.addr)).call();
-    assert!(
-        matches!(answer, Err(ureq::Error::Status(401, _))),
-        "{answer:?}"
-    );
+    assert!(matches!(answer, Err(ureq::Error::Status(401, _))), "{answer:?}");
     // Every slow connection is closed by the server (pushed out or past
     // the header timeout), never answered.
     let open: Vec<usize> = flood
@@ -195,7 +198,9 @@ fn a_flood_of_half_open_connections_does_not_stop_the_api() {
     let text = s.unix_get("/metrics");
     for reason in ["evicted", "header_timeout"] {
         assert!(
-            text.contains(&format!("cairn_connections_closed_by_server_total{{listener=\"api\",reason=\"{reason}\"}}")),
+            text.contains(&format!(
+                "cairn_connections_closed_by_server_total{{listener=\"api\",reason=\"{reason}\"}}"
+            )),
             "/metrics counts no {reason}:\n{text}"
         );
     }
@@ -219,7 +224,11 @@ fn idle_and_trickling_keep_alive_connections_are_closed() {
         c.set_read_timeout(Some(Duration::from_secs(30))).unwrap();
         let mut buf = [0u8; 4096];
         let n = c.read(&mut buf).unwrap();
-        assert!(buf[..n].starts_with(b"HTTP/1.1 200"), "{}", String::from_utf8_lossy(&buf[..n]));
+        assert!(
+            buf[..n].starts_with(b"HTTP/1.1 200"),
+            "{}",
+            String::from_utf8_lossy(&buf[..n])
+        );
     };
     let mut quiet = TcpStream::connect(s.addr).unwrap();
     answered(&mut quiet);
@@ -293,7 +302,10 @@ fn a_download_nobody_reads_is_cut_at_the_write_timeout() {
             Ok(n) => got += n,
         }
     }
-    assert!(got < 64 << 20, "the whole file arrived ({got} bytes): the write was never cut");
+    assert!(
+        got < 64 << 20,
+        "the whole file arrived ({got} bytes): the write was never cut"
+    );
     let (status, _) = s.tcp_get("/v1/sandboxes");
     assert_eq!(status, 200);
 }
