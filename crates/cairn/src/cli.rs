@@ -442,6 +442,21 @@ pub enum Command {
         #[arg(long)]
         json: bool,
     },
+    /// The attacker of `cairn bench api`'s flood, in a process of its own
+    /// (descriptors are counted per process): holds CONNECTIONS half-open
+    /// connections to TO from 127.0.2.1 and the next ADDRESSES - 1
+    /// addresses, trickling a header line every 5 s, until stdin closes;
+    /// prints `open N` as the count changes and the lives of the
+    /// connections the server closed, as JSON, at the end.
+    #[command(hide = true)]
+    BenchFlood {
+        #[arg(long)]
+        to: std::net::SocketAddr,
+        #[arg(long)]
+        connections: usize,
+        #[arg(long)]
+        addresses: usize,
+    },
     /// Measure Cairn against the targets (and bwrap/crun where installed).
     Bench {
         /// What to measure.

@@ -46,6 +46,15 @@ pub fn dispatch(cli: Cli) -> Result<i32> {
     if let Some(url) = cli.store {
         home = home.with_store(url);
     }
+    if let Command::BenchFlood {
+        to,
+        connections,
+        addresses,
+    } = cli.command
+    {
+        crate::bench::flood_attacker(to, connections, addresses)?;
+        return Ok(0);
+    }
     if let Command::Bench {
         which,
         runs,
@@ -318,6 +327,7 @@ pub fn dispatch(cli: Cli) -> Result<i32> {
             Ok(0)
         }
         Command::Bench { .. }
+        | Command::BenchFlood { .. }
         | Command::Serve { .. }
         | Command::Mcp { .. }
         | Command::Agent(_)

@@ -266,8 +266,327 @@ impl Bench {
             cairn_ratio: None,
         });
         drop(served);
+        out.extend(self.api_flood(runs)?);
         Ok(out)
     }
+
+    /// Authenticated requests on TCP and on the Unix socket while 20,000
+    /// connections without a token trickle headers at the TCP listener
+    /// (one line every 5 s, from 100 loopback addresses, reconnecting 5 s
+    /// after the server closes them), against the same requests on a quiet
+    /// server.
+    fn api_flood(&self, runs: usize) -> Result<Vec<Measurement>> {
+        const FLOOD: usize = 20_000;
+        // Descriptors are counted per process: the flood comes from two
+        // processes of its own, not from the client that measures.
+        const ATTACKERS: usize = 2;
+        const ADDRESSES: usize = 100;
+        const HEADER_TIMEOUT: Duration = Duration::from_secs(10);
+        let token = self.engine()?.create_token("bench-flood")?.secret;
+        let (served, addr) = self.serve_tcp()?;
+        let socket = served.socket.clone();
+        let rt = tokio::runtime::Builder::new_multi_thread().enable_all().build()?;
+        let unix: Http = Client::unix();
+        let tcp = Client::builder(hyper_util::rt::TokioExecutor::new())
+            .pool_max_idle_per_host(0)
+            .build_http::<Full<Bytes>>();
+        let rounds = runs.max(20) * 5;
+        let quiet = rt.block_on(authenticated(&tcp, &unix, addr, &socket, &token, rounds));
+        let open = std::sync::Arc::new(std::sync::Mutex::new(vec![0usize; ATTACKERS]));
+        let mut attackers = Vec::new();
+        for i in 0..ATTACKERS {
+            let mut child = Command::new(&self.exe)
+                .args(["bench-flood", "--to", &addr.to_string()])
+                .args(["--connections", &(FLOOD / ATTACKERS).to_string()])
+                .args(["--addresses", &ADDRESSES.to_string()])
+                .stdin(Stdio::piped())
+                .stdout(Stdio::piped())
+                .stderr(Stdio::inherit())
+                .spawn()
+                .context("starting the flood's attacker")?;
+            let stdout = child.stdout.take().context("no stdout")?;
+            let open = std::sync::Arc::clone(&open);
+            let reader = std::thread::spawn(move || {
+                use std::io::BufRead;
+                let mut lives = Vec::new();
+                for line in io::BufReader::new(stdout).lines().map_while(Result::ok) {
+                    if let Some(n) = line.strip_prefix("open ") {
+                        open.lock().unwrap_or_else(|e| e.into_inner())[i] = n.parse().unwrap_or(0);
+                    } else if let Ok(v) = serde_json::from_str::<Vec<f64>>(&line) {
+                        lives = v;
+                    }
+                }
+                lives
+            });
+            attackers.push((child, reader));
+        }
+        let total = || open.lock().unwrap_or_else(|e| e.into_inner()).iter().sum::<usize>();
+        // Let the flood build up before measuring.
+        let t0 = Instant::now();
+        while total() < FLOOD * 9 / 10 && t0.elapsed() < Duration::from_secs(20) {
+            std::thread::sleep(Duration::from_millis(100));
+        }
+        let connected = total();
+        let flooded = rt.block_on(authenticated(&tcp, &unix, addr, &socket, &token, rounds));
+        let mut lives = Vec::new();
+        for (mut child, reader) in attackers {
+            drop(child.stdin.take());
+            let _ = child.wait();
+            lives.extend(reader.join().unwrap_or_default());
+        }
+        drop(served);
+        eprintln!(
+            "cairn bench: flood: {connected} of {FLOOD} connections open at once (from {ATTACKERS} processes); \
+             the server closed {} while it lasted",
+            lives.len()
+        );
+        let mut out = Vec::new();
+        for (label, (q, f)) in [("TCP", (quiet.tcp, flooded.tcp)), ("Unix socket", (quiet.unix, flooded.unix))] {
+            out.push(summarize(&format!("api flood: GET /v1/sandboxes on {label}, quiet server"), "ms", q?, None, true));
+            out.push(summarize(
+                &format!(
+                    "api flood: GET /v1/sandboxes on {label}, {FLOOD} connections trickling headers ({connected} open at once)"
+                ),
+                "ms",
+                f?,
+                Some(5.0),
+                true,
+            ));
+        }
+        out.push(Measurement {
+            name: format!("api flood: authenticated requests failed during the flood (of {})", rounds * 2),
+            unit: "failed",
+            median: flooded.failed as f64,
+            p95: flooded.failed as f64,
+            runs: 1,
+            target: Some(0.0),
+            lower_is_better: true,
+            cairn_ratio: None,
+        });
+        if !lives.is_empty() {
+            let mut m = summarize(
+                "api flood: life of a half-open connection until the server closed it",
+                "s",
+                lives,
+                None,
+                true,
+            );
+            // Closed within the header timeout, plus the server's tick.
+            m.target = Some(HEADER_TIMEOUT.as_secs_f64() + 1.0);
+            out.push(m);
+        }
+        Ok(out)
+    }
+
+    /// A `cairn serve` on its own socket and a TCP port; its address.
+    fn serve_tcp(&self) -> Result<(Served, std::net::SocketAddr)> {
+        use std::io::BufRead;
+        let socket = self.home.path().join("bench-flood.sock");
+        let mut child = Command::new(&self.exe)
+            .args(["serve", "--listen", "127.0.0.1:0", "--socket"])
+            .arg(&socket)
+            .env("CAIRN_HOME", self.home.path())
+            .env("CAIRN_LOG", "error")
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(Stdio::piped())
+            .spawn()?;
+        let stderr = child.stderr.take().context("no stderr")?;
+        let served = Served { child, socket };
+        let mut lines = io::BufReader::new(stderr).lines();
+        let addr = loop {
+            let line = lines.next().context("cairn serve stopped before listening")??;
+            if let Some(rest) = line.strip_prefix("cairn: serving on http://") {
+                break rest.split_whitespace().next().context("no address")?.parse()?;
+            }
+        };
+        std::thread::spawn(move || for _ in lines.by_ref() {});
+        Ok((served, addr))
+    }
+}
+
+/// Latencies (ms) of authenticated requests, and how many failed.
+struct Latencies {
+    tcp: Result<Vec<f64>>,
+    unix: Result<Vec<f64>>,
+    failed: usize,
+}
+
+/// `rounds` GETs of /v1/sandboxes on a new TCP connection each (with the
+/// bearer token), and as many on the Unix socket, alternated.
+async fn authenticated(
+    tcp: &Client<hyper_util::client::legacy::connect::HttpConnector, Full<Bytes>>,
+    unix: &Http,
+    addr: std::net::SocketAddr,
+    socket: &Path,
+    token: &str,
+    rounds: usize,
+) -> Latencies {
+    let (mut t, mut u, mut failed) = (Vec::new(), Vec::new(), 0);
+    let mut first_error = None;
+    for _ in 0..rounds {
+        let req = hyper::Request::get(format!("http://{addr}/v1/sandboxes"))
+            .header("authorization", format!("Bearer {token}"))
+            .body(Full::new(Bytes::new()))
+            .expect("a valid request");
+        let t0 = Instant::now();
+        match ok(tcp.request(req).await).await {
+            Ok(()) => t.push(t0.elapsed().as_secs_f64() * 1e3),
+            Err(e) => {
+                failed += 1;
+                first_error.get_or_insert(format!("TCP: {e}"));
+            }
+        }
+        let t0 = Instant::now();
+        match ok(unix.request(request("GET", socket, "/v1/sandboxes", "")).await).await {
+            Ok(()) => u.push(t0.elapsed().as_secs_f64() * 1e3),
+            Err(e) => {
+                failed += 1;
+                first_error.get_or_insert(format!("Unix socket: {e}"));
+            }
+        }
+    }
+    if let Some(e) = first_error {
+        eprintln!("cairn bench: {failed} authenticated requests failed; the first: {e}");
+    }
+    let some = |v: Vec<f64>, what: &str| {
+        if v.is_empty() {
+            Err(anyhow::anyhow!("every request on {what} failed"))
+        } else {
+            Ok(v)
+        }
+    };
+    Latencies {
+        tcp: some(t, "TCP"),
+        unix: some(u, "the Unix socket"),
+        failed,
+    }
+}
+
+async fn ok(
+    resp: Result<hyper::Response<hyper::body::Incoming>, hyper_util::client::legacy::Error>,
+) -> Result<()> {
+    let resp = resp?;
+    let status = resp.status();
+    resp.into_body().collect().await?;
+    if !status.is_success() {
+        bail!("{status}");
+    }
+    Ok(())
+}
+
+/// `cairn bench-flood`: `connections` attackers from 127.0.2.1 and the
+/// next `addresses - 1` addresses until stdin closes; see [`trickle`].
+pub fn flood_attacker(to: std::net::SocketAddr, connections: usize, addresses: usize) -> Result<()> {
+    use std::io::Write;
+    use std::sync::atomic::Ordering;
+    let nofile = raise_open_files(connections as u64 + 256);
+    if nofile < connections as u64 + 64 {
+        eprintln!("cairn bench: the descriptor limit ({nofile}) holds fewer than {connections} connections");
+    }
+    let rt = tokio::runtime::Builder::new_multi_thread().enable_all().build()?;
+    let stop = tokio_util::sync::CancellationToken::new();
+    let lives = std::sync::Arc::new(std::sync::Mutex::new(Vec::new()));
+    let open = std::sync::Arc::new(std::sync::atomic::AtomicUsize::new(0));
+    let tasks: Vec<_> = (0..connections)
+        .map(|i| {
+            let from = std::net::Ipv4Addr::new(127, 0, 2, 1 + (i % addresses.clamp(1, 250)) as u8);
+            rt.spawn(trickle(from, to, stop.clone(), std::sync::Arc::clone(&lives), std::sync::Arc::clone(&open)))
+        })
+        .collect();
+    // Stdin closing is the signal to stop.
+    let (done_tx, done_rx) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        let _ = io::copy(&mut io::stdin(), &mut io::sink());
+        let _ = done_tx.send(());
+    });
+    let mut shown = usize::MAX;
+    let mut stdout = io::stdout();
+    while done_rx.recv_timeout(Duration::from_millis(200)).is_err() {
+        let now = open.load(Ordering::Relaxed);
+        if now != shown {
+            shown = now;
+            writeln!(stdout, "open {now}")?;
+        }
+    }
+    stop.cancel();
+    rt.block_on(async {
+        for t in tasks {
+            let _ = t.await;
+        }
+    });
+    let lives = std::mem::take(&mut *lives.lock().unwrap_or_else(|e| e.into_inner()));
+    writeln!(stdout, "{}", serde_json::to_string(&lives)?)?;
+    Ok(())
+}
+
+/// One attacker: connects from `from`, sends the start of a request and a
+/// header line every 5 s, and when the server closes the connection notes
+/// how long it lived and connects again 5 s later; until `stop`.
+async fn trickle(
+    from: std::net::Ipv4Addr,
+    to: std::net::SocketAddr,
+    stop: tokio_util::sync::CancellationToken,
+    lives: std::sync::Arc<std::sync::Mutex<Vec<f64>>>,
+    open: std::sync::Arc<std::sync::atomic::AtomicUsize>,
+) {
+    use std::sync::atomic::Ordering;
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let pause = Duration::from_secs(5);
+    while !stop.is_cancelled() {
+        let connected = async {
+            let s = tokio::net::TcpSocket::new_v4()?;
+            s.bind(std::net::SocketAddr::new(from.into(), 0))?;
+            let mut c = s.connect(to).await?;
+            c.write_all(b"GET /v1/sandboxes HTTP/1.1\r\nHost: cairn\r\n").await?;
+            io::Result::Ok(c)
+        };
+        let mut conn = match connected.await {
+            Ok(c) => c,
+            Err(_) => {
+                tokio::select! { _ = tokio::time::sleep(pause) => continue, _ = stop.cancelled() => return }
+            }
+        };
+        open.fetch_add(1, Ordering::Relaxed);
+        let born = Instant::now();
+        let mut buf = [0u8; 256];
+        let closed = loop {
+            tokio::select! {
+                r = conn.read(&mut buf) => match r {
+                    Ok(0) | Err(_) => break true,
+                    Ok(_) => {}
+                },
+                _ = tokio::time::sleep(pause) => {
+                    if conn.write_all(b"X-Slow: 1\r\n").await.is_err() {
+                        break true;
+                    }
+                }
+                _ = stop.cancelled() => break false,
+            }
+        };
+        open.fetch_sub(1, Ordering::Relaxed);
+        if closed {
+            lives.lock().unwrap_or_else(|e| e.into_inner()).push(born.elapsed().as_secs_f64());
+            tokio::select! { _ = tokio::time::sleep(pause) => {}, _ = stop.cancelled() => return }
+        }
+    }
+}
+
+/// Raises this process's descriptor limit to `want` where it may (root
+/// can raise the hard limit too); the limit it has after.
+fn raise_open_files(want: u64) -> u64 {
+    use nix::sys::resource::{getrlimit, setrlimit, Resource};
+    let Ok((soft, hard)) = getrlimit(Resource::RLIMIT_NOFILE) else {
+        return 1024;
+    };
+    if soft >= want {
+        return soft;
+    }
+    if setrlimit(Resource::RLIMIT_NOFILE, want, want.max(hard)).is_ok() {
+        return want;
+    }
+    let _ = setrlimit(Resource::RLIMIT_NOFILE, hard, hard);
+    hard.max(soft)
 }
 
 /// Notes when the first byte came.

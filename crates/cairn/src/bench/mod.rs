@@ -18,6 +18,7 @@ use cairn_sandbox::client::InitClient;
 use serde::Serialize;
 
 mod api;
+pub use api::flood_attacker;
 mod drift;
 mod gvisor_memory;
 mod layers;
