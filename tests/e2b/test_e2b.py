@@ -1,6 +1,9 @@
 """The real e2b==2.63.0 SDK against `cairn serve --e2b` (conftest.py)."""
 
+import json
 import os
+import subprocess
+import threading
 import time
 
 import pytest
@@ -208,18 +211,94 @@ def test_a_wrong_api_key_or_access_token_is_refused(sbx):
         Sandbox.create(api_key="cairn_not_a_token")
     with pytest.raises(AuthenticationException):
         Sandbox.list(api_key="cairn_not_a_token").next_items()
-    r = httpx.get(
-        os.environ["E2B_SANDBOX_URL"] + "/files",
-        params={"path": "/etc/hostname"},
-        headers={"E2b-Sandbox-Id": sbx.sandbox_id, "X-Access-Token": "wrong"},
-    )
-    assert r.status_code == 401
+    # A wrong access token and an unknown sandbox answer alike: the answer
+    # tells nothing of which sandboxes exist.
+    answers = []
+    for sandbox_id in (sbx.sandbox_id, "no-such-sandbox"):
+        r = httpx.get(
+            os.environ["E2B_SANDBOX_URL"] + "/files",
+            params={"path": "/etc/hostname"},
+            headers={"E2b-Sandbox-Id": sandbox_id, "X-Access-Token": "wrong"},
+        )
+        answers.append((r.status_code, r.json()["message"].replace(sandbox_id, "ID")))
+    assert answers[0] == answers[1] and answers[0][0] == 502, answers
     r = httpx.post(
         os.environ["E2B_SANDBOX_URL"] + "/filesystem.Filesystem/Stat",
         json={"path": "/"},
         headers={"E2b-Sandbox-Id": sbx.sandbox_id},
     )
     assert r.status_code == 401 and r.json()["code"] == "unauthenticated"
+
+
+def _api_key(cairn_e2b, name):
+    out = subprocess.run(
+        [cairn_e2b["bin"], "token", "create", name, "--json"],
+        env=dict(os.environ, CAIRN_HOME=cairn_e2b["home"]),
+        check=True,
+        capture_output=True,
+        text=True,
+    ).stdout
+    return json.loads(out)["secret"]
+
+
+def _remove_api_key(cairn_e2b, name):
+    subprocess.run(
+        [cairn_e2b["bin"], "token", "rm", name],
+        env=dict(os.environ, CAIRN_HOME=cairn_e2b["home"]),
+        check=True,
+        capture_output=True,
+    )
+
+
+def _envd_get(sandbox_id, token):
+    return httpx.get(
+        os.environ["E2B_SANDBOX_URL"] + "/files",
+        params={"path": "/etc/passwd"},
+        headers={"E2b-Sandbox-Id": sandbox_id, "X-Access-Token": token},
+    )
+
+
+def test_removing_an_api_key_revokes_the_access_tokens_it_was_issued(cairn_e2b):
+    a, b = _api_key(cairn_e2b, "revoke-a"), _api_key(cairn_e2b, "revoke-b")
+    s = Sandbox.create(api_key=a)
+    try:
+        token_a = s._envd_access_token
+        assert _envd_get(s.sandbox_id, token_a).status_code == 200
+        # Another key connects: it gets a token of its own, and A's ends.
+        s_b = Sandbox.connect(s.sandbox_id, api_key=b)
+        token_b = s_b._envd_access_token
+        assert token_b != token_a
+        assert _envd_get(s.sandbox_id, token_a).status_code == 502
+        assert s_b.commands.run("echo b").stdout == "b\n"
+        # A stream open under B's token.
+        ticking = s_b.commands.run("while true; do echo tick; sleep 0.2; done", background=True)
+        ended = {}
+
+        def follow():
+            try:
+                ticking.wait()
+            except Exception as e:  # the stream ends with an error
+                ended["error"] = e
+
+        follower = threading.Thread(target=follow, daemon=True)
+        follower.start()
+        time.sleep(0.5)
+        assert follower.is_alive()
+        # Removing B revokes its token at once, and ends its open stream.
+        _remove_api_key(cairn_e2b, "revoke-b")
+        r = _envd_get(s.sandbox_id, token_b)
+        assert r.status_code == 401 and "revoked" in r.json()["message"], r.text
+        with pytest.raises(AuthenticationException):
+            s_b.commands.run("true")
+        follower.join(timeout=30)
+        assert not follower.is_alive(), "the open stream outlived the revocation"
+        assert "revoked" in str(ended.get("error")), ended
+        # The process itself runs on; a valid key connects for a new token.
+        s_a = Sandbox.connect(s.sandbox_id, api_key=a)
+        assert s_a.commands.run("echo again").stdout == "again\n"
+        assert any("while true" in p.cmd + " ".join(p.args) for p in s_a.commands.list())
+    finally:
+        Sandbox.kill(s.sandbox_id, api_key=a)
 
 
 def test_unknown_sandboxes_and_templates_are_not_found():

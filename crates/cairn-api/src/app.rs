@@ -71,9 +71,17 @@ struct Auth {
 
 type Checked = Result<Option<cairn_engine::access::TokenRecord>, EngineError>;
 
-struct AuthJob {
-    secret: String,
-    reply: tokio::sync::oneshot::Sender<Checked>,
+enum AuthJob {
+    /// The token whose secret this is, if it is valid.
+    Check {
+        secret: String,
+        reply: tokio::sync::oneshot::Sender<Checked>,
+    },
+    /// Whether the token with this id still exists.
+    Exists {
+        id: String,
+        reply: tokio::sync::oneshot::Sender<Result<bool, EngineError>>,
+    },
 }
 
 impl Auth {
@@ -92,15 +100,23 @@ impl Auth {
                 loop {
                     let job = rx.lock().unwrap_or_else(|e| e.into_inner()).recv();
                     let Ok(job) = job else { return };
-                    let checked = match &engine {
-                        Some(e) => e.check_token(&job.secret),
-                        None => Engine::open(home.clone()).and_then(|e| {
-                            let checked = e.check_token(&job.secret);
-                            engine = Some(e);
-                            checked
-                        }),
-                    };
-                    let _ = job.reply.send(checked);
+                    if engine.is_none() {
+                        match Engine::open(home.clone()) {
+                            Ok(e) => engine = Some(e),
+                            Err(e) => {
+                                match job {
+                                    AuthJob::Check { reply, .. } => drop(reply.send(Err(e))),
+                                    AuthJob::Exists { reply, .. } => drop(reply.send(Err(e))),
+                                }
+                                continue;
+                            }
+                        }
+                    }
+                    let Some(e) = &engine else { continue };
+                    match job {
+                        AuthJob::Check { secret, reply } => drop(reply.send(e.check_token(&secret))),
+                        AuthJob::Exists { id, reply } => drop(reply.send(e.token_exists(&id))),
+                    }
                 }
             });
             if let Err(e) = started {
@@ -166,7 +182,26 @@ impl App {
     /// is not valid; 503 when more checks wait than those threads keep.
     pub async fn check_token(&self, secret: String) -> ApiResult<Option<cairn_engine::access::TokenRecord>> {
         let (reply, answer) = tokio::sync::oneshot::channel();
-        match self.auth.jobs.try_send(AuthJob { secret, reply }) {
+        self.send_auth(AuthJob::Check { secret, reply })?;
+        match answer.await {
+            Ok(checked) => Ok(checked?),
+            Err(_) => Err(ApiError::internal("a token-checking thread failed")),
+        }
+    }
+
+    /// Whether the API token with this id still exists (on the
+    /// token-checking threads).
+    pub async fn token_exists(&self, id: String) -> ApiResult<bool> {
+        let (reply, answer) = tokio::sync::oneshot::channel();
+        self.send_auth(AuthJob::Exists { id, reply })?;
+        match answer.await {
+            Ok(exists) => Ok(exists?),
+            Err(_) => Err(ApiError::internal("a token-checking thread failed")),
+        }
+    }
+
+    fn send_auth(&self, job: AuthJob) -> ApiResult<()> {
+        match self.auth.jobs.try_send(job) {
             Ok(()) => {}
             Err(std::sync::mpsc::TrySendError::Full(_)) => {
                 return Err(ApiError::new(
@@ -178,10 +213,7 @@ impl App {
                 return Err(ApiError::internal("the token-checking threads are gone"))
             }
         }
-        match answer.await {
-            Ok(checked) => Ok(checked?),
-            Err(_) => Err(ApiError::internal("a token-checking thread failed")),
-        }
+        Ok(())
     }
 
     /// An engine for a blocking thread of the caller's own (pipeline runs).

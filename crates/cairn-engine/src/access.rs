@@ -108,6 +108,25 @@ impl Db {
         })
     }
 
+    /// Whether the token with this id exists (it has not been removed).
+    pub fn token_exists(&self, id: &str) -> Result<bool, StateError> {
+        self.with(|b| {
+            Ok(b.query_opt("SELECT 1 FROM api_tokens WHERE id = $1", params![id])?
+                .is_some())
+        })
+    }
+
+    /// The ids of every token that exists.
+    pub fn token_ids(&self) -> Result<std::collections::HashSet<String>, StateError> {
+        self.with(|b| {
+            let mut ids = std::collections::HashSet::new();
+            for r in b.query("SELECT id FROM api_tokens", params![])? {
+                ids.insert(r.get(0)?);
+            }
+            Ok(ids)
+        })
+    }
+
     /// Claims `(scope, key)` for a request whose body hashes to `request`.
     /// A claim still in flight that is older than `stale_before` belonged
     /// to a server that is gone, and is taken over.
@@ -219,6 +238,16 @@ impl Engine {
             return Ok(None);
         }
         Ok(self.db.use_token(&hash(secret), now_ms())?)
+    }
+
+    /// Whether the token with this id still exists.
+    pub fn token_exists(&self, id: &str) -> Result<bool, EngineError> {
+        Ok(self.db.token_exists(id)?)
+    }
+
+    /// The ids of every token that exists.
+    pub fn token_ids(&self) -> Result<std::collections::HashSet<String>, EngineError> {
+        Ok(self.db.token_ids()?)
     }
 
     /// Claims an idempotency key for a request body (see [`Claim`]).

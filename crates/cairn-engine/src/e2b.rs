@@ -31,6 +31,11 @@ pub struct E2bSandbox {
     pub metadata: BTreeMap<String, String>,
     /// Environment for every process.
     pub env: BTreeMap<String, String>,
+    /// The API token (its id) that created or last connected, resumed or
+    /// paused it: its envd access token is derived from this and is
+    /// honoured only while that token exists. `None` for sandboxes
+    /// recorded before grants were.
+    pub grant: Option<String>,
 }
 
 impl E2bSandbox {
@@ -53,7 +58,8 @@ pub struct E2bSnapshot {
     pub created_at: i64,
 }
 
-const COLUMNS: &str = "id, template, sandbox_id, snapshot_id, started_at, end_at, auto_pause, cpu_count, memory_mb";
+const COLUMNS: &str =
+    "id, template, sandbox_id, snapshot_id, started_at, end_at, auto_pause, cpu_count, memory_mb, grant_token";
 
 fn sandbox_row(r: &Row) -> Result<E2bSandbox, StateError> {
     let sandbox: Option<String> = r.get(2)?;
@@ -78,6 +84,7 @@ fn sandbox_row(r: &Row) -> Result<E2bSandbox, StateError> {
         memory_mb: r.get(8)?,
         metadata: BTreeMap::new(),
         env: BTreeMap::new(),
+        grant: r.get(9)?,
     })
 }
 
@@ -93,7 +100,7 @@ impl Db {
             b.execute("DELETE FROM e2b_sandbox_vars WHERE id = $1", params![&s.id])?;
             b.execute("DELETE FROM e2b_sandboxes WHERE id = $1", params![&s.id])?;
             b.execute(
-                &format!("INSERT INTO e2b_sandboxes ({COLUMNS}) VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9)"),
+                &format!("INSERT INTO e2b_sandboxes ({COLUMNS}) VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10)"),
                 params![
                     &s.id,
                     &s.template,
@@ -103,7 +110,8 @@ impl Db {
                     s.end_at,
                     s.auto_pause,
                     s.cpu_count,
-                    s.memory_mb
+                    s.memory_mb,
+                    &s.grant
                 ],
             )?;
             for (kind, vars) in [("metadata", &s.metadata), ("env", &s.env)] {

@@ -1162,7 +1162,10 @@ fn tokens_are_found_by_hash_only_and_revoked_by_id_or_name(store: &Store) {
     let used = db.use_token("hash-2", 100_000).unwrap().unwrap();
     assert_eq!(used.name, "laptop");
     assert_eq!(db.tokens().unwrap()[1].last_used, Some(100_000));
+    assert!(db.token_exists("t2").unwrap() && !db.token_exists("hash-2").unwrap());
+    assert_eq!(db.token_ids().unwrap(), ["t1".to_string(), "t2".to_string()].into());
     assert_eq!(db.delete_token("laptop").unwrap(), 1);
+    assert!(!db.token_exists("t2").unwrap(), "a removed token no longer exists");
     assert_eq!(db.delete_token("t1").unwrap(), 1);
     assert_eq!(db.delete_token("t1").unwrap(), 0);
     assert!(
@@ -1222,6 +1225,7 @@ fn e2b_sandbox(id: &str, life: E2bLife) -> E2bSandbox {
         memory_mb: 512,
         metadata: [("owner".to_string(), "ci".to_string())].into(),
         env: [("A".to_string(), "1".to_string()), ("B".to_string(), "x=y".to_string())].into(),
+        grant: (id != "e2").then(|| format!("token-of-{id}")),
     }
 }
 

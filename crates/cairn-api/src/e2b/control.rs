@@ -10,6 +10,7 @@ use axum::extract::{Path, Query, Request, State};
 use axum::http::StatusCode;
 use axum::middleware::Next;
 use axum::response::{IntoResponse, Response};
+use axum::Extension;
 use axum::Json;
 use cairn_engine::{CreateOptions, Engine, EngineError, SandboxRecord, Silent, SnapshotRecord};
 use serde::Deserialize;
@@ -28,6 +29,11 @@ pub(crate) const HOME: &str = "/home/user";
 const MAX_MAP_ENTRIES: usize = 256;
 const MAX_STRING: usize = 4096;
 
+/// The API token (its id) a control-plane request came with: the grant of
+/// the sandboxes it creates, connects, resumes, pauses or forks.
+#[derive(Debug, Clone)]
+pub(crate) struct ApiKey(pub String);
+
 /// Refuses control-plane requests without a valid Cairn API token in
 /// `X-API-KEY`.
 pub async fn require_api_key(State(gw): G, req: Request, next: Next) -> Response {
@@ -44,7 +50,11 @@ pub async fn require_api_key(State(gw): G, req: Request, next: Next) -> Response
         .into_response();
     };
     match gw.app.check_token(key).await {
-        Ok(Some(_)) => next.run(req).await,
+        Ok(Some(token)) => {
+            let mut req = req;
+            req.extensions_mut().insert(ApiKey(token.id));
+            next.run(req).await
+        }
         Ok(None) => RestError::new(
             StatusCode::UNAUTHORIZED,
             "the API key is not a valid Cairn token (revoked or mistyped); make one with `cairn token create NAME`",
@@ -69,7 +79,7 @@ pub(crate) fn rfc3339(ms: i64) -> String {
 fn sandbox_json(gw: &Gateway, e: &Entry) -> Value {
     json!({
         "templateID": e.template, "sandboxID": e.id, "clientID": "cairn",
-        "envdVersion": ENVD_VERSION, "envdAccessToken": gw.token(&e.id), "domain": null,
+        "envdVersion": ENVD_VERSION, "envdAccessToken": gw.token(e), "domain": null,
     })
 }
 
@@ -131,7 +141,7 @@ pub struct NewSandbox {
 }
 
 /// The record of a new E2B sandbox, named by its first Cairn sandbox.
-fn entry_for(rec: &SandboxRecord, template: String, life_ms: i64) -> Entry {
+fn entry_for(rec: &SandboxRecord, template: String, life_ms: i64, key: &ApiKey) -> Entry {
     Entry {
         id: rec.id.clone(),
         template,
@@ -145,6 +155,7 @@ fn entry_for(rec: &SandboxRecord, template: String, life_ms: i64) -> Entry {
         env: BTreeMap::new(),
         cpu_count: (rec.cpu_millis / 1000).max(1),
         memory_mb: rec.memory_bytes >> 20,
+        grant: Some(key.0.clone()),
     }
 }
 
@@ -156,7 +167,7 @@ fn make_home(e: &cairn_engine::Engine, rec: &SandboxRecord) -> Result<(), crate:
 /// `POST /v2/sandboxes`: a template is `base` (Cairn's default image), a
 /// Cairn image name, or a snapshot id (restored, on the driver it was
 /// taken on). An image template runs on the driver `--e2b-driver` names.
-pub async fn create(State(gw): G, body: Bytes) -> Rest<Response> {
+pub async fn create(State(gw): G, Extension(key): Extension<ApiKey>, body: Bytes) -> Rest<Response> {
     let req: NewSandbox = parse(&body)?;
     if req.template_id.is_empty() || req.template_id.len() > 256 || req.template_id.contains('\0') {
         return Err(RestError::bad_request("templateID must be 1 to 256 bytes"));
@@ -217,7 +228,7 @@ pub async fn create(State(gw): G, body: Bytes) -> Rest<Response> {
             Ok(rec)
         })
         .await?;
-    let mut entry = entry_for(&rec, req.template_id, life);
+    let mut entry = entry_for(&rec, req.template_id, life, &key);
     entry.metadata = metadata;
     entry.env = env;
     entry.auto_pause = req.auto_pause.unwrap_or(false);
@@ -305,7 +316,7 @@ fn known(gw: &Gateway, id: &str) -> Rest<Entry> {
 pub async fn info(State(gw): G, Path(id): Path<String>) -> Rest<Response> {
     let e = known(&gw, &id)?;
     let mut v = listed_json(&e);
-    v["envdAccessToken"] = json!(gw.token(&e.id));
+    v["envdAccessToken"] = json!(gw.token(&e));
     v["domain"] = Value::Null;
     Ok(Json(v).into_response())
 }
@@ -440,10 +451,17 @@ pub(crate) async fn pause_entry(gw: &Arc<Gateway>, id: &str) -> Rest<bool> {
     Ok(true)
 }
 
-/// `POST /sandboxes/{id}/pause`: 204, or 409 when already paused.
-pub async fn pause(State(gw): G, Path(id): Path<String>, body: Bytes) -> Rest<StatusCode> {
+/// `POST /sandboxes/{id}/pause`: 204, or 409 when already paused. The
+/// sandbox is granted to the pausing key: access tokens issued before end.
+pub async fn pause(
+    State(gw): G,
+    Extension(key): Extension<ApiKey>,
+    Path(id): Path<String>,
+    body: Bytes,
+) -> Rest<StatusCode> {
     let _: Value = parse(&body)?;
     if pause_entry(&gw, &id).await? {
+        gw.modify(&id, |e| e.grant = Some(key.0)).await?;
         Ok(StatusCode::NO_CONTENT)
     } else {
         Err(RestError::new(
@@ -460,8 +478,14 @@ pub struct ConnectBody {
 
 /// `POST /v2/sandboxes/{id}/connect`: 200 for a running sandbox (its
 /// timeout only ever extended), 201 after resuming a paused one under the
-/// same id.
-pub async fn connect(State(gw): G, Path(id): Path<String>, body: Bytes) -> Rest<Response> {
+/// same id. The sandbox is granted to the connecting key: the access token
+/// answered is derived from it, and one issued to another key ends.
+pub async fn connect(
+    State(gw): G,
+    Extension(key): Extension<ApiKey>,
+    Path(id): Path<String>,
+    body: Bytes,
+) -> Rest<Response> {
     let req: ConnectBody = parse(&body)?;
     let ms = timeout_ms(req.timeout)?;
     let e = known(&gw, &id)?;
@@ -492,7 +516,12 @@ pub async fn connect(State(gw): G, Path(id): Path<String>, body: Bytes) -> Rest<
             StatusCode::CREATED
         }
     };
-    let entry = gw.modify(&id, |e| e.end_at = e.end_at.max(now_ms() + ms)).await?;
+    let entry = gw
+        .modify(&id, |e| {
+            e.end_at = e.end_at.max(now_ms() + ms);
+            e.grant = Some(key.0);
+        })
+        .await?;
     let entry = entry.ok_or_else(|| RestError::not_found(&id))?;
     Ok((status, Json(sandbox_json(&gw, &entry))).into_response())
 }
@@ -609,7 +638,12 @@ pub struct ForkBody {
 /// `POST /sandboxes/{id}/fork`: snapshots the sandbox (which keeps
 /// running) and starts `count` sandboxes from it, each with its own id and
 /// token and the parent's template, metadata and environment.
-pub async fn fork(State(gw): G, Path(id): Path<String>, body: Bytes) -> Rest<Response> {
+pub async fn fork(
+    State(gw): G,
+    Extension(key): Extension<ApiKey>,
+    Path(id): Path<String>,
+    body: Bytes,
+) -> Rest<Response> {
     let req: ForkBody = parse(&body)?;
     let count = req.count.unwrap_or(1);
     if !(1..=20).contains(&count) {
@@ -638,7 +672,7 @@ pub async fn fork(State(gw): G, Path(id): Path<String>, body: Bytes) -> Rest<Res
     let mut out = Vec::with_capacity(forks.len());
     let mut entries = Vec::with_capacity(forks.len());
     for rec in &forks {
-        let mut e = entry_for(rec, parent.template.clone(), ms);
+        let mut e = entry_for(rec, parent.template.clone(), ms, &key);
         e.metadata = parent.metadata.clone();
         e.env = parent.env.clone();
         e.auto_pause = parent.auto_pause;

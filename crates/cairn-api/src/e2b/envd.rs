@@ -27,29 +27,51 @@ fn same(a: &str, b: &str) -> bool {
 }
 
 /// The E2B sandbox a request is for, and the Cairn sandbox running it.
-pub(crate) fn sandbox_of(gw: &Gateway, headers: &HeaderMap) -> Result<(Entry, String), Denied> {
+/// An unknown sandbox and an access token not its own answer alike (the
+/// answer says nothing of which sandboxes exist); a token whose API key
+/// was removed is refused as revoked.
+pub(crate) async fn sandbox_of(gw: &Gateway, headers: &HeaderMap) -> Result<(Entry, String), Denied> {
     let header = |n: &str| headers.get(n).and_then(|v| v.to_str().ok()).map(str::trim);
     let Some(id) = header("e2b-sandbox-id").filter(|s| !s.is_empty() && s.len() <= 128) else {
         return Err(Denied::Token(
             "E2b-Sandbox-Id is missing: set E2B_SANDBOX_URL to this gateway and use a sandbox the SDK created".into(),
         ));
     };
-    let entry = gw.entry(id);
-    let token = header("x-access-token");
-    match (entry, token) {
-        (Some(e), Some(t)) if same(&gw.token(&e.id), t) => match e.running() {
-            Some(sandbox) => {
-                let sandbox = sandbox.to_string();
-                Ok((e, sandbox))
+    let Some(token) = header("x-access-token").filter(|t| !t.is_empty()) else {
+        return Err(Denied::Token(format!(
+            "X-Access-Token is missing: send the access token the SDK got when it created or connected sandbox {id}"
+        )));
+    };
+    let Some(e) = gw.entry(id).filter(|e| same(&gw.token(e), token)) else {
+        return Err(Denied::NotRunning(format!(
+            "sandbox {id} was not found, or X-Access-Token is not the one issued for it"
+        )));
+    };
+    if let Some(grant) = &e.grant {
+        match gw.app.token_exists(grant.clone()).await {
+            Ok(true) => {}
+            Ok(false) => {
+                return Err(Denied::Token(format!(
+                    "the access token of sandbox {id} was revoked: the API key it was issued to was removed; \
+                     connect with a valid key for a new one"
+                )))
             }
-            None => Err(Denied::NotRunning(format!(
-                "sandbox {id} was not found: it is paused; connect to it to resume"
-            ))),
-        },
-        (Some(_), _) => Err(Denied::Token(format!(
-            "X-Access-Token is missing or is not the one issued for sandbox {id}"
+            Err(err) => {
+                return Err(Denied::NotRunning(format!(
+                    "cannot check the access token of sandbox {id} now: {}",
+                    err.message
+                )))
+            }
+        }
+    }
+    match e.running() {
+        Some(sandbox) => {
+            let sandbox = sandbox.to_string();
+            Ok((e, sandbox))
+        }
+        None => Err(Denied::NotRunning(format!(
+            "sandbox {id} was not found: it is paused; connect to it to resume"
         ))),
-        (None, _) => Err(Denied::NotRunning(format!("sandbox {id} was not found"))),
     }
 }
 
@@ -156,7 +178,7 @@ pub async fn health(State(gw): State<Arc<Gateway>>, headers: HeaderMap) -> Respo
     if headers.get("e2b-sandbox-id").is_none() {
         return StatusCode::NO_CONTENT.into_response();
     }
-    match sandbox_of(&gw, &headers) {
+    match sandbox_of(&gw, &headers).await {
         Ok(_) => StatusCode::NO_CONTENT.into_response(),
         Err(Denied::Token(m)) => super::RestError::new(StatusCode::UNAUTHORIZED, m).into_response(),
         Err(Denied::NotRunning(m)) => super::RestError::new(StatusCode::BAD_GATEWAY, m).into_response(),

@@ -53,7 +53,7 @@ pub async fn read(
 }
 
 async fn read_file(gw: Arc<Gateway>, headers: &HeaderMap, q: &HashMap<String, String>) -> Files<Response> {
-    let (_, sandbox) = sandbox_of(&gw, headers).map_err(denied)?;
+    let (_, sandbox) = sandbox_of(&gw, headers).await.map_err(denied)?;
     let raw = q
         .get("path")
         .ok_or_else(|| RestError::bad_request("give the file as ?path=..."))?;
@@ -86,7 +86,7 @@ struct Spooled {
 }
 
 async fn write_files(gw: Arc<Gateway>, headers: &HeaderMap, q: &HashMap<String, String>, body: Body) -> Files<Value> {
-    let (_, sandbox) = sandbox_of(&gw, headers).map_err(denied)?;
+    let (_, sandbox) = sandbox_of(&gw, headers).await.map_err(denied)?;
     if headers
         .get(header::CONTENT_ENCODING)
         .and_then(|v| v.to_str().ok())

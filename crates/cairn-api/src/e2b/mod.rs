@@ -79,8 +79,11 @@ pub struct Gateway {
     book: Mutex<BTreeMap<String, Entry>>,
     /// Serialises changes to the book, so none is lost to another.
     writing: tokio::sync::Mutex<()>,
-    /// Derives each sandbox's envd access token from its id.
+    /// Derives each sandbox's envd access token from its id and grant.
     token_key: [u8; 32],
+    /// The ids of the API tokens that exist, read again once a second:
+    /// open streams of a sandbox whose grant is gone end.
+    live_tokens: tokio::sync::watch::Sender<Option<Arc<HashSet<String>>>>,
     /// Running processes by (E2B sandbox id, pid).
     pub(crate) procs: Mutex<HashMap<(String, i32), Proc>>,
     /// Whether a Cairn sandbox has `/bin/bash` (the SDK runs every
@@ -171,9 +174,39 @@ impl Gateway {
             .collect()
     }
 
-    /// The envd access token of a sandbox.
-    pub(crate) fn token(&self, id: &str) -> String {
-        blake3::keyed_hash(&self.token_key, id.as_bytes()).to_hex()[..48].to_string()
+    /// The envd access token of a sandbox: from its id and the API token
+    /// it was granted to, so that a new grant issues a new one.
+    pub(crate) fn token(&self, e: &Entry) -> String {
+        let mut h = blake3::Hasher::new_keyed(&self.token_key);
+        h.update(e.id.as_bytes());
+        if let Some(grant) = &e.grant {
+            h.update(b"\0");
+            h.update(grant.as_bytes());
+        }
+        h.finalize().to_hex()[..48].to_string()
+    }
+
+    /// Resolves once the API token `grant` is known to be gone (never for
+    /// `None`, a sandbox recorded before grants).
+    pub(crate) async fn revoked(&self, grant: Option<String>) {
+        let Some(grant) = grant else {
+            return std::future::pending().await;
+        };
+        let mut live = self.live_tokens.subscribe();
+        loop {
+            let missing = live
+                .borrow_and_update()
+                .as_ref()
+                .is_some_and(|ids| !ids.contains(&grant));
+            // The set may predate a token made since: ask the store.
+            if missing && matches!(self.app.token_exists(grant.clone()).await, Ok(false)) {
+                return;
+            }
+            if live.changed().await.is_err() {
+                // The gateway, which holds the sender, is gone.
+                return std::future::pending().await;
+            }
+        }
     }
 
     /// Records a sandbox (new or changed) in the state store, then here.
@@ -333,6 +366,30 @@ impl IntoResponse for RestError {
     }
 }
 
+/// Reads the ids of the API tokens that exist once a second, for
+/// [`Gateway::revoked`].
+fn spawn_token_watch(gw: Arc<Gateway>) {
+    tokio::spawn(async move {
+        let mut tick = tokio::time::interval(std::time::Duration::from_secs(1));
+        tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        loop {
+            tick.tick().await;
+            match gw.app.engine(|e| Ok(e.token_ids()?)).await {
+                Ok(ids) => {
+                    gw.live_tokens.send_if_modified(|now| {
+                        let changed = now.as_deref() != Some(&ids);
+                        if changed {
+                            *now = Some(Arc::new(ids));
+                        }
+                        changed
+                    });
+                }
+                Err(e) => tracing::warn!("e2b: cannot read the API tokens: {}", e.message),
+            }
+        }
+    });
+}
+
 /// Every route the E2B SDK calls: the control plane and envd; `drivers`
 /// says which driver runs each template's sandboxes.
 pub fn router(app: Arc<App>, drivers: Drivers) -> Router {
@@ -361,8 +418,10 @@ pub fn router(app: Arc<App>, drivers: Drivers) -> Router {
         bash: Mutex::new(HashMap::new()),
         drivers,
         held: Mutex::new(HashSet::new()),
+        live_tokens: tokio::sync::watch::Sender::new(None),
     });
     control::spawn_reaper(Arc::clone(&gw));
+    spawn_token_watch(Arc::clone(&gw));
     let api = Router::new()
         .route("/v2/sandboxes", post(control::create).get(control::list))
         .route("/sandboxes", get(control::list))

@@ -227,7 +227,7 @@ pub async fn process(
     body: Body,
 ) -> Response {
     let streamed = matches!(method.as_str(), "Start" | "Connect");
-    let checked = sandbox_of(&gw, &headers).map_err(RpcError::from);
+    let checked = sandbox_of(&gw, &headers).await.map_err(RpcError::from);
     let result = match checked {
         Err(e) => Err(e),
         Ok((entry, sandbox)) => match read_body(body).await {
@@ -543,13 +543,14 @@ async fn start(
     let (ready_tx, ready_rx) = tokio::sync::oneshot::channel::<Rpc<()>>();
     let g = Arc::clone(gw);
     let id = entry.id.clone();
+    let grant = entry.grant.clone();
     tokio::task::spawn_blocking(move || run(g, id, sandbox, exec, info, tx, ready_tx));
     match ready_rx.await {
         Ok(Ok(())) => {}
         Ok(Err(e)) => return Err(e),
         Err(_) => return Err(RpcError::new("internal", "the process could not be started")),
     }
-    Ok(stream_response(stream_body(gw, rx)))
+    Ok(stream_response(stream_body(gw, rx, grant)))
 }
 
 /// Starts the process on a blocking thread, reports the start, and
@@ -643,37 +644,49 @@ pub(super) fn ended(out: &mut Out, status: Option<cairn_protocol::ExitStatus>) {
 
 /// The response body: frames as they come, a keepalive on quiet streams.
 /// When the server stops, the stream ends with `unavailable` (the process
-/// keeps running) rather than holding the shutdown until it exits.
-fn stream_body(gw: &Gateway, rx: mpsc::Receiver<Bytes>) -> Body {
+/// keeps running) rather than holding the shutdown until it exits; when the
+/// API key the sandbox was granted to is removed (`grant`), it ends with
+/// `unauthenticated`.
+fn stream_body(gw: &Arc<Gateway>, rx: mpsc::Receiver<Bytes>, grant: Option<String>) -> Body {
     let stopped = Box::pin(gw.app.stopped());
-    Body::from_stream(futures_util::stream::unfold(Some((rx, stopped)), |state| async move {
-        let (mut rx, mut stopped) = state?;
-        enum Next {
-            Frame(Option<Bytes>),
-            Quiet,
-            Stopping,
-        }
-        let next = tokio::select! {
-            f = rx.recv() => Next::Frame(f),
-            _ = tokio::time::sleep(KEEPALIVE) => Next::Quiet,
-            () = &mut stopped => Next::Stopping,
-        };
-        match next {
-            Next::Frame(f) => {
-                let f = f?;
-                let last = f.first() == Some(&2);
-                Some((Ok::<_, std::io::Error>(f), (!last).then_some((rx, stopped))))
+    let gw = Arc::clone(gw);
+    let revoked: std::pin::Pin<Box<dyn std::future::Future<Output = ()> + Send>> =
+        Box::pin(async move { gw.revoked(grant).await });
+    Body::from_stream(futures_util::stream::unfold(
+        Some((rx, stopped, revoked)),
+        |state| async move {
+            let (mut rx, mut stopped, mut revoked) = state?;
+            enum Next {
+                Frame(Option<Bytes>),
+                Quiet,
+                Stopping,
+                Revoked,
             }
-            Next::Quiet => Some((Ok(event(json!({ "keepalive": {} }))), Some((rx, stopped)))),
-            Next::Stopping => {
-                let e = RpcError::new(
+            let next = tokio::select! {
+                f = rx.recv() => Next::Frame(f),
+                _ = tokio::time::sleep(KEEPALIVE) => Next::Quiet,
+                () = &mut stopped => Next::Stopping,
+                () = &mut revoked => Next::Revoked,
+            };
+            let ended = |e: RpcError| Some((Ok(end_of_stream(Some(&e))), None));
+            match next {
+                Next::Frame(f) => {
+                    let f = f?;
+                    let last = f.first() == Some(&2);
+                    Some((Ok::<_, std::io::Error>(f), (!last).then_some((rx, stopped, revoked))))
+                }
+                Next::Quiet => Some((Ok(event(json!({ "keepalive": {} }))), Some((rx, stopped, revoked)))),
+                Next::Stopping => ended(RpcError::new(
                     "unavailable",
                     "the server is stopping; the process keeps running: reattach with commands.connect(pid)",
-                );
-                Some((Ok(end_of_stream(Some(&e))), None))
+                )),
+                Next::Revoked => ended(RpcError::new(
+                    "unauthenticated",
+                    "the access token was revoked (its API key was removed); the process keeps running",
+                )),
             }
-        }
-    }))
+        },
+    ))
 }
 
 /// `Process/Connect`: a new stream of a running process's events from now
@@ -711,7 +724,7 @@ fn reattach(gw: &Arc<Gateway>, id: &str, body: &[u8]) -> Rpc<Response> {
             }
         }
     });
-    Ok(stream_response(stream_body(gw, rx)))
+    Ok(stream_response(stream_body(gw, rx, gw.entry(id).and_then(|e| e.grant))))
 }
 
 #[derive(Deserialize)]
@@ -735,7 +748,7 @@ pub async fn filesystem(
     body: Body,
 ) -> Response {
     let result = async {
-        let (_, sandbox) = sandbox_of(&gw, &headers)?;
+        let (_, sandbox) = sandbox_of(&gw, &headers).await?;
         let body = read_body(body).await?;
         let req: PathRequest = if method == "WatchDir" {
             envelope(&body)?

@@ -33,6 +33,7 @@ const MIGRATIONS: &[&str] = &[
     include_str!("../../migrations/postgres/0009_stage_queue.sql"),
     include_str!("../../migrations/postgres/0010_sandbox_network.sql"),
     include_str!("../../migrations/postgres/0011_event_data.sql"),
+    include_str!("../../migrations/postgres/0012_e2b_grant.sql"),
 ];
 
 /// Serialises migrations (and the home claim) between processes opening

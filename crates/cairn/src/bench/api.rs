@@ -341,8 +341,17 @@ impl Bench {
             lives.len()
         );
         let mut out = Vec::new();
-        for (label, (q, f)) in [("TCP", (quiet.tcp, flooded.tcp)), ("Unix socket", (quiet.unix, flooded.unix))] {
-            out.push(summarize(&format!("api flood: GET /v1/sandboxes on {label}, quiet server"), "ms", q?, None, true));
+        for (label, (q, f)) in [
+            ("TCP", (quiet.tcp, flooded.tcp)),
+            ("Unix socket", (quiet.unix, flooded.unix)),
+        ] {
+            out.push(summarize(
+                &format!("api flood: GET /v1/sandboxes on {label}, quiet server"),
+                "ms",
+                q?,
+                None,
+                true,
+            ));
             out.push(summarize(
                 &format!(
                     "api flood: GET /v1/sandboxes on {label}, {FLOOD} connections trickling headers ({connected} open at once)"
@@ -354,7 +363,10 @@ impl Bench {
             ));
         }
         out.push(Measurement {
-            name: format!("api flood: authenticated requests failed during the flood (of {})", rounds * 2),
+            name: format!(
+                "api flood: authenticated requests failed during the flood (of {})",
+                rounds * 2
+            ),
             unit: "failed",
             median: flooded.failed as f64,
             p95: flooded.failed as f64,
@@ -463,9 +475,7 @@ async fn authenticated(
     }
 }
 
-async fn ok(
-    resp: Result<hyper::Response<hyper::body::Incoming>, hyper_util::client::legacy::Error>,
-) -> Result<()> {
+async fn ok(resp: Result<hyper::Response<hyper::body::Incoming>, hyper_util::client::legacy::Error>) -> Result<()> {
     let resp = resp?;
     let status = resp.status();
     resp.into_body().collect().await?;
@@ -491,7 +501,13 @@ pub fn flood_attacker(to: std::net::SocketAddr, connections: usize, addresses: u
     let tasks: Vec<_> = (0..connections)
         .map(|i| {
             let from = std::net::Ipv4Addr::new(127, 0, 2, 1 + (i % addresses.clamp(1, 250)) as u8);
-            rt.spawn(trickle(from, to, stop.clone(), std::sync::Arc::clone(&lives), std::sync::Arc::clone(&open)))
+            rt.spawn(trickle(
+                from,
+                to,
+                stop.clone(),
+                std::sync::Arc::clone(&lives),
+                std::sync::Arc::clone(&open),
+            ))
         })
         .collect();
     // Stdin closing is the signal to stop.
@@ -566,7 +582,10 @@ async fn trickle(
         };
         open.fetch_sub(1, Ordering::Relaxed);
         if closed {
-            lives.lock().unwrap_or_else(|e| e.into_inner()).push(born.elapsed().as_secs_f64());
+            lives
+                .lock()
+                .unwrap_or_else(|e| e.into_inner())
+                .push(born.elapsed().as_secs_f64());
             tokio::select! { _ = tokio::time::sleep(pause) => {}, _ = stop.cancelled() => return }
         }
     }
