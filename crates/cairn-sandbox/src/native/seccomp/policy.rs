@@ -475,7 +475,8 @@ const SOCK_TYPE_MASK: u64 = 0xf;
 /// and netlink with the protocols below. IP: TCP and UDP (protocol 0 picks
 /// them), and ICMP echo datagrams (ping sockets, which
 /// `net.ipv4.ping_group_range` opens to every group of the sandbox).
-/// Refused: raw IP sockets (ping falls back to the datagram kind), MPTCP,
+/// Refused: raw IP sockets (the kernel refuses them too, the sandbox's root
+/// holding no CAP_NET_RAW over its network namespace), MPTCP,
 /// UDP-Lite, SCTP and every other IP protocol, parts of the kernel
 /// ordinary programs leave alone and sources of kernel bugs; AF_VSOCK (no
 /// network namespace confines it; on a VM it reaches the hypervisor),
