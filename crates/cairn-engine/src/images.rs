@@ -17,6 +17,18 @@ use crate::{now_ms, Engine, EngineError, Progress};
 
 pub const DEFAULT_IMAGE: &str = "busybox";
 
+/// Modes of what Cairn itself puts in an image (the root, directories,
+/// files it writes), set explicitly: the `cairn` process runs with umask
+/// 077, which would leave them to root alone, and a non-root user of the
+/// sandbox could not reach `/bin/sh`. Executables are 0755 like
+/// directories; what a package or an imported archive sets is kept.
+const DIR_MODE: u32 = 0o755;
+const FILE_MODE: u32 = 0o644;
+
+/// The umask of the programs that build an image (debootstrap and the
+/// package scripts it runs), as on a usual host.
+const BUILD_UMASK: &str = "022";
+
 #[derive(Debug, thiserror::Error)]
 pub enum ImageError {
     #[error("no image named {0:?}; `cairn image ls` lists them, `cairn image build busybox|debian` or `cairn image import` makes one")]
@@ -67,6 +79,39 @@ fn run(cmd: &mut Command, what: &str) -> Result<Vec<u8>, ImageError> {
         });
     }
     Ok(out.stdout)
+}
+
+fn set_mode(path: &Path, mode: u32) -> Result<(), ImageError> {
+    fs::set_permissions(path, fs::Permissions::from_mode(mode)).map_err(io_err(path))
+}
+
+/// Creates the directories of `rel` under `root` that are missing, each
+/// [`DIR_MODE`]. Makes nothing for a path with `..` in it, and stops at
+/// the first name that is there but is not a directory (a symbolic link
+/// included), following no link: what comes next is left to the caller,
+/// which refuses or replaces it.
+fn make_dirs(root: &Path, rel: &Path) -> Result<(), ImageError> {
+    use std::path::Component;
+    if rel.components().any(|c| c == Component::ParentDir) {
+        return Ok(());
+    }
+    let mut path = root.to_path_buf();
+    for part in rel.components() {
+        let Component::Normal(name) = part else {
+            continue;
+        };
+        path.push(name);
+        match fs::symlink_metadata(&path) {
+            Ok(meta) if meta.is_dir() => continue,
+            Ok(_) => return Ok(()),
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
+                fs::create_dir(&path).map_err(io_err(&path))?;
+                set_mode(&path, DIR_MODE)?;
+            }
+            Err(e) => return Err(io_err(&path)(e)),
+        }
+    }
+    Ok(())
 }
 
 fn have(tool: &str) -> bool {
@@ -168,20 +213,19 @@ impl Engine {
         progress.step("laying out the busybox root");
         let layer = self.layers.prepare()?;
         let root = layer.path();
+        set_mode(root, DIR_MODE)?;
         for d in [
             "bin", "sbin", "usr/bin", "usr/sbin", "etc", "root", "home", "proc", "sys", "dev", "run", "var/tmp", "tmp",
         ] {
-            let p = root.join(d);
-            fs::create_dir_all(&p).map_err(io_err(&p))?;
+            make_dirs(root, Path::new(d))?;
         }
         for d in ["tmp", "var/tmp"] {
-            fs::set_permissions(root.join(d), fs::Permissions::from_mode(0o1777)).map_err(io_err(&root.join(d)))?;
+            set_mode(&root.join(d), 0o1777)?;
         }
-        fs::set_permissions(root.join("root"), fs::Permissions::from_mode(0o700))
-            .map_err(io_err(&root.join("root")))?;
+        set_mode(&root.join("root"), 0o700)?;
         let target = root.join("bin/busybox");
         fs::copy(&busybox, &target).map_err(io_err(&target))?;
-        fs::set_permissions(&target, fs::Permissions::from_mode(0o755)).map_err(io_err(&target))?;
+        set_mode(&target, DIR_MODE)?;
         let list = run(Command::new(&target).arg("--list-full"), "listing busybox applets")?;
         for applet in String::from_utf8_lossy(&list)
             .lines()
@@ -207,6 +251,7 @@ impl Engine {
             ("nsswitch.conf", "hosts: files dns\n"),
         ] {
             fs::write(etc.join(file), content).map_err(io_err(&etc.join(file)))?;
+            set_mode(&etc.join(file), FILE_MODE)?;
         }
         self.commit_image(name, "busybox (Debian busybox-static)".into(), layer)
     }
@@ -242,10 +287,16 @@ impl Engine {
         let suite = suite.map(str::to_string).unwrap_or_else(host_suite);
         let mirror = host_mirror();
         let layer = self.layers.prepare()?;
-        let mut cmd = Command::new("unshare");
+        set_mode(layer.path(), DIR_MODE)?;
+        // debootstrap and the package scripts create files with the
+        // umask they inherit; `cairn`'s own 077 would make the image's
+        // directories and files root's alone.
+        let mut cmd = Command::new("sh");
+        cmd.args(["-c", &format!("umask {BUILD_UMASK} && exec \"$@\""), "sh"]);
         // A private mount namespace: whatever debootstrap mounts inside the
         // target goes away with it, even if it is killed.
         cmd.args([
+            "unshare",
             "--mount",
             "--propagation",
             "private",
@@ -337,6 +388,8 @@ impl Engine {
             reason: e.to_string(),
         })?;
         let layer = self.layers.prepare()?;
+        // The root's mode when the directory or archive does not give one.
+        set_mode(layer.path(), DIR_MODE)?;
         if md.is_dir() {
             progress.step(&format!("copying {}", path.display()));
             let mut src = path.as_os_str().to_owned();
@@ -393,6 +446,12 @@ fn unpack(path: &Path, dest: &Path) -> Result<usize, ImageError> {
         if kind.is_block_special() || kind.is_character_special() {
             devices += 1;
             continue;
+        }
+        // Directories the archive leaves out are made 0755, not by the
+        // umask as the tar crate would.
+        let path = entry.path().map_err(|e| bad(format!("corrupt tar archive: {e}")))?;
+        if let Some(parent) = path.parent() {
+            make_dirs(dest, parent)?;
         }
         // unpack_in refuses entries that would land outside `dest`.
         entry

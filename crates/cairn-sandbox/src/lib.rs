@@ -30,6 +30,11 @@ pub struct Capabilities {
     pub host_ids: Option<cairn_layers::archive::HostIds>,
 }
 
+/// The mode of a new sandbox's upper directory, which overlayfs shows as
+/// its `/`: every user of the sandbox reaches the files under it, as on a
+/// usual host, whatever the umask of the process starting it.
+pub const ROOT_MODE: u32 = 0o755;
+
 /// Everything a driver needs to start one sandbox.
 #[derive(Debug, Clone)]
 pub struct SandboxSpec {

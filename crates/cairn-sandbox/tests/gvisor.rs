@@ -308,6 +308,26 @@ fn a_fifo_swapped_with_a_file_in_a_loop_never_hangs_a_download_inside_gvisor() {
 }
 
 #[test]
+fn only_tcp_udp_and_ping_sockets_are_made_inside_gvisor() {
+    let Some(env) = env() else { return };
+    let Some(program) = support::compile("sockets", env.tmp.path()) else {
+        return;
+    };
+    let spec = env.spec("ipsockets", vec![env.base.clone()]);
+    let client = env.start(&spec);
+    let attempts = support::sockets::attempts(&client, &program);
+    env.driver.stop(&spec.id, None).unwrap();
+    // gVisor's network stack has no MPTCP, UDP-Lite or SCTP (EINVAL or
+    // EPROTONOSUPPORT), and runsc leaves raw sockets out (EPERM).
+    for &socket in support::sockets::REFUSED {
+        assert_ne!(attempts[socket], 0, "{socket}: {attempts:?}");
+    }
+    for &socket in support::sockets::KEPT.iter().chain(support::sockets::PING) {
+        assert_eq!(attempts[socket], 0, "{socket}: {attempts:?}");
+    }
+}
+
+#[test]
 fn a_restored_sandbox_continues_its_processes_from_memory_with_the_host_clock() {
     let Some(env) = env() else { return };
     let spec = env.spec("cont", vec![env.base.clone()]);

@@ -2,7 +2,9 @@
 //! (support/probe.c) copied into a sandbox makes the calls the filter
 //! refuses and some it allows, and each must end as designed. The same
 //! probe under a filter with one refusal lifted shows that the filter, not
-//! only the kernel's own checks, is what stops the call.
+//! only the kernel's own checks, is what stops the call. A second program
+//! (support/sockets.c) tries IP sockets of each protocol: TCP, UDP and
+//! ping sockets are made, MPTCP, UDP-Lite, SCTP and raw ones refused.
 //!
 //! Needs root and a C compiler with a static libc (gcc, libc6-dev);
 //! otherwise prints `SKIPPED: <reason>` and passes, except under CI=true,
@@ -11,12 +13,12 @@
 mod support;
 
 use std::collections::BTreeMap;
-use std::path::{Path, PathBuf};
+use std::path::Path;
 
 use cairn_protocol::{BpfInstruction, ExecRequest, FileKind, FileMeta};
 use cairn_sandbox::client::InitClient;
 use cairn_sandbox::native::seccomp;
-use support::Native;
+use support::{sockets, Native};
 
 /// How one of the probe's calls ended.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -109,11 +111,50 @@ fn lifting_one_refusal_lets_exactly_that_call_through() {
     }
 }
 
+#[test]
+fn ip_sockets_of_other_protocols_than_tcp_udp_and_ping_are_refused() {
+    let Some(attempts) = socket_attempts("sockets", seccomp::programs()) else {
+        return;
+    };
+    for &socket in sockets::REFUSED {
+        assert_eq!(attempts[socket], libc::EPERM, "{socket}: {attempts:?}");
+    }
+    // Ping sockets too: the sandbox's `net.ipv4.ping_group_range` covers
+    // every group.
+    for &socket in sockets::KEPT.iter().chain(sockets::PING) {
+        assert_eq!(attempts[socket], 0, "{socket}: {attempts:?}");
+    }
+}
+
+#[test]
+fn mptcp_and_udplite_sockets_are_refused_by_the_filter_not_only_the_kernel() {
+    let programs = seccomp::programs_also_allowing(&[libc::SYS_socket]).unwrap();
+    let Some(attempts) = socket_attempts("socketslifted", programs) else {
+        return;
+    };
+    // Without the filter's refusal the kernel makes them, or answers that
+    // it was built without them: never EPERM.
+    for socket in ["mptcp4", "mptcp6", "udplite4", "udplite6"] {
+        assert_ne!(attempts[socket], libc::EPERM, "{socket}: {attempts:?}");
+    }
+}
+
+/// Runs `sockets.c` in a native sandbox whose seccomp filter is
+/// `programs`; None (and says why) when it cannot.
+fn socket_attempts(test: &str, programs: Vec<Vec<BpfInstruction>>) -> Option<BTreeMap<String, i32>> {
+    let tmp = tempfile::Builder::new().prefix("sct").tempdir_in("/tmp").unwrap();
+    let program = support::compile("sockets", tmp.path())?;
+    let sandbox = Native::start_with(test, |driver| driver.with_seccomp(programs))?;
+    let attempts = sockets::attempts(&sandbox.client, &program);
+    sandbox.stop();
+    Some(attempts)
+}
+
 /// Runs the probe in a native sandbox whose seccomp filter is `programs`;
 /// returns each call's outcome, or None (and says why) when it cannot.
 fn probe_report(test: &str, programs: Vec<Vec<BpfInstruction>>) -> Option<BTreeMap<String, Outcome>> {
     let tmp = tempfile::Builder::new().prefix("sct").tempdir_in("/tmp").unwrap();
-    let probe = compile_probe(tmp.path())?;
+    let probe = support::compile("probe", tmp.path())?;
     let sandbox = Native::start_with(test, |driver| driver.with_seccomp(programs))?;
     let output = run_probe(&sandbox.client, &probe);
     sandbox.stop();
@@ -163,10 +204,4 @@ fn parse(output: &str) -> BTreeMap<String, Outcome> {
             (words[0].to_string(), outcome)
         })
         .collect()
-}
-
-/// Compiles the probe into `dir`; None (and says why) without a compiler,
-/// which fails the test under CI=true.
-fn compile_probe(dir: &Path) -> Option<PathBuf> {
-    support::compile("probe", dir)
 }

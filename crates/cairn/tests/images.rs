@@ -2,9 +2,85 @@
 
 mod common;
 
+use std::os::unix::fs::PermissionsExt;
+use std::path::Path;
 use std::process::Command;
 
 use common::{skip, stderr, Home};
+
+/// The permission bits of `rel` in the layer at `layer`, not following a
+/// final link.
+fn mode(layer: &Path, rel: &str) -> u32 {
+    let path = layer.join(rel);
+    let meta = std::fs::symlink_metadata(&path).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
+    meta.permissions().mode() & 0o7777
+}
+
+/// The layer of image `name` in `home`.
+fn layer_of(home: &Home, name: &str) -> std::path::PathBuf {
+    let images: serde_json::Value = serde_json::from_str(&home.ok(&["image", "ls", "--json"])).unwrap();
+    let image = images
+        .as_array()
+        .and_then(|all| all.iter().find(|i| i["name"] == name))
+        .unwrap_or_else(|| panic!("no image {name}"));
+    home.path().join("layers").join(image["layers"][0].as_str().unwrap())
+}
+
+/// In a sandbox of `image`, on each driver this host has: `/` and `/etc`
+/// are 0755 and `/etc/passwd` 0644, and `nobody` runs `/bin/sh`.
+fn a_non_root_user_runs_the_shell(home: &Home, image: &str, drivers: &[&str]) {
+    let script = "stat -c '%a %n' / /etc /etc/passwd; \
+        su -s /bin/sh nobody -c 'id -u; /bin/sh -c \"echo the shell ran\"'";
+    for driver in drivers {
+        let out = home.ok(&["run", "--image", image, "--driver", driver, "--", "sh", "-c", script]);
+        assert_eq!(
+            out, "755 /\n755 /etc\n644 /etc/passwd\n65534\nthe shell ran",
+            "{image} on {driver}"
+        );
+    }
+}
+
+/// The drivers this host runs: native always, gVisor with runsc.
+fn drivers(test: &str) -> Vec<&'static str> {
+    let mut drivers = vec!["native"];
+    if Command::new("runsc").arg("--version").output().is_ok() {
+        drivers.push("gvisor");
+    } else {
+        common::skipped(&format!("{test} on gVisor: runsc is not installed"));
+    }
+    drivers
+}
+
+#[test]
+fn the_busybox_image_is_built_with_explicit_modes_whatever_the_umask() {
+    let test = "the_busybox_image_is_built_with_explicit_modes_whatever_the_umask";
+    if skip(test) {
+        return;
+    }
+    // `cairn` itself runs with umask 077; a fresh build, not the shared
+    // one, so that this build's modes are what is checked.
+    let home = Home::empty();
+    let out = home.cairn(&["image", "build", "busybox", "--name", "bb"]);
+    assert!(out.status.success(), "{}", stderr(&out));
+    let layer = layer_of(&home, "bb");
+    for (rel, want) in [
+        ("", 0o755),
+        ("bin", 0o755),
+        ("usr", 0o755),
+        ("usr/bin", 0o755),
+        ("var", 0o755),
+        ("etc", 0o755),
+        ("etc/passwd", 0o644),
+        ("etc/group", 0o644),
+        ("bin/busybox", 0o755),
+        ("tmp", 0o1777),
+        ("var/tmp", 0o1777),
+        ("root", 0o700),
+    ] {
+        assert_eq!(mode(&layer, rel), want, "/{rel} is {:o}", mode(&layer, rel));
+    }
+    a_non_root_user_runs_the_shell(&home, "bb", &drivers(test));
+}
 
 #[test]
 fn a_debian_image_with_extra_packages_runs_them() {
@@ -27,6 +103,28 @@ fn a_debian_image_with_extra_packages_runs_them() {
         return;
     }
     assert!(out.status.success(), "{}", stderr(&out));
+    // Built by `cairn` under its umask 077: what debootstrap and the
+    // package scripts write has the modes a usual host gives it.
+    let layer = layer_of(&home, "deb-jq");
+    for (rel, want) in [
+        ("", 0o755),
+        ("etc", 0o755),
+        ("etc/apt", 0o755),
+        ("etc/apt/sources.list", 0o644),
+        ("etc/passwd", 0o644),
+        ("usr/bin", 0o755),
+        ("usr/bin/dash", 0o755),
+        ("usr/bin/jq", 0o755),
+        ("var/lib/dpkg/status", 0o644),
+        ("tmp", 0o1777),
+    ] {
+        assert_eq!(mode(&layer, rel), want, "/{rel} is {:o}", mode(&layer, rel));
+    }
+    a_non_root_user_runs_the_shell(
+        &home,
+        "deb-jq",
+        &drivers("a_debian_image_with_extra_packages_runs_them"),
+    );
     let got = home.ok(&[
         "run",
         "--image",
@@ -44,6 +142,43 @@ fn a_debian_image_with_extra_packages_runs_them() {
             .is_some_and(|v| v.chars().next().is_some_and(|c| c.is_ascii_digit())),
         "{got}"
     );
+}
+
+#[test]
+fn directories_an_archive_leaves_out_are_made_0755_and_its_own_modes_are_kept() {
+    if skip("directories_an_archive_leaves_out_are_made_0755_and_its_own_modes_are_kept") {
+        return;
+    }
+    let home = Home::empty();
+    let work = tempfile::tempdir().unwrap();
+    let src = work.path().join("src");
+    std::fs::create_dir_all(src.join("deep/dir")).unwrap();
+    for (file, mode) in [("deep/dir/private", 0o640), ("deep/dir/setuid", 0o4755)] {
+        std::fs::write(src.join(file), "x").unwrap();
+        std::fs::set_permissions(src.join(file), std::fs::Permissions::from_mode(mode)).unwrap();
+    }
+    // Two files and no directory entry at all, the root's included.
+    let tarball = work.path().join("files.tar");
+    let status = Command::new("tar")
+        .arg("-C")
+        .arg(&src)
+        .arg("-cf")
+        .arg(&tarball)
+        .args(["--no-recursion", "deep/dir/private", "deep/dir/setuid"])
+        .status()
+        .unwrap();
+    assert!(status.success());
+    home.ok(&["image", "import", tarball.to_str().unwrap(), "--name", "files"]);
+    let layer = layer_of(&home, "files");
+    for (rel, want) in [
+        ("", 0o755),
+        ("deep", 0o755),
+        ("deep/dir", 0o755),
+        ("deep/dir/private", 0o640),
+        ("deep/dir/setuid", 0o4755),
+    ] {
+        assert_eq!(mode(&layer, rel), want, "/{rel} is {:o}", mode(&layer, rel));
+    }
 }
 
 #[test]

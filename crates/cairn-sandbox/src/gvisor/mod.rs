@@ -21,6 +21,7 @@ pub mod window;
 use std::fs;
 use std::fs::OpenOptions;
 use std::io::{self, Write};
+use std::os::unix::fs::PermissionsExt;
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
@@ -455,7 +456,14 @@ impl GvisorDriver {
         }
         for sub in ["upper", "work", "rootfs", "uds"] {
             let d = spec.dir.join(sub);
+            let made = !d.is_dir();
             fs::create_dir_all(&d).map_err(|e| GvisorError::io(format!("create {}", d.display()), e))?;
+            // The upper directory is the sandbox's `/`: 0755 whatever the
+            // umask of the process starting it.
+            if made && sub == "upper" {
+                fs::set_permissions(&d, fs::Permissions::from_mode(crate::ROOT_MODE))
+                    .map_err(|e| GvisorError::io(format!("chmod {}", d.display()), e))?;
+            }
         }
         let _ = fs::remove_file(&socket);
 

@@ -18,6 +18,7 @@ pub mod seccomp;
 use std::fs::{self, OpenOptions};
 use std::io::{Read, Write};
 use std::os::fd::OwnedFd;
+use std::os::unix::fs::PermissionsExt;
 use std::os::unix::net::{UnixListener, UnixStream};
 use std::os::unix::process::CommandExt;
 use std::path::{Path, PathBuf};
@@ -198,10 +199,13 @@ impl NativeDriver {
                 continue;
             }
             fs::create_dir_all(&d).map_err(|e| SandboxError::setup(format!("create {}", d.display()), e))?;
-            // The upper directory is the sandbox's `/`, owned by its root.
+            // The upper directory is the sandbox's `/`, owned by its root,
+            // 0755 whatever the umask of the process starting it.
             if sub == "upper" {
                 std::os::unix::fs::chown(&d, Some(HOST_IDS.base), Some(HOST_IDS.base))
                     .map_err(|e| SandboxError::setup(format!("chown {}", d.display()), e))?;
+                fs::set_permissions(&d, fs::Permissions::from_mode(crate::ROOT_MODE))
+                    .map_err(|e| SandboxError::setup(format!("chmod {}", d.display()), e))?;
             }
         }
         let setup = self.setup(spec)?;

@@ -4,6 +4,7 @@
 #![allow(dead_code)]
 
 pub mod file_attacks;
+pub mod sockets;
 
 use std::fs;
 use std::os::unix::fs::symlink;
