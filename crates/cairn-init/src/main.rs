@@ -18,6 +18,7 @@
 
 mod exec;
 mod files;
+mod hold;
 mod hub;
 mod jobs;
 mod listen;
@@ -44,6 +45,10 @@ fn main() {
     if std::env::args().nth(1).as_deref() == Some("--time-spawn") {
         let args: Vec<String> = std::env::args().skip(2).collect();
         std::process::exit(spawn::time(&args, &mut std::io::stdout().lock()));
+    }
+    if std::env::args().nth(1).as_deref() == Some("--hold") {
+        let args: Vec<String> = std::env::args().skip(2).collect();
+        std::process::exit(hold::run(&args));
     }
     if std::env::args().nth(1).as_deref() == Some("--probe-layers") {
         let args: Vec<String> = std::env::args().skip(2).collect();
