@@ -1291,6 +1291,6 @@ fn lost(e: &cairn_sandbox::client::ClientError) -> bool {
     use cairn_sandbox::client::ClientError;
     matches!(
         e,
-        ClientError::NotRunning(_) | ClientError::Frame(_) | ClientError::Io(_)
+        ClientError::NotRunning(_) | ClientError::Frame(_) | ClientError::Io(_) | ClientError::TimedOut
     )
 }
