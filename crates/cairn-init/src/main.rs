@@ -16,6 +16,7 @@
 //! It is linked statically so that it runs in any image, even one without a
 //! libc.
 
+mod creds;
 mod exec;
 mod files;
 mod hold;
@@ -171,6 +172,18 @@ fn serve(
     live: Arc<Live>,
 ) {
     let mut writer = BufWriter::new(stream);
+    // File operations run with what the sandbox's root could do, not more.
+    let _as_root = matches!(
+        request,
+        ToInit::Stat { .. }
+            | ToInit::PutFile(_)
+            | ToInit::GetFile { .. }
+            | ToInit::ListDir { .. }
+            | ToInit::MakeDir { .. }
+            | ToInit::Rename { .. }
+            | ToInit::Remove { .. }
+    )
+    .then(creds::AsSandboxRoot::enter);
     let result = (|| -> Result<(), cairn_protocol::FrameError> {
         match request {
             ToInit::Kill { pid, signal } => {
