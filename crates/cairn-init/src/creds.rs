@@ -124,6 +124,8 @@ mod tests {
         // SAFETY: the child calls only prctl/capget/capset and exits.
         match unsafe { libc::fork() } {
             0 => {
+                // SAFETY: prctl with integer arguments; the guard calls
+                // capget and capset only.
                 let code = unsafe {
                     libc::prctl(libc::PR_CAPBSET_DROP, CAP_SYS_ADMIN as libc::c_ulong, 0, 0, 0);
                     let before = AsSandboxRoot::effective() & (1 << CAP_SYS_ADMIN) != 0;
@@ -138,10 +140,13 @@ mod tests {
                         1
                     }
                 };
+                // SAFETY: ends the forked child without running anything of
+                // the parent's.
                 unsafe { libc::_exit(code) };
             }
             pid => {
                 let mut status = 0;
+                // SAFETY: waits for the child forked above, into a local.
                 unsafe { libc::waitpid(pid, &mut status, 0) };
                 assert!(
                     libc::WIFEXITED(status) && libc::WEXITSTATUS(status) == 0,
