@@ -78,6 +78,10 @@ pub struct GcReport {
     /// takes no idmapped layers) whose layer was removed, and copies a
     /// killed start left half-made.
     pub shifted_copies_removed: u64,
+    /// Layer copies set aside because they changed on the host
+    /// (`layers/.changed-*`, see `LayerStore::ensure`): kept for
+    /// inspection and for sandboxes started on them; removed by hand.
+    pub changed_layers_kept: Vec<String>,
 }
 
 fn new_sandbox_id() -> String {
@@ -664,6 +668,12 @@ impl Engine {
         report.shifted_copies_removed =
             cairn_sandbox::native::layers::collect_shifted(self.home.root(), self.layers.root())
                 .map_err(|e| EngineError::Sandbox(cairn_sandbox::SandboxError::Start(e)))?;
+        report.changed_layers_kept = self
+            .layers
+            .changed_copies()
+            .iter()
+            .map(|p| p.display().to_string())
+            .collect();
         self.sweep_memory_images()?;
         let store = self.collect_chunks(&referenced)?;
         report.chunks_removed = store.deleted;

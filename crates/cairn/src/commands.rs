@@ -241,6 +241,12 @@ pub fn dispatch(cli: Cli) -> Result<i32> {
                     report.layers_removed.len(),
                     report.shifted_copies_removed
                 );
+                for changed in &report.changed_layers_kept {
+                    eprintln!(
+                        "cairn: warning: {changed} is a layer that changed on the host and was rebuilt from the store; \
+                         inspect it, then remove it once no sandbox started before the rebuild runs"
+                    );
+                }
             }
             Ok(0)
         }

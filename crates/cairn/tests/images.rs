@@ -123,6 +123,12 @@ fn a_layer_edited_on_the_host_is_rebuilt_from_the_store_before_use() {
         .filter(|n| n.starts_with(".changed-"))
         .collect();
     assert_eq!(aside.len(), 1, "the changed copy is kept aside for inspection");
+    let gc = home.cairn(&["gc"]);
+    assert!(
+        stderr(&gc).contains(&aside[0]),
+        "gc does not name the changed copy: {}",
+        stderr(&gc)
+    );
 }
 
 #[test]
