@@ -10,7 +10,7 @@ use anyhow::{bail, Context, Result};
 use cairn_engine::{CreateOptions, Engine, ExecStart, Home, SandboxRecord, SandboxState};
 use cairn_protocol::{ExecRequest, FileKind, FileMeta};
 use cairn_sandbox::client::{InitClient, SpawnFailure};
-use cairn_sandbox::limits::{CpuCount, MemorySize, PidCount};
+use cairn_sandbox::limits::{DiskSize, MemorySize};
 use cairn_sandbox::Limits;
 use nix::sys::signal::{SigSet, Signal};
 
@@ -340,8 +340,16 @@ pub fn dispatch(cli: Cli) -> Result<i32> {
     result
 }
 
-fn limits(memory: Option<MemorySize>, cpus: Option<CpuCount>, pids: Option<PidCount>) -> Limits {
+fn limits(args: &LimitArgs) -> Limits {
+    let LimitArgs {
+        memory,
+        cpus,
+        pids,
+        disk,
+        ..
+    } = *args;
     let mut limits = Limits::default();
+    limits.disk_bytes = disk.map(|d| d.0);
     if let Some(m) = memory {
         limits.memory_bytes = m.0;
     }
@@ -377,7 +385,7 @@ fn finish_uploads(engine: &Engine) {
 fn limit_options(args: &LimitArgs, driver: Option<String>) -> Result<CreateOptions> {
     Ok(CreateOptions {
         name: args.name.clone(),
-        limits: limits(args.memory, args.cpus, args.pids),
+        limits: limits(args),
         driver,
         network: network_policy(&args.network)?,
         ..CreateOptions::default()
@@ -489,7 +497,7 @@ fn follow(
     }
     if status.signal == Some(libc::SIGKILL) && engine.oom_killed_since(&start.probe) {
         eprintln!(
-            "cairn: the command was killed: out of memory (the sandbox's limit is {}; raise it with --memory)",
+            "cairn: the command was killed by the OOM killer (out of memory): the sandbox's memory limit is {}; raise --memory",
             MemorySize(rec.memory_bytes)
         );
     }
@@ -635,8 +643,8 @@ fn ps(engine: &mut Engine, quiet: bool, json: bool) -> Result<()> {
         }
     } else {
         println!(
-            "{:<12}  {:<16}  {:<10}  {:<8}  {:>7}  {:>6}  {:<15}  CREATED",
-            "ID", "NAME", "IMAGE", "STATE", "PID", "MEMORY", "NETWORK"
+            "{:<12}  {:<16}  {:<10}  {:<8}  {:>7}  {:>6}  {:>4}  {:>6}  {:<15}  CREATED",
+            "ID", "NAME", "IMAGE", "STATE", "PID", "MEMORY", "OOM", "DISK", "NETWORK"
         );
         for r in rows {
             let age = (cairn_engine::now_ms() - r.created_at) / 1000;
@@ -650,7 +658,7 @@ fn ps(engine: &mut Engine, quiet: bool, json: bool) -> Result<()> {
                 },
             };
             println!(
-                "{:<12}  {:<16}  {:<10}  {:<8}  {:>7}  {:>6}  {:<15}  {} ago",
+                "{:<12}  {:<16}  {:<10}  {:<8}  {:>7}  {:>6}  {:>4}  {:>6}  {:<15}  {} ago",
                 r.id,
                 r.name,
                 r.image,
@@ -660,6 +668,10 @@ fn ps(engine: &mut Engine, quiet: bool, json: bool) -> Result<()> {
                     .map(|p| p.to_string())
                     .unwrap_or_else(|| "-".into()),
                 MemorySize(r.memory_bytes).to_string(),
+                r.oom_kills,
+                r.disk_bytes
+                    .map(|d| DiskSize(d).to_string())
+                    .unwrap_or_else(|| "-".into()),
                 network,
                 human_age(age)
             );
