@@ -3,6 +3,7 @@
 
 mod common;
 
+use std::os::unix::fs::MetadataExt;
 use std::time::Duration;
 
 use common::{skip_without_runsc, stderr, Home};
@@ -305,4 +306,38 @@ fn a_memory_image_is_refused_by_another_runsc_and_restores_with_its_own() {
     let count = home.read_number(&fork, "/tmp/count");
     assert!(count >= counted, "the fork restarted its counter: {count} < {counted}");
     home.ok(&["rm", "-f", &fork, &id]);
+}
+
+#[test]
+fn a_gvisor_sandbox_fills_its_own_disk_and_its_forks_keep_the_limit() {
+    let name = "a_gvisor_sandbox_fills_its_own_disk_and_its_forks_keep_the_limit";
+    if skip_without_runsc(name) {
+        return;
+    }
+    let home = Home::new();
+    let id = home.ok(&["create", "--driver", "gvisor", "--disk", "32M"]);
+    let out = home.cairn(&["exec", &id, "--", "sh", "-c", "dd if=/dev/zero of=/big bs=1M count=100"]);
+    assert!(stderr(&out).contains("No space left on device"), "{}", stderr(&out));
+    let image = home.path().join("sandboxes").join(&id).join("disk.img");
+    let used = std::fs::metadata(&image).map(|m| m.blocks() * 512).unwrap();
+    assert!(used <= 32 << 20, "a 32M disk takes {used} bytes of the host");
+    home.sh(&id, "rm /big; echo kept > /kept");
+    // A fork (memory and files) has the files and the same limit.
+    let fork = home.ok(&["fork", &id]);
+    assert_eq!(home.sh(&fork, "cat /kept"), "kept");
+    let ps = home.ps();
+    let seen = ps.iter().find(|s| s["id"] == fork.as_str()).unwrap();
+    assert_eq!(seen["disk_bytes"], 32 << 20, "{seen}");
+    let out = home.cairn(&[
+        "exec",
+        &fork,
+        "--",
+        "sh",
+        "-c",
+        "dd if=/dev/zero of=/big bs=1M count=100",
+    ]);
+    assert!(stderr(&out).contains("No space left on device"), "{}", stderr(&out));
+    home.ok(&["rm", "-f", &id, &fork]);
+    assert!(home.host_mounts().is_empty(), "{:?}", home.host_mounts());
+    assert_eq!(std::fs::read_dir(home.path().join("sandboxes")).unwrap().count(), 0);
 }
