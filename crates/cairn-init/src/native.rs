@@ -273,7 +273,7 @@ fn premade(base: u32) -> Step<Premade> {
     // them; a kernel that refuses it has changed nothing.
     let filled = match read_only_at(&proc, "sys") {
         Ok(()) => {
-            fill_rest(&proc, &sys, &dev, base)?;
+            fill_rest(&proc, &sys, &dev)?;
             true
         }
         Err(_) => false,
@@ -355,7 +355,7 @@ fn setup_root(
     let open = |name: &str| ctx(mount_api::open_dir_at(&top, name), || format!("open /{name}"));
     if !filled {
         let (proc, sys, dev) = (open("proc")?, open("sys")?, open("dev")?);
-        fill(&proc, &sys, &dev, plan.host_id_base)?;
+        fill(&proc, &sys, &dev)?;
     }
     attach_shm(&open("dev")?, plan.host_id_base, plan.shm_bytes)?;
     // Closed before fd 3 is taken for the listening socket (`wire_fds`).
@@ -992,13 +992,13 @@ fn mount_sys_detached() -> Step<OwnedFd> {
 /// DMI) or power-capping counters (which time other tenants' work), and
 /// /dev's devpts (its shared memory waits for the setup's size:
 /// [`attach_shm`]).
-fn fill(proc: &OwnedFd, sys: &OwnedFd, dev: &OwnedFd, base: u32) -> Step<()> {
+fn fill(proc: &OwnedFd, sys: &OwnedFd, dev: &OwnedFd) -> Step<()> {
     read_only_at(proc, "sys")?;
-    fill_rest(proc, sys, dev, base)
+    fill_rest(proc, sys, dev)
 }
 
 /// [`fill`] after its first mount.
-fn fill_rest(proc: &OwnedFd, sys: &OwnedFd, dev: &OwnedFd, base: u32) -> Step<()> {
+fn fill_rest(proc: &OwnedFd, sys: &OwnedFd, dev: &OwnedFd) -> Step<()> {
     for sub in ["sysrq-trigger", "irq", "bus", "fs"] {
         read_only_at(proc, sub)?;
     }

@@ -132,13 +132,6 @@ pub fn release(dir: &Path) -> Result<(), DiskError> {
     }
 }
 
-/// The size of the sandbox's disk and the bytes its image takes on the
-/// host (allocated blocks), or `None` without a disk.
-pub fn usage(dir: &Path) -> Option<(u64, u64)> {
-    let meta = fs::metadata(dir.join(IMAGE)).ok()?;
-    Some((meta.len(), meta.blocks() * 512))
-}
-
 /// Whether `point` is a mount of its own (a file system other than `dir`'s).
 fn is_mounted(dir: &Path, point: &Path) -> bool {
     match (fs::metadata(dir), fs::symlink_metadata(point)) {
@@ -284,6 +277,9 @@ mod loop_device {
         _device: File,
     }
 
+    /// A free loop device backed by `backing`, with direct I/O where the
+    /// backing file system takes it (the image's pages are then not cached
+    /// twice).
     pub fn attach(backing: &File) -> io::Result<Attached> {
         let control = OpenOptions::new()
             .read(true)
@@ -315,41 +311,50 @@ mod loop_device {
                 }
                 Err(e) => return Err(e),
             };
-            let config = LoopConfig {
-                fd: backing.as_raw_fd() as u32,
-                block_size: 0,
-                info: LoopInfo64 {
-                    device: 0,
-                    inode: 0,
-                    rdevice: 0,
-                    offset: 0,
-                    sizelimit: 0,
-                    number: 0,
-                    encrypt_type: 0,
-                    encrypt_key_size: 0,
-                    // Direct I/O: the image's pages are not cached twice
-                    // (the kernel falls back to buffered I/O where the
-                    // backing file system cannot).
-                    flags: LO_FLAGS_AUTOCLEAR | LO_FLAGS_DIRECT_IO,
-                    file_name: [0; 64],
-                    crypt_name: [0; 64],
-                    encrypt_key: [0; 32],
-                    init: [0; 2],
-                },
-                reserved: [0; 8],
-            };
-            // SAFETY: `config` is a valid, fully initialised loop_config
-            // that outlives the call; the kernel only reads it.
-            let rc = unsafe { libc::ioctl(device.as_raw_fd(), LOOP_CONFIGURE, &config as *const LoopConfig) };
-            if rc == 0 {
-                return Ok(Attached { path, _device: device });
-            }
-            last = io::Error::last_os_error();
-            if last.raw_os_error() != Some(libc::EBUSY) {
-                return Err(last);
+            match configure(&device, backing, LO_FLAGS_AUTOCLEAR | LO_FLAGS_DIRECT_IO) {
+                Ok(()) => return Ok(Attached { path, _device: device }),
+                // A backing file system without direct I/O.
+                Err(e) if e.raw_os_error() == Some(libc::EINVAL) => {
+                    configure(&device, backing, LO_FLAGS_AUTOCLEAR)?;
+                    return Ok(Attached { path, _device: device });
+                }
+                Err(e) if e.raw_os_error() == Some(libc::EBUSY) => last = e,
+                Err(e) => return Err(e),
             }
         }
         Err(last)
+    }
+
+    /// Backs `device` by `backing` with `flags`.
+    fn configure(device: &File, backing: &File, flags: u32) -> io::Result<()> {
+        let config = LoopConfig {
+            fd: backing.as_raw_fd() as u32,
+            block_size: 0,
+            info: LoopInfo64 {
+                device: 0,
+                inode: 0,
+                rdevice: 0,
+                offset: 0,
+                sizelimit: 0,
+                number: 0,
+                encrypt_type: 0,
+                encrypt_key_size: 0,
+                flags,
+                file_name: [0; 64],
+                crypt_name: [0; 64],
+                encrypt_key: [0; 32],
+                init: [0; 2],
+            },
+            reserved: [0; 8],
+        };
+        // SAFETY: `config` is a valid, fully initialised loop_config
+        // that outlives the call; the kernel only reads it.
+        let rc = unsafe { libc::ioctl(device.as_raw_fd(), LOOP_CONFIGURE, &config as *const LoopConfig) };
+        if rc == 0 {
+            Ok(())
+        } else {
+            Err(io::Error::last_os_error())
+        }
     }
 
     #[cfg(test)]
@@ -372,7 +377,6 @@ mod tests {
         fs::create_dir_all(&dir).unwrap();
         assert_eq!(writable_dir(&dir), dir);
         assert_eq!(upper_dir(&dir).unwrap(), dir.join("upper"));
-        assert!(usage(&dir).is_none());
         release(&dir).unwrap();
         fs::write(dir.join(IMAGE), b"").unwrap();
         assert_eq!(writable_dir(&dir), dir.join(MOUNT));

@@ -134,8 +134,9 @@ pub enum Command {
     /// show|ls|approve|reject`.
     #[command(args_conflicts_with_subcommands = true, subcommand_negates_reqs = true)]
     Run {
+        /// Boxed: the largest variant by far.
         #[command(flatten)]
-        sandbox: SandboxArgs,
+        sandbox: Box<SandboxArgs>,
         #[command(flatten)]
         process: ProcessArgs,
         /// The command and its arguments.

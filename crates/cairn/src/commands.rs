@@ -159,8 +159,8 @@ pub fn dispatch(cli: Cli) -> Result<i32> {
     let starts_native = match &cli.command {
         Command::Run {
             show: None, sandbox, ..
-        }
-        | Command::Create { sandbox } => sandbox.driver == "native",
+        } => sandbox.driver == "native",
+        Command::Create { sandbox } => sandbox.driver == "native",
         _ => false,
     };
     let mut engine = if starts_native {
@@ -348,8 +348,10 @@ fn limits(args: &LimitArgs) -> Limits {
         disk,
         ..
     } = *args;
-    let mut limits = Limits::default();
-    limits.disk_bytes = disk.map(|d| d.0);
+    let mut limits = Limits {
+        disk_bytes: disk.map(|d| d.0),
+        ..Limits::default()
+    };
     if let Some(m) = memory {
         limits.memory_bytes = m.0;
     }

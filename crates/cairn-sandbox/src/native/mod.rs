@@ -9,7 +9,8 @@
 //! driver makes the sandbox's cgroups, which PID 1 joins once told they
 //! exist (see cairn-init's `native` module). The overlay and every other
 //! mount live only in the sandbox's mount namespace and vanish with its last
-//! process; nothing is mounted on the host.
+//! process; nothing is mounted on the host but a sandbox's disk (`--disk`:
+//! [`crate::disk`]), which init's mount namespace copies from the host's.
 
 mod caps;
 pub mod layers;
