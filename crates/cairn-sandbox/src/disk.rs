@@ -132,6 +132,19 @@ pub fn release(dir: &Path) -> Result<(), DiskError> {
     }
 }
 
+/// Whether this host can give sandboxes disks: loop devices that open for
+/// writing, and `mkfs.ext4`; the answer names what is missing.
+pub fn available() -> Result<String, String> {
+    let mkfs = mkfs_ext4().ok_or("mkfs.ext4 is not installed")?;
+    OpenOptions::new()
+        .read(true)
+        .write(true)
+        .custom_flags(libc::O_CLOEXEC)
+        .open("/dev/loop-control")
+        .map_err(|e| format!("cannot open /dev/loop-control: {e}"))?;
+    Ok(format!("/dev/loop-control and {} for --disk", mkfs.display()))
+}
+
 /// Whether `point` is a mount of its own (a file system other than `dir`'s).
 fn is_mounted(dir: &Path, point: &Path) -> bool {
     match (fs::metadata(dir), fs::symlink_metadata(point)) {

@@ -1267,7 +1267,7 @@ run = ["true"]
 
 #[test]
 fn disk_limits_oom_kills_and_a_dead_init_are_given_and_shown_through_the_api() {
-    if skip("disk_limits_oom_kills_and_a_dead_init_are_given_and_shown_through_the_api") {
+    if common::skip_without_disks("disk_limits_oom_kills_and_a_dead_init_are_given_and_shown_through_the_api") {
         return;
     }
     let home = Home::new();

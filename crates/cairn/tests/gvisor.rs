@@ -311,7 +311,7 @@ fn a_memory_image_is_refused_by_another_runsc_and_restores_with_its_own() {
 #[test]
 fn a_gvisor_sandbox_fills_its_own_disk_and_its_forks_keep_the_limit() {
     let name = "a_gvisor_sandbox_fills_its_own_disk_and_its_forks_keep_the_limit";
-    if skip_without_runsc(name) {
+    if skip_without_runsc(name) || common::skip_without_disks(name) {
         return;
     }
     let home = Home::new();

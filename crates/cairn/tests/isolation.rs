@@ -319,7 +319,7 @@ fn disk_image(home: &Home, id: &str) -> PathBuf {
 
 #[test]
 fn a_sandbox_fills_its_own_disk_never_the_hosts_and_stays_usable() {
-    if skip("a_sandbox_fills_its_own_disk_never_the_hosts_and_stays_usable") {
+    if common::skip_without_disks("a_sandbox_fills_its_own_disk_never_the_hosts_and_stays_usable") {
         return;
     }
     let home = Home::new();
@@ -382,7 +382,7 @@ fn a_sandbox_fills_its_own_disk_never_the_hosts_and_stays_usable() {
 
 #[test]
 fn a_disk_left_mounted_by_a_crash_is_cleaned_by_gc() {
-    if skip("a_disk_left_mounted_by_a_crash_is_cleaned_by_gc") {
+    if common::skip_without_disks("a_disk_left_mounted_by_a_crash_is_cleaned_by_gc") {
         return;
     }
     let home = Home::new();
