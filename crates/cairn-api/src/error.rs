@@ -217,6 +217,7 @@ pub fn client_status(c: &ClientError) -> StatusCode {
             _ => StatusCode::BAD_GATEWAY,
         },
         ClientError::NotRunning(_) => StatusCode::CONFLICT,
+        ClientError::TimedOut => StatusCode::GATEWAY_TIMEOUT,
         ClientError::Refused(m) if m.contains("No such file") || m.contains("not found") => StatusCode::NOT_FOUND,
         ClientError::Refused(_) => StatusCode::BAD_REQUEST,
         _ => StatusCode::BAD_GATEWAY,

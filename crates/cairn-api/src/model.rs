@@ -53,7 +53,7 @@ pub struct NetworkView {
     /// What it may reach; empty: anything but link-local, private and this
     /// host's addresses.
     pub allow: Vec<String>,
-    /// `HOSTPORT:PORT` pairs.
+    /// `[ADDR:]HOSTPORT:PORT`.
     pub publish: Vec<String>,
     /// Its address while it runs.
     pub address: Option<String>,
@@ -85,7 +85,8 @@ pub struct NetworkRequest {
     /// everything else is refused. At most 64.
     #[serde(default)]
     pub allow: Vec<String>,
-    /// `HOSTPORT:PORT`: the sandbox's TCP port at this host's port. At most 16.
+    /// `[ADDR:]HOSTPORT:PORT`: the sandbox's TCP port at this host's port, on
+    /// every host address or on ADDR (IPv4) alone. At most 16.
     #[serde(default)]
     pub publish: Vec<String>,
 }

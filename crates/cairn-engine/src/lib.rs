@@ -11,6 +11,7 @@ mod durability;
 pub mod e2b;
 pub mod home;
 pub mod images;
+pub mod names;
 pub mod network;
 pub mod pipeline;
 pub mod queue;

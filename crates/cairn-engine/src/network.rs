@@ -106,7 +106,13 @@ impl Engine {
         if let (Some(lease), Some(net)) = (lease, rec.network.as_ref()) {
             let host = self.host_net()?;
             host.confirm(lease, &net.policy.publish)?;
-            host.bind(lease.slot, &self.home.sandbox(&rec.id), process.pid, process.start_time)?;
+            host.bind(
+                lease,
+                &self.home.sandbox(&rec.id),
+                &self.init_binary,
+                process.pid,
+                process.start_time,
+            )?;
         }
         Ok(())
     }

@@ -123,6 +123,29 @@ fn notify(b: &mut dyn Backend) -> Result<(), StateError> {
     Ok(())
 }
 
+/// Records on `j`'s run that its claim's lease expired, and what became of
+/// the job (`then`).
+fn expired_event(b: &mut dyn Backend, j: &Job, then: &str) -> Result<(), StateError> {
+    let what = if j.kind == "run" {
+        "the run".to_string()
+    } else {
+        format!("branch {} of {}", j.branch, j.stage)
+    };
+    crate::pipeline::records::insert_event(
+        b,
+        &j.run_id,
+        (!j.stage.is_empty()).then_some(j.stage.as_str()),
+        (!j.branch.is_empty()).then_some(j.branch.as_str()),
+        "lease-expired",
+        &format!(
+            "worker {} stopped renewing its lease on {what} (claim {}); {then}",
+            j.worker.as_deref().unwrap_or("?"),
+            j.epoch
+        ),
+        None,
+    )
+}
+
 impl Db {
     /// From now on, every commit of a stage's outcome on this connection
     /// checks that `fence` still holds (or none, with `None`).
@@ -209,10 +232,12 @@ impl Db {
 
     /// Claims the oldest claimable job for `worker` with a lease of
     /// `lease`: a queued job, or a claimed one whose lease expired (its
-    /// holder is presumed dead). `kinds` limits what is taken.
+    /// holder is presumed dead). `kinds` limits what is taken. Taking over
+    /// an expired claim records `lease-expired` on its run in the same
+    /// transaction, so no expiry goes unrecorded whoever notices it first
+    /// (this claim or the reaper).
     pub fn claim_job(&self, worker: &str, lease: Duration, kinds: &[&str]) -> Result<Option<Job>, StateError> {
-        // One statement, atomic on its own: no transaction round trips.
-        self.with(|b| {
+        self.transaction(|b| {
             let kind = b.kind();
             let now = now_sql(kind);
             let skip = if kind == BackendKind::Postgres {
@@ -225,17 +250,36 @@ impl Db {
                 .map(|k| format!("'{}'", k.replace('\'', "")))
                 .collect::<Vec<_>>()
                 .join(", ");
-            let sql = format!(
-                "UPDATE stage_jobs SET status = 'claimed', epoch = epoch + 1, worker = $1,
-                 lease_until = {now} + $2, claimed_at = {now}
-                 WHERE id = (SELECT id FROM stage_jobs
-                             WHERE kind IN ({kinds_sql})
-                               AND (status = 'queued' OR (status = 'claimed' AND lease_until < {now}))
-                             ORDER BY enqueued_at, id LIMIT 1{skip})
-                 RETURNING {JOB_COLUMNS}, {now}"
-            );
-            let rows = b.query(&sql, params![worker, lease.as_millis() as i64])?;
-            rows.first().map(|r| job_from_row(r, r.get(13)?)).transpose()
+            let found = b.query(
+                &format!(
+                    "SELECT {JOB_COLUMNS} FROM stage_jobs
+                     WHERE kind IN ({kinds_sql})
+                       AND (status = 'queued' OR (status = 'claimed' AND lease_until < {now}))
+                     ORDER BY enqueued_at, id LIMIT 1{skip}"
+                ),
+                &[],
+            )?;
+            let Some(row) = found.first() else {
+                return Ok(None);
+            };
+            let before = job_from_row(row, 0)?;
+            let rows = b.query(
+                &format!(
+                    "UPDATE stage_jobs SET status = 'claimed', epoch = epoch + 1, worker = $1,
+                     lease_until = {now} + $2, claimed_at = {now}
+                     WHERE id = $3 AND epoch = $4
+                     RETURNING {JOB_COLUMNS}, {now}"
+                ),
+                params![worker, lease.as_millis() as i64, &before.id, before.epoch],
+            )?;
+            let Some(r) = rows.first() else {
+                return Ok(None);
+            };
+            let job = job_from_row(r, r.get(13)?)?;
+            if before.status == "claimed" {
+                expired_event(b, &before, &format!("taken over by worker {worker}"))?;
+            }
+            Ok(Some(job))
         })
     }
 
@@ -311,24 +355,7 @@ impl Db {
                      WHERE id = $1 AND epoch = $2",
                     params![&j.id, j.epoch],
                 )?;
-                let what = if j.kind == "run" {
-                    "the run".to_string()
-                } else {
-                    format!("branch {} of {}", j.branch, j.stage)
-                };
-                crate::pipeline::records::insert_event(
-                    b,
-                    &j.run_id,
-                    (!j.stage.is_empty()).then_some(j.stage.as_str()),
-                    (!j.branch.is_empty()).then_some(j.branch.as_str()),
-                    "lease-expired",
-                    &format!(
-                        "worker {} stopped renewing its lease on {what} (claim {}); returned to the queue",
-                        j.worker.as_deref().unwrap_or("?"),
-                        j.epoch
-                    ),
-                    None,
-                )?;
+                expired_event(b, j, "returned to the queue")?;
             }
             if !jobs.is_empty() {
                 notify(b)?;

@@ -126,6 +126,7 @@ conformance!(
     a_snapshot_is_marked_durable_in_the_remote_store_once,
     a_job_is_claimed_by_one_worker_at_a_time_and_a_stale_claim_commits_nothing,
     concurrent_claims_take_each_job_once,
+    an_expired_claim_taken_over_before_the_reaper_records_its_expiry,
     sandboxes_are_listed_and_found_only_on_their_home,
     rows_without_a_home_are_adopted_by_the_next_open,
 );
@@ -233,6 +234,43 @@ fn a_job_is_claimed_by_one_worker_at_a_time_and_a_stale_claim_commits_nothing(st
     db.enqueue_run("run111").unwrap();
     let again = db.claim_job("w3", Duration::from_secs(30), &["run"]).unwrap().unwrap();
     assert_eq!(again.epoch, 3);
+}
+
+fn an_expired_claim_taken_over_before_the_reaper_records_its_expiry(store: &Store) {
+    use std::time::Duration;
+    let db = store.open();
+    db.insert_run(&run("run333", 1)).unwrap();
+    db.enqueue_run("run333").unwrap();
+    let first = db
+        .claim_job("w1", Duration::from_millis(50), &["run"])
+        .unwrap()
+        .unwrap();
+    assert_eq!(first.epoch, 1);
+    assert!(db.claim_job("w2", Duration::from_secs(30), &["run"]).unwrap().is_none());
+    // The lease runs out and no reaper runs: w2's claim takes it over and
+    // records the expiry in the same transaction.
+    std::thread::sleep(Duration::from_millis(100));
+    let second = db
+        .claim_job("w2", Duration::from_secs(30), &["run"])
+        .unwrap()
+        .expect("the expired job");
+    assert_eq!((second.epoch, second.worker.as_deref()), (2, Some("w2")));
+    let expired: Vec<String> = db
+        .events_of("run333")
+        .unwrap()
+        .into_iter()
+        .filter(|e| e.kind == "lease-expired")
+        .map(|e| e.detail)
+        .collect();
+    assert_eq!(expired.len(), 1, "{expired:?}");
+    assert!(
+        expired[0].contains("worker w1")
+            && expired[0].contains("claim 1")
+            && expired[0].contains("taken over by worker w2"),
+        "{expired:?}"
+    );
+    // Nothing left for the reaper to record twice.
+    assert!(db.reap_expired().unwrap().is_empty());
 }
 
 fn concurrent_claims_take_each_job_once(store: &Store) {

@@ -16,8 +16,10 @@
 //! It is linked statically so that it runs in any image, even one without a
 //! libc.
 
+mod creds;
 mod exec;
 mod files;
+mod hold;
 mod hub;
 mod jobs;
 mod listen;
@@ -44,6 +46,10 @@ fn main() {
     if std::env::args().nth(1).as_deref() == Some("--time-spawn") {
         let args: Vec<String> = std::env::args().skip(2).collect();
         std::process::exit(spawn::time(&args, &mut std::io::stdout().lock()));
+    }
+    if std::env::args().nth(1).as_deref() == Some("--hold") {
+        let args: Vec<String> = std::env::args().skip(2).collect();
+        std::process::exit(hold::run(&args));
     }
     if std::env::args().nth(1).as_deref() == Some("--probe-layers") {
         let args: Vec<String> = std::env::args().skip(2).collect();
@@ -166,6 +172,18 @@ fn serve(
     live: Arc<Live>,
 ) {
     let mut writer = BufWriter::new(stream);
+    // File operations run with what the sandbox's root could do, not more.
+    let _as_root = matches!(
+        request,
+        ToInit::Stat { .. }
+            | ToInit::PutFile(_)
+            | ToInit::GetFile { .. }
+            | ToInit::ListDir { .. }
+            | ToInit::MakeDir { .. }
+            | ToInit::Rename { .. }
+            | ToInit::Remove { .. }
+    )
+    .then(creds::AsSandboxRoot::enter);
     let result = (|| -> Result<(), cairn_protocol::FrameError> {
         match request {
             ToInit::Kill { pid, signal } => {

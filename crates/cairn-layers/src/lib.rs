@@ -9,14 +9,22 @@
 //! into place in one step, so a crash never leaves a half-written layer
 //! under a layer id. A layer missing locally is materialised from the store.
 
+use std::collections::HashSet;
 use std::fs;
 use std::io;
+use std::os::unix::fs::PermissionsExt;
 use std::path::{Path, PathBuf};
+use std::sync::Mutex;
 
 use cairn_store::process::{self, WriterId};
 use cairn_store::{BlobStore, ChunkStore};
 
 pub use archive::LayerId;
+
+pub mod seal;
+
+/// Layer directories whose seal this process has checked.
+static CHECKED: std::sync::LazyLock<Mutex<HashSet<PathBuf>>> = std::sync::LazyLock::new(Default::default);
 
 #[derive(Debug, thiserror::Error)]
 pub enum LayerError {
@@ -24,6 +32,11 @@ pub enum LayerError {
     Archive(#[from] archive::ArchiveError),
     #[error("layer {0} is missing from {1}; rebuild or re-import the image that uses it")]
     Missing(LayerId, PathBuf),
+    #[error(
+        "layer {id} at {path} changed after Cairn put it in place, and it cannot be rebuilt from the store \
+         ({reason}); it is not used: rebuild or re-import the image that uses it"
+    )]
+    Changed { id: LayerId, path: PathBuf, reason: String },
     #[error("layer store I/O on {path}: {source}")]
     Io {
         path: PathBuf,
@@ -37,6 +50,10 @@ fn io_err(path: &Path) -> impl FnOnce(io::Error) -> LayerError + '_ {
         path: path.to_path_buf(),
         source,
     }
+}
+
+fn checked() -> std::sync::MutexGuard<'static, HashSet<PathBuf>> {
+    CHECKED.lock().unwrap_or_else(|e| e.into_inner())
 }
 
 /// The local directory of layers: `<root>/<id>/` for committed layers;
@@ -86,6 +103,7 @@ impl PendingLayer {
         }
         fs::rename(&self.tmp, &dest).map_err(io_err(&dest))?;
         self.committed = true;
+        seal::write(&dest).map_err(io_err(&dest))?;
         Ok(committed)
     }
 }
@@ -99,9 +117,16 @@ impl Drop for PendingLayer {
 }
 
 impl LayerStore {
+    /// Opens (or makes) the directory, kept at mode 0700: layers hold
+    /// sandboxes' files, setuid ones included, that no other host user
+    /// may reach.
     pub fn open(root: impl Into<PathBuf>) -> Result<LayerStore, LayerError> {
         let root = root.into();
         fs::create_dir_all(&root).map_err(io_err(&root))?;
+        let md = fs::metadata(&root).map_err(io_err(&root))?;
+        if md.permissions().mode() & 0o077 != 0 {
+            fs::set_permissions(&root, fs::Permissions::from_mode(0o700)).map_err(io_err(&root))?;
+        }
         Ok(LayerStore { root })
     }
 
@@ -136,17 +161,86 @@ impl LayerStore {
 
     /// The directory of a layer, materialised from `store` first when it is
     /// not present locally (a layer made on another host, or evicted).
+    ///
+    /// The first time a process uses a layer present locally, its seal is
+    /// checked ([`seal`]): a layer changed behind Cairn's back (a file
+    /// edited, a mode or owner changed) is set aside as
+    /// `.changed-<id>-<time>/` (sandboxes already running on it keep it)
+    /// and rebuilt from the store, whose chunks are checked against their
+    /// hashes. A layer from before seals is sealed as it is.
     pub fn ensure<B: BlobStore>(&self, id: &LayerId, store: &ChunkStore<B>) -> Result<PathBuf, LayerError> {
         let p = self.root.join(id.to_string());
         if p.is_dir() {
+            self.check(id, &p, store)?;
             return Ok(p);
         }
-        match archive::materialise(id, store, &p) {
-            Ok(_) => Ok(p),
+        self.materialise(id, &p, store)?;
+        Ok(p)
+    }
+
+    fn materialise<B: BlobStore>(&self, id: &LayerId, p: &Path, store: &ChunkStore<B>) -> Result<(), LayerError> {
+        match archive::materialise(id, store, p) {
+            Ok(_) => {
+                seal::write(p).map_err(io_err(p))?;
+                checked().insert(p.to_path_buf());
+                Ok(())
+            }
             // Another process materialised it first.
-            Err(archive::ArchiveError::DestinationExists { .. }) if p.is_dir() => Ok(p),
+            Err(archive::ArchiveError::DestinationExists { .. }) if p.is_dir() => Ok(()),
             Err(e) => Err(e.into()),
         }
+    }
+
+    /// Checks the seal of layer `id` at `p` once per process; rebuilds a
+    /// changed layer from `store`.
+    fn check<B: BlobStore>(&self, id: &LayerId, p: &Path, store: &ChunkStore<B>) -> Result<(), LayerError> {
+        if checked().contains(p) {
+            return Ok(());
+        }
+        let now = seal::compute(p).map_err(io_err(p))?;
+        match seal::recorded(p) {
+            Some(recorded) if recorded == now => {}
+            None => {
+                seal::write(p).map_err(io_err(p))?;
+            }
+            Some(_) => {
+                let nanos = std::time::SystemTime::now()
+                    .duration_since(std::time::UNIX_EPOCH)
+                    .map(|d| d.as_nanos())
+                    .unwrap_or(0);
+                let aside = self.root.join(format!(".changed-{id}-{nanos}"));
+                fs::rename(p, &aside).map_err(io_err(p))?;
+                tracing::warn!(
+                    layer = %id,
+                    aside = %aside.display(),
+                    "a layer changed after Cairn put it in place; rebuilding it from the store"
+                );
+                if let Err(e) = self.materialise(id, p, store) {
+                    return Err(LayerError::Changed {
+                        id: *id,
+                        path: p.to_path_buf(),
+                        reason: e.to_string(),
+                    });
+                }
+                return Ok(());
+            }
+        }
+        checked().insert(p.to_path_buf());
+        Ok(())
+    }
+
+    /// Copies of layers set aside because they changed behind Cairn's back
+    /// (see [`Self::ensure`]): kept for inspection, and for sandboxes that
+    /// started on them before.
+    pub fn changed_copies(&self) -> Vec<PathBuf> {
+        let Ok(entries) = fs::read_dir(&self.root) else {
+            return Vec::new();
+        };
+        entries
+            .flatten()
+            .filter(|e| e.file_name().to_string_lossy().starts_with(".changed-"))
+            .map(|e| e.path())
+            .collect()
     }
 
     /// Committed layer ids.
@@ -163,6 +257,8 @@ impl LayerStore {
         let p = self.root.join(id.to_string());
         // Rename first so a crash mid-delete leaves only a temporary.
         let doomed = self.root.join(format!(".tmp-rm-{id}-{}", WriterId::current()));
+        let _ = fs::remove_file(seal::path_of(&p));
+        checked().remove(&p);
         match fs::rename(&p, &doomed) {
             Ok(()) => fs::remove_dir_all(&doomed).map_err(io_err(&doomed)),
             Err(e) if e.kind() == io::ErrorKind::NotFound => Ok(()),
@@ -233,6 +329,46 @@ mod tests {
         // Gone locally, it comes back from the store.
         let back = layers.ensure(&id, &store).unwrap();
         assert_eq!(fs::read_to_string(back.join("f")).unwrap(), "x");
+    }
+
+    #[test]
+    fn a_layer_changed_behind_cairns_back_is_set_aside_and_rebuilt_from_the_store() {
+        use std::os::unix::fs::PermissionsExt;
+        let dir = tempfile::tempdir().unwrap();
+        let store = ChunkStore::new(LocalStore::open(dir.path().join("store")).unwrap());
+        let layers = LayerStore::open(dir.path().join("layers")).unwrap();
+        assert_eq!(fs::metadata(layers.root()).unwrap().permissions().mode() & 0o777, 0o700);
+        let pending = layers.prepare().unwrap();
+        fs::create_dir(pending.path().join("bin")).unwrap();
+        fs::write(pending.path().join("bin/tool"), "#!/bin/sh\necho good\n").unwrap();
+        fs::set_permissions(pending.path().join("bin/tool"), fs::Permissions::from_mode(0o755)).unwrap();
+        let id = pending.commit(&store).unwrap().id;
+        let p = layers.path(&id).unwrap();
+        assert!(seal::recorded(&p).is_some(), "a committed layer is sealed");
+        // Behind Cairn's back: a setuid bit and an edit.
+        let tool = p.join("bin/tool");
+        fs::set_permissions(&tool, fs::Permissions::from_mode(0o4755)).unwrap();
+        fs::write(&tool, "#!/bin/sh\necho evil\n").unwrap();
+        let used = layers.ensure(&id, &store).unwrap();
+        assert_eq!(used, p);
+        assert_eq!(fs::read_to_string(&tool).unwrap(), "#!/bin/sh\necho good\n");
+        assert_eq!(fs::metadata(&tool).unwrap().permissions().mode() & 0o7777, 0o755);
+        let aside = layers.changed_copies();
+        assert_eq!(aside.len(), 1);
+        assert_eq!(
+            fs::read_to_string(aside[0].join("bin/tool")).unwrap(),
+            "#!/bin/sh\necho evil\n"
+        );
+        assert_eq!(seal::recorded(&p), Some(seal::compute(&p).unwrap()));
+        // A layer from before seals is sealed as it is, on first use.
+        fs::remove_file(seal::path_of(&p)).unwrap();
+        checked().remove(&p);
+        layers.ensure(&id, &store).unwrap();
+        assert_eq!(seal::recorded(&p), Some(seal::compute(&p).unwrap()));
+        assert_eq!(layers.changed_copies().len(), 1);
+        // Removed, its seal goes with it.
+        layers.remove(&id).unwrap();
+        assert!(!seal::path_of(&p).exists());
     }
 
     #[test]

@@ -24,6 +24,10 @@ pub enum ClientError {
     Unexpected(String),
     #[error("{0}")]
     Io(#[from] io::Error),
+    /// Init sent nothing within the request's deadline
+    /// ([`REQUEST_DEADLINE`] for a file or control request).
+    #[error("the sandbox's init stopped answering (nothing within the request's deadline); it may be stopped or overloaded: `cairn ps` shows its state")]
+    TimedOut,
     /// A file operation failed in the sandbox (or was refused before it was
     /// sent); its kind says how.
     #[error(transparent)]
@@ -53,6 +57,10 @@ pub struct DirListing {
 /// keeps: init is inside the sandbox, and its messages end up in errors,
 /// pipeline events and the state store.
 pub const MESSAGE_MAX: usize = 4 << 10;
+
+/// How long a file or control request waits for init to send anything
+/// (a reply, the next piece of a download) before it gives up.
+pub const REQUEST_DEADLINE: Duration = Duration::from_secs(60);
 
 /// `message` cut to [`MESSAGE_MAX`] bytes, saying how much was cut.
 fn bounded(mut message: String) -> String {
@@ -86,6 +94,8 @@ pub struct InitClient {
     /// `socket` is a directory the sandbox can write, holding init's
     /// socket among its generations (gVisor; see [`crate::gvisor::sockets`]).
     shared_directory: bool,
+    /// How long a file or control request waits for init to send anything.
+    deadline: Duration,
 }
 
 impl InitClient {
@@ -94,6 +104,7 @@ impl InitClient {
         InitClient {
             socket: socket.into(),
             shared_directory: false,
+            deadline: REQUEST_DEADLINE,
         }
     }
 
@@ -103,7 +114,15 @@ impl InitClient {
         InitClient {
             socket: dir.into(),
             shared_directory: true,
+            deadline: REQUEST_DEADLINE,
         }
+    }
+
+    /// The same client, its file and control requests giving up after
+    /// `deadline` without a byte from init (default [`REQUEST_DEADLINE`]).
+    pub fn with_deadline(mut self, deadline: Duration) -> InitClient {
+        self.deadline = deadline;
+        self
     }
 
     pub fn socket(&self) -> &Path {
@@ -119,9 +138,11 @@ impl InitClient {
     }
 
     /// Connects and sends `request` right behind the hello (one write), then
-    /// checks the welcome.
+    /// checks the welcome. Every read on the connection gives up after the
+    /// client's deadline without a byte: a file or control request never
+    /// holds a host thread for ever on an init that stopped answering.
     fn open(&self, request: &ToInit) -> Result<(UnixStream, BufReader<UnixStream>), ClientError> {
-        self.open_within(request, None)
+        self.open_within(request, Some(self.deadline))
     }
 
     /// [`Self::open`], every read on the connection (the welcome included)
@@ -167,6 +188,7 @@ impl InitClient {
 
     fn lost(&self, e: io::Error) -> ClientError {
         match e.kind() {
+            io::ErrorKind::WouldBlock | io::ErrorKind::TimedOut => ClientError::TimedOut,
             io::ErrorKind::ConnectionReset | io::ErrorKind::BrokenPipe => ClientError::NotRunning(self.socket.clone()),
             _ => ClientError::Io(e),
         }
@@ -259,11 +281,14 @@ impl InitClient {
         stdout_from: u64,
         stderr_from: u64,
     ) -> Result<Option<ExecSession>, ClientError> {
-        let (stream, mut reader) = self.open(&ToInit::AttachJob {
-            name: name.to_string(),
-            stdout_from,
-            stderr_from,
-        })?;
+        let (stream, mut reader) = self.open_within(
+            &ToInit::AttachJob {
+                name: name.to_string(),
+                stdout_from,
+                stderr_from,
+            },
+            None,
+        )?;
         match self.read(&mut reader)? {
             FromInit::Started { pid } => Ok(Some(ExecSession {
                 pid,
@@ -662,6 +687,26 @@ mod tests {
             Ok(true),
             "ping waited for the welcome for ever"
         );
+    }
+
+    #[test]
+    fn file_and_control_requests_to_an_init_that_stopped_answering_give_up() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("stopped.sock");
+        let _stopped = UnixListener::bind(&path).unwrap();
+        let client = InitClient::new(&path).with_deadline(Duration::from_millis(200));
+        let (tx, rx) = mpsc::channel();
+        std::thread::spawn(move || {
+            let outcomes = [
+                client.stat("/etc/passwd").err(),
+                client.list_dir("/", 1, 10).err(),
+                client.kill(1, 15).err(),
+                client.get_file("/etc/passwd", &mut std::io::sink()).err(),
+            ];
+            tx.send(outcomes.map(|e| matches!(e, Some(ClientError::TimedOut))))
+        });
+        // Only a guard against hanging the test run, not a speed check.
+        assert_eq!(rx.recv_timeout(Duration::from_secs(120)), Ok([true; 4]));
     }
 
     /// A peer that welcomes one connection, reads its request and sends

@@ -187,11 +187,18 @@ impl<B: BlobStore> ChunkStore<B> {
     }
 
     /// Stores `data` (compressed) under its BLAKE3 hash; identical data is
-    /// stored once.
+    /// stored once. A copy already stored is read back and checked before
+    /// it is trusted: one found corrupt (a disk error, an edit) is written
+    /// again from `data`, so a snapshot heals what it would otherwise build
+    /// on.
     pub fn put_chunk(&self, data: &[u8]) -> Result<PutChunk, StoreError> {
         let hash = ChunkHash::of(data);
         if self.backend.refresh(&hash)? {
-            return Ok(PutChunk { hash, new: false });
+            if self.stored_copy_is_sound(&hash, data.len() as u64)? {
+                return Ok(PutChunk { hash, new: false });
+            }
+            tracing::warn!(chunk = %hash.short(), "a stored chunk was corrupt; writing it again from the data in hand");
+            self.backend.delete(&hash)?;
         }
         let compressed = compress_chunk(data).map_err(StoreError::Compress)?;
         let outcome = self.backend.put(&hash, &compressed)?;
@@ -203,6 +210,26 @@ impl<B: BlobStore> ChunkStore<B> {
             hash,
             new: outcome == PutOutcome::Stored,
         })
+    }
+
+    /// Whether the stored copy of `hash` decodes to `len` bytes that hash
+    /// to it (after a caching backend dropped a corrupt cached copy and
+    /// read the other one).
+    fn stored_copy_is_sound(&self, hash: &ChunkHash, len: u64) -> Result<bool, StoreError> {
+        let mut retried = false;
+        loop {
+            let compressed = match self.backend.get(hash) {
+                Ok(bytes) => bytes,
+                Err(BlobError::NotFound { .. }) => return Ok(false),
+                Err(e) => return Err(e.into()),
+            };
+            match decode_chunk(hash, &compressed, len) {
+                Ok(data) if data.len() as u64 == len => return Ok(true),
+                Ok(_) => return Ok(false),
+                Err(_) if self.backend.drop_corrupt_copy(hash) && !retried => retried = true,
+                Err(_) => return Ok(false),
+            }
+        }
     }
 
     /// Reads, decompresses and verifies one chunk of at most
@@ -366,5 +393,24 @@ mod tests {
         let stored = std::fs::metadata(store.backend().object_path(&put.hash)).unwrap();
         assert!(stored.len() < data.len() as u64 / 10, "not compressed");
         assert_eq!(store.get_chunk(&put.hash, &ReadContext::new()).unwrap(), data);
+    }
+
+    #[test]
+    fn a_corrupt_stored_chunk_is_written_again_by_the_next_put_of_its_bytes() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = ChunkStore::new(LocalStore::open(dir.path()).unwrap());
+        let data = noise(100_000);
+        let put = store.put_chunk(&data).unwrap();
+        let path = store.backend().object_path(&put.hash);
+        let mut bytes = std::fs::read(&path).unwrap();
+        let mid = bytes.len() / 2;
+        bytes[mid] ^= 0x55;
+        std::fs::write(&path, bytes).unwrap();
+        assert!(store.get_chunk(&put.hash, &ReadContext::new()).is_err());
+        let again = store.put_chunk(&data).unwrap();
+        assert!(again.new, "the corrupt copy was trusted");
+        assert!(store.get_chunk(&put.hash, &ReadContext::new()).unwrap() == data);
+        // A sound copy is reused as before.
+        assert!(!store.put_chunk(&data).unwrap().new);
     }
 }

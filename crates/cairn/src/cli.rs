@@ -102,9 +102,11 @@ pub struct NetworkArgs {
     /// ADDRESS/LEN[:PORT]. Everything else is refused, DNS included.
     #[arg(long = "allow", value_name = "DEST")]
     pub allow: Vec<String>,
-    /// Make the sandbox's TCP PORT reachable at this host's HOSTPORT
-    /// (repeatable; implies egress), e.g. --publish 8080:8000.
-    #[arg(long = "publish", short = 'p', value_name = "HOSTPORT:PORT")]
+    /// Make the sandbox's TCP PORT reachable at this host's HOSTPORT, on
+    /// every host address or on ADDR alone (repeatable; implies egress),
+    /// e.g. --publish 8080:8000 or --publish 127.0.0.1:8080:8000. The host
+    /// port is held while published: one in use is refused.
+    #[arg(long = "publish", short = 'p', value_name = "[ADDR:]HOSTPORT:PORT")]
     pub publish: Vec<String>,
 }
 

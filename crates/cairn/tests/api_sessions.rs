@@ -797,6 +797,21 @@ fn files_messages_and_recovery_go_through_a_suspended_session() {
     assert_eq!(status, 404, "{missing}");
     let (status, relative) = server.call("GET", &format!("/v1/sessions/{id}/files?path=notes.txt"), None);
     assert_eq!(status, 400, "{relative}");
+    // A FIFO or a link on the way is an error answer, opened in the sandbox
+    // first: never a download that hangs or follows the link.
+    server.ok(
+        "POST",
+        &format!("/v1/sessions/{id}/exec"),
+        Some(json!({ "argv": ["sh", "-c", "mkfifo /fifo && ln -s / /up"] })),
+        200,
+    );
+    let (status, fifo) = server.call("GET", &format!("/v1/sessions/{id}/files?path=/fifo"), None);
+    assert!(status == 400 && fifo.to_string().contains("FIFO"), "{status} {fifo}");
+    let (status, up) = server.call("GET", &format!("/v1/sessions/{id}/files?path=/up/etc/passwd"), None);
+    assert!(
+        (400..500).contains(&status) && up.to_string().contains("symbolic link"),
+        "{status} {up}"
+    );
 
     // A user message to a suspended session resumes it; an assistant's does not.
     server.ok("POST", &format!("/v1/sessions/{id}/suspend"), None, 200);

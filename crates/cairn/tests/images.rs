@@ -82,6 +82,49 @@ fn the_busybox_image_is_built_with_explicit_modes_whatever_the_umask() {
     a_non_root_user_runs_the_shell(&home, "bb", &drivers(test));
 }
 
+/// The attack on `main`: edits under `layers/<id>` (a file, a setuid bit)
+/// flowed into every later sandbox. Cairn seals each layer it puts in
+/// place; the next process to use a changed layer sets it aside and
+/// rebuilds it from the store, so sandboxes see the image as built.
+#[test]
+fn a_layer_edited_on_the_host_is_rebuilt_from_the_store_before_use() {
+    if skip("a_layer_edited_on_the_host_is_rebuilt_from_the_store_before_use") {
+        return;
+    }
+    let home = Home::new();
+    let layer = layer_of(&home, "busybox");
+    assert_eq!(
+        mode(&home.path().join("layers"), ""),
+        0o700,
+        "layers/ is the owner's alone"
+    );
+    let before = home.ok(&[
+        "run",
+        "--",
+        "sh",
+        "-c",
+        "cat /etc/passwd | head -1; stat -c %a /bin/busybox",
+    ]);
+    std::fs::write(layer.join("etc/passwd"), "root::0:0:planted:/root:/bin/sh\n").unwrap();
+    std::fs::set_permissions(layer.join("bin/busybox"), std::fs::Permissions::from_mode(0o4755)).unwrap();
+    let after = home.ok(&[
+        "run",
+        "--",
+        "sh",
+        "-c",
+        "cat /etc/passwd | head -1; stat -c %a /bin/busybox",
+    ]);
+    assert_eq!(after, before, "an edit to the layer on the host reached a sandbox");
+    assert_eq!(mode(&layer, "bin/busybox"), 0o755);
+    let aside: Vec<String> = std::fs::read_dir(home.path().join("layers"))
+        .unwrap()
+        .flatten()
+        .map(|e| e.file_name().to_string_lossy().into_owned())
+        .filter(|n| n.starts_with(".changed-"))
+        .collect();
+    assert_eq!(aside.len(), 1, "the changed copy is kept aside for inspection");
+}
+
 #[test]
 fn a_debian_image_with_extra_packages_runs_them() {
     if skip("a_debian_image_with_extra_packages_runs_them") {

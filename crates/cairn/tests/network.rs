@@ -257,6 +257,107 @@ fn a_published_port_answers_from_the_host() {
     assert!(!ruleset().contains(&format!("{port} : ")), "{}", ruleset());
 }
 
+/// Whether a host program could bind `addr` now (as a server would: std
+/// sets SO_REUSEADDR).
+fn bindable(addr: &str) -> bool {
+    std::net::TcpListener::bind(addr).is_ok()
+}
+
+/// Waits up to 10 s for `addr` to become bindable.
+fn bindable_soon(addr: &str) -> bool {
+    (0..100).any(|_| {
+        bindable(addr) || {
+            std::thread::sleep(Duration::from_millis(100));
+            false
+        }
+    })
+}
+
+/// The attack on `main`: a host server bound a published port's loopback
+/// address and its local clients reached the sandbox instead. Cairn now
+/// holds every published port while it is published; `ADDR:HOST:PORT`
+/// publishes on one address only; a port held by an IPv6 listener alone is
+/// refused; killing the sandbox's init gives the ports back.
+#[test]
+fn published_ports_cannot_be_shadowed_and_can_be_bound_to_one_address() {
+    if skip_without_nft("published_ports_cannot_be_shadowed_and_can_be_bound_to_one_address") {
+        return;
+    }
+    let home = Home::new();
+    let serve = "mkdir -p /www && echo served-from-the-sandbox > /www/index.html && httpd -f -p 8000 -h /www";
+    let (every, one) = (free_port(), free_port());
+    let id = home.ok(&[
+        "create",
+        "--publish",
+        &format!("{every}:8000"),
+        "--publish",
+        &format!("127.0.0.1:{one}:8000"),
+        "--service",
+        serve,
+    ]);
+    let answers = |addr: &str| {
+        (0..50).any(|_| {
+            http_get(addr).is_ok_and(|b| b.contains("served-from-the-sandbox")) || {
+                std::thread::sleep(Duration::from_millis(100));
+                false
+            }
+        })
+    };
+    assert!(answers(&format!("127.0.0.1:{every}")));
+    assert!(answers(&format!("127.0.0.1:{one}")));
+    // Held on every family and address while published.
+    for addr in [
+        format!("127.0.0.1:{every}"),
+        format!("0.0.0.0:{every}"),
+        format!("[::1]:{every}"),
+        format!("{}:{every}", host_address()),
+        format!("127.0.0.1:{one}"),
+    ] {
+        assert!(!bindable(&addr), "a host program bound {addr} while it is published");
+    }
+    // One address only: the port stays free elsewhere, and is not
+    // rewritten there.
+    let elsewhere = format!("{}:{one}", host_address());
+    let listener = std::net::TcpListener::bind(&elsewhere).expect("the port is free on other addresses");
+    drop(listener);
+    assert!(
+        http_get(&elsewhere).is_err(),
+        "the sandbox answered on an address it was not published on"
+    );
+    // A port an IPv6 listener alone holds is refused.
+    let v6 = std::net::TcpListener::bind("[::]:0").unwrap();
+    let taken = v6.local_addr().unwrap().port();
+    let out = home.cairn(&["create", "--publish", &format!("{taken}:8000")]);
+    assert!(!out.status.success(), "a port held over IPv6 was published");
+    assert!(stderr(&out).contains("in use"), "{}", stderr(&out));
+    drop(v6);
+    // Bad forms are refused with the form in the error.
+    for bad in ["[::1]:8080:80", "::1:8080:80", "0.0.0.0:8080:80", "no-address:8080:80"] {
+        let out = home.cairn(&["create", "--publish", bad]);
+        assert!(!out.status.success(), "--publish {bad} was accepted");
+        assert!(stderr(&out).contains("--publish"), "{}", stderr(&out));
+    }
+    let out = home.cairn(&["create", "--publish", &format!("192.0.2.1:{}:80", free_port())]);
+    assert!(stderr(&out).contains("not an address of this host"), "{}", stderr(&out));
+    // Killed, the sandbox's init takes its holder with it.
+    let pid = home.ps().into_iter().find(|s| s["id"] == id).unwrap()["pid"]
+        .as_i64()
+        .unwrap();
+    nix::sys::signal::kill(
+        nix::unistd::Pid::from_raw(pid as i32),
+        nix::sys::signal::Signal::SIGKILL,
+    )
+    .unwrap();
+    assert!(
+        bindable_soon(&format!("[::1]:{every}")),
+        "the port was still held after init died"
+    );
+    home.ok(&["gc"]);
+    home.cairn(&["rm", "-f", &id]);
+    assert!(bindable(&format!("127.0.0.1:{every}")) && bindable(&format!("127.0.0.1:{one}")));
+    assert!(!ruleset().contains(&format!("{one} : ")), "{}", ruleset());
+}
+
 #[test]
 fn three_forks_of_one_sandbox_get_three_addresses_and_macs() {
     if skip_without_nft("three_forks_of_one_sandbox_get_three_addresses_and_macs") {

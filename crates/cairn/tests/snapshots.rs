@@ -329,6 +329,52 @@ fn a_flipped_byte_in_a_chunk_makes_restore_fail_with_a_clear_error() {
     assert_eq!(home.ps().len(), before, "a failed restore left a sandbox");
 }
 
+/// The attack on `main`: a corrupt stored chunk stayed hidden while its
+/// layer was cached, and a later snapshot of the same bytes failed instead
+/// of healing it. A snapshot checks a chunk it would reuse and writes a
+/// corrupt one again from the bytes it has; restores from the store then
+/// work again.
+#[test]
+fn a_snapshot_heals_a_corrupt_chunk_from_the_bytes_it_has() {
+    if skip("a_snapshot_heals_a_corrupt_chunk_from_the_bytes_it_has") {
+        return;
+    }
+    let home = Home::new();
+    let a = home.ok(&["create"]);
+    // Under the smallest chunk size: one chunk, named by its bytes' hash.
+    home.sh(&a, "head -c 60000 /dev/urandom > /p");
+    let out = home.cairn(&["exec", &a, "--", "cat", "/p"]);
+    let payload = out.stdout;
+    assert_eq!(payload.len(), 60000);
+    let first = home.ok(&["snapshot", &a]);
+    let hash = blake3::hash(&payload).to_hex().to_string();
+    let object = home
+        .path()
+        .join("store/objects")
+        .join(&hash[..2])
+        .join(&hash[2..4])
+        .join(&hash);
+    let mut bytes = std::fs::read(&object).expect("the payload's chunk is stored under its hash");
+    let mid = bytes.len() / 2;
+    bytes[mid] ^= 0x55;
+    std::fs::write(&object, bytes).unwrap();
+    // The same bytes in another sandbox: its snapshot succeeds and heals.
+    let b = home.ok(&["create"]);
+    let local = home.path().join("payload");
+    std::fs::write(&local, &payload).unwrap();
+    home.ok(&["cp", local.to_str().unwrap(), &format!("{b}:/q")]);
+    home.ok(&["snapshot", &b]);
+    // From the store alone, the first snapshot restores whole again.
+    home.ok(&["rm", "-f", &a, &b]);
+    std::fs::remove_dir_all(home.path().join("layers")).unwrap();
+    let r = home.ok(&["restore", &first]);
+    let out = home.cairn(&["exec", &r, "--", "cat", "/p"]);
+    assert!(
+        out.stdout == payload,
+        "the restored file differs from the one snapshotted"
+    );
+}
+
 /// The service of `services_come_back_after_every_fork_restore_and_reset`,
 /// as `ps` shows its shell.
 const TICKER: &str = "while true; do date +%s >> /tmp/ticks; sleep 0.1; done";

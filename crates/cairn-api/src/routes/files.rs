@@ -91,16 +91,24 @@ pub(crate) fn streamed(
 /// error answer rather than a cut stream, and the metadata is the opened
 /// file's. Streamed without holding an engine.
 pub(crate) async fn streamed_file(app: &Arc<App>, sandbox: String, path: String) -> ApiResult<(FileMeta, Response)> {
+    streamed_download(app, move |e| {
+        let rec = e.sandbox(&sandbox)?;
+        Ok(e.client(&rec)?.open_file(&path)?)
+    })
+    .await
+}
+
+/// [`streamed_file`] for a download `open` opens on an engine.
+pub(crate) async fn streamed_download(
+    app: &Arc<App>,
+    open: impl FnOnce(&mut cairn_engine::Engine) -> ApiResult<cairn_sandbox::client::FileDownload> + Send + 'static,
+) -> ApiResult<(FileMeta, Response)> {
     let (tx, rx) = mpsc::channel(BODY_PIECES_HELD);
     let (opened_tx, opened_rx) = tokio::sync::oneshot::channel();
     let a = Arc::clone(app);
     tokio::task::spawn_blocking(move || {
-        let opened = a.take_engine().and_then(|e| {
-            let r = e
-                .sandbox(&sandbox)
-                .map_err(ApiError::from)
-                .and_then(|rec| Ok(e.client(&rec)?))
-                .and_then(|client| Ok(client.open_file(&path)?));
+        let opened = a.take_engine().and_then(|mut e| {
+            let r = open(&mut e);
             a.give_back(e);
             r
         });

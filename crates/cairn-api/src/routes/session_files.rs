@@ -10,11 +10,10 @@ use axum::extract::{Path, Query, State};
 use axum::http::{HeaderValue, StatusCode};
 use axum::response::Response;
 use axum::Json;
-use cairn_protocol::FileKind;
 
 use super::files::{check_path, mode_of, spool, streamed, QueryResult};
 use crate::app::App;
-use crate::error::{ApiError, ApiResult, ErrorBody};
+use crate::error::{ApiResult, ErrorBody};
 use crate::model::*;
 
 /// Downloads a regular file of the session's sandbox, streamed (resuming
@@ -31,19 +30,11 @@ pub async fn download(
 ) -> ApiResult<Response> {
     let Query(q) = q?;
     check_path(&q.path)?;
+    // Opened and checked in the sandbox before the answer starts (a FIFO,
+    // a link on the way or init's /proc is an error answer), never looked
+    // up first and opened after.
     let path = q.path.clone();
-    let key = id.clone();
-    let meta = app
-        .engine(move |e| Ok(e.session_stat(&key, &path)?))
-        .await?
-        .ok_or_else(|| ApiError::not_found(format!("no file {} in the session's sandbox", q.path)))?;
-    if meta.kind != FileKind::File {
-        return Err(ApiError::bad_request(format!("{} is not a regular file", q.path)));
-    }
-    let path = q.path.clone();
-    let mut resp = streamed(&app, move |e, out| {
-        Ok(e.session_read_file(&id, &path, out).map(drop)?)
-    });
+    let (meta, mut resp) = super::files::streamed_download(&app, move |e| Ok(e.session_open_file(&id, &path)?)).await?;
     let h = resp.headers_mut();
     h.insert(
         "x-cairn-mode",

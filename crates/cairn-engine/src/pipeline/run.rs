@@ -66,6 +66,9 @@ pub enum RunError {
     /// A verdict's reason that is missing or too long.
     #[error("{0}")]
     BadReason(String),
+    /// A stage or branch name that cannot become a path (`names::RULE`).
+    #[error("{0}")]
+    BadName(String),
     #[error(
         "metric file {0} holds more than {limit} MiB, the most a metric file may hold; write the number alone \
          (or a short summary) to it, and keep larger results as artifacts",
@@ -511,6 +514,13 @@ impl Engine {
         watch: &dyn RunWatcher,
     ) -> Result<Option<String>, EngineError> {
         let key = render(&stage.key, p, stage, hypothesis);
+        // The parser checked both; a run recorded by an older Cairn is
+        // checked here, before a sandbox starts or either becomes a path.
+        for (what, name) in [("stage name", stage.name.as_str()), ("branch name", branch)] {
+            if !name.is_empty() {
+                crate::names::check(what, name).map_err(RunError::BadName)?;
+            }
+        }
         let existing = self.db.stage(&run.id, &stage.name, branch)?;
         if let Some(done) = existing.as_ref().filter(|s| s.status == "completed") {
             return Ok(done.output_snapshot.clone());
@@ -1281,6 +1291,6 @@ fn lost(e: &cairn_sandbox::client::ClientError) -> bool {
     use cairn_sandbox::client::ClientError;
     matches!(
         e,
-        ClientError::NotRunning(_) | ClientError::Frame(_) | ClientError::Io(_)
+        ClientError::NotRunning(_) | ClientError::Frame(_) | ClientError::Io(_) | ClientError::TimedOut
     )
 }

@@ -98,6 +98,18 @@ impl Engine {
         Ok(self.client(&live.sandbox)?.stat(path)?)
     }
 
+    /// Opens a regular file of the session's sandbox for a download
+    /// (resuming or recovering it like exec): opened and checked in the
+    /// sandbox before any byte is sent, never looked up first.
+    pub fn session_open_file(
+        &mut self,
+        key: &str,
+        path: &str,
+    ) -> Result<cairn_sandbox::client::FileDownload, EngineError> {
+        let live = self.live_session(key)?;
+        Ok(self.client(&live.sandbox)?.open_file(path)?)
+    }
+
     /// Reads a file of the session's sandbox into `dst` (resuming or
     /// recovering it like exec). Reads change nothing, so they are not
     /// logged.

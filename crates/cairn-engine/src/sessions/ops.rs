@@ -148,12 +148,7 @@ fn sandbox_name(session: &str) -> String {
 }
 
 pub(crate) fn valid_name(name: &str) -> bool {
-    !name.is_empty()
-        && name.len() <= 63
-        && !name.starts_with('-')
-        && name
-            .bytes()
-            .all(|b| b.is_ascii_alphanumeric() || b == b'-' || b == b'_')
+    crate::names::valid(name)
 }
 
 fn conflict(e: StateError, id: &str) -> EngineError {

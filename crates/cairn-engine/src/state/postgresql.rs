@@ -78,6 +78,7 @@ impl PostgresTarget {
         if config.get_connect_timeout().is_none() {
             config.connect_timeout(Duration::from_secs(10));
         }
+        config.options(&with_session_timeouts(config.get_options()));
         let hosts: Vec<String> = config
             .get_hosts()
             .iter()
@@ -110,6 +111,34 @@ impl PostgresTarget {
     pub fn shown(&self) -> &str {
         &self.shown
     }
+}
+
+/// Session settings every connection starts with, unless the URL's
+/// `options` sets them: a worker stopped inside a transaction (SIGSTOP, a
+/// pause) loses it and its row locks after `idle_in_transaction_session_timeout`,
+/// a statement waits at most `lock_timeout` for a lock and runs at most
+/// `statement_timeout`; all well under a worker's lease (30 s by default),
+/// so no stopped worker can hold a job's row past its lease and block the
+/// takeover.
+pub const SESSION_TIMEOUTS: [(&str, &str); 3] = [
+    ("idle_in_transaction_session_timeout", "10s"),
+    ("lock_timeout", "5s"),
+    ("statement_timeout", "20s"),
+];
+
+/// `options` (the URL's, if any) with each of [`SESSION_TIMEOUTS`] it does
+/// not set added as `-c NAME=VALUE`.
+fn with_session_timeouts(options: Option<&str>) -> String {
+    let mut out = options.unwrap_or("").trim().to_string();
+    for (name, value) in SESSION_TIMEOUTS {
+        if !out.contains(name) {
+            if !out.is_empty() {
+                out.push(' ');
+            }
+            out.push_str(&format!("-c {name}={value}"));
+        }
+    }
+    out
 }
 
 /// The server's version (`SHOW server_version`), from one connection
@@ -567,6 +596,20 @@ mod tests {
         let t = PostgresTarget::parse("postgres://cairn:s3cret@db.example:5433/state").unwrap();
         assert_eq!(t.shown(), "db.example:5433/state");
         assert!(!format!("{t:?}").contains("s3cret"));
+    }
+
+    #[test]
+    fn every_connection_has_timeouts_under_the_lease_unless_the_url_sets_them() {
+        let t = PostgresTarget::parse("postgresql://alice@127.0.0.1/cairn").unwrap();
+        assert_eq!(
+            t.config.get_options(),
+            Some("-c idle_in_transaction_session_timeout=10s -c lock_timeout=5s -c statement_timeout=20s")
+        );
+        let t = PostgresTarget::parse("postgresql://alice@127.0.0.1/cairn?options=-c%20lock_timeout%3D1s").unwrap();
+        assert_eq!(
+            t.config.get_options(),
+            Some("-c lock_timeout=1s -c idle_in_transaction_session_timeout=10s -c statement_timeout=20s")
+        );
     }
 
     #[test]

@@ -16,7 +16,7 @@ use std::path::{Path, PathBuf};
 use serde::{Deserialize, Serialize};
 
 use super::nft::{self, Element};
-use super::{link, Allow, NetError, NetPlan, NetPolicy};
+use super::{hold, link, Allow, NetError, NetPlan, NetPolicy};
 use crate::process_alive;
 
 const DEFAULT_RANGE: &str = "10.213.0.0/16";
@@ -36,6 +36,9 @@ struct SlotRecord {
     owner_start: u64,
     sandbox_dir: PathBuf,
     elements: Vec<Element>,
+    /// The process keeping the published ports bound (pid, start time).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    holder: Option<(i32, u64)>,
 }
 
 /// A slot held for one sandbox.
@@ -48,6 +51,8 @@ pub struct Lease {
     elements: Vec<Element>,
     /// The `nft` transaction adding the elements, until confirmed.
     pending: Option<nft::Pending>,
+    /// The published ports, bound here until the holder takes them.
+    reserved: Vec<std::os::fd::OwnedFd>,
 }
 
 impl HostNet {
@@ -102,14 +107,9 @@ impl HostNet {
     pub fn lease(&self, policy: &NetPolicy, sandbox_dir: &Path, hostname: &str) -> Result<Lease, NetError> {
         // Names first, outside the lock: a resolver can be slow.
         let resolved = resolve_allowed(&policy.allow)?;
-        for p in &policy.publish {
-            if std::net::TcpListener::bind(("0.0.0.0", p.host_port)).is_err() {
-                return Err(NetError::Invalid(format!(
-                    "host port {} is in use on this host; publish another (--publish OTHER:{})",
-                    p.host_port, p.port
-                )));
-            }
-        }
+        // Bound before their rules go in, and kept: a port in use is
+        // refused, and no host program can take one while it is published.
+        let reserved = hold::reserve(&policy.publish)?;
         let upstream = upstream_dns()?;
         let lock = self.lock()?;
         self.ensure_rules(upstream)?;
@@ -131,6 +131,7 @@ impl HostNet {
             owner_start: start,
             sandbox_dir: sandbox_dir.to_path_buf(),
             elements: elements.clone(),
+            holder: None,
         };
         self.write_record(slot, &record)?;
         drop(lock);
@@ -140,6 +141,7 @@ impl HostNet {
             resolved,
             elements,
             pending: None,
+            reserved,
         };
         // The elements go in while the sandbox starts; nothing passes
         // before they are all in (forwarding needs the `sandboxes` one),
@@ -186,18 +188,35 @@ impl HostNet {
     }
 
     /// Hands the slot to the sandbox's init: it stays taken while that
-    /// process lives.
-    pub fn bind(&self, slot: u32, sandbox_dir: &Path, pid: i32, start: u64) -> Result<(), NetError> {
+    /// process lives; so do the published ports, held by a process of
+    /// their own (`init` run with `--hold`) until init exits.
+    pub fn bind(
+        &self,
+        lease: &mut Lease,
+        sandbox_dir: &Path,
+        init: &Path,
+        pid: i32,
+        start: u64,
+    ) -> Result<(), NetError> {
+        let holder = hold::keep_until_exit(init, std::mem::take(&mut lease.reserved), (pid, start))?;
         let _lock = self.lock()?;
-        let mut record = self
-            .read_record(slot)
-            .ok_or_else(|| NetError::host("bind a network slot", "its record is gone"))?;
+        let stop_holder = || {
+            if let Some((hpid, hstart)) = holder {
+                kill_holder(hpid, hstart);
+            }
+        };
+        let Some(mut record) = self.read_record(lease.slot) else {
+            stop_holder();
+            return Err(NetError::host("bind a network slot", "its record is gone"));
+        };
         if record.sandbox_dir != sandbox_dir {
+            stop_holder();
             return Err(NetError::host("bind a network slot", "it belongs to another sandbox"));
         }
         record.owner_pid = pid;
         record.owner_start = start;
-        self.write_record(slot, &record)
+        record.holder = holder;
+        self.write_record(lease.slot, &record)
     }
 
     /// Frees the slot if it is this sandbox's: its elements, its
@@ -231,6 +250,10 @@ impl HostNet {
 
     fn clean(&self, slot: u32, r: &SlotRecord) -> Result<(), NetError> {
         nft::delete(&r.elements)?;
+        // The rules are gone: the ports can be given back.
+        if let Some((pid, start)) = r.holder {
+            kill_holder(pid, start);
+        }
         link::delete(&format!("cn-{slot}"))?;
         match fs::remove_file(self.slot_path(slot)) {
             Err(e) if e.kind() != std::io::ErrorKind::NotFound => Err(NetError::host("remove a slot record", e)),
@@ -371,6 +394,14 @@ impl HostNet {
     }
 }
 
+/// Ends the process holding a sandbox's published ports, if it is still
+/// that process.
+fn kill_holder(pid: i32, start: u64) {
+    if process_alive(pid, start) {
+        let _ = nix::sys::signal::kill(nix::unistd::Pid::from_raw(pid), nix::sys::signal::Signal::SIGKILL);
+    }
+}
+
 fn me() -> (i32, u64) {
     let pid = std::process::id() as i32;
     (pid, crate::pid_start_time(pid).unwrap_or(0))
@@ -461,10 +492,13 @@ fn elements(plan: &NetPlan, policy: &NetPolicy, resolved: &[(String, Vec<Ipv4Add
         }
     }
     for p in &policy.publish {
-        out.push(Element::new(
-            "publish",
-            format!("{} : {} . {}", p.host_port, plan.address, p.port),
-        ));
+        out.push(match p.addr {
+            None => Element::new("publish", format!("{} : {} . {}", p.host_port, plan.address, p.port)),
+            Some(a) => Element::new(
+                "publish_at",
+                format!("{a} . {} : {} . {}", p.host_port, plan.address, p.port),
+            ),
+        });
     }
     out.dedup();
     out

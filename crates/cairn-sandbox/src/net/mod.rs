@@ -12,6 +12,7 @@
 //! Everything host-wide lives under `/run/cairn/net`, so it is gone after a
 //! reboot together with the interfaces and rules it describes.
 
+pub mod hold;
 pub mod lease;
 pub mod link;
 pub mod nft;

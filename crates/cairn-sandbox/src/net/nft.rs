@@ -5,7 +5,8 @@
 //! (`cn-*`); what differs lives in sets, keyed by the host-side interface:
 //! `sandboxes` (forwarding needs membership, so a sandbox whose element
 //! could not be added has no route out: fail closed), `restricted` and its
-//! allows, and `publish` (host port to sandbox address and port). From a
+//! allows, `publish` (host port to sandbox address and port) and
+//! `publish_at` (host address and port to the same). From a
 //! sandbox: established traffic, then its allows, then (restricted) refuse,
 //! then DNS (DNAT to the host's resolver), then refuse link-local, private,
 //! loopback and the host's own networks, then accept. To the host itself,
@@ -19,7 +20,7 @@ use super::NetError;
 pub const TABLE: &str = "inet cairn";
 /// Bumped whenever the rules below change: the table is replaced (with no
 /// sandbox running) when its recorded version differs.
-pub const RULES_VERSION: u32 = 1;
+pub const RULES_VERSION: u32 = 2;
 
 /// Ranges no sandbox reaches unless allowed explicitly.
 const REFUSED: &[&str] = &[
@@ -48,6 +49,7 @@ pub fn ruleset(upstream: Ipv4Addr, host_nets: &[String]) -> String {
 	set allow_port {{ type ifname . ipv4_addr . inet_proto . inet_service; flags interval; }}
 	set refused {{ type ipv4_addr; flags interval; auto-merge; elements = {{ {refused} }} }}
 	map publish {{ type inet_service : ipv4_addr . inet_service; }}
+	map publish_at {{ type ipv4_addr . inet_service : ipv4_addr . inet_service; }}
 	chain forward {{
 		type filter hook forward priority filter; policy accept;
 		iifname "cn-*" jump from_sandbox
@@ -75,10 +77,12 @@ pub fn ruleset(upstream: Ipv4Addr, host_nets: &[String]) -> String {
 	chain prerouting {{
 		type nat hook prerouting priority dstnat; policy accept;
 		iifname "cn-*" iifname != @restricted fib daddr type local meta l4proto {{ tcp, udp }} th dport 53 dnat ip to {upstream}
+		fib daddr type local dnat ip to ip daddr . tcp dport map @publish_at
 		fib daddr type local dnat ip to tcp dport map @publish
 	}}
 	chain output {{
 		type nat hook output priority -100; policy accept;
+		fib daddr type local dnat ip to ip daddr . tcp dport map @publish_at
 		fib daddr type local dnat ip to tcp dport map @publish
 	}}
 	chain postrouting {{

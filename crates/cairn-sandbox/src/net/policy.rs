@@ -1,6 +1,6 @@
 //! What a sandbox's network may reach and what it publishes, as users
 //! write it: `--allow HOST[:PORT]`, `--allow ADDR[/LEN][:PORT]`,
-//! `--publish HOSTPORT:PORT`. Parsed strictly; stored as written.
+//! `--publish [ADDR:]HOSTPORT:PORT`. Parsed strictly; stored as written.
 
 use std::net::Ipv4Addr;
 
@@ -35,9 +35,13 @@ pub enum Allow {
     Host { host: String, port: Option<u16> },
 }
 
-/// A sandbox TCP port reachable at a host port.
+/// A sandbox TCP port reachable at a host port: on one host address, or
+/// on all of them.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Publish {
+    /// The host address it is published on; `None`: every address.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub addr: Option<Ipv4Addr>,
     pub host_port: u16,
     pub port: u16,
 }
@@ -96,7 +100,11 @@ impl NetPolicy {
         }
         for (i, p) in self.publish.iter().enumerate() {
             p.check()?;
-            if self.publish[..i].iter().any(|q| q.host_port == p.host_port) {
+            // The same port on two addresses is two publishes; on one
+            // address, or on every address and one, it is one twice.
+            let overlaps =
+                |q: &Publish| q.host_port == p.host_port && (q.addr.is_none() || p.addr.is_none() || q.addr == p.addr);
+            if self.publish[..i].iter().any(overlaps) {
                 return Err(NetError::Invalid(format!(
                     "host port {} is published twice",
                     p.host_port
@@ -219,11 +227,28 @@ impl std::fmt::Display for Allow {
 
 impl Publish {
     pub fn parse(text: &str) -> Result<Publish, NetError> {
-        let what = format!("--publish {text:?} (HOSTPORT:PORT)");
-        let (h, p) = text
-            .split_once(':')
-            .ok_or_else(|| NetError::Invalid(format!("{what}: give the host port and the sandbox's, as 8080:8000")))?;
+        let what = format!("--publish {text:?} ([ADDR:]HOSTPORT:PORT)");
+        if text.contains('[') || text.matches(':').count() > 2 {
+            return Err(NetError::Invalid(format!(
+                "{what}: sandboxes are published on IPv4 only; give an IPv4 address, or none for every address"
+            )));
+        }
+        let (addr, h, p) = match text.splitn(3, ':').collect::<Vec<_>>()[..] {
+            [h, p] => (None, h, p),
+            [a, h, p] => {
+                let addr: Ipv4Addr = a
+                    .parse()
+                    .map_err(|_| NetError::Invalid(format!("{what}: {a:?} is not an IPv4 address")))?;
+                (Some(addr), h, p)
+            }
+            _ => {
+                return Err(NetError::Invalid(format!(
+                    "{what}: give the host port and the sandbox's, as 8080:8000 or 127.0.0.1:8080:8000"
+                )))
+            }
+        };
         let publish = Publish {
+            addr,
             host_port: port(h, &what)?,
             port: port(p, &what)?,
         };
@@ -234,6 +259,13 @@ impl Publish {
     fn check(&self) -> Result<(), NetError> {
         if self.host_port == 0 || self.port == 0 {
             return Err(NetError::Invalid("a published port is 1-65535".into()));
+        }
+        if let Some(a) = self.addr {
+            if a.is_unspecified() || a.is_multicast() || a.is_broadcast() {
+                return Err(NetError::Invalid(format!(
+                    "--publish on {a}: give an address of this host, or no address to publish on every one"
+                )));
+            }
         }
         if self.host_port == 53 {
             return Err(NetError::Invalid(
@@ -246,6 +278,9 @@ impl Publish {
 
 impl std::fmt::Display for Publish {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        if let Some(a) = self.addr {
+            write!(f, "{a}:")?;
+        }
         write!(f, "{}:{}", self.host_port, self.port)
     }
 }

@@ -441,11 +441,8 @@ pub fn parse(file: &str, text: &str, overrides: &BTreeMap<String, String>) -> Re
         let s = spanned.get_ref();
         let at = |sp: &std::ops::Range<usize>| sp.start;
         let name = s.name.get_ref().clone();
-        if name.is_empty() || !name.chars().all(|c| c.is_ascii_alphanumeric() || c == '-' || c == '_') {
-            return Err(lines.err(
-                at(&s.name.span()),
-                format!("stage name {name:?}: use letters, digits, '-' and '_'"),
-            ));
+        if let Err(rule) = crate::names::check("stage name", &name) {
+            return Err(lines.err(at(&s.name.span()), rule));
         }
         if by_name.insert(name.clone(), stages.len()).is_some() {
             return Err(lines.err(at(&s.name.span()), format!("a stage named {name:?} already exists")));
@@ -552,6 +549,10 @@ pub fn parse(file: &str, text: &str, overrides: &BTreeMap<String, String>) -> Re
                 let mut names = HashSet::new();
                 for h in &raw_b.hypotheses {
                     match h.get_ref().get("name") {
+                        Some(n) if !crate::names::valid(n) => {
+                            let rule = crate::names::check("hypothesis name", n).unwrap_err();
+                            return Err(lines.err(at(&h.span()), format!("{rule} (it names the branch and its log)")));
+                        }
                         Some(n) if names.insert(n.clone()) => {}
                         Some(n) => return Err(lines.err(at(&h.span()), format!("two hypotheses are named {n:?}"))),
                         None => return Err(lines.err(at(&h.span()), "every hypothesis needs a name = \"...\"")),
@@ -893,6 +894,18 @@ hypotheses = [{ name = "a", ff = "1" }, { name = "b", ff = "2" }]
         let e = bad("[pipeline]\nname = ");
         assert_eq!(e.line, 2, "{e}");
         assert!(e.message.contains("not valid TOML"), "{e}");
+    }
+
+    #[test]
+    fn names_that_become_paths_are_refused_with_the_rule() {
+        let long = "x".repeat(300);
+        for name in ["../../..", "a/b", long.as_str(), "", "-a", "a.b"] {
+            let e = bad(&GOOD.replace("{ name = \"a\",", &format!("{{ name = {name:?},")));
+            assert!(e.message.contains(crate::names::RULE), "{name:?}: {e}");
+            assert_eq!(e.line, 24, "{name:?}: {e}");
+            let e = bad(&GOOD.replace("name = \"fit\"", &format!("name = {name:?}")));
+            assert!(e.message.contains(crate::names::RULE), "{name:?}: {e}");
+        }
     }
 
     const DECIDED: &str = r#"[pipeline]
