@@ -414,21 +414,35 @@ impl Engine {
         match client.exec(req) {
             Ok(started) => Ok(started.map(|session| ExecStart { session, probe })),
             // Nothing answers: the row still says running, but init is gone.
-            Err(_) if !process_of(rec).is_some_and(|p| p.alive()) => Err(EngineError::InitGone {
-                id: rec.id.clone(),
-                reason: self.why_init_ended(rec),
-            }),
-            Err(e) => Err(e.into()),
+            Err(e) => Err(self.init_gone(rec).unwrap_or(e.into())),
         }
+    }
+
+    /// Why a sandbox recorded as running stopped answering, if its init
+    /// is gone: for a caller whose connection to it failed.
+    pub fn init_gone(&self, rec: &SandboxRecord) -> Option<EngineError> {
+        if process_of(rec).is_some_and(|p| p.alive()) {
+            return None;
+        }
+        Some(EngineError::InitGone {
+            id: rec.id.clone(),
+            reason: self.why_init_ended(rec),
+        })
     }
 
     /// Why a sandbox's init is gone, as its state will record it: the OOM
     /// killer (its cgroup counted a kill) or an exit.
     pub(crate) fn why_init_ended(&self, rec: &SandboxRecord) -> String {
         let oom = self.driver_of(rec).map(|d| d.oom_kills(&rec.id)).unwrap_or(0) > 0;
+        // Under gVisor every process of the sandbox lives in runsc's.
+        let who = if rec.driver == "gvisor" {
+            "its gVisor sandbox"
+        } else {
+            "init"
+        };
         if oom {
             format!(
-                "init was killed by the OOM killer: the sandbox's memory limit is {}; raise --memory",
+                "{who} was killed by the OOM killer: the sandbox's memory limit is {}; raise --memory",
                 cairn_sandbox::limits::MemorySize(rec.memory_bytes)
             )
         } else {

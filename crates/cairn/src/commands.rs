@@ -488,7 +488,11 @@ fn follow(
             let _ = control.close_stdin();
         });
     }
-    let status = start.session.wait(&mut io::stdout().lock(), &mut io::stderr().lock())?;
+    let status = match start.session.wait(&mut io::stdout().lock(), &mut io::stderr().lock()) {
+        Ok(status) => status,
+        // The connection ended with the sandbox: say why, when it is known.
+        Err(e) => return Err(engine.init_gone(rec).map_or_else(|| e.into(), anyhow::Error::from)),
+    };
     let Some(status) = status else { return Ok(0) };
     if status.timed_out {
         eprintln!(
@@ -497,11 +501,19 @@ fn follow(
         );
         return Ok(124);
     }
-    if status.signal == Some(libc::SIGKILL) && engine.oom_killed_since(&start.probe) {
-        eprintln!(
-            "cairn: the command was killed by the OOM killer (out of memory): the sandbox's memory limit is {}; raise --memory",
-            MemorySize(rec.memory_bytes)
-        );
+    if engine.oom_killed_since(&start.probe) {
+        let limit = MemorySize(rec.memory_bytes);
+        if status.signal == Some(libc::SIGKILL) {
+            eprintln!(
+                "cairn: the command was killed by the OOM killer (out of memory): the sandbox's memory limit is {limit}; raise --memory"
+            );
+        } else if status.code != Some(0) {
+            // Another process of the sandbox took the kill (under gVisor, a
+            // process of the sentry's; the command saw its memory refused).
+            eprintln!(
+                "cairn: the sandbox reached its memory limit ({limit}) while the command ran, and the OOM killer killed a process; raise --memory"
+            );
+        }
     }
     Ok(status.shell_code())
 }

@@ -341,3 +341,30 @@ fn a_gvisor_sandbox_fills_its_own_disk_and_its_forks_keep_the_limit() {
     assert!(home.host_mounts().is_empty(), "{:?}", home.host_mounts());
     assert_eq!(std::fs::read_dir(home.path().join("sandboxes")).unwrap().count(), 0);
 }
+
+#[test]
+fn a_gvisor_sandbox_past_its_memory_limit_is_said_to_have_met_the_oom_killer() {
+    let name = "a_gvisor_sandbox_past_its_memory_limit_is_said_to_have_met_the_oom_killer";
+    if skip_without_runsc(name) {
+        return;
+    }
+    let home = Home::new();
+    let id = home.ok(&["create", "--driver", "gvisor", "--memory", "128M"]);
+    let out = home.cairn(&["exec", &id, "--", "sh", "-c", "x=aaaaaaaa; while true; do x=$x$x; done"]);
+    assert_ne!(out.status.code(), Some(0));
+    // The host's OOM killer takes a process of runsc's: the command's
+    // memory was refused, or the whole sandbox ended. Either is said.
+    let said = stderr(&out);
+    assert!(
+        said.contains("OOM killer") && said.contains("memory limit") && said.contains("raise --memory"),
+        "{said}"
+    );
+    let ps = home.ps();
+    match ps[0]["state"].as_str() {
+        Some("running") => assert!(ps[0]["oom_kills"].as_u64() >= Some(1), "{ps:?}"),
+        _ => assert!(
+            ps[0]["ended_reason"].as_str().is_some_and(|r| r.contains("OOM killer")),
+            "{ps:?}"
+        ),
+    }
+}
