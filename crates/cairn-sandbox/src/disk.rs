@@ -1,4 +1,4 @@
-//! A native sandbox's disk (`--disk`): its upper directory on a file
+//! A sandbox's disk (`--disk`, either driver): its upper directory on a file
 //! system of its own, an ext4 image the size of the limit, so that a
 //! sandbox that writes too much fills its own disk (ENOSPC inside), never
 //! the host's.
@@ -37,11 +37,17 @@ pub enum DiskError {
     Make { path: PathBuf, reason: String },
     #[error(
         "cannot mount the sandbox's disk {path}: {reason}; --disk needs loop devices (/dev/loop-control) and ext4 \
-         on this host: run as root, or leave out --disk (and CAIRN_DISK)"
+         on this host (`cairn doctor` checks them), or leave out --disk (and CAIRN_DISK)"
     )]
     Mount { path: PathBuf, reason: String },
     #[error("cannot unmount the sandbox's disk {path}: {source}")]
     Unmount {
+        path: PathBuf,
+        #[source]
+        source: io::Error,
+    },
+    #[error("cannot remove the sandbox's disk {path}: {source}")]
+    Remove {
         path: PathBuf,
         #[source]
         source: io::Error,
@@ -118,7 +124,7 @@ pub fn release(dir: &Path) -> Result<(), DiskError> {
             Ok(()) => {}
             Err(e) if e.kind() == io::ErrorKind::NotFound => {}
             Err(source) => {
-                return Err(DiskError::Unmount {
+                return Err(DiskError::Remove {
                     path: dir.join(name),
                     source,
                 })
@@ -128,7 +134,7 @@ pub fn release(dir: &Path) -> Result<(), DiskError> {
     match fs::remove_dir(&point) {
         Ok(()) => Ok(()),
         Err(e) if e.kind() == io::ErrorKind::NotFound => Ok(()),
-        Err(source) => Err(DiskError::Unmount { path: point, source }),
+        Err(source) => Err(DiskError::Remove { path: point, source }),
     }
 }
 
