@@ -326,6 +326,10 @@ fn a_sandbox_fills_its_own_disk_never_the_hosts_and_stays_usable() {
     let id = home.ok(&["create", "--disk", "64M"]);
     let image = disk_image(&home, &id);
     assert!(image.is_file(), "no disk image at {}", image.display());
+    // The disk is the host's mount; the sandbox's mount table still names
+    // no host path.
+    let mountinfo = home.ok(&["exec", &id, "--", "cat", "/proc/self/mountinfo"]);
+    assert!(!mountinfo.contains(home.path().to_str().unwrap()), "{mountinfo}");
     // 200 MB onto a 64M disk: the write fails inside, and the host gives
     // the sandbox no more than the image's size.
     let out = home.cairn(&["exec", &id, "--", "sh", "-c", "dd if=/dev/zero of=/big bs=1M count=200"]);
