@@ -414,7 +414,7 @@ impl Engine {
         match client.exec(req) {
             Ok(started) => Ok(started.map(|session| ExecStart { session, probe })),
             // Nothing answers: the row still says running, but init is gone.
-            Err(e) => Err(self.init_gone(rec).unwrap_or(e.into())),
+            Err(e) => Err(self.init_gone(rec).unwrap_or_else(|| e.into())),
         }
     }
 
