@@ -17,13 +17,14 @@ fi
 # not used); gcc and libc6-dev: the static attack programs of the isolation
 # and seccomp tests; iproute2 and util-linux (ip, nsenter): the multi-host
 # tests' network namespaces and every sandbox's veth pair; nftables (nft):
-# the fence of sandboxes with `--network egress`; chromium: the headless
+# the fence of sandboxes with `--network egress`; e2fsprogs (mkfs.ext4):
+# sandboxes' disks (`--disk`); chromium: the headless
 # browser the lineage page's tests drive (through Playwright, which fetches
 # no browser of its own); qemu-system-x86: the virtual machines in which
 # the native sandbox suites run again on other kernels, on a pure cgroup v2
 # host. busybox-static
 # is fetched by `apt-get download`, which needs the package lists.
-packages=(bubblewrap crun debootstrap postgresql gcc libc6-dev ca-certificates iproute2 util-linux nftables chromium qemu-system-x86)
+packages=(bubblewrap crun debootstrap postgresql gcc libc6-dev ca-certificates iproute2 util-linux nftables chromium qemu-system-x86 e2fsprogs)
 missing=()
 for p in "${packages[@]}"; do
     dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")

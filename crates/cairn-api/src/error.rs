@@ -110,7 +110,8 @@ fn status_of(e: &EngineError) -> StatusCode {
         EngineError::AmbiguousSandbox { .. } | EngineError::BadName(_) | EngineError::UnknownDriver(_) => {
             S::BAD_REQUEST
         }
-        EngineError::NotRunning { .. } | EngineError::StillRunning(_) => S::CONFLICT,
+        EngineError::NotRunning { .. } | EngineError::InitGone { .. } | EngineError::StillRunning(_) => S::CONFLICT,
+        EngineError::DiskDefault { .. } => S::INTERNAL_SERVER_ERROR,
         EngineError::NoMemorySnapshots { .. } => S::BAD_REQUEST,
         // This host cannot do it; another one can.
         EngineError::IncompatibleMemoryImage { .. } => S::CONFLICT,

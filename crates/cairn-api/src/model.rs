@@ -27,6 +27,12 @@ pub struct Sandbox {
     pub memory_bytes: u64,
     pub cpu_millis: u32,
     pub pids_max: u32,
+    /// The size of its disk (`limits.disk`); absent: none of its own.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub disk_bytes: Option<u64>,
+    /// Processes the OOM killer killed in it for exceeding its memory
+    /// limit, while it runs (its cgroup's count).
+    pub oom_kills: u64,
     /// Milliseconds since the epoch.
     pub created_at: i64,
     pub ended_reason: Option<String>,
@@ -123,6 +129,8 @@ impl From<SandboxRecord> for Sandbox {
             memory_bytes: r.memory_bytes,
             cpu_millis: r.cpu_millis,
             pids_max: r.pids_max,
+            disk_bytes: r.disk_bytes,
+            oom_kills: r.oom_kills,
             created_at: r.created_at,
             ended_reason: r.ended_reason,
             services: r.services,
@@ -143,6 +151,11 @@ pub struct Limits {
     /// Processes and threads (default 1024).
     #[schema(minimum = 8, maximum = 4194304)]
     pub pids: Option<u32>,
+    /// Disk limit, e.g. `10G` (at least 16M): the size of the file system
+    /// the sandbox's files go on; a write past it fails with ENOSPC.
+    /// Default: the server's `CAIRN_DISK`, else none. A fork of a sandbox
+    /// keeps the sandbox's.
+    pub disk: Option<String>,
 }
 
 #[derive(Debug, Default, Serialize, Deserialize, ToSchema)]

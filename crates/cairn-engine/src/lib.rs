@@ -66,12 +66,31 @@ pub enum EngineError {
     Bundle(#[from] sessions::BundleError),
     #[error("the state database names layer {0:?}, which is not a layer id; the database is damaged")]
     BadLayerId(String),
+    #[error("CAIRN_DISK={value:?}, the default --disk, is not a size: {error}")]
+    DiskDefault {
+        value: String,
+        error: cairn_sandbox::LimitsError,
+    },
+    #[error("cannot use the disk of sandbox {id}: {source}")]
+    Disk {
+        id: String,
+        #[source]
+        source: cairn_sandbox::disk::DiskError,
+    },
     #[error("no sandbox matches {0:?}; `cairn ps` lists them")]
     NoSuchSandbox(String),
     #[error("{key:?} matches several sandboxes ({}); give more of the id", .ids.join(", "))]
     AmbiguousSandbox { key: String, ids: Vec<String> },
-    #[error("sandbox {id} is {state}, not running; `cairn rm {id}` removes it")]
-    NotRunning { id: String, state: SandboxState },
+    #[error("sandbox {id} is {state}{}, not running; `cairn rm {id}` removes it",
+        .reason.as_deref().map(|r| format!(" ({r})")).unwrap_or_default())]
+    NotRunning {
+        id: String,
+        state: SandboxState,
+        /// Why it ended, when it did.
+        reason: Option<String>,
+    },
+    #[error("sandbox {id} is not running: {reason}; `cairn rm {id}` removes it")]
+    InitGone { id: String, reason: String },
     #[error("sandbox {0} is running; stop and remove it with `cairn rm -f {0}`")]
     StillRunning(String),
     #[error("invalid sandbox name {0:?}: use letters, digits and '-', at most 63, not starting with '-'")]

@@ -53,6 +53,7 @@ pub struct ExecStart {
 #[derive(Debug, Clone)]
 pub struct OomProbe {
     sandbox_id: String,
+    driver: String,
     oom_kills_before: u64,
 }
 
@@ -138,6 +139,7 @@ impl Engine {
                 memory_bytes: rec.memory_bytes,
                 cpu_millis: rec.cpu_millis,
                 pids: rec.pids_max,
+                disk_bytes: rec.disk_bytes,
             },
             init_binary: self.init_binary.clone(),
             network: None,
@@ -192,6 +194,7 @@ impl Engine {
             Some(first) => {
                 let probe = OomProbe {
                     sandbox_id: rec.id.clone(),
+                    driver: rec.driver.clone(),
                     oom_kills_before: first.oom_kills_before,
                 };
                 first
@@ -247,6 +250,10 @@ impl Engine {
             memory_bytes: opts.limits.memory_bytes,
             cpu_millis: opts.limits.cpu_millis,
             pids_max: opts.limits.pids,
+            disk_bytes: match opts.limits.disk_bytes {
+                Some(bytes) => Some(bytes),
+                None => default_disk()?,
+            },
             created_at: now_ms(),
             auto_remove: opts.auto_remove,
             ended_reason: None,
@@ -254,6 +261,7 @@ impl Engine {
             services: origin.services,
             last_snapshot: origin.snapshot.clone(),
             network: opts.network.as_ref().and_then(crate::network::SandboxNetwork::of),
+            oom_kills: 0,
         };
         // The driver first: an unavailable one fails before anything exists.
         self.driver(&origin.driver)?;
@@ -281,7 +289,7 @@ impl Engine {
             Ok(started) => started,
             Err(e) => {
                 let _ = self.release_network(&rec);
-                let _ = fs::remove_dir_all(self.home.sandbox(&id));
+                let _ = self.remove_sandbox_dir(&id);
                 let _ = self.db.delete_sandbox(&id);
                 return Err(e);
             }
@@ -289,7 +297,7 @@ impl Engine {
         if let Err(e) = self.network_started(&rec, lease.as_mut(), process) {
             let _ = self.driver(&rec.driver)?.stop(&rec.id, Some(process));
             let _ = self.release_network(&rec);
-            let _ = fs::remove_dir_all(self.home.sandbox(&id));
+            let _ = self.remove_sandbox_dir(&id);
             let _ = self.db.delete_sandbox(&id);
             return Err(e);
         }
@@ -378,7 +386,7 @@ impl Engine {
         let mut found = self.db.find_sandboxes(key)?;
         match found.len() {
             0 => Err(EngineError::NoSuchSandbox(key.to_string())),
-            1 => Ok(found.remove(0)),
+            1 => Ok(self.with_oom_kills(found.remove(0))),
             _ => Err(EngineError::AmbiguousSandbox {
                 key: key.to_string(),
                 ids: found.into_iter().map(|r| r.id).collect(),
@@ -392,6 +400,7 @@ impl Engine {
             return Err(EngineError::NotRunning {
                 id: rec.id.clone(),
                 state: rec.state,
+                reason: rec.ended_reason.clone(),
             });
         }
         Ok(self.driver_of(rec)?.client(&self.home.sandbox(&rec.id)))
@@ -403,15 +412,55 @@ impl Engine {
         let oom_kills_before = self.driver(&rec.driver)?.oom_kills(&rec.id);
         let probe = OomProbe {
             sandbox_id: rec.id.clone(),
+            driver: rec.driver.clone(),
             oom_kills_before,
         };
-        Ok(client.exec(req)?.map(|session| ExecStart { session, probe }))
+        match client.exec(req) {
+            Ok(started) => Ok(started.map(|session| ExecStart { session, probe })),
+            // Nothing answers: the row still says running, but init is gone.
+            Err(e) => Err(self.init_gone(rec).unwrap_or_else(|| e.into())),
+        }
+    }
+
+    /// Why a sandbox recorded as running stopped answering, if its init
+    /// is gone: for a caller whose connection to it failed.
+    pub fn init_gone(&self, rec: &SandboxRecord) -> Option<EngineError> {
+        if process_of(rec).is_some_and(|p| p.alive()) {
+            return None;
+        }
+        Some(EngineError::InitGone {
+            id: rec.id.clone(),
+            reason: self.why_init_ended(rec),
+        })
+    }
+
+    /// Why a sandbox's init is gone, as its state will record it: the OOM
+    /// killer (its cgroup counted a kill) or an exit.
+    pub(crate) fn why_init_ended(&self, rec: &SandboxRecord) -> String {
+        let oom = self.driver_of(rec).map(|d| d.oom_kills(&rec.id)).unwrap_or(0) > 0;
+        // Under gVisor every process of the sandbox lives in runsc's.
+        let who = if rec.driver == "gvisor" {
+            "its gVisor sandbox"
+        } else {
+            "init"
+        };
+        if oom {
+            format!(
+                "{who} was killed by the OOM killer: the sandbox's memory limit is {}; raise --memory",
+                cairn_sandbox::limits::MemorySize(rec.memory_bytes)
+            )
+        } else {
+            "init exited".into()
+        }
     }
 
     /// Whether the sandbox's OOM killer fired since the probe was taken: a
     /// process that died of SIGKILL then was killed for exceeding `--memory`.
     pub fn oom_killed_since(&self, probe: &OomProbe) -> bool {
-        self.native.oom_kills(&probe.sandbox_id) > probe.oom_kills_before
+        self.driver(&probe.driver)
+            .map(|d| d.oom_kills(&probe.sandbox_id))
+            .unwrap_or(0)
+            > probe.oom_kills_before
     }
 
     /// Path of the sandbox's console log (init and background processes).
@@ -421,7 +470,16 @@ impl Engine {
 
     /// Lists sandboxes, after reconciling their states with the host.
     pub fn list_sandboxes(&mut self) -> Result<Vec<SandboxRecord>, EngineError> {
-        Ok(self.db.sandboxes()?)
+        let rows = self.db.sandboxes()?;
+        Ok(rows.into_iter().map(|r| self.with_oom_kills(r)).collect())
+    }
+
+    /// `rec` with its OOM-kill count read from its cgroup (while it runs).
+    fn with_oom_kills(&self, mut rec: SandboxRecord) -> SandboxRecord {
+        if rec.state == SandboxState::Running {
+            rec.oom_kills = self.driver_of(&rec).map(|d| d.oom_kills(&rec.id)).unwrap_or(0);
+        }
+        rec
     }
 
     /// Removes a sandbox: its processes, cgroups, files and row. A running
@@ -446,14 +504,22 @@ impl Engine {
         let process = process_of(rec);
         self.driver(&rec.driver)?.stop(&rec.id, process)?;
         self.release_network(rec)?;
-        let dir = self.home.sandbox(&rec.id);
-        match fs::remove_dir_all(&dir) {
-            Ok(()) => {}
-            Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
-            Err(source) => return Err(EngineError::Home { path: dir, source }),
-        }
+        self.remove_sandbox_dir(&rec.id)?;
         self.db.delete_sandbox(&rec.id)?;
         Ok(())
+    }
+
+    /// Removes a sandbox's directory, its disk unmounted and deleted first
+    /// (a removal must never descend into a mounted file system).
+    /// Idempotent.
+    pub(crate) fn remove_sandbox_dir(&self, id: &str) -> Result<(), EngineError> {
+        let dir = self.home.sandbox(id);
+        cairn_sandbox::disk::release(&dir).map_err(|source| EngineError::Disk { id: id.into(), source })?;
+        match fs::remove_dir_all(&dir) {
+            Ok(()) => Ok(()),
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(()),
+            Err(source) => Err(EngineError::Home { path: dir, source }),
+        }
     }
 
     /// Runs the reconciliation [`Engine::open_to_start`] put off, once.
@@ -531,16 +597,12 @@ impl Engine {
                     {
                         continue;
                     }
-                    let reason = if self.native.oom_kills(&rec.id) > 0 {
-                        "init was killed (out of memory)"
-                    } else {
-                        "init exited"
-                    };
+                    let reason = self.why_init_ended(&rec);
                     if !self.won(self.db.transition(
                         &rec.id,
                         SandboxState::Running,
                         SandboxState::Exited,
-                        Some(reason),
+                        Some(&reason),
                     ))? {
                         continue;
                     }
@@ -641,7 +703,7 @@ impl Engine {
         if let Ok(entries) = fs::read_dir(self.home.sandboxes()) {
             for e in entries.flatten() {
                 let name = e.file_name().to_string_lossy().into_owned();
-                if !known.contains(&name) && fs::remove_dir_all(e.path()).is_ok() {
+                if !known.contains(&name) && self.remove_sandbox_dir(&name).is_ok() {
                     report.directories_removed.push(name);
                 }
             }
@@ -693,6 +755,22 @@ impl Engine {
             }
         }
         Ok(report)
+    }
+}
+
+/// The disk size of a sandbox created without `--disk`: `CAIRN_DISK`
+/// (e.g. `10G`), or none.
+fn default_disk() -> Result<Option<u64>, EngineError> {
+    let Some(value) = std::env::var_os("CAIRN_DISK") else {
+        return Ok(None);
+    };
+    let value = value.to_string_lossy().into_owned();
+    if value.is_empty() {
+        return Ok(None);
+    }
+    match value.parse::<cairn_sandbox::limits::DiskSize>() {
+        Ok(size) => Ok(Some(size.0)),
+        Err(error) => Err(EngineError::DiskDefault { value, error }),
     }
 }
 

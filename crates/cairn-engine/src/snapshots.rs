@@ -425,6 +425,12 @@ impl Engine {
         }
         let _lock = self.lock_store(false)?;
         let dir = self.home.sandbox(&rec.id);
+        // On the sandbox's disk when it has one, mounted again if the host
+        // rebooted since it stopped.
+        let upper = cairn_sandbox::disk::upper_dir(&dir).map_err(|source| EngineError::Disk {
+            id: rec.id.clone(),
+            source,
+        })?;
         let previous = rec
             .last_snapshot
             .as_ref()
@@ -458,12 +464,7 @@ impl Engine {
                     return Err(e.into());
                 }
             }
-            let captured = capture_since_mapped(
-                &dir.join("upper"),
-                &self.store,
-                baseline.as_ref(),
-                driver.capabilities().host_ids,
-            );
+            let captured = capture_since_mapped(&upper, &self.store, baseline.as_ref(), driver.capabilities().host_ids);
             if running {
                 driver.thaw(&rec.id)?;
             }
@@ -778,7 +779,12 @@ impl Engine {
         // Everything is stopped: the files match the memory image exactly.
         // They are captured before the sandbox goes on and writes again.
         let t = Instant::now();
-        let captured = capture_since(&dir.join("upper"), &self.store, baseline);
+        // Running, so its disk (if it has one) is mounted.
+        let captured = capture_since(
+            &cairn_sandbox::disk::writable_dir(&dir).join("upper"),
+            &self.store,
+            baseline,
+        );
         phases.file_capture = t.elapsed();
         if then == Then::Stop {
             let t = Instant::now();
@@ -937,7 +943,12 @@ impl Engine {
         phases.image_bytes = checkpoint.image_bytes;
         // Paused: the files match the memory image exactly.
         let t = Instant::now();
-        let captured = capture_since(&dir.join("upper"), &self.store, baseline);
+        // Running, so its disk (if it has one) is mounted.
+        let captured = capture_since(
+            &cairn_sandbox::disk::writable_dir(&dir).join("upper"),
+            &self.store,
+            baseline,
+        );
         phases.file_capture = t.elapsed();
         // The sandbox goes on, even when storing failed. If it does not
         // listen again, the window stays for the next command to finish.
@@ -1084,6 +1095,7 @@ impl Engine {
                     memory_bytes: rec.memory_bytes,
                     cpu_millis: rec.cpu_millis,
                     pids: rec.pids_max,
+                    disk_bytes: rec.disk_bytes,
                 };
                 // A fork keeps its source's network and allows; a host
                 // port is one sandbox's, so published ports stay behind.
@@ -1132,6 +1144,7 @@ impl Engine {
                 return Err(EngineError::NotRunning {
                     id: rec.id.clone(),
                     state,
+                    reason: rec.ended_reason.clone(),
                 })
             }
         }
@@ -1142,6 +1155,11 @@ impl Engine {
         self.driver_of(rec)?.stop(&rec.id, process)?;
         self.release_network(rec)?;
         let dir = self.home.sandbox(&rec.id);
+        // A fresh disk, made at the start below.
+        cairn_sandbox::disk::release(&dir).map_err(|source| EngineError::Disk {
+            id: rec.id.clone(),
+            source,
+        })?;
         for sub in ["upper", "work"] {
             let p = dir.join(sub);
             match fs::remove_dir_all(&p) {

@@ -372,6 +372,7 @@ fn sandbox(id: &str, name: &str) -> SandboxRecord {
         memory_bytes: 1 << 30,
         cpu_millis: 1000,
         pids_max: 100,
+        disk_bytes: Some(64 << 20),
         created_at: 5,
         auto_remove: false,
         ended_reason: None,
@@ -379,6 +380,7 @@ fn sandbox(id: &str, name: &str) -> SandboxRecord {
         services: vec!["sleep 1".into(), "httpd".into()],
         last_snapshot: None,
         network: None,
+        oom_kills: 0,
     }
 }
 
@@ -450,6 +452,7 @@ fn sandboxes_round_trip_with_every_field_and_their_layers_in_order(store: &Store
     assert_eq!(got.pid_start, Some(u64::MAX - 1));
     assert_eq!(got.owner_start, 1 << 40);
     assert_eq!(got.memory_bytes, 1 << 30);
+    assert_eq!(got.disk_bytes, Some(64 << 20));
     assert!(got.auto_remove);
     assert_eq!(got.state, SandboxState::Creating);
     assert_eq!(got.last_snapshot.as_deref(), Some("snap"));

@@ -90,6 +90,11 @@ pub fn build() -> RawFd {
         Ok(ForkResult::Child) => {}
     }
     drop(taken);
+    // PID 1 is never the OOM killer's pick: -1000 while it is host root,
+    // before it has a child (see `spawn::protect_from_oom_killer`).
+    if let Err(e) = crate::spawn::protect_from_oom_killer() {
+        fail_once_read(&mut report, format!("set PID 1's oom_score_adj: {e}"));
+    }
     // PID 1 makes the sandbox's /proc, /sys and /dev as detached mounts
     // while it waits: none needs the setup (/proc is this pid namespace's,
     // /sys this network namespace's, /dev belongs to the sandbox's root,
@@ -268,7 +273,7 @@ fn premade(base: u32) -> Step<Premade> {
     // them; a kernel that refuses it has changed nothing.
     let filled = match read_only_at(&proc, "sys") {
         Ok(()) => {
-            fill_rest(&proc, &sys, &dev, base)?;
+            fill_rest(&proc, &sys, &dev)?;
             true
         }
         Err(_) => false,
@@ -347,11 +352,12 @@ fn setup_root(
     for (name, mnt) in [("proc", proc), ("sys", sys), ("dev", dev)] {
         ctx(mount_api::attach(&mnt, &root.join(name)), || format!("attach /{name}"))?;
     }
+    let open = |name: &str| ctx(mount_api::open_dir_at(&top, name), || format!("open /{name}"));
     if !filled {
-        let open = |name: &str| ctx(mount_api::open_dir_at(&top, name), || format!("open /{name}"));
         let (proc, sys, dev) = (open("proc")?, open("sys")?, open("dev")?);
-        fill(&proc, &sys, &dev, plan.host_id_base)?;
+        fill(&proc, &sys, &dev)?;
     }
+    attach_shm(&open("dev")?, plan.host_id_base, plan.shm_bytes)?;
     // Closed before fd 3 is taken for the listening socket (`wire_fds`).
     drop(top);
     // The host made the cgroups while the root was built; they are joined
@@ -984,14 +990,15 @@ fn mount_sys_detached() -> Step<OwnedFd> {
 /// mount's root): /proc's host-wide knobs read-only and what it shows of
 /// the host masked, /sys without the host's firmware tables (ACPI, EFI,
 /// DMI) or power-capping counters (which time other tenants' work), and
-/// /dev's devpts and shared memory.
-fn fill(proc: &OwnedFd, sys: &OwnedFd, dev: &OwnedFd, base: u32) -> Step<()> {
+/// /dev's devpts (its shared memory waits for the setup's size:
+/// [`attach_shm`]).
+fn fill(proc: &OwnedFd, sys: &OwnedFd, dev: &OwnedFd) -> Step<()> {
     read_only_at(proc, "sys")?;
-    fill_rest(proc, sys, dev, base)
+    fill_rest(proc, sys, dev)
 }
 
 /// [`fill`] after its first mount.
-fn fill_rest(proc: &OwnedFd, sys: &OwnedFd, dev: &OwnedFd, base: u32) -> Step<()> {
+fn fill_rest(proc: &OwnedFd, sys: &OwnedFd, dev: &OwnedFd) -> Step<()> {
     for sub in ["sysrq-trigger", "irq", "bus", "fs"] {
         read_only_at(proc, sub)?;
     }
@@ -1034,14 +1041,25 @@ fn fill_rest(proc: &OwnedFd, sys: &OwnedFd, dev: &OwnedFd, base: u32) -> Step<()
         &[("source", "devpts"), ("ptmxmode", "0666"), ("mode", "0620")],
         mount_api::MOUNT_ATTR_NOSUID | mount_api::MOUNT_ATTR_NOEXEC,
     )?;
-    ctx(mount_api::attach_at(&pts, dev, "pts"), || "attach /dev/pts".into())?;
+    ctx(mount_api::attach_at(&pts, dev, "pts"), || "attach /dev/pts".into())
+}
+
+/// The sandbox's `/dev/shm` on `dev`: a tmpfs of `bytes` (the host gives
+/// half the memory limit; 0 means 64 MiB), so that filling it ends in
+/// ENOSPC for the writer, not in the OOM killer.
+fn attach_shm(dev: &OwnedFd, base: u32, bytes: u64) -> Step<()> {
     let id = base.to_string();
+    let size = match bytes {
+        0 => 64 << 20,
+        b => b.max(1 << 20),
+    }
+    .to_string();
     let shm = new_mount(
         "tmpfs",
         &[
             ("source", "shm"),
             ("mode", "1777"),
-            ("size", "65536k"),
+            ("size", &size),
             ("uid", &id),
             ("gid", &id),
         ],
@@ -1105,7 +1123,10 @@ fn make_dev(base: u32) -> Step<OwnedFd> {
         &[
             ("source", "tmpfs"),
             ("mode", "755"),
-            ("size", "65536k"),
+            // Device nodes, links and directories hold no data: a little
+            // room for a socket or lock file a program makes there, not
+            // for the sandbox's memory.
+            ("size", "1m"),
             ("uid", &id),
             ("gid", &id),
         ],

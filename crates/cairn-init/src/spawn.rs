@@ -251,6 +251,77 @@ unsafe fn rt_sigaction(sig: libc::c_int, new: *const KernelSigaction, old: *mut 
     unsafe { libc::syscall(libc::SYS_rt_sigaction, sig, new, old, 8usize) }
 }
 
+/// Init's own `oom_score_adj`, opened by PID 1 of a native sandbox while it
+/// is still host root ([`protect_from_oom_killer`]): once in the sandbox's
+/// user namespace it could not open the file again (a non-dumpable
+/// process's /proc files belong to the host's root).
+struct OomScores {
+    file: OwnedFd,
+    /// Init's score between spawns.
+    init: &'static [u8],
+    /// The score each command starts with.
+    command: &'static [u8],
+}
+
+static OOM_SCORES: std::sync::OnceLock<OomScores> = std::sync::OnceLock::new();
+
+/// Serialises [`start`]s while init's score is the command's.
+static SCORING: std::sync::Mutex<()> = std::sync::Mutex::new(());
+
+/// Makes this process (PID 1, still host root) the OOM killer's last pick
+/// in its sandbox. Where Cairn holds `CAP_SYS_RESOURCE` (a root service),
+/// init's `oom_score_adj` is -1000, which the OOM killer never picks, and
+/// commands start at the usual 0. Where it does not (a container that
+/// dropped it), init cannot go below the score it inherited; commands then
+/// start at 1000, so any of them goes before init. A child inherits its
+/// parent's score, so each command is cloned while init holds the
+/// command's score, and init takes its own back once the command has
+/// exec'd ([`start`]). The kernel lets a process go back down to the
+/// lowest score of its ancestry, so a command may lower its own score to
+/// init's: it then shields itself at its sandbox's other processes' cost
+/// (and may make init the largest at that score); the memory limit holds
+/// either way.
+pub(crate) fn protect_from_oom_killer() -> io::Result<()> {
+    let fd = nix::fcntl::open(
+        "/proc/self/oom_score_adj",
+        OFlag::O_WRONLY | OFlag::O_CLOEXEC,
+        nix::sys::stat::Mode::empty(),
+    )?;
+    // SAFETY: `open` just returned this descriptor; nothing else owns it.
+    let fd = unsafe { OwnedFd::from_raw_fd(fd) };
+    // Above the descriptors init moves into place (0-3) as it builds the
+    // sandbox, which would otherwise close it.
+    let high = nix::fcntl::fcntl(fd.as_raw_fd(), nix::fcntl::FcntlArg::F_DUPFD_CLOEXEC(64))?;
+    // SAFETY: `fcntl` just returned this descriptor; nothing else owns it.
+    let file = unsafe { OwnedFd::from_raw_fd(high) };
+    drop(fd);
+    let scores = match set_oom_score_adj(&file, b"-1000") {
+        Ok(()) => OomScores {
+            file,
+            init: b"-1000",
+            command: b"0",
+        },
+        // No CAP_SYS_RESOURCE: init keeps the score it inherited.
+        Err(e) if e.raw_os_error() == Some(libc::EACCES) => {
+            let inherited = std::fs::read_to_string("/proc/self/oom_score_adj")?;
+            let init: &'static str = Box::leak(inherited.trim().to_string().into_boxed_str());
+            OomScores {
+                file,
+                init: init.as_bytes(),
+                command: b"1000",
+            }
+        }
+        Err(e) => return Err(e),
+    };
+    let _ = OOM_SCORES.set(scores);
+    Ok(())
+}
+
+fn set_oom_score_adj(fd: &OwnedFd, value: &[u8]) -> io::Result<()> {
+    nix::sys::uio::pwrite(fd, value, 0)?;
+    Ok(())
+}
+
 /// The child's stack: it runs a few system calls, then exec. The kernel
 /// stops using it at exec, and `CLONE_VFORK` holds the parent until then.
 const CHILD_STACK: usize = 32 << 10;
@@ -261,6 +332,15 @@ const CHILD_STACK: usize = 32 << 10;
 /// [`reset_signals`]. Returns its pid once it has exec'd; an exec that
 /// failed is reaped here and returned as its errno.
 fn start(plan: &mut ChildPlan) -> io::Result<i32> {
+    // The child inherits init's OOM score: the command's for the clone,
+    // init's own again once it exec'd (a few hundred microseconds).
+    let _scoring = OOM_SCORES.get().map(|scores| {
+        let held = SCORING.lock().unwrap_or_else(|p| p.into_inner());
+        if let Err(e) = set_oom_score_adj(&scores.file, scores.command) {
+            eprintln!("cairn-init: cannot give a command its OOM score: {e}");
+        }
+        (held, ProtectAgain(scores))
+    });
     // Memory only, never read as a Vec: no need to zero it.
     let mut stack: Vec<u8> = Vec::with_capacity(CHILD_STACK);
     // SAFETY: one past the end of the allocation, which the stack grows
@@ -307,6 +387,17 @@ fn start(plan: &mut ChildPlan) -> io::Result<i32> {
         return Err(io::Error::from_raw_os_error(error));
     }
     Ok(pid)
+}
+
+/// Sets init's `oom_score_adj` back to its own when dropped.
+struct ProtectAgain(&'static OomScores);
+
+impl Drop for ProtectAgain {
+    fn drop(&mut self) {
+        if let Err(e) = set_oom_score_adj(&self.0.file, self.0.init) {
+            eprintln!("cairn-init: cannot protect init from the OOM killer again: {e}");
+        }
+    }
 }
 
 /// The child between clone and exec.

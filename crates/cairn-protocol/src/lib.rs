@@ -490,6 +490,9 @@ pub struct NativeSetup {
     /// The sandbox's private upper directory and overlayfs' work directory.
     pub upper_dir: String,
     pub work_dir: String,
+    /// The size of the sandbox's `/dev/shm` tmpfs in bytes; 0: 64 MiB.
+    #[serde(default)]
+    pub shm_bytes: u64,
     pub hostname: String,
     /// The sandbox's user namespace maps its ids `0..id_count` to host ids
     /// `host_id_base..host_id_base + id_count` (uids and gids alike): the
@@ -556,6 +559,7 @@ mod setup_tests {
             layer_mount: LayerMount::default(),
             upper_dir: "/u".into(),
             work_dir: "/w".into(),
+            shm_bytes: 32 << 20,
             hostname: "h".into(),
             host_id_base: 0x7000_0000,
             id_count: 65536,

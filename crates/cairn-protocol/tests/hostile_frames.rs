@@ -129,6 +129,7 @@ fn native_setup() -> NativeSetup {
         layer_mount: cairn_protocol::LayerMount::IdmappedPaths,
         upper_dir: "/u".into(),
         work_dir: "/w".into(),
+        shm_bytes: 64 << 20,
         hostname: "sandbox".into(),
         host_id_base: 0x7000_0000,
         id_count: 65536,

@@ -7,6 +7,7 @@
 
 pub mod cgroup;
 pub mod client;
+pub mod disk;
 pub mod gvisor;
 pub mod init_binary;
 pub mod limits;
@@ -42,7 +43,8 @@ pub struct SandboxSpec {
     pub id: String,
     /// Host name inside the sandbox.
     pub hostname: String,
-    /// The sandbox's private directory on the host: `upper/`, `work/`,
+    /// The sandbox's private directory on the host: `upper/`, `work/` (or
+    /// `disk.img` and `disk/` holding them: [`disk`]),
     /// `rootfs/`, `console.log` and init's socket (`init.sock`, or `uds/`
     /// for gVisor) live here.
     pub dir: PathBuf,
@@ -60,8 +62,10 @@ impl SandboxSpec {
     pub fn socket_path(&self) -> PathBuf {
         self.dir.join("init.sock")
     }
+    /// The upper directory: on the sandbox's disk when it has one
+    /// ([`disk`]).
     pub fn upper_dir(&self) -> PathBuf {
-        self.dir.join("upper")
+        disk::writable_dir(&self.dir).join("upper")
     }
     pub fn console_log(&self) -> PathBuf {
         self.dir.join("console.log")
@@ -104,6 +108,8 @@ pub enum SandboxError {
     Stop(String),
     #[error(transparent)]
     Gvisor(#[from] gvisor::GvisorError),
+    #[error(transparent)]
+    Disk(#[from] disk::DiskError),
 }
 
 impl SandboxError {

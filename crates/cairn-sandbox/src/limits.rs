@@ -14,6 +14,10 @@ pub struct Limits {
     pub cpu_millis: u32,
     /// Maximum number of processes and threads.
     pub pids: u32,
+    /// The size of the sandbox's disk, the file system its upper
+    /// directory is on (`--disk`); `None`: the state directory's.
+    #[serde(default)]
+    pub disk_bytes: Option<u64>,
 }
 
 impl Default for Limits {
@@ -22,6 +26,7 @@ impl Default for Limits {
             memory_bytes: 1 << 30,
             cpu_millis: host_cpu_millis(),
             pids: 1024,
+            disk_bytes: None,
         }
     }
 }
@@ -43,6 +48,10 @@ pub enum LimitsError {
     Memory(String),
     #[error("memory limit {0} is below the 4M minimum a sandbox needs")]
     MemoryTooSmall(String),
+    #[error("invalid disk size {0:?}: write a number with an optional unit M, G or T (e.g. 512M, 10G)")]
+    Disk(String),
+    #[error("disk size {0} is below the 16M minimum a sandbox's file system needs")]
+    DiskTooSmall(String),
     #[error("invalid CPU count {0:?}: write a positive number of cores, fractions allowed (e.g. 1, 0.5, 2)")]
     Cpus(String),
     #[error("invalid process limit {0:?}: write a whole number from 8 to 4194304")]
@@ -95,6 +104,36 @@ impl fmt::Display for MemorySize {
         } else {
             write!(f, "{b}")
         }
+    }
+}
+
+/// The smallest disk a sandbox may have: ext4's metadata and journal take
+/// a few megabytes of it.
+pub const DISK_MIN: u64 = 16 << 20;
+
+/// A disk size such as `10G`: the same syntax as [`MemorySize`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct DiskSize(pub u64);
+
+impl FromStr for DiskSize {
+    type Err = LimitsError;
+    fn from_str(s: &str) -> Result<Self, LimitsError> {
+        let bytes = match s.parse::<MemorySize>() {
+            Ok(m) => m.0,
+            Err(LimitsError::MemoryTooSmall(_)) => 0,
+            Err(_) => return Err(LimitsError::Disk(s.to_string())),
+        };
+        if bytes < DISK_MIN {
+            return Err(LimitsError::DiskTooSmall(s.to_string()));
+        }
+        // Whole blocks of 4 KiB: the image's size and the file system's.
+        Ok(DiskSize(bytes & !4095))
+    }
+}
+
+impl fmt::Display for DiskSize {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        MemorySize(self.0).fmt(f)
     }
 }
 
@@ -171,5 +210,16 @@ mod tests {
         assert_eq!("0.5".parse::<CpuCount>().unwrap().0, 500);
         assert!("3".parse::<PidCount>().is_err());
         assert!("many".parse::<PidCount>().is_err());
+    }
+
+    #[test]
+    fn disk_sizes_parse_like_memory_and_refuse_tiny_disks() {
+        assert_eq!("64M".parse::<DiskSize>().unwrap().0, 64 << 20);
+        assert_eq!("10G".parse::<DiskSize>().unwrap().0, 10 << 30);
+        assert_eq!("1.5G".parse::<DiskSize>().unwrap().to_string(), "1536M");
+        assert!(matches!("8M".parse::<DiskSize>(), Err(LimitsError::DiskTooSmall(_))));
+        assert!(matches!("1K".parse::<DiskSize>(), Err(LimitsError::DiskTooSmall(_))));
+        let err = "lots".parse::<DiskSize>().unwrap_err();
+        assert!(err.to_string().contains("10G"), "{err}");
     }
 }

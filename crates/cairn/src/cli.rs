@@ -9,7 +9,7 @@
 
 use std::path::PathBuf;
 
-use cairn_sandbox::limits::{CpuCount, MemorySize, PidCount};
+use cairn_sandbox::limits::{CpuCount, DiskSize, MemorySize, PidCount};
 use clap::{Args, Parser, Subcommand};
 
 #[derive(Parser)]
@@ -78,6 +78,13 @@ pub struct LimitArgs {
     /// Limit on processes and threads (default 1024); stops fork bombs.
     #[arg(long, value_name = "N")]
     pub pids: Option<PidCount>,
+    /// Disk limit, e.g. 1G or 10G (at least 16M): the sandbox's files go on
+    /// a file system of this size (an ext4 image, its metadata included),
+    /// and a write past it fails with "No space left on device". Default:
+    /// CAIRN_DISK, else none (the state directory's file system). A fork
+    /// keeps its sandbox's.
+    #[arg(long, value_name = "SIZE")]
+    pub disk: Option<DiskSize>,
     #[command(flatten)]
     pub network: NetworkArgs,
 }
@@ -129,8 +136,9 @@ pub enum Command {
     /// show|ls|approve|reject`.
     #[command(args_conflicts_with_subcommands = true, subcommand_negates_reqs = true)]
     Run {
+        /// Boxed: the largest variant by far.
         #[command(flatten)]
-        sandbox: SandboxArgs,
+        sandbox: Box<SandboxArgs>,
         #[command(flatten)]
         process: ProcessArgs,
         /// The command and its arguments.

@@ -10,7 +10,7 @@ use anyhow::{bail, Context, Result};
 use cairn_engine::{CreateOptions, Engine, ExecStart, Home, SandboxRecord, SandboxState};
 use cairn_protocol::{ExecRequest, FileKind, FileMeta};
 use cairn_sandbox::client::{InitClient, SpawnFailure};
-use cairn_sandbox::limits::{CpuCount, MemorySize, PidCount};
+use cairn_sandbox::limits::{DiskSize, MemorySize};
 use cairn_sandbox::Limits;
 use nix::sys::signal::{SigSet, Signal};
 
@@ -159,8 +159,8 @@ pub fn dispatch(cli: Cli) -> Result<i32> {
     let starts_native = match &cli.command {
         Command::Run {
             show: None, sandbox, ..
-        }
-        | Command::Create { sandbox } => sandbox.driver == "native",
+        } => sandbox.driver == "native",
+        Command::Create { sandbox } => sandbox.driver == "native",
         _ => false,
     };
     let mut engine = if starts_native {
@@ -346,8 +346,18 @@ pub fn dispatch(cli: Cli) -> Result<i32> {
     result
 }
 
-fn limits(memory: Option<MemorySize>, cpus: Option<CpuCount>, pids: Option<PidCount>) -> Limits {
-    let mut limits = Limits::default();
+fn limits(args: &LimitArgs) -> Limits {
+    let LimitArgs {
+        memory,
+        cpus,
+        pids,
+        disk,
+        ..
+    } = *args;
+    let mut limits = Limits {
+        disk_bytes: disk.map(|d| d.0),
+        ..Limits::default()
+    };
     if let Some(m) = memory {
         limits.memory_bytes = m.0;
     }
@@ -383,7 +393,7 @@ fn finish_uploads(engine: &Engine) {
 fn limit_options(args: &LimitArgs, driver: Option<String>) -> Result<CreateOptions> {
     Ok(CreateOptions {
         name: args.name.clone(),
-        limits: limits(args.memory, args.cpus, args.pids),
+        limits: limits(args),
         driver,
         network: network_policy(&args.network)?,
         ..CreateOptions::default()
@@ -484,7 +494,11 @@ fn follow(
             let _ = control.close_stdin();
         });
     }
-    let status = start.session.wait(&mut io::stdout().lock(), &mut io::stderr().lock())?;
+    let status = match start.session.wait(&mut io::stdout().lock(), &mut io::stderr().lock()) {
+        Ok(status) => status,
+        // The connection ended with the sandbox: say why, when it is known.
+        Err(e) => return Err(engine.init_gone(rec).map_or_else(|| e.into(), anyhow::Error::from)),
+    };
     let Some(status) = status else { return Ok(0) };
     if status.timed_out {
         eprintln!(
@@ -493,11 +507,19 @@ fn follow(
         );
         return Ok(124);
     }
-    if status.signal == Some(libc::SIGKILL) && engine.oom_killed_since(&start.probe) {
-        eprintln!(
-            "cairn: the command was killed: out of memory (the sandbox's limit is {}; raise it with --memory)",
-            MemorySize(rec.memory_bytes)
-        );
+    if engine.oom_killed_since(&start.probe) {
+        let limit = MemorySize(rec.memory_bytes);
+        if status.signal == Some(libc::SIGKILL) {
+            eprintln!(
+                "cairn: the command was killed by the OOM killer (out of memory): the sandbox's memory limit is {limit}; raise --memory"
+            );
+        } else if status.code != Some(0) {
+            // Another process of the sandbox took the kill (under gVisor, a
+            // process of the sentry's; the command saw its memory refused).
+            eprintln!(
+                "cairn: the sandbox reached its memory limit ({limit}) while the command ran, and the OOM killer killed a process; raise --memory"
+            );
+        }
     }
     Ok(status.shell_code())
 }
@@ -641,8 +663,8 @@ fn ps(engine: &mut Engine, quiet: bool, json: bool) -> Result<()> {
         }
     } else {
         println!(
-            "{:<12}  {:<16}  {:<10}  {:<8}  {:>7}  {:>6}  {:<15}  CREATED",
-            "ID", "NAME", "IMAGE", "STATE", "PID", "MEMORY", "NETWORK"
+            "{:<12}  {:<16}  {:<10}  {:<8}  {:>7}  {:>6}  {:>4}  {:>6}  {:<15}  CREATED",
+            "ID", "NAME", "IMAGE", "STATE", "PID", "MEMORY", "OOM", "DISK", "NETWORK"
         );
         for r in rows {
             let age = (cairn_engine::now_ms() - r.created_at) / 1000;
@@ -656,7 +678,7 @@ fn ps(engine: &mut Engine, quiet: bool, json: bool) -> Result<()> {
                 },
             };
             println!(
-                "{:<12}  {:<16}  {:<10}  {:<8}  {:>7}  {:>6}  {:<15}  {} ago",
+                "{:<12}  {:<16}  {:<10}  {:<8}  {:>7}  {:>6}  {:>4}  {:>6}  {:<15}  {} ago",
                 r.id,
                 r.name,
                 r.image,
@@ -666,6 +688,10 @@ fn ps(engine: &mut Engine, quiet: bool, json: bool) -> Result<()> {
                     .map(|p| p.to_string())
                     .unwrap_or_else(|| "-".into()),
                 MemorySize(r.memory_bytes).to_string(),
+                r.oom_kills,
+                r.disk_bytes
+                    .map(|d| DiskSize(d).to_string())
+                    .unwrap_or_else(|| "-".into()),
                 network,
                 human_age(age)
             );

@@ -1264,3 +1264,60 @@ run = ["true"]
         "without edges the stages follow each other: {text}"
     );
 }
+
+#[test]
+fn disk_limits_oom_kills_and_a_dead_init_are_given_and_shown_through_the_api() {
+    if common::skip_without_disks("disk_limits_oom_kills_and_a_dead_init_are_given_and_shown_through_the_api") {
+        return;
+    }
+    let home = Home::new();
+    let token = home.ok(&["token", "create", "tests"]);
+    let s = Server::start_env(&home, &[], token, &[("CAIRN_DISK", "32M")]);
+    let message = |v: &Value| v["error"]["message"].as_str().unwrap_or_default().to_string();
+    let (status, v) = s.call("POST", "/v1/sandboxes", Some(json!({ "limits": { "disk": "1K" } })));
+    assert!(status == 400 && message(&v).contains("limits.disk"), "{v}");
+    // The server's default, and a size given.
+    let plain = create(&s);
+    let (status, v) = s.call(
+        "POST",
+        "/v1/sandboxes",
+        Some(json!({ "limits": { "disk": "48M", "memory": "32M" } })),
+    );
+    assert_eq!(status, 201, "{v}");
+    let id = v["id"].as_str().unwrap().to_string();
+    assert_eq!(v["disk_bytes"], 48 << 20, "{v}");
+    assert_eq!(v["oom_kills"], 0, "{v}");
+    let (_, v) = s.call("GET", &format!("/v1/sandboxes/{plain}"), None);
+    assert_eq!(v["disk_bytes"], 32 << 20, "{v}");
+    let v = exec(&s, &id, "dd if=/dev/zero of=/big bs=1M count=100");
+    assert!(v["stderr"].as_str().unwrap().contains("No space left on device"), "{v}");
+    // An OOM kill: said in the exec's result, counted in the sandbox's view.
+    let v = exec(&s, &id, "x=aaaaaaaa; while true; do x=$x$x; done");
+    assert_eq!(
+        (v["exit_code"].as_i64(), v["oom_killed"].as_bool()),
+        (Some(137), Some(true)),
+        "{v}"
+    );
+    let (_, v) = s.call("GET", &format!("/v1/sandboxes/{id}"), None);
+    assert_eq!(v["oom_kills"], 1, "{v}");
+    // A sandbox whose init died: an exec says so, not only that nothing answers.
+    let (_, v) = s.call("GET", &format!("/v1/sandboxes/{plain}"), None);
+    let pid = v["pid"].as_i64().unwrap() as i32;
+    nix::sys::signal::kill(nix::unistd::Pid::from_raw(pid), nix::sys::signal::Signal::SIGKILL).unwrap();
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while cairn_sandbox::pid_start_time(pid).is_some() && Instant::now() < deadline {
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    let (status, v) = s.call(
+        "POST",
+        &format!("/v1/sandboxes/{plain}/exec"),
+        Some(json!({ "argv": ["true"] })),
+    );
+    assert_eq!(status, 409, "{v}");
+    assert!(message(&v).contains("not running: init exited"), "{v}");
+    for sandbox in [&id, &plain] {
+        let (status, v) = s.call("DELETE", &format!("/v1/sandboxes/{sandbox}?force=true"), None);
+        assert!(status < 300, "{v}");
+    }
+    assert!(home.host_mounts().is_empty(), "{:?}", home.host_mounts());
+}

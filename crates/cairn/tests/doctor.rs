@@ -14,8 +14,9 @@ use std::process::{Command, Output};
 use common::CAIRN;
 
 /// The lines that must be ok wherever the native driver runs.
-const REQUIRED: [&str; 12] = [
+const REQUIRED: [&str; 13] = [
     "layers",
+    "disk-limits",
     "root",
     "kernel",
     "userns",

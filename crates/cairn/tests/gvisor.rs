@@ -3,6 +3,7 @@
 
 mod common;
 
+use std::os::unix::fs::MetadataExt;
 use std::time::Duration;
 
 use common::{skip_without_runsc, stderr, Home};
@@ -305,4 +306,65 @@ fn a_memory_image_is_refused_by_another_runsc_and_restores_with_its_own() {
     let count = home.read_number(&fork, "/tmp/count");
     assert!(count >= counted, "the fork restarted its counter: {count} < {counted}");
     home.ok(&["rm", "-f", &fork, &id]);
+}
+
+#[test]
+fn a_gvisor_sandbox_fills_its_own_disk_and_its_forks_keep_the_limit() {
+    let name = "a_gvisor_sandbox_fills_its_own_disk_and_its_forks_keep_the_limit";
+    if skip_without_runsc(name) || common::skip_without_disks(name) {
+        return;
+    }
+    let home = Home::new();
+    let id = home.ok(&["create", "--driver", "gvisor", "--disk", "32M"]);
+    let out = home.cairn(&["exec", &id, "--", "sh", "-c", "dd if=/dev/zero of=/big bs=1M count=100"]);
+    assert!(stderr(&out).contains("No space left on device"), "{}", stderr(&out));
+    let image = home.path().join("sandboxes").join(&id).join("disk.img");
+    let used = std::fs::metadata(&image).map(|m| m.blocks() * 512).unwrap();
+    assert!(used <= 32 << 20, "a 32M disk takes {used} bytes of the host");
+    home.sh(&id, "rm /big; echo kept > /kept");
+    // A fork (memory and files) has the files and the same limit.
+    let fork = home.ok(&["fork", &id]);
+    assert_eq!(home.sh(&fork, "cat /kept"), "kept");
+    let ps = home.ps();
+    let seen = ps.iter().find(|s| s["id"] == fork.as_str()).unwrap();
+    assert_eq!(seen["disk_bytes"], 32 << 20, "{seen}");
+    let out = home.cairn(&[
+        "exec",
+        &fork,
+        "--",
+        "sh",
+        "-c",
+        "dd if=/dev/zero of=/big bs=1M count=100",
+    ]);
+    assert!(stderr(&out).contains("No space left on device"), "{}", stderr(&out));
+    home.ok(&["rm", "-f", &id, &fork]);
+    assert!(home.host_mounts().is_empty(), "{:?}", home.host_mounts());
+    assert_eq!(std::fs::read_dir(home.path().join("sandboxes")).unwrap().count(), 0);
+}
+
+#[test]
+fn a_gvisor_sandbox_past_its_memory_limit_is_said_to_have_met_the_oom_killer() {
+    let name = "a_gvisor_sandbox_past_its_memory_limit_is_said_to_have_met_the_oom_killer";
+    if skip_without_runsc(name) {
+        return;
+    }
+    let home = Home::new();
+    let id = home.ok(&["create", "--driver", "gvisor", "--memory", "128M"]);
+    let out = home.cairn(&["exec", &id, "--", "sh", "-c", "x=aaaaaaaa; while true; do x=$x$x; done"]);
+    assert_ne!(out.status.code(), Some(0));
+    // The host's OOM killer takes a process of runsc's: the command's
+    // memory was refused, or the whole sandbox ended. Either is said.
+    let said = stderr(&out);
+    assert!(
+        said.contains("OOM killer") && said.contains("memory limit") && said.contains("raise --memory"),
+        "{said}"
+    );
+    let ps = home.ps();
+    match ps[0]["state"].as_str() {
+        Some("running") => assert!(ps[0]["oom_kills"].as_u64() >= Some(1), "{ps:?}"),
+        _ => assert!(
+            ps[0]["ended_reason"].as_str().is_some_and(|r| r.contains("OOM killer")),
+            "{ps:?}"
+        ),
+    }
 }

@@ -305,3 +305,194 @@ fn a_file_capability_set_inside_survives_a_snapshot_as_the_sandboxs_own() {
     assert_eq!(home.sh(&restored, "/bin/fcaps get /bin/server"), "rev 2 permitted 400");
     home.ok(&["rm", "-f", &id, &restored]);
 }
+
+/// Bytes a file takes on the host's disk (its allocated blocks).
+fn allocated(path: &Path) -> u64 {
+    use std::os::unix::fs::MetadataExt;
+    std::fs::metadata(path).map(|m| m.blocks() * 512).unwrap_or(0)
+}
+
+/// The sandbox's disk image on the host.
+fn disk_image(home: &Home, id: &str) -> PathBuf {
+    home.path().join("sandboxes").join(id).join("disk.img")
+}
+
+#[test]
+fn a_sandbox_fills_its_own_disk_never_the_hosts_and_stays_usable() {
+    if common::skip_without_disks("a_sandbox_fills_its_own_disk_never_the_hosts_and_stays_usable") {
+        return;
+    }
+    let home = Home::new();
+    let id = home.ok(&["create", "--disk", "64M"]);
+    let image = disk_image(&home, &id);
+    assert!(image.is_file(), "no disk image at {}", image.display());
+    // The disk is the host's mount; the sandbox's mount table still names
+    // no host path.
+    let mountinfo = home.ok(&["exec", &id, "--", "cat", "/proc/self/mountinfo"]);
+    assert!(!mountinfo.contains(home.path().to_str().unwrap()), "{mountinfo}");
+    // 200 MB onto a 64M disk: the write fails inside, and the host gives
+    // the sandbox no more than the image's size.
+    let out = home.cairn(&["exec", &id, "--", "sh", "-c", "dd if=/dev/zero of=/big bs=1M count=200"]);
+    assert_ne!(out.status.code(), Some(0));
+    assert!(stderr(&out).contains("No space left on device"), "{}", stderr(&out));
+    let written: u64 = home.sh(&id, "wc -c < /big").parse().unwrap();
+    let used = allocated(&image);
+    eprintln!("wrote {written} bytes; the image takes {used} bytes on the host");
+    assert!(written > 40 << 20, "only {written} bytes fit on a 64M disk");
+    assert!(used <= 64 << 20, "a 64M disk takes {used} bytes of the host");
+    // Full, it still runs commands, snapshots and frees files.
+    assert_eq!(home.sh(&id, "echo alive"), "alive");
+    let snap = home.ok(&["snapshot", &id]);
+    home.sh(&id, "rm /big");
+    home.sh(&id, "echo after > /after");
+    // The file system gives deleted blocks back to the host (at its
+    // journal's next commit, within seconds).
+    let deadline = Instant::now() + Duration::from_secs(15);
+    while allocated(&image) > 16 << 20 && Instant::now() < deadline {
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    assert!(
+        allocated(&image) <= 16 << 20,
+        "the deleted file's blocks stayed taken on the host: {}",
+        allocated(&image)
+    );
+    // A fork of it has its files and a disk of the same size.
+    let fork = home.ok(&["fork", &id]);
+    assert_eq!(home.sh(&fork, "cat /after"), "after");
+    let ps = home.ps();
+    let seen = ps.iter().find(|s| s["id"] == fork.as_str()).unwrap();
+    assert_eq!(seen["disk_bytes"], 64 << 20, "{seen}");
+    let out = home.cairn(&[
+        "exec",
+        &fork,
+        "--",
+        "sh",
+        "-c",
+        "dd if=/dev/zero of=/big2 bs=1M count=200",
+    ]);
+    assert!(stderr(&out).contains("No space left on device"), "{}", stderr(&out));
+    assert!(allocated(&disk_image(&home, &fork)) <= 64 << 20);
+    // A restore of the full snapshot gets the file back on a disk of its own.
+    let restored = home.ok(&["restore", &snap, "--disk", "128M"]);
+    let size: u64 = home.sh(&restored, "wc -c < /big").parse().unwrap();
+    assert_eq!(size, written);
+    // Removal unmounts every disk and deletes its image.
+    for sandbox in [&id, &fork, &restored] {
+        home.ok(&["rm", "-f", sandbox]);
+    }
+    assert!(home.host_mounts().is_empty(), "{:?}", home.host_mounts());
+    assert_eq!(std::fs::read_dir(home.path().join("sandboxes")).unwrap().count(), 0);
+}
+
+#[test]
+fn a_disk_left_mounted_by_a_crash_is_cleaned_by_gc() {
+    if common::skip_without_disks("a_disk_left_mounted_by_a_crash_is_cleaned_by_gc") {
+        return;
+    }
+    let home = Home::new();
+    // A sandbox whose init was killed: its row says exited, its disk is
+    // still mounted (a snapshot could read it).
+    let id = home.ok(&["create", "--disk", "32M"]);
+    let pid = common::init_pid(&home, &id);
+    nix::sys::signal::kill(nix::unistd::Pid::from_raw(pid), nix::sys::signal::Signal::SIGKILL).unwrap();
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while cairn_sandbox::pid_start_time(pid).is_some() && Instant::now() < deadline {
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    // A directory no row accounts for, with a mounted disk: what a crash
+    // between the mount and the row's removal would leave.
+    let orphan = home.path().join("sandboxes").join("0123456789ab");
+    std::fs::create_dir_all(orphan.join("disk")).unwrap();
+    let image = orphan.join("disk.img");
+    std::fs::File::create(&image).unwrap().set_len(16 << 20).unwrap();
+    let mkfs = Command::new("mkfs.ext4")
+        .args(["-q", "-F"])
+        .arg(&image)
+        .output()
+        .unwrap();
+    assert!(mkfs.status.success(), "{}", String::from_utf8_lossy(&mkfs.stderr));
+    let mount = Command::new("mount")
+        .args(["-o", "loop"])
+        .arg(&image)
+        .arg(orphan.join("disk"))
+        .output()
+        .unwrap();
+    assert!(mount.status.success(), "{}", String::from_utf8_lossy(&mount.stderr));
+    assert_eq!(home.host_mounts().len(), 2, "{:?}", home.host_mounts());
+    let report: serde_json::Value = serde_json::from_str(&home.ok(&["gc", "--json"])).unwrap();
+    assert!(
+        report["sandboxes_removed"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .any(|v| v == id.as_str()),
+        "{report}"
+    );
+    assert!(
+        report["directories_removed"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .any(|v| v == "0123456789ab"),
+        "{report}"
+    );
+    assert!(home.host_mounts().is_empty(), "{:?}", home.host_mounts());
+    assert_eq!(std::fs::read_dir(home.path().join("sandboxes")).unwrap().count(), 0);
+}
+
+#[test]
+fn filling_dev_shm_never_kills_init_and_exec_goes_on() {
+    if skip("filling_dev_shm_never_kills_init_and_exec_goes_on") {
+        return;
+    }
+    let home = Home::new();
+    let id = home.ok(&["create", "--memory", "64M"]);
+    let pid = common::init_pid(&home, &id);
+    // /dev/shm is half the memory limit: 200 MB end in ENOSPC.
+    let out = home.cairn(&[
+        "exec",
+        &id,
+        "--",
+        "sh",
+        "-c",
+        "dd if=/dev/zero of=/dev/shm/fill bs=1M count=200",
+    ]);
+    assert!(
+        stderr(&out).contains("No space left on device") || out.status.code() == Some(137),
+        "{}",
+        stderr(&out)
+    );
+    let shm: u64 = home.sh(&id, "wc -c < /dev/shm/fill").parse().unwrap();
+    assert!(shm <= 32 << 20, "/dev/shm took {shm} bytes of a 64M sandbox");
+    // With it full, a process that wants the rest is the OOM killer's
+    // pick, never init.
+    let out = home.cairn(&["exec", &id, "--", "sh", "-c", "x=aaaaaaaa; while true; do x=$x$x; done"]);
+    assert_eq!(out.status.code(), Some(137), "{}", stderr(&out));
+    assert!(stderr(&out).contains("killed by the OOM killer"), "{}", stderr(&out));
+    assert_eq!(common::init_pid(&home, &id), pid);
+    assert!(cairn_sandbox::pid_start_time(pid).is_some(), "init died");
+    assert_eq!(home.sh(&id, "echo alive"), "alive");
+    // Commands start with a higher score than init's (-1000 and 0 where
+    // Cairn holds CAP_SYS_RESOURCE, else init's own and 1000).
+    let init_score: i32 = std::fs::read_to_string(format!("/proc/{pid}/oom_score_adj"))
+        .unwrap()
+        .trim()
+        .parse()
+        .unwrap();
+    let command_score: i32 = home.sh(&id, "cat /proc/self/oom_score_adj").parse().unwrap();
+    assert!(
+        command_score > init_score,
+        "a command's oom_score_adj {command_score} is not above init's {init_score}"
+    );
+    // /dev itself holds no data.
+    let out = home.cairn(&[
+        "exec",
+        &id,
+        "--",
+        "sh",
+        "-c",
+        "dd if=/dev/zero of=/dev/fill bs=1M count=8",
+    ]);
+    assert!(stderr(&out).contains("No space left on device"), "{}", stderr(&out));
+    home.ok(&["rm", "-f", &id]);
+}

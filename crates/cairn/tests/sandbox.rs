@@ -152,7 +152,23 @@ fn exceeding_the_memory_limit_is_an_oom_kill_reported_as_such() {
         "x=aaaaaaaa; while true; do x=$x$x; done",
     ]);
     assert_eq!(out.status.code(), Some(137));
-    assert!(stderr(&out).contains("out of memory"), "{}", stderr(&out));
+    assert!(
+        stderr(&out).contains("killed by the OOM killer (out of memory): the sandbox's memory limit is 32M"),
+        "{}",
+        stderr(&out)
+    );
+    // `ps` counts the kills of a running sandbox.
+    let id = home.ok(&["create", "--memory", "32M"]);
+    assert_eq!(home.ps()[0]["oom_kills"], 0);
+    let out = home.cairn(&["exec", &id, "--", "sh", "-c", "x=aaaaaaaa; while true; do x=$x$x; done"]);
+    assert_eq!(out.status.code(), Some(137));
+    assert!(stderr(&out).contains("raise --memory"), "{}", stderr(&out));
+    assert_eq!(home.ps()[0]["oom_kills"], 1);
+    let table = home.ok(&["ps"]);
+    let header: Vec<&str> = table.lines().next().unwrap().split_whitespace().collect();
+    let row: Vec<&str> = table.lines().nth(1).unwrap().split_whitespace().collect();
+    let oom = header.iter().position(|h| *h == "OOM").unwrap();
+    assert_eq!(row[oom], "1", "{table}");
 }
 
 #[test]
@@ -536,7 +552,11 @@ fn a_sandbox_whose_init_died_shows_as_exited_and_refuses_exec_clearly() {
     );
     let out = home.cairn(&["exec", &id, "--", "true"]);
     assert_eq!(out.status.code(), Some(125));
-    assert!(stderr(&out).contains("is exited, not running"), "{}", stderr(&out));
+    assert!(
+        stderr(&out).contains("is exited (init exited), not running"),
+        "{}",
+        stderr(&out)
+    );
     // Its files are still there to snapshot, and plain rm removes it.
     home.ok(&["snapshot", &id]);
     assert_eq!(home.ok(&["rm", &id]), id);

@@ -10,7 +10,7 @@ use axum::http::{HeaderMap, StatusCode};
 use axum::response::Response;
 use axum::Json;
 use cairn_engine::{CreateOptions, Engine, Silent};
-use cairn_sandbox::limits::{CpuCount, MemorySize, PidCount};
+use cairn_sandbox::limits::{CpuCount, DiskSize, MemorySize, PidCount};
 
 use super::{idempotent, json, parse};
 use crate::app::App;
@@ -40,6 +40,13 @@ fn options(
             .parse::<CpuCount>()
             .map_err(|e| ApiError::bad_request(format!("limits.cpus: {e}")))?
             .0;
+    }
+    if let Some(d) = &limits.disk {
+        opts.limits.disk_bytes = Some(
+            d.parse::<DiskSize>()
+                .map_err(|e| ApiError::bad_request(format!("limits.disk: {e}")))?
+                .0,
+        );
     }
     if let Some(p) = limits.pids {
         opts.limits.pids = p

@@ -177,6 +177,9 @@ pub struct SandboxRecord {
     pub memory_bytes: u64,
     pub cpu_millis: u32,
     pub pids_max: u32,
+    /// `--disk`: the size of the file system its upper directory is on;
+    /// `None`: the state directory's.
+    pub disk_bytes: Option<u64>,
     pub created_at: i64,
     #[serde(skip)]
     pub auto_remove: bool,
@@ -189,6 +192,10 @@ pub struct SandboxRecord {
     pub last_snapshot: Option<String>,
     /// `--network egress`: what was asked for and the address it holds.
     pub network: Option<crate::network::SandboxNetwork>,
+    /// Processes its memory limit had the OOM killer kill while it ran, as
+    /// its cgroup counts them; not stored: filled in when the engine hands
+    /// the record out (0 once its cgroups are gone).
+    pub oom_kills: u64,
 }
 
 #[derive(Debug, Clone, Serialize)]
@@ -373,8 +380,9 @@ impl Db {
         self.transaction(|b| {
             let inserted = b.execute(
                 "INSERT INTO sandboxes (id, name, image, driver, state, pid, pid_start, owner_pid, owner_start,
-                 memory_bytes, cpu_millis, pids_max, created_at, ended_reason, auto_remove, last_snapshot, home_id, network)
-                 VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14, $15, $16, $17, $18)",
+                 memory_bytes, cpu_millis, pids_max, created_at, ended_reason, auto_remove, last_snapshot, home_id, network,
+                 disk_bytes)
+                 VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14, $15, $16, $17, $18, $19)",
                 params![
                     &rec.id,
                     &rec.name,
@@ -394,6 +402,7 @@ impl Db {
                     &rec.last_snapshot,
                     &self.home_id,
                     rec.network.as_ref().map(|n| n.to_json()),
+                    rec.disk_bytes,
                 ],
             );
             match inserted {
@@ -779,7 +788,7 @@ fn snapshots_of(b: &mut dyn Backend, sql: &str, params: &[Value]) -> Result<Vec<
 }
 
 const SANDBOX_COLUMNS: &str = "id, name, image, driver, state, pid, pid_start, owner_pid, owner_start,
-    memory_bytes, cpu_millis, pids_max, created_at, ended_reason, auto_remove, last_snapshot, network";
+    memory_bytes, cpu_millis, pids_max, created_at, ended_reason, auto_remove, last_snapshot, network, disk_bytes";
 
 fn sandbox_from_row(r: &Row) -> Result<SandboxRecord, StateError> {
     let state: String = r.get(4)?;
@@ -796,6 +805,7 @@ fn sandbox_from_row(r: &Row) -> Result<SandboxRecord, StateError> {
         memory_bytes: r.get(9)?,
         cpu_millis: r.get(10)?,
         pids_max: r.get(11)?,
+        disk_bytes: r.get(17)?,
         created_at: r.get(12)?,
         ended_reason: r.get(13)?,
         auto_remove: r.get(14)?,
@@ -807,6 +817,7 @@ fn sandbox_from_row(r: &Row) -> Result<SandboxRecord, StateError> {
             .map_err(StateError::Damaged)?,
         layers: Vec::new(),
         services: Vec::new(),
+        oom_kills: 0,
     })
 }
 

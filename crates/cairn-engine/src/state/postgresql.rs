@@ -34,6 +34,7 @@ const MIGRATIONS: &[&str] = &[
     include_str!("../../migrations/postgres/0010_sandbox_network.sql"),
     include_str!("../../migrations/postgres/0011_event_data.sql"),
     include_str!("../../migrations/postgres/0012_e2b_grant.sql"),
+    include_str!("../../migrations/postgres/0013_sandbox_disk.sql"),
 ];
 
 /// Serialises migrations (and the home claim) between processes opening

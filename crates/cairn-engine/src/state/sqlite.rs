@@ -40,6 +40,7 @@ const MIGRATIONS: &[&str] = &[
     include_str!("../../migrations/sqlite/0010_sandbox_network.sql"),
     include_str!("../../migrations/sqlite/0011_event_data.sql"),
     include_str!("../../migrations/sqlite/0012_e2b_grant.sql"),
+    include_str!("../../migrations/sqlite/0013_sandbox_disk.sql"),
 ];
 
 /// The WAL a closing process leaves as it is; a longer one is checkpointed.

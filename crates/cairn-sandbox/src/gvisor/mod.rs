@@ -58,6 +58,8 @@ pub enum GvisorError {
     Runsc { what: String, message: String },
     #[error("cannot write the sandbox bundle: {0}")]
     Bundle(String),
+    #[error(transparent)]
+    Disk(#[from] crate::disk::DiskError),
     #[error("{what}: {source}")]
     Io {
         what: String,
@@ -454,8 +456,18 @@ impl GvisorDriver {
                 spec.dir.display()
             )));
         }
+        // The root's upper and work directories on the sandbox's disk, when
+        // it has one (the same as a native sandbox's: see `disk`).
+        match spec.limits.disk_bytes {
+            Some(bytes) => crate::disk::prepare(&spec.dir, bytes, 0)?,
+            None => drop(crate::disk::upper_dir(&spec.dir)?),
+        }
+        let writable = crate::disk::writable_dir(&spec.dir);
         for sub in ["upper", "work", "rootfs", "uds"] {
-            let d = spec.dir.join(sub);
+            let d = match sub {
+                "upper" | "work" => writable.join(sub),
+                _ => spec.dir.join(sub),
+            };
             let made = !d.is_dir();
             fs::create_dir_all(&d).map_err(|e| GvisorError::io(format!("create {}", d.display()), e))?;
             // The upper directory is the sandbox's `/`: 0755 whatever the

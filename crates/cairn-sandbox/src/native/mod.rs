@@ -9,7 +9,8 @@
 //! driver makes the sandbox's cgroups, which PID 1 joins once told they
 //! exist (see cairn-init's `native` module). The overlay and every other
 //! mount live only in the sandbox's mount namespace and vanish with its last
-//! process; nothing is mounted on the host.
+//! process; nothing is mounted on the host but a sandbox's disk (`--disk`:
+//! [`crate::disk`]), which init's mount namespace copies from the host's.
 
 mod caps;
 pub mod layers;
@@ -36,7 +37,8 @@ use crate::{pid_start_time, Capabilities, Driver, SandboxError, SandboxProcess, 
 /// one page).
 pub(crate) fn overlay_options(spec: &SandboxSpec) -> Result<String, String> {
     let lowers = lower_dirs(spec).map_err(|e| e.to_string())?;
-    let dir = spec.dir.to_str().ok_or("the sandbox directory is not UTF-8")?;
+    let writable = crate::disk::writable_dir(&spec.dir);
+    let dir = writable.to_str().ok_or("the sandbox directory is not UTF-8")?;
     let options = format!("lowerdir={},upperdir={dir}/upper,workdir={dir}/work", lowers.join(":"));
     if options.len() >= 4000 {
         return Err(format!(
@@ -161,8 +163,9 @@ impl NativeDriver {
             rootfs: path(&spec.dir.join("rootfs"))?,
             lower_dirs: self.mounted_layers(spec, way)?,
             layer_mount: way.layer_mount(),
-            upper_dir: path(&spec.dir.join("upper"))?,
-            work_dir: path(&spec.dir.join("work"))?,
+            upper_dir: path(&crate::disk::writable_dir(&spec.dir).join("upper"))?,
+            work_dir: path(&crate::disk::writable_dir(&spec.dir).join("work"))?,
+            shm_bytes: shm_bytes(&spec.limits),
             hostname: spec.hostname.clone(),
             host_id_base: HOST_IDS.base,
             id_count: HOST_IDS.count,
@@ -193,8 +196,20 @@ impl NativeDriver {
         if socket.as_os_str().len() >= 100 {
             return Err(SandboxError::SocketPathTooLong(spec.dir.clone()));
         }
+        // A sandbox with a disk has its upper and work directories on it,
+        // mounted (and made, the first time) before init copies the host's
+        // mount table.
+        match spec.limits.disk_bytes {
+            Some(bytes) => crate::disk::prepare(&spec.dir, bytes, HOST_IDS.base)?,
+            None => drop(crate::disk::upper_dir(&spec.dir)?),
+        }
+        let writable = crate::disk::writable_dir(&spec.dir);
         for sub in ["upper", "work", "rootfs"] {
-            let d = spec.dir.join(sub);
+            let d = if sub == "rootfs" {
+                spec.dir.join(sub)
+            } else {
+                writable.join(sub)
+            };
             if d.is_dir() {
                 continue;
             }
@@ -566,6 +581,16 @@ pub(crate) fn while_busy<T>(mut spawn: impl FnMut() -> std::io::Result<T>) -> st
             done => return done,
         }
     }
+}
+
+/// The size of a sandbox's `/dev/shm`: half its memory limit. Its pages are
+/// charged to the sandbox's memory cgroup like any process's, so a tmpfs
+/// the size of the limit could take all of it, and the OOM killer would
+/// pick some process whose own memory is small (tmpfs pages belong to no
+/// process); at half, a writer filling it gets ENOSPC and the processes
+/// keep the other half.
+fn shm_bytes(limits: &crate::Limits) -> u64 {
+    (limits.memory_bytes / 2) & !4095
 }
 
 /// The lower layers as host paths, checked for what overlayfs refuses.

@@ -1,6 +1,6 @@
 //! The kernel features the native driver uses: user namespaces, seccomp,
 //! overlayfs, the new mount API, idmapped mounts on the state directory's
-//! file system, and cgroups.
+//! file system, cgroups, and loop devices for `--disk`.
 
 use std::ffi::CString;
 use std::io;
@@ -24,7 +24,21 @@ pub fn lines(home: &Home) -> Vec<Line> {
     lines.push(idmapped_mounts(&existing_ancestor(home.root()), &userns));
     drop(userns);
     lines.push(cgroups(home));
+    lines.push(disk());
     lines
+}
+
+/// What `--disk` needs; a host without it runs sandboxes without disks.
+fn disk() -> Line {
+    match cairn_sandbox::disk::available() {
+        Ok(detail) => Line::ok("disk-limits", detail),
+        Err(missing) => Line::warn(
+            "disk-limits",
+            missing,
+            "--disk and CAIRN_DISK need loop devices (/dev/loop-control; modprobe loop, or a container given \
+             the loop devices) and e2fsprogs (apt-get install e2fsprogs)",
+        ),
+    }
 }
 
 /// `path`, or the nearest directory above it that exists (the state

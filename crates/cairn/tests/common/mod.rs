@@ -41,6 +41,23 @@ pub fn skip(test: &str) -> bool {
     }
 }
 
+/// [`skip`], and also when the host cannot give sandboxes disks (`--disk`:
+/// loop devices and mkfs.ext4).
+pub fn skip_without_disks(test: &str) -> bool {
+    if skip(test) {
+        return true;
+    }
+    match cairn_sandbox::disk::available() {
+        Ok(_) => false,
+        Err(why) => {
+            skipped(&format!(
+                "{test}: {why}; --disk needs loop devices (modprobe loop) and e2fsprogs (apt-get install e2fsprogs)"
+            ));
+            true
+        }
+    }
+}
+
 /// [`skip`], and also when runsc (gVisor) is missing.
 pub fn skip_without_runsc(test: &str) -> bool {
     if skip(test) {
