@@ -171,6 +171,8 @@ mount -t tmpfs run /run
 mkdir -p /lib/modules/$release && mount --bind "$modules" /lib/modules/$release
 ln -sf "$busybox" /sbin/modprobe
 modprobe -a virtio_blk ext4
+# Loop devices, for sandboxes' disks (--disk); built into some kernels.
+modprobe loop 2>/dev/null
 # A checkout under /tmp stays in sight (and writable) on top of /tmp's disk.
 mkdir -p /run/checkout && mount --bind "$root" /run/checkout
 mount -t ext4 /dev/vda /tmp || { echo "cgroup-v2-vm: /tmp's disk did not mount"; echo 1 >/vmio/rc; "$busybox" poweroff -f; }
