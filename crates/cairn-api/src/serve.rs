@@ -62,7 +62,22 @@ pub async fn serve(home: Home, opts: ServeOptions) -> Result<(), ServeError> {
     let limits = opts.limits.clone();
     let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
     let mut tasks = tokio::task::JoinSet::new();
-    tasks.spawn(crate::listen::run(
+    let mut start = |listener: Listener, admission: Admission, router: axum::Router| {
+        tasks.spawn(crate::listen::run(
+            listener,
+            admission,
+            router,
+            Arc::clone(&app),
+            limits.clone(),
+            stop_rx.clone(),
+        ));
+    };
+    let tcp_admission = |name| Admission {
+        name,
+        cap: caps.tcp,
+        per_peer: caps.per_peer,
+    };
+    start(
         Listener::Unix(unix),
         Admission {
             name: "unix",
@@ -70,49 +85,19 @@ pub async fn serve(home: Home, opts: ServeOptions) -> Result<(), ServeError> {
             per_peer: caps.unix,
         },
         router.clone(),
-        Arc::clone(&app),
-        limits.clone(),
-        stop_rx.clone(),
-    ));
+    );
     eprintln!("cairn: serving on {} (unix)", socket.display());
     if let Some(addr) = opts.listen {
-        let tcp = TcpListener::bind(addr).await.map_err(|source| ServeError::Listen {
-            what: addr.to_string(),
-            source,
-            hint: "pick a free address with --listen HOST:PORT",
-        })?;
-        let shown = tcp
-            .local_addr()
-            .map(|a| a.to_string())
-            .unwrap_or_else(|_| addr.to_string());
+        let (tcp, shown) = bind_tcp(addr, "pick a free address with --listen HOST:PORT").await?;
         let authed = router.layer(axum::middleware::from_fn_with_state(
             Arc::clone(&app),
             crate::require_token,
         ));
-        tasks.spawn(crate::listen::run(
-            Listener::Tcp(tcp),
-            Admission {
-                name: "api",
-                cap: caps.tcp,
-                per_peer: caps.per_peer,
-            },
-            authed,
-            Arc::clone(&app),
-            limits.clone(),
-            stop_rx.clone(),
-        ));
+        start(Listener::Tcp(tcp), tcp_admission("api"), authed);
         eprintln!("cairn: serving on http://{shown} (bearer tokens: `cairn token create NAME`)");
     }
     if let Some(addr) = opts.e2b {
-        let tcp = TcpListener::bind(addr).await.map_err(|source| ServeError::Listen {
-            what: addr.to_string(),
-            source,
-            hint: "pick a free address with --e2b HOST:PORT",
-        })?;
-        let shown = tcp
-            .local_addr()
-            .map(|a| a.to_string())
-            .unwrap_or_else(|_| addr.to_string());
+        let (tcp, shown) = bind_tcp(addr, "pick a free address with --e2b HOST:PORT").await?;
         if opts.e2b_drivers.uses_gvisor() && cairn_sandbox::gvisor::Runsc::locate().is_none() {
             eprintln!(
                 "cairn: warning: --e2b-driver names gvisor but runsc is not installed \
@@ -120,18 +105,7 @@ pub async fn serve(home: Home, opts: ServeOptions) -> Result<(), ServeError> {
             );
         }
         let e2b = crate::e2b::router(Arc::clone(&app), opts.e2b_drivers.clone());
-        tasks.spawn(crate::listen::run(
-            Listener::Tcp(tcp),
-            Admission {
-                name: "e2b",
-                cap: caps.tcp,
-                per_peer: caps.per_peer,
-            },
-            e2b,
-            Arc::clone(&app),
-            limits.clone(),
-            stop_rx.clone(),
-        ));
+        start(Listener::Tcp(tcp), tcp_admission("e2b"), e2b);
         eprintln!("cairn: serving the E2B API on http://{shown} (E2B_API_KEY: `cairn token create NAME`)");
     }
     if tcp_listeners > 0 {
@@ -197,6 +171,20 @@ async fn idle_timer(app: Arc<App>) {
             Err(e) => tracing::warn!(error = %e.message, "the idle timer could not look at sessions"),
         }
     }
+}
+
+/// Binds a TCP listener at `addr`; also the address it got, as shown.
+async fn bind_tcp(addr: SocketAddr, hint: &'static str) -> Result<(TcpListener, String), ServeError> {
+    let tcp = TcpListener::bind(addr).await.map_err(|source| ServeError::Listen {
+        what: addr.to_string(),
+        source,
+        hint,
+    })?;
+    let shown = tcp
+        .local_addr()
+        .map(|a| a.to_string())
+        .unwrap_or_else(|_| addr.to_string());
+    Ok((tcp, shown))
 }
 
 /// Binds the Unix socket, mode 0600, replacing a stale one (a socket
