@@ -257,6 +257,18 @@ fn a_published_port_answers_from_the_host() {
     assert!(!ruleset().contains(&format!("{port} : ")), "{}", ruleset());
 }
 
+/// SIGKILLs the init of sandbox `id`.
+fn kill_init(home: &Home, id: &str) {
+    let pid = home.ps().into_iter().find(|s| s["id"] == id).unwrap()["pid"]
+        .as_i64()
+        .unwrap();
+    nix::sys::signal::kill(
+        nix::unistd::Pid::from_raw(pid as i32),
+        nix::sys::signal::Signal::SIGKILL,
+    )
+    .unwrap();
+}
+
 /// Whether a host program could bind `addr` now (as a server would: std
 /// sets SO_REUSEADDR).
 fn bindable(addr: &str) -> bool {
@@ -340,14 +352,7 @@ fn published_ports_cannot_be_shadowed_and_can_be_bound_to_one_address() {
     let out = home.cairn(&["create", "--publish", &format!("192.0.2.1:{}:80", free_port())]);
     assert!(stderr(&out).contains("not an address of this host"), "{}", stderr(&out));
     // Killed, the sandbox's init takes its holder with it.
-    let pid = home.ps().into_iter().find(|s| s["id"] == id).unwrap()["pid"]
-        .as_i64()
-        .unwrap();
-    nix::sys::signal::kill(
-        nix::unistd::Pid::from_raw(pid as i32),
-        nix::sys::signal::Signal::SIGKILL,
-    )
-    .unwrap();
+    kill_init(&home, &id);
     assert!(
         bindable_soon(&format!("[::1]:{every}")),
         "the port was still held after init died"
@@ -421,14 +426,7 @@ fn nothing_is_left_after_rm_or_after_kill_9_and_gc() {
     assert!(!rules.contains(&format!("\"{a_if}\" . 1.1.1.1")), "{rules}");
 
     // Everything killed: the sandbox's init, and a command mid-start.
-    let pid = home.ps().into_iter().find(|s| s["id"] == b).unwrap()["pid"]
-        .as_i64()
-        .unwrap();
-    nix::sys::signal::kill(
-        nix::unistd::Pid::from_raw(pid as i32),
-        nix::sys::signal::Signal::SIGKILL,
-    )
-    .unwrap();
+    kill_init(&home, &b);
     // Starts killed at spread instants: before the lease, holding it,
     // with init running, or (the latest) after they finished.
     for delay in [0, 2, 4, 7, 10, 14, 20, 30] {
