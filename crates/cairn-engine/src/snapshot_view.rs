@@ -3,7 +3,7 @@
 //! resolved by the indexes' records alone and a symlink a sandbox left is
 //! reported, never followed (`cairn_layers::archive::view`).
 
-use cairn_layers::archive::{lookup, merged_view, EntryKind, LayerIndex, LayerPath, Lookup};
+use cairn_layers::archive::{load_index, lookup, merged_view, EntryKind, LayerPath, Lookup};
 use cairn_store::ReadContext;
 
 use crate::snapshots::SnapshotError;
@@ -59,7 +59,7 @@ pub enum ViewError {
 fn kind_name(kind: &EntryKind) -> &'static str {
     match kind {
         EntryKind::Directory => "directory",
-        EntryKind::File(_) | EntryKind::HardLink { .. } => "file",
+        EntryKind::File(_) | EntryKind::SmallFile { .. } | EntryKind::HardLink { .. } => "file",
         EntryKind::Symlink { .. } => "symlink",
         EntryKind::Fifo => "fifo",
         EntryKind::Socket => "socket",
@@ -94,12 +94,7 @@ impl Engine {
         let indexes = manifest
             .layers
             .iter()
-            .map(|id| {
-                let context = ReadContext::new().owner("layer", *id.as_hash());
-                self.store
-                    .get_object::<LayerIndex>(id.as_hash(), &context)
-                    .map_err(|e| EngineError::from(SnapshotError::from(e)))
-            })
+            .map(|id| load_index(&self.store, id).map_err(|e| EngineError::from(SnapshotError::from(e))))
             .collect::<Result<Vec<_>, _>>()?;
         let tree = merged_view(&indexes.iter().collect::<Vec<_>>()).map_err(|source| SnapshotError::Flatten {
             id: snap.id.clone(),
@@ -139,10 +134,7 @@ impl Engine {
                     .map(|c| SnapshotDirEntry {
                         name: c.path.split_last().map(|(_, name)| text(name)).unwrap_or_default(),
                         kind: kind_name(&c.kind),
-                        size: match &c.kind {
-                            EntryKind::File(content) => content.size,
-                            _ => 0,
-                        },
+                        size: c.kind.file_size(),
                         symlink_target: match &c.kind {
                             EntryKind::Symlink { target } => Some(text(target)),
                             _ => None,
@@ -151,14 +143,19 @@ impl Engine {
                     .collect(),
                 truncated: more,
             },
-            EntryKind::File(content) if content.size > file_max => {
+            kind if kind.is_file() && kind.file_size() > file_max => {
                 return Err(ViewError::TooLarge {
                     path: path.into(),
-                    size: content.size,
+                    size: kind.file_size(),
                     max: file_max,
                 }
                 .into());
             }
+            EntryKind::SmallFile { data } => SnapshotItem::File {
+                size: data.len() as u64,
+                mode: entry.meta.mode,
+                content: data.clone(),
+            },
             EntryKind::File(content) => {
                 let mut bytes = Vec::with_capacity(content.size as usize);
                 let context = ReadContext::new().path(entry.path.display_path());

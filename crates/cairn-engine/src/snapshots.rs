@@ -15,7 +15,7 @@ use std::io::Seek;
 use std::path::Path;
 use std::time::{Duration, Instant};
 
-use cairn_layers::archive::{capture_since, capture_since_mapped, Baseline, LayerIndex};
+use cairn_layers::archive::{capture_since_with, layer_objects, load_index, write_index, Baseline};
 use cairn_layers::LayerId;
 use cairn_sandbox::gvisor::image_host::ImageHost;
 use cairn_store::{BlobError, ChunkHash, Framed, ReadContext, StoreError};
@@ -464,7 +464,8 @@ impl Engine {
                     return Err(e.into());
                 }
             }
-            let captured = capture_since_mapped(&upper, &self.store, baseline.as_ref(), driver.capabilities().host_ids);
+            let ids = driver.capabilities().host_ids;
+            let captured = capture_since_with(&upper, &self.store, baseline.as_ref(), ids, &dir);
             if running {
                 driver.thaw(&rec.id)?;
             }
@@ -482,7 +483,7 @@ impl Engine {
         // second of the previous capture are read again (racily clean): when
         // nothing else changed since, that is the same layer as the one on
         // top, and stacking it twice would make an overlay that cannot mount.
-        let unchanged = layer.index.entries.len() == 1 || below.first().is_some_and(|top| *top == layer.id.to_string());
+        let unchanged = layer.entries == 1 || below.first().is_some_and(|top| *top == layer.id.to_string());
         let mut layers: Vec<LayerId> = Vec::with_capacity(below.len() + 1);
         if !unchanged {
             layers.push(layer.id);
@@ -508,8 +509,11 @@ impl Engine {
             memory,
         };
         let id = self.store.put_object(&manifest).map_err(SnapshotError::from)?;
-        if !unchanged {
-            // Materialised now, so forks and restores start at once.
+        if !unchanged && layer.entries <= EAGER_LAYER_ENTRIES {
+            // Materialised now, so forks and restores start at once. A
+            // larger layer is built by the first fork or restore that needs
+            // it, so a snapshot of a big tree costs about what reading the
+            // tree does.
             self.layers.ensure(&layer.id, &self.store)?;
         }
         let snap = SnapshotRecord {
@@ -520,14 +524,14 @@ impl Engine {
             driver: rec.driver.clone(),
             label: label.map(str::to_string),
             created_at: manifest.created_at_ms,
-            new_bytes: if unchanged { 0 } else { layer.index.file_bytes() },
+            new_bytes: if unchanged { 0 } else { layer.file_bytes },
             stored_bytes: self.store.bytes_written() - written_before,
             layers: layers.iter().map(|l| l.to_string()).collect(),
         };
         self.db.insert_snapshot(&snap)?;
         // Only once the row exists: a baseline newer than the sandbox's last
         // snapshot would make the next one miss changes.
-        write_baseline(&dir, &snap.id, &next_baseline);
+        write_baseline(&dir, &snap.id, next_baseline);
         if let Some(image) = image_dir {
             // The image as the driver wrote it, for restores on this host;
             // without it a restore rebuilds it from the store.
@@ -564,12 +568,7 @@ impl Engine {
         let indexes = manifest
             .layers
             .iter()
-            .map(|id| {
-                let context = ReadContext::new().owner("layer", *id.as_hash());
-                self.store
-                    .get_object::<LayerIndex>(id.as_hash(), &context)
-                    .map_err(|e| EngineError::from(SnapshotError::from(e)))
-            })
+            .map(|id| load_index(&self.store, id).map_err(|e| EngineError::from(SnapshotError::from(e))))
             .collect::<Result<Vec<_>, _>>()?;
         let flat = cairn_layers::archive::flatten(&indexes.iter().collect::<Vec<_>>()).map_err(|source| {
             SnapshotError::Flatten {
@@ -577,7 +576,7 @@ impl Engine {
                 source,
             }
         })?;
-        let layer = LayerId::from_hash(self.store.put_object(&flat).map_err(SnapshotError::from)?);
+        let layer = write_index(&self.store, flat.entries).map_err(SnapshotError::from)?.id;
         self.layers.ensure(&layer, &self.store)?;
         let flattened = SnapshotManifest {
             parent: snap.id.parse().ok(),
@@ -780,10 +779,12 @@ impl Engine {
         // They are captured before the sandbox goes on and writes again.
         let t = Instant::now();
         // Running, so its disk (if it has one) is mounted.
-        let captured = capture_since(
+        let captured = capture_since_with(
             &cairn_sandbox::disk::writable_dir(&dir).join("upper"),
             &self.store,
             baseline,
+            None,
+            &dir,
         );
         phases.file_capture = t.elapsed();
         if then == Then::Stop {
@@ -944,10 +945,12 @@ impl Engine {
         // Paused: the files match the memory image exactly.
         let t = Instant::now();
         // Running, so its disk (if it has one) is mounted.
-        let captured = capture_since(
+        let captured = capture_since_with(
             &cairn_sandbox::disk::writable_dir(&dir).join("upper"),
             &self.store,
             baseline,
+            None,
+            &dir,
         );
         phases.file_capture = t.elapsed();
         // The sandbox goes on, even when storing failed. If it does not
@@ -1250,13 +1253,7 @@ impl Engine {
         let mut live: Vec<ChunkHash> = Vec::new();
         for l in layers {
             let id = layer_id(l)?;
-            let context = ReadContext::new().owner("layer", *id.as_hash());
-            let index: LayerIndex = self
-                .store
-                .get_object(id.as_hash(), &context)
-                .map_err(SnapshotError::from)?;
-            live.push(*id.as_hash());
-            live.extend(index.referenced_chunks());
+            live.extend(layer_objects(&self.store, &id).map_err(SnapshotError::from)?);
         }
         for snap in snapshots {
             if let Ok(h) = snap.id.parse() {
@@ -1357,18 +1354,24 @@ fn image_files(dir: &Path) -> Result<Vec<String>, EngineError> {
     Ok(names)
 }
 
+/// The most entries a new layer may have and still be materialised by the
+/// snapshot that captured it.
+const EAGER_LAYER_ENTRIES: u64 = 64 * 1024;
+
+/// The baseline at `path`, when there is one and it passes its checks (a
+/// capture without one records the whole upper directory).
 fn read_baseline(path: &Path) -> Option<Baseline> {
-    let bytes = fs::read(path).ok()?;
-    cairn_store::frame::decode(&bytes).ok()
+    if !path.exists() {
+        return None;
+    }
+    Baseline::open(path)
+        .inspect_err(|e| tracing::warn!("{e}; the snapshot records every file of the sandbox"))
+        .ok()
 }
 
 /// Replaces the sandbox's baseline with the one for `snapshot`, atomically.
-fn write_baseline(dir: &Path, snapshot: &str, baseline: &Baseline) {
-    let Ok(bytes) = cairn_store::frame::encode(baseline) else {
-        return;
-    };
-    let tmp = dir.join(".baseline.tmp");
-    if fs::write(&tmp, bytes).is_ok() && fs::rename(&tmp, dir.join(format!("baseline-{snapshot}"))).is_ok() {
+fn write_baseline(dir: &Path, snapshot: &str, baseline: Baseline) {
+    if baseline.persist(&dir.join(format!("baseline-{snapshot}"))).is_ok() {
         if let Ok(entries) = fs::read_dir(dir) {
             for e in entries.flatten() {
                 let name = e.file_name().to_string_lossy().into_owned();

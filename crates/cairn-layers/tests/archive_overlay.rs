@@ -13,8 +13,8 @@ use std::path::{Path, PathBuf};
 use std::time::{Duration, UNIX_EPOCH};
 
 use cairn_layers::archive::{
-    capture, capture_since, flatten, materialise, remove_abandoned_materialisations, Entry, EntryKind, LayerId,
-    LayerIndex, LayerPath, Metadata, Timestamp,
+    capture, capture_since, flatten, load_index, materialise, remove_abandoned_materialisations, write_index, Entry,
+    EntryKind, LayerIndex, LayerPath, Metadata, Timestamp,
 };
 use cairn_store::process::{WriterId, UNIDENTIFIED_GRACE};
 use cairn_store::{collect_garbage, BlobStore, ChunkStore, LocalStore};
@@ -203,7 +203,7 @@ fn a_materialised_layer_reproduces_the_merged_view_exactly() {
 
     let store = store_in(&s);
     let layer = capture(&upper, &store).unwrap();
-    let index = &layer.index;
+    let index = &load_index(&store, &layer.id).unwrap();
     let find = |p: &str| {
         index
             .entries
@@ -310,7 +310,7 @@ fn materialised_layers_stack_like_the_uppers_they_came_from() {
     let l2 = capture(&upper2, &store).unwrap();
     assert_ne!(l1.id, l2.id);
     // Capture is proportional to what changed: L2 is much smaller.
-    assert!(l2.index.entries.len() * 3 < l1.index.entries.len());
+    assert!(l2.entries * 3 < l1.entries);
     let m2 = s.path("L2");
     materialise(&l2.id, &store, &m2).unwrap();
 
@@ -361,9 +361,14 @@ fn a_flattened_stack_shows_the_tree_the_stacked_overlay_shows() {
     let reference = Mount::overlay(&[&m1, &base], Some((&upper2, &work2)), &s.path("ref"), true).unwrap();
     let expected = observe(reference.path());
 
-    let flat = flatten(&[&l2.index, &l1.index, &base_layer.index]).unwrap();
+    let (i2, i1, i0) = (
+        load_index(&store, &l2.id).unwrap(),
+        load_index(&store, &l1.id).unwrap(),
+        load_index(&store, &base_layer.id).unwrap(),
+    );
+    let flat = flatten(&[&i2, &i1, &i0]).unwrap();
     flat.validate().unwrap();
-    let id = LayerId::from_hash(store.put_object(&flat).unwrap());
+    let id = write_index(&store, flat.entries).unwrap().id;
     let rebuilt = s.path("flat");
     materialise(&id, &store, &rebuilt).unwrap();
     let mut actual = observe(&rebuilt);
@@ -424,7 +429,7 @@ fn device_nodes_in_a_layer_index_are_not_materialised() {
             entry("pipe", EntryKind::Fifo, 0o600),
         ],
     };
-    let id = LayerId::from_hash(store.put_object(&index).unwrap());
+    let id = write_index(&store, index.entries).unwrap().id;
     let dest = s.path("out");
     materialise(&id, &store, &dest).unwrap();
     let mut names: Vec<String> = fs::read_dir(&dest)
@@ -455,8 +460,8 @@ fn capturing_the_same_upper_twice_gives_the_same_layer_id() {
     // Nothing new stored: content and index deduplicate.
     assert_eq!(store.backend().list().unwrap().len(), objects);
     // Two identical 3 MB files share all their chunks.
-    let chunks = |name: &str| match &first
-        .index
+    let first_index = load_index(&store, &first.id).unwrap();
+    let chunks = |name: &str| match &first_index
         .entries
         .iter()
         .find(|e| e.path == LayerPath::root().join(b"new").join(name.as_bytes()))
@@ -481,8 +486,8 @@ fn a_failed_materialisation_leaves_nothing_behind_and_names_the_file() {
     write(&upper.join("data/other"), b"fine");
     let store = store_in(&s);
     let layer = capture(&upper, &store).unwrap();
-    let EntryKind::File(content) = &layer
-        .index
+    let index = load_index(&store, &layer.id).unwrap();
+    let EntryKind::File(content) = &index
         .entries
         .iter()
         .find(|e| e.path.as_bytes() == b"data/genome.fa")
@@ -577,12 +582,16 @@ fn gc_rooted_at_a_layer_keeps_it_whole_and_frees_a_dropped_layer() {
     let kept = capture(&kept_upper, &store).unwrap();
     let dropped = capture(&dropped_upper, &store).unwrap();
 
-    let roots = std::iter::once(*kept.id.as_hash()).chain(kept.index.referenced_chunks());
+    let (kept_index, dropped_index) = (
+        load_index(&store, &kept.id).unwrap(),
+        load_index(&store, &dropped.id).unwrap(),
+    );
+    let roots = std::iter::once(*kept.id.as_hash()).chain(kept_index.referenced_chunks());
     let report = collect_garbage(store.backend(), roots, Duration::ZERO).unwrap();
     assert!(report.deleted >= 2, "{report:?}");
     assert!(!store.backend().contains(dropped.id.as_hash()).unwrap());
-    for chunk in dropped.index.referenced_chunks() {
-        let in_kept = kept.index.referenced_chunks().any(|c| c == chunk);
+    for chunk in dropped_index.referenced_chunks() {
+        let in_kept = kept_index.referenced_chunks().any(|c| c == chunk);
         assert_eq!(store.backend().contains(&chunk).unwrap(), in_kept);
     }
 
@@ -680,14 +689,14 @@ fn a_rewrite_in_the_same_clock_tick_as_the_capture_is_seen_by_the_next_capture()
         })
         .expect("every rewrite crossed a second boundary");
     assert_eq!(before.len(), after.len());
+    let index = load_index(&store, &layer.id).unwrap();
     assert!(
-        layer
-            .index
+        index
             .entries
             .iter()
             .any(|e| e.path == LayerPath::root().join(b"counter")),
         "the rewrite was missed: {:?}",
-        layer.index.entries
+        index.entries
     );
     let rebuilt = s.path("layer");
     materialise(&layer.id, &store, &rebuilt).unwrap();

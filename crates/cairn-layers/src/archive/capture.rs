@@ -10,15 +10,20 @@ use nix::sys::stat::{fstat, major, minor, FileStat, SFlag};
 use std::os::fd::AsRawFd;
 use std::os::unix::ffi::OsStrExt;
 
+use super::baseline::{self, Baseline};
 use super::dirfd::{self, open_dir, open_dir_at, open_file_at, stat_at};
-use super::index::{Entry, EntryKind, LayerId, LayerIndex, LayerPath, Metadata, Timestamp, Xattr};
+use super::index::{Entry, EntryKind, LayerId, LayerPath, Metadata, Timestamp, Xattr, SMALL_FILE_MAX};
+use super::stored::IndexWriter;
 use super::{ArchiveError, HostIds};
 
 /// A layer that was captured and stored.
-#[derive(Debug, Clone)]
+#[derive(Debug, Clone, Copy)]
 pub struct CapturedLayer {
     pub id: LayerId,
-    pub index: LayerIndex,
+    /// Entries in the layer's index (1 when nothing changed: the root).
+    pub entries: u64,
+    /// Apparent size of the layer's files.
+    pub file_bytes: u64,
     /// Block and character devices found and left out (see [`is_device`]).
     pub dropped_devices: usize,
 }
@@ -59,47 +64,83 @@ pub fn capture_since_mapped<B: BlobStore>(
     previous: Option<&Baseline>,
     ids: Option<HostIds>,
 ) -> Result<(CapturedLayer, Baseline), ArchiveError> {
+    let beside = match upper.parent() {
+        Some(p) if !p.as_os_str().is_empty() => p,
+        _ => Path::new("."),
+    };
+    capture_since_with(upper, store, previous, ids, beside)
+}
+
+/// [`capture_since_mapped`] that writes the next baseline in
+/// `baseline_dir` (on the filesystem where it will be kept, and not one
+/// the sandbox's quota counts), instead of beside `upper`.
+pub fn capture_since_with<B: BlobStore>(
+    upper: &Path,
+    store: &ChunkStore<B>,
+    previous: Option<&Baseline>,
+    ids: Option<HostIds>,
+    baseline_dir: &Path,
+) -> Result<(CapturedLayer, Baseline), ArchiveError> {
     // Taken before anything is looked at: see [`Seen::settled`].
     let settled_before = settled_before(std::time::SystemTime::now());
-    let root = open_dir(upper).map_err(|source| ArchiveError::Capture {
+    let fail = |action, source| ArchiveError::Capture {
         path: upper.to_path_buf(),
-        action: "opening the upper directory",
+        action,
         source,
-    })?;
+    };
+    let root = open_dir(upper).map_err(|e| fail("opening the upper directory", e))?;
+    let seen = baseline::Writer::create(baseline_dir).map_err(|e| fail("creating the capture baseline", e))?;
+    let previous = previous
+        .map(|b| b.cursor())
+        .transpose()
+        .map_err(|e| fail("reading the capture baseline", std::io::Error::other(e)))?;
     let mut walk = Walk {
         upper,
-        store,
         ids,
-        entries: Vec::new(),
+        store,
+        out: IndexWriter::new(store),
+        pending: Vec::new(),
         links: HashMap::new(),
         previous,
-        seen: Baseline::default(),
+        seen,
         settled_before,
         dropped_devices: 0,
     };
     let st = fstat(root.as_raw_fd()).map_err(|e| walk.err(&LayerPath::root(), "stat", e.into()))?;
     let xattrs = dirfd::read_xattrs_fd(&root).map_err(|e| walk.err(&LayerPath::root(), "reading xattrs", e))?;
-    walk.entries.push(Entry {
+    let seen = Seen::of(&st, settled_before);
+    walk.record_seen(&LayerPath::root(), &seen)?;
+    let old_root = walk.take_previous(&LayerPath::root(), None)?;
+    walk.out.push(Entry {
         path: LayerPath::root(),
         kind: EntryKind::Directory,
         meta: metadata(&st, xattrs, ids),
-    });
-    walk.seen
-        .entries
-        .insert(LayerPath::root(), Seen::of(&st, settled_before));
-    walk.directory(&root, &LayerPath::root())?;
-    if previous.is_some() {
-        walk.whiteout_vanished()?;
+    })?;
+    walk.directory(&root, &LayerPath::root(), old_root.is_some_and(|o| o.is_dir))?;
+    if let Some(cursor) = &mut walk.previous {
+        if let Some((path, _)) = cursor
+            .peek()
+            .map_err(|e| fail("reading the capture baseline", std::io::Error::other(e)))?
+        {
+            tracing::warn!(path = ?path, "the capture baseline holds paths the walk did not reach; they are left as they were");
+        }
     }
-    let index = LayerIndex { entries: walk.entries };
-    let id = LayerId::from_hash(store.put_object(&index)?);
+    let Walk {
+        out,
+        seen,
+        dropped_devices,
+        ..
+    } = walk;
+    let summary = out.finish()?;
+    let baseline = seen.finish().map_err(|e| fail("writing the capture baseline", e))?;
     Ok((
         CapturedLayer {
-            id,
-            index,
-            dropped_devices: walk.dropped_devices,
+            id: summary.id,
+            entries: summary.entries,
+            file_bytes: summary.file_bytes,
+            dropped_devices,
         },
-        walk.seen,
+        baseline,
     ))
 }
 
@@ -205,83 +246,57 @@ impl Seen {
     }
 }
 
-/// The state of an upper directory at its last capture.
-#[derive(Debug, Clone, Default, serde::Serialize, serde::Deserialize)]
-pub struct Baseline {
-    entries: HashMap<LayerPath, Seen>,
-}
-
-/// Version 1 entries had no size and no settled mark.
-#[derive(serde::Deserialize)]
-#[cfg_attr(test, derive(serde::Serialize))]
-struct SeenV1 {
-    dev: u64,
-    ino: u64,
-    ctime_sec: i64,
-    ctime_nsec: i64,
-    is_dir: bool,
-}
-
-#[derive(serde::Deserialize)]
-#[cfg_attr(test, derive(serde::Serialize))]
-struct BaselineV1 {
-    entries: HashMap<LayerPath, SeenV1>,
-}
-
-impl cairn_store::Framed for Baseline {
-    const MAGIC: [u8; 8] = *b"CAIRNBSL";
-    const VERSION: u32 = 2;
-    const MAX_PAYLOAD: u64 = 1 << 30;
-    const NAME: &'static str = "capture baseline";
-
-    /// A version 1 baseline cannot tell racily clean entries from the
-    /// others, so every entry counts as unsettled: the next capture reads
-    /// each file once more (the store keeps only what changed) and still
-    /// whites out what vanished.
-    fn decode_older(version: u32, payload: &[u8]) -> Result<Self, cairn_store::FrameError> {
-        if version != 1 {
-            return Err(cairn_store::FrameError::UnsupportedOldVersion {
-                what: Self::NAME,
-                found: version,
-                supported: Self::VERSION,
-            });
-        }
-        let v1: BaselineV1 = cairn_store::frame::decode_payload(Self::NAME, Self::MAX_PAYLOAD, payload)?;
-        Ok(Baseline {
-            entries: v1
-                .entries
-                .into_iter()
-                .map(|(path, s)| {
-                    let seen = Seen {
-                        dev: s.dev,
-                        ino: s.ino,
-                        ctime_sec: s.ctime_sec,
-                        ctime_nsec: s.ctime_nsec,
-                        size: 0,
-                        is_dir: s.is_dir,
-                        settled: false,
-                    };
-                    (path, seen)
-                })
-                .collect(),
-        })
-    }
-}
-
 const OPAQUE: [&[u8]; 2] = [b"trusted.overlay.opaque", b"user.overlay.opaque"];
 
+/// One capture's walk: entries go to the index writer as they are found,
+/// and the previous baseline is read alongside, in the same order.
 struct Walk<'a, B> {
     upper: &'a Path,
     store: &'a ChunkStore<B>,
     ids: Option<HostIds>,
-    entries: Vec<Entry>,
-    /// Entry index of the first path seen for each multiply-linked inode.
-    links: HashMap<(u64, u64), usize>,
-    previous: Option<&'a Baseline>,
-    seen: Baseline,
+    out: IndexWriter<'a, B>,
+    /// Directories entered whose entry is not written yet: it is written
+    /// before the first entry below it, or dropped when nothing below it
+    /// changed.
+    pending: Vec<Entry>,
+    /// The first path and metadata recorded for each multiply-linked inode.
+    links: HashMap<(u64, u64), (LayerPath, Metadata)>,
+    /// The previous capture's baseline (none: record everything).
+    previous: Option<baseline::Cursor>,
+    /// The baseline for the next capture.
+    seen: baseline::Writer,
     /// See [`Seen::settled`].
     settled_before: (i64, i64),
     dropped_devices: usize,
+}
+
+/// The name of `path` when its parent is `dir`.
+fn child_name<'p>(path: &'p LayerPath, dir: &LayerPath) -> Option<&'p [u8]> {
+    path.split_last()
+        .and_then(|(parent, name)| (parent == dir.as_bytes()).then_some(name))
+}
+
+/// Whether `path` is strictly below `dir`.
+fn is_below(path: &LayerPath, dir: &LayerPath) -> bool {
+    let (p, d) = (path.as_bytes(), dir.as_bytes());
+    if d.is_empty() {
+        return !p.is_empty();
+    }
+    p.len() > d.len() && p.starts_with(d) && p[d.len()] == b'/'
+}
+
+fn whiteout(path: LayerPath) -> Entry {
+    Entry {
+        path,
+        kind: EntryKind::CharDevice { major: 0, minor: 0 },
+        meta: Metadata {
+            mode: 0,
+            uid: 0,
+            gid: 0,
+            mtime: Timestamp { sec: 0, nsec: 0 },
+            xattrs: Vec::new(),
+        },
+    }
 }
 
 fn metadata(st: &FileStat, mut xattrs: Vec<Xattr>, ids: Option<HostIds>) -> Metadata {
@@ -324,60 +339,148 @@ impl<B: BlobStore> Walk<'_, B> {
         }
     }
 
-    /// Whether `path` changed since the previous capture (always, without one).
-    fn changed(&self, path: &LayerPath, seen: &Seen) -> bool {
-        self.previous
-            .is_none_or(|p| !p.entries.get(path).is_some_and(|old| old.unchanged_at(seen)))
+    fn baseline_err(&self, e: String) -> ArchiveError {
+        self.err(
+            &LayerPath::root(),
+            "reading the capture baseline",
+            std::io::Error::other(e),
+        )
     }
 
-    /// Whether `path` is a different inode than at the previous capture.
-    fn new_inode(&self, path: &LayerPath, seen: &Seen) -> bool {
-        self.previous
-            .is_none_or(|p| p.entries.get(path).map(|s| (s.dev, s.ino)) != Some((seen.dev, seen.ino)))
+    fn record_seen(&mut self, path: &LayerPath, seen: &Seen) -> Result<(), ArchiveError> {
+        self.seen
+            .push(path, seen)
+            .map_err(|e| self.err(path, "writing the capture baseline", e))
     }
 
-    /// Records the directory's entries; returns whether any was recorded.
-    fn directory(&mut self, dir: &File, path: &LayerPath) -> Result<bool, ArchiveError> {
+    /// Writes `entry`, after the directories above it that are not written yet.
+    fn emit(&mut self, entry: Entry) -> Result<(), ArchiveError> {
+        for dir in self.pending.drain(..) {
+            self.out.push(dir)?;
+        }
+        self.out.push(entry)?;
+        Ok(())
+    }
+
+    /// Takes the previous capture's record of `dir`'s child `name` (of the
+    /// root itself, without a name), if it is next.
+    fn take_previous(&mut self, dir: &LayerPath, name: Option<&[u8]>) -> Result<Option<Seen>, ArchiveError> {
+        let Some(cursor) = &mut self.previous else {
+            return Ok(None);
+        };
+        let next = cursor.peek().map_err(|e| format!("{e}"));
+        let hit = match next {
+            Err(e) => return Err(self.baseline_err(e)),
+            Ok(None) => false,
+            Ok(Some((path, _))) => match name {
+                None => path.is_root(),
+                Some(name) => child_name(path, dir) == Some(name),
+            },
+        };
+        if !hit {
+            return Ok(None);
+        }
+        let cursor = self.previous.as_mut().expect("checked above");
+        match cursor.take() {
+            Ok(taken) => Ok(taken.map(|(_, seen)| seen)),
+            Err(e) => Err(self.baseline_err(e)),
+        }
+    }
+
+    /// Skips the previous capture's records below `dir`.
+    fn skip_below(&mut self, dir: &LayerPath) -> Result<(), ArchiveError> {
+        loop {
+            let Some(cursor) = &mut self.previous else {
+                return Ok(());
+            };
+            let below = match cursor.peek() {
+                Ok(next) => next.is_some_and(|(p, _)| is_below(p, dir)),
+                Err(e) => return Err(self.baseline_err(e)),
+            };
+            if !below {
+                return Ok(());
+            }
+            if let Err(e) = cursor.take() {
+                return Err(self.baseline_err(e));
+            }
+        }
+    }
+
+    /// Whites out the previous capture's children of `dir` that sort before
+    /// `name` (all that are left, without one): they are gone now. What was
+    /// below them is hidden by their whiteouts.
+    fn vanish_before(&mut self, dir: &LayerPath, name: Option<&[u8]>) -> Result<(), ArchiveError> {
+        loop {
+            let Some(cursor) = &mut self.previous else {
+                return Ok(());
+            };
+            let gone = match cursor.peek() {
+                Err(e) => return Err(self.baseline_err(e)),
+                Ok(Some((path, _))) => child_name(path, dir).is_some_and(|n| name.is_none_or(|name| n < name)),
+                Ok(None) => false,
+            };
+            if !gone {
+                return Ok(());
+            }
+            let (path, seen) = match cursor.take() {
+                Ok(taken) => taken.expect("peeked above"),
+                Err(e) => return Err(self.baseline_err(e)),
+            };
+            if seen.is_dir {
+                self.skip_below(&path)?;
+            }
+            self.emit(whiteout(path))?;
+        }
+    }
+
+    /// Records `dir`'s entries; `with_previous` when the previous capture
+    /// saw `dir` as a directory (its children are next in the baseline).
+    fn directory(&mut self, dir: &File, path: &LayerPath, with_previous: bool) -> Result<(), ArchiveError> {
         let names = dirfd::list_names(dir).map_err(|e| self.err(path, "listing the directory", e))?;
-        let mut any = false;
         for name in names {
             let child = path.join(&name);
+            let old = if with_previous {
+                self.vanish_before(path, Some(&name))?;
+                self.take_previous(path, Some(&name))?
+            } else {
+                None
+            };
             let st = stat_at(dir, &name).map_err(|e| self.err(&child, "stat", e))?;
             let file_type = SFlag::from_bits_truncate(st.st_mode & SFlag::S_IFMT.bits());
+            let is_dir = file_type == SFlag::S_IFDIR;
+            if old.is_some_and(|o| o.is_dir) && !is_dir {
+                // What was below the old directory is hidden by what replaced it.
+                self.skip_below(&child)?;
+            }
             if is_device(file_type, st.st_rdev) {
                 // Left unseen: if it replaced an entry of the previous
                 // capture, that entry is whited out.
                 self.dropped_devices += 1;
+                if old.is_some() {
+                    self.emit(whiteout(child))?;
+                }
                 continue;
             }
-            let is_dir = file_type == SFlag::S_IFDIR;
             let is_whiteout = file_type == SFlag::S_IFCHR && st.st_rdev == 0;
             let seen = Seen::of(&st, self.settled_before);
-            self.seen.entries.insert(child.clone(), seen);
-            let changed = self.changed(&child, &seen);
+            self.record_seen(&child, &seen)?;
+            let changed = self.previous.is_none() || !old.is_some_and(|o| o.unchanged_at(&seen));
+            let new_inode = old.map(|o| (o.dev, o.ino)) != Some((seen.dev, seen.ino));
             if !changed && !is_dir {
                 continue;
             }
 
             // Whiteouts may share one inode (overlayfs links them to a
             // single whiteout); they carry no data, so each stands alone.
-            if !is_dir && !is_whiteout && st.st_nlink > 1 {
-                let key = (st.st_dev, st.st_ino);
-                if let Some(&first) = self.links.get(&key) {
-                    let target = &self.entries[first];
-                    let entry = Entry {
-                        path: child,
-                        kind: EntryKind::HardLink {
-                            target: target.path.clone(),
-                        },
-                        meta: target.meta.clone(),
-                    };
-                    self.entries.push(entry);
-                    any = true;
-                    continue;
-                }
-                // Non-directories push exactly one entry below.
-                self.links.insert(key, self.entries.len());
+            let link_key = (!is_dir && !is_whiteout && st.st_nlink > 1).then_some((st.st_dev, st.st_ino));
+            if let Some((target, meta)) = link_key.and_then(|key| self.links.get(&key)) {
+                let entry = Entry {
+                    path: child,
+                    kind: EntryKind::HardLink { target: target.clone() },
+                    meta: meta.clone(),
+                };
+                self.emit(entry)?;
+                continue;
             }
 
             if is_dir {
@@ -386,45 +489,30 @@ impl<B: BlobStore> Walk<'_, B> {
                 // An opaque mark hides everything below this layer; it is
                 // carried only by the capture that first sees the directory,
                 // or a later layer would hide unchanged entries of earlier ones.
-                if !self.new_inode(&child, &seen) {
+                if !new_inode {
                     xattrs.retain(|x| !OPAQUE.contains(&x.name.as_slice()));
                 }
-                let mark = self.entries.len();
-                self.entries.push(Entry {
+                let entry = Entry {
                     path: child.clone(),
                     kind: EntryKind::Directory,
                     meta: metadata(&st, xattrs, self.ids),
-                });
-                let below = self.directory(&sub, &child)?;
-                if changed || below {
-                    any = true;
+                };
+                let was_dir = old.is_some_and(|o| o.is_dir);
+                if changed {
+                    self.emit(entry)?;
+                    self.directory(&sub, &child, was_dir)?;
                 } else {
-                    self.entries.truncate(mark);
+                    self.pending.push(entry);
+                    let depth = self.pending.len();
+                    self.directory(&sub, &child, was_dir)?;
+                    // Still pending: nothing below changed.
+                    self.pending.truncate(depth - 1);
                 }
                 continue;
             }
 
             let (kind, xattrs) = if file_type == SFlag::S_IFREG {
-                let file = open_file_at(dir, &name).map_err(|e| self.err(&child, "opening the file", e))?;
-                let opened = fstat(file.as_raw_fd()).map_err(|e| self.err(&child, "stat", e.into()))?;
-                if (opened.st_dev, opened.st_ino) != (st.st_dev, st.st_ino) {
-                    return Err(self.err(
-                        &child,
-                        "opening the file",
-                        std::io::Error::other("it was replaced during capture"),
-                    ));
-                }
-                let xattrs = dirfd::read_xattrs_fd(&file).map_err(|e| self.err(&child, "reading xattrs", e))?;
-                if is_metacopy(&xattrs) {
-                    return Err(ArchiveError::Metacopy {
-                        path: self.full_path(&child),
-                    });
-                }
-                let content = self.store.store_file(&file).map_err(|e| match e {
-                    cairn_store::StoreError::ReadSource { source, .. } => self.err(&child, "reading the file", source),
-                    other => other.into(),
-                })?;
-                (EntryKind::File(content), xattrs)
+                self.file(dir, &name, &child, &st)?
             } else {
                 let at = dirfd::proc_path(dir, &name);
                 let xattrs = dirfd::read_xattrs_at(&at).map_err(|e| self.err(&child, "reading xattrs", e))?;
@@ -453,122 +541,67 @@ impl<B: BlobStore> Walk<'_, B> {
                 };
                 (kind, xattrs)
             };
-            any = true;
-            self.entries.push(Entry {
+            let meta = metadata(&st, xattrs, self.ids);
+            if let Some(key) = link_key {
+                self.links.insert(key, (child.clone(), meta.clone()));
+            }
+            self.emit(Entry {
                 path: child,
                 kind,
-                meta: metadata(&st, xattrs, self.ids),
-            });
+                meta,
+            })?;
         }
-        Ok(any)
-    }
-
-    /// Adds whiteouts for paths the previous capture saw that are gone now,
-    /// with the directories leading to them, then restores the index order
-    /// (parents first, siblings by name, hard-link targets before links).
-    fn whiteout_vanished(&mut self) -> Result<(), ArchiveError> {
-        let Some(previous) = self.previous else { return Ok(()) };
-        let mut gone: Vec<&LayerPath> = previous
-            .entries
-            .keys()
-            .filter(|p| !self.seen.entries.contains_key(*p))
-            // A vanished path under another vanished path, or under what is
-            // no longer a directory, is hidden by that one.
-            .filter(|p| {
-                p.split_last().is_some_and(|(parent, _)| {
-                    self.seen
-                        .entries
-                        .get(&LayerPath::from_bytes(parent))
-                        .is_some_and(|s| s.is_dir)
-                })
-            })
-            .collect();
-        if gone.is_empty() {
-            return Ok(());
+        if with_previous {
+            self.vanish_before(path, None)?;
         }
-        gone.sort();
-        let mut present: std::collections::HashSet<LayerPath> = self.entries.iter().map(|e| e.path.clone()).collect();
-        for path in gone {
-            // The directories above the whiteout, as they are now.
-            let mut ancestors = Vec::new();
-            let mut cur = path.clone();
-            while let Some((parent, _)) = cur.split_last() {
-                let parent = LayerPath::from_bytes(parent);
-                if present.contains(&parent) {
-                    break;
-                }
-                ancestors.push(parent.clone());
-                cur = parent;
-            }
-            for dir in ancestors.into_iter().rev() {
-                let full = self.full_path(&dir);
-                let st = nix::sys::stat::lstat(&full).map_err(|e| self.err(&dir, "stat", e.into()))?;
-                let mut xattrs = dirfd::read_xattrs_at(&full).map_err(|e| self.err(&dir, "reading xattrs", e))?;
-                xattrs.retain(|x| !OPAQUE.contains(&x.name.as_slice()));
-                present.insert(dir.clone());
-                self.entries.push(Entry {
-                    path: dir,
-                    kind: EntryKind::Directory,
-                    meta: metadata(&st, xattrs, self.ids),
-                });
-            }
-            present.insert(path.clone());
-            self.entries.push(Entry {
-                path: path.clone(),
-                kind: EntryKind::CharDevice { major: 0, minor: 0 },
-                meta: Metadata {
-                    mode: 0,
-                    uid: 0,
-                    gid: 0,
-                    mtime: Timestamp { sec: 0, nsec: 0 },
-                    xattrs: Vec::new(),
-                },
-            });
-        }
-        self.entries
-            .sort_by(|a, b| a.path.components().cmp(b.path.components()));
-        reorder_links(&mut self.entries);
         Ok(())
     }
-}
 
-/// After sorting, makes the first path of each hard-link group hold the
-/// content and every other path link to it.
-fn reorder_links(entries: &mut [Entry]) {
-    let mut first_of: HashMap<LayerPath, LayerPath> = HashMap::new();
-    let mut position: HashMap<LayerPath, usize> = HashMap::new();
-    for (i, e) in entries.iter().enumerate() {
-        position.insert(e.path.clone(), i);
-    }
-    for i in 0..entries.len() {
-        let EntryKind::HardLink { target } = &entries[i].kind else {
-            continue;
-        };
-        let target = target.clone();
-        let Some(&t) = position.get(&target) else { continue };
-        if t > i {
-            // This link comes first: it takes the content.
-            let content = std::mem::replace(
-                &mut entries[t].kind,
-                EntryKind::HardLink {
-                    target: entries[i].path.clone(),
-                },
-            );
-            entries[i].kind = content;
-            first_of.insert(target, entries[i].path.clone());
-        } else if let Some(first) = first_of.get(&target) {
-            entries[i].kind = EntryKind::HardLink { target: first.clone() };
+    /// Reads a regular file: into the index when it is small, else into
+    /// the store.
+    fn file(
+        &self,
+        dir: &File,
+        name: &[u8],
+        child: &LayerPath,
+        st: &FileStat,
+    ) -> Result<(EntryKind, Vec<Xattr>), ArchiveError> {
+        let file = open_file_at(dir, name).map_err(|e| self.err(child, "opening the file", e))?;
+        let opened = fstat(file.as_raw_fd()).map_err(|e| self.err(child, "stat", e.into()))?;
+        if (opened.st_dev, opened.st_ino) != (st.st_dev, st.st_ino) {
+            return Err(self.err(
+                child,
+                "opening the file",
+                std::io::Error::other("it was replaced during capture"),
+            ));
         }
-    }
-    // Links that pointed at a demoted target now point at the new first.
-    for e in entries.iter_mut() {
-        if let EntryKind::HardLink { target } = &mut e.kind {
-            if let Some(first) = first_of.get(target) {
-                if *first != e.path {
-                    *target = first.clone();
-                }
+        let xattrs = dirfd::read_xattrs_fd(&file).map_err(|e| self.err(child, "reading xattrs", e))?;
+        if is_metacopy(&xattrs) {
+            return Err(ArchiveError::Metacopy {
+                path: self.full_path(child),
+            });
+        }
+        if opened.st_size as u64 <= SMALL_FILE_MAX as u64 {
+            use std::io::Read;
+            let mut data = Vec::with_capacity(opened.st_size as usize);
+            (&file)
+                .take(SMALL_FILE_MAX as u64 + 1)
+                .read_to_end(&mut data)
+                .map_err(|e| self.err(child, "reading the file", e))?;
+            if data.len() <= SMALL_FILE_MAX {
+                return Ok((EntryKind::SmallFile { data }, xattrs));
             }
+            // It grew while being read: stored like any large file.
+            use std::io::Seek;
+            (&file)
+                .seek(std::io::SeekFrom::Start(0))
+                .map_err(|e| self.err(child, "reading the file", e))?;
         }
+        let content = self.store.store_file(&file).map_err(|e| match e {
+            cairn_store::StoreError::ReadSource { source, .. } => self.err(child, "reading the file", source),
+            other => other.into(),
+        })?;
+        Ok((EntryKind::File(content), xattrs))
     }
 }
 
@@ -576,43 +609,23 @@ fn reorder_links(entries: &mut [Entry]) {
 mod tests {
     use super::*;
 
-    /// Writes version 1 baselines, as older Cairn did.
-    impl cairn_store::Framed for BaselineV1 {
-        const MAGIC: [u8; 8] = *b"CAIRNBSL";
-        const VERSION: u32 = 1;
-        const MAX_PAYLOAD: u64 = 1 << 30;
-        const NAME: &'static str = "capture baseline";
-    }
-
-    #[test]
-    fn a_version_1_baseline_is_read_with_every_entry_unsettled() {
-        let path = LayerPath::root().join(b"f");
-        let old = BaselineV1 {
-            entries: HashMap::from([(
-                path.clone(),
-                SeenV1 {
-                    dev: 1,
-                    ino: 2,
-                    ctime_sec: 3,
-                    ctime_nsec: 4,
-                    is_dir: false,
-                },
-            )]),
-        };
-        let bytes = cairn_store::frame::encode(&old).unwrap();
-        let read: Baseline = cairn_store::frame::decode(&bytes).unwrap();
-        let seen = read.entries[&path];
-        assert_eq!((seen.dev, seen.ino, seen.ctime_sec, seen.ctime_nsec), (1, 2, 3, 4));
-        assert!(!seen.settled);
-        // Unsettled: the same stat still counts as a change.
-        assert!(!seen.unchanged_at(&seen));
-        let again: Baseline = cairn_store::frame::decode(&cairn_store::frame::encode(&read).unwrap()).unwrap();
-        assert_eq!(again.entries, read.entries);
-    }
-
     #[test]
     fn only_a_ctime_older_than_the_clock_slack_is_settled() {
         let start = std::time::UNIX_EPOCH + std::time::Duration::new(100, 500);
         assert_eq!(settled_before(start), (99, 500));
+    }
+
+    #[test]
+    fn children_and_descendants_are_told_apart() {
+        let p = |s: &[u8]| LayerPath::from_bytes(s);
+        assert_eq!(child_name(&p(b"a/b"), &p(b"a")), Some(&b"b"[..]));
+        assert_eq!(child_name(&p(b"a"), &LayerPath::root()), Some(&b"a"[..]));
+        assert_eq!(child_name(&p(b"a/b/c"), &p(b"a")), None);
+        assert_eq!(child_name(&p(b"ab/c"), &p(b"a")), None);
+        assert!(is_below(&p(b"a/b/c"), &p(b"a")));
+        assert!(!is_below(&p(b"ab"), &p(b"a")));
+        assert!(!is_below(&p(b"a"), &p(b"a")));
+        assert!(is_below(&p(b"a"), &LayerPath::root()));
+        assert!(!is_below(&LayerPath::root(), &LayerPath::root()));
     }
 }

@@ -2,12 +2,11 @@
 //! directory, in depth-first pre-order (a directory before its children,
 //! siblings sorted by name bytes).
 
-use std::collections::HashMap;
 use std::fmt;
 use std::path::PathBuf;
 use std::str::FromStr;
 
-use cairn_store::{ChunkHash, FileContent, Framed, ParseChunkHashError};
+use cairn_store::{ChunkHash, FileContent, ParseChunkHashError};
 use serde::{Deserialize, Serialize};
 
 /// Identifies a captured layer: the BLAKE3 hash of its framed index bytes,
@@ -173,11 +172,43 @@ pub enum EntryKind {
         major: u32,
         minor: u32,
     },
+    /// A regular file of at most [`SMALL_FILE_MAX`] bytes, held in the
+    /// index itself: a tree of many small files costs index bytes, not one
+    /// store object each.
+    SmallFile {
+        #[serde(with = "serde_bytes")]
+        data: Vec<u8>,
+    },
 }
+
+/// The largest file capture keeps in the index ([`EntryKind::SmallFile`]).
+pub const SMALL_FILE_MAX: usize = 4096;
 
 impl EntryKind {
     pub fn is_whiteout(&self) -> bool {
         matches!(self, EntryKind::CharDevice { major: 0, minor: 0 })
+    }
+
+    /// Whether this is a regular file, in the store or in the index.
+    pub fn is_file(&self) -> bool {
+        matches!(self, EntryKind::File(_) | EntryKind::SmallFile { .. })
+    }
+
+    /// A regular file's size (0 for everything else).
+    pub fn file_size(&self) -> u64 {
+        match self {
+            EntryKind::File(c) => c.size,
+            EntryKind::SmallFile { data } => data.len() as u64,
+            _ => 0,
+        }
+    }
+
+    /// The store chunks a file's content is in.
+    pub fn chunks(&self) -> &[cairn_store::ChunkRef] {
+        match self {
+            EntryKind::File(content) => &content.chunks,
+            _ => &[],
+        }
     }
 }
 
@@ -196,24 +227,11 @@ pub struct LayerIndex {
     pub entries: Vec<Entry>,
 }
 
-impl Framed for LayerIndex {
-    const MAGIC: [u8; 8] = *b"CAIRNLIX";
-    const VERSION: u32 = 1;
-    const MAX_PAYLOAD: u64 = 512 << 20;
-    const NAME: &'static str = "layer index";
-}
-
 impl LayerIndex {
-    /// Every chunk the layer's files reference (the index object itself is
-    /// [`LayerId::as_hash`]); what GC must mark for a live layer.
+    /// Every chunk the layer's files reference (not the index's own
+    /// objects: see [`super::stored::layer_objects`]).
     pub fn referenced_chunks(&self) -> impl Iterator<Item = ChunkHash> + '_ {
-        self.entries
-            .iter()
-            .flat_map(|e| match &e.kind {
-                EntryKind::File(content) => content.chunks.as_slice(),
-                _ => &[],
-            })
-            .map(|c| c.hash)
+        self.entries.iter().flat_map(|e| e.kind.chunks()).map(|c| c.hash)
     }
 
     /// Total file bytes (apparent size) in the layer; saturates, as a
@@ -221,52 +239,99 @@ impl LayerIndex {
     pub fn file_bytes(&self) -> u64 {
         self.entries
             .iter()
-            .map(|e| match &e.kind {
-                EntryKind::File(c) => c.size,
-                _ => 0,
-            })
+            .map(|e| e.kind.file_size())
             .fold(0, u64::saturating_add)
     }
 
-    /// Structural checks a reader makes before trusting the index: a root
-    /// directory first, valid unique paths, every parent an earlier
-    /// directory, hard links pointing at earlier non-directories, file
-    /// records consistent. (Pre-order is checked while materialising.)
+    /// Structural checks a reader makes before trusting the index (see
+    /// [`EntryChecker`]).
     pub fn validate(&self) -> Result<(), String> {
-        let first = self.entries.first().ok_or("it has no root entry")?;
-        if !first.path.is_root() || first.kind != EntryKind::Directory {
-            return Err("its first entry is not the root directory".into());
+        let mut checker = EntryChecker::default();
+        for e in &self.entries {
+            checker.check(e)?;
         }
-        let mut seen: HashMap<&LayerPath, &EntryKind> = HashMap::with_capacity(self.entries.len());
-        seen.insert(&first.path, &first.kind);
-        for e in &self.entries[1..] {
-            e.path.validate()?;
-            let (parent, _) = e.path.split_last().ok_or("the root appears twice")?;
-            match seen.get(&LayerPath(parent.to_vec())) {
-                Some(EntryKind::Directory) => {}
-                _ => {
+        checker.finish()
+    }
+}
+
+/// Checks a layer's entries one at a time, in order, in memory that grows
+/// with the tree's depth and its count of files (8 bytes each), not with
+/// its paths: a root directory first; valid paths; depth-first pre-order
+/// with siblings in strictly increasing name order (so no path appears
+/// twice); every parent a directory; hard links pointing at earlier files,
+/// symlinks or special files; file records consistent.
+#[derive(Default)]
+pub struct EntryChecker {
+    /// The directories from the root to the one entered last, with the
+    /// name of the last child seen in each.
+    open: Vec<(LayerPath, Option<Vec<u8>>)>,
+    /// Keyed hashes of the paths a hard link may point at.
+    linkable: std::collections::HashSet<u64>,
+    hasher: std::hash::RandomState,
+    seen: u64,
+}
+
+impl EntryChecker {
+    pub fn check(&mut self, e: &Entry) -> Result<(), String> {
+        use std::hash::BuildHasher;
+        self.seen += 1;
+        if self.seen == 1 {
+            if !e.path.is_root() || e.kind != EntryKind::Directory {
+                return Err("its first entry is not the root directory".into());
+            }
+            self.open.push((e.path.clone(), None));
+            return Ok(());
+        }
+        e.path.validate()?;
+        let (parent, name) = e.path.split_last().ok_or("the root appears twice")?;
+        while self.open.last().is_some_and(|(dir, _)| dir.as_bytes() != parent) {
+            self.open.pop();
+        }
+        let Some((_, last)) = self.open.last_mut() else {
+            return Err(format!(
+                "{:?} is not in depth-first order after its parent, or its parent is not a directory",
+                e.path
+            ));
+        };
+        match last.as_deref() {
+            Some(prev) if prev == name => return Err(format!("{:?} appears twice", e.path)),
+            Some(prev) if prev > name => {
+                return Err(format!("{:?} comes after a sibling whose name sorts after it", e.path))
+            }
+            _ => *last = Some(name.to_vec()),
+        }
+        match &e.kind {
+            EntryKind::Directory => self.open.push((e.path.clone(), None)),
+            EntryKind::HardLink { target } => {
+                if !self.linkable.contains(&self.hasher.hash_one(target.as_bytes())) {
                     return Err(format!(
-                        "{:?} comes before its parent directory or its parent is not a directory",
-                        e.path
-                    ))
+                        "hard link {:?} points at {:?}, which is not an earlier file",
+                        e.path, target
+                    ));
                 }
             }
-            match &e.kind {
-                EntryKind::HardLink { target } => match seen.get(target) {
-                    Some(EntryKind::Directory | EntryKind::HardLink { .. }) | None => {
+            kind => {
+                match kind {
+                    EntryKind::File(content) => content.validate().map_err(|r| format!("file {:?}: {r}", e.path))?,
+                    EntryKind::SmallFile { data } if data.len() > SMALL_FILE_MAX => {
                         return Err(format!(
-                            "hard link {:?} points at {:?}, which is not an earlier file",
-                            e.path, target
+                            "file {:?} holds {} bytes in the index, over the {SMALL_FILE_MAX} allowed",
+                            e.path,
+                            data.len()
                         ))
                     }
-                    Some(_) => {}
-                },
-                EntryKind::File(content) => content.validate().map_err(|r| format!("file {:?}: {r}", e.path))?,
-                _ => {}
+                    _ => {}
+                }
+                self.linkable.insert(self.hasher.hash_one(e.path.as_bytes()));
             }
-            if seen.insert(&e.path, &e.kind).is_some() {
-                return Err(format!("{:?} appears twice", e.path));
-            }
+        }
+        Ok(())
+    }
+
+    /// Checks what only the end can tell: that there was a root.
+    pub fn finish(&self) -> Result<(), String> {
+        if self.seen == 0 {
+            return Err("it has no root entry".into());
         }
         Ok(())
     }
@@ -315,21 +380,67 @@ mod tests {
         }
     }
 
+    fn root(entries: Vec<Entry>) -> crate::archive::IndexRoot {
+        crate::archive::IndexRoot {
+            entries,
+            segments: Vec::new(),
+        }
+    }
+
     #[test]
     fn index_round_trips_through_its_frame() {
-        let bytes = cairn_store::frame::encode(&sample()).unwrap();
+        let bytes = cairn_store::frame::encode(&root(sample().entries)).unwrap();
         assert_eq!(&bytes[..8], b"CAIRNLIX");
-        let back: LayerIndex = cairn_store::frame::decode(&bytes).unwrap();
-        assert_eq!(back, sample());
-        back.validate().unwrap();
+        assert_eq!(&bytes[8..12], &2u32.to_le_bytes());
+        let back: crate::archive::IndexRoot = cairn_store::frame::decode(&bytes).unwrap();
+        assert_eq!(back, root(sample().entries));
+        sample().validate().unwrap();
+    }
+
+    #[test]
+    fn a_version_1_index_is_read_as_one_run() {
+        #[derive(Serialize)]
+        struct V1 {
+            entries: Vec<Entry>,
+        }
+        use bincode::Options;
+        let payload = bincode::DefaultOptions::new()
+            .with_varint_encoding()
+            .with_little_endian()
+            .serialize(&V1 {
+                entries: sample().entries,
+            })
+            .unwrap();
+        let bytes = cairn_store::frame::seal::<crate::archive::IndexRoot>(1, &payload);
+        let back: crate::archive::IndexRoot = cairn_store::frame::decode(&bytes).unwrap();
+        assert_eq!(back, root(sample().entries));
     }
 
     #[test]
     fn an_index_from_a_future_version_is_refused() {
-        let mut bytes = cairn_store::frame::encode(&sample()).unwrap();
-        bytes[8..12].copy_from_slice(&2u32.to_le_bytes());
-        let err = cairn_store::frame::decode::<LayerIndex>(&bytes).unwrap_err();
-        assert!(err.to_string().contains("layer index has format version 2"), "{err}");
+        let mut bytes = cairn_store::frame::encode(&root(sample().entries)).unwrap();
+        bytes[8..12].copy_from_slice(&3u32.to_le_bytes());
+        let err = cairn_store::frame::decode::<crate::archive::IndexRoot>(&bytes).unwrap_err();
+        assert!(err.to_string().contains("layer index has format version 3"), "{err}");
+    }
+
+    #[test]
+    fn siblings_out_of_order_and_small_files_over_the_limit_are_invalid() {
+        let mut idx = sample();
+        idx.entries.push(entry(b"a", EntryKind::Fifo));
+        assert!(
+            idx.validate().unwrap_err().contains("sorts after"),
+            "{:?}",
+            idx.validate()
+        );
+        let mut idx = sample();
+        idx.entries.push(entry(
+            b"\xff\xff",
+            EntryKind::SmallFile {
+                data: vec![0; SMALL_FILE_MAX + 1],
+            },
+        ));
+        assert!(idx.validate().unwrap_err().contains("over the"));
     }
 
     #[test]
@@ -340,18 +451,21 @@ mod tests {
             assert!(idx.validate().is_err(), "{bad:?} accepted");
         }
         let mut idx = sample();
-        idx.entries.push(entry(
-            b"l2",
-            EntryKind::HardLink {
-                target: LayerPath(b"d".to_vec()),
-            },
-        ));
+        idx.entries.insert(
+            5,
+            entry(
+                b"m2",
+                EntryKind::HardLink {
+                    target: LayerPath(b"d".to_vec()),
+                },
+            ),
+        );
         assert!(idx.validate().unwrap_err().contains("not an earlier file"));
         let mut idx = sample();
         idx.entries.push(entry(b"x/y", EntryKind::Fifo));
         assert!(idx.validate().is_err());
         let mut idx = sample();
-        idx.entries.push(entry(b"d/f", EntryKind::Fifo));
+        idx.entries.insert(3, entry(b"d/f", EntryKind::Fifo));
         assert!(idx.validate().unwrap_err().contains("twice"));
     }
 

@@ -19,7 +19,8 @@ use nix::sys::time::TimeSpec;
 use nix::unistd::{fchown, fchownat, linkat, symlinkat, syncfs, Gid, Uid};
 
 use super::dirfd::{self, create_file_at, open_dir, open_dir_at};
-use super::index::{Entry, EntryKind, LayerId, LayerIndex, LayerPath, Metadata, Timestamp};
+use super::index::{Entry, EntryKind, LayerId, LayerPath, Metadata, Timestamp};
+use super::stored::for_each_run;
 use super::ArchiveError;
 
 /// Rebuilds layer `layer` from `store` as the new directory `dest`, exactly
@@ -28,21 +29,12 @@ use super::ArchiveError;
 /// (with a warning). The tree is built in a temp directory
 /// beside `dest`, flushed, and renamed into place; on failure the temp
 /// directory is removed and `dest` is untouched.
-pub fn materialise<B: BlobStore>(
-    layer: &LayerId,
-    store: &ChunkStore<B>,
-    dest: &Path,
-) -> Result<LayerIndex, ArchiveError> {
+pub fn materialise<B: BlobStore>(layer: &LayerId, store: &ChunkStore<B>, dest: &Path) -> Result<u64, ArchiveError> {
     if fs::symlink_metadata(dest).is_ok() {
         return Err(ArchiveError::DestinationExists {
             path: dest.to_path_buf(),
         });
     }
-    let context = ReadContext::new().owner("layer", *layer.as_hash());
-    let index: LayerIndex = store.get_object(layer.as_hash(), &context)?;
-    index
-        .validate()
-        .map_err(|reason| ArchiveError::InvalidIndex { layer: *layer, reason })?;
 
     let parent = match dest.parent() {
         Some(p) if !p.as_os_str().is_empty() => p.to_path_buf(),
@@ -61,7 +53,8 @@ pub fn materialise<B: BlobStore>(
         source,
     };
     fs::create_dir(&temp).map_err(|e| fail("creating the temp directory", e))?;
-    let built = build(&index, layer, store, &temp, dest)
+    let mut entries = 0;
+    let built = build(layer, store, &temp, dest, &mut entries)
         .and_then(|root| syncfs(root.as_raw_fd()).map_err(|e| fail("flushing the layer to disk", e.into())));
     let placed = built.and_then(|()| {
         renameat2(None, &temp, None, dest, RenameFlags::RENAME_NOREPLACE)
@@ -76,7 +69,7 @@ pub fn materialise<B: BlobStore>(
         let _ = fs::remove_dir_all(&temp);
         return Err(e);
     }
-    Ok(index)
+    Ok(entries)
 }
 
 const TEMP_MARKER: &str = ".materialising-";
@@ -146,9 +139,10 @@ struct Builder<'a, B> {
     dest: &'a Path,
     stack: Vec<OpenDir>,
     /// Device nodes left out, and hard links to them.
-    skipped: HashSet<&'a LayerPath>,
-    /// Fetches every file's chunks, in the order files are written, ahead
-    /// of the writing (from a far store: many at once).
+    skipped: HashSet<LayerPath>,
+    /// Fetches the chunks of the files of the run being written, in the
+    /// order they are written, ahead of the writing (from a far store: many
+    /// at once).
     ahead: ReadAhead,
 }
 
@@ -160,69 +154,50 @@ fn ids(meta: &Metadata) -> (Option<Uid>, Option<Gid>) {
     (Some(Uid::from_raw(meta.uid)), Some(Gid::from_raw(meta.gid)))
 }
 
+/// Writes the layer's entries into `temp`, a run of the index at a time
+/// (each checked as it is read); returns the root directory's handle and
+/// counts the entries into `count`.
 fn build<B: BlobStore>(
-    index: &LayerIndex,
     layer: &LayerId,
     store: &ChunkStore<B>,
     temp: &Path,
     dest: &Path,
+    count: &mut u64,
 ) -> Result<File, ArchiveError> {
-    let chunks = index
-        .entries
-        .iter()
-        .filter_map(|e| match &e.kind {
-            EntryKind::File(content) => Some(content.chunks.iter().map(|c| c.hash)),
-            _ => None,
-        })
-        .flatten()
-        .collect();
     let mut b = Builder {
         store,
         layer,
         dest,
         stack: Vec::new(),
         skipped: HashSet::new(),
-        ahead: store.backend().read_ahead(chunks),
+        ahead: ReadAhead::none(),
     };
-    let root_entry = &index.entries[0];
-    let root = open_dir(temp).map_err(|e| b.err(&root_entry.path, "opening the temp directory", e))?;
-    b.own_and_label(&root, root_entry)?;
-    let root_handle = root
-        .try_clone()
-        .map_err(|e| b.err(&root_entry.path, "duplicating a handle", e))?;
-    b.stack.push(OpenDir {
-        path: LayerPath::root(),
-        dir: root,
-        meta: root_entry.meta.clone(),
-    });
-    for entry in &index.entries[1..] {
-        let (parent, name) = entry
-            .path
-            .split_last()
-            .expect("validated: only the first entry is the root");
-        while b.stack.last().is_some_and(|d| d.path.as_bytes() != parent) {
-            b.close_top()?;
-        }
-        if b.stack.is_empty() {
-            return Err(ArchiveError::InvalidIndex {
-                layer: *layer,
-                reason: format!("{:?} is not in depth-first order after its parent", entry.path),
+    let mut root_handle = None;
+    for_each_run(store, layer, |run| {
+        let chunks = run.iter().flat_map(|e| e.kind.chunks()).map(|c| c.hash).collect();
+        b.ahead = store.backend().read_ahead(chunks);
+        let mut entries = run.into_iter();
+        if root_handle.is_none() {
+            let root_entry = entries.next().expect("checked: a root directory comes first");
+            let root = open_dir(temp).map_err(|e| b.err(&root_entry.path, "opening the temp directory", e))?;
+            b.own_and_label(&root, &root_entry)?;
+            root_handle = Some(
+                root.try_clone()
+                    .map_err(|e| b.err(&root_entry.path, "duplicating a handle", e))?,
+            );
+            b.stack.push(OpenDir {
+                path: LayerPath::root(),
+                dir: root,
+                meta: root_entry.meta,
             });
+            *count += 1;
         }
-        // A device node in an index (written by an older Cairn, or not by
-        // Cairn at all) would give the sandbox a host device.
-        let device = match &entry.kind {
-            EntryKind::CharDevice { .. } => !entry.kind.is_whiteout(),
-            EntryKind::BlockDevice { .. } => true,
-            EntryKind::HardLink { target } => b.skipped.contains(target),
-            _ => false,
-        };
-        if device {
-            b.skipped.insert(&entry.path);
-            continue;
+        for entry in entries {
+            *count += 1;
+            b.entry(entry)?;
         }
-        b.create(entry, name)?;
-    }
+        Ok(())
+    })?;
     while !b.stack.is_empty() {
         b.close_top()?;
     }
@@ -233,10 +208,43 @@ fn build<B: BlobStore>(
             b.skipped.len()
         );
     }
-    Ok(root_handle)
+    root_handle.ok_or_else(|| ArchiveError::InvalidIndex {
+        layer: *layer,
+        reason: "it has no root entry".into(),
+    })
 }
 
 impl<B: BlobStore> Builder<'_, B> {
+    fn entry(&mut self, entry: Entry) -> Result<(), ArchiveError> {
+        let (parent, name) = entry
+            .path
+            .split_last()
+            .expect("checked: only the first entry is the root");
+        while self.stack.last().is_some_and(|d| d.path.as_bytes() != parent) {
+            self.close_top()?;
+        }
+        if self.stack.is_empty() {
+            return Err(ArchiveError::InvalidIndex {
+                layer: *self.layer,
+                reason: format!("{:?} is not in depth-first order after its parent", entry.path),
+            });
+        }
+        // A device node in an index (written by an older Cairn, or not by
+        // Cairn at all) would give the sandbox a host device.
+        let device = match &entry.kind {
+            EntryKind::CharDevice { .. } => !entry.kind.is_whiteout(),
+            EntryKind::BlockDevice { .. } => true,
+            EntryKind::HardLink { target } => self.skipped.contains(target),
+            _ => false,
+        };
+        if device {
+            self.skipped.insert(entry.path);
+            return Ok(());
+        }
+        let name = name.to_vec();
+        self.create(&entry, &name)
+    }
+
     fn err(&self, path: &LayerPath, action: &'static str, source: io::Error) -> ArchiveError {
         let mut p = self.dest.as_os_str().as_bytes().to_vec();
         p.extend_from_slice(path.display_path().as_os_str().as_bytes());
@@ -303,13 +311,24 @@ impl<B: BlobStore> Builder<'_, B> {
                 });
                 return Ok(());
             }
-            EntryKind::File(content) => {
+            EntryKind::File(_) | EntryKind::SmallFile { .. } => {
                 let file = create_file_at(dir, name).map_err(|e| self.err(path, "creating the file", e))?;
-                let context = ReadContext::new()
-                    .owner("layer", *self.layer.as_hash())
-                    .path(path.display_path());
-                self.store
-                    .restore_to_file_read_ahead(content, &file, &context, &self.ahead)?;
+                match &entry.kind {
+                    EntryKind::File(content) => {
+                        let context = ReadContext::new()
+                            .owner("layer", *self.layer.as_hash())
+                            .path(path.display_path());
+                        self.store
+                            .restore_to_file_read_ahead(content, &file, &context, &self.ahead)?;
+                    }
+                    EntryKind::SmallFile { data } => {
+                        use std::io::Write;
+                        (&file)
+                            .write_all(data)
+                            .map_err(|e| self.err(path, "writing the file", e))?;
+                    }
+                    _ => unreachable!("matched above"),
+                }
                 self.own_and_label(&file, entry)?;
                 fchmod(file.as_raw_fd(), Mode::from_bits_truncate(meta.mode))
                     .map_err(|e| self.err(path, "chmod", e.into()))?;

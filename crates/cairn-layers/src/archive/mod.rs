@@ -10,8 +10,11 @@
 //!   `trusted.overlay.*` (opaque directories, redirects). Block and
 //!   character devices are left out: a layer never gives a sandbox a host
 //!   device, and [`materialise`] skips any an index holds.
-//! - The [`LayerIndex`] is stored as one framed object; its hash is the
-//!   [`LayerId`].
+//! - A layer's index is written as the walk goes ([`IndexWriter`]): one
+//!   root object, whose hash is the [`LayerId`], holding a small layer's
+//!   entries or a large one's segments; files of up to [`SMALL_FILE_MAX`]
+//!   bytes are kept in the index itself. Capture and materialise hold one
+//!   segment at a time, so a tree of millions of files costs bounded memory.
 //! - [`materialise`] rebuilds the directory in a temp directory beside the
 //!   destination and renames it into place, so a crash never leaves a
 //!   half-built layer; [`remove_abandoned_materialisations`] clears the
@@ -22,12 +25,14 @@
 //! mounted with `metacopy=off` (data lives in the upper), which capture
 //! checks.
 
+mod baseline;
 mod capture;
 mod dirfd;
 mod flatten;
 mod index;
 mod materialise;
 mod shift;
+mod stored;
 mod view;
 
 use std::io;
@@ -35,11 +40,20 @@ use std::path::PathBuf;
 
 use cairn_store::StoreError;
 
-pub use capture::{capture, capture_since, capture_since_mapped, remove_device_nodes, Baseline, CapturedLayer};
+pub use baseline::Baseline;
+pub use capture::{
+    capture, capture_since, capture_since_mapped, capture_since_with, remove_device_nodes, CapturedLayer,
+};
 pub use flatten::{flatten, FlattenError};
-pub use index::{Entry, EntryKind, LayerId, LayerIndex, LayerPath, Metadata, Timestamp, Xattr};
+pub use index::{
+    Entry, EntryChecker, EntryKind, LayerId, LayerIndex, LayerPath, Metadata, Timestamp, Xattr, SMALL_FILE_MAX,
+};
 pub use materialise::{materialise, remove_abandoned_materialisations};
 pub use shift::{shifted_copy, ShiftedCopy};
+pub use stored::{
+    for_each_run, layer_objects, load_index, write_index, IndexRoot, IndexSegment, IndexSummary, IndexWriter,
+    SegmentRef,
+};
 pub use view::{lookup, merged_view, Lookup};
 
 /// The host ids a user namespace maps a sandbox's ids `0..count` to:

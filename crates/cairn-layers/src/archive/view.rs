@@ -71,7 +71,7 @@ fn xwhiteouts_as_whiteouts(index: &LayerIndex) -> Cow<'_, LayerIndex> {
             .path
             .split_last()
             .is_some_and(|(parent, _)| marked_dirs.contains(&LayerPath::from_bytes(parent)));
-        let marked = matches!(e.kind, EntryKind::File(_)) && e.meta.xattrs.iter().any(|x| x.name == XWHITEOUT);
+        let marked = e.kind.is_file() && e.meta.xattrs.iter().any(|x| x.name == XWHITEOUT);
         if in_marked && marked {
             e.kind = EntryKind::CharDevice { major: 0, minor: 0 };
         }
