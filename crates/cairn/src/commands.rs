@@ -86,6 +86,7 @@ pub fn dispatch(cli: Cli) -> Result<i32> {
         e2b,
         e2b_driver,
         max_upload,
+        init_threads,
         header_timeout,
         idle_timeout,
         write_timeout,
@@ -104,7 +105,10 @@ pub fn dispatch(cli: Cli) -> Result<i32> {
             listen,
             e2b,
             e2b_drivers: cairn_api::e2b::Drivers::new(e2b_driver),
-            settings: cairn_api::Settings { max_upload },
+            settings: cairn_api::Settings {
+                max_upload,
+                init_threads: init_threads.into(),
+            },
             limits: cairn_api::Limits {
                 header_timeout,
                 idle_timeout,
