@@ -195,10 +195,22 @@ mod tests {
         // Seven more sandboxes: three take the other threads (one waits
         // behind the lock the first holds), four wait in the queue; the
         // next is refused at once.
+        let settle = |busy: i64| {
+            for _ in 0..500 {
+                if pool.metrics.busy.get() == busy {
+                    return;
+                }
+                std::thread::sleep(Duration::from_millis(10));
+            }
+            panic!("{busy} threads did not take their requests");
+        };
+        settle(1);
         for n in 1..8 {
             pool.submit(&format!("s{n}"), stall(n)).unwrap();
+            if n < 4 {
+                settle(n as i64 + 1);
+            }
         }
-        std::thread::sleep(Duration::from_millis(100));
         assert_eq!(pool.metrics.busy.get(), 4);
         assert_eq!(pool.metrics.queued.get(), 4);
         let err = pool.submit("s8", stall(8)).unwrap_err();
