@@ -1211,9 +1211,9 @@ impl Engine {
             for e in entries.flatten() {
                 let name = e.file_name().to_string_lossy().into_owned();
                 if let Some(sealed) = name.strip_prefix(".seal-") {
-                    // A seal goes with its image (a temporary with its
-                    // snapshot, named `.seal-<id>.tmp-<pid>`).
-                    if !known.contains(sealed) {
+                    // A seal goes with its image; `.seal-<id>.tmp-<pid>`
+                    // is one being written.
+                    if !sealed.contains('.') && !known.contains(sealed) {
                         let _ = fs::remove_file(e.path());
                     }
                     continue;

@@ -245,11 +245,15 @@ pub fn dispatch(cli: Cli) -> Result<i32> {
                     report.layers_removed.len(),
                     report.shifted_copies_removed
                 );
-                for changed in &report.changed_layers_kept {
+                for changed in &report.changed_copies_kept {
                     eprintln!(
-                        "cairn: warning: {changed} is a layer that changed on the host and was rebuilt from the store; \
-                         inspect it, then remove it once no sandbox started before the rebuild runs"
+                        "cairn: warning: {changed} changed on the host and was rebuilt from the store; \
+                         it is kept for inspection until a day after it was set aside (or remove it once \
+                         no sandbox started before the rebuild runs)"
                     );
+                }
+                for removed in &report.changed_copies_removed {
+                    eprintln!("cairn: removed {removed}, set aside more than a day ago because it changed on the host");
                 }
             }
             Ok(0)
