@@ -147,15 +147,14 @@ pub fn check(image: &Path) -> Option<String> {
                 .filter_map(|l| l.splitn(3, ' ').nth(2))
                 .filter(|name| !now.lines().skip(1).any(|l| l.splitn(3, ' ').nth(2) == Some(name)))
                 .collect();
-            Some(match (changed.is_empty(), gone.is_empty()) {
-                (false, true) => format!("changed since it was sealed: {}", changed.join(", ")),
-                (true, false) => format!("files gone since it was sealed: {}", gone.join(", ")),
-                _ => format!(
-                    "changed since it was sealed: {}; gone: {}",
-                    changed.join(", "),
-                    gone.join(", ")
-                ),
-            })
+            let mut parts = Vec::new();
+            if !changed.is_empty() {
+                parts.push(format!("changed since it was sealed: {}", changed.join(", ")));
+            }
+            if !gone.is_empty() {
+                parts.push(format!("gone: {}", gone.join(", ")));
+            }
+            Some(parts.join("; "))
         }
         Err(e) => Some(format!("cannot read it: {e}")),
     }
