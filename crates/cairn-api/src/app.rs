@@ -19,11 +19,16 @@ use crate::metrics::Metrics;
 pub struct Settings {
     /// The largest file upload accepted, in bytes (413 above it).
     pub max_upload: u64,
+    /// Threads for requests to sandboxes' init (see [`crate::init_pool`]).
+    pub init_threads: usize,
 }
 
 impl Default for Settings {
     fn default() -> Self {
-        Settings { max_upload: 1 << 30 }
+        Settings {
+            max_upload: 1 << 30,
+            init_threads: 256,
+        }
     }
 }
 
@@ -60,6 +65,8 @@ pub struct App {
     stopping: tokio::sync::watch::Sender<bool>,
     /// Token checks, on threads of their own.
     auth: Auth,
+    /// Requests to sandboxes' init, on threads of their own.
+    init_pool: crate::init_pool::InitPool,
 }
 
 /// Threads that check bearer tokens and nothing else: work that blocks
@@ -148,6 +155,8 @@ impl App {
         engine.keep_init_waiting();
         let (events, _) = broadcast::channel(1024);
         let auth = Auth::start(home.clone());
+        let metrics = Metrics::default();
+        let init_pool = crate::init_pool::InitPool::start(settings.init_threads, metrics.init_pool.clone());
         Ok(Arc::new(App {
             home,
             settings,
@@ -155,10 +164,11 @@ impl App {
             pool: Mutex::new(vec![engine]),
             busy: Mutex::new(HashSet::new()),
             processes: Mutex::new(HashMap::new()),
-            metrics: Metrics::default(),
+            metrics,
             events,
             stopping: tokio::sync::watch::Sender::new(false),
             auth,
+            init_pool,
         }))
     }
 
@@ -176,6 +186,39 @@ impl App {
         })
         .await
         .map_err(|e| ApiError::internal(format!("a worker thread failed: {e}")))?
+    }
+
+    /// Runs `f`, a request to the init of sandbox `sandbox`, on an engine
+    /// from the pool, on a thread of the init request pool: 503 when that
+    /// sandbox has its share of the pool already or the pool is full.
+    pub async fn init<T: Send + 'static>(
+        self: &Arc<Self>,
+        sandbox: &str,
+        f: impl FnOnce(&mut Engine) -> Result<T, ApiError> + Send + 'static,
+    ) -> ApiResult<T> {
+        let (reply, answer) = tokio::sync::oneshot::channel();
+        self.on_init_pool(sandbox, move |app| {
+            let out = app.take_engine().and_then(|mut engine| {
+                let out = f(&mut engine);
+                app.give_back(engine);
+                out
+            });
+            let _ = reply.send(out);
+        })?;
+        answer
+            .await
+            .map_err(|_| ApiError::internal("a sandbox request thread failed"))?
+    }
+
+    /// Runs `job` on a thread of the init request pool, counted against
+    /// sandbox `sandbox` (see [`Self::init`]).
+    pub fn on_init_pool(
+        self: &Arc<Self>,
+        sandbox: &str,
+        job: impl FnOnce(&Arc<App>) + Send + 'static,
+    ) -> ApiResult<()> {
+        let app = Arc::clone(self);
+        self.init_pool.submit(sandbox, move || job(&app))
     }
 
     /// Checks a bearer token on the token-checking threads: `None` when it

@@ -33,6 +33,11 @@ pub struct Request {
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct Reason {
+    pub reason: String,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct Listener {
     pub listener: String,
 }
@@ -52,6 +57,8 @@ pub struct Metrics {
     sandboxes: Family<State, Gauge>,
     store_bytes: Gauge,
     requests: Family<Request, Counter>,
+    /// The pool of sandbox init requests (see `crate::init_pool`).
+    pub init_pool: crate::init_pool::InitPoolMetrics,
 }
 
 impl Default for Metrics {
@@ -95,7 +102,25 @@ impl Default for Metrics {
              (refused, evicted, header_timeout, idle_timeout)",
             closed.clone(),
         );
+        let init_pool = crate::init_pool::InitPoolMetrics::default();
+        registry.register(
+            "init_request_threads_busy",
+            "Threads of the sandbox init request pool (files, signals) running a request",
+            init_pool.busy.clone(),
+        );
+        registry.register(
+            "init_request_queue_depth",
+            "Sandbox init requests waiting for a thread of their pool",
+            init_pool.queued.clone(),
+        );
+        registry.register(
+            "init_requests_refused",
+            "Sandbox init requests answered 503, by reason (pool_full: every thread busy and the queue \
+             full; sandbox_limit: that sandbox had a quarter of the threads already)",
+            init_pool.refused.clone(),
+        );
         Metrics {
+            init_pool,
             registry: Mutex::new(registry),
             connections,
             closed,

@@ -111,7 +111,8 @@ pub async fn serve(home: Home, opts: ServeOptions) -> Result<(), ServeError> {
     if tcp_listeners > 0 {
         eprintln!(
             "cairn: limits: {} connections per TCP listener, {} per address; headers within {}, idle {}, \
-             unread answers {}; {} of {} descriptors reserved (docs/security.md)",
+             unread answers {}; {} of {} descriptors reserved; {} threads for sandbox init requests \
+             (docs/security.md)",
             caps.tcp,
             caps.per_peer,
             humantime::format_duration(limits.header_timeout),
@@ -119,6 +120,7 @@ pub async fn serve(home: Home, opts: ServeOptions) -> Result<(), ServeError> {
             humantime::format_duration(limits.write_timeout),
             caps.reserve,
             caps.nofile,
+            opts.settings.init_threads.max(1),
         );
     }
     let idle = tokio::spawn(idle_timer(Arc::clone(&app)));

@@ -11,6 +11,7 @@ mod durability;
 pub mod e2b;
 pub mod home;
 pub mod images;
+mod memory_cache;
 pub mod names;
 pub mod network;
 pub mod pipeline;

@@ -3,6 +3,7 @@
 use std::collections::HashSet;
 use std::fs;
 use std::path::PathBuf;
+use std::time::Duration;
 
 use cairn_protocol::ExecRequest;
 use cairn_sandbox::client::{ExecSession, InitClient, SpawnFailure};
@@ -79,10 +80,53 @@ pub struct GcReport {
     /// takes no idmapped layers) whose layer was removed, and copies a
     /// killed start left half-made.
     pub shifted_copies_removed: u64,
-    /// Layer copies set aside because they changed on the host
-    /// (`layers/.changed-*`, see `LayerStore::ensure`): kept for
-    /// inspection and for sandboxes started on them; removed by hand.
-    pub changed_layers_kept: Vec<String>,
+    /// Copies set aside because they changed on the host: layers
+    /// (`layers/.changed-*`, see `LayerStore::ensure`), shifted copies of
+    /// layers (`shifted/.changed-*`) and local memory images
+    /// (`memory/.changed-*`). Kept for a day after they were set aside, for
+    /// inspection and for sandboxes started on them before.
+    pub changed_copies_kept: Vec<String>,
+    /// Those set aside more than a day ago, removed.
+    pub changed_copies_removed: Vec<String>,
+}
+
+/// How long `gc` keeps a copy set aside because it changed on the host.
+pub const CHANGED_COPIES_KEPT_FOR: Duration = Duration::from_secs(24 * 60 * 60);
+
+/// Copies set aside because they changed on the host (`.changed-<id>-<nanos>`
+/// in `dirs`): those set aside more than `kept_for` ago are removed; returns
+/// (kept, removed). The time of setting aside is the one in the name, as
+/// a directory's own times are its content's.
+fn sweep_changed_copies(dirs: &[PathBuf], kept_for: Duration) -> (Vec<String>, Vec<String>) {
+    let now = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.as_nanos())
+        .unwrap_or(0);
+    let (mut kept, mut removed) = (Vec::new(), Vec::new());
+    for dir in dirs {
+        let Ok(entries) = fs::read_dir(dir) else { continue };
+        for e in entries.flatten() {
+            let name = e.file_name().to_string_lossy().into_owned();
+            let Some(rest) = name.strip_prefix(".changed-") else {
+                continue;
+            };
+            let set_aside = rest.rsplit_once('-').and_then(|(_, n)| n.parse::<u128>().ok());
+            let path = e.path().display().to_string();
+            match set_aside {
+                Some(at) if now.saturating_sub(at) > kept_for.as_nanos() => match fs::remove_dir_all(e.path()) {
+                    Ok(()) => removed.push(path),
+                    Err(err) => {
+                        tracing::warn!("cannot remove {path}: {err}");
+                        kept.push(path);
+                    }
+                },
+                _ => kept.push(path),
+            }
+        }
+    }
+    kept.sort();
+    removed.sort();
+    (kept, removed)
 }
 
 fn new_sandbox_id() -> String {
@@ -730,12 +774,14 @@ impl Engine {
         report.shifted_copies_removed =
             cairn_sandbox::native::layers::collect_shifted(self.home.root(), self.layers.root())
                 .map_err(|e| EngineError::Sandbox(cairn_sandbox::SandboxError::Start(e)))?;
-        report.changed_layers_kept = self
-            .layers
-            .changed_copies()
-            .iter()
-            .map(|p| p.display().to_string())
-            .collect();
+        (report.changed_copies_kept, report.changed_copies_removed) = sweep_changed_copies(
+            &[
+                self.layers.root().to_path_buf(),
+                cairn_sandbox::native::layers::shifted_dir(self.home.root()),
+                self.home.memory_images(),
+            ],
+            CHANGED_COPIES_KEPT_FOR,
+        );
         self.sweep_memory_images()?;
         let store = self.collect_chunks(&referenced)?;
         report.chunks_removed = store.deleted;

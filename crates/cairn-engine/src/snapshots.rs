@@ -533,12 +533,7 @@ impl Engine {
         // snapshot would make the next one miss changes.
         write_baseline(&dir, &snap.id, next_baseline);
         if let Some(image) = image_dir {
-            // The image as the driver wrote it, for restores on this host;
-            // without it a restore rebuilds it from the store.
-            let cache = self.home.memory_image(&snap.id);
-            if fs::create_dir_all(self.home.memory_images()).is_ok() && !cache.exists() {
-                let _ = image.persist(&cache);
-            }
+            self.keep_memory_image(&snap.id, image);
         }
         if let Some(held) = held {
             held.close(&rec.id);
@@ -598,16 +593,7 @@ impl Engine {
             layers: vec![layer.to_string()],
         };
         self.db.insert_snapshot(&rec)?;
-        // The driver's image as it is on this host, for restores here.
-        let (from, to) = (self.home.memory_image(&snap.id), self.home.memory_image(&rec.id));
-        if from.is_dir() && fs::create_dir_all(&to).is_ok() {
-            for e in fs::read_dir(&from).into_iter().flatten().flatten() {
-                if fs::hard_link(e.path(), to.join(e.file_name())).is_err() {
-                    let _ = fs::remove_dir_all(&to);
-                    break;
-                }
-            }
-        }
+        self.link_memory_image(&snap.id, &rec.id);
         Ok(rec)
     }
 
@@ -624,15 +610,9 @@ impl Engine {
                     });
                 }
                 self.check_image_host(snap, memory)?;
-                let cached = self.home.memory_image(&snap.id);
-                if memory
-                    .files
-                    .iter()
-                    .all(|f| fs::metadata(cached.join(&f.name)).is_ok_and(|m| m.is_file() && m.len() > 0))
-                {
-                    Some(MemoryDir::Cached(cached))
-                } else {
-                    Some(MemoryDir::Scratch(self.materialise_memory(snap, memory)?))
+                match self.cached_memory_image(&snap.id, memory) {
+                    Some(cached) => Some(MemoryDir::Cached(cached)),
+                    None => Some(MemoryDir::Scratch(self.materialise_memory(snap, memory)?)),
                 }
             }
             None => None,
@@ -1220,7 +1200,9 @@ impl Engine {
             return Err(SnapshotError::NeededBySession(snap.id.clone()).into());
         }
         self.db.delete_snapshot(&snap.id)?;
-        let _ = fs::remove_dir_all(self.home.memory_image(&snap.id));
+        let image = self.home.memory_image(&snap.id);
+        let _ = fs::remove_file(crate::memory_cache::path_of(&image));
+        let _ = fs::remove_dir_all(image);
         Ok(())
     }
 
@@ -1231,6 +1213,18 @@ impl Engine {
         if let Ok(entries) = fs::read_dir(self.home.memory_images()) {
             for e in entries.flatten() {
                 let name = e.file_name().to_string_lossy().into_owned();
+                if let Some(sealed) = name.strip_prefix(".seal-") {
+                    // A seal goes with its image; `.seal-<id>.tmp-<pid>`
+                    // is one being written.
+                    if !sealed.contains('.') && !known.contains(sealed) {
+                        let _ = fs::remove_file(e.path());
+                    }
+                    continue;
+                }
+                // Images set aside because they changed: see `gc`.
+                if name.starts_with(".changed-") {
+                    continue;
+                }
                 if !known.contains(&name) && fs::remove_dir_all(e.path()).is_ok() {
                     removed.push(name);
                 }

@@ -380,6 +380,12 @@ pub enum Command {
         /// The largest file upload accepted (413 above it), e.g. 512M, 4G.
         #[arg(long, default_value = "1G", value_name = "SIZE", value_parser = parse_bytes)]
         max_upload: u64,
+        /// Threads for file and control requests to sandboxes' init; as many
+        /// may wait, one sandbox may hold a quarter, and beyond that a
+        /// request is answered 503 (a sandbox whose init stalls cannot take
+        /// the threads other requests need).
+        #[arg(long, default_value_t = 256, value_name = "N", value_parser = clap::value_parser!(u16).range(1..=4096))]
+        init_threads: u16,
         /// Close a connection whose request headers have not arrived whole
         /// this long after the server began waiting for them, e.g. 10s.
         #[arg(long, default_value = "10s", value_name = "DURATION", value_parser = humantime::parse_duration)]

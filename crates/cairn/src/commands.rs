@@ -86,6 +86,7 @@ pub fn dispatch(cli: Cli) -> Result<i32> {
         e2b,
         e2b_driver,
         max_upload,
+        init_threads,
         header_timeout,
         idle_timeout,
         write_timeout,
@@ -104,7 +105,10 @@ pub fn dispatch(cli: Cli) -> Result<i32> {
             listen,
             e2b,
             e2b_drivers: cairn_api::e2b::Drivers::new(e2b_driver),
-            settings: cairn_api::Settings { max_upload },
+            settings: cairn_api::Settings {
+                max_upload,
+                init_threads: init_threads.into(),
+            },
             limits: cairn_api::Limits {
                 header_timeout,
                 idle_timeout,
@@ -241,11 +245,15 @@ pub fn dispatch(cli: Cli) -> Result<i32> {
                     report.layers_removed.len(),
                     report.shifted_copies_removed
                 );
-                for changed in &report.changed_layers_kept {
+                for changed in &report.changed_copies_kept {
                     eprintln!(
-                        "cairn: warning: {changed} is a layer that changed on the host and was rebuilt from the store; \
-                         inspect it, then remove it once no sandbox started before the rebuild runs"
+                        "cairn: warning: {changed} changed on the host and was rebuilt from the store; \
+                         it is kept for inspection until a day after it was set aside (or remove it once \
+                         no sandbox started before the rebuild runs)"
                     );
+                }
+                for removed in &report.changed_copies_removed {
+                    eprintln!("cairn: removed {removed}, set aside more than a day ago because it changed on the host");
                 }
             }
             Ok(0)

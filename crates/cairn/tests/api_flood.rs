@@ -309,3 +309,97 @@ fn a_download_nobody_reads_is_cut_at_the_write_timeout() {
     let (status, _) = s.tcp_get("/v1/sandboxes");
     assert_eq!(status, 200);
 }
+
+/// A sandbox whose init stops answering (stopped with SIGSTOP) holds at
+/// most its share of the threads for sandbox requests: more file requests
+/// at it than its share are answered 503 at once, saying to retry, while
+/// requests to another sandbox and the sandbox list answer as usual. Once
+/// init runs again, the requests that waited are answered.
+#[test]
+fn a_sandbox_whose_init_stalls_cannot_take_the_threads_of_other_requests() {
+    if skip("a_sandbox_whose_init_stalls_cannot_take_the_threads_of_other_requests") {
+        return;
+    }
+    let home = Home::new();
+    // Eight threads: one sandbox may hold two.
+    let s = Server::start(&home, 4096, &["--init-threads", "8"]);
+    let create = || {
+        ureq::post(&format!("http://{}/v1/sandboxes", s.addr))
+            .set("authorization", &format!("Bearer {}", s.token))
+            .send_json(serde_json::json!({}))
+            .unwrap()
+            .into_json::<serde_json::Value>()
+            .unwrap()["id"]
+            .as_str()
+            .unwrap()
+            .to_string()
+    };
+    let (stalled, other) = (create(), create());
+    let init = home.ps().into_iter().find(|x| x["id"] == stalled.as_str()).unwrap()["pid"]
+        .as_i64()
+        .unwrap();
+    let init = nix::unistd::Pid::from_raw(init as i32);
+    nix::sys::signal::kill(init, nix::sys::signal::Signal::SIGSTOP).unwrap();
+    let stat = |id: &str| format!("/v1/sandboxes/{id}/files/stat?path=/etc/passwd");
+
+    let (answers, answered) = std::sync::mpsc::channel();
+    let waiting: Vec<_> = (0..10)
+        .map(|_| {
+            let (url, token, answers) = (
+                format!("http://{}{}", s.addr, stat(&stalled)),
+                s.token.clone(),
+                answers.clone(),
+            );
+            std::thread::spawn(move || {
+                let started = Instant::now();
+                let status = match ureq::get(&url)
+                    .set("authorization", &format!("Bearer {token}"))
+                    .timeout(Duration::from_secs(120))
+                    .call()
+                {
+                    Ok(r) => (r.status(), String::new()),
+                    Err(ureq::Error::Status(code, r)) => (code, r.into_string().unwrap()),
+                    Err(e) => panic!("a request at the stalled sandbox failed: {e}"),
+                };
+                answers.send((status, started.elapsed())).unwrap();
+            })
+        })
+        .collect();
+    // All but its share are refused at once, and say what to do.
+    for _ in 0..8 {
+        let ((status, body), took) = answered.recv_timeout(Duration::from_secs(20)).expect("a request hangs");
+        assert_eq!(status, 503, "{body}");
+        assert!(body.contains("retry"), "{body}");
+        assert!(took < Duration::from_secs(10), "refused only after {took:?}");
+    }
+    assert!(
+        answered.recv_timeout(Duration::from_secs(1)).is_err(),
+        "more than its share was taken or refused wrongly"
+    );
+    // Meanwhile other work goes on.
+    for _ in 0..3 {
+        let (status, body) = s.tcp_get(&stat(&other));
+        assert_eq!(status, 200, "{body}");
+        let (status, body) = s.tcp_get("/v1/sandboxes");
+        assert_eq!(status, 200, "{body}");
+    }
+    let (_, metrics) = s.tcp_get("/metrics");
+    for line in [
+        "cairn_init_request_threads_busy 2",
+        "cairn_init_request_queue_depth 0",
+        "cairn_init_requests_refused_total{reason=\"sandbox_limit\"} 8",
+    ] {
+        assert!(metrics.lines().any(|l| l == line), "no {line:?} in\n{metrics}");
+    }
+    // Init runs again: the two that waited are answered.
+    nix::sys::signal::kill(init, nix::sys::signal::Signal::SIGCONT).unwrap();
+    for _ in 0..2 {
+        let ((status, body), _) = answered.recv_timeout(Duration::from_secs(90)).expect("a request hangs");
+        assert_eq!(status, 200, "{body}");
+    }
+    for w in waiting {
+        w.join().unwrap();
+    }
+    let (status, body) = s.tcp_get(&stat(&stalled));
+    assert_eq!(status, 200, "{body}");
+}

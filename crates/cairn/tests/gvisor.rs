@@ -3,7 +3,7 @@
 
 mod common;
 
-use std::os::unix::fs::MetadataExt;
+use std::os::unix::fs::{FileExt, MetadataExt};
 use std::time::Duration;
 
 use common::{skip_without_runsc, stderr, Home};
@@ -151,6 +151,70 @@ fn a_second_checkpoint_stores_what_changed_and_restores_from_the_store_alone() {
     std::fs::create_dir_all(&orphan).unwrap();
     home.ok(&["gc"]);
     assert!(!orphan.exists(), "gc left an orphaned memory image");
+    for s in [&restored, &id] {
+        home.ok(&["rm", "-f", s]);
+    }
+    assert!(home.ps().is_empty());
+}
+
+#[test]
+fn a_memory_image_changed_on_the_host_is_set_aside_and_rebuilt_from_the_store() {
+    let name = "a_memory_image_changed_on_the_host_is_set_aside_and_rebuilt_from_the_store";
+    let Some((home, id)) = counting_sandbox(name) else {
+        return;
+    };
+    let before = home.read_number(&id, "/tmp/count");
+    let snap = home.ok(&["snapshot", &id]);
+    let memory = home.path().join("memory");
+    let local = memory.join(&snap);
+    // The image holds the sandbox's memory: root's alone.
+    for dir in [&memory, &local] {
+        let mode = std::fs::metadata(dir).unwrap().mode() & 0o777;
+        assert_eq!(mode, 0o700, "{} is {mode:o}", dir.display());
+    }
+    // A byte flipped in the middle of the checkpoint file, on the host.
+    let file = local.join("checkpoint.img");
+    let image = std::fs::OpenOptions::new().read(true).write(true).open(&file).unwrap();
+    let at = image.metadata().unwrap().len() / 2;
+    let mut byte = [0u8];
+    image.read_exact_at(&mut byte, at).unwrap();
+    image.write_all_at(&[!byte[0]], at).unwrap();
+    drop(image);
+
+    let out = home.cairn(&["restore", &snap]);
+    assert!(out.status.success(), "restore failed: {}", stderr(&out));
+    let restored = String::from_utf8_lossy(&out.stdout).trim().to_string();
+    assert!(
+        stderr(&out).contains("rebuilt from the store") && stderr(&out).contains("checkpoint.img"),
+        "no warning naming the changed file: {}",
+        stderr(&out)
+    );
+    // The restore runs on from the snapshot's memory, read from the store.
+    std::thread::sleep(Duration::from_millis(300));
+    let c = home.read_number(&restored, "/tmp/count");
+    assert!(c >= before, "restored counter {c} < {before}");
+    // The changed copy is kept aside for inspection, flipped byte and all,
+    // and no longer used.
+    let aside: Vec<_> = std::fs::read_dir(&memory)
+        .unwrap()
+        .flatten()
+        .filter(|e| {
+            e.file_name()
+                .to_string_lossy()
+                .starts_with(&format!(".changed-{snap}-"))
+        })
+        .map(|e| e.path())
+        .collect();
+    assert_eq!(aside.len(), 1, "{aside:?}");
+    let kept = std::fs::File::open(aside[0].join("checkpoint.img")).unwrap();
+    let mut flipped = [0u8];
+    kept.read_exact_at(&mut flipped, at).unwrap();
+    assert_eq!(flipped[0], !byte[0], "the copy set aside is not the changed one");
+    assert!(!local.exists(), "the changed image is still in place");
+    // gc keeps what was set aside (for a day) and says so.
+    let gc = home.cairn(&["gc"]);
+    let named = aside[0].file_name().unwrap().to_string_lossy().into_owned();
+    assert!(aside[0].exists() && stderr(&gc).contains(&named), "{}", stderr(&gc));
     for s in [&restored, &id] {
         home.ok(&["rm", "-f", s]);
     }

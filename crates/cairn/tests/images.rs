@@ -129,6 +129,34 @@ fn a_layer_edited_on_the_host_is_rebuilt_from_the_store_before_use() {
         "gc does not name the changed copy: {}",
         stderr(&gc)
     );
+    // A copy set aside more than a day ago goes; the fresh one stays.
+    let two_days_ago = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_nanos()
+        - 2 * 24 * 3600 * 1_000_000_000;
+    let old = home.path().join("layers").join(format!(
+        ".changed-{layer_name}-{two_days_ago}",
+        layer_name = layer.file_name().unwrap().to_string_lossy()
+    ));
+    std::fs::create_dir_all(old.join("etc")).unwrap();
+    std::fs::write(old.join("etc/passwd"), "old\n").unwrap();
+    let report: serde_json::Value = serde_json::from_str(&home.ok(&["gc", "--json"])).unwrap();
+    let names = |field: &str| -> Vec<String> {
+        report[field]
+            .as_array()
+            .unwrap_or_else(|| panic!("no {field} in {report}"))
+            .iter()
+            .map(|p| p.as_str().unwrap().rsplit('/').next().unwrap().to_string())
+            .collect()
+    };
+    assert_eq!(names("changed_copies_kept"), [aside[0].clone()], "{report}");
+    assert_eq!(
+        names("changed_copies_removed"),
+        [old.file_name().unwrap().to_string_lossy().into_owned()],
+        "{report}"
+    );
+    assert!(!old.exists() && home.path().join("layers").join(&aside[0]).is_dir());
 }
 
 #[test]

@@ -104,9 +104,14 @@ fn every_way_the_kernel_takes_gives_the_sandbox_its_layers_as_its_own_and_no_hos
             let copies: Vec<PathBuf> = std::fs::read_dir(&shifted)
                 .unwrap()
                 .map(|e| e.unwrap().path())
+                .filter(|p| !p.file_name().unwrap().to_string_lossy().starts_with(".seal-"))
                 .collect();
-            // The image's layer and the snapshot's.
+            // The image's layer and the snapshot's, each sealed.
             assert_eq!(copies.len(), 2, "{copies:?}");
+            for copy in &copies {
+                let seal = format!(".seal-{}", copy.file_name().unwrap().to_string_lossy());
+                assert!(shifted.join(seal).is_file(), "{} is not sealed", copy.display());
+            }
             for copy in &copies {
                 assert_eq!(owner(copy), SANDBOX_ROOT_ON_HOST, "{}", copy.display());
             }
@@ -217,13 +222,58 @@ fn a_shifted_copy_killed_midway_is_made_again_and_gc_keeps_the_copies_in_use() {
     assert!(!copy.exists(), "gc kept the copy of a removed layer");
 }
 
+/// The attack: a shifted copy edited on the host (a planted password
+/// line, a setuid bit) reached every sandbox started on it. Copies are
+/// sealed when made and checked before use: the changed one is set aside
+/// and made again from the layer, and gc names what was set aside.
+#[test]
+fn a_shifted_copy_edited_on_the_host_is_made_again_before_use() {
+    if skip("a_shifted_copy_edited_on_the_host_is_made_again_before_use") {
+        return;
+    }
+    let home = with_way("shifted");
+    if !works(&probe(&home), "shifted") {
+        panic!("overlayfs over plain layers failed on this host");
+    }
+    let look = "head -1 /etc/passwd; stat -c %a /bin/busybox";
+    let before = home.ok(&["run", "--", "sh", "-c", look]);
+    let images: serde_json::Value = serde_json::from_str(&home.ok(&["image", "ls", "--json"])).unwrap();
+    let layer = images[0]["layers"][0].as_str().unwrap().to_string();
+    let shifted = home.path().join("shifted");
+    let copy = shifted.join(&layer);
+    assert!(
+        copy.is_dir() && shifted.join(format!(".seal-{layer}")).is_file(),
+        "the copy is not sealed"
+    );
+    std::fs::write(copy.join("etc/passwd"), "root::0:0:planted:/root:/bin/sh\n").unwrap();
+    let busybox = copy.join("bin/busybox");
+    let mode = std::fs::metadata(&busybox).unwrap().permissions();
+    std::fs::set_permissions(&busybox, std::os::unix::fs::PermissionsExt::from_mode(0o4755)).unwrap();
+    let after = home.ok(&["run", "--", "sh", "-c", look]);
+    assert_eq!(
+        after, before,
+        "an edit to the shifted copy on the host reached a sandbox"
+    );
+    assert_eq!(std::fs::metadata(&busybox).unwrap().permissions(), mode);
+    let aside: Vec<String> = std::fs::read_dir(&shifted)
+        .unwrap()
+        .flatten()
+        .map(|e| e.file_name().to_string_lossy().into_owned())
+        .filter(|n| n.starts_with(&format!(".changed-{layer}-")))
+        .collect();
+    assert_eq!(aside.len(), 1, "the changed copy is kept aside for inspection");
+    let gc = home.cairn(&["gc"]);
+    let said = String::from_utf8_lossy(&gc.stderr);
+    assert!(said.contains(&aside[0]), "gc does not name the changed copy: {said}");
+}
+
 /// Names of copies' temporaries in `dir`.
 fn temporaries(dir: &Path) -> Vec<String> {
     std::fs::read_dir(dir)
         .map(|d| {
             d.filter_map(Result::ok)
                 .map(|e| e.file_name().to_string_lossy().into_owned())
-                .filter(|n| n.starts_with('.'))
+                .filter(|n| n.starts_with('.') && !n.starts_with(".seal-"))
                 .collect()
         })
         .unwrap_or_default()

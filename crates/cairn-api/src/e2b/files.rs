@@ -158,7 +158,7 @@ async fn write_files(gw: Arc<Gateway>, headers: &HeaderMap, q: &HashMap<String, 
     let (spooled, spool_path, _) = spool.finish().await?;
     let written = gw
         .app
-        .engine(move |e| {
+        .init(&sandbox.clone(), move |e| {
             let rec = e.sandbox(&sandbox)?;
             let client = e.client(&rec)?;
             let mut out = Vec::with_capacity(files.len());

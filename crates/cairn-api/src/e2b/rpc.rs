@@ -332,7 +332,7 @@ async fn signal(gw: &Arc<Gateway>, id: &str, sandbox: &str, body: &[u8]) -> Rpc<
             // signal, as an attached command's does.
             let sandbox = sandbox.to_string();
             gw.app
-                .engine(move |e| {
+                .init(&sandbox.clone(), move |e| {
                     let rec = e.sandbox(&sandbox)?;
                     Ok(e.client(&rec)?.kill(-pid, sig)?)
                 })
@@ -458,7 +458,7 @@ async fn argv(gw: &Arc<Gateway>, sandbox: &str, cmd: String, args: Vec<String>) 
                 let s = sandbox.to_string();
                 let b = gw
                     .app
-                    .engine(move |e| {
+                    .init(&s.clone(), move |e| {
                         let rec = e.sandbox(&s)?;
                         Ok(e.client(&rec)?.stat("/bin/bash")?.is_some())
                     })
@@ -778,7 +778,7 @@ pub async fn filesystem(
         };
         let depth = req.depth.clamp(1, 64);
         gw.app
-            .engine(move |e| {
+            .init(&sandbox.clone(), move |e| {
                 let rec = e.sandbox(&sandbox)?;
                 let client = e.client(&rec)?;
                 Ok(fs_op(&client, &op, &path, to.as_deref(), depth))

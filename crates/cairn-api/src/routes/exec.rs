@@ -447,6 +447,7 @@ pub async fn signal(
     let body: SignalBody = parse(&body)?;
     let sig = signal_number(&body.signal)?;
     let rec = running(&app, id).await?;
-    app.engine(move |e| Ok(e.client(&rec)?.kill(pid, sig)?)).await?;
+    app.init(&rec.id.clone(), move |e| Ok(e.client(&rec)?.kill(pid, sig)?))
+        .await?;
     Ok(StatusCode::NO_CONTENT)
 }

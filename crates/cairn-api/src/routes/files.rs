@@ -90,23 +90,27 @@ pub(crate) fn streamed(
 /// (not there, not a regular file, a symbolic link on the way) is an
 /// error answer rather than a cut stream, and the metadata is the opened
 /// file's. Streamed without holding an engine.
+/// On the init request pool, as init sends the file.
 pub(crate) async fn streamed_file(app: &Arc<App>, sandbox: String, path: String) -> ApiResult<(FileMeta, Response)> {
-    streamed_download(app, move |e| {
+    let pool = sandbox.clone();
+    streamed_download(app, Some(&pool), move |e| {
         let rec = e.sandbox(&sandbox)?;
         Ok(e.client(&rec)?.open_file(&path)?)
     })
     .await
 }
 
-/// [`streamed_file`] for a download `open` opens on an engine.
+/// [`streamed_file`] for a download `open` opens on an engine: on the
+/// init request pool, counted against sandbox `init` when given, else on
+/// the blocking pool.
 pub(crate) async fn streamed_download(
     app: &Arc<App>,
+    init: Option<&str>,
     open: impl FnOnce(&mut cairn_engine::Engine) -> ApiResult<cairn_sandbox::client::FileDownload> + Send + 'static,
 ) -> ApiResult<(FileMeta, Response)> {
     let (tx, rx) = mpsc::channel(BODY_PIECES_HELD);
     let (opened_tx, opened_rx) = tokio::sync::oneshot::channel();
-    let a = Arc::clone(app);
-    tokio::task::spawn_blocking(move || {
+    let work = move |a: &Arc<App>| {
         let opened = a.take_engine().and_then(|mut e| {
             let r = open(&mut e);
             a.give_back(e);
@@ -125,7 +129,14 @@ pub(crate) async fn streamed_download(
         if let Err(e) = download.copy_to(&mut BodyWriter(tx.clone())) {
             let _ = tx.blocking_send(Err(std::io::Error::other(e.to_string())));
         }
-    });
+    };
+    match init {
+        Some(sandbox) => app.on_init_pool(sandbox, work)?,
+        None => {
+            let a = Arc::clone(app);
+            drop(tokio::task::spawn_blocking(move || work(&a)));
+        }
+    }
     let meta = opened_rx
         .await
         .map_err(|_| ApiError::internal("the download's worker thread ended before the file was opened"))??;
@@ -146,7 +157,7 @@ pub async fn stat(
     check_path(&q.path)?;
     let path = q.path.clone();
     let meta = app
-        .engine(move |e| {
+        .init(&id.clone(), move |e| {
             let rec = e.sandbox(&id)?;
             Ok(e.client(&rec)?.stat(&path)?)
         })
@@ -199,7 +210,7 @@ pub async fn upload(
     let (file, spool_path, size) = spool(&app, body, "upload", "").await?;
     let path = q.path.clone();
     let meta = app
-        .engine(move |e| {
+        .init(&rec.id.clone(), move |e| {
             let mut file = file;
             let client = e.client(&rec)?;
             client.put_file(
@@ -249,7 +260,7 @@ pub async fn list(
         )));
     }
     let listing = app
-        .engine(move |e| {
+        .init(&id.clone(), move |e| {
             let rec = e.sandbox(&id)?;
             Ok(e.client(&rec)?.list_dir(&q.path, depth, limit)?)
         })
@@ -276,7 +287,7 @@ pub async fn mkdir(State(app): State<Arc<App>>, Path(id): Path<String>, body: By
     let req: MakeDirBody = super::parse(&body)?;
     check_path(&req.path)?;
     let created = app
-        .engine(move |e| {
+        .init(&id.clone(), move |e| {
             let rec = e.sandbox(&id)?;
             Ok(e.client(&rec)?.make_dir(&req.path, req.parents)?)
         })
@@ -295,7 +306,7 @@ pub async fn rename(State(app): State<Arc<App>>, Path(id): Path<String>, body: B
     check_path(&req.to)?;
     let to = req.to.clone();
     let meta = app
-        .engine(move |e| {
+        .init(&id.clone(), move |e| {
             let rec = e.sandbox(&id)?;
             let client = e.client(&rec)?;
             client.rename(&req.from, &req.to)?;
@@ -317,7 +328,7 @@ pub async fn remove(
 ) -> ApiResult<StatusCode> {
     let Query(q) = q?;
     check_path(&q.path)?;
-    app.engine(move |e| {
+    app.init(&id.clone(), move |e| {
         let rec = e.sandbox(&id)?;
         Ok(e.client(&rec)?.remove(&q.path, q.recursive)?)
     })

@@ -34,7 +34,8 @@ pub async fn download(
     // a link on the way or init's /proc is an error answer), never looked
     // up first and opened after.
     let path = q.path.clone();
-    let (meta, mut resp) = super::files::streamed_download(&app, move |e| Ok(e.session_open_file(&id, &path)?)).await?;
+    let (meta, mut resp) =
+        super::files::streamed_download(&app, None, move |e| Ok(e.session_open_file(&id, &path)?)).await?;
     let h = resp.headers_mut();
     h.insert(
         "x-cairn-mode",

@@ -297,15 +297,80 @@ pub fn shifted_dir(home: &Path) -> PathBuf {
     home.join("shifted")
 }
 
-/// The shifted copy of `layer`, made now if it does not exist.
+/// Shifted copies whose seal this process checked (or wrote).
+static CHECKED: std::sync::Mutex<Option<std::collections::HashSet<PathBuf>>> = std::sync::Mutex::new(None);
+
+fn checked(copy: &Path) -> bool {
+    CHECKED
+        .lock()
+        .unwrap_or_else(|e| e.into_inner())
+        .as_ref()
+        .is_some_and(|c| c.contains(copy))
+}
+
+fn mark_checked(copy: &Path) {
+    CHECKED
+        .lock()
+        .unwrap_or_else(|e| e.into_inner())
+        .get_or_insert_with(Default::default)
+        .insert(copy.to_path_buf());
+}
+
+/// The shifted copy of `layer`, made now if it does not exist. A copy is
+/// sealed when made, like a layer (`shifted/.seal-<id>`, see
+/// [`cairn_layers::seal`]), and its seal checked the first time a process
+/// uses it: a copy changed behind Cairn's back is set aside as
+/// `shifted/.changed-<id>-<time>/` (sandboxes already running on it keep
+/// it) and made again from the layer. A copy from before seals is sealed
+/// as it is.
 pub fn ensure_shifted(home: &Path, layer: &Path) -> Result<PathBuf, String> {
     let dest = shifted_path(home, layer)?;
     if dest.is_dir() {
+        if checked(&dest) {
+            return Ok(dest);
+        }
+        let now = cairn_layers::seal::compute(&dest).map_err(|e| format!("seal {}: {e}", dest.display()))?;
+        match cairn_layers::seal::recorded(&dest) {
+            Some(recorded) if recorded != now => {
+                let nanos = std::time::SystemTime::now()
+                    .duration_since(std::time::UNIX_EPOCH)
+                    .map(|d| d.as_nanos())
+                    .unwrap_or(0);
+                let name = dest.file_name().unwrap_or_default().to_string_lossy().into_owned();
+                let aside = shifted_dir(home).join(format!(".changed-{name}-{nanos}"));
+                match fs::rename(&dest, &aside) {
+                    Ok(()) => tracing::warn!(
+                        layer = %layer.display(),
+                        aside = %aside.display(),
+                        "a shifted copy of a layer changed after Cairn made it; making it again"
+                    ),
+                    // Another start set it aside first.
+                    Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+                    Err(e) => return Err(format!("set aside the changed shifted copy {}: {e}", dest.display())),
+                }
+                return make_shifted(layer, &dest);
+            }
+            Some(_) => {}
+            None => {
+                cairn_layers::seal::write(&dest).map_err(|e| format!("seal {}: {e}", dest.display()))?;
+            }
+        }
+        mark_checked(&dest);
         return Ok(dest);
     }
+    make_shifted(layer, &dest)
+}
+
+/// Makes the shifted copy of `layer` at `dest` and seals it.
+fn make_shifted(layer: &Path, dest: &Path) -> Result<PathBuf, String> {
+    let dest = dest.to_path_buf();
     let started = std::time::Instant::now();
     let copy = cairn_layers::archive::shifted_copy(layer, &dest, HOST_IDS).map_err(|e| e.to_string())?;
+    // A copy another process placed first is sealed by it, or checked on
+    // its next use.
     if !copy.existed {
+        cairn_layers::seal::write(&dest).map_err(|e| format!("seal {}: {e}", dest.display()))?;
+        mark_checked(&dest);
         tracing::info!(
             layer = %layer.display(),
             "made a shifted copy: {} entries, {} bytes ({} reflinked) in {:.0?}",
@@ -330,6 +395,14 @@ pub fn collect_shifted(home: &Path, layers: &Path) -> Result<u64, String> {
     for entry in fs::read_dir(&dir).map_err(|e| format!("list {}: {e}", dir.display()))? {
         let entry = entry.map_err(|e| format!("list {}: {e}", dir.display()))?;
         let name = entry.file_name();
+        // A seal goes with its copy.
+        if let Some(sealed) = name.to_str().and_then(|n| n.strip_prefix(".seal-")) {
+            // `.seal-<id>.tmp-<pid>` is one being written.
+            if !sealed.contains('.') && !dir.join(sealed).exists() {
+                let _ = fs::remove_file(entry.path());
+            }
+            continue;
+        }
         if name.as_encoded_bytes().starts_with(b".") || layers.join(&name).exists() {
             continue;
         }
