@@ -31,6 +31,9 @@ const SNAPSHOTS: std::ops::RangeInclusive<usize> = 12..=15;
 /// Below the store's smallest chunk a file is exactly one chunk, keyed by
 /// the BLAKE3 hash of its content (cairn_store::MIN_CHUNK is 64 KiB).
 const SMALL_MAX: usize = 60_000;
+/// Files up to this size are held in the layer's index, not the store
+/// (`cairn_layers::archive::SMALL_FILE_MAX`).
+const INDEX_FILE_MAX: usize = 4096;
 /// The blob the large files are variations of.
 const BIG_LEN: usize = 3 << 20;
 /// Sandboxes kept running while the tree grows.
@@ -89,9 +92,10 @@ impl Content {
         }
     }
 
-    /// Stored as exactly one chunk whose key is `hash`.
+    /// Stored as exactly one chunk whose key is `hash` (smaller files are
+    /// held in the layer's index).
     fn one_chunk(&self) -> bool {
-        (1..=SMALL_MAX).contains(&self.len)
+        (INDEX_FILE_MAX + 1..=SMALL_MAX).contains(&self.len)
     }
 }
 

@@ -22,6 +22,7 @@ pub use api::flood_attacker;
 mod drift;
 mod gvisor_memory;
 mod layers;
+mod many_files;
 mod scale;
 mod sessions;
 mod state;
@@ -47,6 +48,9 @@ pub enum Which {
     Throughput,
     /// Snapshot after a 1 MB change; small sandbox and one over a 2 GiB lower layer.
     Snapshot,
+    /// A full snapshot of a sandbox holding 1.2 million small files, beside
+    /// `tar -cf - | cat` of the same tree; the snapshotting process's peak RSS.
+    ManyFiles,
     /// Fork of a live sandbox to first command output; both sizes.
     Fork,
     /// Restore of a snapshot to first command output; both sizes; disk used by 100 forks.
@@ -182,6 +186,7 @@ pub fn run(
             Which::Cp => bench.copy(runs.min(20)),
             Which::Throughput => bench.throughput(),
             Which::Snapshot | Which::Fork | Which::Restore => bench.snapshots(*w, runs.min(30)),
+            Which::ManyFiles => bench.many_files(runs.min(5)),
             Which::Stages => bench.stages(runs.min(50)),
             Which::Gvisor => bench.gvisor(runs.min(10)),
             Which::GvisorMemory => bench.gvisor_memory(runs.min(5), gvisor_memory),
