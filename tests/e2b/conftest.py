@@ -82,7 +82,14 @@ def cairn_e2b():
     url = f"http://127.0.0.1:{port}"
     os.environ.update(E2B_API_URL=url, E2B_SANDBOX_URL=url, E2B_API_KEY=secret)
     os.environ.pop("E2B_DEBUG", None)
-    yield {"url": url, "key": secret, "home": home, "bin": binary, "restart": restart}
+    yield {
+        "url": url,
+        "key": secret,
+        "home": home,
+        "bin": binary,
+        "restart": restart,
+        "pid": lambda: server["p"].pid,
+    }
     stop()
     # Sandboxes outlive the server; remove them with their state directory.
     ids = subprocess.run([binary, "ps", "-q"], env=env, capture_output=True, text=True).stdout.split()

@@ -101,6 +101,35 @@ def test_an_upload_past_the_old_in_memory_cap_is_written_whole(sbx):
     assert hashlib.md5(bytes(sbx.files.read("/home/user/stream.bin", format="bytes"))).hexdigest() == digest
 
 
+def _status_kib(pid, field):
+    with open(f"/proc/{pid}/status") as f:
+        for line in f:
+            if line.startswith(field + ":"):
+                return int(line.split()[1])
+    raise AssertionError(f"no {field} in /proc/{pid}/status")
+
+
+def test_sixteen_parallel_uploads_add_at_most_64_mb_to_the_server(sbx, cairn_e2b):
+    from concurrent.futures import ThreadPoolExecutor
+
+    pid = cairn_e2b["pid"]()
+    data = os.urandom(63 << 20)
+    digest = hashlib.md5(data).hexdigest()
+    # One upload first, so that what the first use of a path allocates once
+    # (buffers, pools, the sandbox's client) is not counted as per-upload.
+    sbx.files.write("/home/user/warm.bin", io.BytesIO(data))
+    with open(f"/proc/{pid}/clear_refs", "w") as f:
+        f.write("5")  # resets VmHWM, the peak resident set, to the current one
+    before = _status_kib(pid, "VmRSS")
+    with ThreadPoolExecutor(16) as pool:
+        list(pool.map(lambda i: sbx.files.write(f"/home/user/up{i}.bin", io.BytesIO(data)), range(16)))
+    peak = _status_kib(pid, "VmHWM")
+    added_mb = (peak - before) / 1000
+    print(f"16 parallel 63 MiB uploads: server RSS {before / 1000:.1f} MB before, peak {peak / 1000:.1f} MB (+{added_mb:.1f})")
+    assert added_mb <= 64, f"the uploads added {added_mb:.1f} MB to the server's resident memory"
+    assert _md5(sbx, "/home/user/up7.bin") == digest
+
+
 def test_an_upload_past_the_servers_limit_is_refused_and_writes_nothing(small_server):
     s = Sandbox.create(api_url=small_server["url"], sandbox_url=small_server["url"], api_key=small_server["key"])
     try:
