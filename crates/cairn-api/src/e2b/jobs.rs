@@ -17,7 +17,7 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use axum::body::Bytes;
-use cairn_engine::{Engine, SandboxRecord};
+use cairn_engine::{Engine, OomProbe, SandboxRecord};
 use cairn_protocol::{ExecRequest, ExitStatus};
 use cairn_sandbox::client::{ExecControl, ExecSession};
 use tokio::sync::{broadcast, mpsc};
@@ -98,7 +98,8 @@ fn job_name() -> String {
 
 /// A command started in a sandbox.
 pub(super) enum Started {
-    Attached(ExecSession),
+    /// With what tells, when it ends, whether the OOM killer ended it.
+    Attached(ExecSession, OomProbe),
     Job(Arc<Job>),
 }
 
@@ -126,7 +127,7 @@ pub(super) fn start(
     }
     Ok(engine
         .exec(rec, exec)?
-        .map(|s| (s.session.pid, Started::Attached(s.session)))
+        .map(|s| (s.session.pid, Started::Attached(s.session, s.probe)))
         .map_err(|f| f.message))
 }
 
@@ -205,7 +206,7 @@ pub(super) fn relay(gw: &Arc<Gateway>, id: &str, pid: i32, job: &Arc<Job>, out: 
         match follow(gw, id, job, out, err) {
             Followed::Ended(status) => {
                 forget_proc(gw, id, pid, Some(job));
-                return ended(out, status);
+                return ended(out, status, false);
             }
             Followed::Gone => {
                 forget_proc(gw, id, pid, Some(job));

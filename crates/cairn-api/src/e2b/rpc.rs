@@ -478,7 +478,9 @@ async fn argv(gw: &Arc<Gateway>, sandbox: &str, cmd: String, args: Vec<String>) 
     Ok(argv)
 }
 
-pub(super) fn end_event(status: &cairn_protocol::ExitStatus) -> Value {
+/// The `end` event as envd sends it; when `oom`, its `error` says that the
+/// OOM killer ended the process (its `status` stays envd's).
+pub(super) fn end_event(status: &cairn_protocol::ExitStatus, oom: bool) -> Value {
     let (code, text) = match (status.code, status.signal) {
         (Some(c), _) => (c, format!("exit status {c}")),
         (None, Some(libc::SIGKILL)) => (-1, "signal: killed".to_string()),
@@ -486,7 +488,11 @@ pub(super) fn end_event(status: &cairn_protocol::ExitStatus) -> Value {
         (None, None) => (-1, "ended".to_string()),
     };
     let mut end = json!({ "exitCode": code, "exited": status.code.is_some(), "status": text });
-    if code != 0 {
+    if oom {
+        end["error"] = json!(format!(
+            "{text}: the command was killed by the OOM killer (out of memory); give the sandbox more memory"
+        ));
+    } else if code != 0 {
         end["error"] = json!(text);
     }
     json!({ "end": end })
@@ -581,7 +587,7 @@ fn run(
     info["pid"] = json!(pid);
     let (events, _) = broadcast::channel(256);
     let (handle, job) = match &started {
-        jobs::Started::Attached(session) => (Handle::Attached(session.control()), None),
+        jobs::Started::Attached(session, _) => (Handle::Attached(session.control()), None),
         jobs::Started::Job(job) => (Handle::Job(Arc::clone(job)), Some(Arc::clone(job))),
     };
     gw.procs.lock().unwrap_or_else(|e| e.into_inner()).insert(
@@ -598,11 +604,20 @@ fn run(
     let (mut out, mut err) = Out::pair(tx, events, job);
     out.send(event(json!({ "start": { "pid": pid } })));
     match started {
-        jobs::Started::Attached(session) => {
+        jobs::Started::Attached(session, probe) => {
             let waited = session.wait(&mut out, &mut err);
             forget_proc(&gw, &id, pid, None);
             match waited {
-                Ok(status) => ended(&mut out, status),
+                Ok(status) => {
+                    let killed = status.as_ref().is_some_and(|s| s.signal == Some(libc::SIGKILL));
+                    let oom = killed
+                        && gw.app.take_engine().is_ok_and(|engine| {
+                            let oom = engine.oom_killed_since(&probe);
+                            gw.app.give_back(engine);
+                            oom
+                        });
+                    ended(&mut out, status, oom)
+                }
                 Err(e) => {
                     let e: RpcError = e.into();
                     out.send(end_of_stream(Some(&RpcError::new("unavailable", e.message))));
@@ -629,13 +644,14 @@ pub(super) fn forget_proc(gw: &Gateway, id: &str, pid: i32, job: Option<&Arc<Job
 }
 
 /// Sends a process's end event and ends its streams.
-pub(super) fn ended(out: &mut Out, status: Option<cairn_protocol::ExitStatus>) {
+/// `oom`: the OOM killer ended it (said in the event's `error`).
+pub(super) fn ended(out: &mut Out, status: Option<cairn_protocol::ExitStatus>, oom: bool) {
     let status = status.unwrap_or(cairn_protocol::ExitStatus {
         code: Some(0),
         signal: None,
         timed_out: false,
     });
-    out.send(event(end_event(&status)));
+    out.send(event(end_event(&status, oom)));
     let deadline = status
         .timed_out
         .then(|| RpcError::new("deadline_exceeded", "the command ran past its timeout and was killed"));
@@ -859,12 +875,15 @@ mod tests {
             signal: Some(libc::SIGKILL),
             timed_out: false,
         };
-        assert_eq!(end_event(&killed)["end"]["exitCode"], -1);
+        assert_eq!(end_event(&killed, false)["end"]["exitCode"], -1);
+        let oom = end_event(&killed, true);
+        assert_eq!(oom["end"]["status"], "signal: killed");
+        assert!(oom["end"]["error"].as_str().unwrap().contains("OOM killer"));
         let three = cairn_protocol::ExitStatus {
             code: Some(3),
             signal: None,
             timed_out: false,
         };
-        assert_eq!(end_event(&three)["end"]["error"], "exit status 3");
+        assert_eq!(end_event(&three, false)["end"]["error"], "exit status 3");
     }
 }

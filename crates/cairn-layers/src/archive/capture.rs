@@ -38,7 +38,7 @@ pub(crate) fn is_device(file_type: SFlag, rdev: u64) -> bool {
 /// Records every entry under `upper` but device nodes and stores file
 /// contents and the index in `store`. Only the upper directory is read.
 pub fn capture<B: BlobStore>(upper: &Path, store: &ChunkStore<B>) -> Result<CapturedLayer, ArchiveError> {
-    capture_since(upper, store, None).map(|(layer, _)| layer)
+    walk_upper(upper, store, None, None, None).map(|(layer, _)| layer)
 }
 
 /// Captures what changed in `upper` since the capture that produced
@@ -81,6 +81,18 @@ pub fn capture_since_with<B: BlobStore>(
     ids: Option<HostIds>,
     baseline_dir: &Path,
 ) -> Result<(CapturedLayer, Baseline), ArchiveError> {
+    let (layer, baseline) = walk_upper(upper, store, previous, ids, Some(baseline_dir))?;
+    Ok((layer, baseline.expect("asked for")))
+}
+
+/// The capture itself; writes a baseline when given where.
+fn walk_upper<B: BlobStore>(
+    upper: &Path,
+    store: &ChunkStore<B>,
+    previous: Option<&Baseline>,
+    ids: Option<HostIds>,
+    baseline_dir: Option<&Path>,
+) -> Result<(CapturedLayer, Option<Baseline>), ArchiveError> {
     // Taken before anything is looked at: see [`Seen::settled`].
     let settled_before = settled_before(std::time::SystemTime::now());
     let fail = |action, source| ArchiveError::Capture {
@@ -89,7 +101,10 @@ pub fn capture_since_with<B: BlobStore>(
         source,
     };
     let root = open_dir(upper).map_err(|e| fail("opening the upper directory", e))?;
-    let seen = baseline::Writer::create(baseline_dir).map_err(|e| fail("creating the capture baseline", e))?;
+    let seen = baseline_dir
+        .map(baseline::Writer::create)
+        .transpose()
+        .map_err(|e| fail("creating the capture baseline", e))?;
     let previous = previous
         .map(|b| b.cursor())
         .transpose()
@@ -132,7 +147,10 @@ pub fn capture_since_with<B: BlobStore>(
         ..
     } = walk;
     let summary = out.finish()?;
-    let baseline = seen.finish().map_err(|e| fail("writing the capture baseline", e))?;
+    let baseline = seen
+        .map(baseline::Writer::finish)
+        .transpose()
+        .map_err(|e| fail("writing the capture baseline", e))?;
     Ok((
         CapturedLayer {
             id: summary.id,
@@ -263,8 +281,8 @@ struct Walk<'a, B> {
     links: HashMap<(u64, u64), (LayerPath, Metadata)>,
     /// The previous capture's baseline (none: record everything).
     previous: Option<baseline::Cursor>,
-    /// The baseline for the next capture.
-    seen: baseline::Writer,
+    /// The baseline for the next capture, when one is wanted.
+    seen: Option<baseline::Writer>,
     /// See [`Seen::settled`].
     settled_before: (i64, i64),
     dropped_devices: usize,
@@ -348,9 +366,12 @@ impl<B: BlobStore> Walk<'_, B> {
     }
 
     fn record_seen(&mut self, path: &LayerPath, seen: &Seen) -> Result<(), ArchiveError> {
-        self.seen
-            .push(path, seen)
-            .map_err(|e| self.err(path, "writing the capture baseline", e))
+        match &mut self.seen {
+            Some(writer) => writer
+                .push(path, seen)
+                .map_err(|e| self.err(path, "writing the capture baseline", e)),
+            None => Ok(()),
+        }
     }
 
     /// Writes `entry`, after the directories above it that are not written yet.
