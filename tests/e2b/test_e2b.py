@@ -52,6 +52,20 @@ def test_commands_report_output_exit_codes_and_stream_to_callbacks(sbx):
     assert r.stdout == "bar /home/user\n/tmp\n"
 
 
+def test_a_command_the_oom_killer_ends_says_so(sbx):
+    # 1.5 GB in one shell variable, past the sandbox's 1 GiB.
+    with pytest.raises(CommandExitException) as exc:
+        sbx.commands.run("x=$(head -c 1500000000 /dev/zero | tr '\\0' a); echo ${#x}", timeout=120)
+    assert exc.value.exit_code == -1
+    assert "signal: killed" in exc.value.error
+    assert "OOM killer" in exc.value.error, exc.value.error
+    # A command killed by hand is not put down to the OOM killer.
+    with pytest.raises(CommandExitException) as exc:
+        sbx.commands.run("kill -9 $$")
+    assert "OOM" not in exc.value.error, exc.value.error
+    assert sbx.commands.run("echo alive").stdout == "alive\n"
+
+
 def test_sandbox_env_vars_reach_every_command():
     s = Sandbox.create(envs={"GREETING": "hi"}, metadata={"owner": "tests"})
     try:
