@@ -267,6 +267,7 @@ impl Bench {
         });
         drop(served);
         out.extend(self.api_flood(runs)?);
+        out.extend(self.e2b_uploads()?);
         Ok(out)
     }
 
@@ -391,11 +392,106 @@ impl Bench {
     }
 
     /// A `cairn serve` on its own socket and a TCP port; its address.
+    /// What 16 parallel 63 MiB uploads through the E2B API add to the
+    /// server's peak resident memory (uploads are spooled to disk, so
+    /// about nothing per upload), after one upload that warms it.
+    fn e2b_uploads(&self) -> Result<Vec<Measurement>> {
+        const UPLOADS: usize = 16;
+        const SIZE: usize = 63 << 20;
+        let key = self.engine()?.create_token("bench-e2b")?.secret;
+        let (served, addr) = self.serve_with(&["--e2b", "127.0.0.1:0"], "cairn: serving the E2B API on http://")?;
+        let pid = served.child.id();
+        let rt = tokio::runtime::Builder::new_multi_thread().enable_all().build()?;
+        let http = Client::builder(hyper_util::rt::TokioExecutor::new()).build_http::<Full<Bytes>>();
+        let send = |req: hyper::Request<Full<Bytes>>| {
+            let http = http.clone();
+            async move {
+                let resp = http.request(req).await?;
+                let status = resp.status();
+                let body = resp.into_body().collect().await?.to_bytes();
+                if !status.is_success() {
+                    bail!("{status}: {}", String::from_utf8_lossy(&body));
+                }
+                Ok::<_, anyhow::Error>(body)
+            }
+        };
+        let created = rt.block_on(send(
+            hyper::Request::post(format!("http://{addr}/v2/sandboxes"))
+                .header("x-api-key", &key)
+                .header("content-type", "application/json")
+                .body(Full::new(Bytes::from(r#"{"templateID":"base","timeout":600}"#)))?,
+        ))?;
+        let created: serde_json::Value = serde_json::from_slice(&created)?;
+        let id = created["sandboxID"].as_str().context("no sandboxID")?.to_string();
+        let access = created["envdAccessToken"].as_str().unwrap_or_default().to_string();
+        let data = Bytes::from(vec![0x5au8; SIZE]);
+        let upload = |i: usize| {
+            let req = hyper::Request::post(format!("http://{addr}/files?path=/tmp/up{i}.bin&username=user"))
+                .header("e2b-sandbox-id", &id)
+                .header("e2b-sandbox-port", "49983")
+                .header("x-access-token", &access)
+                .header("content-type", "application/octet-stream")
+                .body(Full::new(data.clone()))
+                .expect("a valid request");
+            send(req)
+        };
+        let status = |field: &str| -> Result<f64> {
+            let text = std::fs::read_to_string(format!("/proc/{pid}/status"))?;
+            let kib: f64 = text
+                .lines()
+                .find_map(|l| {
+                    l.strip_prefix(field)
+                        .and_then(|v| v.trim_start_matches(':').split_whitespace().next())
+                })
+                .context("no such field in /proc/PID/status")?
+                .parse()?;
+            Ok(kib * 1024.0 / 1e6)
+        };
+        rt.block_on(upload(UPLOADS))?;
+        // Resets VmHWM, the peak resident set, to the current one.
+        std::fs::write(format!("/proc/{pid}/clear_refs"), "5")?;
+        let before = status("VmRSS")?;
+        rt.block_on(async {
+            let mut all = tokio::task::JoinSet::new();
+            for i in 0..UPLOADS {
+                all.spawn(upload(i));
+            }
+            while let Some(done) = all.join_next().await {
+                done??;
+            }
+            Ok::<_, anyhow::Error>(())
+        })?;
+        let added = status("VmHWM")? - before;
+        let _ = rt.block_on(send(
+            hyper::Request::delete(format!("http://{addr}/sandboxes/{id}"))
+                .header("x-api-key", &key)
+                .body(Full::new(Bytes::new()))?,
+        ));
+        Ok(vec![Measurement {
+            name: format!("E2B API: server peak RSS added by {UPLOADS} parallel 63 MiB uploads"),
+            unit: "MB",
+            median: added,
+            p95: added,
+            runs: 1,
+            target: Some(64.0),
+            lower_is_better: true,
+            cairn_ratio: None,
+        }])
+    }
+
     fn serve_tcp(&self) -> Result<(Served, std::net::SocketAddr)> {
+        self.serve_with(&["--listen", "127.0.0.1:0"], "cairn: serving on http://")
+    }
+
+    /// `cairn serve` with `args` (and a Unix socket of its own), and the
+    /// address it printed after `prefix`.
+    fn serve_with(&self, args: &[&str], prefix: &str) -> Result<(Served, std::net::SocketAddr)> {
         use std::io::BufRead;
         let socket = self.home.path().join("bench-flood.sock");
         let mut child = Command::new(&self.exe)
-            .args(["serve", "--listen", "127.0.0.1:0", "--socket"])
+            .arg("serve")
+            .args(args)
+            .arg("--socket")
             .arg(&socket)
             .env("CAIRN_HOME", self.home.path())
             .env("CAIRN_LOG", "error")
@@ -408,7 +504,7 @@ impl Bench {
         let mut lines = io::BufReader::new(stderr).lines();
         let addr = loop {
             let line = lines.next().context("cairn serve stopped before listening")??;
-            if let Some(rest) = line.strip_prefix("cairn: serving on http://") {
+            if let Some(rest) = line.strip_prefix(prefix) {
                 break rest.split_whitespace().next().context("no address")?.parse()?;
             }
         };
