@@ -59,11 +59,8 @@ impl Baseline {
         let mut reader = Reader::open(path)?;
         let mut hasher = blake3::Hasher::new();
         let mut count = 0u64;
-        loop {
-            match reader.next_raw(&mut hasher)? {
-                Some(_) => count += 1,
-                None => break,
-            }
+        while reader.next_raw(&mut hasher)?.is_some() {
+            count += 1;
         }
         reader.finish(hasher, count)?;
         Ok(Baseline {

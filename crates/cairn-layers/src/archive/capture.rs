@@ -389,8 +389,7 @@ impl<B: BlobStore> Walk<'_, B> {
         let Some(cursor) = &mut self.previous else {
             return Ok(None);
         };
-        let next = cursor.peek().map_err(|e| format!("{e}"));
-        let hit = match next {
+        let hit = match cursor.peek() {
             Err(e) => return Err(self.baseline_err(e)),
             Ok(None) => false,
             Ok(Some((path, _))) => match name {
