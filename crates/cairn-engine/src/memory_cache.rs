@@ -34,14 +34,9 @@ const HEADER: &str = "cairn-memory-seal 1";
 /// How much of a file one core hashes at a time.
 const SEGMENT: u64 = 32 << 20;
 
-/// Where the seal of the image directory `image` is kept: beside it.
-pub fn path_of(image: &Path) -> PathBuf {
-    let name = image
-        .file_name()
-        .map(|n| n.to_string_lossy().into_owned())
-        .unwrap_or_default();
-    image.with_file_name(format!(".seal-{name}"))
-}
+/// Where the seal of the image directory `image` is kept: beside it, as
+/// a layer's is.
+pub use cairn_layers::seal::path_of;
 
 /// The seal of the regular files in `dir` (anything else in it, a
 /// directory or a link, is refused: runsc writes none).
