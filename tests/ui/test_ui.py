@@ -372,3 +372,19 @@ def test_a_sessions_older_entries_load_a_page_at_a_time(browser, cairn, artifact
         assert not errors, errors
     finally:
         cairn["cli"]("session", "rm", made, "--purge", check=False)
+
+
+def test_a_run_named_in_the_address_opens_and_an_unknown_one_says_why(browser, cairn):
+    page, errors = page_for(browser, cairn)
+    run = cairn["run"]
+    expect(page.locator(f'[data-run="{run}"]')).to_be_visible()
+    # The token is kept for the tab: loading the page on a run's address
+    # opens that run, by its whole id.
+    page.goto(f"{cairn['url']}/ui/#/run/{run}")
+    expect(page.locator('.node[data-stage="sweep"]').first).to_be_visible()
+    # An id no run has: the error the API gave, as text.
+    page.goto(f"{cairn['url']}/ui/#/run/0123456789ab")
+    page.reload()
+    expect(page.locator("#error")).to_contain_text("0123456789ab")
+    expect(page.locator("#error")).not_to_contain_text("[object Object]")
+    assert errors == []

@@ -63,7 +63,10 @@ async function api(path) {
     let message = `${resp.status} ${resp.statusText}`;
     try {
       const body = await resp.json();
-      if (body && body.error) message = body.error;
+      const e = body && body.error;
+      if (typeof e === "string") message = e;
+      else if (e && typeof e.message === "string") message = e.message;
+      else if (e) message = JSON.stringify(e);
     } catch (_) {}
     throw new Error(`${path}: ${message}`);
   }
@@ -696,8 +699,10 @@ async function live() {
 }
 
 await loadLists();
-const m = location.hash.match(/^#\/run\/([0-9a-f]+)/);
-if (m) await openRun(m[1]);
+// A run named in the address (#/run/ID, as openRun writes it): the whole
+// id up to the next separator, not only its hex digits.
+const m = location.hash.match(/^#\/run\/([^/?#&]+)/);
+if (m) await openRun(decodeURIComponent(m[1]));
 live();
 // Runs that the CLI or `cairn worker`s execute send this server no events:
 // a run shown as running is read again every few seconds, the lists less often.
