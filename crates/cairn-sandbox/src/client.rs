@@ -56,7 +56,7 @@ impl DirWatch {
     /// The next events, waiting as long as it takes; `None` once the
     /// watched directory is gone (its removal is the last event) or the
     /// watch was stopped.
-    pub fn next(&mut self) -> Result<Option<Vec<WatchEvent>>, ClientError> {
+    pub fn next_events(&mut self) -> Result<Option<Vec<WatchEvent>>, ClientError> {
         let msg = match read_frame(&mut self.reader) {
             Ok(m) => m,
             Err(FrameError::Closed) => return Ok(None),
@@ -82,7 +82,7 @@ impl DirWatch {
     }
 
     /// A handle on the watch's connection: shutting it down from another
-    /// thread ends the watch, and a [`DirWatch::next`] waiting returns `None`.
+    /// thread ends the watch, and a [`DirWatch::next_events`] waiting returns `None`.
     pub fn stopper(&self) -> io::Result<UnixStream> {
         self.stream.try_clone()
     }

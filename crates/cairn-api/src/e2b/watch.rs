@@ -87,7 +87,7 @@ impl Watchers {
         std::thread::Builder::new()
             .name("e2b-watch".into())
             .spawn(move || {
-                while let Ok(Some(events)) = watch.next() {
+                while let Ok(Some(events)) = watch.next_events() {
                     let mut b = lock(&collected);
                     for e in events {
                         if b.events.len() < BUFFERED_MAX {
@@ -175,7 +175,7 @@ pub(super) fn relay(mut watch: DirWatch, tx: mpsc::Sender<Bytes>) {
             let _ = stop.shutdown(Shutdown::Both);
         });
     }
-    while let Ok(Some(events)) = watch.next() {
+    while let Ok(Some(events)) = watch.next_events() {
         for e in &events {
             if tx
                 .blocking_send(event_frame(json!({ "filesystem": event_json(e) })))
