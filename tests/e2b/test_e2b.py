@@ -516,11 +516,18 @@ def test_watch_dir_streams_events_to_the_async_sdk():
                 recursive=True,
                 timeout=0,
             )
-            await s.commands.run("mkdir /home/user/aw/d && echo x > /home/user/aw/d/f && rm /home/user/aw/d/f")
-            for _ in range(150):
-                if ("d/f", T.REMOVE) in seen:
-                    break
-                await asyncio.sleep(0.1)
+            async def until(event):
+                for _ in range(150):
+                    if event in seen:
+                        return
+                    await asyncio.sleep(0.1)
+
+            # A directory made later is followed once its creation is seen
+            # (what happens in it before that may be missed: inotify's race).
+            await s.commands.run("mkdir /home/user/aw/d")
+            await until(("d", T.CREATE))
+            await s.commands.run("echo x > /home/user/aw/d/f && rm /home/user/aw/d/f")
+            await until(("d/f", T.REMOVE))
             assert ("d", T.CREATE) in seen and ("d/f", T.CREATE) in seen and ("d/f", T.REMOVE) in seen, seen
             await handle.stop()
             # The watched directory removed ends the stream.

@@ -22,6 +22,9 @@ use crate::resolve::{self, Refusal, SandboxPath, Unresolved};
 const MAX_WATCHES: usize = 64;
 /// Directories one recursive watch follows.
 const MAX_DIRS: usize = 8192;
+/// Names a directory made after the watch started may report as created
+/// (what it held when its own watch was added).
+const FOUND_MAX: usize = 10_000;
 
 static WATCHES: AtomicUsize = AtomicUsize::new(0);
 
@@ -53,6 +56,40 @@ impl Watcher {
     /// below it goes there too: for a directory made after the watch
     /// started, what was made in it before its own watch was added.
     fn add(&mut self, rel: &str, mut found: Option<&mut Vec<String>>) -> Result<(), Refusal> {
+        // Depth first with a stack of its own: a deep tree cannot exhaust
+        // the thread's.
+        let mut pending = vec![rel.to_string()];
+        let mut first = true;
+        while let Some(rel) = pending.pop() {
+            let dir = match self.add_one(&rel) {
+                Ok(dir) => dir,
+                // A directory below that went meanwhile is not watched.
+                Err(r) if !first && r.kind == FsErrorKind::NotFound => continue,
+                Err(r) => return Err(r),
+            };
+            first = false;
+            if !self.recursive {
+                break;
+            }
+            let names = crate::tree::children(dir).map_err(|e| Refusal::errno(e, format!("cannot watch {rel}")))?;
+            for (name, is_dir) in names.into_iter().rev() {
+                let sub = if rel.is_empty() { name } else { format!("{rel}/{name}") };
+                if let Some(found) = found.as_deref_mut() {
+                    if found.len() < FOUND_MAX {
+                        found.push(sub.clone());
+                    }
+                }
+                if is_dir {
+                    pending.push(sub);
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// Adds a watch on the directory `rel` alone; returns it, open for
+    /// listing.
+    fn add_one(&mut self, rel: &str) -> Result<OwnedFd, Refusal> {
         let path = if rel.is_empty() {
             self.root.clone()
         } else {
@@ -80,24 +117,7 @@ impl Watcher {
             return Err(Refusal::errno(Errno::last(), what));
         }
         self.dirs.insert(wd, rel.to_string());
-        if self.recursive {
-            let names = crate::tree::children(dir).map_err(|e| Refusal::errno(e, what.clone()))?;
-            for (name, is_dir) in names {
-                let sub = if rel.is_empty() { name } else { format!("{rel}/{name}") };
-                if let Some(found) = found.as_deref_mut() {
-                    found.push(sub.clone());
-                }
-                if !is_dir {
-                    continue;
-                }
-                // A directory that went meanwhile is not watched.
-                match self.add(&sub, found.as_deref_mut()) {
-                    Err(r) if r.kind == FsErrorKind::NotFound => {}
-                    other => other?,
-                }
-            }
-        }
-        Ok(())
+        Ok(dir)
     }
 }
 
@@ -268,11 +288,13 @@ fn decode(w: &mut Watcher, bytes: &[u8]) -> (Vec<WatchEvent>, bool) {
             // its watch was added is reported as created (some may then
             // come twice).
             let mut found = Vec::new();
-            if w.add(&rel, Some(&mut found)).is_ok() {
-                events.extend(found.into_iter().map(|name| WatchEvent {
+            match w.add(&rel, Some(&mut found)) {
+                Ok(()) => events.extend(found.into_iter().map(|name| WatchEvent {
                     name,
                     kind: WatchKind::Create,
-                }));
+                })),
+                Err(r) if r.kind == FsErrorKind::NotFound => {}
+                Err(r) => eprintln!("cairn-init: a recursive watch does not follow {rel}: {}", r.message),
             }
         }
     }
