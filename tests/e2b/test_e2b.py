@@ -327,8 +327,51 @@ def test_unknown_sandboxes_and_templates_are_not_found():
 def test_unsupported_features_answer_unimplemented(sbx):
     with pytest.raises(SandboxException, match="not supported"):
         sbx.pty.create(size=PtySize(rows=24, cols=80))
-    with pytest.raises(SandboxException, match="not supported"):
-        sbx.files.watch_dir("/home/user")
+
+
+def _events_until(handle, want, seconds=15):
+    """Polls a watch until every (name, type) in `want` was seen; all seen."""
+    seen, deadline = [], time.time() + seconds
+    while time.time() < deadline:
+        seen += [(e.name, e.type) for e in handle.get_new_events()]
+        if all(w in seen for w in want):
+            return seen
+        time.sleep(0.1)
+    raise AssertionError(f"missing {[w for w in want if w not in seen]} in {seen}")
+
+
+def test_a_watched_directory_reports_what_changes_in_it(sbx):
+    from e2b.sandbox.filesystem.watch_handle import FilesystemEventType as T
+
+    sbx.files.make_dir("/home/user/w")
+    h = sbx.files.watch_dir("/home/user/w")
+    sbx.files.write("/home/user/w/a.txt", "one")
+    sbx.commands.run(
+        "cd /home/user/w && echo more >> a.txt && mv a.txt b.txt && chmod 600 b.txt && rm b.txt && mkdir sub && touch sub/deep"
+    )
+    seen = _events_until(
+        h,
+        [("a.txt", T.CREATE), ("a.txt", T.WRITE), ("a.txt", T.RENAME), ("b.txt", T.CREATE)]
+        + [("b.txt", T.CHMOD), ("b.txt", T.REMOVE), ("sub", T.CREATE)],
+    )
+    # Not recursive: nothing from below sub/.
+    assert not [n for n, _ in seen if n.startswith("sub/")], seen
+    h.stop()
+    with pytest.raises(SandboxException):
+        h.get_new_events()
+
+    # Recursive: directories made later are followed too.
+    h = sbx.files.watch_dir("/home/user/w", recursive=True)
+    sbx.commands.run("mkdir -p /home/user/w/x/y && echo z > /home/user/w/sub/g")
+    _events_until(h, [("x", T.CREATE), ("x/y", T.CREATE), ("sub/g", T.CREATE)])
+    sbx.commands.run("echo f > /home/user/w/x/y/f")
+    _events_until(h, [("x/y/f", T.CREATE)])
+    h.stop()
+
+    with pytest.raises(NotFoundException):
+        sbx.files.watch_dir("/home/user/no-such-dir")
+    with pytest.raises(SandboxException, match="not a directory"):
+        sbx.files.watch_dir("/etc/passwd")
 
 
 def test_paused_and_running_sandboxes_survive_a_server_restart(cairn_e2b):
@@ -453,3 +496,49 @@ def test_streamed_uploads_and_listing_by_state_and_metadata(sbx):
         assert sbx.sandbox_id in {s.sandbox_id for s in running}
     finally:
         tagged.kill()
+
+
+def test_watch_dir_streams_events_to_the_async_sdk():
+    import asyncio
+
+    from e2b import AsyncSandbox
+    from e2b.sandbox.filesystem.watch_handle import FilesystemEventType as T
+
+    async def run():
+        s = await AsyncSandbox.create()
+        try:
+            await s.files.make_dir("/home/user/aw")
+            seen, exited = [], []
+            handle = await s.files.watch_dir(
+                "/home/user/aw",
+                on_event=lambda e: seen.append((e.name, e.type)),
+                on_exit=exited.append,
+                recursive=True,
+                timeout=0,
+            )
+            async def until(event):
+                for _ in range(150):
+                    if event in seen:
+                        return
+                    await asyncio.sleep(0.1)
+
+            # A directory made later is followed once its creation is seen
+            # (what happens in it before that may be missed: inotify's race).
+            await s.commands.run("mkdir /home/user/aw/d")
+            await until(("d", T.CREATE))
+            await s.commands.run("echo x > /home/user/aw/d/f && rm /home/user/aw/d/f")
+            await until(("d/f", T.REMOVE))
+            assert ("d", T.CREATE) in seen and ("d/f", T.CREATE) in seen and ("d/f", T.REMOVE) in seen, seen
+            await handle.stop()
+            # The watched directory removed ends the stream.
+            handle = await s.files.watch_dir("/home/user/aw", on_event=lambda e: None, on_exit=exited.append, timeout=0)
+            await s.commands.run("rm -r /home/user/aw")
+            for _ in range(150):
+                if len(exited) >= 2:
+                    break
+                await asyncio.sleep(0.1)
+            assert exited[-1] is None, exited
+        finally:
+            await s.kill()
+
+    asyncio.run(run())

@@ -209,3 +209,30 @@ def test_a_gvisor_template_without_runsc_fails_naming_what_to_install(cairn_e2b)
             server.terminate()
             server.wait(timeout=30)
         shutil.rmtree(home, ignore_errors=True)
+
+
+def test_a_watch_works_under_gvisor_and_ends_with_a_pause(gsbx):
+    from e2b.sandbox.filesystem.watch_handle import FilesystemEventType as T
+
+    gsbx.files.make_dir("/tmp/gw")
+    h = gsbx.files.watch_dir("/tmp/gw", recursive=True)
+    gsbx.commands.run("mkdir /tmp/gw/d && echo x > /tmp/gw/d/f && echo y > /tmp/gw/top")
+    seen, deadline = [], time.time() + 15
+    while time.time() < deadline and ("top", T.CREATE) not in seen:
+        seen += [(e.name, e.type) for e in h.get_new_events()]
+        time.sleep(0.1)
+    assert ("d", T.CREATE) in seen and ("d/f", T.CREATE) in seen and ("top", T.CREATE) in seen, seen
+    # A pause ends the sandbox's watches; after connect a new one works.
+    assert gsbx.pause()
+    s = Sandbox.connect(gsbx.sandbox_id)
+    with pytest.raises(SandboxException):
+        h.get_new_events()
+    h = s.files.watch_dir("/tmp/gw")
+    s.commands.run("touch /tmp/gw/again")
+    deadline = time.time() + 15
+    seen = []
+    while time.time() < deadline and ("again", T.CREATE) not in seen:
+        seen += [(e.name, e.type) for e in h.get_new_events()]
+        time.sleep(0.1)
+    assert ("again", T.CREATE) in seen, seen
+    h.stop()

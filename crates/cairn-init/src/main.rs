@@ -30,6 +30,7 @@ mod reaper;
 mod resolve;
 mod spawn;
 mod tree;
+mod watch;
 
 use std::io::{BufWriter, Write};
 use std::os::fd::{FromRawFd, RawFd};
@@ -182,6 +183,7 @@ fn serve(
             | ToInit::MakeDir { .. }
             | ToInit::Rename { .. }
             | ToInit::Remove { .. }
+            | ToInit::Watch { .. }
     )
     .then(creds::AsSandboxRoot::enter);
     let result = (|| -> Result<(), cairn_protocol::FrameError> {
@@ -238,6 +240,10 @@ fn serve(
             ToInit::MakeDir { path, parents } => resolve::answer(&mut writer, tree::make_dir(&path, parents))?,
             ToInit::Rename { from, to } => resolve::answer(&mut writer, tree::rename(&from, &to))?,
             ToInit::Remove { path, recursive } => resolve::answer(&mut writer, tree::remove(&path, recursive))?,
+            ToInit::Watch { path, recursive } => {
+                let stream = writer.into_inner().map_err(|e| e.into_error())?;
+                watch::watch(&path, recursive, stream)?
+            }
             ToInit::Restored { unix_time_ns, entropy } => {
                 let reply = match files::restored(unix_time_ns, &entropy) {
                     Ok(()) => FromInit::Done,
@@ -284,5 +290,6 @@ pub(crate) fn name(msg: &ToInit) -> &'static str {
         ToInit::MakeDir { .. } => "MakeDir",
         ToInit::Rename { .. } => "Rename",
         ToInit::Remove { .. } => "Remove",
+        ToInit::Watch { .. } => "Watch",
     }
 }

@@ -389,3 +389,27 @@ fn empty(mut dir: Dir, path: &str, device: u64, level: u32) -> Result<(), Refusa
     }
     Ok(())
 }
+
+/// The names in `fd` (a directory opened for reading), each with whether
+/// it is a directory, never following a symlink; names that are not UTF-8
+/// are left out.
+pub(crate) fn children(fd: OwnedFd) -> nix::Result<Vec<(String, bool)>> {
+    use nix::dir::Type;
+    let raw = fd.as_raw_fd();
+    let mut dir = entries(fd)?;
+    let mut names = Vec::new();
+    for entry in dir.iter() {
+        let entry = entry?;
+        let Ok(name) = entry.file_name().to_str() else { continue };
+        if name == "." || name == ".." {
+            continue;
+        }
+        let is_dir = match entry.file_type() {
+            Some(t) => t == Type::Directory,
+            None => fstatat(Some(raw), entry.file_name(), AtFlags::AT_SYMLINK_NOFOLLOW)
+                .is_ok_and(|st| SFlag::from_bits_truncate(st.st_mode & SFlag::S_IFMT.bits()) == SFlag::S_IFDIR),
+        };
+        names.push((name.to_string(), is_dir));
+    }
+    Ok(names)
+}

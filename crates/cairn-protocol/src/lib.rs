@@ -111,6 +111,36 @@ pub enum ToInit {
     /// of it nor crossing into another mount: answered with
     /// [`FromInit::Done`] or [`FromInit::FsError`].
     Remove { path: String, recursive: bool },
+    /// Watch the directory `path` (with `recursive`, the directories below
+    /// it too, those made later included): answered with
+    /// [`FromInit::Watching`] or [`FromInit::FsError`], then
+    /// [`FromInit::Events`] as changes happen, until the host closes the
+    /// connection or the directory goes ([`FromInit::End`]).
+    Watch { path: String, recursive: bool },
+}
+
+/// The most events one [`FromInit::Events`] frame carries.
+pub const WATCH_BATCH_MAX: usize = 256;
+
+/// What happened to a name in a watched directory.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub enum WatchKind {
+    Create,
+    Write,
+    Remove,
+    /// Moved away (its new name, if still watched, comes as a `Create`).
+    Rename,
+    /// Mode, owner or times changed.
+    Chmod,
+}
+
+/// One change in a watched directory.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct WatchEvent {
+    /// Relative to the watched directory (`sub/file` below it when
+    /// recursive).
+    pub name: String,
+    pub kind: WatchKind,
 }
 
 /// A reply or stream item sent by cairn-init.
@@ -161,6 +191,11 @@ pub enum FromInit {
         kind: FsErrorKind,
         message: String,
     },
+    /// [`ToInit::Watch`] is set up: events follow.
+    Watching,
+    /// Changes in a watched directory, in the order they happened (at most
+    /// [`WATCH_BATCH_MAX`]).
+    Events(Vec<WatchEvent>),
 }
 
 /// How to run a process inside the sandbox.

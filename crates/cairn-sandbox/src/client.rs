@@ -8,8 +8,8 @@ use std::time::Duration;
 
 use cairn_protocol::{
     encode_frame, hello, read_frame, write_frame, DirEntry, ExecRequest, ExitStatus, FileKind, FileMeta, FrameError,
-    FromInit, FsErrorKind, SpawnErrorKind, ToInit, DATA_CHUNK, LIST_BYTES_MAX, LIST_DEPTH_MAX, LIST_ENTRIES_MAX,
-    PATH_MAX, PROTOCOL_VERSION,
+    FromInit, FsErrorKind, SpawnErrorKind, ToInit, WatchEvent, DATA_CHUNK, LIST_BYTES_MAX, LIST_DEPTH_MAX,
+    LIST_ENTRIES_MAX, PATH_MAX, PROTOCOL_VERSION, WATCH_BATCH_MAX,
 };
 
 #[derive(Debug, thiserror::Error)]
@@ -41,6 +41,51 @@ pub enum ClientError {
 pub struct FsFailure {
     pub kind: FsErrorKind,
     pub message: String,
+}
+
+/// A directory watch from [`InitClient::watch`]: its events as they come.
+/// Dropping it (or shutting down [`DirWatch::stopper`]'s socket) ends it.
+#[derive(Debug)]
+pub struct DirWatch {
+    stream: UnixStream,
+    reader: BufReader<UnixStream>,
+    socket: PathBuf,
+}
+
+impl DirWatch {
+    /// The next events, waiting as long as it takes; `None` once the
+    /// watched directory is gone (its removal is the last event) or the
+    /// watch was stopped.
+    pub fn next_events(&mut self) -> Result<Option<Vec<WatchEvent>>, ClientError> {
+        let msg = match read_frame(&mut self.reader) {
+            Ok(m) => m,
+            Err(FrameError::Closed) => return Ok(None),
+            Err(FrameError::Io(e)) if e.kind() == io::ErrorKind::ConnectionReset => {
+                return Err(ClientError::NotRunning(self.socket.clone()))
+            }
+            Err(FrameError::Io(e)) => return Err(ClientError::Io(e)),
+            Err(e) => return Err(ClientError::Frame(e)),
+        };
+        match msg {
+            FromInit::Events(events) => {
+                if events.len() > WATCH_BATCH_MAX || events.iter().any(|e| e.name.len() > PATH_MAX) {
+                    return Err(invalid(format!(
+                        "init sent {} watch events (at most {WATCH_BATCH_MAX}, names of at most {PATH_MAX} bytes)",
+                        events.len()
+                    )));
+                }
+                Ok(Some(events))
+            }
+            FromInit::End => Ok(None),
+            other => Err(refusal(other)),
+        }
+    }
+
+    /// A handle on the watch's connection: shutting it down from another
+    /// thread ends the watch, and a [`DirWatch::next_events`] waiting returns `None`.
+    pub fn stopper(&self) -> io::Result<UnixStream> {
+        self.stream.try_clone()
+    }
 }
 
 /// A directory listing from [`InitClient::list_dir`].
@@ -406,6 +451,26 @@ impl InitClient {
                 other => return Err(refusal(other)),
             }
         }
+    }
+
+    /// Watches the directory `path` (absolute in the sandbox; with
+    /// `recursive`, the directories below it too). Init answers within the
+    /// client's deadline; events then come whenever they happen.
+    pub fn watch(&self, path: &str, recursive: bool) -> Result<DirWatch, ClientError> {
+        let (stream, mut reader) = self.open(&ToInit::Watch {
+            path: path.to_string(),
+            recursive,
+        })?;
+        match self.read(&mut reader)? {
+            FromInit::Watching => {}
+            other => return Err(refusal(other)),
+        }
+        stream.set_read_timeout(None)?;
+        Ok(DirWatch {
+            stream,
+            reader,
+            socket: self.socket.clone(),
+        })
     }
 
     /// Makes the directory `path` (absolute in the sandbox), with `parents`

@@ -326,6 +326,7 @@ pub(crate) async fn kill_entry(gw: &Arc<Gateway>, id: &str) -> Rest<()> {
     known(gw, id)?;
     let _busy = gw.app.claim(&format!("e2b:{id}"), "kill")?;
     let e = known(gw, id)?;
+    gw.watchers().forget_sandbox(id);
     match e.life.clone() {
         Life::Running { sandbox } => {
             gw.app
@@ -431,6 +432,8 @@ pub(crate) async fn pause_entry(gw: &Arc<Gateway>, id: &str) -> Rest<bool> {
         return Ok(false);
     };
     check_memory_snapshot(gw, id, &sandbox, "pause").await?;
+    // Watches are of the running sandbox; a resumed one starts new ones.
+    gw.watchers().forget_sandbox(id);
     let _held = gw.hold_followers(id);
     let snap = gw.app.engine(move |en| Ok(snapshot_and_stop(en, &sandbox)?)).await?;
     let memory = snap.driver == "gvisor";

@@ -20,6 +20,7 @@ mod files;
 mod form;
 mod jobs;
 mod rpc;
+mod watch;
 
 use std::collections::{BTreeMap, HashMap, HashSet};
 use std::io::{Read, Write};
@@ -93,6 +94,8 @@ pub struct Gateway {
     drivers: Drivers,
     /// Sandboxes being snapshotted, whose jobs' followers stay off.
     held: Mutex<HashSet<String>>,
+    /// Directory watchers (envd's `CreateWatcher`).
+    watchers: watch::Watchers,
 }
 
 /// Keeps the followers of a sandbox's jobs off while it lives
@@ -418,6 +421,7 @@ pub fn router(app: Arc<App>, drivers: Drivers) -> Router {
         bash: Mutex::new(HashMap::new()),
         drivers,
         held: Mutex::new(HashSet::new()),
+        watchers: watch::Watchers::default(),
         live_tokens: tokio::sync::watch::Sender::new(None),
     });
     control::spawn_reaper(Arc::clone(&gw));

@@ -21,6 +21,7 @@ use tokio::sync::{broadcast, mpsc};
 
 use super::envd::{entry_info, home_of, resolve, sandbox_of, user_of, Denied};
 use super::jobs::{self, Job};
+use super::watch;
 use super::{Gateway, Handle, Proc};
 use crate::error::{client_status, ApiError};
 
@@ -112,14 +113,14 @@ impl IntoResponse for RpcError {
     }
 }
 
-type Rpc<T> = Result<T, RpcError>;
+pub(super) type Rpc<T> = Result<T, RpcError>;
 
 fn unary(v: Value) -> Response {
     axum::Json(v).into_response()
 }
 
 /// One envelope: flags, big-endian length, message.
-fn frame(flags: u8, v: &Value) -> Bytes {
+pub(super) fn frame(flags: u8, v: &Value) -> Bytes {
     let msg = serde_json::to_vec(v).unwrap_or_else(|_| b"{}".to_vec());
     let mut out = Vec::with_capacity(5 + msg.len());
     out.push(flags);
@@ -664,42 +665,50 @@ pub(super) fn ended(out: &mut Out, status: Option<cairn_protocol::ExitStatus>, o
 /// API key the sandbox was granted to is removed (`grant`), it ends with
 /// `unauthenticated`.
 fn stream_body(gw: &Arc<Gateway>, rx: mpsc::Receiver<Bytes>, grant: Option<String>) -> Body {
+    stream_body_with(gw, rx, grant, event(json!({ "keepalive": {} })))
+}
+
+/// [`stream_body`] whose quiet stream gets `keepalive` frames.
+fn stream_body_with(gw: &Arc<Gateway>, rx: mpsc::Receiver<Bytes>, grant: Option<String>, keepalive: Bytes) -> Body {
     let stopped = Box::pin(gw.app.stopped());
     let gw = Arc::clone(gw);
     let revoked: std::pin::Pin<Box<dyn std::future::Future<Output = ()> + Send>> =
         Box::pin(async move { gw.revoked(grant).await });
     Body::from_stream(futures_util::stream::unfold(
         Some((rx, stopped, revoked)),
-        |state| async move {
-            let (mut rx, mut stopped, mut revoked) = state?;
-            enum Next {
-                Frame(Option<Bytes>),
-                Quiet,
-                Stopping,
-                Revoked,
-            }
-            let next = tokio::select! {
-                f = rx.recv() => Next::Frame(f),
-                _ = tokio::time::sleep(KEEPALIVE) => Next::Quiet,
-                () = &mut stopped => Next::Stopping,
-                () = &mut revoked => Next::Revoked,
-            };
-            let ended = |e: RpcError| Some((Ok(end_of_stream(Some(&e))), None));
-            match next {
-                Next::Frame(f) => {
-                    let f = f?;
-                    let last = f.first() == Some(&2);
-                    Some((Ok::<_, std::io::Error>(f), (!last).then_some((rx, stopped, revoked))))
+        move |state| {
+            let keepalive = keepalive.clone();
+            async move {
+                let (mut rx, mut stopped, mut revoked) = state?;
+                enum Next {
+                    Frame(Option<Bytes>),
+                    Quiet,
+                    Stopping,
+                    Revoked,
                 }
-                Next::Quiet => Some((Ok(event(json!({ "keepalive": {} }))), Some((rx, stopped, revoked)))),
-                Next::Stopping => ended(RpcError::new(
-                    "unavailable",
-                    "the server is stopping; the process keeps running: reattach with commands.connect(pid)",
-                )),
-                Next::Revoked => ended(RpcError::new(
-                    "unauthenticated",
-                    "the access token was revoked (its API key was removed); the process keeps running",
-                )),
+                let next = tokio::select! {
+                    f = rx.recv() => Next::Frame(f),
+                    _ = tokio::time::sleep(KEEPALIVE) => Next::Quiet,
+                    () = &mut stopped => Next::Stopping,
+                    () = &mut revoked => Next::Revoked,
+                };
+                let ended = |e: RpcError| Some((Ok(end_of_stream(Some(&e))), None));
+                match next {
+                    Next::Frame(f) => {
+                        let f = f?;
+                        let last = f.first() == Some(&2);
+                        Some((Ok::<_, std::io::Error>(f), (!last).then_some((rx, stopped, revoked))))
+                    }
+                    Next::Quiet => Some((Ok(keepalive.clone()), Some((rx, stopped, revoked)))),
+                    Next::Stopping => ended(RpcError::new(
+                        "unavailable",
+                        "the server is stopping; the process keeps running: reattach with commands.connect(pid)",
+                    )),
+                    Next::Revoked => ended(RpcError::new(
+                        "unauthenticated",
+                        "the access token was revoked (its API key was removed); the process keeps running",
+                    )),
+                }
             }
         },
     ))
@@ -749,6 +758,10 @@ struct PathRequest {
     #[serde(default)]
     path: String,
     #[serde(default)]
+    recursive: bool,
+    #[serde(default)]
+    watcher_id: String,
+    #[serde(default)]
     depth: u32,
     #[serde(default)]
     source: String,
@@ -764,7 +777,7 @@ pub async fn filesystem(
     body: Body,
 ) -> Response {
     let result = async {
-        let (_, sandbox) = sandbox_of(&gw, &headers).await?;
+        let (entry, sandbox) = sandbox_of(&gw, &headers).await?;
         let body = read_body(body).await?;
         let req: PathRequest = if method == "WatchDir" {
             envelope(&body)?
@@ -772,11 +785,45 @@ pub async fn filesystem(
             message(&body)?
         };
         let home = home_of(&user_of(&headers));
+        match method.as_str() {
+            "GetWatcherEvents" => return Ok(Watched::Unary(gw.watchers().take(&entry.id, &req.watcher_id)?)),
+            "RemoveWatcher" => return Ok(Watched::Unary(gw.watchers().remove(&entry.id, &req.watcher_id)?)),
+            "WatchDir" | "CreateWatcher" => {
+                let path = resolve(&req.path, home).map_err(RpcError::invalid)?;
+                let recursive = req.recursive;
+                let watch = gw
+                    .app
+                    .init(&sandbox.clone(), move |e| {
+                        let rec = e.sandbox(&sandbox)?;
+                        Ok(e.client(&rec)?.watch(&path, recursive))
+                    })
+                    .await?
+                    .map_err(|e| match e {
+                        cairn_sandbox::client::ClientError::Fs(f)
+                            if f.kind == cairn_protocol::FsErrorKind::NotFound =>
+                        {
+                            RpcError::new("not_found", f.message)
+                        }
+                        e => RpcError::from(e),
+                    })?;
+                if method == "CreateWatcher" {
+                    let id = gw.watchers().add(&entry.id, watch)?;
+                    return Ok(Watched::Unary(json!({ "watcherId": id })));
+                }
+                let (tx, rx) = mpsc::channel::<Bytes>(64);
+                tokio::task::spawn_blocking(move || watch::relay(watch, tx));
+                let keepalive = frame(0, &json!({ "keepalive": {} }));
+                return Ok(Watched::Stream(stream_response(stream_body_with(
+                    &gw,
+                    rx,
+                    entry.grant.clone(),
+                    keepalive,
+                ))));
+            }
+            _ => {}
+        }
         let op = match method.as_str() {
             "Stat" | "ListDir" | "MakeDir" | "Remove" | "Move" => method.clone(),
-            "WatchDir" | "CreateWatcher" | "GetWatcherEvents" | "RemoveWatcher" => {
-                return Err(RpcError::unimplemented("watching directories"))
-            }
             other => {
                 return Err(RpcError::new(
                     "unimplemented",
@@ -800,13 +847,21 @@ pub async fn filesystem(
                 Ok(fs_op(&client, &op, &path, to.as_deref(), depth))
             })
             .await?
+            .map(Watched::Unary)
     }
     .await;
     match result {
-        Ok(v) => unary(v),
+        Ok(Watched::Unary(v)) => unary(v),
+        Ok(Watched::Stream(r)) => r,
         Err(e) if method == "WatchDir" => stream_error(e),
         Err(e) => e.into_response(),
     }
+}
+
+/// What a filesystem method answers: one message, or a stream (`WatchDir`).
+enum Watched {
+    Unary(Value),
+    Stream(Response),
 }
 
 fn missing(path: &str) -> RpcError {
