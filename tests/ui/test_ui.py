@@ -380,7 +380,9 @@ def test_a_run_named_in_the_address_opens_and_an_unknown_one_says_why(browser, c
     expect(page.locator(f'[data-run="{run}"]')).to_be_visible()
     # The token is kept for the tab: loading the page on a run's address
     # opens that run, by its whole id.
+    # (A new hash alone is not a new load: reload.)
     page.goto(f"{cairn['url']}/ui/#/run/{run}")
+    page.reload()
     expect(page.locator('.node[data-stage="sweep"]').first).to_be_visible()
     # An id no run has: the error the API gave, as text.
     page.goto(f"{cairn['url']}/ui/#/run/0123456789ab")
