@@ -155,12 +155,14 @@ impl Watchers {
     }
 }
 
-/// Relays `watch`'s events as `WatchDir` stream frames (`start` first,
+/// Relays `watch`'s events as `WatchDir` stream frames (each a
+/// `WatchDirResponse`, whose oneof is the message's own field, unlike a
+/// process event's: `start` first,
 /// then one `filesystem` event each) until the client goes or the watch
 /// ends.
 pub(super) fn relay(mut watch: DirWatch, tx: mpsc::Sender<Bytes>) {
     let stop = watch.stopper().ok();
-    if tx.blocking_send(event_frame(json!({ "start": {} }))).is_err() {
+    if tx.blocking_send(frame(0, &json!({ "start": {} }))).is_err() {
         return;
     }
     // The client going is noticed on the next send; a watch with no events
@@ -178,7 +180,7 @@ pub(super) fn relay(mut watch: DirWatch, tx: mpsc::Sender<Bytes>) {
     while let Ok(Some(events)) = watch.next_events() {
         for e in &events {
             if tx
-                .blocking_send(event_frame(json!({ "filesystem": event_json(e) })))
+                .blocking_send(frame(0, &json!({ "filesystem": event_json(e) })))
                 .is_err()
             {
                 return;
@@ -186,12 +188,6 @@ pub(super) fn relay(mut watch: DirWatch, tx: mpsc::Sender<Bytes>) {
         }
     }
     let _ = tx.blocking_send(super::rpc::end_of_stream(None));
-}
-
-/// One `WatchDirResponse` (its oneof is the message's own field, unlike a
-/// process event's).
-fn event_frame(v: Value) -> Bytes {
-    frame(0, &v)
 }
 
 impl Gateway {

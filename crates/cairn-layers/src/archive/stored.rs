@@ -202,10 +202,21 @@ pub fn write_index<B: BlobStore>(
 pub fn for_each_run<B: BlobStore>(
     store: &ChunkStore<B>,
     layer: &LayerId,
-    mut each: impl FnMut(Vec<Entry>) -> Result<(), ArchiveError>,
+    each: impl FnMut(Vec<Entry>) -> Result<(), ArchiveError>,
 ) -> Result<(), ArchiveError> {
     let context = ReadContext::new().owner("layer", *layer.as_hash());
     let root: IndexRoot = store.get_object(layer.as_hash(), &context)?;
+    runs_of(store, layer, root, each)
+}
+
+/// [`for_each_run`] of a root already read.
+fn runs_of<B: BlobStore>(
+    store: &ChunkStore<B>,
+    layer: &LayerId,
+    root: IndexRoot,
+    mut each: impl FnMut(Vec<Entry>) -> Result<(), ArchiveError>,
+) -> Result<(), ArchiveError> {
+    let context = ReadContext::new().owner("layer", *layer.as_hash());
     let mut checker = EntryChecker::default();
     let invalid = |reason| ArchiveError::InvalidIndex { layer: *layer, reason };
     if !root.entries.is_empty() && !root.segments.is_empty() {
@@ -256,7 +267,7 @@ pub fn layer_objects<B: BlobStore>(store: &ChunkStore<B>, layer: &LayerId) -> Re
     let root: IndexRoot = store.get_object(layer.as_hash(), &context)?;
     let mut objects = vec![*layer.as_hash()];
     objects.extend(root.segments.iter().map(|s| s.hash));
-    for_each_run(store, layer, |run| {
+    runs_of(store, layer, root, |run| {
         objects.extend(run.iter().flat_map(|e| e.kind.chunks()).map(|c| c.hash));
         Ok(())
     })?;
