@@ -324,9 +324,90 @@ def test_unknown_sandboxes_and_templates_are_not_found():
         Sandbox.create(template="no-such-template")
 
 
-def test_unsupported_features_answer_unimplemented(sbx):
-    with pytest.raises(SandboxException, match="not supported"):
-        sbx.pty.create(size=PtySize(rows=24, cols=80))
+class _Screen:
+    """What a PTY printed, gathered by a thread that waits on its handle."""
+
+    def __init__(self, handle):
+        self.data, self.lock, self.result = bytearray(), threading.Lock(), {}
+        self.thread = threading.Thread(target=self._wait, args=(handle,), daemon=True)
+        self.thread.start()
+        self.consumed = 0
+
+    def _wait(self, handle):
+        def on_pty(chunk):
+            with self.lock:
+                self.data += chunk
+
+        try:
+            self.result["ok"] = handle.wait(on_pty=on_pty)
+        except Exception as e:  # the exit status comes back as an exception
+            self.result["error"] = e
+
+    def until(self, want, seconds=30):
+        """Waits until the output (after what earlier waits took) holds `want`; returns it up to there."""
+        deadline = time.time() + seconds
+        while time.time() < deadline:
+            with self.lock:
+                text = self.data[self.consumed :].decode(errors="replace")
+                if want in text:
+                    upto = text[: text.index(want) + len(want)]
+                    self.consumed += len(upto.encode())
+                    return upto
+            time.sleep(0.05)
+        raise AssertionError(f"{want!r} never came; the terminal showed {bytes(self.data)!r}")
+
+    def ended(self, seconds=30):
+        self.thread.join(seconds)
+        assert not self.thread.is_alive(), "the PTY did not end"
+        return self.result
+
+
+def test_a_pty_runs_an_interactive_shell_that_is_resized_interrupted_and_exits(sbx):
+    h = sbx.pty.create(size=PtySize(rows=24, cols=80), envs={"GREETING": "hi"})
+    screen = _Screen(h)
+    sbx.pty.send_stdin(h.pid, b"tty; stty size; echo $TERM $GREETING mark-$((6*7))\n")
+    shown = screen.until("mark-42")
+    assert "/dev/pts/" in shown and "24 80" in shown and "xterm-256color hi" in shown, shown
+    sbx.pty.resize(h.pid, PtySize(rows=40, cols=120))
+    sbx.pty.send_stdin(h.pid, b"stty size; echo mark-$((6*8))\n")
+    assert "40 120" in screen.until("mark-48")
+    # Ctrl-C is a key: the terminal interrupts the foreground command.
+    sbx.pty.send_stdin(h.pid, b"sleep 300; echo slept-$((3*3))\n")
+    time.sleep(0.5)
+    sbx.pty.send_stdin(h.pid, b"\x03")
+    sbx.pty.send_stdin(h.pid, b"echo mark-$((7*7))\n")
+    assert "slept-9" not in screen.until("mark-49")
+    # Input streamed in pieces arrives whole, in order.
+    sbx.pty.stream_input(h.pid, [b"echo str", "eam-", b"$((2*3))\n"])
+    screen.until("stream-6")
+    sbx.pty.send_stdin(h.pid, b"exit 7\n")
+    result = screen.ended()
+    assert isinstance(result.get("error"), CommandExitException), result
+    assert result["error"].exit_code == 7
+    assert not any(p.pid == h.pid for p in sbx.commands.list())
+
+
+def test_a_killed_pty_ends_and_pty_calls_on_plain_commands_are_refused(sbx):
+    h = sbx.pty.create(size=PtySize(rows=24, cols=80))
+    screen = _Screen(h)
+    sbx.pty.send_stdin(h.pid, b"echo mark-$((5*5))\n")
+    screen.until("mark-25")
+    assert sbx.pty.kill(h.pid)
+    assert screen.ended()["error"].exit_code == -1
+    assert sbx.pty.kill(h.pid) is False
+    # A command started without a terminal has none to resize or type to.
+    c = sbx.commands.run("cat", background=True, stdin=True)
+    with pytest.raises(SandboxException, match="no terminal"):
+        sbx.pty.resize(c.pid, PtySize(rows=10, cols=10))
+    with pytest.raises(SandboxException, match="no terminal"):
+        sbx.pty.send_stdin(c.pid, b"x")
+    # Its stdin can be streamed, though.
+    sbx.commands.stream_input(c.pid, ["one\n", b"two\n"])
+    sbx.commands.close_stdin(c.pid)
+    assert c.wait().stdout == "one\ntwo\n"
+    # A terminal of no size is refused before anything starts.
+    with pytest.raises(SandboxException, match="pty.size.rows"):
+        sbx.pty.create(size=PtySize(rows=0, cols=80))
 
 
 def _events_until(handle, want, seconds=15):

@@ -12,7 +12,7 @@ import time
 import warnings
 
 import pytest
-from e2b import CommandExitException, Sandbox, SandboxException
+from e2b import CommandExitException, PtySize, Sandbox, SandboxException
 
 # The image conftest.py builds and serves on gVisor (`--e2b-driver
 # busybox-gvisor=gvisor`). Not imported from conftest: with several test
@@ -127,6 +127,21 @@ def test_a_command_with_stdin_holds_off_a_memory_pause_and_loses_nothing(gsbx):
     back = Sandbox.connect(gsbx.sandbox_id)
     # gVisor's /tmp is memory: only a memory snapshot keeps it.
     assert back.files.read("/tmp/in-memory.txt") == "kept"
+
+
+def test_a_pty_works_under_gvisor_and_holds_off_a_memory_pause(gsbx):
+    h = gsbx.pty.create(size=PtySize(rows=33, cols=99))
+    out = bytearray()
+    gsbx.pty.send_stdin(h.pid, b"stty size\n")
+    with pytest.raises(SandboxException) as exc:
+        gsbx.pause()
+    assert "terminal" in str(exc.value) and str(h.pid) in str(exc.value)
+    gsbx.pty.send_stdin(h.pid, b"exit 4\n")
+    with pytest.raises(CommandExitException) as ended:
+        h.wait(on_pty=out.extend)
+    assert ended.value.exit_code == 4
+    assert b"33 99" in out, out
+    assert gsbx.pause()
 
 
 def test_auto_pause_at_the_timeout_keeps_a_running_process(needs_runsc):

@@ -5,7 +5,7 @@ use std::fs;
 use std::path::PathBuf;
 use std::time::Duration;
 
-use cairn_protocol::ExecRequest;
+use cairn_protocol::{ExecRequest, PtySize};
 use cairn_sandbox::client::{ExecSession, InitClient, SpawnFailure};
 use cairn_sandbox::{pid_start_time, Driver, Limits, SandboxProcess, SandboxSpec};
 use serde::Serialize;
@@ -452,6 +452,17 @@ impl Engine {
 
     /// Starts a process in a running sandbox.
     pub fn exec(&self, rec: &SandboxRecord, req: ExecRequest) -> Result<Result<ExecStart, SpawnFailure>, EngineError> {
+        self.exec_on(rec, req, None)
+    }
+
+    /// Starts a process in a running sandbox, on a new terminal of size
+    /// `pty` when given (its output all comes as stdout).
+    pub fn exec_on(
+        &self,
+        rec: &SandboxRecord,
+        req: ExecRequest,
+        pty: Option<PtySize>,
+    ) -> Result<Result<ExecStart, SpawnFailure>, EngineError> {
         let client = self.client(rec)?;
         let oom_kills_before = self.driver(&rec.driver)?.oom_kills(&rec.id);
         let probe = OomProbe {
@@ -459,7 +470,11 @@ impl Engine {
             driver: rec.driver.clone(),
             oom_kills_before,
         };
-        match client.exec(req) {
+        let started = match pty {
+            Some(size) => client.exec_pty(req, size),
+            None => client.exec(req),
+        };
+        match started {
             Ok(started) => Ok(started.map(|session| ExecStart { session, probe })),
             // Nothing answers: the row still says running, but init is gone.
             Err(e) => Err(self.init_gone(rec).unwrap_or_else(|| e.into())),

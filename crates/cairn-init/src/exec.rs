@@ -18,8 +18,8 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use cairn_protocol::{
-    decode_payload, encode_frame, ExecRequest, ExitStatus, FrameError, FromInit, SpawnErrorKind, ToInit, DATA_CHUNK,
-    MAX_FRAME_LEN,
+    decode_payload, encode_frame, ExecRequest, ExitStatus, FrameError, FromInit, PtySize, SpawnErrorKind, ToInit,
+    DATA_CHUNK, MAX_FRAME_LEN,
 };
 use nix::fcntl::{fcntl, FcntlArg, OFlag};
 use nix::sys::signal::{killpg, Signal};
@@ -41,6 +41,9 @@ const STDIN_HELD: usize = 4 * DATA_CHUNK;
 /// wait.
 pub(crate) const OUT_HELD: usize = 2 * DATA_CHUNK;
 
+/// The terminal's end-of-file character (^D) in its default settings.
+const EOT: u8 = 0x04;
+
 /// The most bytes of frames from the host read in one go.
 pub(crate) const HOST_READ: usize = 64 << 10;
 
@@ -60,6 +63,10 @@ pub struct Exec {
     exited: Receiver<ExitStatus>,
     pipes: [Option<File>; 2],
     stdin: Option<File>,
+    /// The controlling side of the command's terminal, when it runs on one
+    /// (its output comes through `pipes[0]`, its input goes through
+    /// `stdin`, both the same terminal).
+    terminal: Option<File>,
     /// Stdin the pipe has not taken yet.
     pending: Vec<u8>,
     stdin_eof: bool,
@@ -93,10 +100,11 @@ pub enum Begun {
     Answered((UnixStream, Vec<u8>)),
 }
 
-/// Starts `req`. `welcome` is the encoded welcome, sent in the same write
-/// as the answer.
+/// Starts `req`, on a new terminal of size `pty` when given. `welcome` is
+/// the encoded welcome, sent in the same write as the answer.
 pub fn begin(
     req: ExecRequest,
+    pty: Option<PtySize>,
     host: UnixStream,
     host_in: Vec<u8>,
     mut welcome: Vec<u8>,
@@ -118,6 +126,9 @@ pub fn begin(
             message,
         };
         return answer(host, welcome, &failed);
+    }
+    if let Some(size) = pty {
+        return begin_on_terminal(req, size, host, host_in, welcome, reaper, live);
     }
     if req.detach {
         let name = req.argv.join(" ");
@@ -152,6 +163,70 @@ pub fn begin(
         exited,
         pipes,
         stdin,
+        terminal: None,
+        pending: Vec::new(),
+        stdin_eof: false,
+        deadline: req.timeout_ms.map(|ms| Instant::now() + Duration::from_millis(ms)),
+        timed_out: false,
+        status: None,
+        drain_until: None,
+        finished: false,
+        _live: live,
+    }))
+}
+
+/// [`begin`] on a new terminal: the command leads a session whose
+/// controlling terminal is its stdin, stdout and stderr.
+fn begin_on_terminal(
+    req: ExecRequest,
+    size: PtySize,
+    host: UnixStream,
+    host_in: Vec<u8>,
+    mut welcome: Vec<u8>,
+    reaper: &Reaper,
+    live: Arc<Live>,
+) -> Begun {
+    let cwd = req.cwd.as_deref().unwrap_or("/");
+    // Three handles on the controlling side: output, input, resizing.
+    let opened = spawn::open_terminal(size).and_then(|(master, terminal)| {
+        let input = master.try_clone()?;
+        let output = master.try_clone()?;
+        Ok((master, input, output, terminal))
+    });
+    let (master, input, output, terminal) = match opened {
+        Ok(x) => x,
+        Err(e) => {
+            let failed = FromInit::SpawnFailed {
+                kind: SpawnErrorKind::Other,
+                message: format!("cannot open a terminal in the sandbox: {e}"),
+            };
+            append(&mut welcome, &failed);
+            return Begun::Answered((host, welcome));
+        }
+    };
+    let stdio = spawn::Stdio::Terminal(terminal.as_raw_fd());
+    let started = reaper.spawn_polled(|| spawn::spawn(&req.argv, &req.env, cwd, stdio).map(|c| (c.pid, c)));
+    // The command has its own copies; init keeps only the controlling side.
+    drop(terminal);
+    let (_, pid, exited) = match started {
+        Ok(x) => x,
+        Err(e) => {
+            append(&mut welcome, &spawn_failed(&req.argv[0], &e));
+            return Begun::Answered((host, welcome));
+        }
+    };
+    append(&mut welcome, &FromInit::Started { pid });
+    Begun::Running(Box::new(Exec {
+        host,
+        host_in,
+        host_open: true,
+        out: welcome,
+        host_gone: false,
+        pid,
+        exited,
+        pipes: [Some(output), None],
+        stdin: Some(input),
+        terminal: Some(master),
         pending: Vec::new(),
         stdin_eof: false,
         deadline: req.timeout_ms.map(|ms| Instant::now() + Duration::from_millis(ms)),
@@ -256,6 +331,7 @@ impl Exec {
                 // exec must not live as long (a quiesce waits for it).
                 self.pipes = [None, None];
                 self.stdin = None;
+                self.terminal = None;
                 self.pending = Vec::new();
             }
         }
@@ -321,11 +397,20 @@ impl Exec {
     }
 
     /// The host hung up (or broke the protocol): the command's stdin ends
-    /// with it.
+    /// with it. A terminal is hung up, as a closed ssh connection hangs up
+    /// its own: its controlling side is closed, and every process of the
+    /// command's session gets SIGHUP (background jobs included; one that
+    /// ignores it, as `nohup` makes it, lives on).
     fn host_hung_up(&mut self) {
         self.host_open = false;
         self.host_in = Vec::new();
         self.stdin_eof = true;
+        if self.terminal.take().is_some() {
+            self.pipes = [None, None];
+            self.stdin = None;
+            self.pending = Vec::new();
+            hang_up_session(self.pid);
+        }
     }
 
     /// Handles the host's whole frames (stdin data, its end, a signal) while
@@ -348,7 +433,21 @@ impl Exec {
                         self.write_stdin();
                     }
                 }
+                // A terminal's input has no end: the end-of-file character
+                // (^D) is typed instead, which a shell at its prompt
+                // takes as exit.
+                Ok(ToInit::StdinEof) if self.terminal.is_some() => {
+                    if self.stdin.is_some() {
+                        self.pending.push(EOT);
+                        self.write_stdin();
+                    }
+                }
                 Ok(ToInit::StdinEof) => self.stdin_eof = true,
+                Ok(ToInit::Resize(size)) => {
+                    if let Some(t) = &self.terminal {
+                        let _ = spawn::resize_terminal(t.as_raw_fd(), size);
+                    }
+                }
                 Ok(ToInit::Signal(sig)) => {
                     if let Ok(sig) = Signal::try_from(sig) {
                         let _ = killpg(Pid::from_raw(self.pid), sig);
@@ -359,6 +458,28 @@ impl Exec {
             }
         }
     }
+}
+
+/// Sends SIGHUP to every process whose session is `sid`.
+fn hang_up_session(sid: i32) {
+    let Ok(procs) = std::fs::read_dir("/proc") else { return };
+    for entry in procs.flatten() {
+        let Some(pid) = entry.file_name().to_str().and_then(|n| n.parse::<i32>().ok()) else {
+            continue;
+        };
+        if session_of(pid) == Some(sid) {
+            let _ = nix::sys::signal::kill(Pid::from_raw(pid), Signal::SIGHUP);
+        }
+    }
+}
+
+/// The session of process `pid`, from `/proc/PID/stat`: the fourth field
+/// after the command name (which is in parentheses and may hold any byte).
+fn session_of(pid: i32) -> Option<i32> {
+    let stat = std::fs::read(format!("/proc/{pid}/stat")).ok()?;
+    let after = &stat[stat.iter().rposition(|&b| b == b')')? + 1..];
+    let fields = std::str::from_utf8(after).ok()?;
+    fields.split_ascii_whitespace().nth(3)?.parse().ok()
 }
 
 /// The payload length of the whole frame at the start of `buf`: `None`

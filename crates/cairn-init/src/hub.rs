@@ -16,7 +16,7 @@ use std::os::unix::net::UnixStream;
 use std::sync::Arc;
 use std::time::Instant;
 
-use cairn_protocol::{decode_payload, FromInit, ToInit, DATA_CHUNK, MAGIC, PROTOCOL_VERSION};
+use cairn_protocol::{decode_payload, ExecRequest, FromInit, PtySize, ToInit, DATA_CHUNK, MAGIC, PROTOCOL_VERSION};
 
 use crate::exec::{self, Begun, Exec, Interest};
 use crate::listen::Live;
@@ -246,20 +246,33 @@ impl Hub {
         None
     }
 
+    /// Starts an exec (on a terminal of size `pty`, when given) and
+    /// follows it from the serving loop.
+    fn begin(&mut self, req: ExecRequest, pty: Option<PtySize>, g: Greeting, welcome: Vec<u8>) {
+        match exec::begin(req, pty, g.stream, g.buf, welcome, &self.reaper, g.live) {
+            Begun::Running(mut e) => {
+                // Started goes out now, without waiting for a poll.
+                if e.advance(&[], &mut self.buf) {
+                    self.execs.push(*e);
+                }
+            }
+            Begun::Answered((stream, out)) => {
+                let _ = (&stream).write(&out);
+            }
+        }
+    }
+
     /// Serves `request`; `welcome` is the welcome, if not sent yet.
     fn serve(&mut self, request: ToInit, g: Greeting, mut welcome: Vec<u8>) {
         match request {
-            ToInit::Exec(req) => match exec::begin(req, g.stream, g.buf, welcome, &self.reaper, g.live) {
-                Begun::Running(mut e) => {
-                    // Started goes out now, without waiting for a poll.
-                    if e.advance(&[], &mut self.buf) {
-                        self.execs.push(*e);
-                    }
-                }
-                Begun::Answered((stream, out)) => {
-                    let _ = (&stream).write(&out);
-                }
-            },
+            ToInit::Exec(_) | ToInit::ExecPty { .. } => {
+                let (req, pty) = match request {
+                    ToInit::ExecPty { request, size } => (request, Some(size)),
+                    ToInit::Exec(request) => (request, None),
+                    _ => unreachable!("matched above"),
+                };
+                self.begin(req, pty, g, welcome)
+            }
             ToInit::Ping => {
                 exec::append(&mut welcome, &FromInit::Pong);
                 let _ = (&g.stream).write(&welcome);

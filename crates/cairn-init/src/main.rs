@@ -291,5 +291,7 @@ pub(crate) fn name(msg: &ToInit) -> &'static str {
         ToInit::Rename { .. } => "Rename",
         ToInit::Remove { .. } => "Remove",
         ToInit::Watch { .. } => "Watch",
+        ToInit::ExecPty { .. } => "ExecPty",
+        ToInit::Resize(_) => "Resize",
     }
 }

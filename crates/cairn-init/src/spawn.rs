@@ -23,6 +23,9 @@ pub enum Stdio {
     /// stdin from /dev/null, stdout and stderr to init's own (the console
     /// log): background processes.
     Console,
+    /// The terminal side of a pseudo-terminal on 0, 1 and 2, as the
+    /// controlling terminal of a new session the child leads.
+    Terminal(RawFd),
 }
 
 pub struct Child {
@@ -101,6 +104,7 @@ pub fn spawn(argv: &[String], env: &[(String, String)], cwd: &str, stdio: Stdio)
         envp: env_p.as_ptr(),
         cwd: cwd_c.as_ptr(),
         dups: [-1; 3],
+        terminal: false,
         reset_signals: reset_signals(),
         error: 0,
     };
@@ -124,6 +128,10 @@ pub fn spawn(argv: &[String], env: &[(String, String)], cwd: &str, stdio: Stdio)
             ours.2 = Some(File::from(r));
         }
         Stdio::Console => plan.dups[0] = dev_null()?,
+        Stdio::Terminal(fd) => {
+            plan.dups = [fd; 3];
+            plan.terminal = true;
+        }
     }
     let pid = start(&mut plan)?;
     drop(child_ends);
@@ -133,6 +141,52 @@ pub fn spawn(argv: &[String], env: &[(String, String)], cwd: &str, stdio: Stdio)
         stdout: ours.1,
         stderr: ours.2,
     })
+}
+
+/// A new pseudo-terminal of `size`: its controlling side (non-blocking,
+/// for init) and its terminal side (for [`Stdio::Terminal`]), both
+/// close-on-exec from the start, so no other command inherits either.
+pub fn open_terminal(size: cairn_protocol::PtySize) -> io::Result<(File, OwnedFd)> {
+    // SAFETY: plain system calls on descriptors this function owns; the
+    // name buffer is local and its length is passed.
+    unsafe {
+        let master = libc::posix_openpt(libc::O_RDWR | libc::O_NOCTTY | libc::O_CLOEXEC | libc::O_NONBLOCK);
+        if master < 0 {
+            return Err(io::Error::last_os_error());
+        }
+        let master = OwnedFd::from_raw_fd(master);
+        if libc::grantpt(master.as_raw_fd()) != 0 || libc::unlockpt(master.as_raw_fd()) != 0 {
+            return Err(io::Error::last_os_error());
+        }
+        let mut name = [0 as libc::c_char; 128];
+        let rc = libc::ptsname_r(master.as_raw_fd(), name.as_mut_ptr(), name.len());
+        if rc != 0 {
+            return Err(io::Error::from_raw_os_error(rc));
+        }
+        let terminal = libc::open(name.as_ptr(), libc::O_RDWR | libc::O_NOCTTY | libc::O_CLOEXEC);
+        if terminal < 0 {
+            return Err(io::Error::last_os_error());
+        }
+        let terminal = OwnedFd::from_raw_fd(terminal);
+        resize_terminal(master.as_raw_fd(), size)?;
+        Ok((File::from(master), terminal))
+    }
+}
+
+/// Sets the size of the terminal whose controlling side is `master`; the
+/// kernel sends SIGWINCH to its foreground process group.
+pub fn resize_terminal(master: RawFd, size: cairn_protocol::PtySize) -> io::Result<()> {
+    let ws = libc::winsize {
+        ws_row: size.rows,
+        ws_col: size.cols,
+        ws_xpixel: 0,
+        ws_ypixel: 0,
+    };
+    // SAFETY: TIOCSWINSZ reads a winsize from the pointer, which is valid.
+    if unsafe { libc::ioctl(master, libc::TIOCSWINSZ, &ws) } != 0 {
+        return Err(io::Error::last_os_error());
+    }
+    Ok(())
 }
 
 /// `--time-spawn N COMMAND...`: starts COMMAND N times as a foreground
@@ -199,6 +253,9 @@ struct ChildPlan {
     cwd: *const libc::c_char,
     /// The fd to put on 0, 1 and 2 (-1: leave as is).
     dups: [RawFd; 3],
+    /// Lead a new session whose controlling terminal is fd 0 (instead of
+    /// a new process group in init's session).
+    terminal: bool,
     /// See [`reset_signals`].
     reset_signals: &'static [libc::c_int],
     /// Set by the child when it could not exec: the errno.
@@ -415,7 +472,14 @@ extern "C" fn child(arg: *mut libc::c_void) -> libc::c_int {
         for &sig in plan.reset_signals {
             rt_sigaction(sig, &default, std::ptr::null_mut());
         }
-        if libc::setpgid(0, 0) != 0 {
+        // Either way the child leads a process group of its own (its pid),
+        // which signals and timeouts reach with killpg.
+        let grouped = if plan.terminal {
+            libc::setsid()
+        } else {
+            libc::setpgid(0, 0)
+        };
+        if grouped < 0 {
             return fail(plan);
         }
         for (target, &fd) in plan.dups.iter().enumerate() {
@@ -432,6 +496,9 @@ extern "C" fn child(arg: *mut libc::c_void) -> libc::c_int {
             if rc < 0 {
                 return fail(plan);
             }
+        }
+        if plan.terminal && libc::ioctl(0, libc::TIOCSCTTY, 0) != 0 {
+            return fail(plan);
         }
         if libc::chdir(plan.cwd) != 0 {
             return fail(plan);

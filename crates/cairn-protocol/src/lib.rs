@@ -117,6 +117,23 @@ pub enum ToInit {
     /// [`FromInit::Events`] as changes happen, until the host closes the
     /// connection or the directory goes ([`FromInit::End`]).
     Watch { path: String, recursive: bool },
+    /// Run a process on a new pseudo-terminal of this size: the process
+    /// leads a new session with the terminal as its controlling one and
+    /// as its stdin, stdout and stderr. Answered as [`ToInit::Exec`]; all
+    /// output comes as [`FromInit::Stdout`] (`request.stdin` and
+    /// `request.detach` are ignored: stdin is always the host's, and
+    /// [`ToInit::StdinEof`] types the terminal's end-of-file character).
+    ExecPty { request: ExecRequest, size: PtySize },
+    /// New size for the terminal of the exec on this connection (its
+    /// foreground process group gets SIGWINCH); ignored without one.
+    Resize(PtySize),
+}
+
+/// A terminal's size in characters.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub struct PtySize {
+    pub cols: u16,
+    pub rows: u16,
 }
 
 /// The most events one [`FromInit::Events`] frame carries.

@@ -8,7 +8,7 @@ use std::time::Duration;
 
 use cairn_protocol::{
     encode_frame, hello, read_frame, write_frame, DirEntry, ExecRequest, ExitStatus, FileKind, FileMeta, FrameError,
-    FromInit, FsErrorKind, SpawnErrorKind, ToInit, WatchEvent, DATA_CHUNK, LIST_BYTES_MAX, LIST_DEPTH_MAX,
+    FromInit, FsErrorKind, PtySize, SpawnErrorKind, ToInit, WatchEvent, DATA_CHUNK, LIST_BYTES_MAX, LIST_DEPTH_MAX,
     LIST_ENTRIES_MAX, PATH_MAX, PROTOCOL_VERSION, WATCH_BATCH_MAX,
 };
 
@@ -271,6 +271,14 @@ impl InitClient {
     /// Starts a process; output is collected with [`ExecSession::wait`].
     pub fn exec(&self, req: ExecRequest) -> Result<Result<ExecSession, SpawnFailure>, ClientError> {
         self.send_exec(req)?.started()
+    }
+
+    /// Starts a process on a new terminal of `size` in the sandbox (see
+    /// [`ToInit::ExecPty`]): all its output comes as stdout, and its input
+    /// goes through [`ExecControl::stdin`].
+    pub fn exec_pty(&self, req: ExecRequest, size: PtySize) -> Result<Result<ExecSession, SpawnFailure>, ClientError> {
+        let stream = self.send(&ToInit::ExecPty { request: req, size }, None)?;
+        self.exec_started(stream, false)
     }
 
     /// Sends an exec request without waiting for any answer: the native
@@ -684,6 +692,11 @@ impl ExecControl {
     }
     pub fn signal(&self, signal: i32) -> Result<(), FrameError> {
         self.send(&ToInit::Signal(signal))
+    }
+    /// Resizes the terminal of a process started with
+    /// [`InitClient::exec_pty`] (nothing for one without).
+    pub fn resize(&self, size: PtySize) -> Result<(), FrameError> {
+        self.send(&ToInit::Resize(size))
     }
 }
 

@@ -220,13 +220,20 @@ pub enum Command {
     ///
     /// Exits with the command's status, like `run`. With -d the command
     /// runs in the background (its output goes to `cairn logs`) and its pid
-    /// is printed.
+    /// is printed. With -t it runs on a terminal of its own in the sandbox
+    /// (`cairn exec -t ID -- sh` for a shell): this terminal's keys go to
+    /// it as typed (Ctrl-C included), its size follows this window's, and
+    /// closing this terminal hangs it up.
     Exec {
         /// Sandbox id, unique id prefix or name.
         sandbox: String,
         /// Start in the background and return at once.
         #[arg(long, short = 'd')]
         detach: bool,
+        /// Run on a new terminal in the sandbox, with this one's size and
+        /// input (implies -i; its output is all on stdout).
+        #[arg(long, short = 't', conflicts_with = "detach")]
+        tty: bool,
         #[command(flatten)]
         process: ProcessArgs,
         /// The command and its arguments.

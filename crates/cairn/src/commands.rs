@@ -212,10 +212,14 @@ pub fn dispatch(cli: Cli) -> Result<i32> {
         Command::Exec {
             sandbox,
             detach,
+            tty,
             process,
             cmd,
         } => {
             let rec = engine.sandbox(&sandbox)?;
+            if tty {
+                return crate::terminal::exec(&engine, &rec, &process, cmd);
+            }
             exec(&engine, &rec, &process, cmd, detach)
         }
         Command::Cp { src, dst } => copy(&engine, &src, &dst).map(|()| 0),
@@ -465,7 +469,7 @@ fn exec(engine: &Engine, rec: &SandboxRecord, process: &ProcessArgs, argv: Vec<S
 
 /// Follows a started process to its end (or prints its pid, detached) and
 /// returns the exit status to pass on.
-fn follow(
+pub(crate) fn follow(
     engine: &Engine,
     rec: &SandboxRecord,
     process: &ProcessArgs,

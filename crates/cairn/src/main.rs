@@ -10,6 +10,7 @@ mod lineage;
 mod pipelines;
 mod progress;
 mod sessions;
+mod terminal;
 mod worker;
 
 use std::process::ExitCode;

@@ -397,7 +397,7 @@ fn snapshot_and_stop(en: &mut Engine, sandbox: &str) -> Result<SnapshotRecord, E
 }
 
 /// Refuses a memory snapshot of a gVisor sandbox while a command started
-/// with stdin runs: it holds a connection to init, which gVisor cannot
+/// with stdin or on a terminal runs: it holds a connection to init, which gVisor cannot
 /// checkpoint (commands without stdin run as jobs and are kept).
 async fn check_memory_snapshot(gw: &Arc<Gateway>, id: &str, sandbox: &str, what: &str) -> Rest<()> {
     let attached = gw.attached_pids(id);
@@ -415,9 +415,9 @@ async fn check_memory_snapshot(gw: &Arc<Gateway>, id: &str, sandbox: &str, what:
     Err(RestError::new(
         StatusCode::BAD_REQUEST,
         format!(
-            "cannot {what} sandbox {id} with its memory while commands started with stdin run (pid {}): \
-             they hold a connection gVisor cannot checkpoint; close their stdin and wait for them, \
-             or kill them, then retry",
+            "cannot {what} sandbox {id} with its memory while commands started with stdin or on a terminal \
+             run (pid {}): they hold a connection gVisor cannot checkpoint; close their stdin (exit the \
+             terminal's shell) and wait for them, or kill them, then retry",
             pids.join(", ")
         ),
     ))

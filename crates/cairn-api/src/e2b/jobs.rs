@@ -18,7 +18,7 @@ use std::time::{Duration, Instant};
 
 use axum::body::Bytes;
 use cairn_engine::{Engine, OomProbe, SandboxRecord};
-use cairn_protocol::{ExecRequest, ExitStatus};
+use cairn_protocol::{ExecRequest, ExitStatus, PtySize};
 use cairn_sandbox::client::{ExecControl, ExecSession};
 use tokio::sync::{broadcast, mpsc};
 
@@ -109,8 +109,9 @@ pub(super) fn start(
     engine: &Engine,
     rec: &SandboxRecord,
     exec: ExecRequest,
+    pty: Option<PtySize>,
 ) -> Result<Result<(i32, Started), String>, ApiError> {
-    if rec.driver == "gvisor" && !exec.stdin {
+    if rec.driver == "gvisor" && !exec.stdin && pty.is_none() {
         let name = job_name();
         let started = engine.client(rec)?.start_job(&name, exec)?;
         return Ok(started
@@ -126,7 +127,7 @@ pub(super) fn start(
             .map_err(|f| f.message));
     }
     Ok(engine
-        .exec(rec, exec)?
+        .exec_on(rec, exec, pty)?
         .map(|s| (s.session.pid, Started::Attached(s.session, s.probe)))
         .map_err(|f| f.message))
 }

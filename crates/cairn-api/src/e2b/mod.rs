@@ -57,6 +57,9 @@ pub(crate) struct Proc {
     pub info: serde_json::Value,
     /// Every event after `start`, framed, for reattached streams.
     pub events: broadcast::Sender<bytes::Bytes>,
+    /// Started on a terminal (`pty.create`): input comes as `pty`, and
+    /// `Process/Update` resizes it.
+    pub terminal: bool,
 }
 
 /// How the gateway reaches a process it started.

@@ -1,9 +1,12 @@
 //! envd's Connect RPCs with the JSON codec: `process.Process` (Start and
 //! Connect as server streams of 5-byte envelopes ending in an
 //! end-of-stream frame; List, SendInput, SendSignal, CloseStdin unary) and
-//! `filesystem.Filesystem` (Stat, ListDir, MakeDir, Move, Remove). PTYs,
-//! watchers, Update and StreamInput answer `unimplemented`. On gVisor
-//! sandboxes commands without stdin run as init's jobs (`jobs.rs`).
+//! `filesystem.Filesystem` (Stat, ListDir, MakeDir, Move, Remove, and the
+//! watchers of `watch.rs`). A process started with `pty` runs on a
+//! terminal init opens (output as `pty` data, input as `pty` input,
+//! `Update` resizes it). StreamInput is a client stream. On gVisor
+//! sandboxes commands without stdin or terminal run as init's jobs
+//! (`jobs.rs`).
 
 use std::io::Write;
 use std::sync::Arc;
@@ -14,7 +17,7 @@ use axum::extract::{Path, State};
 use axum::http::{header, HeaderMap, HeaderValue, StatusCode};
 use axum::response::{IntoResponse, Response};
 use base64::Engine as _;
-use cairn_protocol::{ExecRequest, FileKind};
+use cairn_protocol::{ExecRequest, FileKind, PtySize};
 use serde::Deserialize;
 use serde_json::{json, Value};
 use tokio::sync::{broadcast, mpsc};
@@ -48,12 +51,6 @@ impl RpcError {
     }
     fn invalid(message: impl Into<String>) -> RpcError {
         RpcError::new("invalid_argument", message)
-    }
-    fn unimplemented(what: &str) -> RpcError {
-        RpcError::new(
-            "unimplemented",
-            format!("{what} is not supported by Cairn's E2B gateway (see docs/e2b.md)"),
-        )
     }
     fn status(&self) -> StatusCode {
         match self.code {
@@ -218,6 +215,28 @@ struct SelectorRequest {
     process: Selector,
     signal: Option<Value>,
     input: Option<Value>,
+    pty: Option<Value>,
+}
+
+/// The most columns or rows a terminal may have.
+const PTY_SIDE_MAX: u64 = 10_000;
+
+/// A `PTY` message's size: `{"size": {"rows": R, "cols": C}}`, each 1 to
+/// [`PTY_SIDE_MAX`].
+fn pty_size(pty: &Value) -> Rpc<PtySize> {
+    let side = |name: &str| -> Rpc<u16> {
+        match pty.get("size").and_then(|s| s.get(name)).and_then(Value::as_u64) {
+            Some(n @ 1..=PTY_SIDE_MAX) => Ok(n as u16),
+            other => Err(RpcError::invalid(format!(
+                "pty.size.{name} must be a whole number from 1 to {PTY_SIDE_MAX}, got {}",
+                other.map_or("nothing".to_string(), |n| n.to_string())
+            ))),
+        }
+    };
+    Ok(PtySize {
+        rows: side("rows")?,
+        cols: side("cols")?,
+    })
 }
 
 /// `process.Process/{method}`.
@@ -227,10 +246,12 @@ pub async fn process(
     headers: HeaderMap,
     body: Body,
 ) -> Response {
-    let streamed = matches!(method.as_str(), "Start" | "Connect");
+    let streamed = matches!(method.as_str(), "Start" | "Connect" | "StreamInput");
     let checked = sandbox_of(&gw, &headers).await.map_err(RpcError::from);
     let result = match checked {
         Err(e) => Err(e),
+        // A client stream: read as it comes, not whole.
+        Ok((entry, _)) if method == "StreamInput" => stream_input(&gw, &entry.id, body).await,
         Ok((entry, sandbox)) => match read_body(body).await {
             Err(e) => Err(e),
             Ok(body) => match method.as_str() {
@@ -240,10 +261,7 @@ pub async fn process(
                 "SendSignal" => signal(&gw, &entry.id, &sandbox, &body).await,
                 "SendInput" => send_input(&gw, &entry.id, &body),
                 "CloseStdin" => close_stdin(&gw, &entry.id, &body),
-                "Update" => Err(RpcError::unimplemented("resizing a PTY (Process/Update)")),
-                "StreamInput" => Err(RpcError::unimplemented(
-                    "streaming stdin (Process/StreamInput); use send_stdin",
-                )),
+                "Update" => update(&gw, &entry.id, &body),
                 other => Err(RpcError::new(
                     "unimplemented",
                     format!("no method process.Process/{other}"),
@@ -344,17 +362,27 @@ async fn signal(gw: &Arc<Gateway>, id: &str, sandbox: &str, body: &[u8]) -> Rpc<
     Ok(unary(json!({})))
 }
 
+/// Whether process `pid` runs on a terminal.
+fn on_terminal(gw: &Gateway, id: &str, pid: i32) -> bool {
+    let procs = gw.procs.lock().unwrap_or_else(|e| e.into_inner());
+    procs.get(&(id.to_string(), pid)).is_some_and(|p| p.terminal)
+}
+
 fn send_input(gw: &Gateway, id: &str, body: &[u8]) -> Rpc<Response> {
     let req: SelectorRequest = message(body)?;
     let input = req.input.unwrap_or(Value::Null);
-    if input.get("pty").is_some() {
-        return Err(RpcError::unimplemented("PTY input"));
-    }
-    let data = match input.get("stdin") {
-        Some(Value::String(b)) => decode_bytes(b)?,
-        _ => Vec::new(),
+    let (data, pty) = match (input.get("stdin"), input.get("pty")) {
+        (Some(Value::String(b)), _) => (decode_bytes(b)?, false),
+        (_, Some(Value::String(b))) => (decode_bytes(b)?, true),
+        _ => (Vec::new(), false),
     };
     let pid = find(gw, id, &req.process)?;
+    if pty && !on_terminal(gw, id, pid) {
+        return Err(RpcError::new(
+            "failed_precondition",
+            format!("process {pid} has no terminal: send it stdin, or start it with pty.create"),
+        ));
+    }
     let c = attached(gw, id, pid)?;
     if !data.is_empty() {
         c.stdin(&data).map_err(|e| {
@@ -364,6 +392,107 @@ fn send_input(gw: &Gateway, id: &str, body: &[u8]) -> Rpc<Response> {
             )
         })?;
     }
+    Ok(unary(json!({})))
+}
+
+/// Takes the first whole envelope's message off `buf`, if there is one.
+fn take_envelope(buf: &mut Vec<u8>) -> Rpc<Option<Vec<u8>>> {
+    let Some(head) = buf.get(..5) else { return Ok(None) };
+    if head[0] & 1 != 0 {
+        return Err(RpcError::invalid("compressed messages are not supported"));
+    }
+    let len = u32::from_be_bytes([head[1], head[2], head[3], head[4]]) as usize;
+    if len > MAX_MESSAGE {
+        return Err(RpcError::new(
+            "resource_exhausted",
+            format!("messages are limited to {MAX_MESSAGE} bytes"),
+        ));
+    }
+    if buf.len() < 5 + len {
+        return Ok(None);
+    }
+    let msg = buf[5..5 + len].to_vec();
+    buf.drain(..5 + len);
+    Ok(Some(msg))
+}
+
+/// `Process/StreamInput`: a client stream whose first message names the
+/// process (`start`), then `data` (stdin or, for a terminal, pty bytes)
+/// and `keepalive` messages. Each chunk goes to the process as it comes;
+/// the answer comes when the client ends its stream.
+async fn stream_input(gw: &Arc<Gateway>, id: &str, body: Body) -> Rpc<Response> {
+    use futures_util::StreamExt;
+    let mut chunks = body.into_data_stream();
+    let mut buf = Vec::new();
+    let mut target: Option<(i32, cairn_sandbox::client::ExecControl, bool)> = None;
+    loop {
+        while let Some(msg) = take_envelope(&mut buf)? {
+            let msg: Value = message(&msg)?;
+            if let Some(start) = msg.get("start") {
+                let sel: Selector = serde_json::from_value(start.get("process").cloned().unwrap_or(Value::Null))
+                    .map_err(|e| RpcError::invalid(format!("invalid start: {e}")))?;
+                let pid = find(gw, id, &sel)?;
+                target = Some((pid, attached(gw, id, pid)?, on_terminal(gw, id, pid)));
+            } else if let Some(data) = msg.get("data") {
+                let Some((pid, control, terminal)) = &target else {
+                    return Err(RpcError::invalid(
+                        "the stream must start with a start message naming the process",
+                    ));
+                };
+                let input = data.get("input").unwrap_or(&Value::Null);
+                let bytes = match (input.get("stdin"), input.get("pty")) {
+                    (Some(Value::String(b)), _) => decode_bytes(b)?,
+                    (_, Some(Value::String(b))) if *terminal => decode_bytes(b)?,
+                    (_, Some(_)) => {
+                        return Err(RpcError::new(
+                            "failed_precondition",
+                            format!("process {pid} has no terminal: send it stdin, or start it with pty.create"),
+                        ))
+                    }
+                    _ => continue,
+                };
+                let (pid, control) = (*pid, control.clone());
+                // Init may hold the write while the process does not read.
+                tokio::task::spawn_blocking(move || control.stdin(&bytes))
+                    .await
+                    .map_err(|e| RpcError::new("internal", e.to_string()))?
+                    .map_err(|e| {
+                        RpcError::new(
+                            "failed_precondition",
+                            format!("the stdin of process {pid} is gone: {e}"),
+                        )
+                    })?;
+            }
+        }
+        match chunks.next().await {
+            Some(Ok(chunk)) => buf.extend_from_slice(&chunk),
+            Some(Err(e)) => return Err(RpcError::invalid(format!("the request stream failed: {e}"))),
+            None if buf.is_empty() => break,
+            None => return Err(RpcError::invalid("the request stream ended inside a message")),
+        }
+    }
+    let mut out = frame(0, &json!({})).to_vec();
+    out.extend_from_slice(&end_of_stream(None));
+    Ok(stream_response(Body::from(out)))
+}
+
+/// `Process/Update`: resizes a process's terminal.
+fn update(gw: &Gateway, id: &str, body: &[u8]) -> Rpc<Response> {
+    let req: SelectorRequest = message(body)?;
+    let Some(pty) = req.pty.as_ref() else {
+        return Ok(unary(json!({})));
+    };
+    let size = pty_size(pty)?;
+    let pid = find(gw, id, &req.process)?;
+    if !on_terminal(gw, id, pid) {
+        return Err(RpcError::new(
+            "failed_precondition",
+            format!("process {pid} has no terminal to resize: start it with pty.create"),
+        ));
+    }
+    attached(gw, id, pid)?
+        .resize(size)
+        .map_err(|e| RpcError::new("not_found", format!("process with pid {pid} is gone: {e}")))?;
     Ok(unary(json!({})))
 }
 
@@ -509,9 +638,7 @@ async fn start(
     body: &[u8],
 ) -> Rpc<Response> {
     let req: StartRequest = envelope(body)?;
-    if req.pty.is_some() {
-        return Err(RpcError::unimplemented("PTY processes"));
-    }
+    let pty = req.pty.as_ref().map(pty_size).transpose()?;
     let cfg = req.process;
     if cfg.cmd.is_empty() || cfg.cmd.contains('\0') || cfg.args.iter().any(|a| a.contains('\0')) {
         return Err(RpcError::invalid(
@@ -551,7 +678,8 @@ async fn start(
     let g = Arc::clone(gw);
     let id = entry.id.clone();
     let grant = entry.grant.clone();
-    tokio::task::spawn_blocking(move || run(g, id, sandbox, exec, info, tx, ready_tx));
+    let launch = Launch { exec, pty, info };
+    tokio::task::spawn_blocking(move || run(g, id, sandbox, launch, tx, ready_tx));
     match ready_rx.await {
         Ok(Ok(())) => {}
         Ok(Err(e)) => return Err(e),
@@ -560,17 +688,25 @@ async fn start(
     Ok(stream_response(stream_body(gw, rx, grant)))
 }
 
+/// A process to start: what to run, on a terminal of what size if any,
+/// and the `ProcessInfo` that `Process/List` answers for it.
+struct Launch {
+    exec: ExecRequest,
+    pty: Option<PtySize>,
+    info: Value,
+}
+
 /// Starts the process on a blocking thread, reports the start, and
 /// relays its output until it ends.
 fn run(
     gw: Arc<Gateway>,
     id: String,
     sandbox: String,
-    exec: ExecRequest,
-    mut info: Value,
+    launch: Launch,
     tx: mpsc::Sender<Bytes>,
     ready: tokio::sync::oneshot::Sender<Rpc<()>>,
 ) {
+    let Launch { exec, pty, mut info } = launch;
     let engine = match gw.app.take_engine() {
         Ok(e) => e,
         Err(e) => return drop(ready.send(Err(e.into()))),
@@ -578,7 +714,7 @@ fn run(
     let started = engine
         .sandbox(&sandbox)
         .map_err(ApiError::from)
-        .and_then(|rec| jobs::start(&engine, &rec, exec));
+        .and_then(|rec| jobs::start(&engine, &rec, exec, pty));
     gw.app.give_back(engine);
     let (pid, started) = match started {
         Ok(Ok(s)) => s,
@@ -597,12 +733,17 @@ fn run(
             handle,
             info,
             events: events.clone(),
+            terminal: pty.is_some(),
         },
     );
     if ready.send(Ok(())).is_err() {
         // The client went before the start: the process stays, as in envd.
     }
     let (mut out, mut err) = Out::pair(tx, events, job);
+    if pty.is_some() {
+        // A terminal's output is one stream, which the SDK takes as `pty`.
+        out.key = "pty";
+    }
     out.send(event(json!({ "start": { "pid": pid } })));
     match started {
         jobs::Started::Attached(session, probe) => {
