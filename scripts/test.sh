@@ -209,6 +209,13 @@ if [ ${#suites[@]} -gt 0 ]; then
             --test-reporter=junit --test-reporter-destination="$junit_js" tests/e2b-js/*.test.mjs
     js_status=$?
     [ "$py_status" = 0 ] && py_status=$js_status
+    # The MCP conformance suite (npm @modelcontextprotocol/conformance)
+    # against /mcp, every scenario against tests/mcp-conformance/
+    # expected-failures.yml (each listed with its reason): one more test.
+    (cd tests/mcp-conformance && PATH="$nw/bin:$PATH" npm_config_cache="$PWD/../../target/npm-cache" \
+        "$nw/bin/node" "$nw/lib/node_modules/npm/bin/npm-cli.js" ci --no-audit --no-fund --loglevel=error) &&
+        CAIRN_BIN="$bin/cairn" "$nw/bin/node" tests/mcp-conformance/run.mjs
+    conformance_status=$?
     set -e
     # The API fuzzed from its OpenAPI document: one more test.
     set +e
@@ -233,12 +240,14 @@ for path in sys.argv[1:]:
 print(passed, failed)
 PY
 )
-    if [ "$fuzz_status" = 0 ]; then
-        py_passed=$((py_passed + 1))
-    else
-        py_failed=$((py_failed + 1))
-        [ "$py_status" = 0 ] && py_status=$fuzz_status
-    fi
+    for one in "$fuzz_status" "$conformance_status"; do
+        if [ "$one" = 0 ]; then
+            py_passed=$((py_passed + 1))
+        else
+            py_failed=$((py_failed + 1))
+            [ "$py_status" = 0 ] && py_status=$one
+        fi
+    done
     if [ "$py_status" != 0 ] && [ "$status" = 0 ]; then
         status=$py_status
         [ "$py_failed" = 0 ] && py_failed=1

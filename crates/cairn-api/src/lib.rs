@@ -12,6 +12,7 @@
 pub mod app;
 pub mod e2b;
 pub mod error;
+pub mod hosts;
 pub mod init_pool;
 pub mod listen;
 pub mod mcp;

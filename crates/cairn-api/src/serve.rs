@@ -26,6 +26,9 @@ pub struct ServeOptions {
     pub settings: Settings,
     /// Timeouts and connection caps of every listener.
     pub limits: Limits,
+    /// Host names a TCP listener on a loopback address answers to besides
+    /// loopback ones (`crate::hosts`).
+    pub allowed_hosts: Vec<String>,
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -93,6 +96,7 @@ pub async fn serve(home: Home, opts: ServeOptions) -> Result<(), ServeError> {
             Arc::clone(&app),
             crate::require_token,
         ));
+        let authed = guard_hosts(authed, addr, &opts.allowed_hosts);
         start(Listener::Tcp(tcp), tcp_admission("api"), authed);
         eprintln!("cairn: serving on http://{shown} (bearer tokens: `cairn token create NAME`)");
     }
@@ -105,6 +109,7 @@ pub async fn serve(home: Home, opts: ServeOptions) -> Result<(), ServeError> {
             );
         }
         let e2b = crate::e2b::router(Arc::clone(&app), opts.e2b_drivers.clone());
+        let e2b = guard_hosts(e2b, addr, &opts.allowed_hosts);
         start(Listener::Tcp(tcp), tcp_admission("e2b"), e2b);
         eprintln!("cairn: serving the E2B API on http://{shown} (E2B_API_KEY: `cairn token create NAME`)");
     }
@@ -176,6 +181,15 @@ async fn idle_timer(app: Arc<App>) {
 }
 
 /// Binds a TCP listener at `addr`; also the address it got, as shown.
+/// `router` behind the DNS rebinding check when `addr` is a loopback
+/// address (the check runs before anything else).
+fn guard_hosts(router: axum::Router, addr: SocketAddr, allowed: &[String]) -> axum::Router {
+    match crate::hosts::HostGuard::for_listener(addr, allowed) {
+        Some(guard) => router.layer(axum::middleware::from_fn_with_state(guard, crate::hosts::check)),
+        None => router,
+    }
+}
+
 async fn bind_tcp(addr: SocketAddr, hint: &'static str) -> Result<(TcpListener, String), ServeError> {
     let tcp = TcpListener::bind(addr).await.map_err(|source| ServeError::Listen {
         what: addr.to_string(),

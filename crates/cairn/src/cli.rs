@@ -415,6 +415,13 @@ pub enum Command {
         /// socket, sandboxes' init connections and the state store.
         #[arg(long, default_value_t = 1024, value_name = "N")]
         fd_reserve: u64,
+        /// A host name a listener on a loopback address answers to besides
+        /// localhost, 127.0.0.1 and [::1] (repeatable): for a proxy on this
+        /// host that passes its public name on. Requests naming any other
+        /// host in Host or Origin get 403 (protection against DNS
+        /// rebinding, docs/security.md).
+        #[arg(long = "allowed-host", value_name = "NAME")]
+        allowed_host: Vec<String>,
         /// Print the OpenAPI document and exit.
         #[arg(long)]
         openapi: bool,

@@ -93,6 +93,7 @@ pub fn dispatch(cli: Cli) -> Result<i32> {
         max_connections,
         max_connections_per_peer,
         fd_reserve,
+        allowed_host,
         openapi,
     } = cli.command
     {
@@ -117,6 +118,7 @@ pub fn dispatch(cli: Cli) -> Result<i32> {
                 max_per_peer: max_connections_per_peer,
                 fd_reserve,
             },
+            allowed_hosts: allowed_host,
         };
         // A streamed exec holds a blocking thread for as long as it runs.
         let runtime = tokio::runtime::Builder::new_multi_thread()

@@ -314,7 +314,7 @@ fn a_streamed_exec_delivers_output_as_it_happens_and_a_client_that_leaves_kills_
         let body = json!({ "argv": ["sh", "-c", script], "on_disconnect": policy }).to_string();
         write!(
             conn,
-            "POST /v1/sandboxes/{id}/exec/stream HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer {}\r\nContent-Type: application/json\r\nContent-Length: {}\r\n\r\n{body}",
+            "POST /v1/sandboxes/{id}/exec/stream HTTP/1.1\r\nHost: 127.0.0.1\r\nAuthorization: Bearer {}\r\nContent-Type: application/json\r\nContent-Length: {}\r\n\r\n{body}",
             s.token,
             body.len()
         )
@@ -691,6 +691,66 @@ fn the_unix_socket_is_the_owners_alone_and_needs_no_token() {
     assert!(UnixStream::connect(&socket).is_ok());
     assert_eq!(s.stop().code(), Some(0));
     assert!(!socket.exists(), "a stopped server removes its socket");
+}
+
+#[test]
+fn a_loopback_listener_answers_only_to_loopback_names_and_allowed_hosts() {
+    if skip("a_loopback_listener_answers_only_to_loopback_names_and_allowed_hosts") {
+        return;
+    }
+    let home = Home::new();
+    let s = Server::start(&home, &["--allowed-host", "cairn.internal"]);
+    // What a page at evil.example.com sends once its name points here
+    // (DNS rebinding): its own name in Host and Origin.
+    let ask = |headers: &str| -> String {
+        let mut conn = std::net::TcpStream::connect(s.base.trim_start_matches("http://")).unwrap();
+        write!(
+            conn,
+            "GET /v1/sandboxes HTTP/1.1\r\n{headers}Authorization: Bearer {}\r\nConnection: close\r\n\r\n",
+            s.token
+        )
+        .unwrap();
+        let mut text = String::new();
+        conn.read_to_string(&mut text).unwrap();
+        text
+    };
+    for refused in [
+        "Host: evil.example.com\r\n",
+        "Host: evil.example.com:80\r\nOrigin: http://evil.example.com\r\n",
+        "Host: 127.0.0.1\r\nOrigin: http://evil.example.com\r\n",
+        "Host: localhost.evil.example.com\r\n",
+        "Host: 127.0.0.1\r\nOrigin: null\r\n",
+    ] {
+        let text = ask(refused);
+        assert!(text.starts_with("HTTP/1.1 403"), "{refused:?}: {text}");
+        assert!(
+            text.contains("DNS rebinding") && text.contains("--allowed-host"),
+            "{text}"
+        );
+    }
+    for accepted in [
+        "Host: localhost\r\n",
+        "Host: 127.0.0.1:7070\r\nOrigin: http://127.0.0.1:7070\r\n",
+        "Host: [::1]\r\n",
+        "Host: cairn.internal\r\nOrigin: https://cairn.internal\r\n",
+    ] {
+        let text = ask(accepted);
+        assert!(text.starts_with("HTTP/1.1 200"), "{accepted:?}: {text}");
+    }
+    // The check comes before the token's: a page learns nothing more.
+    let mut conn = std::net::TcpStream::connect(s.base.trim_start_matches("http://")).unwrap();
+    conn.write_all(b"GET /v1/sandboxes HTTP/1.1\r\nHost: evil.example.com\r\nConnection: close\r\n\r\n")
+        .unwrap();
+    let mut text = String::new();
+    conn.read_to_string(&mut text).unwrap();
+    assert!(text.starts_with("HTTP/1.1 403"), "{text}");
+    // The Unix socket is not reached by pages: any name passes there.
+    let mut conn = UnixStream::connect(home.path().join("cairn.sock")).unwrap();
+    conn.write_all(b"GET /v1/sandboxes HTTP/1.1\r\nHost: cairn\r\nConnection: close\r\n\r\n")
+        .unwrap();
+    let mut text = String::new();
+    conn.read_to_string(&mut text).unwrap();
+    assert!(text.starts_with("HTTP/1.1 200"), "{text}");
 }
 
 #[test]

@@ -216,7 +216,7 @@ fn idle_and_trickling_keep_alive_connections_are_closed() {
     let home = Home::new();
     let s = Server::start(&home, 4096, &["--header-timeout", "2s", "--idle-timeout", "4s"]);
     let request = format!(
-        "GET /v1/sandboxes HTTP/1.1\r\nHost: cairn\r\nAuthorization: Bearer {}\r\n\r\n",
+        "GET /v1/sandboxes HTTP/1.1\r\nHost: localhost\r\nAuthorization: Bearer {}\r\n\r\n",
         s.token
     );
     let answered = |c: &mut TcpStream| {
@@ -286,7 +286,7 @@ fn a_download_nobody_reads_is_cut_at_the_write_timeout() {
     let mut stalled: TcpStream = socket.into();
     write!(
         stalled,
-        "GET /v1/sandboxes/{id}/files?path=/tmp/big HTTP/1.1\r\nHost: cairn\r\nAuthorization: Bearer {}\r\n\r\n",
+        "GET /v1/sandboxes/{id}/files?path=/tmp/big HTTP/1.1\r\nHost: localhost\r\nAuthorization: Bearer {}\r\n\r\n",
         s.token
     )
     .unwrap();
