@@ -558,6 +558,35 @@ def test_hostile_requests_get_clear_errors_and_the_server_stays_up(sbx):
     assert sbx.commands.run("echo alive").stdout == "alive\n"
 
 
+def test_a_server_in_the_sandbox_is_reached_by_port_header_or_host_name(sbx):
+    sbx.files.write("/tmp/www/index.html", "served from inside")
+    sbx.commands.run("httpd -p 127.0.0.1:8000 -h /tmp/www", background=True)
+    url = os.environ["E2B_SANDBOX_URL"]
+    token = {"X-Access-Token": sbx._envd_access_token}
+    deadline = time.time() + 15
+    while True:
+        # The header the code interpreter SDK sends with E2B_SANDBOX_URL.
+        r = httpx.get(f"{url}/index.html", headers={"E2b-Sandbox-Id": sbx.sandbox_id, "E2b-Sandbox-Port": "8000", **token})
+        if r.status_code == 200 or time.time() > deadline:
+            break
+        time.sleep(0.1)
+    assert r.status_code == 200 and r.text == "served from inside", r.text
+    # The host name get_host(port) gives, routed to the same port.
+    host = f"8000-{sbx.sandbox_id}.localhost"
+    r = httpx.get(f"{url}/index.html", headers={"Host": host, **token})
+    assert r.status_code == 200 and r.text == "served from inside", r.text
+    # No token, a wrong one, or a port nothing listens on: clear refusals.
+    r = httpx.get(f"{url}/index.html", headers={"Host": host})
+    assert r.status_code == 401 and "X-Access-Token" in r.text, r.text
+    r = httpx.get(f"{url}/index.html", headers={"Host": host, "X-Access-Token": "wrong"})
+    assert r.status_code == 502, r.text
+    r = httpx.get(f"{url}/", headers={"Host": f"8001-{sbx.sandbox_id}.localhost", **token})
+    assert r.status_code == 502 and "nothing answers on port 8001" in r.text, r.text
+    # envd's own port stays the gateway's.
+    r = httpx.get(f"{url}/health", headers={"E2b-Sandbox-Id": sbx.sandbox_id, "E2b-Sandbox-Port": "49983", **token})
+    assert r.status_code in (200, 204), r.text
+
+
 def test_streamed_uploads_and_listing_by_state_and_metadata(sbx):
     import io
 

@@ -144,6 +144,31 @@ def test_a_pty_works_under_gvisor_and_holds_off_a_memory_pause(gsbx):
     assert gsbx.pause()
 
 
+def test_a_server_port_is_reached_under_gvisor_and_after_a_pause(gsbx):
+    import httpx
+
+    gsbx.files.write("/tmp/www/index.html", "from gvisor")
+    gsbx.commands.run("httpd -f -p 127.0.0.1:8000 -h /tmp/www", background=True)
+    url = os.environ["E2B_SANDBOX_URL"]
+
+    def fetch(sbx):
+        headers = {"E2b-Sandbox-Id": sbx.sandbox_id, "E2b-Sandbox-Port": "8000", "X-Access-Token": sbx._envd_access_token}
+        deadline = time.time() + 15
+        while True:
+            r = httpx.get(f"{url}/index.html", headers=headers)
+            if r.status_code == 200 or time.time() > deadline:
+                return r
+            time.sleep(0.1)
+
+    r = fetch(gsbx)
+    assert r.status_code == 200 and r.text == "from gvisor", r.text
+    # The server is one of the processes a memory pause keeps.
+    assert gsbx.pause()
+    back = Sandbox.connect(gsbx.sandbox_id)
+    r = fetch(back)
+    assert r.status_code == 200 and r.text == "from gvisor", r.text
+
+
 def test_auto_pause_at_the_timeout_keeps_a_running_process(needs_runsc):
     s = Sandbox.create(template=GVISOR_TEMPLATE, timeout=30, lifecycle={"on_timeout": "pause"})
     try:

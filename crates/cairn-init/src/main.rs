@@ -25,6 +25,7 @@ mod jobs;
 mod listen;
 mod native;
 mod net;
+mod ports;
 mod probe;
 mod reaper;
 mod resolve;
@@ -244,6 +245,10 @@ fn serve(
                 let stream = writer.into_inner().map_err(|e| e.into_error())?;
                 watch::watch(&path, recursive, stream)?
             }
+            ToInit::ConnectPort { port } => {
+                let stream = writer.into_inner().map_err(|e| e.into_error())?;
+                ports::connect(port, reader, stream)?
+            }
             ToInit::Restored { unix_time_ns, entropy } => {
                 let reply = match files::restored(unix_time_ns, &entropy) {
                     Ok(()) => FromInit::Done,
@@ -293,5 +298,6 @@ pub(crate) fn name(msg: &ToInit) -> &'static str {
         ToInit::Watch { .. } => "Watch",
         ToInit::ExecPty { .. } => "ExecPty",
         ToInit::Resize(_) => "Resize",
+        ToInit::ConnectPort { .. } => "ConnectPort",
     }
 }

@@ -127,6 +127,11 @@ pub enum ToInit {
     /// New size for the terminal of the exec on this connection (its
     /// foreground process group gets SIGWINCH); ignored without one.
     Resize(PtySize),
+    /// Connect to TCP `port` on the sandbox's loopback (127.0.0.1, else
+    /// ::1): answered with [`FromInit::Done`], after which the connection
+    /// carries the TCP stream's bytes both ways, unframed, until either
+    /// side closes; or with [`FromInit::Error`] when nothing answers.
+    ConnectPort { port: u16 },
 }
 
 /// A terminal's size in characters.

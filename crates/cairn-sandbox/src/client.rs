@@ -281,6 +281,35 @@ impl InitClient {
         self.exec_started(stream, false)
     }
 
+    /// Connects to TCP `port` on the sandbox's loopback through init (see
+    /// [`ToInit::ConnectPort`]): the stream returned carries that
+    /// connection's bytes both ways. `Ok(Err(message))` when nothing
+    /// answers there. The answer is read without buffering, so no byte of
+    /// the port's stream is taken from the stream returned.
+    pub fn connect_port(&self, port: u16) -> Result<Result<UnixStream, String>, ClientError> {
+        let mut stream = self.send(&ToInit::ConnectPort { port }, Some(self.deadline))?;
+        let mut next = || -> Result<FromInit, ClientError> {
+            read_frame(&mut stream).map_err(|e| match e {
+                FrameError::Closed => ClientError::NotRunning(self.socket.clone()),
+                FrameError::Io(io) => self.lost(io),
+                other => ClientError::Frame(other),
+            })
+        };
+        match next()? {
+            FromInit::Welcome { version, .. } if version == PROTOCOL_VERSION => {}
+            FromInit::Error(e) => return Err(ClientError::Refused(bounded(e))),
+            other => return Err(unexpected(&other)),
+        }
+        match next()? {
+            FromInit::Done => {
+                stream.set_read_timeout(None)?;
+                Ok(Ok(stream))
+            }
+            FromInit::Error(e) => Ok(Err(bounded(e))),
+            other => Err(unexpected(&other)),
+        }
+    }
+
     /// Sends an exec request without waiting for any answer: the native
     /// driver sends a sandbox's first command while init is still building
     /// the sandbox, and init starts it as soon as it serves.

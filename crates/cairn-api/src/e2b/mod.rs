@@ -19,6 +19,7 @@ mod envd;
 mod files;
 mod form;
 mod jobs;
+mod ports;
 mod rpc;
 mod watch;
 
@@ -466,6 +467,8 @@ pub fn router(app: Arc<App>, drivers: Drivers) -> Router {
                 ),
             )
         })
+        // Requests for a sandbox's own ports go there, whatever their path.
+        .layer(axum::middleware::from_fn_with_state(Arc::clone(&gw), ports::route))
         .with_state(gw)
 }
 

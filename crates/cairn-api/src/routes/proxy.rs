@@ -86,31 +86,49 @@ async fn forward(app: Arc<App>, id: String, port: String, rest: String, req: Req
         .await
         .map_err(|_| bad_gateway(format!("sandbox {} did not answer on port {port} within 10 s", rec.id)))?
         .map_err(|e| bad_gateway(format!("nothing answers on port {port} of sandbox {}: {e}", rec.id)))?;
+    let mut req = req;
+    req.headers_mut().remove(header::AUTHORIZATION);
+    relay(
+        stream,
+        &target,
+        &format!("/{rest}"),
+        req,
+        &format!("port {port} of sandbox {}", rec.id),
+    )
+    .await
+}
+
+/// Sends `req` as HTTP/1.1 over `stream` (a connection to a sandbox's
+/// port) with path `path` (its query kept) and `Host: host`, and answers
+/// with what comes back, bodies streamed both ways. Hop-by-hop headers
+/// stay on each side; `what` names the port in errors.
+pub(crate) async fn relay<S>(stream: S, host: &str, path: &str, req: Request, what: &str) -> ApiResult<Response>
+where
+    S: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin + Send + 'static,
+{
     let (mut sender, conn) = hyper::client::conn::http1::handshake(TokioIo::new(stream))
         .await
-        .map_err(|e| bad_gateway(format!("connect to port {port} of sandbox {}: {e}", rec.id)))?;
+        .map_err(|e| bad_gateway(format!("connect to {what}: {e}")))?;
     tokio::spawn(async move {
         if let Err(e) = conn.await {
             tracing::debug!("a proxied connection ended: {e}");
         }
     });
-
     let (mut parts, body) = req.into_parts();
     let query = parts.uri.query().map(|q| format!("?{q}")).unwrap_or_default();
-    parts.uri = format!("/{rest}{query}")
+    parts.uri = format!("{path}{query}")
         .parse::<Uri>()
         .map_err(|e| ApiError::bad_request(format!("the path to proxy is not a URI: {e}")))?;
     strip(&mut parts.headers);
-    parts.headers.remove(header::AUTHORIZATION);
     parts.headers.insert(
         header::HOST,
-        HeaderValue::from_str(&target).expect("an address and port are a valid header"),
+        HeaderValue::from_str(host).map_err(|_| ApiError::bad_request(format!("{host:?} is not a host name")))?,
     );
     parts.version = axum::http::Version::HTTP_11;
     let answer = sender
         .send_request(Request::from_parts(parts, body))
         .await
-        .map_err(|e| bad_gateway(format!("port {port} of sandbox {} broke off: {e}", rec.id)))?;
+        .map_err(|e| bad_gateway(format!("{what} broke off: {e}")))?;
     let (mut parts, body) = answer.into_parts();
     strip(&mut parts.headers);
     Ok(Response::from_parts(parts, Body::new(body)))
