@@ -121,7 +121,9 @@ fn a_second_checkpoint_stores_what_changed_and_restores_from_the_store_alone() {
     // than its own image as runsc wrote it (flate-compressed, which the
     // store would have had to keep whole). Here the second stores 190-230 KB
     // of a 610-670 KB image, more on a loaded machine (the counter runs on
-    // between the two), so half the image is the bound.
+    // between the two: 297 KB of 533 KB was seen with a build beside it), so
+    // three quarters of the image is the bound; storing the image whole, as
+    // without sharing, is over it.
     let local = home.path().join("memory").join(&second);
     assert!(local.is_dir(), "no local image at {}", local.display());
     let image = std::fs::metadata(local.join("checkpoint.img")).unwrap().len();
@@ -131,7 +133,7 @@ fn a_second_checkpoint_stores_what_changed_and_restores_from_the_store_alone() {
         stored(&second)
     );
     assert!(
-        stored(&second) < stored(&first) && stored(&second) * 2 < image,
+        stored(&second) < stored(&first) && stored(&second) * 4 < image * 3,
         "second checkpoint stored {} bytes, the first {}, its image is {image}",
         stored(&second),
         stored(&first)
