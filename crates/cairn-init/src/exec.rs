@@ -127,10 +127,7 @@ pub fn begin(
         };
         return answer(host, welcome, &failed);
     }
-    if let Some(size) = pty {
-        return begin_on_terminal(req, size, host, host_in, welcome, reaper, live);
-    }
-    if req.detach {
+    if req.detach && pty.is_none() {
         let name = req.argv.join(" ");
         let started = reaper.spawn_detached(name, || {
             spawn::spawn(&req.argv, &req.env, cwd, spawn::Stdio::Console).map(|c| c.pid)
@@ -141,17 +138,20 @@ pub fn begin(
         };
         return answer(host, welcome, &reply);
     }
-    let stdio = spawn::Stdio::Piped { stdin: req.stdin };
-    let started = reaper.spawn_polled(|| spawn::spawn(&req.argv, &req.env, cwd, stdio).map(|c| (c.pid, c)));
-    let (mut child, pid, exited) = match started {
-        Ok(x) => x,
-        Err(e) => return answer(host, welcome, &spawn_failed(&req.argv[0], &e)),
+    let started = match pty {
+        Some(size) => start_on_terminal(&req, cwd, size, reaper),
+        None => start_piped(&req, cwd, reaper),
     };
-    let pipes = [child.stdout.take(), child.stderr.take()];
-    let stdin = child.stdin.take();
-    for fd in pipes.iter().flatten().chain(stdin.iter()) {
-        nonblocking(fd.as_raw_fd());
-    }
+    let Running {
+        pid,
+        exited,
+        pipes,
+        stdin,
+        terminal,
+    } = match started {
+        Ok(r) => r,
+        Err(failed) => return answer(host, welcome, &failed),
+    };
     append(&mut welcome, &FromInit::Started { pid });
     Begun::Running(Box::new(Exec {
         host,
@@ -163,7 +163,7 @@ pub fn begin(
         exited,
         pipes,
         stdin,
-        terminal: None,
+        terminal,
         pending: Vec::new(),
         stdin_eof: false,
         deadline: req.timeout_ms.map(|ms| Instant::now() + Duration::from_millis(ms)),
@@ -175,67 +175,59 @@ pub fn begin(
     }))
 }
 
-/// [`begin`] on a new terminal: the command leads a session whose
-/// controlling terminal is its stdin, stdout and stderr.
-fn begin_on_terminal(
-    req: ExecRequest,
-    size: PtySize,
-    host: UnixStream,
-    host_in: Vec<u8>,
-    mut welcome: Vec<u8>,
-    reaper: &Reaper,
-    live: Arc<Live>,
-) -> Begun {
-    let cwd = req.cwd.as_deref().unwrap_or("/");
-    // Three handles on the controlling side: output, input, resizing.
+/// A started command's end and the descriptors init follows it by.
+struct Running {
+    pid: i32,
+    exited: Receiver<ExitStatus>,
+    pipes: [Option<File>; 2],
+    stdin: Option<File>,
+    terminal: Option<File>,
+}
+
+/// Starts `req` with pipes for its output (and its stdin when asked).
+fn start_piped(req: &ExecRequest, cwd: &str, reaper: &Reaper) -> Result<Running, FromInit> {
+    let stdio = spawn::Stdio::Piped { stdin: req.stdin };
+    let started = reaper.spawn_polled(|| spawn::spawn(&req.argv, &req.env, cwd, stdio).map(|c| (c.pid, c)));
+    let (mut child, pid, exited) = started.map_err(|e| spawn_failed(&req.argv[0], &e))?;
+    let pipes = [child.stdout.take(), child.stderr.take()];
+    let stdin = child.stdin.take();
+    for fd in pipes.iter().flatten().chain(stdin.iter()) {
+        nonblocking(fd.as_raw_fd());
+    }
+    Ok(Running {
+        pid,
+        exited,
+        pipes,
+        stdin,
+        terminal: None,
+    })
+}
+
+/// Starts `req` on a new terminal of `size`: the command leads a session
+/// whose controlling terminal is its stdin, stdout and stderr; init keeps
+/// the controlling side, in three handles (output, input, resizing).
+fn start_on_terminal(req: &ExecRequest, cwd: &str, size: PtySize, reaper: &Reaper) -> Result<Running, FromInit> {
     let opened = spawn::open_terminal(size).and_then(|(master, terminal)| {
         let input = master.try_clone()?;
         let output = master.try_clone()?;
         Ok((master, input, output, terminal))
     });
-    let (master, input, output, terminal) = match opened {
-        Ok(x) => x,
-        Err(e) => {
-            let failed = FromInit::SpawnFailed {
-                kind: SpawnErrorKind::Other,
-                message: format!("cannot open a terminal in the sandbox: {e}"),
-            };
-            append(&mut welcome, &failed);
-            return Begun::Answered((host, welcome));
-        }
-    };
+    let (master, input, output, terminal) = opened.map_err(|e| FromInit::SpawnFailed {
+        kind: SpawnErrorKind::Other,
+        message: format!("cannot open a terminal in the sandbox: {e}"),
+    })?;
     let stdio = spawn::Stdio::Terminal(terminal.as_raw_fd());
     let started = reaper.spawn_polled(|| spawn::spawn(&req.argv, &req.env, cwd, stdio).map(|c| (c.pid, c)));
     // The command has its own copies; init keeps only the controlling side.
     drop(terminal);
-    let (_, pid, exited) = match started {
-        Ok(x) => x,
-        Err(e) => {
-            append(&mut welcome, &spawn_failed(&req.argv[0], &e));
-            return Begun::Answered((host, welcome));
-        }
-    };
-    append(&mut welcome, &FromInit::Started { pid });
-    Begun::Running(Box::new(Exec {
-        host,
-        host_in,
-        host_open: true,
-        out: welcome,
-        host_gone: false,
+    let (_, pid, exited) = started.map_err(|e| spawn_failed(&req.argv[0], &e))?;
+    Ok(Running {
         pid,
         exited,
         pipes: [Some(output), None],
         stdin: Some(input),
         terminal: Some(master),
-        pending: Vec::new(),
-        stdin_eof: false,
-        deadline: req.timeout_ms.map(|ms| Instant::now() + Duration::from_millis(ms)),
-        timed_out: false,
-        status: None,
-        drain_until: None,
-        finished: false,
-        _live: live,
-    }))
+    })
 }
 
 /// Appends `msg` as a frame to `out`.
