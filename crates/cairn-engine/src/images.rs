@@ -25,6 +25,27 @@ pub const DEFAULT_IMAGE: &str = "busybox";
 const DIR_MODE: u32 = 0o755;
 const FILE_MODE: u32 = 0o644;
 
+/// The server of E2B's code interpreter (port 49999, Jupyter kernels),
+/// put in `code-interpreter` images at [`CODE_INTERPRETER_PATH`].
+pub const CODE_INTERPRETER_SERVER: &str = include_str!("../../../images/code-interpreter/server.py");
+/// Where a code-interpreter image holds its server, under the root.
+pub const CODE_INTERPRETER_PATH: &str = "usr/local/lib/cairn/code-interpreter/server.py";
+/// Debian's packages the server and its kernels need.
+pub const CODE_INTERPRETER_PACKAGES: &[&str] = &[
+    "python3-ipykernel",
+    "python3-jupyter-client",
+    "python3-numpy",
+    "python3-pandas",
+    "python3-matplotlib",
+];
+/// The first word of a code-interpreter image's source.
+pub const CODE_INTERPRETER_SOURCE: &str = "code-interpreter";
+/// The command that serves the code interpreter in a sandbox of such an
+/// image, on the sandbox's loopback (the E2B gateway reaches it through
+/// init), in the E2B user's home.
+pub const CODE_INTERPRETER_COMMAND: &str = "mkdir -p /home/user && cd /home/user && \
+     CODEINT_CWD=/home/user exec python3 /usr/local/lib/cairn/code-interpreter/server.py 127.0.0.1 49999";
+
 /// The umask of the programs that build an image (debootstrap and the
 /// package scripts it runs), as on a usual host.
 const BUILD_UMASK: &str = "022";
@@ -264,11 +285,50 @@ impl Engine {
         packages: &[String],
         progress: &dyn Progress,
     ) -> Result<ImageRecord, EngineError> {
+        self.debootstrap_image(name, suite, packages, &[], &[], "debian", progress)
+    }
+
+    /// A Debian image for E2B's code interpreter: Jupyter's Python kernel
+    /// with numpy, pandas and matplotlib from Debian's packages (plus
+    /// `packages`), and the port 49999 server
+    /// ([`CODE_INTERPRETER_SERVER`]) that E2B sandboxes of this image run
+    /// (`cairn serve --e2b`, docs/e2b.md).
+    pub fn build_code_interpreter(
+        &mut self,
+        name: &str,
+        suite: Option<&str>,
+        packages: &[String],
+        progress: &dyn Progress,
+    ) -> Result<ImageRecord, EngineError> {
+        // Installed by apt-get in the new root, not by debootstrap: some of
+        // them (python3-zmq) fail to configure inside debootstrap's stage.
+        let mut all: Vec<String> = CODE_INTERPRETER_PACKAGES.iter().map(|p| p.to_string()).collect();
+        all.extend(packages.iter().cloned());
+        let files = [(CODE_INTERPRETER_PATH, CODE_INTERPRETER_SERVER)];
+        self.debootstrap_image(name, suite, &[], &all, &files, CODE_INTERPRETER_SOURCE, progress)
+    }
+
+    /// Debian minbase from debootstrap, plus `packages` (installed by
+    /// debootstrap), `apt_packages` (by apt-get in the new root, after it)
+    /// and `files` (paths under the root, mode 0644); its source says
+    /// `kind`, the suite and the packages.
+    #[allow(clippy::too_many_arguments)]
+    fn debootstrap_image(
+        &mut self,
+        name: &str,
+        suite: Option<&str>,
+        packages: &[String],
+        apt_packages: &[String],
+        files: &[(&str, &str)],
+        kind: &str,
+        progress: &dyn Progress,
+    ) -> Result<ImageRecord, EngineError> {
         if !valid_image_name(name) {
             return Err(ImageError::BadName(name.to_string()).into());
         }
         if let Some(bad) = packages
             .iter()
+            .chain(apt_packages)
             .find(|p| p.is_empty() || !p.bytes().all(|b| b.is_ascii_alphanumeric() || b"+-.:".contains(&b)))
         {
             return Err(ImageError::Command {
@@ -355,6 +415,25 @@ impl Engine {
             }
             .into());
         }
+        if !apt_packages.is_empty() {
+            progress.step(&format!("apt-get install {}", apt_packages.join(" ")));
+            // In a private mount namespace (its /proc goes with it), with
+            // the host's resolver, and no service started by a package.
+            let script = format!(
+                "umask {BUILD_UMASK} && root=$1 && shift && mount -t proc proc \"$root/proc\" && \
+                 cp /etc/resolv.conf \"$root/etc/resolv.conf\" && \
+                 printf '#!/bin/sh\\nexit 101\\n' > \"$root/usr/sbin/policy-rc.d\" && \
+                 chmod 755 \"$root/usr/sbin/policy-rc.d\" && \
+                 chroot \"$root\" apt-get update -q && \
+                 DEBIAN_FRONTEND=noninteractive chroot \"$root\" apt-get install -y -q --no-install-recommends \"$@\"; \
+                 rc=$?; rm -f \"$root/usr/sbin/policy-rc.d\"; umount \"$root/proc\"; exit $rc"
+            );
+            let mut apt = Command::new("unshare");
+            apt.args(["--mount", "--propagation", "private", "sh", "-c", &script, "sh"])
+                .arg(layer.path())
+                .args(apt_packages);
+            run(&mut apt, "apt-get install in the new image")?;
+        }
         progress.step("cleaning the package cache");
         for d in ["var/cache/apt/archives", "var/lib/apt/lists"] {
             if let Ok(entries) = fs::read_dir(layer.path().join(d)) {
@@ -365,10 +444,23 @@ impl Engine {
                 }
             }
         }
-        let source = if packages.is_empty() {
-            format!("debian {suite}")
+        for (path, content) in files {
+            let at = layer.path().join(path);
+            let written = at
+                .parent()
+                .map_or(Ok(()), fs::create_dir_all)
+                .and_then(|()| fs::write(&at, content))
+                .and_then(|()| fs::set_permissions(&at, fs::Permissions::from_mode(0o644)));
+            written.map_err(|e| ImageError::Command {
+                what: format!("{kind} image"),
+                detail: format!("cannot write {}: {e}", at.display()),
+            })?;
+        }
+        let all: Vec<&str> = packages.iter().chain(apt_packages).map(String::as_str).collect();
+        let source = if all.is_empty() {
+            format!("{kind} {suite}")
         } else {
-            format!("debian {suite} +{}", packages.join(","))
+            format!("{kind} {suite} +{}", all.join(","))
         };
         self.commit_image(name, source, layer)
     }

@@ -800,17 +800,19 @@ pub enum SnapshotCommand {
 #[derive(Subcommand)]
 #[command(defer = true)]
 pub enum ImageCommand {
-    /// Build an image: `busybox` (tiny, static) or `debian` (debootstrap minbase).
+    /// Build an image: `busybox` (tiny, static), `debian` (debootstrap
+    /// minbase) or `code-interpreter` (Debian with Jupyter kernels, for
+    /// E2B's code interpreter SDK through `cairn serve --e2b`).
     Build {
         #[arg(value_enum)]
         kind: ImageKind,
         /// Image name (default: the kind).
         #[arg(long)]
         name: Option<String>,
-        /// Extra Debian packages, comma-separated (debian only).
+        /// Extra Debian packages, comma-separated (debian and code-interpreter).
         #[arg(long, value_delimiter = ',')]
         packages: Vec<String>,
-        /// Debian suite (debian only; default: the host's).
+        /// Debian suite (debian and code-interpreter; default: the host's).
         #[arg(long)]
         suite: Option<String>,
     },
@@ -839,6 +841,9 @@ pub enum ImageCommand {
 pub enum ImageKind {
     Busybox,
     Debian,
+    /// Debian with Jupyter's Python kernel, numpy, pandas, matplotlib and
+    /// the server E2B's code interpreter SDK talks to (docs/e2b.md).
+    CodeInterpreter,
 }
 
 #[derive(Subcommand)]

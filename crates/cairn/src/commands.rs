@@ -802,13 +802,19 @@ fn image(engine: &mut Engine, cmd: ImageCommand) -> Result<()> {
             let rec = match kind {
                 ImageKind::Busybox => {
                     if !packages.is_empty() || suite.is_some() {
-                        bail!("--packages and --suite apply to debian images only");
+                        bail!("--packages and --suite apply to debian and code-interpreter images only");
                     }
                     engine.build_busybox(name.as_deref().unwrap_or("busybox"), &steps)?
                 }
                 ImageKind::Debian => {
                     engine.build_debian(name.as_deref().unwrap_or("debian"), suite.as_deref(), &packages, &steps)?
                 }
+                ImageKind::CodeInterpreter => engine.build_code_interpreter(
+                    name.as_deref().unwrap_or("code-interpreter"),
+                    suite.as_deref(),
+                    &packages,
+                    &steps,
+                )?,
             };
             drop(steps);
             println!("{}", rec.name);

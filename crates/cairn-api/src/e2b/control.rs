@@ -12,7 +12,7 @@ use axum::middleware::Next;
 use axum::response::{IntoResponse, Response};
 use axum::Extension;
 use axum::Json;
-use cairn_engine::{CreateOptions, Engine, EngineError, SandboxRecord, Silent, SnapshotRecord};
+use cairn_engine::{images, CreateOptions, Engine, EngineError, SandboxRecord, Silent, SnapshotRecord};
 use serde::Deserialize;
 use serde_json::{json, Value};
 
@@ -80,6 +80,7 @@ fn sandbox_json(gw: &Gateway, e: &Entry) -> Value {
     json!({
         "templateID": e.template, "sandboxID": e.id, "clientID": "cairn",
         "envdVersion": ENVD_VERSION, "envdAccessToken": gw.token(e), "domain": null,
+        "trafficAccessToken": gw.traffic_token(e),
     })
 }
 
@@ -207,10 +208,18 @@ pub async fn create(State(gw): G, Extension(key): Extension<ApiKey>, body: Bytes
                     other => other.into(),
                 })
             };
+            // A code-interpreter image's sandboxes serve E2B's code
+            // interpreter on port 49999, started with the sandbox.
+            let mut interpreter = false;
             let rec = if template == "base" {
                 created(e.create_sandbox(&on_driver(None), &Silent))?
-            } else if e.image(&template).is_ok() {
-                created(e.create_sandbox(&on_driver(Some(template.clone())), &Silent))?
+            } else if let Ok(image) = e.image(&template) {
+                let mut opts = on_driver(Some(template.clone()));
+                if image.source.split_whitespace().next() == Some(images::CODE_INTERPRETER_SOURCE) {
+                    interpreter = true;
+                    opts.services = vec![images::CODE_INTERPRETER_COMMAND.to_string()];
+                }
+                created(e.create_sandbox(&opts, &Silent))?
             } else {
                 match e.snapshot_record(&template) {
                     Ok(snap) => e.restore(&snap, &CreateOptions::default())?,
@@ -221,7 +230,11 @@ pub async fn create(State(gw): G, Extension(key): Extension<ApiKey>, body: Bytes
                     }
                 }
             };
-            if let Err(err) = make_home(e, &rec) {
+            let ready = make_home(e, &rec).and_then(|()| match interpreter {
+                true => wait_for_port(e, &rec, CODE_INTERPRETER_PORT),
+                false => Ok(()),
+            });
+            if let Err(err) = ready {
                 let _ = e.remove_sandbox(&rec, true);
                 return Err(err);
             }
@@ -312,11 +325,39 @@ fn known(gw: &Gateway, id: &str) -> Rest<Entry> {
     gw.entry(id).ok_or_else(|| RestError::not_found(id))
 }
 
+/// The port E2B's code interpreter SDK reaches.
+const CODE_INTERPRETER_PORT: u16 = 49999;
+/// How long a sandbox's server may take to listen before create fails.
+const PORT_READY_WITHIN: std::time::Duration = std::time::Duration::from_secs(60);
+
+/// Waits until something listens on `port` in `rec` (a server started with
+/// the sandbox), as E2B's create waits for a template's ready check.
+fn wait_for_port(e: &Engine, rec: &SandboxRecord, port: u16) -> Result<(), crate::error::ApiError> {
+    let client = e.client(rec)?;
+    let deadline = std::time::Instant::now() + PORT_READY_WITHIN;
+    loop {
+        let why = match client.connect_port(port) {
+            Ok(Ok(_connected)) => return Ok(()),
+            Ok(Err(why)) => why,
+            Err(err) => err.to_string(),
+        };
+        if std::time::Instant::now() >= deadline {
+            return Err(crate::error::ApiError::internal(format!(
+                "the server on port {port} of the new sandbox did not start within {}s ({why}); \
+                 the sandbox was removed",
+                PORT_READY_WITHIN.as_secs(),
+            )));
+        }
+        std::thread::sleep(std::time::Duration::from_millis(25));
+    }
+}
+
 /// `GET /sandboxes/{id}`.
 pub async fn info(State(gw): G, Path(id): Path<String>) -> Rest<Response> {
     let e = known(&gw, &id)?;
     let mut v = listed_json(&e);
     v["envdAccessToken"] = json!(gw.token(&e));
+    v["trafficAccessToken"] = json!(gw.traffic_token(&e));
     v["domain"] = Value::Null;
     Ok(Json(v).into_response())
 }

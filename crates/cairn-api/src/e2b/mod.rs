@@ -193,6 +193,21 @@ impl Gateway {
         h.finalize().to_hex()[..48].to_string()
     }
 
+    /// The token that lets requests reach a sandbox's own ports
+    /// (`E2B-Traffic-Access-Token`, which the SDKs send on every call to
+    /// a sandbox port when create gave one, the code interpreter's
+    /// included): derived as the access token is, for another purpose.
+    pub(crate) fn traffic_token(&self, e: &Entry) -> String {
+        let mut h = blake3::Hasher::new_keyed(&self.token_key);
+        h.update(b"traffic\0");
+        h.update(e.id.as_bytes());
+        if let Some(grant) = &e.grant {
+            h.update(b"\0");
+            h.update(grant.as_bytes());
+        }
+        h.finalize().to_hex()[..48].to_string()
+    }
+
     /// Resolves once the API token `grant` is known to be gone (never for
     /// `None`, a sandbox recorded before grants).
     pub(crate) async fn revoked(&self, grant: Option<String>) {

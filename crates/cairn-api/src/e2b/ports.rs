@@ -5,8 +5,9 @@
 //! `get_host(port)` gives), goes to that port on the sandbox's own
 //! loopback, through init ([`cairn_protocol::ToInit::ConnectPort`]): no
 //! network is needed, on native and on gVisor alike. The request must
-//! carry the sandbox's access token, as envd's do; the token, the user and
-//! the hop-by-hop headers stay here.
+//! carry the sandbox's access token (`X-Access-Token`, as envd's do) or
+//! its traffic token (`E2B-Traffic-Access-Token`, which create answers
+//! with); the tokens, the user and the hop-by-hop headers stay here.
 
 use std::sync::Arc;
 
@@ -15,7 +16,7 @@ use axum::http::{HeaderMap, HeaderValue, StatusCode};
 use axum::middleware::Next;
 use axum::response::{IntoResponse, Response};
 
-use super::envd::{sandbox_of, Denied};
+use super::envd::{same, sandbox_of, Denied};
 use super::{Gateway, RestError};
 
 /// envd's port, which the gateway serves itself.
@@ -54,6 +55,22 @@ async fn relay(gw: &Arc<Gateway>, port: u16, id: Option<String>, mut req: Reques
         let value =
             HeaderValue::from_str(&id).map_err(|_| RestError::new(StatusCode::BAD_REQUEST, "bad sandbox id"))?;
         req.headers_mut().insert("e2b-sandbox-id", value);
+    }
+    // The traffic token stands for the access token on port requests.
+    let traffic = req
+        .headers()
+        .get("e2b-traffic-access-token")
+        .and_then(|v| v.to_str().ok());
+    if let (Some(traffic), false) = (traffic, req.headers().contains_key("x-access-token")) {
+        let id = req
+            .headers()
+            .get("e2b-sandbox-id")
+            .and_then(|v| v.to_str().ok())
+            .unwrap_or("");
+        if let Some(e) = gw.entry(id).filter(|e| same(&gw.traffic_token(e), traffic.trim())) {
+            let token = HeaderValue::from_str(&gw.token(&e)).expect("a hex token is a valid header");
+            req.headers_mut().insert("x-access-token", token);
+        }
     }
     let (entry, sandbox) = sandbox_of(gw, req.headers()).await.map_err(|d| match d {
         Denied::Token(m) => RestError::new(StatusCode::UNAUTHORIZED, m),

@@ -1,0 +1,140 @@
+"""E2B's code interpreter (`e2b-code-interpreter`, the version
+requirements.txt pins) against `cairn serve --e2b`: a `code-interpreter`
+image (`cairn image build code-interpreter`, Debian's Jupyter kernel,
+numpy, pandas, matplotlib and images/code-interpreter/server.py), its
+sandboxes serving port 49999 through the gateway. The image takes a few
+minutes to build, once per run."""
+
+import os
+import subprocess
+import threading
+import time
+
+import httpx
+import pytest
+from e2b import NotFoundException, SandboxException
+from e2b_code_interpreter import Sandbox
+
+TEMPLATE = "code-interpreter"
+
+
+@pytest.fixture(scope="module")
+def interpreter_image(cairn_e2b):
+    env = dict(os.environ, CAIRN_HOME=cairn_e2b["home"])
+    built = subprocess.run(
+        [cairn_e2b["bin"], "image", "build", "code-interpreter", "--name", TEMPLATE],
+        env=env,
+        capture_output=True,
+        text=True,
+    )
+    assert built.returncode == 0, built.stderr[-4000:]
+    return TEMPLATE
+
+
+@pytest.fixture
+def sbx(interpreter_image):
+    s = Sandbox.create(template=interpreter_image)
+    yield s
+    Sandbox.kill(s.sandbox_id)
+
+
+def test_state_lives_in_the_kernel_and_output_comes_back_rich(sbx):
+    sbx.run_code("x = 40")
+    assert sbx.run_code("x + 2").text == "42"
+    # An exception: its name, value and traceback.
+    failed = sbx.run_code("1 / 0")
+    assert failed.error.name == "ZeroDivisionError", failed.error
+    assert "division by zero" in failed.error.value
+    assert "ZeroDivisionError" in failed.error.traceback
+    # print streams as it happens: the first line before the cell ends.
+    seen, at = [], {}
+    started = time.time()
+
+    def on_stdout(out):
+        seen.append(out.line)
+        at.setdefault("first", time.time() - started)
+
+    run = sbx.run_code("import time\nprint('one')\ntime.sleep(1.5)\nprint('two')", on_stdout=on_stdout)
+    assert [s.strip() for s in seen] == ["one", "two"], seen
+    assert at["first"] < time.time() - started - 1, "stdout came only at the end"
+    assert run.logs.stdout == ["one\n", "two\n"]
+    # A chart is a PNG; a data frame has html and text.
+    chart = sbx.run_code("import matplotlib.pyplot as plt\nplt.plot([1, 2, 3], [3, 1, 2])\nplt.show()")
+    assert any(r.png for r in chart.results), chart
+    png = next(r.png for r in chart.results if r.png)
+    import base64
+
+    assert base64.b64decode(png)[:8] == b"\x89PNG\r\n\x1a\n"
+    frame = sbx.run_code("import pandas as pd\npd.DataFrame({'a': [1, 2], 'b': [3, 4]})")
+    assert frame.results[0].html and "<table" in frame.results[0].html
+    # Variables of one cell's env_vars do not outlive it.
+    assert sbx.run_code("import os; os.environ.get('GREETING')", envs={"GREETING": "hi"}).text == "'hi'"
+    assert sbx.run_code("import os; os.environ.get('GREETING')").text is None
+
+
+def test_contexts_are_independent_and_can_be_restarted_and_removed(sbx):
+    a = sbx.create_code_context()
+    b = sbx.create_code_context(cwd="/tmp")
+    sbx.run_code("v = 'in a'", context=a)
+    assert sbx.run_code("v", context=a).text == "'in a'"
+    assert sbx.run_code("v", context=b).error.name == "NameError"
+    assert sbx.run_code("import os; os.getcwd()", context=b).text == "'/tmp'"
+    ids = {c.id for c in sbx.list_code_contexts()}
+    assert {a.id, b.id} <= ids
+    sbx.restart_code_context(a)
+    assert sbx.run_code("v", context=a).error.name == "NameError"
+    sbx.remove_code_context(b)
+    assert b.id not in {c.id for c in sbx.list_code_contexts()}
+    with pytest.raises((NotFoundException, SandboxException)):
+        sbx.run_code("1", context=b)
+    # A shell context.
+    sh = sbx.run_code("echo from-shell; echo err >&2", language="bash")
+    assert sh.logs.stdout == ["from-shell\n"] and sh.logs.stderr == ["err\n"], sh.logs
+
+
+def test_a_dead_kernel_is_an_error_and_a_flood_is_bounded(sbx):
+    died = sbx.run_code("import os; os._exit(1)")
+    assert died.error is not None, died
+    assert sbx.run_code("2 + 2").text == "4"
+    # 200 MB printed: cut short, said so, and the kernel serves on.
+    chunks = []
+    flood = sbx.run_code("print('x' * (1 << 20) * 200)", on_stdout=lambda o: chunks.append(len(o.line)))
+    assert sum(chunks) < 64 << 20, sum(chunks)
+    assert any("truncated" in line for line in flood.logs.stderr), flood.logs.stderr
+    assert sbx.run_code("3 + 3").text == "6"
+
+
+def test_a_client_that_leaves_interrupts_its_cell(sbx):
+    # The SDK's own timeout closes the connection mid-cell.
+    with pytest.raises(Exception):
+        sbx.run_code("import time\ntime.sleep(30)\nopen('/tmp/late', 'w').write('x')", timeout=1)
+    start = time.time()
+    assert sbx.run_code("1 + 1").text == "2"
+    assert time.time() - start < 20
+    time.sleep(1)
+    assert not sbx.files.exists("/tmp/late")
+
+
+def test_ports_need_a_token_and_the_traffic_token_is_the_sandboxes_own(sbx, interpreter_image):
+    url = os.environ["E2B_SANDBOX_URL"]
+    headers = {"E2b-Sandbox-Id": sbx.sandbox_id, "E2b-Sandbox-Port": "49999"}
+    assert httpx.get(f"{url}/contexts", headers=headers).status_code == 401
+    other = Sandbox.create(template=interpreter_image)
+    try:
+        wrong = {**headers, "E2B-Traffic-Access-Token": other.traffic_access_token}
+        assert httpx.get(f"{url}/contexts", headers=wrong).status_code in (401, 502)
+        right = {**headers, "E2B-Traffic-Access-Token": sbx.traffic_access_token}
+        assert httpx.get(f"{url}/contexts", headers=right).status_code == 200
+    finally:
+        Sandbox.kill(other.sandbox_id)
+
+
+def test_warm_run_code_round_trip_is_reported(sbx):
+    sbx.run_code("1 + 1")
+    times = []
+    for _ in range(30):
+        t = time.perf_counter()
+        assert sbx.run_code("1 + 1").text == "2"
+        times.append(time.perf_counter() - t)
+    times.sort()
+    print(f"\nrun_code('1+1') through the gateway: median {times[15] * 1e3:.1f} ms")
