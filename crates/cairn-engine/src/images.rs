@@ -38,6 +38,9 @@ pub const CODE_INTERPRETER_PACKAGES: &[&str] = &[
     "python3-pandas",
     "python3-matplotlib",
 ];
+/// The port the server listens on (E2B's code interpreter SDK's), in
+/// [`CODE_INTERPRETER_COMMAND`].
+pub const CODE_INTERPRETER_PORT: u16 = 49999;
 /// The first word of a code-interpreter image's source.
 pub const CODE_INTERPRETER_SOURCE: &str = "code-interpreter";
 /// The command that serves the code interpreter in a sandbox of such an
@@ -704,6 +707,13 @@ mod tempfile_dir {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_code_interpreter_serves_where_the_gateway_waits() {
+        let port = format!(" {CODE_INTERPRETER_PORT}");
+        assert!(CODE_INTERPRETER_COMMAND.ends_with(&port), "{CODE_INTERPRETER_COMMAND}");
+        assert!(CODE_INTERPRETER_COMMAND.contains(&format!("/{CODE_INTERPRETER_PATH}")));
+    }
 
     #[test]
     fn image_names_are_checked() {

@@ -230,9 +230,12 @@ pub async fn create(State(gw): G, Extension(key): Extension<ApiKey>, body: Bytes
                     }
                 }
             };
-            let ready = make_home(e, &rec).and_then(|()| match interpreter {
-                true => wait_for_port(e, &rec, CODE_INTERPRETER_PORT),
-                false => Ok(()),
+            let ready = make_home(e, &rec).and_then(|()| {
+                if interpreter {
+                    wait_for_port(e, &rec, images::CODE_INTERPRETER_PORT)
+                } else {
+                    Ok(())
+                }
             });
             if let Err(err) = ready {
                 let _ = e.remove_sandbox(&rec, true);
@@ -325,8 +328,6 @@ fn known(gw: &Gateway, id: &str) -> Rest<Entry> {
     gw.entry(id).ok_or_else(|| RestError::not_found(id))
 }
 
-/// The port E2B's code interpreter SDK reaches.
-const CODE_INTERPRETER_PORT: u16 = 49999;
 /// How long a sandbox's server may take to listen before create fails.
 const PORT_READY_WITHIN: std::time::Duration = std::time::Duration::from_secs(60);
 

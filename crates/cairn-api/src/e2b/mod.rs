@@ -184,13 +184,7 @@ impl Gateway {
     /// The envd access token of a sandbox: from its id and the API token
     /// it was granted to, so that a new grant issues a new one.
     pub(crate) fn token(&self, e: &Entry) -> String {
-        let mut h = blake3::Hasher::new_keyed(&self.token_key);
-        h.update(e.id.as_bytes());
-        if let Some(grant) = &e.grant {
-            h.update(b"\0");
-            h.update(grant.as_bytes());
-        }
-        h.finalize().to_hex()[..48].to_string()
+        self.derive(b"", e)
     }
 
     /// The token that lets requests reach a sandbox's own ports
@@ -198,8 +192,14 @@ impl Gateway {
     /// a sandbox port when create gave one, the code interpreter's
     /// included): derived as the access token is, for another purpose.
     pub(crate) fn traffic_token(&self, e: &Entry) -> String {
+        self.derive(b"traffic\0", e)
+    }
+
+    /// A token for `purpose` (empty: the access token), from the sandbox's
+    /// id and grant with the key.
+    fn derive(&self, purpose: &[u8], e: &Entry) -> String {
         let mut h = blake3::Hasher::new_keyed(&self.token_key);
-        h.update(b"traffic\0");
+        h.update(purpose);
         h.update(e.id.as_bytes());
         if let Some(grant) = &e.grant {
             h.update(b"\0");
