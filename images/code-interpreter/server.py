@@ -6,8 +6,8 @@ Endpoints (all JSON; errors are {"error": "..."} with 400/404/405/413/500):
   GET    /health                   -> {"status": "ok"}
   POST   /execute                  {code, context_id?, language?, env_vars?}
                                    -> 200, chunked NDJSON stream, one event a line
-  GET    /contexts                 -> [{"id", "language", "cwd"}, ...]
-  POST   /contexts                 {language?, cwd?} -> {"id", "language", "cwd"}
+  GET    /contexts                 -> [{"id", "language", "cwd", "start_ms"}, ...]
+  POST   /contexts                 {language?, cwd?} -> {"id", "language", "cwd", "start_ms"}
   DELETE /contexts/{id}            -> 204
   POST   /contexts/{id}/restart    -> 204
 
@@ -21,6 +21,13 @@ Threading: jupyter_client's blocking API runs coroutines on a per-thread
 event loop, so each context owns one worker thread that makes every
 jupyter_client call for it; HTTP threads only hand it jobs and read events
 back through a bounded queue.
+
+Start-up: the first run_code waits for the default Python kernel, so that
+kernel's process starts as soon as the port is bound, before this server
+imports jupyter_client (which is only needed to talk to it).  Kernels are
+started from their kernelspec's argv by this file (class Kernel), not by
+jupyter_client's KernelManager, whose start and readiness check (an IOPub
+flush that waits out a fixed 0.2 s) cost ~0.4 s more on a small host.
 
 Runs on Debian 12's python3-jupyter-client 7.4 / python3-ipykernel 6.17 and
 on current releases.  Configuration: argv [host] [port] or CODEINT_HOST,
@@ -37,14 +44,14 @@ import signal
 import socket
 import subprocess
 import sys
+import tempfile
 import threading
 import time
 import traceback
 import uuid
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
-from jupyter_client import KernelManager
-from jupyter_client.kernelspec import KernelSpecManager
+# jupyter_client is imported where it is used (see "Start-up" above).
 
 OUTPUT_CAP = int(os.environ.get("CODEINT_OUTPUT_CAP", 16 << 20))
 # Keepalive lines are off by default: with a plain httpx transport the SDK's
@@ -154,6 +161,111 @@ class Job:
                                     OUTPUT_CAP, budget)})
 
 
+class Kernel:
+    """A kernel process started from its kernelspec's argv, in a session of
+    its own (an interrupt or kill reaches what the cell started), and a
+    blocking client on its channels."""
+
+    _ports_lock = threading.Lock()
+    _ports_given = set()  # never hand the same port to two kernels of this server
+
+    def __init__(self, argv, cwd, env=None, interrupt_mode="signal"):
+        self.interrupt_mode = interrupt_mode
+        fd, self.connection_file = tempfile.mkstemp(prefix="kernel-", suffix=".json")
+        with os.fdopen(fd, "w") as f:
+            json.dump(dict(self._ports(), ip="127.0.0.1", transport="tcp", key=uuid.uuid4().hex,
+                           signature_scheme="hmac-sha256"), f)
+        argv = [a.replace("{connection_file}", self.connection_file) for a in argv]
+        # debugpy (imported by ipykernel) warns on stderr about frozen modules.
+        env = dict(os.environ, PYDEVD_DISABLE_FILE_VALIDATION="1", **(env or {}))
+        try:
+            self.proc = subprocess.Popen(argv, cwd=cwd, env=env, stdin=subprocess.DEVNULL,
+                                         start_new_session=True)
+        except OSError:
+            os.unlink(self.connection_file)
+            raise
+        self.client = None
+
+    @classmethod
+    def _ports(cls):
+        names = ("shell_port", "iopub_port", "stdin_port", "control_port", "hb_port")
+        socks = []
+        try:
+            with cls._ports_lock:
+                ports = []
+                while len(ports) < len(names):
+                    s = socket.socket()
+                    socks.append(s)
+                    s.bind(("127.0.0.1", 0))
+                    port = s.getsockname()[1]
+                    if port not in cls._ports_given:
+                        cls._ports_given.add(port)
+                        ports.append(port)
+        finally:
+            for s in socks:
+                s.close()
+        return dict(zip(names, ports))
+
+    def connect(self, timeout):
+        """Connects a client and waits until the kernel answers on shell and
+        publishes on IOPub (so no output of the first cell is missed)."""
+        from jupyter_client.blocking import BlockingKernelClient
+        kc = BlockingKernelClient(connection_file=self.connection_file)
+        kc.load_connection_file()
+        kc.start_channels()
+        self.client = kc
+        deadline = time.monotonic() + timeout
+        while True:
+            if not self.is_alive():
+                raise RuntimeError("the kernel exited with status %s while starting" % self.proc.returncode)
+            if time.monotonic() > deadline:
+                raise RuntimeError("the kernel did not answer within %.0fs" % timeout)
+            msg_id = kc.kernel_info()
+            until = time.monotonic() + 0.25
+            while time.monotonic() < until:
+                try:
+                    msg = kc.get_iopub_msg(timeout=0.05)
+                except queue.Empty:
+                    continue
+                if msg["parent_header"].get("msg_id") == msg_id:
+                    break
+            else:
+                continue  # IOPub not subscribed yet, or the kernel still loading: ask again
+            break
+        while time.monotonic() < deadline:  # its kernel_info_reply; earlier requests' are skipped
+            try:
+                msg = kc.get_shell_msg(timeout=0.5)
+            except queue.Empty:
+                continue
+            if msg["parent_header"].get("msg_id") == msg_id:
+                return
+
+    def is_alive(self):
+        return self.proc.poll() is None
+
+    def interrupt(self):
+        if self.interrupt_mode == "message" and self.client is not None:
+            self.client.control_channel.send(self.client.session.msg("interrupt_request", content={}))
+            return
+        try:
+            os.killpg(self.proc.pid, signal.SIGINT)
+        except ProcessLookupError:
+            pass
+
+    def shutdown(self):
+        if self.client is not None:
+            self.client.stop_channels()
+        try:
+            os.killpg(self.proc.pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+        self.proc.wait()
+        try:
+            os.unlink(self.connection_file)
+        except OSError:
+            pass
+
+
 class Context:
     """A kernel (or, for shell without a kernel, a subprocess runner) with its
     own worker thread.  Jobs are run one at a time, in order."""
@@ -165,13 +277,15 @@ class Context:
         self.ready = threading.Event()
         self.start_error = None
         self.abort = threading.Event()  # restart/delete preempts the running cell
-        self.km = self.kc = None
+        self.kernel = self.kc = None
         self.needs_restart = self.closed = False
         self.count = 0                  # execution count for subprocess shells
+        self.start_ms = None
         threading.Thread(target=self._run, daemon=True, name="ctx-" + self.id[:8]).start()
 
     def info(self):
-        return {"id": self.id, "language": self.language, "cwd": self.cwd}
+        # start_ms: how long its kernel took to start and answer, last time.
+        return {"id": self.id, "language": self.language, "cwd": self.cwd, "start_ms": self.start_ms}
 
     # -- worker thread ------------------------------------------------------
     def _run(self):
@@ -222,23 +336,26 @@ class Context:
         self.needs_restart = False
         if self.kernel_name is None:
             return  # subprocess shell: nothing to start
-        self.km = KernelManager(kernel_name=self.kernel_name)
-        self.km.start_kernel(cwd=self.cwd)
-        self.kc = self.km.client()
-        self.kc.start_channels()
-        self.kc.wait_for_ready(timeout=KERNEL_START_TIMEOUT)
+        started = time.monotonic()
+        argv, env, interrupt_mode = REGISTRY.launch_spec(self.kernel_name)
+        self.kernel = Kernel(argv, self.cwd, env, interrupt_mode)
+        try:
+            self.kernel.connect(KERNEL_START_TIMEOUT)
+        except Exception:
+            self._stop()
+            raise
+        self.kc = self.kernel.client
+        self.start_ms = round((time.monotonic() - started) * 1e3, 1)
         if self.language == "python":
             self._silent(PY_SETUP)
 
     def _stop(self):
-        if self.kc is not None:
-            self.kc.stop_channels()
-        if self.km is not None:
+        if self.kernel is not None:
             try:
-                self.km.shutdown_kernel(now=True)
+                self.kernel.shutdown()
             except Exception:
                 pass
-        self.km = self.kc = None
+        self.kernel = self.kc = None
 
     def _silent(self, code, timeout=30.0):
         """Run bookkeeping code without output or history; wait for its reply."""
@@ -249,7 +366,7 @@ class Context:
             try:
                 msg = self.kc.get_shell_msg(timeout=0.5)
             except queue.Empty:
-                if not self.km.is_alive():
+                if not self.kernel.is_alive():
                     raise RuntimeError("kernel died")
                 continue
             if msg["parent_header"].get("msg_id") == msg_id:
@@ -259,7 +376,7 @@ class Context:
     def _execute(self, job):
         if self.kernel_name is None:
             return self._execute_subprocess(job)
-        if self.needs_restart or self.km is None or not self.km.is_alive():
+        if self.needs_restart or self.kernel is None or not self.kernel.is_alive():
             self._stop()
             self._start()  # the kernel died earlier: the state is gone anyway
         env_set = bool(job.env) and self.language == "python"
@@ -277,7 +394,7 @@ class Context:
         while True:
             if job.cancelled.is_set() and interrupted_at is None:
                 interrupted_at = time.monotonic()
-                self.km.interrupt_kernel()
+                self.kernel.interrupt()
             if interrupted_at and time.monotonic() - interrupted_at > INTERRUPT_GRACE:
                 self._stop()  # the cell ignores SIGINT: give up on the kernel
                 self._start()
@@ -291,7 +408,7 @@ class Context:
             except queue.Empty:
                 if time.monotonic() - last_alive_check >= 0.5:
                     last_alive_check = time.monotonic()
-                    if not self.km.is_alive():
+                    if not self.kernel.is_alive():
                         self.needs_restart = True
                         job.emit(error_event(
                             "KernelDied", "The kernel died while running this cell "
@@ -414,6 +531,7 @@ class Registry:
         if language == "python":
             return "python3"  # the native kernel: always there with ipykernel
         if self.specs is None:
+            from jupyter_client.kernelspec import KernelSpecManager
             self.specs = KernelSpecManager().get_all_specs()
         for name, spec in sorted(self.specs.items()):
             if spec.get("spec", {}).get("language", "").lower() == language or name == language:
@@ -421,6 +539,14 @@ class Registry:
         if language == "bash":
             return None
         raise HTTPError(400, "language %r is not supported here" % language)
+
+    def launch_spec(self, kernel_name):
+        """(argv, env, interrupt mode) that start kernel `kernel_name`."""
+        if kernel_name == "python3":  # ipykernel's own spec, known without a lookup
+            return [sys.executable, "-m", "ipykernel_launcher", "-f", "{connection_file}"], None, "signal"
+        from jupyter_client.kernelspec import KernelSpecManager
+        spec = KernelSpecManager().get_kernel_spec(kernel_name)
+        return spec.argv, spec.env, spec.interrupt_mode
 
     def create(self, language, cwd):
         language = normalize_language(language)
@@ -649,9 +775,11 @@ class Handler(BaseHTTPRequestHandler):
 def main():
     host = sys.argv[1] if len(sys.argv) > 1 else os.environ.get("CODEINT_HOST", "0.0.0.0")
     port = int(sys.argv[2] if len(sys.argv) > 2 else os.environ.get("CODEINT_PORT", "49999"))
+    # Bound first: a second server (the port taken) exits before it starts
+    # a kernel.  Then the default Python kernel: the first run_code waits
+    # for it.
     server = ThreadingHTTPServer((host, port), Handler)
     server.daemon_threads = True
-    # Start the default Python kernel now, so the first run_code is quick.
     threading.Thread(target=lambda: REGISTRY.default("python"), daemon=True).start()
     print("codeint listening on %s:%d" % (host, port), flush=True)
 

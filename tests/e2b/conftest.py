@@ -11,6 +11,7 @@ import socket
 import subprocess
 import tempfile
 import time
+import warnings
 from pathlib import Path
 
 import pytest
@@ -18,6 +19,8 @@ import pytest
 REPO = Path(__file__).resolve().parents[2]
 # A Cairn image the server runs on gVisor (`--e2b-driver TEMPLATE=gvisor`).
 GVISOR_TEMPLATE = "busybox-gvisor"
+# test_code_interpreter.py's image, tagged with this name, also on gVisor.
+GVISOR_INTERPRETER = "code-interpreter-gvisor"
 
 
 def _host_tuple():
@@ -29,6 +32,22 @@ def _free_port():
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
+
+
+def _runsc_missing():
+    runsc = os.environ.get("CAIRN_RUNSC") or shutil.which("runsc")
+    return not runsc or not os.path.isfile(runsc)
+
+
+@pytest.fixture
+def needs_runsc():
+    """Skips a gVisor test, loudly, where runsc is missing; under CI=true it fails."""
+    if _runsc_missing():
+        message = "runsc (gVisor) is not installed: apt-get install runsc, or set CAIRN_RUNSC"
+        if os.environ.get("CI") == "true":
+            pytest.fail(f"{message} (CI=true: a missing part fails the test)")
+        warnings.warn(f"SKIPPED the gVisor E2B tests: {message}")
+        pytest.skip(message)
 
 
 @pytest.fixture(scope="session", autouse=True)
@@ -51,7 +70,8 @@ def cairn_e2b():
 
     def start():
         server["p"] = subprocess.Popen(
-            [binary, "serve", "--e2b", f"127.0.0.1:{port}", "--e2b-driver", f"{GVISOR_TEMPLATE}=gvisor"],
+            [binary, "serve", "--e2b", f"127.0.0.1:{port}", "--e2b-driver", f"{GVISOR_TEMPLATE}=gvisor",
+             "--e2b-driver", f"{GVISOR_INTERPRETER}=gvisor"],
             env=env,
             stdout=log,
             stderr=subprocess.STDOUT,

@@ -7,7 +7,6 @@ minutes to build, once per run."""
 
 import os
 import subprocess
-import threading
 import time
 
 import httpx
@@ -16,6 +15,10 @@ from e2b import NotFoundException, SandboxException
 from e2b_code_interpreter import Sandbox
 
 TEMPLATE = "code-interpreter"
+# The same image tagged with the name conftest.py serves on gVisor (not
+# imported from conftest: with several test directories in one run,
+# `conftest` names another directory's).
+GVISOR_TEMPLATE = "code-interpreter-gvisor"
 
 
 @pytest.fixture(scope="module")
@@ -138,3 +141,39 @@ def test_warm_run_code_round_trip_is_reported(sbx):
         times.append(time.perf_counter() - t)
     times.sort()
     print(f"\nrun_code('1+1') through the gateway: median {times[15] * 1e3:.1f} ms")
+
+
+def test_on_native_a_pause_restarts_the_kernel_and_it_serves_again(sbx):
+    sbx.run_code("kept = 'in memory'")
+    assert sbx.pause()
+    back = Sandbox.connect(sbx.sandbox_id)
+    # Files survive a native pause; the kernel is a new one (docs/e2b.md).
+    assert back.run_code("kept").error.name == "NameError"
+    assert back.run_code("6 * 7").text == "42"
+
+
+def test_on_gvisor_pause_and_connect_keep_the_kernel_and_its_variables(cairn_e2b, interpreter_image, needs_runsc):
+    env = dict(os.environ, CAIRN_HOME=cairn_e2b["home"])
+    tagged = subprocess.run(
+        [cairn_e2b["bin"], "image", "tag", interpreter_image, GVISOR_TEMPLATE], env=env, capture_output=True, text=True
+    )
+    assert tagged.returncode == 0, tagged.stderr
+    s = Sandbox.create(template=GVISOR_TEMPLATE)
+    try:
+        s.run_code("import os\nimport numpy as np\nstate = np.arange(10)\npid = os.getpid()")
+        other = s.create_code_context()
+        s.run_code("word = 'second context'", context=other)
+        for cycle in range(3):
+            assert s.pause()
+            assert Sandbox.get_info(s.sandbox_id).state.value == "paused"
+            s = Sandbox.connect(s.sandbox_id)
+            # The same kernel process, with what it held.
+            got = s.run_code("int(state.sum()), pid == os.getpid()")
+            assert got.text == f"({45 + 10 * cycle}, True)", (cycle, got)
+            s.run_code("state = state + 1")
+            assert s.run_code("word", context=other).text == "'second context'"
+        # A chart still comes back after the restores.
+        chart = s.run_code("import matplotlib.pyplot as plt\nplt.plot([1, 2], [2, 1])\nplt.show()")
+        assert any(r.png for r in chart.results), chart
+    finally:
+        Sandbox.kill(s.sandbox_id)

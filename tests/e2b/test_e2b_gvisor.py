@@ -9,7 +9,6 @@ import socket
 import subprocess
 import tempfile
 import time
-import warnings
 
 import pytest
 from e2b import CommandExitException, PtySize, Sandbox, SandboxException
@@ -35,21 +34,6 @@ COUNTER_SERVER = (
     "printf 'HTTP/1.0 200 OK\\r\\nContent-Type: text/plain\\r\\n\\r\\n%s %s %s\\n' $$ $nonce $n "
     "| nc -l -p 8080 >/dev/null 2>&1 && i=$n; done"
 )
-
-
-def _runsc_missing():
-    runsc = os.environ.get("CAIRN_RUNSC") or shutil.which("runsc")
-    return not runsc or not os.path.isfile(runsc)
-
-
-@pytest.fixture
-def needs_runsc():
-    if _runsc_missing():
-        message = "runsc (gVisor) is not installed: apt-get install runsc, or set CAIRN_RUNSC"
-        if os.environ.get("CI") == "true":
-            pytest.fail(f"{message} (CI=true: a missing part fails the test)")
-        warnings.warn(f"SKIPPED the gVisor E2B tests: {message}")
-        pytest.skip(message)
 
 
 @pytest.fixture

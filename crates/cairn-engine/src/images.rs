@@ -185,6 +185,53 @@ impl Engine {
             .ok_or_else(|| ImageError::NotFound(name.to_string()).into())
     }
 
+    /// Whether the image's top layer, present locally, holds `rel` (a
+    /// relative path) as a regular file. No link is followed on the way: a
+    /// link anywhere on the path answers no.
+    pub fn image_has_file(&self, image: &ImageRecord, rel: &str) -> bool {
+        let Some(top) = image.layers.first().and_then(|l| crate::layer_id(l).ok()) else {
+            return false;
+        };
+        let Ok(mut path) = self.layers.path(&top) else {
+            return false;
+        };
+        let parts: Vec<&str> = rel.split('/').filter(|p| !p.is_empty()).collect();
+        for (i, part) in parts.iter().enumerate() {
+            if *part == ".." || *part == "." {
+                return false;
+            }
+            path.push(part);
+            let Ok(md) = fs::symlink_metadata(&path) else {
+                return false;
+            };
+            let last = i + 1 == parts.len();
+            if (last && !md.is_file()) || (!last && !md.is_dir()) {
+                return false;
+            }
+        }
+        !parts.is_empty()
+    }
+
+    /// Gives image `src` a second name, `name`: the same layers and source,
+    /// no copy. An image already called `name` is replaced (its layers go
+    /// when nothing else uses them); removing either name keeps the other.
+    pub fn tag_image(&mut self, src: &str, name: &str) -> Result<ImageRecord, EngineError> {
+        if !valid_image_name(name) {
+            return Err(ImageError::BadName(name.to_string()).into());
+        }
+        let _lock = self.lock_store(false)?;
+        let from = self.image(src)?;
+        if src == name {
+            return Ok(from);
+        }
+        let rec = ImageRecord {
+            name: name.to_string(),
+            created_at: now_ms(),
+            ..from
+        };
+        self.put_image_replacing(rec)
+    }
+
     /// Removes an image; layers no image or sandbox uses go with it.
     pub fn remove_image(&mut self, name: &str) -> Result<(), EngineError> {
         let img = self.image(name)?;
@@ -208,7 +255,13 @@ impl Engine {
             created_at: now_ms(),
             layers: vec![id.to_string()],
         };
-        let replaced = self.db.image(name)?;
+        self.put_image_replacing(rec)
+    }
+
+    /// Records `rec`; the layers of an image it replaces go when nothing
+    /// else uses them.
+    fn put_image_replacing(&mut self, rec: ImageRecord) -> Result<ImageRecord, EngineError> {
+        let replaced = self.db.image(&rec.name)?;
         self.db.put_image(&rec)?;
         if let Some(old) = replaced {
             let referenced = self.db.referenced_layers()?;

@@ -349,7 +349,9 @@ impl Engine {
         rec.state = SandboxState::Running;
         rec.pid = Some(process.pid);
         rec.pid_start = Some(process.start_time);
-        if let Err(e) = self.after_start(&rec, origin.snapshot.is_some()) {
+        // A memory image's services run on in it: they are not started again.
+        let services = origin.memory.is_none();
+        if let Err(e) = self.after_start(&rec, origin.snapshot.is_some(), services) {
             // A sandbox whose services did not start is not handed out:
             // the error is the answer, and nothing stays running.
             if let Err(cleanup) = self.remove_sandbox(&rec, true) {
@@ -394,9 +396,11 @@ impl Engine {
 
     /// After a sandbox (re)started: a restored one gets the wall clock and
     /// fresh entropy, so forks of one snapshot never share random state;
-    /// then its services start.
-    pub(crate) fn after_start(&self, rec: &SandboxRecord, restored: bool) -> Result<(), EngineError> {
-        if !restored && rec.services.is_empty() {
+    /// then its services start, where `services` says so (not after a
+    /// memory restore, whose services run on).
+    pub(crate) fn after_start(&self, rec: &SandboxRecord, restored: bool, services: bool) -> Result<(), EngineError> {
+        let services: &[String] = if services { &rec.services } else { &[] };
+        if !restored && services.is_empty() {
             return Ok(());
         }
         let client = self.client(rec)?;
@@ -409,7 +413,7 @@ impl Engine {
                 .unwrap_or(0);
             client.restored(now, entropy)?;
         }
-        for service in &rec.services {
+        for service in services {
             let req = ExecRequest {
                 argv: vec!["/bin/sh".into(), "-c".into(), service.clone()],
                 detach: true,

@@ -1186,7 +1186,7 @@ impl Engine {
         fresh.state = SandboxState::Running;
         fresh.pid = Some(process.pid);
         fresh.pid_start = Some(process.start_time);
-        self.after_start(&fresh, true)?;
+        self.after_start(&fresh, true, true)?;
         Ok(fresh)
     }
 

@@ -823,6 +823,14 @@ pub enum ImageCommand {
         #[arg(long)]
         name: String,
     },
+    /// Give an image a second name (the same layers, no copy), e.g. to
+    /// serve one image as two E2B templates on different drivers.
+    Tag {
+        /// The image to name (`cairn image ls`).
+        image: String,
+        /// The new name; an image already called so is replaced.
+        name: String,
+    },
     /// List images.
     Ls {
         /// Print JSON for scripts instead of text.

@@ -823,6 +823,10 @@ fn image(engine: &mut Engine, cmd: ImageCommand) -> Result<()> {
             let rec = engine.import_image(&path, &name, &Steps::new())?;
             println!("{}", rec.name);
         }
+        ImageCommand::Tag { image, name } => {
+            let rec = engine.tag_image(&image, &name)?;
+            println!("{}", rec.name);
+        }
         ImageCommand::Ls { json } => {
             let images = engine.images()?;
             if json {

@@ -436,3 +436,30 @@ fn a_gvisor_sandbox_past_its_memory_limit_is_said_to_have_met_the_oom_killer() {
         ),
     }
 }
+
+#[test]
+fn a_service_runs_on_in_a_memory_restore_and_is_not_started_twice() {
+    let name = "a_service_runs_on_in_a_memory_restore_and_is_not_started_twice";
+    if skip_without_runsc(name) {
+        return;
+    }
+    let home = Home::new();
+    // Each start of the service appends a line; the service then counts in memory.
+    let service = "echo started >> /tmp/starts; i=0; while true; do i=$((i+1)); echo $i > /tmp/n; sleep 0.05; done";
+    let id = home.ok(&["create", "--driver", "gvisor", "--service", service]);
+    std::thread::sleep(Duration::from_millis(300));
+    let snap = home.ok(&["snapshot", &id]);
+    let fork = home.ok(&["fork", &snap]);
+    std::thread::sleep(Duration::from_millis(300));
+    for sandbox in [&id, &fork] {
+        assert_eq!(home.sh(sandbox, "cat /tmp/starts"), "started", "{sandbox}");
+        let running = home.sh(
+            sandbox,
+            "n=0; for c in /proc/[0-9]*/cmdline; do tr '\\0' ' ' < $c 2>/dev/null | grep -q '^/bin/sh -c echo started' && n=$((n+1)); done; echo $n",
+        );
+        assert_eq!(running, "1", "{sandbox} runs its service {running} times");
+    }
+    for sandbox in [&fork, &id] {
+        home.ok(&["rm", "-f", sandbox]);
+    }
+}

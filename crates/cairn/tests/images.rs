@@ -392,3 +392,43 @@ fn the_default_image_is_built_where_the_package_lists_are_missing() {
     );
     assert_eq!(home.ok(&["run", "--", "echo", "hi"]), "hi");
 }
+
+#[test]
+fn a_tag_names_the_same_layers_and_removing_one_name_keeps_the_other() {
+    if skip("a_tag_names_the_same_layers_and_removing_one_name_keeps_the_other") {
+        return;
+    }
+    let home = Home::new();
+    assert_eq!(home.ok(&["image", "tag", "busybox", "second"]), "second");
+    let images: serde_json::Value = serde_json::from_str(&home.ok(&["image", "ls", "--json"])).unwrap();
+    let find = |name: &str| {
+        images
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|i| i["name"] == name)
+            .unwrap_or_else(|| panic!("no image {name}: {images}"))
+            .clone()
+    };
+    let (first, second) = (find("busybox"), find("second"));
+    assert_eq!(first["layers"], second["layers"]);
+    assert_eq!(first["source"], second["source"]);
+    let shared = layer_of(&home, "second");
+    // Removing the first name keeps the layers the second still names.
+    home.ok(&["image", "rm", "busybox"]);
+    assert!(shared.is_dir(), "{} went with the first name", shared.display());
+    assert_eq!(
+        home.ok(&["run", "--image", "second", "--", "sh", "-c", "echo tagged"]),
+        "tagged"
+    );
+    // Bad input: a missing image, a bad name; neither leaves a record.
+    let out = home.cairn(&["image", "tag", "no-such-image", "third"]);
+    assert_eq!(out.status.code(), Some(125));
+    assert!(stderr(&out).contains("no-such-image"), "{}", stderr(&out));
+    let out = home.cairn(&["image", "tag", "second", "Bad Name"]);
+    assert!(stderr(&out).contains("invalid image name"), "{}", stderr(&out));
+    let listing = home.ok(&["image", "ls"]);
+    assert!(!listing.contains("third") && !listing.contains("Bad"), "{listing}");
+    home.ok(&["image", "rm", "second"]);
+    assert!(!shared.exists(), "{} outlived both names", shared.display());
+}

@@ -208,15 +208,17 @@ pub async fn create(State(gw): G, Extension(key): Extension<ApiKey>, body: Bytes
                     other => other.into(),
                 })
             };
-            // A code-interpreter image's sandboxes serve E2B's code
+            // A code-interpreter image's sandboxes (`cairn image build
+            // code-interpreter`, or an image whose top layer holds its
+            // server, as an import of one does) serve E2B's code
             // interpreter on port 49999, started with the sandbox.
-            let mut interpreter = false;
             let rec = if template == "base" {
                 created(e.create_sandbox(&on_driver(None), &Silent))?
             } else if let Ok(image) = e.image(&template) {
                 let mut opts = on_driver(Some(template.clone()));
-                if image.source.split_whitespace().next() == Some(images::CODE_INTERPRETER_SOURCE) {
-                    interpreter = true;
+                if image.source.split_whitespace().next() == Some(images::CODE_INTERPRETER_SOURCE)
+                    || e.image_has_file(&image, images::CODE_INTERPRETER_PATH)
+                {
                     opts.services = vec![images::CODE_INTERPRETER_COMMAND.to_string()];
                 }
                 created(e.create_sandbox(&opts, &Silent))?
@@ -231,8 +233,9 @@ pub async fn create(State(gw): G, Extension(key): Extension<ApiKey>, body: Bytes
                 }
             };
             let ready = make_home(e, &rec).and_then(|()| {
-                if interpreter {
-                    wait_for_port(e, &rec, images::CODE_INTERPRETER_PORT)
+                if serves_interpreter(&rec) {
+                    wait_for_interpreter(e, &rec)
+                        .map_err(|why| crate::error::ApiError::internal(format!("{why}; the sandbox was removed")))
                 } else {
                     Ok(())
                 }
@@ -331,10 +334,17 @@ fn known(gw: &Gateway, id: &str) -> Rest<Entry> {
 /// How long a sandbox's server may take to listen before create fails.
 const PORT_READY_WITHIN: std::time::Duration = std::time::Duration::from_secs(60);
 
-/// Waits until something listens on `port` in `rec` (a server started with
-/// the sandbox), as E2B's create waits for a template's ready check.
-fn wait_for_port(e: &Engine, rec: &SandboxRecord, port: u16) -> Result<(), crate::error::ApiError> {
-    let client = e.client(rec)?;
+/// Whether `rec` serves E2B's code interpreter: its server is one of the
+/// services it starts with (from an image, or a snapshot of such a sandbox).
+fn serves_interpreter(rec: &SandboxRecord) -> bool {
+    rec.services.iter().any(|s| s == images::CODE_INTERPRETER_COMMAND)
+}
+
+/// Waits until the code interpreter's server listens in `rec`, as E2B's
+/// create waits for a template's ready check; else why not.
+fn wait_for_interpreter(e: &Engine, rec: &SandboxRecord) -> Result<(), String> {
+    let port = images::CODE_INTERPRETER_PORT;
+    let client = e.client(rec).map_err(|err| err.to_string())?;
     let deadline = std::time::Instant::now() + PORT_READY_WITHIN;
     loop {
         let why = match client.connect_port(port) {
@@ -343,11 +353,10 @@ fn wait_for_port(e: &Engine, rec: &SandboxRecord, port: u16) -> Result<(), crate
             Err(err) => err.to_string(),
         };
         if std::time::Instant::now() >= deadline {
-            return Err(crate::error::ApiError::internal(format!(
-                "the server on port {port} of the new sandbox did not start within {}s ({why}); \
-                 the sandbox was removed",
-                PORT_READY_WITHIN.as_secs(),
-            )));
+            return Err(format!(
+                "the code interpreter's server on port {port} did not start within {}s ({why})",
+                PORT_READY_WITHIN.as_secs()
+            ));
         }
         std::thread::sleep(std::time::Duration::from_millis(25));
     }
@@ -546,7 +555,18 @@ pub async fn connect(
                     .app
                     .engine(move |en| {
                         let snap = en.snapshot_record(&snapshot)?;
-                        Ok(en.restore(&snap, &CreateOptions::default())?)
+                        let rec = en.restore(&snap, &CreateOptions::default())?;
+                        // After a files-only pause the server starts again;
+                        // after a memory one it answers at once. Either way
+                        // the first run_code finds it listening. A server
+                        // that does not start is the sandbox's own affair:
+                        // the resume stands, and run_code says what is wrong.
+                        if serves_interpreter(&rec) {
+                            if let Err(why) = wait_for_interpreter(en, &rec) {
+                                tracing::warn!(sandbox = %rec.id, "resumed E2B sandbox: {why}");
+                            }
+                        }
+                        Ok(rec)
                     })
                     .await?;
                 let running = Life::Running {

@@ -268,6 +268,7 @@ impl Bench {
         drop(served);
         out.extend(self.api_flood(runs)?);
         out.extend(self.e2b_uploads()?);
+        out.extend(self.code_interpreter(runs.min(10))?);
         Ok(out)
     }
 
@@ -403,18 +404,7 @@ impl Bench {
         let pid = served.child.id();
         let rt = tokio::runtime::Builder::new_multi_thread().enable_all().build()?;
         let http = Client::builder(hyper_util::rt::TokioExecutor::new()).build_http::<Full<Bytes>>();
-        let send = |req: hyper::Request<Full<Bytes>>| {
-            let http = http.clone();
-            async move {
-                let resp = http.request(req).await?;
-                let status = resp.status();
-                let body = resp.into_body().collect().await?.to_bytes();
-                if !status.is_success() {
-                    bail!("{status}: {}", String::from_utf8_lossy(&body));
-                }
-                Ok::<_, anyhow::Error>(body)
-            }
-        };
+        let send = |req: hyper::Request<Full<Bytes>>| send_tcp(http.clone(), req);
         let created = rt.block_on(send(
             hyper::Request::post(format!("http://{addr}/v2/sandboxes"))
                 .header("x-api-key", &key)
@@ -479,6 +469,134 @@ impl Bench {
         }])
     }
 
+    /// E2B's code interpreter through the gateway, on the user's
+    /// `code-interpreter` image imported into the benchmark's state
+    /// directory: `Sandbox.create()`, the first `run_code("1+1")` after it
+    /// (the kernel's own start, as its server timed it, beside), and warm
+    /// `run_code("1+1")` round trips.
+    fn code_interpreter(&self, creates: usize) -> Result<Vec<Measurement>> {
+        const WARM: usize = 20;
+        let Some(layer) = &self.interpreter else {
+            eprintln!(
+                "cairn bench: SKIPPED the code interpreter figures: the user's state directory has no \
+                 code-interpreter image (`cairn image build code-interpreter` makes one in a few minutes)"
+            );
+            return Ok(Vec::new());
+        };
+        eprintln!(
+            "cairn bench: importing the code-interpreter image from {}",
+            layer.display()
+        );
+        let imported = Command::new(&self.exe)
+            .args(["image", "import"])
+            .arg(layer)
+            .args(["--name", "code-interpreter"])
+            .env("CAIRN_HOME", self.home.path())
+            .stdout(Stdio::null())
+            .status()?;
+        if !imported.success() {
+            bail!("cannot import the code-interpreter image into the benchmark's state directory ({imported})");
+        }
+        let key = self.engine()?.create_token("bench-code-interpreter")?.secret;
+        let (served, addr) = self.serve_with(&["--e2b", "127.0.0.1:0"], "cairn: serving the E2B API on http://")?;
+        let rt = tokio::runtime::Builder::new_multi_thread().enable_all().build()?;
+        let http = Client::builder(hyper_util::rt::TokioExecutor::new()).build_http::<Full<Bytes>>();
+        let send = |req: hyper::Request<Full<Bytes>>| send_tcp(http.clone(), req);
+        let port_request = |method: &str, path: &str, id: &str, token: &str, body: &str| {
+            hyper::Request::builder()
+                .method(method)
+                .uri(format!("http://{addr}{path}"))
+                .header("e2b-sandbox-id", id)
+                .header(
+                    "e2b-sandbox-port",
+                    cairn_engine::images::CODE_INTERPRETER_PORT.to_string(),
+                )
+                .header("e2b-traffic-access-token", token)
+                .header("content-type", "application/json")
+                .body(Full::new(Bytes::from(body.to_string())))
+        };
+        // One cell; its `text/plain` result must be "2".
+        let run_code = |id: &str, token: &str| -> Result<f64> {
+            let t = Instant::now();
+            let body = rt.block_on(send(port_request("POST", "/execute", id, token, r#"{"code":"1+1"}"#)?))?;
+            let took = t.elapsed().as_secs_f64() * 1e3;
+            let two = body.split(|b| *b == b'\n').any(|line| {
+                serde_json::from_slice::<serde_json::Value>(line)
+                    .is_ok_and(|e| e["type"] == "result" && e["text"] == "2")
+            });
+            if !two {
+                bail!("run_code(\"1+1\") did not answer 2: {}", String::from_utf8_lossy(&body));
+            }
+            Ok(took)
+        };
+        let (mut create, mut first, mut kernel, mut warm) = (Vec::new(), Vec::new(), Vec::new(), Vec::new());
+        for _ in 0..creates {
+            let t = Instant::now();
+            let created = rt.block_on(send(
+                hyper::Request::post(format!("http://{addr}/v2/sandboxes"))
+                    .header("x-api-key", &key)
+                    .header("content-type", "application/json")
+                    .body(Full::new(Bytes::from(
+                        r#"{"templateID":"code-interpreter","timeout":600}"#,
+                    )))?,
+            ))?;
+            create.push(t.elapsed().as_secs_f64() * 1e3);
+            let created: serde_json::Value = serde_json::from_slice(&created)?;
+            let id = created["sandboxID"].as_str().context("no sandboxID")?.to_string();
+            let token = created["trafficAccessToken"].as_str().unwrap_or_default().to_string();
+            let measured = (|| -> Result<()> {
+                first.push(run_code(&id, &token)?);
+                let contexts = rt.block_on(send(port_request("GET", "/contexts", &id, &token, "")?))?;
+                let contexts: serde_json::Value = serde_json::from_slice(&contexts)?;
+                if let Some(ms) = contexts
+                    .as_array()
+                    .and_then(|all| all.iter().find(|c| c["language"] == "python"))
+                    .and_then(|c| c["start_ms"].as_f64())
+                {
+                    kernel.push(ms);
+                }
+                for _ in 0..WARM {
+                    warm.push(run_code(&id, &token)?);
+                }
+                Ok(())
+            })();
+            let _ = rt.block_on(send(
+                hyper::Request::delete(format!("http://{addr}/sandboxes/{id}"))
+                    .header("x-api-key", &key)
+                    .body(Full::new(Bytes::new()))?,
+            ));
+            measured?;
+        }
+        drop(served);
+        let mut out = vec![
+            summarize("E2B code interpreter: Sandbox.create()", "ms", create, None, true),
+            summarize(
+                "E2B code interpreter: first run_code(\"1+1\") after create",
+                "ms",
+                first,
+                Some(1000.0),
+                true,
+            ),
+        ];
+        if !kernel.is_empty() {
+            out.push(summarize(
+                "E2B code interpreter: of which the Python kernel's own start",
+                "ms",
+                kernel,
+                None,
+                true,
+            ));
+        }
+        out.push(summarize(
+            "E2B code interpreter: warm run_code(\"1+1\") through the gateway",
+            "ms",
+            warm,
+            Some(20.0),
+            true,
+        ));
+        Ok(out)
+    }
+
     fn serve_tcp(&self) -> Result<(Served, std::net::SocketAddr)> {
         self.serve_with(&["--listen", "127.0.0.1:0"], "cairn: serving on http://")
     }
@@ -511,6 +629,21 @@ impl Bench {
         std::thread::spawn(move || for _ in lines.by_ref() {});
         Ok((served, addr))
     }
+}
+
+/// Sends `req` on `http`; the body of a 2xx answer, else an error naming
+/// the status and the body.
+async fn send_tcp(
+    http: Client<hyper_util::client::legacy::connect::HttpConnector, Full<Bytes>>,
+    req: hyper::Request<Full<Bytes>>,
+) -> Result<Bytes> {
+    let resp = http.request(req).await?;
+    let status = resp.status();
+    let body = resp.into_body().collect().await?.to_bytes();
+    if !status.is_success() {
+        bail!("{status}: {}", String::from_utf8_lossy(&body));
+    }
+    Ok(body)
 }
 
 /// Latencies (ms) of authenticated requests, and how many failed.

@@ -140,6 +140,9 @@ struct Bench {
     exe: PathBuf,
     home: tempfile_home::ScratchHome,
     layer: PathBuf,
+    /// The layer of the user's `code-interpreter` image, if there is one
+    /// (`api` imports it for its code interpreter figures).
+    interpreter: Option<PathBuf>,
 }
 
 /// How much work the `drift` and `gvisor-memory` groups do, and what
@@ -251,16 +254,21 @@ impl Bench {
         // A state directory written by another Cairn version (a newer
         // schema) cannot lend its image: the benchmark then builds its own.
         let user_root = user_home.root().to_path_buf();
-        let borrowed = (|| -> Result<PathBuf> {
+        let borrowed = (|| -> Result<(PathBuf, Option<PathBuf>)> {
             let mut engine = Engine::open(user_home)?;
             let image = match engine.image("busybox") {
                 Ok(i) => i,
                 Err(_) => engine.build_busybox("busybox", &crate::progress::Steps::new())?,
             };
-            Ok(engine.home().layers().join(&image.layers[0]))
+            let interpreter = engine
+                .image(cairn_engine::images::CODE_INTERPRETER_SOURCE)
+                .ok()
+                .map(|i| engine.home().layers().join(&i.layers[0]))
+                .filter(|l| l.is_dir());
+            Ok((engine.home().layers().join(&image.layers[0]), interpreter))
         })();
-        let layer = match borrowed {
-            Ok(layer) => layer,
+        let (layer, interpreter) = match borrowed {
+            Ok(found) => found,
             Err(e) => {
                 eprintln!(
                     "cairn bench: cannot take the busybox image from {}: {e:#}; building it in the benchmark's own state directory",
@@ -273,6 +281,7 @@ impl Bench {
                     exe: std::env::current_exe()?,
                     home,
                     layer,
+                    interpreter: None,
                 });
             }
         };
@@ -283,6 +292,7 @@ impl Bench {
             exe: std::env::current_exe()?,
             home,
             layer,
+            interpreter,
         })
     }
 
