@@ -580,7 +580,7 @@ impl Bench {
         ];
         if !kernel.is_empty() {
             out.push(summarize(
-                "E2B code interpreter: of which the Python kernel's own start",
+                "E2B code interpreter: the Python kernel's own start (begins within create)",
                 "ms",
                 kernel,
                 None,
