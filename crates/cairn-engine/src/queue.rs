@@ -478,3 +478,89 @@ impl crate::Engine {
         Ok(self.db.clock_ms()?)
     }
 }
+
+/// A stage's sandbox on this home whose queue claim has moved on: the
+/// attempt it ran was taken over, fenced off or ended without it
+/// ([`Db::orphans`]).
+#[derive(Debug, Clone, PartialEq, serde::Serialize)]
+pub struct Orphan {
+    pub sandbox_id: String,
+    pub job: String,
+    /// The claim it was made under.
+    pub epoch: i64,
+    pub run_id: String,
+    pub stage: String,
+    pub branch: String,
+    /// What became of that claim.
+    pub reason: String,
+}
+
+impl Db {
+    /// Records that `sandbox` was made under `fence`'s claim, for a stage
+    /// (`branch` empty outside branch groups) of `run`.
+    pub fn record_claimed_sandbox(
+        &self,
+        sandbox: &str,
+        fence: &Fence,
+        run: &str,
+        stage: &str,
+        branch: &str,
+    ) -> Result<(), StateError> {
+        self.with(|b| {
+            b.execute(
+                "INSERT INTO sandbox_claims (sandbox_id, job_id, epoch, run_id, stage, branch)
+                 VALUES ($1, $2, $3, $4, $5, $6)
+                 ON CONFLICT (sandbox_id) DO UPDATE SET job_id = excluded.job_id, epoch = excluded.epoch",
+                params![sandbox, &fence.job, fence.epoch, run, stage, branch],
+            )?;
+            Ok(())
+        })
+    }
+
+    /// This home's sandboxes made under a claim that has moved on (its job
+    /// claimed again, ended, or gone) that no stage row names: what a dead
+    /// or fenced-off attempt left running. A sandbox of a claim still held,
+    /// or one a stage row names (a resume re-attaches to it), is never one.
+    pub fn orphans(&self) -> Result<Vec<Orphan>, StateError> {
+        let home = self.home_id().to_string();
+        self.with(|b| {
+            let rows = b.query(
+                "SELECT c.sandbox_id, c.job_id, c.epoch, c.run_id, c.stage, c.branch, j.status, j.epoch, j.worker
+                 FROM sandbox_claims c
+                 JOIN sandboxes s ON s.id = c.sandbox_id
+                 LEFT JOIN stage_jobs j ON j.id = c.job_id
+                 WHERE s.home_id = $1
+                   AND (j.id IS NULL OR j.status = 'done' OR j.epoch <> c.epoch)
+                   AND NOT EXISTS (SELECT 1 FROM stages st WHERE st.sandbox_id = c.sandbox_id)
+                 ORDER BY c.sandbox_id",
+                params![&home],
+            )?;
+            rows.iter()
+                .map(|r| {
+                    let status: Option<String> = r.get(6)?;
+                    let now_epoch: Option<i64> = r.get(7)?;
+                    let worker: Option<String> = r.get(8)?;
+                    let epoch: i64 = r.get(2)?;
+                    let reason = match (status.as_deref(), now_epoch) {
+                        (None, _) => "its job is gone".to_string(),
+                        (Some("done"), _) => "its job has ended".to_string(),
+                        (Some(status), Some(now)) => format!(
+                            "its job is {status} under claim {now}{}",
+                            worker.map(|w| format!(" (worker {w})")).unwrap_or_default()
+                        ),
+                        (Some(status), None) => format!("its job is {status}"),
+                    };
+                    Ok(Orphan {
+                        sandbox_id: r.get(0)?,
+                        job: r.get(1)?,
+                        epoch,
+                        run_id: r.get(3)?,
+                        stage: r.get(4)?,
+                        branch: r.get(5)?,
+                        reason,
+                    })
+                })
+                .collect()
+        })
+    }
+}

@@ -88,6 +88,9 @@ pub struct GcReport {
     pub changed_copies_kept: Vec<String>,
     /// Those set aside more than a day ago, removed.
     pub changed_copies_removed: Vec<String>,
+    /// Stage sandboxes whose queue claim had moved on (see
+    /// `Engine::reap_orphans`), recorded on their run and removed.
+    pub orphans_reaped: Vec<crate::queue::Orphan>,
 }
 
 /// How long `gc` keeps a copy set aside because it changed on the host.
@@ -722,8 +725,13 @@ impl Engine {
     pub fn gc(&mut self) -> Result<GcReport, EngineError> {
         let mut removed = std::mem::take(&mut self.reconciled);
         removed.extend(self.reconcile()?);
+        // What attempts taken over left running here (a home whose worker
+        // is gone has no one else to reap them).
+        let orphans = self.reap_orphans()?;
+        removed.extend(orphans.iter().map(|o| o.sandbox_id.clone()));
         let mut report = GcReport {
             sandboxes_removed: removed,
+            orphans_reaped: orphans,
             ..GcReport::default()
         };
         let (me_pid, me_start) = me();

@@ -8,6 +8,11 @@
 //! loop also returns expired leases to the queue (the reaper), so a dead
 //! worker's jobs are taken within a lease. PostgreSQL wakes idle workers
 //! with NOTIFY; they poll as well, so a lost notification costs one poll.
+//!
+//! A worker also reaps orphans on its home, when it starts and then once a
+//! lease: sandboxes of attempts whose claim moved on (a takeover after this
+//! host died or stalled, a fenced-off commit), recorded on their run
+//! (`orphan-reaped`) and removed ([`Engine::reap_orphans`]).
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -15,7 +20,7 @@ use std::sync::{Arc, Condvar, Mutex};
 use std::time::{Duration, Instant};
 
 use crate::pipeline::run::RunWatcher;
-use crate::queue::{Fence, Job, WorkerRecord};
+use crate::queue::{Fence, Job, Orphan, WorkerRecord};
 use crate::state::{Db, StateError};
 use crate::{now_ms, Engine, EngineError, Home};
 
@@ -48,6 +53,8 @@ impl Default for WorkerOptions {
 pub trait WorkerWatch: RunWatcher {
     /// A job was claimed, ended, lost or failed.
     fn job(&self, job: &Job, what: &str, detail: &str);
+    /// An orphaned sandbox on this home was recorded and removed.
+    fn orphan(&self, orphan: &Orphan);
     /// The state store did not answer; the worker tries again.
     fn unreachable(&self, error: &str);
 }
@@ -140,8 +147,21 @@ pub fn run_worker(
         std::thread::spawn(move || heartbeat(&home, &held, &beating, lease, &id))
     };
     let mut idle_since = Instant::now();
+    let mut engine = engine;
+    let mut reaped_at: Option<Instant> = None;
     let result = std::thread::scope(|scope| -> Result<(), EngineError> {
         while !stop.load(Ordering::SeqCst) {
+            if reaped_at.is_none_or(|at| at.elapsed() >= opts.lease) {
+                reaped_at = Some(Instant::now());
+                match engine.reap_orphans() {
+                    Ok(reaped) => {
+                        for o in &reaped {
+                            watch.orphan(o);
+                        }
+                    }
+                    Err(e) => tracing::warn!("cannot reap orphaned sandboxes: {e}"),
+                }
+            }
             // The state store away (a restart, a partition) stops nothing:
             // the worker says so and tries again a poll later; its leases
             // run down meanwhile and the fence settles who commits.
@@ -332,5 +352,54 @@ fn run_job(
             }
             Err(e)
         }
+    }
+}
+
+impl Engine {
+    /// Removes this home's orphaned stage sandboxes ([`Db::orphans`]) whose
+    /// maker is gone (a live one, stalled past its lease, cleans up its
+    /// own attempt when it wakes): each is first recorded on its run (`orphan-reaped`, saying which claim
+    /// made it and what became of that claim), then removed with its
+    /// processes. What was removed; one another process removed first is
+    /// left out.
+    pub fn reap_orphans(&mut self) -> Result<Vec<Orphan>, EngineError> {
+        let mut reaped = Vec::new();
+        for o in self.db.orphans()? {
+            let Ok(rec) = self.sandbox(&o.sandbox_id) else {
+                continue;
+            };
+            // The process that made it still runs (a worker stalled past
+            // its lease, or this one): its attempt ends itself, removing
+            // the sandbox once its commit is refused.
+            if cairn_sandbox::process_alive(rec.owner_pid, rec.owner_start) {
+                continue;
+            }
+            let what = if o.branch.is_empty() {
+                format!("stage {}", o.stage)
+            } else {
+                format!("branch {} of {}", o.branch, o.stage)
+            };
+            self.db.event(
+                &o.run_id,
+                (!o.stage.is_empty()).then_some(o.stage.as_str()),
+                (!o.branch.is_empty()).then_some(o.branch.as_str()),
+                "orphan-reaped",
+                &format!(
+                    "sandbox {} ({} driver, on {}) ran {what} under claim {}; {}: removed",
+                    o.sandbox_id,
+                    rec.driver,
+                    self.home.root().display(),
+                    o.epoch,
+                    o.reason
+                ),
+                None,
+            )?;
+            match self.remove_sandbox(&rec, true) {
+                Ok(()) => reaped.push(o),
+                Err(EngineError::NoSuchSandbox(_)) => {}
+                Err(e) => return Err(e),
+            }
+        }
+        Ok(reaped)
     }
 }

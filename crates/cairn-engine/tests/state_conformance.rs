@@ -91,6 +91,7 @@ macro_rules! conformance {
 }
 
 conformance!(
+    orphans_are_sandboxes_whose_claim_moved_on_that_no_stage_row_names,
     sandboxes_round_trip_with_every_field_and_their_layers_in_order,
     a_taken_name_is_refused_and_leaves_the_store_usable,
     invalid_transitions_name_both_states_and_lost_races_conflict,
@@ -234,6 +235,68 @@ fn a_job_is_claimed_by_one_worker_at_a_time_and_a_stale_claim_commits_nothing(st
     db.enqueue_run("run111").unwrap();
     let again = db.claim_job("w3", Duration::from_secs(30), &["run"]).unwrap().unwrap();
     assert_eq!(again.epoch, 3);
+}
+
+fn orphans_are_sandboxes_whose_claim_moved_on_that_no_stage_row_names(store: &Store) {
+    use cairn_engine::queue::Fence;
+    let mut db = store.open();
+    db.insert_run(&run("run444", 1)).unwrap();
+    db.enqueue_run("run444").unwrap();
+    let first = db
+        .claim_job("w1", Duration::from_millis(50), &["run"])
+        .unwrap()
+        .unwrap();
+    let f1 = Fence {
+        job: first.id.clone(),
+        epoch: first.epoch,
+    };
+    for id in ["aaa111", "bbb222", "ccc333"] {
+        db.insert_sandbox(&sandbox(id, id)).unwrap();
+        db.record_claimed_sandbox(id, &f1, "run444", "a", "").unwrap();
+    }
+    // A sandbox made outside any claim (a user's) is never an orphan.
+    db.insert_sandbox(&sandbox("ddd444", "users")).unwrap();
+    // While the claim is held, nothing is an orphan.
+    assert!(db.orphans().unwrap().is_empty());
+    // A stage row names bbb222: a resume would re-attach to it.
+    let mut named = stage("run444", "a", "", "running");
+    named.sandbox_id = Some("bbb222".into());
+    db.put_stage(&named, None).unwrap();
+    // The lease runs out and w2 takes the job over (claim 2).
+    std::thread::sleep(Duration::from_millis(100));
+    let second = db.claim_job("w2", Duration::from_secs(30), &["run"]).unwrap().unwrap();
+    assert_eq!(second.epoch, 2);
+    let ids = |db: &Db| -> Vec<String> { db.orphans().unwrap().into_iter().map(|o| o.sandbox_id).collect() };
+    assert_eq!(ids(&db), ["aaa111", "ccc333"]);
+    let orphan = &db.orphans().unwrap()[0];
+    assert_eq!(
+        (orphan.epoch, orphan.run_id.as_str(), orphan.stage.as_str()),
+        (1, "run444", "a")
+    );
+    assert!(
+        orphan.reason.contains("claim 2") && orphan.reason.contains("w2"),
+        "{}",
+        orphan.reason
+    );
+    // w2's own sandbox, under the claim it holds, is not one.
+    let f2 = Fence {
+        job: first.id.clone(),
+        epoch: 2,
+    };
+    db.insert_sandbox(&sandbox("eee555", "eee555")).unwrap();
+    db.record_claimed_sandbox("eee555", &f2, "run444", "a", "").unwrap();
+    assert_eq!(ids(&db), ["aaa111", "ccc333"]);
+    // A sandbox's claim goes with it.
+    db.delete_sandbox("aaa111").unwrap();
+    assert_eq!(ids(&db), ["ccc333"]);
+    // Once the job ends, what no stage row names is left over, its own too.
+    assert!(db.finish_job(&f2).unwrap());
+    let orphans = db.orphans().unwrap();
+    assert_eq!(
+        orphans.iter().map(|o| o.sandbox_id.as_str()).collect::<Vec<_>>(),
+        ["ccc333", "eee555"]
+    );
+    assert!(orphans.iter().all(|o| o.reason.contains("ended")), "{orphans:?}");
 }
 
 fn an_expired_claim_taken_over_before_the_reaper_records_its_expiry(store: &Store) {

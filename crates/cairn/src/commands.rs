@@ -251,6 +251,12 @@ pub fn dispatch(cli: Cli) -> Result<i32> {
                     report.layers_removed.len(),
                     report.shifted_copies_removed
                 );
+                for o in &report.orphans_reaped {
+                    eprintln!(
+                        "cairn: removed sandbox {} of run {}, made under claim {} of job {}: {}",
+                        o.sandbox_id, o.run_id, o.epoch, o.job, o.reason
+                    );
+                }
                 for changed in &report.changed_copies_kept {
                     eprintln!(
                         "cairn: warning: {changed} changed on the host and was rebuilt from the store; \

@@ -6,7 +6,7 @@ use std::time::Duration;
 
 use anyhow::{Context, Result};
 use cairn_engine::pipeline::run::RunWatcher;
-use cairn_engine::queue::Job;
+use cairn_engine::queue::{Job, Orphan};
 use cairn_engine::worker::{run_worker, WorkerOptions, WorkerWatch};
 use cairn_engine::{Engine, Home};
 
@@ -54,6 +54,21 @@ impl WorkerWatch for Printer {
             println!("{line}");
         } else {
             eprintln!("cairn: job {} {what}: {detail}", job.id);
+        }
+    }
+
+    fn orphan(&self, o: &Orphan) {
+        if self.json {
+            let line = serde_json::json!({
+                "job": o.job, "run": o.run_id, "stage": o.stage, "branch": o.branch, "epoch": o.epoch,
+                "sandbox": o.sandbox_id, "event": "orphan-reaped", "detail": o.reason,
+            });
+            println!("{line}");
+        } else {
+            eprintln!(
+                "cairn: removed sandbox {} of run {} (claim {} of job {}): {}",
+                o.sandbox_id, o.run_id, o.epoch, o.job, o.reason
+            );
         }
     }
 

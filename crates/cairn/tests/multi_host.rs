@@ -728,3 +728,96 @@ fn a_host_cut_off_mid_upload_marks_no_snapshot_durable_until_its_chunks_are_remo
     );
     c.ok(0, &["rm", "-f", &id]);
 }
+
+/// The ids of the sandboxes host `k`'s state directory runs.
+fn sandboxes_on(c: &Cluster, k: usize) -> Vec<String> {
+    let all: Vec<serde_json::Value> = serde_json::from_str(&c.ok(k, &["ps", "--json"])).unwrap();
+    all.iter()
+        .filter_map(|s| s["id"].as_str().map(str::to_string))
+        .collect()
+}
+
+#[test]
+fn a_killed_workers_attempt_is_reaped_on_its_host_and_a_held_one_is_never_touched() {
+    let test = "a_killed_workers_attempt_is_reaped_on_its_host_and_a_held_one_is_never_touched";
+    let Some(c) = Cluster::start(test, 3) else {
+        return;
+    };
+    c.import_busybox(2);
+    let file = counting_pipeline(c.home(2), 80);
+    let run = c.enqueue(2, &file, &["nonce=orphan"]);
+    let mut first = c.worker(0, 3);
+    c.wait_for(2, &run, 120, "a checkpoint on host 0", |e| {
+        count_kind(e, "checkpoint") >= 1
+    });
+    // Only the worker dies: the stage's sandbox counts on, on host 0.
+    let _ = nix::sys::signal::kill(
+        nix::unistd::Pid::from_raw(first.id() as i32),
+        nix::sys::signal::Signal::SIGKILL,
+    );
+    let _ = first.wait();
+    let orphan = sandboxes_on(&c, 0);
+    assert_eq!(orphan.len(), 1, "{orphan:?}");
+    let second = c.worker(1, 3);
+    // Host 1 takes the job over and runs its own attempt: `cairn gc` there
+    // leaves that sandbox alone, its claim being held.
+    let deadline = Instant::now() + Duration::from_secs(60);
+    let held = loop {
+        let held = sandboxes_on(&c, 1);
+        if !held.is_empty() {
+            break held;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "host 1 never ran the stage: {}",
+            c.worker_log(1)
+        );
+        std::thread::sleep(Duration::from_millis(200));
+    };
+    let gc: serde_json::Value = serde_json::from_str(&c.ok(1, &["gc", "--json"])).unwrap();
+    assert_eq!(gc["orphans_reaped"], serde_json::json!([]), "{gc}");
+    c.wait_completed(2, &run);
+    let events = c.events(2, &run);
+    assert_eq!(count_kind(&events, "completed"), 2, "{:?}", kinds(&events));
+    assert_eq!(read_output(&c, 1, &run, "progress"), "80");
+    assert!(
+        !kinds(&events).contains(&"orphan-reaped".to_string()),
+        "host 1's held sandbox {held:?} was reaped: {events:?}"
+    );
+    // Nobody on host 0 has looked yet: the killed worker's attempt runs on.
+    assert_eq!(sandboxes_on(&c, 0), orphan);
+    // Host 0's worker, back, records and removes it when it starts.
+    let back = c.worker(0, 3);
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while !sandboxes_on(&c, 0).is_empty() {
+        assert!(
+            Instant::now() < deadline,
+            "host 0's worker left the orphan {orphan:?}: {}",
+            c.worker_log(0)
+        );
+        std::thread::sleep(Duration::from_millis(200));
+    }
+    let reaped: Vec<String> = c
+        .events(2, &run)
+        .iter()
+        .filter(|e| e["kind"] == "orphan-reaped")
+        .filter_map(|e| e["detail"].as_str().map(str::to_string))
+        .collect();
+    assert_eq!(reaped.len(), 1, "{reaped:?}");
+    assert!(
+        reaped[0].contains(&orphan[0]) && reaped[0].contains("claim 1") && reaped[0].contains("ended"),
+        "{reaped:?}"
+    );
+    assert!(
+        c.worker_log(0).contains("\"event\":\"orphan-reaped\""),
+        "{}",
+        c.worker_log(0)
+    );
+    for mut child in [second, back] {
+        let _ = nix::sys::signal::kill(
+            nix::unistd::Pid::from_raw(child.id() as i32),
+            nix::sys::signal::Signal::SIGTERM,
+        );
+        let _ = child.wait();
+    }
+}

@@ -636,6 +636,13 @@ impl Engine {
                         }
                         None => self.create_sandbox(&opts, &Silent)?,
                     };
+                    // Under a queue claim, the claim is recorded with the
+                    // sandbox: once it moves on (a takeover), the sandbox
+                    // is an orphan its home reaps (`Engine::reap_orphans`).
+                    if let Some(fence) = self.db.fence() {
+                        self.db
+                            .record_claimed_sandbox(&sandbox.id, &fence, &run.id, &stage.name, branch)?;
+                    }
                     rec.status = "running".into();
                     rec.sandbox_id = Some(sandbox.id.clone());
                     let began = NewEvent::typed(

@@ -35,6 +35,7 @@ const MIGRATIONS: &[&str] = &[
     include_str!("../../migrations/postgres/0011_event_data.sql"),
     include_str!("../../migrations/postgres/0012_e2b_grant.sql"),
     include_str!("../../migrations/postgres/0013_sandbox_disk.sql"),
+    include_str!("../../migrations/postgres/0014_sandbox_claims.sql"),
 ];
 
 /// Serialises migrations (and the home claim) between processes opening

@@ -41,6 +41,7 @@ const MIGRATIONS: &[&str] = &[
     include_str!("../../migrations/sqlite/0011_event_data.sql"),
     include_str!("../../migrations/sqlite/0012_e2b_grant.sql"),
     include_str!("../../migrations/sqlite/0013_sandbox_disk.sql"),
+    include_str!("../../migrations/sqlite/0014_sandbox_claims.sql"),
 ];
 
 /// The WAL a closing process leaves as it is; a longer one is checkpointed.
