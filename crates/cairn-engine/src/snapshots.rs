@@ -1274,8 +1274,11 @@ impl Engine {
     /// writes of interrupted snapshots.
     pub(crate) fn collect_chunks(&self, referenced: &HashSet<String>) -> Result<cairn_store::GcReport, EngineError> {
         let mut live = self.reachable_objects(referenced, &self.db.snapshots()?, &self.db.session_payloads()?)?;
-        // Pipeline artifacts: their chunk lists and content.
-        for a in self.db.artifacts(None)? {
+        // Pipeline artifacts: their chunk lists and content; those still
+        // pending too, unless their attempt can no longer commit them.
+        let mut artifacts = self.db.artifacts(None)?;
+        artifacts.extend(self.db.live_pending_artifacts()?);
+        for a in artifacts {
             let Ok(h) = a.id.parse::<ChunkHash>() else { continue };
             let context = ReadContext::new().owner("artifact", h).path(a.path.clone());
             let object: crate::pipeline::artifacts::ArtifactObject =

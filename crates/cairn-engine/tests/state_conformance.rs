@@ -92,6 +92,7 @@ macro_rules! conformance {
 
 conformance!(
     orphans_are_sandboxes_whose_claim_moved_on_that_no_stage_row_names,
+    artifacts_are_pending_until_their_stage_completes_under_the_claim_that_made_them,
     sandboxes_round_trip_with_every_field_and_their_layers_in_order,
     a_taken_name_is_refused_and_leaves_the_store_usable,
     invalid_transitions_name_both_states_and_lost_races_conflict,
@@ -909,6 +910,67 @@ fn artifact(id: &str, run: &str, path: &str) -> ArtifactRecord {
         content_hash: "h".into(),
         snapshot_id: "snap".into(),
     }
+}
+
+fn artifacts_are_pending_until_their_stage_completes_under_the_claim_that_made_them(store: &Store) {
+    use cairn_engine::queue::Fence;
+    let db = store.open();
+    db.insert_run(&run("run555", 1)).unwrap();
+    db.enqueue_run("run555").unwrap();
+    let first = db
+        .claim_job("w1", Duration::from_millis(50), &["run"])
+        .unwrap()
+        .unwrap();
+    let w1 = store.open();
+    w1.set_fence(Some(Fence {
+        job: first.id.clone(),
+        epoch: first.epoch,
+    }));
+    w1.insert_pending_artifact(&artifact("old1", "run555", "/out")).unwrap();
+    // Pending: not listed, but kept from the collector while its claim holds.
+    assert!(db.artifacts(Some("run555")).unwrap().is_empty());
+    assert_eq!(w1.pending_artifacts("run555", "a", "").unwrap().len(), 1);
+    assert_eq!(db.live_pending_artifacts().unwrap().len(), 1);
+    // Taken over: w1's pending artifact can no longer be committed, and goes.
+    std::thread::sleep(Duration::from_millis(100));
+    let second = db.claim_job("w2", Duration::from_secs(30), &["run"]).unwrap().unwrap();
+    assert!(db.live_pending_artifacts().unwrap().is_empty());
+    assert!(matches!(
+        w1.insert_pending_artifact(&artifact("old2", "run555", "/late")),
+        Err(StateError::Fenced { .. })
+    ));
+    // w2's own, committed with the stage's completion and only then.
+    let mut w2 = store.open();
+    w2.set_fence(Some(Fence {
+        job: second.id.clone(),
+        epoch: second.epoch,
+    }));
+    w2.put_stage(&stage("run555", "a", "", "running"), None).unwrap();
+    w2.insert_pending_artifact(&artifact("new1", "run555", "/out")).unwrap();
+    assert!(db.artifacts(Some("run555")).unwrap().is_empty());
+    w2.put_stage(
+        &stage("run555", "a", "", "completed"),
+        Some(("completed", "by w2", None)),
+    )
+    .unwrap();
+    let ids: Vec<String> = db
+        .artifacts(Some("run555"))
+        .unwrap()
+        .into_iter()
+        .map(|a| a.id)
+        .collect();
+    assert_eq!(ids, ["new1"]);
+    assert!(db.live_pending_artifacts().unwrap().is_empty());
+    // Outside the queue: pending while the stage runs; a failure drops it.
+    let mut local = store.open();
+    let mut b = artifact("loc1", "run555", "/b");
+    b.stage = "b".into();
+    local.put_stage(&stage("run555", "b", "", "running"), None).unwrap();
+    local.insert_pending_artifact(&b).unwrap();
+    assert_eq!(db.live_pending_artifacts().unwrap().len(), 1);
+    local.put_stage(&stage("run555", "b", "", "failed"), None).unwrap();
+    assert!(db.live_pending_artifacts().unwrap().is_empty());
+    assert_eq!(db.artifacts(Some("run555")).unwrap().len(), 1);
 }
 
 fn artifacts_are_replaced_by_id_and_listed_per_run(store: &Store) {

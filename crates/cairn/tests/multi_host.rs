@@ -395,7 +395,8 @@ fn sandbox_pids(home: &Path) -> Vec<i32> {
 }
 
 /// A stage that counts to `to`, a step every 0.2 s, from the count its
-/// state holds; each start is appended to /work/starts.
+/// state holds; each start is appended to /work/starts. The count is its
+/// artifact.
 fn counting_pipeline(dir: &Path, to: u32) -> PathBuf {
     let file = dir.join("count.toml");
     std::fs::write(
@@ -409,6 +410,7 @@ image = "busybox"
 name = "count"
 key = "count-to-{to}-{{params.nonce}}"
 checkpoint_every = "1s"
+artifacts = ["/work/progress"]
 run = [
   "mkdir -p /work; start=$(cat /work/progress 2>/dev/null || echo 0); echo $start >> /work/starts; for i in $(seq $start {to}); do echo $i > /work/progress; sleep 0.2; done",
 ]
@@ -546,6 +548,11 @@ fn a_worker_paused_past_its_lease_has_its_commit_refused_and_the_stage_commits_o
     );
     assert!(ks.contains(&"lease-expired".to_string()), "{ks:?}");
     assert_eq!(read_output(&c, 2, &run, "progress"), "25");
+    // One artifact, the committing attempt's: the refused one left none.
+    assert_eq!(
+        artifacts_of(&c, 2, &run),
+        [("/work/progress".to_string(), "25".to_string())]
+    );
     // Nothing of the refused attempt is left on host 0.
     for (k, child) in [(0, &mut paused), (1, &mut other)] {
         let _ = nix::sys::signal::kill(
@@ -729,6 +736,20 @@ fn a_host_cut_off_mid_upload_marks_no_snapshot_durable_until_its_chunks_are_remo
     c.ok(0, &["rm", "-f", &id]);
 }
 
+/// The run's artifacts, as host `k` lists them: (path, content).
+fn artifacts_of(c: &Cluster, k: usize, run: &str) -> Vec<(String, String)> {
+    let shown: serde_json::Value = serde_json::from_str(&c.ok(k, &["pipeline", "show", run, "--json"])).unwrap();
+    shown["artifacts"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|a| {
+            let path = a["path"].as_str().unwrap().to_string();
+            (path, c.ok(k, &["artifact", "get", a["id"].as_str().unwrap()]))
+        })
+        .collect()
+}
+
 /// The ids of the sandboxes host `k`'s state directory runs.
 fn sandboxes_on(c: &Cluster, k: usize) -> Vec<String> {
     let all: Vec<serde_json::Value> = serde_json::from_str(&c.ok(k, &["ps", "--json"])).unwrap();
@@ -780,6 +801,10 @@ fn a_killed_workers_attempt_is_reaped_on_its_host_and_a_held_one_is_never_touche
     let events = c.events(2, &run);
     assert_eq!(count_kind(&events, "completed"), 2, "{:?}", kinds(&events));
     assert_eq!(read_output(&c, 1, &run, "progress"), "80");
+    assert_eq!(
+        artifacts_of(&c, 0, &run),
+        [("/work/progress".to_string(), "80".to_string())]
+    );
     assert!(
         !kinds(&events).contains(&"orphan-reaped".to_string()),
         "host 1's held sandbox {held:?} was reaped: {events:?}"

@@ -59,7 +59,8 @@ impl Engine {
             content,
         };
         let id = self.store.put_object(&object).map_err(crate::SnapshotError::from)?;
-        self.db.insert_artifact(&ArtifactRecord {
+        // Pending until the stage's completion commits it with the stage.
+        self.db.insert_pending_artifact(&ArtifactRecord {
             id: id.to_string(),
             run_id: run.id.clone(),
             stage: stage.name.clone(),

@@ -90,6 +90,45 @@ impl Engine {
         Ok(())
     }
 
+    /// Under a claim on a remote store: waits until every object the
+    /// attempt's pending artifacts need (each artifact's chunk list and its
+    /// chunks) is in the remote store, so that their commit with the stage
+    /// never names bytes another host cannot read; else the stage is lost
+    /// here, as for its snapshots.
+    pub(super) fn artifacts_durable_for_queue(&self, run: &str, stage: &str, branch: &str) -> Result<(), EngineError> {
+        let backend = self.store.backend();
+        if self.db.fence().is_none() || !backend.is_remote() {
+            return Ok(());
+        }
+        let mut needed = Vec::new();
+        for a in self.db.pending_artifacts(run, stage, branch)? {
+            let hash: cairn_store::ChunkHash = a.id.parse().map_err(|_| RunError::NoSuchArtifact(a.id.clone()))?;
+            let context = cairn_store::ReadContext::new()
+                .owner("artifact", hash)
+                .path(a.path.clone());
+            let object: super::artifacts::ArtifactObject = self
+                .store
+                .get_object(&hash, &context)
+                .map_err(crate::SnapshotError::from)?;
+            needed.push(hash);
+            needed.extend(object.content.chunk_hashes());
+        }
+        if needed.is_empty() {
+            return Ok(());
+        }
+        backend.flush(DURABLE_WAIT).map_err(crate::SnapshotError::from)?;
+        let missing = backend.not_remote(needed).map_err(crate::SnapshotError::from)?;
+        if !missing.is_empty() {
+            return Err(RunError::Lost(format!(
+                "{} objects of stage {stage}'s artifacts are not in the remote store yet, so no other host \
+                 could read them; check the store's reachability (the stage resumes from its newest checkpoint)",
+                missing.len()
+            ))
+            .into());
+        }
+        Ok(())
+    }
+
     /// A branch group under a claim: each open branch becomes a job any
     /// worker takes, and this run waits (lending its slot) until each has
     /// completed or dead-lettered.

@@ -360,7 +360,28 @@ impl Db {
         event: Option<NewEvent>,
         release: Option<(&str, (i32, u64))>,
     ) -> Result<(), StateError> {
+        let (job, epoch) = claim_of(&self.fence());
         self.fenced(|b| {
+            // The attempt's end: its artifacts are committed with a
+            // completion (those of this claim only), and dropped otherwise.
+            if s.status != "running" {
+                if s.status == "completed" {
+                    b.execute(
+                        "INSERT INTO artifacts (id, run_id, stage, branch, path, size_bytes, content_hash, snapshot_id)
+                         SELECT id, run_id, stage, branch, path, size_bytes, content_hash, snapshot_id
+                         FROM pending_artifacts
+                         WHERE run_id = $1 AND stage = $2 AND branch = $3 AND job_id = $4 AND epoch = $5
+                         ON CONFLICT (id) DO UPDATE SET run_id = excluded.run_id, stage = excluded.stage,
+                         branch = excluded.branch, path = excluded.path, size_bytes = excluded.size_bytes,
+                         content_hash = excluded.content_hash, snapshot_id = excluded.snapshot_id",
+                        params![&s.run_id, &s.stage, &s.branch, &job, epoch],
+                    )?;
+                }
+                b.execute(
+                    "DELETE FROM pending_artifacts WHERE run_id = $1 AND stage = $2 AND branch = $3",
+                    params![&s.run_id, &s.stage, &s.branch],
+                )?;
+            }
             if let Some((sandbox, (pid, start))) = release {
                 b.execute(
                     "UPDATE sandboxes SET auto_remove = $2, owner_pid = $3, owner_start = $4 WHERE id = $1",
@@ -697,6 +718,82 @@ impl Db {
         })
     }
 
+    /// Records an artifact an attempt collected, under this connection's
+    /// claim: pending, invisible, until the stage's completion commits it
+    /// ([`Db::put_stage_releasing`]).
+    pub fn insert_pending_artifact(&self, a: &ArtifactRecord) -> Result<(), StateError> {
+        let (job, epoch) = claim_of(&self.fence());
+        self.fenced(|b| {
+            b.execute(
+                "INSERT INTO pending_artifacts
+                   (id, run_id, stage, branch, path, size_bytes, content_hash, snapshot_id, job_id, epoch)
+                 VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10)
+                 ON CONFLICT (run_id, stage, branch, path, job_id, epoch) DO UPDATE SET id = excluded.id,
+                 size_bytes = excluded.size_bytes, content_hash = excluded.content_hash,
+                 snapshot_id = excluded.snapshot_id",
+                params![
+                    &a.id,
+                    &a.run_id,
+                    &a.stage,
+                    &a.branch,
+                    &a.path,
+                    a.size_bytes,
+                    &a.content_hash,
+                    &a.snapshot_id,
+                    &job,
+                    epoch
+                ],
+            )?;
+            Ok(())
+        })
+    }
+
+    /// The artifacts this connection's claim has pending for a stage.
+    pub fn pending_artifacts(&self, run: &str, stage: &str, branch: &str) -> Result<Vec<ArtifactRecord>, StateError> {
+        let (job, epoch) = claim_of(&self.fence());
+        self.with(|b| {
+            rows(
+                b.query(
+                    "SELECT id, run_id, stage, branch, path, size_bytes, content_hash, snapshot_id
+                     FROM pending_artifacts
+                     WHERE run_id = $1 AND stage = $2 AND branch = $3 AND job_id = $4 AND epoch = $5
+                     ORDER BY path",
+                    params![run, stage, branch, &job, epoch],
+                )?,
+                artifact_from_row,
+            )
+        })
+    }
+
+    /// Object ids of every pending artifact that may still be committed
+    /// (its claim held, or outside the queue its stage still running), after
+    /// dropping the rest: what `gc` keeps, and what it lets go.
+    pub fn live_pending_artifacts(&self) -> Result<Vec<ArtifactRecord>, StateError> {
+        self.transaction(|b| {
+            b.execute(
+                "DELETE FROM pending_artifacts WHERE job_id <> '' AND NOT EXISTS (
+                   SELECT 1 FROM stage_jobs j WHERE j.id = pending_artifacts.job_id
+                     AND j.epoch = pending_artifacts.epoch AND j.status = 'claimed')",
+                &[],
+            )?;
+            b.execute(
+                "DELETE FROM pending_artifacts WHERE job_id = '' AND NOT EXISTS (
+                   SELECT 1 FROM stages s WHERE s.run_id = pending_artifacts.run_id
+                     AND s.stage = pending_artifacts.stage AND s.branch = pending_artifacts.branch
+                     AND s.status = 'running')",
+                &[],
+            )?;
+            rows(
+                b.query(
+                    "SELECT id, run_id, stage, branch, path, size_bytes, content_hash, snapshot_id
+                     FROM pending_artifacts ORDER BY run_id, stage, path",
+                    &[],
+                )?,
+                artifact_from_row,
+            )
+        })
+    }
+
     pub fn artifacts(&self, run: Option<&str>) -> Result<Vec<ArtifactRecord>, StateError> {
         self.with(|b| {
             rows(
@@ -705,18 +802,7 @@ impl Db {
                      WHERE CAST($1 AS TEXT) IS NULL OR run_id = $1 ORDER BY run_id, stage, path",
                     params![run],
                 )?,
-                |r| {
-                    Ok(ArtifactRecord {
-                        id: r.get(0)?,
-                        run_id: r.get(1)?,
-                        stage: r.get(2)?,
-                        branch: r.get(3)?,
-                        path: r.get(4)?,
-                        size_bytes: r.get(5)?,
-                        content_hash: r.get(6)?,
-                        snapshot_id: r.get(7)?,
-                    })
-                },
+                artifact_from_row,
             )
         })
     }
@@ -843,4 +929,26 @@ fn insert_new_event(
         params![run, stage, branch, e.kind, &e.detail, e.snapshot, crate::now_ms(), data],
     )?;
     Ok(())
+}
+
+fn artifact_from_row(r: &crate::state::Row) -> Result<ArtifactRecord, StateError> {
+    Ok(ArtifactRecord {
+        id: r.get(0)?,
+        run_id: r.get(1)?,
+        stage: r.get(2)?,
+        branch: r.get(3)?,
+        path: r.get(4)?,
+        size_bytes: r.get(5)?,
+        content_hash: r.get(6)?,
+        snapshot_id: r.get(7)?,
+    })
+}
+
+/// The claim a pending artifact is recorded under: the queue's job and
+/// epoch, or ('', 0) outside the queue.
+fn claim_of(fence: &Option<crate::queue::Fence>) -> (String, i64) {
+    fence
+        .as_ref()
+        .map(|f| (f.job.clone(), f.epoch))
+        .unwrap_or_else(|| (String::new(), 0))
 }

@@ -727,6 +727,7 @@ impl Engine {
                     );
                     let detail = completed.detail.clone();
                     self.durable_for_queue(&[&output])?;
+                    self.artifacts_durable_for_queue(&run.id, &stage.name, branch)?;
                     self.db
                         .put_stage_releasing(&rec, Some(completed), release)
                         .map_err(|e| fenced(self, e.into()))?;

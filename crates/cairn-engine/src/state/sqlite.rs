@@ -42,6 +42,7 @@ const MIGRATIONS: &[&str] = &[
     include_str!("../../migrations/sqlite/0012_e2b_grant.sql"),
     include_str!("../../migrations/sqlite/0013_sandbox_disk.sql"),
     include_str!("../../migrations/sqlite/0014_sandbox_claims.sql"),
+    include_str!("../../migrations/sqlite/0015_pending_artifacts.sql"),
 ];
 
 /// The WAL a closing process leaves as it is; a longer one is checkpointed.
