@@ -9,6 +9,7 @@ pub mod access;
 mod checkpoint_window;
 mod durability;
 pub mod e2b;
+mod failpoint;
 pub mod home;
 pub mod images;
 mod memory_cache;

@@ -184,6 +184,7 @@ impl Db {
                         epoch: fence.epoch,
                     });
                 }
+                crate::failpoint::hit("fenced-commit");
             }
             f(b)
         })

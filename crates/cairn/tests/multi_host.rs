@@ -300,9 +300,16 @@ impl Cluster {
     }
 
     fn worker_with(&self, k: usize, lease_secs: u32, slots: u32) -> Child {
+        self.worker_command(k, lease_secs, slots)
+            .spawn()
+            .expect("start a worker")
+    }
+
+    /// The command of a worker on host `k`, its JSON lines to a file in its home.
+    fn worker_command(&self, k: usize, lease_secs: u32, slots: u32) -> Command {
         let log = std::fs::File::create(self.home(k).join("worker.log")).unwrap();
         let err = std::fs::File::create(self.home(k).join("worker.err")).unwrap();
-        self.command(
+        let mut c = self.command(
             k,
             &[
                 "worker",
@@ -314,11 +321,9 @@ impl Cluster {
                 "--poll",
                 "0.5",
             ],
-        )
-        .stdout(log)
-        .stderr(err)
-        .spawn()
-        .expect("start a worker")
+        );
+        c.stdout(log).stderr(err);
+        c
     }
 
     fn worker_log(&self, k: usize) -> String {
@@ -844,5 +849,92 @@ fn a_killed_workers_attempt_is_reaped_on_its_host_and_a_held_one_is_never_touche
             nix::sys::signal::Signal::SIGTERM,
         );
         let _ = child.wait();
+    }
+}
+
+/// Whether process `pid` is stopped (SIGSTOP), as /proc says.
+fn stopped(pid: u32) -> bool {
+    std::fs::read_to_string(format!("/proc/{pid}/stat"))
+        .ok()
+        .and_then(|stat| stat.rsplit_once(") ").map(|(_, rest)| rest.starts_with('T')))
+        .unwrap_or(false)
+}
+
+#[test]
+fn a_worker_stopped_inside_its_commit_blocks_no_takeover_and_commits_nothing() {
+    let test = "a_worker_stopped_inside_its_commit_blocks_no_takeover_and_commits_nothing";
+    let Some(c) = Cluster::start(test, 3) else {
+        return;
+    };
+    c.import_busybox(2);
+    let file = counting_pipeline(c.home(2), 25);
+    let run = c.enqueue(2, &file, &["nonce=commit"]);
+    // Host 0's worker stops itself inside its first commit under the claim,
+    // with the job's row locked in an open transaction.
+    let mut stuck = c
+        .worker_command(0, 3, 2)
+        .env("CAIRN_FAILPOINTS", "fenced-commit")
+        .spawn()
+        .expect("start a worker");
+    let deadline = Instant::now() + Duration::from_secs(60);
+    while !stopped(stuck.id()) {
+        assert!(
+            Instant::now() < deadline,
+            "the worker never reached its commit: {}",
+            c.worker_log(0)
+        );
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    // PostgreSQL ends the idle transaction (idle_in_transaction_session_timeout),
+    // the row lock goes with it, and host 1 takes the run over and completes it
+    // while host 0 is still stopped.
+    let other = c.worker(1, 3);
+    c.wait_completed(2, &run);
+    assert!(stopped(stuck.id()), "host 0's worker was continued by someone");
+    let events = c.events(2, &run);
+    assert!(
+        kinds(&events).contains(&"lease-expired".to_string()),
+        "{:?}",
+        kinds(&events)
+    );
+    assert_eq!(read_output(&c, 2, &run, "progress"), "25");
+    // Continued, host 0's worker finds its transaction gone and commits nothing.
+    let before = c.events(2, &run).len();
+    nix::sys::signal::kill(
+        nix::unistd::Pid::from_raw(stuck.id() as i32),
+        nix::sys::signal::Signal::SIGCONT,
+    )
+    .unwrap();
+    let deadline = Instant::now() + Duration::from_secs(60);
+    while !(c.worker_log(0).contains("\"event\":\"lost\"") || c.worker_log(0).contains("\"event\":\"failed\"")) {
+        assert!(
+            Instant::now() < deadline,
+            "host 0's worker said nothing of its job: {}",
+            c.worker_log(0)
+        );
+        std::thread::sleep(Duration::from_millis(300));
+    }
+    let after = c.events(2, &run);
+    assert_eq!(count_kind(&after, "completed"), 2, "{:?}", kinds(&after));
+    assert!(
+        after[before..].iter().all(|e| e["kind"] == "worker-error"),
+        "host 0 committed after its claim moved on: {:?}",
+        &after[before..]
+    );
+    assert_eq!(
+        artifacts_of(&c, 2, &run),
+        [("/work/progress".to_string(), "25".to_string())]
+    );
+    for (k, child) in [(0, &mut stuck), (1, &mut { other })] {
+        let _ = nix::sys::signal::kill(
+            nix::unistd::Pid::from_raw(child.id() as i32),
+            nix::sys::signal::Signal::SIGTERM,
+        );
+        let status = child.wait().unwrap();
+        assert!(
+            status.success(),
+            "worker {k} stopped with {status}: {}",
+            c.worker_log(k)
+        );
     }
 }
