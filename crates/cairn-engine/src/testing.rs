@@ -29,6 +29,8 @@ pub struct PostgresServer {
     admin_url: String,
     /// The cluster's data directory, when this binary started it.
     pub data_dir: Option<PathBuf>,
+    /// PostgreSQL's programs, when this binary started it.
+    bin: Option<PathBuf>,
     /// Closing this (at process exit) tells the reaper to stop the cluster.
     _reaper: Option<Mutex<ChildStdin>>,
 }
@@ -82,6 +84,21 @@ pub fn postgres_server(test: &str) -> Option<&'static PostgresServer> {
     }
 }
 
+/// A cluster of `test`'s own, which it may restart ([`PostgresServer::restart`]);
+/// stopped and removed when dropped. `None` (skipped, or failed under
+/// `CI=true`) where PostgreSQL is not installed; `CAIRN_TEST_POSTGRES`
+/// does not apply (a server of someone else's is not restarted).
+pub fn dedicated_postgres(test: &str) -> Option<PostgresServer> {
+    let Some(bin) = postgres_bin() else {
+        if std::env::var("CI").is_ok_and(|v| v == "true") {
+            panic!("{test}: {NOT_INSTALLED} (CI=true: a missing part fails the test)");
+        }
+        eprintln!("SKIPPED {test}: {NOT_INSTALLED}");
+        return None;
+    };
+    Some(start_cluster(&bin).unwrap_or_else(|e| panic!("{test}: cannot start a PostgreSQL cluster: {e}")))
+}
+
 /// A fresh database for `test` on the shared server, or `None` (skipped).
 pub fn postgres_database(test: &str) -> Option<TestDatabase> {
     Some(postgres_server(test)?.database(test))
@@ -119,6 +136,31 @@ impl PostgresServer {
     }
 }
 
+impl PostgresServer {
+    /// Restarts a cluster this binary started (`pg_ctl restart -m fast`):
+    /// every connection is ended, and the server listens again on the same
+    /// port once this returns.
+    pub fn restart(&self) {
+        let (Some(bin), Some(data)) = (&self.bin, &self.data_dir) else {
+            panic!("only a cluster these tests started can be restarted");
+        };
+        let log = data.parent().expect("the cluster's directory").join("server.log");
+        run(
+            as_owner(&bin.join("pg_ctl"))
+                .arg("-D")
+                .arg(data)
+                .arg("-l")
+                .arg(&log)
+                .args(["-w", "-t", "60", "-m", "fast", "restart"])
+                .stdout(Stdio::null())
+                .stderr(Stdio::piped()),
+            "pg_ctl restart",
+            Some(&log),
+        )
+        .unwrap_or_else(|e| panic!("restart the test cluster: {e}"));
+    }
+}
+
 /// `url` with its database replaced by `db`.
 pub fn with_database(url: &str, db: &str) -> String {
     let (scheme, rest) = url.split_once("://").unwrap_or(("postgres", url));
@@ -134,6 +176,7 @@ fn start_server() -> Result<Option<PostgresServer>, String> {
             return Ok(Some(PostgresServer {
                 admin_url: url,
                 data_dir: None,
+                bin: None,
                 _reaper: None,
             }));
         }
@@ -241,6 +284,7 @@ fn start_cluster(bin: &Path) -> Result<PostgresServer, String> {
     Ok(PostgresServer {
         admin_url: format!("postgres://postgres@127.0.0.1:{port}/postgres"),
         data_dir: Some(data),
+        bin: Some(bin.to_path_buf()),
         _reaper: Some(Mutex::new(reaper)),
     })
 }

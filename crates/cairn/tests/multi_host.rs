@@ -166,10 +166,18 @@ struct Cluster {
     homes: Vec<tempfile::TempDir>,
     db: cairn_engine::testing::TestDatabase,
     _garage: Garage,
+    /// The test's own PostgreSQL, where it restarts one (dropped after `db`).
+    own_server: Option<cairn_engine::testing::PostgresServer>,
 }
 
 impl Cluster {
     fn start(test: &str, hosts: usize) -> Option<Cluster> {
+        Cluster::start_with(test, hosts, false)
+    }
+
+    /// With `own_server`, on a PostgreSQL cluster of the test's own, which
+    /// it may restart (`Cluster::restart_database`).
+    fn start_with(test: &str, hosts: usize, own_server: bool) -> Option<Cluster> {
         if skip(test) {
             return None;
         }
@@ -179,7 +187,12 @@ impl Cluster {
                 return None;
             }
         }
-        let db = cairn_engine::testing::postgres_database(test)?;
+        let (db, own_server) = if own_server {
+            let server = cairn_engine::testing::dedicated_postgres(test)?;
+            (server.database(test), Some(server))
+        } else {
+            (cairn_engine::testing::postgres_database(test)?, None)
+        };
         let garage = Garage::start(test)?;
         let hosts = Hosts::new(hosts);
         let pg_port: u16 = db
@@ -216,7 +229,16 @@ impl Cluster {
             homes,
             db,
             _garage: garage,
+            own_server,
         })
+    }
+
+    /// Restarts the test's own PostgreSQL: every connection ends.
+    fn restart_database(&self) {
+        self.own_server
+            .as_ref()
+            .expect("a cluster started with its own server")
+            .restart();
     }
 
     fn home(&self, k: usize) -> &Path {
@@ -935,6 +957,58 @@ fn a_worker_stopped_inside_its_commit_blocks_no_takeover_and_commits_nothing() {
             status.success(),
             "worker {k} stopped with {status}: {}",
             c.worker_log(k)
+        );
+    }
+}
+
+#[test]
+fn a_run_goes_on_across_a_postgresql_restart_and_its_stage_commits_once() {
+    let test = "a_run_goes_on_across_a_postgresql_restart_and_its_stage_commits_once";
+    let Some(c) = Cluster::start_with(test, 3, true) else {
+        return;
+    };
+    c.import_busybox(2);
+    let file = counting_pipeline(c.home(2), 40);
+    let run = c.enqueue(2, &file, &["nonce=restart"]);
+    let mut workers = [c.worker(0, 3), c.worker(1, 3)];
+    c.wait_for(2, &run, 120, "a checkpoint", |e| count_kind(e, "checkpoint") >= 2);
+    // Every connection of every worker ends mid-run.
+    c.restart_database();
+    c.wait_completed(2, &run);
+    let events = c.events(2, &run);
+    assert_eq!(
+        count_kind(&events, "completed"),
+        2,
+        "the stage and the run, once each: {:?}",
+        kinds(&events)
+    );
+    assert_eq!(read_output(&c, 2, &run, "progress"), "40");
+    assert_eq!(
+        artifacts_of(&c, 2, &run),
+        [("/work/progress".to_string(), "40".to_string())]
+    );
+    // The restart reached the workers: they reconnected and went on.
+    let logs = c.worker_log(0) + &c.worker_log(1);
+    assert!(logs.contains("reconnected to the PostgreSQL state store"), "{logs}");
+    // Nothing is left running on any host once the workers stop.
+    for (k, child) in workers.iter_mut().enumerate() {
+        let _ = nix::sys::signal::kill(
+            nix::unistd::Pid::from_raw(child.id() as i32),
+            nix::sys::signal::Signal::SIGTERM,
+        );
+        let status = child.wait().unwrap();
+        assert!(
+            status.success(),
+            "worker {k} stopped with {status}: {}",
+            c.worker_log(k)
+        );
+    }
+    for k in 0..2 {
+        c.ok(k, &["gc"]);
+        assert!(
+            sandboxes_on(&c, k).is_empty(),
+            "host {k} kept {:?}",
+            sandboxes_on(&c, k)
         );
     }
 }
