@@ -17,7 +17,7 @@ use std::time::Duration;
 use crate::state::{params, Backend, BackendKind, Db, StateError};
 
 /// The job a connection's commits belong to, and the claim they hold.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
 pub struct Fence {
     pub job: String,
     pub epoch: i64,

@@ -114,6 +114,9 @@ impl Drop for Lent {
 /// The claims this worker holds, for the heartbeat.
 type Held = Arc<Mutex<HashMap<String, Fence>>>;
 
+/// When each held claim was last claimed or renewed, for the watchdog.
+type Renewals = Arc<Mutex<HashMap<Fence, Instant>>>;
+
 /// Runs a worker until `stop` is set (then waits for the jobs running to
 /// end) or, with `idle_exit`, until the queue stays empty that long.
 pub fn run_worker(
@@ -142,9 +145,21 @@ pub fn run_worker(
     let held: Held = Arc::default();
     let running = Arc::new(std::sync::atomic::AtomicUsize::new(0));
     let beating = Arc::new(AtomicBool::new(true));
+    let renewals: Renewals = Arc::default();
     let heartbeat = {
-        let (home, held, beating, lease, id) = (home.clone(), held.clone(), beating.clone(), opts.lease, me.id.clone());
-        std::thread::spawn(move || heartbeat(&home, &held, &beating, lease, &id))
+        let (home, held, renewals, beating, lease, id) = (
+            home.clone(),
+            held.clone(),
+            renewals.clone(),
+            beating.clone(),
+            opts.lease,
+            me.id.clone(),
+        );
+        std::thread::spawn(move || heartbeat(&home, &held, &renewals, &beating, lease, &id))
+    };
+    let watchdog = {
+        let (held, renewals, beating, lease) = (held.clone(), renewals.clone(), beating.clone(), opts.lease);
+        std::thread::spawn(move || watchdog(&held, &renewals, &beating, lease))
     };
     let mut idle_since = Instant::now();
     let mut engine = engine;
@@ -165,7 +180,9 @@ pub fn run_worker(
             // The state store away (a restart, a partition) stops nothing:
             // the worker says so and tries again a poll later; its leases
             // run down meanwhile and the fence settles who commits.
-            let claimed = match claim_round(&engine, &me, opts, stop, &slots, &held, &running, scope, &home, watch) {
+            let claimed = match claim_round(
+                &engine, &me, opts, stop, &slots, &held, &renewals, &running, scope, &home, watch,
+            ) {
                 Ok(claimed) => claimed,
                 Err(e) => {
                     tracing::warn!("the stage queue is unreachable: {e}");
@@ -198,6 +215,7 @@ pub fn run_worker(
     });
     beating.store(false, Ordering::SeqCst);
     let _ = heartbeat.join();
+    let _ = watchdog.join();
     engine.db.worker_seen(&me.id, true)?;
     result.map(|()| me)
 }
@@ -212,6 +230,7 @@ fn claim_round<'scope, 'env>(
     stop: &AtomicBool,
     slots: &Arc<Slots>,
     held: &Held,
+    renewals: &Renewals,
     running: &Arc<std::sync::atomic::AtomicUsize>,
     scope: &'scope std::thread::Scope<'scope, 'env>,
     home: &Home,
@@ -239,6 +258,10 @@ fn claim_round<'scope, 'env>(
         held.lock()
             .unwrap_or_else(|p| p.into_inner())
             .insert(job.id.clone(), fence.clone());
+        renewals
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .insert(fence.clone(), Instant::now());
         watch.job(&job, "claimed", &format!("claim {} by {}", job.epoch, me.id));
         running.fetch_add(1, Ordering::SeqCst);
         let (home, slots, held, running) = (home.clone(), slots.clone(), held.clone(), running.clone());
@@ -261,9 +284,69 @@ fn claim_round<'scope, 'env>(
     Ok(claimed)
 }
 
+/// The sandboxes of the attempts this process runs under a claim, with
+/// their init's pid and start time: what the watchdog stops when the claim
+/// was not renewed for a whole lease (the state store unreachable), without
+/// needing the store to find them; and what this process's reaper leaves to
+/// the attempts themselves.
+static ATTEMPTS: Mutex<Vec<(Fence, String, i32, u64)>> = Mutex::new(Vec::new());
+
+/// An attempt of this process running in a sandbox under a claim, from
+/// its sandbox's creation until it is dropped (the attempt's end).
+pub(crate) struct Attempt {
+    sandbox: String,
+}
+
+impl Attempt {
+    pub(crate) fn start(fence: &Fence, sandbox: &crate::SandboxRecord) -> Attempt {
+        let (pid, start) = (sandbox.pid.unwrap_or(0), sandbox.pid_start.unwrap_or(0));
+        ATTEMPTS
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .push((fence.clone(), sandbox.id.clone(), pid, start));
+        Attempt {
+            sandbox: sandbox.id.clone(),
+        }
+    }
+}
+
+impl Drop for Attempt {
+    fn drop(&mut self) {
+        ATTEMPTS
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .retain(|(_, sandbox, _, _)| *sandbox != self.sandbox);
+    }
+}
+
+/// Whether an attempt of this process runs in `sandbox`.
+fn attempt_runs_in(sandbox: &str) -> bool {
+    ATTEMPTS
+        .lock()
+        .unwrap_or_else(|p| p.into_inner())
+        .iter()
+        .any(|(_, s, _, _)| s == sandbox)
+}
+
+/// Stops the attempts of `fence` this process runs: their sandboxes' init
+/// is killed, and every process of the sandbox with it. Each attempt then
+/// loses its sandbox, its outcome is refused by the fence, and it removes
+/// the sandbox.
+fn stop_attempts(fence: &Fence) -> Vec<String> {
+    let all = ATTEMPTS.lock().unwrap_or_else(|p| p.into_inner());
+    let mut stopped = Vec::new();
+    for (f, sandbox, pid, start) in all.iter() {
+        if f == fence && *pid > 0 && cairn_sandbox::process_alive(*pid, *start) {
+            let _ = nix::sys::signal::kill(nix::unistd::Pid::from_raw(*pid), nix::sys::signal::Signal::SIGKILL);
+            stopped.push(sandbox.clone());
+        }
+    }
+    stopped
+}
+
 /// Renews every held lease a third of a lease apart; a job whose renewal
 /// is refused has moved on and is renewed no more.
-fn heartbeat(home: &Home, held: &Held, beating: &AtomicBool, lease: Duration, worker: &str) {
+fn heartbeat(home: &Home, held: &Held, renewals: &Renewals, beating: &AtomicBool, lease: Duration, worker: &str) {
     let mut db = None;
     while beating.load(Ordering::SeqCst) {
         let pause = Instant::now() + lease / 3;
@@ -279,7 +362,12 @@ fn heartbeat(home: &Home, held: &Held, beating: &AtomicBool, lease: Duration, wo
                 .collect();
             for fence in jobs {
                 match d.renew_lease(&fence, worker, lease) {
-                    Ok(true) => {}
+                    Ok(true) => {
+                        renewals
+                            .lock()
+                            .unwrap_or_else(|p| p.into_inner())
+                            .insert(fence.clone(), Instant::now());
+                    }
                     Ok(false) => {
                         let mut held = held.lock().unwrap_or_else(|p| p.into_inner());
                         // Only this claim: the worker may hold the job again under a newer one.
@@ -298,6 +386,49 @@ fn heartbeat(home: &Home, held: &Held, beating: &AtomicBool, lease: Duration, wo
             std::thread::sleep(Duration::from_millis(50));
         }
     }
+}
+
+/// Watches the renewals apart from the heartbeat (whose calls may wait a
+/// minute on a store that is away): a claim not renewed for a whole lease
+/// (this host cut off from the store) is presumed taken over, renewed no
+/// more, and its attempts are stopped, so a cut-off host stops computing
+/// about a lease after its last renewal.
+fn watchdog(held: &Held, renewals: &Renewals, beating: &AtomicBool, lease: Duration) {
+    while beating.load(Ordering::SeqCst) {
+        std::thread::sleep((lease / 6).max(Duration::from_millis(50)));
+        let lost: Vec<Fence> = {
+            let held = held.lock().unwrap_or_else(|p| p.into_inner());
+            let mut renewals = renewals.lock().unwrap_or_else(|p| p.into_inner());
+            renewals.retain(|f, _| held.get(&f.job) == Some(f));
+            renewals
+                .iter()
+                .filter(|(_, at)| at.elapsed() >= lease)
+                .map(|(f, _)| f.clone())
+                .collect()
+        };
+        for fence in lost {
+            renewals.lock().unwrap_or_else(|p| p.into_inner()).remove(&fence);
+            presume_lost(held, &fence);
+        }
+    }
+}
+
+/// A claim not renewed for a whole lease: renewed no more, and its
+/// attempts stopped.
+fn presume_lost(held: &Held, fence: &Fence) {
+    {
+        let mut held = held.lock().unwrap_or_else(|p| p.into_inner());
+        if held.get(&fence.job) == Some(fence) {
+            held.remove(&fence.job);
+        }
+    }
+    let stopped = stop_attempts(fence);
+    tracing::warn!(
+        job = fence.job,
+        epoch = fence.epoch,
+        "the lease ran out without a renewal (the state store is unreachable): stopped the sandboxes {stopped:?} \
+         of this claim; another worker takes the job over"
+    );
 }
 
 /// One claimed job in an engine of its own, fenced by its claim.
@@ -368,10 +499,12 @@ impl Engine {
             let Ok(rec) = self.sandbox(&o.sandbox_id) else {
                 continue;
             };
-            // The process that made it still runs (a worker stalled past
-            // its lease, or this one): its attempt ends itself, removing
-            // the sandbox once its commit is refused.
-            if cairn_sandbox::process_alive(rec.owner_pid, rec.owner_start) {
+            // An attempt of this process runs in it, or it runs and the
+            // process that made it still runs (a worker stalled past its
+            // lease): the attempt ends itself, removing the sandbox once
+            // its commit is refused.
+            let runs = crate::sandboxes::process_of(&rec).is_some_and(|p| p.alive());
+            if attempt_runs_in(&rec.id) || (runs && cairn_sandbox::process_alive(rec.owner_pid, rec.owner_start)) {
                 continue;
             }
             let what = if o.branch.is_empty() {

@@ -77,7 +77,17 @@ impl LocalStore {
                     .next()
                     .is_none();
                 if !empty {
-                    return Err(BlobError::NotAStore { path: root });
+                    // Another process opening the same new store may be
+                    // writing its marker (its temporary file is already
+                    // there): wait for the marker a moment before refusing.
+                    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(2);
+                    while !marker.exists() && std::time::Instant::now() < deadline {
+                        std::thread::sleep(std::time::Duration::from_millis(20));
+                    }
+                    if !marker.exists() {
+                        return Err(BlobError::NotAStore { path: root });
+                    }
+                    return Self::open(&root);
                 }
                 let bytes = frame::encode(&StoreLayout { fanout_levels: 2 }).expect("layout marker is tiny");
                 store.write_atomically(&bytes, &root, &marker)?;
@@ -478,6 +488,23 @@ mod tests {
         fs::write(foreign.path().join("notes.txt"), "mine").unwrap();
         let err = LocalStore::open(foreign.path()).unwrap_err();
         assert!(err.to_string().contains("is not a Cairn chunk store"), "{err}");
+    }
+
+    #[test]
+    fn processes_opening_one_new_store_at_once_all_open_it() {
+        for _ in 0..20 {
+            let dir = tempfile::tempdir().unwrap();
+            let root = dir.path().join("store");
+            let barrier = std::sync::Barrier::new(8);
+            std::thread::scope(|s| {
+                for _ in 0..8 {
+                    s.spawn(|| {
+                        barrier.wait();
+                        LocalStore::open(&root).unwrap();
+                    });
+                }
+            });
+        }
     }
 
     #[test]

@@ -938,8 +938,12 @@ fn a_worker_stopped_inside_its_commit_blocks_no_takeover_and_commits_nothing() {
     }
     let after = c.events(2, &run);
     assert_eq!(count_kind(&after, "completed"), 2, "{:?}", kinds(&after));
+    // What it may still record: its error, and the removal of the sandbox
+    // its attempt left (an orphan once the attempt ended).
     assert!(
-        after[before..].iter().all(|e| e["kind"] == "worker-error"),
+        after[before..]
+            .iter()
+            .all(|e| e["kind"] == "worker-error" || e["kind"] == "orphan-reaped"),
         "host 0 committed after its claim moved on: {:?}",
         &after[before..]
     );
@@ -1011,4 +1015,67 @@ fn a_run_goes_on_across_a_postgresql_restart_and_its_stage_commits_once() {
             sandboxes_on(&c, k)
         );
     }
+}
+
+#[test]
+fn a_worker_cut_off_from_the_database_stops_its_attempt_and_commits_nothing() {
+    let test = "a_worker_cut_off_from_the_database_stops_its_attempt_and_commits_nothing";
+    let Some(c) = Cluster::start(test, 2) else {
+        return;
+    };
+    c.import_busybox(1);
+    let file = counting_pipeline(c.home(1), 60);
+    let run = c.enqueue(1, &file, &["nonce=cutoff"]);
+    let mut first = c.worker(0, 3);
+    c.wait_for(1, &run, 120, "a checkpoint on host 0", |e| {
+        count_kind(e, "checkpoint") >= 1
+    });
+    assert!(!sandbox_pids(c.home(0)).is_empty(), "host 0 runs no stage");
+    // Host 0 loses its link: the state store and the bucket with it.
+    c.hosts.link(0, false);
+    let mut second = c.worker(1, 3);
+    // Its worker cannot renew its lease; once the lease has run down it
+    // stops the attempt it can no longer commit.
+    let deadline = Instant::now() + Duration::from_secs(60);
+    while !sandbox_pids(c.home(0)).is_empty() {
+        assert!(
+            Instant::now() < deadline,
+            "host 0 went on computing cut off: {}",
+            c.worker_log(0)
+        );
+        std::thread::sleep(Duration::from_millis(250));
+    }
+    c.wait_completed(1, &run);
+    // Back on the network, host 0 commits nothing of its attempt.
+    c.hosts.link(0, true);
+    let deadline = Instant::now() + Duration::from_secs(60);
+    while !(c.worker_log(0).contains("\"event\":\"lost\"") || c.worker_log(0).contains("\"event\":\"failed\"")) {
+        assert!(
+            Instant::now() < deadline,
+            "host 0's worker said nothing of its job: {}",
+            c.worker_log(0)
+        );
+        std::thread::sleep(Duration::from_millis(300));
+    }
+    let events = c.events(1, &run);
+    assert_eq!(count_kind(&events, "completed"), 2, "{:?}", kinds(&events));
+    assert_eq!(read_output(&c, 1, &run, "progress"), "60");
+    assert_eq!(
+        artifacts_of(&c, 1, &run),
+        [("/work/progress".to_string(), "60".to_string())]
+    );
+    for (k, child) in [(0, &mut first), (1, &mut second)] {
+        let _ = nix::sys::signal::kill(
+            nix::unistd::Pid::from_raw(child.id() as i32),
+            nix::sys::signal::Signal::SIGTERM,
+        );
+        let status = child.wait().unwrap();
+        assert!(
+            status.success(),
+            "worker {k} stopped with {status}: {}",
+            c.worker_log(k)
+        );
+    }
+    c.ok(0, &["gc"]);
+    assert!(sandboxes_on(&c, 0).is_empty(), "host 0 kept {:?}", sandboxes_on(&c, 0));
 }

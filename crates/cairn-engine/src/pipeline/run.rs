@@ -595,6 +595,10 @@ impl Engine {
         // or retried from the dead-letter queue); attempts keep counting.
         let limit = if rec.status == "pending" { rec.attempts } else { 0 } + stage.retries + 1;
         loop {
+            // While this attempt runs, this process's worker does not reap
+            // its sandbox, even once its claim has moved on: the attempt
+            // ends itself (its outcome refused by the fence).
+            let mut _attempt: Option<crate::worker::Attempt> = None;
             let (sandbox, fresh, reattached, began_ms) = match reattach.take() {
                 Some(sb) => {
                     let fresh = self.db.newest_checkpoint(&run.id, &stage.name, branch)?.is_none();
@@ -642,6 +646,7 @@ impl Engine {
                     if let Some(fence) = self.db.fence() {
                         self.db
                             .record_claimed_sandbox(&sandbox.id, &fence, &run.id, &stage.name, branch)?;
+                        _attempt = Some(crate::worker::Attempt::start(&fence, &sandbox));
                     }
                     rec.status = "running".into();
                     rec.sandbox_id = Some(sandbox.id.clone());

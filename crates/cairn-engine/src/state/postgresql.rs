@@ -80,6 +80,11 @@ impl PostgresTarget {
         if config.get_connect_timeout().is_none() {
             config.connect_timeout(Duration::from_secs(10));
         }
+        // A host cut off from the server (a partition, a link down) sees its
+        // requests fail within seconds, not after the kernel's retries
+        // (~15 min): a worker then knows its lease is running down.
+        config.tcp_user_timeout(TCP_USER_TIMEOUT);
+        config.keepalives(true).keepalives_idle(TCP_USER_TIMEOUT);
         config.options(&with_session_timeouts(config.get_options()));
         let hosts: Vec<String> = config
             .get_hosts()
@@ -114,6 +119,10 @@ impl PostgresTarget {
         &self.shown
     }
 }
+
+/// How long sent data may go unacknowledged, and a connection idle, before
+/// it is given up (`TCP_USER_TIMEOUT`, keepalives).
+pub const TCP_USER_TIMEOUT: Duration = Duration::from_secs(10);
 
 /// Session settings every connection starts with, unless the URL's
 /// `options` sets them: a worker stopped inside a transaction (SIGSTOP, a
