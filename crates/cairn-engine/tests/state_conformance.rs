@@ -935,6 +935,17 @@ fn artifacts_are_pending_until_their_stage_completes_under_the_claim_that_made_t
     std::thread::sleep(Duration::from_millis(100));
     let second = db.claim_job("w2", Duration::from_secs(30), &["run"]).unwrap().unwrap();
     assert!(db.live_pending_artifacts().unwrap().is_empty());
+    let dropped: Vec<String> = db
+        .events_of("run555")
+        .unwrap()
+        .into_iter()
+        .filter(|e| e.kind == "artifact-dropped")
+        .map(|e| e.detail)
+        .collect();
+    assert!(
+        dropped.len() == 1 && dropped[0].contains("/out") && dropped[0].contains("claim 1"),
+        "{dropped:?}"
+    );
     assert!(matches!(
         w1.insert_pending_artifact(&artifact("old2", "run555", "/late")),
         Err(StateError::Fenced { .. })

@@ -165,7 +165,7 @@ struct Cluster {
     env: Vec<(String, String)>,
     homes: Vec<tempfile::TempDir>,
     db: cairn_engine::testing::TestDatabase,
-    _garage: Garage,
+    garage: Garage,
     /// The test's own PostgreSQL, where it restarts one (dropped after `db`).
     own_server: Option<cairn_engine::testing::PostgresServer>,
 }
@@ -228,7 +228,7 @@ impl Cluster {
             env,
             homes,
             db,
-            _garage: garage,
+            garage,
             own_server,
         })
     }
@@ -351,6 +351,36 @@ impl Cluster {
     fn worker_log(&self, k: usize) -> String {
         std::fs::read_to_string(self.home(k).join("worker.log")).unwrap_or_default()
             + &std::fs::read_to_string(self.home(k).join("worker.err")).unwrap_or_default()
+    }
+
+    /// Stops host `k`'s worker with SIGTERM; it must stop cleanly.
+    fn stop_worker(&self, k: usize, child: &mut Child) {
+        let _ = nix::sys::signal::kill(
+            nix::unistd::Pid::from_raw(child.id() as i32),
+            nix::sys::signal::Signal::SIGTERM,
+        );
+        let status = child.wait().unwrap();
+        assert!(
+            status.success(),
+            "worker {k} stopped with {status}: {}",
+            self.worker_log(k)
+        );
+    }
+
+    /// Waits (up to 90 s) until host `k`'s worker says one of `events` of a job.
+    fn wait_for_job_event(&self, k: usize, events: &[&str]) {
+        let deadline = Instant::now() + Duration::from_secs(90);
+        while !events
+            .iter()
+            .any(|e| self.worker_log(k).contains(&format!("\"event\":\"{e}\"")))
+        {
+            assert!(
+                Instant::now() < deadline,
+                "host {k}'s worker said none of {events:?}: {}",
+                self.worker_log(k)
+            );
+            std::thread::sleep(Duration::from_millis(300));
+        }
     }
 
     /// Kills host `k`: every process in its namespace and every sandbox
@@ -557,15 +587,7 @@ fn a_worker_paused_past_its_lease_has_its_commit_refused_and_the_stage_commits_o
     // The paused worker's own attempt ran on in its sandbox meanwhile; once
     // woken it tries to commit, and the fence refuses it.
     nix::sys::signal::kill(pid, nix::sys::signal::Signal::SIGCONT).unwrap();
-    let deadline = Instant::now() + Duration::from_secs(90);
-    while !c.worker_log(0).contains("\"event\":\"lost\"") {
-        assert!(
-            Instant::now() < deadline,
-            "the woken worker's commit was not refused; it said:\n{}",
-            c.worker_log(0)
-        );
-        std::thread::sleep(Duration::from_millis(300));
-    }
+    c.wait_for_job_event(0, &["lost"]);
     let events = c.events(2, &run);
     let ks = kinds(&events);
     assert_eq!(
@@ -581,18 +603,8 @@ fn a_worker_paused_past_its_lease_has_its_commit_refused_and_the_stage_commits_o
         [("/work/progress".to_string(), "25".to_string())]
     );
     // Nothing of the refused attempt is left on host 0.
-    for (k, child) in [(0, &mut paused), (1, &mut other)] {
-        let _ = nix::sys::signal::kill(
-            nix::unistd::Pid::from_raw(child.id() as i32),
-            nix::sys::signal::Signal::SIGTERM,
-        );
-        let status = child.wait().unwrap();
-        assert!(
-            status.success(),
-            "worker {k} stopped with {status}: {}",
-            c.worker_log(k)
-        );
-    }
+    c.stop_worker(0, &mut paused);
+    c.stop_worker(1, &mut other);
     let left: Vec<serde_json::Value> = serde_json::from_str(&c.ok(0, &["ps", "--json"])).unwrap();
     assert!(left.is_empty(), "host 0 kept sandboxes: {left:?}");
 }
@@ -632,7 +644,7 @@ hypotheses = [
     )
     .unwrap();
     let run = c.enqueue(2, &file, &[]);
-    let mut workers = vec![c.worker_with(0, 5, 1), c.worker_with(1, 5, 1)];
+    let mut workers = [c.worker_with(0, 5, 1), c.worker_with(1, 5, 1)];
     c.wait_completed(2, &run);
     let branches_of = |k: usize| {
         c.worker_log(k)
@@ -663,12 +675,8 @@ hypotheses = [
         "{:?}",
         won[0]
     );
-    for w in &mut workers {
-        let _ = nix::sys::signal::kill(
-            nix::unistd::Pid::from_raw(w.id() as i32),
-            nix::sys::signal::Signal::SIGTERM,
-        );
-        assert!(w.wait().unwrap().success());
+    for (k, w) in workers.iter_mut().enumerate() {
+        c.stop_worker(k, w);
     }
 }
 
@@ -865,13 +873,8 @@ fn a_killed_workers_attempt_is_reaped_on_its_host_and_a_held_one_is_never_touche
         "{}",
         c.worker_log(0)
     );
-    for mut child in [second, back] {
-        let _ = nix::sys::signal::kill(
-            nix::unistd::Pid::from_raw(child.id() as i32),
-            nix::sys::signal::Signal::SIGTERM,
-        );
-        let _ = child.wait();
-    }
+    c.stop_worker(1, &mut { second });
+    c.stop_worker(0, &mut { back });
 }
 
 /// Whether process `pid` is stopped (SIGSTOP), as /proc says.
@@ -927,15 +930,7 @@ fn a_worker_stopped_inside_its_commit_blocks_no_takeover_and_commits_nothing() {
         nix::sys::signal::Signal::SIGCONT,
     )
     .unwrap();
-    let deadline = Instant::now() + Duration::from_secs(60);
-    while !(c.worker_log(0).contains("\"event\":\"lost\"") || c.worker_log(0).contains("\"event\":\"failed\"")) {
-        assert!(
-            Instant::now() < deadline,
-            "host 0's worker said nothing of its job: {}",
-            c.worker_log(0)
-        );
-        std::thread::sleep(Duration::from_millis(300));
-    }
+    c.wait_for_job_event(0, &["lost", "failed"]);
     let after = c.events(2, &run);
     assert_eq!(count_kind(&after, "completed"), 2, "{:?}", kinds(&after));
     // What it may still record: its error, and the removal of the sandbox
@@ -951,18 +946,8 @@ fn a_worker_stopped_inside_its_commit_blocks_no_takeover_and_commits_nothing() {
         artifacts_of(&c, 2, &run),
         [("/work/progress".to_string(), "25".to_string())]
     );
-    for (k, child) in [(0, &mut stuck), (1, &mut { other })] {
-        let _ = nix::sys::signal::kill(
-            nix::unistd::Pid::from_raw(child.id() as i32),
-            nix::sys::signal::Signal::SIGTERM,
-        );
-        let status = child.wait().unwrap();
-        assert!(
-            status.success(),
-            "worker {k} stopped with {status}: {}",
-            c.worker_log(k)
-        );
-    }
+    c.stop_worker(0, &mut stuck);
+    c.stop_worker(1, &mut { other });
 }
 
 #[test]
@@ -996,16 +981,7 @@ fn a_run_goes_on_across_a_postgresql_restart_and_its_stage_commits_once() {
     assert!(logs.contains("reconnected to the PostgreSQL state store"), "{logs}");
     // Nothing is left running on any host once the workers stop.
     for (k, child) in workers.iter_mut().enumerate() {
-        let _ = nix::sys::signal::kill(
-            nix::unistd::Pid::from_raw(child.id() as i32),
-            nix::sys::signal::Signal::SIGTERM,
-        );
-        let status = child.wait().unwrap();
-        assert!(
-            status.success(),
-            "worker {k} stopped with {status}: {}",
-            c.worker_log(k)
-        );
+        c.stop_worker(k, child);
     }
     for k in 0..2 {
         c.ok(k, &["gc"]);
@@ -1048,15 +1024,7 @@ fn a_worker_cut_off_from_the_database_stops_its_attempt_and_commits_nothing() {
     c.wait_completed(1, &run);
     // Back on the network, host 0 commits nothing of its attempt.
     c.hosts.link(0, true);
-    let deadline = Instant::now() + Duration::from_secs(60);
-    while !(c.worker_log(0).contains("\"event\":\"lost\"") || c.worker_log(0).contains("\"event\":\"failed\"")) {
-        assert!(
-            Instant::now() < deadline,
-            "host 0's worker said nothing of its job: {}",
-            c.worker_log(0)
-        );
-        std::thread::sleep(Duration::from_millis(300));
-    }
+    c.wait_for_job_event(0, &["lost", "failed"]);
     let events = c.events(1, &run);
     assert_eq!(count_kind(&events, "completed"), 2, "{:?}", kinds(&events));
     assert_eq!(read_output(&c, 1, &run, "progress"), "60");
@@ -1064,18 +1032,80 @@ fn a_worker_cut_off_from_the_database_stops_its_attempt_and_commits_nothing() {
         artifacts_of(&c, 1, &run),
         [("/work/progress".to_string(), "60".to_string())]
     );
-    for (k, child) in [(0, &mut first), (1, &mut second)] {
-        let _ = nix::sys::signal::kill(
-            nix::unistd::Pid::from_raw(child.id() as i32),
-            nix::sys::signal::Signal::SIGTERM,
-        );
-        let status = child.wait().unwrap();
-        assert!(
-            status.success(),
-            "worker {k} stopped with {status}: {}",
-            c.worker_log(k)
-        );
-    }
+    c.stop_worker(0, &mut first);
+    c.stop_worker(1, &mut second);
     c.ok(0, &["gc"]);
     assert!(sandboxes_on(&c, 0).is_empty(), "host 0 kept {:?}", sandboxes_on(&c, 0));
+}
+
+/// A stage that writes 32 MiB of random bytes once, then counts to `to` as
+/// counting_pipeline's does, checkpointing every second.
+fn heavy_counting_pipeline(dir: &Path, to: u32) -> PathBuf {
+    let file = dir.join("heavy.toml");
+    std::fs::write(
+        &file,
+        format!(
+            r#"[pipeline]
+name = "heavy"
+image = "busybox"
+
+[[stage]]
+name = "count"
+key = "heavy-{to}-{{params.nonce}}"
+checkpoint_every = "1s"
+artifacts = ["/work/progress"]
+run = [
+  "mkdir -p /work; [ -f /work/blob ] || head -c 33554432 /dev/urandom > /work/blob; start=$(cat /work/progress 2>/dev/null || echo 0); for i in $(seq $start {to}); do echo $i > /work/progress; head -c 262144 /dev/urandom > /work/noise; sleep 0.2; done",
+]
+
+[params]
+nonce = "0"
+"#
+        ),
+    )
+    .unwrap();
+    file
+}
+
+#[test]
+fn checkpoints_taken_while_the_object_store_is_down_are_whole_once_it_is_back() {
+    let test = "checkpoints_taken_while_the_object_store_is_down_are_whole_once_it_is_back";
+    let Some(mut c) = Cluster::start(test, 2) else {
+        return;
+    };
+    c.import_busybox(1);
+    let file = heavy_counting_pipeline(c.home(1), 40);
+    let run = c.enqueue(1, &file, &["nonce=s3down"]);
+    let mut worker = c.worker(0, 3);
+    c.wait_for(1, &run, 120, "a checkpoint", |e| count_kind(e, "checkpoint") >= 1);
+    // The S3 server goes away under the next checkpoints' uploads, and comes back.
+    c.garage.kill();
+    std::thread::sleep(Duration::from_secs(4));
+    c.garage.restart();
+    c.wait_completed(1, &run);
+    let events = c.events(1, &run);
+    assert_eq!(count_kind(&events, "completed"), 2, "{:?}", kinds(&events));
+    assert_eq!(read_output(&c, 1, &run, "progress"), "40");
+    assert_eq!(
+        artifacts_of(&c, 1, &run),
+        [("/work/progress".to_string(), "40".to_string())]
+    );
+    // Every checkpoint recorded restores whole on the host that never ran
+    // the stage, from the bucket alone: none names a missing chunk.
+    let checkpoints: Vec<String> = events
+        .iter()
+        .filter(|e| e["kind"] == "checkpoint")
+        .filter_map(|e| e["snapshot_id"].as_str().map(str::to_string))
+        .collect();
+    assert!(!checkpoints.is_empty(), "{:?}", kinds(&events));
+    for snap in &checkpoints {
+        let id = c.ok(1, &["restore", snap]);
+        let sizes = c.ok(
+            1,
+            &["exec", &id, "--", "sh", "-c", "wc -c < /work/blob; cat /work/progress"],
+        );
+        assert!(sizes.starts_with("33554432\n"), "checkpoint {snap}: {sizes}");
+        c.ok(1, &["rm", "-f", &id]);
+    }
+    c.stop_worker(0, &mut worker);
 }

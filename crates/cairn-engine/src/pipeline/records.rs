@@ -765,24 +765,60 @@ impl Db {
         })
     }
 
-    /// Object ids of every pending artifact that may still be committed
-    /// (its claim held, or outside the queue its stage still running), after
-    /// dropping the rest: what `gc` keeps, and what it lets go.
+    /// Every pending artifact that may still be committed (its claim held,
+    /// or outside the queue its stage still running), after dropping the
+    /// rest, each with an `artifact-dropped` event on its run: what `gc`
+    /// keeps, and what it lets go.
     pub fn live_pending_artifacts(&self) -> Result<Vec<ArtifactRecord>, StateError> {
         self.transaction(|b| {
-            b.execute(
-                "DELETE FROM pending_artifacts WHERE job_id <> '' AND NOT EXISTS (
-                   SELECT 1 FROM stage_jobs j WHERE j.id = pending_artifacts.job_id
-                     AND j.epoch = pending_artifacts.epoch AND j.status = 'claimed')",
-                &[],
+            // Those that can no longer be committed, each said on its run.
+            let stale = rows(
+                b.query(
+                    "SELECT p.run_id, p.stage, p.branch, p.path, p.job_id, p.epoch,
+                       (SELECT count(*) FROM runs r WHERE r.id = p.run_id)
+                     FROM pending_artifacts p
+                     WHERE (p.job_id <> '' AND NOT EXISTS (
+                             SELECT 1 FROM stage_jobs j WHERE j.id = p.job_id
+                               AND j.epoch = p.epoch AND j.status = 'claimed'))
+                        OR (p.job_id = '' AND NOT EXISTS (
+                             SELECT 1 FROM stages s WHERE s.run_id = p.run_id AND s.stage = p.stage
+                               AND s.branch = p.branch AND s.status = 'running'))",
+                    &[],
+                )?,
+                |r| {
+                    Ok((
+                        [r.get::<String>(0)?, r.get(1)?, r.get(2)?, r.get(3)?, r.get(4)?],
+                        r.get::<i64>(5)?,
+                        r.get::<i64>(6)? > 0,
+                    ))
+                },
             )?;
-            b.execute(
-                "DELETE FROM pending_artifacts WHERE job_id = '' AND NOT EXISTS (
-                   SELECT 1 FROM stages s WHERE s.run_id = pending_artifacts.run_id
-                     AND s.stage = pending_artifacts.stage AND s.branch = pending_artifacts.branch
-                     AND s.status = 'running')",
-                &[],
-            )?;
+            for ([run, stage, branch, path, job], epoch, run_exists) in stale {
+                if run_exists {
+                    let claim = if job.is_empty() {
+                        "outside the queue".to_string()
+                    } else {
+                        format!("under claim {epoch}")
+                    };
+                    insert_event(
+                        b,
+                        &run,
+                        Some(&stage),
+                        (!branch.is_empty()).then_some(branch.as_str()),
+                        "artifact-dropped",
+                        &format!(
+                            "artifact {path}, collected {claim}, was never committed (the claim moved on or \
+                             its attempt ended): dropped, its bytes go with the garbage"
+                        ),
+                        None,
+                    )?;
+                }
+                b.execute(
+                    "DELETE FROM pending_artifacts WHERE run_id = $1 AND stage = $2 AND branch = $3
+                       AND path = $4 AND job_id = $5 AND epoch = $6",
+                    params![&run, &stage, &branch, &path, &job, epoch],
+                )?;
+            }
             rows(
                 b.query(
                     "SELECT id, run_id, stage, branch, path, size_bytes, content_hash, snapshot_id
