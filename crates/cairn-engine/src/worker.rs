@@ -111,11 +111,19 @@ impl Drop for Lent {
     }
 }
 
-/// The claims this worker holds, for the heartbeat.
-type Held = Arc<Mutex<HashMap<String, Fence>>>;
+/// The claims this worker holds, by job, each with when it was last
+/// claimed or renewed: the heartbeat renews them, the watchdog gives up
+/// on those not renewed for a lease.
+type Held = Arc<Mutex<HashMap<String, (Fence, Instant)>>>;
 
-/// When each held claim was last claimed or renewed, for the watchdog.
-type Renewals = Arc<Mutex<HashMap<Fence, Instant>>>;
+/// Forgets `fence` if it is still the claim held on its job (the worker
+/// may hold the job again under a newer one).
+fn forget(held: &Held, fence: &Fence) {
+    let mut held = held.lock().unwrap_or_else(|p| p.into_inner());
+    if held.get(&fence.job).is_some_and(|(f, _)| f == fence) {
+        held.remove(&fence.job);
+    }
+}
 
 /// Runs a worker until `stop` is set (then waits for the jobs running to
 /// end) or, with `idle_exit`, until the queue stays empty that long.
@@ -145,21 +153,13 @@ pub fn run_worker(
     let held: Held = Arc::default();
     let running = Arc::new(std::sync::atomic::AtomicUsize::new(0));
     let beating = Arc::new(AtomicBool::new(true));
-    let renewals: Renewals = Arc::default();
     let heartbeat = {
-        let (home, held, renewals, beating, lease, id) = (
-            home.clone(),
-            held.clone(),
-            renewals.clone(),
-            beating.clone(),
-            opts.lease,
-            me.id.clone(),
-        );
-        std::thread::spawn(move || heartbeat(&home, &held, &renewals, &beating, lease, &id))
+        let (home, held, beating, lease, id) = (home.clone(), held.clone(), beating.clone(), opts.lease, me.id.clone());
+        std::thread::spawn(move || heartbeat(&home, &held, &beating, lease, &id))
     };
     let watchdog = {
-        let (held, renewals, beating, lease) = (held.clone(), renewals.clone(), beating.clone(), opts.lease);
-        std::thread::spawn(move || watchdog(&held, &renewals, &beating, lease))
+        let (held, beating, lease) = (held.clone(), beating.clone(), opts.lease);
+        std::thread::spawn(move || watchdog(&held, &beating, lease))
     };
     let mut idle_since = Instant::now();
     let mut engine = engine;
@@ -180,9 +180,7 @@ pub fn run_worker(
             // The state store away (a restart, a partition) stops nothing:
             // the worker says so and tries again a poll later; its leases
             // run down meanwhile and the fence settles who commits.
-            let claimed = match claim_round(
-                &engine, &me, opts, stop, &slots, &held, &renewals, &running, scope, &home, watch,
-            ) {
+            let claimed = match claim_round(&engine, &me, opts, stop, &slots, &held, &running, scope, &home, watch) {
                 Ok(claimed) => claimed,
                 Err(e) => {
                     tracing::warn!("the stage queue is unreachable: {e}");
@@ -230,7 +228,6 @@ fn claim_round<'scope, 'env>(
     stop: &AtomicBool,
     slots: &Arc<Slots>,
     held: &Held,
-    renewals: &Renewals,
     running: &Arc<std::sync::atomic::AtomicUsize>,
     scope: &'scope std::thread::Scope<'scope, 'env>,
     home: &Home,
@@ -257,11 +254,7 @@ fn claim_round<'scope, 'env>(
         };
         held.lock()
             .unwrap_or_else(|p| p.into_inner())
-            .insert(job.id.clone(), fence.clone());
-        renewals
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .insert(fence.clone(), Instant::now());
+            .insert(job.id.clone(), (fence.clone(), Instant::now()));
         watch.job(&job, "claimed", &format!("claim {} by {}", job.epoch, me.id));
         running.fetch_add(1, Ordering::SeqCst);
         let (home, slots, held, running) = (home.clone(), slots.clone(), held.clone(), running.clone());
@@ -346,7 +339,7 @@ fn stop_attempts(fence: &Fence) -> Vec<String> {
 
 /// Renews every held lease a third of a lease apart; a job whose renewal
 /// is refused has moved on and is renewed no more.
-fn heartbeat(home: &Home, held: &Held, renewals: &Renewals, beating: &AtomicBool, lease: Duration, worker: &str) {
+fn heartbeat(home: &Home, held: &Held, beating: &AtomicBool, lease: Duration, worker: &str) {
     let mut db = None;
     while beating.load(Ordering::SeqCst) {
         let pause = Instant::now() + lease / 3;
@@ -358,23 +351,19 @@ fn heartbeat(home: &Home, held: &Held, renewals: &Renewals, beating: &AtomicBool
                 .lock()
                 .unwrap_or_else(|p| p.into_inner())
                 .values()
-                .cloned()
+                .map(|(f, _)| f.clone())
                 .collect();
             for fence in jobs {
                 match d.renew_lease(&fence, worker, lease) {
                     Ok(true) => {
-                        renewals
-                            .lock()
-                            .unwrap_or_else(|p| p.into_inner())
-                            .insert(fence.clone(), Instant::now());
-                    }
-                    Ok(false) => {
                         let mut held = held.lock().unwrap_or_else(|p| p.into_inner());
-                        // Only this claim: the worker may hold the job again under a newer one.
-                        if held.get(&fence.job) == Some(&fence) {
-                            held.remove(&fence.job);
+                        if let Some((f, at)) = held.get_mut(&fence.job) {
+                            if *f == fence {
+                                *at = Instant::now();
+                            }
                         }
                     }
+                    Ok(false) => forget(held, &fence),
                     // The store is away: the lease runs down, and the fence
                     // decides if it expired before the next commit.
                     Err(e) => tracing::warn!(job = fence.job, "cannot renew the lease: {e}"),
@@ -393,21 +382,17 @@ fn heartbeat(home: &Home, held: &Held, renewals: &Renewals, beating: &AtomicBool
 /// (this host cut off from the store) is presumed taken over, renewed no
 /// more, and its attempts are stopped, so a cut-off host stops computing
 /// about a lease after its last renewal.
-fn watchdog(held: &Held, renewals: &Renewals, beating: &AtomicBool, lease: Duration) {
+fn watchdog(held: &Held, beating: &AtomicBool, lease: Duration) {
     while beating.load(Ordering::SeqCst) {
         std::thread::sleep((lease / 6).max(Duration::from_millis(50)));
-        let lost: Vec<Fence> = {
-            let held = held.lock().unwrap_or_else(|p| p.into_inner());
-            let mut renewals = renewals.lock().unwrap_or_else(|p| p.into_inner());
-            renewals.retain(|f, _| held.get(&f.job) == Some(f));
-            renewals
-                .iter()
-                .filter(|(_, at)| at.elapsed() >= lease)
-                .map(|(f, _)| f.clone())
-                .collect()
-        };
+        let lost: Vec<Fence> = held
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .values()
+            .filter(|(_, at)| at.elapsed() >= lease)
+            .map(|(f, _)| f.clone())
+            .collect();
         for fence in lost {
-            renewals.lock().unwrap_or_else(|p| p.into_inner()).remove(&fence);
             presume_lost(held, &fence);
         }
     }
@@ -416,12 +401,7 @@ fn watchdog(held: &Held, renewals: &Renewals, beating: &AtomicBool, lease: Durat
 /// A claim not renewed for a whole lease: renewed no more, and its
 /// attempts stopped.
 fn presume_lost(held: &Held, fence: &Fence) {
-    {
-        let mut held = held.lock().unwrap_or_else(|p| p.into_inner());
-        if held.get(&fence.job) == Some(fence) {
-            held.remove(&fence.job);
-        }
-    }
+    forget(held, fence);
     let stopped = stop_attempts(fence);
     tracing::warn!(
         job = fence.job,

@@ -367,13 +367,12 @@ impl Db {
             if s.status != "running" {
                 if s.status == "completed" {
                     b.execute(
-                        "INSERT INTO artifacts (id, run_id, stage, branch, path, size_bytes, content_hash, snapshot_id)
-                         SELECT id, run_id, stage, branch, path, size_bytes, content_hash, snapshot_id
-                         FROM pending_artifacts
-                         WHERE run_id = $1 AND stage = $2 AND branch = $3 AND job_id = $4 AND epoch = $5
-                         ON CONFLICT (id) DO UPDATE SET run_id = excluded.run_id, stage = excluded.stage,
-                         branch = excluded.branch, path = excluded.path, size_bytes = excluded.size_bytes,
-                         content_hash = excluded.content_hash, snapshot_id = excluded.snapshot_id",
+                        &format!(
+                            "INSERT INTO artifacts ({ARTIFACT_COLUMNS}) SELECT {ARTIFACT_COLUMNS}
+                             FROM pending_artifacts
+                             WHERE run_id = $1 AND stage = $2 AND branch = $3 AND job_id = $4 AND epoch = $5
+                             {ARTIFACT_UPSERT}"
+                        ),
                         params![&s.run_id, &s.stage, &s.branch, &job, epoch],
                     )?;
                 }
@@ -698,11 +697,9 @@ impl Db {
     pub fn insert_artifact(&self, a: &ArtifactRecord) -> Result<(), StateError> {
         self.fenced(|b| {
             b.execute(
-                "INSERT INTO artifacts (id, run_id, stage, branch, path, size_bytes, content_hash, snapshot_id)
-                 VALUES ($1, $2, $3, $4, $5, $6, $7, $8)
-                 ON CONFLICT (id) DO UPDATE SET run_id = excluded.run_id, stage = excluded.stage,
-                 branch = excluded.branch, path = excluded.path, size_bytes = excluded.size_bytes,
-                 content_hash = excluded.content_hash, snapshot_id = excluded.snapshot_id",
+                &format!(
+                    "INSERT INTO artifacts ({ARTIFACT_COLUMNS}) VALUES ($1, $2, $3, $4, $5, $6, $7, $8) {ARTIFACT_UPSERT}"
+                ),
                 params![
                     &a.id,
                     &a.run_id,
@@ -725,12 +722,13 @@ impl Db {
         let (job, epoch) = claim_of(&self.fence());
         self.fenced(|b| {
             b.execute(
-                "INSERT INTO pending_artifacts
-                   (id, run_id, stage, branch, path, size_bytes, content_hash, snapshot_id, job_id, epoch)
+                &format!(
+                    "INSERT INTO pending_artifacts ({ARTIFACT_COLUMNS}, job_id, epoch)
                  VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10)
                  ON CONFLICT (run_id, stage, branch, path, job_id, epoch) DO UPDATE SET id = excluded.id,
                  size_bytes = excluded.size_bytes, content_hash = excluded.content_hash,
-                 snapshot_id = excluded.snapshot_id",
+                 snapshot_id = excluded.snapshot_id"
+                ),
                 params![
                     &a.id,
                     &a.run_id,
@@ -754,10 +752,11 @@ impl Db {
         self.with(|b| {
             rows(
                 b.query(
-                    "SELECT id, run_id, stage, branch, path, size_bytes, content_hash, snapshot_id
-                     FROM pending_artifacts
-                     WHERE run_id = $1 AND stage = $2 AND branch = $3 AND job_id = $4 AND epoch = $5
-                     ORDER BY path",
+                    &format!(
+                        "SELECT {ARTIFACT_COLUMNS} FROM pending_artifacts
+                         WHERE run_id = $1 AND stage = $2 AND branch = $3 AND job_id = $4 AND epoch = $5
+                         ORDER BY path"
+                    ),
                     params![run, stage, branch, &job, epoch],
                 )?,
                 artifact_from_row,
@@ -821,8 +820,7 @@ impl Db {
             }
             rows(
                 b.query(
-                    "SELECT id, run_id, stage, branch, path, size_bytes, content_hash, snapshot_id
-                     FROM pending_artifacts ORDER BY run_id, stage, path",
+                    &format!("SELECT {ARTIFACT_COLUMNS} FROM pending_artifacts ORDER BY run_id, stage, path"),
                     &[],
                 )?,
                 artifact_from_row,
@@ -834,8 +832,10 @@ impl Db {
         self.with(|b| {
             rows(
                 b.query(
-                    "SELECT id, run_id, stage, branch, path, size_bytes, content_hash, snapshot_id FROM artifacts
-                     WHERE CAST($1 AS TEXT) IS NULL OR run_id = $1 ORDER BY run_id, stage, path",
+                    &format!(
+                        "SELECT {ARTIFACT_COLUMNS} FROM artifacts
+                         WHERE CAST($1 AS TEXT) IS NULL OR run_id = $1 ORDER BY run_id, stage, path"
+                    ),
                     params![run],
                 )?,
                 artifact_from_row,
@@ -966,6 +966,14 @@ fn insert_new_event(
     )?;
     Ok(())
 }
+
+/// An artifact's columns, in the order [`artifact_from_row`] reads them.
+const ARTIFACT_COLUMNS: &str = "id, run_id, stage, branch, path, size_bytes, content_hash, snapshot_id";
+
+/// An artifact recorded again under its id replaces the row whole.
+const ARTIFACT_UPSERT: &str = "ON CONFLICT (id) DO UPDATE SET run_id = excluded.run_id, stage = excluded.stage, \
+     branch = excluded.branch, path = excluded.path, size_bytes = excluded.size_bytes, \
+     content_hash = excluded.content_hash, snapshot_id = excluded.snapshot_id";
 
 fn artifact_from_row(r: &crate::state::Row) -> Result<ArtifactRecord, StateError> {
     Ok(ArtifactRecord {
