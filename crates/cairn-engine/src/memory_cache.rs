@@ -1,35 +1,43 @@
 //! Memory images kept on this host (`$CAIRN_HOME/memory/<snapshot>/`, root's
 //! alone), as the driver wrote them, so a restore here reads them directly,
-//! and their seals: the BLAKE3 of every file's content, recorded when the image is put in
-//! place (`memory/.seal-<snapshot>`) and checked before each restore that
-//! would use the image. Its files are hard links shared between snapshots
-//! (a flattened snapshot links its parent's), so nothing `lstat` says of
-//! them (link count, change time) is stable: the seal is of the bytes.
+//! and their seals (`memory/.seal-<snapshot>`), checked before each restore
+//! that would use the image.
 //!
-//! The snapshot's manifest pins the image too, but as the store keeps it
-//! (a gVisor state file inflated, then chunked), so checking the bytes
-//! runsc reads against it would mean inflating and chunking again; hashing
-//! them is cheaper. A file is hashed in [`SEGMENT`]-byte pieces on every
-//! core, its hash the BLAKE3 of its pieces' hashes.
+//! A seal says what each file's bytes are: for a file the snapshot stores
+//! as written (a gVisor `pages.img`, most of the image), the stored content
+//! itself, whose chunks name their BLAKE3 hashes, so sealing it reads
+//! nothing; for the rest (small state files, stored inflated), the BLAKE3 of
+//! the file, hashed in [`SEGMENT`]-byte pieces on every core. It also says
+//! which boot wrote it and each file's inode and modification time. In the
+//! boot that sealed it, a file with the same inode, size and modification
+//! time is the file sealed, and nothing is read: only root can write it, a
+//! write moves its modification time, and the page cache holds what was
+//! written. After a reboot (an unsynced copy may be torn by a crash) every
+//! byte is checked: the pieces hashed again, the stored content's chunks
+//! compared with the file's bytes on every core, and the seal is renewed
+//! for the new boot. Files are hard links shared between snapshots (a
+//! flattened snapshot links its parent's), so a link's count and change
+//! time are not part of the seal; its inode and modification time are.
 //!
-//! The format, one line each: `cairn-memory-seal 1`, then per file
-//! `<hash> <size> <name>`, sorted by name (see `docs/formats.md`).
+//! The format, one line each: `cairn-memory-seal 2`, `boot <boot id>`, then
+//! per file `<hash or -> <size> <inode> <mtime ns> <name>`, sorted by name
+//! (see `docs/formats.md`).
 
 use std::fs::{self, File};
 use std::io;
-use std::os::unix::fs::{FileExt, PermissionsExt};
+use std::os::unix::fs::{FileExt, MetadataExt, PermissionsExt};
 use std::path::{Path, PathBuf};
 use std::time::Instant;
 
 use rayon::prelude::*;
 
 use crate::images::ScratchDir;
-use crate::snapshots::MemoryImage;
+use crate::snapshots::{MemoryForm, MemoryImage};
 use crate::Engine;
 
 /// The first line of a seal; another version is not understood, so the
 /// image it seals is rebuilt from the store.
-const HEADER: &str = "cairn-memory-seal 1";
+const HEADER: &str = "cairn-memory-seal 2";
 
 /// How much of a file one core hashes at a time.
 const SEGMENT: u64 = 32 << 20;
@@ -38,9 +46,80 @@ const SEGMENT: u64 = 32 << 20;
 /// a layer's is.
 pub use cairn_layers::seal::path_of;
 
-/// The seal of the regular files in `dir` (anything else in it, a
-/// directory or a link, is refused: runsc writes none).
-pub fn compute(dir: &Path) -> io::Result<String> {
+/// This boot's identity (the kernel's random boot id).
+pub(crate) fn boot_id() -> String {
+    fs::read_to_string("/proc/sys/kernel/random/boot_id")
+        .map(|s| s.trim().to_string())
+        .unwrap_or_default()
+}
+
+/// One file as a seal records it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+struct Sealed {
+    name: String,
+    /// The file's hash, or `None` for a file that is the snapshot's stored
+    /// content.
+    hash: Option<String>,
+    size: u64,
+    inode: u64,
+    mtime_ns: i128,
+}
+
+/// A parsed seal.
+#[derive(Debug, Clone, PartialEq, Eq)]
+struct Seal {
+    boot: String,
+    files: Vec<Sealed>,
+}
+
+impl Seal {
+    fn render(&self) -> String {
+        let mut out = format!("{HEADER}\nboot {}\n", self.boot);
+        for f in &self.files {
+            out.push_str(&format!(
+                "{} {} {} {} {}\n",
+                f.hash.as_deref().unwrap_or("-"),
+                f.size,
+                f.inode,
+                f.mtime_ns,
+                f.name
+            ));
+        }
+        out
+    }
+
+    fn parse(text: &str) -> Option<Seal> {
+        let mut lines = text.lines();
+        if lines.next() != Some(HEADER) {
+            return None;
+        }
+        let boot = lines.next()?.strip_prefix("boot ")?.to_string();
+        let files = lines
+            .map(|l| {
+                let mut parts = l.splitn(5, ' ');
+                let hash = parts.next()?;
+                let size = parts.next()?.parse().ok()?;
+                let inode = parts.next()?.parse().ok()?;
+                let mtime_ns = parts.next()?.parse().ok()?;
+                let name = parts.next()?.to_string();
+                let hash = (hash != "-").then(|| hash.to_string());
+                Some(Sealed {
+                    name,
+                    hash,
+                    size,
+                    inode,
+                    mtime_ns,
+                })
+            })
+            .collect::<Option<Vec<_>>>()?;
+        Some(Seal { boot, files })
+    }
+}
+
+/// The regular files of `dir` as they are now, sorted by name, with no
+/// hash yet (anything else in it, a directory or a link, is refused: runsc
+/// writes none).
+fn files_of(dir: &Path) -> io::Result<Vec<Sealed>> {
     let mut files = Vec::new();
     for e in fs::read_dir(dir)? {
         let e = e?;
@@ -55,27 +134,63 @@ pub fn compute(dir: &Path) -> io::Result<String> {
             .file_name()
             .into_string()
             .map_err(|n| io::Error::other(format!("{} is not a UTF-8 name", Path::new(&n).display())))?;
-        files.push((name, md.len()));
+        files.push(Sealed {
+            name,
+            hash: None,
+            size: md.len(),
+            inode: md.ino(),
+            mtime_ns: md.mtime() as i128 * 1_000_000_000 + md.mtime_nsec() as i128,
+        });
     }
-    files.sort();
-    let pieces: Vec<(usize, u64)> = files
+    files.sort_by(|a, b| a.name.cmp(&b.name));
+    Ok(files)
+}
+
+/// The stored content of file `name` of `memory` when the snapshot keeps
+/// its bytes as written and as long as `size`: then those are the bytes a
+/// seal can name without hashing them.
+fn as_written<'a>(memory: &'a MemoryImage, name: &str, size: u64) -> Option<&'a cairn_store::FileContent> {
+    memory
+        .files
         .iter()
-        .enumerate()
-        .flat_map(|(i, (_, len))| (0..len.div_ceil(SEGMENT).max(1)).map(move |s| (i, s * SEGMENT)))
+        .find(|f| f.name == name && f.form == MemoryForm::AsWritten && f.content.size == size)
+        .map(|f| &f.content)
+}
+
+/// The seal of the regular files in `dir`, as written by snapshot `memory`
+/// in boot `boot`: files stored as written are named by their content,
+/// the rest hashed.
+fn compute(dir: &Path, memory: &MemoryImage, boot: &str) -> io::Result<Seal> {
+    let mut files = files_of(dir)?;
+    let hashed: Vec<usize> = (0..files.len())
+        .filter(|&i| as_written(memory, &files[i].name, files[i].size).is_none())
         .collect();
+    let hashes = hashed
+        .iter()
+        .map(|&i| hash_file(&dir.join(&files[i].name), files[i].size))
+        .collect::<io::Result<Vec<_>>>()?;
+    for (i, h) in hashed.into_iter().zip(hashes) {
+        files[i].hash = Some(h);
+    }
+    Ok(Seal {
+        boot: boot.to_string(),
+        files,
+    })
+}
+
+/// The hex BLAKE3 of the BLAKE3 hashes of a file's [`SEGMENT`]-byte pieces,
+/// hashed on every core.
+fn hash_file(path: &Path, len: u64) -> io::Result<String> {
+    let pieces: Vec<u64> = (0..len.div_ceil(SEGMENT).max(1)).map(|s| s * SEGMENT).collect();
     let hashes = pieces
         .par_iter()
-        .map(|&(i, offset)| hash_piece(&dir.join(&files[i].0), offset, files[i].1))
+        .map(|&offset| hash_piece(path, offset, len))
         .collect::<io::Result<Vec<_>>>()?;
-    let mut out = format!("{HEADER}\n");
-    for (i, (name, len)) in files.iter().enumerate() {
-        let mut h = blake3::Hasher::new();
-        for (_, piece) in pieces.iter().zip(&hashes).filter(|((f, _), _)| *f == i) {
-            h.update(piece.as_bytes());
-        }
-        out.push_str(&format!("{} {len} {name}\n", h.finalize().to_hex()));
+    let mut h = blake3::Hasher::new();
+    for piece in &hashes {
+        h.update(piece.as_bytes());
     }
-    Ok(out)
+    Ok(h.finalize().to_hex().to_string())
 }
 
 /// The hash of `[offset, offset + SEGMENT)` of the file at `path` whose
@@ -104,62 +219,155 @@ fn hash_piece(path: &Path, offset: u64, len: u64) -> io::Result<blake3::Hash> {
     Ok(h.finalize())
 }
 
+/// Whether the file at `path` holds exactly `content`: every chunk's bytes
+/// hash to the chunk's hash and the bytes between chunks are zeros; checked
+/// on every core.
+fn matches_content(path: &Path, content: &cairn_store::FileContent) -> io::Result<bool> {
+    let f = File::open(path)?;
+    if f.metadata()?.len() != content.size {
+        return Ok(false);
+    }
+    // The ranges to check: each chunk, and each gap (zeros).
+    let mut ranges = Vec::with_capacity(content.chunks.len() * 2 + 1);
+    let mut end = 0u64;
+    for c in &content.chunks {
+        if c.offset > end {
+            ranges.push((end, c.offset - end, None));
+        }
+        ranges.push((c.offset, c.len as u64, Some(c.hash)));
+        end = c.offset + c.len as u64;
+    }
+    if content.size > end {
+        ranges.push((end, content.size - end, None));
+    }
+    let bad = ranges
+        .par_iter()
+        .map_init(Vec::new, |buf: &mut Vec<u8>, &(offset, len, hash)| {
+            let mut at = 0u64;
+            let mut hasher = blake3::Hasher::new();
+            while at < len {
+                let want = (len - at).min(1 << 20) as usize;
+                buf.resize(want, 0);
+                f.read_exact_at(buf, offset + at)?;
+                match hash {
+                    Some(_) => {
+                        hasher.update(buf);
+                    }
+                    None if buf.iter().any(|&b| b != 0) => return Ok(true),
+                    None => {}
+                }
+                at += want as u64;
+            }
+            Ok(hash.is_some_and(|h| *hasher.finalize().as_bytes() != *h.as_bytes()))
+        });
+    let bad: Vec<bool> = bad.collect::<io::Result<_>>()?;
+    Ok(!bad.into_iter().any(|b| b))
+}
+
 /// Records `seal` for the image directory `image` (written whole, then
 /// renamed into place).
-pub fn write(image: &Path, seal: &str) -> io::Result<()> {
+fn write(image: &Path, seal: &Seal) -> io::Result<()> {
     let path = path_of(image);
     let tmp = path.with_extension(format!("tmp-{}", std::process::id()));
-    fs::write(&tmp, seal)?;
+    fs::write(&tmp, seal.render())?;
     fs::rename(&tmp, &path)
 }
 
 /// The seal recorded for `image`, if any, and if it is one this version
 /// reads.
-pub fn recorded(image: &Path) -> Option<String> {
-    fs::read_to_string(path_of(image))
-        .ok()
-        .filter(|s| s.lines().next() == Some(HEADER))
+fn recorded(image: &Path) -> Option<Seal> {
+    fs::read_to_string(path_of(image)).ok().and_then(|s| Seal::parse(&s))
 }
 
-/// Why the image at `image` cannot be used as it is, or `None` when its
-/// files are those sealed.
-pub fn check(image: &Path) -> Option<String> {
-    let Some(recorded) = recorded(image) else {
-        return Some(format!("it has no seal at {}", path_of(image).display()));
+/// Why the image at `image`, kept for snapshot `memory`, cannot be used as
+/// it is, or `None` when its files are those sealed (see the module's
+/// documentation for what is read; `boot` is this boot's id). An image
+/// checked in full in another boot than its seal's is sealed again for
+/// this one.
+fn check(image: &Path, memory: &MemoryImage, boot: &str) -> Option<String> {
+    let Some(sealed) = recorded(image) else {
+        return Some(format!(
+            "it has no seal this version reads at {}",
+            path_of(image).display()
+        ));
     };
-    match compute(image) {
-        Ok(now) if now == recorded => None,
-        Ok(now) => {
-            let changed: Vec<&str> = now
-                .lines()
-                .skip(1)
-                .filter(|l| !recorded.lines().any(|r| r == *l))
-                .filter_map(|l| l.splitn(3, ' ').nth(2))
-                .collect();
-            let gone: Vec<&str> = recorded
-                .lines()
-                .skip(1)
-                .filter_map(|l| l.splitn(3, ' ').nth(2))
-                .filter(|name| !now.lines().skip(1).any(|l| l.splitn(3, ' ').nth(2) == Some(name)))
-                .collect();
-            let mut parts = Vec::new();
-            if !changed.is_empty() {
-                parts.push(format!("changed since it was sealed: {}", changed.join(", ")));
+    let now = match files_of(image) {
+        Ok(f) => f,
+        Err(e) => return Some(format!("cannot read it: {e}")),
+    };
+    let name = |f: &Sealed| f.name.clone();
+    let gone: Vec<String> = sealed
+        .files
+        .iter()
+        .filter(|s| !now.iter().any(|n| n.name == s.name))
+        .map(name)
+        .collect();
+    let added: Vec<String> = now
+        .iter()
+        .filter(|n| !sealed.files.iter().any(|s| s.name == n.name))
+        .map(name)
+        .collect();
+    let same_boot = !boot.is_empty() && sealed.boot == boot;
+    let mut changed = Vec::new();
+    for s in &sealed.files {
+        let Some(n) = now.iter().find(|n| n.name == s.name) else {
+            continue;
+        };
+        let path = image.join(&s.name);
+        let same = if n.size != s.size {
+            false
+        } else if same_boot {
+            n.inode == s.inode && n.mtime_ns == s.mtime_ns
+        } else {
+            match &s.hash {
+                Some(h) => hash_file(&path, s.size).is_ok_and(|now| now == *h),
+                None => as_written(memory, &s.name, s.size).is_some_and(|c| matches_content(&path, c).unwrap_or(false)),
             }
-            if !gone.is_empty() {
-                parts.push(format!("gone: {}", gone.join(", ")));
-            }
-            Some(parts.join("; "))
+        };
+        if !same {
+            changed.push(s.name.clone());
         }
-        Err(e) => Some(format!("cannot read it: {e}")),
     }
+    let mut parts = Vec::new();
+    if !changed.is_empty() {
+        parts.push(format!("changed since it was sealed: {}", changed.join(", ")));
+    }
+    if !gone.is_empty() {
+        parts.push(format!("gone: {}", gone.join(", ")));
+    }
+    if !added.is_empty() {
+        parts.push(format!("not sealed: {}", added.join(", ")));
+    }
+    if !parts.is_empty() {
+        return Some(parts.join("; "));
+    }
+    if !same_boot {
+        // Checked byte for byte: sealed again for this boot, with the
+        // files as they are (their hashes unchanged).
+        let renewed = Seal {
+            boot: boot.to_string(),
+            files: sealed
+                .files
+                .iter()
+                .zip(&now)
+                .map(|(s, n)| Sealed {
+                    hash: s.hash.clone(),
+                    ..n.clone()
+                })
+                .collect(),
+        };
+        if let Err(e) = write(image, &renewed) {
+            tracing::debug!("cannot renew the seal of {}: {e}", image.display());
+        }
+    }
+    None
 }
 
 impl Engine {
     /// Keeps the image the driver wrote for snapshot `snap`, sealed, for
     /// restores on this host; without it a restore rebuilds the image from
     /// the store. Best effort: a snapshot is whole without it.
-    pub(crate) fn keep_memory_image(&self, snap: &str, image: ScratchDir) {
+    pub(crate) fn keep_memory_image(&self, snap: &str, image: ScratchDir, memory: &MemoryImage) {
         let root = self.home.memory_images();
         let cache = self.home.memory_image(snap);
         if fs::create_dir_all(&root).is_err() || cache.exists() {
@@ -170,7 +378,7 @@ impl Engine {
             // Memory holds whatever the sandbox held: root's alone.
             fs::set_permissions(&root, fs::Permissions::from_mode(0o700))?;
             fs::set_permissions(image.path(), fs::Permissions::from_mode(0o700))?;
-            let seal = compute(image.path())?;
+            let seal = compute(image.path(), memory, &boot_id())?;
             image.persist(&cache)?;
             write(&cache, &seal)
         })();
@@ -226,7 +434,7 @@ impl Engine {
             .iter()
             .all(|f| fs::symlink_metadata(cached.join(&f.name)).is_ok_and(|m| m.is_file() && m.len() > 0))
         {
-            check(&cached)
+            check(&cached, memory, &boot_id())
         } else {
             Some("it lacks files the snapshot's image has".to_string())
         };
@@ -260,51 +468,159 @@ impl Engine {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::snapshots::MemoryFile;
+    use cairn_store::{ChunkHash, ChunkRef, FileContent};
+
+    /// A snapshot's image whose `pages.img` is stored as written, in chunks
+    /// of 1 MiB with a hole (zeros) between the first two, and whose
+    /// `checkpoint.img` is stored inflated (so only its hash can seal it).
+    fn image_of(pages: &[u8]) -> MemoryImage {
+        let mut chunks = Vec::new();
+        let mut offset = 0u64;
+        for (i, piece) in pages.chunks(1 << 20).enumerate() {
+            if i != 1 {
+                chunks.push(ChunkRef {
+                    offset,
+                    len: piece.len() as u32,
+                    hash: ChunkHash::of(piece),
+                });
+            }
+            offset += piece.len() as u64;
+        }
+        MemoryImage {
+            driver: "gvisor".into(),
+            host: None,
+            files: vec![
+                MemoryFile {
+                    name: "checkpoint.img".into(),
+                    form: MemoryForm::GvisorStateStream { header: Vec::new() },
+                    content: FileContent::default(),
+                },
+                MemoryFile {
+                    name: "pages.img".into(),
+                    form: MemoryForm::AsWritten,
+                    content: FileContent {
+                        size: pages.len() as u64,
+                        chunks,
+                    },
+                },
+            ],
+        }
+    }
+
+    fn pages() -> Vec<u8> {
+        let mut pages: Vec<u8> = (0..(3u32 << 20) + 5).map(|i| (i % 251) as u8).collect();
+        pages[1 << 20..2 << 20].fill(0);
+        pages
+    }
+
+    /// Sets a file's modification time back to what it was, as a writer
+    /// hiding a change would.
+    fn set_mtime(path: &Path, ns: i128) {
+        let time = std::time::UNIX_EPOCH + std::time::Duration::from_nanos(ns as u64);
+        fs::OpenOptions::new()
+            .write(true)
+            .open(path)
+            .unwrap()
+            .set_modified(time)
+            .unwrap();
+    }
 
     #[test]
-    fn a_changed_byte_or_a_missing_file_breaks_the_seal() {
+    fn a_seal_names_stored_pages_by_their_content_and_hashes_the_rest() {
         let root = tempfile::tempdir().unwrap();
         let image = root.path().join("snap");
         fs::create_dir(&image).unwrap();
         fs::write(image.join("checkpoint.img"), vec![7u8; 3 << 20]).unwrap();
-        fs::write(image.join("pages.img"), b"pages").unwrap();
-        fs::write(image.join("empty.img"), b"").unwrap();
-        write(&image, &compute(&image).unwrap()).unwrap();
-        assert_eq!(check(&image), None);
+        let pages = pages();
+        fs::write(image.join("pages.img"), &pages).unwrap();
+        let memory = image_of(&pages);
+        let seal = compute(&image, &memory, "boot-a").unwrap();
+        let rendered = seal.render();
+        let lines: Vec<&str> = rendered.lines().collect();
+        assert_eq!(lines[..2], [HEADER, "boot boot-a"]);
+        assert!(lines[2].starts_with(&format!(
+            "{} {} ",
+            hash_file(&image.join("checkpoint.img"), 3 << 20).unwrap(),
+            3 << 20
+        )));
+        assert!(lines[2].ends_with(" checkpoint.img"), "{}", lines[2]);
+        assert!(lines[3].starts_with(&format!("- {} ", pages.len())) && lines[3].ends_with(" pages.img"));
+        assert_eq!(Seal::parse(&seal.render()), Some(seal.clone()));
+        // A file of another size than the stored one is hashed instead.
+        let mut shorter = memory.clone();
+        shorter.files[1].content.size -= 1;
+        assert!(compute(&image, &shorter, "boot-a").unwrap().files[1].hash.is_some());
 
-        let f = fs::OpenOptions::new()
-            .write(true)
-            .open(image.join("checkpoint.img"))
-            .unwrap();
-        f.write_all_at(&[8], 2 << 20).unwrap();
-        let why = check(&image).unwrap();
-        assert!(why.contains("checkpoint.img") && !why.contains("pages.img"), "{why}");
-        f.write_all_at(&[7], 2 << 20).unwrap();
-        assert_eq!(check(&image), None, "the same bytes seal the same");
-
-        fs::remove_file(image.join("pages.img")).unwrap();
-        assert!(check(&image).unwrap().contains("gone: pages.img"));
-        fs::remove_file(path_of(&image)).unwrap();
-        assert!(check(&image).unwrap().contains("no seal"));
-    }
-
-    #[test]
-    fn a_file_is_hashed_in_pieces_the_same_way_every_time() {
-        let root = tempfile::tempdir().unwrap();
-        let image = root.path().join("snap");
-        fs::create_dir(&image).unwrap();
-        // Two pieces and a bit: the last piece is short.
-        let bytes: Vec<u8> = (0..(2 * SEGMENT + 5)).map(|i| (i % 251) as u8).collect();
-        fs::write(image.join("pages.img"), &bytes).unwrap();
-        let seal = compute(&image).unwrap();
-        assert_eq!(seal, compute(&image).unwrap());
+        // A file hashed in pieces: two pieces and a bit, the last short.
+        let big: Vec<u8> = (0..(2 * SEGMENT + 5)).map(|i| (i % 251) as u8).collect();
+        fs::write(root.path().join("big"), &big).unwrap();
         let mut pieces = blake3::Hasher::new();
-        for piece in bytes.chunks(SEGMENT as usize) {
+        for piece in big.chunks(SEGMENT as usize) {
             pieces.update(blake3::hash(piece).as_bytes());
         }
         assert_eq!(
-            seal,
-            format!("{HEADER}\n{} {} pages.img\n", pieces.finalize().to_hex(), bytes.len())
+            hash_file(&root.path().join("big"), big.len() as u64).unwrap(),
+            pieces.finalize().to_hex().to_string()
         );
+    }
+
+    #[test]
+    fn after_a_reboot_every_byte_is_checked_and_in_the_same_boot_a_write_is_seen() {
+        let root = tempfile::tempdir().unwrap();
+        let image = root.path().join("snap");
+        fs::create_dir(&image).unwrap();
+        fs::write(image.join("checkpoint.img"), vec![7u8; 3 << 20]).unwrap();
+        let pages = pages();
+        fs::write(image.join("pages.img"), &pages).unwrap();
+        let memory = image_of(&pages);
+        let seal = compute(&image, &memory, "boot-a").unwrap();
+        write(&image, &seal).unwrap();
+        assert_eq!(check(&image, &memory, "boot-a"), None);
+        // Another boot checks the bytes, finds them whole and seals them
+        // for itself.
+        assert_eq!(check(&image, &memory, "boot-b"), None);
+        assert_eq!(recorded(&image).unwrap().boot, "boot-b");
+        assert_eq!(recorded(&image).unwrap().files, seal.files);
+
+        // A byte changed in a stored chunk, in a hole and in a hashed file,
+        // each with its modification time set back: another boot finds it.
+        for (name, at, value) in [
+            ("pages.img", (2u64 << 20) + 9, 1u8),
+            ("pages.img", (1 << 20) + 3, 1),
+            ("checkpoint.img", 2 << 20, 8),
+        ] {
+            let path = image.join(name);
+            let f = fs::OpenOptions::new().read(true).write(true).open(&path).unwrap();
+            let mut was = [0u8];
+            f.read_exact_at(&mut was, at).unwrap();
+            f.write_all_at(&[value], at).unwrap();
+            let mtime = seal.files.iter().find(|s| s.name == name).unwrap().mtime_ns;
+            set_mtime(&path, mtime);
+            let why = check(&image, &memory, "boot-c").unwrap();
+            assert!(
+                why.contains(name) && why.contains("changed since it was sealed"),
+                "{why}"
+            );
+            // In the boot that sealed it, the same write with its time moved
+            // is seen without reading.
+            set_mtime(&path, mtime + 1);
+            let why = check(&image, &memory, "boot-b").unwrap();
+            assert!(why.contains(name), "{why}");
+            f.write_all_at(&was, at).unwrap();
+            set_mtime(&path, mtime);
+            assert_eq!(check(&image, &memory, "boot-b"), None, "{name} is whole again");
+        }
+
+        // A file gone, one added, no seal.
+        fs::write(image.join("extra.img"), b"x").unwrap();
+        assert!(check(&image, &memory, "boot-b")
+            .unwrap()
+            .contains("not sealed: extra.img"));
+        fs::remove_file(image.join("extra.img")).unwrap();
+        fs::remove_file(image.join("pages.img")).unwrap();
+        assert!(check(&image, &memory, "boot-b").unwrap().contains("gone: pages.img"));
+        fs::remove_file(path_of(&image)).unwrap();
+        assert!(check(&image, &memory, "boot-b").unwrap().contains("no seal"));
     }
 }

@@ -532,8 +532,8 @@ impl Engine {
         // Only once the row exists: a baseline newer than the sandbox's last
         // snapshot would make the next one miss changes.
         write_baseline(&dir, &snap.id, next_baseline);
-        if let Some(image) = image_dir {
-            self.keep_memory_image(&snap.id, image);
+        if let (Some(image), Some(memory)) = (image_dir, &manifest.memory) {
+            self.keep_memory_image(&snap.id, image, memory);
         }
         if let Some(held) = held {
             held.close(&rec.id);
