@@ -398,6 +398,55 @@ impl Engine {
         }
     }
 
+    /// Once snapshot `kept` of a sandbox has its local image, the image of
+    /// its previous snapshot `retired` goes: a sandbox keeps the image of
+    /// its newest memory snapshot only, so local copies take one image's
+    /// room per sandbox, not one per snapshot, and the next checkpoint
+    /// writes into page cache the previous one gave back. A restore of an
+    /// older snapshot rebuilds its image from the store.
+    pub(crate) fn retire_memory_image(&self, retired: &str, kept: &str) {
+        let image = self.home.memory_image(retired);
+        if retired == kept || !self.home.memory_image(kept).is_dir() || !image.exists() {
+            return;
+        }
+        // The seal first: an image without one is never used. Renamed, then
+        // removed beside what follows (unlinking half a gigabyte and its
+        // cached pages takes a while); one left behind by a process that
+        // ended first is an unknown name, which gc removes.
+        let _ = fs::remove_file(path_of(&image));
+        let nanos = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map(|d| d.as_nanos())
+            .unwrap_or(0);
+        let gone = self.home.memory_images().join(format!(".retired-{retired}-{nanos}"));
+        if fs::rename(&image, &gone).is_ok() {
+            std::thread::spawn(move || {
+                if let Err(e) = fs::remove_dir_all(&gone) {
+                    tracing::debug!("cannot remove {}: {e}; gc removes it", gone.display());
+                }
+            });
+        }
+    }
+
+    /// A scratch directory of hard links to the checked local image
+    /// `cached`, which a restore reads: the image may be retired or
+    /// removed meanwhile without the restore losing its files. `None`
+    /// (rebuild from the store) when it cannot be linked.
+    pub(crate) fn linked_memory_image(&self, cached: &Path) -> Option<ScratchDir> {
+        let linked = (|| {
+            let scratch = ScratchDir::new(&self.home.scratch())?;
+            fs::set_permissions(scratch.path(), fs::Permissions::from_mode(0o700))?;
+            for e in fs::read_dir(cached)? {
+                let e = e?;
+                fs::hard_link(e.path(), scratch.path().join(e.file_name()))?;
+            }
+            Ok::<_, io::Error>(scratch)
+        })();
+        linked
+            .map_err(|e| tracing::debug!("cannot link the memory image {}: {e}", cached.display()))
+            .ok()
+    }
+
     /// Gives snapshot `to` the local image of `from` (hard links: the same
     /// files) and its seal.
     pub(crate) fn link_memory_image(&self, from: &str, to: &str) {

@@ -518,7 +518,7 @@ impl Engine {
         }
         let snap = SnapshotRecord {
             id: id.to_string(),
-            parent_id: previous.map(|p| p.id),
+            parent_id: previous.as_ref().map(|p| p.id.clone()),
             sandbox_id: rec.id.clone(),
             image: rec.image.clone(),
             driver: rec.driver.clone(),
@@ -534,6 +534,10 @@ impl Engine {
         write_baseline(&dir, &snap.id, next_baseline);
         if let (Some(image), Some(memory)) = (image_dir, &manifest.memory) {
             self.keep_memory_image(&snap.id, image, memory);
+            // This sandbox's previous image: its newest is the one kept.
+            if let Some(previous) = previous.as_ref().filter(|p| p.sandbox_id == rec.id) {
+                self.retire_memory_image(&previous.id, &snap.id);
+            }
         }
         if let Some(held) = held {
             held.close(&rec.id);
@@ -610,9 +614,12 @@ impl Engine {
                     });
                 }
                 self.check_image_host(snap, memory)?;
-                match self.cached_memory_image(&snap.id, memory) {
-                    Some(cached) => Some(MemoryDir::Cached(cached)),
-                    None => Some(MemoryDir::Scratch(self.materialise_memory(snap, memory)?)),
+                match self
+                    .cached_memory_image(&snap.id, memory)
+                    .and_then(|cached| self.linked_memory_image(&cached))
+                {
+                    Some(linked) => Some(linked),
+                    None => Some(self.materialise_memory(snap, memory)?),
                 }
             }
             None => None,
@@ -1409,21 +1416,4 @@ fn scratch_stream(dir: &Path) -> Result<File, EngineError> {
         .map_err(home_err(&path))?;
     fs::remove_file(&path).map_err(home_err(&path))?;
     Ok(file)
-}
-
-/// Where a restore reads a memory image from.
-enum MemoryDir {
-    /// The local copy kept when the snapshot was taken.
-    Cached(std::path::PathBuf),
-    /// Rebuilt from the store; removed when dropped.
-    Scratch(crate::images::ScratchDir),
-}
-
-impl MemoryDir {
-    fn path(&self) -> &Path {
-        match self {
-            MemoryDir::Cached(p) => p,
-            MemoryDir::Scratch(s) => s.path(),
-        }
-    }
 }

@@ -126,6 +126,13 @@ fn a_second_checkpoint_stores_what_changed_and_restores_from_the_store_alone() {
     // without sharing, is over it.
     let local = home.path().join("memory").join(&second);
     assert!(local.is_dir(), "no local image at {}", local.display());
+    // A sandbox keeps the local image of its newest snapshot only.
+    let retired = home.path().join("memory").join(&first);
+    assert!(
+        !retired.exists(),
+        "the first snapshot's image stays at {}",
+        retired.display()
+    );
     let image = std::fs::metadata(local.join("checkpoint.img")).unwrap().len();
     eprintln!(
         "stored: first {} bytes, second {} bytes; second image as written {image} bytes",
@@ -146,9 +153,10 @@ fn a_second_checkpoint_stores_what_changed_and_restores_from_the_store_alone() {
     assert!(c >= at_second.saturating_sub(5), "restored counter {c} < {at_second}");
     assert_eq!(home.ok(&["exec", &restored, "--", "cat", "/tmp/note"]), "changed");
     // Removing a snapshot removes its local image; gc removes orphans.
-    assert!(home.path().join("memory").join(&first).is_dir());
-    home.ok(&["snapshot", "rm", &first]);
-    assert!(!home.path().join("memory").join(&first).exists());
+    let third = home.ok(&["snapshot", &restored]);
+    assert!(home.path().join("memory").join(&third).is_dir());
+    home.ok(&["snapshot", "rm", &third]);
+    assert!(!home.path().join("memory").join(&third).exists());
     let orphan = home.path().join("memory").join("0".repeat(64));
     std::fs::create_dir_all(&orphan).unwrap();
     home.ok(&["gc"]);

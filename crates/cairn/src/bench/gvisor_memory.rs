@@ -74,7 +74,7 @@ impl Bench {
             // runsc alone on the same sandbox: what the plain command line
             // pays for the same image with the sandbox going on.
             let mut plain = Vec::new();
-            for _ in 0..runs.min(3) {
+            for _ in 0..runs.min(5) {
                 let rec = engine.sandbox(&rec.id)?;
                 plain.push(ms(engine.plain_runsc_checkpoint(&rec)?));
             }
@@ -82,7 +82,7 @@ impl Bench {
             // Restores of the newest snapshot to the first output of a command.
             let newest = engine.snapshot_record(&engine.sandbox(&rec.id)?.last_snapshot.unwrap_or_default())?;
             let mut restores = Vec::new();
-            for _ in 0..runs.min(3) {
+            for _ in 0..runs.min(5) {
                 let t = Instant::now();
                 let r = engine.restore(&newest, &opts)?;
                 let first = run(&engine, &r, "echo ok");

@@ -192,7 +192,7 @@ pub fn run(
             Which::ManyFiles => bench.many_files(runs.min(5)),
             Which::Stages => bench.stages(runs.min(50)),
             Which::Gvisor => bench.gvisor(runs.min(10)),
-            Which::GvisorMemory => bench.gvisor_memory(runs.min(5), gvisor_memory),
+            Which::GvisorMemory => bench.gvisor_memory(runs.min(20), gvisor_memory),
             Which::Api => bench.api(runs),
             Which::Sessions => bench.sessions(runs, sessions),
             Which::Scale => bench.scale(runs, scale),
