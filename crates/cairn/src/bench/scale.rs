@@ -1,7 +1,9 @@
 //! `cairn bench scale`: the shared stage queue under four workers (claim
 //! latency, wake-up latency, dispatch throughput) on the state store given
-//! (`--postgres`, else the scratch home's SQLite), and a snapshot restored
-//! on a cold host beside a warm one when a remote store is given (`--store`).
+//! (`--postgres`, else the scratch home's SQLite); a worker killed mid-stage
+//! (kill -9 to the other worker's claim, and to the orphaned sandbox's
+//! removal); and a snapshot restored on a cold host beside a warm one when a
+//! remote store is given (`--store`).
 
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
@@ -30,9 +32,14 @@ pub struct ScaleOptions {
 const WORKERS: usize = 4;
 const LEASE: Duration = Duration::from_secs(60);
 
+/// The lease and poll interval of the takeover's worker processes.
+const TAKEOVER_LEASE_SECS: u64 = 2;
+const TAKEOVER_POLL_SECS: f64 = 0.5;
+
 impl Bench {
     pub(super) fn scale(&self, runs: usize, opts: &ScaleOptions) -> Result<Vec<Measurement>> {
         let mut out = self.queue_figures(runs, opts)?;
+        out.extend(self.takeover(runs.min(5))?);
         match &opts.store {
             Some(store) => out.extend(self.cold_restore(store, opts.size, runs.min(5))?),
             None => eprintln!(
@@ -314,5 +321,155 @@ impl Bench {
             cold_rate,
             get_rate,
         ])
+    }
+}
+
+impl Bench {
+    /// A worker process killed (SIGKILL) while its stage runs, a second one
+    /// on the same state directory polling beside it: from the kill to the
+    /// second's claim (its `lease-expired` event, written by the claim), and
+    /// to the attempt going on under the second (`reattached`: on the same
+    /// home the stage's sandbox still runs, so nothing is redone and nothing
+    /// is orphaned; another host's orphans are reaped, see docs/cluster.md).
+    /// Each run in a state directory of its own, so no job of an earlier
+    /// run is left to claim.
+    fn takeover(&self, runs: usize) -> Result<Vec<Measurement>> {
+        let (mut claims, mut reattached) = (Vec::new(), Vec::new());
+        for i in 0..runs {
+            let home = self.home.path().join(format!("takeover-{i}"));
+            std::fs::create_dir_all(&home)?;
+            let result = self.one_takeover(&home, i);
+            // Whatever the run left: its workers are gone, its sandboxes go.
+            if let Ok(mut engine) = Engine::open(Home::at(&home)) {
+                for rec in engine.list_sandboxes().unwrap_or_default() {
+                    let _ = engine.remove_sandbox(&rec, true);
+                }
+            }
+            let (claim, on) = result?;
+            eprintln!(
+                "cairn bench: takeover {}: claimed {claim:.0} ms and the attempt reattached {on:.0} ms after the kill",
+                i + 1
+            );
+            claims.push(claim);
+            reattached.push(on);
+        }
+        let lease_ms = TAKEOVER_LEASE_SECS as f64 * 1e3;
+        Ok(vec![
+            summarize(
+                &format!("takeover: kill -9 to the other worker's claim (lease {TAKEOVER_LEASE_SECS} s, poll {TAKEOVER_POLL_SECS} s)"),
+                "ms",
+                claims,
+                Some(lease_ms + TAKEOVER_POLL_SECS * 1e3),
+                true,
+            ),
+            summarize(
+                "takeover: kill -9 to the attempt going on in its sandbox under the other worker",
+                "ms",
+                reattached,
+                None,
+                true,
+            ),
+        ])
+    }
+
+    fn one_takeover(&self, home: &std::path::Path, i: usize) -> Result<(f64, f64)> {
+        use std::process::{Command, Stdio};
+        if !super::import_busybox(&self.exe, home, &self.layer)?.success() {
+            bail!("cannot import busybox into {}", home.display());
+        }
+        let file = home.join("takeover.toml");
+        std::fs::write(
+            &file,
+            format!(
+                r#"[pipeline]
+name = "takeover"
+image = "busybox"
+
+[[stage]]
+name = "wait"
+key = "takeover-{i}-{{{{params.nonce}}}}"
+run = ["sleep 600"]
+
+[params]
+nonce = "0"
+"#
+            ),
+        )?;
+        let worker = || -> Result<std::process::Child> {
+            Ok(Command::new(&self.exe)
+                .args(["worker", "--json", "--slots", "1", "--lease"])
+                .arg(TAKEOVER_LEASE_SECS.to_string())
+                .arg("--poll")
+                .arg(TAKEOVER_POLL_SECS.to_string())
+                .env("CAIRN_HOME", home)
+                .stdin(Stdio::null())
+                .stdout(Stdio::null())
+                .stderr(Stdio::null())
+                .spawn()?)
+        };
+        let out = Command::new(&self.exe)
+            .args(["pipeline", "run", "--queue", "--detach"])
+            .arg(&file)
+            .args(["--param", &format!("nonce={}", cairn_engine::random_hex(4))])
+            .env("CAIRN_HOME", home)
+            .stderr(Stdio::inherit())
+            .output()?;
+        if !out.status.success() {
+            bail!("cannot queue the takeover's run");
+        }
+        let run = String::from_utf8_lossy(&out.stdout).trim().to_string();
+        let mut first = worker()?;
+        let mut second = None;
+        let measured = (|| -> Result<(f64, f64)> {
+            let wait = |what: &str, done: &mut dyn FnMut() -> Result<bool>| -> Result<()> {
+                let deadline = Instant::now() + Duration::from_secs(60);
+                while !done()? {
+                    if Instant::now() > deadline {
+                        bail!("the takeover's run {run}: no {what} within 60 s");
+                    }
+                    std::thread::sleep(Duration::from_millis(20));
+                }
+                Ok(())
+            };
+            let mut engine = Engine::open(Home::at(home))?;
+            wait("stage sandbox of the first worker", &mut || {
+                Ok(engine
+                    .list_sandboxes()?
+                    .iter()
+                    .any(|s| s.state == cairn_engine::state::SandboxState::Running))
+            })?;
+            second = Some(worker()?);
+            // The second polls before the kill.
+            std::thread::sleep(Duration::from_secs_f64(2.0 * TAKEOVER_POLL_SECS));
+            let killed_at = cairn_engine::now_ms();
+            first.kill()?;
+            first.wait()?;
+            let at = |kind: &str| -> Result<Option<i64>> {
+                Ok(engine
+                    .run_events(&run)?
+                    .iter()
+                    .find(|e| e.kind == kind)
+                    .map(|e| e.created_at))
+            };
+            let mut claimed = None;
+            wait("claim by the second worker", &mut || {
+                claimed = at("lease-expired")?;
+                Ok(claimed.is_some())
+            })?;
+            let mut reattached = None;
+            wait("reattached attempt", &mut || {
+                reattached = at("reattached")?;
+                Ok(reattached.is_some())
+            })?;
+            let since = |t: Option<i64>| (t.unwrap_or(killed_at) - killed_at) as f64;
+            Ok((since(claimed), since(reattached)))
+        })();
+        let _ = first.kill();
+        let _ = first.wait();
+        if let Some(mut s) = second {
+            let _ = s.kill();
+            let _ = s.wait();
+        }
+        measured
     }
 }
