@@ -57,6 +57,34 @@ impl Engine {
         Ok(marked)
     }
 
+    /// Of `objects`, those not in the remote store once the uploads pending
+    /// have had up to `wait` to finish: the store check of a commit under
+    /// a claim (an attempt's artifacts).
+    pub(crate) fn not_yet_remote(
+        &self,
+        objects: Vec<cairn_store::ChunkHash>,
+        wait: Duration,
+    ) -> Result<Vec<cairn_store::ChunkHash>, EngineError> {
+        let backend = self.store.backend();
+        backend.flush(wait).map_err(SnapshotError::from)?;
+        Ok(backend.not_remote(objects).map_err(SnapshotError::from)?)
+    }
+
+    /// The store check a commit under a claim makes of an artifact's
+    /// objects ([`Self::not_yet_remote`]), made of every object snapshot
+    /// `id` reaches (an artifact of the same files holds the same chunks),
+    /// for benchmarks. Returns the objects checked, how many of them are
+    /// not remote, and the time taken.
+    pub fn bench_remote_check(&self, id: &str) -> Result<(usize, usize, Duration), EngineError> {
+        let snap = self.snapshot_record(id)?;
+        let layers: HashSet<String> = snap.layers.iter().cloned().collect();
+        let objects = self.reachable_objects(&layers, std::slice::from_ref(&snap), &HashSet::new())?;
+        let count = objects.len();
+        let t0 = std::time::Instant::now();
+        let missing = self.not_yet_remote(objects, Duration::from_secs(600))?;
+        Ok((count, missing.len(), t0.elapsed()))
+    }
+
     /// Reads every object snapshot `id` reaches straight from the remote
     /// store, past the cache, `streams` requests at a time: the store's own
     /// GET rate for this snapshot's objects, which a cold restore is

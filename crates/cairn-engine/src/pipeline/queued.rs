@@ -116,8 +116,7 @@ impl Engine {
         if needed.is_empty() {
             return Ok(());
         }
-        backend.flush(DURABLE_WAIT).map_err(crate::SnapshotError::from)?;
-        let missing = backend.not_remote(needed).map_err(crate::SnapshotError::from)?;
+        let missing = self.not_yet_remote(needed, DURABLE_WAIT)?;
         if !missing.is_empty() {
             return Err(RunError::Lost(format!(
                 "{} objects of stage {stage}'s artifacts are not in the remote store yet, so no other host \

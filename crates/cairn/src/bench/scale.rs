@@ -278,6 +278,18 @@ impl Bench {
             // The state directory goes: so does its pool of emptied cgroups.
             fresh.drain_cgroup_pool();
         }
+        // The store check a commit under a claim makes of its artifacts,
+        // over objects of the same size as this snapshot's file.
+        let mut checks = Vec::new();
+        let mut objects = 0;
+        for _ in 0..runs {
+            let (n, missing, took) = engine.bench_remote_check(&snap.id)?;
+            if missing > 0 {
+                bail!("{missing} of {n} objects of the snapshot are not in {store}");
+            }
+            objects = n;
+            checks.push(took.as_secs_f64() * 1e3);
+        }
         // The peer: the same objects straight from the store, as many
         // requests at a time as the restore's read-ahead keeps running.
         let mut gets = Vec::new();
@@ -320,6 +332,13 @@ impl Bench {
             // Warm, the layers are already on disk: no bytes move, so no rate.
             cold_rate,
             get_rate,
+            summarize(
+                &format!("commit's store check of a {mib} MiB artifact's {objects} objects"),
+                "ms",
+                checks,
+                None,
+                true,
+            ),
         ])
     }
 }
