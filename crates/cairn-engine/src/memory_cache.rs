@@ -557,6 +557,20 @@ mod tests {
         }
     }
 
+    /// A kept image directory (`snap` under a temporary root): a 3 MiB
+    /// `checkpoint.img` and the pages of [`pages`], with its snapshot's
+    /// record of them.
+    fn kept_image() -> (tempfile::TempDir, PathBuf, Vec<u8>, MemoryImage) {
+        let root = tempfile::tempdir().unwrap();
+        let image = root.path().join("snap");
+        fs::create_dir(&image).unwrap();
+        fs::write(image.join("checkpoint.img"), vec![7u8; 3 << 20]).unwrap();
+        let pages = pages();
+        fs::write(image.join("pages.img"), &pages).unwrap();
+        let memory = image_of(&pages);
+        (root, image, pages, memory)
+    }
+
     fn pages() -> Vec<u8> {
         let mut pages: Vec<u8> = (0..(3u32 << 20) + 5).map(|i| (i % 251) as u8).collect();
         pages[1 << 20..2 << 20].fill(0);
@@ -577,13 +591,7 @@ mod tests {
 
     #[test]
     fn a_seal_names_stored_pages_by_their_content_and_hashes_the_rest() {
-        let root = tempfile::tempdir().unwrap();
-        let image = root.path().join("snap");
-        fs::create_dir(&image).unwrap();
-        fs::write(image.join("checkpoint.img"), vec![7u8; 3 << 20]).unwrap();
-        let pages = pages();
-        fs::write(image.join("pages.img"), &pages).unwrap();
-        let memory = image_of(&pages);
+        let (root, image, pages, memory) = kept_image();
         let seal = compute(&image, &memory, "boot-a").unwrap();
         let rendered = seal.render();
         let lines: Vec<&str> = rendered.lines().collect();
@@ -616,13 +624,7 @@ mod tests {
 
     #[test]
     fn after_a_reboot_every_byte_is_checked_and_in_the_same_boot_a_write_is_seen() {
-        let root = tempfile::tempdir().unwrap();
-        let image = root.path().join("snap");
-        fs::create_dir(&image).unwrap();
-        fs::write(image.join("checkpoint.img"), vec![7u8; 3 << 20]).unwrap();
-        let pages = pages();
-        fs::write(image.join("pages.img"), &pages).unwrap();
-        let memory = image_of(&pages);
+        let (_root, image, _, memory) = kept_image();
         let seal = compute(&image, &memory, "boot-a").unwrap();
         write(&image, &seal).unwrap();
         assert_eq!(check(&image, &memory, "boot-a"), None);

@@ -41,7 +41,10 @@ impl Bench {
         let mut out = self.queue_figures(runs, opts)?;
         out.extend(self.takeover(runs.min(5))?);
         match &opts.store {
-            Some(store) => out.extend(self.cold_restore(store, opts.size, runs.min(5))?),
+            Some(store) => {
+                out.extend(self.orphan_reaped(store, runs.min(5))?);
+                out.extend(self.cold_restore(store, opts.size, runs.min(5))?);
+            }
             None => eprintln!(
                 "cairn bench: no --store s3://…: the cold-restore figures need a remote store (an S3-compatible server)"
             ),
@@ -343,28 +346,79 @@ impl Bench {
     }
 }
 
+/// A host of the takeover figures: a state directory, and the state and
+/// remote store it shares with the other host (none: one host alone).
+struct Host {
+    dir: std::path::PathBuf,
+    state: Option<String>,
+    store: Option<String>,
+}
+
+impl Host {
+    fn home(&self) -> Home {
+        let mut home = Home::at(&self.dir);
+        if let Some(state) = &self.state {
+            home = home.with_state(state.as_str());
+        }
+        if let Some(store) = &self.store {
+            home = home.with_store(store.as_str());
+        }
+        home
+    }
+
+    /// A `cairn` command on this host, its output discarded.
+    fn command(&self, exe: &std::path::Path, args: &[&str]) -> std::process::Command {
+        use std::process::Stdio;
+        let mut cmd = std::process::Command::new(exe);
+        cmd.args(args)
+            .env("CAIRN_HOME", &self.dir)
+            .env("CAIRN_STATE", self.state.as_deref().unwrap_or(""))
+            .env("CAIRN_STORE", self.store.as_deref().unwrap_or(""))
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(Stdio::null());
+        cmd
+    }
+
+    fn worker(&self, exe: &std::path::Path) -> Result<std::process::Child> {
+        let (lease, poll) = (TAKEOVER_LEASE_SECS.to_string(), TAKEOVER_POLL_SECS.to_string());
+        Ok(self
+            .command(
+                exe,
+                &["worker", "--json", "--slots", "1", "--lease", &lease, "--poll", &poll],
+            )
+            .spawn()?)
+    }
+
+    /// Removes what a takeover left on this host.
+    fn clean(&self) {
+        if let Ok(mut engine) = Engine::open(self.home()) {
+            for rec in engine.list_sandboxes().unwrap_or_default() {
+                let _ = engine.remove_sandbox(&rec, true);
+            }
+        }
+    }
+}
+
 impl Bench {
     /// A worker process killed (SIGKILL) while its stage runs, a second one
-    /// on the same state directory polling beside it: from the kill to the
-    /// second's claim (its `lease-expired` event, written by the claim), and
-    /// to the attempt going on under the second (`reattached`: on the same
-    /// home the stage's sandbox still runs, so nothing is redone and nothing
-    /// is orphaned; another host's orphans are reaped, see docs/cluster.md).
-    /// Each run in a state directory of its own, so no job of an earlier
-    /// run is left to claim.
+    /// polling beside it: from the kill to the second's claim (its
+    /// `lease-expired` event, written by the claim), then on one state
+    /// directory to the attempt going on under the second (`reattached`:
+    /// the stage's sandbox still runs there, so nothing is redone and
+    /// nothing is orphaned). Each run in state directories of their own, so
+    /// no job of an earlier run is left to claim.
     fn takeover(&self, runs: usize) -> Result<Vec<Measurement>> {
         let (mut claims, mut reattached) = (Vec::new(), Vec::new());
         for i in 0..runs {
-            let home = self.home.path().join(format!("takeover-{i}"));
-            std::fs::create_dir_all(&home)?;
-            let result = self.one_takeover(&home, i);
-            // Whatever the run left: its workers are gone, its sandboxes go.
-            if let Ok(mut engine) = Engine::open(Home::at(&home)) {
-                for rec in engine.list_sandboxes().unwrap_or_default() {
-                    let _ = engine.remove_sandbox(&rec, true);
-                }
-            }
-            let (claim, on) = result?;
+            let host = Host {
+                dir: self.home.path().join(format!("takeover-{i}")),
+                state: None,
+                store: None,
+            };
+            let result = self.one_takeover([&host, &host], i);
+            host.clean();
+            let (claim, on, _) = result?;
             eprintln!(
                 "cairn bench: takeover {}: claimed {claim:.0} ms and the attempt reattached {on:.0} ms after the kill",
                 i + 1
@@ -372,15 +426,8 @@ impl Bench {
             claims.push(claim);
             reattached.push(on);
         }
-        let lease_ms = TAKEOVER_LEASE_SECS as f64 * 1e3;
         Ok(vec![
-            summarize(
-                &format!("takeover: kill -9 to the other worker's claim (lease {TAKEOVER_LEASE_SECS} s, poll {TAKEOVER_POLL_SECS} s)"),
-                "ms",
-                claims,
-                Some(lease_ms + TAKEOVER_POLL_SECS * 1e3),
-                true,
-            ),
+            claim_figure("one host", claims),
             summarize(
                 "takeover: kill -9 to the attempt going on in its sandbox under the other worker",
                 "ms",
@@ -391,12 +438,74 @@ impl Bench {
         ])
     }
 
-    fn one_takeover(&self, home: &std::path::Path, i: usize) -> Result<(f64, f64)> {
-        use std::process::{Command, Stdio};
-        if !super::import_busybox(&self.exe, home, &self.layer)?.success() {
-            bail!("cannot import busybox into {}", home.display());
+    /// The same on two hosts (two state directories sharing an SQLite
+    /// state file and the remote store `store`): the second worker claims
+    /// and sets the killed attempt aside (`resumed`) to start its own on its
+    /// host; the killed host's sandbox is then an orphan, which that host's
+    /// worker, started again at that moment, reaps (`orphan-reaped`): from
+    /// the kill, and from that worker's start.
+    fn orphan_reaped(&self, store: &str, runs: usize) -> Result<Vec<Measurement>> {
+        let (mut claims, mut reaped, mut after_start) = (Vec::new(), Vec::new(), Vec::new());
+        for i in 0..runs {
+            let dir = self.home.path().join(format!("orphan-{i}"));
+            let state = format!("sqlite:{}", dir.join("state.db").display());
+            let host = |name: &str| Host {
+                dir: dir.join(name),
+                state: Some(state.clone()),
+                store: Some(store.to_string()),
+            };
+            let (a, b) = (host("a"), host("b"));
+            std::fs::create_dir_all(&dir)?;
+            let result = self.one_takeover([&a, &b], i);
+            a.clean();
+            b.clean();
+            let (claim, reap, started) = result?;
+            eprintln!(
+                "cairn bench: two hosts {}: claimed {claim:.0} ms, orphan reaped {reap:.0} ms after the kill ({started:.0} ms after its worker started again)",
+                i + 1
+            );
+            claims.push(claim);
+            reaped.push(reap);
+            after_start.push(started);
         }
-        let file = home.join("takeover.toml");
+        Ok(vec![
+            claim_figure("two hosts", claims),
+            summarize(
+                "takeover, two hosts: kill -9 to the orphan reaped (its worker started again at the takeover)",
+                "ms",
+                reaped,
+                None,
+                true,
+            ),
+            summarize(
+                "takeover, two hosts: the killed host's worker started to the orphan reaped",
+                "ms",
+                after_start,
+                Some(TAKEOVER_LEASE_SECS as f64 * 1e3),
+                true,
+            ),
+        ])
+    }
+
+    /// One takeover: a run queued on `hosts[0]`, whose worker runs its
+    /// stage and is killed while the worker of `hosts[1]` polls. Returns
+    /// milliseconds from the kill to the claim, then, on one host, to the
+    /// attempt reattached (and 0), or on two, to the orphan reaped on the
+    /// first host by its worker started again once the claim set the killed
+    /// attempt aside (and from that start).
+    fn one_takeover(&self, hosts: [&Host; 2], i: usize) -> Result<(f64, f64, f64)> {
+        let [a, b] = hosts;
+        std::fs::create_dir_all(&a.dir)?;
+        std::fs::create_dir_all(&b.dir)?;
+        let layer = self.layer.to_string_lossy().into_owned();
+        if !a
+            .command(&self.exe, &["image", "import", &layer, "--name", "busybox"])
+            .status()?
+            .success()
+        {
+            bail!("cannot import busybox into {}", a.dir.display());
+        }
+        let file = a.dir.join("takeover.toml");
         std::fs::write(
             &file,
             format!(
@@ -414,32 +523,21 @@ nonce = "0"
 "#
             ),
         )?;
-        let worker = || -> Result<std::process::Child> {
-            Ok(Command::new(&self.exe)
-                .args(["worker", "--json", "--slots", "1", "--lease"])
-                .arg(TAKEOVER_LEASE_SECS.to_string())
-                .arg("--poll")
-                .arg(TAKEOVER_POLL_SECS.to_string())
-                .env("CAIRN_HOME", home)
-                .stdin(Stdio::null())
-                .stdout(Stdio::null())
-                .stderr(Stdio::null())
-                .spawn()?)
-        };
-        let out = Command::new(&self.exe)
-            .args(["pipeline", "run", "--queue", "--detach"])
-            .arg(&file)
-            .args(["--param", &format!("nonce={}", cairn_engine::random_hex(4))])
-            .env("CAIRN_HOME", home)
-            .stderr(Stdio::inherit())
+        let nonce = format!("nonce={}", cairn_engine::random_hex(4));
+        let file_arg = file.to_string_lossy().into_owned();
+        let out = a
+            .command(
+                &self.exe,
+                &["pipeline", "run", "--queue", "--detach", &file_arg, "--param", &nonce],
+            )
+            .stdout(std::process::Stdio::piped())
             .output()?;
         if !out.status.success() {
             bail!("cannot queue the takeover's run");
         }
         let run = String::from_utf8_lossy(&out.stdout).trim().to_string();
-        let mut first = worker()?;
-        let mut second = None;
-        let measured = (|| -> Result<(f64, f64)> {
+        let mut workers = vec![a.worker(&self.exe)?];
+        let measured = (|| -> Result<(f64, f64, f64)> {
             let wait = |what: &str, done: &mut dyn FnMut() -> Result<bool>| -> Result<()> {
                 let deadline = Instant::now() + Duration::from_secs(60);
                 while !done()? {
@@ -450,19 +548,19 @@ nonce = "0"
                 }
                 Ok(())
             };
-            let mut engine = Engine::open(Home::at(home))?;
+            let mut engine = Engine::open(a.home())?;
             wait("stage sandbox of the first worker", &mut || {
                 Ok(engine
                     .list_sandboxes()?
                     .iter()
                     .any(|s| s.state == cairn_engine::state::SandboxState::Running))
             })?;
-            second = Some(worker()?);
+            workers.push(b.worker(&self.exe)?);
             // The second polls before the kill.
             std::thread::sleep(Duration::from_secs_f64(2.0 * TAKEOVER_POLL_SECS));
             let killed_at = cairn_engine::now_ms();
-            first.kill()?;
-            first.wait()?;
+            workers[0].kill()?;
+            workers[0].wait()?;
             let at = |kind: &str| -> Result<Option<i64>> {
                 Ok(engine
                     .run_events(&run)?
@@ -470,25 +568,50 @@ nonce = "0"
                     .find(|e| e.kind == kind)
                     .map(|e| e.created_at))
             };
+            let since = |t: Option<i64>, from: i64| (t.unwrap_or(from) - from) as f64;
             let mut claimed = None;
             wait("claim by the second worker", &mut || {
                 claimed = at("lease-expired")?;
                 Ok(claimed.is_some())
             })?;
-            let mut reattached = None;
-            wait("reattached attempt", &mut || {
-                reattached = at("reattached")?;
-                Ok(reattached.is_some())
+            let kind = if std::ptr::eq(a, b) {
+                "reattached"
+            } else {
+                "orphan-reaped"
+            };
+            if !std::ptr::eq(a, b) {
+                // Once the new holder has set the killed attempt aside
+                // (`resumed`), its sandbox is an orphan (until then the
+                // stage's row names it).
+                wait("the killed attempt set aside", &mut || Ok(at("resumed")?.is_some()))?;
+            }
+            let started = cairn_engine::now_ms();
+            if !std::ptr::eq(a, b) {
+                workers.push(a.worker(&self.exe)?);
+            }
+            let mut then = None;
+            wait(kind, &mut || {
+                then = at(kind)?;
+                Ok(then.is_some())
             })?;
-            let since = |t: Option<i64>| (t.unwrap_or(killed_at) - killed_at) as f64;
-            Ok((since(claimed), since(reattached)))
+            let after_start = if std::ptr::eq(a, b) { 0.0 } else { since(then, started) };
+            Ok((since(claimed, killed_at), since(then, killed_at), after_start))
         })();
-        let _ = first.kill();
-        let _ = first.wait();
-        if let Some(mut s) = second {
-            let _ = s.kill();
-            let _ = s.wait();
+        for w in &mut workers {
+            let _ = w.kill();
+            let _ = w.wait();
         }
         measured
     }
+}
+
+/// Kill to claim, against its target: a lease and one poll.
+fn claim_figure(what: &str, claims: Vec<f64>) -> Measurement {
+    summarize(
+        &format!("takeover ({what}): kill -9 to the other worker's claim (lease {TAKEOVER_LEASE_SECS} s, poll {TAKEOVER_POLL_SECS} s)"),
+        "ms",
+        claims,
+        Some(TAKEOVER_LEASE_SECS as f64 * 1e3 + TAKEOVER_POLL_SECS * 1e3),
+        true,
+    )
 }
