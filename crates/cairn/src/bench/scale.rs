@@ -440,10 +440,10 @@ impl Bench {
 
     /// The same on two hosts (two state directories sharing an SQLite
     /// state file and the remote store `store`): the second worker claims
-    /// and sets the killed attempt aside (`resumed`) to start its own on its
-    /// host; the killed host's sandbox is then an orphan, which that host's
-    /// worker, started again at that moment, reaps (`orphan-reaped`): from
-    /// the kill, and from that worker's start.
+    /// and starts its own attempt on its host (a second `forked`); the
+    /// killed host's sandbox is then an orphan, which that host's worker,
+    /// started again at that moment, reaps (`orphan-reaped`): from the
+    /// kill, and from that worker's start.
     fn orphan_reaped(&self, store: &str, runs: usize) -> Result<Vec<Measurement>> {
         let (mut claims, mut reaped, mut after_start) = (Vec::new(), Vec::new(), Vec::new());
         for i in 0..runs {
@@ -491,8 +491,8 @@ impl Bench {
     /// stage and is killed while the worker of `hosts[1]` polls. Returns
     /// milliseconds from the kill to the claim, then, on one host, to the
     /// attempt reattached (and 0), or on two, to the orphan reaped on the
-    /// first host by its worker started again once the claim set the killed
-    /// attempt aside (and from that start).
+    /// first host by its worker started again once the new holder started
+    /// its own attempt (and from that start).
     fn one_takeover(&self, hosts: [&Host; 2], i: usize) -> Result<(f64, f64, f64)> {
         let [a, b] = hosts;
         std::fs::create_dir_all(&a.dir)?;
@@ -580,10 +580,12 @@ nonce = "0"
                 "orphan-reaped"
             };
             if !std::ptr::eq(a, b) {
-                // Once the new holder has set the killed attempt aside
-                // (`resumed`), its sandbox is an orphan (until then the
-                // stage's row names it).
-                wait("the killed attempt set aside", &mut || Ok(at("resumed")?.is_some()))?;
+                // Once the new holder has started its own attempt (a second
+                // `forked`), the killed one's sandbox is an orphan: until
+                // then the stage's row names it.
+                wait("the new holder's attempt", &mut || {
+                    Ok(engine.run_events(&run)?.iter().filter(|e| e.kind == "forked").count() >= 2)
+                })?;
             }
             let started = cairn_engine::now_ms();
             if !std::ptr::eq(a, b) {
