@@ -414,10 +414,7 @@ impl Engine {
         // cached pages takes a while); one left behind by a process that
         // ended first is an unknown name, which gc removes.
         let _ = fs::remove_file(path_of(&image));
-        let nanos = std::time::SystemTime::now()
-            .duration_since(std::time::UNIX_EPOCH)
-            .map(|d| d.as_nanos())
-            .unwrap_or(0);
+        let nanos = crate::now_nanos();
         let gone = self.home.memory_images().join(format!(".retired-{retired}-{nanos}"));
         if fs::rename(&image, &gone).is_ok() {
             std::thread::spawn(move || {
@@ -495,10 +492,7 @@ impl Engine {
             );
             return Some(cached);
         };
-        let nanos = std::time::SystemTime::now()
-            .duration_since(std::time::UNIX_EPOCH)
-            .map(|d| d.as_nanos())
-            .unwrap_or(0);
+        let nanos = crate::now_nanos();
         let aside = self.home.memory_images().join(format!(".changed-{snap}-{nanos}"));
         // Another restore may have set it aside first.
         if fs::rename(&cached, &aside).is_ok() {

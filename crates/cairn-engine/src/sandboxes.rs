@@ -101,10 +101,7 @@ pub const CHANGED_COPIES_KEPT_FOR: Duration = Duration::from_secs(24 * 60 * 60);
 /// (kept, removed). The time of setting aside is the one in the name, as
 /// a directory's own times are its content's.
 fn sweep_changed_copies(dirs: &[PathBuf], kept_for: Duration) -> (Vec<String>, Vec<String>) {
-    let now = std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map(|d| d.as_nanos())
-        .unwrap_or(0);
+    let now = crate::now_nanos();
     let (mut kept, mut removed) = (Vec::new(), Vec::new());
     for dir in dirs {
         let Ok(entries) = fs::read_dir(dir) else { continue };
@@ -410,10 +407,7 @@ impl Engine {
         if restored {
             let mut entropy = vec![0u8; 64];
             getrandom::getrandom(&mut entropy).expect("the kernel RNG is available");
-            let now = std::time::SystemTime::now()
-                .duration_since(std::time::UNIX_EPOCH)
-                .map(|d| d.as_nanos())
-                .unwrap_or(0);
+            let now = crate::now_nanos();
             client.restored(now, entropy)?;
         }
         for service in services {

@@ -574,12 +574,9 @@ nonce = "0"
                 claimed = at("lease-expired")?;
                 Ok(claimed.is_some())
             })?;
-            let kind = if std::ptr::eq(a, b) {
-                "reattached"
-            } else {
-                "orphan-reaped"
-            };
-            if !std::ptr::eq(a, b) {
+            let one_host = std::ptr::eq(a, b);
+            let kind = if one_host { "reattached" } else { "orphan-reaped" };
+            if !one_host {
                 // Once the new holder has started its own attempt (a second
                 // `forked`), the killed one's sandbox is an orphan: until
                 // then the stage's row names it.
@@ -588,7 +585,7 @@ nonce = "0"
                 })?;
             }
             let started = cairn_engine::now_ms();
-            if !std::ptr::eq(a, b) {
+            if !one_host {
                 workers.push(a.worker(&self.exe)?);
             }
             let mut then = None;
@@ -596,7 +593,7 @@ nonce = "0"
                 then = at(kind)?;
                 Ok(then.is_some())
             })?;
-            let after_start = if std::ptr::eq(a, b) { 0.0 } else { since(then, started) };
+            let after_start = if one_host { 0.0 } else { since(then, started) };
             Ok((since(claimed, killed_at), since(then, killed_at), after_start))
         })();
         for w in &mut workers {
