@@ -852,6 +852,29 @@ impl Engine {
         Ok(took)
     }
 
+    /// runsc's own restore of running gVisor sandbox `rec`, as the plain
+    /// command line does it, for benchmarks that set Cairn's restore beside
+    /// it: `runsc checkpoint` (the sandbox stops) into a scratch image with
+    /// the flags Cairn's snapshots use, then `runsc restore` of that image
+    /// under the same id. The sandbox runs on from the image. Returns the
+    /// restore's time alone, to init listening again.
+    pub fn plain_runsc_restore(&self, rec: &SandboxRecord) -> Result<Duration, EngineError> {
+        let gvisor = self.gvisor()?;
+        let spec = self.spec(rec)?;
+        let _lifecycle = self.lock_sandbox(&rec.id, true).map_err(home_err(&spec.dir))?;
+        let scratch = crate::images::ScratchDir::new(&self.home.scratch()).map_err(home_err(&self.home.scratch()))?;
+        gvisor
+            .checkpoint(&rec.id, scratch.path())
+            .map_err(cairn_sandbox::SandboxError::from)?;
+        let t = Instant::now();
+        let process = gvisor
+            .restore(&spec, scratch.path())
+            .map_err(cairn_sandbox::SandboxError::from)?;
+        let took = t.elapsed();
+        self.db.set_process(&rec.id, process.pid, process.start_time)?;
+        Ok(took)
+    }
+
     /// After a checkpoint that stopped the sandbox for good, storing its
     /// image failed: the sandbox goes on from the image instead, so a
     /// failed snapshot leaves it running.

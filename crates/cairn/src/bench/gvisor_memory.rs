@@ -91,6 +91,21 @@ impl Bench {
                 first?;
             }
             eprintln!("cairn bench: restore of the {mib} MiB snapshot to first output: {restores:.0?} ms");
+            // runsc's own restore of the same sandbox's image, to the first
+            // output of the same command.
+            let mut plain_restores = Vec::new();
+            let mut plain_runsc = Vec::new();
+            for _ in 0..runs.min(5) {
+                let took = engine.plain_runsc_restore(&engine.sandbox(&rec.id)?)?;
+                let t = Instant::now();
+                run(&engine, &engine.sandbox(&rec.id)?, "echo ok")?;
+                plain_restores.push(ms(took + t.elapsed()));
+                plain_runsc.push(ms(took));
+            }
+            eprintln!(
+                "cairn bench: plain runsc restore of the same sandbox to first output: {plain_restores:.0?} ms \
+                 (runsc restore alone {plain_runsc:.0?})"
+            );
             let name = |what: &str| format!("gvisor: {mib} MiB in tmpfs, {what}");
             let column = |f: fn(&Sample) -> f64| later.iter().map(f).collect::<Vec<_>>();
             let mut quoted = summarize(
@@ -132,6 +147,13 @@ impl Bench {
                 ),
                 summarize(&name("plain runsc checkpoint, going on"), "ms", plain, None, true),
                 summarize(&name("restore to first output"), "ms", restores, None, true),
+                summarize(
+                    &name("plain runsc restore to first output"),
+                    "ms",
+                    plain_restores,
+                    None,
+                    true,
+                ),
             ])
         })();
         let _ = engine.sandbox(&rec.id).and_then(|r| engine.remove_sandbox(&r, true));
