@@ -200,6 +200,10 @@ fn status_of(e: &EngineError) -> StatusCode {
             _ => S::INTERNAL_SERVER_ERROR,
         },
         EngineError::Client(c) => client_status(c),
+        EngineError::Diff(d) => match d {
+            cairn_engine::DiffError::Unknown(_) => S::NOT_FOUND,
+            cairn_engine::DiffError::NoSnapshot { .. } => S::CONFLICT,
+        },
         _ => S::INTERNAL_SERVER_ERROR,
     }
 }

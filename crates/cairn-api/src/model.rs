@@ -587,3 +587,91 @@ pub struct RemoveFileQuery {
     #[serde(default)]
     pub recursive: bool,
 }
+
+#[derive(Debug, Deserialize, IntoParams)]
+#[into_params(parameter_in = Query)]
+#[serde(deny_unknown_fields)]
+pub struct DiffQuery {
+    /// The side compared from: a snapshot (id, prefix or label), a sandbox
+    /// (id, prefix or name: its files as they are now) or RUN/STAGE[.BRANCH].
+    pub a: String,
+    /// The side compared to, named the same ways.
+    pub b: String,
+    /// Unified diffs for text files of at most this many bytes on each side
+    /// (default 262144; 0 for none).
+    #[param(minimum = 0, maximum = 4194304)]
+    pub text_max: Option<u64>,
+    /// List at most this many changes (default 10000, at most 100000); the
+    /// counts cover all of them.
+    #[param(minimum = 1, maximum = 100000)]
+    pub max_changes: Option<usize>,
+}
+
+/// How side `b` differs from side `a` (`cairn diff`).
+#[derive(Debug, Serialize, Deserialize, ToSchema)]
+pub struct SnapshotDiff {
+    pub a: DiffSide,
+    pub b: DiffSide,
+    pub added: u64,
+    pub removed: u64,
+    pub changed: u64,
+    /// Layers both sides share, not compared.
+    pub shared_layers: usize,
+    /// In path order, a parent before its children.
+    pub changes: Vec<FileChange>,
+    /// More changes exist than listed (`max_changes`).
+    pub truncated: bool,
+    /// Milliseconds the comparison took.
+    pub took_ms: f64,
+}
+
+#[derive(Debug, Serialize, Deserialize, ToSchema)]
+pub struct DiffSide {
+    /// What was asked for.
+    pub key: String,
+    /// `snapshot`, `sandbox` or `stage`.
+    pub kind: String,
+    /// The snapshot compared (none for a sandbox: its files as they are now).
+    pub snapshot_id: Option<String>,
+    pub sandbox_id: Option<String>,
+}
+
+#[derive(Debug, Serialize, Deserialize, ToSchema)]
+pub struct FileChange {
+    /// Absolute, as the sandbox sees it.
+    pub path: String,
+    /// `added`, `removed` or `changed`.
+    pub change: String,
+    /// For a change: what differs (`type`, `content`, `mode`, `owner`); a
+    /// modification time alone is not a change.
+    #[serde(default)]
+    pub what: Vec<String>,
+    pub before: Option<DiffEntry>,
+    pub after: Option<DiffEntry>,
+    /// A unified diff, for text files under `text_max`.
+    pub diff: Option<String>,
+    /// Why a file has no unified diff (`binary`, `over N bytes`, `text budget spent`).
+    pub no_diff: Option<String>,
+}
+
+#[derive(Debug, Serialize, Deserialize, ToSchema)]
+pub struct DiffEntry {
+    /// `file`, `directory`, `symlink`, `fifo`, `socket` or `device`.
+    pub kind: String,
+    pub size: u64,
+    /// Permission bits as octal text (`0644`).
+    pub mode: String,
+    pub uid: u32,
+    pub gid: u32,
+    /// A symlink's target (never followed).
+    pub target: Option<String>,
+}
+
+impl From<cairn_engine::SnapshotDiff> for SnapshotDiff {
+    fn from(d: cairn_engine::SnapshotDiff) -> Self {
+        // The engine's record serialises to exactly these fields.
+        serde_json::to_value(d)
+            .and_then(serde_json::from_value)
+            .expect("the engine's diff and the API's have the same fields")
+    }
+}

@@ -7,6 +7,7 @@
 
 pub mod access;
 mod checkpoint_window;
+pub mod diff;
 mod durability;
 pub mod e2b;
 mod failpoint;
@@ -34,6 +35,7 @@ use cairn_sandbox::native::NativeDriver;
 use cairn_sandbox::SandboxError;
 use cairn_store::{ChunkStore, StoreBackend, TieredOptions};
 
+pub use diff::{DiffError, DiffOptions, SnapshotDiff};
 pub use home::Home;
 pub use images::ImageError;
 pub use sandboxes::{CreateOptions, ExecStart, GcReport, OomProbe};
@@ -66,6 +68,8 @@ pub enum EngineError {
     Network(#[from] cairn_sandbox::net::NetError),
     #[error(transparent)]
     Bundle(#[from] sessions::BundleError),
+    #[error(transparent)]
+    Diff(#[from] diff::DiffError),
     #[error("the state database names layer {0:?}, which is not a layer id; the database is damaged")]
     BadLayerId(String),
     #[error("CAIRN_DISK={value:?}, the default --disk, is not a size: {error}")]

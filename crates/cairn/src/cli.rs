@@ -312,6 +312,38 @@ pub enum Command {
         #[arg(long)]
         json: bool,
     },
+    /// What differs between two snapshots, sandboxes or a run's stages and
+    /// branches: files added, removed and changed, with a unified diff for
+    /// text files.
+    ///
+    /// Each side is a snapshot (id, prefix or label), a sandbox (id, prefix
+    /// or name: its files as they are now, read while it runs), or a run's
+    /// stage or branch output, RUN/STAGE or RUN/STAGE.BRANCH. Computed from
+    /// layer indexes: layers both sides share are not compared, and a file's
+    /// content is compared by its chunks' hashes, so only text files under
+    /// --text-max are read. A modification time alone is not a change.
+    /// Exit status: 0 when nothing differs, 1 when something does.
+    #[command(after_help = "Examples:\n  cairn diff base-label my-sandbox\n  \
+                            cairn diff RUN/align.fast RUN/align.exact --json\n  \
+                            cairn diff SNAP_A SNAP_B --stat")]
+    Diff {
+        /// The side compared from.
+        a: String,
+        /// The side compared to.
+        b: String,
+        /// Only the list of paths and what changed, no unified diffs.
+        #[arg(long)]
+        stat: bool,
+        /// Unified diffs for text files of at most this size on each side.
+        #[arg(long, value_name = "SIZE", default_value = "256K", value_parser = parse_bytes)]
+        text_max: u64,
+        /// List at most this many changes (the counts cover all of them).
+        #[arg(long, value_name = "N", default_value_t = 10_000)]
+        max_changes: usize,
+        /// Print JSON for scripts instead of text.
+        #[arg(long)]
+        json: bool,
+    },
     /// Start N new sandboxes from a snapshot, or from a sandbox (snapshotted
     /// first); prints their ids.
     Fork {

@@ -319,6 +319,27 @@ pub fn dispatch(cli: Cli) -> Result<i32> {
             }
             Ok(0)
         }
+        Command::Diff {
+            a,
+            b,
+            stat,
+            text_max,
+            max_changes,
+            json,
+        } => {
+            let opts = cairn_engine::DiffOptions {
+                text_max: if stat { 0 } else { text_max },
+                max_changes,
+                ..cairn_engine::DiffOptions::default()
+            };
+            let d = engine.diff(&a, &b, &opts)?;
+            if json {
+                println!("{}", serde_json::to_string_pretty(&d)?);
+            } else {
+                print_diff(&d);
+            }
+            Ok(if d.added + d.removed + d.changed == 0 { 0 } else { 1 })
+        }
         Command::Snapshots { tree, json } => {
             crate::lineage::print(&engine.snapshots()?, &engine.remote_durability()?, tree, json).map(|()| 0)
         }
@@ -913,6 +934,69 @@ fn token(engine: &Engine, cmd: crate::cli::TokenCommand) -> Result<()> {
         }
     }
     Ok(())
+}
+
+/// `cairn diff` as text: one line per path (`A`dded, `D`eleted, `M`odified
+/// with what changed), each text file's unified diff under it, then the
+/// counts. Paths and contents come from sandboxes: control characters are
+/// shown escaped.
+fn print_diff(d: &cairn_engine::SnapshotDiff) {
+    use std::io::Write;
+    let clean = |s: &str| -> String {
+        s.chars()
+            .map(|c| match c {
+                '\n' | '\t' => c.to_string(),
+                c if c.is_control() => c.escape_default().to_string(),
+                c => c.to_string(),
+            })
+            .collect()
+    };
+    let mut out = std::io::stdout().lock();
+    for c in &d.changes {
+        let (mark, side) = match c.change {
+            "added" => ("A", c.after.as_ref()),
+            "removed" => ("D", c.before.as_ref()),
+            _ => ("M", c.after.as_ref()),
+        };
+        let mut line = format!("{mark} {}", clean(&c.path).replace('\n', "\\n"));
+        if let Some(e) = side {
+            line += &format!("  ({}", e.kind);
+            if e.kind == "file" {
+                line += &format!(", {} bytes", e.size);
+            }
+            line += ")";
+        }
+        if !c.what.is_empty() {
+            line += &format!("  {}", c.what.join(", "));
+            if let (Some(x), Some(y)) = (&c.before, &c.after) {
+                if c.what.contains(&"mode") {
+                    line += &format!(" {} -> {}", x.mode, y.mode);
+                }
+                if x.kind == "file" && y.kind == "file" && x.size != y.size {
+                    line += &format!(" ({} -> {} bytes)", x.size, y.size);
+                }
+            }
+        }
+        if let Some(why) = &c.no_diff {
+            line += &format!("  [no text diff: {why}]");
+        }
+        let _ = writeln!(out, "{line}");
+        if let Some(text) = &c.diff {
+            for l in text.lines() {
+                let _ = writeln!(out, "    {}", clean(l));
+            }
+        }
+    }
+    let more = if d.truncated {
+        " (list truncated: --max-changes)"
+    } else {
+        ""
+    };
+    let _ = writeln!(
+        out,
+        "{} added, {} removed, {} changed{more}; {} shared layers not compared; {:.1} ms",
+        d.added, d.removed, d.changed, d.shared_layers, d.took_ms
+    );
 }
 
 #[cfg(test)]

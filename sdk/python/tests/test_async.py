@@ -25,6 +25,9 @@ async def test_async_client_creates_execs_streams_and_forks(aclient):
                 assert await child.read_file("/root/f") == b"\x00\x01binary"
                 await child.exec(f"echo {i} > /root/f")
             assert [await c.read_file("/root/f") for c in fork.sandboxes] == [b"0\n", b"1\n"]
+            diff = await aclient.snapshots.diff(fork.sandboxes[0], fork.sandboxes[1])
+            assert [(c.path, c.change, c.what) for c in diff.changes] == [("/root/f", "changed", ["content"])]
+            assert "-0\n+1\n" in diff.changes[0].diff
         finally:
             for child in fork.sandboxes:
                 await child.remove()

@@ -53,3 +53,31 @@ def test_restore_starts_a_sandbox_from_a_snapshot(client, sandbox):
         assert restored.read_file("/root/note") == b"kept"
     with client.sandboxes.create(snapshot=snap) as again:
         assert again.read_file("/root/note") == b"kept"
+
+
+def test_diff_names_what_two_snapshots_and_a_live_sandbox_changed(client, sandbox):
+    sandbox.write_file("/root/notes.txt", "one\ntwo\nthree\n")
+    sandbox.write_file("/root/gone", "bye")
+    before = sandbox.snapshot()
+    sandbox.write_file("/root/notes.txt", "one\n2\nthree\n")
+    sandbox.exec("rm /root/gone && mkdir /root/new && head -c 3000 /dev/urandom > /root/new/blob")
+    # The live sandbox: its files as they are now.
+    live = client.snapshots.diff(before, sandbox)
+    assert isinstance(live, cairn.SnapshotDiff)
+    assert (live.a.kind, live.b.kind, live.b.sandbox_id) == ("snapshot", "sandbox", sandbox.id)
+    by_path = {c.path: c for c in live.changes}
+    assert by_path["/root/notes.txt"].change == "changed" and by_path["/root/notes.txt"].what == ["content"]
+    assert "-two\n+2\n" in by_path["/root/notes.txt"].diff
+    assert by_path["/root/gone"].change == "removed" and by_path["/root/gone"].before.size == 3
+    assert by_path["/root/new"].after.kind == "directory"
+    assert by_path["/root/new/blob"].no_diff == "binary"
+    after = sandbox.snapshot()
+    stat = client.snapshots.diff(before.id, after.id, text_max=0)
+    assert (stat.added, stat.removed, stat.changed) == (live.added, live.removed, live.changed) == (2, 1, 1)
+    assert all(c.diff is None for c in stat.changes) and stat.shared_layers >= 1
+    assert client.snapshots.diff(after, after).changes == []
+    try:
+        client.snapshots.diff(after, "no-such-thing")
+        raise AssertionError("an unknown side must be refused")
+    except cairn.NotFound as e:
+        assert "no-such-thing" in str(e)

@@ -342,6 +342,27 @@ pub async fn snapshots(
     Ok(Json(SnapshotPage { items, next }))
 }
 
+/// What differs between two snapshots, sandboxes or a run's stage outputs:
+/// files added, removed and changed, with unified diffs of text files.
+/// Computed from layer indexes (`cairn diff`).
+#[utoipa::path(get, path = "/v1/diff", tag = "snapshots", params(DiffQuery),
+    responses((status = 200, body = SnapshotDiff), (status = 400, body = ErrorBody), (status = 404, body = ErrorBody),
+        (status = 409, body = ErrorBody)))]
+pub async fn diff(
+    State(app): State<Arc<App>>,
+    q: Result<Query<DiffQuery>, axum::extract::rejection::QueryRejection>,
+) -> ApiResult<Json<SnapshotDiff>> {
+    let Query(q) = q?;
+    let defaults = cairn_engine::DiffOptions::default();
+    let opts = cairn_engine::DiffOptions {
+        text_max: q.text_max.unwrap_or(defaults.text_max).min(4 << 20),
+        max_changes: q.max_changes.unwrap_or(defaults.max_changes).clamp(1, 100_000),
+        ..defaults
+    };
+    let d = app.engine(move |e| Ok(e.diff(&q.a, &q.b, &opts)?)).await?;
+    Ok(Json(d.into()))
+}
+
 fn detail(e: &Engine, key: &str) -> ApiResult<SnapshotDetail> {
     let snap = e.snapshot_record(key)?;
     let all = e.snapshots()?;

@@ -41,6 +41,16 @@ pub fn capture<B: BlobStore>(upper: &Path, store: &ChunkStore<B>) -> Result<Capt
     walk_upper(upper, store, None, None, None).map(|(layer, _)| layer)
 }
 
+/// [`capture`] of an upper directory written through a user namespace
+/// (see [`capture_since_mapped`]), with no baseline written.
+pub fn capture_mapped<B: BlobStore>(
+    upper: &Path,
+    store: &ChunkStore<B>,
+    ids: Option<HostIds>,
+) -> Result<CapturedLayer, ArchiveError> {
+    walk_upper(upper, store, None, ids, None).map(|(layer, _)| layer)
+}
+
 /// Captures what changed in `upper` since the capture that produced
 /// `previous` (everything when `None`), as a layer that goes on top of that
 /// capture's layer: changed and new entries, the directories leading to

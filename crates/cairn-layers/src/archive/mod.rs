@@ -27,6 +27,7 @@
 
 mod baseline;
 mod capture;
+mod diff;
 mod dirfd;
 mod flatten;
 mod index;
@@ -42,8 +43,10 @@ use cairn_store::StoreError;
 
 pub use baseline::Baseline;
 pub use capture::{
-    capture, capture_since, capture_since_mapped, capture_since_with, remove_device_nodes, CapturedLayer,
+    capture, capture_mapped, capture_since, capture_since_mapped, capture_since_with, remove_device_nodes,
+    CapturedLayer,
 };
+pub use diff::{diff_trees, kind_name, Change, ChangeKind};
 pub use flatten::{flatten, FlattenError};
 pub use index::{
     Entry, EntryChecker, EntryKind, LayerId, LayerIndex, LayerPath, Metadata, Timestamp, Xattr, SMALL_FILE_MAX,

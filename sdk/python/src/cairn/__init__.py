@@ -12,7 +12,7 @@ from .errors import (BadRequest, CairnError, Conflict, ConnectError, NotFound, T
 from .models import (Artifact, BadEntry, DeadLetter, Event, ExecResult, FileStat, ForkResult, Health, Image,
                      LogEntry, Output, Recommendation, RecoverResult, ReplayedCall, Rewind, Run, RunAudit, RunDetail,
                      RunEvent, Sandbox, Session, SessionExecResult, Snapshot, SnapshotDetail, Stage, StageAudit,
-                     StageEdges, Verification)
+                     StageEdges, Verification, SnapshotDiff, FileChange, DiffSide, DiffEntry)
 
 __version__ = "0.1.0"
 
@@ -24,5 +24,5 @@ __all__ = [
     "RunDetail", "RunEvent", "Snapshot", "SnapshotDetail", "Stage", "StageEdges", "RunAudit", "StageAudit",
     "Recommendation",
     "Session", "LogEntry", "SessionExecResult", "Rewind", "Verification", "BadEntry", "RecoverResult",
-    "ReplayedCall",
+    "ReplayedCall", "SnapshotDiff", "FileChange", "DiffSide", "DiffEntry",
 ]

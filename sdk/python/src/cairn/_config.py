@@ -97,6 +97,16 @@ def ident(x: Any) -> str:
     return x if isinstance(x, str) else getattr(x, "id")
 
 
+def diff_params(a: Any, b: Any, text_max: Optional[int], max_changes: Optional[int]) -> Dict[str, Any]:
+    """The query of `GET /v1/diff`."""
+    params: Dict[str, Any] = {"a": ident(a), "b": ident(b)}
+    if text_max is not None:
+        params["text_max"] = text_max
+    if max_changes is not None:
+        params["max_changes"] = max_changes
+    return params
+
+
 def key_header(idempotency_key: Optional[str]) -> Dict[str, str]:
     return {"Idempotency-Key": idempotency_key} if idempotency_key else {}
 

@@ -17,7 +17,7 @@ from ._sse import aevents
 from .client import _STARTED, _entry_body, _log_params
 from .models import (DeadLetter, Event, ExecResult, FileStat, ForkResult, Health, Image, LogEntry, Output,
                      RecoverResult, Rewind, Run, RunAudit, RunDetail, Sandbox, Session, SessionExecResult, Snapshot,
-                     SnapshotDetail, Verification)
+                     SnapshotDetail, SnapshotDiff, Verification)
 
 
 @dataclass
@@ -373,6 +373,12 @@ class AsyncSnapshots:
 
     async def remove(self, id: Any) -> None:
         await self._c._send("DELETE", f"/v1/snapshots/{cfg.ident(id)}")
+
+    async def diff(self, a: Any, b: Any, *, text_max: Optional[int] = None,
+                   max_changes: Optional[int] = None) -> SnapshotDiff:
+        """How `b` differs from `a` (see `Snapshots.diff`)."""
+        return SnapshotDiff.from_dict(await self._c._json("GET", "/v1/diff",
+                                                          params=cfg.diff_params(a, b, text_max, max_changes)))
 
     async def fork(self, id: Any, count: int = 1, *, driver: Optional[str] = None, memory: Any = None,
                    cpus: Any = None, pids: Optional[int] = None, idempotency_key: Optional[str] = None) -> ForkResult:

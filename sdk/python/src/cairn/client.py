@@ -13,7 +13,7 @@ from . import errors
 from ._sse import events as sse_events
 from .models import (Artifact, DeadLetter, Event, ExecResult, FileStat, ForkResult, Health, Image, LogEntry,
                      Output, RecoverResult, Rewind, Run, RunAudit, RunDetail, Sandbox, Session,
-                     SessionExecResult, Snapshot, SnapshotDetail, Verification)
+                     SessionExecResult, Snapshot, SnapshotDetail, SnapshotDiff, Verification)
 
 
 class Client:
@@ -331,6 +331,13 @@ class Snapshots:
 
     def remove(self, id: Any) -> None:
         self._c._send("DELETE", f"/v1/snapshots/{cfg.ident(id)}")
+
+    def diff(self, a: Any, b: Any, *, text_max: Optional[int] = None,
+             max_changes: Optional[int] = None) -> SnapshotDiff:
+        """How `b` differs from `a`: each a snapshot (record, id or label),
+        a sandbox (its files as they are now) or "RUN/STAGE[.BRANCH]"."""
+        return SnapshotDiff.from_dict(self._c._json("GET", "/v1/diff", params=cfg.diff_params(a, b, text_max,
+                                                                                              max_changes)))
 
     def fork(self, id: Any, count: int = 1, *, driver: Optional[str] = None, memory: Any = None, cpus: Any = None,
              pids: Optional[int] = None, idempotency_key: Optional[str] = None) -> ForkResult:

@@ -117,6 +117,58 @@ class SnapshotDetail(Snapshot):
 
 
 @dataclass
+class DiffSide(Model):
+    key: str
+    kind: str
+    snapshot_id: Optional[str] = None
+    sandbox_id: Optional[str] = None
+
+
+@dataclass
+class DiffEntry(Model):
+    kind: str
+    size: int = 0
+    mode: str = ""
+    uid: int = 0
+    gid: int = 0
+    target: Optional[str] = None
+
+
+@dataclass
+class FileChange(Model):
+    """One path that differs: `change` is added, removed or changed; `what`
+    says what changed (type, content, mode, owner); `diff` is a unified
+    diff of a text file."""
+
+    path: str
+    change: str
+    what: List[str] = field(default_factory=list)
+    before: Optional[DiffEntry] = None
+    after: Optional[DiffEntry] = None
+    diff: Optional[str] = None
+    no_diff: Optional[str] = None
+
+    _nested = {"before": (DiffEntry, False), "after": (DiffEntry, False)}
+
+
+@dataclass
+class SnapshotDiff(Model):
+    """How side `b` differs from side `a` (`cairn diff`)."""
+
+    a: DiffSide
+    b: DiffSide
+    added: int = 0
+    removed: int = 0
+    changed: int = 0
+    shared_layers: int = 0
+    changes: List[FileChange] = field(default_factory=list)
+    truncated: bool = False
+    took_ms: float = 0.0
+
+    _nested = {"a": (DiffSide, False), "b": (DiffSide, False), "changes": (FileChange, True)}
+
+
+@dataclass
 class Sandbox(Model):
     """A sandbox's record, and a handle to work in it (when it came from a
     client): `exec`, files, snapshots, forks. `with` removes it on exit."""
