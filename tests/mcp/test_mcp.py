@@ -18,7 +18,7 @@ ERAS = {"legacy": "2025-11-25", "2026-07-28": "2026-07-28"}
 CASES = [(t, m) for t in ("stdio", "http") for m in ERAS]
 TOOLS = {
     "plan_stage", "run_stage", "stage_status", "fork_from", "select", "inspect_logs", "inspect",
-    "dlq", "exec", "read_file", "write_file", "snapshot", "restore",
+    "diff", "dlq", "exec", "read_file", "write_file", "snapshot", "restore",
     "session_create", "session_suspend", "session_resume", "session_fork", "session_close",
 }
 
@@ -385,6 +385,34 @@ def test_inspect_reads_a_snapshots_layers_without_starting_a_sandbox(cairn):
         stop.set()
         watcher.join()
     assert seen and all(s == before for s in seen), "a sandbox ran while inspect read the snapshot"
+    assert running() == before
+
+    lower = json.loads(cli("snapshots", "--json"))
+    lower = next(s["id"] for s in lower if s.get("label") == "lower")
+
+    async def compare():
+        async with client(cairn, "stdio", "2026-07-28") as c:
+            d = await call(c, "diff", {"from_snapshot_id": lower, "to_snapshot_id": snap})
+            changes = {x["path"]: x for x in d["changes"]}
+            assert {p: x["change"] for p, x in changes.items()} == {
+                "/work/gone": "removed", "/work/changed": "changed", "/work/out": "added", "/work/pw": "added",
+                # The directory made again holds another file: the old one is gone.
+                "/work/d/old": "removed", "/work/d/new": "added",
+            }, d
+            assert (d["added"], d["removed"], d["changed"], d["truncated"]) == (3, 2, 1, False)
+            assert changes["/work/changed"]["what"] == ["content"]
+            assert "-old\n+new\n" in changes["/work/changed"]["diff"]
+            assert changes["/work/out"]["kind"] == "symlink" and "diff" not in changes["/work/out"]
+            quiet = await call(c, "diff", {"from_snapshot_id": lower, "to_snapshot_id": snap, "text": False})
+            assert all("diff" not in x for x in quiet["changes"]) and quiet["changed"] == 1
+            same = await call(c, "diff", {"from_snapshot_id": snap, "to_snapshot_id": snap})
+            assert same["changes"] == [] and same["added"] == 0
+            with pytest.raises(MCPError, match="from_snapshot_id"):
+                await c.call_tool("diff", {"from_snapshot_id": "zz", "to_snapshot_id": snap})
+            missing = await c.call_tool("diff", {"from_snapshot_id": "abcdef0123", "to_snapshot_id": snap})
+            assert missing.is_error and "abcdef0123" in missing.content[0].text
+
+    run(compare)
     assert running() == before
 
 

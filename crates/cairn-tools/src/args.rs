@@ -100,6 +100,11 @@ pub enum ToolArgs {
         snapshot_id: String,
         path: String,
     },
+    Diff {
+        from: String,
+        to: String,
+        text: bool,
+    },
     Dlq {
         retry: Option<String>,
         reason: Option<String>,
@@ -290,6 +295,14 @@ struct Logs {
 struct Inspect {
     snapshot_id: String,
     path: String,
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct Diff {
+    from_snapshot_id: String,
+    to_snapshot_id: String,
+    text: Option<bool>,
 }
 
 struct Check<'a> {
@@ -608,6 +621,16 @@ pub fn parse(name: &str, arguments: Value) -> Result<ToolArgs, ToolError> {
             ToolArgs::Inspect {
                 snapshot_id: s.snapshot_id,
                 path: s.path,
+            }
+        }
+        "diff" => {
+            let d: Diff = from(name, v)?;
+            c.hex_id("from_snapshot_id", &d.from_snapshot_id)?;
+            c.hex_id("to_snapshot_id", &d.to_snapshot_id)?;
+            ToolArgs::Diff {
+                from: d.from_snapshot_id,
+                to: d.to_snapshot_id,
+                text: d.text.unwrap_or(true),
             }
         }
         "dlq" => {

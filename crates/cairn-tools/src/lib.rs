@@ -62,6 +62,10 @@ const FORK_STAGE: &str = "fork";
 const INSPECT_FILE_MAX: u64 = 256 << 10;
 /// The most entries `inspect` lists.
 const INSPECT_ENTRIES_MAX: u32 = 1000;
+/// `diff`: unified diffs for text files of at most this size, and together
+/// at most this much text; at most this many changes listed.
+const DIFF_TEXT_MAX: u64 = 64 << 10;
+const DIFF_CHANGES_MAX: usize = 500;
 /// The most of a log's end `inspect_logs` reads.
 const LOG_TAIL_BYTES: u64 = 1 << 20;
 const LOG_LINE_MAX: usize = 4096;
@@ -162,6 +166,7 @@ impl Tools {
             } => self.session_lifecycle(action, &session, &reason, &caller),
             ToolArgs::SessionFork { session, name, reason } => self.session_fork(&session, name, &reason, &caller),
             ToolArgs::Inspect { snapshot_id, path } => self.inspect(&snapshot_id, &path),
+            ToolArgs::Diff { from, to, text } => self.diff(&from, &to, text),
             ToolArgs::Dlq { retry: None, .. } => self.dlq_list(),
             ToolArgs::Dlq {
                 retry: Some(id),
@@ -754,6 +759,47 @@ impl Tools {
                 }
                 SnapshotItem::Other { kind } => json!({"snapshot_id": id, "path": path, "kind": kind}),
             })
+        })
+    }
+}
+
+impl Tools {
+    /// How snapshot `to` differs from snapshot `from`, from their layers
+    /// (the engine's `diff`), in a size a model's context can take.
+    fn diff(&self, from: &str, to: &str, text: bool) -> Result<Value, ToolError> {
+        self.with_engine(|e| {
+            // Snapshots only: a model names what it forked and ran, never a
+            // sandbox's moving files.
+            let (a, b) = (e.snapshot_record(from)?, e.snapshot_record(to)?);
+            let opts = cairn_engine::DiffOptions {
+                text_max: if text { DIFF_TEXT_MAX } else { 0 },
+                max_changes: DIFF_CHANGES_MAX,
+                text_budget: DIFF_TEXT_MAX as usize,
+            };
+            let d = e.diff(&a.id, &b.id, &opts)?;
+            let changes: Vec<Value> = d
+                .changes
+                .iter()
+                .map(|c| {
+                    let side = c.after.as_ref().or(c.before.as_ref());
+                    let mut v = json!({"path": c.path, "change": c.change});
+                    if let Some(s) = side {
+                        v["kind"] = s.kind.into();
+                        v["size"] = s.size.into();
+                    }
+                    if !c.what.is_empty() {
+                        v["what"] = c.what.clone().into();
+                    }
+                    if let Some(t) = &c.diff {
+                        v["diff"] = t.as_str().into();
+                    }
+                    v
+                })
+                .collect();
+            Ok(
+                json!({"from_snapshot_id": a.id, "to_snapshot_id": b.id, "added": d.added, "removed": d.removed,
+                      "changed": d.changed, "changes": changes, "truncated": d.truncated}),
+            )
         })
     }
 }

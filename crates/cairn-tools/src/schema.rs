@@ -255,6 +255,37 @@ pub fn tools() -> Vec<ToolSpec> {
                     "truncated": {"type": "boolean"}}}),
         },
         ToolSpec {
+            name: "diff",
+            description: "What differs between two snapshots (two branches' output_snapshot, say, before you \
+                          select): files added, removed and changed (type, content, mode, owner), with a unified \
+                          diff of each changed text file up to 64 KiB. Read from the snapshots' layers: no sandbox \
+                          starts, nothing unchanged is read.",
+            input: json!({"type": "object", "additionalProperties": false,
+                "required": ["from_snapshot_id", "to_snapshot_id"],
+                "properties": {
+                    "from_snapshot_id": snapshot_id(),
+                    "to_snapshot_id": snapshot_id(),
+                    "text": {"type": "boolean",
+                             "description": "Unified diffs of text files (the default); false: the list alone"}}}),
+            output: json!({"type": "object", "required": ["added", "removed", "changed", "changes", "truncated"],
+                "properties": {
+                    "from_snapshot_id": {"type": "string"},
+                    "to_snapshot_id": {"type": "string"},
+                    "added": {"type": "integer"},
+                    "removed": {"type": "integer"},
+                    "changed": {"type": "integer"},
+                    "changes": {"type": "array", "description": "At most 500, in path order",
+                        "items": {"type": "object", "required": ["path", "change"],
+                        "properties": {
+                            "path": {"type": "string"},
+                            "change": {"type": "string", "enum": ["added", "removed", "changed"]},
+                            "kind": {"type": "string"},
+                            "what": {"type": "array", "items": {"type": "string"}},
+                            "size": {"type": "integer"},
+                            "diff": {"type": "string", "description": "Unified diff of a text file"}}}},
+                    "truncated": {"type": "boolean", "description": "More changes exist than listed"}}}),
+        },
+        ToolSpec {
             name: "dlq",
             description: "Stages whose retries ran out (action list), or run one again with fresh retries \
                           (action retry, with its id): the stage continues in its run in the background; poll \

@@ -381,6 +381,7 @@ pub fn show(engine: &Engine, key: &str, json: bool) -> Result<()> {
     let listed = Listed::of(engine, &run);
     // The edges as the API gives them: none when the stored file no longer parses.
     let graph = engine.run_graph(&run);
+    let branch_diffs = branch_diffs(engine, &run.id, &stages);
     if json {
         let decisions: Vec<serde_json::Value> = decisions
             .iter()
@@ -393,7 +394,7 @@ pub fn show(engine: &Engine, key: &str, json: bool) -> Result<()> {
                 v
             })
             .collect();
-        let v = serde_json::json!({ "run": listed, "stages": stages, "events": events, "artifacts": artifacts, "decisions": decisions, "graph": graph });
+        let v = serde_json::json!({ "run": listed, "stages": stages, "events": events, "artifacts": artifacts, "decisions": decisions, "graph": graph, "branch_diffs": branch_diffs });
         println!("{}", serde_json::to_string_pretty(&v)?);
         return Ok(());
     }
@@ -444,6 +445,7 @@ pub fn show(engine: &Engine, key: &str, json: bool) -> Result<()> {
         }
     }
     let tree = Tree {
+        branch_diffs: &branch_diffs,
         stages: &stages,
         events: &events,
         artifacts: &artifacts,
@@ -456,8 +458,69 @@ pub fn show(engine: &Engine, key: &str, json: bool) -> Result<()> {
     Ok(())
 }
 
+/// How a losing branch's output differs from the winner's.
+#[derive(serde::Serialize)]
+struct BranchDiff {
+    stage: String,
+    winner: String,
+    branch: String,
+    added: u64,
+    removed: u64,
+    changed: u64,
+    /// The command that shows the whole difference.
+    command: String,
+}
+
+/// For each branch group with a winner, how each other branch with an
+/// output differs from it (counts only: `cairn diff` shows the rest).
+fn branch_diffs(
+    engine: &Engine,
+    run: &str,
+    stages: &[cairn_engine::pipeline::records::StageRecord],
+) -> Vec<BranchDiff> {
+    let mut out = Vec::new();
+    for group in stages.iter().filter(|s| s.branch.is_empty()) {
+        let Some(won) = group.output_snapshot.as_deref() else {
+            continue;
+        };
+        let of_group = || stages.iter().filter(|s| s.stage == group.stage && !s.branch.is_empty());
+        let Some(winner) = of_group().find(|s| s.output_snapshot.as_deref() == Some(won)) else {
+            continue;
+        };
+        for loser in of_group().filter(|s| s.branch != winner.branch) {
+            let Some(lost) = loser.output_snapshot.as_deref() else {
+                continue;
+            };
+            let opts = cairn_engine::DiffOptions {
+                text_max: 0,
+                max_changes: 0,
+                ..cairn_engine::DiffOptions::default()
+            };
+            match engine.diff(won, lost, &opts) {
+                Ok(d) => out.push(BranchDiff {
+                    stage: group.stage.clone(),
+                    winner: winner.branch.clone(),
+                    branch: loser.branch.clone(),
+                    added: d.added,
+                    removed: d.removed,
+                    changed: d.changed,
+                    command: format!(
+                        "cairn diff {run}/{}.{} {run}/{}.{}",
+                        group.stage, winner.branch, group.stage, loser.branch
+                    ),
+                }),
+                Err(e) => {
+                    tracing::warn!(run, stage = %group.stage, branch = %loser.branch, "no diff from the winner: {e}")
+                }
+            }
+        }
+    }
+    out
+}
+
 /// A run's records, printed as a tree of stages.
 struct Tree<'a> {
+    branch_diffs: &'a [BranchDiff],
     stages: &'a [cairn_engine::pipeline::records::StageRecord],
     events: &'a [cairn_engine::pipeline::records::EventRecord],
     artifacts: &'a [cairn_engine::pipeline::records::ArtifactRecord],
@@ -539,6 +602,17 @@ impl Tree<'_> {
                 row.status,
                 row.metric.map(|m| format!(" · metric {m}")).unwrap_or_default()
             );
+            if let Some(d) = self.branch_diffs.iter().find(|d| d.stage == name && d.branch == *b) {
+                println!(
+                    "{pad}{}  · differs from the winner {}: {} added, {} removed, {} changed · `{}`",
+                    if bl { "   " } else { "│  " },
+                    d.winner,
+                    d.added,
+                    d.removed,
+                    d.changed,
+                    d.command
+                );
+            }
             for e in stage_events.iter().filter(|e| e.branch.as_deref() == Some(*b)) {
                 println!(
                     "{pad}{}  · {} {}{}",

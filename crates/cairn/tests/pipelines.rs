@@ -322,6 +322,46 @@ fn a_branch_group_keeps_the_right_winner_under_each_rule() {
             _ => "9",
         };
         assert_eq!(value, expected, "{select}");
+        // Each loser against the winner: its value file differs, and the
+        // run's page says so with the command that shows it.
+        let run = v["run"]["id"].as_str().unwrap();
+        let diffs = v["branch_diffs"].as_array().unwrap();
+        assert_eq!(diffs.len(), 2, "{select}: {diffs:?}");
+        for d in diffs {
+            assert_eq!(
+                (d["winner"].as_str(), d["changed"].as_u64()),
+                (Some(winner), Some(1)),
+                "{d}"
+            );
+            let loser = d["branch"].as_str().unwrap();
+            let out = home.cairn(&[
+                "diff",
+                &format!("{run}/pick.{winner}"),
+                &format!("{run}/pick.{loser}"),
+                "--json",
+            ]);
+            assert_eq!(out.status.code(), Some(1), "something differs: {}", stderr(&out));
+            let diff: serde_json::Value = serde_json::from_str(&stdout(&out)).unwrap();
+            let changes = diff["changes"].as_array().unwrap();
+            assert_eq!(changes.len(), 1, "{diff}");
+            assert_eq!(changes[0]["path"], "/work/value");
+            assert!(changes[0]["diff"].as_str().unwrap().contains(&format!("-{expected}\n")));
+            assert_eq!(diff["b"]["kind"], "stage");
+        }
+        let text = home.ok(&["pipeline", "show", run]);
+        assert!(
+            text.contains(&format!(
+                "differs from the winner {winner}: 0 added, 0 removed, 1 changed"
+            )),
+            "{text}"
+        );
+        // The base stage against the group's output: the value file is new.
+        let out = home.cairn(&["diff", &format!("{run}/base"), &format!("{run}/pick"), "--stat"]);
+        assert_eq!(out.status.code(), Some(1));
+        assert!(stdout(&out).contains("A /work/value"), "{}", stdout(&out));
+        let out = home.cairn(&["diff", &format!("{run}/nope"), &format!("{run}/pick")]);
+        assert_eq!(out.status.code(), Some(125));
+        assert!(stderr(&out).contains("RUN/STAGE.BRANCH"), "{}", stderr(&out));
     }
 }
 

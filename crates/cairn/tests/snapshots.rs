@@ -70,7 +70,14 @@ fn every_overlay_case_round_trips_through_two_snapshots_and_a_fork() {
 
     let out = home.cairn(&["exec", &id, "--", "sh", "-c", SECOND_ROUND]);
     assert!(out.status.success(), "{}", stderr(&out));
+    // `cairn diff` of the running sandbox against the first snapshot names
+    // exactly what the two trees, walked from the host, differ in.
+    let expected = differences(&source, &tree(pid));
+    assert!(expected.len() > 5, "{expected:?}");
+    let live = diff_json(&home, &first, &id);
+    assert_eq!(live, expected, "cairn diff FIRST SANDBOX");
     let second = home.ok(&["snapshot", &id]);
+    assert_eq!(diff_json(&home, &first, &second), expected, "cairn diff FIRST SECOND");
     let snaps: serde_json::Value = serde_json::from_str(&home.ok(&["snapshots", "--json"])).unwrap();
     let second_rec = snaps
         .as_array()
@@ -91,6 +98,60 @@ fn every_overlay_case_round_trips_through_two_snapshots_and_a_fork() {
     }
     assert_eq!(forked["h1"].nlink, 2);
     assert!(forked.contains_key("var/new/deeper/f"));
+}
+
+/// Each path where tree `b` differs from tree `a`, and how: `added`,
+/// `removed`, or `changed` (type, content or target, permission bits); a
+/// modification time or a link count alone is no change.
+fn differences(
+    a: &std::collections::BTreeMap<String, common::Seen>,
+    b: &std::collections::BTreeMap<String, common::Seen>,
+) -> std::collections::BTreeMap<String, &'static str> {
+    let mut out = std::collections::BTreeMap::new();
+    for (path, x) in a {
+        match b.get(path) {
+            None => {
+                out.insert(format!("/{path}"), "removed");
+            }
+            Some(y) => {
+                let same = x.kind == y.kind
+                    && x.content == y.content
+                    && x.target == y.target
+                    && x.mode & 0o7777 == y.mode & 0o7777
+                    && (x.uid, x.gid) == (y.uid, y.gid);
+                if !same {
+                    out.insert(format!("/{path}"), "changed");
+                }
+            }
+        }
+    }
+    for path in b.keys().filter(|p| !a.contains_key(*p)) {
+        out.insert(format!("/{path}"), "added");
+    }
+    out
+}
+
+/// `cairn diff A B --json` as path -> change (exit 1: something differs).
+fn diff_json(home: &Home, a: &str, b: &str) -> std::collections::BTreeMap<String, &'static str> {
+    let out = home.cairn(&["diff", a, b, "--json"]);
+    assert_eq!(out.status.code(), Some(1), "{}", stderr(&out));
+    let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    let changes = v["changes"].as_array().unwrap();
+    assert_eq!(
+        changes.len() as u64,
+        v["added"].as_u64().unwrap() + v["removed"].as_u64().unwrap() + v["changed"].as_u64().unwrap()
+    );
+    changes
+        .iter()
+        .map(|c| {
+            let change = match c["change"].as_str().unwrap() {
+                "added" => "added",
+                "removed" => "removed",
+                _ => "changed",
+            };
+            (c["path"].as_str().unwrap().to_string(), change)
+        })
+        .collect()
 }
 
 fn assert_trees_equal(

@@ -92,6 +92,15 @@ fn hostile_arguments_are_refused_before_anything_runs() {
     assert!(refused("session_fork", json!({"session": "s", "name": "../x", "reason": "r"})).contains("name"));
     assert!(refused("inspect", json!({"snapshot_id": "ab", "path": "etc"})).contains("absolute"));
     assert!(refused("inspect_logs", json!({"stage": "ab", "tail_lines": 0})).contains("tail_lines"));
+    assert!(refused("diff", json!({"from_snapshot_id": "ab"})).contains("to_snapshot_id"));
+    assert!(refused("diff", json!({"from_snapshot_id": "ab", "to_snapshot_id": "../x"})).contains("to_snapshot_id"));
+    assert!(matches!(
+        parse(
+            "diff",
+            json!({"from_snapshot_id": "ab", "to_snapshot_id": "cd", "text": false})
+        ),
+        Ok(ToolArgs::Diff { text: false, .. })
+    ));
     assert!(refused("select", json!({"branches": [], "winner": "ab", "reason": "r"})).contains("branches"));
     let sel = |extra: Value| {
         let mut v = json!({"branches": ["ab"], "reason": "r"});
