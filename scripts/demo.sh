@@ -46,6 +46,9 @@ for f in $forks; do
   $cairn exec "$f" -- sh -c "head -n $i /work/index | tail -n 1 > /work/answer; echo fork $i: \$(cat /work/answer)"
 done
 
+say "what two forks changed, read from their layers (exit status 1: they differ)"
+$cairn diff $(echo $forks | cut -d' ' -f1,2) || [ $? -eq 1 ]
+
 say "a step corrupts the sandbox; reset rewinds it"
 $cairn exec demo -- sh -c 'rm -rf /work; ls /work 2>&1 || true'
 $cairn reset demo indexed >/dev/null

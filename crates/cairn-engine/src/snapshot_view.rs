@@ -3,7 +3,7 @@
 //! resolved by the indexes' records alone and a symlink a sandbox left is
 //! reported, never followed (`cairn_layers::archive::view`).
 
-use cairn_layers::archive::{load_index, lookup, merged_view, EntryKind, LayerPath, Lookup};
+use cairn_layers::archive::{kind_name, load_index, lookup, merged_view, EntryKind, LayerPath, Lookup};
 use cairn_store::ReadContext;
 
 use crate::snapshots::SnapshotError;
@@ -54,17 +54,6 @@ pub enum ViewError {
     BelowNonDirectory { path: String, at: String },
     #[error("{path} is {size} bytes; at most {max} are read: copy the part you need with a stage (head -c, tail)")]
     TooLarge { path: String, size: u64, max: u64 },
-}
-
-fn kind_name(kind: &EntryKind) -> &'static str {
-    match kind {
-        EntryKind::Directory => "directory",
-        EntryKind::File(_) | EntryKind::SmallFile { .. } | EntryKind::HardLink { .. } => "file",
-        EntryKind::Symlink { .. } => "symlink",
-        EntryKind::Fifo => "fifo",
-        EntryKind::Socket => "socket",
-        EntryKind::CharDevice { .. } | EntryKind::BlockDevice { .. } => "device",
-    }
 }
 
 fn text(bytes: &[u8]) -> String {

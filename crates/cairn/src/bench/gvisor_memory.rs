@@ -161,7 +161,8 @@ impl Bench {
     }
 }
 
-fn run(engine: &Engine, rec: &cairn_engine::SandboxRecord, cmd: &str) -> Result<()> {
+/// Runs `cmd` with `sh -c` in `rec` to its end; an error unless it exits 0.
+pub(super) fn run(engine: &Engine, rec: &cairn_engine::SandboxRecord, cmd: &str) -> Result<()> {
     let req = ExecRequest {
         argv: vec!["sh".into(), "-c".into(), cmd.into()],
         ..ExecRequest::default()

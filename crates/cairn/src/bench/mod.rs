@@ -19,6 +19,7 @@ use serde::Serialize;
 
 mod api;
 pub use api::flood_attacker;
+mod diff;
 mod drift;
 mod gvisor_memory;
 mod layers;
@@ -55,6 +56,9 @@ pub enum Which {
     Fork,
     /// Restore of a snapshot to first command output; both sizes; disk used by 100 forks.
     Restore,
+    /// `cairn diff` of two branches over a 2 GiB image, ten files changed in
+    /// each, beside `diff -rq` of the same two trees.
+    Diff,
     /// Pipeline stages: a no-op stage end to end beside the same work by
     /// hand (their difference is the dispatch overhead), a cached stage,
     /// and 100,000 stage records (first vs last 1,000). docs/benchmarks.md
@@ -190,6 +194,7 @@ pub fn run(
             Which::Throughput => bench.throughput(),
             Which::Snapshot | Which::Fork | Which::Restore => bench.snapshots(*w, runs.min(30)),
             Which::ManyFiles => bench.many_files(runs.min(5)),
+            Which::Diff => bench.diff(runs),
             Which::Stages => bench.stages(runs.min(50)),
             Which::Gvisor => bench.gvisor(runs.min(10)),
             Which::GvisorMemory => bench.gvisor_memory(runs.min(20), gvisor_memory),
