@@ -25,6 +25,7 @@ pub mod snapshots;
 pub mod state;
 #[cfg(feature = "test-support")]
 pub mod testing;
+pub mod verify;
 pub mod worker;
 
 use std::path::PathBuf;

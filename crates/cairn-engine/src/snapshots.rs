@@ -277,6 +277,15 @@ pub enum SnapshotError {
     },
     #[error("fork needs a count of at least 1, got {0}")]
     BadCount(usize),
+    #[error(
+        "snapshot {id} cannot be restored: {source}. `cairn verify {id}` names every damaged object it reaches \
+         (with a store in S3, `cairn verify {id} --repair` mends them from an intact copy)"
+    )]
+    Damaged {
+        id: String,
+        #[source]
+        source: Box<EngineError>,
+    },
     #[error("cannot lock the chunk store ({path}): {source}")]
     Lock {
         path: std::path::PathBuf,
@@ -619,7 +628,7 @@ impl Engine {
                     .and_then(|cached| self.linked_memory_image(&cached))
                 {
                     Some(linked) => Some(linked),
-                    None => Some(self.materialise_memory(snap, memory)?),
+                    None => Some(self.materialise_memory(snap, memory).map_err(|e| damaged(snap, e))?),
                 }
             }
             None => None,
@@ -636,7 +645,7 @@ impl Engine {
             memory: scratch.as_ref().map(|d| d.path().to_path_buf()),
             driver,
         };
-        self.create_from(origin, opts)
+        self.create_from(origin, opts).map_err(|e| damaged(snap, e))
     }
 
     /// Refuses, before anything starts, a memory image this host cannot
@@ -1439,4 +1448,28 @@ fn scratch_stream(dir: &Path) -> Result<File, EngineError> {
         .map_err(home_err(&path))?;
     fs::remove_file(&path).map_err(home_err(&path))?;
     Ok(file)
+}
+
+/// An error that lost or corrupt stored data caused, named with the
+/// snapshot being restored; any other error as it is.
+fn damaged(snap: &SnapshotRecord, e: EngineError) -> EngineError {
+    use cairn_layers::archive::ArchiveError;
+    use cairn_layers::LayerError;
+    let store = |s: &StoreError| matches!(s, StoreError::ChunkCorrupt { .. } | StoreError::ChunkMissing { .. });
+    let archive = |a: &ArchiveError| matches!(a, ArchiveError::Store(s) if store(s));
+    let lost = match &e {
+        EngineError::Snapshot(SnapshotError::Store(s)) => store(s),
+        EngineError::Snapshot(SnapshotError::Archive(a)) | EngineError::Layer(LayerError::Archive(a)) => archive(a),
+        // A layer directory that changed and could not be rebuilt from the store.
+        EngineError::Layer(LayerError::Changed { .. }) => true,
+        _ => false,
+    };
+    if !lost {
+        return e;
+    }
+    SnapshotError::Damaged {
+        id: snap.id.clone(),
+        source: Box::new(e),
+    }
+    .into()
 }

@@ -32,6 +32,7 @@ mod read_ahead;
 mod s3;
 mod stream;
 mod tiered;
+mod verify;
 
 pub use backend::StoreBackend;
 pub use blob::{BlobError, BlobStore, IncompleteWrites, ObjectInfo, PutOutcome};
@@ -47,3 +48,4 @@ pub use read_ahead::ReadAhead;
 pub use s3::{S3Config, S3Prefix, S3Store, MULTIPART_THRESHOLD, REFRESH_WINDOW};
 pub use stream::{Cutting, StreamStats};
 pub use tiered::{TieredOptions, TieredStore};
+pub use verify::{CopyState, ObjectCheck};

@@ -195,6 +195,12 @@ impl<R: BlobStore + 'static> TieredStore<R> {
     }
 
     /// Objects waiting for or in upload.
+    /// Whether `key`'s upload is still queued (the cache holds its only
+    /// copy).
+    pub fn is_pending(&self, key: &ChunkHash) -> bool {
+        self.shared.is_pending(key)
+    }
+
     pub fn pending_uploads(&self) -> usize {
         let q = self.shared.lock();
         q.waiting.len() + q.in_flight

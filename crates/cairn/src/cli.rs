@@ -344,6 +344,32 @@ pub enum Command {
         #[arg(long)]
         json: bool,
     },
+    /// Check that snapshots are whole: every object each reaches, read back
+    /// from every place it is stored and hashed again.
+    ///
+    /// A snapshot's id is the root of a hash tree over its manifest, its
+    /// layers' indexes, every file chunk and its memory image, so this checks
+    /// each snapshot against its id. Damaged objects are named with what
+    /// they are (a file's path and offset, a memory image file, a layer's
+    /// index). With a store in S3, both the bucket's copy and the cache's
+    /// are checked, and --repair replaces a damaged copy with an intact one
+    /// (a local store has one copy: damage there is reported, not mended).
+    /// Exit status: 0 when every snapshot is whole, 1 when one is not.
+    #[command(after_help = "Examples:\n  cairn verify --all\n  cairn verify my-label --repair --json")]
+    Verify {
+        /// Snapshots (id, prefix or label); none with --all.
+        #[arg(required_unless_present = "all", conflicts_with = "all")]
+        snapshots: Vec<String>,
+        /// Every snapshot.
+        #[arg(long)]
+        all: bool,
+        /// Replace damaged copies with intact ones (a store in S3).
+        #[arg(long)]
+        repair: bool,
+        /// Print JSON for scripts instead of text.
+        #[arg(long)]
+        json: bool,
+    },
     /// Start N new sandboxes from a snapshot, or from a sandbox (snapshotted
     /// first); prints their ids.
     Fork {

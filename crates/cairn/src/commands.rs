@@ -340,6 +340,56 @@ pub fn dispatch(cli: Cli) -> Result<i32> {
             }
             Ok(if d.added + d.removed + d.changed == 0 { 0 } else { 1 })
         }
+        Command::Verify {
+            snapshots,
+            all: _,
+            repair,
+            json,
+        } => {
+            let quiet = json;
+            let reports = engine.verify_snapshots(&snapshots, repair, &|i, n, v| {
+                if !quiet {
+                    eprintln!(
+                        "cairn: verified {}/{n}: {} ({} objects, {:.1} MB read, {:.0} ms)",
+                        i + 1,
+                        &v.snapshot_id[..12],
+                        v.objects,
+                        v.bytes_read as f64 / 1e6,
+                        v.took_ms
+                    );
+                }
+            })?;
+            let whole = reports.iter().all(|v| v.ok);
+            if json {
+                println!("{}", serde_json::to_string_pretty(&reports)?);
+            } else {
+                for v in &reports {
+                    let state = if v.ok { "whole" } else { "DAMAGED" };
+                    println!(
+                        "{} {state}: {} objects, {} damaged",
+                        v.snapshot_id,
+                        v.objects,
+                        v.damaged.len()
+                    );
+                    for d in &v.damaged {
+                        let remote = d
+                            .remote
+                            .as_deref()
+                            .map(|r| format!(", bucket: {r}"))
+                            .unwrap_or_default();
+                        let repair = d.repair.as_deref().map(|r| format!(" -> {r}")).unwrap_or_default();
+                        println!("  {} {} (local: {}{remote}){repair}", &d.hash[..12], d.what, d.local);
+                    }
+                    for u in &v.unreadable {
+                        println!("  unreadable: {u}");
+                    }
+                }
+                if !whole && !repair {
+                    println!("run `cairn verify --repair` to mend damaged copies from intact ones (a store in S3)");
+                }
+            }
+            Ok(if whole { 0 } else { 1 })
+        }
         Command::Snapshots { tree, json } => {
             crate::lineage::print(&engine.snapshots()?, &engine.remote_durability()?, tree, json).map(|()| 0)
         }

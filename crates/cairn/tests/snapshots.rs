@@ -387,6 +387,10 @@ fn a_flipped_byte_in_a_chunk_makes_restore_fail_with_a_clear_error() {
         err.contains("payload") || err.contains("layer"),
         "the error names neither file nor layer: {err}"
     );
+    assert!(
+        err.contains(&format!("snapshot {snap} cannot be restored")) && err.contains(&format!("cairn verify {snap}")),
+        "the error names the snapshot and what checks it: {err}"
+    );
     assert_eq!(home.ps().len(), before, "a failed restore left a sandbox");
 }
 
@@ -627,4 +631,123 @@ fn snapshots_taken_back_to_back_each_restore() {
         let distinct: std::collections::HashSet<&&str> = layers.iter().collect();
         assert_eq!(distinct.len(), layers.len(), "a layer twice in {}: {layers:?}", s["id"]);
     }
+}
+
+/// The local store's object file for `hash`.
+fn object_file(home: &Home, hash: &str) -> std::path::PathBuf {
+    home.path()
+        .join("store/objects")
+        .join(&hash[..2])
+        .join(&hash[2..4])
+        .join(hash)
+}
+
+#[test]
+fn verify_names_each_corrupt_or_missing_object_with_what_it_holds() {
+    if skip("verify_names_each_corrupt_or_missing_object_with_what_it_holds") {
+        return;
+    }
+    let home = Home::new();
+    let id = home.ok(&["create"]);
+    // Objects written after this are the snapshot's own (the image's were
+    // stored when it was imported, at the create).
+    std::thread::sleep(std::time::Duration::from_millis(20));
+    let since = std::time::SystemTime::now();
+    home.sh(
+        &id,
+        "mkdir -p /data && dd if=/dev/urandom of=/data/random bs=64k count=8 2>/dev/null && seq 1 50000 > /data/text",
+    );
+    let snap = home.ok(&["snapshot", &id, "--label", "checked"]);
+    let whole = home.cairn(&["verify", "checked", "--json"]);
+    assert_eq!(whole.status.code(), Some(0), "{}", stderr(&whole));
+    let v: serde_json::Value = serde_json::from_slice(&whole.stdout).unwrap();
+    assert_eq!(
+        (v[0]["snapshot_id"].as_str(), v[0]["root_hash"].as_str()),
+        (Some(snap.as_str()), Some(snap.as_str()))
+    );
+    assert!(v[0]["objects"].as_u64().unwrap() > 5 && v[0]["ok"] == true, "{v}");
+
+    // Damage two chunks of the snapshot's own layer: one byte of one, the
+    // other gone. The layer's index names its files' chunks.
+    let snapshots: serde_json::Value = serde_json::from_str(&home.ok(&["snapshots", "--json"])).unwrap();
+    let layer = snapshots
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|s| s["id"] == snap.as_str())
+        .unwrap()["layers"][0]
+        .as_str()
+        .unwrap()
+        .to_string();
+    let index = std::fs::read(object_file(&home, &layer)).unwrap();
+    let mut chunks: Vec<String> = std::fs::read_dir(home.path().join("store/objects"))
+        .unwrap()
+        .flat_map(|a| std::fs::read_dir(a.unwrap().path()).unwrap())
+        .flat_map(|b| std::fs::read_dir(b.unwrap().path()).unwrap())
+        .map(|o| o.unwrap().file_name().into_string().unwrap())
+        .filter(|h| {
+            let md = std::fs::metadata(object_file(&home, h)).unwrap();
+            *h != layer && *h != snap && md.len() > 30_000 && md.modified().unwrap() > since
+        })
+        .collect();
+    chunks.sort();
+    assert!(chunks.len() >= 2, "{chunks:?} ({} index bytes)", index.len());
+    let (flipped, deleted) = (&chunks[0], &chunks[1]);
+    let path = object_file(&home, flipped);
+    let mut bytes = std::fs::read(&path).unwrap();
+    let mid = bytes.len() / 2;
+    bytes[mid] ^= 0x40;
+    std::fs::write(&path, bytes).unwrap();
+    std::fs::remove_file(object_file(&home, deleted)).unwrap();
+
+    let out = home.cairn(&["verify", "--all", "--json"]);
+    assert_eq!(out.status.code(), Some(1), "damage is exit status 1: {}", stderr(&out));
+    let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    let report = v
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|r| r["snapshot_id"] == snap.as_str())
+        .unwrap();
+    assert_eq!(report["ok"], false);
+    let damaged: std::collections::BTreeMap<&str, &serde_json::Value> = report["damaged"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|d| (d["hash"].as_str().unwrap(), d))
+        .collect();
+    assert_eq!(damaged.len(), 2, "{report}");
+    assert!(
+        damaged[flipped.as_str()]["local"]
+            .as_str()
+            .unwrap()
+            .starts_with("corrupt"),
+        "{report}"
+    );
+    assert_eq!(damaged[deleted.as_str()]["local"], "missing", "{report}");
+    for d in damaged.values() {
+        assert!(
+            d["what"].as_str().unwrap().contains("/data/"),
+            "named by the file it holds: {d}"
+        );
+        assert_eq!(d["recoverable"], false);
+    }
+    // A local store has no other copy: --repair says so and mends nothing.
+    let out = home.cairn(&["verify", &snap, "--repair"]);
+    assert_eq!(out.status.code(), Some(1));
+    assert!(
+        stdout_of(&out).contains("not repaired: no intact copy"),
+        "{}",
+        stdout_of(&out)
+    );
+    assert!(stdout_of(&out).contains("DAMAGED"), "{}", stdout_of(&out));
+    // Nothing asked for that is not there.
+    let out = home.cairn(&["verify", "no-such-snapshot"]);
+    assert_eq!(out.status.code(), Some(125), "{}", stderr(&out));
+    let out = home.cairn(&["verify"]);
+    assert_eq!(out.status.code(), Some(2), "a snapshot or --all is needed");
+}
+
+fn stdout_of(out: &std::process::Output) -> String {
+    String::from_utf8_lossy(&out.stdout).into_owned()
 }
