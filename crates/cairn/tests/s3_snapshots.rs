@@ -359,3 +359,148 @@ fn a_snapshot_whose_uploads_are_cut_off_is_marked_durable_only_once_they_land() 
     );
     home.ok(&["rm", "-f", &id]);
 }
+
+/// The cache's object file for `hash` in `home`.
+fn cached_object(home: &Home, hash: &str) -> std::path::PathBuf {
+    home.path()
+        .join("store/objects")
+        .join(&hash[..2])
+        .join(&hash[2..4])
+        .join(hash)
+}
+
+#[test]
+fn verify_finds_damage_in_the_cache_and_the_bucket_and_repair_mends_each_from_the_other() {
+    use cairn_store::BlobStore;
+    if skip("verify_finds_damage_in_the_cache_and_the_bucket_and_repair_mends_each_from_the_other") {
+        return;
+    }
+    let Some(garage) = Garage::start("verify_finds_damage_in_the_cache_and_the_bucket") else {
+        return;
+    };
+    let url = format!(
+        "s3://{}/verify?endpoint={}&region=garage",
+        garage.bucket, garage.endpoint
+    );
+    let env = vec![
+        ("CAIRN_STORE".to_string(), url),
+        ("AWS_ACCESS_KEY_ID".to_string(), garage.key_id.clone()),
+        ("AWS_SECRET_ACCESS_KEY".to_string(), garage.secret.clone()),
+    ];
+    let home = Home::with_state_and_env(None, env.clone());
+    let id = home.ok(&["create"]);
+    let since = std::time::SystemTime::now();
+    home.sh(
+        &id,
+        "mkdir -p /data && dd if=/dev/urandom of=/data/random bs=64k count=16 2>/dev/null && echo hi > /data/small",
+    );
+    let snap = home.ok(&["snapshot", &id, "--label", "checked"]);
+    home.ok(&["rm", "-f", &id]);
+    let out = home.cairn(&["verify", &snap]);
+    assert_eq!(
+        out.status.code(),
+        Some(0),
+        "{}{}",
+        stderr(&out),
+        String::from_utf8_lossy(&out.stdout)
+    );
+
+    // The snapshot's own large chunks, in the cache and the bucket alike.
+    let bucket = garage.open("verify");
+    let mut chunks: Vec<String> = remote_keys(&garage, "verify")
+        .into_iter()
+        .filter(|h| {
+            std::fs::metadata(cached_object(&home, h)).is_ok_and(|m| m.len() > 30_000 && m.modified().unwrap() > since)
+        })
+        .collect();
+    chunks.sort();
+    assert!(chunks.len() >= 3, "{chunks:?}");
+    let key = |h: &str| h.parse::<cairn_store::ChunkHash>().unwrap();
+    // One corrupt in the cache, one gone from the bucket, one corrupt in both.
+    let flip = |path: &std::path::Path| {
+        let mut bytes = std::fs::read(path).unwrap();
+        let mid = bytes.len() / 2;
+        bytes[mid] ^= 0x40;
+        std::fs::write(path, bytes).unwrap();
+    };
+    flip(&cached_object(&home, &chunks[0]));
+    assert!(bucket.delete(&key(&chunks[1])).unwrap());
+    flip(&cached_object(&home, &chunks[2]));
+    let mut bad = bucket.get(&key(&chunks[2])).unwrap();
+    bad[10] ^= 0x01;
+    bucket.put_unconditionally(&key(&chunks[2]), &bad).unwrap();
+
+    let out = home.cairn(&["verify", "--all", "--json"]);
+    assert_eq!(out.status.code(), Some(1), "{}", stderr(&out));
+    let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    let by_hash = |v: &serde_json::Value| -> std::collections::BTreeMap<String, serde_json::Value> {
+        v[0]["damaged"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|d| (d["hash"].as_str().unwrap().to_string(), d.clone()))
+            .collect()
+    };
+    let damaged = by_hash(&v);
+    assert_eq!(damaged.len(), 3, "{v}");
+    let d0 = &damaged[&chunks[0]];
+    assert!(
+        d0["local"].as_str().unwrap().starts_with("corrupt") && d0["remote"] == "intact",
+        "{d0}"
+    );
+    let d1 = &damaged[&chunks[1]];
+    assert!(d1["local"] == "intact" && d1["remote"] == "missing", "{d1}");
+    let d2 = &damaged[&chunks[2]];
+    assert!(
+        d2["recoverable"] == false && d2["remote"].as_str().unwrap().starts_with("corrupt"),
+        "{d2}"
+    );
+    assert!(damaged
+        .values()
+        .all(|d| d["what"].as_str().unwrap().contains("/data/random")));
+
+    // Repair mends the two that have an intact copy and says the third has none.
+    let out = home.cairn(&["verify", &snap, "--repair", "--json"]);
+    assert_eq!(
+        out.status.code(),
+        Some(1),
+        "one object has no intact copy: {}",
+        stderr(&out)
+    );
+    let repaired = by_hash(&serde_json::from_slice(&out.stdout).unwrap());
+    assert_eq!(
+        repaired[&chunks[0]]["repair"],
+        "the cached copy replaced by the bucket's"
+    );
+    assert_eq!(
+        repaired[&chunks[1]]["repair"],
+        "the bucket's copy replaced by the cache's"
+    );
+    assert_eq!(repaired[&chunks[2]]["repair"], "not repaired: no intact copy");
+    let out = home.cairn(&["verify", &snap, "--json"]);
+    let left = by_hash(&serde_json::from_slice(&out.stdout).unwrap());
+    assert_eq!(
+        left.keys().collect::<Vec<_>>(),
+        vec![&chunks[2]],
+        "only the lost one is left"
+    );
+
+    // A host without the layers materialised meets the lost chunk: the
+    // restore fails, naming the snapshot, and starts nothing.
+    std::fs::remove_dir_all(home.path().join("layers")).unwrap();
+    std::fs::remove_file(cached_object(&home, &chunks[2])).unwrap();
+    let out = home.cairn(&["restore", &snap]);
+    assert_eq!(out.status.code(), Some(125), "a lost chunk fails the restore");
+    let err = stderr(&out);
+    assert!(
+        err.contains(&format!("snapshot {snap} cannot be restored")) && err.contains("cairn verify"),
+        "{err}"
+    );
+    assert!(home.ps().is_empty(), "a failed restore left a sandbox");
+    // The two mended objects: the cache's copy and the bucket's are the
+    // same bytes again.
+    for h in &chunks[..2] {
+        let cached = std::fs::read(cached_object(&home, h)).unwrap();
+        assert_eq!(cached, bucket.get(&key(h)).unwrap(), "{h}");
+    }
+}

@@ -127,3 +127,75 @@ impl Bench {
         result
     }
 }
+
+/// Empties the page cache, so the next reads come from the disk.
+fn drop_caches() -> Result<()> {
+    // Dirty pages first: written back, they can be dropped.
+    nix::unistd::sync();
+    std::fs::write("/proc/sys/vm/drop_caches", "3").context("dropping the page cache needs root")
+}
+
+impl Bench {
+    /// `cairn verify` of a 2 GiB snapshot with the page cache emptied before
+    /// each run, beside `cat` of every object file of the store the same way:
+    /// each one's bytes read per second from the disk.
+    pub(super) fn verify(&self, runs: usize) -> Result<Vec<Measurement>> {
+        let mut engine = self.engine()?;
+        let rec = engine.create_sandbox(&CreateOptions::default(), &Silent)?;
+        let made = (|| -> Result<cairn_engine::SnapshotRecord> {
+            eprintln!("cairn bench: writing 2 GiB in 2,048 files and snapshotting it");
+            run(
+                &engine,
+                &rec,
+                "mkdir -p /work/data && cd /work/data && \
+                 for i in $(seq 1 2048); do dd if=/dev/urandom of=f$i bs=1M count=1 2>/dev/null; done",
+            )?;
+            Ok(engine.snapshot(&rec, Some("bench-verify"))?)
+        })();
+        let _ = engine.sandbox(&rec.id).and_then(|r| engine.remove_sandbox(&r, true));
+        let snap = made?;
+        let objects = self.home.path().join("store/objects");
+        let mut ours = Vec::new();
+        let mut peer = Vec::new();
+        for i in 0..runs.clamp(1, 5) {
+            drop_caches()?;
+            let t = Instant::now();
+            let v = engine.verify_snapshots(std::slice::from_ref(&snap.id), false, &|_, _, _| {})?;
+            let secs = t.elapsed().as_secs_f64();
+            if !v[0].ok {
+                bail!("the benchmark's snapshot is damaged: {:?}", v[0].damaged);
+            }
+            ours.push(v[0].bytes_read as f64 / 1e6 / secs);
+            drop_caches()?;
+            let t = Instant::now();
+            let out = Command::new("sh")
+                .arg("-c")
+                .arg(format!(
+                    "find {} -type f -print0 | xargs -0 cat | wc -c",
+                    objects.display()
+                ))
+                .output()?;
+            let secs = t.elapsed().as_secs_f64();
+            let bytes: f64 = String::from_utf8_lossy(&out.stdout).trim().parse().context("wc -c")?;
+            peer.push(bytes / 1e6 / secs);
+            eprintln!(
+                "cairn bench: verify run {}: {:.0} MB/s ({} objects, {:.0} MB); cat {:.0} MB/s ({:.0} MB)",
+                i + 1,
+                ours[i],
+                v[0].objects,
+                v[0].bytes_read as f64 / 1e6,
+                peer[i],
+                bytes / 1e6
+            );
+        }
+        let ratios: Vec<f64> = ours.iter().zip(&peer).map(|(o, p)| o / p).collect();
+        let mut m = summarize("verify: 2 GiB snapshot read from the disk", "MB/s", ours, None, false);
+        let cat = summarize("verify: `cat` of the store's objects (peer)", "MB/s", peer, None, false);
+        m.cairn_ratio = Some(m.median / cat.median);
+        Ok(vec![
+            m,
+            cat,
+            summarize("verify: its rate / cat's, per run", "x", ratios, Some(0.8), false),
+        ])
+    }
+}

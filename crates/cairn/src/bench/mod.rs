@@ -59,6 +59,9 @@ pub enum Which {
     /// `cairn diff` of two branches over a 2 GiB image, ten files changed in
     /// each, beside `diff -rq` of the same two trees.
     Diff,
+    /// `cairn verify` of a 2 GiB snapshot from the disk (the page cache
+    /// emptied first), beside `cat` of the store's objects read the same way.
+    Verify,
     /// Pipeline stages: a no-op stage end to end beside the same work by
     /// hand (their difference is the dispatch overhead), a cached stage,
     /// and 100,000 stage records (first vs last 1,000). docs/benchmarks.md
@@ -195,6 +198,7 @@ pub fn run(
             Which::Snapshot | Which::Fork | Which::Restore => bench.snapshots(*w, runs.min(30)),
             Which::ManyFiles => bench.many_files(runs.min(5)),
             Which::Diff => bench.diff(runs),
+            Which::Verify => bench.verify(runs),
             Which::Stages => bench.stages(runs.min(50)),
             Which::Gvisor => bench.gvisor(runs.min(10)),
             Which::GvisorMemory => bench.gvisor_memory(runs.min(20), gvisor_memory),
