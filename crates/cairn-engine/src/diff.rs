@@ -206,7 +206,21 @@ impl Engine {
                 }
                 .into());
             };
-            let snap = self.snapshot_record(&snapshot)?;
+            let snap = match self.snapshot_record(&snapshot) {
+                Err(EngineError::Snapshot(SnapshotError::NotFound(_))) => {
+                    return Err(DiffError::NoSnapshot {
+                        key: key.into(),
+                        reason: format!(
+                            "its output snapshot {} is gone (a losing branch collected under its run's \
+                             keep = \"winners\", or removed); its records stay in `cairn pipeline show {}`",
+                            &snapshot[..12.min(snapshot.len())],
+                            run.id
+                        ),
+                    }
+                    .into())
+                }
+                other => other?,
+            };
             return Ok(Resolved {
                 layers: self.manifest(&snap)?.layers.iter().map(|l| l.to_string()).collect(),
                 side: DiffSide {

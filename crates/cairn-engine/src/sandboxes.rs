@@ -91,6 +91,9 @@ pub struct GcReport {
     /// Stage sandboxes whose queue claim had moved on (see
     /// `Engine::reap_orphans`), recorded on their run and removed.
     pub orphans_reaped: Vec<crate::queue::Orphan>,
+    /// Losing branches whose snapshots went under their run's retention
+    /// (`keep = "winners"`, docs/pipelines.md).
+    pub losers_collected: Vec<crate::pipeline::retention::CollectedBranch>,
 }
 
 /// How long `gc` keeps a copy set aside because it changed on the host.
@@ -773,6 +776,9 @@ impl Engine {
                 }
             }
         }
+        // Losing branches past their run's retention: their snapshots go
+        // first, so the chunks only they used are freed below.
+        report.losers_collected = self.collect_losers(crate::now_ms())?;
         // Layers and chunks: only while no snapshot or image build is
         // writing (they hold the store lock shared until their rows exist).
         let _lock = self.lock_store(true)?;

@@ -257,6 +257,15 @@ pub fn dispatch(cli: Cli) -> Result<i32> {
                         o.sandbox_id, o.run_id, o.epoch, o.job, o.reason
                     );
                 }
+                for c in &report.losers_collected {
+                    eprintln!(
+                        "cairn: collected losing branch {}.{} of run {} under its retention: {} snapshot(s)",
+                        c.stage,
+                        c.branch,
+                        c.run_id,
+                        c.snapshots.len()
+                    );
+                }
                 for changed in &report.changed_copies_kept {
                     eprintln!(
                         "cairn: warning: {changed} changed on the host and was rebuilt from the store; \

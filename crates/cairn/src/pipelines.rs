@@ -491,6 +491,10 @@ fn branch_diffs(
             let Some(lost) = loser.output_snapshot.as_deref() else {
                 continue;
             };
+            // Collected under the run's retention: the lineage says so.
+            if engine.snapshot_record(lost).is_err() {
+                continue;
+            }
             let opts = cairn_engine::DiffOptions {
                 text_max: 0,
                 max_changes: 0,

@@ -1208,3 +1208,114 @@ run = [
         );
     }
 }
+
+#[test]
+fn keep_winners_collects_losing_branches_at_gc_and_keeps_their_records() {
+    if skip("keep_winners_collects_losing_branches_at_gc_and_keeps_their_records") {
+        return;
+    }
+    let home = Home::new();
+    let text = branches("max", "metric = \"output\"").replace(
+        "image = \"busybox\"",
+        "image = \"busybox\"\nkeep = \"winners\"\nkeep_losers_for = \"1h\"",
+    );
+    let later = write(&home, "later.toml", &text);
+    // Its own stage keys: a run reusing the first run's branches would
+    // share their snapshots, which the first run's rows keep.
+    let now = write(
+        &home,
+        "now.toml",
+        &text
+            .replace("keep_losers_for = \"1h\"", "")
+            .replace("pick-{hypothesis}", "pick-now-{hypothesis}"),
+    );
+    // Within the hour nothing goes.
+    let out = home.cairn(&["pipeline", "run", &later]);
+    assert!(out.status.success(), "{}", stderr(&out));
+    let first = stdout(&out).trim().to_string();
+    let gc: serde_json::Value = serde_json::from_str(&home.ok(&["gc", "--json"])).unwrap();
+    assert_eq!(gc["losers_collected"], serde_json::json!([]), "{gc}");
+
+    // keep = "winners" alone: the losers go at the next gc after the run.
+    let out = home.cairn(&["pipeline", "run", &now]);
+    assert!(out.status.success(), "{}", stderr(&out));
+    let run = stdout(&out).trim().to_string();
+    let v = show(&home, &run);
+    let rows: Vec<serde_json::Value> = v["stages"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|s| s["stage"] == "pick")
+        .cloned()
+        .collect();
+    let group = rows.iter().find(|s| s["branch"] == "").unwrap();
+    let winner_out = group["output_snapshot"].as_str().unwrap().to_string();
+    let losers: Vec<&serde_json::Value> = rows
+        .iter()
+        .filter(|s| s["branch"] != "" && s["output_snapshot"] != group["output_snapshot"])
+        .collect();
+    assert_eq!(losers.len(), 2);
+    let gc: serde_json::Value = serde_json::from_str(&home.ok(&["gc", "--json"])).unwrap();
+    let collected = gc["losers_collected"].as_array().unwrap();
+    assert_eq!(collected.len(), 2, "{gc}");
+    assert!(
+        collected.iter().all(|c| c["run_id"] == run.as_str()),
+        "only the run past its deadline: {gc}"
+    );
+    let snaps = home.ok(&["snapshots", "--json"]);
+    for l in &losers {
+        let gone = l["output_snapshot"].as_str().unwrap();
+        assert!(!snaps.contains(gone), "the loser's output {gone} stayed");
+    }
+    assert!(snaps.contains(&winner_out), "the winner's output went");
+    // The winner is whole and restores; the losers' records stay, with why.
+    let sb = home.ok(&["restore", &winner_out]);
+    assert_eq!(home.ok(&["exec", &sb, "--", "cat", "/work/value"]), "9");
+    let v = show(&home, &run);
+    assert_eq!(events(&v, "lost").len(), 2);
+    let col = events(&v, "collected");
+    assert_eq!(col.len(), 2, "{v}");
+    assert!(col.iter().all(|e| e["data"]["kept_for_secs"] == 0));
+    let loser = losers[0]["branch"].as_str().unwrap();
+    let out = home.cairn(&["diff", &format!("{run}/pick.slow-high"), &format!("{run}/pick.{loser}")]);
+    assert_eq!(out.status.code(), Some(125));
+    assert!(stderr(&out).contains("collected"), "{}", stderr(&out));
+    // A second gc finds nothing more, and the first run keeps its losers.
+    let gc: serde_json::Value = serde_json::from_str(&home.ok(&["gc", "--json"])).unwrap();
+    assert_eq!(gc["losers_collected"], serde_json::json!([]), "{gc}");
+    let first_rows = show(&home, &first);
+    for s in first_rows["stages"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|s| s["branch"] != "")
+    {
+        let out = s["output_snapshot"].as_str().unwrap();
+        home.ok(&["snapshot", "show", out]);
+    }
+}
+
+#[test]
+fn a_retention_that_does_not_parse_is_refused_naming_its_line() {
+    if skip("a_retention_that_does_not_parse_is_refused_naming_its_line") {
+        return;
+    }
+    let home = Home::new();
+    for (extra, said) in [
+        ("keep = \"some\"", "keep = \"some\" is not one of"),
+        ("keep_losers_for = \"1h\"", "keep_losers_for needs keep = \"winners\""),
+        ("keep = \"winners\"\nkeep_losers_for = \"soon\"", "is not a duration"),
+    ] {
+        let text = branches("max", "metric = \"output\"")
+            .replace("image = \"busybox\"", &format!("image = \"busybox\"\n{extra}"));
+        let file = write(&home, "p.toml", &text);
+        let out = home.cairn(&["pipeline", "run", &file]);
+        assert!(!out.status.success());
+        assert!(
+            stderr(&out).contains(said) && stderr(&out).contains("p.toml:"),
+            "{extra}: {}",
+            stderr(&out)
+        );
+    }
+    assert!(home.ps().is_empty());
+}

@@ -9,7 +9,7 @@ use serde::{Deserialize, Serialize};
 
 /// The version of the stored form of [`EventData`]. A reader refuses any
 /// other with an error that says to upgrade Cairn.
-pub const EVENT_DATA_VERSION: u32 = 1;
+pub const EVENT_DATA_VERSION: u32 = 2;
 
 /// The typed fields of one run event. Times are milliseconds; byte counts
 /// are what the snapshot stored anew (after deduplication, before
@@ -139,6 +139,14 @@ pub enum EventData {
         by: String,
         reason: Option<String>,
     },
+    /// A losing branch's snapshots (its output and checkpoints) removed
+    /// under the run's retention, `keep = "winners"` (kind `collected`);
+    /// its rows and events stay.
+    Collected {
+        snapshots: Vec<String>,
+        /// `keep_losers_for`, in seconds.
+        kept_for_secs: u64,
+    },
 }
 
 fn short(id: &str) -> &str {
@@ -168,6 +176,7 @@ impl EventData {
             EventData::Plan { .. } => "plan",
             EventData::Verdict { approved: true, .. } => "approved",
             EventData::Verdict { approved: false, .. } => "rejected",
+            EventData::Collected { .. } => "collected",
         }
     }
 
@@ -183,6 +192,14 @@ impl EventData {
     /// The sentence people read (`detail`).
     pub fn sentence(&self) -> String {
         match self {
+            EventData::Collected {
+                snapshots,
+                kept_for_secs,
+            } => format!(
+                "{} snapshot(s) of this losing branch collected {kept_for_secs} s after the run ended \
+                 (keep = \"winners\"); what it tried and why it lost stay",
+                snapshots.len()
+            ),
             EventData::RunStarted { pipeline, file } => format!("pipeline {pipeline} from {file}"),
             EventData::RunCompleted { .. } => "every stage completed".into(),
             EventData::RunFailed { error } => error.clone(),
@@ -313,10 +330,16 @@ impl EventData {
         }
     }
 
-    /// The stored form: `{"v": 1, "type": …, fields…}`.
+    /// The stored form: `{"v": N, "type": …, fields…}`, N the first
+    /// version that has the type (2 for `collected`, 1 for the rest), so a
+    /// Cairn that knows only version 1 still reads every event it knows.
     pub fn to_stored(&self) -> String {
         let mut v = serde_json::to_value(self).expect("event data serialises");
-        v["v"] = EVENT_DATA_VERSION.into();
+        v["v"] = match self {
+            EventData::Collected { .. } => 2,
+            _ => 1,
+        }
+        .into();
         v.to_string()
     }
 
@@ -327,7 +350,7 @@ impl EventData {
             serde_json::from_str(text).map_err(|e| format!("event data is not JSON ({e})"))?;
         let version = v.as_object_mut().and_then(|o| o.remove("v"));
         match version.as_ref().and_then(|v| v.as_u64()) {
-            Some(n) if n == u64::from(EVENT_DATA_VERSION) => {}
+            Some(n) if (1..=u64::from(EVENT_DATA_VERSION)).contains(&n) => {}
             Some(n) if n > u64::from(EVENT_DATA_VERSION) => {
                 return Err(format!(
                     "event data version {n} is newer than this Cairn reads ({EVENT_DATA_VERSION}); upgrade Cairn"
@@ -373,7 +396,7 @@ mod tests {
     #[test]
     fn future_unknown_or_damaged_event_data_is_refused() {
         let mut v: serde_json::Value = serde_json::from_str(&won().to_stored()).unwrap();
-        v["v"] = 2.into();
+        v["v"] = 3.into();
         assert!(EventData::from_stored(&v.to_string())
             .unwrap_err()
             .contains("upgrade Cairn"));

@@ -23,6 +23,7 @@ pub mod lineage;
 mod output;
 mod queued;
 pub mod records;
+pub mod retention;
 pub mod run;
 pub mod spec;
 

@@ -683,6 +683,28 @@ impl Db {
         })
     }
 
+    /// Every checkpoint snapshot of a stage or branch, oldest first.
+    pub fn checkpoint_snapshots(&self, run: &str, stage: &str, branch: &str) -> Result<Vec<String>, StateError> {
+        self.with(|b| {
+            b.query(
+                "SELECT snapshot_id FROM checkpoints WHERE run_id = $1 AND stage = $2 AND branch = $3
+                 ORDER BY created_at, rowid",
+                params![run, stage, branch],
+            )?
+            .iter()
+            .map(|r| Ok(r.get(0)?))
+            .collect()
+        })
+    }
+
+    /// Snapshots dead letters keep (their failures and inputs).
+    pub fn dead_letter_snapshots(&self) -> Result<std::collections::HashSet<String>, StateError> {
+        self.strings(&[
+            "SELECT failure_snapshot FROM dead_letters WHERE failure_snapshot IS NOT NULL",
+            "SELECT input_snapshot FROM dead_letters WHERE input_snapshot IS NOT NULL",
+        ])
+    }
+
     pub fn newest_checkpoint(&self, run: &str, stage: &str, branch: &str) -> Result<Option<String>, StateError> {
         self.with(|b| {
             let row = b.query_opt(
@@ -951,7 +973,7 @@ pub(crate) fn insert_event(
     insert_new_event(b, run, stage, branch, &NewEvent::text(kind, detail, snapshot))
 }
 
-fn insert_new_event(
+pub(super) fn insert_new_event(
     b: &mut dyn Backend,
     run: &str,
     stage: Option<&str>,

@@ -77,6 +77,10 @@ struct RawHeader {
     /// `none` or `egress`, and what egress may reach.
     network: Option<Spanned<String>>,
     allow: Option<Spanned<Vec<String>>>,
+    /// `all` (the default) or `winners`: what of a branch group outlives it.
+    keep: Option<Spanned<String>>,
+    /// With `keep = "winners"`: how long losers' snapshots stay after the run ends.
+    keep_losers_for: Option<Spanned<String>>,
 }
 
 #[derive(Debug, Deserialize)]
@@ -167,6 +171,10 @@ pub struct Pipeline {
     pub model: ModelSpec,
     /// In an order where every stage comes after the stages it needs.
     pub stages: Vec<Stage>,
+    /// With `keep = "winners"`: how long after the run ends its losing
+    /// branches' snapshots stay (`keep_losers_for`, 0 when not given);
+    /// `None` keeps everything (`keep = "all"`, the default).
+    pub keep_losers_for: Option<Duration>,
 }
 
 /// The most of a stage's wall time its checkpoints take unless the file
@@ -694,6 +702,7 @@ pub fn parse(file: &str, text: &str, overrides: &BTreeMap<String, String>) -> Re
             });
         }
     }
+    let keep_losers_for = retention_of(&lines, &raw.pipeline.keep, &raw.pipeline.keep_losers_for)?;
     if let Some(d) = &raw.pipeline.driver {
         if !["native", "gvisor"].contains(&d.get_ref().as_str()) {
             return Err(lines.err(
@@ -739,7 +748,46 @@ pub fn parse(file: &str, text: &str, overrides: &BTreeMap<String, String>) -> Re
         },
         params,
         stages: order,
+        keep_losers_for,
     })
+}
+
+/// `keep` and `keep_losers_for` of `[pipeline]`.
+fn retention_of(
+    lines: &Lines<'_>,
+    keep: &Option<Spanned<String>>,
+    losers_for: &Option<Spanned<String>>,
+) -> Result<Option<Duration>, PipelineError> {
+    let winners = match keep {
+        None => false,
+        Some(k) => match k.get_ref().as_str() {
+            "all" => false,
+            "winners" => true,
+            other => {
+                return Err(lines.err(
+                    k.span().start,
+                    format!("keep = {other:?} is not one of \"all\" (the default), \"winners\""),
+                ))
+            }
+        },
+    };
+    match (winners, losers_for) {
+        (false, None) => Ok(None),
+        (false, Some(f)) => Err(lines.err(
+            f.span().start,
+            "keep_losers_for needs keep = \"winners\" (with keep = \"all\" nothing is collected)",
+        )),
+        (true, None) => Ok(Some(Duration::ZERO)),
+        (true, Some(f)) => parse_duration(f.get_ref()).map(Some).ok_or_else(|| {
+            lines.err(
+                f.span().start,
+                format!(
+                    "keep_losers_for = {:?} is not a duration such as \"30m\", \"24h\" or \"7d\"",
+                    f.get_ref()
+                ),
+            )
+        }),
+    }
 }
 
 #[cfg(test)]
