@@ -21,6 +21,8 @@ pub struct Settings {
     pub max_upload: u64,
     /// Threads for requests to sandboxes' init (see [`crate::init_pool`]).
     pub init_threads: usize,
+    /// What may run at once before creates, forks and restores queue.
+    pub capacity: crate::admission::Capacity,
 }
 
 impl Default for Settings {
@@ -28,6 +30,7 @@ impl Default for Settings {
         Settings {
             max_upload: 1 << 30,
             init_threads: 256,
+            capacity: crate::admission::Capacity::from_host(),
         }
     }
 }
@@ -60,6 +63,8 @@ pub struct App {
     /// Processes started by streamed execs, for their stdin.
     processes: Mutex<HashMap<(String, i32), ExecControl>>,
     pub metrics: Metrics,
+    /// The capacity and the queue before it.
+    pub admission: crate::admission::Admission,
     pub events: broadcast::Sender<Event>,
     /// Set when the server stops: open streams end so that it can.
     stopping: tokio::sync::watch::Sender<bool>,
@@ -157,7 +162,9 @@ impl App {
         let auth = Auth::start(home.clone());
         let metrics = Metrics::default();
         let init_pool = crate::init_pool::InitPool::start(settings.init_threads, metrics.init_pool.clone());
+        let admission = crate::admission::Admission::new(settings.capacity.clone());
         Ok(Arc::new(App {
+            admission,
             home,
             settings,
             started_ms: now_ms(),

@@ -70,6 +70,7 @@ pub fn code_of(status: StatusCode) -> &'static str {
         StatusCode::PAYLOAD_TOO_LARGE => "too_large",
         StatusCode::METHOD_NOT_ALLOWED => "method_not_allowed",
         StatusCode::NOT_IMPLEMENTED => "not_supported",
+        StatusCode::TOO_MANY_REQUESTS => "no_capacity",
         StatusCode::SERVICE_UNAVAILABLE => "unavailable",
         _ => "internal",
     }

@@ -9,6 +9,7 @@
 //! `--listen`, on TCP, where every request needs a bearer token made with
 //! `cairn token create`. [`ui`] is the lineage page at `/ui/`.
 
+pub mod admission;
 pub mod app;
 pub mod e2b;
 pub mod error;
@@ -237,7 +238,7 @@ fn bearer(value: &str) -> Option<&str> {
     (scheme.eq_ignore_ascii_case("bearer") && !token.is_empty()).then_some(token)
 }
 
-pub async fn require_token(State(app): State<Arc<App>>, req: Request, next: Next) -> Response {
+pub async fn require_token(State(app): State<Arc<App>>, mut req: Request, next: Next) -> Response {
     if req.method() == axum::http::Method::GET && ui::is_page(req.uri().path()) {
         return next.run(req).await;
     }
@@ -255,7 +256,10 @@ pub async fn require_token(State(app): State<Arc<App>>, req: Request, next: Next
         .into_response();
     };
     match app.check_token(secret).await {
-        Ok(Some(_)) => next.run(req).await,
+        Ok(Some(t)) => {
+            req.extensions_mut().insert(admission::Caller(t.id));
+            next.run(req).await
+        }
         Ok(None) => ApiError::new(
             StatusCode::UNAUTHORIZED,
             "the bearer token is not valid (revoked or mistyped)",

@@ -59,6 +59,10 @@ pub struct Metrics {
     requests: Family<Request, Counter>,
     /// The pool of sandbox init requests (see `crate::init_pool`).
     pub init_pool: crate::init_pool::InitPoolMetrics,
+    /// The admission queue (see `crate::admission`).
+    admission_depth: Gauge,
+    admission_wait: Histogram,
+    admission_refused: Counter,
 }
 
 impl Default for Metrics {
@@ -119,7 +123,28 @@ impl Default for Metrics {
              full; sandbox_limit: that sandbox had a quarter of the threads already)",
             init_pool.refused.clone(),
         );
+        let admission_depth = Gauge::default();
+        let admission_wait = Histogram::new(exponential_buckets(0.0001, 2.0, 24));
+        let admission_refused = Counter::default();
+        registry.register(
+            "admission_queue_depth",
+            "Creates, forks and restores waiting for capacity",
+            admission_depth.clone(),
+        );
+        registry.register(
+            "admission_wait_seconds",
+            "How long admitted creates, forks and restores waited for capacity",
+            admission_wait.clone(),
+        );
+        registry.register(
+            "admission_refused",
+            "Creates, forks and restores refused because their deadline passed in the queue",
+            admission_refused.clone(),
+        );
         Metrics {
+            admission_depth,
+            admission_wait,
+            admission_refused,
             init_pool,
             registry: Mutex::new(registry),
             connections,
@@ -134,6 +159,18 @@ impl Default for Metrics {
 }
 
 impl Metrics {
+    pub fn admission_queued(&self, depth: usize) {
+        self.admission_depth.set(depth as i64);
+    }
+
+    pub fn admitted(&self, waited: Duration) {
+        self.admission_wait.observe(waited.as_secs_f64());
+    }
+
+    pub fn refused(&self) {
+        self.admission_refused.inc();
+    }
+
     pub fn observe(&self, op: &str, took: Duration) {
         self.latency
             .get_or_create(&Op { op: op.into() })

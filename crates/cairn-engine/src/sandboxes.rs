@@ -531,6 +531,17 @@ impl Engine {
         self.home.sandbox(&rec.id).join("console.log")
     }
 
+    /// The sandboxes recorded as running, as the state holds them (a cheap
+    /// look, for counting: no cgroup is read).
+    pub fn running_sandboxes(&self) -> Result<Vec<SandboxRecord>, EngineError> {
+        Ok(self
+            .db
+            .sandboxes()?
+            .into_iter()
+            .filter(|r| r.state == SandboxState::Running)
+            .collect())
+    }
+
     /// Lists sandboxes, after reconciling their states with the host.
     pub fn list_sandboxes(&mut self) -> Result<Vec<SandboxRecord>, EngineError> {
         let rows = self.db.sandboxes()?;

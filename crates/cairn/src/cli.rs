@@ -451,6 +451,24 @@ pub enum Command {
         /// the threads other requests need).
         #[arg(long, default_value_t = 256, value_name = "N", value_parser = clap::value_parser!(u16).range(1..=4096))]
         init_threads: u16,
+        /// Sandboxes running at once; creates, forks and restores past it
+        /// wait in a queue (highest Priority header first, then the token
+        /// holding fewest) until one goes or their Request-Timeout passes
+        /// (then 429). Default: no count, only the memory and CPU budgets.
+        #[arg(long, value_name = "N")]
+        max_sandboxes: Option<u64>,
+        /// The sum of running sandboxes' memory limits before requests queue,
+        /// e.g. 64G. Default: four times the host's memory.
+        #[arg(long, value_name = "SIZE", value_parser = parse_bytes)]
+        max_memory: Option<u64>,
+        /// The sum of running sandboxes' CPU limits before requests queue, in
+        /// CPUs (e.g. 32). Default: sixteen times the host's.
+        #[arg(long, value_name = "CPUS")]
+        max_cpus: Option<u32>,
+        /// Sandboxes one token may hold at once; its requests past that wait
+        /// for its own to go.
+        #[arg(long, value_name = "N")]
+        token_max_sandboxes: Option<u64>,
         /// Close a connection whose request headers have not arrived whole
         /// this long after the server began waiting for them, e.g. 10s.
         #[arg(long, default_value = "10s", value_name = "DURATION", value_parser = humantime::parse_duration)]

@@ -87,6 +87,10 @@ pub fn dispatch(cli: Cli) -> Result<i32> {
         e2b_driver,
         max_upload,
         init_threads,
+        max_sandboxes,
+        max_memory,
+        max_cpus,
+        token_max_sandboxes,
         header_timeout,
         idle_timeout,
         write_timeout,
@@ -109,6 +113,15 @@ pub fn dispatch(cli: Cli) -> Result<i32> {
             settings: cairn_api::Settings {
                 max_upload,
                 init_threads: init_threads.into(),
+                capacity: {
+                    let host = cairn_api::admission::Capacity::from_host();
+                    cairn_api::admission::Capacity {
+                        sandboxes: max_sandboxes,
+                        memory_bytes: max_memory.or(host.memory_bytes),
+                        cpu_millis: max_cpus.map(|c| u64::from(c) * 1000).or(host.cpu_millis),
+                        per_token: token_max_sandboxes,
+                    }
+                },
             },
             limits: cairn_api::Limits {
                 header_timeout,

@@ -1381,3 +1381,177 @@ fn disk_limits_oom_kills_and_a_dead_init_are_given_and_shown_through_the_api() {
     }
     assert!(home.host_mounts().is_empty(), "{:?}", home.host_mounts());
 }
+
+/// Creates a sandbox with the admission headers given; (status, body).
+fn create_queued(s: &Server, headers: &[(&str, &str)]) -> (u16, Value) {
+    let mut r = s.req("POST", "/v1/sandboxes");
+    for (k, v) in headers {
+        r = r.set(k, v);
+    }
+    answer(r.send_json(json!({})))
+}
+
+#[test]
+fn two_hundred_simultaneous_creates_over_a_capacity_of_twenty_all_succeed_in_turn() {
+    if skip("two_hundred_simultaneous_creates_over_a_capacity_of_twenty_all_succeed_in_turn") {
+        return;
+    }
+    let home = Home::new();
+    let s = std::sync::Arc::new(Server::start(
+        &home,
+        &[
+            "--max-sandboxes",
+            "20",
+            "--max-connections-per-peer",
+            "1000",
+            "--max-connections",
+            "1000",
+        ],
+    ));
+    let start = Instant::now();
+    // The queue's depth, sampled from /metrics while the clients run.
+    let done = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let sampler = {
+        let (s, done) = (std::sync::Arc::clone(&s), std::sync::Arc::clone(&done));
+        std::thread::spawn(move || {
+            let mut deepest = 0u64;
+            while !done.load(std::sync::atomic::Ordering::SeqCst) {
+                let text = s.req("GET", "/metrics").call().unwrap().into_string().unwrap();
+                let depth = text
+                    .lines()
+                    .find_map(|l| l.strip_prefix("cairn_admission_queue_depth "))
+                    .and_then(|v| v.trim().parse::<u64>().ok())
+                    .unwrap_or(0);
+                deepest = deepest.max(depth);
+                std::thread::sleep(Duration::from_millis(20));
+            }
+            deepest
+        })
+    };
+    let threads: Vec<_> = (0..200)
+        .map(|i| {
+            let s = std::sync::Arc::clone(&s);
+            std::thread::spawn(move || {
+                let (status, v) = create_queued(&s, &[("Request-Timeout", "600")]);
+                assert_eq!(status, 201, "request {i}: {v}");
+                let made = start.elapsed();
+                let id = v["id"].as_str().unwrap().to_string();
+                assert_eq!(exec(&s, &id, "echo $((6*7))")["stdout"], "42\n");
+                // Held a while, so that the capacity fills and the rest wait.
+                std::thread::sleep(Duration::from_millis(500));
+                let removing = start.elapsed();
+                let (status, v) = s.call("DELETE", &format!("/v1/sandboxes/{id}?force=true"), None);
+                assert_eq!(status, 204, "{v}");
+                (made, removing)
+            })
+        })
+        .collect();
+    let spans: Vec<(Duration, Duration)> = threads.into_iter().map(|t| t.join().unwrap()).collect();
+    done.store(true, std::sync::atomic::Ordering::SeqCst);
+    assert_eq!(spans.len(), 200, "every create succeeded, none refused");
+    // At no moment did clients hold more sandboxes than the capacity.
+    let most = spans
+        .iter()
+        .map(|(made, _)| spans.iter().filter(|(m, r)| m <= made && made < r).count())
+        .max()
+        .unwrap();
+    assert!(most <= 20, "{most} sandboxes were held at once");
+    let deepest = sampler.join().unwrap();
+    assert!(
+        deepest >= 100,
+        "the queue held {deepest} at most: the creates did not wait for capacity"
+    );
+    let metrics = s.req("GET", "/metrics").call().unwrap().into_string().unwrap();
+    assert!(metrics.contains("cairn_admission_refused_total 0"), "{metrics}");
+    assert!(metrics.contains("cairn_admission_wait_seconds_count 200"), "{metrics}");
+    assert!(home.ps().is_empty(), "{:?}", home.ps());
+}
+
+#[test]
+fn two_tokens_under_contention_get_the_same_share_and_a_short_deadline_is_refused_cleanly() {
+    if skip("two_tokens_under_contention_get_the_same_share_and_a_short_deadline_is_refused_cleanly") {
+        return;
+    }
+    let home = Home::new();
+    let a = home.ok(&["token", "create", "tenant-a"]);
+    let b = home.ok(&["token", "create", "tenant-b"]);
+    let s = std::sync::Arc::new(Server::start_with(
+        &home,
+        &["--max-sandboxes", "4", "--max-connections-per-peer", "1000"],
+        a.clone(),
+    ));
+    // Six clients per token, each making, holding and removing sandboxes
+    // until 80 have been made between them.
+    let made = std::sync::Arc::new(std::sync::atomic::AtomicUsize::new(0));
+    let threads: Vec<_> = [a.clone(), b.clone()]
+        .into_iter()
+        .flat_map(|token| std::iter::repeat_n(token, 6))
+        .map(|token| {
+            let (s, made) = (std::sync::Arc::clone(&s), std::sync::Arc::clone(&made));
+            std::thread::spawn(move || {
+                let mut mine = 0;
+                while made.load(std::sync::atomic::Ordering::SeqCst) < 80 {
+                    let r = ureq::post(&s.url("/v1/sandboxes"))
+                        .set("Authorization", &format!("Bearer {token}"))
+                        .set("Request-Timeout", "600")
+                        .send_json(json!({}));
+                    let (status, v) = answer(r);
+                    assert_eq!(status, 201, "{v}");
+                    if made.fetch_add(1, std::sync::atomic::Ordering::SeqCst) < 80 {
+                        mine += 1;
+                    }
+                    std::thread::sleep(Duration::from_millis(150));
+                    let id = v["id"].as_str().unwrap();
+                    let r = ureq::delete(&s.url(&format!("/v1/sandboxes/{id}?force=true")))
+                        .set("Authorization", &format!("Bearer {token}"))
+                        .call();
+                    assert_eq!(answer(r).0, 204);
+                }
+                mine
+            })
+        })
+        .collect();
+    let counts: Vec<usize> = threads.into_iter().map(|t| t.join().unwrap()).collect();
+    let (ca, cb): (usize, usize) = (counts[..6].iter().sum(), counts[6..].iter().sum());
+    assert_eq!(ca + cb, 80);
+    let spread = ca.abs_diff(cb) as f64 / ca.max(cb) as f64;
+    assert!(spread <= 0.10, "token a made {ca}, token b {cb}: not an even share");
+
+    // One sandbox fills a capacity of four when it asks for four; a
+    // request whose deadline passes first is refused and makes nothing.
+    let held: Vec<String> = (0..4).map(|_| create(&s)).collect();
+    let before = home.ps().len();
+    let t = Instant::now();
+    let (status, v) = create_queued(&s, &[("Request-Timeout", "0.5")]);
+    let waited = t.elapsed();
+    assert_eq!(status, 429, "{v}");
+    assert!(
+        waited >= Duration::from_millis(500),
+        "refused after {waited:?}, before its deadline"
+    );
+    assert!(
+        v["error"]["message"].as_str().unwrap().contains("Request-Timeout"),
+        "{v}"
+    );
+    assert_eq!(home.ps().len(), before, "a refused create left a sandbox");
+    for (header, value) in [
+        ("Request-Timeout", "soon"),
+        ("Request-Timeout", "-1"),
+        ("Priority", "high"),
+    ] {
+        let (status, v) = create_queued(&s, &[(header, value)]);
+        assert_eq!(status, 400, "{header}: {value}: {v}");
+        assert!(v["error"]["message"].as_str().unwrap().contains(header), "{v}");
+    }
+    // A waiting request starts once a sandbox goes.
+    let s2 = std::sync::Arc::clone(&s);
+    let waiter = std::thread::spawn(move || create_queued(&s2, &[("Request-Timeout", "60")]));
+    std::thread::sleep(Duration::from_millis(300));
+    let metrics = s.req("GET", "/metrics").call().unwrap().into_string().unwrap();
+    assert!(metrics.contains("cairn_admission_queue_depth 1"), "{metrics}");
+    assert!(metrics.contains("cairn_admission_refused_total 1"), "{metrics}");
+    let (status, _) = s.call("DELETE", &format!("/v1/sandboxes/{}?force=true", held[0]), None);
+    assert_eq!(status, 204);
+    let (status, v) = waiter.join().unwrap();
+    assert_eq!(status, 201, "{v}");
+}

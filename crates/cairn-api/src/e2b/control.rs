@@ -168,7 +168,12 @@ fn make_home(e: &cairn_engine::Engine, rec: &SandboxRecord) -> Result<(), crate:
 /// `POST /v2/sandboxes`: a template is `base` (Cairn's default image), a
 /// Cairn image name, or a snapshot id (restored, on the driver it was
 /// taken on). An image template runs on the driver `--e2b-driver` names.
-pub async fn create(State(gw): G, Extension(key): Extension<ApiKey>, body: Bytes) -> Rest<Response> {
+pub async fn create(
+    State(gw): G,
+    Extension(key): Extension<ApiKey>,
+    headers: axum::http::HeaderMap,
+    body: Bytes,
+) -> Rest<Response> {
     let req: NewSandbox = parse(&body)?;
     if req.template_id.is_empty() || req.template_id.len() > 256 || req.template_id.contains('\0') {
         return Err(RestError::bad_request("templateID must be 1 to 256 bytes"));
@@ -190,6 +195,14 @@ pub async fn create(State(gw): G, Extension(key): Extension<ApiKey>, body: Bytes
     let life = timeout_ms(req.timeout)?;
     let template = req.template_id.clone();
     let driver = gw.drivers.of(&template);
+    // Past the server's capacity the create waits its turn; its deadline
+    // passing is E2B's 429.
+    let ask = crate::admission::Ask::from_headers(&headers)?;
+    let defaults = cairn_sandbox::Limits::default();
+    let need = crate::admission::Usage::of(1, defaults.memory_bytes, u64::from(defaults.cpu_millis));
+    let ticket = crate::admission::Admission::admit(&gw.app, &key.0, need, &ask)
+        .await
+        .map_err(crate::admission::Refused::into_error)?;
     let rec = gw
         .app
         .engine(move |e| {
@@ -247,6 +260,10 @@ pub async fn create(State(gw): G, Extension(key): Extension<ApiKey>, body: Bytes
             Ok(rec)
         })
         .await?;
+    ticket.made([(
+        rec.id.clone(),
+        crate::admission::Usage::of(1, rec.memory_bytes, u64::from(rec.cpu_millis)),
+    )]);
     let mut entry = entry_for(&rec, req.template_id, life, &key);
     entry.metadata = metadata;
     entry.env = env;

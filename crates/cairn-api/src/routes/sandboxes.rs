@@ -13,6 +13,7 @@ use cairn_engine::{CreateOptions, Engine, Silent};
 use cairn_sandbox::limits::{CpuCount, DiskSize, MemorySize, PidCount};
 
 use super::{idempotent, json, parse};
+use crate::admission::{Admission, Ask, Caller, Refused, Ticket, Usage};
 use crate::app::App;
 use crate::error::{ApiError, ApiResult, ErrorBody};
 use crate::model::*;
@@ -58,14 +59,43 @@ fn options(
     Ok(opts)
 }
 
+/// Waits for capacity for `count` sandboxes made with `opts` (see
+/// [`crate::admission`]); a 429 once the request's deadline passes.
+async fn admitted(
+    app: &Arc<App>,
+    caller: &str,
+    headers: &HeaderMap,
+    count: u64,
+    opts: &CreateOptions,
+) -> ApiResult<Ticket> {
+    let ask = Ask::from_headers(headers)?;
+    let need = Usage::of(count, opts.limits.memory_bytes, u64::from(opts.limits.cpu_millis));
+    Admission::admit(app, caller, need, &ask)
+        .await
+        .map_err(Refused::into_error)
+}
+
+/// What a made sandbox holds of the capacity.
+fn usage_of(rec: &cairn_engine::SandboxRecord) -> Usage {
+    Usage::of(1, rec.memory_bytes, u64::from(rec.cpu_millis))
+}
+
 /// Creates a sandbox from an image, or from a snapshot.
 #[utoipa::path(operation_id = "create_sandbox", post, path = "/v1/sandboxes", tag = "sandboxes",
     request_body = CreateSandbox,
-    params(("Idempotency-Key" = Option<String>, Header, description = "A retried request with this key answers what the first did")),
+    params(("Idempotency-Key" = Option<String>, Header, description = "A retried request with this key answers what the first did"),
+        ("Priority" = Option<i64>, Header, description = "Waiting for capacity, higher goes first (-1000 to 1000, default 0)"),
+        ("Request-Timeout" = Option<f64>, Header, description = "Seconds to wait for capacity before a 429 (default 300)")),
     responses((status = 201, body = Sandbox), (status = 400, body = ErrorBody), (status = 404, body = ErrorBody),
         (status = 409, body = ErrorBody, description = "A request with this Idempotency-Key is in progress"),
-        (status = 422, body = ErrorBody, description = "The Idempotency-Key was used with another body")))]
-pub async fn create(State(app): State<Arc<App>>, headers: HeaderMap, body: Bytes) -> ApiResult<Response> {
+        (status = 422, body = ErrorBody, description = "The Idempotency-Key was used with another body"),
+        (status = 429, body = ErrorBody, description = "No capacity within Request-Timeout; nothing was made")))]
+pub async fn create(
+    State(app): State<Arc<App>>,
+    caller: Option<axum::Extension<Caller>>,
+    headers: HeaderMap,
+    body: Bytes,
+) -> ApiResult<Response> {
     let req: CreateSandbox = parse(&body)?;
     let mut opts = options(&req.limits, req.driver.clone(), req.name.clone(), req.network.as_ref())?;
     opts.image = req.image.clone();
@@ -76,7 +106,10 @@ pub async fn create(State(app): State<Arc<App>>, headers: HeaderMap, body: Bytes
         ));
     }
     let a = Arc::clone(&app);
+    let caller = Caller::of(caller);
+    let h = headers.clone();
     idempotent(&app, &headers, "sandboxes.create", &body, || async move {
+        let ticket = admitted(&a, &caller, &h, 1, &opts).await?;
         let t = Instant::now();
         let snapshot = req.snapshot.clone();
         let rec = a
@@ -88,6 +121,7 @@ pub async fn create(State(app): State<Arc<App>>, headers: HeaderMap, body: Bytes
                 None => Ok(e.create_sandbox(&opts, &Silent)?),
             })
             .await?;
+        ticket.made([(rec.id.clone(), usage_of(&rec))]);
         a.metrics
             .observe(if req.snapshot.is_some() { "restore" } else { "create" }, t.elapsed());
         a.emit(
@@ -189,6 +223,7 @@ pub async fn remove(
     let _busy = app.claim(&rec.id, "removal")?;
     let id = rec.id.clone();
     app.engine(move |e| Ok(e.remove_sandbox(&rec, q.force)?)).await?;
+    app.admission.release(&id);
     app.emit("sandbox.removed", &id, "");
     Ok(StatusCode::NO_CONTENT)
 }
@@ -222,11 +257,19 @@ fn fork_count(req: &ForkBody) -> ApiResult<usize> {
     }
 }
 
-async fn fork_of(app: &Arc<App>, key: String, req: ForkBody) -> ApiResult<(StatusCode, serde_json::Value)> {
+async fn fork_of(
+    app: &Arc<App>,
+    caller: &str,
+    headers: &HeaderMap,
+    key: String,
+    req: ForkBody,
+) -> ApiResult<(StatusCode, serde_json::Value)> {
     let count = fork_count(&req)?;
     let opts = options(&req.limits, req.driver.clone(), None, req.network.as_ref())?;
+    let ticket = admitted(app, caller, headers, count as u64, &opts).await?;
     let t = Instant::now();
     let (snap, forks) = app.engine(move |e| Ok(e.fork(&key, count, &opts)?)).await?;
+    ticket.made(forks.iter().map(|f| (f.id.clone(), usage_of(f))));
     app.metrics.observe("fork", t.elapsed());
     for f in &forks {
         app.emit("sandbox.created", &f.id, format!("fork of snapshot {}", snap.id));
@@ -241,14 +284,18 @@ async fn fork_of(app: &Arc<App>, key: String, req: ForkBody) -> ApiResult<(Statu
 /// Snapshots a sandbox, then starts `count` sandboxes from that snapshot.
 #[utoipa::path(post, path = "/v1/sandboxes/{id}/fork", tag = "snapshots",
     params(("id" = String, Path, description = "Sandbox id"),
-        ("Idempotency-Key" = Option<String>, Header, description = "A retried request with this key answers what the first did")),
+        ("Idempotency-Key" = Option<String>, Header, description = "A retried request with this key answers what the first did"),
+        ("Priority" = Option<i64>, Header, description = "Waiting for capacity, higher goes first (-1000 to 1000, default 0)"),
+        ("Request-Timeout" = Option<f64>, Header, description = "Seconds to wait for capacity before a 429 (default 300)")),
     request_body = ForkBody,
     responses((status = 201, body = ForkResult), (status = 400, body = ErrorBody), (status = 404, body = ErrorBody),
         (status = 409, body = ErrorBody, description = "The sandbox is busy, or a request with this Idempotency-Key is in progress"),
-        (status = 422, body = ErrorBody, description = "The Idempotency-Key was used with another body")))]
+        (status = 422, body = ErrorBody, description = "The Idempotency-Key was used with another body"),
+        (status = 429, body = ErrorBody, description = "No capacity within Request-Timeout; nothing was made")))]
 pub async fn fork_sandbox(
     State(app): State<Arc<App>>,
     Path(id): Path<String>,
+    caller: Option<axum::Extension<Caller>>,
     headers: HeaderMap,
     body: Bytes,
 ) -> ApiResult<Response> {
@@ -258,20 +305,28 @@ pub async fn fork_sandbox(
     let _busy = app.claim(&rec.id, "fork")?;
     let a = Arc::clone(&app);
     let scope = format!("fork:{}", rec.id);
-    idempotent(&app, &headers, &scope, &body, || fork_of(&a, rec.id.clone(), req)).await
+    let caller = Caller::of(caller);
+    idempotent(&app, &headers, &scope, &body, || {
+        fork_of(&a, &caller, &headers, rec.id.clone(), req)
+    })
+    .await
 }
 
 /// Starts `count` sandboxes from a snapshot.
 #[utoipa::path(post, path = "/v1/snapshots/{id}/fork", tag = "snapshots",
     params(("id" = String, Path, description = "Snapshot id"),
-        ("Idempotency-Key" = Option<String>, Header, description = "A retried request with this key answers what the first did")),
+        ("Idempotency-Key" = Option<String>, Header, description = "A retried request with this key answers what the first did"),
+        ("Priority" = Option<i64>, Header, description = "Waiting for capacity, higher goes first (-1000 to 1000, default 0)"),
+        ("Request-Timeout" = Option<f64>, Header, description = "Seconds to wait for capacity before a 429 (default 300)")),
     request_body = ForkBody,
     responses((status = 201, body = ForkResult), (status = 400, body = ErrorBody), (status = 404, body = ErrorBody),
         (status = 409, body = ErrorBody, description = "A request with this Idempotency-Key is in progress"),
-        (status = 422, body = ErrorBody, description = "The Idempotency-Key was used with another body")))]
+        (status = 422, body = ErrorBody, description = "The Idempotency-Key was used with another body"),
+        (status = 429, body = ErrorBody, description = "No capacity within Request-Timeout; nothing was made")))]
 pub async fn fork_snapshot(
     State(app): State<Arc<App>>,
     Path(id): Path<String>,
+    caller: Option<axum::Extension<Caller>>,
     headers: HeaderMap,
     body: Bytes,
 ) -> ApiResult<Response> {
@@ -280,17 +335,31 @@ pub async fn fork_snapshot(
     let snap = app.engine(move |e| Ok(e.snapshot_record(&id)?)).await?;
     let a = Arc::clone(&app);
     let scope = format!("fork:{}", snap.id);
-    idempotent(&app, &headers, &scope, &body, || fork_of(&a, snap.id.clone(), req)).await
+    let caller = Caller::of(caller);
+    idempotent(&app, &headers, &scope, &body, || {
+        fork_of(&a, &caller, &headers, snap.id.clone(), req)
+    })
+    .await
 }
 
 /// Starts one sandbox from a snapshot.
 #[utoipa::path(post, path = "/v1/snapshots/{id}/restore", tag = "snapshots",
-    params(("id" = String, Path, description = "Snapshot id")),
+    params(("id" = String, Path, description = "Snapshot id"),
+        ("Priority" = Option<i64>, Header, description = "Waiting for capacity, higher goes first (-1000 to 1000, default 0)"),
+        ("Request-Timeout" = Option<f64>, Header, description = "Seconds to wait for capacity before a 429 (default 300)")),
     request_body = RestoreBody,
-    responses((status = 201, body = Sandbox), (status = 400, body = ErrorBody), (status = 404, body = ErrorBody)))]
-pub async fn restore(State(app): State<Arc<App>>, Path(id): Path<String>, body: Bytes) -> ApiResult<Response> {
+    responses((status = 201, body = Sandbox), (status = 400, body = ErrorBody), (status = 404, body = ErrorBody),
+        (status = 429, body = ErrorBody, description = "No capacity within Request-Timeout; nothing was made")))]
+pub async fn restore(
+    State(app): State<Arc<App>>,
+    Path(id): Path<String>,
+    caller: Option<axum::Extension<Caller>>,
+    headers: HeaderMap,
+    body: Bytes,
+) -> ApiResult<Response> {
     let req: RestoreBody = parse(&body)?;
     let opts = options(&req.limits, req.driver.clone(), req.name.clone(), req.network.as_ref())?;
+    let ticket = admitted(&app, &Caller::of(caller), &headers, 1, &opts).await?;
     let t = Instant::now();
     let rec = app
         .engine(move |e| {
@@ -298,6 +367,7 @@ pub async fn restore(State(app): State<Arc<App>>, Path(id): Path<String>, body: 
             Ok(e.restore(&snap, &opts)?)
         })
         .await?;
+    ticket.made([(rec.id.clone(), usage_of(&rec))]);
     app.metrics.observe("restore", t.elapsed());
     app.emit("sandbox.created", &rec.id, "restored");
     Ok(json(StatusCode::CREATED, &Sandbox::from(rec)))

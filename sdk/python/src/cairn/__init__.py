@@ -7,7 +7,7 @@
 
 from .aio import AsyncClient, AsyncExecStream, AsyncSandbox, AsyncSessionExecStream
 from .client import Client, ExecStream, SessionExecStream
-from .errors import (BadRequest, CairnError, Conflict, ConnectError, NotFound, TooLarge, Unauthorized,
+from .errors import (BadRequest, CairnError, Conflict, ConnectError, NoCapacity, NotFound, TooLarge, Unauthorized,
                      Unavailable)
 from .models import (Artifact, BadEntry, DeadLetter, Event, ExecResult, FileStat, ForkResult, Health, Image,
                      LogEntry, Output, Recommendation, RecoverResult, ReplayedCall, Rewind, Run, RunAudit, RunDetail,
@@ -19,7 +19,8 @@ __version__ = "0.1.0"
 __all__ = [
     "Client", "AsyncClient", "ExecStream", "AsyncExecStream", "SessionExecStream", "AsyncSessionExecStream",
     "Sandbox", "AsyncSandbox",
-    "CairnError", "BadRequest", "Unauthorized", "NotFound", "Conflict", "TooLarge", "Unavailable", "ConnectError",
+    "CairnError", "BadRequest", "Unauthorized", "NotFound", "Conflict", "TooLarge", "NoCapacity", "Unavailable",
+    "ConnectError",
     "Artifact", "DeadLetter", "Event", "ExecResult", "FileStat", "ForkResult", "Health", "Image", "Output", "Run",
     "RunDetail", "RunEvent", "Snapshot", "SnapshotDetail", "Stage", "StageEdges", "RunAudit", "StageAudit",
     "Recommendation",

@@ -44,6 +44,11 @@ class TooLarge(CairnError):
     """413: the upload is larger than the server accepts."""
 
 
+class NoCapacity(CairnError):
+    """429: the server had no capacity for the sandbox within the request's
+    deadline (`Request-Timeout`); nothing was made."""
+
+
 class Unavailable(CairnError):
     """503: the server cannot serve the request now."""
 
@@ -52,7 +57,8 @@ class ConnectError(CairnError):
     """No connection to the server could be made."""
 
 
-_BY_STATUS = {400: BadRequest, 401: Unauthorized, 404: NotFound, 409: Conflict, 413: TooLarge, 503: Unavailable}
+_BY_STATUS = {400: BadRequest, 401: Unauthorized, 404: NotFound, 409: Conflict, 413: TooLarge, 429: NoCapacity,
+              503: Unavailable}
 
 
 def from_response(status: int, body: bytes) -> CairnError:
@@ -72,8 +78,9 @@ def from_event(data: dict) -> CairnError:
     """The exception for a streamed `error` event."""
     detail = data.get("error", data) if isinstance(data, dict) else {}
     code = str(detail.get("code", "error"))
-    status = {v: k for k, v in {400: "bad_request", 401: "unauthorized", 404: "not_found",
-                                409: "conflict", 413: "too_large", 503: "unavailable"}.items()}.get(code, 500)
+    codes = {400: "bad_request", 401: "unauthorized", 404: "not_found", 409: "conflict", 413: "too_large",
+             429: "no_capacity", 503: "unavailable"}
+    status = {v: k for k, v in codes.items()}.get(code, 500)
     return _BY_STATUS.get(status, CairnError)(str(detail.get("message", "the stream failed")), status=status, code=code)
 
 
