@@ -24,6 +24,8 @@ const MAX_WAIT: Duration = Duration::from_secs(3600);
 /// How often a waiting request looks at the sandboxes again (others may
 /// have gone without this server's knowing: timeouts, the CLI).
 const LOOK_AGAIN: Duration = Duration::from_millis(200);
+/// How long counts that leave room are trusted without a look.
+const TRUST_FOR: Duration = Duration::from_secs(5);
 
 /// What the server may run at once; `None` is no bound.
 #[derive(Debug, Clone, Default)]
@@ -296,7 +298,14 @@ impl Admission {
             let notified = adm.changed.notified();
             tokio::pin!(notified);
             notified.as_mut().enable();
-            let stale = adm.lock().looked.is_none_or(|t| t.elapsed() >= LOOK_AGAIN);
+            // Where the counts this server keeps leave room, the request
+            // goes without a look (the uncontended path costs a lock); a
+            // look comes first where they do not, or when they are old.
+            let stale = {
+                let st = adm.lock();
+                let old = st.looked.is_none_or(|t| t.elapsed() >= LOOK_AGAIN);
+                old && (!st.fits(&adm.capacity, need) || st.looked.is_none_or(|t| t.elapsed() >= TRUST_FOR))
+            };
             if stale {
                 Self::look(app).await;
             }
