@@ -675,3 +675,16 @@ impl From<cairn_engine::SnapshotDiff> for SnapshotDiff {
             .expect("the engine's diff and the API's have the same fields")
     }
 }
+
+/// The headers of a create, fork or restore that the admission queue reads
+/// (docs/api.md, "Capacity").
+#[derive(Debug, Deserialize, IntoParams)]
+#[into_params(parameter_in = Header)]
+pub struct AdmissionHeaders {
+    /// Waiting for capacity, higher goes first (-1000 to 1000, default 0).
+    #[serde(rename = "Priority")]
+    pub priority: Option<i64>,
+    /// Seconds to wait for capacity before a 429 (up to 3600, default 300).
+    #[serde(rename = "Request-Timeout")]
+    pub request_timeout: Option<f64>,
+}
