@@ -107,6 +107,18 @@ def diff_params(a: Any, b: Any, text_max: Optional[int], max_changes: Optional[i
     return params
 
 
+def admission_headers(idempotency_key: Optional[str], wait: Optional[float],
+                      priority: Optional[int]) -> Dict[str, str]:
+    """Headers of a create the server's admission queue reads: how long to
+    wait for capacity (`Request-Timeout`, seconds) and the `Priority`."""
+    headers = key_header(idempotency_key)
+    if wait is not None:
+        headers["Request-Timeout"] = str(wait)
+    if priority is not None:
+        headers["Priority"] = str(priority)
+    return headers
+
+
 def key_header(idempotency_key: Optional[str]) -> Dict[str, str]:
     return {"Idempotency-Key": idempotency_key} if idempotency_key else {}
 

@@ -274,10 +274,13 @@ class AsyncSandboxes:
 
     async def create(self, image: Optional[str] = None, snapshot: Any = None, driver: Optional[str] = None,
                      name: Optional[str] = None, memory: Any = None, cpus: Any = None, pids: Optional[int] = None,
-                     services: Optional[List[str]] = None, idempotency_key: Optional[str] = None) -> AsyncSandbox:
+                     services: Optional[List[str]] = None, idempotency_key: Optional[str] = None,
+                     wait: Optional[float] = None, priority: Optional[int] = None) -> AsyncSandbox:
+        """As `Sandboxes.create`: past the server's capacity it waits at most
+        `wait` seconds, then raises `NoCapacity`."""
         body = cfg.create_body(image, snapshot, driver, name, memory, cpus, pids, services)
         return self._bind(await self._c._json("POST", "/v1/sandboxes", json=body,
-                                              headers=cfg.key_header(idempotency_key)))
+                                              headers=cfg.admission_headers(idempotency_key, wait, priority)))
 
     async def list(self, state: Optional[str] = None, image: Optional[str] = None) -> AsyncIterator[AsyncSandbox]:
         async for item in self._c._pages("/v1/sandboxes", {"state": state, "image": image}):

@@ -214,11 +214,15 @@ class Sandboxes:
 
     def create(self, image: Optional[str] = None, snapshot: Any = None, driver: Optional[str] = None,
                name: Optional[str] = None, memory: Any = None, cpus: Any = None, pids: Optional[int] = None,
-               services: Optional[List[str]] = None, idempotency_key: Optional[str] = None) -> Sandbox:
-        """Starts a sandbox from an image (default busybox) or a snapshot."""
+               services: Optional[List[str]] = None, idempotency_key: Optional[str] = None,
+               wait: Optional[float] = None, priority: Optional[int] = None) -> Sandbox:
+        """Starts a sandbox from an image (default busybox) or a snapshot.
+        Past the server's capacity it waits its turn (higher `priority`
+        first) for at most `wait` seconds (the server's default: 300), then
+        raises `NoCapacity`."""
         body = cfg.create_body(image, snapshot, driver, name, memory, cpus, pids, services)
         return self._bind(self._c._json("POST", "/v1/sandboxes", json=body,
-                                        headers=cfg.key_header(idempotency_key)))
+                                        headers=cfg.admission_headers(idempotency_key, wait, priority)))
 
     def list(self, state: Optional[str] = None, image: Optional[str] = None) -> Iterator[Sandbox]:
         """Every sandbox (all pages), oldest first."""
