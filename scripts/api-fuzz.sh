@@ -24,7 +24,11 @@ command -v "$st" >/dev/null || { echo "schemathesis not found: pip install schem
 home=$(mktemp -d /tmp/cairn-fuzz.XXXXXX)
 port=$(python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])')
 token=$("$bin" token create fuzz --home "$home" 2>/dev/null)
-"$bin" serve --home "$home" --listen "127.0.0.1:$port" >"$home/serve.log" 2>&1 &
+# Capacity without bounds: the fuzzer makes sandboxes and never removes
+# them, and past the default budgets its creates would wait in the queue
+# (the queue has its own tests, crates/cairn/tests/api.rs).
+"$bin" serve --home "$home" --listen "127.0.0.1:$port" --max-memory 1000000T --max-cpus 1000000 \
+    >"$home/serve.log" 2>&1 &
 server=$!
 cleanup() {
     local status=$?

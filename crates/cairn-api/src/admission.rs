@@ -59,6 +59,22 @@ impl Capacity {
     }
 }
 
+impl Capacity {
+    /// What of this capacity `need` alone is over, if any.
+    fn exceeded_by(&self, need: Usage) -> Option<String> {
+        if let Some(m) = self.sandboxes.filter(|m| need.sandboxes > *m) {
+            return Some(format!("{} sandboxes of {m}", need.sandboxes));
+        }
+        if let Some(m) = self.memory_bytes.filter(|m| need.memory_bytes > *m) {
+            return Some(format!("{} MiB of memory of {} MiB", need.memory_bytes >> 20, m >> 20));
+        }
+        if let Some(m) = self.cpu_millis.filter(|m| need.cpu_millis > *m) {
+            return Some(format!("{} CPUs of {}", need.cpu_millis / 1000, m / 1000));
+        }
+        None
+    }
+}
+
 /// What sandboxes hold, summed.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct Usage {
@@ -214,9 +230,13 @@ impl Ask {
         };
         let priority = match text("priority") {
             None => 0,
-            Some(p) => p.parse::<i64>().ok().filter(|p| p.abs() <= 1000).ok_or_else(|| {
-                ApiError::bad_request(format!("Priority: {p:?} is not an integer from -1000 to 1000"))
-            })?,
+            Some(p) => p
+                .parse::<i64>()
+                .ok()
+                .filter(|p| (-1000..=1000).contains(p))
+                .ok_or_else(|| {
+                    ApiError::bad_request(format!("Priority: {p:?} is not an integer from -1000 to 1000"))
+                })?,
         };
         let deadline = match text("request-timeout") {
             None => DEFAULT_WAIT,
@@ -236,12 +256,14 @@ impl Ask {
     }
 }
 
-/// Why a request was refused: its deadline passed in the queue.
+/// Why a request was refused: its deadline passed in the queue, or it
+/// asks for more than the whole capacity (`too_large` names what).
 #[derive(Debug)]
 pub struct Refused {
     pub waited: Duration,
     pub queued: usize,
     pub in_use: Usage,
+    pub too_large: Option<String>,
 }
 
 impl Admission {
@@ -278,6 +300,15 @@ impl Admission {
     pub async fn admit(app: &Arc<App>, token: &str, need: Usage, ask: &Ask) -> Result<Ticket, Refused> {
         let adm = &app.admission;
         let started = Instant::now();
+        if let Some(what) = adm.capacity.exceeded_by(need) {
+            app.metrics.refused();
+            return Err(Refused {
+                waited: Duration::ZERO,
+                queued: adm.queued(),
+                in_use: adm.lock().in_use(),
+                too_large: Some(what),
+            });
+        }
         let seq = {
             let mut st = adm.lock();
             st.next += 1;
@@ -339,7 +370,7 @@ impl Admission {
                     adm.changed.notify_waiters();
                     app.metrics.admission_queued(queued);
                     app.metrics.refused();
-                    return Err(Refused { waited: started.elapsed(), queued, in_use });
+                    return Err(Refused { waited: started.elapsed(), queued, in_use, too_large: None });
                 }
             }
         }
@@ -385,6 +416,16 @@ impl Admission {
 impl Refused {
     /// The refusal as Cairn's API answers it: 429, what was waited for.
     pub fn into_error(self) -> ApiError {
+        if let Some(what) = self.too_large {
+            return ApiError::new(
+                axum::http::StatusCode::TOO_MANY_REQUESTS,
+                format!(
+                    "this request alone asks for more than the server's whole capacity ({what}), so it would \
+                     never start: ask for less, or start the server with a larger --max-sandboxes, --max-memory \
+                     or --max-cpus"
+                ),
+            );
+        }
         ApiError::new(
             axum::http::StatusCode::TOO_MANY_REQUESTS,
             format!(

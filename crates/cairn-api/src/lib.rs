@@ -54,7 +54,7 @@ use crate::routes::{exec, files, proxy, runs, sandboxes, session_files, sessions
         exec::exec, exec::exec_stream, exec::stdin, exec::signal,
         files::stat, files::download, files::upload, files::list, files::mkdir, files::rename, files::remove,
         sandboxes::snapshot, sandboxes::fork_sandbox, sandboxes::reset,
-        sandboxes::snapshots, sandboxes::diff, sandboxes::get_snapshot, sandboxes::remove_snapshot,
+        sandboxes::snapshots, sandboxes::diff, sandboxes::verify, sandboxes::get_snapshot, sandboxes::remove_snapshot,
         sandboxes::fork_snapshot, sandboxes::restore,
         system::images, system::build_image, system::import_image, system::remove_image,
         runs::start, runs::list, runs::get, runs::audit, runs::resume, runs::approve, runs::reject, runs::log, runs::artifact,
@@ -149,6 +149,7 @@ pub fn router(app: Arc<App>) -> Router {
         .route("/v1/sandboxes/{id}/reset", post(sandboxes::reset))
         .route("/v1/snapshots", get(sandboxes::snapshots))
         .route("/v1/diff", get(sandboxes::diff))
+        .route("/v1/snapshots/{id}/verify", post(sandboxes::verify))
         .route(
             "/v1/snapshots/{id}",
             get(sandboxes::get_snapshot).delete(sandboxes::remove_snapshot),

@@ -688,3 +688,53 @@ pub struct AdmissionHeaders {
     #[serde(rename = "Request-Timeout")]
     pub request_timeout: Option<f64>,
 }
+
+#[derive(Debug, Default, Serialize, Deserialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct VerifyBody {
+    /// Replace damaged copies with intact ones (a store in S3).
+    #[serde(default)]
+    pub repair: bool,
+}
+
+/// `cairn verify` of one snapshot: every object it reaches, read back from
+/// each copy and hashed again.
+#[derive(Debug, Serialize, Deserialize, ToSchema)]
+pub struct SnapshotVerification {
+    pub snapshot_id: String,
+    /// The root of the hash tree over everything the snapshot holds: its id.
+    pub root_hash: String,
+    pub objects: u64,
+    /// Stored bytes read back, every copy counted.
+    pub bytes_read: u64,
+    pub damaged: Vec<DamagedObject>,
+    /// Parts whose own objects could not be read, so what they reach was not listed.
+    pub unreadable: Vec<String>,
+    /// Nothing damaged (after `repair`: every damaged copy mended) and nothing unreadable.
+    pub ok: bool,
+    pub took_ms: f64,
+}
+
+#[derive(Debug, Serialize, Deserialize, ToSchema)]
+pub struct DamagedObject {
+    pub hash: String,
+    /// What it holds: a file's path and offset, a memory image file, a layer's index.
+    pub what: String,
+    /// The local copy (or the cache's, in front of S3): `missing`, `corrupt: …`.
+    pub local: String,
+    /// The bucket's copy, with a store in S3.
+    pub remote: Option<String>,
+    /// With `repair`: what was done, or why nothing could be.
+    pub repair: Option<String>,
+    /// Whether an intact copy exists.
+    pub recoverable: bool,
+}
+
+impl From<cairn_engine::verify::Verification> for SnapshotVerification {
+    fn from(v: cairn_engine::verify::Verification) -> Self {
+        // The engine's record serialises to exactly these fields.
+        serde_json::to_value(v)
+            .and_then(serde_json::from_value)
+            .expect("the engine's verification and the API's have the same fields")
+    }
+}

@@ -1120,7 +1120,7 @@ fn typed_events_keep_their_fields_and_a_won_event_names_its_branch(store: &Store
     db.with(|b| {
         Ok(b.execute(
             "UPDATE events SET data = $1 WHERE kind = 'won'",
-            &[Value::Text(r#"{"v":2,"type":"won"}"#.into())],
+            &[Value::Text(r#"{"v":3,"type":"won"}"#.into())],
         )?)
     })
     .unwrap();

@@ -1538,18 +1538,33 @@ fn two_tokens_under_contention_get_the_same_share_and_a_short_deadline_is_refuse
         ("Request-Timeout", "soon"),
         ("Request-Timeout", "-1"),
         ("Priority", "high"),
+        ("Priority", "-9223372036854775808"),
+        ("Priority", "1001"),
     ] {
         let (status, v) = create_queued(&s, &[(header, value)]);
         assert_eq!(status, 400, "{header}: {value}: {v}");
         assert!(v["error"]["message"].as_str().unwrap().contains(header), "{v}");
     }
+    // A request the whole capacity could never hold is refused at once.
+    let t = Instant::now();
+    let (status, v) = answer(
+        s.req("POST", &format!("/v1/sandboxes/{}/fork", held[1]))
+            .set("Request-Timeout", "60")
+            .send_json(json!({"count": 5})),
+    );
+    assert_eq!(status, 429, "{v}");
+    assert!(
+        v["error"]["message"].as_str().unwrap().contains("whole capacity"),
+        "{v}"
+    );
+    assert!(t.elapsed() < Duration::from_secs(30), "it waited {:?}", t.elapsed());
     // A waiting request starts once a sandbox goes.
     let s2 = std::sync::Arc::clone(&s);
     let waiter = std::thread::spawn(move || create_queued(&s2, &[("Request-Timeout", "60")]));
     std::thread::sleep(Duration::from_millis(300));
     let metrics = s.req("GET", "/metrics").call().unwrap().into_string().unwrap();
     assert!(metrics.contains("cairn_admission_queue_depth 1"), "{metrics}");
-    assert!(metrics.contains("cairn_admission_refused_total 1"), "{metrics}");
+    assert!(metrics.contains("cairn_admission_refused_total 2"), "{metrics}");
     let (status, _) = s.call("DELETE", &format!("/v1/sandboxes/{}?force=true", held[0]), None);
     assert_eq!(status, 204);
     let (status, v) = waiter.join().unwrap();

@@ -57,14 +57,15 @@ def test_records_ignore_fields_a_newer_server_adds():
     assert sb.id == "x" and not hasattr(sb, "brand_new_field")
 
 
-def test_a_create_past_the_capacity_waits_its_deadline_then_raises_no_capacity(client, sandbox):
+def test_a_create_larger_than_the_whole_capacity_raises_no_capacity_at_once(client, sandbox):
     before = [s.id for s in client.sandboxes.list()]
     started = time.monotonic()
-    # A memory limit no host's budget holds beside the running sandbox.
+    # A memory limit beyond any host's budget: it would never start, so it
+    # is refused at once rather than after its wait.
     with pytest.raises(cairn.NoCapacity) as e:
-        client.sandboxes.create(memory="64T", wait=0.3, priority=5)
-    assert time.monotonic() - started >= 0.3
-    assert e.value.status == 429 and e.value.code == "no_capacity" and "Request-Timeout" in str(e.value)
+        client.sandboxes.create(memory="64T", wait=30, priority=5)
+    assert time.monotonic() - started < 10
+    assert e.value.status == 429 and e.value.code == "no_capacity" and "whole capacity" in str(e.value)
     assert [s.id for s in client.sandboxes.list()] == before, "a refused create made a sandbox"
     with pytest.raises(cairn.BadRequest, match="Request-Timeout"):
         client.sandboxes.create(wait=-1)

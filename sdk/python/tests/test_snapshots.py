@@ -76,6 +76,9 @@ def test_diff_names_what_two_snapshots_and_a_live_sandbox_changed(client, sandbo
     assert (stat.added, stat.removed, stat.changed) == (live.added, live.removed, live.changed) == (2, 1, 1)
     assert all(c.diff is None for c in stat.changes) and stat.shared_layers >= 1
     assert client.snapshots.diff(after, after).changes == []
+    report = client.snapshots.verify(after)
+    assert report["ok"] and report["root_hash"] == after.id and report["objects"] > 3, report
+    assert report["damaged"] == [] and report["unreadable"] == []
     try:
         client.snapshots.diff(after, "no-such-thing")
         raise AssertionError("an unknown side must be refused")

@@ -555,6 +555,7 @@ pub async fn connect(
     State(gw): G,
     Extension(key): Extension<ApiKey>,
     Path(id): Path<String>,
+    headers: axum::http::HeaderMap,
     body: Bytes,
 ) -> Rest<Response> {
     let req: ConnectBody = parse(&body)?;
@@ -568,6 +569,13 @@ pub async fn connect(
             let e = known(&gw, &id)?;
             if let Life::Paused { .. } = e.life {
                 let snapshot = snapshot.clone();
+                // A resume makes a sandbox: it waits its turn as a create does.
+                let ask = crate::admission::Ask::from_headers(&headers)?;
+                let defaults = cairn_sandbox::Limits::default();
+                let need = crate::admission::Usage::of(1, defaults.memory_bytes, u64::from(defaults.cpu_millis));
+                let ticket = crate::admission::Admission::admit(&gw.app, &key.0, need, &ask)
+                    .await
+                    .map_err(crate::admission::Refused::into_error)?;
                 let rec = gw
                     .app
                     .engine(move |en| {
@@ -586,6 +594,10 @@ pub async fn connect(
                         Ok(rec)
                     })
                     .await?;
+                ticket.made([(
+                    rec.id.clone(),
+                    crate::admission::Usage::of(1, rec.memory_bytes, u64::from(rec.cpu_millis)),
+                )]);
                 let running = Life::Running {
                     sandbox: rec.id.clone(),
                 };

@@ -429,6 +429,33 @@ pub async fn diff(
     Ok(Json(d.into()))
 }
 
+/// Checks that a snapshot is whole: every object it reaches read back from
+/// each copy and hashed again (`cairn verify`); with `repair`, damaged
+/// copies are replaced with intact ones (a store in S3).
+#[utoipa::path(post, path = "/v1/snapshots/{id}/verify", tag = "snapshots",
+    params(("id" = String, Path, description = "Snapshot id, unique prefix or label")),
+    request_body = VerifyBody,
+    responses((status = 200, body = SnapshotVerification, description = "The report; `ok` says whether it is whole"),
+        (status = 400, body = ErrorBody), (status = 404, body = ErrorBody)))]
+pub async fn verify(
+    State(app): State<Arc<App>>,
+    Path(id): Path<String>,
+    body: Bytes,
+) -> ApiResult<Json<SnapshotVerification>> {
+    let req: VerifyBody = if body.is_empty() {
+        VerifyBody::default()
+    } else {
+        parse(&body)?
+    };
+    let mut reports = app
+        .engine(move |e| Ok(e.verify_snapshots(&[id], req.repair, &|_, _, _| {})?))
+        .await?;
+    let report = reports
+        .pop()
+        .ok_or_else(|| ApiError::internal("verify returned no report"))?;
+    Ok(Json(report.into()))
+}
+
 fn detail(e: &Engine, key: &str) -> ApiResult<SnapshotDetail> {
     let snap = e.snapshot_record(key)?;
     let all = e.snapshots()?;

@@ -377,6 +377,10 @@ class AsyncSnapshots:
     async def remove(self, id: Any) -> None:
         await self._c._send("DELETE", f"/v1/snapshots/{cfg.ident(id)}")
 
+    async def verify(self, id: Any, *, repair: bool = False) -> Dict[str, Any]:
+        """`cairn verify` of one snapshot: the report (`ok`, `damaged`, ...)."""
+        return await self._c._json("POST", f"/v1/snapshots/{cfg.ident(id)}/verify", json={"repair": repair})
+
     async def diff(self, a: Any, b: Any, *, text_max: Optional[int] = None,
                    max_changes: Optional[int] = None) -> SnapshotDiff:
         """How `b` differs from `a` (see `Snapshots.diff`)."""

@@ -336,6 +336,10 @@ class Snapshots:
     def remove(self, id: Any) -> None:
         self._c._send("DELETE", f"/v1/snapshots/{cfg.ident(id)}")
 
+    def verify(self, id: Any, *, repair: bool = False) -> Dict[str, Any]:
+        """`cairn verify` of one snapshot: the report (`ok`, `damaged`, ...)."""
+        return self._c._json("POST", f"/v1/snapshots/{cfg.ident(id)}/verify", json={"repair": repair})
+
     def diff(self, a: Any, b: Any, *, text_max: Optional[int] = None,
              max_changes: Optional[int] = None) -> SnapshotDiff:
         """How `b` differs from `a`: each a snapshot (record, id or label),
