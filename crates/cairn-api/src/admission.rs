@@ -92,6 +92,11 @@ impl Usage {
         }
     }
 
+    /// What a made sandbox holds: its own limits.
+    pub fn of_sandbox(rec: &cairn_engine::SandboxRecord) -> Usage {
+        Usage::of(1, rec.memory_bytes, u64::from(rec.cpu_millis))
+    }
+
     fn add(&mut self, o: Usage) {
         self.sandboxes += o.sandboxes;
         self.memory_bytes = self.memory_bytes.saturating_add(o.memory_bytes);
@@ -106,12 +111,20 @@ struct Waiter {
     need: Usage,
 }
 
+/// A share of the capacity: whose, how much, since when.
+#[derive(Debug, Clone)]
+struct Hold {
+    token: String,
+    usage: Usage,
+    since: Instant,
+}
+
 #[derive(Debug, Default)]
 struct State {
-    /// Sandboxes this server made and still counts: token and usage by id.
-    held: HashMap<String, (String, Usage)>,
-    /// Admitted requests still making their sandboxes.
-    making: HashMap<u64, (String, Usage)>,
+    /// Sandboxes this server made and still counts, by id.
+    held: HashMap<String, Hold>,
+    /// Admitted requests still making their sandboxes, by ticket.
+    making: HashMap<u64, Hold>,
     /// Running sandboxes this server did not make, at the last look.
     outside: Usage,
     waiting: BTreeMap<u64, Waiter>,
@@ -122,8 +135,8 @@ struct State {
 impl State {
     fn in_use(&self) -> Usage {
         let mut u = self.outside;
-        for (_, x) in self.held.values().chain(self.making.values()) {
-            u.add(*x);
+        for h in self.held.values().chain(self.making.values()) {
+            u.add(h.usage);
         }
         u
     }
@@ -132,8 +145,8 @@ impl State {
         self.held
             .values()
             .chain(self.making.values())
-            .filter(|(t, _)| t == token)
-            .map(|(_, u)| u.sandboxes)
+            .filter(|h| h.token == token)
+            .map(|h| h.usage.sandboxes)
             .sum()
     }
 
@@ -189,12 +202,15 @@ pub struct Ticket {
 
 impl Ticket {
     /// The sandboxes are made: each holds its share until it is removed.
-    pub fn made(self, ids: impl IntoIterator<Item = (String, Usage)>) {
+    pub fn made<'a>(self, sandboxes: impl IntoIterator<Item = &'a cairn_engine::SandboxRecord>) {
         let adm = &self.app.admission;
         let mut st = adm.lock();
-        if let Some((token, _)) = st.making.remove(&self.seq) {
-            for (id, u) in ids {
-                st.held.insert(id, (token.clone(), u));
+        if let Some(hold) = st.making.remove(&self.seq) {
+            let since = Instant::now();
+            for rec in sandboxes {
+                let usage = Usage::of_sandbox(rec);
+                let token = hold.token.clone();
+                st.held.insert(rec.id.clone(), Hold { token, usage, since });
             }
         }
         drop(st);
@@ -295,6 +311,21 @@ impl Admission {
         }
     }
 
+    /// [`Self::admit`] of `count` sandboxes with `limits` for `caller`, as
+    /// the request's headers ask ([`Ask::from_headers`]): a bad header is a
+    /// 400, a refusal a 429.
+    pub async fn admit_request(
+        app: &Arc<App>,
+        caller: &str,
+        headers: &HeaderMap,
+        count: u64,
+        limits: &cairn_sandbox::Limits,
+    ) -> ApiResult<Ticket> {
+        let ask = Ask::from_headers(headers)?;
+        let need = Usage::of(count, limits.memory_bytes, u64::from(limits.cpu_millis));
+        Self::admit(app, caller, need, &ask).await.map_err(Refused::into_error)
+    }
+
     /// Waits until `need` fits and it is this request's turn, or refuses it
     /// once `ask.deadline` has passed.
     pub async fn admit(app: &Arc<App>, token: &str, need: Usage, ask: &Ask) -> Result<Ticket, Refused> {
@@ -344,7 +375,12 @@ impl Admission {
                 let mut st = adm.lock();
                 if st.turn(&adm.capacity) == Some(seq) && st.fits(&adm.capacity, need) {
                     st.waiting.remove(&seq);
-                    st.making.insert(seq, (token.to_string(), need));
+                    let hold = Hold {
+                        token: token.to_string(),
+                        usage: need,
+                        since: Instant::now(),
+                    };
+                    st.making.insert(seq, hold);
                     let queued = st.waiting.len();
                     drop(st);
                     // The next in turn may fit too.
@@ -378,8 +414,12 @@ impl Admission {
 
     /// Looks at the running sandboxes: those this server made and still
     /// counts that are gone (timed out, removed elsewhere) are forgotten,
-    /// and the rest count as `outside`.
+    /// and the rest count as `outside`. A sandbox made after the look began
+    /// may be missing from it: it stays counted. One being made may be in
+    /// it and counted by its ticket too: counted twice until the next look,
+    /// which errs on the side of the capacity.
     async fn look(app: &Arc<App>) {
+        let began = Instant::now();
         let running = app
             .engine(|e| {
                 Ok(e.running_sandboxes()?
@@ -393,16 +433,13 @@ impl Admission {
         let mut st = adm.lock();
         let ids: HashSet<&str> = running.iter().map(|(id, _, _)| id.as_str()).collect();
         let before = st.held.len();
-        st.held.retain(|id, _| ids.contains(id.as_str()));
+        st.held.retain(|id, h| ids.contains(id.as_str()) || h.since >= began);
         let mut outside = Usage::default();
         for (id, memory, cpu) in &running {
             if !st.held.contains_key(id) {
                 outside.add(Usage::of(1, *memory, *cpu));
             }
         }
-        // Sandboxes being made right now are counted by their tickets.
-        let making: u64 = st.making.values().map(|(_, u)| u.sandboxes).sum();
-        outside.sandboxes = outside.sandboxes.saturating_sub(making);
         let freed = st.held.len() < before || outside.sandboxes < st.outside.sandboxes;
         st.outside = outside;
         st.looked = Some(Instant::now());

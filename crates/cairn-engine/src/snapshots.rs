@@ -1239,10 +1239,16 @@ impl Engine {
             return Err(SnapshotError::NeededBySession(snap.id.clone()).into());
         }
         self.db.delete_snapshot(&snap.id)?;
-        let image = self.home.memory_image(&snap.id);
+        self.remove_memory_image(&snap.id);
+        Ok(())
+    }
+
+    /// Removes the local memory image of snapshot `id` (whose row is gone)
+    /// and its seal; one left behind is swept by gc.
+    pub(crate) fn remove_memory_image(&self, id: &str) {
+        let image = self.home.memory_image(id);
         let _ = fs::remove_file(crate::memory_cache::path_of(&image));
         let _ = fs::remove_dir_all(image);
-        Ok(())
     }
 
     /// Removes local memory images whose snapshot is gone.

@@ -35,6 +35,9 @@ pub struct Damage {
     pub repair: Option<String>,
     /// Whether an intact copy exists now.
     pub recoverable: bool,
+    /// Whether `--repair` mended every damaged copy.
+    #[serde(skip)]
+    pub repaired: bool,
 }
 
 /// One snapshot's check.
@@ -58,7 +61,10 @@ pub struct Verification {
 }
 
 /// Objects already checked in this verification (shared between snapshots).
-type Checked = HashMap<ChunkHash, (ObjectCheck, Option<String>)>;
+/// Each object's check and, with `--repair` on a damaged one, what was
+/// done (`Ok`) or why nothing could be (`Err`).
+type Repair = Option<Result<String, String>>;
+type Checked = HashMap<ChunkHash, (ObjectCheck, Repair)>;
 
 impl Engine {
     /// Checks the snapshots `keys` (every snapshot when empty): each object
@@ -144,7 +150,7 @@ impl Engine {
         }
         self.check_level(&names, repair, checked, &mut report)?;
         report.damaged.sort_by(|a, b| a.what.cmp(&b.what));
-        report.ok = report.unreadable.is_empty() && report.damaged.iter().all(Damage::repair_done);
+        report.ok = report.unreadable.is_empty() && report.damaged.iter().all(|d| d.repaired);
         report.took_ms = started.elapsed().as_secs_f64() * 1e3;
         Ok(report)
     }
@@ -222,16 +228,17 @@ impl Engine {
         }
         let todo: Vec<ChunkHash> = first.keys().filter(|h| !checked.contains_key(h)).copied().collect();
         let backend = self.store.backend();
-        let results: Vec<(ChunkHash, ObjectCheck, Option<String>)> = todo
+        let results: Vec<(ChunkHash, ObjectCheck, Repair)> = todo
             .par_iter()
             .map(|h| {
                 let check = backend.check_object(h)?;
                 let mut done = None;
                 if repair && check.is_damaged() {
-                    done = Some(match backend.repair_object(h, &check)? {
-                        Some(how) => how,
-                        None => "not repaired: no intact copy".to_string(),
-                    });
+                    done = Some(
+                        backend
+                            .repair_object(h, &check)?
+                            .ok_or_else(|| "not repaired: no intact copy".to_string()),
+                    );
                 }
                 Ok((*h, check, done))
             })
@@ -254,18 +261,13 @@ impl Engine {
                     what: what.to_string(),
                     local: check.local.describe(),
                     remote: check.remote.as_ref().map(CopyState::describe),
-                    repair: done.clone(),
+                    repair: done.clone().map(|r| r.unwrap_or_else(|why| why)),
+                    repaired: matches!(done, Some(Ok(_))),
                     recoverable: intact_somewhere(check),
                 });
             }
         }
         Ok(all_readable)
-    }
-}
-
-impl Damage {
-    fn repair_done(&self) -> bool {
-        self.repair.as_deref().is_some_and(|r| !r.starts_with("not repaired"))
     }
 }
 

@@ -360,15 +360,6 @@ fn a_snapshot_whose_uploads_are_cut_off_is_marked_durable_only_once_they_land() 
     home.ok(&["rm", "-f", &id]);
 }
 
-/// The cache's object file for `hash` in `home`.
-fn cached_object(home: &Home, hash: &str) -> std::path::PathBuf {
-    home.path()
-        .join("store/objects")
-        .join(&hash[..2])
-        .join(&hash[2..4])
-        .join(hash)
-}
-
 #[test]
 fn verify_finds_damage_in_the_cache_and_the_bucket_and_repair_mends_each_from_the_other() {
     use cairn_store::BlobStore;
@@ -410,7 +401,7 @@ fn verify_finds_damage_in_the_cache_and_the_bucket_and_repair_mends_each_from_th
     let mut chunks: Vec<String> = remote_keys(&garage, "verify")
         .into_iter()
         .filter(|h| {
-            std::fs::metadata(cached_object(&home, h)).is_ok_and(|m| m.len() > 30_000 && m.modified().unwrap() > since)
+            std::fs::metadata(home.store_object(h)).is_ok_and(|m| m.len() > 30_000 && m.modified().unwrap() > since)
         })
         .collect();
     chunks.sort();
@@ -423,9 +414,9 @@ fn verify_finds_damage_in_the_cache_and_the_bucket_and_repair_mends_each_from_th
         bytes[mid] ^= 0x40;
         std::fs::write(path, bytes).unwrap();
     };
-    flip(&cached_object(&home, &chunks[0]));
+    flip(&home.store_object(&chunks[0]));
     assert!(bucket.delete(&key(&chunks[1])).unwrap());
-    flip(&cached_object(&home, &chunks[2]));
+    flip(&home.store_object(&chunks[2]));
     let mut bad = bucket.get(&key(&chunks[2])).unwrap();
     bad[10] ^= 0x01;
     bucket.put_unconditionally(&key(&chunks[2]), &bad).unwrap();
@@ -488,7 +479,7 @@ fn verify_finds_damage_in_the_cache_and_the_bucket_and_repair_mends_each_from_th
     // A host without the layers materialised meets the lost chunk: the
     // restore fails, naming the snapshot, and starts nothing.
     std::fs::remove_dir_all(home.path().join("layers")).unwrap();
-    std::fs::remove_file(cached_object(&home, &chunks[2])).unwrap();
+    std::fs::remove_file(home.store_object(&chunks[2])).unwrap();
     let out = home.cairn(&["restore", &snap]);
     assert_eq!(out.status.code(), Some(125), "a lost chunk fails the restore");
     let err = stderr(&out);
@@ -500,7 +491,7 @@ fn verify_finds_damage_in_the_cache_and_the_bucket_and_repair_mends_each_from_th
     // The two mended objects: the cache's copy and the bucket's are the
     // same bytes again.
     for h in &chunks[..2] {
-        let cached = std::fs::read(cached_object(&home, h)).unwrap();
+        let cached = std::fs::read(home.store_object(h)).unwrap();
         assert_eq!(cached, bucket.get(&key(h)).unwrap(), "{h}");
     }
 }

@@ -5,7 +5,7 @@ mod common;
 use std::process::Stdio;
 use std::time::Duration;
 
-use common::{init_pid, skip, stderr, tree, Home};
+use common::{init_pid, skip, stderr, stdout, tree, Home};
 
 /// Changes through the sandbox that exercise every overlay case.
 const FIRST_ROUND: &str = r#"
@@ -633,15 +633,6 @@ fn snapshots_taken_back_to_back_each_restore() {
     }
 }
 
-/// The local store's object file for `hash`.
-fn object_file(home: &Home, hash: &str) -> std::path::PathBuf {
-    home.path()
-        .join("store/objects")
-        .join(&hash[..2])
-        .join(&hash[2..4])
-        .join(hash)
-}
-
 #[test]
 fn verify_names_each_corrupt_or_missing_object_with_what_it_holds() {
     if skip("verify_names_each_corrupt_or_missing_object_with_what_it_holds") {
@@ -679,26 +670,26 @@ fn verify_names_each_corrupt_or_missing_object_with_what_it_holds() {
         .as_str()
         .unwrap()
         .to_string();
-    let index = std::fs::read(object_file(&home, &layer)).unwrap();
+    let index = std::fs::read(home.store_object(&layer)).unwrap();
     let mut chunks: Vec<String> = std::fs::read_dir(home.path().join("store/objects"))
         .unwrap()
         .flat_map(|a| std::fs::read_dir(a.unwrap().path()).unwrap())
         .flat_map(|b| std::fs::read_dir(b.unwrap().path()).unwrap())
         .map(|o| o.unwrap().file_name().into_string().unwrap())
         .filter(|h| {
-            let md = std::fs::metadata(object_file(&home, h)).unwrap();
+            let md = std::fs::metadata(home.store_object(h)).unwrap();
             *h != layer && *h != snap && md.len() > 30_000 && md.modified().unwrap() > since
         })
         .collect();
     chunks.sort();
     assert!(chunks.len() >= 2, "{chunks:?} ({} index bytes)", index.len());
     let (flipped, deleted) = (&chunks[0], &chunks[1]);
-    let path = object_file(&home, flipped);
+    let path = home.store_object(flipped);
     let mut bytes = std::fs::read(&path).unwrap();
     let mid = bytes.len() / 2;
     bytes[mid] ^= 0x40;
     std::fs::write(&path, bytes).unwrap();
-    std::fs::remove_file(object_file(&home, deleted)).unwrap();
+    std::fs::remove_file(home.store_object(deleted)).unwrap();
 
     let out = home.cairn(&["verify", "--all", "--json"]);
     assert_eq!(out.status.code(), Some(1), "damage is exit status 1: {}", stderr(&out));
@@ -736,18 +727,14 @@ fn verify_names_each_corrupt_or_missing_object_with_what_it_holds() {
     let out = home.cairn(&["verify", &snap, "--repair"]);
     assert_eq!(out.status.code(), Some(1));
     assert!(
-        stdout_of(&out).contains("not repaired: no intact copy"),
+        stdout(&out).contains("not repaired: no intact copy"),
         "{}",
-        stdout_of(&out)
+        stdout(&out)
     );
-    assert!(stdout_of(&out).contains("DAMAGED"), "{}", stdout_of(&out));
+    assert!(stdout(&out).contains("DAMAGED"), "{}", stdout(&out));
     // Nothing asked for that is not there.
     let out = home.cairn(&["verify", "no-such-snapshot"]);
     assert_eq!(out.status.code(), Some(125), "{}", stderr(&out));
     let out = home.cairn(&["verify"]);
     assert_eq!(out.status.code(), Some(2), "a snapshot or --all is needed");
-}
-
-fn stdout_of(out: &std::process::Output) -> String {
-    String::from_utf8_lossy(&out.stdout).into_owned()
 }

@@ -13,10 +13,12 @@ use axum::response::{IntoResponse, Response};
 use axum::Extension;
 use axum::Json;
 use cairn_engine::{images, CreateOptions, Engine, EngineError, SandboxRecord, Silent, SnapshotRecord};
+use cairn_sandbox::Limits;
 use serde::Deserialize;
 use serde_json::{json, Value};
 
 use super::{Entry, Gateway, Life, RestError, DEFAULT_TIMEOUT_SECS, ENVD_VERSION, MAX_TIMEOUT_SECS};
+use crate::admission::Admission;
 use crate::app::now_ms;
 use cairn_engine::e2b::E2bSnapshot;
 
@@ -197,12 +199,7 @@ pub async fn create(
     let driver = gw.drivers.of(&template);
     // Past the server's capacity the create waits its turn; its deadline
     // passing is E2B's 429.
-    let ask = crate::admission::Ask::from_headers(&headers)?;
-    let defaults = cairn_sandbox::Limits::default();
-    let need = crate::admission::Usage::of(1, defaults.memory_bytes, u64::from(defaults.cpu_millis));
-    let ticket = crate::admission::Admission::admit(&gw.app, &key.0, need, &ask)
-        .await
-        .map_err(crate::admission::Refused::into_error)?;
+    let ticket = Admission::admit_request(&gw.app, &key.0, &headers, 1, &Limits::default()).await?;
     let rec = gw
         .app
         .engine(move |e| {
@@ -260,10 +257,7 @@ pub async fn create(
             Ok(rec)
         })
         .await?;
-    ticket.made([(
-        rec.id.clone(),
-        crate::admission::Usage::of(1, rec.memory_bytes, u64::from(rec.cpu_millis)),
-    )]);
+    ticket.made([&rec]);
     let mut entry = entry_for(&rec, req.template_id, life, &key);
     entry.metadata = metadata;
     entry.env = env;
@@ -570,12 +564,7 @@ pub async fn connect(
             if let Life::Paused { .. } = e.life {
                 let snapshot = snapshot.clone();
                 // A resume makes a sandbox: it waits its turn as a create does.
-                let ask = crate::admission::Ask::from_headers(&headers)?;
-                let defaults = cairn_sandbox::Limits::default();
-                let need = crate::admission::Usage::of(1, defaults.memory_bytes, u64::from(defaults.cpu_millis));
-                let ticket = crate::admission::Admission::admit(&gw.app, &key.0, need, &ask)
-                    .await
-                    .map_err(crate::admission::Refused::into_error)?;
+                let ticket = Admission::admit_request(&gw.app, &key.0, &headers, 1, &Limits::default()).await?;
                 let rec = gw
                     .app
                     .engine(move |en| {
@@ -594,10 +583,7 @@ pub async fn connect(
                         Ok(rec)
                     })
                     .await?;
-                ticket.made([(
-                    rec.id.clone(),
-                    crate::admission::Usage::of(1, rec.memory_bytes, u64::from(rec.cpu_millis)),
-                )]);
+                ticket.made([&rec]);
                 let running = Life::Running {
                     sandbox: rec.id.clone(),
                 };

@@ -13,7 +13,7 @@ use cairn_engine::{CreateOptions, Engine, Silent};
 use cairn_sandbox::limits::{CpuCount, DiskSize, MemorySize, PidCount};
 
 use super::{idempotent, json, parse};
-use crate::admission::{Admission, Ask, Caller, Refused, Ticket, Usage};
+use crate::admission::{Admission, Caller};
 use crate::app::App;
 use crate::error::{ApiError, ApiResult, ErrorBody};
 use crate::model::*;
@@ -59,27 +59,6 @@ fn options(
     Ok(opts)
 }
 
-/// Waits for capacity for `count` sandboxes made with `opts` (see
-/// [`crate::admission`]); a 429 once the request's deadline passes.
-async fn admitted(
-    app: &Arc<App>,
-    caller: &str,
-    headers: &HeaderMap,
-    count: u64,
-    opts: &CreateOptions,
-) -> ApiResult<Ticket> {
-    let ask = Ask::from_headers(headers)?;
-    let need = Usage::of(count, opts.limits.memory_bytes, u64::from(opts.limits.cpu_millis));
-    Admission::admit(app, caller, need, &ask)
-        .await
-        .map_err(Refused::into_error)
-}
-
-/// What a made sandbox holds of the capacity.
-fn usage_of(rec: &cairn_engine::SandboxRecord) -> Usage {
-    Usage::of(1, rec.memory_bytes, u64::from(rec.cpu_millis))
-}
-
 /// Creates a sandbox from an image, or from a snapshot.
 #[utoipa::path(operation_id = "create_sandbox", post, path = "/v1/sandboxes", tag = "sandboxes",
     request_body = CreateSandbox,
@@ -108,7 +87,7 @@ pub async fn create(
     let caller = Caller::of(caller);
     let h = headers.clone();
     idempotent(&app, &headers, "sandboxes.create", &body, || async move {
-        let ticket = admitted(&a, &caller, &h, 1, &opts).await?;
+        let ticket = Admission::admit_request(&a, &caller, &h, 1, &opts.limits).await?;
         let t = Instant::now();
         let snapshot = req.snapshot.clone();
         let rec = a
@@ -120,7 +99,7 @@ pub async fn create(
                 None => Ok(e.create_sandbox(&opts, &Silent)?),
             })
             .await?;
-        ticket.made([(rec.id.clone(), usage_of(&rec))]);
+        ticket.made([&rec]);
         a.metrics
             .observe(if req.snapshot.is_some() { "restore" } else { "create" }, t.elapsed());
         a.emit(
@@ -265,10 +244,10 @@ async fn fork_of(
 ) -> ApiResult<(StatusCode, serde_json::Value)> {
     let count = fork_count(&req)?;
     let opts = options(&req.limits, req.driver.clone(), None, req.network.as_ref())?;
-    let ticket = admitted(app, caller, headers, count as u64, &opts).await?;
+    let ticket = Admission::admit_request(app, caller, headers, count as u64, &opts.limits).await?;
     let t = Instant::now();
     let (snap, forks) = app.engine(move |e| Ok(e.fork(&key, count, &opts)?)).await?;
-    ticket.made(forks.iter().map(|f| (f.id.clone(), usage_of(f))));
+    ticket.made(&forks);
     app.metrics.observe("fork", t.elapsed());
     for f in &forks {
         app.emit("sandbox.created", &f.id, format!("fork of snapshot {}", snap.id));
@@ -355,7 +334,7 @@ pub async fn restore(
 ) -> ApiResult<Response> {
     let req: RestoreBody = parse(&body)?;
     let opts = options(&req.limits, req.driver.clone(), req.name.clone(), req.network.as_ref())?;
-    let ticket = admitted(&app, &Caller::of(caller), &headers, 1, &opts).await?;
+    let ticket = Admission::admit_request(&app, &Caller::of(caller), &headers, 1, &opts.limits).await?;
     let t = Instant::now();
     let rec = app
         .engine(move |e| {
@@ -363,7 +342,7 @@ pub async fn restore(
             Ok(e.restore(&snap, &opts)?)
         })
         .await?;
-    ticket.made([(rec.id.clone(), usage_of(&rec))]);
+    ticket.made([&rec]);
     app.metrics.observe("restore", t.elapsed());
     app.emit("sandbox.created", &rec.id, "restored");
     Ok(json(StatusCode::CREATED, &Sandbox::from(rec)))

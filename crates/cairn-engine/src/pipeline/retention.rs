@@ -28,11 +28,18 @@ impl Engine {
     /// deadline has passed by `now_ms`. A snapshot anything else still
     /// names (another run's stage, a session, a dead letter) stays.
     pub(crate) fn collect_losers(&mut self, now_ms: i64) -> Result<Vec<CollectedBranch>, EngineError> {
-        let mut out = Vec::new();
+        // Every run's stage rows, read once: the losers come from the runs
+        // past their deadline, what stays from all of them.
+        let mut runs = Vec::new();
         for run in self.db.runs()? {
+            let stages = self.db.stages_of(&run.id)?;
+            runs.push((run, stages));
+        }
+        let mut due = Vec::new();
+        for (run, stages) in &runs {
             let Some(ended) = run.ended_at else { continue };
             // A file that no longer parses keeps everything.
-            let Ok(p) = self.parsed_run(&run) else { continue };
+            let Ok(p) = self.parsed_run(run) else { continue };
             let Some(keep_for) = p.keep_losers_for else { continue };
             if now_ms < ended.saturating_add(keep_for.as_millis() as i64) {
                 continue;
@@ -43,7 +50,6 @@ impl Engine {
                     e.kind == "collected" && e.stage.as_deref() == Some(stage) && e.branch.as_deref() == Some(branch)
                 })
             };
-            let stages = self.db.stages_of(&run.id)?;
             let losers: Vec<&StageRecord> = stages
                 .iter()
                 .filter(|s| !s.branch.is_empty() && !collected(&s.stage, &s.branch))
@@ -53,10 +59,17 @@ impl Engine {
                     group.is_some_and(|g| g.output_snapshot.is_some() && g.output_snapshot != s.output_snapshot)
                 })
                 .collect();
-            if losers.is_empty() {
-                continue;
+            if !losers.is_empty() {
+                due.push((run, keep_for, losers));
             }
-            let keep = self.snapshots_kept_besides(&losers)?;
+        }
+        if due.is_empty() {
+            return Ok(Vec::new());
+        }
+        let all_losers: Vec<&StageRecord> = due.iter().flat_map(|(_, _, l)| l.iter().copied()).collect();
+        let keep = self.snapshots_kept_besides(&runs, &all_losers)?;
+        let mut out = Vec::new();
+        for (run, keep_for, losers) in due {
             for loser in losers {
                 let mut drop: Vec<String> = loser.output_snapshot.iter().cloned().collect();
                 drop.extend(self.db.checkpoint_snapshots(&run.id, &loser.stage, &loser.branch)?);
@@ -87,9 +100,7 @@ impl Engine {
                     super::records::insert_new_event(b, &run.id, Some(&loser.stage), Some(&loser.branch), &event)
                 })?;
                 for s in &drop {
-                    let image = self.home.memory_image(s);
-                    let _ = std::fs::remove_file(crate::memory_cache::path_of(&image));
-                    let _ = std::fs::remove_dir_all(image);
+                    self.remove_memory_image(s);
                 }
                 out.push(CollectedBranch {
                     run_id: run.id.clone(),
@@ -103,21 +114,23 @@ impl Engine {
     }
 
     /// Snapshots something other than `losers` names: any other stage row
-    /// (of any run: a later run may have reused a loser's output as its
-    /// winner), a stage key of another stage, a session, a dead letter.
-    fn snapshots_kept_besides(&self, losers: &[&StageRecord]) -> Result<HashSet<String>, EngineError> {
+    /// of `runs` (every run: a later run may have reused a loser's output as
+    /// its winner), a session, a dead letter.
+    fn snapshots_kept_besides(
+        &self,
+        runs: &[(super::records::RunRecord, Vec<StageRecord>)],
+        losers: &[&StageRecord],
+    ) -> Result<HashSet<String>, EngineError> {
         let is_loser = |s: &StageRecord| {
             losers
                 .iter()
                 .any(|l| l.run_id == s.run_id && l.stage == s.stage && l.branch == s.branch)
         };
         let mut keep = HashSet::new();
-        for run in self.db.runs()? {
-            for s in self.db.stages_of(&run.id)? {
-                keep.extend(s.input_snapshot.clone());
-                if !is_loser(&s) {
-                    keep.extend(s.output_snapshot.clone());
-                }
+        for s in runs.iter().flat_map(|(_, stages)| stages) {
+            keep.extend(s.input_snapshot.clone());
+            if !is_loser(s) {
+                keep.extend(s.output_snapshot.clone());
             }
         }
         keep.extend(self.db.session_snapshots()?);

@@ -185,6 +185,16 @@ impl Home {
         self.dir.path()
     }
 
+    /// The chunk store's file for object `hash` (the local store, or the
+    /// cache in front of S3): two levels of fan-out by its first bytes.
+    pub fn store_object(&self, hash: &str) -> PathBuf {
+        self.path()
+            .join("store/objects")
+            .join(&hash[..2])
+            .join(&hash[2..4])
+            .join(hash)
+    }
+
     /// The directory of the busybox image's layer in this home.
     pub fn busybox_layer(&self) -> PathBuf {
         let images: serde_json::Value = serde_json::from_str(&self.ok(&["image", "ls", "--json"])).unwrap();
