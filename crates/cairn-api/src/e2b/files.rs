@@ -22,7 +22,7 @@ use super::form::Form;
 use super::{Gateway, RestError};
 use crate::app::now_ms;
 use crate::error::ApiError;
-use crate::routes::files::{streamed_file, Spool};
+use crate::routes::files::{drain, streamed_file, Spool};
 
 /// The most files one multipart form writes.
 const MAX_PARTS: usize = 1000;
@@ -114,27 +114,35 @@ async fn write_files(gw: Arc<Gateway>, headers: &HeaderMap, q: &HashMap<String, 
             .filter(|b| !b.is_empty() && b.len() <= 200)
             .ok_or_else(|| RestError::bad_request("multipart/form-data without a boundary"))?;
         let mut form = Form::new(body.into_data_stream(), boundary);
-        while let Some(filename) = form.next_part().await.map_err(RestError::bad_request)? {
-            if files.len() == MAX_PARTS {
-                return Err(RestError::bad_request(format!(
-                    "a form writes at most {MAX_PARTS} files"
-                )));
+        let read: Files<()> = async {
+            while let Some(filename) = form.next_part().await.map_err(RestError::bad_request)? {
+                if files.len() == MAX_PARTS {
+                    return Err(RestError::bad_request(format!(
+                        "a form writes at most {MAX_PARTS} files"
+                    )));
+                }
+                let target = match (q.get("path"), filename) {
+                    (Some(p), _) => p.clone(),
+                    (None, Some(f)) => f,
+                    (None, None) => return Err(RestError::bad_request("a part names no file: give ?path=")),
+                };
+                let path = resolve(&target, home).map_err(RestError::bad_request)?;
+                let offset = spool.size();
+                while let Some(chunk) = form.chunk().await.map_err(RestError::bad_request)? {
+                    spool.write(&chunk).await?;
+                }
+                files.push(Spooled {
+                    path,
+                    offset,
+                    size: spool.size() - offset,
+                });
             }
-            let target = match (q.get("path"), filename) {
-                (Some(p), _) => p.clone(),
-                (None, Some(f)) => f,
-                (None, None) => return Err(RestError::bad_request("a part names no file: give ?path=")),
-            };
-            let path = resolve(&target, home).map_err(RestError::bad_request)?;
-            let offset = spool.size();
-            while let Some(chunk) = form.chunk().await.map_err(RestError::bad_request)? {
-                spool.write(&chunk).await?;
-            }
-            files.push(Spooled {
-                path,
-                offset,
-                size: spool.size() - offset,
-            });
+            Ok(())
+        }
+        .await;
+        if let Err(e) = read {
+            drain(form.body_mut()).await;
+            return Err(e);
         }
     } else {
         let p = q
@@ -144,7 +152,10 @@ async fn write_files(gw: Arc<Gateway>, headers: &HeaderMap, q: &HashMap<String, 
         let mut stream = body.into_data_stream();
         while let Some(chunk) = stream.next().await {
             let chunk = chunk.map_err(|e| RestError::bad_request(format!("the upload was cut short: {e}")))?;
-            spool.write(&chunk).await?;
+            if let Err(e) = spool.write(&chunk).await {
+                drain(&mut stream).await;
+                return Err(e.into());
+            }
         }
         files.push(Spooled {
             path,

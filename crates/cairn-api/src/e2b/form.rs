@@ -140,6 +140,11 @@ where
         Ok(None)
     }
 
+    /// The body the form reads from, to discard what is left of it.
+    pub fn body_mut(&mut self) -> &mut S {
+        &mut self.body
+    }
+
     /// Drops all of `buf` but what could be the start of a delimiter.
     fn keep_tail(&mut self) {
         let drop = self.buf.len().saturating_sub(self.delimiter.len() - 1);

@@ -361,9 +361,38 @@ pub(crate) async fn spool(
     let mut stream = body.into_data_stream();
     while let Some(chunk) = stream.next().await {
         let chunk = chunk.map_err(|e| ApiError::bad_request(format!("the {what} was cut short: {e}")))?;
-        spool.write(&chunk).await?;
+        if let Err(e) = spool.write(&chunk).await {
+            drain(&mut stream).await;
+            return Err(e);
+        }
     }
     spool.finish().await
+}
+
+/// The most bytes of a refused upload read and discarded before the answer.
+const DRAIN_MAX: u64 = 64 << 20;
+/// The longest a refused upload is read before the answer.
+const DRAIN_TIME: std::time::Duration = std::time::Duration::from_secs(10);
+
+/// Reads and discards what is left of a refused request body (at most
+/// [`DRAIN_MAX`] bytes for [`DRAIN_TIME`]), so a client still sending it
+/// reads the error answer instead of a connection reset: an answer sent
+/// over unread bytes closes the connection under a client that is still
+/// writing, and most clients then report a broken pipe, not the 413.
+pub(crate) async fn drain<S, E>(stream: &mut S)
+where
+    S: futures_util::Stream<Item = Result<Bytes, E>> + Unpin,
+{
+    let mut left = DRAIN_MAX;
+    let _ = tokio::time::timeout(DRAIN_TIME, async {
+        while let Some(Ok(chunk)) = stream.next().await {
+            left = left.saturating_sub(chunk.len() as u64);
+            if left == 0 {
+                break;
+            }
+        }
+    })
+    .await;
 }
 
 /// Bytes written to a temporary file in the state directory's `scratch/`
