@@ -1321,8 +1321,13 @@ impl Engine {
         let mut live = self.reachable_objects(referenced, &self.db.snapshots()?, &self.db.session_payloads()?)?;
         // Pipeline artifacts: their chunk lists and content; those still
         // pending too, unless their attempt can no longer commit them.
-        let mut artifacts = self.db.artifacts(None)?;
-        artifacts.extend(self.db.live_pending_artifacts()?);
+        // Pending ones are read first: a completion moves rows from pending
+        // to committed (never back) without the store lock, so one that
+        // lands between the two reads is in the second. Read the other way
+        // round, an artifact committed in between was in neither, and its
+        // chunks went as garbage.
+        let mut artifacts = self.db.live_pending_artifacts()?;
+        artifacts.extend(self.db.artifacts(None)?);
         for a in artifacts {
             let Ok(h) = a.id.parse::<ChunkHash>() else { continue };
             let context = ReadContext::new().owner("artifact", h).path(a.path.clone());
