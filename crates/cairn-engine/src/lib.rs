@@ -39,7 +39,7 @@ use cairn_store::{ChunkStore, StoreBackend, TieredOptions};
 pub use diff::{DiffError, DiffOptions, SnapshotDiff};
 pub use home::Home;
 pub use images::ImageError;
-pub use sandboxes::{CreateOptions, ExecStart, GcReport, OomProbe};
+pub use sandboxes::{CreateOptions, ExecStart, GcReport, OomProbe, SandboxUsage};
 pub use snapshots::{MemoryPhases, SnapshotError, SnapshotManifest};
 pub use state::{ImageRecord, SandboxRecord, SandboxState, SnapshotRecord, StateError, StateLocation};
 

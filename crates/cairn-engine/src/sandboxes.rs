@@ -148,6 +148,21 @@ pub(crate) fn me() -> (i32, u64) {
     (pid, pid_start_time(pid).unwrap_or(0))
 }
 
+/// What a running sandbox uses, at one moment ([`Engine::usage`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct SandboxUsage {
+    /// CPU time, in nanoseconds from an arbitrary start: compare two.
+    pub cpu_ns: u64,
+    /// Memory charged to it, page cache included, in bytes.
+    pub memory: u64,
+    /// The page cache part of `memory`, in bytes.
+    pub cache: u64,
+    /// Bytes its files take (its upper directory, or its own disk's use).
+    pub disk_used: u64,
+    /// The size of the file system they are on (its own disk, or the host's).
+    pub disk_total: u64,
+}
+
 impl Engine {
     pub(crate) fn driver_of(&self, rec: &SandboxRecord) -> Result<&dyn Driver, EngineError> {
         self.driver(&rec.driver)
@@ -546,6 +561,24 @@ impl Engine {
     pub fn list_sandboxes(&mut self) -> Result<Vec<SandboxRecord>, EngineError> {
         let rows = self.db.sandboxes()?;
         Ok(rows.into_iter().map(|r| self.with_oom_kills(r)).collect())
+    }
+
+    /// What a running sandbox uses now: CPU time and memory from its
+    /// cgroups, disk from its upper directory (or its own disk); `None`
+    /// unless it runs.
+    pub fn usage(&self, rec: &SandboxRecord) -> Result<Option<SandboxUsage>, EngineError> {
+        if rec.state != SandboxState::Running {
+            return Ok(None);
+        }
+        let cg = self.driver_of(rec)?.usage(&rec.id);
+        let (disk_used, disk_total) = cairn_sandbox::disk::usage(&self.home.sandbox(&rec.id));
+        Ok(Some(SandboxUsage {
+            cpu_ns: cg.cpu_ns,
+            memory: cg.memory,
+            cache: cg.cache,
+            disk_used,
+            disk_total,
+        }))
     }
 
     /// `rec` with its OOM-kill count read from its cgroup (while it runs).

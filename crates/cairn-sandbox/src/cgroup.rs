@@ -382,6 +382,53 @@ fn enable_v2_controllers(dir: &Path) -> Result<(), CgroupError> {
     Ok(())
 }
 
+/// What a sandbox's processes use, from its cgroups.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Usage {
+    /// CPU time used, in nanoseconds, from an arbitrary start (a cgroup
+    /// reused from the pool counts on): only the difference of two means
+    /// anything.
+    pub cpu_ns: u64,
+    /// Memory charged now, page cache included, in bytes.
+    pub memory: u64,
+    /// The page cache part of `memory`, in bytes.
+    pub cache: u64,
+}
+
+/// `key`'s number in a `key value` per line file (`cpu.stat`, `memory.stat`).
+fn stat_value(text: &str, key: &str) -> Option<u64> {
+    text.lines()
+        .filter_map(|l| l.split_once(' '))
+        .find(|(k, _)| *k == key)
+        .and_then(|(_, v)| v.trim().parse().ok())
+}
+
+/// CPU time of `pids` and of the children each has waited for, in
+/// nanoseconds (`/proc/PID/stat`): a process that ended counts once it was
+/// reaped, which a sandbox's init does for every orphan.
+fn proc_cpu_ns(pids: &[i32]) -> u64 {
+    let hz = nix::unistd::sysconf(nix::unistd::SysconfVar::CLK_TCK)
+        .ok()
+        .flatten()
+        .filter(|t| *t > 0)
+        .unwrap_or(100) as u64;
+    let ticks: u64 = pids
+        .iter()
+        .filter_map(|pid| fs::read_to_string(format!("/proc/{pid}/stat")).ok())
+        .map(|stat| {
+            // Fields after the command name, which may hold anything but
+            // ends at the last ')': state, then utime is the 12th.
+            let rest = stat.rsplit_once(')').map(|(_, r)| r).unwrap_or("");
+            rest.split_whitespace()
+                .skip(11)
+                .take(4)
+                .filter_map(|f| f.parse::<u64>().ok())
+                .sum::<u64>()
+        })
+        .sum();
+    ticks.saturating_mul(1_000_000_000 / hz)
+}
+
 /// One sandbox's cgroups.
 #[derive(Debug, Clone)]
 pub struct Cgroup {
@@ -515,6 +562,36 @@ impl Cgroup {
         }
     }
 
+    /// What the sandbox's processes use now: CPU time, memory and page
+    /// cache. Whatever cannot be read counts as 0.
+    pub fn usage(&self) -> Usage {
+        let read =
+            |controller: &str, file: &str| fs::read_to_string(self.dir(controller).join(file)).unwrap_or_default();
+        let number = |text: String| text.trim().parse::<u64>().ok();
+        match &self.hierarchy {
+            Hierarchy::V2 { .. } => {
+                let memory_stat = read("", "memory.stat");
+                Usage {
+                    cpu_ns: stat_value(&read("", "cpu.stat"), "usage_usec").unwrap_or(0) * 1000,
+                    memory: number(read("", "memory.current")).unwrap_or(0),
+                    cache: stat_value(&memory_stat, "file").unwrap_or(0),
+                }
+            }
+            Hierarchy::V1 { .. } => {
+                let memory_stat = read("memory", "memory.stat");
+                Usage {
+                    // cpuacct is mounted with cpu on most hosts; where it
+                    // is not, the processes' own counts.
+                    cpu_ns: number(read("cpu", "cpuacct.usage")).unwrap_or_else(|| proc_cpu_ns(&self.pids())),
+                    memory: number(read("memory", "memory.usage_in_bytes")).unwrap_or(0),
+                    cache: stat_value(&memory_stat, "total_cache")
+                        .or_else(|| stat_value(&memory_stat, "cache"))
+                        .unwrap_or(0),
+                }
+            }
+        }
+    }
+
     /// How many processes the OOM killer killed in this cgroup.
     pub fn oom_kills(&self) -> u64 {
         let (file, key) = match &self.hierarchy {
@@ -627,6 +704,59 @@ impl Cgroup {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn usage_is_read_from_each_layouts_own_files() {
+        let v2 = tempfile::tempdir().unwrap();
+        let h = Hierarchy::V2 {
+            root: v2.path().to_path_buf(),
+            scope: "s".into(),
+        };
+        let dir = h.parent("").join("box");
+        fs::create_dir_all(&dir).unwrap();
+        fs::write(
+            dir.join("cpu.stat"),
+            "usage_usec 1500\nuser_usec 1000\nsystem_usec 500\n",
+        )
+        .unwrap();
+        fs::write(dir.join("memory.current"), "4096000\n").unwrap();
+        fs::write(dir.join("memory.stat"), "anon 100\nfile 2048000\nfile_mapped 7\n").unwrap();
+        let want = Usage {
+            cpu_ns: 1_500_000,
+            memory: 4_096_000,
+            cache: 2_048_000,
+        };
+        assert_eq!(h.cgroup("box").usage(), want);
+
+        let v1 = tempfile::tempdir().unwrap();
+        let h = Hierarchy::V1 {
+            root: v1.path().to_path_buf(),
+            scope: "s".into(),
+        };
+        for c in V1_CONTROLLERS {
+            fs::create_dir_all(h.parent(c).join("box")).unwrap();
+        }
+        let mem = h.parent("memory").join("box");
+        fs::write(h.parent("cpu").join("box/cpuacct.usage"), "1500000\n").unwrap();
+        fs::write(mem.join("memory.usage_in_bytes"), "4096000\n").unwrap();
+        fs::write(mem.join("memory.stat"), "cache 5\nrss 9\ntotal_cache 2048000\n").unwrap();
+        assert_eq!(h.cgroup("box").usage(), want);
+        // cpuacct mounted apart: the processes' own counts (none here).
+        fs::remove_file(h.parent("cpu").join("box/cpuacct.usage")).unwrap();
+        assert_eq!(h.cgroup("box").usage().cpu_ns, 0);
+        // This process's counts as /proc gives them, children included.
+        let me = std::process::id() as i32;
+        let used = || {
+            let r = nix::sys::resource::getrusage(nix::sys::resource::UsageWho::RUSAGE_SELF).unwrap();
+            let t = |v: nix::sys::time::TimeVal| v.tv_sec() as u64 * 1_000_000_000 + v.tv_usec() as u64 * 1000;
+            t(r.user_time()) + t(r.system_time())
+        };
+        while used() < 50_000_000 {
+            std::hint::black_box(used());
+        }
+        // The kernel counts in clock ticks (10 ms at 100 Hz).
+        assert!(proc_cpu_ns(&[me]) >= 30_000_000, "{}", proc_cpu_ns(&[me]));
+    }
 
     #[test]
     fn detects_v2_when_the_unified_tree_has_the_controllers() {

@@ -138,6 +138,46 @@ pub fn release(dir: &Path) -> Result<(), DiskError> {
     }
 }
 
+/// The most entries of an upper directory [`usage`] counts.
+pub const USAGE_WALK_MAX: usize = 200_000;
+
+/// What the sandbox whose directory is `dir` stores and has room for, in
+/// bytes: with a disk of its own (`--disk`), that file system's use and
+/// size; else the blocks of its upper directory's files (the first
+/// [`USAGE_WALK_MAX`] entries, never following a link) and the size of
+/// the host's file system that holds them.
+pub fn usage(dir: &Path) -> (u64, u64) {
+    let size = |st: &nix::sys::statvfs::Statvfs| st.blocks() * st.fragment_size();
+    let point = dir.join(MOUNT);
+    if dir.join(IMAGE).exists() && is_mounted(dir, &point) {
+        if let Ok(st) = nix::sys::statvfs::statvfs(&point) {
+            let free = st.blocks_free() * st.fragment_size();
+            return (size(&st).saturating_sub(free), size(&st));
+        }
+    }
+    let total = nix::sys::statvfs::statvfs(dir).map(|st| size(&st)).unwrap_or(0);
+    let mut used = 0u64;
+    let mut seen = 0usize;
+    let mut todo = vec![dir.join("upper")];
+    while let Some(d) = todo.pop() {
+        let Ok(entries) = fs::read_dir(&d) else { continue };
+        for entry in entries.flatten() {
+            seen += 1;
+            if seen > USAGE_WALK_MAX {
+                return (used, total);
+            }
+            let Ok(meta) = entry.path().symlink_metadata() else {
+                continue;
+            };
+            used += meta.blocks() * 512;
+            if meta.is_dir() {
+                todo.push(entry.path());
+            }
+        }
+    }
+    (used, total)
+}
+
 /// Whether this host can give sandboxes disks: loop devices that open for
 /// writing, and `mkfs.ext4`; the answer names what is missing.
 pub fn available() -> Result<String, String> {

@@ -147,6 +147,8 @@ pub trait Driver: Send + Sync {
     fn thaw(&self, id: &str) -> Result<(), SandboxError>;
     /// Whether the sandbox is frozen now.
     fn frozen(&self, id: &str) -> bool;
+    /// What the sandbox's processes use now (CPU time, memory).
+    fn usage(&self, id: &str) -> cgroup::Usage;
     /// Processes killed by the OOM killer in this sandbox so far.
     fn oom_kills(&self, id: &str) -> u64;
     /// Sandbox ids that have resources on this host (for garbage collection).

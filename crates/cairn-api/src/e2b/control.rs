@@ -17,7 +17,7 @@ use cairn_sandbox::Limits;
 use serde::Deserialize;
 use serde_json::{json, Value};
 
-use super::{Entry, Gateway, Life, RestError, DEFAULT_TIMEOUT_SECS, ENVD_VERSION, MAX_TIMEOUT_SECS};
+use super::{page, Entry, Gateway, Life, RestError, DEFAULT_TIMEOUT_SECS, ENVD_VERSION, MAX_TIMEOUT_SECS};
 use crate::admission::Admission;
 use crate::app::now_ms;
 use cairn_engine::e2b::E2bSnapshot;
@@ -272,7 +272,24 @@ pub async fn create(
 pub struct ListQuery {
     state: Option<String>,
     metadata: Option<String>,
-    limit: Option<usize>,
+    template: Option<String>,
+    #[serde(rename = "startedAfter")]
+    started_after: Option<String>,
+    order: Option<String>,
+    limit: Option<i64>,
+    #[serde(rename = "nextToken")]
+    next_token: Option<String>,
+}
+
+/// A page of a listing: the items, and `x-next-token` while more remain.
+fn paged(items: Vec<Value>, next: Option<String>) -> Rest<Response> {
+    let mut resp = Json(items).into_response();
+    if let Some(next) = next {
+        let v = axum::http::HeaderValue::from_str(&next)
+            .map_err(|e| RestError::new(StatusCode::INTERNAL_SERVER_ERROR, e.to_string()))?;
+        resp.headers_mut().insert("x-next-token", v);
+    }
+    Ok(resp)
 }
 
 /// Percent-decodes once; `None` on malformed input.
@@ -312,6 +329,26 @@ pub async fn list(
         .as_deref()
         .map(|s| s.split(',').map(str::to_string).collect())
         .unwrap_or_default();
+    if let Some(bad) = states.iter().find(|s| *s != "running" && *s != "paused") {
+        return Err(RestError::bad_request(format!(
+            "state must be \"running\" or \"paused\" (comma-separated), not {bad:?}"
+        )));
+    }
+    let started_after = match q.started_after.as_deref() {
+        None => None,
+        Some(t) => Some(
+            chrono::DateTime::parse_from_rfc3339(t)
+                .map_err(|e| {
+                    RestError::bad_request(format!(
+                        "startedAfter must be an RFC 3339 time like 2026-01-02T03:04:05Z, not {t:?}: {e}"
+                    ))
+                })?
+                .timestamp_millis(),
+        ),
+    };
+    let order = page::Order::parse(q.order.as_deref())?;
+    let limit = page::limit(q.limit)?;
+    let after = page::Cursor::parse(q.next_token.as_deref())?;
     let mut wanted = Vec::new();
     if let Some(m) = &q.metadata {
         for pair in m.split('&').filter(|p| !p.is_empty()) {
@@ -324,18 +361,19 @@ pub async fn list(
             }
         }
     }
-    let items: Vec<Value> = gw
+    let found: Vec<Entry> = gw
         .entries()
-        .iter()
+        .into_iter()
         .filter(|e| {
             let st = if e.running().is_some() { "running" } else { "paused" };
             states.is_empty() || states.iter().any(|s| s == st)
         })
         .filter(|e| wanted.iter().all(|(k, v)| e.metadata.get(k) == Some(v)))
-        .take(q.limit.unwrap_or(usize::MAX).min(10_000))
-        .map(listed_json)
+        .filter(|e| q.template.as_ref().is_none_or(|t| &e.template == t))
+        .filter(|e| started_after.is_none_or(|t| e.started_at >= t))
         .collect();
-    Ok(Json(items).into_response())
+    let (found, next) = page::page(found, |e| (e.started_at, e.id.as_str()), order, limit, after.as_ref());
+    paged(found.iter().map(listed_json).collect(), next)
 }
 
 fn known(gw: &Gateway, id: &str) -> Rest<Entry> {
@@ -663,7 +701,9 @@ pub struct SnapshotQuery {
     #[serde(rename = "sandboxID")]
     sandbox_id: Option<String>,
     name: Option<String>,
-    limit: Option<usize>,
+    limit: Option<i64>,
+    #[serde(rename = "nextToken")]
+    next_token: Option<String>,
 }
 
 /// `GET /snapshots`: the snapshots made through `create_snapshot`.
@@ -672,15 +712,28 @@ pub async fn snapshots(
     q: Result<Query<SnapshotQuery>, axum::extract::rejection::QueryRejection>,
 ) -> Rest<Response> {
     let Query(q) = q.map_err(|e| RestError::bad_request(e.body_text()))?;
+    let limit = page::limit(q.limit)?;
+    let after = page::Cursor::parse(q.next_token.as_deref())?;
     let all = gw.app.engine(|en| Ok(en.e2b_snapshots()?)).await?;
-    let items: Vec<Value> = all
-        .iter()
+    let found: Vec<E2bSnapshot> = all
+        .into_iter()
         .filter(|s| q.sandbox_id.as_ref().is_none_or(|id| &s.e2b_id == id))
         .filter(|s| q.name.as_ref().is_none_or(|n| &s.name == n))
-        .take(q.limit.unwrap_or(usize::MAX))
-        .map(|s| json!({ "snapshotID": s.id, "names": [s.name] }))
         .collect();
-    Ok(Json(items).into_response())
+    let (found, next) = page::page(
+        found,
+        |s| (s.created_at, s.id.as_str()),
+        page::Order::Desc,
+        limit,
+        after.as_ref(),
+    );
+    paged(
+        found
+            .iter()
+            .map(|s| json!({ "snapshotID": s.id, "names": [s.name] }))
+            .collect(),
+        next,
+    )
 }
 
 /// `DELETE /templates/{id}`: deletes a snapshot made through

@@ -19,6 +19,7 @@ use serde_json::{json, Value};
 
 use super::envd::{home_of, resolve, sandbox_of, Denied};
 use super::form::Form;
+use super::gzip;
 use super::{Gateway, RestError};
 use crate::app::now_ms;
 use crate::error::ApiError;
@@ -58,10 +59,23 @@ async fn read_file(gw: Arc<Gateway>, headers: &HeaderMap, q: &HashMap<String, St
         .get("path")
         .ok_or_else(|| RestError::bad_request("give the file as ?path=..."))?;
     let path = resolve(raw, home(q)).map_err(RestError::bad_request)?;
-    let (meta, mut resp) = streamed_file(&gw.app, sandbox, path).await?;
-    resp.headers_mut()
-        .insert(header::CONTENT_LENGTH, HeaderValue::from(meta.size));
-    Ok(resp)
+    let (meta, resp) = streamed_file(&gw.app, sandbox, path).await?;
+    let accept = headers.get(header::ACCEPT_ENCODING).and_then(|v| v.to_str().ok());
+    if !gzip::asks_for_gzip(accept) {
+        let mut resp = resp;
+        resp.headers_mut()
+            .insert(header::CONTENT_LENGTH, HeaderValue::from(meta.size));
+        return Ok(resp);
+    }
+    let (mut parts, body) = resp.into_parts();
+    parts
+        .headers
+        .insert(header::CONTENT_ENCODING, HeaderValue::from_static("gzip"));
+    parts
+        .headers
+        .insert(header::VARY, HeaderValue::from_static("accept-encoding"));
+    let deflated = gzip::Deflated::new(body.into_data_stream());
+    Ok(Response::from_parts(parts, Body::from_stream(deflated)))
 }
 
 /// `POST /files`: `[{"name","type":"file","path"}]`, one per file written.
@@ -87,15 +101,17 @@ struct Spooled {
 
 async fn write_files(gw: Arc<Gateway>, headers: &HeaderMap, q: &HashMap<String, String>, body: Body) -> Files<Value> {
     let (_, sandbox) = sandbox_of(&gw, headers).await.map_err(denied)?;
-    if headers
-        .get(header::CONTENT_ENCODING)
-        .and_then(|v| v.to_str().ok())
-        .is_some_and(|v| !v.eq_ignore_ascii_case("identity"))
-    {
-        return Err(RestError::bad_request(
-            "compressed uploads are not supported by Cairn's E2B gateway; write without gzip=True",
-        ));
-    }
+    let compressed = match headers.get(header::CONTENT_ENCODING).map(|v| v.to_str()) {
+        None => false,
+        Some(Ok(v)) if v.trim().eq_ignore_ascii_case("identity") => false,
+        Some(Ok(v)) if v.trim().eq_ignore_ascii_case("gzip") => true,
+        Some(v) => {
+            return Err(RestError::bad_request(format!(
+                "Content-Encoding {:?} is not supported: send the upload as it is or gzip-compressed",
+                v.unwrap_or("?")
+            )))
+        }
+    };
     let ct = headers
         .get(header::CONTENT_TYPE)
         .and_then(|v| v.to_str().ok())
@@ -113,7 +129,7 @@ async fn write_files(gw: Arc<Gateway>, headers: &HeaderMap, q: &HashMap<String, 
             .map(|b| b.trim_matches('"'))
             .filter(|b| !b.is_empty() && b.len() <= 200)
             .ok_or_else(|| RestError::bad_request("multipart/form-data without a boundary"))?;
-        let mut form = Form::new(body.into_data_stream(), boundary);
+        let mut form = Form::new(gzip::Inflated::new(body.into_data_stream(), compressed), boundary);
         let read: Files<()> = async {
             while let Some(filename) = form.next_part().await.map_err(RestError::bad_request)? {
                 if files.len() == MAX_PARTS {
@@ -141,7 +157,7 @@ async fn write_files(gw: Arc<Gateway>, headers: &HeaderMap, q: &HashMap<String, 
         }
         .await;
         if let Err(e) = read {
-            drain(form.body_mut()).await;
+            drain(form.body_mut().raw_mut()).await;
             return Err(e);
         }
     } else {
@@ -149,12 +165,15 @@ async fn write_files(gw: Arc<Gateway>, headers: &HeaderMap, q: &HashMap<String, 
             .get("path")
             .ok_or_else(|| RestError::bad_request("give the destination as ?path=..."))?;
         let path = resolve(p, home).map_err(RestError::bad_request)?;
-        let mut stream = body.into_data_stream();
+        let mut stream = gzip::Inflated::new(body.into_data_stream(), compressed);
         while let Some(chunk) = stream.next().await {
-            let chunk = chunk.map_err(|e| RestError::bad_request(format!("the upload was cut short: {e}")))?;
-            if let Err(e) = spool.write(&chunk).await {
-                drain(&mut stream).await;
-                return Err(e.into());
+            let written = match chunk {
+                Ok(chunk) => spool.write(&chunk).await.map_err(RestError::from),
+                Err(why) => Err(RestError::bad_request(why)),
+            };
+            if let Err(e) = written {
+                drain(stream.raw_mut()).await;
+                return Err(e);
             }
         }
         files.push(Spooled {

@@ -154,7 +154,8 @@ where
     async fn fill(&mut self) -> Result<(), String> {
         match self.body.next().await {
             Some(Ok(bytes)) => self.buf.extend_from_slice(&bytes),
-            Some(Err(e)) => return Err(format!("the upload was cut short: {e}")),
+            // The body's own error says what went wrong (cut, bad gzip).
+            Some(Err(e)) => return Err(e.to_string()),
             None => self.eof = true,
         }
         Ok(())

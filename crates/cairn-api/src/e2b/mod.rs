@@ -18,7 +18,10 @@ mod drivers;
 mod envd;
 mod files;
 mod form;
+mod gzip;
 mod jobs;
+mod metrics;
+mod page;
 mod ports;
 mod rpc;
 mod watch;
@@ -100,6 +103,8 @@ pub struct Gateway {
     held: Mutex<HashSet<String>>,
     /// Directory watchers (envd's `CreateWatcher`).
     watchers: watch::Watchers,
+    /// Each running sandbox's CPU, memory and disk over the last hour.
+    metrics: metrics::Metrics,
 }
 
 /// Keeps the followers of a sandbox's jobs off while it lives
@@ -442,13 +447,17 @@ pub fn router(app: Arc<App>, drivers: Drivers) -> Router {
         held: Mutex::new(HashSet::new()),
         watchers: watch::Watchers::default(),
         live_tokens: tokio::sync::watch::Sender::new(None),
+        metrics: metrics::Metrics::default(),
     });
     control::spawn_reaper(Arc::clone(&gw));
     spawn_token_watch(Arc::clone(&gw));
+    metrics::spawn_sampler(Arc::clone(&gw));
     let api = Router::new()
         .route("/v2/sandboxes", post(control::create).get(control::list))
         .route("/sandboxes", get(control::list))
         .route("/sandboxes/{id}", get(control::info).delete(control::kill))
+        .route("/sandboxes/metrics", get(metrics::many))
+        .route("/sandboxes/{id}/metrics", get(metrics::sandbox))
         .route("/sandboxes/{id}/timeout", post(control::set_timeout))
         .route("/sandboxes/{id}/pause", post(control::pause))
         .route("/v2/sandboxes/{id}/connect", post(control::connect))

@@ -759,6 +759,10 @@ impl Driver for GvisorDriver {
         self.teardown(id)
     }
 
+    fn usage(&self, id: &str) -> crate::cgroup::Usage {
+        self.cgroups.cgroup(id).usage()
+    }
+
     fn oom_kills(&self, id: &str) -> u64 {
         self.cgroups.cgroup(id).oom_kills()
     }

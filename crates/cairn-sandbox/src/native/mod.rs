@@ -723,6 +723,10 @@ impl Driver for NativeDriver {
         self.cgroups.cgroup(id).is_frozen()
     }
 
+    fn usage(&self, id: &str) -> crate::cgroup::Usage {
+        self.cgroups.cgroup(id).usage()
+    }
+
     fn oom_kills(&self, id: &str) -> u64 {
         self.cgroups.cgroup(id).oom_kills()
     }
