@@ -3,6 +3,7 @@ SDK (sync and async) against `cairn serve --e2b` (conftest.py)."""
 
 import asyncio
 import gzip
+import hashlib
 import io
 import os
 import time
@@ -167,8 +168,8 @@ def test_gzip_uploads_and_downloads(cairn_e2b):
         s.files.write("/home/user/z/text.txt", text, gzip=True)
         assert s.files.read("/home/user/z/text.txt", format="bytes") == text
         assert s.files.read("/home/user/z/text.txt", format="bytes", gzip=True) == text
-        assert s.commands.run("md5sum /home/user/z/text.txt").stdout.split()[0] == __import__("hashlib").md5(
-            text).hexdigest()
+        md5 = s.commands.run("md5sum /home/user/z/text.txt").stdout.split()[0]
+        assert md5 == hashlib.md5(text).hexdigest()
         s.files.write("/home/user/z/stream.bin", io.BytesIO(b"streamed " * 1000), gzip=True)
         assert s.files.read("/home/user/z/stream.bin", format="bytes") == b"streamed " * 1000
         written = s.files.write_files(

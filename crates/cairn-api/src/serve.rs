@@ -23,6 +23,9 @@ pub struct ServeOptions {
     pub e2b: Option<SocketAddr>,
     /// Which driver runs each E2B template's sandboxes.
     pub e2b_drivers: crate::e2b::Drivers,
+    /// Whether the E2B gateway's native sandboxes get a route out
+    /// (`--e2b-network egress`).
+    pub e2b_egress: bool,
     pub settings: Settings,
     /// Timeouts and connection caps of every listener.
     pub limits: Limits,
@@ -108,7 +111,7 @@ pub async fn serve(home: Home, opts: ServeOptions) -> Result<(), ServeError> {
                  (apt-get install runsc, or set CAIRN_RUNSC): creating those E2B sandboxes will fail"
             );
         }
-        let e2b = crate::e2b::router(Arc::clone(&app), opts.e2b_drivers.clone());
+        let e2b = crate::e2b::router(Arc::clone(&app), opts.e2b_drivers.clone(), opts.e2b_egress);
         let e2b = guard_hosts(e2b, addr, &opts.allowed_hosts);
         start(Listener::Tcp(tcp), tcp_admission("e2b"), e2b);
         eprintln!("cairn: serving the E2B API on http://{shown} (E2B_API_KEY: `cairn token create NAME`)");

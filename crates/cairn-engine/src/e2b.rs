@@ -36,6 +36,19 @@ pub struct E2bSandbox {
     /// honoured only while that token exists. `None` for sandboxes
     /// recorded before grants were.
     pub grant: Option<String>,
+    /// The egress it was given, in E2B's terms; `None`: loopback only.
+    pub network: Option<E2bNetwork>,
+}
+
+/// An E2B sandbox's network rules as the SDK gave them: addresses,
+/// networks (CIDR) and names let out, and addresses and networks refused
+/// (`0.0.0.0/0`: all traffic). The allows win over the denies.
+#[derive(Debug, Clone, Default, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+pub struct E2bNetwork {
+    #[serde(default)]
+    pub allow_out: Vec<String>,
+    #[serde(default)]
+    pub deny_out: Vec<String>,
 }
 
 impl E2bSandbox {
@@ -59,7 +72,7 @@ pub struct E2bSnapshot {
 }
 
 const COLUMNS: &str =
-    "id, template, sandbox_id, snapshot_id, started_at, end_at, auto_pause, cpu_count, memory_mb, grant_token";
+    "id, template, sandbox_id, snapshot_id, started_at, end_at, auto_pause, cpu_count, memory_mb, grant_token, network";
 
 fn sandbox_row(r: &Row) -> Result<E2bSandbox, StateError> {
     let sandbox: Option<String> = r.get(2)?;
@@ -85,6 +98,13 @@ fn sandbox_row(r: &Row) -> Result<E2bSandbox, StateError> {
         metadata: BTreeMap::new(),
         env: BTreeMap::new(),
         grant: r.get(9)?,
+        network: match r.get::<Option<String>>(10)? {
+            None => None,
+            Some(text) => Some(
+                serde_json::from_str(&text)
+                    .map_err(|e| StateError::Damaged(format!("an E2B sandbox's network is unreadable: {e}")))?,
+            ),
+        },
     })
 }
 
@@ -100,7 +120,7 @@ impl Db {
             b.execute("DELETE FROM e2b_sandbox_vars WHERE id = $1", params![&s.id])?;
             b.execute("DELETE FROM e2b_sandboxes WHERE id = $1", params![&s.id])?;
             b.execute(
-                &format!("INSERT INTO e2b_sandboxes ({COLUMNS}) VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10)"),
+                &format!("INSERT INTO e2b_sandboxes ({COLUMNS}) VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11)"),
                 params![
                     &s.id,
                     &s.template,
@@ -111,7 +131,10 @@ impl Db {
                     s.auto_pause,
                     s.cpu_count,
                     s.memory_mb,
-                    &s.grant
+                    &s.grant,
+                    s.network
+                        .as_ref()
+                        .map(|n| serde_json::to_string(n).expect("a network serialises"))
                 ],
             )?;
             for (kind, vars) in [("metadata", &s.metadata), ("env", &s.env)] {

@@ -132,6 +132,46 @@ impl Engine {
         Ok(())
     }
 
+    /// Replaces a running sandbox's allows and denies with `policy`'s, live
+    /// (one nftables transaction; its published ports stay), and records
+    /// them on its row, so forks and snapshots taken later carry them.
+    pub fn update_network(&mut self, rec: &SandboxRecord, policy: &NetPolicy) -> Result<SandboxRecord, EngineError> {
+        let invalid = |m: String| EngineError::Network(NetError::Invalid(m));
+        if rec.state != crate::state::SandboxState::Running {
+            return Err(EngineError::NotRunning {
+                id: rec.id.clone(),
+                state: rec.state,
+                reason: rec.ended_reason.clone(),
+            });
+        }
+        let Some(net) = rec.network.as_ref() else {
+            return Err(invalid(format!(
+                "sandbox {} was created without a network (loopback only), and one cannot be added while it runs;                  create it with --network egress",
+                rec.id
+            )));
+        };
+        let Some(held) = net.held.clone() else {
+            return Err(invalid(format!("sandbox {} holds no address", rec.id)));
+        };
+        let policy = NetPolicy {
+            egress: true,
+            publish: net.policy.publish.clone(),
+            ..policy.clone()
+        };
+        let resolved =
+            self.host_net()?
+                .update(held.slot, &self.home.sandbox(&rec.id), &policy, &rec.name, held.address)?;
+        let changed = SandboxNetwork {
+            policy,
+            held: Some(Held { resolved, ..held }),
+        };
+        self.db.set_network(&rec.id, Some(&changed))?;
+        Ok(SandboxRecord {
+            network: Some(changed),
+            ..rec.clone()
+        })
+    }
+
     /// `cairn gc`: every slot on this host whose owner died.
     pub(crate) fn release_dead_networks(&self) -> Result<Vec<String>, EngineError> {
         if !std::path::Path::new("/run/cairn/net").exists() {

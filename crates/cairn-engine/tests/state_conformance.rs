@@ -1403,6 +1403,10 @@ fn e2b_sandbox(id: &str, life: E2bLife) -> E2bSandbox {
         metadata: [("owner".to_string(), "ci".to_string())].into(),
         env: [("A".to_string(), "1".to_string()), ("B".to_string(), "x=y".to_string())].into(),
         grant: (id != "e2").then(|| format!("token-of-{id}")),
+        network: (id == "e1").then(|| cairn_engine::e2b::E2bNetwork {
+            allow_out: vec!["pypi.org".into(), "10.0.0.0/8".into()],
+            deny_out: vec!["0.0.0.0/0".into()],
+        }),
     }
 }
 

@@ -442,6 +442,14 @@ pub enum Command {
         #[arg(long = "e2b-driver", value_name = "[TEMPLATE=]DRIVER", requires = "e2b",
               value_parser = cairn_api::e2b::parse_driver_choice)]
         e2b_driver: Vec<cairn_api::e2b::DriverChoice>,
+        /// The network of E2B sandboxes on native templates: none (the
+        /// default: loopback only, whatever the SDK asks) or egress (a route
+        /// out as `--network egress` gives, E2B's allow_out/deny_out rules
+        /// and update_network honoured; needs root and nftables: `cairn
+        /// doctor`). gVisor templates have no network either way.
+        #[arg(long = "e2b-network", value_name = "MODE", default_value = "none", requires = "e2b",
+              value_parser = ["none", "egress"])]
+        e2b_network: String,
         /// The largest file upload accepted (413 above it), e.g. 512M, 4G.
         #[arg(long, default_value = "1G", value_name = "SIZE", value_parser = parse_bytes)]
         max_upload: u64,

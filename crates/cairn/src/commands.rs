@@ -85,6 +85,7 @@ pub fn dispatch(cli: Cli) -> Result<i32> {
         listen,
         e2b,
         e2b_driver,
+        e2b_network,
         max_upload,
         init_threads,
         max_sandboxes,
@@ -110,6 +111,7 @@ pub fn dispatch(cli: Cli) -> Result<i32> {
             listen,
             e2b,
             e2b_drivers: cairn_api::e2b::Drivers::new(e2b_driver),
+            e2b_egress: e2b_network == "egress",
             settings: cairn_api::Settings {
                 max_upload,
                 init_threads: init_threads.into(),

@@ -17,7 +17,7 @@ use cairn_sandbox::Limits;
 use serde::Deserialize;
 use serde_json::{json, Value};
 
-use super::{page, Entry, Gateway, Life, RestError, DEFAULT_TIMEOUT_SECS, ENVD_VERSION, MAX_TIMEOUT_SECS};
+use super::{network, page, Entry, Gateway, Life, RestError, DEFAULT_TIMEOUT_SECS, ENVD_VERSION, MAX_TIMEOUT_SECS};
 use crate::admission::Admission;
 use crate::app::now_ms;
 use cairn_engine::e2b::E2bSnapshot;
@@ -141,6 +141,11 @@ pub struct NewSandbox {
     volume_mounts: Option<Vec<Value>>,
     #[serde(default)]
     mcp: Option<Value>,
+    /// Sent by the SDK as written (not camelCase).
+    #[serde(default, rename = "allow_internet_access")]
+    allow_internet_access: Option<bool>,
+    #[serde(default)]
+    network: Option<network::NetworkBody>,
 }
 
 /// The record of a new E2B sandbox, named by its first Cairn sandbox.
@@ -159,6 +164,7 @@ fn entry_for(rec: &SandboxRecord, template: String, life_ms: i64, key: &ApiKey) 
         cpu_count: (rec.cpu_millis / 1000).max(1),
         memory_mb: rec.memory_bytes >> 20,
         grant: Some(key.0.clone()),
+        network: None,
     }
 }
 
@@ -197,6 +203,26 @@ pub async fn create(
     let life = timeout_ms(req.timeout)?;
     let template = req.template_id.clone();
     let driver = gw.drivers.of(&template);
+    // A snapshot template is restored on the driver it was taken on.
+    let snapshot_driver = {
+        let t = template.clone();
+        gw.app
+            .engine(move |e| {
+                Ok(if t == "base" || e.image(&t).is_ok() {
+                    None
+                } else {
+                    e.snapshot_record(&t).ok().map(|s| s.driver)
+                })
+            })
+            .await?
+    };
+    let net = network::requested(
+        &gw,
+        snapshot_driver.as_deref().unwrap_or(driver),
+        req.allow_internet_access,
+        req.network,
+    )?;
+    let policy = net.as_ref().map(network::policy).transpose()?;
     // Past the server's capacity the create waits its turn; its deadline
     // passing is E2B's 429.
     let ticket = Admission::admit_request(&gw.app, &key.0, &headers, 1, &Limits::default()).await?;
@@ -206,6 +232,7 @@ pub async fn create(
             let on_driver = |image: Option<String>| CreateOptions {
                 image,
                 driver: Some(driver.to_string()),
+                network: policy.clone(),
                 ..CreateOptions::default()
             };
             // A 500, not the API's 503: the SDK words a 503 as "retry",
@@ -234,7 +261,13 @@ pub async fn create(
                 created(e.create_sandbox(&opts, &Silent))?
             } else {
                 match e.snapshot_record(&template) {
-                    Ok(snap) => e.restore(&snap, &CreateOptions::default())?,
+                    Ok(snap) => e.restore(
+                        &snap,
+                        &CreateOptions {
+                            network: policy.clone(),
+                            ..CreateOptions::default()
+                        },
+                    )?,
                     Err(_) => {
                         return Err(crate::error::ApiError::not_found(format!(
                             "template {template:?} not found: use base, a Cairn image name or a snapshot id"
@@ -262,6 +295,7 @@ pub async fn create(
     entry.metadata = metadata;
     entry.env = env;
     entry.auto_pause = req.auto_pause.unwrap_or(false);
+    entry.network = net;
     let out = sandbox_json(&gw, &entry);
     gw.put(entry).await?;
     gw.app.emit("sandbox.created", &rec.id, "through the E2B API");
@@ -417,6 +451,9 @@ pub async fn info(State(gw): G, Path(id): Path<String>) -> Rest<Response> {
     let mut v = listed_json(&e);
     v["envdAccessToken"] = json!(gw.token(&e));
     v["trafficAccessToken"] = json!(gw.traffic_token(&e));
+    if let Some(n) = network::json(&e.network) {
+        v["network"] = n;
+    }
     v["domain"] = Value::Null;
     Ok(Json(v).into_response())
 }
@@ -601,13 +638,20 @@ pub async fn connect(
             let e = known(&gw, &id)?;
             if let Life::Paused { .. } = e.life {
                 let snapshot = snapshot.clone();
+                let policy = e.network.as_ref().map(network::policy).transpose()?;
                 // A resume makes a sandbox: it waits its turn as a create does.
                 let ticket = Admission::admit_request(&gw.app, &key.0, &headers, 1, &Limits::default()).await?;
                 let rec = gw
                     .app
                     .engine(move |en| {
                         let snap = en.snapshot_record(&snapshot)?;
-                        let rec = en.restore(&snap, &CreateOptions::default())?;
+                        let rec = en.restore(
+                            &snap,
+                            &CreateOptions {
+                                network: policy,
+                                ..CreateOptions::default()
+                            },
+                        )?;
                         // After a files-only pause the server starts again;
                         // after a memory one it answers at once. Either way
                         // the first run_code finds it listening. A server
@@ -809,6 +853,8 @@ pub async fn fork(
         e.metadata = parent.metadata.clone();
         e.env = parent.env.clone();
         e.auto_pause = parent.auto_pause;
+        // The engine's fork keeps the parent's network and rules.
+        e.network = parent.network.clone();
         out.push(json!({ "sandbox": sandbox_json(&gw, &e) }));
         entries.push(e);
         gw.app.emit("sandbox.created", &rec.id, format!("E2B fork of {id}"));

@@ -21,6 +21,7 @@ mod form;
 mod gzip;
 mod jobs;
 mod metrics;
+mod network;
 mod page;
 mod ports;
 mod rpc;
@@ -105,6 +106,8 @@ pub struct Gateway {
     watchers: watch::Watchers,
     /// Each running sandbox's CPU, memory and disk over the last hour.
     metrics: metrics::Metrics,
+    /// Whether native sandboxes get a route out (`--e2b-network egress`).
+    egress: bool,
 }
 
 /// Keeps the followers of a sandbox's jobs off while it lives
@@ -418,8 +421,9 @@ fn spawn_token_watch(gw: Arc<Gateway>) {
 }
 
 /// Every route the E2B SDK calls: the control plane and envd; `drivers`
-/// says which driver runs each template's sandboxes.
-pub fn router(app: Arc<App>, drivers: Drivers) -> Router {
+/// says which driver runs each template's sandboxes, `egress` whether
+/// native ones get a route out (`--e2b-network`).
+pub fn router(app: Arc<App>, drivers: Drivers, egress: bool) -> Router {
     let book: BTreeMap<String, Entry> = match app.take_engine().and_then(|e| {
         let all = e.e2b_sandboxes().map_err(ApiError::from);
         app.give_back(e);
@@ -448,6 +452,7 @@ pub fn router(app: Arc<App>, drivers: Drivers) -> Router {
         watchers: watch::Watchers::default(),
         live_tokens: tokio::sync::watch::Sender::new(None),
         metrics: metrics::Metrics::default(),
+        egress,
     });
     control::spawn_reaper(Arc::clone(&gw));
     spawn_token_watch(Arc::clone(&gw));
@@ -459,6 +464,7 @@ pub fn router(app: Arc<App>, drivers: Drivers) -> Router {
         .route("/sandboxes/metrics", get(metrics::many))
         .route("/sandboxes/{id}/metrics", get(metrics::sandbox))
         .route("/sandboxes/{id}/timeout", post(control::set_timeout))
+        .route("/sandboxes/{id}/network", axum::routing::put(network::update))
         .route("/sandboxes/{id}/pause", post(control::pause))
         .route("/v2/sandboxes/{id}/connect", post(control::connect))
         .route("/sandboxes/{id}/snapshots", post(control::create_snapshot))

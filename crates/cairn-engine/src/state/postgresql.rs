@@ -37,6 +37,7 @@ const MIGRATIONS: &[&str] = &[
     include_str!("../../migrations/postgres/0013_sandbox_disk.sql"),
     include_str!("../../migrations/postgres/0014_sandbox_claims.sql"),
     include_str!("../../migrations/postgres/0015_pending_artifacts.sql"),
+    include_str!("../../migrations/postgres/0016_e2b_network.sql"),
 ];
 
 /// Serialises migrations (and the home claim) between processes opening

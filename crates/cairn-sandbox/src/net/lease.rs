@@ -122,7 +122,10 @@ impl HostNet {
             prefix_len: 30,
             mac: random_mac(),
             resolv_conf: sandbox_dir.join("net").join("resolv.conf"),
-            hosts: policy.restricted().then(|| sandbox_dir.join("net").join("hosts")),
+            // Pinned for every sandbox with a route out, so that a name
+            // allowed later ([`HostNet::update`]) resolves as one allowed
+            // at the start does.
+            hosts: Some(sandbox_dir.join("net").join("hosts")),
         };
         let elements = elements(&plan, policy, &resolved);
         let (pid, start) = me();
@@ -217,6 +220,86 @@ impl HostNet {
         record.owner_start = start;
         record.holder = holder;
         self.write_record(lease.slot, &record)
+    }
+
+    /// Replaces the allows and denies of the running sandbox in
+    /// `sandbox_dir` that holds `slot` with `policy`'s (its published
+    /// ports stay): one nftables transaction, so no packet sees half of
+    /// either; names are resolved first and pinned in its `/etc/hosts`.
+    /// Answers what each allowed name resolved to.
+    pub fn update(
+        &self,
+        slot: u32,
+        sandbox_dir: &Path,
+        policy: &NetPolicy,
+        hostname: &str,
+        address: Ipv4Addr,
+    ) -> Result<Vec<(String, Vec<Ipv4Addr>)>, NetError> {
+        policy.check()?;
+        let resolved = resolve_allowed(&policy.allow)?;
+        let _lock = self.lock()?;
+        let mut record = match self.read_record(slot) {
+            Some(r) if r.sandbox_dir == sandbox_dir => r,
+            _ => return Err(NetError::host("change a sandbox's network", "its slot record is gone")),
+        };
+        let ifname = format!("cn-{slot}");
+        let kept = |e: &Element| matches!(e.set.as_str(), "sandboxes" | "publish" | "publish_at");
+        let plan = NetPlan {
+            ifname,
+            gateway: Ipv4Addr::from(u32::from(address) - 1),
+            address,
+            prefix_len: 30,
+            mac: [0; 6],
+            resolv_conf: sandbox_dir.join("net").join("resolv.conf"),
+            hosts: Some(sandbox_dir.join("net").join("hosts")),
+        };
+        let wanted: Vec<Element> = record
+            .elements
+            .iter()
+            .filter(|e| kept(e))
+            .cloned()
+            .chain(
+                elements(
+                    &plan,
+                    &NetPolicy {
+                        publish: Vec::new(),
+                        ..policy.clone()
+                    },
+                    &resolved,
+                )
+                .into_iter()
+                .filter(|e| !kept(e)),
+            )
+            .collect();
+        let gone: Vec<&Element> = record.elements.iter().filter(|e| !wanted.contains(e)).collect();
+        let new: Vec<&Element> = wanted.iter().filter(|e| !record.elements.contains(e)).collect();
+        // Names pinned before their addresses are let through; a failed
+        // change leaves the pins of the wider set, which nothing uses.
+        if sandbox_dir.join("net").join("hosts").exists() {
+            write_hosts(&plan, hostname, &resolved)?;
+        }
+        let script: String = gone
+            .iter()
+            .map(|e| e.line("delete"))
+            .chain(new.iter().map(|e| e.line("add")))
+            .collect();
+        if !script.is_empty() {
+            // Recorded first as old and new together: a process killed
+            // before the final record leaves none of either behind when
+            // the slot is released (deleting a missing element is skipped).
+            let mut both = record.elements.clone();
+            both.extend(new.iter().map(|e| (*e).clone()));
+            let old = std::mem::replace(&mut record.elements, both);
+            self.write_record(slot, &record)?;
+            if let Err(e) = nft::apply(&script) {
+                record.elements = old;
+                self.write_record(slot, &record)?;
+                return Err(e);
+            }
+        }
+        record.elements = wanted;
+        self.write_record(slot, &record)?;
+        Ok(resolved)
     }
 
     /// Frees the slot if it is this sandbox's: its elements, its
@@ -491,6 +574,9 @@ fn elements(plan: &NetPlan, policy: &NetPolicy, resolved: &[(String, Vec<Ipv4Add
             }
         }
     }
+    for d in policy.deny.iter().filter(|d| !d.all()) {
+        out.push(Element::new("deny_net", format!("{name} . {d}")));
+    }
     for p in &policy.publish {
         out.push(match p.addr {
             None => Element::new("publish", format!("{} : {} . {}", p.host_port, plan.address, p.port)),
@@ -510,31 +596,40 @@ fn elements(plan: &NetPlan, policy: &NetPolicy, resolved: &[(String, Vec<Ipv4Add
 fn write_resolver_files(lease: &Lease, hostname: &str) -> Result<(), NetError> {
     let dir = lease.plan.resolv_conf.parent().expect("under the sandbox directory");
     fs::create_dir_all(dir).map_err(|e| NetError::host(format!("create {}", dir.display()), e))?;
-    let write = |path: &Path, text: String| {
-        use std::os::unix::fs::PermissionsExt;
-        // Read inside the sandbox by its users, whatever this umask.
-        let mut f = fs::File::create(path).map_err(|e| NetError::host(format!("write {}", path.display()), e))?;
-        f.write_all(text.as_bytes())
-            .and_then(|()| f.set_permissions(fs::Permissions::from_mode(0o644)))
-            .map_err(|e| NetError::host(format!("write {}", path.display()), e))
-    };
-    write(
+    write_file(
         &lease.plan.resolv_conf,
         format!("nameserver {}\noptions timeout:2 attempts:2\n", lease.plan.gateway),
     )?;
-    if let Some(hosts) = &lease.plan.hosts {
-        let mut text = format!(
-            "127.0.0.1\tlocalhost\n::1\tlocalhost ip6-localhost ip6-loopback\n{}\t{hostname}\n",
-            lease.plan.address
-        );
-        for (name, addrs) in &lease.resolved {
-            for a in addrs {
-                text.push_str(&format!("{a}\t{name}\n"));
-            }
+    write_hosts(&lease.plan, hostname, &lease.resolved)
+}
+
+/// The sandbox's `hosts`: itself, and each allowed name pinned to the
+/// addresses Cairn resolved. Written in place (the sandbox's `/etc/hosts`
+/// is bound to this file, so it sees the change).
+fn write_hosts(plan: &NetPlan, hostname: &str, resolved: &[(String, Vec<Ipv4Addr>)]) -> Result<(), NetError> {
+    let Some(hosts) = &plan.hosts else {
+        return Ok(());
+    };
+    let mut text = format!(
+        "127.0.0.1\tlocalhost\n::1\tlocalhost ip6-localhost ip6-loopback\n{}\t{hostname}\n",
+        plan.address
+    );
+    for (name, addrs) in resolved {
+        for a in addrs {
+            text.push_str(&format!("{a}\t{name}\n"));
         }
-        write(hosts, text)?;
     }
-    Ok(())
+    write_file(hosts, text)
+}
+
+/// Writes `text` over `path` in place (same inode), readable inside the
+/// sandbox by its users whatever this umask.
+fn write_file(path: &Path, text: String) -> Result<(), NetError> {
+    use std::os::unix::fs::PermissionsExt;
+    let mut f = fs::File::create(path).map_err(|e| NetError::host(format!("write {}", path.display()), e))?;
+    f.write_all(text.as_bytes())
+        .and_then(|()| f.set_permissions(fs::Permissions::from_mode(0o644)))
+        .map_err(|e| NetError::host(format!("write {}", path.display()), e))
 }
 
 #[cfg(test)]

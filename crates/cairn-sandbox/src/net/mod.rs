@@ -21,7 +21,7 @@ pub mod policy;
 use std::net::Ipv4Addr;
 
 pub use lease::{HostNet, Lease};
-pub use policy::{Allow, NetPolicy, Publish};
+pub use policy::{Allow, Deny, NetPolicy, Publish};
 
 #[derive(Debug, thiserror::Error)]
 pub enum NetError {

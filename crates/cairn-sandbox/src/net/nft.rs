@@ -5,9 +5,10 @@
 //! (`cn-*`); what differs lives in sets, keyed by the host-side interface:
 //! `sandboxes` (forwarding needs membership, so a sandbox whose element
 //! could not be added has no route out: fail closed), `restricted` and its
-//! allows, `publish` (host port to sandbox address and port) and
+//! allows, `deny_net` (refused unless allowed), `publish` (host port to sandbox address and port) and
 //! `publish_at` (host address and port to the same). From a
-//! sandbox: established traffic, then its allows, then (restricted) refuse,
+//! sandbox: established traffic, then its allows, then its denies, then
+//! (restricted) refuse,
 //! then DNS (DNAT to the host's resolver), then refuse link-local, private,
 //! loopback and the host's own networks, then accept. To the host itself,
 //! only replies and DNS.
@@ -20,7 +21,7 @@ use super::NetError;
 pub const TABLE: &str = "inet cairn";
 /// Bumped whenever the rules below change: the table is replaced (with no
 /// sandbox running) when its recorded version differs.
-pub const RULES_VERSION: u32 = 2;
+pub const RULES_VERSION: u32 = 3;
 
 /// Ranges no sandbox reaches unless allowed explicitly.
 const REFUSED: &[&str] = &[
@@ -47,6 +48,7 @@ pub fn ruleset(upstream: Ipv4Addr, host_nets: &[String]) -> String {
 	set restricted {{ type ifname; }}
 	set allow_net {{ type ifname . ipv4_addr; flags interval; }}
 	set allow_port {{ type ifname . ipv4_addr . inet_proto . inet_service; flags interval; }}
+	set deny_net {{ type ifname . ipv4_addr; flags interval; }}
 	set refused {{ type ipv4_addr; flags interval; auto-merge; elements = {{ {refused} }} }}
 	map publish {{ type inet_service : ipv4_addr . inet_service; }}
 	map publish_at {{ type ipv4_addr . inet_service : ipv4_addr . inet_service; }}
@@ -63,6 +65,7 @@ pub fn ruleset(upstream: Ipv4Addr, host_nets: &[String]) -> String {
 		meta nfproto ipv6 reject with icmpx admin-prohibited
 		iifname . ip daddr @allow_net accept
 		iifname . ip daddr . meta l4proto . th dport @allow_port accept
+		iifname . ip daddr @deny_net reject with icmpx admin-prohibited
 		iifname @restricted reject with icmpx admin-prohibited
 		ct status dnat accept
 		ip daddr @refused reject with icmpx admin-prohibited
@@ -166,7 +169,7 @@ impl Element {
         }
     }
 
-    fn line(&self, verb: &str) -> String {
+    pub(crate) fn line(&self, verb: &str) -> String {
         // The key of a map element is all `delete` takes.
         let value = match (verb, self.value.split_once(" : ")) {
             ("delete", Some((key, _))) => key,

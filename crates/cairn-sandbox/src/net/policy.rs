@@ -18,6 +18,52 @@ pub struct NetPolicy {
     pub allow: Vec<Allow>,
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub publish: Vec<Publish>,
+    /// Networks refused (E2B's `deny_out`), the allows excepted: with any
+    /// entry, the allows are exceptions to it rather than the only ways
+    /// out, and `0.0.0.0/0` among them refuses all but the allows.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub deny: Vec<Deny>,
+}
+
+/// A network a sandbox may not reach unless an allow says otherwise.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Deny {
+    pub addr: Ipv4Addr,
+    pub prefix_len: u8,
+}
+
+impl Deny {
+    /// `ADDRESS` or `ADDRESS/LEN` (IPv4); `0.0.0.0/0` is all traffic.
+    pub fn parse(text: &str) -> Result<Deny, NetError> {
+        let bad = || NetError::Invalid(format!("deny {text:?}: give ADDRESS or ADDRESS/LEN (IPv4)"));
+        let (addr, prefix_len) = match text.split_once('/') {
+            Some((a, l)) => (a.parse().map_err(|_| bad())?, l.parse().map_err(|_| bad())?),
+            None => (text.parse().map_err(|_| bad())?, 32),
+        };
+        let deny = Deny { addr, prefix_len };
+        deny.check()?;
+        Ok(deny)
+    }
+
+    fn check(&self) -> Result<(), NetError> {
+        Allow::Net {
+            addr: self.addr,
+            prefix_len: self.prefix_len,
+            port: None,
+        }
+        .check()
+    }
+
+    /// Whether this is all traffic (`0.0.0.0/0`).
+    pub fn all(&self) -> bool {
+        self.prefix_len == 0
+    }
+}
+
+impl std::fmt::Display for Deny {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{}/{}", self.addr, self.prefix_len)
+    }
 }
 
 /// One destination a restricted sandbox may reach.
@@ -72,6 +118,7 @@ impl NetPolicy {
             egress,
             allow: allow.iter().map(|a| Allow::parse(a)).collect::<Result<_, _>>()?,
             publish: publish.iter().map(|p| Publish::parse(p)).collect::<Result<_, _>>()?,
+            deny: Vec::new(),
         };
         policy.check()?;
         Ok(policy)
@@ -80,8 +127,19 @@ impl NetPolicy {
     /// Bounds that hold however the policy arrived (CLI, API, pipeline
     /// file, a stored row).
     pub fn check(&self) -> Result<(), NetError> {
-        if !self.egress && (!self.allow.is_empty() || !self.publish.is_empty()) {
-            return Err(NetError::Invalid("allows and published ports need `egress`".into()));
+        if !self.egress && (!self.allow.is_empty() || !self.publish.is_empty() || !self.deny.is_empty()) {
+            return Err(NetError::Invalid(
+                "allows, denies and published ports need `egress`".into(),
+            ));
+        }
+        if self.deny.len() > 64 {
+            return Err(NetError::Invalid(format!(
+                "{} denied networks; at most 64 (deny a wider network instead)",
+                self.deny.len()
+            )));
+        }
+        for d in &self.deny {
+            d.check()?;
         }
         if self.allow.len() > 64 {
             return Err(NetError::Invalid(format!(
@@ -122,8 +180,14 @@ impl NetPolicy {
         }
     }
 
+    /// Whether everything but the allows is refused: any allow, unless
+    /// denies are given, when only a denial of all traffic does.
     pub fn restricted(&self) -> bool {
-        !self.allow.is_empty()
+        if self.deny.is_empty() {
+            !self.allow.is_empty()
+        } else {
+            self.deny.iter().any(Deny::all)
+        }
     }
 }
 
@@ -321,6 +385,29 @@ mod tests {
         ] {
             assert!(Allow::parse(bad).is_err(), "{bad} accepted");
         }
+    }
+
+    #[test]
+    fn denies_make_allows_exceptions_and_all_traffic_restricts() {
+        let deny = |d: &[&str]| d.iter().map(|t| Deny::parse(t).unwrap()).collect::<Vec<_>>();
+        let mut p = NetPolicy {
+            egress: true,
+            allow: vec![Allow::parse("8.8.8.8").unwrap()],
+            deny: deny(&["8.8.0.0/16"]),
+            ..NetPolicy::default()
+        };
+        p.check().unwrap();
+        assert!(!p.restricted(), "an allow beside a deny is an exception to it");
+        p.deny = deny(&["0.0.0.0/0"]);
+        assert!(p.restricted());
+        p.allow.clear();
+        assert!(p.restricted(), "all traffic denied and nothing allowed");
+        assert_eq!(Deny::parse("1.2.3.4").unwrap().to_string(), "1.2.3.4/32");
+        for bad in ["", "pypi.org", "1.2.3.4/33", "10.1.0.1/16", "1.2.3.4:80"] {
+            assert!(Deny::parse(bad).is_err(), "{bad} accepted");
+        }
+        p.egress = false;
+        assert!(p.check().is_err());
     }
 
     #[test]
