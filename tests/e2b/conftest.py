@@ -5,6 +5,7 @@ the native driver, except GVISOR_TEMPLATE (a busybox image) on gVisor.
 The binary is $CAIRN_BIN, else target/<host tuple>/debug/cairn (this builds nothing).
 Needs root: the sandboxes are real."""
 
+import contextlib
 import os
 import shutil
 import socket
@@ -32,6 +33,45 @@ def _free_port():
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
+
+
+@contextlib.contextmanager
+def another_server(binary, name, *flags):
+    """A `cairn serve --e2b` of its own (a fresh state directory and token)
+    started with `flags`; yields its url, key and home, and removes what it
+    made when done."""
+    home = tempfile.mkdtemp(prefix=f"cairn-e2b-{name}-")
+    env = dict(os.environ, CAIRN_HOME=home)
+    token = subprocess.run(
+        [binary, "token", "create", name], env=env, check=True, capture_output=True, text=True
+    ).stdout
+    key = next(w for w in token.split() if len(w) >= 20)
+    port = _free_port()
+    log = open(os.path.join(home, "serve.log"), "a")
+    server = subprocess.Popen(
+        [binary, "serve", "--e2b", f"127.0.0.1:{port}", *flags],
+        env=env,
+        stdout=log,
+        stderr=subprocess.STDOUT,
+    )
+    try:
+        deadline = time.time() + 30
+        while True:
+            try:
+                socket.create_connection(("127.0.0.1", port), timeout=1).close()
+                break
+            except OSError:
+                if server.poll() is not None or time.time() > deadline:
+                    raise RuntimeError(open(os.path.join(home, "serve.log")).read())
+                time.sleep(0.05)
+        yield {"url": f"http://127.0.0.1:{port}", "key": key, "home": home}
+    finally:
+        server.terminate()
+        server.wait(timeout=30)
+        ids = subprocess.run([binary, "ps", "-q"], env=env, capture_output=True, text=True).stdout.split()
+        if ids:
+            subprocess.run([binary, "rm", "--force", *ids], env=env, capture_output=True)
+        shutil.rmtree(home, ignore_errors=True)
 
 
 def _runsc_missing():

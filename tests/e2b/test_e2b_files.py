@@ -8,14 +8,11 @@ nothing, not even the files of its form that fitted."""
 import hashlib
 import io
 import os
-import shutil
-import socket
-import subprocess
-import tempfile
-import time
 
 import pytest
 from e2b import Sandbox, SandboxException
+
+from conftest import another_server
 
 
 @pytest.fixture
@@ -25,48 +22,12 @@ def sbx():
     Sandbox.kill(s.sandbox_id)
 
 
-def _free_port():
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 @pytest.fixture(scope="module")
 def small_server(cairn_e2b):
     """A second `cairn serve --e2b`, on a state directory of its own, whose
     uploads are limited to 8 MiB."""
-    binary = cairn_e2b["bin"]
-    home = tempfile.mkdtemp(prefix="cairn-e2b-small-")
-    env = dict(os.environ, CAIRN_HOME=home)
-    token = subprocess.run(
-        [binary, "token", "create", "small"], env=env, check=True, capture_output=True, text=True
-    ).stdout
-    key = next(w for w in token.split() if len(w) >= 20)
-    port = _free_port()
-    log = open(os.path.join(home, "serve.log"), "a")
-    server = subprocess.Popen(
-        [binary, "serve", "--e2b", f"127.0.0.1:{port}", "--max-upload", "8M"],
-        env=env,
-        stdout=log,
-        stderr=subprocess.STDOUT,
-    )
-    deadline = time.time() + 30
-    while True:
-        try:
-            socket.create_connection(("127.0.0.1", port), timeout=1).close()
-            break
-        except OSError:
-            if server.poll() is not None or time.time() > deadline:
-                raise RuntimeError(open(os.path.join(home, "serve.log")).read())
-            time.sleep(0.05)
-    url = f"http://127.0.0.1:{port}"
-    yield {"url": url, "key": key, "home": home}
-    server.terminate()
-    server.wait(timeout=30)
-    ids = subprocess.run([binary, "ps", "-q"], env=env, capture_output=True, text=True).stdout.split()
-    if ids:
-        subprocess.run([binary, "rm", "--force", *ids], env=env, capture_output=True)
-    shutil.rmtree(home, ignore_errors=True)
+    with another_server(cairn_e2b["bin"], "small", "--max-upload", "8M") as server:
+        yield server
 
 
 def _md5(sbx, path):

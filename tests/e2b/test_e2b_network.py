@@ -8,18 +8,11 @@ on); needs root and nftables, as Cairn's own network tests do."""
 import os
 import shutil
 import socket
-import subprocess
-import tempfile
-import time
 
 import pytest
 from e2b import ALL_TRAFFIC, InvalidArgumentException, Sandbox, SandboxException
 
-
-def _free_port():
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
+from conftest import another_server
 
 # On some machines every registry is one proxy address: one host, and
 # addresses no sandbox reaches anyway, are what the checks tell apart.
@@ -41,38 +34,8 @@ def egress_server(cairn_e2b):
         if os.environ.get("CI") == "true":
             pytest.fail(why)
         pytest.skip(why)
-    binary = cairn_e2b["bin"]
-    home = tempfile.mkdtemp(prefix="cairn-e2b-net-")
-    env = dict(os.environ, CAIRN_HOME=home)
-    token = subprocess.run(
-        [binary, "token", "create", "net"], env=env, check=True, capture_output=True, text=True
-    ).stdout
-    key = next(w for w in token.split() if len(w) >= 20)
-    port = _free_port()
-    log = open(os.path.join(home, "serve.log"), "a")
-    server = subprocess.Popen(
-        [binary, "serve", "--e2b", f"127.0.0.1:{port}", "--e2b-network", "egress"],
-        env=env,
-        stdout=log,
-        stderr=subprocess.STDOUT,
-    )
-    deadline = time.time() + 30
-    while True:
-        try:
-            socket.create_connection(("127.0.0.1", port), timeout=1).close()
-            break
-        except OSError:
-            if server.poll() is not None or time.time() > deadline:
-                raise RuntimeError(open(os.path.join(home, "serve.log")).read())
-            time.sleep(0.05)
-    url = f"http://127.0.0.1:{port}"
-    yield {"url": url, "key": key, "home": home}
-    server.terminate()
-    server.wait(timeout=30)
-    ids = subprocess.run([binary, "ps", "-q"], env=env, capture_output=True, text=True).stdout.split()
-    if ids:
-        subprocess.run([binary, "rm", "--force", *ids], env=env, capture_output=True)
-    shutil.rmtree(home, ignore_errors=True)
+    with another_server(cairn_e2b["bin"], "net", "--e2b-network", "egress") as server:
+        yield server
 
 
 def _create(srv, **kw):
