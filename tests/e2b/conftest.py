@@ -74,6 +74,13 @@ def another_server(binary, name, *flags):
         shutil.rmtree(home, ignore_errors=True)
 
 
+@pytest.fixture(scope="session")
+def server_of_its_own(cairn_e2b):
+    """[`another_server`] for a test module (`conftest` cannot be imported by
+    name: with several test directories in one run it names another's)."""
+    return lambda name, *flags: another_server(cairn_e2b["bin"], name, *flags)
+
+
 def _runsc_missing():
     runsc = os.environ.get("CAIRN_RUNSC") or shutil.which("runsc")
     return not runsc or not os.path.isfile(runsc)

@@ -132,6 +132,92 @@ def test_ports_need_a_token_and_the_traffic_token_is_the_sandboxes_own(sbx, inte
         Sandbox.kill(other.sandbox_id)
 
 
+# A WebSocket echo server on the sandbox's loopback, the standard library's
+# only: the handshake by RFC 6455, then each text frame sent back.
+WS_SERVER = r"""
+import base64, hashlib, socket
+s = socket.socket()
+s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+s.bind(("127.0.0.1", 8765))
+s.listen()
+def exact(c, n):
+    data = b""
+    while len(data) < n:
+        got = c.recv(n - len(data))
+        if not got:
+            raise EOFError
+        data += got
+    return data
+while True:
+    c, _ = s.accept()
+    head = b""
+    while b"\r\n\r\n" not in head:
+        head += c.recv(4096)
+    key = [l.split(b":", 1)[1].strip() for l in head.split(b"\r\n") if l.lower().startswith(b"sec-websocket-key")][0]
+    accept = base64.b64encode(hashlib.sha1(key + b"258EAFA5-E914-47DA-95CA-C5AB0DC85B11").digest())
+    c.sendall(b"HTTP/1.1 101 Switching Protocols\r\nUpgrade: websocket\r\nConnection: Upgrade\r\n"
+              b"Sec-WebSocket-Accept: " + accept + b"\r\n\r\n")
+    try:
+        while True:
+            b0, b1 = exact(c, 2)
+            mask = exact(c, 4)
+            data = bytes(b ^ mask[i % 4] for i, b in enumerate(exact(c, b1 & 0x7F)))
+            if b0 & 0x0F == 8:
+                break
+            c.sendall(bytes([0x81, len(data)]) + data)
+    except EOFError:
+        pass
+    c.close()
+"""
+
+
+def _ws_frame(text):
+    data = text.encode()
+    mask = os.urandom(4)
+    return bytes([0x81, 0x80 | len(data)]) + mask + bytes(b ^ mask[i % 4] for i, b in enumerate(data))
+
+
+def test_a_websocket_to_a_sandbox_port_is_joined_through_the_gateway(sbx):
+    import socket
+    from urllib.parse import urlparse
+
+    sbx.files.write("/tmp/ws.py", WS_SERVER)
+    sbx.commands.run("python3 /tmp/ws.py", background=True)
+    gateway = urlparse(os.environ["E2B_SANDBOX_URL"])
+    for attempt in range(100):
+        c = socket.create_connection((gateway.hostname, gateway.port), timeout=10)
+        # The name get_host(8765) gives, under the *.localhost domain this
+        # gateway accepts, and the traffic token.
+        host = sbx.get_host(8765).split(".")[0] + ".localhost"
+        c.sendall(
+            (f"GET /chat HTTP/1.1\r\nHost: {host}\r\n"
+             "Upgrade: websocket\r\nConnection: Upgrade\r\nSec-WebSocket-Version: 13\r\n"
+             "Sec-WebSocket-Key: dGhlIHNhbXBsZSBub25jZQ==\r\n"
+             f"E2B-Traffic-Access-Token: {sbx.traffic_access_token}\r\n\r\n").encode()
+        )
+        head = b""
+        while b"\r\n\r\n" not in head:
+            got = c.recv(4096)
+            if not got:
+                break
+            head += got
+        if head.startswith(b"HTTP/1.1 101"):
+            break
+        c.close()
+        assert b"502" in head.split(b"\r\n")[0], head  # not listening yet
+        time.sleep(0.1)
+    else:
+        raise AssertionError("the WebSocket server never answered")
+    assert b"s3pPLMBiTxaQ9kYGzzhZRbK+xOo=" in head, head
+    for text in ["hello", "through the gateway", "third"]:
+        c.sendall(_ws_frame(text))
+        frame = b""
+        while len(frame) < 2 + len(text):
+            frame += c.recv(4096)
+        assert frame == bytes([0x81, len(text)]) + text.encode()
+    c.close()
+
+
 def test_warm_run_code_round_trip_is_reported(sbx):
     sbx.run_code("1 + 1")
     times = []

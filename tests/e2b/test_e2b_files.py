@@ -12,8 +12,6 @@ import os
 import pytest
 from e2b import Sandbox, SandboxException
 
-from conftest import another_server
-
 
 @pytest.fixture
 def sbx():
@@ -23,10 +21,10 @@ def sbx():
 
 
 @pytest.fixture(scope="module")
-def small_server(cairn_e2b):
+def small_server(server_of_its_own):
     """A second `cairn serve --e2b`, on a state directory of its own, whose
     uploads are limited to 8 MiB."""
-    with another_server(cairn_e2b["bin"], "small", "--max-upload", "8M") as server:
+    with server_of_its_own("small", "--max-upload", "8M") as server:
         yield server
 
 

@@ -260,3 +260,17 @@ def test_a_watch_works_under_gvisor_and_ends_with_a_pause(gsbx):
         time.sleep(0.1)
     assert ("again", T.CREATE) in seen, seen
     h.stop()
+
+
+def test_metrics_of_a_gvisor_sandbox_count_its_sentry(gsbx):
+    # The sentry and its processes live in the sandbox's cgroup: a busy
+    # loop inside shows as CPU, and a file written shows as disk.
+    gsbx.files.write("/home/user/big.bin", os.urandom(8 << 20))
+    busy = gsbx.commands.run("while :; do :; done", background=True, timeout=0)
+    try:
+        m = gsbx.get_metrics()[-1]
+        assert m.cpu_used_pct > 10, m
+        assert 0 < m.mem_used <= m.mem_total, m
+        assert m.disk_total > 0, m
+    finally:
+        busy.kill()

@@ -12,8 +12,6 @@ import socket
 import pytest
 from e2b import ALL_TRAFFIC, InvalidArgumentException, Sandbox, SandboxException
 
-from conftest import another_server
-
 # On some machines every registry is one proxy address: one host, and
 # addresses no sandbox reaches anyway, are what the checks tell apart.
 OUT = "pypi.org"
@@ -28,13 +26,13 @@ def _missing():
 
 
 @pytest.fixture(scope="module")
-def egress_server(cairn_e2b):
+def egress_server(server_of_its_own):
     why = _missing()
     if why:
         if os.environ.get("CI") == "true":
             pytest.fail(why)
         pytest.skip(why)
-    with another_server(cairn_e2b["bin"], "net", "--e2b-network", "egress") as server:
+    with server_of_its_own("net", "--e2b-network", "egress") as server:
         yield server
 
 

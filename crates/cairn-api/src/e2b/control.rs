@@ -204,14 +204,15 @@ pub async fn create(
     let template = req.template_id.clone();
     let driver = gw.drivers.of(&template);
     // A snapshot template is restored on the driver it was taken on.
-    let snapshot_driver = {
+    let snapshot_driver = if template == "base" {
+        None
+    } else {
         let t = template.clone();
         gw.app
             .engine(move |e| {
-                Ok(if t == "base" || e.image(&t).is_ok() {
-                    None
-                } else {
-                    e.snapshot_record(&t).ok().map(|s| s.driver)
+                Ok(match e.image(&t) {
+                    Ok(_) => None,
+                    Err(_) => e.snapshot_record(&t).ok().map(|s| s.driver),
                 })
             })
             .await?

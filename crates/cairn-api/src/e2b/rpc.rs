@@ -590,7 +590,14 @@ async fn argv(gw: &Arc<Gateway>, sandbox: &str, cmd: String, args: Vec<String>) 
                     .app
                     .init(&s.clone(), move |e| {
                         let rec = e.sandbox(&s)?;
-                        Ok(e.client(&rec)?.stat("/bin/bash")?.is_some())
+                        let client = e.client(&rec)?;
+                        // With a merged /usr (Debian since 12) /bin is a
+                        // link to usr/bin, which file operations never
+                        // follow: bash is looked for where the link leads.
+                        Ok(match client.stat("/bin/bash") {
+                            Ok(found) => found.is_some(),
+                            Err(_) => client.stat("/usr/bin/bash")?.is_some(),
+                        })
                     })
                     .await?;
                 gw.bash

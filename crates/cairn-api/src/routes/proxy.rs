@@ -3,7 +3,8 @@
 //! host's sandbox addresses (a dev server inside, opened in a browser).
 //!
 //! One HTTP/1.1 connection per request to the sandbox's address, bodies
-//! streamed both ways. The caller's `Authorization` (Cairn's token) and the
+//! streamed both ways; an upgrade the sandbox accepts (a WebSocket, 101)
+//! joins the two connections byte for byte until either side closes. The caller's `Authorization` (Cairn's token) and the
 //! hop-by-hop headers stay here; what the sandbox answers is passed back as
 //! it is, being the sandbox's own page to serve.
 
@@ -110,28 +111,79 @@ where
         .await
         .map_err(|e| bad_gateway(format!("connect to {what}: {e}")))?;
     tokio::spawn(async move {
-        if let Err(e) = conn.await {
+        if let Err(e) = conn.with_upgrades().await {
             tracing::debug!("a proxied connection ended: {e}");
         }
     });
+    let mut req = req;
+    // An upgrade (a WebSocket) keeps its `Connection` and `Upgrade`
+    // headers, and once the sandbox agrees (101) the two connections are
+    // joined byte for byte.
+    let upgrade = upgrade_asked(req.headers());
+    let client_side = upgrade.clone().map(|_| hyper::upgrade::on(&mut req));
     let (mut parts, body) = req.into_parts();
     let query = parts.uri.query().map(|q| format!("?{q}")).unwrap_or_default();
     parts.uri = format!("{path}{query}")
         .parse::<Uri>()
         .map_err(|e| ApiError::bad_request(format!("the path to proxy is not a URI: {e}")))?;
     strip(&mut parts.headers);
+    if let Some(protocol) = &upgrade {
+        parts
+            .headers
+            .insert(header::CONNECTION, HeaderValue::from_static("upgrade"));
+        parts.headers.insert(header::UPGRADE, protocol.clone());
+    }
     parts.headers.insert(
         header::HOST,
         HeaderValue::from_str(host).map_err(|_| ApiError::bad_request(format!("{host:?} is not a host name")))?,
     );
     parts.version = axum::http::Version::HTTP_11;
-    let answer = sender
+    let mut answer = sender
         .send_request(Request::from_parts(parts, body))
         .await
         .map_err(|e| bad_gateway(format!("{what} broke off: {e}")))?;
+    if let (Some(client_side), StatusCode::SWITCHING_PROTOCOLS) = (client_side, answer.status()) {
+        let sandbox_side = hyper::upgrade::on(&mut answer);
+        let what = what.to_string();
+        tokio::spawn(async move {
+            match tokio::try_join!(client_side, sandbox_side) {
+                Ok((client, sandbox)) => {
+                    let (mut client, mut sandbox) = (TokioIo::new(client), TokioIo::new(sandbox));
+                    if let Err(e) = tokio::io::copy_bidirectional(&mut client, &mut sandbox).await {
+                        tracing::debug!("an upgraded connection to {what} ended: {e}");
+                    }
+                }
+                Err(e) => tracing::debug!("an upgrade to {what} failed: {e}"),
+            }
+        });
+        let (mut parts, _) = answer.into_parts();
+        let protocol = parts.headers.get(header::UPGRADE).cloned();
+        strip(&mut parts.headers);
+        parts
+            .headers
+            .insert(header::CONNECTION, HeaderValue::from_static("upgrade"));
+        if let Some(p) = protocol {
+            parts.headers.insert(header::UPGRADE, p);
+        }
+        return Ok(Response::from_parts(parts, Body::empty()));
+    }
     let (mut parts, body) = answer.into_parts();
     strip(&mut parts.headers);
     Ok(Response::from_parts(parts, Body::new(body)))
+}
+
+/// The protocol a request asks to upgrade to (`Connection: upgrade` with
+/// an `Upgrade` header), if it does.
+fn upgrade_asked(headers: &HeaderMap) -> Option<HeaderValue> {
+    let connection_upgrade = headers
+        .get_all(header::CONNECTION)
+        .iter()
+        .filter_map(|v| v.to_str().ok())
+        .flat_map(|v| v.split(','))
+        .any(|t| t.trim().eq_ignore_ascii_case("upgrade"));
+    connection_upgrade
+        .then(|| headers.get(header::UPGRADE).cloned())
+        .flatten()
 }
 
 fn bad_gateway(message: String) -> ApiError {
