@@ -194,5 +194,12 @@ def test_gzip_uploads_and_downloads(cairn_e2b):
                                 "Content-Type": "application/octet-stream", "Content-Encoding": "br"})
         assert r.status_code == 400 and 'Content-Encoding "br" is not supported' in r.json()["message"]
         assert not s.files.exists("/home/user/z/bad")
+
+        async def in_async():
+            a = await AsyncSandbox.connect(s.sandbox_id)
+            await a.files.write("/home/user/z/async.txt", text, gzip=True)
+            return await a.files.read("/home/user/z/async.txt", format="bytes", gzip=True)
+
+        assert asyncio.run(in_async()) == text
     finally:
         s.kill()

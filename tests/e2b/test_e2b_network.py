@@ -5,12 +5,13 @@ update_network live and kept across pause and resume. The outside world is
 the package registries (the hosts reachable from every machine this runs
 on); needs root and nftables, as Cairn's own network tests do."""
 
+import asyncio
 import os
 import shutil
 import socket
 
 import pytest
-from e2b import ALL_TRAFFIC, InvalidArgumentException, Sandbox, SandboxException
+from e2b import ALL_TRAFFIC, AsyncSandbox, InvalidArgumentException, Sandbox, SandboxException
 
 # On some machines every registry is one proxy address: one host, and
 # addresses no sandbox reaches anyway, are what the checks tell apart.
@@ -130,6 +131,26 @@ def test_update_network_changes_the_rules_live_and_a_resume_keeps_them(egress_se
     finally:
         s.kill()
     assert _slots_of(egress_server["home"]) == [], "every address given back"
+
+
+def test_the_async_client_sets_and_changes_the_rules(egress_server):
+    out = _addr(OUT)
+    opts = {"api_url": egress_server["url"], "sandbox_url": egress_server["url"], "api_key": egress_server["key"]}
+
+    async def run():
+        a = await AsyncSandbox.create(network={"deny_out": [ALL_TRAFFIC]}, **opts)
+        try:
+            probe = f"if nc -w 5 {out} 443 </dev/null; then echo yes; else echo no; fi"
+            before = (await a.commands.run(probe)).stdout.strip()
+            await a.update_network({})
+            after = (await a.commands.run(probe)).stdout.strip()
+            return before, after, (await a.get_info()).network
+        finally:
+            await a.kill()
+
+    before, after, network = asyncio.run(run())
+    assert (before, after) == ("no", "yes")
+    assert network["deny_out"] == []
 
 
 def test_bad_rules_are_refused_naming_them(egress_server, cairn_e2b):
