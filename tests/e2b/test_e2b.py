@@ -587,6 +587,33 @@ def test_a_server_in_the_sandbox_is_reached_by_port_header_or_host_name(sbx):
     assert r.status_code in (200, 204), r.text
 
 
+def test_get_host_names_ports_under_the_servers_domain(server_of_its_own, cairn_e2b):
+    with server_of_its_own("domain", "--e2b-domain", "Sandboxes.Test") as srv:
+        s = Sandbox.create(api_url=srv["url"], sandbox_url=srv["url"], api_key=srv["key"])
+        try:
+            host = s.get_host(8000)
+            assert host == f"8000-{s.sandbox_id}.sandboxes.test"
+            assert Sandbox.connect(s.sandbox_id, api_url=srv["url"], api_key=srv["key"]).get_host(8000) == host
+            s.files.write("/tmp/www/index.html", "under the domain")
+            s.commands.run("httpd -p 127.0.0.1:8000 -h /tmp/www", background=True)
+            token = {"E2B-Traffic-Access-Token": s.traffic_access_token}
+            deadline = time.time() + 15
+            while True:
+                r = httpx.get(f"{srv['url']}/index.html", headers={"Host": host, **token})
+                if r.status_code == 200 or time.time() > deadline:
+                    break
+                time.sleep(0.1)
+            assert r.status_code == 200 and r.text == "under the domain", r.text
+            # A name under another domain is refused before anything reads it.
+            r = httpx.get(f"{srv['url']}/index.html", headers={"Host": f"8000-{s.sandbox_id}.other.test", **token})
+            assert r.status_code == 403, r.text
+        finally:
+            s.kill()
+    with pytest.raises(subprocess.CalledProcessError):
+        subprocess.run([cairn_e2b["bin"], "serve", "--e2b", "127.0.0.1:1", "--e2b-domain", "a b"],
+                       check=True, capture_output=True, timeout=30)
+
+
 def test_streamed_uploads_and_listing_by_state_and_metadata(sbx):
     import io
 

@@ -41,7 +41,11 @@ impl HostGuard {
         name == "localhost"
             || name.ends_with(".localhost")
             || name.parse::<IpAddr>().is_ok_and(|ip| ip.is_loopback())
-            || self.allowed.contains(&name)
+            || self.allowed.iter().any(|a| match a.strip_prefix("*.") {
+                // `*.NAME`: any name under NAME.
+                Some(suffix) => name.len() > suffix.len() + 1 && name.ends_with(&format!(".{suffix}")),
+                None => *a == name,
+            })
     }
 }
 
@@ -105,6 +109,21 @@ mod tests {
     fn guard(allowed: &[&str]) -> HostGuard {
         let allowed: Vec<String> = allowed.iter().map(|s| s.to_string()).collect();
         HostGuard::for_listener("127.0.0.1:7070".parse().unwrap(), &allowed).unwrap()
+    }
+
+    #[test]
+    fn a_wildcard_allows_the_names_under_it_only() {
+        let g = guard(&["*.sbx.example"]);
+        assert!(g.accepts("8000-abc.sbx.example"));
+        assert!(g.accepts("8000-abc.SBX.example:443"));
+        for refused in [
+            "sbx.example",
+            "evilsbx.example",
+            "a.sbx.example.evil.com",
+            ".sbx.example",
+        ] {
+            assert!(!g.accepts(refused), "{refused}");
+        }
     }
 
     #[test]

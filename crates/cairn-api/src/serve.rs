@@ -22,10 +22,8 @@ pub struct ServeOptions {
     /// access tokens).
     pub e2b: Option<SocketAddr>,
     /// Which driver runs each E2B template's sandboxes.
-    pub e2b_drivers: crate::e2b::Drivers,
-    /// Whether the E2B gateway's native sandboxes get a route out
-    /// (`--e2b-network egress`).
-    pub e2b_egress: bool,
+    /// How the E2B gateway runs sandboxes (drivers, network, domain).
+    pub e2b_options: crate::e2b::E2bOptions,
     pub settings: Settings,
     /// Timeouts and connection caps of every listener.
     pub limits: Limits,
@@ -105,14 +103,17 @@ pub async fn serve(home: Home, opts: ServeOptions) -> Result<(), ServeError> {
     }
     if let Some(addr) = opts.e2b {
         let (tcp, shown) = bind_tcp(addr, "pick a free address with --e2b HOST:PORT").await?;
-        if opts.e2b_drivers.uses_gvisor() && cairn_sandbox::gvisor::Runsc::locate().is_none() {
+        if opts.e2b_options.drivers.uses_gvisor() && cairn_sandbox::gvisor::Runsc::locate().is_none() {
             eprintln!(
                 "cairn: warning: --e2b-driver names gvisor but runsc is not installed \
                  (apt-get install runsc, or set CAIRN_RUNSC): creating those E2B sandboxes will fail"
             );
         }
-        let e2b = crate::e2b::router(Arc::clone(&app), opts.e2b_drivers.clone(), opts.e2b_egress);
-        let e2b = guard_hosts(e2b, addr, &opts.allowed_hosts);
+        let e2b = crate::e2b::router(Arc::clone(&app), opts.e2b_options.clone());
+        // Port names under --e2b-domain (`PORT-ID.DOMAIN`) are this server's.
+        let mut allowed = opts.allowed_hosts.clone();
+        allowed.extend(opts.e2b_options.domain.iter().map(|d| format!("*.{d}")));
+        let e2b = guard_hosts(e2b, addr, &allowed);
         start(Listener::Tcp(tcp), tcp_admission("e2b"), e2b);
         eprintln!("cairn: serving the E2B API on http://{shown} (E2B_API_KEY: `cairn token create NAME`)");
     }

@@ -450,6 +450,12 @@ pub enum Command {
         #[arg(long = "e2b-network", value_name = "MODE", default_value = "none", requires = "e2b",
               value_parser = ["none", "egress"])]
         e2b_network: String,
+        /// The domain `get_host(port)` names a sandbox's ports under
+        /// (`PORT-SANDBOXID.DOMAIN`): a wildcard DNS name pointing at this
+        /// gateway (or a proxy in front of it); the gateway accepts those
+        /// names. Without it the SDK uses its own (E2B_DOMAIN, else E2B's).
+        #[arg(long = "e2b-domain", value_name = "DOMAIN", requires = "e2b", value_parser = parse_domain)]
+        e2b_domain: Option<String>,
         /// The largest file upload accepted (413 above it), e.g. 512M, 4G.
         #[arg(long, default_value = "1G", value_name = "SIZE", value_parser = parse_bytes)]
         max_upload: u64,
@@ -964,6 +970,17 @@ pub enum TokenCommand {
 }
 
 /// A byte count: a number with an optional K, M, G or T suffix (powers of 1024).
+/// A DNS domain: labels of letters, digits and hyphens, lowercased.
+fn parse_domain(s: &str) -> Result<String, String> {
+    let d = s.trim().trim_end_matches('.').to_ascii_lowercase();
+    let label_ok =
+        |l: &str| !l.is_empty() && l.len() <= 63 && l.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'-');
+    if d.len() > 200 || !d.split('.').all(label_ok) {
+        return Err(format!("{s:?} is not a domain name (e.g. sandboxes.example.com)"));
+    }
+    Ok(d)
+}
+
 fn parse_bytes(s: &str) -> Result<u64, String> {
     let t = s.trim();
     let (digits, shift) = match t.char_indices().last() {

@@ -86,6 +86,7 @@ pub fn dispatch(cli: Cli) -> Result<i32> {
         e2b,
         e2b_driver,
         e2b_network,
+        e2b_domain,
         max_upload,
         init_threads,
         max_sandboxes,
@@ -110,8 +111,11 @@ pub fn dispatch(cli: Cli) -> Result<i32> {
             socket,
             listen,
             e2b,
-            e2b_drivers: cairn_api::e2b::Drivers::new(e2b_driver),
-            e2b_egress: e2b_network == "egress",
+            e2b_options: cairn_api::e2b::E2bOptions {
+                drivers: cairn_api::e2b::Drivers::new(e2b_driver),
+                egress: e2b_network == "egress",
+                domain: e2b_domain,
+            },
             settings: cairn_api::Settings {
                 max_upload,
                 init_threads: init_threads.into(),

@@ -81,7 +81,7 @@ pub(crate) fn rfc3339(ms: i64) -> String {
 fn sandbox_json(gw: &Gateway, e: &Entry) -> Value {
     json!({
         "templateID": e.template, "sandboxID": e.id, "clientID": "cairn",
-        "envdVersion": ENVD_VERSION, "envdAccessToken": gw.token(e), "domain": null,
+        "envdVersion": ENVD_VERSION, "envdAccessToken": gw.token(e), "domain": gw.domain,
         "trafficAccessToken": gw.traffic_token(e),
     })
 }
@@ -455,7 +455,7 @@ pub async fn info(State(gw): G, Path(id): Path<String>) -> Rest<Response> {
     if let Some(n) = network::json(&e.network) {
         v["network"] = n;
     }
-    v["domain"] = Value::Null;
+    v["domain"] = json!(gw.domain);
     Ok(Json(v).into_response())
 }
 

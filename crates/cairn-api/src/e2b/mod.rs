@@ -108,6 +108,8 @@ pub struct Gateway {
     metrics: metrics::Metrics,
     /// Whether native sandboxes get a route out (`--e2b-network egress`).
     egress: bool,
+    /// What create and info answer as `domain` (`--e2b-domain`).
+    domain: Option<String>,
 }
 
 /// Keeps the followers of a sandbox's jobs off while it lives
@@ -420,10 +422,28 @@ fn spawn_token_watch(gw: Arc<Gateway>) {
     });
 }
 
-/// Every route the E2B SDK calls: the control plane and envd; `drivers`
-/// says which driver runs each template's sandboxes, `egress` whether
-/// native ones get a route out (`--e2b-network`).
-pub fn router(app: Arc<App>, drivers: Drivers, egress: bool) -> Router {
+/// Every route the E2B SDK calls: the control plane and envd, run as
+/// `options` say.
+/// How the gateway runs sandboxes: `cairn serve --e2b-driver`,
+/// `--e2b-network`, `--e2b-domain`.
+#[derive(Debug, Clone, Default)]
+pub struct E2bOptions {
+    /// Which driver runs each template's sandboxes.
+    pub drivers: Drivers,
+    /// Whether native sandboxes get a route out.
+    pub egress: bool,
+    /// The domain `get_host(port)` names ports under (`PORT-ID.DOMAIN`),
+    /// a wildcard name pointing at this gateway; `None`: the SDK's own
+    /// (`E2B_DOMAIN`, else E2B's).
+    pub domain: Option<String>,
+}
+
+pub fn router(app: Arc<App>, options: E2bOptions) -> Router {
+    let E2bOptions {
+        drivers,
+        egress,
+        domain,
+    } = options;
     let book: BTreeMap<String, Entry> = match app.take_engine().and_then(|e| {
         let all = e.e2b_sandboxes().map_err(ApiError::from);
         app.give_back(e);
@@ -453,6 +473,7 @@ pub fn router(app: Arc<App>, drivers: Drivers, egress: bool) -> Router {
         live_tokens: tokio::sync::watch::Sender::new(None),
         metrics: metrics::Metrics::default(),
         egress,
+        domain,
     });
     control::spawn_reaper(Arc::clone(&gw));
     spawn_token_watch(Arc::clone(&gw));
