@@ -3,7 +3,8 @@
 (the sandbox is killed after each, not timed).
 
     python -m venv v && v/bin/pip install e2b==2.63.0
-    v/bin/python scripts/bench-e2b.py [RUNS]     # CAIRN_BIN: default target/<host tuple>/release/cairn
+    v/bin/python scripts/bench-e2b.py [RUNS] [SERVE FLAGS...]   # CAIRN_BIN: default target/<host tuple>/release/cairn
+    v/bin/python scripts/bench-e2b.py 50 --e2b-network egress   # sandboxes with a route out
 
 Starts its own `cairn serve --e2b` on a scratch state directory seeded with
 the busybox image, as root."""
@@ -28,6 +29,7 @@ def _host_tuple():
 
 def main():
     runs = int(sys.argv[1]) if len(sys.argv) > 1 else 50
+    flags = sys.argv[2:]
     binary = os.environ.get("CAIRN_BIN") or str(REPO / "target" / _host_tuple() / "release" / "cairn")
     home = tempfile.mkdtemp(prefix="cairn-bench-e2b-")
     env = dict(os.environ, CAIRN_HOME=home)
@@ -40,7 +42,7 @@ def main():
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
     server = subprocess.Popen(
-        [binary, "serve", "--e2b", f"127.0.0.1:{port}"], env=env,
+        [binary, "serve", "--e2b", f"127.0.0.1:{port}", *flags], env=env,
         stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
     )
     try:
@@ -70,7 +72,8 @@ def main():
                 samples.append(dt)
         samples.sort()
         p95 = samples[round((len(samples) - 1) * 0.95)]
-        print(f"e2b SDK: Sandbox.create() + commands.run('echo hi'): median {statistics.median(samples):.1f} ms, "
+        shown = f" (serve {' '.join(flags)})" if flags else ""
+        print(f"e2b SDK{shown}: Sandbox.create() + commands.run('echo hi'): median {statistics.median(samples):.1f} ms, "
               f"p95 {p95:.1f} ms over {runs} runs (target <= 50 ms)")
     finally:
         server.terminate()
