@@ -35,6 +35,20 @@ def _free_port():
         return s.getsockname()[1]
 
 
+def _wait_until_listening(server, port, home):
+    """Waits up to 30 s for `cairn serve` to listen on `port`; its log
+    (`home`/serve.log) is the error if it exits or does not."""
+    deadline = time.time() + 30
+    while True:
+        try:
+            socket.create_connection(("127.0.0.1", port), timeout=1).close()
+            return
+        except OSError:
+            if server.poll() is not None or time.time() > deadline:
+                raise RuntimeError(open(os.path.join(home, "serve.log")).read())
+            time.sleep(0.05)
+
+
 @contextlib.contextmanager
 def another_server(binary, name, *flags):
     """A `cairn serve --e2b` of its own (a fresh state directory and token)
@@ -55,15 +69,7 @@ def another_server(binary, name, *flags):
         stderr=subprocess.STDOUT,
     )
     try:
-        deadline = time.time() + 30
-        while True:
-            try:
-                socket.create_connection(("127.0.0.1", port), timeout=1).close()
-                break
-            except OSError:
-                if server.poll() is not None or time.time() > deadline:
-                    raise RuntimeError(open(os.path.join(home, "serve.log")).read())
-                time.sleep(0.05)
+        _wait_until_listening(server, port, home)
         yield {"url": f"http://127.0.0.1:{port}", "key": key, "home": home}
     finally:
         server.terminate()
@@ -123,15 +129,7 @@ def cairn_e2b():
             stdout=log,
             stderr=subprocess.STDOUT,
         )
-        deadline = time.time() + 30
-        while True:
-            try:
-                socket.create_connection(("127.0.0.1", port), timeout=1).close()
-                return
-            except OSError:
-                if server["p"].poll() is not None or time.time() > deadline:
-                    raise RuntimeError(open(os.path.join(home, "serve.log")).read())
-                time.sleep(0.05)
+        _wait_until_listening(server["p"], port, home)
 
     def stop():
         server["p"].terminate()

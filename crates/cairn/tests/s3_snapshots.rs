@@ -383,7 +383,7 @@ fn verify_finds_damage_in_the_cache_and_the_bucket_and_repair_mends_each_from_th
     let since = std::time::SystemTime::now();
     home.sh(
         &id,
-        "mkdir -p /data && dd if=/dev/urandom of=/data/random bs=64k count=16 2>/dev/null && echo hi > /data/small",
+        "mkdir -p /data && dd if=/dev/urandom of=/data/random bs=64k count=64 2>/dev/null && echo hi > /data/small",
     );
     let snap = home.ok(&["snapshot", &id, "--label", "checked"]);
     home.ok(&["rm", "-f", &id]);
@@ -399,18 +399,7 @@ fn verify_finds_damage_in_the_cache_and_the_bucket_and_repair_mends_each_from_th
     // The snapshot's own chunks of /data/random: not its manifest, nor any
     // layer's index (the image's is refreshed when it is used again), in
     // the cache and the bucket alike.
-    let listed: serde_json::Value = serde_json::from_str(&home.ok(&["snapshots", "--json"])).unwrap();
-    let layers: Vec<String> = listed
-        .as_array()
-        .unwrap()
-        .iter()
-        .find(|s| s["id"] == snap.as_str())
-        .unwrap()["layers"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .map(|l| l.as_str().unwrap().to_string())
-        .collect();
+    let layers = home.snapshot_layers(&snap);
     let bucket = garage.open("verify");
     let mut chunks: Vec<String> = remote_keys(&garage, "verify")
         .into_iter()

@@ -660,18 +660,7 @@ fn verify_names_each_corrupt_or_missing_object_with_what_it_holds() {
 
     // Damage two chunks of the snapshot's own layer: one byte of one, the
     // other gone. The layer's index names its files' chunks.
-    let snapshots: serde_json::Value = serde_json::from_str(&home.ok(&["snapshots", "--json"])).unwrap();
-    let layers: Vec<String> = snapshots
-        .as_array()
-        .unwrap()
-        .iter()
-        .find(|s| s["id"] == snap.as_str())
-        .unwrap()["layers"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .map(|l| l.as_str().unwrap().to_string())
-        .collect();
+    let layers = home.snapshot_layers(&snap);
     let index = std::fs::read(home.store_object(&layers[0])).unwrap();
     let mut chunks: Vec<String> = std::fs::read_dir(home.path().join("store/objects"))
         .unwrap()

@@ -184,22 +184,26 @@ pub(crate) fn spawn_sampler(gw: Arc<Gateway>) {
     });
 }
 
-/// Takes a sample of `e` now unless one is newer than [`INTERVAL`]; a
-/// sandbox never read is read twice, [`FIRST_WINDOW`] apart.
-async fn fresh(gw: &Arc<Gateway>, e: &Entry) {
-    if e.running().is_none() {
-        return;
-    }
+/// Takes a sample of each of `entries` now unless one is newer than
+/// [`INTERVAL`]; sandboxes never read are read twice, [`FIRST_WINDOW`]
+/// apart (all of them in the same window).
+async fn fresh(gw: &Arc<Gateway>, entries: Vec<Entry>) {
     let interval = INTERVAL.as_millis() as i64;
-    match gw.metrics.last_read(&e.id) {
-        Some(at) if now_ms() - at < interval => return,
-        Some(_) => {}
-        None => {
-            read_all(gw, vec![e.clone()]).await;
-            tokio::time::sleep(FIRST_WINDOW).await;
-        }
+    let stale: Vec<Entry> = entries
+        .into_iter()
+        .filter(|e| e.running().is_some())
+        .filter(|e| gw.metrics.last_read(&e.id).is_none_or(|at| now_ms() - at >= interval))
+        .collect();
+    let unread: Vec<Entry> = stale
+        .iter()
+        .filter(|e| gw.metrics.last_read(&e.id).is_none())
+        .cloned()
+        .collect();
+    if !unread.is_empty() {
+        read_all(gw, unread).await;
+        tokio::time::sleep(FIRST_WINDOW).await;
     }
-    read_all(gw, vec![e.clone()]).await;
+    read_all(gw, stale).await;
 }
 
 #[derive(Deserialize)]
@@ -228,7 +232,7 @@ pub async fn sandbox(
             q.end.unwrap_or(0)
         )));
     }
-    fresh(&gw, &e).await;
+    fresh(&gw, vec![e]).await;
     let samples: Vec<Value> = gw.metrics.samples(&id, from, to).iter().map(Sample::json).collect();
     Ok(Json(samples).into_response())
 }
@@ -258,12 +262,13 @@ pub async fn many(
             "give 1 to {MAX_IDS} sandbox ids as sandbox_ids=a,b"
         )));
     }
+    let known: Vec<Entry> = ids.iter().filter_map(|id| gw.entry(id)).collect();
+    let known_ids: Vec<String> = known.iter().map(|e| e.id.clone()).collect();
+    fresh(&gw, known).await;
     let mut out = BTreeMap::new();
-    for id in ids {
-        let Some(e) = gw.entry(id) else { continue };
-        fresh(&gw, &e).await;
-        if let Some(s) = gw.metrics.newest(id) {
-            out.insert(id.to_string(), s.json());
+    for id in known_ids {
+        if let Some(s) = gw.metrics.newest(&id) {
+            out.insert(id, s.json());
         }
     }
     Ok(Json(json!({ "sandboxes": out })).into_response())

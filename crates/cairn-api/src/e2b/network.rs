@@ -124,17 +124,14 @@ pub fn policy(net: &E2bNetwork) -> Result<NetPolicy, RestError> {
             })
         })
         .collect::<Result<Vec<_>, _>>()?;
-    let allow = if deny.is_empty() {
-        Vec::new()
-    } else {
-        net.allow_out
-            .iter()
-            .map(|a| Allow::parse(a).map_err(|e| bad("allowOut", a, e)))
-            .collect::<Result<Vec<_>, _>>()?
-    };
-    // Allows alone are still checked.
-    for a in &net.allow_out {
-        Allow::parse(a).map_err(|e| bad("allowOut", a, e))?;
+    let mut allow = net
+        .allow_out
+        .iter()
+        .map(|a| Allow::parse(a).map_err(|e| bad("allowOut", a, e)))
+        .collect::<Result<Vec<_>, _>>()?;
+    // Checked, but without a deny there is nothing to be an exception to.
+    if deny.is_empty() {
+        allow.clear();
     }
     let p = NetPolicy {
         egress: true,

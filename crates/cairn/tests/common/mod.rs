@@ -195,6 +195,22 @@ impl Home {
             .join(hash)
     }
 
+    /// The layer ids of snapshot `id`, as `cairn snapshots --json` lists them.
+    pub fn snapshot_layers(&self, id: &str) -> Vec<String> {
+        let listed: serde_json::Value = serde_json::from_str(&self.ok(&["snapshots", "--json"])).unwrap();
+        listed
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|s| s["id"] == id)
+            .unwrap_or_else(|| panic!("snapshot {id} is not listed: {listed}"))["layers"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|l| l.as_str().unwrap().to_string())
+            .collect()
+    }
+
     /// The directory of the busybox image's layer in this home.
     pub fn busybox_layer(&self) -> PathBuf {
         let images: serde_json::Value = serde_json::from_str(&self.ok(&["image", "ls", "--json"])).unwrap();
