@@ -38,6 +38,9 @@ pub struct E2bSandbox {
     pub grant: Option<String>,
     /// The egress it was given, in E2B's terms; `None`: loopback only.
     pub network: Option<E2bNetwork>,
+    /// Where its commands run unless they say (a built template's
+    /// WORKDIR); `None`: the user's home.
+    pub workdir: Option<String>,
 }
 
 /// An E2B sandbox's network rules as the SDK gave them: addresses,
@@ -72,7 +75,7 @@ pub struct E2bSnapshot {
 }
 
 const COLUMNS: &str =
-    "id, template, sandbox_id, snapshot_id, started_at, end_at, auto_pause, cpu_count, memory_mb, grant_token, network";
+    "id, template, sandbox_id, snapshot_id, started_at, end_at, auto_pause, cpu_count, memory_mb, grant_token, network, workdir";
 
 fn sandbox_row(r: &Row) -> Result<E2bSandbox, StateError> {
     let sandbox: Option<String> = r.get(2)?;
@@ -105,6 +108,7 @@ fn sandbox_row(r: &Row) -> Result<E2bSandbox, StateError> {
                     .map_err(|e| StateError::Damaged(format!("an E2B sandbox's network is unreadable: {e}")))?,
             ),
         },
+        workdir: r.get(11)?,
     })
 }
 
@@ -120,7 +124,9 @@ impl Db {
             b.execute("DELETE FROM e2b_sandbox_vars WHERE id = $1", params![&s.id])?;
             b.execute("DELETE FROM e2b_sandboxes WHERE id = $1", params![&s.id])?;
             b.execute(
-                &format!("INSERT INTO e2b_sandboxes ({COLUMNS}) VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11)"),
+                &format!(
+                    "INSERT INTO e2b_sandboxes ({COLUMNS}) VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12)"
+                ),
                 params![
                     &s.id,
                     &s.template,
@@ -134,7 +140,8 @@ impl Db {
                     &s.grant,
                     s.network
                         .as_ref()
-                        .map(|n| serde_json::to_string(n).expect("a network serialises"))
+                        .map(|n| serde_json::to_string(n).expect("a network serialises")),
+                    &s.workdir
                 ],
             )?;
             for (kind, vars) in [("metadata", &s.metadata), ("env", &s.env)] {

@@ -260,7 +260,7 @@ impl Engine {
 
     /// Records `rec`; the layers of an image it replaces go when nothing
     /// else uses them.
-    fn put_image_replacing(&mut self, rec: ImageRecord) -> Result<ImageRecord, EngineError> {
+    pub(crate) fn put_image_replacing(&mut self, rec: ImageRecord) -> Result<ImageRecord, EngineError> {
         let replaced = self.db.image(&rec.name)?;
         self.db.put_image(&rec)?;
         if let Some(old) = replaced {

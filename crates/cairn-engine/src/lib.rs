@@ -6,10 +6,12 @@
 //! CLI, later the HTTP API) call these services, never the tables.
 
 pub mod access;
+pub mod build;
 mod checkpoint_window;
 pub mod diff;
 mod durability;
 pub mod e2b;
+pub mod e2b_templates;
 mod failpoint;
 pub mod home;
 pub mod images;

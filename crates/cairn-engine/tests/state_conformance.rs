@@ -117,6 +117,7 @@ conformance!(
     an_idempotency_key_answers_once_and_refuses_another_body,
     e2b_sandboxes_keep_their_id_through_pause_and_resume,
     e2b_snapshots_are_listed_oldest_first_and_deleted_once,
+    e2b_template_builds_take_their_tags_only_when_ready,
     sessions_round_trip_are_found_by_name_or_prefix_and_names_are_unique,
     session_moves_are_compare_and_set_on_state_and_owner,
     log_entries_get_gapless_seqs_and_a_hash_chain_and_rewinds_hide_ranges,
@@ -1407,6 +1408,7 @@ fn e2b_sandbox(id: &str, life: E2bLife) -> E2bSandbox {
             allow_out: vec!["pypi.org".into(), "10.0.0.0/8".into()],
             deny_out: vec!["0.0.0.0/0".into()],
         }),
+        workdir: (id == "e1").then(|| "/app".to_string()),
     }
 }
 
@@ -1443,6 +1445,90 @@ fn e2b_sandboxes_keep_their_id_through_pause_and_resume(store: &Store) {
     assert!(db.delete_e2b_sandbox("e1").unwrap());
     assert!(!db.delete_e2b_sandbox("e1").unwrap());
     assert_eq!(db.e2b_sandboxes().unwrap().len(), 1);
+}
+
+fn e2b_template_builds_take_their_tags_only_when_ready(store: &Store) {
+    use cairn_engine::build::ImageConfig;
+    use cairn_engine::e2b_templates::{BuildFailure, BuildLogLine, BuildStatus};
+    let db = store.open();
+    let tags = vec!["default".to_string(), "v1".to_string()];
+    let t = db.start_e2b_template_build("my-env", "t1", "b1", &tags, 100).unwrap();
+    assert_eq!((t.id.as_str(), t.name.as_str()), ("t1", "my-env"));
+    // A second build of the same name keeps the template's id.
+    let again = db
+        .start_e2b_template_build("my-env", "t-unused", "b2", &["v2".to_string()], 200)
+        .unwrap();
+    assert_eq!(again.id, "t1");
+    assert_eq!(db.e2b_templates().unwrap().len(), 1);
+    let b1 = db.e2b_template_build("b1").unwrap().unwrap();
+    assert_eq!((b1.status, b1.tags.clone()), (BuildStatus::Waiting, tags.clone()));
+    assert!(db.claim_e2b_template_build("b1").unwrap());
+    assert!(!db.claim_e2b_template_build("b1").unwrap(), "a build starts once");
+    assert!(
+        db.e2b_template_tags("t1").unwrap().is_empty(),
+        "no tag before the build is ready"
+    );
+    assert_eq!(db.unfinished_e2b_template_builds().unwrap().len(), 2);
+
+    let config = ImageConfig {
+        env: [("A".to_string(), "1".to_string())].into(),
+        workdir: Some("/app".into()),
+        user: Some("user".into()),
+        start_cmd: Some("serve".into()),
+        ready_cmd: Some("check".into()),
+    };
+    let logs = vec![BuildLogLine {
+        at: 150,
+        level: "info".into(),
+        message: "RUN true".into(),
+        step: Some(1),
+    }];
+    db.finish_e2b_template_build(&b1, Ok(("e2b-t1-b1", &config)), &logs, 300)
+        .unwrap();
+    let b1 = db.e2b_template_build("b1").unwrap().unwrap();
+    assert_eq!(b1.status, BuildStatus::Ready);
+    assert_eq!(
+        (b1.image.as_deref(), b1.config.as_ref(), b1.logs.clone()),
+        (Some("e2b-t1-b1"), Some(&config), logs)
+    );
+    let named: Vec<(String, String)> = db
+        .e2b_template_tags("t1")
+        .unwrap()
+        .into_iter()
+        .map(|t| (t.tag, t.build_id))
+        .collect();
+    assert_eq!(named, vec![("default".into(), "b1".into()), ("v1".into(), "b1".into())]);
+
+    let b2 = db.e2b_template_build("b2").unwrap().unwrap();
+    let failure = BuildFailure {
+        message: "step 1 failed".into(),
+        step: Some(1),
+    };
+    db.finish_e2b_template_build(&b2, Err(&failure), &[], 400).unwrap();
+    let b2 = db.e2b_template_build("b2").unwrap().unwrap();
+    assert_eq!((b2.status, b2.reason), (BuildStatus::Error, Some(failure)));
+    assert_eq!(
+        db.e2b_template_tags("t1").unwrap().len(),
+        2,
+        "a failed build takes no tag"
+    );
+    assert!(db.unfinished_e2b_template_builds().unwrap().is_empty());
+
+    db.tag_e2b_template_build("t1", "b1", &["stable".to_string(), "v1".to_string()], 500)
+        .unwrap();
+    assert_eq!(db.e2b_template_tags("t1").unwrap().len(), 3);
+    assert_eq!(
+        db.untag_e2b_template("t1", &["stable".to_string(), "nope".to_string()])
+            .unwrap(),
+        1
+    );
+    drop(db);
+    let db = store.open();
+    assert_eq!(db.e2b_template_tags("t1").unwrap().len(), 2, "tags survive reopening");
+    assert_eq!(db.delete_e2b_template("t1").unwrap(), vec!["e2b-t1-b1".to_string()]);
+    assert!(db.e2b_templates().unwrap().is_empty());
+    assert!(db.e2b_template_build("b1").unwrap().is_none());
+    assert!(db.e2b_template_tags("t1").unwrap().is_empty());
 }
 
 fn e2b_snapshots_are_listed_oldest_first_and_deleted_once(store: &Store) {

@@ -130,7 +130,7 @@ pub fn begin(
     if req.detach && pty.is_none() {
         let name = req.argv.join(" ");
         let started = reaper.spawn_detached(name, || {
-            spawn::spawn(&req.argv, &req.env, cwd, spawn::Stdio::Console).map(|c| c.pid)
+            spawn::spawn(&req.argv, &req.env, cwd, req.user, spawn::Stdio::Console).map(|c| c.pid)
         });
         let reply = match started {
             Ok(pid) => FromInit::Started { pid },
@@ -187,7 +187,7 @@ struct Running {
 /// Starts `req` with pipes for its output (and its stdin when asked).
 fn start_piped(req: &ExecRequest, cwd: &str, reaper: &Reaper) -> Result<Running, FromInit> {
     let stdio = spawn::Stdio::Piped { stdin: req.stdin };
-    let started = reaper.spawn_polled(|| spawn::spawn(&req.argv, &req.env, cwd, stdio).map(|c| (c.pid, c)));
+    let started = reaper.spawn_polled(|| spawn::spawn(&req.argv, &req.env, cwd, req.user, stdio).map(|c| (c.pid, c)));
     let (mut child, pid, exited) = started.map_err(|e| spawn_failed(&req.argv[0], &e))?;
     let pipes = [child.stdout.take(), child.stderr.take()];
     let stdin = child.stdin.take();
@@ -217,7 +217,7 @@ fn start_on_terminal(req: &ExecRequest, cwd: &str, size: PtySize, reaper: &Reape
         message: format!("cannot open a terminal in the sandbox: {e}"),
     })?;
     let stdio = spawn::Stdio::Terminal(terminal.as_raw_fd());
-    let started = reaper.spawn_polled(|| spawn::spawn(&req.argv, &req.env, cwd, stdio).map(|c| (c.pid, c)));
+    let started = reaper.spawn_polled(|| spawn::spawn(&req.argv, &req.env, cwd, req.user, stdio).map(|c| (c.pid, c)));
     // The command has its own copies; init keeps only the controlling side.
     drop(terminal);
     let (_, pid, exited) = started.map_err(|e| spawn_failed(&req.argv[0], &e))?;

@@ -235,7 +235,7 @@ impl Hub {
         };
         let request = decode_payload::<ToInit>(&g.buf[4..4 + len]);
         g.buf.drain(..4 + len);
-        let request = match request {
+        let request = match request.map_err(|e| e.to_string()).and_then(ToInit::from_wire) {
             Ok(r) => r,
             Err(e) => {
                 eprintln!("cairn-init: connection ended: {e}");

@@ -164,7 +164,14 @@ impl Jobs {
         }
         let cwd = req.cwd.clone().unwrap_or_else(|| "/".into());
         let started = reaper.spawn(|| {
-            spawn::spawn(&req.argv, &req.env, &cwd, spawn::Stdio::Piped { stdin: false }).map(|c| (c.pid, c))
+            spawn::spawn(
+                &req.argv,
+                &req.env,
+                &cwd,
+                req.user,
+                spawn::Stdio::Piped { stdin: false },
+            )
+            .map(|c| (c.pid, c))
         });
         let (mut child, pid, exited) = match started {
             Ok(x) => x,

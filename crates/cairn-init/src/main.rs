@@ -278,6 +278,7 @@ pub(crate) fn name(msg: &ToInit) -> &'static str {
         ToInit::Hello { .. } => "Hello",
         ToInit::Ping => "Ping",
         ToInit::Exec(_) => "Exec",
+        ToInit::AsUser { .. } => "AsUser",
         ToInit::Stdin(_) => "Stdin",
         ToInit::StdinEof => "StdinEof",
         ToInit::Signal(_) => "Signal",

@@ -67,8 +67,14 @@ fn resolve(program: &str, path: &str) -> io::Result<PathBuf> {
 }
 
 /// Starts `argv` in its own process group with `env` on top of the default
-/// environment, in `cwd`.
-pub fn spawn(argv: &[String], env: &[(String, String)], cwd: &str, stdio: Stdio) -> io::Result<Child> {
+/// environment, in `cwd`, as `user` (else as the sandbox's root).
+pub fn spawn(
+    argv: &[String],
+    env: &[(String, String)],
+    cwd: &str,
+    user: Option<cairn_protocol::Ids>,
+    stdio: Stdio,
+) -> io::Result<Child> {
     let mut vars: Vec<(String, String)> = vec![
         ("PATH".into(), DEFAULT_PATH.into()),
         ("HOME".into(), "/root".into()),
@@ -106,6 +112,7 @@ pub fn spawn(argv: &[String], env: &[(String, String)], cwd: &str, stdio: Stdio)
         dups: [-1; 3],
         terminal: false,
         reset_signals: reset_signals(),
+        user: user.map(|ids| (ids.uid, ids.gid)),
         error: 0,
     };
     match stdio {
@@ -204,7 +211,7 @@ pub fn time(args: &[String], out: &mut impl std::io::Write) -> i32 {
     let argv = &args[1..];
     for _ in 0..n {
         let t0 = std::time::Instant::now();
-        let child = match spawn(argv, &[], "/", Stdio::Piped { stdin: false }) {
+        let child = match spawn(argv, &[], "/", None, Stdio::Piped { stdin: false }) {
             Ok(c) => c,
             Err(e) => {
                 eprintln!("cairn-init --time-spawn: {}: cannot start: {e}", argv[0]);
@@ -258,6 +265,8 @@ struct ChildPlan {
     terminal: bool,
     /// See [`reset_signals`].
     reset_signals: &'static [libc::c_int],
+    /// The uid and gid to run as (else init's own).
+    user: Option<(libc::uid_t, libc::gid_t)>,
     /// Set by the child when it could not exec: the errno.
     error: libc::c_int,
 }
@@ -500,6 +509,18 @@ extern "C" fn child(arg: *mut libc::c_void) -> libc::c_int {
         if plan.terminal && libc::ioctl(0, libc::TIOCSCTTY, 0) != 0 {
             return fail(plan);
         }
+        // Raw system calls: libc's wrappers would signal every thread of
+        // init to change its ids too. Dropping root's uid clears the
+        // capabilities; the groups go first, while the child may still.
+        if let Some((uid, gid)) = plan.user {
+            let groups = [gid];
+            if libc::syscall(libc::SYS_setgroups, 1usize, groups.as_ptr()) != 0
+                || libc::syscall(libc::SYS_setresgid, gid, gid, gid) != 0
+                || libc::syscall(libc::SYS_setresuid, uid, uid, uid) != 0
+            {
+                return fail(plan);
+            }
+        }
         if libc::chdir(plan.cwd) != 0 {
             return fail(plan);
         }
@@ -574,6 +595,7 @@ mod tests {
             &argv,
             &[("X".into(), "1".into())],
             "/tmp",
+            None,
             Stdio::Piped { stdin: false },
         )
         .unwrap();
@@ -611,7 +633,7 @@ mod tests {
         }
         nix::sys::stat::umask(nix::sys::stat::Mode::from_bits_truncate(0o177));
         let argv = ["sh".to_string(), "-c".into(), "umask".into()];
-        let child = spawn(&argv, &[], "/", Stdio::Piped { stdin: false }).unwrap();
+        let child = spawn(&argv, &[], "/", None, Stdio::Piped { stdin: false }).unwrap();
         let out = read_all(child.stdout);
         assert!(matches!(wait(child.pid), nix::sys::wait::WaitStatus::Exited(_, 0)));
         assert_eq!(out.trim(), "0022");
@@ -620,25 +642,25 @@ mod tests {
     #[test]
     fn stdin_is_piped_when_asked_and_empty_otherwise() {
         let cat = ["cat".to_string()];
-        let child = spawn(&cat, &[], "/", Stdio::Piped { stdin: true }).unwrap();
+        let child = spawn(&cat, &[], "/", None, Stdio::Piped { stdin: true }).unwrap();
         let mut stdin = child.stdin.unwrap();
         stdin.write_all(b"through\n").unwrap();
         drop(stdin);
         assert_eq!(read_all(child.stdout), "through\n");
         wait(child.pid);
-        let child = spawn(&cat, &[], "/", Stdio::Piped { stdin: false }).unwrap();
+        let child = spawn(&cat, &[], "/", None, Stdio::Piped { stdin: false }).unwrap();
         assert_eq!(read_all(child.stdout), "");
         wait(child.pid);
     }
 
     #[test]
     fn a_command_that_cannot_start_is_an_error_and_leaves_no_child() {
-        let missing = spawn(&["no-such-command".to_string()], &[], "/", Stdio::Console);
+        let missing = spawn(&["no-such-command".to_string()], &[], "/", None, Stdio::Console);
         assert_eq!(missing.err().map(|e| e.kind()), Some(io::ErrorKind::NotFound));
         // Found on the path but failing in the child (exec of a directory,
         // a missing working directory): the child is reaped here.
         for (argv, cwd) in [("/tmp", "/"), ("true", "/no/such/dir")] {
-            let failed = spawn(&[argv.to_string()], &[], cwd, Stdio::Piped { stdin: false });
+            let failed = spawn(&[argv.to_string()], &[], cwd, None, Stdio::Piped { stdin: false });
             assert!(failed.is_err(), "{argv} in {cwd} started");
         }
         let left = nix::sys::wait::waitpid(

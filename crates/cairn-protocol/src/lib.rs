@@ -132,6 +132,64 @@ pub enum ToInit {
     /// carries the TCP stream's bytes both ways, unframed, until either
     /// side closes; or with [`FromInit::Error`] when nothing answers.
     ConnectPort { port: u16 },
+    /// A process request ([`ToInit::Exec`], [`ToInit::ExecPty`] or
+    /// [`ToInit::StartJob`]) whose process runs as `ids` rather than as
+    /// the sandbox's root: what [`ExecRequest::user`] becomes on the wire
+    /// ([`ToInit::on_wire`]), so a request without a user is encoded as
+    /// before and an older init refuses only what it cannot do.
+    AsUser { ids: Ids, request: Box<ToInit> },
+}
+
+/// A user and group of the sandbox (ids as the sandbox sees them).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, Default)]
+pub struct Ids {
+    pub uid: u32,
+    pub gid: u32,
+}
+
+impl ToInit {
+    /// The process request inside, if this is one.
+    fn exec_request(&mut self) -> Option<&mut ExecRequest> {
+        match self {
+            ToInit::Exec(r) | ToInit::ExecPty { request: r, .. } | ToInit::StartJob { request: r, .. } => Some(r),
+            _ => None,
+        }
+    }
+
+    /// What goes on the wire: a process request whose [`ExecRequest::user`]
+    /// is set, wrapped in [`ToInit::AsUser`]; anything else as it is.
+    pub fn on_wire(&self) -> std::borrow::Cow<'_, ToInit> {
+        let user = match self {
+            ToInit::Exec(r) | ToInit::ExecPty { request: r, .. } | ToInit::StartJob { request: r, .. } => r.user,
+            _ => None,
+        };
+        match user {
+            None => std::borrow::Cow::Borrowed(self),
+            Some(ids) => std::borrow::Cow::Owned(ToInit::AsUser {
+                ids,
+                request: Box::new(self.clone()),
+            }),
+        }
+    }
+
+    /// What init serves: [`ToInit::AsUser`] unwrapped into its process
+    /// request with [`ExecRequest::user`] set; an error when it wraps
+    /// anything else.
+    pub fn from_wire(self) -> Result<ToInit, String> {
+        match self {
+            ToInit::AsUser { ids, request } => {
+                let mut inner = *request;
+                match inner.exec_request() {
+                    Some(r) => {
+                        r.user = Some(ids);
+                        Ok(inner)
+                    }
+                    None => Err("AsUser wraps only Exec, ExecPty or StartJob".to_string()),
+                }
+            }
+            other => Ok(other),
+        }
+    }
 }
 
 /// A terminal's size in characters.
@@ -235,6 +293,11 @@ pub struct ExecRequest {
     /// Start in the background and answer at once with [`FromInit::Started`];
     /// output goes to the sandbox log.
     pub detach: bool,
+    /// Run as this user and group (no supplementary groups, no
+    /// capabilities) instead of the sandbox's root. Not encoded in this
+    /// struct: [`ToInit::on_wire`] carries it as [`ToInit::AsUser`].
+    #[serde(skip)]
+    pub user: Option<Ids>,
 }
 
 /// How a process ended.
@@ -434,6 +497,7 @@ mod tests {
                 stdin: true,
                 timeout_ms: Some(5),
                 detach: false,
+                user: None,
             }),
             ToInit::Data(vec![7; 1000]),
             ToInit::Restored {
@@ -486,6 +550,44 @@ mod tests {
         wire.push(0);
         let err = read_frame::<ToInit, _>(&mut &wire[..]).unwrap_err();
         assert!(matches!(err, FrameError::Decode(_)), "{err}");
+    }
+
+    #[test]
+    fn a_user_travels_as_as_user_and_a_request_without_one_is_encoded_as_before() {
+        let plain = ExecRequest {
+            argv: vec!["id".into()],
+            ..ExecRequest::default()
+        };
+        let as_user = ExecRequest {
+            user: Some(Ids { uid: 1000, gid: 1000 }),
+            ..plain.clone()
+        };
+        let (mut a, mut b) = (Vec::new(), Vec::new());
+        encode_frame(ToInit::Exec(plain.clone()).on_wire().as_ref(), &mut a).unwrap();
+        encode_frame(&ToInit::Exec(plain.clone()), &mut b).unwrap();
+        assert_eq!(a, b, "no user: the frame an older init reads");
+        for request in [
+            ToInit::Exec(as_user.clone()),
+            ToInit::ExecPty {
+                request: as_user.clone(),
+                size: PtySize { cols: 80, rows: 24 },
+            },
+            ToInit::StartJob {
+                name: "j".into(),
+                request: as_user.clone(),
+            },
+        ] {
+            let mut frame = Vec::new();
+            encode_frame(request.on_wire().as_ref(), &mut frame).unwrap();
+            let decoded: ToInit = read_frame(&mut frame.as_slice()).unwrap();
+            assert!(matches!(decoded, ToInit::AsUser { .. }));
+            assert_eq!(decoded.from_wire().unwrap(), request, "the user survives the wire");
+        }
+        let bad = ToInit::AsUser {
+            ids: Ids::default(),
+            request: Box::new(ToInit::Ping),
+        };
+        assert!(bad.from_wire().is_err());
     }
 
     #[test]

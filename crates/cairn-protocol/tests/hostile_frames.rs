@@ -42,6 +42,7 @@ fn to_init() -> Vec<ToInit> {
             stdin: true,
             timeout_ms: Some(5000),
             detach: false,
+            user: None,
         }),
         ToInit::Stdin(b"input".to_vec()),
         ToInit::Kill { pid: 7, signal: 9 },

@@ -103,6 +103,7 @@ fn run_sh(client: &InitClient, script: &str, detach: bool) {
             stdin: false,
             timeout_ms: None,
             detach,
+            user: None,
         })
         .unwrap()
         .unwrap();

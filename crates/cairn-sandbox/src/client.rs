@@ -215,7 +215,7 @@ impl InitClient {
         let mut frame = Vec::new();
         encode_frame(&hello(), &mut frame)?;
         buf.extend_from_slice(&frame);
-        encode_frame(request, &mut frame)?;
+        encode_frame(request.on_wire().as_ref(), &mut frame)?;
         buf.extend_from_slice(&frame);
         stream.write_all(&buf).map_err(|e| self.lost(e))?;
         Ok(stream)

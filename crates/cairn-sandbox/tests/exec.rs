@@ -189,3 +189,29 @@ impl Write for LineSender {
         Ok(())
     }
 }
+
+#[test]
+fn a_command_run_as_a_user_has_its_ids_no_groups_and_no_capabilities() {
+    let Some(sandbox) = Native::start("asuser") else {
+        return;
+    };
+    let script = "id -u; id -g; id -G; grep CapEff /proc/self/status; touch /etc/mine 2>/dev/null && echo wrote || echo refused; \
+                  mkdir -p /shared && chmod 1777 /shared 2>/dev/null; cd /shared && touch mine-$(id -u) && stat -c %u:%g mine-$(id -u)";
+    let run = |user| {
+        let mut req = request(&["sh", "-c", script], false, false);
+        req.user = user;
+        let session = sandbox.client.exec(req).unwrap().unwrap();
+        let (mut out, mut err) = (Vec::new(), Vec::new());
+        let status = session.wait(&mut out, &mut err).unwrap().unwrap();
+        assert_eq!(status.code, Some(0), "{}", String::from_utf8_lossy(&err));
+        String::from_utf8(out).unwrap()
+    };
+    // The sandbox's root first: it makes the directory the user writes in.
+    let root = run(None);
+    assert!(root.starts_with("0\n0\n") && root.contains("wrote\n0:0\n"), "{root}");
+    let ids = cairn_protocol::Ids { uid: 1000, gid: 1001 };
+    assert_eq!(
+        run(Some(ids)),
+        "1000\n1001\n1001\nCapEff:\t0000000000000000\nrefused\n1000:1001\n"
+    );
+}

@@ -139,6 +139,7 @@ fn sh(client: &InitClient, script: &str) -> (Option<i32>, String) {
             stdin: false,
             timeout_ms: Some(20_000),
             detach: false,
+            user: None,
         })
         .unwrap()
         .unwrap_or_else(|f| panic!("spawn failed: {f:?}"));
@@ -161,6 +162,7 @@ fn detach(client: &InitClient, script: &str) {
             stdin: false,
             timeout_ms: None,
             detach: true,
+            user: None,
         })
         .unwrap()
         .unwrap_or_else(|f| panic!("spawn failed: {f:?}"));
@@ -453,6 +455,7 @@ fn a_checkpoint_with_a_command_still_attached_is_refused_and_the_sandbox_keeps_s
             stdin: false,
             timeout_ms: None,
             detach: false,
+            user: None,
         })
         .unwrap()
         .unwrap();

@@ -696,6 +696,7 @@ impl Tools {
             stdin: false,
             timeout_ms: Some(timeout_secs.unwrap_or(300) * 1000),
             detach: false,
+            user: None,
         };
         let (mut out, mut err) = (Tail::default(), Tail::default());
         let outcome = self.with_engine(|e| Ok(e.session_exec_noted(session, req, notes, &mut out, &mut err)?))?;

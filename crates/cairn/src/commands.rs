@@ -564,6 +564,7 @@ pub(crate) fn request(process: &ProcessArgs, argv: Vec<String>, detach: bool) ->
         stdin: process.interactive,
         timeout_ms,
         detach,
+        user: None,
     })
 }
 

@@ -17,7 +17,9 @@ use cairn_sandbox::Limits;
 use serde::Deserialize;
 use serde_json::{json, Value};
 
-use super::{network, page, Entry, Gateway, Life, RestError, DEFAULT_TIMEOUT_SECS, ENVD_VERSION, MAX_TIMEOUT_SECS};
+use super::{
+    network, page, templates, Entry, Gateway, Life, RestError, DEFAULT_TIMEOUT_SECS, ENVD_VERSION, MAX_TIMEOUT_SECS,
+};
 use crate::admission::Admission;
 use crate::app::now_ms;
 use cairn_engine::e2b::E2bSnapshot;
@@ -165,6 +167,7 @@ fn entry_for(rec: &SandboxRecord, template: String, life_ms: i64, key: &ApiKey) 
         memory_mb: rec.memory_bytes >> 20,
         grant: Some(key.0.clone()),
         network: None,
+        workdir: None,
     }
 }
 
@@ -202,9 +205,20 @@ pub async fn create(
     check_map("envVars", &env, true)?;
     let life = timeout_ms(req.timeout)?;
     let template = req.template_id.clone();
-    let driver = gw.drivers.of(&template);
+    // A template built through the template API: its image, run on the
+    // native driver, and what its sandboxes start with.
+    let built = if template == "base" {
+        None
+    } else {
+        templates::resolve(&gw, &template).await?
+    };
+    let driver = if built.is_some() {
+        "native"
+    } else {
+        gw.drivers.of(&template)
+    };
     // A snapshot template is restored on the driver it was taken on.
-    let snapshot_driver = if template == "base" {
+    let snapshot_driver = if template == "base" || built.is_some() {
         None
     } else {
         let t = template.clone();
@@ -227,6 +241,7 @@ pub async fn create(
     // Past the server's capacity the create waits its turn; its deadline
     // passing is E2B's 429.
     let ticket = Admission::admit_request(&gw.app, &key.0, &headers, 1, &Limits::default()).await?;
+    let config = built.as_ref().map(|(_, c)| c.clone());
     let rec = gw
         .app
         .engine(move |e| {
@@ -250,7 +265,11 @@ pub async fn create(
             // code-interpreter`, or an image whose top layer holds its
             // server, as an import of one does) serve E2B's code
             // interpreter on port 49999, started with the sandbox.
-            let rec = if template == "base" {
+            let rec = if let Some((image, config)) = &built {
+                let mut opts = on_driver(Some(image.clone()));
+                opts.services = config.start_cmd.iter().cloned().collect();
+                created(e.create_sandbox(&opts, &Silent))?
+            } else if template == "base" {
                 created(e.create_sandbox(&on_driver(None), &Silent))?
             } else if let Ok(image) = e.image(&template) {
                 let mut opts = on_driver(Some(template.clone()));
@@ -277,6 +296,17 @@ pub async fn create(
                 }
             };
             let ready = make_home(e, &rec).and_then(|()| {
+                if let Some((_, config)) = built.as_ref().filter(|(_, c)| c.start_cmd.is_some()) {
+                    if let Some(ready) = &config.ready_cmd {
+                        let ids = e
+                            .ids_of(&rec, config.user.as_deref())
+                            .map_err(crate::error::ApiError::internal)?;
+                        e.wait_ready(&rec, ready, config, ids, templates::READY_TIMEOUT)
+                            .map_err(|why| {
+                                crate::error::ApiError::internal(format!("{why}; the sandbox was removed"))
+                            })?;
+                    }
+                }
                 if serves_interpreter(&rec) {
                     wait_for_interpreter(e, &rec)
                         .map_err(|why| crate::error::ApiError::internal(format!("{why}; the sandbox was removed")))
@@ -294,7 +324,15 @@ pub async fn create(
     ticket.made([&rec]);
     let mut entry = entry_for(&rec, req.template_id, life, &key);
     entry.metadata = metadata;
-    entry.env = env;
+    if let Some(config) = config {
+        // The template's variables, under the ones the create gave.
+        let mut all = config.env;
+        all.extend(env);
+        entry.env = all;
+        entry.workdir = config.workdir;
+    } else {
+        entry.env = env;
+    }
     entry.auto_pause = req.auto_pause.unwrap_or(false);
     entry.network = net;
     let out = sandbox_json(&gw, &entry);
@@ -781,9 +819,13 @@ pub async fn snapshots(
     )
 }
 
-/// `DELETE /templates/{id}`: deletes a snapshot made through
+/// `DELETE /templates/{id}`: deletes a template built through the
+/// template API (by id or name) or a snapshot made through
 /// `create_snapshot`; 404 for anything else.
 pub async fn delete_snapshot(State(gw): G, Path(id): Path<String>) -> Rest<StatusCode> {
+    if templates::delete(&gw, &id).await? {
+        return Ok(StatusCode::NO_CONTENT);
+    }
     let key = id.clone();
     let known = gw
         .app
@@ -853,6 +895,7 @@ pub async fn fork(
         let mut e = entry_for(rec, parent.template.clone(), ms, &key);
         e.metadata = parent.metadata.clone();
         e.env = parent.env.clone();
+        e.workdir = parent.workdir.clone();
         e.auto_pause = parent.auto_pause;
         // The engine's fork keeps the parent's network and rules.
         e.network = parent.network.clone();

@@ -25,6 +25,7 @@ mod network;
 mod page;
 mod ports;
 mod rpc;
+mod templates;
 mod watch;
 
 use std::collections::{BTreeMap, HashMap, HashSet};
@@ -110,6 +111,8 @@ pub struct Gateway {
     egress: bool,
     /// What create and info answer as `domain` (`--e2b-domain`).
     domain: Option<String>,
+    /// The template builds running now.
+    pub(crate) builds: templates::Builds,
 }
 
 /// Keeps the followers of a sandbox's jobs off while it lives
@@ -438,6 +441,14 @@ pub struct E2bOptions {
     pub domain: Option<String>,
 }
 
+/// Marks the template builds a stopped server left unfinished as failed.
+fn app_recover(app: &Arc<App>) -> Result<(), ApiError> {
+    let mut e = app.take_engine()?;
+    let out = templates::recover(&mut e).map_err(ApiError::from);
+    app.give_back(e);
+    out
+}
+
 pub fn router(app: Arc<App>, options: E2bOptions) -> Router {
     let E2bOptions {
         drivers,
@@ -474,7 +485,14 @@ pub fn router(app: Arc<App>, options: E2bOptions) -> Router {
         metrics: metrics::Metrics::default(),
         egress,
         domain,
+        builds: templates::Builds::default(),
     });
+    if let Err(e) = app_recover(&gw.app) {
+        tracing::error!(
+            "e2b: cannot mark the template builds the last server left unfinished: {}",
+            e.message
+        );
+    }
     control::spawn_reaper(Arc::clone(&gw));
     spawn_token_watch(Arc::clone(&gw));
     metrics::spawn_sampler(Arc::clone(&gw));
@@ -492,11 +510,28 @@ pub fn router(app: Arc<App>, options: E2bOptions) -> Router {
         .route("/sandboxes/{id}/fork", post(control::fork))
         .route("/snapshots", get(control::snapshots))
         .route("/templates/{id}", delete(control::delete_snapshot))
+        .route("/v3/templates", post(templates::request_build))
+        // Build files are streamed to disk, up to --max-upload.
+        .route(
+            "/templates/{id}/files/{hash}",
+            get(templates::file_link)
+                .put(templates::upload)
+                .layer(axum::extract::DefaultBodyLimit::disable()),
+        )
+        .route("/v2/templates/{id}/builds/{build}", post(templates::start_build))
+        .route("/templates/{id}/builds/{build}/status", get(templates::status))
+        .route("/templates/aliases/{alias}", get(templates::alias))
+        .route(
+            "/templates/tags",
+            post(templates::assign_tags).delete(templates::remove_tags),
+        )
+        .route("/templates/{id}/tags", get(templates::tags))
         .layer(axum::middleware::from_fn_with_state(
             Arc::clone(&gw),
             control::require_api_key,
         ))
         .layer(axum::extract::DefaultBodyLimit::max(1 << 20));
+
     let envd = Router::new()
         .route("/health", get(envd::health))
         .route(

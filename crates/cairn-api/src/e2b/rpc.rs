@@ -654,7 +654,9 @@ async fn start(
     }
     let user = user_of(headers);
     let home = home_of(&user);
-    let cwd = resolve(cfg.cwd.as_deref().unwrap_or(home), home).map_err(RpcError::invalid)?;
+    // A built template's WORKDIR is where commands run unless they say.
+    let default_cwd = entry.workdir.as_deref().unwrap_or(home);
+    let cwd = resolve(cfg.cwd.as_deref().unwrap_or(default_cwd), home).map_err(RpcError::invalid)?;
     let mut env: Vec<(String, String)> = vec![("HOME".into(), home.into()), ("USER".into(), user.clone())];
     env.extend(entry.env.iter().map(|(k, v)| (k.clone(), v.clone())));
     for (k, v) in &cfg.envs {
@@ -679,6 +681,7 @@ async fn start(
         stdin: req.stdin.unwrap_or(false),
         timeout_ms,
         detach: false,
+        user: None,
     };
     let (tx, rx) = mpsc::channel::<Bytes>(64);
     let (ready_tx, ready_rx) = tokio::sync::oneshot::channel::<Rpc<()>>();

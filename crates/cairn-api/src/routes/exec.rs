@@ -78,6 +78,7 @@ pub(crate) fn request(body: &ExecBody, streamed: bool) -> ApiResult<ExecRequest>
         stdin: body.stdin.is_some() || body.stdin_open,
         timeout_ms,
         detach: body.detach,
+        user: None,
     })
 }
 

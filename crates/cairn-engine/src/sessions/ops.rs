@@ -688,6 +688,7 @@ impl Engine {
             stdin: false,
             timeout_ms: None,
             detach: false,
+            user: None,
         };
         self.session_exec_request(key, req, stdout, stderr)
     }

@@ -149,6 +149,7 @@ impl Engine {
                 stdin: false,
                 timeout_ms: r.timeout_ms,
                 detach: false,
+                user: None,
             });
             let (Some("exec"), Some(req)) = (call.tool.as_deref(), req.filter(|r| !r.argv.is_empty())) else {
                 report.stopped = Some(format!(
