@@ -30,6 +30,8 @@ def _host_tuple():
 def main():
     runs = int(sys.argv[1]) if len(sys.argv) > 1 else 50
     flags = sys.argv[2:]
+    # Measured on the tiny base unless told otherwise (`--e2b-base debian`).
+    base = [] if "--e2b-base" in flags else ["--e2b-base", "busybox"]
     binary = os.environ.get("CAIRN_BIN") or str(REPO / "target" / _host_tuple() / "release" / "cairn")
     home = tempfile.mkdtemp(prefix="cairn-bench-e2b-")
     env = dict(os.environ, CAIRN_HOME=home)
@@ -42,7 +44,7 @@ def main():
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
     server = subprocess.Popen(
-        [binary, "serve", "--e2b", f"127.0.0.1:{port}", *flags], env=env,
+        [binary, "serve", "--e2b", f"127.0.0.1:{port}", *base, *flags], env=env,
         stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
     )
     try:

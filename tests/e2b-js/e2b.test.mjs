@@ -41,7 +41,7 @@ before(async () => {
   const created = execFileSync(binary, ['token', 'create', 'e2b-js'], { env }).toString()
   const secret = created.split(/\s+/).find((w) => w.length >= 20)
   const port = await freePort()
-  server = spawn(binary, ['serve', '--e2b', `127.0.0.1:${port}`], { env, stdio: 'ignore' })
+  server = spawn(binary, ['serve', '--e2b', `127.0.0.1:${port}`, '--e2b-base', 'busybox'], { env, stdio: 'ignore' })
   const url = `http://127.0.0.1:${port}`
   const deadline = Date.now() + 30_000
   for (;;) {

@@ -62,8 +62,10 @@ def another_server(binary, name, *flags):
     key = next(w for w in token.split() if len(w) >= 20)
     port = _free_port()
     log = open(os.path.join(home, "serve.log"), "a")
+    # The tiny base unless the test asks for E2B's Debian one.
+    base = [] if "--e2b-base" in flags else ["--e2b-base", "busybox"]
     server = subprocess.Popen(
-        [binary, "serve", "--e2b", f"127.0.0.1:{port}", *flags],
+        [binary, "serve", "--e2b", f"127.0.0.1:{port}", *base, *flags],
         env=env,
         stdout=log,
         stderr=subprocess.STDOUT,
@@ -123,7 +125,8 @@ def cairn_e2b():
 
     def start():
         server["p"] = subprocess.Popen(
-            [binary, "serve", "--e2b", f"127.0.0.1:{port}", "--e2b-driver", f"{GVISOR_TEMPLATE}=gvisor",
+            [binary, "serve", "--e2b", f"127.0.0.1:{port}", "--e2b-base", "busybox",
+             "--e2b-driver", f"{GVISOR_TEMPLATE}=gvisor",
              "--e2b-driver", f"{GVISOR_INTERPRETER}=gvisor"],
             env=env,
             stdout=log,

@@ -211,7 +211,8 @@ def test_a_gvisor_template_without_runsc_fails_naming_what_to_install(cairn_e2b)
         key = next(w for w in out.split() if len(w) >= 20)
         port = _free_port()
         server = subprocess.Popen(
-            [cairn_e2b["bin"], "serve", "--e2b", f"127.0.0.1:{port}", "--e2b-driver", "gvisor"],
+            [cairn_e2b["bin"], "serve", "--e2b", f"127.0.0.1:{port}", "--e2b-base", "busybox",
+             "--e2b-driver", "gvisor"],
             env=env,
             stdout=subprocess.DEVNULL,
             stderr=subprocess.DEVNULL,

@@ -173,7 +173,7 @@ def test_the_async_builder_builds_and_its_status_pages_the_log(cairn_e2b):
         sbx.kill()
 
 
-def test_a_build_cut_off_by_a_server_stop_fails_and_leaves_nothing(server_of_its_own):
+def test_a_build_cut_off_by_a_server_stop_fails_and_leaves_nothing(server_of_its_own, cairn_e2b):
     with server_of_its_own("tpl-kill") as srv:
         api = {"api_key": srv["key"], "api_url": srv["url"]}
         name = "cut-off"
@@ -187,7 +187,7 @@ def test_a_build_cut_off_by_a_server_stop_fails_and_leaves_nothing(server_of_its
                 break
             time.sleep(0.2)
         assert status.status.value == "building", status
-        binary = os.environ.get("CAIRN_BIN")
+        binary = cairn_e2b["bin"]
         env = dict(os.environ, CAIRN_HOME=srv["home"])
         # The server is stopped with SIGKILL: nothing of it runs on.
         pid = subprocess.run(["pgrep", "-f", f"serve --e2b {srv['url'][7:]}"], capture_output=True, text=True)
@@ -197,7 +197,7 @@ def test_a_build_cut_off_by_a_server_stop_fails_and_leaves_nothing(server_of_its
         port = srv["url"].rsplit(":", 1)[1]
         log = open(os.path.join(srv["home"], "serve2.log"), "a")
         again = subprocess.Popen(
-            [binary or "cairn", "serve", "--e2b", f"127.0.0.1:{port}"], env=env, stdout=log, stderr=subprocess.STDOUT
+            [binary, "serve", "--e2b", f"127.0.0.1:{port}", "--e2b-base", "busybox"], env=env, stdout=log, stderr=subprocess.STDOUT
         )
         try:
             deadline = time.time() + 30

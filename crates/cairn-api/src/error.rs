@@ -108,6 +108,7 @@ fn status_of(e: &EngineError) -> StatusCode {
     use StatusCode as S;
     match e {
         EngineError::NoSuchSandbox(_) => S::NOT_FOUND,
+        EngineError::NoSuchUser { .. } => S::BAD_REQUEST,
         EngineError::AmbiguousSandbox { .. } | EngineError::BadName(_) | EngineError::UnknownDriver(_) => {
             S::BAD_REQUEST
         }

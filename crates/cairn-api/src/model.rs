@@ -217,8 +217,13 @@ pub struct ExecBody {
     /// Added to the default environment (PATH, HOME, TERM).
     #[serde(default)]
     pub env: BTreeMap<String, String>,
-    /// Working directory (default `/`).
+    /// Working directory (default `/`, or the WORKDIR of an image built
+    /// with `cairn image build --file`).
     pub cwd: Option<String>,
+    /// Run as this user of the sandbox: a name from its `/etc/passwd` or
+    /// `UID[:GID]` (default root, or the USER of an image built with
+    /// `cairn image build --file`).
+    pub user: Option<String>,
     /// Kill the process after this many seconds (it then reports `timed_out`).
     pub timeout_secs: Option<f64>,
     /// Text written to the process's stdin, which is then closed. For a

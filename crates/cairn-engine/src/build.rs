@@ -7,14 +7,12 @@
 //! or not at all: a failed or killed build leaves no image and, once its
 //! sandbox is removed, nothing else.
 
-use std::collections::BTreeMap;
 use std::io::{Read, Write};
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
 use cairn_protocol::{ExecRequest, FileKind, FileMeta, Ids};
 use cairn_sandbox::net::NetPolicy;
-use serde::{Deserialize, Serialize};
 
 use crate::e2b_templates::BuildFailure;
 use crate::images::{valid_image_name, ImageError};
@@ -22,22 +20,7 @@ use crate::sandboxes::CreateOptions;
 use crate::state::{ImageRecord, SandboxRecord};
 use crate::{now_ms, Engine, EngineError};
 
-/// What a built image's sandboxes start with: the environment, working
-/// directory and user of its commands, and a command started with each
-/// sandbox (`start_cmd`) that is ready once `ready_cmd` exits 0.
-#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
-pub struct ImageConfig {
-    #[serde(default)]
-    pub env: BTreeMap<String, String>,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub workdir: Option<String>,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub user: Option<String>,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub start_cmd: Option<String>,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub ready_cmd: Option<String>,
-}
+pub use crate::state::ImageConfig;
 
 /// Where a build starts.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -166,7 +149,7 @@ impl Engine {
                 .snapshot(&rec, Some(&format!("build of {name}")))
                 .map_err(|e| fail(None, format!("cannot snapshot the built sandbox: {e}")))?;
             let image = self
-                .image_from_snapshot(&snap, name, source.clone())
+                .image_from_snapshot(&snap, name, source.clone(), Some(config.clone()))
                 .map_err(|e| fail(None, format!("cannot record image {name}: {e}")));
             if let Err(e) = self.remove_snapshot(&snap) {
                 tracing::warn!("build of {name}: cannot remove its snapshot {}: {e}", snap.id);
@@ -179,12 +162,14 @@ impl Engine {
         built
     }
 
-    /// Records image `name` with the layers of `snap` (no copy).
+    /// Records image `name` with the layers of `snap` (no copy) and
+    /// `config`.
     pub fn image_from_snapshot(
         &mut self,
         snap: &crate::state::SnapshotRecord,
         name: &str,
         source: String,
+        config: Option<ImageConfig>,
     ) -> Result<ImageRecord, EngineError> {
         if !valid_image_name(name) {
             return Err(ImageError::BadName(name.to_string()).into());
@@ -200,6 +185,7 @@ impl Engine {
             size_bytes: size,
             created_at: now_ms(),
             layers: snap.layers.clone(),
+            config,
         };
         self.put_image_replacing(rec)
     }

@@ -43,6 +43,23 @@ pub const CODE_INTERPRETER_PACKAGES: &[&str] = &[
 pub const CODE_INTERPRETER_PORT: u16 = 49999;
 /// The first word of a code-interpreter image's source.
 pub const CODE_INTERPRETER_SOURCE: &str = "code-interpreter";
+/// What E2B's base template has beyond Debian's minimal system (bash,
+/// coreutils, passwd): Python with pip, git, curl.
+pub const E2B_BASE_PACKAGES: &[&str] = &[
+    "python3",
+    "python3-pip",
+    "python3-venv",
+    "git",
+    "curl",
+    "ca-certificates",
+];
+/// The image name and source of E2B's base template as Cairn builds it.
+pub const E2B_BASE: &str = "e2b-base";
+/// Run in the new root: E2B's user `user` (uid and gid 1000, home
+/// /home/user, bash, no sudo), and pip allowed to install beside Debian's
+/// packages, as in E2B's base.
+const E2B_BASE_SETUP: &str = "useradd --uid 1000 --user-group --create-home --shell /bin/bash user && \
+     chmod 0755 /home/user && printf '[global]\nbreak-system-packages = true\n' > /etc/pip.conf && chmod 0644 /etc/pip.conf";
 /// The command that serves the code interpreter in a sandbox of such an
 /// image, on the sandbox's loopback (the E2B gateway reaches it through
 /// init), in the E2B user's home.
@@ -254,6 +271,7 @@ impl Engine {
             size_bytes: self.layers.size(&id),
             created_at: now_ms(),
             layers: vec![id.to_string()],
+            config: None,
         };
         self.put_image_replacing(rec)
     }
@@ -272,7 +290,7 @@ impl Engine {
         Ok(rec)
     }
 
-    fn scratch_dir(&self) -> Result<ScratchDir, EngineError> {
+    pub(crate) fn scratch_dir(&self) -> Result<ScratchDir, EngineError> {
         tempfile_dir::ScratchDir::new(&self.home.scratch()).map_err(|source| EngineError::Home {
             path: self.home.scratch(),
             source,
@@ -341,7 +359,22 @@ impl Engine {
         packages: &[String],
         progress: &dyn Progress,
     ) -> Result<ImageRecord, EngineError> {
-        self.debootstrap_image(name, suite, packages, &[], &[], "debian", progress)
+        self.debootstrap_image(name, suite, packages, &[], &[], None, "debian", progress)
+    }
+
+    /// E2B's base template as Cairn builds it: Debian with bash, python3,
+    /// pip, git and curl (plus `packages`), and the user `user` (uid 1000)
+    /// E2B runs commands as.
+    pub fn build_e2b_base(
+        &mut self,
+        name: &str,
+        suite: Option<&str>,
+        packages: &[String],
+        progress: &dyn Progress,
+    ) -> Result<ImageRecord, EngineError> {
+        let mut all: Vec<String> = E2B_BASE_PACKAGES.iter().map(|p| p.to_string()).collect();
+        all.extend(packages.iter().cloned());
+        self.debootstrap_image(name, suite, &[], &all, &[], Some(E2B_BASE_SETUP), E2B_BASE, progress)
     }
 
     /// A Debian image for E2B's code interpreter: Jupyter's Python kernel
@@ -361,13 +394,14 @@ impl Engine {
         let mut all: Vec<String> = CODE_INTERPRETER_PACKAGES.iter().map(|p| p.to_string()).collect();
         all.extend(packages.iter().cloned());
         let files = [(CODE_INTERPRETER_PATH, CODE_INTERPRETER_SERVER)];
-        self.debootstrap_image(name, suite, &[], &all, &files, CODE_INTERPRETER_SOURCE, progress)
+        self.debootstrap_image(name, suite, &[], &all, &files, None, CODE_INTERPRETER_SOURCE, progress)
     }
 
     /// Debian minbase from debootstrap, plus `packages` (installed by
-    /// debootstrap), `apt_packages` (by apt-get in the new root, after it)
-    /// and `files` (paths under the root, mode 0644); its source says
-    /// `kind`, the suite and the packages.
+    /// debootstrap), `apt_packages` (by apt-get in the new root, after it),
+    /// `setup` (a shell script run in the new root last) and `files` (paths
+    /// under the root, mode 0644); its source says `kind`, the suite and
+    /// the packages.
     #[allow(clippy::too_many_arguments)]
     fn debootstrap_image(
         &mut self,
@@ -376,6 +410,7 @@ impl Engine {
         packages: &[String],
         apt_packages: &[String],
         files: &[(&str, &str)],
+        setup: Option<&str>,
         kind: &str,
         progress: &dyn Progress,
     ) -> Result<ImageRecord, EngineError> {
@@ -489,6 +524,20 @@ impl Engine {
                 .arg(layer.path())
                 .args(apt_packages);
             run(&mut apt, "apt-get install in the new image")?;
+        }
+        if let Some(setup) = setup {
+            progress.step("setting up the image");
+            // In the new root, in a private mount namespace (its /proc goes
+            // with it).
+            let script = format!(
+                "umask {BUILD_UMASK} && root=$1 && mount -t proc proc \"$root/proc\" && \
+                 chroot \"$root\" /bin/sh -c \"$2\"; rc=$?; umount \"$root/proc\"; exit $rc"
+            );
+            let mut cmd = Command::new("unshare");
+            cmd.args(["--mount", "--propagation", "private", "sh", "-c", &script, "sh"])
+                .arg(layer.path())
+                .arg(setup);
+            run(&mut cmd, "setting up the new image")?;
         }
         progress.step("cleaning the package cache");
         for d in ["var/cache/apt/archives", "var/lib/apt/lists"] {

@@ -9,6 +9,7 @@ pub mod access;
 pub mod build;
 mod checkpoint_window;
 pub mod diff;
+pub mod dockerfile;
 mod durability;
 pub mod e2b;
 pub mod e2b_templates;
@@ -86,6 +87,8 @@ pub enum EngineError {
         #[source]
         source: cairn_sandbox::disk::DiskError,
     },
+    #[error("cannot run as {user:?} in sandbox {id}: {why}")]
+    NoSuchUser { id: String, user: String, why: String },
     #[error("no sandbox matches {0:?}; `cairn ps` lists them")]
     NoSuchSandbox(String),
     #[error("{key:?} matches several sandboxes ({}); give more of the id", .ids.join(", "))]

@@ -10,7 +10,7 @@ use cairn_sandbox::client::{ExecSession, InitClient, SpawnFailure};
 use cairn_sandbox::{pid_start_time, Driver, Limits, SandboxProcess, SandboxSpec};
 use serde::Serialize;
 
-use crate::state::{SandboxRecord, SandboxState};
+use crate::state::{ImageConfig, SandboxRecord, SandboxState};
 use crate::{now_ms, Engine, EngineError, Progress};
 
 /// What `cairn create` and `cairn run` ask for.
@@ -227,10 +227,20 @@ impl Engine {
             .clone()
             .unwrap_or_else(|| crate::images::DEFAULT_IMAGE.to_string());
         let image = self.image_or_default(&image_name, progress)?;
+        // A built image's start command runs with each of its sandboxes.
+        let services = match (&image.config, opts.services.is_empty()) {
+            (
+                Some(ImageConfig {
+                    start_cmd: Some(start), ..
+                }),
+                true,
+            ) => vec![start.clone()],
+            _ => opts.services.clone(),
+        };
         Ok(Origin {
             image: image.name,
             layers: image.layers,
-            services: opts.services.clone(),
+            services,
             snapshot: None,
             memory: None,
             driver: opts.driver.clone().unwrap_or_else(|| "native".into()),
@@ -250,7 +260,10 @@ impl Engine {
         progress: &dyn Progress,
     ) -> Result<(SandboxRecord, Result<ExecStart, SpawnFailure>), EngineError> {
         let origin = self.image_origin(opts, progress)?;
-        let early = opts.services.is_empty().then_some(&req);
+        // A built image's environment, directory and user come from its
+        // row, so its command waits for the sandbox like one behind services.
+        let configured = self.db.image_config(&origin.image)?.is_some();
+        let early = (origin.services.is_empty() && !configured).then_some(&req);
         let (rec, first) = self.create_started(origin, opts, early)?;
         let start = match first {
             Some(first) => {
@@ -265,7 +278,7 @@ impl Engine {
                     .map(|started| started.map(|session| ExecStart { session, probe }))
                     .map_err(EngineError::from)
             }
-            None => self.exec(&rec, req),
+            None => self.as_image_user(&rec, req).and_then(|req| self.exec(&rec, req)),
         };
         match start {
             Ok(start) => Ok((rec, start)),
@@ -483,6 +496,7 @@ impl Engine {
         pty: Option<PtySize>,
     ) -> Result<Result<ExecStart, SpawnFailure>, EngineError> {
         let client = self.client(rec)?;
+        let req = self.with_image_env(rec, req)?;
         let oom_kills_before = self.driver(&rec.driver)?.oom_kills(&rec.id);
         let probe = OomProbe {
             sandbox_id: rec.id.clone(),
@@ -498,6 +512,57 @@ impl Engine {
             // Nothing answers: the row still says running, but init is gone.
             Err(e) => Err(self.init_gone(rec).unwrap_or_else(|| e.into())),
         }
+    }
+
+    /// `req` with what a built image says of its commands: its environment
+    /// under the request's, and its working directory unless the request
+    /// names one.
+    fn with_image_env(&self, rec: &SandboxRecord, mut req: ExecRequest) -> Result<ExecRequest, EngineError> {
+        if let Some(config) = self.db.image_config(&rec.image)? {
+            let mut env: Vec<(String, String)> = config.env.into_iter().collect();
+            env.append(&mut req.env);
+            req.env = env;
+            if req.cwd.is_none() {
+                req.cwd = config.workdir;
+            }
+        }
+        Ok(req)
+    }
+
+    /// `req` as `user` (a name from the sandbox's /etc/passwd, or
+    /// `UID[:GID]`), else as [`Self::as_image_user`] says.
+    pub fn with_user(
+        &self,
+        rec: &SandboxRecord,
+        mut req: ExecRequest,
+        user: Option<&str>,
+    ) -> Result<ExecRequest, EngineError> {
+        match user {
+            None => self.as_image_user(rec, req),
+            Some(user) => {
+                req.user = self.ids_of(rec, Some(user)).map_err(|why| EngineError::NoSuchUser {
+                    id: rec.id.clone(),
+                    user: user.to_string(),
+                    why,
+                })?;
+                Ok(req)
+            }
+        }
+    }
+
+    /// `req` as its image's user (`USER` of a built image) unless it names
+    /// one: what `cairn exec`, `cairn run` and the API's exec run as.
+    pub fn as_image_user(&self, rec: &SandboxRecord, mut req: ExecRequest) -> Result<ExecRequest, EngineError> {
+        if req.user.is_none() {
+            if let Some(user) = self.db.image_config(&rec.image)?.and_then(|c| c.user) {
+                req.user = self.ids_of(rec, Some(&user)).map_err(|why| EngineError::NoSuchUser {
+                    id: rec.id.clone(),
+                    user: user.clone(),
+                    why,
+                })?;
+            }
+        }
+        Ok(req)
     }
 
     /// Why a sandbox recorded as running stopped answering, if its init

@@ -691,19 +691,37 @@ fn images_are_replaced_whole_and_keep_layer_order(store: &Store) {
         size_bytes: 1 << 33,
         created_at: 7,
         layers: vec!["top".into(), "mid".into(), "base".into()],
+        config: None,
     };
     db.put_image(&img).unwrap();
     let got = db.image("img").unwrap().unwrap();
     assert_eq!(got.layers, vec!["top", "mid", "base"]);
     assert_eq!(got.size_bytes, 1 << 33);
+    assert_eq!(got.config, None);
+    assert_eq!(db.image_config("img").unwrap(), None);
     img.layers = vec!["new".into()];
     img.source = "rebuilt".into();
+    let config = cairn_engine::build::ImageConfig {
+        env: [("MODE".to_string(), "prod".to_string())].into(),
+        workdir: Some("/srv".into()),
+        user: Some("user".into()),
+        start_cmd: Some("httpd".into()),
+        ready_cmd: None,
+    };
+    img.config = Some(config.clone());
     db.put_image(&img).unwrap();
     let got = db.image("img").unwrap().unwrap();
     assert_eq!(
-        (got.source.as_str(), got.layers.clone()),
-        ("rebuilt", vec!["new".to_string()])
+        (got.source.as_str(), got.layers.clone(), got.config),
+        ("rebuilt", vec!["new".to_string()], Some(config.clone()))
     );
+    assert_eq!(
+        db.image_config("img").unwrap(),
+        Some(config),
+        "a rebuilt image's config replaces none"
+    );
+    assert_eq!(db.image_config("no-such-image").unwrap(), None);
+    img.config = None;
     img.name = "another".into();
     db.put_image(&img).unwrap();
     let names: Vec<String> = db.images().unwrap().into_iter().map(|i| i.name).collect();
@@ -721,6 +739,7 @@ fn layers_stay_referenced_while_an_image_sandbox_or_snapshot_names_them(store: &
         size_bytes: 1,
         created_at: 0,
         layers: vec!["a".into()],
+        config: None,
     })
     .unwrap();
     db.insert_sandbox(&sandbox("abc123", "one")).unwrap();
@@ -1301,6 +1320,7 @@ fn a_postgres_store_reconnects_after_its_connection_is_dropped() {
         size_bytes: 1,
         created_at: 1,
         layers: vec!["00".repeat(32)],
+        config: None,
     };
     db.put_image(&image("before")).unwrap();
     let test_db = store.db.as_ref().unwrap();
@@ -1885,6 +1905,7 @@ fn an_imported_session_is_recorded_whole_or_not_at_all(store: &Store) {
         size_bytes: 1,
         created_at: 3,
         layers: vec!["base".into()],
+        config: None,
     };
     let imported = |id: &str, name: &str| SessionRecord {
         state: SessionState::Suspended,

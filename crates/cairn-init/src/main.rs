@@ -182,6 +182,7 @@ fn serve(
             | ToInit::GetFile { .. }
             | ToInit::ListDir { .. }
             | ToInit::MakeDir { .. }
+            | ToInit::MakeDirAs { .. }
             | ToInit::Rename { .. }
             | ToInit::Remove { .. }
             | ToInit::Watch { .. }
@@ -238,7 +239,10 @@ fn serve(
                 depth,
                 max_entries,
             } => tree::list(&path, depth, max_entries, &mut writer)?,
-            ToInit::MakeDir { path, parents } => resolve::answer(&mut writer, tree::make_dir(&path, parents))?,
+            ToInit::MakeDir { path, parents } => resolve::answer(&mut writer, tree::make_dir(&path, parents, None))?,
+            ToInit::MakeDirAs { path, parents, owner } => {
+                resolve::answer(&mut writer, tree::make_dir(&path, parents, Some(owner)))?
+            }
             ToInit::Rename { from, to } => resolve::answer(&mut writer, tree::rename(&from, &to))?,
             ToInit::Remove { path, recursive } => resolve::answer(&mut writer, tree::remove(&path, recursive))?,
             ToInit::Watch { path, recursive } => {
@@ -279,6 +283,7 @@ pub(crate) fn name(msg: &ToInit) -> &'static str {
         ToInit::Ping => "Ping",
         ToInit::Exec(_) => "Exec",
         ToInit::AsUser { .. } => "AsUser",
+        ToInit::MakeDirAs { .. } => "MakeDirAs",
         ToInit::Stdin(_) => "Stdin",
         ToInit::StdinEof => "StdinEof",
         ToInit::Signal(_) => "Signal",

@@ -207,7 +207,9 @@ impl<W: Write> Lister<'_, W> {
 /// Makes the directory `path`; whether it was created (false: a directory
 /// was already there). With `parents`, missing directories on the way are
 /// made too; a symbolic link on the way is refused, not followed.
-pub fn make_dir(path: &str, parents: bool) -> Result<FromInit, Refusal> {
+/// Each directory made has mode 0755 whatever init's umask, and is owned
+/// by `owner` when given.
+pub fn make_dir(path: &str, parents: bool, owner: Option<cairn_protocol::Ids>) -> Result<FromInit, Refusal> {
     if SandboxPath::parse(path)?.names().is_empty() {
         return Ok(FromInit::Made { created: false });
     }
@@ -216,7 +218,7 @@ pub fn make_dir(path: &str, parents: bool) -> Result<FromInit, Refusal> {
         for (count, &on_the_way) in dir.names().iter().enumerate() {
             let above = dir.first(count);
             let at = dir.first(count + 1);
-            match make_one(&above, on_the_way, path)? {
+            match make_one(&above, on_the_way, path, owner)? {
                 Made::Created | Made::There => {}
                 Made::Link => {
                     return Err(Unresolved::Symlink(at.to_string()).refusal(&format!("cannot make {path}")));
@@ -230,7 +232,7 @@ pub fn make_dir(path: &str, parents: bool) -> Result<FromInit, Refusal> {
             }
         }
     }
-    match make_one(&dir, name, path)? {
+    match make_one(&dir, name, path, owner)? {
         Made::Created => Ok(FromInit::Made { created: true }),
         Made::There => Ok(FromInit::Made { created: false }),
         Made::Link | Made::Other => Err(Refusal::new(
@@ -254,7 +256,7 @@ enum Made {
 }
 
 /// Makes `name` in `dir`, a step of making `path`.
-fn make_one(dir: &SandboxPath, name: &str, path: &str) -> Result<Made, Refusal> {
+fn make_one(dir: &SandboxPath, name: &str, path: &str, owner: Option<cairn_protocol::Ids>) -> Result<Made, Refusal> {
     let parent = resolve::open_parent(dir, name).map_err(|e| match e {
         Unresolved::Errno(Errno::ENOENT) => Refusal::new(
             FsErrorKind::NotFound,
@@ -263,7 +265,23 @@ fn make_one(dir: &SandboxPath, name: &str, path: &str) -> Result<Made, Refusal> 
         e => e.refusal(&format!("cannot make the directory {path}")),
     })?;
     match mkdirat(Some(parent.as_raw_fd()), name, Mode::from_bits_truncate(0o755)) {
-        Ok(()) => Ok(Made::Created),
+        Ok(()) => {
+            // Through a handle on what was made (never a link put in its
+            // place since): 0755, not what init's umask left, and its owner.
+            let made = open_dir_nofollow(parent.as_raw_fd(), name)
+                .map_err(|e| Refusal::errno(e, format!("cannot make the directory {path}")))?;
+            let set =
+                nix::sys::stat::fchmod(made.as_raw_fd(), Mode::from_bits_truncate(0o755)).and_then(|()| match owner {
+                    Some(ids) => nix::unistd::fchown(
+                        made.as_raw_fd(),
+                        Some(nix::unistd::Uid::from_raw(ids.uid)),
+                        Some(nix::unistd::Gid::from_raw(ids.gid)),
+                    ),
+                    None => Ok(()),
+                });
+            set.map_err(|e| Refusal::errno(e, format!("cannot set the mode and owner of {path}")))?;
+            Ok(Made::Created)
+        }
         Err(Errno::EEXIST) => Ok(
             match fstatat(Some(parent.as_raw_fd()), name, AtFlags::AT_SYMLINK_NOFOLLOW)
                 .map(|st| resolve::file_type(&st))

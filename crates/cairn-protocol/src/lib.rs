@@ -138,6 +138,9 @@ pub enum ToInit {
     /// ([`ToInit::on_wire`]), so a request without a user is encoded as
     /// before and an older init refuses only what it cannot do.
     AsUser { ids: Ids, request: Box<ToInit> },
+    /// [`ToInit::MakeDir`], each directory it makes owned by `owner`
+    /// (what a user's own `mkdir` would leave).
+    MakeDirAs { path: String, parents: bool, owner: Ids },
 }
 
 /// A user and group of the sandbox (ids as the sandbox sees them).

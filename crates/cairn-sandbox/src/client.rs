@@ -8,8 +8,8 @@ use std::time::Duration;
 
 use cairn_protocol::{
     encode_frame, hello, read_frame, write_frame, DirEntry, ExecRequest, ExitStatus, FileKind, FileMeta, FrameError,
-    FromInit, FsErrorKind, PtySize, SpawnErrorKind, ToInit, WatchEvent, DATA_CHUNK, LIST_BYTES_MAX, LIST_DEPTH_MAX,
-    LIST_ENTRIES_MAX, PATH_MAX, PROTOCOL_VERSION, WATCH_BATCH_MAX,
+    FromInit, FsErrorKind, Ids, PtySize, SpawnErrorKind, ToInit, WatchEvent, DATA_CHUNK, LIST_BYTES_MAX,
+    LIST_DEPTH_MAX, LIST_ENTRIES_MAX, PATH_MAX, PROTOCOL_VERSION, WATCH_BATCH_MAX,
 };
 
 #[derive(Debug, thiserror::Error)]
@@ -515,10 +515,24 @@ impl InitClient {
     /// was already there). Something else at `path` is
     /// [`FsErrorKind::Exists`].
     pub fn make_dir(&self, path: &str, parents: bool) -> Result<bool, ClientError> {
-        let (_stream, mut reader) = self.open(&ToInit::MakeDir {
-            path: path.to_string(),
-            parents,
-        })?;
+        self.make_dir_as(path, parents, None)
+    }
+
+    /// [`Self::make_dir`], each directory it makes owned by `owner` when
+    /// given (see [`ToInit::MakeDirAs`]).
+    pub fn make_dir_as(&self, path: &str, parents: bool, owner: Option<Ids>) -> Result<bool, ClientError> {
+        let request = match owner {
+            None => ToInit::MakeDir {
+                path: path.to_string(),
+                parents,
+            },
+            Some(owner) => ToInit::MakeDirAs {
+                path: path.to_string(),
+                parents,
+                owner,
+            },
+        };
+        let (_stream, mut reader) = self.open(&request)?;
         match self.read(&mut reader)? {
             FromInit::Made { created } => Ok(created),
             other => Err(refusal(other)),

@@ -118,6 +118,11 @@ pub struct ProcessArgs {
     /// Working directory inside the sandbox (default /).
     #[arg(long = "workdir", short = 'w', value_name = "DIR")]
     pub workdir: Option<String>,
+    /// Run as this user of the sandbox: a name from its /etc/passwd or
+    /// UID[:GID] (default root, or the USER of an image built from a
+    /// Dockerfile).
+    #[arg(long, short = 'u', value_name = "USER")]
+    pub user: Option<String>,
     /// Forward this terminal's stdin to the process.
     #[arg(long, short = 'i')]
     pub interactive: bool,
@@ -442,6 +447,14 @@ pub enum Command {
         #[arg(long = "e2b-driver", value_name = "[TEMPLATE=]DRIVER", requires = "e2b",
               value_parser = cairn_api::e2b::parse_driver_choice)]
         e2b_driver: Vec<cairn_api::e2b::DriverChoice>,
+        /// What E2B's `base` template is: debian (the default, as E2B's:
+        /// Debian with bash, python3, pip, git and curl, commands as the
+        /// user `user`; built from Debian's packages when missing, which
+        /// takes minutes once: `cairn image build e2b-base` ahead) or
+        /// busybox (Cairn's tiny default image, commands as root).
+        #[arg(long = "e2b-base", value_name = "BASE", default_value = "debian", requires = "e2b",
+              value_parser = ["debian", "busybox"])]
+        e2b_base: String,
         /// The network of E2B sandboxes on native templates: none (the
         /// default: loopback only, whatever the SDK asks) or egress (a route
         /// out as `--network egress` gives, E2B's allow_out/deny_out rules
@@ -891,18 +904,41 @@ pub enum SnapshotCommand {
 #[command(defer = true)]
 pub enum ImageCommand {
     /// Build an image: `busybox` (tiny, static), `debian` (debootstrap
-    /// minbase) or `code-interpreter` (Debian with Jupyter kernels, for
-    /// E2B's code interpreter SDK through `cairn serve --e2b`).
+    /// minbase), `code-interpreter` (Debian with Jupyter kernels, for E2B's
+    /// code interpreter SDK through `cairn serve --e2b`) or `e2b-base`
+    /// (E2B's default template: Debian with bash, python3, pip, git, curl
+    /// and the user `user`); or, with --file, from a Dockerfile.
+    ///
+    /// A Dockerfile's FROM names a Cairn image, busybox, debian[:SUITE]
+    /// (built from Debian's packages) or e2bdev/base; RUN, COPY, ADD (local
+    /// files), ENV, WORKDIR, USER and ARG run in a sandbox; CMD and
+    /// ENTRYPOINT become a command started with each sandbox of the image.
+    /// ENV, WORKDIR and USER apply to the image's commands (`cairn run`,
+    /// `cairn exec`, the API). Anything else is refused naming its line.
     Build {
-        #[arg(value_enum)]
-        kind: ImageKind,
-        /// Image name (default: the kind).
+        #[arg(value_enum, required_unless_present = "file", conflicts_with = "file")]
+        kind: Option<ImageKind>,
+        /// Image name (default: the kind; required with --file).
         #[arg(long)]
         name: Option<String>,
-        /// Extra Debian packages, comma-separated (debian and code-interpreter).
+        /// Build from this Dockerfile (its subset: see above).
+        #[arg(long, short = 'f', value_name = "DOCKERFILE")]
+        file: Option<PathBuf>,
+        /// The build context COPY reads from (default: the Dockerfile's
+        /// directory).
+        #[arg(long, value_name = "DIR", requires = "file")]
+        context: Option<PathBuf>,
+        /// Set an ARG of the Dockerfile (repeatable).
+        #[arg(long = "build-arg", value_name = "NAME=VALUE", requires = "file")]
+        build_args: Vec<String>,
+        /// What the Dockerfile's RUN steps reach: none (the default) or
+        /// egress (a route out, e.g. for apt-get and pip; needs nftables).
+        #[arg(long, value_name = "MODE", requires = "file", value_parser = ["none", "egress"])]
+        network: Option<String>,
+        /// Extra Debian packages, comma-separated (the Debian kinds).
         #[arg(long, value_delimiter = ',')]
         packages: Vec<String>,
-        /// Debian suite (debian and code-interpreter; default: the host's).
+        /// Debian suite (the Debian kinds; default: the host's).
         #[arg(long)]
         suite: Option<String>,
     },
@@ -942,6 +978,9 @@ pub enum ImageKind {
     /// Debian with Jupyter's Python kernel, numpy, pandas, matplotlib and
     /// the server E2B's code interpreter SDK talks to (docs/e2b.md).
     CodeInterpreter,
+    /// E2B's base template: Debian with bash, python3, pip, git and curl,
+    /// and the user `user` (uid 1000) E2B runs commands as.
+    E2bBase,
 }
 
 #[derive(Subcommand)]

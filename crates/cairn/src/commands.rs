@@ -85,6 +85,7 @@ pub fn dispatch(cli: Cli) -> Result<i32> {
         listen,
         e2b,
         e2b_driver,
+        e2b_base,
         e2b_network,
         e2b_domain,
         max_upload,
@@ -115,6 +116,7 @@ pub fn dispatch(cli: Cli) -> Result<i32> {
                 drivers: cairn_api::e2b::Drivers::new(e2b_driver),
                 egress: e2b_network == "egress",
                 domain: e2b_domain,
+                base: e2b_base.parse().map_err(anyhow::Error::msg)?,
             },
             settings: cairn_api::Settings {
                 max_upload,
@@ -534,7 +536,23 @@ pub fn network_policy(args: &crate::cli::NetworkArgs) -> Result<Option<cairn_san
 
 fn run(engine: &mut Engine, sandbox: &SandboxArgs, process: &ProcessArgs, cmd: Vec<String>) -> Result<i32> {
     let req = request(process, cmd, false)?;
-    let (rec, start) = engine.create_and_exec(&create_options(sandbox, true)?, req, &Steps::new())?;
+    let (rec, start) = match &process.user {
+        // The user is looked up in the sandbox once it exists.
+        Some(user) => {
+            let rec = engine.create_sandbox(&create_options(sandbox, true)?, &Steps::new())?;
+            let start = engine
+                .with_user(&rec, req, Some(user))
+                .and_then(|req| engine.exec(&rec, req));
+            match start {
+                Ok(start) => (rec, start),
+                Err(e) => {
+                    let _ = engine.remove_sandbox(&rec, true);
+                    return Err(e.into());
+                }
+            }
+        }
+        None => engine.create_and_exec(&create_options(sandbox, true)?, req, &Steps::new())?,
+    };
     let result = follow(engine, &rec, process, start, false);
     // Removal happens whatever the command did; a removal failure is
     // reported, and `cairn gc` finishes it later.
@@ -570,7 +588,7 @@ pub(crate) fn request(process: &ProcessArgs, argv: Vec<String>, detach: bool) ->
 
 /// Runs a process and returns the exit status to pass on.
 fn exec(engine: &Engine, rec: &SandboxRecord, process: &ProcessArgs, argv: Vec<String>, detach: bool) -> Result<i32> {
-    let req = request(process, argv, detach)?;
+    let req = engine.with_user(rec, request(process, argv, detach)?, process.user.as_deref())?;
     let start = engine.exec(rec, req)?;
     follow(engine, rec, process, start, detach)
 }
@@ -903,18 +921,62 @@ fn image(engine: &mut Engine, cmd: ImageCommand) -> Result<()> {
             name,
             packages,
             suite,
+            file,
+            context,
+            build_args,
+            network,
         } => {
             let steps = Steps::new();
+            let Some(kind) = kind else {
+                let file = file.expect("clap requires a kind or --file");
+                let Some(name) = name else {
+                    bail!("--file needs --name: the name of the image it builds");
+                };
+                if !packages.is_empty() || suite.is_some() {
+                    bail!("--packages and --suite apply to the Debian kinds; a Dockerfile says what it installs");
+                }
+                let context = match context {
+                    Some(c) => c,
+                    None => file
+                        .parent()
+                        .filter(|p| !p.as_os_str().is_empty())
+                        .unwrap_or(Path::new("."))
+                        .to_path_buf(),
+                };
+                let args = build_args
+                    .iter()
+                    .map(|kv| match kv.split_once('=') {
+                        Some((k, v)) if !k.is_empty() => Ok((k.to_string(), v.to_string())),
+                        _ => bail!("--build-arg takes NAME=VALUE, got {kv:?}"),
+                    })
+                    .collect::<Result<std::collections::BTreeMap<_, _>>>()?;
+                let network = match network.as_deref() {
+                    Some("egress") => Some(cairn_sandbox::net::NetPolicy::parse(Some("egress"), &[], &[])?),
+                    _ => None,
+                };
+                let rec = engine.build_dockerfile(&name, &file, &context, &args, network, &steps)?;
+                drop(steps);
+                println!("{}", rec.name);
+                return Ok(());
+            };
             let rec = match kind {
                 ImageKind::Busybox => {
                     if !packages.is_empty() || suite.is_some() {
-                        bail!("--packages and --suite apply to debian and code-interpreter images only");
+                        bail!(
+                            "--packages and --suite apply to Debian images (debian, code-interpreter, e2b-base) only"
+                        );
                     }
                     engine.build_busybox(name.as_deref().unwrap_or("busybox"), &steps)?
                 }
                 ImageKind::Debian => {
                     engine.build_debian(name.as_deref().unwrap_or("debian"), suite.as_deref(), &packages, &steps)?
                 }
+                ImageKind::E2bBase => engine.build_e2b_base(
+                    name.as_deref().unwrap_or(cairn_engine::images::E2B_BASE),
+                    suite.as_deref(),
+                    &packages,
+                    &steps,
+                )?,
                 ImageKind::CodeInterpreter => engine.build_code_interpreter(
                     name.as_deref().unwrap_or("code-interpreter"),
                     suite.as_deref(),

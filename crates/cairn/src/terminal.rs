@@ -24,7 +24,11 @@ pub fn exec(engine: &Engine, rec: &SandboxRecord, process: &ProcessArgs, argv: V
         interactive: true,
         ..process.clone()
     };
-    let req = crate::commands::request(&process, argv, false)?;
+    let req = engine.with_user(
+        rec,
+        crate::commands::request(&process, argv, false)?,
+        process.user.as_deref(),
+    )?;
     let size = window_size().unwrap_or(DEFAULT_SIZE);
     // Blocked before any thread starts, so only the watcher takes it.
     let mut winch = SigSet::empty();

@@ -432,3 +432,95 @@ fn a_tag_names_the_same_layers_and_removing_one_name_keeps_the_other() {
     home.ok(&["image", "rm", "second"]);
     assert!(!shared.exists(), "{} outlived both names", shared.display());
 }
+
+#[test]
+fn a_dockerfile_builds_an_image_whose_commands_get_its_env_workdir_user_and_start_command() {
+    if skip("a_dockerfile_builds_an_image_whose_commands_get_its_env_workdir_user_and_start_command") {
+        return;
+    }
+    let home = Home::new();
+    let ctx = tempfile::tempdir().unwrap();
+    std::fs::create_dir(ctx.path().join("site")).unwrap();
+    std::fs::write(ctx.path().join("site/index.html"), "hello\n").unwrap();
+    std::fs::write(ctx.path().join("app.txt"), "app\n").unwrap();
+    // A link in the context is not followed out of it.
+    std::os::unix::fs::symlink("/etc/shadow", ctx.path().join("site/leak")).unwrap();
+    let dockerfile = ctx.path().join("Dockerfile");
+    std::fs::write(
+        &dockerfile,
+        "FROM busybox\n\
+         ARG GREETING=hi\n\
+         ENV MODE=prod GREETING_USED=$GREETING\n\
+         COPY app.txt /srv/\n\
+         COPY --chmod=640 site /srv/site\n\
+         RUN echo 'user:x:1000:1000::/home/user:/bin/sh' >> /etc/passwd && echo 'user:x:1000:' >> /etc/group \\\n    \
+             && mkdir -p /home/user && chown 1000:1000 /home/user\n\
+         WORKDIR /srv\n\
+         RUN echo \"built with $GREETING\" > built.txt\n\
+         USER user\n\
+         RUN id -u > /home/user/uid\n\
+         CMD [\"httpd\", \"-f\", \"-p\", \"8080\", \"-h\", \"/srv/site\"]\n",
+    )
+    .unwrap();
+    let file = dockerfile.to_str().unwrap();
+    assert_eq!(
+        home.ok(&[
+            "image",
+            "build",
+            "--file",
+            file,
+            "--name",
+            "web",
+            "--build-arg",
+            "GREETING=hey"
+        ]),
+        "web"
+    );
+    let script = "id -u; pwd; echo $MODE $GREETING_USED; cat built.txt /home/user/uid; \
+                  stat -c %a /srv/site/index.html; test -e /srv/site/leak && echo leaked; \
+                  for i in $(seq 1 50); do wget -q -O - http://127.0.0.1:8080/ 2>/dev/null && break; sleep 0.1; done";
+    assert_eq!(
+        home.ok(&["run", "--image", "web", "--", "sh", "-c", script]),
+        "1000\n/srv\nprod hey\nbuilt with hey\n1000\n640\nhello",
+        "ENV, WORKDIR, USER and CMD hold in the image's sandboxes; the link was not copied"
+    );
+    assert_eq!(
+        home.ok(&["run", "--image", "web", "--user", "root", "--", "id", "-u"]),
+        "0"
+    );
+    let id = home.ok(&["create", "--image", "web"]);
+    assert_eq!(home.ok(&["exec", &id, "--", "pwd"]), "/srv");
+    assert_eq!(home.ok(&["exec", "--user", "0:0", &id, "--", "id", "-u"]), "0");
+    let out = home.cairn(&["exec", "--user", "nobody-here", &id, "--", "true"]);
+    assert!(stderr(&out).contains("nobody-here"), "{}", stderr(&out));
+    home.ok(&["rm", "--force", &id]);
+
+    // Refused input names its line; a failed step leaves no image and no
+    // sandbox behind.
+    let before = home.ok(&["image", "ls"]);
+    for (text, words) in [
+        (
+            "FROM busybox\nRUN true\nHEALTHCHECK CMD true\n",
+            "line 3: HEALTHCHECK is not supported",
+        ),
+        ("FROM ubuntu:22.04\n", "pulls from no registry"),
+        ("FROM busybox\nCOPY ../outside /x\n", "outside the build context"),
+        (
+            "FROM busybox\nRUN echo one\nRUN echo failing here; exit 7\n",
+            "exited with code 7",
+        ),
+    ] {
+        std::fs::write(&dockerfile, text).unwrap();
+        let out = home.cairn(&["image", "build", "--file", file, "--name", "broken"]);
+        assert_eq!(out.status.code(), Some(125), "{text}");
+        assert!(stderr(&out).contains(words), "{text}: {}", stderr(&out));
+    }
+    let out = home.cairn(&["image", "build", "--file", file, "--name", "broken"]);
+    assert!(
+        stderr(&out).contains("Dockerfile line 3") && stderr(&out).contains("failing here"),
+        "{}",
+        stderr(&out)
+    );
+    assert_eq!(home.ok(&["image", "ls"]), before, "no image is left of a failed build");
+    assert_eq!(home.ok(&["ps", "-q"]), "", "no sandbox is left of a build");
+}

@@ -18,7 +18,8 @@ use serde::Deserialize;
 use serde_json::{json, Value};
 
 use super::{
-    network, page, templates, Entry, Gateway, Life, RestError, DEFAULT_TIMEOUT_SECS, ENVD_VERSION, MAX_TIMEOUT_SECS,
+    base, network, page, templates, Entry, Gateway, Life, RestError, DEFAULT_TIMEOUT_SECS, ENVD_VERSION,
+    MAX_TIMEOUT_SECS,
 };
 use crate::admission::Admission;
 use crate::app::now_ms;
@@ -240,6 +241,12 @@ pub async fn create(
     let policy = net.as_ref().map(network::policy).transpose()?;
     // Past the server's capacity the create waits its turn; its deadline
     // passing is E2B's 429.
+    // `base`: E2B's Debian base (waited for while it is built), or busybox.
+    let base_image = if template == "base" {
+        base::image(&gw).await?
+    } else {
+        None
+    };
     let ticket = Admission::admit_request(&gw.app, &key.0, &headers, 1, &Limits::default()).await?;
     let config = built.as_ref().map(|(_, c)| c.clone());
     let rec = gw
@@ -270,7 +277,7 @@ pub async fn create(
                 opts.services = config.start_cmd.iter().cloned().collect();
                 created(e.create_sandbox(&opts, &Silent))?
             } else if template == "base" {
-                created(e.create_sandbox(&on_driver(None), &Silent))?
+                created(e.create_sandbox(&on_driver(base_image), &Silent))?
             } else if let Ok(image) = e.image(&template) {
                 let mut opts = on_driver(Some(template.clone()));
                 if image.source.split_whitespace().next() == Some(images::CODE_INTERPRETER_SOURCE)

@@ -139,16 +139,59 @@ fn permissions(kind: FileKind, mode: u32) -> String {
     s
 }
 
-fn owner(id: u32) -> String {
-    if id == 0 {
-        "root".into()
-    } else {
-        id.to_string()
+/// The names of a sandbox's users and groups by id, from its /etc/passwd
+/// and /etc/group (each read only if at most 1 MiB; an id without a name
+/// is shown as its number, 0 as root).
+#[derive(Default)]
+pub(crate) struct Names {
+    users: std::collections::HashMap<u32, String>,
+    groups: std::collections::HashMap<u32, String>,
+}
+
+impl Names {
+    /// Read for `metas` when one is not root's; else root alone needs none.
+    pub(crate) fn for_entries<'a>(
+        client: &cairn_sandbox::client::InitClient,
+        mut metas: impl Iterator<Item = &'a FileMeta>,
+    ) -> Names {
+        if !metas.any(|m| m.uid != 0 || m.gid != 0) {
+            return Names::default();
+        }
+        let table = |path: &str| -> std::collections::HashMap<u32, String> {
+            let mut text = Vec::new();
+            let read = client
+                .open_file(path)
+                .ok()
+                .filter(|d| d.meta().size <= 1 << 20)
+                .and_then(|d| d.copy_to(&mut text).ok());
+            if read.is_none() {
+                return Default::default();
+            }
+            String::from_utf8_lossy(&text)
+                .lines()
+                .filter_map(|l| {
+                    let f: Vec<&str> = l.split(':').collect();
+                    Some((f.get(2)?.parse().ok()?, f.first()?.chars().take(64).collect()))
+                })
+                .collect()
+        };
+        Names {
+            users: table("/etc/passwd"),
+            groups: table("/etc/group"),
+        }
+    }
+
+    fn name(map: &std::collections::HashMap<u32, String>, id: u32) -> String {
+        match map.get(&id) {
+            Some(n) => n.clone(),
+            None if id == 0 => "root".into(),
+            None => id.to_string(),
+        }
     }
 }
 
-/// envd's `EntryInfo` for a file's metadata.
-pub(crate) fn entry_info(meta: &FileMeta, symlink_target: Option<&str>) -> Value {
+/// envd's `EntryInfo` for a file's metadata, its owner and group named.
+pub(crate) fn entry_info(meta: &FileMeta, symlink_target: Option<&str>, names: &Names) -> Value {
     let name = meta.path.rsplit('/').find(|s| !s.is_empty()).unwrap_or("/");
     let kind = match meta.kind {
         FileKind::File => "FILE_TYPE_FILE",
@@ -161,7 +204,7 @@ pub(crate) fn entry_info(meta: &FileMeta, symlink_target: Option<&str>) -> Value
     let mut v = json!({
         "name": name, "type": kind, "path": meta.path, "size": meta.size.to_string(),
         "mode": meta.mode & 0o7777, "permissions": permissions(meta.kind, meta.mode),
-        "owner": owner(meta.uid), "group": owner(meta.gid),
+        "owner": Names::name(&names.users, meta.uid), "group": Names::name(&names.groups, meta.gid),
         "modifiedTime": super::control::rfc3339(ms),
     });
     if meta.kind == FileKind::Symlink {

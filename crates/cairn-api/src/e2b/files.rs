@@ -186,6 +186,9 @@ async fn write_files(gw: Arc<Gateway>, headers: &HeaderMap, q: &HashMap<String, 
         return Err(RestError::bad_request("the upload holds no file"));
     }
     let (spooled, spool_path, _) = spool.finish().await?;
+    // Written as the user's own, as E2B's envd writes them.
+    let owner = gw.user_ids(&sandbox, &super::envd::user_of(headers)).await?;
+    let (uid, gid) = owner.map_or((0, 0), |ids| (ids.uid, ids.gid));
     let written = gw
         .app
         .init(&sandbox.clone(), move |e| {
@@ -196,15 +199,15 @@ async fn write_files(gw: Arc<Gateway>, headers: &HeaderMap, q: &HashMap<String, 
                 let path = file.path;
                 if let Some((parent, _)) = path.rsplit_once('/') {
                     if !parent.is_empty() {
-                        client.make_dir(parent, true)?;
+                        client.make_dir_as(parent, true, owner)?;
                     }
                 }
                 let meta = FileMeta {
                     path: path.clone(),
                     kind: FileKind::File,
                     mode: 0o644,
-                    uid: 0,
-                    gid: 0,
+                    uid,
+                    gid,
                     size: file.size,
                     mtime_ns: now_ms() as i128 * 1_000_000,
                 };

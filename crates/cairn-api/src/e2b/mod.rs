@@ -13,6 +13,7 @@
 //! runs a template's sandboxes is the server's choice ([`Drivers`]): on
 //! gVisor a pause keeps memory and running processes.
 
+mod base;
 mod control;
 mod drivers;
 mod envd;
@@ -44,6 +45,7 @@ use tokio::sync::broadcast;
 use crate::app::App;
 use crate::error::{ApiError, ApiResult};
 
+pub use base::BaseKind;
 pub use cairn_engine::e2b::{E2bLife as Life, E2bSandbox as Entry};
 pub use drivers::{parse_driver_choice, DriverChoice, Drivers};
 
@@ -82,6 +84,10 @@ pub(crate) enum Handle {
     Job(Arc<jobs::Job>),
 }
 
+/// The ids of a user in a sandbox (none: root, or no such user), and when
+/// they were read.
+type UserIds = (Option<cairn_protocol::Ids>, std::time::Instant);
+
 /// The gateway's shared state.
 pub struct Gateway {
     pub(crate) app: Arc<App>,
@@ -99,6 +105,10 @@ pub struct Gateway {
     /// Whether a Cairn sandbox has `/bin/bash` (the SDK runs every
     /// command through it).
     pub(crate) bash: Mutex<HashMap<String, bool>>,
+    /// The ids of E2B users in Cairn sandboxes, from their /etc/passwd:
+    /// found ones for good, missing ones for a second (a command may add
+    /// the user).
+    users: Mutex<HashMap<(String, String), UserIds>>,
     /// Which driver runs each template's sandboxes.
     drivers: Drivers,
     /// Sandboxes being snapshotted, whose jobs' followers stay off.
@@ -113,6 +123,8 @@ pub struct Gateway {
     domain: Option<String>,
     /// The template builds running now.
     pub(crate) builds: templates::Builds,
+    /// What the `base` template is, and its build.
+    pub(crate) base: base::Base,
 }
 
 /// Keeps the followers of a sandbox's jobs off while it lives
@@ -181,6 +193,40 @@ fn ephemeral_key() -> [u8; 32] {
 }
 
 impl Gateway {
+    /// The ids E2B user `user` has in Cairn sandbox `sandbox`: `None` for
+    /// root, and for a user its image does not have (whose commands and
+    /// files are then root's, as on images without users).
+    pub(crate) async fn user_ids(
+        self: &Arc<Self>,
+        sandbox: &str,
+        user: &str,
+    ) -> ApiResult<Option<cairn_protocol::Ids>> {
+        if user == "root" {
+            return Ok(None);
+        }
+        let key = (sandbox.to_string(), user.to_string());
+        if let Some((ids, at)) = self.users.lock().unwrap_or_else(|e| e.into_inner()).get(&key) {
+            if ids.is_some() || at.elapsed() < std::time::Duration::from_secs(1) {
+                return Ok(*ids);
+            }
+        }
+        let (s, u) = key.clone();
+        let ids = self
+            .app
+            .init(sandbox, move |e| {
+                let rec = e.sandbox(&s)?;
+                Ok(e.ids_of(&rec, Some(&u)).ok().flatten())
+            })
+            .await?;
+        let mut users = self.users.lock().unwrap_or_else(|e| e.into_inner());
+        // Kept small: the oldest misses go first.
+        if users.len() > 4096 {
+            users.retain(|_, (ids, _)| ids.is_some());
+        }
+        users.insert(key, (ids, std::time::Instant::now()));
+        Ok(ids)
+    }
+
     pub(crate) fn entry(&self, id: &str) -> Option<Entry> {
         self.book.lock().unwrap_or_else(|e| e.into_inner()).get(id).cloned()
     }
@@ -433,6 +479,8 @@ fn spawn_token_watch(gw: Arc<Gateway>) {
 pub struct E2bOptions {
     /// Which driver runs each template's sandboxes.
     pub drivers: Drivers,
+    /// What the `base` template is (`--e2b-base`).
+    pub base: BaseKind,
     /// Whether native sandboxes get a route out.
     pub egress: bool,
     /// The domain `get_host(port)` names ports under (`PORT-ID.DOMAIN`),
@@ -454,6 +502,7 @@ pub fn router(app: Arc<App>, options: E2bOptions) -> Router {
         drivers,
         egress,
         domain,
+        base: base_kind,
     } = options;
     let book: BTreeMap<String, Entry> = match app.take_engine().and_then(|e| {
         let all = e.e2b_sandboxes().map_err(ApiError::from);
@@ -478,6 +527,7 @@ pub fn router(app: Arc<App>, options: E2bOptions) -> Router {
         token_key,
         procs: Mutex::new(HashMap::new()),
         bash: Mutex::new(HashMap::new()),
+        users: Mutex::new(HashMap::new()),
         drivers,
         held: Mutex::new(HashSet::new()),
         watchers: watch::Watchers::default(),
@@ -486,7 +536,9 @@ pub fn router(app: Arc<App>, options: E2bOptions) -> Router {
         egress,
         domain,
         builds: templates::Builds::default(),
+        base: base::Base::new(base_kind),
     });
+    base::build_if_missing(&gw);
     if let Err(e) = app_recover(&gw.app) {
         tracing::error!(
             "e2b: cannot mark the template builds the last server left unfinished: {}",

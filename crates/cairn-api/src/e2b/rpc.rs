@@ -22,7 +22,7 @@ use serde::Deserialize;
 use serde_json::{json, Value};
 use tokio::sync::{broadcast, mpsc};
 
-use super::envd::{entry_info, home_of, resolve, sandbox_of, user_of, Denied};
+use super::envd::{entry_info, home_of, resolve, sandbox_of, user_of, Denied, Names};
 use super::jobs::{self, Job};
 use super::watch;
 use super::{Gateway, Handle, Proc};
@@ -681,7 +681,9 @@ async fn start(
         stdin: req.stdin.unwrap_or(false),
         timeout_ms,
         detach: false,
-        user: None,
+        // As E2B runs them: as the user asked for (`user` by default),
+        // where the image has that user.
+        user: gw.user_ids(&sandbox, &user).await?,
     };
     let (tx, rx) = mpsc::channel::<Bytes>(64);
     let (ready_tx, ready_rx) = tokio::sync::oneshot::channel::<Rpc<()>>();
@@ -991,11 +993,17 @@ pub async fn filesystem(
             (resolve(&req.path, home).map_err(RpcError::invalid)?, None)
         };
         let depth = req.depth.clamp(1, 64);
+        // Directories made are the user's, as their own mkdir's would be.
+        let owner = if op == "MakeDir" {
+            gw.user_ids(&sandbox, &user_of(&headers)).await?
+        } else {
+            None
+        };
         gw.app
             .init(&sandbox.clone(), move |e| {
                 let rec = e.sandbox(&sandbox)?;
                 let client = e.client(&rec)?;
-                Ok(fs_op(&client, &op, &path, to.as_deref(), depth))
+                Ok(fs_op(&client, &op, &path, to.as_deref(), depth, owner))
             })
             .await?
             .map(Watched::Unary)
@@ -1019,36 +1027,48 @@ fn missing(path: &str) -> RpcError {
     RpcError::new("not_found", format!("path '{path}' does not exist"))
 }
 
-fn fs_op(client: &cairn_sandbox::client::InitClient, op: &str, path: &str, to: Option<&str>, depth: u32) -> Rpc<Value> {
+/// A filesystem RPC; directories made are owned by `owner` when given.
+fn fs_op(
+    client: &cairn_sandbox::client::InitClient,
+    op: &str,
+    path: &str,
+    to: Option<&str>,
+    depth: u32,
+    owner: Option<cairn_protocol::Ids>,
+) -> Rpc<Value> {
     let stat = |p: &str| -> Rpc<cairn_protocol::FileMeta> { client.stat(p)?.ok_or_else(|| missing(p)) };
+    let info = |meta: &cairn_protocol::FileMeta, target: Option<&str>| {
+        entry_info(meta, target, &Names::for_entries(client, std::iter::once(meta)))
+    };
     match op {
-        "Stat" => Ok(json!({ "entry": entry_info(&stat(path)?, None) })),
+        "Stat" => Ok(json!({ "entry": info(&stat(path)?, None) })),
         "ListDir" => {
             if stat(path)?.kind != FileKind::Dir {
                 return Err(RpcError::invalid(format!("path '{path}' is not a directory")));
             }
             let listing = client.list_dir(path, depth, MAX_LIST)?;
+            let names = Names::for_entries(client, listing.entries.iter().map(|d| &d.meta));
             let entries: Vec<Value> = listing
                 .entries
                 .iter()
-                .map(|d| entry_info(&d.meta, d.symlink_target.as_deref()))
+                .map(|d| entry_info(&d.meta, d.symlink_target.as_deref(), &names))
                 .collect();
             Ok(json!({ "entries": entries }))
         }
         "MakeDir" => {
-            if !client.make_dir(path, true)? {
+            if !client.make_dir_as(path, true, owner)? {
                 return Err(RpcError::new(
                     "already_exists",
                     format!("directory '{path}' already exists"),
                 ));
             }
-            Ok(json!({ "entry": entry_info(&stat(path)?, None) }))
+            Ok(json!({ "entry": info(&stat(path)?, None) }))
         }
         "Move" => {
             let to = to.unwrap_or(path);
             stat(path)?;
             client.rename(path, to)?;
-            Ok(json!({ "entry": entry_info(&stat(to)?, None) }))
+            Ok(json!({ "entry": info(&stat(to)?, None) }))
         }
         "Remove" => {
             stat(path)?;

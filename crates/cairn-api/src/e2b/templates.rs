@@ -325,7 +325,7 @@ async fn base_of(gw: &Arc<Gateway>, body: &StartBody) -> Rest<(Base, ImageConfig
             let resolved = resolve(gw, &t).await?;
             match resolved {
                 Some((image, config)) => Ok((Base::Image(Some(image)), config, None)),
-                None if t == "base" => Ok((Base::Image(None), ImageConfig::default(), None)),
+                None if t == "base" => Ok((Base::Image(super::base::image(gw).await?), ImageConfig::default(), None)),
                 None => {
                     let key = t.clone();
                     let image = gw.app.engine(move |e| Ok(e.image(&key).is_ok())).await?;
@@ -342,7 +342,7 @@ async fn base_of(gw: &Arc<Gateway>, body: &StartBody) -> Rest<(Base, ImageConfig
         (Some(image), None) => {
             let image = image.trim();
             if image == "e2bdev/base" || image.starts_with("e2bdev/base:") || image == "base" {
-                return Ok((Base::Image(None), ImageConfig::default(), None));
+                return Ok((Base::Image(super::base::image(gw).await?), ImageConfig::default(), None));
             }
             let debian = image
                 .strip_prefix("debian:")

@@ -153,9 +153,11 @@ pub async fn exec(State(app): State<Arc<App>>, Path(id): Path<String>, body: Byt
     let req = request(&body, false)?;
     let detach = body.detach;
     let stdin = body.stdin.clone();
+    let user = body.user.clone();
     let out = app
         .engine(move |e| {
             let rec = e.sandbox(&id)?;
+            let req = e.with_user(&rec, req, user.as_deref())?;
             let start = match e.exec(&rec, req)? {
                 Ok(s) => s,
                 Err(failure) => {
@@ -269,6 +271,7 @@ pub async fn exec_stream(
         ));
     }
     let req = request(&body, true)?;
+    let user = body.user.clone();
     let rec = running(&app, id).await?;
     let keep = body.on_disconnect.as_deref() == Some("keep");
     let (tx, rx) = mpsc::channel::<Chunk>(64);
@@ -282,6 +285,7 @@ pub async fn exec_stream(
         };
         let sandbox_id = rec.id.clone();
         let result = (|| -> ApiResult<ExecResult> {
+            let req = engine.with_user(&rec, req, user.as_deref())?;
             let start = match engine.exec(&rec, req)? {
                 Ok(s) => s,
                 Err(failure) => {

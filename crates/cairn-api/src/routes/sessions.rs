@@ -414,6 +414,7 @@ fn request_of(body: &[u8]) -> ApiResult<ExecRequest> {
             argv: b.argv,
             env: b.env,
             cwd: b.cwd,
+            user: None,
             timeout_secs: b.timeout_secs,
             stdin: None,
             stdin_open: false,

@@ -42,3 +42,8 @@ CREATE TABLE e2b_template_tags (
 -- The working directory a sandbox of a built template runs commands in
 -- (its WORKDIR), kept across pause and resume; NULL: the user's home.
 ALTER TABLE e2b_sandboxes ADD COLUMN workdir TEXT;
+
+-- What a built image's sandboxes start with (`cairn image build --file`,
+-- E2B template builds), as JSON {env, workdir, user, start_cmd,
+-- ready_cmd}; NULL for images that say nothing of it.
+ALTER TABLE images ADD COLUMN config TEXT;

@@ -158,6 +158,34 @@ pub struct ImageRecord {
     pub created_at: i64,
     /// Layer ids, topmost first.
     pub layers: Vec<String>,
+    /// What its sandboxes start with, for an image built from steps
+    /// (`cairn image build --file`, E2B templates); `None` for the rest.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub config: Option<ImageConfig>,
+}
+
+/// What a built image's sandboxes start with: the environment, working
+/// directory and user of their commands, and a command started with each
+/// sandbox (`start_cmd`), ready once `ready_cmd` exits 0.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, serde::Deserialize)]
+pub struct ImageConfig {
+    #[serde(default)]
+    pub env: std::collections::BTreeMap<String, String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub workdir: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub user: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub start_cmd: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub ready_cmd: Option<String>,
+}
+
+impl ImageConfig {
+    /// Whether it says nothing (an image that needs no config).
+    pub fn is_empty(&self) -> bool {
+        *self == ImageConfig::default()
+    }
 }
 
 #[derive(Debug, Clone, Serialize)]
@@ -352,6 +380,21 @@ impl Db {
 
     pub fn image(&self, name: &str) -> Result<Option<ImageRecord>, StateError> {
         self.with(|b| image(b, name))
+    }
+
+    /// The config of image `name`, if it has one (one row read).
+    pub fn image_config(&self, name: &str) -> Result<Option<ImageConfig>, StateError> {
+        self.with(|b| {
+            let Some(r) = b.query_opt("SELECT config FROM images WHERE name = $1", params![name])? else {
+                return Ok(None);
+            };
+            match r.get::<Option<String>>(0)? {
+                None => Ok(None),
+                Some(text) => serde_json::from_str(&text)
+                    .map(Some)
+                    .map_err(|e| StateError::Damaged(format!("image {name}'s config is unreadable: {e}"))),
+            }
+        })
     }
 
     pub fn images(&self) -> Result<Vec<ImageRecord>, StateError> {
@@ -681,9 +724,14 @@ impl Db {
 
 /// Inserts an image and its layer list (the name must be free).
 pub(crate) fn insert_image_rows(b: &mut dyn Backend, rec: &ImageRecord) -> Result<(), StateError> {
+    let config = rec
+        .config
+        .as_ref()
+        .filter(|c| !c.is_empty())
+        .map(|c| serde_json::to_string(c).expect("an image config serialises"));
     b.execute(
-        "INSERT INTO images (name, source, size_bytes, created_at) VALUES ($1, $2, $3, $4)",
-        params![&rec.name, &rec.source, rec.size_bytes, rec.created_at],
+        "INSERT INTO images (name, source, size_bytes, created_at, config) VALUES ($1, $2, $3, $4, $5)",
+        params![&rec.name, &rec.source, rec.size_bytes, rec.created_at, config],
     )?;
     for (i, l) in rec.layers.iter().enumerate() {
         b.execute(
@@ -729,11 +777,18 @@ fn layers_of(b: &mut dyn Backend, table: &str, key: &str, value: &str) -> Result
 
 fn image(b: &mut dyn Backend, name: &str) -> Result<Option<ImageRecord>, StateError> {
     let Some(r) = b.query_opt(
-        "SELECT name, source, size_bytes, created_at FROM images WHERE name = $1",
+        "SELECT name, source, size_bytes, created_at, config FROM images WHERE name = $1",
         params![name],
     )?
     else {
         return Ok(None);
+    };
+    let config = match r.get::<Option<String>>(4)? {
+        None => None,
+        Some(text) => Some(
+            serde_json::from_str(&text)
+                .map_err(|e| StateError::Damaged(format!("image {name}'s config is unreadable: {e}")))?,
+        ),
     };
     Ok(Some(ImageRecord {
         name: r.get(0)?,
@@ -741,6 +796,7 @@ fn image(b: &mut dyn Backend, name: &str) -> Result<Option<ImageRecord>, StateEr
         size_bytes: r.get(2)?,
         created_at: r.get(3)?,
         layers: layers_of(b, "image_layers", "image", name)?,
+        config,
     }))
 }
 

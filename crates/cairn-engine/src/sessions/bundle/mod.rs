@@ -380,6 +380,7 @@ impl Engine {
             size_bytes: i.size_bytes,
             created_at: i.created_at,
             layers: i.layers.iter().map(ToString::to_string).collect(),
+            config: None,
         });
         self.check_whole(&m.objects, &snapshots, image.as_ref(), &payloads)?;
 
