@@ -3,12 +3,14 @@ client sends: a FIFO, a link to init's /proc and a link on the way are
 refused by name; uploads are spooled to disk, so one past the 64 MiB the
 gateway once held in memory goes through, and one past the server's limit
 (a server of its own, `--max-upload 8M`) is refused with 413 and writes
-nothing, not even the files of its form that fitted."""
+nothing, not even the files of its form that fitted. File metadata (envd
+0.6.2's `X-Metadata-*`) is kept as `user.e2b.*` attributes of the file."""
 
 import hashlib
 import io
 import os
 
+import httpx
 import pytest
 from e2b import Sandbox, SandboxException
 
@@ -115,3 +117,43 @@ def test_an_upload_past_the_servers_limit_is_refused_and_writes_nothing(small_se
         assert [n for n in os.listdir(os.path.join(small_server["home"], "tmp")) if n.startswith(".tmp")] == []
     finally:
         s.kill()
+
+
+def test_file_metadata_is_kept_with_the_file_and_reported_by_write_get_info_list_and_rename(cairn_e2b):
+    sbx = Sandbox.create()
+    try:
+        written = sbx.files.write("/home/user/m.txt", "x", metadata={"Owner": "ci", "purpose": "a test run"})
+        expected = {"owner": "ci", "purpose": "a test run"}
+        assert written.metadata == expected, "keys are lowercased"
+        assert sbx.files.get_info("/home/user/m.txt").metadata == expected
+        listed = {e.name: e.metadata for e in sbx.files.list("/home/user")}
+        assert listed["m.txt"] == expected
+        # One map for every file of a batch.
+        batch = sbx.files.write_files(
+            [{"path": "/home/user/a", "data": "1"}, {"path": "/home/user/b", "data": "2"}], metadata={"k": "v"}
+        )
+        assert [w.metadata for w in batch] == [{"k": "v"}, {"k": "v"}]
+        assert sbx.files.get_info("/home/user/b").metadata == {"k": "v"}
+        # A rewrite without metadata replaces the file, and its metadata with it.
+        sbx.files.write("/home/user/a", "again")
+        assert sbx.files.get_info("/home/user/a").metadata is None
+        assert sbx.files.rename("/home/user/m.txt", "/home/user/n.txt").metadata == expected
+        # Refused before anything is written: a value the SDK would not send.
+        token = httpx.get(
+            f"{cairn_e2b['url']}/sandboxes/{sbx.sandbox_id}", headers={"X-API-Key": cairn_e2b["key"]}
+        ).json()["envdAccessToken"]
+        r = httpx.post(
+            f"{cairn_e2b['url']}/files",
+            params={"path": "/home/user/bad"},
+            content=b"x",
+            headers={
+                "Content-Type": "application/octet-stream",
+                "E2b-Sandbox-Id": sbx.sandbox_id,
+                "X-Access-Token": token,
+                "X-Metadata-Bad": "caf\u00e9".encode(),
+            },
+        )
+        assert r.status_code == 400 and "metadata value" in r.text, r.text
+        assert not sbx.files.exists("/home/user/bad")
+    finally:
+        sbx.kill()

@@ -58,6 +58,27 @@ def ask(sbx, when):
     return tuple(fields)
 
 
+def test_file_metadata_under_gvisor_is_kept_or_refused_with_nothing_written(gsbx):
+    # Bookworm's runsc keeps no user attributes on its root file system: the
+    # upload is then a 400 saying so, and neither the file's new content
+    # nor its temporary name is left. A runsc that keeps them keeps the
+    # metadata.
+    from e2b import InvalidArgumentException
+
+    gsbx.files.write("/home/user/kept.txt", "before")
+    try:
+        gsbx.files.write("/home/user/kept.txt", "after", metadata={"a": "b"})
+    except InvalidArgumentException as err:
+        assert "nothing was written" in str(err), err
+        assert gsbx.files.read("/home/user/kept.txt") == "before"
+        assert [e.name for e in gsbx.files.list("/home/user")] == ["kept.txt"]
+        # Without metadata the same write goes through.
+        gsbx.files.write("/home/user/kept.txt", "after")
+    else:
+        assert gsbx.files.get_info("/home/user/kept.txt").metadata == {"a": "b"}
+    assert gsbx.files.read("/home/user/kept.txt") == "after"
+
+
 def test_a_background_server_keeps_its_memory_across_ten_pause_and_connect_cycles(gsbx):
     server = start_counter(gsbx)
     pid, nonce, first = ask(gsbx, "before any pause")

@@ -71,8 +71,11 @@ def test_a_template_built_from_steps_starts_sandboxes_with_its_files_env_user_wo
     sbx = Sandbox.create(name)
     try:
         assert _run(sbx, "cat /app/app.txt") == "from the context"
-        assert _run(sbx, "cat /app/site/deep/page.txt") == "deep page"
-        assert _run(sbx, "stat -c %a /app/site/deep/page.txt") == "640"
+        # The template has E2B's user, so commands run as it by default.
+        assert _run(sbx, "id -u") == "1000" and _run(sbx, "id -u", user="root") == "0"
+        assert _run(sbx, "stat -c '%a %U' /app/site/deep/page.txt") == "640 root"
+        assert _run(sbx, "cat /app/site/deep/page.txt", user="root") == "deep page"
+        assert sbx.commands.run("cat /app/site/deep/page.txt 2>&1 || true").stdout.strip().endswith("Permission denied")
         assert _run(sbx, "cat /app/built.txt /app/env.txt") == "built\nhello from the template"
         assert _run(sbx, "echo $GREETING") == "hello from the template"
         assert _run(sbx, "echo $GREETING", envs={"GREETING": "overridden"}) == "overridden"

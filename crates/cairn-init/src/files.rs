@@ -293,3 +293,130 @@ pub fn restored(unix_time_ns: u128, entropy: &[u8]) -> Result<(), String> {
     }
     Ok(())
 }
+
+/// Opens `path` for its extended attributes: a regular file or a
+/// directory, never through a link; `Ok(None)` when it is gone or is
+/// something else (a link, a device, a pipe).
+fn open_for_xattrs(path: &str) -> Result<Option<OwnedFd>, Refusal> {
+    let parsed = SandboxPath::parse(path)?;
+    let what = format!("cannot open {path}");
+    let kind_of = |fd: &OwnedFd| -> Result<SFlag, Refusal> {
+        let st = fstat(fd.as_raw_fd()).map_err(|e| Refusal::errno(e, what.clone()))?;
+        Ok(resolve::file_type(&st))
+    };
+    // Looked at without opening first: opening a device or a pipe could
+    // have effects of its own.
+    let first = match resolve::open(&parsed, OFlag::O_PATH) {
+        Ok(fd) => fd,
+        Err(Unresolved::Errno(Errno::ENOENT | Errno::ENOTDIR)) => return Ok(None),
+        Err(e) => return Err(e.refusal(&what)),
+    };
+    if !matches!(kind_of(&first)?, SFlag::S_IFREG | SFlag::S_IFDIR) {
+        return Ok(None);
+    }
+    let fd = match resolve::open(&parsed, OFlag::O_RDONLY | OFlag::O_NONBLOCK | OFlag::O_NOCTTY) {
+        Ok(fd) => fd,
+        Err(Unresolved::Errno(Errno::ENOENT | Errno::ENOTDIR | Errno::ELOOP)) => return Ok(None),
+        Err(e) => return Err(e.refusal(&what)),
+    };
+    // Swapped for something else in between: treated as gone.
+    Ok(matches!(kind_of(&fd)?, SFlag::S_IFREG | SFlag::S_IFDIR).then_some(fd))
+}
+
+fn c_name(name: &str) -> Result<std::ffi::CString, Refusal> {
+    std::ffi::CString::new(name)
+        .map_err(|_| Refusal::new(FsErrorKind::Invalid, format!("attribute name {name:?} holds a NUL")))
+}
+
+/// Answers [`ToInit::SetXattrs`].
+pub fn set_xattrs<W: Write>(path: &str, attrs: &[(String, String)], writer: &mut W) -> Result<(), FrameError> {
+    answer(writer, set_xattrs_of(path, attrs).map(|()| FromInit::Done))
+}
+
+fn set_xattrs_of(path: &str, attrs: &[(String, String)]) -> Result<(), Refusal> {
+    use cairn_protocol::{XATTRS_MAX, XATTR_NAME_MAX, XATTR_PREFIX, XATTR_VALUE_MAX};
+    if attrs.len() > XATTRS_MAX {
+        return Err(Refusal::new(
+            FsErrorKind::Invalid,
+            format!("at most {XATTRS_MAX} attributes, got {}", attrs.len()),
+        ));
+    }
+    for (name, value) in attrs {
+        if !name.starts_with(XATTR_PREFIX) || name.len() > XATTR_NAME_MAX || value.len() > XATTR_VALUE_MAX {
+            return Err(Refusal::new(
+                FsErrorKind::Invalid,
+                format!(
+                    "attribute {name:?}: names are {XATTR_PREFIX}KEY, at most {XATTR_NAME_MAX} bytes, values at most \
+                     {XATTR_VALUE_MAX}"
+                ),
+            ));
+        }
+    }
+    let fd = open_for_xattrs(path)?.ok_or_else(|| {
+        Refusal::new(
+            FsErrorKind::NotFound,
+            format!("cannot set attributes of {path}: no file or directory is there"),
+        )
+    })?;
+    for (name, value) in attrs {
+        let c = c_name(name)?;
+        // SAFETY: a valid descriptor, a NUL-terminated name, and a value
+        // buffer of the length given.
+        let rc = unsafe { libc::fsetxattr(fd.as_raw_fd(), c.as_ptr(), value.as_ptr().cast(), value.len(), 0) };
+        if rc != 0 {
+            return Err(Refusal::errno(
+                Errno::last(),
+                format!("cannot set {name} on {path} (does its file system keep user attributes?)"),
+            ));
+        }
+    }
+    Ok(())
+}
+
+/// Answers [`ToInit::GetXattrs`].
+pub fn get_xattrs<W: Write>(paths: &[String], writer: &mut W) -> Result<(), FrameError> {
+    if paths.len() > cairn_protocol::XATTR_PATHS_MAX {
+        let refusal = Refusal::new(
+            FsErrorKind::Invalid,
+            format!("at most {} paths, got {}", cairn_protocol::XATTR_PATHS_MAX, paths.len()),
+        );
+        return answer(writer, Err(refusal));
+    }
+    let all = paths.iter().map(|p| xattrs_of(p).unwrap_or_default()).collect();
+    write_frame(writer, &FromInit::Xattrs(all))
+}
+
+/// The [`cairn_protocol::XATTR_PREFIX`] attributes of `path`, bounded.
+fn xattrs_of(path: &str) -> Result<Vec<(String, String)>, Refusal> {
+    use cairn_protocol::{XATTRS_MAX, XATTR_PREFIX, XATTR_VALUE_MAX};
+    let Some(fd) = open_for_xattrs(path)? else {
+        return Ok(Vec::new());
+    };
+    let mut names = vec![0u8; 64 << 10];
+    // SAFETY: a valid descriptor and a buffer of the length given.
+    let n = unsafe { libc::flistxattr(fd.as_raw_fd(), names.as_mut_ptr().cast(), names.len()) };
+    if n <= 0 {
+        return Ok(Vec::new());
+    }
+    let mut out = Vec::new();
+    for name in names[..n as usize].split(|b| *b == 0).filter(|n| !n.is_empty()) {
+        let Ok(name) = std::str::from_utf8(name) else { continue };
+        let Some(key) = name.strip_prefix(XATTR_PREFIX) else {
+            continue;
+        };
+        let mut value = vec![0u8; XATTR_VALUE_MAX];
+        let c = c_name(name)?;
+        // SAFETY: as above.
+        let len = unsafe { libc::fgetxattr(fd.as_raw_fd(), c.as_ptr(), value.as_mut_ptr().cast(), value.len()) };
+        if len < 0 {
+            continue;
+        }
+        value.truncate(len as usize);
+        out.push((key.to_string(), String::from_utf8_lossy(&value).into_owned()));
+        if out.len() >= XATTRS_MAX {
+            break;
+        }
+    }
+    out.sort();
+    Ok(out)
+}

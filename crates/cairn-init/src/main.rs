@@ -183,6 +183,8 @@ fn serve(
             | ToInit::ListDir { .. }
             | ToInit::MakeDir { .. }
             | ToInit::MakeDirAs { .. }
+            | ToInit::SetXattrs { .. }
+            | ToInit::GetXattrs { .. }
             | ToInit::Rename { .. }
             | ToInit::Remove { .. }
             | ToInit::Watch { .. }
@@ -240,6 +242,8 @@ fn serve(
                 max_entries,
             } => tree::list(&path, depth, max_entries, &mut writer)?,
             ToInit::MakeDir { path, parents } => resolve::answer(&mut writer, tree::make_dir(&path, parents, None))?,
+            ToInit::SetXattrs { path, attrs } => files::set_xattrs(&path, &attrs, &mut writer)?,
+            ToInit::GetXattrs { paths } => files::get_xattrs(&paths, &mut writer)?,
             ToInit::MakeDirAs { path, parents, owner } => {
                 resolve::answer(&mut writer, tree::make_dir(&path, parents, Some(owner)))?
             }
@@ -284,6 +288,8 @@ pub(crate) fn name(msg: &ToInit) -> &'static str {
         ToInit::Exec(_) => "Exec",
         ToInit::AsUser { .. } => "AsUser",
         ToInit::MakeDirAs { .. } => "MakeDirAs",
+        ToInit::SetXattrs { .. } => "SetXattrs",
+        ToInit::GetXattrs { .. } => "GetXattrs",
         ToInit::Stdin(_) => "Stdin",
         ToInit::StdinEof => "StdinEof",
         ToInit::Signal(_) => "Signal",

@@ -141,7 +141,26 @@ pub enum ToInit {
     /// [`ToInit::MakeDir`], each directory it makes owned by `owner`
     /// (what a user's own `mkdir` would leave).
     MakeDirAs { path: String, parents: bool, owner: Ids },
+    /// Set extended attributes of the file or directory `path` (never
+    /// through a link): each name is under [`XATTR_PREFIX`]. Answered with
+    /// [`FromInit::Done`] or [`FromInit::FsError`].
+    SetXattrs { path: String, attrs: Vec<(String, String)> },
+    /// The [`XATTR_PREFIX`] attributes of each path (at most
+    /// [`XATTR_PATHS_MAX`]), names without the prefix: answered with
+    /// [`FromInit::Xattrs`], an empty list for a path that has none, is
+    /// gone, or is not a file or directory.
+    GetXattrs { paths: Vec<String> },
 }
+
+/// The extended attributes the file operations read and write: E2B's
+/// file metadata (`user.e2b.KEY`).
+pub const XATTR_PREFIX: &str = "user.e2b.";
+/// The most paths one [`ToInit::GetXattrs`] names.
+pub const XATTR_PATHS_MAX: usize = 4096;
+/// The most attributes a file answers, and the longest name and value.
+pub const XATTRS_MAX: usize = 64;
+pub const XATTR_NAME_MAX: usize = 200;
+pub const XATTR_VALUE_MAX: usize = 4096;
 
 /// A user and group of the sandbox (ids as the sandbox sees them).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, Default)]
@@ -279,6 +298,8 @@ pub enum FromInit {
     /// Changes in a watched directory, in the order they happened (at most
     /// [`WATCH_BATCH_MAX`]).
     Events(Vec<WatchEvent>),
+    /// Answer to [`ToInit::GetXattrs`]: each path's attributes, in order.
+    Xattrs(Vec<Vec<(String, String)>>),
 }
 
 /// How to run a process inside the sandbox.

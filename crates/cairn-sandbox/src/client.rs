@@ -539,6 +539,43 @@ impl InitClient {
         }
     }
 
+    /// Sets extended attributes of the file or directory `path` (see
+    /// [`ToInit::SetXattrs`]).
+    pub fn set_xattrs(&self, path: &str, attrs: Vec<(String, String)>) -> Result<(), ClientError> {
+        let (_stream, mut reader) = self.open(&ToInit::SetXattrs {
+            path: path.to_string(),
+            attrs,
+        })?;
+        self.expect_done(&mut reader)
+    }
+
+    /// The E2B metadata attributes of each of `paths` (see
+    /// [`ToInit::GetXattrs`]); a reply that does not match the request is
+    /// refused.
+    pub fn get_xattrs(&self, paths: Vec<String>) -> Result<Vec<Vec<(String, String)>>, ClientError> {
+        let count = paths.len();
+        let (_stream, mut reader) = self.open(&ToInit::GetXattrs { paths })?;
+        match self.read(&mut reader)? {
+            FromInit::Xattrs(all) => {
+                let bounded = all.len() == count
+                    && all.iter().all(|attrs| {
+                        attrs.len() <= cairn_protocol::XATTRS_MAX
+                            && attrs.iter().all(|(k, v)| {
+                                k.len() <= cairn_protocol::XATTR_NAME_MAX && v.len() <= cairn_protocol::XATTR_VALUE_MAX
+                            })
+                    });
+                if bounded {
+                    Ok(all)
+                } else {
+                    Err(ClientError::Refused(
+                        "init answered attributes that do not match the request".into(),
+                    ))
+                }
+            }
+            other => Err(refusal(other)),
+        }
+    }
+
     /// Renames `from` to `to` in the sandbox as rename(2) does: a file or an
     /// empty directory at `to` is replaced, a directory that is not empty is
     /// [`FsErrorKind::NotEmpty`].

@@ -89,8 +89,7 @@ pub(crate) fn user_of(headers: &HeaderMap) -> String {
         .unwrap_or_else(|| "user".into())
 }
 
-/// A user's home: `/root` for root, `/home/user` for anyone else
-/// (commands run as root inside the sandbox either way).
+/// A user's home: `/root` for root, `/home/user` for anyone else.
 pub(crate) fn home_of(user: &str) -> &'static str {
     if user == "root" {
         "/root"
@@ -190,8 +189,14 @@ impl Names {
     }
 }
 
-/// envd's `EntryInfo` for a file's metadata, its owner and group named.
-pub(crate) fn entry_info(meta: &FileMeta, symlink_target: Option<&str>, names: &Names) -> Value {
+/// envd's `EntryInfo` for a file's metadata, its owner and group named,
+/// with its E2B metadata (`user.e2b.*` attributes) when it has any.
+pub(crate) fn entry_info(
+    meta: &FileMeta,
+    symlink_target: Option<&str>,
+    names: &Names,
+    attrs: &[(String, String)],
+) -> Value {
     let name = meta.path.rsplit('/').find(|s| !s.is_empty()).unwrap_or("/");
     let kind = match meta.kind {
         FileKind::File => "FILE_TYPE_FILE",
@@ -207,6 +212,13 @@ pub(crate) fn entry_info(meta: &FileMeta, symlink_target: Option<&str>, names: &
         "owner": Names::name(&names.users, meta.uid), "group": Names::name(&names.groups, meta.gid),
         "modifiedTime": super::control::rfc3339(ms),
     });
+    if !attrs.is_empty() {
+        v["metadata"] = attrs
+            .iter()
+            .map(|(k, val)| (k.clone(), json!(val)))
+            .collect::<serde_json::Map<_, _>>()
+            .into();
+    }
     if meta.kind == FileKind::Symlink {
         v["isSymlink"] = json!(true);
         if let Some(t) = symlink_target {

@@ -37,6 +37,45 @@ fn denied(d: Denied) -> RestError {
     }
 }
 
+/// The most metadata entries a file takes.
+const METADATA_MAX: usize = 32;
+
+/// E2B's file metadata from `X-Metadata-KEY: VALUE` headers (envd 0.6.2):
+/// keys lowercased, HTTP token characters, values printable ASCII; a bad
+/// one is a 400 naming it, before anything is written.
+fn metadata_of(headers: &HeaderMap) -> Files<std::collections::BTreeMap<String, String>> {
+    let mut out = std::collections::BTreeMap::new();
+    for (name, value) in headers {
+        let Some(key) = name.as_str().strip_prefix("x-metadata-") else {
+            continue;
+        };
+        let token = |b: u8| b.is_ascii_alphanumeric() || b"!#$%&'*+-.^_`|~".contains(&b);
+        if key.is_empty() || key.len() > 128 || !key.bytes().all(token) {
+            return Err(RestError::bad_request(format!(
+                "metadata key {key:?}: use 1 to 128 letters, digits or !#$%&'*+-.^_`|~"
+            )));
+        }
+        let value = value
+            .to_str()
+            .ok()
+            .filter(|v| v.len() <= cairn_protocol::XATTR_VALUE_MAX && v.bytes().all(|b| (0x20..0x7f).contains(&b)))
+            .ok_or_else(|| {
+                RestError::bad_request(format!(
+                    "metadata value of {key:?}: printable ASCII, at most {} bytes",
+                    cairn_protocol::XATTR_VALUE_MAX
+                ))
+            })?;
+        out.insert(key.to_ascii_lowercase(), value.to_string());
+    }
+    if out.len() > METADATA_MAX {
+        return Err(RestError::bad_request(format!(
+            "at most {METADATA_MAX} metadata entries, got {}",
+            out.len()
+        )));
+    }
+    Ok(out)
+}
+
 fn home(q: &HashMap<String, String>) -> &'static str {
     home_of(q.get("username").map(String::as_str).unwrap_or("user"))
 }
@@ -112,6 +151,7 @@ async fn write_files(gw: Arc<Gateway>, headers: &HeaderMap, q: &HashMap<String, 
             )))
         }
     };
+    let metadata = metadata_of(headers)?;
     let ct = headers
         .get(header::CONTENT_TYPE)
         .and_then(|v| v.to_str().ok())
@@ -187,7 +227,8 @@ async fn write_files(gw: Arc<Gateway>, headers: &HeaderMap, q: &HashMap<String, 
     }
     let (spooled, spool_path, _) = spool.finish().await?;
     // Written as the user's own, as E2B's envd writes them.
-    let owner = gw.user_ids(&sandbox, &super::envd::user_of(headers)).await?;
+    let user = q.get("username").map(String::as_str).unwrap_or("user");
+    let owner = gw.user_ids(&sandbox, user).await?;
     let (uid, gid) = owner.map_or((0, 0), |ids| (ids.uid, ids.gid));
     let written = gw
         .app
@@ -195,15 +236,40 @@ async fn write_files(gw: Arc<Gateway>, headers: &HeaderMap, q: &HashMap<String, 
             let rec = e.sandbox(&sandbox)?;
             let client = e.client(&rec)?;
             let mut out = Vec::with_capacity(files.len());
+            // With metadata, each file is written under a temporary name
+            // and given its attributes there, and all are renamed into
+            // place only once every one of them took its attributes: a
+            // file system that keeps none (gVisor's) refuses the upload
+            // with nothing written.
+            let attrs: Vec<(String, String)> = metadata
+                .iter()
+                .map(|(k, v)| (format!("{}{k}", cairn_protocol::XATTR_PREFIX), v.clone()))
+                .collect();
+            let mut staged: Vec<(String, String)> = Vec::new();
+            let unstage = |staged: &[(String, String)]| {
+                for (tmp, _) in staged {
+                    let _ = client.remove(tmp, false);
+                }
+            };
             for file in files {
                 let path = file.path;
                 if let Some((parent, _)) = path.rsplit_once('/') {
                     if !parent.is_empty() {
-                        client.make_dir_as(parent, true, owner)?;
+                        if let Err(e) = client.make_dir_as(parent, true, owner) {
+                            unstage(&staged);
+                            return Err(e.into());
+                        }
                     }
                 }
+                let name = path.rsplit('/').next().unwrap_or("").to_string();
+                let target = if attrs.is_empty() {
+                    path.clone()
+                } else {
+                    let (dir, _) = path.rsplit_once('/').unwrap_or(("", ""));
+                    format!("{dir}/.{name}.cairn-upload-{}", cairn_engine::random_hex(6))
+                };
                 let meta = FileMeta {
-                    path: path.clone(),
+                    path: target.clone(),
                     kind: FileKind::File,
                     mode: 0o644,
                     uid,
@@ -214,9 +280,28 @@ async fn write_files(gw: Arc<Gateway>, headers: &HeaderMap, q: &HashMap<String, 
                 let mut data = &spooled;
                 data.seek(SeekFrom::Start(file.offset))
                     .map_err(|e| ApiError::internal(format!("reading back the spooled upload: {e}")))?;
-                client.put_file(meta, &mut data.take(file.size))?;
-                let name = path.rsplit('/').next().unwrap_or("").to_string();
-                out.push(json!({ "name": name, "type": "file", "path": path }));
+                if let Err(e) = client.put_file(meta, &mut data.take(file.size)) {
+                    unstage(&staged);
+                    return Err(e.into());
+                }
+                let mut entry = json!({ "name": name, "type": "file", "path": path });
+                if !attrs.is_empty() {
+                    staged.push((target.clone(), path.clone()));
+                    if let Err(e) = client.set_xattrs(&target, attrs.clone()) {
+                        unstage(&staged);
+                        return Err(ApiError::bad_request(format!(
+                            "file metadata cannot be kept on {path} (nothing was written): {e}; write it without metadata"
+                        )));
+                    }
+                    entry["metadata"] = json!(metadata);
+                }
+                out.push(entry);
+            }
+            for (i, (tmp, path)) in staged.iter().enumerate() {
+                if let Err(e) = client.rename(tmp, path) {
+                    unstage(&staged[i..]);
+                    return Err(e.into());
+                }
             }
             drop(spool_path);
             Ok(out)

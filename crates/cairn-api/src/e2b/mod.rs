@@ -51,7 +51,7 @@ pub use drivers::{parse_driver_choice, DriverChoice, Drivers};
 
 /// The envd version reported: ≥ 0.5.2 so the SDK allows `close_stdin`,
 /// ≥ 0.4.0 so it sends no user unless asked.
-pub const ENVD_VERSION: &str = "0.5.7";
+pub const ENVD_VERSION: &str = "0.6.2";
 /// A sandbox's lifetime when create names none (E2B's default).
 pub const DEFAULT_TIMEOUT_SECS: u64 = 300;
 /// The longest lifetime accepted (E2B's limit is 24 hours).

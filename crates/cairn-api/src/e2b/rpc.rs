@@ -1037,21 +1037,32 @@ fn fs_op(
     owner: Option<cairn_protocol::Ids>,
 ) -> Rpc<Value> {
     let stat = |p: &str| -> Rpc<cairn_protocol::FileMeta> { client.stat(p)?.ok_or_else(|| missing(p)) };
-    let info = |meta: &cairn_protocol::FileMeta, target: Option<&str>| {
-        entry_info(meta, target, &Names::for_entries(client, std::iter::once(meta)))
+    let info = |meta: &cairn_protocol::FileMeta, target: Option<&str>| -> Rpc<Value> {
+        let attrs = client.get_xattrs(vec![meta.path.clone()])?.pop().unwrap_or_default();
+        Ok(entry_info(
+            meta,
+            target,
+            &Names::for_entries(client, std::iter::once(meta)),
+            &attrs,
+        ))
     };
     match op {
-        "Stat" => Ok(json!({ "entry": info(&stat(path)?, None) })),
+        "Stat" => Ok(json!({ "entry": info(&stat(path)?, None)? })),
         "ListDir" => {
             if stat(path)?.kind != FileKind::Dir {
                 return Err(RpcError::invalid(format!("path '{path}' is not a directory")));
             }
             let listing = client.list_dir(path, depth, MAX_LIST)?;
             let names = Names::for_entries(client, listing.entries.iter().map(|d| &d.meta));
+            let mut attrs = Vec::with_capacity(listing.entries.len());
+            for chunk in listing.entries.chunks(cairn_protocol::XATTR_PATHS_MAX) {
+                attrs.extend(client.get_xattrs(chunk.iter().map(|d| d.meta.path.clone()).collect())?);
+            }
             let entries: Vec<Value> = listing
                 .entries
                 .iter()
-                .map(|d| entry_info(&d.meta, d.symlink_target.as_deref(), &names))
+                .zip(&attrs)
+                .map(|(d, a)| entry_info(&d.meta, d.symlink_target.as_deref(), &names, a))
                 .collect();
             Ok(json!({ "entries": entries }))
         }
@@ -1062,13 +1073,13 @@ fn fs_op(
                     format!("directory '{path}' already exists"),
                 ));
             }
-            Ok(json!({ "entry": info(&stat(path)?, None) }))
+            Ok(json!({ "entry": info(&stat(path)?, None)? }))
         }
         "Move" => {
             let to = to.unwrap_or(path);
             stat(path)?;
             client.rename(path, to)?;
-            Ok(json!({ "entry": info(&stat(to)?, None) }))
+            Ok(json!({ "entry": info(&stat(to)?, None)? }))
         }
         "Remove" => {
             stat(path)?;
