@@ -587,6 +587,43 @@ def test_a_server_in_the_sandbox_is_reached_by_port_header_or_host_name(sbx):
     assert r.status_code in (200, 204), r.text
 
 
+def test_allow_public_traffic_opens_a_sandboxs_ports_without_its_token_until_updated(cairn_e2b):
+    s = Sandbox.create(network={"allow_public_traffic": True})
+    closed = Sandbox.create()
+    try:
+        assert s.get_info().network["allow_public_traffic"] is True
+        for box in (s, closed):
+            box.files.write("/tmp/www/index.html", "public" if box is s else "private")
+            box.commands.run("httpd -p 127.0.0.1:8000 -h /tmp/www", background=True)
+        url = os.environ["E2B_SANDBOX_URL"]
+        host = f"8000-{s.sandbox_id}.localhost"
+        deadline = time.time() + 15
+        while True:
+            r = httpx.get(f"{url}/index.html", headers={"Host": host})
+            if r.status_code == 200 or time.time() > deadline:
+                break
+            time.sleep(0.1)
+        assert r.status_code == 200 and r.text == "public", r.text
+        # Another sandbox's ports still need its token; envd needs its own.
+        r = httpx.get(f"{url}/index.html", headers={"Host": f"8000-{closed.sandbox_id}.localhost"})
+        assert r.status_code == 401, r.text
+        r = httpx.get(f"{url}/files", params={"path": "/tmp/www/index.html"}, headers={"E2b-Sandbox-Id": s.sandbox_id})
+        assert r.status_code == 401, r.text
+        # Turned off by an update: the token is needed again.
+        r = httpx.put(
+            f"{cairn_e2b['url']}/sandboxes/{s.sandbox_id}/network",
+            headers={"X-API-Key": cairn_e2b["key"]},
+            json={"allowPublicTraffic": False},
+        )
+        assert r.status_code == 204, r.text
+        r = httpx.get(f"{url}/index.html", headers={"Host": host})
+        assert r.status_code == 401, r.text
+        assert (s.get_info().network or {}).get("allow_public_traffic", False) is False
+    finally:
+        s.kill()
+        closed.kill()
+
+
 def test_get_host_names_ports_under_the_servers_domain(server_of_its_own, cairn_e2b):
     with server_of_its_own("domain", "--e2b-domain", "Sandboxes.Test") as srv:
         s = Sandbox.create(api_url=srv["url"], sandbox_url=srv["url"], api_key=srv["key"])

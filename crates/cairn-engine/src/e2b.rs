@@ -41,6 +41,8 @@ pub struct E2bSandbox {
     /// Where its commands run unless they say (a built template's
     /// WORKDIR); `None`: the user's home.
     pub workdir: Option<String>,
+    /// Whether its ports are reached without its traffic access token.
+    pub public_traffic: bool,
 }
 
 /// An E2B sandbox's network rules as the SDK gave them: addresses,
@@ -75,7 +77,7 @@ pub struct E2bSnapshot {
 }
 
 const COLUMNS: &str =
-    "id, template, sandbox_id, snapshot_id, started_at, end_at, auto_pause, cpu_count, memory_mb, grant_token, network, workdir";
+    "id, template, sandbox_id, snapshot_id, started_at, end_at, auto_pause, cpu_count, memory_mb, grant_token, network, workdir, public_traffic";
 
 fn sandbox_row(r: &Row) -> Result<E2bSandbox, StateError> {
     let sandbox: Option<String> = r.get(2)?;
@@ -109,6 +111,7 @@ fn sandbox_row(r: &Row) -> Result<E2bSandbox, StateError> {
             ),
         },
         workdir: r.get(11)?,
+        public_traffic: r.get(12)?,
     })
 }
 
@@ -125,7 +128,7 @@ impl Db {
             b.execute("DELETE FROM e2b_sandboxes WHERE id = $1", params![&s.id])?;
             b.execute(
                 &format!(
-                    "INSERT INTO e2b_sandboxes ({COLUMNS}) VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12)"
+                    "INSERT INTO e2b_sandboxes ({COLUMNS}) VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13)"
                 ),
                 params![
                     &s.id,
@@ -141,7 +144,8 @@ impl Db {
                     s.network
                         .as_ref()
                         .map(|n| serde_json::to_string(n).expect("a network serialises")),
-                    &s.workdir
+                    &s.workdir,
+                    s.public_traffic
                 ],
             )?;
             for (kind, vars) in [("metadata", &s.metadata), ("env", &s.env)] {

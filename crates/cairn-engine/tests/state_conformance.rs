@@ -1429,6 +1429,7 @@ fn e2b_sandbox(id: &str, life: E2bLife) -> E2bSandbox {
             deny_out: vec!["0.0.0.0/0".into()],
         }),
         workdir: (id == "e1").then(|| "/app".to_string()),
+        public_traffic: id == "e1",
     }
 }
 

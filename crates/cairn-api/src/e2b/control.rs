@@ -169,6 +169,7 @@ fn entry_for(rec: &SandboxRecord, template: String, life_ms: i64, key: &ApiKey) 
         grant: Some(key.0.clone()),
         network: None,
         workdir: None,
+        public_traffic: false,
     }
 }
 
@@ -232,6 +233,7 @@ pub async fn create(
             })
             .await?
     };
+    let public = network::public_traffic(req.network.as_ref());
     let net = network::requested(
         &gw,
         snapshot_driver.as_deref().unwrap_or(driver),
@@ -342,6 +344,7 @@ pub async fn create(
     }
     entry.auto_pause = req.auto_pause.unwrap_or(false);
     entry.network = net;
+    entry.public_traffic = public;
     let out = sandbox_json(&gw, &entry);
     gw.put(entry).await?;
     gw.app.emit("sandbox.created", &rec.id, "through the E2B API");
@@ -497,7 +500,7 @@ pub async fn info(State(gw): G, Path(id): Path<String>) -> Rest<Response> {
     let mut v = listed_json(&e);
     v["envdAccessToken"] = json!(gw.token(&e));
     v["trafficAccessToken"] = json!(gw.traffic_token(&e));
-    if let Some(n) = network::json(&e.network) {
+    if let Some(n) = network::json(&e.network, e.public_traffic) {
         v["network"] = n;
     }
     v["domain"] = json!(gw.domain);
@@ -906,6 +909,7 @@ pub async fn fork(
         e.auto_pause = parent.auto_pause;
         // The engine's fork keeps the parent's network and rules.
         e.network = parent.network.clone();
+        e.public_traffic = parent.public_traffic;
         out.push(json!({ "sandbox": sandbox_json(&gw, &e) }));
         entries.push(e);
         gw.app.emit("sandbox.created", &rec.id, format!("E2B fork of {id}"));

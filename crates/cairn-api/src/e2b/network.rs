@@ -67,11 +67,6 @@ pub fn requested(
             "network.{field} is not supported by Cairn's E2B gateway: give allowOut and denyOut (docs/e2b.md)"
         )));
     }
-    if body.allow_public_traffic == Some(true) {
-        return Err(RestError::bad_request(
-            "allowPublicTraffic is not supported: a sandbox's ports need its traffic access token (docs/e2b.md)",
-        ));
-    }
     let mut net = E2bNetwork {
         allow_out: body.allow_out.unwrap_or_default(),
         deny_out: body.deny_out.unwrap_or_default(),
@@ -143,10 +138,20 @@ pub fn policy(net: &E2bNetwork) -> Result<NetPolicy, RestError> {
     Ok(p)
 }
 
-/// How `GET /sandboxes/{id}` shows the rules (left out without a network).
-pub fn json(net: &Option<E2bNetwork>) -> Option<Value> {
-    net.as_ref()
-        .map(|n| json!({ "allowOut": n.allow_out, "denyOut": n.deny_out, "allowPublicTraffic": false }))
+/// Whether a create's `network` asks for ports reached without the
+/// traffic access token (`allowPublicTraffic`; off unless asked for).
+pub fn public_traffic(body: Option<&NetworkBody>) -> bool {
+    body.and_then(|b| b.allow_public_traffic).unwrap_or(false)
+}
+
+/// How `GET /sandboxes/{id}` shows the rules and whether its ports are
+/// public (left out without either).
+pub fn json(net: &Option<E2bNetwork>, public: bool) -> Option<Value> {
+    match net {
+        Some(n) => Some(json!({ "allowOut": n.allow_out, "denyOut": n.deny_out, "allowPublicTraffic": public })),
+        None if public => Some(json!({ "allowPublicTraffic": true })),
+        None => None,
+    }
 }
 
 /// `PUT /sandboxes/{id}/network`: the rules replaced, live.
@@ -157,6 +162,14 @@ pub async fn update(
 ) -> Result<StatusCode, RestError> {
     let body: NetworkBody = crate::routes::parse(&body).map_err(RestError::from)?;
     let e = gw.entry(&id).ok_or_else(|| RestError::not_found(&id))?;
+    let public = body.allow_public_traffic;
+    let only_public = public.is_some() && body.allow_out.is_none() && body.deny_out.is_none();
+    if only_public {
+        // Whether its ports need the traffic token: no egress involved.
+        let _busy = gw.app.claim(&format!("e2b:{id}"), "update its network")?;
+        gw.modify(&id, |e| e.public_traffic = public.unwrap_or(false)).await?;
+        return Ok(StatusCode::NO_CONTENT);
+    }
     if e.network.is_none() {
         return Err(RestError::new(
             StatusCode::CONFLICT,
@@ -181,6 +194,12 @@ pub async fn update(
             })
             .await?;
     }
-    gw.modify(&id, |e| e.network = Some(net)).await?;
+    gw.modify(&id, |e| {
+        e.network = Some(net);
+        if let Some(p) = public {
+            e.public_traffic = p;
+        }
+    })
+    .await?;
     Ok(StatusCode::NO_CONTENT)
 }

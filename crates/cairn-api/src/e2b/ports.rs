@@ -7,7 +7,8 @@
 //! network is needed, on native and on gVisor alike. The request must
 //! carry the sandbox's access token (`X-Access-Token`, as envd's do) or
 //! its traffic token (`E2B-Traffic-Access-Token`, which create answers
-//! with); the tokens, the user and the hop-by-hop headers stay here.
+//! with), unless it was made with `allow_public_traffic=True`; the tokens,
+//! the user and the hop-by-hop headers stay here.
 
 use std::sync::Arc;
 
@@ -68,6 +69,18 @@ async fn relay(gw: &Arc<Gateway>, port: u16, id: Option<String>, mut req: Reques
             .and_then(|v| v.to_str().ok())
             .unwrap_or("");
         if let Some(e) = gw.entry(id).filter(|e| same(&gw.traffic_token(e), traffic.trim())) {
+            let token = HeaderValue::from_str(&gw.token(&e)).expect("a hex token is a valid header");
+            req.headers_mut().insert("x-access-token", token);
+        }
+    }
+    // A sandbox made with allow_public_traffic=True needs neither token.
+    if !req.headers().contains_key("x-access-token") {
+        let id = req
+            .headers()
+            .get("e2b-sandbox-id")
+            .and_then(|v| v.to_str().ok())
+            .unwrap_or("");
+        if let Some(e) = gw.entry(id).filter(|e| e.public_traffic) {
             let token = HeaderValue::from_str(&gw.token(&e)).expect("a hex token is a valid header");
             req.headers_mut().insert("x-access-token", token);
         }

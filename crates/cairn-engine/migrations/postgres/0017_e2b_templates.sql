@@ -42,6 +42,9 @@ CREATE TABLE e2b_template_tags (
 -- The working directory a sandbox of a built template runs commands in
 -- (its WORKDIR), kept across pause and resume; NULL: the user's home.
 ALTER TABLE e2b_sandboxes ADD COLUMN workdir TEXT;
+-- Whether its ports are reached without its traffic access token
+-- (`allow_public_traffic=True`); 0 for rows from before: the token is needed.
+ALTER TABLE e2b_sandboxes ADD COLUMN public_traffic BIGINT NOT NULL DEFAULT 0;
 
 -- What a built image's sandboxes start with (`cairn image build --file`,
 -- E2B template builds), as JSON {env, workdir, user, start_cmd,
