@@ -32,12 +32,6 @@ def _sandbox_names(cairn_e2b):
     return out.stdout
 
 
-ADD_USER = (
-    "echo 'user:x:1000:1000::/home/user:/bin/sh' >> /etc/passwd && echo 'user:x:1000:' >> /etc/group"
-    " && mkdir -p /home/user && chown 1000:1000 /home/user"
-)
-
-
 def test_a_template_built_from_steps_starts_sandboxes_with_its_files_env_user_workdir_and_server(cairn_e2b):
     name = f"tpl-{uuid.uuid4().hex[:8]}"
     with tempfile.TemporaryDirectory() as ctx:
@@ -53,7 +47,6 @@ def test_a_template_built_from_steps_starts_sandboxes_with_its_files_env_user_wo
             .copy("site", "/app/site", mode=0o640)
             .set_envs({"GREETING": "hello from the template"})
             .run_cmd("echo built > /app/built.txt && echo \"$GREETING\" > /app/env.txt")
-            .run_cmd(ADD_USER)
             .set_user("user")
             .run_cmd("id -u > /home/user/uid.txt && touch /home/user/mine")
             .copy("app.txt", "/home/user/copied.txt", user="user")
@@ -71,7 +64,9 @@ def test_a_template_built_from_steps_starts_sandboxes_with_its_files_env_user_wo
     sbx = Sandbox.create(name)
     try:
         assert _run(sbx, "cat /app/app.txt") == "from the context"
-        # The template has E2B's user, so commands run as it by default.
+        # The busybox base had no `user`: the build added E2B's, once, and
+        # commands run as it by default.
+        assert _run(sbx, "grep -c '^user:x:1000:1000:' /etc/passwd") == "1"
         assert _run(sbx, "id -u") == "1000" and _run(sbx, "id -u", user="root") == "0"
         assert _run(sbx, "stat -c '%a %U' /app/site/deep/page.txt") == "640 root"
         assert _run(sbx, "cat /app/site/deep/page.txt", user="root") == "deep page"
@@ -220,3 +215,29 @@ def test_a_build_cut_off_by_a_server_stop_fails_and_leaves_nothing(server_of_its
         finally:
             again.terminate()
             again.wait(timeout=30)
+
+
+def test_from_dockerfile_is_read_by_the_sdk_into_steps_that_cairn_runs(cairn_e2b):
+    name = f"df-{uuid.uuid4().hex[:8]}"
+    dockerfile = (
+        "FROM e2bdev/base\n"
+        "ARG GREETING=hey\n"
+        "ENV MODE=prod\n"
+        "WORKDIR /srv\n"
+        "COPY hello.txt .\n"
+        "RUN echo \"$GREETING $MODE\" > built.txt\n"
+        "CMD [\"httpd\", \"-f\", \"-p\", \"8080\", \"-h\", \"/srv\"]\n"
+    )
+    with tempfile.TemporaryDirectory() as ctx:
+        with open(os.path.join(ctx, "hello.txt"), "w") as f:
+            f.write("hi\n")
+        Template.build(Template(file_context_path=ctx).from_dockerfile(dockerfile), name)
+    sbx = Sandbox.create(name)
+    try:
+        assert _run(sbx, "cat /srv/hello.txt /srv/built.txt") == "hi\nhey prod"
+        assert _run(sbx, "pwd") == "/srv"
+        # CMD is the start command, started with the sandbox.
+        served = _run(sbx, "for i in $(seq 50); do wget -q -O - http://127.0.0.1:8080/hello.txt && break; sleep 0.1; done")
+        assert served == "hi"
+    finally:
+        sbx.kill()

@@ -85,6 +85,9 @@ pub struct Plan {
     pub step_timeout: Duration,
     /// How long `ready_cmd` may take to succeed once `start_cmd` started.
     pub ready_timeout: Duration,
+    /// A shell script run as root on the base before the steps (E2B's
+    /// builds add E2B's user where the base lacks it).
+    pub setup: Option<String>,
 }
 
 /// Where a build's log goes, line by line. `step` counts from 1 (E2B's
@@ -192,6 +195,14 @@ impl Engine {
 
     fn run_steps(&mut self, rec: &SandboxRecord, plan: &Plan, log: &dyn BuildLog) -> Result<ImageConfig, BuildFailure> {
         let mut config = plan.config.clone();
+        if let Some(setup) = &plan.setup {
+            let argv = vec!["/bin/sh".to_string(), "-c".to_string(), setup.clone()];
+            self.run_logged(rec, argv, &ImageConfig::default(), None, plan.step_timeout, Some(0), log)
+                .map_err(|mut f| {
+                    f.message = format!("setting up the base failed: {}", f.message);
+                    f
+                })?;
+        }
         // The base's own start command is not run while building.
         for (i, step) in plan.steps.iter().enumerate() {
             let n = i + 1;
@@ -491,9 +502,15 @@ impl Engine {
         } else {
             src.to_string()
         };
-        let into_dir = dest.ends_with('/') || globbed;
-        let dest = dest.trim_end_matches('/');
-        let dest = if dest.is_empty() { "/" } else { dest };
+        // As Docker has it: a destination ending in `/` (or `.`) or that is
+        // a directory already takes the source by its name.
+        let dotted = dest == "." || dest.ends_with("/.");
+        let dest = dest.strip_suffix('.').unwrap_or(dest);
+        let trimmed = dest.trim_end_matches('/');
+        let trimmed = if trimmed.is_empty() { "/" } else { trimmed };
+        let is_dir = matches!(client.stat(trimmed), Ok(Some(m)) if m.kind == FileKind::Dir);
+        let into_dir = dest.ends_with('/') || dotted || globbed || is_dir;
+        let dest = trimmed;
         let (uid, gid) = ids.map_or((0, 0), |i| (i.uid, i.gid));
         let mut count = 0;
         let mut made_dest = false;

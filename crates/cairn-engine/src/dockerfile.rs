@@ -54,6 +54,12 @@ pub struct Dockerfile {
     pub args: BTreeMap<String, String>,
 }
 
+/// CMD or ENTRYPOINT as written.
+enum StartForm {
+    Exec(Vec<String>),
+    Shell(String),
+}
+
 fn bad(line: usize, why: impl Into<String>) -> DockerfileError {
     DockerfileError::Bad { line, why: why.into() }
 }
@@ -228,7 +234,8 @@ pub fn parse(text: &str, build_args: &BTreeMap<String, String>) -> Result<Docker
     let mut steps = Vec::new();
     let mut args: BTreeMap<String, String> = BTreeMap::new();
     let mut env: BTreeMap<String, String> = BTreeMap::new();
-    let (mut entrypoint, mut cmd): (Option<String>, Option<String>) = (None, None);
+    // Each as (exec form's words, or the shell form's command).
+    let (mut entrypoint, mut cmd): (Option<StartForm>, Option<StartForm>) = (None, None);
     for (line, text) in logical_lines(text) {
         let (word, rest) = match text.split_once(char::is_whitespace) {
             Some((w, r)) => (w.to_string(), r.trim().to_string()),
@@ -369,14 +376,14 @@ pub fn parse(text: &str, build_args: &BTreeMap<String, String>) -> Result<Docker
                 steps.push((line, Instruction::User(user)));
             }
             "CMD" | "ENTRYPOINT" => {
-                let command = match exec_form(&rest, line)? {
-                    Some(argv) => shell_join(&argv),
-                    None => rest.clone(),
+                let form = match exec_form(&rest, line)? {
+                    Some(argv) => StartForm::Exec(argv),
+                    None => StartForm::Shell(rest.clone()),
                 };
                 if instruction == "CMD" {
-                    cmd = Some(command);
+                    cmd = Some(form);
                 } else {
-                    entrypoint = Some(command);
+                    entrypoint = Some(form);
                 }
             }
             "LABEL" | "EXPOSE" | "MAINTAINER" => {}
@@ -389,10 +396,23 @@ pub fn parse(text: &str, build_args: &BTreeMap<String, String>) -> Result<Docker
         }
     }
     let from = from.ok_or_else(|| DockerfileError::File("the Dockerfile has no FROM".into()))?;
+    // Docker's rules: an exec-form ENTRYPOINT takes CMD as arguments (a
+    // shell-form CMD as `/bin/sh -c CMD`), a shell-form one ignores CMD.
     let start_cmd = match (entrypoint, cmd) {
-        (Some(e), Some(c)) => Some(format!("{e} {c}")),
-        (e, c) => e.or(c),
-    };
+        (Some(StartForm::Exec(mut words)), cmd) => {
+            match cmd {
+                Some(StartForm::Exec(args)) => words.extend(args),
+                Some(StartForm::Shell(c)) => words.extend(["/bin/sh".to_string(), "-c".to_string(), c]),
+                None => {}
+            }
+            (!words.is_empty()).then(|| shell_join(&words))
+        }
+        (Some(StartForm::Shell(e)), _) => Some(e),
+        (None, Some(StartForm::Exec(words))) => (!words.is_empty()).then(|| shell_join(&words)),
+        (None, Some(StartForm::Shell(c))) => Some(c),
+        (None, None) => None,
+    }
+    .filter(|c| !c.trim().is_empty());
     Ok(Dockerfile {
         from,
         steps,
@@ -577,6 +597,7 @@ impl crate::Engine {
             network,
             step_timeout: std::time::Duration::from_secs(6 * 3600),
             ready_timeout: std::time::Duration::from_secs(60),
+            setup: None,
         };
         let sandbox = format!("build-{}", crate::random_hex(4));
         let source = format!("Dockerfile {}", file.display());
@@ -680,6 +701,14 @@ mod tests {
             ]
         );
         assert_eq!(d.start_cmd.as_deref(), Some("python3 -m http.server 8080"));
+        for (tail, start) in [
+            ("ENTRYPOINT [\"serve\"]\nCMD run it\n", "serve /bin/sh -c 'run it'"),
+            ("ENTRYPOINT serve --now\nCMD [\"ignored\"]\n", "serve --now"),
+            ("CMD [\"a b\", \"c\"]\n", "'a b' c"),
+        ] {
+            let d = parse(&format!("FROM x\n{tail}"), &no_args()).unwrap();
+            assert_eq!(d.start_cmd.as_deref(), Some(start), "{tail}");
+        }
         let over: BTreeMap<String, String> = [("SUITE".to_string(), "trixie".to_string())].into();
         assert_eq!(parse(text, &over).unwrap().from, "debian:trixie", "--build-arg wins");
     }

@@ -306,7 +306,7 @@ pub async fn create(
             };
             let ready = make_home(e, &rec).and_then(|()| {
                 if let Some((_, config)) = built.as_ref().filter(|(_, c)| c.start_cmd.is_some()) {
-                    if let Some(ready) = &config.ready_cmd {
+                    if let Some(ready) = config.ready_cmd.as_ref().filter(|r| !templates::only_waits(r)) {
                         let ids = e
                             .ids_of(&rec, config.user.as_deref())
                             .map_err(crate::error::ApiError::internal)?;

@@ -40,8 +40,28 @@ const STATUS_LINES_MAX: usize = 100;
 const LOG_LINES_MAX: usize = 10_000;
 /// How long one build command may run.
 const STEP_TIMEOUT: Duration = Duration::from_secs(3600);
+/// Run on every template's base before its steps, as E2B provisions its
+/// templates: E2B's user `user` (uid and gid 1000, home /home/user) where
+/// the base has none, so `set_user("user")` (which `from_dockerfile` ends
+/// with) holds on any base.
+const E2B_USER: &str = "grep -q '^user:' /etc/passwd || { \
+    grep -q '^user:' /etc/group || echo 'user:x:1000:' >> /etc/group; \
+    shell=/bin/sh; [ -x /bin/bash ] && shell=/bin/bash; \
+    echo \"user:x:1000:1000::/home/user:$shell\" >> /etc/passwd; \
+    mkdir -p /home/user && chown 1000:1000 /home/user && chmod 755 /home/user; }";
 /// How long a template's ready command may take once its start command ran.
 pub(crate) const READY_TIMEOUT: Duration = Duration::from_secs(60);
+
+/// Whether a ready command only waits (`sleep N`, what the SDK's
+/// `wait_for_timeout` and `from_dockerfile`'s CMD give): it is awaited when
+/// the template is built, not again by every create, where it would only
+/// add its seconds.
+pub(crate) fn only_waits(ready: &str) -> bool {
+    ready
+        .trim()
+        .strip_prefix("sleep ")
+        .is_some_and(|n| n.trim().parse::<f64>().is_ok_and(|s| s >= 0.0))
+}
 
 /// The logs of the builds running now (a finished build's are in its row).
 #[derive(Default)]
@@ -474,6 +494,7 @@ pub async fn start_build(State(gw): G, Path((id, build_id)): Path<(String, Strin
         network,
         step_timeout: STEP_TIMEOUT,
         ready_timeout: READY_TIMEOUT,
+        setup: Some(E2B_USER.to_string()),
     };
     let b = build.id.clone();
     if !gw.app.engine(move |e| Ok(e.claim_e2b_template_build(&b)?)).await? {
@@ -807,6 +828,8 @@ mod tests {
         let u = uuid();
         assert_eq!(u.len(), 36);
         assert_eq!(&u[14..15], "4");
+        assert!(only_waits("sleep 20") && only_waits(" sleep 0.5 ") && !only_waits("sleep 1 && curl x"));
+        assert!(!only_waits("[ -f /tmp/ready ]"));
         assert!(check_hash(&"a".repeat(64)).is_ok());
         assert!(check_hash("../etc").is_err());
     }
