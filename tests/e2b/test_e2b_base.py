@@ -60,3 +60,24 @@ def test_the_base_is_built_on_first_use_and_is_e2bs_debian_with_its_user(debian_
     env = dict(os.environ, CAIRN_HOME=srv["home"])
     images = subprocess.run([cairn_e2b["bin"], "image", "ls"], env=env, capture_output=True, text=True).stdout
     assert "e2b-base" in images, images
+
+
+def test_the_async_client_runs_as_user_on_the_base_and_as_root_when_asked(debian_server):
+    import asyncio
+
+    from e2b import AsyncSandbox
+
+    srv = debian_server
+
+    async def main():
+        sbx = await AsyncSandbox.create(api_url=srv["url"], sandbox_url=srv["url"], api_key=srv["key"])
+        try:
+            assert (await sbx.commands.run("id -un")).stdout.strip() == "user"
+            assert (await sbx.commands.run("id -un", user="root")).stdout.strip() == "root"
+            await sbx.files.write("/home/user/x.txt", "x")
+            info = await sbx.files.get_info("/home/user/x.txt")
+            assert (info.owner, info.group) == ("user", "user")
+        finally:
+            await sbx.kill()
+
+    asyncio.run(main())

@@ -157,3 +157,26 @@ def test_file_metadata_is_kept_with_the_file_and_reported_by_write_get_info_list
         assert not sbx.files.exists("/home/user/bad")
     finally:
         sbx.kill()
+
+
+def test_the_async_client_writes_and_reads_file_metadata(cairn_e2b):
+    import asyncio
+
+    from e2b import AsyncSandbox
+
+    async def main():
+        sbx = await AsyncSandbox.create()
+        try:
+            written = await sbx.files.write("/home/user/a.txt", "x", metadata={"Stage": "2"})
+            assert written.metadata == {"stage": "2"}
+            assert (await sbx.files.get_info("/home/user/a.txt")).metadata == {"stage": "2"}
+            listed = {e.name: e.metadata for e in await sbx.files.list("/home/user")}
+            assert listed["a.txt"] == {"stage": "2"}
+            # The user the SDK names owns what it writes (root where the
+            # image has no such user, as busybox has none).
+            info = await sbx.files.get_info("/home/user/a.txt")
+            assert (info.owner, info.permissions) == ("root", "-rw-r--r--")
+        finally:
+            await sbx.kill()
+
+    asyncio.run(main())
