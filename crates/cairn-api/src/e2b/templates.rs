@@ -227,7 +227,7 @@ async fn template_of(gw: &Arc<Gateway>, key: &str) -> Rest<cairn_engine::e2b_tem
 pub async fn file_link(State(gw): G, Path((id, hash)): Path<(String, String)>, headers: HeaderMap) -> Rest<Response> {
     check_hash(&hash)?;
     template_of(&gw, &id).await?;
-    if files_dir(&gw).join(&hash).is_file() {
+    if touch(&files_dir(&gw).join(&hash)) {
         return Ok((StatusCode::CREATED, Json(json!({ "present": true }))).into_response());
     }
     let host = headers
@@ -410,7 +410,7 @@ fn steps_of(gw: &Gateway, body: &[StepBody]) -> Rest<Vec<Step>> {
                 let hash = s.files_hash.clone().ok_or_else(|| bad("no filesHash"))?;
                 check_hash(&hash)?;
                 let archive = dir.join(&hash);
-                if !archive.is_file() {
+                if !touch(&archive) {
                     return Err(bad("its files were not uploaded"));
                 }
                 let mode = match arg(3) {
@@ -553,8 +553,39 @@ pub async fn start_build(State(gw): G, Path((id, build_id)): Path<(String, Strin
             .lock()
             .unwrap_or_else(|e| e.into_inner())
             .remove(&key);
+        let dir = files_dir(&gw2);
+        let _ = tokio::task::spawn_blocking(move || prune(&dir)).await;
     });
     Ok(StatusCode::ACCEPTED)
+}
+
+/// How long uploaded build files are kept unused: the SDK uploads again
+/// what is gone.
+const FILES_KEPT: Duration = Duration::from_secs(24 * 3600);
+
+/// Marks a kept upload as used now; whether it is there.
+fn touch(path: &std::path::Path) -> bool {
+    std::fs::File::options()
+        .append(true)
+        .open(path)
+        .and_then(|f| f.set_modified(std::time::SystemTime::now()))
+        .is_ok()
+}
+
+/// Removes the uploads no build used for [`FILES_KEPT`].
+fn prune(dir: &std::path::Path) {
+    let Ok(entries) = std::fs::read_dir(dir) else { return };
+    for e in entries.flatten() {
+        let stale = e
+            .metadata()
+            .and_then(|m| m.modified())
+            .ok()
+            .and_then(|t| t.elapsed().ok())
+            .is_some_and(|age| age > FILES_KEPT);
+        if stale {
+            let _ = std::fs::remove_file(e.path());
+        }
+    }
 }
 
 /// Builds image `name` (Debian `suite` from Debian's packages) unless it
