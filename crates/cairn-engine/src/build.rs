@@ -197,11 +197,19 @@ impl Engine {
         let mut config = plan.config.clone();
         if let Some(setup) = &plan.setup {
             let argv = vec!["/bin/sh".to_string(), "-c".to_string(), setup.clone()];
-            self.run_logged(rec, argv, &ImageConfig::default(), None, plan.step_timeout, Some(0), log)
-                .map_err(|mut f| {
-                    f.message = format!("setting up the base failed: {}", f.message);
-                    f
-                })?;
+            self.run_logged(
+                rec,
+                argv,
+                &ImageConfig::default(),
+                None,
+                plan.step_timeout,
+                Some(0),
+                log,
+            )
+            .map_err(|mut f| {
+                f.message = format!("setting up the base failed: {}", f.message);
+                f
+            })?;
         }
         // The base's own start command is not run while building.
         for (i, step) in plan.steps.iter().enumerate() {
