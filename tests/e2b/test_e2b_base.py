@@ -81,3 +81,22 @@ def test_the_async_client_runs_as_user_on_the_base_and_as_root_when_asked(debian
             await sbx.kill()
 
     asyncio.run(main())
+
+
+def test_a_template_from_a_debian_suite_is_built_from_debians_packages(debian_server):
+    from e2b import Template
+
+    srv = debian_server
+    api = {"api_url": srv["url"], "api_key": srv["key"]}
+    with open("/etc/os-release") as f:
+        suite = next(l.split("=", 1)[1].strip().strip('"') for l in f if l.startswith("VERSION_CODENAME="))
+    logs = []
+    template = Template().from_debian_image(suite).run_cmd("cat /etc/debian_version > /home/user/version")
+    Template.build(template, "debian-tpl", on_build_logs=logs.append, **api)
+    assert any(f"debian-{suite}" in str(l.message) for l in logs), "the suite's image was built on first use"
+    sbx = _create(srv, template="debian-tpl")
+    try:
+        version = sbx.commands.run("cat /home/user/version; id -un")
+        assert version.stdout.split()[1] == "user" and version.stdout[0].isdigit(), version.stdout
+    finally:
+        sbx.kill()
