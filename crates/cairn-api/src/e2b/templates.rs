@@ -548,13 +548,16 @@ pub async fn start_build(State(gw): G, Path((id, build_id)): Path<(String, Strin
         if let Err(e) = finished {
             tracing::error!("e2b: cannot record the end of a template build: {}", e.message);
         }
-        gw2.builds
-            .running
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .remove(&key);
-        let dir = files_dir(&gw2);
-        let _ = tokio::task::spawn_blocking(move || prune(&dir)).await;
+        let idle = {
+            let mut running = gw2.builds.running.lock().unwrap_or_else(|e| e.into_inner());
+            running.remove(&key);
+            running.is_empty()
+        };
+        // Only while no build runs: a long one may copy its files late.
+        if idle {
+            let dir = files_dir(&gw2);
+            let _ = tokio::task::spawn_blocking(move || prune(&dir)).await;
+        }
     });
     Ok(StatusCode::ACCEPTED)
 }
