@@ -112,6 +112,22 @@ def test_a_template_built_from_steps_starts_sandboxes_with_its_files_env_user_wo
         Sandbox.create(name)
 
 
+def test_a_template_builds_from_a_snapshot_of_a_sandbox(cairn_e2b):
+    sbx = Sandbox.create()
+    try:
+        sbx.commands.run("echo from the snapshot > /home/user/state.txt")
+        snapshot = sbx.create_snapshot().snapshot_id
+    finally:
+        sbx.kill()
+    name = f"snap-{uuid.uuid4().hex[:8]}"
+    Template.build(Template().from_template(snapshot).run_cmd("echo built >> /home/user/state.txt"), name)
+    sbx = Sandbox.create(name)
+    try:
+        assert _run(sbx, "cat /home/user/state.txt") == "from the snapshot\nbuilt"
+    finally:
+        sbx.kill()
+
+
 def test_a_failed_step_names_itself_with_its_output_and_leaves_no_image(cairn_e2b):
     name = f"fail-{uuid.uuid4().hex[:8]}"
     before = _images(cairn_e2b)

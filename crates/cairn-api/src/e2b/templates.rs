@@ -347,14 +347,29 @@ async fn base_of(gw: &Arc<Gateway>, body: &StartBody) -> Rest<(Base, ImageConfig
                 Some((image, config)) => Ok((Base::Image(Some(image)), config, None)),
                 None if t == "base" => Ok((Base::Image(super::base::image(gw).await?), ImageConfig::default(), None)),
                 None => {
+                    // A Cairn image, else a snapshot (of a native sandbox:
+                    // its files; a build keeps no memory).
                     let key = t.clone();
-                    let image = gw.app.engine(move |e| Ok(e.image(&key).is_ok())).await?;
-                    if image {
-                        Ok((Base::Image(Some(t)), ImageConfig::default(), None))
-                    } else {
-                        Err(RestError::bad_request(format!(
-                            "template {t:?} not found: build it first, or name a Cairn image (`cairn image ls`)"
-                        )))
+                    let (image, snapshot) = gw
+                        .app
+                        .engine(move |e| {
+                            Ok((
+                                e.image(&key).is_ok(),
+                                e.snapshot_record(&key).ok().map(|s| (s.id, s.driver)),
+                            ))
+                        })
+                        .await?;
+                    match (image, snapshot) {
+                        (true, _) => Ok((Base::Image(Some(t)), ImageConfig::default(), None)),
+                        (false, Some((id, driver))) if driver == "native" => {
+                            Ok((Base::Snapshot(id), ImageConfig::default(), None))
+                        }
+                        (false, Some((id, driver))) => Err(RestError::bad_request(format!(
+                            "snapshot {id} was taken on the {driver} driver; templates build from native snapshots,                              images and other templates"
+                        ))),
+                        (false, None) => Err(RestError::bad_request(format!(
+                            "template {t:?} not found: build it first, or name a Cairn image (`cairn image ls`) or a                              snapshot"
+                        ))),
                     }
                 }
             }
