@@ -411,14 +411,7 @@ impl Engine {
 
     /// Reads a small file of the sandbox (at most 1 MiB).
     fn read_small(&self, rec: &SandboxRecord, path: &str) -> Result<String, String> {
-        let client = self.client(rec).map_err(|e| e.to_string())?;
-        let mut out = Vec::new();
-        let mut bounded = Bounded {
-            inner: &mut out,
-            left: 1 << 20,
-        };
-        client.get_file(path, &mut bounded).map_err(|e| e.to_string())?;
-        Ok(String::from_utf8_lossy(&out).into_owned())
+        small_file(&self.client(rec).map_err(|e| e.to_string())?, path)
     }
 
     /// The ids of `user` (a name from the sandbox's /etc/passwd, or a
@@ -562,21 +555,21 @@ impl Engine {
                     )
                 };
                 client
-                    .make_dir(&parent, true)
+                    .make_dir_as(&parent, true, ids)
                     .map_err(|e| format!("cannot make {parent}: {e}"))?;
                 made_dest = true;
             }
             let header_mode = entry.header().mode().unwrap_or(0o644) & 0o7777;
             if kind.is_dir() {
                 client
-                    .make_dir(&target, true)
+                    .make_dir_as(&target, true, ids)
                     .map_err(|e| format!("cannot make {target}: {e}"))?;
                 count += 1;
             } else if kind.is_file() {
                 if let Some((parent, _)) = target.rsplit_once('/') {
                     if !parent.is_empty() {
                         client
-                            .make_dir(parent, true)
+                            .make_dir_as(parent, true, ids)
                             .map_err(|e| format!("cannot make {parent}: {e}"))?;
                     }
                 }
@@ -603,15 +596,6 @@ impl Engine {
         if count == 0 {
             return Err(format!("nothing in the uploaded files matches {src:?}"));
         }
-        if ids.is_some() {
-            // Directories are made as root; hand the copied tree over.
-            let (u, g) = (uid.to_string(), gid.to_string());
-            let argv = vec!["chown".into(), "-R".into(), format!("{u}:{g}"), dest.to_string()];
-            let req = self.request(argv, &ImageConfig::default(), None);
-            if let Ok(Ok(s)) = self.exec(rec, req) {
-                let _ = s.session.wait(&mut std::io::sink(), &mut std::io::sink());
-            }
-        }
         Ok(count)
     }
 }
@@ -633,24 +617,16 @@ fn describe(base: &Base) -> String {
     }
 }
 
-/// A writer that refuses more than `left` bytes.
-struct Bounded<'a> {
-    inner: &'a mut Vec<u8>,
-    left: usize,
-}
-
-impl Write for Bounded<'_> {
-    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
-        if buf.len() > self.left {
-            return Err(std::io::Error::other("the file is larger than 1 MiB"));
-        }
-        self.left -= buf.len();
-        self.inner.extend_from_slice(buf);
-        Ok(buf.len())
+/// A small file of a sandbox (at most 1 MiB; a larger one is refused
+/// unread), as text: its accounts, say.
+pub fn small_file(client: &cairn_sandbox::client::InitClient, path: &str) -> Result<String, String> {
+    let file = client.open_file(path).map_err(|e| e.to_string())?;
+    if file.meta().size > 1 << 20 {
+        return Err(format!("{path} is larger than 1 MiB"));
     }
-    fn flush(&mut self) -> std::io::Result<()> {
-        Ok(())
-    }
+    let mut out = Vec::new();
+    file.copy_to(&mut out).map_err(|e| e.to_string())?;
+    Ok(String::from_utf8_lossy(&out).into_owned())
 }
 
 /// Output split into log lines (each at most [`LINE_MAX`] bytes), the last

@@ -626,24 +626,11 @@ impl crate::Engine {
         match repo {
             "busybox" => Ok(self.image_or_default(crate::images::DEFAULT_IMAGE, progress)?.name),
             "debian" => {
-                let suite = if tag.is_empty() || tag == "latest" {
-                    "stable"
-                } else {
-                    tag
-                };
-                let suite = suite.split('-').next().unwrap_or(suite);
-                if suite.is_empty() || !suite.bytes().all(|b| b.is_ascii_lowercase() || b.is_ascii_digit()) {
-                    return Err(ImageError::Command {
-                        what: format!("FROM {from}"),
-                        detail: format!("{tag:?} is not a Debian suite"),
-                    }
-                    .into());
-                }
-                let name = format!("debian-{suite}");
-                if self.db.image(&name)?.is_none() {
-                    self.build_debian(&name, Some(suite), &[], progress)?;
-                }
-                Ok(name)
+                let suite = crate::images::debian_suite(tag).ok_or_else(|| ImageError::Command {
+                    what: format!("FROM {from}"),
+                    detail: format!("{tag:?} is not a Debian suite"),
+                })?;
+                self.debian_image(suite, progress)
             }
             "e2bdev/base" => {
                 if self.db.image(E2B_BASE)?.is_none() {

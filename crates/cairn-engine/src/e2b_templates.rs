@@ -201,6 +201,24 @@ impl Db {
         })
     }
 
+    /// The template with id or name `key`.
+    pub fn e2b_template(&self, key: &str) -> Result<Option<E2bTemplate>, StateError> {
+        self.with(|b| {
+            b.query_opt(
+                "SELECT id, name, created_at FROM e2b_templates WHERE id = $1 OR name = $1",
+                params![key],
+            )?
+            .map(|r| {
+                Ok(E2bTemplate {
+                    id: r.get(0)?,
+                    name: r.get(1)?,
+                    created_at: r.get(2)?,
+                })
+            })
+            .transpose()
+        })
+    }
+
     pub fn e2b_template_build(&self, id: &str) -> Result<Option<TemplateBuild>, StateError> {
         self.with(|b| {
             b.query(
@@ -355,6 +373,10 @@ impl Engine {
 
     pub fn e2b_templates(&self) -> Result<Vec<E2bTemplate>, EngineError> {
         Ok(self.db.e2b_templates()?)
+    }
+
+    pub fn e2b_template(&self, key: &str) -> Result<Option<E2bTemplate>, EngineError> {
+        Ok(self.db.e2b_template(key)?)
     }
 
     pub fn e2b_template_build(&self, id: &str) -> Result<Option<TemplateBuild>, EngineError> {

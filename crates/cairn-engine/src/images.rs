@@ -97,6 +97,18 @@ fn io_err(path: &Path) -> impl FnOnce(std::io::Error) -> ImageError + '_ {
     }
 }
 
+/// The suite a `debian[:TAG]` reference's tag names: `stable` for none or
+/// `latest`, `bookworm` for `bookworm-slim`; `None` when it names no suite.
+pub fn debian_suite(tag: &str) -> Option<&str> {
+    let suite = if tag.is_empty() || tag == "latest" {
+        "stable"
+    } else {
+        tag
+    };
+    let suite = suite.split('-').next().unwrap_or(suite);
+    (!suite.is_empty() && suite.bytes().all(|b| b.is_ascii_lowercase() || b.is_ascii_digit())).then_some(suite)
+}
+
 pub fn valid_image_name(name: &str) -> bool {
     let b = name.as_bytes();
     !b.is_empty()
@@ -360,6 +372,16 @@ impl Engine {
         progress: &dyn Progress,
     ) -> Result<ImageRecord, EngineError> {
         self.debootstrap_image(name, suite, packages, &[], &[], None, "debian", progress)
+    }
+
+    /// The Cairn image of Debian `suite` (`debian-SUITE`), built from
+    /// Debian's packages first when it is missing.
+    pub fn debian_image(&mut self, suite: &str, progress: &dyn Progress) -> Result<String, EngineError> {
+        let name = format!("debian-{suite}");
+        if self.db.image(&name)?.is_none() {
+            self.build_debian(&name, Some(suite), &[], progress)?;
+        }
+        Ok(name)
     }
 
     /// E2B's base template as Cairn builds it: Debian with bash, python3,

@@ -1481,6 +1481,9 @@ fn e2b_template_builds_take_their_tags_only_when_ready(store: &Store) {
         .unwrap();
     assert_eq!(again.id, "t1");
     assert_eq!(db.e2b_templates().unwrap().len(), 1);
+    assert_eq!(db.e2b_template("t1").unwrap(), Some(t.clone()), "found by id");
+    assert_eq!(db.e2b_template("my-env").unwrap(), Some(t.clone()), "found by name");
+    assert_eq!(db.e2b_template("nope").unwrap(), None);
     let b1 = db.e2b_template_build("b1").unwrap().unwrap();
     assert_eq!((b1.status, b1.tags.clone()), (BuildStatus::Waiting, tags.clone()));
     assert!(db.claim_e2b_template_build("b1").unwrap());

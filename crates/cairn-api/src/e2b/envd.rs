@@ -157,16 +157,8 @@ impl Names {
             return Names::default();
         }
         let table = |path: &str| -> std::collections::HashMap<u32, String> {
-            let mut text = Vec::new();
-            let read = client
-                .open_file(path)
-                .ok()
-                .filter(|d| d.meta().size <= 1 << 20)
-                .and_then(|d| d.copy_to(&mut text).ok());
-            if read.is_none() {
-                return Default::default();
-            }
-            String::from_utf8_lossy(&text)
+            cairn_engine::build::small_file(client, path)
+                .unwrap_or_default()
                 .lines()
                 .filter_map(|l| {
                     let f: Vec<&str> = l.split(':').collect();

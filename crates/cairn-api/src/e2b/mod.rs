@@ -219,9 +219,10 @@ impl Gateway {
             })
             .await?;
         let mut users = self.users.lock().unwrap_or_else(|e| e.into_inner());
-        // Kept small: the oldest misses go first.
+        // A cache: past 4096 sandbox-user pairs (removed sandboxes' among
+        // them) it starts afresh.
         if users.len() > 4096 {
-            users.retain(|_, (ids, _)| ids.is_some());
+            users.clear();
         }
         users.insert(key, (ids, std::time::Instant::now()));
         Ok(ids)

@@ -216,9 +216,10 @@ pub async fn request_build(State(gw): G, body: Bytes) -> Rest<Response> {
 /// The template a path names, by id or name.
 async fn template_of(gw: &Arc<Gateway>, key: &str) -> Rest<cairn_engine::e2b_templates::E2bTemplate> {
     let key = key.split_once(':').map_or(key, |(n, _)| n).to_string();
-    let all = gw.app.engine(|e| Ok(e.e2b_templates()?)).await?;
-    all.into_iter()
-        .find(|t| t.id == key || t.name == key)
+    let k = key.clone();
+    gw.app
+        .engine(move |e| Ok(e.e2b_template(&k)?))
+        .await?
         .ok_or_else(|| RestError::new(StatusCode::NOT_FOUND, format!("template {key:?} not found")))
 }
 
@@ -379,14 +380,10 @@ async fn base_of(gw: &Arc<Gateway>, body: &StartBody) -> Rest<(Base, ImageConfig
             if image == "e2bdev/base" || image.starts_with("e2bdev/base:") || image == "base" {
                 return Ok((Base::Image(super::base::image(gw).await?), ImageConfig::default(), None));
             }
-            let debian = image
-                .strip_prefix("debian:")
-                .or((image == "debian").then_some("stable"));
-            if let Some(suite) = debian {
-                let suite = suite.split('-').next().unwrap_or(suite);
-                if suite.is_empty() || !suite.bytes().all(|b| b.is_ascii_lowercase() || b.is_ascii_digit()) {
-                    return Err(RestError::bad_request(format!("{image:?}: not a Debian suite")));
-                }
+            let debian = image.strip_prefix("debian:").or((image == "debian").then_some(""));
+            if let Some(tag) = debian {
+                let suite = cairn_engine::images::debian_suite(tag)
+                    .ok_or_else(|| RestError::bad_request(format!("{image:?}: not a Debian suite")))?;
                 let name = format!("debian-{suite}");
                 return Ok((
                     Base::Image(Some(name.clone())),
@@ -530,14 +527,14 @@ pub async fn start_build(State(gw): G, Path((id, build_id)): Path<(String, Strin
     tokio::spawn(async move {
         let image = image_name(&build.template_id, &build.id);
         let source = format!("E2B template {name} (build {})", build.id);
-        let sandbox_name = format!("e2b-build-{}", &build.id[..8]);
+        let sandbox_name = build_sandbox(&build.id);
         let l = Arc::clone(&log);
         let outcome = gw2
             .app
             .engine(move |e| {
                 if let Some(suite) = &debian {
-                    if let Base::Image(Some(name)) = &plan.base {
-                        ensure_debian(e, name, suite, &*l).map_err(|f| crate::error::ApiError::internal(f.message))?;
+                    if let Err(f) = ensure_debian(e, suite, &*l) {
+                        return Ok(Err(f));
                     }
                 }
                 Ok(e.build_image(&image, source, &sandbox_name, &plan, &*l))
@@ -606,23 +603,20 @@ fn prune(dir: &std::path::Path) {
     }
 }
 
-/// Builds image `name` (Debian `suite` from Debian's packages) unless it
-/// exists: the first build from a Debian base takes minutes, later ones none.
-fn ensure_debian(e: &mut Engine, name: &str, suite: &str, log: &dyn BuildLog) -> Result<(), BuildFailure> {
-    if e.image(name).is_ok() {
-        return Ok(());
+/// Debian `suite`'s image, built from Debian's packages unless it exists:
+/// the first build from a Debian base takes minutes, later ones none.
+fn ensure_debian(e: &mut Engine, suite: &str, log: &dyn BuildLog) -> Result<(), BuildFailure> {
+    if e.image(&format!("debian-{suite}")).is_err() {
+        log.log(
+            Some(0),
+            "info",
+            &format!("building debian-{suite} from Debian's packages (once; later builds reuse it)"),
+        );
     }
-    log.log(
-        Some(0),
-        "info",
-        &format!("building {name} from Debian's packages (once; later builds reuse it)"),
-    );
-    e.build_debian(name, Some(suite), &[], &Silent)
-        .map(|_| ())
-        .map_err(|err| BuildFailure {
-            message: format!("cannot build Debian {suite}: {err}"),
-            step: Some(0),
-        })
+    e.debian_image(suite, &Silent).map(drop).map_err(|err| BuildFailure {
+        message: format!("cannot build Debian {suite}: {err}"),
+        step: Some(0),
+    })
 }
 
 #[derive(Deserialize)]
@@ -631,18 +625,6 @@ pub struct StatusQuery {
     logs_offset: Option<usize>,
     limit: Option<usize>,
     level: Option<String>,
-}
-
-fn step_name(step: Option<usize>, steps: usize) -> Option<String> {
-    step.map(|s| {
-        if s == 0 {
-            "base".to_string()
-        } else if s > steps {
-            "finalize".to_string()
-        } else {
-            s.to_string()
-        }
-    })
 }
 
 fn entry_json(l: &BuildLogLine) -> Value {
@@ -709,8 +691,10 @@ pub async fn status(
     });
     if let Some(r) = &build.reason {
         let mut reason = json!({ "message": r.message });
-        if let Some(s) = step_name(r.step, usize::MAX - 1) {
-            reason["step"] = json!(s);
+        // The SDK's names: `base` for the base, else the step's number
+        // (the start command's is one past the last step).
+        if let Some(s) = r.step {
+            reason["step"] = json!(if s == 0 { "base".to_string() } else { s.to_string() });
         }
         out["reason"] = reason;
     }
@@ -726,7 +710,7 @@ pub(crate) async fn resolve(gw: &Arc<Gateway>, key: &str) -> Rest<Option<(String
     };
     gw.app
         .engine(move |e| {
-            let Some(t) = e.e2b_templates()?.into_iter().find(|t| t.name == name || t.id == name) else {
+            let Some(t) = e.e2b_template(&name)? else {
                 return Ok(None);
             };
             let Some(tagged) = e.e2b_template_tags(&t.id)?.into_iter().find(|x| x.tag == tag) else {
@@ -837,7 +821,7 @@ pub(crate) async fn delete(gw: &Arc<Gateway>, key: &str) -> Rest<bool> {
 /// their sandboxes go.
 pub(crate) fn recover(e: &mut Engine) -> Result<(), cairn_engine::EngineError> {
     for build in e.unfinished_e2b_template_builds()? {
-        let sandbox = format!("e2b-build-{}", &build.id[..8.min(build.id.len())]);
+        let sandbox = build_sandbox(&build.id);
         if let Ok(rec) = e.sandbox(&sandbox) {
             let _ = e.remove_sandbox(&rec, true);
         }
@@ -848,6 +832,11 @@ pub(crate) fn recover(e: &mut Engine) -> Result<(), cairn_engine::EngineError> {
         e.finish_e2b_template_build(&build, Err(&failure), &[])?;
     }
     Ok(())
+}
+
+/// The name of the sandbox build `id` runs in.
+fn build_sandbox(id: &str) -> String {
+    format!("e2b-build-{}", &id[..8.min(id.len())])
 }
 
 /// A random version-4 UUID, as the SDK expects build ids to be.
