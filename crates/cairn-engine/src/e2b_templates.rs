@@ -127,6 +127,14 @@ fn point_tags(
     Ok(())
 }
 
+fn template_row(r: &Row) -> Result<E2bTemplate, StateError> {
+    Ok(E2bTemplate {
+        id: r.get(0)?,
+        name: r.get(1)?,
+        created_at: r.get(2)?,
+    })
+}
+
 const BUILD_COLUMNS: &str = "id, template_id, status, tags, image, config, reason, logs, created_at, finished_at";
 
 fn build_row(r: &Row) -> Result<TemplateBuild, StateError> {
@@ -208,13 +216,7 @@ impl Db {
                 "SELECT id, name, created_at FROM e2b_templates WHERE id = $1 OR name = $1",
                 params![key],
             )?
-            .map(|r| {
-                Ok(E2bTemplate {
-                    id: r.get(0)?,
-                    name: r.get(1)?,
-                    created_at: r.get(2)?,
-                })
-            })
+            .map(|r| template_row(&r))
             .transpose()
         })
     }
