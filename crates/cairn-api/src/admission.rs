@@ -477,13 +477,18 @@ impl Refused {
     }
 }
 
-/// The caller a request's sandboxes count against: its token's name, or
-/// `local` on the Unix socket (no token there).
+/// Who made a request over TCP: its token's id and the token's tenant
+/// (`None`: an administrator). The Unix socket has none.
 #[derive(Debug, Clone)]
-pub struct Caller(pub String);
+pub struct Caller {
+    pub token: String,
+    pub tenant: Option<String>,
+}
 
 impl Caller {
+    /// The name a request's sandboxes queue under: its token's id, or
+    /// `local` on the Unix socket (no token there).
     pub fn of(ext: Option<axum::Extension<Caller>>) -> String {
-        ext.map_or_else(|| "local".to_string(), |axum::Extension(c)| c.0)
+        ext.map_or_else(|| "local".to_string(), |axum::Extension(c)| c.token)
     }
 }

@@ -50,6 +50,25 @@ pub struct Event {
     pub detail: String,
     /// Milliseconds since the epoch.
     pub at: i64,
+    /// The tenant whose request caused it, when one did (a tenant's event
+    /// stream shows its own only).
+    #[serde(skip)]
+    pub tenant: Option<String>,
+}
+
+impl Event {
+    /// The kind of object it is about, for a tenant's stream to check.
+    pub fn object(&self) -> Option<cairn_engine::tenants::Owned> {
+        use cairn_engine::tenants::Owned;
+        Some(match self.kind.split('.').next()? {
+            "sandbox" => Owned::Sandbox,
+            "snapshot" => Owned::Snapshot,
+            "run" => Owned::Run,
+            "image" => Owned::Image,
+            "session" => Owned::Session,
+            _ => return None,
+        })
+    }
 }
 
 pub struct App {
@@ -72,6 +91,8 @@ pub struct App {
     auth: Auth,
     /// Requests to sandboxes' init, on threads of their own.
     init_pool: crate::init_pool::InitPool,
+    /// Who did what (`cairn audit`).
+    pub audit: crate::audit::Audit,
 }
 
 /// Threads that check bearer tokens and nothing else: work that blocks
@@ -160,6 +181,7 @@ impl App {
         engine.keep_init_waiting();
         let (events, _) = broadcast::channel(1024);
         let auth = Auth::start(home.clone());
+        let home_for_audit = home.clone();
         let metrics = Metrics::default();
         let init_pool = crate::init_pool::InitPool::start(settings.init_threads, metrics.init_pool.clone());
         let admission = crate::admission::Admission::new(settings.capacity.clone());
@@ -176,6 +198,7 @@ impl App {
             stopping: tokio::sync::watch::Sender::new(false),
             auth,
             init_pool,
+            audit: crate::audit::Audit::start(home_for_audit),
         }))
     }
 
@@ -185,8 +208,9 @@ impl App {
         f: impl FnOnce(&mut Engine) -> Result<T, ApiError> + Send + 'static,
     ) -> ApiResult<T> {
         let app = Arc::clone(self);
+        let tenant = crate::tenancy::current();
         tokio::task::spawn_blocking(move || {
-            let mut engine = app.take_engine()?;
+            let mut engine = app.take_engine_for(tenant)?;
             let out = f(&mut engine);
             app.give_back(engine);
             out
@@ -204,8 +228,9 @@ impl App {
         f: impl FnOnce(&mut Engine) -> Result<T, ApiError> + Send + 'static,
     ) -> ApiResult<T> {
         let (reply, answer) = tokio::sync::oneshot::channel();
+        let tenant = crate::tenancy::current();
         self.on_init_pool(sandbox, move |app| {
-            let out = app.take_engine().and_then(|mut engine| {
+            let out = app.take_engine_for(tenant).and_then(|mut engine| {
                 let out = f(&mut engine);
                 app.give_back(engine);
                 out
@@ -266,16 +291,25 @@ impl App {
         Ok(())
     }
 
-    /// An engine for a blocking thread of the caller's own (pipeline runs).
+    /// An engine for a blocking thread of the caller's own (pipeline
+    /// runs), acting for the current request's tenant.
     pub fn take_engine(&self) -> ApiResult<Engine> {
+        self.take_engine_for(crate::tenancy::current())
+    }
+
+    /// An engine acting for `tenant` (see `cairn_engine::tenants`).
+    pub fn take_engine_for(&self, tenant: Option<String>) -> ApiResult<Engine> {
         let pooled = self.pool.lock().unwrap_or_else(|e| e.into_inner()).pop();
-        match pooled {
-            Some(e) => Ok(e),
-            None => Ok(Engine::open(self.home.clone())?),
-        }
+        let engine = match pooled {
+            Some(e) => e,
+            None => Engine::open(self.home.clone())?,
+        };
+        engine.act_for(tenant);
+        Ok(engine)
     }
 
     pub fn give_back(&self, engine: Engine) {
+        engine.act_for(None);
         let mut pool = self.pool.lock().unwrap_or_else(|e| e.into_inner());
         if pool.len() < 16 {
             pool.push(engine);
@@ -347,6 +381,7 @@ impl App {
             id: id.into(),
             detail: detail.into(),
             at: now_ms(),
+            tenant: crate::tenancy::current(),
         });
     }
 }

@@ -7,6 +7,7 @@ use axum::response::{IntoResponse, Response};
 use axum::Json;
 use cairn_engine::access::AccessError;
 use cairn_engine::pipeline::run::RunError;
+use cairn_engine::tenants::TenantError;
 use cairn_engine::{EngineError, ImageError, SnapshotError, StateError};
 use cairn_sandbox::client::ClientError;
 use serde::Serialize;
@@ -196,8 +197,15 @@ fn status_of(e: &EngineError) -> StatusCode {
             AccessError::NoSuchToken(_) => S::NOT_FOUND,
             AccessError::BadTokenName(_) => S::BAD_REQUEST,
         },
+        EngineError::Tenant(t) => match t {
+            TenantError::NoSuchTenant(_) => S::NOT_FOUND,
+            TenantError::Exists(_) | TenantError::StillOwns { .. } => S::CONFLICT,
+            TenantError::BadName(_) => S::BAD_REQUEST,
+        },
         EngineError::State(s) => match s {
-            StateError::NameTaken(_) => S::CONFLICT,
+            StateError::NameTaken(_) | StateError::NameOfAnother(_) => S::CONFLICT,
+            StateError::TenantLimit { .. } => S::TOO_MANY_REQUESTS,
+            StateError::TenantGone(_) => S::UNAUTHORIZED,
             StateError::InvalidTransition { .. } | StateError::Conflict(_) | StateError::Fenced { .. } => S::CONFLICT,
             _ => S::INTERNAL_SERVER_ERROR,
         },

@@ -11,6 +11,7 @@
 
 pub mod admission;
 pub mod app;
+pub mod audit;
 pub mod e2b;
 pub mod error;
 pub mod hosts;
@@ -21,6 +22,7 @@ pub mod metrics;
 pub mod model;
 pub mod routes;
 pub mod serve;
+pub mod tenancy;
 pub mod ui;
 
 use std::sync::Arc;
@@ -194,6 +196,7 @@ pub fn router(app: Arc<App>) -> Router {
         .fallback(not_found)
         .method_not_allowed_fallback(method_not_allowed)
         .layer(axum::extract::DefaultBodyLimit::max(4 << 20))
+        .layer(axum::middleware::from_fn_with_state(Arc::clone(&app), tenancy::own))
         .layer(axum::middleware::from_fn_with_state(Arc::clone(&app), observe))
         .with_state(app)
 }
@@ -221,11 +224,24 @@ async fn method_not_allowed(req: Request) -> ApiError {
 async fn observe(State(app): State<Arc<App>>, req: Request, next: Next) -> Response {
     let method = req.method().clone();
     let path = req.uri().path().to_string();
+    let caller = req.extensions().get::<admission::Caller>().cloned();
     let t = std::time::Instant::now();
     let resp = next.run(req).await;
     let status = resp.status().as_u16();
     tracing::info!(%method, path, status, ms = t.elapsed().as_secs_f64() * 1e3, "request");
     app.metrics.request(method.as_str(), status);
+    if !ui::is_page(&path) {
+        let surface = if path == "/mcp" || path.starts_with("/mcp/") {
+            "mcp"
+        } else {
+            "api"
+        };
+        let (token, tenant) = match &caller {
+            Some(c) => (Some(c.token.as_str()), c.tenant.as_deref()),
+            None => (None, None),
+        };
+        app.audit.record(token, tenant, surface, method.as_str(), &path, status);
+    }
     resp
 }
 
@@ -258,8 +274,12 @@ pub async fn require_token(State(app): State<Arc<App>>, mut req: Request, next: 
     };
     match app.check_token(secret).await {
         Ok(Some(t)) => {
-            req.extensions_mut().insert(admission::Caller(t.id));
-            next.run(req).await
+            let tenant = t.tenant.clone();
+            req.extensions_mut().insert(admission::Caller {
+                token: t.id,
+                tenant: t.tenant,
+            });
+            tenancy::acting(tenant, next.run(req)).await
         }
         Ok(None) => ApiError::new(
             StatusCode::UNAUTHORIZED,

@@ -113,11 +113,17 @@ impl ServerHandler for CairnMcp {
                 }
             })
         });
+        // Over HTTP, the request's token says whose objects the call sees.
+        let tenant = context
+            .extensions
+            .get::<axum::http::request::Parts>()
+            .and_then(|p| p.extensions.get::<crate::admission::Caller>())
+            .and_then(|c| c.tenant.clone());
         let tools = Arc::clone(&self.tools);
         let tool = name.clone();
         let outcome = tokio::task::spawn_blocking(move || {
             let notifier = Notifier { tx };
-            tools.call(&tool, arguments, &caller, &notifier)
+            tools.call_for(tenant.as_deref(), &tool, arguments, &caller, &notifier)
         })
         .await
         .map_err(|e| ErrorData::internal_error(format!("the tool's thread failed: {e}"), None))?;

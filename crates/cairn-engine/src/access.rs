@@ -17,6 +17,9 @@ pub struct TokenRecord {
     pub name: String,
     pub created_at: i64,
     pub last_used: Option<i64>,
+    /// The tenant whose objects it sees; `None`: an administrator.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub tenant: Option<String>,
 }
 
 /// A new token: the record and the secret, shown once.
@@ -58,6 +61,7 @@ fn token_row(r: &Row) -> Result<TokenRecord, StateError> {
         name: r.get(1)?,
         created_at: r.get(2)?,
         last_used: r.get(3)?,
+        tenant: r.get(4)?,
     })
 }
 
@@ -65,8 +69,8 @@ impl Db {
     pub fn insert_token(&self, t: &TokenRecord, hash: &str) -> Result<(), StateError> {
         self.with(|b| {
             b.execute(
-                "INSERT INTO api_tokens (id, name, hash, created_at, last_used) VALUES ($1, $2, $3, $4, $5)",
-                params![&t.id, &t.name, hash, t.created_at, t.last_used],
+                "INSERT INTO api_tokens (id, name, hash, created_at, last_used, tenant) VALUES ($1, $2, $3, $4, $5, $6)",
+                params![&t.id, &t.name, hash, t.created_at, t.last_used, &t.tenant],
             )?;
             Ok(())
         })
@@ -75,7 +79,7 @@ impl Db {
     pub fn tokens(&self) -> Result<Vec<TokenRecord>, StateError> {
         self.with(|b| {
             b.query(
-                "SELECT id, name, created_at, last_used FROM api_tokens ORDER BY created_at, id",
+                "SELECT id, name, created_at, last_used, tenant FROM api_tokens ORDER BY created_at, id",
                 &[],
             )?
             .iter()
@@ -93,7 +97,7 @@ impl Db {
     pub fn use_token(&self, hash: &str, at: i64) -> Result<Option<TokenRecord>, StateError> {
         self.with(|b| {
             let Some(row) = b.query_opt(
-                "SELECT id, name, created_at, last_used FROM api_tokens WHERE hash = $1",
+                "SELECT id, name, created_at, last_used, tenant FROM api_tokens WHERE hash = $1",
                 params![hash],
             )?
             else {
@@ -202,7 +206,9 @@ impl Db {
 
 impl Engine {
     /// Makes an API token; its secret is returned here and never again.
-    pub fn create_token(&self, name: &str) -> Result<NewToken, EngineError> {
+    /// A token of `tenant` sees only that tenant's objects; without one it
+    /// is an administrator.
+    pub fn create_token(&self, name: &str, tenant: Option<&str>) -> Result<NewToken, EngineError> {
         let valid = !name.is_empty()
             && name.len() <= 64
             && name.bytes().all(|c| c.is_ascii_alphanumeric() || b"-_.".contains(&c));
@@ -214,6 +220,10 @@ impl Engine {
             name: name.to_string(),
             created_at: now_ms(),
             last_used: None,
+            tenant: match tenant {
+                Some(t) => Some(self.tenant(t)?.name),
+                None => None,
+            },
         };
         let secret = format!("{TOKEN_PREFIX}{}", random_hex(24));
         self.db.insert_token(&record, &hash(&secret))?;

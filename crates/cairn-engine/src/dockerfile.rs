@@ -634,7 +634,8 @@ impl crate::Engine {
             }
             "e2bdev/base" => {
                 if self.db.image(E2B_BASE)?.is_none() {
-                    self.build_e2b_base(E2B_BASE, None, &[], progress)?;
+                    // Shared with every tenant, whoever asked first.
+                    self.as_administrator(|e| e.build_e2b_base(E2B_BASE, None, &[], progress))?;
                 }
                 Ok(E2B_BASE.to_string())
             }

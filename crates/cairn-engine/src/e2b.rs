@@ -43,6 +43,9 @@ pub struct E2bSandbox {
     pub workdir: Option<String>,
     /// Whether its ports are reached without its traffic access token.
     pub public_traffic: bool,
+    /// The tenant whose API key made it (`None`: an administrator's);
+    /// only that tenant's keys see it.
+    pub tenant: Option<String>,
 }
 
 /// An E2B sandbox's network rules as the SDK gave them: addresses,
@@ -77,7 +80,7 @@ pub struct E2bSnapshot {
 }
 
 const COLUMNS: &str =
-    "id, template, sandbox_id, snapshot_id, started_at, end_at, auto_pause, cpu_count, memory_mb, grant_token, network, workdir, public_traffic";
+    "id, template, sandbox_id, snapshot_id, started_at, end_at, auto_pause, cpu_count, memory_mb, grant_token, network, workdir, public_traffic, tenant";
 
 fn sandbox_row(r: &Row) -> Result<E2bSandbox, StateError> {
     let sandbox: Option<String> = r.get(2)?;
@@ -112,6 +115,7 @@ fn sandbox_row(r: &Row) -> Result<E2bSandbox, StateError> {
         },
         workdir: r.get(11)?,
         public_traffic: r.get(12)?,
+        tenant: r.get(13)?,
     })
 }
 
@@ -128,7 +132,7 @@ impl Db {
             b.execute("DELETE FROM e2b_sandboxes WHERE id = $1", params![&s.id])?;
             b.execute(
                 &format!(
-                    "INSERT INTO e2b_sandboxes ({COLUMNS}) VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13)"
+                    "INSERT INTO e2b_sandboxes ({COLUMNS}) VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14)"
                 ),
                 params![
                     &s.id,
@@ -145,7 +149,8 @@ impl Db {
                         .as_ref()
                         .map(|n| serde_json::to_string(n).expect("a network serialises")),
                     &s.workdir,
-                    s.public_traffic
+                    s.public_traffic,
+                    &s.tenant
                 ],
             )?;
             for (kind, vars) in [("metadata", &s.metadata), ("env", &s.env)] {

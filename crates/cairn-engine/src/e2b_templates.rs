@@ -17,6 +17,9 @@ pub struct E2bTemplate {
     pub id: String,
     pub name: String,
     pub created_at: i64,
+    /// The tenant that built it (`None`: an administrator's, which every
+    /// tenant may start sandboxes from).
+    pub tenant: Option<String>,
 }
 
 /// Where a build is.
@@ -132,8 +135,13 @@ fn template_row(r: &Row) -> Result<E2bTemplate, StateError> {
         id: r.get(0)?,
         name: r.get(1)?,
         created_at: r.get(2)?,
+        tenant: r.get(3)?,
     })
 }
+
+/// The templates a connection acting for a tenant may see: its own and
+/// the administrator's.
+const VISIBLE: &str = "(CAST($2 AS TEXT) IS NULL OR tenant IS NULL OR tenant = $2)";
 
 const BUILD_COLUMNS: &str = "id, template_id, status, tags, image, config, reason, logs, created_at, finished_at";
 
@@ -165,24 +173,28 @@ impl Db {
     ) -> Result<E2bTemplate, StateError> {
         self.transaction(|b| {
             let found = b.query(
-                "SELECT id, name, created_at FROM e2b_templates WHERE name = $1",
+                "SELECT id, name, created_at, tenant FROM e2b_templates WHERE name = $1",
                 params![name],
             )?;
+            if let (Some(t), Some(r)) = (self.acting_for(), found.first()) {
+                // A tenant builds only its own templates.
+                if r.get::<Option<String>>(3)?.as_deref() != Some(t.as_str()) {
+                    return Err(StateError::NameOfAnother(name.to_string()));
+                }
+            }
             let template = match found.first() {
-                Some(r) => E2bTemplate {
-                    id: r.get(0)?,
-                    name: r.get(1)?,
-                    created_at: r.get(2)?,
-                },
+                Some(r) => template_row(r)?,
                 None => {
                     b.execute(
                         "INSERT INTO e2b_templates (id, name, created_at) VALUES ($1, $2, $3)",
                         params![new_id, name, at],
                     )?;
+                    self.stamp(b, crate::tenants::Owned::E2bTemplate, new_id)?;
                     E2bTemplate {
                         id: new_id.to_string(),
                         name: name.to_string(),
                         created_at: at,
+                        tenant: self.acting_for(),
                     }
                 }
             };
@@ -196,25 +208,26 @@ impl Db {
 
     pub fn e2b_templates(&self) -> Result<Vec<E2bTemplate>, StateError> {
         self.with(|b| {
-            b.query("SELECT id, name, created_at FROM e2b_templates ORDER BY name", &[])?
-                .iter()
-                .map(|r| {
-                    Ok(E2bTemplate {
-                        id: r.get(0)?,
-                        name: r.get(1)?,
-                        created_at: r.get(2)?,
-                    })
-                })
-                .collect()
+            b.query(
+                "SELECT id, name, created_at, tenant FROM e2b_templates
+                 WHERE (CAST($1 AS TEXT) IS NULL OR tenant IS NULL OR tenant = $1) ORDER BY name",
+                params![self.acting_for()],
+            )?
+            .iter()
+            .map(template_row)
+            .collect()
         })
     }
 
-    /// The template with id or name `key`.
+    /// The template with id or name `key`, if this connection's tenant
+    /// may see it.
     pub fn e2b_template(&self, key: &str) -> Result<Option<E2bTemplate>, StateError> {
         self.with(|b| {
             b.query_opt(
-                "SELECT id, name, created_at FROM e2b_templates WHERE id = $1 OR name = $1",
-                params![key],
+                &format!(
+                    "SELECT id, name, created_at, tenant FROM e2b_templates WHERE (id = $1 OR name = $1) AND {VISIBLE}"
+                ),
+                params![key, self.acting_for()],
             )?
             .map(|r| template_row(&r))
             .transpose()

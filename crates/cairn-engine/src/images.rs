@@ -199,7 +199,8 @@ impl Engine {
         }
         if name == DEFAULT_IMAGE {
             progress.step("building the default busybox image (first use)");
-            return self.build_busybox(DEFAULT_IMAGE, progress);
+            // Shared with every tenant, whoever asked first.
+            return self.as_administrator(|e| e.build_busybox(DEFAULT_IMAGE, progress));
         }
         Err(ImageError::NotFound(name.to_string()).into())
     }
@@ -379,7 +380,8 @@ impl Engine {
     pub fn debian_image(&mut self, suite: &str, progress: &dyn Progress) -> Result<String, EngineError> {
         let name = format!("debian-{suite}");
         if self.db.image(&name)?.is_none() {
-            self.build_debian(&name, Some(suite), &[], progress)?;
+            // Shared with every tenant, whoever asked first.
+            self.as_administrator(|e| e.build_debian(&name, Some(suite), &[], progress))?;
         }
         Ok(name)
     }

@@ -26,6 +26,7 @@ pub mod sessions;
 pub mod snapshot_view;
 pub mod snapshots;
 pub mod state;
+pub mod tenants;
 #[cfg(feature = "test-support")]
 pub mod testing;
 pub mod verify;
@@ -68,6 +69,8 @@ pub enum EngineError {
     Session(#[from] sessions::SessionError),
     #[error(transparent)]
     Access(#[from] access::AccessError),
+    #[error(transparent)]
+    Tenant(#[from] tenants::TenantError),
     #[error(transparent)]
     Network(#[from] cairn_sandbox::net::NetError),
     #[error(transparent)]

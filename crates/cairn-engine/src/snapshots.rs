@@ -420,6 +420,17 @@ impl Engine {
         label: Option<&str>,
         then: Then,
     ) -> Result<SnapshotRecord, EngineError> {
+        self.as_owner_of(crate::tenants::Owned::Sandbox, &rec.id, |e| {
+            e.snapshot_owned(rec, label, then)
+        })
+    }
+
+    fn snapshot_owned(
+        &mut self,
+        rec: &SandboxRecord,
+        label: Option<&str>,
+        then: Then,
+    ) -> Result<SnapshotRecord, EngineError> {
         if let Some(l) = label {
             if l.is_empty() || l.len() > 64 || l.chars().any(char::is_control) {
                 return Err(SnapshotError::BadLabel(l.to_string()).into());
@@ -612,6 +623,12 @@ impl Engine {
 
     /// Starts a new sandbox from a snapshot.
     pub fn restore(&mut self, snap: &SnapshotRecord, opts: &CreateOptions) -> Result<SandboxRecord, EngineError> {
+        self.as_owner_of(crate::tenants::Owned::Snapshot, &snap.id, |e| {
+            e.restore_owned(snap, opts)
+        })
+    }
+
+    fn restore_owned(&mut self, snap: &SnapshotRecord, opts: &CreateOptions) -> Result<SandboxRecord, EngineError> {
         let manifest = self.manifest(snap)?;
         let driver = opts.driver.clone().unwrap_or_else(|| manifest.driver.clone());
         let scratch = match &manifest.memory {

@@ -16,6 +16,7 @@ use cairn_engine::sessions::bundle::BundleRewind;
 use cairn_engine::sessions::log::{Order, Segment};
 use cairn_engine::sessions::{Entry, EntryKind, Rewind, SessionRecord, SessionState, GENESIS};
 use cairn_engine::state::{BackendKind, Db, Value};
+use cairn_engine::tenants::{AuditEntry, Owned, TenantRecord};
 use cairn_engine::testing::{self, TestDatabase};
 use cairn_engine::{Home, ImageRecord, SandboxRecord, SandboxState, SnapshotRecord, StateError};
 
@@ -132,7 +133,292 @@ conformance!(
     an_expired_claim_taken_over_before_the_reaper_records_its_expiry,
     sandboxes_are_listed_and_found_only_on_their_home,
     rows_without_a_home_are_adopted_by_the_next_open,
+    what_a_tenant_inserts_is_its_own_and_its_lookups_see_nothing_else,
+    tenant_limits_hold_against_creates_racing_for_the_last_slot,
+    removing_a_tenant_ends_its_tokens_and_leaves_nothing_without_an_owner,
+    audit_rows_are_kept_in_order_per_tenant_and_pruned_by_age,
 );
+
+fn tenant(name: &str, max_sandboxes: Option<i64>, max_memory: Option<i64>) -> TenantRecord {
+    TenantRecord {
+        name: name.into(),
+        max_sandboxes,
+        max_memory,
+        max_disk: None,
+        created_at: 1,
+    }
+}
+
+fn what_a_tenant_inserts_is_its_own_and_its_lookups_see_nothing_else(store: &Store) {
+    let mut db = store.open();
+    db.insert_tenant(&tenant("acme", None, None)).unwrap();
+    db.insert_tenant(&tenant("globex", None, None)).unwrap();
+    assert!(
+        db.insert_tenant(&tenant("acme", None, None)).is_err(),
+        "a tenant's name is taken once"
+    );
+    // The administrator's image is shared; each tenant's is its own.
+    let image = |name: &str| ImageRecord {
+        name: name.into(),
+        source: "test".into(),
+        size_bytes: 1,
+        created_at: 1,
+        layers: vec!["l".into()],
+        config: None,
+    };
+    db.put_image(&image("shared")).unwrap();
+    db.act_for(Some("acme".into()));
+    db.insert_sandbox(&sandbox("aaa111", "a-box")).unwrap();
+    db.insert_snapshot(&snapshot("aaaa5555", None, "aaa111", Some("base"), 1))
+        .unwrap();
+    db.insert_session(&session("aaas01", "a-session")).unwrap();
+    db.insert_run(&run("aaar01", 1)).unwrap();
+    db.put_image(&image("acme-img")).unwrap();
+    assert!(
+        matches!(db.put_image(&image("shared")), Err(StateError::NameOfAnother(n)) if n == "shared"),
+        "a tenant cannot replace the administrator's image"
+    );
+    db.act_for(Some("globex".into()));
+    db.insert_sandbox(&sandbox("aaa222", "g-box")).unwrap();
+    assert!(
+        matches!(db.put_image(&image("acme-img")), Err(StateError::NameOfAnother(_))),
+        "nor another tenant's"
+    );
+    // Globex's lookups see none of Acme's objects, even by exact id.
+    assert!(db.find_sandboxes("aaa111").unwrap().is_empty());
+    assert!(db.find_sandboxes("a-box").unwrap().is_empty());
+    assert_eq!(
+        db.find_sandboxes("aaa")
+            .unwrap()
+            .iter()
+            .map(|r| r.id.as_str())
+            .collect::<Vec<_>>(),
+        ["aaa222"],
+        "a prefix shared with another tenant's id matches its own only"
+    );
+    assert!(db.find_snapshots("aaaa5555").unwrap().is_empty());
+    assert!(db.find_snapshots("base").unwrap().is_empty());
+    assert!(db.find_sessions("a-session").unwrap().is_empty());
+    assert!(db.find_runs("aaar01").unwrap().is_empty());
+    assert!(db.image("acme-img").unwrap().is_none());
+    assert!(
+        db.image("shared").unwrap().is_some(),
+        "the administrator's images are shared"
+    );
+    let names: Vec<String> = db.images().unwrap().into_iter().map(|i| i.name).collect();
+    assert_eq!(names, ["shared"]);
+    // Acme's find its own; the administrator finds everything.
+    db.act_for(Some("acme".into()));
+    assert_eq!(db.find_sandboxes("aaa").unwrap().len(), 1);
+    assert_eq!(db.find_snapshots("base").unwrap().len(), 1);
+    assert_eq!(db.images().unwrap().len(), 2);
+    db.act_for(None);
+    assert_eq!(db.find_sandboxes("aaa").unwrap().len(), 2);
+    assert_eq!(db.images().unwrap().len(), 2, "acme-img and shared");
+    assert_eq!(db.tenant_of(Owned::Sandbox, "aaa111").unwrap().as_deref(), Some("acme"));
+    assert_eq!(
+        db.tenant_of(Owned::Snapshot, "aaaa5555").unwrap().as_deref(),
+        Some("acme")
+    );
+    assert_eq!(db.tenant_of(Owned::Session, "aaas01").unwrap().as_deref(), Some("acme"));
+    assert_eq!(db.tenant_of(Owned::Run, "aaar01").unwrap().as_deref(), Some("acme"));
+    assert_eq!(db.tenant_of(Owned::Image, "acme-img").unwrap().as_deref(), Some("acme"));
+    assert_eq!(db.tenant_of(Owned::Image, "shared").unwrap(), None);
+    // resolve_owned: exact id, name, label, prefix; among the tenant's own.
+    assert_eq!(db.resolve_owned(Owned::Sandbox, "acme", "a-box").unwrap(), ["aaa111"]);
+    assert_eq!(db.resolve_owned(Owned::Sandbox, "acme", "aaa").unwrap(), ["aaa111"]);
+    assert!(db.resolve_owned(Owned::Sandbox, "acme", "g-box").unwrap().is_empty());
+    assert_eq!(db.resolve_owned(Owned::Snapshot, "acme", "base").unwrap(), ["aaaa5555"]);
+    assert!(
+        db.resolve_owned(Owned::Snapshot, "acme", "aaa").unwrap().is_empty(),
+        "snapshot prefixes are 4+"
+    );
+    assert_eq!(db.resolve_owned(Owned::Run, "acme", "aaar").unwrap(), ["aaar01"]);
+    assert!(db.resolve_owned(Owned::Run, "globex", "aaar").unwrap().is_empty());
+    assert_eq!(
+        db.resolve_owned(Owned::Image, "acme", "acme-img").unwrap(),
+        ["acme-img"]
+    );
+    assert!(
+        db.resolve_owned(Owned::Image, "acme", "acme").unwrap().is_empty(),
+        "images by exact name only"
+    );
+    let owned = db.owned(Owned::Sandbox, "globex").unwrap();
+    assert_eq!(owned.into_iter().collect::<Vec<_>>(), ["aaa222"]);
+    assert!(db.owns(Owned::Session, "acme", "aaas01").unwrap());
+    assert!(!db.owns(Owned::Session, "globex", "aaas01").unwrap());
+    // E2B templates: a tenant sees its own and the administrator's.
+    db.start_e2b_template_build("admin-tpl", "tpl-admin", "b-admin", &["default".into()], 1)
+        .unwrap();
+    db.act_for(Some("acme".into()));
+    db.start_e2b_template_build("acme-tpl", "tpl-acme", "b-acme", &["default".into()], 1)
+        .unwrap();
+    assert!(
+        matches!(
+            db.start_e2b_template_build("admin-tpl", "tpl-x", "b-x", &["default".into()], 1),
+            Err(StateError::NameOfAnother(_))
+        ),
+        "a tenant builds only its own templates"
+    );
+    db.act_for(Some("globex".into()));
+    assert!(db.e2b_template("acme-tpl").unwrap().is_none());
+    assert!(db.e2b_template("tpl-acme").unwrap().is_none());
+    assert_eq!(db.e2b_template("admin-tpl").unwrap().unwrap().tenant, None);
+    let names: Vec<String> = db.e2b_templates().unwrap().into_iter().map(|t| t.name).collect();
+    assert_eq!(names, ["admin-tpl"]);
+    db.act_for(None);
+    assert_eq!(db.e2b_templates().unwrap().len(), 2);
+    assert_eq!(
+        db.e2b_template("acme-tpl").unwrap().unwrap().tenant.as_deref(),
+        Some("acme")
+    );
+}
+
+fn tenant_limits_hold_against_creates_racing_for_the_last_slot(store: &Store) {
+    let db = store.open();
+    db.insert_tenant(&tenant("small", Some(3), Some(5 << 30))).unwrap();
+    // Eight connections race for its three slots.
+    let barrier = Arc::new(Barrier::new(8));
+    let threads: Vec<_> = (0..8)
+        .map(|i| {
+            let mut db = store.open();
+            let barrier = Arc::clone(&barrier);
+            std::thread::spawn(move || {
+                db.act_for(Some("small".into()));
+                barrier.wait();
+                db.insert_sandbox(&sandbox(&format!("sb{i:04}"), &format!("box-{i}")))
+            })
+        })
+        .collect();
+    let results: Vec<_> = threads.into_iter().map(|t| t.join().unwrap()).collect();
+    let made = results.iter().filter(|r| r.is_ok()).count();
+    assert_eq!(made, 3, "{results:?}");
+    for r in results.iter().filter_map(|r| r.as_ref().err()) {
+        assert!(
+            matches!(r, StateError::TenantLimit { tenant, what } if tenant == "small" && what.contains("3 sandboxes")),
+            "{r}"
+        );
+    }
+    assert_eq!(db.tenant_usage("small").unwrap().sandboxes, 3);
+    assert_eq!(
+        db.owned(Owned::Sandbox, "small").unwrap().len(),
+        3,
+        "a refused create left no row"
+    );
+    // Memory: 3 GiB held of 5; another 1 GiB sandbox would be a fourth.
+    let mut db = store.open();
+    db.insert_tenant(&tenant("mem", None, Some(2 << 30))).unwrap();
+    db.act_for(Some("mem".into()));
+    db.insert_sandbox(&sandbox("m1", "m-1")).unwrap();
+    db.insert_sandbox(&sandbox("m2", "m-2")).unwrap();
+    let err = db.insert_sandbox(&sandbox("m3", "m-3")).unwrap_err();
+    assert!(err.to_string().contains("2 GiB of memory"), "{err}");
+    // An exited sandbox holds no memory, but still counts for its disk.
+    db.act_for(None);
+    db.transition("m1", SandboxState::Creating, SandboxState::Exited, None)
+        .unwrap();
+    db.act_for(Some("mem".into()));
+    db.insert_sandbox(&sandbox("m3", "m-3")).unwrap();
+    // A tenant with a disk limit needs sandboxes with one.
+    db.act_for(None);
+    db.insert_tenant(&TenantRecord {
+        max_disk: Some(100 << 20),
+        ..tenant("disk", None, None)
+    })
+    .unwrap();
+    db.act_for(Some("disk".into()));
+    db.insert_sandbox(&sandbox("d1", "d-1")).unwrap();
+    let err = db.insert_sandbox(&sandbox("d2", "d-2")).unwrap_err();
+    assert!(err.to_string().contains("100 MiB of disk"), "{err}");
+    let unbounded = SandboxRecord {
+        disk_bytes: None,
+        ..sandbox("d3", "d-3")
+    };
+    let err = db.insert_sandbox(&unbounded).unwrap_err();
+    assert!(err.to_string().contains("no disk limit of its own"), "{err}");
+    // The administrator has no limits.
+    db.act_for(None);
+    db.insert_sandbox(&sandbox("admin1", "admin-1")).unwrap();
+    // A connection acting for a tenant that is gone makes nothing.
+    db.act_for(Some("nobody".into()));
+    assert!(matches!(
+        db.insert_sandbox(&sandbox("x1", "x-1")),
+        Err(StateError::TenantGone(t)) if t == "nobody"
+    ));
+}
+
+fn removing_a_tenant_ends_its_tokens_and_leaves_nothing_without_an_owner(store: &Store) {
+    let mut db = store.open();
+    db.insert_tenant(&tenant("acme", None, None)).unwrap();
+    let token = |id: &str, tenant: Option<&str>| TokenRecord {
+        id: id.into(),
+        name: id.into(),
+        created_at: 1,
+        last_used: None,
+        tenant: tenant.map(Into::into),
+    };
+    db.insert_token(&token("ta", Some("acme")), "hash-a").unwrap();
+    db.insert_token(&token("tadmin", None), "hash-admin").unwrap();
+    assert!(
+        db.insert_token(&token("tx", Some("nobody")), "hash-x").is_err(),
+        "a token of a tenant that does not exist is refused"
+    );
+    assert_eq!(
+        db.use_token("hash-a", 5).unwrap().unwrap().tenant.as_deref(),
+        Some("acme")
+    );
+    db.act_for(Some("acme".into()));
+    db.insert_snapshot(&snapshot("aaaa5555", None, "gone", None, 1))
+        .unwrap();
+    db.insert_run(&run("aaar01", 1)).unwrap();
+    db.act_for(None);
+    assert!(db.delete_tenant("acme").unwrap());
+    assert!(!db.delete_tenant("acme").unwrap(), "once");
+    assert!(db.use_token("hash-a", 6).unwrap().is_none(), "its token is gone");
+    assert!(db.use_token("hash-admin", 6).unwrap().is_some());
+    assert_eq!(
+        db.tenant_of(Owned::Snapshot, "aaaa5555").unwrap(),
+        None,
+        "the administrator's now"
+    );
+    assert_eq!(db.tenant_of(Owned::Run, "aaar01").unwrap(), None);
+    assert!(db.tenants().unwrap().is_empty());
+}
+
+fn audit_rows_are_kept_in_order_per_tenant_and_pruned_by_age(store: &Store) {
+    let db = store.open();
+    let row = |at: i64, tenant: Option<&str>, path: &str| AuditEntry {
+        at,
+        token: Some("t1".into()),
+        tenant: tenant.map(Into::into),
+        surface: "api".into(),
+        method: "GET".into(),
+        path: path.into(),
+        status: 200,
+    };
+    db.insert_audit(&[
+        row(1, None, "/a"),
+        row(2, Some("acme"), "/b"),
+        row(3, Some("globex"), "/c"),
+    ])
+    .unwrap();
+    db.insert_audit(&[row(4, Some("acme"), "/d")]).unwrap();
+    let all: Vec<String> = db.audit(None, 100).unwrap().into_iter().map(|r| r.path).collect();
+    assert_eq!(all, ["/a", "/b", "/c", "/d"], "oldest first");
+    let acme: Vec<String> = db
+        .audit(Some("acme"), 100)
+        .unwrap()
+        .into_iter()
+        .map(|r| r.path)
+        .collect();
+    assert_eq!(acme, ["/b", "/d"]);
+    let newest: Vec<String> = db.audit(None, 2).unwrap().into_iter().map(|r| r.path).collect();
+    assert_eq!(newest, ["/c", "/d"], "the newest N");
+    assert_eq!(db.audit(None, 1).unwrap()[0], row(4, Some("acme"), "/d"));
+    db.with(|b| Ok(b.execute("DELETE FROM audit WHERE at < $1", &[Value::Int(3)])?))
+        .unwrap();
+    assert_eq!(db.audit(None, 100).unwrap().len(), 2);
+}
 
 fn rows_without_a_home_are_adopted_by_the_next_open(store: &Store) {
     let mut db = store.open();
@@ -1345,6 +1631,7 @@ fn tokens_are_found_by_hash_only_and_revoked_by_id_or_name(store: &Store) {
         name: name.into(),
         created_at: 1,
         last_used: None,
+        tenant: None,
     };
     db.insert_token(&token("t1", "ci"), "hash-1").unwrap();
     db.insert_token(&token("t2", "laptop"), "hash-2").unwrap();
@@ -1430,6 +1717,7 @@ fn e2b_sandbox(id: &str, life: E2bLife) -> E2bSandbox {
         }),
         workdir: (id == "e1").then(|| "/app".to_string()),
         public_traffic: id == "e1",
+        tenant: (id == "e1").then(|| "acme".to_string()),
     }
 }
 

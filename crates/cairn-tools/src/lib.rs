@@ -71,6 +71,26 @@ const LOG_TAIL_BYTES: u64 = 1 << 20;
 const LOG_LINE_MAX: usize = 4096;
 const DEFAULT_WAIT_SECS: u64 = 5;
 
+thread_local! {
+    /// The tenant the call on this thread acts for ([`Tools::call_for`]).
+    static TENANT: std::cell::RefCell<Option<String>> = const { std::cell::RefCell::new(None) };
+}
+
+fn acting() -> Option<String> {
+    TENANT.with(|t| t.borrow().clone())
+}
+
+/// The ids of the acting tenant's `kind` objects; `None` for an administrator.
+fn mine(
+    e: &Engine,
+    kind: cairn_engine::tenants::Owned,
+) -> Result<Option<std::collections::HashSet<String>>, ToolError> {
+    match acting() {
+        Some(t) => Ok(Some(e.owned(kind, &t)?)),
+        None => Ok(None),
+    }
+}
+
 pub struct Tools {
     home: Home,
     pool: Mutex<Vec<Engine>>,
@@ -93,11 +113,30 @@ impl Tools {
             Some(e) => e,
             None => Engine::open(self.home.clone())?,
         };
+        engine.act_for(acting());
         let out = f(&mut engine);
+        engine.act_for(None);
         let mut pool = self.pool.lock().unwrap_or_else(|e| e.into_inner());
         if pool.len() < 4 {
             pool.push(engine);
         }
+        out
+    }
+
+    /// [`Self::call`] for a tenant's token (`None`: an administrator): the
+    /// call sees and makes that tenant's runs, snapshots and dead letters
+    /// only (`cairn_engine::tenants`).
+    pub fn call_for(
+        &self,
+        tenant: Option<&str>,
+        name: &str,
+        arguments: Value,
+        caller: &str,
+        progress: &dyn ToolProgress,
+    ) -> Result<Value, ToolError> {
+        let before = TENANT.replace(tenant.map(str::to_string));
+        let out = self.call(name, arguments, caller, progress);
+        TENANT.set(before);
         out
     }
 
@@ -232,6 +271,9 @@ impl Tools {
     ) -> Result<Value, ToolError> {
         self.with_engine(|e| {
             let mut snaps = e.snapshots()?;
+            if let Some(mine) = mine(e, cairn_engine::tenants::Owned::Snapshot)? {
+                snaps.retain(|s| mine.contains(&s.id));
+            }
             snaps.sort_by_key(|s| std::cmp::Reverse(s.created_at));
             snaps.truncate(50);
             let recorded = match handle {
@@ -609,6 +651,9 @@ impl Tools {
     fn dlq_list(&self) -> Result<Value, ToolError> {
         self.with_engine(|e| {
             let mut all = e.dead_letters()?;
+            if let Some(mine) = mine(e, cairn_engine::tenants::Owned::Run)? {
+                all.retain(|d| mine.contains(&d.run_id));
+            }
             all.sort_by_key(|d| std::cmp::Reverse(d.created_at));
             all.truncate(100);
             let listed: Vec<Value> = all
@@ -627,7 +672,13 @@ impl Tools {
     /// returns once the run is running again (or the retry failed).
     fn dlq_retry(&self, id: &str, reason: &str, caller: &str) -> Result<Value, ToolError> {
         let dead = self.with_engine(|e| {
-            let found: Vec<_> = e.dead_letters()?.into_iter().filter(|d| d.id.starts_with(id)).collect();
+            let mine = mine(e, cairn_engine::tenants::Owned::Run)?;
+            let found: Vec<_> = e
+                .dead_letters()?
+                .into_iter()
+                .filter(|d| mine.as_ref().is_none_or(|m| m.contains(&d.run_id)))
+                .filter(|d| d.id.starts_with(id))
+                .collect();
             match found.as_slice() {
                 [one] => {
                     let detail = format!("dlq retry asked by {caller}: {reason}");

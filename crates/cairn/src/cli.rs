@@ -548,6 +548,11 @@ pub enum Command {
     /// API tokens for `cairn serve --listen` (stored as hashes).
     #[command(subcommand)]
     Token(TokenCommand),
+    /// Tenants: groups of tokens that see only their own objects, with
+    /// limits on what they hold at once (docs/security.md, "Tenants").
+    #[command(subcommand)]
+    Tenant(TenantCommand),
+
     /// Check what Cairn needs on this host; the first step when something
     /// does not work.
     ///
@@ -990,6 +995,11 @@ pub enum TokenCommand {
     Create {
         /// A name to tell tokens apart (letters, digits, '-', '_', '.').
         name: String,
+        /// A token of this tenant (`cairn tenant create`): it sees, makes and
+        /// removes that tenant's sandboxes, snapshots, sessions, runs, images
+        /// and E2B sandboxes only. Without it, the token is an administrator.
+        #[arg(long, value_name = "TENANT")]
+        tenant: Option<String>,
         /// Print JSON for scripts instead of text.
         #[arg(long)]
         json: bool,
@@ -1000,11 +1010,70 @@ pub enum TokenCommand {
         #[arg(long)]
         json: bool,
     },
+    /// Who did what: the requests made to `cairn serve` (its API, the E2B
+    /// API and /mcp) with the token and tenant that made each, newest last;
+    /// kept 30 days. Requests on the Unix socket show as `(socket)`.
+    Log {
+        /// Only this tenant's requests.
+        #[arg(long, value_name = "TENANT")]
+        tenant: Option<String>,
+        /// How many of the newest requests to show.
+        #[arg(long, short = 'n', default_value_t = 100)]
+        limit: u32,
+        /// Print JSON for scripts instead of text.
+        #[arg(long)]
+        json: bool,
+    },
     /// Revoke tokens by id or name; requests using them are refused at once.
     Rm {
         /// Token ids or names (`cairn token ls`).
         #[arg(required = true)]
         tokens: Vec<String>,
+    },
+}
+
+#[derive(Subcommand)]
+#[command(defer = true)]
+pub enum TenantCommand {
+    /// Make a tenant; give its tokens with `cairn token create NAME --tenant T`.
+    ///
+    /// Limits count the sandboxes it holds (running or stopped, not yet
+    /// removed): past one, a create, fork or restore is refused (HTTP 429)
+    /// with nothing made.
+    Create {
+        /// Its name (letters, digits, '-' and '_').
+        name: String,
+        /// At most this many sandboxes at once.
+        #[arg(long, value_name = "N")]
+        max_sandboxes: Option<u64>,
+        /// At most this much memory: the sum of its running sandboxes' limits.
+        #[arg(long, value_name = "SIZE", value_parser = parse_bytes)]
+        max_memory: Option<u64>,
+        /// At most this much disk: the sum of its sandboxes' --disk limits
+        /// (then each of its sandboxes needs one).
+        #[arg(long, value_name = "SIZE", value_parser = parse_bytes)]
+        max_disk: Option<u64>,
+        /// Print JSON for scripts instead of text.
+        #[arg(long)]
+        json: bool,
+    },
+    /// List tenants with their limits and what they hold now.
+    Ls {
+        /// Print JSON for scripts instead of text.
+        #[arg(long)]
+        json: bool,
+    },
+    /// Remove tenants: their tokens stop working at once (401), E2B access
+    /// tokens they issued with them; what they still own (snapshots,
+    /// finished runs, images, closed sessions) passes to the administrator.
+    Rm {
+        /// Tenant names (`cairn tenant ls`).
+        #[arg(required = true)]
+        tenants: Vec<String>,
+        /// Remove their sandboxes and close their sessions first; without it
+        /// a tenant that holds any is refused.
+        #[arg(long, short)]
+        force: bool,
     },
 }
 

@@ -227,6 +227,7 @@ pub fn dispatch(cli: Cli) -> Result<i32> {
         Command::Session(cmd) => crate::sessions::session(&mut engine, cmd),
         Command::Artifact(cmd) => crate::pipelines::artifact(&engine, cmd).map(|()| 0),
         Command::Token(cmd) => token(&engine, cmd).map(|()| 0),
+        Command::Tenant(cmd) => tenant(&mut engine, cmd).map(|()| 0),
         Command::Create { sandbox } => {
             let rec = engine.create_sandbox(&create_options(&sandbox, false)?, &Steps::new())?;
             println!("{}", rec.id);
@@ -1025,13 +1026,17 @@ fn image(engine: &mut Engine, cmd: ImageCommand) -> Result<()> {
 fn token(engine: &Engine, cmd: crate::cli::TokenCommand) -> Result<()> {
     use crate::cli::TokenCommand;
     match cmd {
-        TokenCommand::Create { name, json } => {
-            let t = engine.create_token(&name)?;
+        TokenCommand::Create { name, tenant, json } => {
+            let t = engine.create_token(&name, tenant.as_deref())?;
             if json {
                 println!("{}", serde_json::to_string_pretty(&t)?);
             } else {
+                let of = match &t.record.tenant {
+                    Some(tenant) => format!("of tenant {tenant}"),
+                    None => "an administrator".to_string(),
+                };
                 eprintln!(
-                    "cairn: token {} ({}) made; its secret follows and is not shown again",
+                    "cairn: token {} ({}, {of}) made; its secret follows and is not shown again",
                     t.record.name, t.record.id
                 );
                 println!("{}", t.secret);
@@ -1042,7 +1047,10 @@ fn token(engine: &Engine, cmd: crate::cli::TokenCommand) -> Result<()> {
             if json {
                 println!("{}", serde_json::to_string_pretty(&all)?);
             } else {
-                println!("{:<14} {:<24} {:<12} LAST USED", "ID", "NAME", "CREATED");
+                println!(
+                    "{:<14} {:<24} {:<16} {:<12} LAST USED",
+                    "ID", "NAME", "TENANT", "CREATED"
+                );
                 let now = cairn_engine::now_ms();
                 for t in all {
                     let used = t
@@ -1050,14 +1058,16 @@ fn token(engine: &Engine, cmd: crate::cli::TokenCommand) -> Result<()> {
                         .map(|u| format!("{} ago", human_age((now - u) / 1000)))
                         .unwrap_or_else(|| "never".into());
                     println!(
-                        "{:<14} {:<24} {:<12} {used}",
+                        "{:<14} {:<24} {:<16} {:<12} {used}",
                         t.id,
                         t.name,
+                        t.tenant.as_deref().unwrap_or("(admin)"),
                         format!("{} ago", human_age((now - t.created_at) / 1000))
                     );
                 }
             }
         }
+        TokenCommand::Log { tenant, limit, json } => request_log(engine, tenant.as_deref(), limit, json)?,
         TokenCommand::Rm { tokens } => {
             let mut failed = None;
             for key in tokens {
@@ -1073,6 +1083,106 @@ fn token(engine: &Engine, cmd: crate::cli::TokenCommand) -> Result<()> {
                 return Err(e.into());
             }
         }
+    }
+    Ok(())
+}
+
+fn tenant(engine: &mut Engine, cmd: crate::cli::TenantCommand) -> Result<()> {
+    use crate::cli::TenantCommand;
+    let size = |b: Option<i64>| b.map_or_else(|| "-".to_string(), |b| crate::lineage::size(b.max(0) as u64));
+    match cmd {
+        TenantCommand::Create {
+            name,
+            max_sandboxes,
+            max_memory,
+            max_disk,
+            json,
+        } => {
+            let t = engine.create_tenant(&name, max_sandboxes, max_memory, max_disk)?;
+            if json {
+                println!("{}", serde_json::to_string_pretty(&t)?);
+            } else {
+                println!("{}", t.name);
+                eprintln!(
+                    "cairn: give it tokens with `cairn token create NAME --tenant {}`",
+                    t.name
+                );
+            }
+        }
+        TenantCommand::Ls { json } => {
+            let all = engine.tenants()?;
+            if json {
+                let rows: Vec<_> = all
+                    .iter()
+                    .map(|(t, used)| serde_json::json!({"tenant": t, "holds": used}))
+                    .collect();
+                println!("{}", serde_json::to_string_pretty(&rows)?);
+            } else {
+                println!("{:<24} {:>15} {:>21} {:>21}", "NAME", "SANDBOXES", "MEMORY", "DISK");
+                for (t, used) in all {
+                    let of = |used: String, max: String| format!("{used} / {max}");
+                    println!(
+                        "{:<24} {:>15} {:>21} {:>21}",
+                        t.name,
+                        of(
+                            used.sandboxes.to_string(),
+                            t.max_sandboxes.map_or_else(|| "-".into(), |m| m.to_string())
+                        ),
+                        of(size(Some(used.memory)), size(t.max_memory)),
+                        of(size(Some(used.disk)), size(t.max_disk)),
+                    );
+                }
+            }
+        }
+        TenantCommand::Rm { tenants, force } => {
+            let mut failed = None;
+            for name in tenants {
+                match engine.remove_tenant(&name, force) {
+                    Ok(()) => println!("{name}"),
+                    Err(e) => {
+                        eprintln!("cairn: {e}");
+                        failed = Some(e);
+                    }
+                }
+            }
+            if let Some(e) = failed {
+                return Err(e.into());
+            }
+        }
+    }
+    Ok(())
+}
+
+fn request_log(engine: &Engine, tenant: Option<&str>, limit: u32, json: bool) -> Result<()> {
+    if let Some(t) = tenant {
+        // A removed tenant's rows stay: only refuse a name never seen.
+        if engine.tenant(t).is_err() && engine.audit(Some(t), 1)?.is_empty() {
+            engine.tenant(t)?;
+        }
+    }
+    let rows = engine.audit(tenant, i64::from(limit.max(1)))?;
+    if json {
+        println!("{}", serde_json::to_string_pretty(&rows)?);
+        return Ok(());
+    }
+    println!(
+        "{:<24} {:<14} {:<16} {:<5} {:<7} {:>6} PATH",
+        "AT", "TOKEN", "TENANT", "VIA", "METHOD", "STATUS"
+    );
+    for r in rows {
+        let at = humantime::format_rfc3339_millis(
+            std::time::UNIX_EPOCH + std::time::Duration::from_millis(r.at.max(0) as u64),
+        );
+        println!(
+            "{:<24} {:<14} {:<16} {:<5} {:<7} {:>6} {}",
+            at.to_string(),
+            r.token.as_deref().unwrap_or("(socket)"),
+            r.tenant.as_deref().unwrap_or("(admin)"),
+            r.surface,
+            r.method,
+            r.status,
+            r.path
+        );
     }
     Ok(())
 }

@@ -6,7 +6,7 @@ use anyhow::Result;
 use cairn_engine::SnapshotRecord;
 use serde::Serialize;
 
-fn size(bytes: u64) -> String {
+pub(crate) fn size(bytes: u64) -> String {
     match bytes {
         b if b >= 1 << 30 => format!("{:.1}G", b as f64 / (1u64 << 30) as f64),
         b if b >= 1 << 20 => format!("{:.1}M", b as f64 / (1u64 << 20) as f64),

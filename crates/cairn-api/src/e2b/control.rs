@@ -37,7 +37,7 @@ const MAX_STRING: usize = 4096;
 /// The API token (its id) a control-plane request came with: the grant of
 /// the sandboxes it creates, connects, resumes, pauses or forks.
 #[derive(Debug, Clone)]
-pub(crate) struct ApiKey(pub String);
+pub(crate) struct ApiKey(pub String, pub Option<String>);
 
 /// Refuses control-plane requests without a valid Cairn API token in
 /// `X-API-KEY`.
@@ -57,8 +57,26 @@ pub async fn require_api_key(State(gw): G, req: Request, next: Next) -> Response
     match gw.app.check_token(key).await {
         Ok(Some(token)) => {
             let mut req = req;
-            req.extensions_mut().insert(ApiKey(token.id));
-            next.run(req).await
+            let tenant = token.tenant.clone();
+            req.extensions_mut()
+                .insert(ApiKey(token.id.clone(), token.tenant.clone()));
+            let (method, path) = (req.method().clone(), req.uri().path().to_string());
+            let token = token.id;
+            let resp = crate::tenancy::acting(tenant.clone(), async {
+                match &tenant {
+                    Some(t) => match others(&gw, t, &path) {
+                        Some(id) => RestError::not_found(&id).into_response(),
+                        None => next.run(req).await,
+                    },
+                    None => next.run(req).await,
+                }
+            })
+            .await;
+            let status = resp.status().as_u16();
+            gw.app
+                .audit
+                .record(Some(&token), tenant.as_deref(), "e2b", method.as_str(), &path, status);
+            resp
         }
         Ok(None) => RestError::new(
             StatusCode::UNAUTHORIZED,
@@ -67,6 +85,21 @@ pub async fn require_api_key(State(gw): G, req: Request, next: Next) -> Response
         .into_response(),
         Err(e) => RestError::from(e).into_response(),
     }
+}
+
+/// The sandbox id of a `/sandboxes/{id}/…` path (any API version) when
+/// that sandbox is not tenant `tenant`'s: it answers as an absent one.
+fn others(gw: &Gateway, tenant: &str, path: &str) -> Option<String> {
+    let mut segments = path.split('/').skip(1).skip_while(|s| matches!(*s, "v1" | "v2" | "v3"));
+    if segments.next() != Some("sandboxes") {
+        return None;
+    }
+    let id = segments.next().filter(|id| !id.is_empty() && *id != "metrics")?;
+    let id = percent_encoding::percent_decode_str(id)
+        .decode_utf8_lossy()
+        .into_owned();
+    let theirs = gw.entry(&id).is_some_and(|e| e.tenant.as_deref() == Some(tenant));
+    (!theirs).then_some(id)
 }
 
 fn parse<T: serde::de::DeserializeOwned>(body: &[u8]) -> Rest<T> {
@@ -170,6 +203,7 @@ fn entry_for(rec: &SandboxRecord, template: String, life_ms: i64, key: &ApiKey) 
         network: None,
         workdir: None,
         public_traffic: false,
+        tenant: key.1.clone(),
     }
 }
 
@@ -228,7 +262,7 @@ pub async fn create(
             .engine(move |e| {
                 Ok(match e.image(&t) {
                     Ok(_) => None,
-                    Err(_) => e.snapshot_record(&t).ok().map(|s| s.driver),
+                    Err(_) => visible_snapshot(e, &t).map(|s| s.driver),
                 })
             })
             .await?
@@ -289,7 +323,7 @@ pub async fn create(
                 }
                 created(e.create_sandbox(&opts, &Silent))?
             } else {
-                match e.snapshot_record(&template) {
+                match visible_snapshot(e, &template).ok_or(()) {
                     Ok(snap) => e.restore(
                         &snap,
                         &CreateOptions {
@@ -444,9 +478,11 @@ pub async fn list(
             }
         }
     }
+    let tenant = crate::tenancy::current();
     let found: Vec<Entry> = gw
         .entries()
         .into_iter()
+        .filter(|e| tenant.is_none() || e.tenant == tenant)
         .filter(|e| {
             let st = if e.running().is_some() { "running" } else { "paused" };
             states.is_empty() || states.iter().any(|s| s == st)
@@ -457,6 +493,16 @@ pub async fn list(
         .collect();
     let (found, next) = page::page(found, |e| (e.started_at, e.id.as_str()), order, limit, after.as_ref());
     paged(found.iter().map(listed_json).collect(), next)
+}
+
+/// Snapshot `key` as a template, if the engine's tenant owns it (an
+/// administrator's engine: any).
+fn visible_snapshot(e: &Engine, key: &str) -> Option<SnapshotRecord> {
+    let snap = e.snapshot_record(key).ok()?;
+    match e.acting_for() {
+        Some(t) if !e.owns(cairn_engine::tenants::Owned::Snapshot, &t, &snap.id).ok()? => None,
+        _ => Some(snap),
+    }
 }
 
 fn known(gw: &Gateway, id: &str) -> Rest<Entry> {
@@ -808,8 +854,10 @@ pub async fn snapshots(
     let limit = page::limit(q.limit)?;
     let after = page::Cursor::parse(q.next_token.as_deref())?;
     let all = gw.app.engine(|en| Ok(en.e2b_snapshots()?)).await?;
+    let mine = crate::tenancy::owned(&gw.app, cairn_engine::tenants::Owned::Snapshot).await?;
     let found: Vec<E2bSnapshot> = all
         .into_iter()
+        .filter(|s| mine.as_ref().is_none_or(|m| m.contains(&s.id)))
         .filter(|s| q.sandbox_id.as_ref().is_none_or(|id| &s.e2b_id == id))
         .filter(|s| q.name.as_ref().is_none_or(|n| &s.name == n))
         .collect();
@@ -837,10 +885,12 @@ pub async fn delete_snapshot(State(gw): G, Path(id): Path<String>) -> Rest<Statu
         return Ok(StatusCode::NO_CONTENT);
     }
     let key = id.clone();
+    let mine = crate::tenancy::owned(&gw.app, cairn_engine::tenants::Owned::Snapshot).await?;
     let known = gw
         .app
         .engine(move |en| Ok(en.e2b_snapshots()?.iter().any(|s| s.id == key)))
-        .await?;
+        .await?
+        && mine.is_none_or(|m| m.contains(&id));
     if !known {
         return Err(RestError::new(
             StatusCode::NOT_FOUND,
@@ -910,6 +960,7 @@ pub async fn fork(
         // The engine's fork keeps the parent's network and rules.
         e.network = parent.network.clone();
         e.public_traffic = parent.public_traffic;
+        e.tenant = parent.tenant.clone();
         out.push(json!({ "sandbox": sandbox_json(&gw, &e) }));
         entries.push(e);
         gw.app.emit("sandbox.created", &rec.id, format!("E2B fork of {id}"));

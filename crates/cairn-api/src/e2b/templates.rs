@@ -213,7 +213,25 @@ pub async fn request_build(State(gw): G, body: Bytes) -> Rest<Response> {
     Ok((StatusCode::ACCEPTED, Json(out)).into_response())
 }
 
-/// The template a path names, by id or name.
+/// The template a path names, by id or name, to change it: a tenant
+/// changes only its own (the administrator's it may only start sandboxes
+/// from), and another's answers as an absent one.
+async fn template_to_change(gw: &Arc<Gateway>, key: &str) -> Rest<cairn_engine::e2b_templates::E2bTemplate> {
+    let t = template_of(gw, key).await?;
+    match crate::tenancy::current() {
+        Some(tenant) if t.tenant.as_deref() != Some(tenant.as_str()) => {
+            let key = key.split_once(':').map_or(key, |(n, _)| n);
+            Err(RestError::new(
+                StatusCode::NOT_FOUND,
+                format!("template {key:?} not found"),
+            ))
+        }
+        _ => Ok(t),
+    }
+}
+
+/// The template a path names, by id or name (one the caller's tenant may
+/// see: its own and the administrator's).
 async fn template_of(gw: &Arc<Gateway>, key: &str) -> Rest<cairn_engine::e2b_templates::E2bTemplate> {
     let key = key.split_once(':').map_or(key, |(n, _)| n).to_string();
     let k = key.clone();
@@ -227,7 +245,7 @@ async fn template_of(gw: &Arc<Gateway>, key: &str) -> Rest<cairn_engine::e2b_tem
 /// where to upload them (this server, with the caller's own key).
 pub async fn file_link(State(gw): G, Path((id, hash)): Path<(String, String)>, headers: HeaderMap) -> Rest<Response> {
     check_hash(&hash)?;
-    template_of(&gw, &id).await?;
+    template_to_change(&gw, &id).await?;
     if touch(&files_dir(&gw).join(&hash)) {
         return Ok((StatusCode::CREATED, Json(json!({ "present": true }))).into_response());
     }
@@ -251,7 +269,7 @@ pub async fn file_link(State(gw): G, Path((id, hash)): Path<(String, String)>, h
 /// hash, written whole or not at all, at most `--max-upload` bytes.
 pub async fn upload(State(gw): G, Path((id, hash)): Path<(String, String)>, body: Body) -> Rest<StatusCode> {
     check_hash(&hash)?;
-    template_of(&gw, &id).await?;
+    template_to_change(&gw, &id).await?;
     let dir = files_dir(&gw);
     let limit = gw.app.settings.max_upload;
     let mut stream = body.into_data_stream();
@@ -465,7 +483,7 @@ fn steps_of(gw: &Gateway, body: &[StepBody]) -> Rest<Vec<Step>> {
 /// the build in the background.
 pub async fn start_build(State(gw): G, Path((id, build_id)): Path<(String, String)>, body: Bytes) -> Rest<StatusCode> {
     let body: StartBody = crate::routes::parse(&body).map_err(RestError::from)?;
-    let template = template_of(&gw, &id).await?;
+    let template = template_to_change(&gw, &id).await?;
     let b = build_id.clone();
     let build = gw
         .app
@@ -524,7 +542,10 @@ pub async fn start_build(State(gw): G, Path((id, build_id)): Path<(String, Strin
     let name = template.name.clone();
     let key = build.id.clone();
     let gw2 = Arc::clone(&gw);
-    tokio::spawn(async move {
+    // The build goes on after this answer, for the same tenant: its image
+    // and sandbox are the template's owner's.
+    let tenant = template.tenant.clone();
+    tokio::spawn(crate::tenancy::acting(tenant, async move {
         let image = image_name(&build.template_id, &build.id);
         let source = format!("E2B template {name} (build {})", build.id);
         let sandbox_name = build_sandbox(&build.id);
@@ -570,7 +591,7 @@ pub async fn start_build(State(gw): G, Path((id, build_id)): Path<(String, Strin
             let dir = files_dir(&gw2);
             let _ = tokio::task::spawn_blocking(move || prune(&dir)).await;
         }
-    });
+    }));
     Ok(StatusCode::ACCEPTED)
 }
 
@@ -745,7 +766,7 @@ pub async fn assign_tags(State(gw): G, body: Bytes) -> Rest<Response> {
     for t in &body.tags {
         check_tag(t)?;
     }
-    let template = template_of(&gw, &name).await?;
+    let template = template_to_change(&gw, &name).await?;
     let tag = tag.unwrap_or_else(|| DEFAULT_TAG.to_string());
     let tid = template.id.clone();
     let tags = body.tags.clone();
@@ -780,7 +801,7 @@ pub async fn remove_tags(State(gw): G, body: Bytes) -> Rest<StatusCode> {
     for t in &body.tags {
         check_tag(t)?;
     }
-    let template = template_of(&gw, &name).await?;
+    let template = template_to_change(&gw, &name).await?;
     let tags = body.tags.clone();
     let removed = gw
         .app
@@ -810,7 +831,7 @@ pub async fn tags(State(gw): G, Path(id): Path<String>) -> Rest<Response> {
 /// Deletes the template `key` names, if one does: its builds' images go
 /// (a running sandbox keeps its layers). `false` when none is named.
 pub(crate) async fn delete(gw: &Arc<Gateway>, key: &str) -> Rest<bool> {
-    let Ok(t) = template_of(gw, key).await else {
+    let Ok(t) = template_to_change(gw, key).await else {
         return Ok(false);
     };
     gw.app.engine(move |e| Ok(e.delete_e2b_template(&t.id)?)).await?;

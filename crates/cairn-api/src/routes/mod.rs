@@ -64,7 +64,11 @@ where
             .to_string(),
     };
     let stale_before = app.started_ms;
-    let scope = scope.to_string();
+    // Each tenant's keys are its own: another's answer is never replayed.
+    let scope = match crate::tenancy::current() {
+        Some(t) => format!("{scope}@{t}"),
+        None => scope.to_string(),
+    };
     let (s, k, b) = (scope.clone(), key.clone(), body.clone());
     let claim = app
         .engine(move |e| Ok(e.claim_idempotent(&s, &k, &b, stale_before)?))

@@ -12,6 +12,7 @@ use axum::response::Response;
 use axum::Json;
 use cairn_engine::pipeline::approval::Verdict;
 use cairn_engine::pipeline::run::RunWatcher;
+use cairn_engine::tenants::Owned;
 
 use super::files::streamed;
 use super::{idempotent, parse};
@@ -153,12 +154,14 @@ pub async fn start(State(app): State<Arc<App>>, headers: HeaderMap, body: Bytes)
     responses((status = 200, body = RunPage), (status = 400, body = ErrorBody)))]
 pub async fn list(State(app): State<Arc<App>>, q: QueryResult<PageQuery>) -> ApiResult<Json<RunPage>> {
     let Query(q) = q?;
+    let mine = crate::tenancy::owned(&app, Owned::Run).await?;
     let mut runs = app
-        .engine(|e| {
+        .engine(move |e| {
             let runs = e.runs()?;
             let mut counts = e.stage_counts()?;
             Ok(runs
                 .into_iter()
+                .filter(|r| mine.as_ref().is_none_or(|m| m.contains(&r.id)))
                 .map(|r| {
                     let live = e.run_executed(&r.id);
                     let stage_counts = counts.remove(&r.id).unwrap_or_default();
@@ -414,23 +417,28 @@ pub async fn log(
     responses((status = 200, content_type = "application/octet-stream", body = Binary), (status = 404, body = ErrorBody)))]
 pub async fn artifact(State(app): State<Arc<App>>, Path(id): Path<String>) -> ApiResult<Response> {
     let key = id.clone();
-    app.engine(move |e| {
-        let all = e.artifacts(None)?;
-        let n = all
-            .iter()
-            .filter(|a| a.id == key || (key.len() >= 4 && a.id.starts_with(&key)))
-            .count();
-        match n {
-            0 => Err(ApiError::not_found(format!(
-                "no artifact matches {key:?}; GET /v1/runs/RUN lists a run's artifacts"
-            ))),
-            1 => Ok(()),
-            _ => Err(ApiError::bad_request(format!(
-                "{key:?} matches several artifacts; give more of the id"
-            ))),
-        }
-    })
-    .await?;
+    let mine = crate::tenancy::owned(&app, Owned::Run).await?;
+    // The full id, so that the read below lands on this artifact alone.
+    let id = app
+        .engine(move |e| {
+            let all = e.artifacts(None)?;
+            let mut found: Vec<String> = all
+                .into_iter()
+                .filter(|a| mine.as_ref().is_none_or(|m| m.contains(&a.run_id)))
+                .filter(|a| a.id == key || (key.len() >= 4 && a.id.starts_with(&key)))
+                .map(|a| a.id)
+                .collect();
+            match found.len() {
+                0 => Err(ApiError::not_found(format!(
+                    "no artifact matches {key:?}; GET /v1/runs/RUN lists a run's artifacts"
+                ))),
+                1 => Ok(found.remove(0)),
+                _ => Err(ApiError::bad_request(format!(
+                    "{key:?} matches several artifacts; give more of the id"
+                ))),
+            }
+        })
+        .await?;
     let resp = streamed(&app, move |e, out| Ok(e.artifact_get(&id, out).map(drop)?));
     Ok(resp)
 }
@@ -439,15 +447,23 @@ pub async fn artifact(State(app): State<Arc<App>>, Path(id): Path<String>) -> Ap
 #[utoipa::path(operation_id = "list_dead_letters", get, path = "/v1/dlq", tag = "runs",
     responses((status = 200, body = Vec<DeadLetterView>)))]
 pub async fn dlq(State(app): State<Arc<App>>) -> ApiResult<Json<Vec<DeadLetterView>>> {
+    let mine = crate::tenancy::owned(&app, Owned::Run).await?;
     let all = app.engine(|e| Ok(e.dead_letters()?)).await?;
-    Ok(Json(all.into_iter().map(DeadLetterView::from).collect()))
+    Ok(Json(
+        all.into_iter()
+            .filter(|d| mine.as_ref().is_none_or(|m| m.contains(&d.run_id)))
+            .map(DeadLetterView::from)
+            .collect(),
+    ))
 }
 
 async fn dead_letter(app: &Arc<App>, key: String) -> ApiResult<DeadLetterView> {
+    let mine = crate::tenancy::owned(app, Owned::Run).await?;
     app.engine(move |e| {
         let all = e.dead_letters()?;
         let mut found: Vec<_> = all
             .into_iter()
+            .filter(|d| mine.as_ref().is_none_or(|m| m.contains(&d.run_id)))
             .filter(|d| d.id == key || (key.len() >= 4 && d.id.starts_with(&key)))
             .collect();
         match found.len() {

@@ -17,6 +17,7 @@ use crate::admission::{Admission, Caller};
 use crate::app::App;
 use crate::error::{ApiError, ApiResult, ErrorBody};
 use crate::model::*;
+use cairn_engine::tenants::Owned;
 
 fn options(
     limits: &Limits,
@@ -131,6 +132,9 @@ pub async fn list(
         }
     }
     let mut all = app.engine(|e| Ok(e.list_sandboxes()?)).await?;
+    if let Some(mine) = crate::tenancy::owned(&app, Owned::Sandbox).await? {
+        all.retain(|r| mine.contains(&r.id));
+    }
     all.retain(|r| q.state.as_ref().is_none_or(|s| r.state.to_string() == *s));
     all.retain(|r| q.image.as_ref().is_none_or(|i| r.image == *i));
     all.sort_by(|a, b| (a.created_at, &a.id).cmp(&(b.created_at, &b.id)));
@@ -378,6 +382,9 @@ pub async fn snapshots(
 ) -> ApiResult<Json<SnapshotPage>> {
     let Query(q) = q?;
     let (mut all, durable) = app.engine(|e| Ok((e.snapshots()?, e.remote_durability()?))).await?;
+    if let Some(mine) = crate::tenancy::owned(&app, Owned::Snapshot).await? {
+        all.retain(|s| mine.contains(&s.id));
+    }
     all.sort_by(|a, b| (a.created_at, &a.id).cmp(&(b.created_at, &b.id)));
     let items: Vec<Snapshot> = all
         .into_iter()

@@ -176,6 +176,9 @@ pub async fn list(
         }
     }
     let mut all = app.engine(|e| Ok(e.sessions()?)).await?;
+    if let Some(mine) = crate::tenancy::owned(&app, cairn_engine::tenants::Owned::Session).await? {
+        all.retain(|s| mine.contains(&s.id));
+    }
     all.retain(|s| q.state.as_ref().is_none_or(|st| s.state.as_str() == st));
     all.retain(|s| q.image.as_ref().is_none_or(|i| s.image == *i));
     let items: Vec<Session> = all.into_iter().map(Session::from).collect();

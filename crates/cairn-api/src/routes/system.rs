@@ -74,10 +74,18 @@ pub async fn openapi() -> Response {
 pub async fn events(State(app): State<Arc<App>>) -> Sse<impl Stream<Item = Result<SseEvent, Infallible>>> {
     let rx = app.events.subscribe();
     let stopped = Box::pin(app.stopped());
-    let stream = futures_util::stream::unfold((rx, stopped), |(mut rx, mut stopped)| async move {
-        let next = tokio::select! {
-            e = rx.recv() => e,
-            () = &mut stopped => return None,
+    let tenant = crate::tenancy::current();
+    let state = (rx, stopped, app, tenant);
+    let stream = futures_util::stream::unfold(state, |(mut rx, mut stopped, app, tenant)| async move {
+        let next = loop {
+            let next = tokio::select! {
+                e = rx.recv() => e,
+                () = &mut stopped => return None,
+            };
+            match (&next, &tenant) {
+                (Ok(e), Some(t)) if !theirs(&app, e, t).await => continue,
+                _ => break next,
+            }
         };
         let ev = match next {
             Ok(e) => SseEvent::default()
@@ -88,9 +96,20 @@ pub async fn events(State(app): State<Arc<App>>) -> Sse<impl Stream<Item = Resul
             }
             Err(broadcast::error::RecvError::Closed) => return None,
         };
-        Some((Ok(ev), (rx, stopped)))
+        Some((Ok(ev), (rx, stopped, app, tenant)))
     });
     Sse::new(stream).keep_alive(KeepAlive::default())
+}
+
+/// Whether event `e` belongs in tenant `t`'s stream: caused by its request,
+/// or about an object it owns.
+async fn theirs(app: &Arc<App>, e: &crate::app::Event, t: &str) -> bool {
+    if let Some(owner) = &e.tenant {
+        return owner == t;
+    }
+    let Some(kind) = e.object() else { return false };
+    let (t, id) = (t.to_string(), e.id.clone());
+    app.engine(move |en| Ok(en.owns(kind, &t, &id)?)).await.unwrap_or(false)
 }
 
 /// Lists images.

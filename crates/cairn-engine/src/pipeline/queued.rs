@@ -186,6 +186,12 @@ impl Engine {
     /// A worker's side of a branch job: the branch run as one stage,
     /// fenced by the job's claim.
     pub fn run_branch_job(&mut self, job: &Job, watch: &dyn RunWatcher) -> Result<Option<String>, EngineError> {
+        self.as_owner_of(crate::tenants::Owned::Run, &job.run_id, |e| {
+            e.run_owned_branch_job(job, watch)
+        })
+    }
+
+    fn run_owned_branch_job(&mut self, job: &Job, watch: &dyn RunWatcher) -> Result<Option<String>, EngineError> {
         let run = self.run_record(&job.run_id)?;
         let mut pipeline = self.parsed_run(&run)?;
         // Its log goes beside the run's on this host.

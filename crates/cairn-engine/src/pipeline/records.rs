@@ -231,7 +231,7 @@ const INSERT_STAGE_KEY: &str =
 
 impl Db {
     pub fn insert_run(&self, r: &RunRecord) -> Result<(), StateError> {
-        self.with(|b| {
+        self.transaction(|b| {
             b.execute(
                 &format!("INSERT INTO runs ({RUN_COLUMNS}) VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9)"),
                 params![
@@ -246,7 +246,7 @@ impl Db {
                     &r.error
                 ],
             )?;
-            Ok(())
+            self.stamp(b, crate::tenants::Owned::Run, &r.id)
         })
     }
 
@@ -264,9 +264,11 @@ impl Db {
             rows(
                 b.query(
                     &format!(
-                        "SELECT {RUN_COLUMNS} FROM runs WHERE id = $1 OR (length($1) >= 3 AND substr(id, 1, length($1)) = $1)"
+                        "SELECT {RUN_COLUMNS} FROM runs WHERE (id = $1 OR (length($1) >= 3 AND substr(id, 1, length($1)) = $1))
+                         AND (CAST($2 AS TEXT) IS NULL OR tenant = $2)"
                     ),
-                    params![key],
+                    // A connection acting for a tenant finds that tenant's only.
+                    params![key, self.acting_for()],
                 )?,
                 run_row,
             )

@@ -399,6 +399,14 @@ impl Engine {
         run_id: &str,
         watch: &dyn RunWatcher,
     ) -> Result<RunRecord, EngineError> {
+        // The sandboxes, snapshots and images its stages make are the
+        // run's tenant's, wherever the run goes on.
+        self.as_owner_of(crate::tenants::Owned::Run, run_id, |e| {
+            e.execute_owned_run(run_id, watch)
+        })
+    }
+
+    fn execute_owned_run(&mut self, run_id: &str, watch: &dyn RunWatcher) -> Result<RunRecord, EngineError> {
         let run = self.run_record(run_id)?;
         if run.status == "completed" {
             return Err(RunError::Completed(run.id).into());

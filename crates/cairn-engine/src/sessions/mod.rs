@@ -259,13 +259,15 @@ impl Db {
     /// Records a new session; a taken name is [`SessionError::NameTaken`]
     /// (as `StateError::NameTaken`).
     pub fn insert_session(&self, s: &SessionRecord) -> Result<(), StateError> {
-        let inserted = self.with(|b| Ok(insert_session_row(b, s)))?;
-        match inserted {
-            Err(BackendError::Unique { target }) if target == "sessions.name" => {
-                Err(StateError::NameTaken(s.name.clone()))
-            }
-            other => other.map(|_| ()).map_err(Into::into),
-        }
+        self.transaction(|b| {
+            match insert_session_row(b, s) {
+                Err(BackendError::Unique { target }) if target == "sessions.name" => {
+                    return Err(StateError::NameTaken(s.name.clone()))
+                }
+                other => other?,
+            };
+            self.stamp(b, crate::tenants::Owned::Session, &s.id)
+        })
     }
 
     pub fn sessions(&self) -> Result<Vec<SessionRecord>, StateError> {
@@ -276,11 +278,13 @@ impl Db {
     /// Sessions whose name or id is `key`, or whose id starts with it (3+ characters).
     pub fn find_sessions(&self, key: &str) -> Result<Vec<SessionRecord>, StateError> {
         let sql = format!(
-            "SELECT {SESSION_COLUMNS} FROM sessions WHERE name = $1 OR id = $1
-             OR (length($1) >= 3 AND substr(id, 1, length($1)) = $1)"
+            "SELECT {SESSION_COLUMNS} FROM sessions WHERE (name = $1 OR id = $1
+             OR (length($1) >= 3 AND substr(id, 1, length($1)) = $1)) AND (CAST($2 AS TEXT) IS NULL OR tenant = $2)"
         );
+        // A connection acting for a tenant finds that tenant's only.
+        let tenant = self.acting_for();
         let mut rows: Vec<SessionRecord> =
-            self.with(|b| b.query(&sql, params![key])?.iter().map(session_row).collect())?;
+            self.with(|b| b.query(&sql, params![key, tenant])?.iter().map(session_row).collect())?;
         if let Some(exact) = rows.iter().position(|r| r.name == key || r.id == key) {
             rows = vec![rows.swap_remove(exact)];
         }

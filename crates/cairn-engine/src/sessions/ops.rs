@@ -1035,6 +1035,19 @@ impl Engine {
         reason: &str,
         name: Option<String>,
     ) -> Result<SessionRecord, EngineError> {
+        let id = self.session(key)?.id;
+        self.as_owner_of(crate::tenants::Owned::Session, &id, |e| {
+            e.fork_owned_session(&id, at, reason, name)
+        })
+    }
+
+    fn fork_owned_session(
+        &mut self,
+        key: &str,
+        at: u64,
+        reason: &str,
+        name: Option<String>,
+    ) -> Result<SessionRecord, EngineError> {
         let p = self.session(key)?;
         if at > p.head_seq {
             return Err(SessionError::NoSuchEntry {

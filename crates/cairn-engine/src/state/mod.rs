@@ -68,6 +68,15 @@ pub enum StateError {
     FutureSchema { found: i64, known: i64 },
     #[error("a sandbox named {0:?} already exists; pick another --name or remove it with `cairn rm -f {0}`")]
     NameTaken(String),
+    /// A sandbox would take its tenant past one of its limits: nothing was made.
+    #[error("tenant {tenant:?} may hold at most {what}; remove some of its sandboxes first, or raise the limit")]
+    TenantLimit { tenant: String, what: String },
+    /// A tenant named an image or template that is not its own.
+    #[error("the name {0:?} is taken; pick another")]
+    NameOfAnother(String),
+    /// The tenant a connection acts for was removed.
+    #[error("tenant {0:?} was removed")]
+    TenantGone(String),
     #[error("sandbox {id} cannot go from {from} to {to}")]
     InvalidTransition {
         id: String,
@@ -287,6 +296,9 @@ pub struct Db {
     /// The queue job this connection's stage outcomes commit under, if a
     /// worker runs them: each commit checks it (see `queue`).
     pub(crate) fence: Mutex<Option<crate::queue::Fence>>,
+    /// The tenant this connection acts for (see `tenants`): rows it
+    /// inserts are that tenant's. `None`: the administrator.
+    pub(crate) tenant: Mutex<Option<String>>,
 }
 
 impl Db {
@@ -338,6 +350,7 @@ impl Db {
             backend: Mutex::new(backend),
             home_id: String::new(),
             fence: Mutex::new(None),
+            tenant: Mutex::new(None),
         }
     }
 
@@ -378,8 +391,20 @@ impl Db {
         (**backend).transaction(f)
     }
 
+    /// Image `name`, if this connection's tenant may use it (the
+    /// administrator's images are shared with every tenant).
     pub fn image(&self, name: &str) -> Result<Option<ImageRecord>, StateError> {
-        self.with(|b| image(b, name))
+        let tenant = self.acting_for();
+        self.with(|b| {
+            if let Some(t) = &tenant {
+                let owner = b.query_opt("SELECT tenant FROM images WHERE name = $1", params![name])?;
+                match owner {
+                    Some(r) if r.get::<Option<String>>(0)?.is_none_or(|o| o == *t) => {}
+                    _ => return Ok(None),
+                }
+            }
+            image(b, name)
+        })
     }
 
     /// The config of image `name`, if it has one (one row read).
@@ -400,7 +425,14 @@ impl Db {
     pub fn images(&self) -> Result<Vec<ImageRecord>, StateError> {
         self.with(|b| {
             let mut out = Vec::new();
-            for r in b.query("SELECT name FROM images ORDER BY name", &[])? {
+            let (sql, tenant) = match self.acting_for() {
+                Some(t) => (
+                    "SELECT name FROM images WHERE tenant IS NULL OR tenant = $1 ORDER BY name",
+                    vec![t.into()],
+                ),
+                None => ("SELECT name FROM images ORDER BY name", vec![]),
+            };
+            for r in b.query(sql, &tenant)? {
                 out.extend(image(b, &r.get::<String>(0)?)?);
             }
             Ok(out)
@@ -409,9 +441,20 @@ impl Db {
 
     /// Inserts or replaces an image, atomically.
     pub fn put_image(&mut self, rec: &ImageRecord) -> Result<(), StateError> {
+        let tenant = self.acting_for();
         self.transaction(|b| {
+            if let Some(t) = &tenant {
+                // A tenant replaces only its own images, never a shared one.
+                let owner = b.query_opt("SELECT tenant FROM images WHERE name = $1", params![&rec.name])?;
+                if let Some(owner) = owner {
+                    if owner.get::<Option<String>>(0)?.as_deref() != Some(t) {
+                        return Err(StateError::NameOfAnother(rec.name.clone()));
+                    }
+                }
+            }
             b.execute("DELETE FROM images WHERE name = $1", params![&rec.name])?;
-            insert_image_rows(b, rec)
+            insert_image_rows(b, rec)?;
+            self.stamp(b, crate::tenants::Owned::Image, &rec.name)
         })
     }
 
@@ -420,7 +463,11 @@ impl Db {
     }
 
     pub fn insert_sandbox(&mut self, rec: &SandboxRecord) -> Result<(), StateError> {
+        let tenant = self.acting_for();
         self.transaction(|b| {
+            if let Some(t) = &tenant {
+                crate::tenants::admit_sandbox(b, t, rec.memory_bytes as i64, rec.disk_bytes.map(|d| d as i64))?;
+            }
             let inserted = b.execute(
                 "INSERT INTO sandboxes (id, name, image, driver, state, pid, pid_start, owner_pid, owner_start,
                  memory_bytes, cpu_millis, pids_max, created_at, ended_reason, auto_remove, last_snapshot, home_id, network,
@@ -454,6 +501,9 @@ impl Db {
                 }
                 other => other?,
             };
+            if let Some(t) = &tenant {
+                b.execute("UPDATE sandboxes SET tenant = $2 WHERE id = $1", params![&rec.id, t])?;
+            }
             write_sandbox_layers(b, &rec.id, &rec.layers, &rec.services)
         })
     }
@@ -482,6 +532,7 @@ impl Db {
     pub fn insert_snapshot(&mut self, rec: &SnapshotRecord) -> Result<(), StateError> {
         self.transaction(|b| {
             insert_snapshot_rows(b, rec)?;
+            self.stamp(b, crate::tenants::Owned::Snapshot, &rec.id)?;
             b.execute(
                 "UPDATE sandboxes SET last_snapshot = $2 WHERE id = $1",
                 params![&rec.sandbox_id, &rec.id],
@@ -497,11 +548,13 @@ impl Db {
 
     /// Snapshots whose id starts with `key` (at least 4 digits) or whose label is `key`.
     pub fn find_snapshots(&self, key: &str) -> Result<Vec<SnapshotRecord>, StateError> {
+        // A connection acting for a tenant finds that tenant's only.
         let sql = format!(
-            "SELECT {SNAPSHOT_COLUMNS} FROM snapshots WHERE id = $1 OR label = $1
-             OR (length($1) >= 4 AND substr(id, 1, length($1)) = $1) ORDER BY created_at DESC"
+            "SELECT {SNAPSHOT_COLUMNS} FROM snapshots WHERE (id = $1 OR label = $1
+             OR (length($1) >= 4 AND substr(id, 1, length($1)) = $1)) AND (CAST($2 AS TEXT) IS NULL OR tenant = $2)
+             ORDER BY created_at DESC"
         );
-        self.with(|b| snapshots_of(b, &sql, params![key]))
+        self.with(|b| snapshots_of(b, &sql, params![key, self.acting_for()]))
     }
 
     /// Ids of the snapshots not yet marked durable in the remote store.
@@ -573,11 +626,13 @@ impl Db {
     pub fn find_sandboxes(&self, key: &str) -> Result<Vec<SandboxRecord>, StateError> {
         let sql = format!(
             "SELECT {SANDBOX_COLUMNS} FROM sandboxes WHERE home_id = $2 AND (name = $1 OR id = $1
-             OR (length($1) >= 3 AND substr(id, 1, length($1)) = $1))"
+             OR (length($1) >= 3 AND substr(id, 1, length($1)) = $1)) AND (CAST($3 AS TEXT) IS NULL OR tenant = $3)"
         );
+        // A connection acting for a tenant finds that tenant's only.
+        let tenant = self.acting_for();
         self.with(|b| {
             let mut rows = b
-                .query(&sql, params![key, &self.home_id])?
+                .query(&sql, params![key, &self.home_id, tenant])?
                 .iter()
                 .map(sandbox_from_row)
                 .collect::<Result<Vec<_>, _>>()?;

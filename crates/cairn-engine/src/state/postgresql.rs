@@ -39,6 +39,7 @@ const MIGRATIONS: &[&str] = &[
     include_str!("../../migrations/postgres/0015_pending_artifacts.sql"),
     include_str!("../../migrations/postgres/0016_e2b_network.sql"),
     include_str!("../../migrations/postgres/0017_e2b_templates.sql"),
+    include_str!("../../migrations/postgres/0018_tenants.sql"),
 ];
 
 /// Serialises migrations (and the home claim) between processes opening

@@ -45,6 +45,7 @@ const MIGRATIONS: &[&str] = &[
     include_str!("../../migrations/sqlite/0015_pending_artifacts.sql"),
     include_str!("../../migrations/sqlite/0016_e2b_network.sql"),
     include_str!("../../migrations/sqlite/0017_e2b_templates.sql"),
+    include_str!("../../migrations/sqlite/0018_tenants.sql"),
 ];
 
 /// The WAL a closing process leaves as it is; a longer one is checkpointed.

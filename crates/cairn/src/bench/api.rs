@@ -308,7 +308,7 @@ impl Bench {
         const ATTACKERS: usize = 2;
         const ADDRESSES: usize = 100;
         const HEADER_TIMEOUT: Duration = Duration::from_secs(10);
-        let token = self.engine()?.create_token("bench-flood")?.secret;
+        let token = self.engine()?.create_token("bench-flood", None)?.secret;
         let (served, addr) = self.serve_tcp()?;
         let socket = served.socket.clone();
         let rt = tokio::runtime::Builder::new_multi_thread().enable_all().build()?;
@@ -423,7 +423,7 @@ impl Bench {
     fn e2b_uploads(&self) -> Result<Vec<Measurement>> {
         const UPLOADS: usize = 16;
         const SIZE: usize = 63 << 20;
-        let key = self.engine()?.create_token("bench-e2b")?.secret;
+        let key = self.engine()?.create_token("bench-e2b", None)?.secret;
         let (served, addr) = self.serve_with(&["--e2b", "127.0.0.1:0"], "cairn: serving the E2B API on http://")?;
         let pid = served.child.id();
         let rt = tokio::runtime::Builder::new_multi_thread().enable_all().build()?;
@@ -521,7 +521,7 @@ impl Bench {
         if !imported.success() {
             bail!("cannot import the code-interpreter image into the benchmark's state directory ({imported})");
         }
-        let key = self.engine()?.create_token("bench-code-interpreter")?.secret;
+        let key = self.engine()?.create_token("bench-code-interpreter", None)?.secret;
         let (served, addr) = self.serve_with(&["--e2b", "127.0.0.1:0"], "cairn: serving the E2B API on http://")?;
         let rt = tokio::runtime::Builder::new_multi_thread().enable_all().build()?;
         let http = Client::builder(hyper_util::rt::TokioExecutor::new()).build_http::<Full<Bytes>>();

@@ -593,8 +593,10 @@ impl Db {
                     params![&s.id, n as u64 + 1, r.to_seq, r.head_seq, r.created_at],
                 )?;
             }
+            self.stamp(b, crate::tenants::Owned::Session, &s.id)?;
             for snap in snapshots {
                 insert_snapshot_rows(b, snap)?;
+                self.stamp(b, crate::tenants::Owned::Snapshot, &snap.id)?;
             }
             let Some(image) = image else { return Ok(false) };
             if b.query_opt("SELECT name FROM images WHERE name = $1", params![&image.name])?
@@ -603,6 +605,7 @@ impl Db {
                 return Ok(false);
             }
             insert_image_rows(b, image)?;
+            self.stamp(b, crate::tenants::Owned::Image, &image.name)?;
             Ok(true)
         })
     }

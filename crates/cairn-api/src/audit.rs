@@ -1,0 +1,128 @@
+//! Who did what: one audit row per request (`cairn audit`), with the token
+//! and tenant that made it, written behind the answer.
+//!
+//! A request only hands its row to a channel; one thread writes what
+//! gathered in one transaction, so no request waits for the store. Rows
+//! older than [`KEPT`] go once an hour. When the store cannot keep up
+//! (more than [`QUEUE`] rows waiting) rows are dropped and counted, and the
+//! count is logged: the API never slows down or fails for its audit.
+
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::mpsc::{Receiver, SyncSender, TrySendError};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use cairn_engine::tenants::AuditEntry;
+use cairn_engine::{now_ms, Engine, Home};
+
+/// Rows waiting for the writer beyond this are dropped.
+const QUEUE: usize = 16 * 1024;
+/// Rows written in one transaction at most.
+const BATCH: usize = 1024;
+/// How long the writer gathers rows before it writes them.
+const GATHER: Duration = Duration::from_millis(20);
+/// How long rows are kept.
+pub const KEPT: Duration = Duration::from_secs(30 * 24 * 3600);
+/// The longest path kept in a row.
+const PATH_MAX: usize = 512;
+
+pub struct Audit {
+    tx: SyncSender<AuditEntry>,
+    dropped: Arc<AtomicU64>,
+}
+
+impl Audit {
+    pub fn start(home: Home) -> Audit {
+        let (tx, rx) = std::sync::mpsc::sync_channel(QUEUE);
+        let dropped = Arc::new(AtomicU64::new(0));
+        let d = Arc::clone(&dropped);
+        let started = std::thread::Builder::new()
+            .name("cairn-audit".into())
+            .spawn(move || write_rows(home, rx, d));
+        if let Err(e) = started {
+            tracing::error!("cannot start the audit writer: {e}; requests are not audited");
+        }
+        Audit { tx, dropped }
+    }
+
+    /// Records one request; never waits.
+    pub fn record(
+        &self,
+        token: Option<&str>,
+        tenant: Option<&str>,
+        surface: &str,
+        method: &str,
+        path: &str,
+        status: u16,
+    ) {
+        let mut path = path.to_string();
+        if path.len() > PATH_MAX {
+            let mut end = PATH_MAX;
+            while !path.is_char_boundary(end) {
+                end -= 1;
+            }
+            path.truncate(end);
+        }
+        let row = AuditEntry {
+            at: now_ms(),
+            token: token.map(str::to_string),
+            tenant: tenant.map(str::to_string),
+            surface: surface.to_string(),
+            method: method.to_string(),
+            path,
+            status: i64::from(status),
+        };
+        match self.tx.try_send(row) {
+            Ok(()) => {}
+            Err(TrySendError::Full(_)) | Err(TrySendError::Disconnected(_)) => {
+                self.dropped.fetch_add(1, Ordering::Relaxed);
+            }
+        }
+    }
+}
+
+fn write_rows(home: Home, rx: Receiver<AuditEntry>, dropped: Arc<AtomicU64>) {
+    let mut engine: Option<Engine> = None;
+    let mut pruned = Instant::now() - Duration::from_secs(3600);
+    let mut told = 0;
+    while let Ok(first) = rx.recv() {
+        // What arrives within GATHER goes in the same transaction: at most
+        // one commit per GATHER however busy the server is.
+        let mut rows = vec![first];
+        let until = Instant::now() + GATHER;
+        while rows.len() < BATCH {
+            let left = until.saturating_duration_since(Instant::now());
+            match rx.recv_timeout(left) {
+                Ok(r) => rows.push(r),
+                Err(_) => break,
+            }
+        }
+        if engine.is_none() {
+            match Engine::open(home.clone()) {
+                Ok(e) => engine = Some(e),
+                Err(e) => {
+                    tracing::warn!("audit: cannot open the state store: {e}; {} rows dropped", rows.len());
+                    dropped.fetch_add(rows.len() as u64, Ordering::Relaxed);
+                    std::thread::sleep(Duration::from_secs(1));
+                    continue;
+                }
+            }
+        }
+        let Some(e) = &engine else { continue };
+        if let Err(err) = e.record_audit(&rows) {
+            tracing::warn!("audit: cannot write {} rows: {err}", rows.len());
+            dropped.fetch_add(rows.len() as u64, Ordering::Relaxed);
+        }
+        if pruned.elapsed() >= Duration::from_secs(3600) {
+            pruned = Instant::now();
+            if let Err(err) = e.prune_audit(now_ms() - KEPT.as_millis() as i64) {
+                tracing::warn!("audit: cannot remove old rows: {err}");
+            }
+        }
+        let lost = dropped.load(Ordering::Relaxed);
+        if lost > told {
+            tracing::warn!("audit: {lost} rows dropped so far (the state store did not keep up)");
+            told = lost;
+        }
+    }
+}

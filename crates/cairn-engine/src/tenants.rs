@@ -1,0 +1,576 @@
+//! Tenants: API tokens that see only their own sandboxes, snapshots,
+//! sessions, runs, images and E2B sandboxes, with limits on what they hold
+//! at once. Schema and durability notes: `migrations/sqlite/0018_tenants.sql`.
+//!
+//! Who owns an object is written by the store itself: a connection acting
+//! for a tenant ([`Db::act_for`]) stamps every sandbox, snapshot, session,
+//! run, image and E2B row it inserts in the insert's own statement, and
+//! checks the tenant's limits in the transaction that inserts a sandbox.
+//! What a tenant may see is answered by [`Db::owned`] and [`Db::resolve_owned`],
+//! which the API calls before any handler looks an object up.
+
+use std::collections::HashSet;
+
+use serde::Serialize;
+
+use crate::state::{params, Backend, Db, Row, StateError};
+use crate::{now_ms, Engine, EngineError};
+
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct TenantRecord {
+    pub name: String,
+    pub max_sandboxes: Option<i64>,
+    /// Bytes: the sum of its sandboxes' memory limits.
+    pub max_memory: Option<i64>,
+    /// Bytes: the sum of its sandboxes' disk limits.
+    pub max_disk: Option<i64>,
+    pub created_at: i64,
+}
+
+/// What a tenant holds now: sandboxes that are not being removed, and the
+/// memory and disk limits of those.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Serialize)]
+pub struct TenantUsage {
+    pub sandboxes: i64,
+    pub memory: i64,
+    pub disk: i64,
+}
+
+/// The kinds of object a tenant owns.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Owned {
+    Sandbox,
+    Snapshot,
+    Session,
+    Run,
+    Image,
+    E2bSandbox,
+    E2bTemplate,
+}
+
+impl Owned {
+    fn table(self) -> &'static str {
+        match self {
+            Owned::Sandbox => "sandboxes",
+            Owned::Snapshot => "snapshots",
+            Owned::Session => "sessions",
+            Owned::Run => "runs",
+            Owned::Image => "images",
+            Owned::E2bSandbox => "e2b_sandboxes",
+            Owned::E2bTemplate => "e2b_templates",
+        }
+    }
+
+    fn key(self) -> &'static str {
+        match self {
+            Owned::Image => "name",
+            _ => "id",
+        }
+    }
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum TenantError {
+    #[error("no tenant named {0:?}; `cairn tenant ls` lists them")]
+    NoSuchTenant(String),
+    #[error("a tenant named {0:?} exists already; `cairn tenant ls` lists them")]
+    Exists(String),
+    #[error("invalid tenant name {0:?}: use {rule}", rule = crate::names::RULE)]
+    BadName(String),
+    #[error(
+        "tenant {tenant:?} still has {what}; remove them first, or give --force to remove its sandboxes and \
+         close its sessions with it"
+    )]
+    StillOwns { tenant: String, what: String },
+}
+
+fn tenant_row(r: &Row) -> Result<TenantRecord, StateError> {
+    Ok(TenantRecord {
+        name: r.get(0)?,
+        max_sandboxes: r.get(1)?,
+        max_memory: r.get(2)?,
+        max_disk: r.get(3)?,
+        created_at: r.get(4)?,
+    })
+}
+
+const TENANT_COLUMNS: &str = "name, max_sandboxes, max_memory, max_disk, created_at";
+
+/// Sandboxes that count against a tenant's limits: every one not being
+/// removed (an exited one keeps its files).
+const HELD: &str = "state <> 'removing'";
+
+fn usage(b: &mut dyn Backend, tenant: &str) -> Result<TenantUsage, StateError> {
+    // SUM of BIGINT is NUMERIC on PostgreSQL: cast back.
+    let row = b
+        .query_opt(
+            &format!(
+                "SELECT COUNT(*),
+                 CAST(COALESCE(SUM(CASE WHEN state IN ('creating', 'running') THEN memory_bytes ELSE 0 END), 0) AS BIGINT),
+                 CAST(COALESCE(SUM(COALESCE(disk_bytes, 0)), 0) AS BIGINT) FROM sandboxes WHERE tenant = $1 AND {HELD}"
+            ),
+            params![tenant],
+        )?
+        .ok_or(StateError::Conflict("an aggregate returned no row".into()))?;
+    Ok(TenantUsage {
+        sandboxes: row.get(0)?,
+        memory: row.get(1)?,
+        disk: row.get(2)?,
+    })
+}
+
+/// Checks, inside the transaction inserting a sandbox of `tenant` with
+/// these limits, that it fits the tenant's own; the tenant's row is locked
+/// first, so creates racing for its last slot go one at a time.
+pub(crate) fn admit_sandbox(
+    b: &mut dyn Backend,
+    tenant: &str,
+    memory: i64,
+    disk: Option<i64>,
+) -> Result<(), StateError> {
+    b.execute("UPDATE tenants SET name = name WHERE name = $1", params![tenant])?;
+    let Some(t) = b
+        .query_opt(
+            &format!("SELECT {TENANT_COLUMNS} FROM tenants WHERE name = $1"),
+            params![tenant],
+        )?
+        .as_ref()
+        .map(tenant_row)
+        .transpose()?
+    else {
+        return Err(StateError::TenantGone(tenant.to_string()));
+    };
+    let used = usage(b, tenant)?;
+    let over = |what: String| {
+        Err(StateError::TenantLimit {
+            tenant: tenant.to_string(),
+            what,
+        })
+    };
+    if let Some(max) = t.max_sandboxes {
+        if used.sandboxes + 1 > max {
+            return over(format!("{max} sandboxes (it holds {})", used.sandboxes));
+        }
+    }
+    if let Some(max) = t.max_memory {
+        if used.memory + memory > max {
+            return over(format!(
+                "{} of memory ({} held, {} asked)",
+                human(max),
+                human(used.memory),
+                human(memory)
+            ));
+        }
+    }
+    if let Some(max) = t.max_disk {
+        let Some(disk) = disk else {
+            return over(format!(
+                "{} of disk, and this sandbox has no disk limit of its own: give it one (--disk, \"disk\")",
+                human(max)
+            ));
+        };
+        if used.disk + disk > max {
+            return over(format!(
+                "{} of disk ({} held, {} asked)",
+                human(max),
+                human(used.disk),
+                human(disk)
+            ));
+        }
+    }
+    Ok(())
+}
+
+fn human(bytes: i64) -> String {
+    const MIB: i64 = 1 << 20;
+    if bytes >= 1 << 30 && bytes % (1 << 30) == 0 {
+        format!("{} GiB", bytes >> 30)
+    } else {
+        format!("{} MiB", bytes / MIB)
+    }
+}
+
+impl Db {
+    /// Makes this connection act for `tenant` (`None`: the administrator):
+    /// the rows it inserts from now on are that tenant's.
+    pub fn act_for(&self, tenant: Option<String>) {
+        *self.tenant.lock().unwrap_or_else(|e| e.into_inner()) = tenant;
+    }
+
+    /// The tenant this connection acts for.
+    pub fn acting_for(&self) -> Option<String> {
+        self.tenant.lock().unwrap_or_else(|e| e.into_inner()).clone()
+    }
+
+    /// Marks the row `key` of `kind`, just inserted, as the acting
+    /// tenant's (inside the inserting transaction).
+    pub(crate) fn stamp(&self, b: &mut dyn Backend, kind: Owned, key: &str) -> Result<(), StateError> {
+        if let Some(t) = self.acting_for() {
+            b.execute(
+                &format!("UPDATE {} SET tenant = $2 WHERE {} = $1", kind.table(), kind.key()),
+                params![key, &t],
+            )?;
+        }
+        Ok(())
+    }
+
+    pub fn insert_tenant(&self, t: &TenantRecord) -> Result<(), StateError> {
+        self.with(|b| {
+            let inserted = b.execute(
+                &format!(
+                    "INSERT INTO tenants ({TENANT_COLUMNS}) VALUES ($1, $2, $3, $4, $5) ON CONFLICT (name) DO NOTHING"
+                ),
+                params![&t.name, t.max_sandboxes, t.max_memory, t.max_disk, t.created_at],
+            )?;
+            if inserted == 0 {
+                return Err(StateError::Conflict(format!("tenant {:?} exists", t.name)));
+            }
+            Ok(())
+        })
+    }
+
+    pub fn tenants(&self) -> Result<Vec<TenantRecord>, StateError> {
+        self.with(|b| {
+            b.query(&format!("SELECT {TENANT_COLUMNS} FROM tenants ORDER BY name"), &[])?
+                .iter()
+                .map(tenant_row)
+                .collect()
+        })
+    }
+
+    pub fn tenant(&self, name: &str) -> Result<Option<TenantRecord>, StateError> {
+        self.with(|b| {
+            b.query_opt(
+                &format!("SELECT {TENANT_COLUMNS} FROM tenants WHERE name = $1"),
+                params![name],
+            )?
+            .as_ref()
+            .map(tenant_row)
+            .transpose()
+        })
+    }
+
+    pub fn tenant_usage(&self, name: &str) -> Result<TenantUsage, StateError> {
+        self.with(|b| usage(b, name))
+    }
+
+    /// Removes a tenant with its tokens, giving what it still owns to the
+    /// administrator, in one transaction. False when there was none.
+    pub fn delete_tenant(&self, name: &str) -> Result<bool, StateError> {
+        self.transaction(|b| {
+            for table in [
+                "sandboxes",
+                "snapshots",
+                "sessions",
+                "runs",
+                "images",
+                "e2b_sandboxes",
+                "e2b_templates",
+            ] {
+                b.execute(
+                    &format!("UPDATE {table} SET tenant = NULL WHERE tenant = $1"),
+                    params![name],
+                )?;
+            }
+            b.execute("DELETE FROM api_tokens WHERE tenant = $1", params![name])?;
+            Ok(b.execute("DELETE FROM tenants WHERE name = $1", params![name])? > 0)
+        })
+    }
+
+    /// The ids (names, for images) of every `kind` object `tenant` owns.
+    pub fn owned(&self, kind: Owned, tenant: &str) -> Result<HashSet<String>, StateError> {
+        self.with(|b| {
+            let mut out = HashSet::new();
+            for r in b.query(
+                &format!("SELECT {} FROM {} WHERE tenant = $1", kind.key(), kind.table()),
+                params![tenant],
+            )? {
+                out.insert(r.get(0)?);
+            }
+            Ok(out)
+        })
+    }
+
+    /// The tenant that owns the `kind` object `key` (an exact id, or name
+    /// for images); `None`: the administrator, or no such object.
+    pub fn tenant_of(&self, kind: Owned, key: &str) -> Result<Option<String>, StateError> {
+        self.with(|b| {
+            let row = b.query_opt(
+                &format!("SELECT tenant FROM {} WHERE {} = $1", kind.table(), kind.key()),
+                params![key],
+            )?;
+            Ok(match row {
+                Some(r) => r.get(0)?,
+                None => None,
+            })
+        })
+    }
+
+    /// Whether `tenant` owns the `kind` object `key` (an exact id, or name
+    /// for images).
+    pub fn owns(&self, kind: Owned, tenant: &str, key: &str) -> Result<bool, StateError> {
+        self.with(|b| {
+            Ok(b.query_opt(
+                &format!(
+                    "SELECT 1 FROM {} WHERE {} = $1 AND tenant = $2",
+                    kind.table(),
+                    kind.key()
+                ),
+                params![key, tenant],
+            )?
+            .is_some())
+        })
+    }
+
+    /// The ids of `tenant`'s objects of `kind` that `key` names, the way
+    /// the administrator's lookups take it (an exact id or name first,
+    /// then an id prefix), among that tenant's objects only.
+    pub fn resolve_owned(&self, kind: Owned, tenant: &str, key: &str) -> Result<Vec<String>, StateError> {
+        let (name_col, min_prefix) = match kind {
+            Owned::Sandbox | Owned::Session => (Some("name"), 3),
+            Owned::Snapshot => (Some("label"), 4),
+            Owned::Run => (None, 3),
+            Owned::Image | Owned::E2bSandbox | Owned::E2bTemplate => (None, 0),
+        };
+        let id = kind.key();
+        let name_sel = name_col.map(|c| format!(", {c}")).unwrap_or_default();
+        let name_match = name_col.map(|c| format!("{c} = $1 OR ")).unwrap_or_default();
+        let prefix = if min_prefix > 0 {
+            format!(" OR (length($1) >= {min_prefix} AND substr({id}, 1, length($1)) = $1)")
+        } else {
+            String::new()
+        };
+        let sql = format!(
+            "SELECT {id}{name_sel} FROM {} WHERE tenant = $2 AND ({name_match}{id} = $1{prefix})",
+            kind.table()
+        ) + if kind == Owned::Snapshot {
+            " ORDER BY created_at DESC"
+        } else {
+            ""
+        };
+        self.with(|b| {
+            let rows = b.query(&sql, params![key, tenant])?;
+            let mut ids = Vec::new();
+            for r in &rows {
+                let id: String = r.get(0)?;
+                let name: Option<String> = if name_col.is_some() { r.get(1)? } else { None };
+                if id == key || name.as_deref() == Some(key) {
+                    return Ok(vec![id]);
+                }
+                ids.push(id);
+            }
+            Ok(ids)
+        })
+    }
+
+    /// Records requests (see [`AuditEntry`]), in one transaction.
+    pub fn insert_audit(&self, entries: &[AuditEntry]) -> Result<(), StateError> {
+        self.transaction(|b| {
+            for e in entries {
+                b.execute(
+                    "INSERT INTO audit (at, token, tenant, surface, method, path, status) VALUES ($1, $2, $3, $4, $5, $6, $7)",
+                    params![e.at, &e.token, &e.tenant, &e.surface, &e.method, &e.path, e.status],
+                )?;
+            }
+            Ok(())
+        })
+    }
+
+    /// The newest `limit` audit entries (of `tenant` when given), oldest first.
+    pub fn audit(&self, tenant: Option<&str>, limit: i64) -> Result<Vec<AuditEntry>, StateError> {
+        self.with(|b| {
+            let rows = b.query(
+                "SELECT at, token, tenant, surface, method, path, status FROM audit
+                 WHERE (CAST($1 AS TEXT) IS NULL OR tenant = $1) ORDER BY seq DESC LIMIT $2",
+                params![tenant, limit],
+            )?;
+            let mut out = rows
+                .iter()
+                .map(|r| {
+                    Ok(AuditEntry {
+                        at: r.get(0)?,
+                        token: r.get(1)?,
+                        tenant: r.get(2)?,
+                        surface: r.get(3)?,
+                        method: r.get(4)?,
+                        path: r.get(5)?,
+                        status: r.get(6)?,
+                    })
+                })
+                .collect::<Result<Vec<_>, StateError>>()?;
+            out.reverse();
+            Ok(out)
+        })
+    }
+}
+
+/// One request a token made.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct AuditEntry {
+    /// Milliseconds since the epoch.
+    pub at: i64,
+    /// The API token's id.
+    pub token: Option<String>,
+    pub tenant: Option<String>,
+    /// `api`, `e2b` or `mcp`.
+    pub surface: String,
+    pub method: String,
+    pub path: String,
+    pub status: i64,
+}
+
+impl Engine {
+    pub fn create_tenant(
+        &self,
+        name: &str,
+        max_sandboxes: Option<u64>,
+        max_memory: Option<u64>,
+        max_disk: Option<u64>,
+    ) -> Result<TenantRecord, EngineError> {
+        if !crate::names::valid(name) {
+            return Err(TenantError::BadName(name.to_string()).into());
+        }
+        let as_i64 = |v: Option<u64>| v.map(|v| v.min(i64::MAX as u64) as i64);
+        let t = TenantRecord {
+            name: name.to_string(),
+            max_sandboxes: as_i64(max_sandboxes),
+            max_memory: as_i64(max_memory),
+            max_disk: as_i64(max_disk),
+            created_at: now_ms(),
+        };
+        match self.db.insert_tenant(&t) {
+            Err(StateError::Conflict(_)) => Err(TenantError::Exists(name.to_string()).into()),
+            other => Ok(other.map(|()| t)?),
+        }
+    }
+
+    pub fn tenants(&self) -> Result<Vec<(TenantRecord, TenantUsage)>, EngineError> {
+        let mut out = Vec::new();
+        for t in self.db.tenants()? {
+            let used = self.db.tenant_usage(&t.name)?;
+            out.push((t, used));
+        }
+        Ok(out)
+    }
+
+    pub fn tenant(&self, name: &str) -> Result<TenantRecord, EngineError> {
+        self.db
+            .tenant(name)?
+            .ok_or_else(|| TenantError::NoSuchTenant(name.to_string()).into())
+    }
+
+    /// Removes a tenant: its tokens stop working at once (401), and what it
+    /// still owns goes to the administrator. Refused while it owns
+    /// sandboxes or open sessions, unless `force`, which removes those
+    /// sandboxes and closes those sessions first.
+    pub fn remove_tenant(&mut self, name: &str, force: bool) -> Result<(), EngineError> {
+        let t = self.tenant(name)?;
+        let sandboxes = self.db.owned(Owned::Sandbox, &t.name)?;
+        let sessions: Vec<_> = self
+            .db
+            .sessions()?
+            .into_iter()
+            .filter(|s| s.state != crate::sessions::SessionState::Closed)
+            .filter(|s| matches!(self.db.owns(Owned::Session, &t.name, &s.id), Ok(true)))
+            .collect();
+        if !force && (!sandboxes.is_empty() || !sessions.is_empty()) {
+            let mut what = Vec::new();
+            if !sandboxes.is_empty() {
+                what.push(format!("{} sandbox(es)", sandboxes.len()));
+            }
+            if !sessions.is_empty() {
+                what.push(format!("{} open session(s)", sessions.len()));
+            }
+            return Err(TenantError::StillOwns {
+                tenant: t.name,
+                what: what.join(" and "),
+            }
+            .into());
+        }
+        // Its tokens go first: nothing new is made for it while the rest goes.
+        self.db.with(|b| {
+            b.execute("DELETE FROM api_tokens WHERE tenant = $1", params![&t.name])?;
+            Ok(())
+        })?;
+        for s in sessions {
+            self.close_session(&s.id, false)?;
+        }
+        for id in self.db.owned(Owned::Sandbox, &t.name)? {
+            if let Ok(rec) = self.sandbox(&id) {
+                self.remove_sandbox(&rec, true)?;
+            }
+        }
+        self.db.delete_tenant(&t.name)?;
+        Ok(())
+    }
+
+    /// Runs `f` as the administrator: what it makes (the default images,
+    /// built on first use by whoever asks) is shared with every tenant.
+    pub fn as_administrator<T>(
+        &mut self,
+        f: impl FnOnce(&mut Self) -> Result<T, EngineError>,
+    ) -> Result<T, EngineError> {
+        let before = self.db.acting_for();
+        self.db.act_for(None);
+        let out = f(self);
+        self.db.act_for(before);
+        out
+    }
+
+    /// Runs `f` acting for the tenant that owns the `kind` object `key`
+    /// (an exact id): what it makes from that object (a fork, a restore, a
+    /// snapshot, a run's stages) takes the same owner when the
+    /// administrator asks. A tenant's call stays that tenant's (it reaches
+    /// only its own objects).
+    pub fn as_owner_of<T>(
+        &mut self,
+        kind: Owned,
+        key: &str,
+        f: impl FnOnce(&mut Self) -> Result<T, EngineError>,
+    ) -> Result<T, EngineError> {
+        let before = self.db.acting_for();
+        if before.is_none() {
+            self.db.act_for(self.db.tenant_of(kind, key)?);
+        }
+        let out = f(self);
+        self.db.act_for(before);
+        out
+    }
+
+    /// The tenant this engine acts for (`None`: the administrator).
+    pub fn acting_for(&self) -> Option<String> {
+        self.db.acting_for()
+    }
+
+    /// Makes this engine act for `tenant` (see [`Db::act_for`]).
+    pub fn act_for(&self, tenant: Option<String>) {
+        self.db.act_for(tenant);
+    }
+
+    pub fn owned(&self, kind: Owned, tenant: &str) -> Result<HashSet<String>, EngineError> {
+        Ok(self.db.owned(kind, tenant)?)
+    }
+
+    pub fn owns(&self, kind: Owned, tenant: &str, key: &str) -> Result<bool, EngineError> {
+        Ok(self.db.owns(kind, tenant, key)?)
+    }
+
+    pub fn resolve_owned(&self, kind: Owned, tenant: &str, key: &str) -> Result<Vec<String>, EngineError> {
+        Ok(self.db.resolve_owned(kind, tenant, key)?)
+    }
+
+    pub fn record_audit(&self, entries: &[AuditEntry]) -> Result<(), EngineError> {
+        Ok(self.db.insert_audit(entries)?)
+    }
+
+    /// Removes audit rows older than `before` (ms since the epoch).
+    pub fn prune_audit(&self, before: i64) -> Result<u64, EngineError> {
+        Ok(self
+            .db
+            .with(|b| Ok(b.execute("DELETE FROM audit WHERE at < $1", params![before])?))?)
+    }
+
+    pub fn audit(&self, tenant: Option<&str>, limit: i64) -> Result<Vec<AuditEntry>, EngineError> {
+        Ok(self.db.audit(tenant, limit)?)
+    }
+}
