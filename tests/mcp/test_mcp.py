@@ -456,3 +456,79 @@ def test_session_lifecycle_tools_record_the_caller_and_reason(cairn, transport):
         assert any(n.startswith(f"{tool} asked by") and reason in n and "over MCP" in n for n in notes), (tool, notes)
     shown = json.loads(cairn["cli"]("session", "show", child, "--json"))
     assert "try a variant" in json.dumps(shown), shown
+
+
+def _tenant_client(cairn, token, mode):
+    http = create_mcp_http_client(headers={"Authorization": f"Bearer {token}"})
+    return Client(streamable_http_client(cairn["url"], http_client=http), mode=mode, read_timeout_seconds=120, cache=None)
+
+
+def _tenant_token(cairn, tenant):
+    cairn["cli"]("tenant", "create", tenant)
+    return json.loads(cairn["cli"]("token", "create", f"{tenant}-mcp", "--tenant", tenant, "--json"))["secret"]
+
+
+@pytest.mark.parametrize("mode", ERAS)
+def test_a_tenants_token_reaches_its_own_sessions_snapshots_and_stages_only(cairn, mode):
+    tag = uuid.uuid4().hex[:6]
+    acme = _tenant_token(cairn, f"acme{tag}")
+    globex = _tenant_token(cairn, f"globex{tag}")
+    session = f"acme-{tag}"
+
+    async def as_acme():
+        async with _tenant_client(cairn, acme, mode) as c:
+            await call(c, "session_create", {"name": session, "reason": "acme's work"})
+            await call(c, "write_file", {"session": session, "path": "/tmp/secret", "content": "acme\n",
+                                         "reason": "a secret"})
+            snap = (await call(c, "snapshot", {"session": session, "reason": "keep it"}))["snapshot_id"]
+            stage = await call(c, "run_stage", {"snapshot_id": snap, "commands": ["cat /tmp/secret > /tmp/out"],
+                                                "wait_secs": 30, "reason": "a stage of acme's"})
+            assert stage["status"] == "completed", stage
+            plan = await call(c, "plan_stage", {"context": "what is there", "reason": "look"})
+            ids = [s["id"] for s in plan["snapshots"]]
+            assert snap in ids and cairn["seed"] not in ids, "the administrator's snapshots are not a tenant's"
+            r = await c.call_tool("run_stage", {"snapshot_id": cairn["seed"], "commands": ["true"], "reason": "x"})
+            assert r.is_error
+            return snap, stage["handle"]
+
+    snap, handle = run(as_acme)
+    missing_snap = "0" * len(snap)
+
+    async def as_globex():
+        async with _tenant_client(cairn, globex, mode) as c:
+            plan = await call(c, "plan_stage", {"context": "what is there", "reason": "look"})
+            assert snap not in [s["id"] for s in plan["snapshots"]]
+            pairs = [
+                ("exec", {"session": session, "argv": ["cat", "/tmp/secret"], "reason": "peek"}, session,
+                 "no-such-session"),
+                ("read_file", {"session": session, "path": "/tmp/secret"}, session, "no-such-session"),
+                ("write_file", {"session": session, "path": "/tmp/x", "content": "x", "reason": "x"}, session,
+                 "no-such-session"),
+                ("session_suspend", {"session": session, "reason": "x"}, session, "no-such-session"),
+                ("session_fork", {"session": session, "reason": "x"}, session, "no-such-session"),
+                ("session_close", {"session": session, "reason": "x"}, session, "no-such-session"),
+                ("inspect", {"snapshot_id": snap, "path": "/tmp/secret"}, snap, missing_snap),
+                ("restore", {"snapshot_id": snap, "reason": "x"}, snap, missing_snap),
+                ("run_stage", {"snapshot_id": snap, "commands": ["true"], "reason": "x"}, snap, missing_snap),
+                ("stage_status", {"handle": handle}, handle, "0" * len(handle)),
+                ("inspect_logs", {"stage": handle}, handle, "0" * len(handle)),
+            ]
+            for tool, args, theirs, absent in pairs:
+                r1 = await c.call_tool(tool, args)
+                r2 = await c.call_tool(tool, json.loads(json.dumps(args).replace(theirs, absent)))
+                assert r1.is_error and r2.is_error, (tool, r1.content, r2.content)
+                assert r1.content[0].text.replace(theirs, "KEY") == r2.content[0].text.replace(absent, "KEY"), (
+                    tool, r1.content[0].text, r2.content[0].text)
+            dlq = await call(c, "dlq", {"action": "list"})
+            assert dlq["dead_letters"] == []
+
+    run(as_globex)
+    # Acme's session is untouched and still its own.
+    async def check():
+        async with _tenant_client(cairn, acme, mode) as c:
+            f = await call(c, "read_file", {"session": session, "path": "/tmp/secret"})
+            assert f["content"] == "acme\n"
+
+    run(check)
+    rows = json.loads(cairn["cli"]("token", "log", "--tenant", f"globex{tag}", "--json", "-n", "1000"))
+    assert rows and all(r["surface"] == "mcp" and r["path"] == "/mcp" for r in rows), rows

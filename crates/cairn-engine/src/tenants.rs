@@ -487,19 +487,24 @@ impl Engine {
             }
             .into());
         }
-        // Its tokens go first: nothing new is made for it while the rest goes.
-        self.db.with(|b| {
-            b.execute("DELETE FROM api_tokens WHERE tenant = $1", params![&t.name])?;
-            Ok(())
-        })?;
         for s in sessions {
             self.close_session(&s.id, false)?;
         }
-        for id in self.db.owned(Owned::Sandbox, &t.name)? {
-            if let Ok(rec) = self.sandbox(&id) {
+        let removed = self.db.owned(Owned::Sandbox, &t.name)?;
+        for id in &removed {
+            if let Ok(rec) = self.sandbox(id) {
                 self.remove_sandbox(&rec, true)?;
             }
         }
+        // Its E2B sandboxes that ran in them go with them; paused ones stay.
+        for e in self.db.e2b_sandboxes()? {
+            if e.tenant.as_deref() == Some(t.name.as_str()) && e.running().is_some_and(|s| removed.contains(s)) {
+                self.db.delete_e2b_sandbox(&e.id)?;
+            }
+        }
+        // Its tokens go last, with it, in one transaction: a server notices
+        // them gone (the E2B gateway reads its book again then), and
+        // anything it made meanwhile passes to the administrator.
         self.db.delete_tenant(&t.name)?;
         Ok(())
     }

@@ -69,6 +69,15 @@ impl Server {
         answer(resp)
     }
 
+    /// [`Server::call`] with another token.
+    fn call_as(&self, token: &str, method: &str, path: &str, body: Option<Value>) -> (u16, Value) {
+        let r = ureq::request(method, &self.url(path)).set("Authorization", &format!("Bearer {token}"));
+        answer(match body {
+            Some(b) => r.send_json(b),
+            None => r.call(),
+        })
+    }
+
     fn kill9(mut self) {
         let _ = self.child.kill();
         let _ = self.child.wait();
@@ -1569,4 +1578,186 @@ fn two_tokens_under_contention_get_the_same_share_and_a_short_deadline_is_refuse
     assert_eq!(status, 204);
     let (status, v) = waiter.join().unwrap();
     assert_eq!(status, 201, "{v}");
+}
+
+/// Asks `path` as `token` for an object of another tenant and for one that
+/// does not exist: both answers are the same 404, but for the key itself.
+fn absent_alike(s: &Server, token: &str, method: &str, theirs: &str, missing: &str, path: &str, body: Option<Value>) {
+    let (st1, v1) = s.call_as(token, method, &path.replace("{}", theirs), body.clone());
+    let (st2, v2) = s.call_as(token, method, &path.replace("{}", missing), body);
+    assert_eq!((st1, st2), (404, 404), "{method} {path}: {v1} / {v2}");
+    assert_eq!(
+        v1.to_string().replace(theirs, "KEY"),
+        v2.to_string().replace(missing, "KEY"),
+        "{method} {path} tells another tenant's object from an absent one"
+    );
+}
+
+#[test]
+fn tenants_see_act_on_and_learn_of_their_own_objects_only() {
+    if skip("tenants_see_act_on_and_learn_of_their_own_objects_only") {
+        return;
+    }
+    let home = Home::new();
+    home.ok(&["tenant", "create", "acme", "--max-sandboxes", "4"]);
+    home.ok(&["tenant", "create", "globex"]);
+    let acme = home.ok(&["token", "create", "acme-ci", "--tenant", "acme"]);
+    let globex = home.ok(&["token", "create", "globex-ci", "--tenant", "globex"]);
+    let err = home.cairn(&["token", "create", "x", "--tenant", "nobody"]);
+    assert!(!err.status.success());
+    assert!(String::from_utf8_lossy(&err.stderr).contains("no tenant named \"nobody\""));
+    let s = Server::start(&home, &[]);
+
+    // Acme's sandbox, its snapshot, its fork, its session.
+    let (st, a) = s.call_as(&acme, "POST", "/v1/sandboxes", Some(json!({ "name": "acme-web" })));
+    assert_eq!(st, 201, "{a}");
+    let a = a["id"].as_str().unwrap().to_string();
+    let (st, v) = s.call_as(
+        &acme,
+        "POST",
+        &format!("/v1/sandboxes/{a}/exec"),
+        Some(json!({ "argv": ["sh", "-c", "echo secret > /tmp/s; cat /tmp/s"] })),
+    );
+    assert_eq!((st, v["stdout"].as_str()), (200, Some("secret\n")), "{v}");
+    let (st, snap) = s.call_as(&acme, "POST", "/v1/sandboxes/acme-web/snapshots", Some(json!({ "label": "acme-base" })));
+    assert_eq!(st, 201, "{snap}");
+    let snap = snap["id"].as_str().unwrap().to_string();
+    let (st, fork) = s.call_as(&acme, "POST", &format!("/v1/snapshots/{snap}/fork"), Some(json!({})));
+    assert_eq!(st, 201, "{fork}");
+    let (st, session) = s.call_as(&acme, "POST", "/v1/sessions", Some(json!({ "name": "acme-agent" })));
+    assert_eq!(st, 201, "{session}");
+    let session = session["id"].as_str().unwrap().to_string();
+    let (st, g) = s.call_as(&globex, "POST", "/v1/sandboxes", Some(json!({})));
+    assert_eq!(st, 201, "{g}");
+    let g = g["id"].as_str().unwrap().to_string();
+
+    // Globex lists none of Acme's and cannot tell them from absent ones.
+    let (_, list) = s.call_as(&globex, "GET", "/v1/sandboxes", None);
+    let ids: Vec<&str> = list["items"].as_array().unwrap().iter().map(|i| i["id"].as_str().unwrap()).collect();
+    assert_eq!(ids, [g.as_str()], "{list}");
+    let (_, list) = s.call_as(&globex, "GET", "/v1/snapshots", None);
+    assert_eq!(list["items"], json!([]), "{list}");
+    let (_, list) = s.call_as(&globex, "GET", "/v1/sessions", None);
+    assert_eq!(list["items"], json!([]), "{list}");
+    let missing = "0123456789abcdef0123";
+    for (method, path, body) in [
+        ("GET", "/v1/sandboxes/{}", None),
+        ("DELETE", "/v1/sandboxes/{}", None),
+        ("POST", "/v1/sandboxes/{}/exec", Some(json!({ "argv": ["cat", "/tmp/s"] }))),
+        ("GET", "/v1/sandboxes/{}/files?path=/tmp/s", None),
+        ("PUT", "/v1/sandboxes/{}/files?path=/tmp/x", Some(json!("x"))),
+        ("POST", "/v1/sandboxes/{}/snapshots", Some(json!({}))),
+        ("POST", "/v1/sandboxes/{}/fork", Some(json!({}))),
+        ("POST", "/v1/sandboxes/{}/reset", Some(json!({ "snapshot": "x" }))),
+        ("GET", "/v1/sandboxes/{}/ports/80", None),
+    ] {
+        absent_alike(&s, &globex, method, &a, missing, path, body.clone());
+        absent_alike(&s, &globex, method, "acme-web", "nobody-web", path, body);
+    }
+    for (method, path) in [
+        ("GET", "/v1/snapshots/{}"),
+        ("DELETE", "/v1/snapshots/{}"),
+        ("POST", "/v1/snapshots/{}/fork"),
+        ("POST", "/v1/snapshots/{}/restore"),
+        ("POST", "/v1/snapshots/{}/verify"),
+    ] {
+        absent_alike(&s, &globex, method, &snap, &format!("{}0", &missing[..19]), path, Some(json!({})));
+        absent_alike(&s, &globex, method, "acme-base", "nobody-base", path, Some(json!({})));
+    }
+    for (method, path) in [
+        ("GET", "/v1/sessions/{}"),
+        ("GET", "/v1/sessions/{}/log"),
+        ("POST", "/v1/sessions/{}/exec"),
+        ("POST", "/v1/sessions/{}/suspend"),
+        ("POST", "/v1/sessions/{}/fork"),
+        ("DELETE", "/v1/sessions/{}"),
+    ] {
+        absent_alike(&s, &globex, method, &session, missing, path, Some(json!({ "argv": ["true"] })));
+    }
+    // A prefix of Acme's id is one of Globex's at most.
+    let (st, _) = s.call_as(&globex, "GET", &format!("/v1/sandboxes/{}", &a[..4]), None);
+    assert_eq!(st, if g.starts_with(&a[..4]) { 200 } else { 404 });
+    // A body naming Acme's snapshot, a diff of Acme's objects: absent too.
+    let (st, v) = s.call_as(&globex, "POST", "/v1/sandboxes", Some(json!({ "snapshot": snap })));
+    assert_eq!(st, 404, "{v}");
+    let (st, v) = s.call_as(&globex, "GET", &format!("/v1/diff?a={snap}&b={g}"), None);
+    assert_eq!(st, 404, "{v}");
+    assert!(v.to_string().contains("names no snapshot, sandbox or stage"), "{v}");
+    let (st, v) = s.call_as(&acme, "GET", &format!("/v1/diff?a={snap}&b=acme-web"), None);
+    assert_eq!(st, 200, "{v}");
+    // The administrator's image is shared, and not theirs to remove.
+    let (_, images) = s.call_as(&globex, "GET", "/v1/images", None);
+    assert!(images.to_string().contains("busybox"), "{images}");
+    let (st, _) = s.call_as(&globex, "DELETE", "/v1/images/busybox", None);
+    assert_eq!(st, 404);
+    let (st, v) = s.call_as(&globex, "GET", "/metrics", None);
+    assert_eq!(st, 403, "{v}");
+    // An Idempotency-Key is each tenant's own.
+    let key = [("Idempotency-Key", "same-key")];
+    let created = |token: &str| {
+        let mut r = ureq::post(&s.url("/v1/sandboxes")).set("Authorization", &format!("Bearer {token}"));
+        for (k, v) in key {
+            r = r.set(k, v);
+        }
+        let (st, v) = answer(r.send_json(json!({})));
+        assert_eq!(st, 201, "{v}");
+        v["id"].as_str().unwrap().to_string()
+    };
+    let (ga, gb) = (created(&globex), created(&globex));
+    assert_eq!(ga, gb, "a retry gets the first answer");
+    let aa = created(&acme);
+    assert_ne!(aa, ga, "another tenant's answer is never replayed");
+
+    // Acme holds 4 of 4 (its session's sandbox among them): the next
+    // create, fork or restore is refused whole.
+    for (path, body) in [
+        ("/v1/sandboxes", json!({})),
+        (&*format!("/v1/sandboxes/{a}/fork"), json!({})),
+        (&*format!("/v1/snapshots/{snap}/restore"), json!({})),
+    ] {
+        let (st, v) = s.call_as(&acme, "POST", path, Some(body));
+        assert_eq!(st, 429, "{path}: {v}");
+        assert!(v["error"]["message"].as_str().unwrap().contains("at most 4 sandboxes"), "{v}");
+    }
+    let (_, list) = s.call_as(&acme, "GET", "/v1/sandboxes", None);
+    assert_eq!(list["items"].as_array().unwrap().len(), 4, "{list}");
+    // The administrator sees everyone's.
+    let (_, list) = s.call("GET", "/v1/sandboxes", None);
+    assert_eq!(list["items"].as_array().unwrap().len(), 6, "{list}");
+    let tenants: Value = serde_json::from_str(&home.ok(&["tenant", "ls", "--json"])).unwrap();
+    assert_eq!(tenants[0]["tenant"]["name"], "acme");
+    assert_eq!(tenants[0]["holds"]["sandboxes"], 4, "{tenants}");
+
+    // Removing Acme: refused while it holds sandboxes, then --force.
+    let out = home.cairn(&["tenant", "rm", "acme"]);
+    assert!(!out.status.success());
+    assert!(String::from_utf8_lossy(&out.stderr).contains("still has 4 sandbox(es) and 1 open session(s)"));
+    let (st, _) = s.call_as(&acme, "GET", "/v1/sandboxes", None);
+    assert_eq!(st, 200);
+    home.ok(&["tenant", "rm", "--force", "acme"]);
+    let (st, v) = s.call_as(&acme, "GET", "/v1/sandboxes", None);
+    assert_eq!(st, 401, "{v}");
+    let (_, list) = s.call("GET", "/v1/sandboxes", None);
+    assert_eq!(list["items"].as_array().unwrap().len(), 2, "Acme's sandboxes went with it: {list}");
+    let (st, left) = s.call("GET", &format!("/v1/snapshots/{snap}"), None);
+    assert_eq!(st, 200, "its snapshot stays, the administrator's now: {left}");
+
+    // Who did what.
+    let log: Value = serde_json::from_str(&home.ok(&["token", "log", "--tenant", "globex", "--json", "-n", "1000"])).unwrap();
+    let rows = log.as_array().unwrap();
+    assert!(rows.iter().all(|r| r["tenant"] == "globex" && r["surface"] == "api"), "{log}");
+    assert!(
+        rows.iter()
+            .any(|r| r["method"] == "GET" && r["path"] == format!("/v1/sandboxes/{a}") && r["status"] == 404),
+        "{log}"
+    );
+    let tokens: Value = serde_json::from_str(&home.ok(&["token", "ls", "--json"])).unwrap();
+    let globex_id = tokens
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|t| t["name"] == "globex-ci")
+        .unwrap()["id"]
+        .clone();
+    assert!(rows.iter().all(|r| r["token"] == globex_id), "{log}");
 }

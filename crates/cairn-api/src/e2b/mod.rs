@@ -328,6 +328,31 @@ impl Gateway {
         Ok(())
     }
 
+    /// Reads the book's owners again from the state store, after tokens
+    /// changed: a tenant removed (`cairn tenant rm`) took its running
+    /// sandboxes' rows with it and gave its paused ones to the
+    /// administrator.
+    async fn reread_book(&self) {
+        let _w = self.writing.lock().await;
+        let stored = match self.app.engine(|en| Ok(en.e2b_sandboxes()?)).await {
+            Ok(all) => all,
+            Err(e) => return tracing::warn!("e2b: cannot read the E2B sandboxes: {}", e.message),
+        };
+        let stored: BTreeMap<String, Entry> = stored.into_iter().map(|e| (e.id.clone(), e)).collect();
+        let gone: Vec<String> = {
+            let mut book = self.book.lock().unwrap_or_else(|e| e.into_inner());
+            let gone = book.keys().filter(|id| !stored.contains_key(*id)).cloned().collect();
+            book.retain(|id, _| stored.contains_key(id));
+            for (id, e) in book.iter_mut() {
+                e.tenant = stored[id].tenant.clone();
+            }
+            gone
+        };
+        for id in gone {
+            self.drop_procs(&id);
+        }
+    }
+
     /// Forgets the processes of a sandbox that stopped or paused.
     pub(crate) fn drop_procs(&self, id: &str) {
         let mut p = self.procs.lock().unwrap_or_else(|e| e.into_inner());
@@ -458,13 +483,16 @@ fn spawn_token_watch(gw: Arc<Gateway>) {
             tick.tick().await;
             match gw.app.engine(|e| Ok(e.token_ids()?)).await {
                 Ok(ids) => {
-                    gw.live_tokens.send_if_modified(|now| {
+                    let changed = gw.live_tokens.send_if_modified(|now| {
                         let changed = now.as_deref() != Some(&ids);
                         if changed {
                             *now = Some(Arc::new(ids));
                         }
                         changed
                     });
+                    if changed {
+                        gw.reread_book().await;
+                    }
                 }
                 Err(e) => tracing::warn!("e2b: cannot read the API tokens: {}", e.message),
             }
