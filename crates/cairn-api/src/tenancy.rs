@@ -43,6 +43,15 @@ pub async fn acting<F: Future>(tenant: Option<String>, f: F) -> F::Output {
     ACTING.scope(tenant, f).await
 }
 
+/// A name the current request gives (an image's) as its tenant stores it
+/// (`cairn_engine::tenants::qualify`); an administrator's as given.
+pub fn qualify(name: String) -> String {
+    match current() {
+        Some(t) => cairn_engine::tenants::qualify(&t, &name),
+        None => name,
+    }
+}
+
 /// The ids of the current tenant's `kind` objects, for filtering a list;
 /// `None` for an administrator (everything).
 pub async fn owned(app: &Arc<App>, kind: Owned) -> ApiResult<Option<HashSet<String>>> {

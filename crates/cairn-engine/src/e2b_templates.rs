@@ -171,6 +171,12 @@ impl Db {
         tags: &[String],
         at: i64,
     ) -> Result<E2bTemplate, StateError> {
+        // A tenant's template names are its own (stored qualified).
+        let name = match self.acting_for() {
+            Some(t) => crate::tenants::qualify(&t, name),
+            None => name.to_string(),
+        };
+        let name = name.as_str();
         self.transaction(|b| {
             let found = b.query(
                 "SELECT id, name, created_at, tenant FROM e2b_templates WHERE name = $1",
@@ -220,17 +226,29 @@ impl Db {
     }
 
     /// The template with id or name `key`, if this connection's tenant
-    /// may see it.
+    /// may see it: its own first (by the name it gave, stored qualified),
+    /// then the administrator's.
     pub fn e2b_template(&self, key: &str) -> Result<Option<E2bTemplate>, StateError> {
-        self.with(|b| {
-            b.query_opt(
+        let tenant = self.acting_for();
+        let qualified = tenant
+            .as_deref()
+            .map_or_else(|| key.to_string(), |t| crate::tenants::qualify(t, key));
+        let found: Vec<E2bTemplate> = self.with(|b| {
+            b.query(
                 &format!(
-                    "SELECT id, name, created_at, tenant FROM e2b_templates WHERE (id = $1 OR name = $1) AND {VISIBLE}"
+                    "SELECT id, name, created_at, tenant FROM e2b_templates
+                     WHERE (id = $1 OR name = $1 OR name = $3) AND {VISIBLE}"
                 ),
-                params![key, self.acting_for()],
+                params![key, &tenant, &qualified],
             )?
-            .map(|r| template_row(&r))
-            .transpose()
+            .iter()
+            .map(template_row)
+            .collect::<Result<_, _>>()
+        })?;
+        let own = found.iter().position(|t| t.tenant.is_some() && t.tenant == tenant);
+        Ok(match own {
+            Some(i) => found.into_iter().nth(i),
+            None => found.into_iter().next(),
         })
     }
 

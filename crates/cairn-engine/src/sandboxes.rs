@@ -307,7 +307,11 @@ impl Engine {
         first: Option<&ExecRequest>,
     ) -> Result<(SandboxRecord, Option<cairn_sandbox::FirstExec>), EngineError> {
         let id = new_sandbox_id();
-        let name = opts.name.clone().unwrap_or_else(|| id.clone());
+        let name = opts
+            .name
+            .clone()
+            .map(|n| self.qualified(n))
+            .unwrap_or_else(|| id.clone());
         if !valid_hostname(&name) {
             return Err(EngineError::BadName(name));
         }

@@ -75,13 +75,30 @@ pub enum TenantError {
     NoSuchTenant(String),
     #[error("a tenant named {0:?} exists already; `cairn tenant ls` lists them")]
     Exists(String),
-    #[error("invalid tenant name {0:?}: use {rule}", rule = crate::names::RULE)]
+    #[error("invalid tenant name {0:?}: use 1 to 32 lowercase letters and digits")]
     BadName(String),
     #[error(
         "tenant {tenant:?} still has {what}; remove them first, or give --force to remove its sandboxes and \
          close its sessions with it"
     )]
     StillOwns { tenant: String, what: String },
+}
+
+/// Tenant names: 1 to 32 lowercase letters and digits. Without '-', the
+/// prefix of one tenant's names (`acme-`) is never the start of another's.
+pub fn valid_name(name: &str) -> bool {
+    (1..=32).contains(&name.len()) && name.bytes().all(|b| b.is_ascii_lowercase() || b.is_ascii_digit())
+}
+
+/// A name `tenant` gives (a sandbox's, a session's, an image's, a
+/// template's) as it is stored: in the tenant's own namespace, `TENANT-NAME`
+/// (names are one namespace per state directory, and no tenant can take
+/// or learn of another's). One already qualified is kept.
+pub fn qualify(tenant: &str, name: &str) -> String {
+    match name.strip_prefix(tenant) {
+        Some(rest) if rest.starts_with('-') => name.to_string(),
+        _ => format!("{tenant}-{name}"),
+    }
 }
 
 fn tenant_row(r: &Row) -> Result<TenantRecord, StateError> {
@@ -326,15 +343,24 @@ impl Db {
     /// the administrator's lookups take it (an exact id or name first,
     /// then an id prefix), among that tenant's objects only.
     pub fn resolve_owned(&self, kind: Owned, tenant: &str, key: &str) -> Result<Vec<String>, StateError> {
+        // The names a tenant gave are stored qualified (`qualify`): a key
+        // matches those both ways. Labels are as given.
         let (name_col, min_prefix) = match kind {
             Owned::Sandbox | Owned::Session => (Some("name"), 3),
             Owned::Snapshot => (Some("label"), 4),
+            Owned::Image => (Some("name"), 0),
             Owned::Run => (None, 3),
-            Owned::Image | Owned::E2bSandbox | Owned::E2bTemplate => (None, 0),
+            Owned::E2bSandbox | Owned::E2bTemplate => (None, 0),
+        };
+        let qualified = match kind {
+            Owned::Sandbox | Owned::Session | Owned::Image => qualify(tenant, key),
+            _ => key.to_string(),
         };
         let id = kind.key();
         let name_sel = name_col.map(|c| format!(", {c}")).unwrap_or_default();
-        let name_match = name_col.map(|c| format!("{c} = $1 OR ")).unwrap_or_default();
+        let name_match = name_col
+            .map(|c| format!("{c} = $1 OR {c} = $3 OR "))
+            .unwrap_or_default();
         let prefix = if min_prefix > 0 {
             format!(" OR (length($1) >= {min_prefix} AND substr({id}, 1, length($1)) = $1)")
         } else {
@@ -348,13 +374,17 @@ impl Db {
         } else {
             ""
         };
+        let mut params: Vec<crate::state::Value> = vec![key.into(), tenant.into()];
+        if name_col.is_some() {
+            params.push(qualified.as_str().into());
+        }
         self.with(|b| {
-            let rows = b.query(&sql, params![key, tenant])?;
+            let rows = b.query(&sql, &params)?;
             let mut ids = Vec::new();
             for r in &rows {
                 let id: String = r.get(0)?;
                 let name: Option<String> = if name_col.is_some() { r.get(1)? } else { None };
-                if id == key || name.as_deref() == Some(key) {
+                if id == key || name.as_deref() == Some(key) || name.as_deref() == Some(&qualified) {
                     return Ok(vec![id]);
                 }
                 ids.push(id);
@@ -427,7 +457,7 @@ impl Engine {
         max_memory: Option<u64>,
         max_disk: Option<u64>,
     ) -> Result<TenantRecord, EngineError> {
-        if !crate::names::valid(name) {
+        if !valid_name(name) {
             return Err(TenantError::BadName(name.to_string()).into());
         }
         let as_i64 = |v: Option<u64>| v.map(|v| v.min(i64::MAX as u64) as i64);
@@ -451,6 +481,11 @@ impl Engine {
             out.push((t, used));
         }
         Ok(out)
+    }
+
+    /// The names of the tenants that exist.
+    pub fn tenant_names(&self) -> Result<HashSet<String>, EngineError> {
+        Ok(self.db.tenants()?.into_iter().map(|t| t.name).collect())
     }
 
     pub fn tenant(&self, name: &str) -> Result<TenantRecord, EngineError> {
@@ -542,6 +577,15 @@ impl Engine {
         out
     }
 
+    /// `name` as this engine's tenant stores it (see [`qualify`]); the
+    /// administrator's names are kept as given.
+    pub fn qualified(&self, name: String) -> String {
+        match self.db.acting_for() {
+            Some(t) => qualify(&t, &name),
+            None => name,
+        }
+    }
+
     /// The tenant this engine acts for (`None`: the administrator).
     pub fn acting_for(&self) -> Option<String> {
         self.db.acting_for()
@@ -577,5 +621,24 @@ impl Engine {
 
     pub fn audit(&self, tenant: Option<&str>, limit: i64) -> Result<Vec<AuditEntry>, EngineError> {
         Ok(self.db.audit(tenant, limit)?)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_tenants_names_are_its_own_namespace_and_no_tenants_prefix_starts_anothers() {
+        assert_eq!(qualify("acme", "web"), "acme-web");
+        assert_eq!(qualify("acme", "acme-web"), "acme-web", "kept once qualified");
+        assert_eq!(qualify("acme", "acmeweb"), "acme-acmeweb");
+        assert_eq!(qualify("acme", "acme"), "acme-acme");
+        for good in ["acme", "a", "team42", &"x".repeat(32)] {
+            assert!(valid_name(good), "{good:?}");
+        }
+        for bad in ["", "Acme", "ac-me", "ac_me", "a.b", "é", &"x".repeat(33)] {
+            assert!(!valid_name(bad), "{bad:?}");
+        }
     }
 }

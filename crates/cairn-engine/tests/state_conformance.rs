@@ -224,6 +224,20 @@ fn what_a_tenant_inserts_is_its_own_and_its_lookups_see_nothing_else(store: &Sto
     assert_eq!(db.tenant_of(Owned::Run, "aaar01").unwrap().as_deref(), Some("acme"));
     assert_eq!(db.tenant_of(Owned::Image, "acme-img").unwrap().as_deref(), Some("acme"));
     assert_eq!(db.tenant_of(Owned::Image, "shared").unwrap(), None);
+    // A tenant finds the names it gave by their qualified form too.
+    db.act_for(Some("globex".into()));
+    db.insert_sandbox(&sandbox("ggg333", "globex-web")).unwrap();
+    assert_eq!(db.find_sandboxes("web").unwrap()[0].id, "ggg333");
+    assert_eq!(db.find_sandboxes("globex-web").unwrap()[0].id, "ggg333");
+    db.insert_session(&session("ggs01", "globex-agent")).unwrap();
+    assert_eq!(db.find_sessions("agent").unwrap()[0].id, "ggs01");
+    assert_eq!(db.resolve_owned(Owned::Sandbox, "globex", "web").unwrap(), ["ggg333"]);
+    assert_eq!(db.resolve_owned(Owned::Session, "globex", "agent").unwrap(), ["ggs01"]);
+    db.act_for(None);
+    assert!(
+        db.find_sandboxes("web").unwrap().is_empty(),
+        "the administrator names in full"
+    );
     // resolve_owned: exact id, name, label, prefix; among the tenant's own.
     assert_eq!(db.resolve_owned(Owned::Sandbox, "acme", "a-box").unwrap(), ["aaa111"]);
     assert_eq!(db.resolve_owned(Owned::Sandbox, "acme", "aaa").unwrap(), ["aaa111"]);
@@ -243,35 +257,54 @@ fn what_a_tenant_inserts_is_its_own_and_its_lookups_see_nothing_else(store: &Sto
         db.resolve_owned(Owned::Image, "acme", "acme").unwrap().is_empty(),
         "images by exact name only"
     );
-    let owned = db.owned(Owned::Sandbox, "globex").unwrap();
-    assert_eq!(owned.into_iter().collect::<Vec<_>>(), ["aaa222"]);
+    let mut owned: Vec<String> = db.owned(Owned::Sandbox, "globex").unwrap().into_iter().collect();
+    owned.sort();
+    assert_eq!(owned, ["aaa222", "ggg333"]);
     assert!(db.owns(Owned::Session, "acme", "aaas01").unwrap());
     assert!(!db.owns(Owned::Session, "globex", "aaas01").unwrap());
     // E2B templates: a tenant sees its own and the administrator's.
     db.start_e2b_template_build("admin-tpl", "tpl-admin", "b-admin", &["default".into()], 1)
         .unwrap();
-    db.act_for(Some("acme".into()));
-    db.start_e2b_template_build("acme-tpl", "tpl-acme", "b-acme", &["default".into()], 1)
+    db.start_e2b_template_build("acme-taken", "tpl-taken", "b-taken", &["default".into()], 1)
         .unwrap();
+    db.act_for(Some("acme".into()));
+    // A tenant's names are its own: "tpl" is stored as "acme-tpl", and
+    // "admin-tpl" as "acme-admin-tpl", beside the administrator's.
+    let t = db
+        .start_e2b_template_build("tpl", "tpl-acme", "b-acme", &["default".into()], 1)
+        .unwrap();
+    assert_eq!(t.name, "acme-tpl");
+    let t = db
+        .start_e2b_template_build("admin-tpl", "tpl-acme2", "b-acme2", &["default".into()], 1)
+        .unwrap();
+    assert_eq!((t.name.as_str(), t.tenant.as_deref()), ("acme-admin-tpl", Some("acme")));
+    assert_eq!(
+        db.e2b_template("admin-tpl").unwrap().unwrap().id,
+        "tpl-acme2",
+        "its own first"
+    );
+    assert_eq!(db.e2b_template("tpl").unwrap().unwrap().id, "tpl-acme");
     assert!(
         matches!(
-            db.start_e2b_template_build("admin-tpl", "tpl-x", "b-x", &["default".into()], 1),
+            db.start_e2b_template_build("taken", "tpl-x", "b-x", &["default".into()], 1),
             Err(StateError::NameOfAnother(_))
         ),
-        "a tenant builds only its own templates"
+        "a name in its namespace that the administrator holds is not the tenant's"
     );
     db.act_for(Some("globex".into()));
     assert!(db.e2b_template("acme-tpl").unwrap().is_none());
     assert!(db.e2b_template("tpl-acme").unwrap().is_none());
+    assert!(db.e2b_template("tpl").unwrap().is_none());
     assert_eq!(db.e2b_template("admin-tpl").unwrap().unwrap().tenant, None);
     let names: Vec<String> = db.e2b_templates().unwrap().into_iter().map(|t| t.name).collect();
-    assert_eq!(names, ["admin-tpl"]);
+    assert_eq!(names, ["acme-taken", "admin-tpl"]);
     db.act_for(None);
-    assert_eq!(db.e2b_templates().unwrap().len(), 2);
+    assert_eq!(db.e2b_templates().unwrap().len(), 4);
     assert_eq!(
         db.e2b_template("acme-tpl").unwrap().unwrap().tenant.as_deref(),
         Some("acme")
     );
+    assert_eq!(db.e2b_template("admin-tpl").unwrap().unwrap().id, "tpl-admin");
 }
 
 fn tenant_limits_hold_against_creates_racing_for_the_last_slot(store: &Store) {

@@ -1609,8 +1609,13 @@ fn tenants_see_act_on_and_learn_of_their_own_objects_only() {
     let s = Server::start(&home, &[]);
 
     // Acme's sandbox, its snapshot, its fork, its session.
-    let (st, a) = s.call_as(&acme, "POST", "/v1/sandboxes", Some(json!({ "name": "acme-web" })));
+    // Names are each tenant's own: both name a sandbox "web".
+    let (st, a) = s.call_as(&acme, "POST", "/v1/sandboxes", Some(json!({ "name": "web" })));
     assert_eq!(st, 201, "{a}");
+    assert_eq!(
+        a["name"], "acme-web",
+        "a tenant's names are stored in its namespace: {a}"
+    );
     let a = a["id"].as_str().unwrap().to_string();
     let (st, v) = s.call_as(
         &acme,
@@ -1619,7 +1624,12 @@ fn tenants_see_act_on_and_learn_of_their_own_objects_only() {
         Some(json!({ "argv": ["sh", "-c", "echo secret > /tmp/s; cat /tmp/s"] })),
     );
     assert_eq!((st, v["stdout"].as_str()), (200, Some("secret\n")), "{v}");
-    let (st, snap) = s.call_as(&acme, "POST", "/v1/sandboxes/acme-web/snapshots", Some(json!({ "label": "acme-base" })));
+    let (st, snap) = s.call_as(
+        &acme,
+        "POST",
+        "/v1/sandboxes/web/snapshots",
+        Some(json!({ "label": "acme-base" })),
+    );
     assert_eq!(st, 201, "{snap}");
     let snap = snap["id"].as_str().unwrap().to_string();
     let (st, fork) = s.call_as(&acme, "POST", &format!("/v1/snapshots/{snap}/fork"), Some(json!({})));
@@ -1627,13 +1637,22 @@ fn tenants_see_act_on_and_learn_of_their_own_objects_only() {
     let (st, session) = s.call_as(&acme, "POST", "/v1/sessions", Some(json!({ "name": "acme-agent" })));
     assert_eq!(st, 201, "{session}");
     let session = session["id"].as_str().unwrap().to_string();
-    let (st, g) = s.call_as(&globex, "POST", "/v1/sandboxes", Some(json!({})));
-    assert_eq!(st, 201, "{g}");
+    let (st, g) = s.call_as(&globex, "POST", "/v1/sandboxes", Some(json!({ "name": "web" })));
+    assert_eq!((st, g["name"].as_str()), (201, Some("globex-web")), "{g}");
+    let (st, v) = s.call_as(&globex, "POST", "/v1/sandboxes", Some(json!({ "name": "web" })));
+    assert_eq!(st, 409, "its own name is taken: {v}");
+    let (st, v) = s.call_as(&globex, "GET", "/v1/sandboxes/web", None);
+    assert_eq!((st, v["id"].as_str()), (200, g["id"].as_str()), "{v}");
     let g = g["id"].as_str().unwrap().to_string();
 
     // Globex lists none of Acme's and cannot tell them from absent ones.
     let (_, list) = s.call_as(&globex, "GET", "/v1/sandboxes", None);
-    let ids: Vec<&str> = list["items"].as_array().unwrap().iter().map(|i| i["id"].as_str().unwrap()).collect();
+    let ids: Vec<&str> = list["items"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|i| i["id"].as_str().unwrap())
+        .collect();
     assert_eq!(ids, [g.as_str()], "{list}");
     let (_, list) = s.call_as(&globex, "GET", "/v1/snapshots", None);
     assert_eq!(list["items"], json!([]), "{list}");
@@ -1643,7 +1662,11 @@ fn tenants_see_act_on_and_learn_of_their_own_objects_only() {
     for (method, path, body) in [
         ("GET", "/v1/sandboxes/{}", None),
         ("DELETE", "/v1/sandboxes/{}", None),
-        ("POST", "/v1/sandboxes/{}/exec", Some(json!({ "argv": ["cat", "/tmp/s"] }))),
+        (
+            "POST",
+            "/v1/sandboxes/{}/exec",
+            Some(json!({ "argv": ["cat", "/tmp/s"] })),
+        ),
         ("GET", "/v1/sandboxes/{}/files?path=/tmp/s", None),
         ("PUT", "/v1/sandboxes/{}/files?path=/tmp/x", Some(json!("x"))),
         ("POST", "/v1/sandboxes/{}/snapshots", Some(json!({}))),
@@ -1661,7 +1684,15 @@ fn tenants_see_act_on_and_learn_of_their_own_objects_only() {
         ("POST", "/v1/snapshots/{}/restore"),
         ("POST", "/v1/snapshots/{}/verify"),
     ] {
-        absent_alike(&s, &globex, method, &snap, &format!("{}0", &missing[..19]), path, Some(json!({})));
+        absent_alike(
+            &s,
+            &globex,
+            method,
+            &snap,
+            &format!("{}0", &missing[..19]),
+            path,
+            Some(json!({})),
+        );
         absent_alike(&s, &globex, method, "acme-base", "nobody-base", path, Some(json!({})));
     }
     for (method, path) in [
@@ -1672,7 +1703,15 @@ fn tenants_see_act_on_and_learn_of_their_own_objects_only() {
         ("POST", "/v1/sessions/{}/fork"),
         ("DELETE", "/v1/sessions/{}"),
     ] {
-        absent_alike(&s, &globex, method, &session, missing, path, Some(json!({ "argv": ["true"] })));
+        absent_alike(
+            &s,
+            &globex,
+            method,
+            &session,
+            missing,
+            path,
+            Some(json!({ "argv": ["true"] })),
+        );
     }
     // A prefix of Acme's id is one of Globex's at most.
     let (st, _) = s.call_as(&globex, "GET", &format!("/v1/sandboxes/{}", &a[..4]), None);
@@ -1683,9 +1722,33 @@ fn tenants_see_act_on_and_learn_of_their_own_objects_only() {
     let (st, v) = s.call_as(&globex, "GET", &format!("/v1/diff?a={snap}&b={g}"), None);
     assert_eq!(st, 404, "{v}");
     assert!(v.to_string().contains("names no snapshot, sandbox or stage"), "{v}");
-    let (st, v) = s.call_as(&acme, "GET", &format!("/v1/diff?a={snap}&b=acme-web"), None);
+    let (st, v) = s.call_as(&acme, "GET", &format!("/v1/diff?a={snap}&b=web"), None);
     assert_eq!(st, 200, "{v}");
-    // The administrator's image is shared, and not theirs to remove.
+    // A tenant's image is its own; the administrator's is shared, and not
+    // theirs to remove.
+    let (st, built) = s.call_as(
+        &acme,
+        "POST",
+        "/v1/images",
+        Some(json!({ "name": "tools", "kind": "busybox" })),
+    );
+    assert_eq!(st, 200);
+    assert!(built.to_string().contains("acme-tools"), "{built}");
+    let (_, images) = s.call_as(&acme, "GET", "/v1/images", None);
+    assert!(images.to_string().contains("acme-tools"), "{images}");
+    let (_, images) = s.call_as(&globex, "GET", "/v1/images", None);
+    assert!(!images.to_string().contains("tools"), "{images}");
+    let (st, v) = s.call_as(&globex, "POST", "/v1/sandboxes", Some(json!({ "image": "acme-tools" })));
+    assert_eq!(st, 404, "{v}");
+    absent_alike(
+        &s,
+        &globex,
+        "DELETE",
+        "acme-tools",
+        "nobody-tools",
+        "/v1/images/{}",
+        None,
+    );
     let (_, images) = s.call_as(&globex, "GET", "/v1/images", None);
     assert!(images.to_string().contains("busybox"), "{images}");
     let (st, _) = s.call_as(&globex, "DELETE", "/v1/images/busybox", None);
@@ -1717,7 +1780,10 @@ fn tenants_see_act_on_and_learn_of_their_own_objects_only() {
     ] {
         let (st, v) = s.call_as(&acme, "POST", path, Some(body));
         assert_eq!(st, 429, "{path}: {v}");
-        assert!(v["error"]["message"].as_str().unwrap().contains("at most 4 sandboxes"), "{v}");
+        assert!(
+            v["error"]["message"].as_str().unwrap().contains("at most 4 sandboxes"),
+            "{v}"
+        );
     }
     let (_, list) = s.call_as(&acme, "GET", "/v1/sandboxes", None);
     assert_eq!(list["items"].as_array().unwrap().len(), 4, "{list}");
@@ -1738,14 +1804,22 @@ fn tenants_see_act_on_and_learn_of_their_own_objects_only() {
     let (st, v) = s.call_as(&acme, "GET", "/v1/sandboxes", None);
     assert_eq!(st, 401, "{v}");
     let (_, list) = s.call("GET", "/v1/sandboxes", None);
-    assert_eq!(list["items"].as_array().unwrap().len(), 2, "Acme's sandboxes went with it: {list}");
+    assert_eq!(
+        list["items"].as_array().unwrap().len(),
+        2,
+        "Acme's sandboxes went with it: {list}"
+    );
     let (st, left) = s.call("GET", &format!("/v1/snapshots/{snap}"), None);
     assert_eq!(st, 200, "its snapshot stays, the administrator's now: {left}");
 
     // Who did what.
-    let log: Value = serde_json::from_str(&home.ok(&["token", "log", "--tenant", "globex", "--json", "-n", "1000"])).unwrap();
+    let log: Value =
+        serde_json::from_str(&home.ok(&["token", "log", "--tenant", "globex", "--json", "-n", "1000"])).unwrap();
     let rows = log.as_array().unwrap();
-    assert!(rows.iter().all(|r| r["tenant"] == "globex" && r["surface"] == "api"), "{log}");
+    assert!(
+        rows.iter().all(|r| r["tenant"] == "globex" && r["surface"] == "api"),
+        "{log}"
+    );
     assert!(
         rows.iter()
             .any(|r| r["method"] == "GET" && r["path"] == format!("/v1/sandboxes/{a}") && r["status"] == 404),

@@ -328,10 +328,9 @@ impl Gateway {
         Ok(())
     }
 
-    /// Reads the book's owners again from the state store, after tokens
-    /// changed: a tenant removed (`cairn tenant rm`) took its running
-    /// sandboxes' rows with it and gave its paused ones to the
-    /// administrator.
+    /// Reads the book's owners again from the state store, once a sandbox's
+    /// tenant is gone: `cairn tenant rm` took its running sandboxes' rows
+    /// with it and gave its paused ones to the administrator.
     async fn reread_book(&self) {
         let _w = self.writing.lock().await;
         let stored = match self.app.engine(|en| Ok(en.e2b_sandboxes()?)).await {
@@ -349,6 +348,7 @@ impl Gateway {
             gone
         };
         for id in gone {
+            tracing::info!(sandbox = id, "e2b: its tenant was removed");
             self.drop_procs(&id);
         }
     }
@@ -474,23 +474,30 @@ impl IntoResponse for RestError {
 }
 
 /// Reads the ids of the API tokens that exist once a second, for
-/// [`Gateway::revoked`].
+/// [`Gateway::revoked`], and the tenants, for [`Gateway::reread_book`].
 fn spawn_token_watch(gw: Arc<Gateway>) {
     tokio::spawn(async move {
         let mut tick = tokio::time::interval(std::time::Duration::from_secs(1));
         tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         loop {
             tick.tick().await;
-            match gw.app.engine(|e| Ok(e.token_ids()?)).await {
-                Ok(ids) => {
-                    let changed = gw.live_tokens.send_if_modified(|now| {
+            let read = gw.app.engine(|e| Ok((e.token_ids()?, e.tenant_names()?)));
+            match read.await {
+                Ok((ids, tenants)) => {
+                    gw.live_tokens.send_if_modified(|now| {
                         let changed = now.as_deref() != Some(&ids);
                         if changed {
                             *now = Some(Arc::new(ids));
                         }
                         changed
                     });
-                    if changed {
+                    // A sandbox of a tenant that is gone: `cairn tenant rm`
+                    // removed its sandbox or gave it to the administrator.
+                    let orphaned = gw
+                        .entries()
+                        .iter()
+                        .any(|e| e.tenant.as_ref().is_some_and(|t| !tenants.contains(t)));
+                    if orphaned {
                         gw.reread_book().await;
                     }
                 }

@@ -278,8 +278,9 @@ pub async fn exec_stream(
     let a = Arc::clone(&app);
     let stdin = body.stdin.clone();
     let stdin_open = body.stdin_open;
+    let tenant = crate::tenancy::current();
     tokio::task::spawn_blocking(move || {
-        let engine = match a.take_engine() {
+        let engine = match a.take_engine_for(tenant) {
             Ok(e) => e,
             Err(e) => return drop(tx.blocking_send(Chunk::Failed(e))),
         };

@@ -71,9 +71,10 @@ pub(crate) fn streamed(
 ) -> Response {
     let (tx, rx) = mpsc::channel(BODY_PIECES_HELD);
     let a = Arc::clone(app);
+    let tenant = crate::tenancy::current();
     tokio::task::spawn_blocking(move || {
         let mut out = BodyWriter(tx.clone());
-        let got = a.take_engine().and_then(|mut e| {
+        let got = a.take_engine_for(tenant).and_then(|mut e| {
             let r = write(&mut e, &mut out);
             a.give_back(e);
             r
@@ -110,8 +111,9 @@ pub(crate) async fn streamed_download(
 ) -> ApiResult<(FileMeta, Response)> {
     let (tx, rx) = mpsc::channel(BODY_PIECES_HELD);
     let (opened_tx, opened_rx) = tokio::sync::oneshot::channel();
+    let tenant = crate::tenancy::current();
     let work = move |a: &Arc<App>| {
-        let opened = a.take_engine().and_then(|mut e| {
+        let opened = a.take_engine_for(tenant).and_then(|mut e| {
             let r = open(&mut e);
             a.give_back(e);
             r

@@ -586,9 +586,10 @@ pub async fn exec_stream(
     let busy = app.claim_session(&s.id, "exec")?;
     let (tx, rx) = mpsc::channel::<Piece>(64);
     let a = Arc::clone(&app);
+    let tenant = crate::tenancy::current();
     tokio::task::spawn_blocking(move || {
         let _busy = busy;
-        let result = a.take_engine().and_then(|mut engine| {
+        let result = a.take_engine_for(tenant).and_then(|mut engine| {
             let mut out = Forward {
                 tx: tx.clone(),
                 stderr: false,

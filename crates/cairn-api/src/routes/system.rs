@@ -163,12 +163,15 @@ pub async fn build_image(
     let (tx, rx) = mpsc::unbounded_channel::<String>();
     let (done_tx, done_rx) = tokio::sync::oneshot::channel::<ApiResult<Image>>();
     let a = Arc::clone(&app);
+    // A tenant's image is its own, named in its namespace.
+    let tenant = crate::tenancy::current();
+    let name = crate::tenancy::qualify(req.name.clone());
     tokio::task::spawn_blocking(move || {
         let steps = Steps(tx);
-        let out = a.take_engine().and_then(|mut e| {
+        let out = a.take_engine_for(tenant).and_then(|mut e| {
             let r = match req.kind.as_str() {
-                "busybox" => e.build_busybox(&req.name, &steps),
-                _ => e.build_debian(&req.name, req.suite.as_deref(), &req.packages, &steps),
+                "busybox" => e.build_busybox(&name, &steps),
+                _ => e.build_debian(&name, req.suite.as_deref(), &req.packages, &steps),
             };
             a.give_back(e);
             Ok(Image::from(r?))
@@ -216,9 +219,10 @@ pub async fn import_image(
     }
     let (file, path, _) = super::files::spool(&app, body, "archive", ".tar").await?;
     drop(file);
+    let name = crate::tenancy::qualify(q.name.clone());
     let image = app
         .engine(move |e| {
-            let r = e.import_image(&path, &q.name, &cairn_engine::Silent);
+            let r = e.import_image(&path, &name, &cairn_engine::Silent);
             drop(path);
             Ok(r?)
         })

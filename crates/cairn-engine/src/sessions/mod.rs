@@ -278,14 +278,25 @@ impl Db {
     /// Sessions whose name or id is `key`, or whose id starts with it (3+ characters).
     pub fn find_sessions(&self, key: &str) -> Result<Vec<SessionRecord>, StateError> {
         let sql = format!(
-            "SELECT {SESSION_COLUMNS} FROM sessions WHERE (name = $1 OR id = $1
+            "SELECT {SESSION_COLUMNS} FROM sessions WHERE (name = $1 OR name = $3 OR id = $1
              OR (length($1) >= 3 AND substr(id, 1, length($1)) = $1)) AND (CAST($2 AS TEXT) IS NULL OR tenant = $2)"
         );
-        // A connection acting for a tenant finds that tenant's only.
+        // A connection acting for a tenant finds that tenant's only, by
+        // the names it gave too (stored qualified: `tenants::qualify`).
         let tenant = self.acting_for();
-        let mut rows: Vec<SessionRecord> =
-            self.with(|b| b.query(&sql, params![key, tenant])?.iter().map(session_row).collect())?;
-        if let Some(exact) = rows.iter().position(|r| r.name == key || r.id == key) {
+        let qualified = tenant
+            .as_deref()
+            .map_or_else(|| key.to_string(), |t| crate::tenants::qualify(t, key));
+        let mut rows: Vec<SessionRecord> = self.with(|b| {
+            b.query(&sql, params![key, tenant, &qualified])?
+                .iter()
+                .map(session_row)
+                .collect()
+        })?;
+        if let Some(exact) = rows
+            .iter()
+            .position(|r| r.name == key || r.name == qualified || r.id == key)
+        {
             rows = vec![rows.swap_remove(exact)];
         }
         Ok(rows)

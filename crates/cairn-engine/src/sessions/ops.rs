@@ -214,7 +214,11 @@ impl Engine {
         progress: &dyn Progress,
     ) -> Result<SessionRecord, EngineError> {
         let id = new_session_id();
-        let name = opts.name.clone().unwrap_or_else(|| format!("session-{id}"));
+        let name = opts
+            .name
+            .clone()
+            .map(|n| self.qualified(n))
+            .unwrap_or_else(|| format!("session-{id}"));
         if !valid_name(&name) {
             return Err(SessionError::BadName(name).into());
         }
@@ -1061,7 +1065,9 @@ impl Engine {
         let head_hash = entry.map_or_else(|| GENESIS.to_string(), |e| e.hash);
         let snap = self.snapshot_at(&p, at)?;
         let id = new_session_id();
-        let name = name.unwrap_or_else(|| format!("session-{id}"));
+        let name = name
+            .map(|n| self.qualified(n))
+            .unwrap_or_else(|| format!("session-{id}"));
         if !valid_name(&name) {
             return Err(SessionError::BadName(name).into());
         }

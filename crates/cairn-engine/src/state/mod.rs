@@ -397,6 +397,14 @@ impl Db {
         let tenant = self.acting_for();
         self.with(|b| {
             if let Some(t) = &tenant {
+                // Its own first, by the name it gave (stored qualified).
+                let own = crate::tenants::qualify(t, name);
+                let mine = b.query_opt("SELECT tenant FROM images WHERE name = $1", params![&own])?;
+                if let Some(r) = mine {
+                    if r.get::<Option<String>>(0)?.as_deref() == Some(t) {
+                        return image(b, &own);
+                    }
+                }
                 let owner = b.query_opt("SELECT tenant FROM images WHERE name = $1", params![name])?;
                 match owner {
                     Some(r) if r.get::<Option<String>>(0)?.is_none_or(|o| o == *t) => {}
@@ -625,19 +633,26 @@ impl Db {
     /// Finds sandboxes whose id starts with `key` or whose name is `key`.
     pub fn find_sandboxes(&self, key: &str) -> Result<Vec<SandboxRecord>, StateError> {
         let sql = format!(
-            "SELECT {SANDBOX_COLUMNS} FROM sandboxes WHERE home_id = $2 AND (name = $1 OR id = $1
+            "SELECT {SANDBOX_COLUMNS} FROM sandboxes WHERE home_id = $2 AND (name = $1 OR name = $4 OR id = $1
              OR (length($1) >= 3 AND substr(id, 1, length($1)) = $1)) AND (CAST($3 AS TEXT) IS NULL OR tenant = $3)"
         );
-        // A connection acting for a tenant finds that tenant's only.
+        // A connection acting for a tenant finds that tenant's only, by
+        // the names it gave too (stored qualified: `tenants::qualify`).
         let tenant = self.acting_for();
+        let qualified = tenant
+            .as_deref()
+            .map_or_else(|| key.to_string(), |t| crate::tenants::qualify(t, key));
         self.with(|b| {
             let mut rows = b
-                .query(&sql, params![key, &self.home_id, tenant])?
+                .query(&sql, params![key, &self.home_id, tenant, &qualified])?
                 .iter()
                 .map(sandbox_from_row)
                 .collect::<Result<Vec<_>, _>>()?;
             // An exact name or id beats prefixes.
-            if let Some(exact) = rows.iter().position(|r| r.name == key || r.id == key) {
+            if let Some(exact) = rows
+                .iter()
+                .position(|r| r.name == key || r.name == qualified || r.id == key)
+            {
                 rows = vec![rows.swap_remove(exact)];
             }
             for r in &mut rows {

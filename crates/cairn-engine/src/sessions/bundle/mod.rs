@@ -357,7 +357,7 @@ impl Engine {
         };
         progress.step("reading the bundle's manifest and log");
         let m = read_manifest(&mut members)?;
-        let name = name.unwrap_or_else(|| m.session.name.clone());
+        let name = self.qualified(name.unwrap_or_else(|| m.session.name.clone()));
         if !valid_name(&name) {
             return Err(SessionError::BadName(name).into());
         }
