@@ -6,6 +6,7 @@ and shows a session's log beside its snapshots, paging back through it."""
 
 import json
 import urllib.request
+import uuid
 
 from playwright.sync_api import expect
 
@@ -389,4 +390,39 @@ def test_a_run_named_in_the_address_opens_and_an_unknown_one_says_why(browser, c
     page.reload()
     expect(page.locator("#error")).to_contain_text("0123456789ab")
     expect(page.locator("#error")).not_to_contain_text("[object Object]")
+    assert errors == []
+
+
+def test_a_tenants_token_shows_its_own_runs_only(browser, cairn, artifacts_dir):
+    tenant = f"ui{uuid.uuid4().hex[:8]}"
+    cairn["cli"]("tenant", "create", tenant)
+    token = json.loads(cairn["cli"]("token", "create", f"{tenant}-page", "--tenant", tenant, "--json").stdout)["secret"]
+    body = json.dumps(
+        {
+            "pipeline": '[pipeline]\nname = "ui-tenant"\nimage = "busybox"\n\n[[stage]]\nname = "mine"\n'
+            'key = "mine-' + tenant + '"\nrun = ["echo mine"]\n'
+        }
+    ).encode()
+    req = urllib.request.Request(
+        f"{cairn['url']}/v1/runs",
+        data=body,
+        method="POST",
+        headers={"Authorization": f"Bearer {token}", "Content-Type": "application/json"},
+    )
+    started = json.load(urllib.request.urlopen(req))
+    page = browser.new_page(viewport={"width": 1500, "height": 900})
+    errors = []
+    page.on("pageerror", lambda e: errors.append(str(e)))
+    page.goto(f"{cairn['url']}/ui/#token={token}")
+    item = page.locator(f'[data-run="{started["id"]}"]')
+    expect(item).to_be_visible(timeout=20_000)
+    # The administrator's run is not on the tenant's page, nor reachable by its id.
+    expect(page.locator(f'[data-run="{cairn["run"]}"]')).to_have_count(0)
+    expect(page.locator("[data-run]")).to_have_count(1)
+    item.click()
+    expect(page.locator('.node[data-stage="mine"]')).to_have_class("node completed", timeout=30_000)
+    page.goto(f"{cairn['url']}/ui/#/run/{cairn['run']}")
+    page.reload()
+    expect(page.locator("#error")).to_contain_text(cairn["run"])
+    page.screenshot(path=str(artifacts_dir / "tenant-runs.png"))
     assert errors == []

@@ -1755,6 +1755,64 @@ fn tenants_see_act_on_and_learn_of_their_own_objects_only() {
     assert_eq!(st, 404);
     let (st, v) = s.call_as(&globex, "GET", "/metrics", None);
     assert_eq!(st, 403, "{v}");
+    // Globex's run, its artifact and its dead letter are Globex's alone.
+    let pipeline = r#"
+[pipeline]
+name = "globex-run"
+image = "busybox"
+
+[[stage]]
+name = "make"
+key = "globex-make"
+run = ["mkdir -p /work && echo result > /work/out"]
+artifacts = ["/work/out"]
+
+[[stage]]
+name = "fail"
+after = "make"
+key = "globex-fail"
+run = ["exit 3"]
+"#;
+    let (st, run) = s.call_as(&globex, "POST", "/v1/runs", Some(json!({ "pipeline": pipeline })));
+    assert_eq!(st, 202, "{run}");
+    let run = run["id"].as_str().unwrap().to_string();
+    let deadline = Instant::now() + Duration::from_secs(120);
+    let detail = loop {
+        let (_, d) = s.call_as(&globex, "GET", &format!("/v1/runs/{run}"), None);
+        if (d["run"]["status"] != "running" && d["run"]["orchestrated"] == false) || Instant::now() > deadline {
+            break d;
+        }
+        std::thread::sleep(Duration::from_millis(200));
+    };
+    assert_eq!(detail["run"]["status"], "failed", "{detail}");
+    let artifact = detail["artifacts"][0]["id"].as_str().unwrap().to_string();
+    let (_, dlq) = s.call_as(&globex, "GET", "/v1/dlq", None);
+    let dead = dlq[0]["id"].as_str().unwrap().to_string();
+    let (st, _) = s.call_as(&globex, "GET", &format!("/v1/artifacts/{artifact}"), None);
+    assert_eq!(st, 200);
+    let (_, runs) = s.call_as(&acme, "GET", "/v1/runs", None);
+    assert_eq!(runs["items"], json!([]), "{runs}");
+    let (_, dlq) = s.call_as(&acme, "GET", "/v1/dlq", None);
+    assert_eq!(dlq, json!([]), "{dlq}");
+    for path in [
+        "/v1/runs/{}",
+        "/v1/runs/{}/audit",
+        "/v1/runs/{}/logs/make",
+        "/v1/runs/{}/resume",
+    ] {
+        let method = if path.ends_with("resume") { "POST" } else { "GET" };
+        absent_alike(&s, &acme, method, &run, "0123456789ab", path, None);
+    }
+    absent_alike(&s, &acme, "GET", &dead, "0123456789ab", "/v1/dlq/{}", None);
+    absent_alike(&s, &acme, "POST", &dead, "0123456789ab", "/v1/dlq/{}/retry", None);
+    let (st, v) = s.call_as(&acme, "GET", &format!("/v1/artifacts/{artifact}"), None);
+    assert_eq!(st, 404, "{v}");
+    let (_, runs) = s.call("GET", "/v1/runs", None);
+    assert!(runs.to_string().contains(&run), "the administrator sees it: {runs}");
+    let stage_snapshot = detail["stages"][0]["output_snapshot"].as_str().unwrap().to_string();
+    let (st, _) = s.call_as(&globex, "GET", &format!("/v1/snapshots/{stage_snapshot}"), None);
+    assert_eq!(st, 200, "a run's stage outputs are its tenant's");
+
     // An Idempotency-Key is each tenant's own.
     let key = [("Idempotency-Key", "same-key")];
     let created = |token: &str| {
