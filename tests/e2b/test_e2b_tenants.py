@@ -83,6 +83,9 @@ def test_a_tenants_key_reaches_its_own_sandboxes_only(cairn_e2b):
             assert json.dumps(theirs[1]).replace(sa.sandbox_id, "X") == json.dumps(absent[1]).replace(
                 "i" + sa.sandbox_id[1:], "X"
             ), (path, theirs, absent)
+        # Metrics of several: another tenant's are left out, as unknown ones.
+        status, many = _status(f"/sandboxes/metrics?sandbox_ids={sa.sandbox_id},{sb.sandbox_id}", b)
+        assert status == 200 and sa.sandbox_id not in many["sandboxes"], many
         # A's sandbox goes on, untouched.
         assert sa.is_running()
         assert Sandbox.get_info(sa.sandbox_id, api_key=a).metadata == {"who": "a"}

@@ -262,7 +262,13 @@ pub async fn many(
             "give 1 to {MAX_IDS} sandbox ids as sandbox_ids=a,b"
         )));
     }
-    let known: Vec<Entry> = ids.iter().filter_map(|id| gw.entry(id)).collect();
+    // Another tenant's sandboxes are left out, as unknown ones are.
+    let tenant = crate::tenancy::current();
+    let known: Vec<Entry> = ids
+        .iter()
+        .filter_map(|id| gw.entry(id))
+        .filter(|e| tenant.is_none() || e.tenant == tenant)
+        .collect();
     let known_ids: Vec<String> = known.iter().map(|e| e.id.clone()).collect();
     fresh(&gw, known).await;
     let mut out = BTreeMap::new();

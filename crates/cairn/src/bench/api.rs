@@ -424,7 +424,11 @@ impl Bench {
         const UPLOADS: usize = 16;
         const SIZE: usize = 63 << 20;
         let key = self.engine()?.create_token("bench-e2b", None)?.secret;
-        let (served, addr) = self.serve_with(&["--e2b", "127.0.0.1:0"], "cairn: serving the E2B API on http://")?;
+        // The tiny base: this measures uploads, not E2B's Debian base (built on first use).
+        let (served, addr) = self.serve_with(
+            &["--e2b", "127.0.0.1:0", "--e2b-base", "busybox"],
+            "cairn: serving the E2B API on http://",
+        )?;
         let pid = served.child.id();
         let rt = tokio::runtime::Builder::new_multi_thread().enable_all().build()?;
         let http = Client::builder(hyper_util::rt::TokioExecutor::new()).build_http::<Full<Bytes>>();
