@@ -37,6 +37,17 @@ def rect(page, selector):
     )
 
 
+def start_run(cairn, token, pipeline):
+    """Starts a run of `pipeline` through the API with `token`; its record."""
+    req = urllib.request.Request(
+        f"{cairn['url']}/v1/runs",
+        data=json.dumps({"pipeline": pipeline}).encode(),
+        method="POST",
+        headers={"Authorization": f"Bearer {token}", "Content-Type": "application/json"},
+    )
+    return json.load(urllib.request.urlopen(req))
+
+
 def page_for(browser, cairn):
     page = browser.new_page(viewport={"width": 1500, "height": 900})
     errors = []
@@ -88,19 +99,12 @@ def test_an_artifact_downloads_with_the_token(browser, cairn):
 def test_a_run_started_later_appears_and_ends_without_a_reload(browser, cairn, artifacts_dir):
     page, errors = page_for(browser, cairn)
     expect(page.locator(f'[data-run="{cairn["run"]}"]')).to_be_visible()
-    body = json.dumps(
-        {
-            "pipeline": '[pipeline]\nname = "ui-live"\nimage = "busybox"\n\n[[stage]]\nname = "wait"\n'
-            'key = "wait-v1"\nrun = ["sleep 1; echo waited"]\n'
-        }
-    ).encode()
-    req = urllib.request.Request(
-        f"{cairn['url']}/v1/runs",
-        data=body,
-        method="POST",
-        headers={"Authorization": f"Bearer {cairn['token']}", "Content-Type": "application/json"},
+    started = start_run(
+        cairn,
+        cairn["token"],
+        '[pipeline]\nname = "ui-live"\nimage = "busybox"\n\n[[stage]]\nname = "wait"\n'
+        'key = "wait-v1"\nrun = ["sleep 1; echo waited"]\n',
     )
-    started = json.load(urllib.request.urlopen(req))
     item = page.locator(f'[data-run="{started["id"]}"]')
     expect(item).to_be_visible(timeout=20_000)
     item.click()
@@ -397,19 +401,12 @@ def test_a_tenants_token_shows_its_own_runs_only(browser, cairn, artifacts_dir):
     tenant = f"ui{uuid.uuid4().hex[:8]}"
     cairn["cli"]("tenant", "create", tenant)
     token = json.loads(cairn["cli"]("token", "create", f"{tenant}-page", "--tenant", tenant, "--json").stdout)["secret"]
-    body = json.dumps(
-        {
-            "pipeline": '[pipeline]\nname = "ui-tenant"\nimage = "busybox"\n\n[[stage]]\nname = "mine"\n'
-            'key = "mine-' + tenant + '"\nrun = ["echo mine"]\n'
-        }
-    ).encode()
-    req = urllib.request.Request(
-        f"{cairn['url']}/v1/runs",
-        data=body,
-        method="POST",
-        headers={"Authorization": f"Bearer {token}", "Content-Type": "application/json"},
+    started = start_run(
+        cairn,
+        token,
+        '[pipeline]\nname = "ui-tenant"\nimage = "busybox"\n\n[[stage]]\nname = "mine"\n'
+        f'key = "mine-{tenant}"\nrun = ["echo mine"]\n',
     )
-    started = json.load(urllib.request.urlopen(req))
     page = browser.new_page(viewport={"width": 1500, "height": 900})
     errors = []
     page.on("pageerror", lambda e: errors.append(str(e)))

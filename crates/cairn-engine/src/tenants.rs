@@ -158,11 +158,18 @@ pub(crate) fn admit_sandbox(
         return Err(StateError::TenantGone(tenant.to_string()));
     };
     let used = usage(b, tenant)?;
-    let over = |what: String| {
+    let over = |what: String| -> Result<(), StateError> {
         Err(StateError::TenantLimit {
             tenant: tenant.to_string(),
             what,
         })
+    };
+    let within = |what: &str, max: i64, held: i64, asked: i64| {
+        if held + asked > max {
+            over(format!("{} of {what} ({} held, {} asked)", human(max), human(held), human(asked)))
+        } else {
+            Ok(())
+        }
     };
     if let Some(max) = t.max_sandboxes {
         if used.sandboxes + 1 > max {
@@ -170,14 +177,7 @@ pub(crate) fn admit_sandbox(
         }
     }
     if let Some(max) = t.max_memory {
-        if used.memory + memory > max {
-            return over(format!(
-                "{} of memory ({} held, {} asked)",
-                human(max),
-                human(used.memory),
-                human(memory)
-            ));
-        }
+        within("memory", max, used.memory, memory)?;
     }
     if let Some(max) = t.max_disk {
         let Some(disk) = disk else {
@@ -186,14 +186,7 @@ pub(crate) fn admit_sandbox(
                 human(max)
             ));
         };
-        if used.disk + disk > max {
-            return over(format!(
-                "{} of disk ({} held, {} asked)",
-                human(max),
-                human(used.disk),
-                human(disk)
-            ));
-        }
+        within("disk", max, used.disk, disk)?;
     }
     Ok(())
 }

@@ -1068,23 +1068,28 @@ fn token(engine: &Engine, cmd: crate::cli::TokenCommand) -> Result<()> {
             }
         }
         TokenCommand::Log { tenant, limit, json } => request_log(engine, tenant.as_deref(), limit, json)?,
-        TokenCommand::Rm { tokens } => {
-            let mut failed = None;
-            for key in tokens {
-                match engine.remove_token(&key) {
-                    Ok(()) => println!("{key}"),
-                    Err(e) => {
-                        eprintln!("cairn: {e}");
-                        failed = Some(e);
-                    }
-                }
-            }
-            if let Some(e) = failed {
-                return Err(e.into());
+        TokenCommand::Rm { tokens } => each(tokens, |key| engine.remove_token(key))?,
+    }
+    Ok(())
+}
+
+/// Runs `remove` on every key, printing each one removed and saying why
+/// of each refused; the last refusal is the command's error.
+fn each(keys: Vec<String>, mut remove: impl FnMut(&str) -> Result<(), cairn_engine::EngineError>) -> Result<()> {
+    let mut failed = None;
+    for key in keys {
+        match remove(&key) {
+            Ok(()) => println!("{key}"),
+            Err(e) => {
+                eprintln!("cairn: {e}");
+                failed = Some(e);
             }
         }
     }
-    Ok(())
+    match failed {
+        Some(e) => Err(e.into()),
+        None => Ok(()),
+    }
 }
 
 fn tenant(engine: &mut Engine, cmd: crate::cli::TenantCommand) -> Result<()> {
@@ -1134,21 +1139,7 @@ fn tenant(engine: &mut Engine, cmd: crate::cli::TenantCommand) -> Result<()> {
                 }
             }
         }
-        TenantCommand::Rm { tenants, force } => {
-            let mut failed = None;
-            for name in tenants {
-                match engine.remove_tenant(&name, force) {
-                    Ok(()) => println!("{name}"),
-                    Err(e) => {
-                        eprintln!("cairn: {e}");
-                        failed = Some(e);
-                    }
-                }
-            }
-            if let Some(e) = failed {
-                return Err(e.into());
-            }
-        }
+        TenantCommand::Rm { tenants, force } => each(tenants, |name| engine.remove_tenant(name, force))?,
     }
     Ok(())
 }
