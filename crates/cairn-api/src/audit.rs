@@ -20,7 +20,7 @@ const QUEUE: usize = 16 * 1024;
 /// Rows written in one transaction at most.
 const BATCH: usize = 1024;
 /// How long the writer gathers rows before it writes them.
-const GATHER: Duration = Duration::from_millis(20);
+const GATHER: Duration = Duration::from_millis(100);
 /// How long rows are kept.
 pub const KEPT: Duration = Duration::from_secs(30 * 24 * 3600);
 /// The longest path kept in a row.

@@ -230,17 +230,22 @@ async fn observe(State(app): State<Arc<App>>, req: Request, next: Next) -> Respo
     let status = resp.status().as_u16();
     tracing::info!(%method, path, status, ms = t.elapsed().as_secs_f64() * 1e3, "request");
     app.metrics.request(method.as_str(), status);
-    if !ui::is_page(&path) {
+    // Who did what: requests a token made. The Unix socket's are its
+    // owner's (root, who owns the state directory too), not recorded.
+    if let Some(c) = caller.filter(|_| !ui::is_page(&path)) {
         let surface = if path == "/mcp" || path.starts_with("/mcp/") {
             "mcp"
         } else {
             "api"
         };
-        let (token, tenant) = match &caller {
-            Some(c) => (Some(c.token.as_str()), c.tenant.as_deref()),
-            None => (None, None),
-        };
-        app.audit.record(token, tenant, surface, method.as_str(), &path, status);
+        app.audit.record(
+            Some(&c.token),
+            c.tenant.as_deref(),
+            surface,
+            method.as_str(),
+            &path,
+            status,
+        );
     }
     resp
 }

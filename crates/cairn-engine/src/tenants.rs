@@ -166,7 +166,12 @@ pub(crate) fn admit_sandbox(
     };
     let within = |what: &str, max: i64, held: i64, asked: i64| {
         if held + asked > max {
-            over(format!("{} of {what} ({} held, {} asked)", human(max), human(held), human(asked)))
+            over(format!(
+                "{} of {what} ({} held, {} asked)",
+                human(max),
+                human(held),
+                human(asked)
+            ))
         } else {
             Ok(())
         }
@@ -386,14 +391,42 @@ impl Db {
         })
     }
 
-    /// Records requests (see [`AuditEntry`]), in one transaction.
+    /// Records requests (see [`AuditEntry`]), in one transaction of as few
+    /// statements as it can: the writer holds the store's write lock for
+    /// as short a time as it can.
     pub fn insert_audit(&self, entries: &[AuditEntry]) -> Result<(), StateError> {
+        const ROWS: usize = 64;
         self.transaction(|b| {
-            for e in entries {
-                b.execute(
-                    "INSERT INTO audit (at, token, tenant, surface, method, path, status) VALUES ($1, $2, $3, $4, $5, $6, $7)",
-                    params![e.at, &e.token, &e.tenant, &e.surface, &e.method, &e.path, e.status],
-                )?;
+            for chunk in entries.chunks(ROWS) {
+                let mut sql =
+                    String::from("INSERT INTO audit (at, token, tenant, surface, method, path, status) VALUES ");
+                let mut values: Vec<crate::state::Value> = Vec::with_capacity(chunk.len() * 7);
+                for (i, e) in chunk.iter().enumerate() {
+                    let n = i * 7;
+                    if i > 0 {
+                        sql.push_str(", ");
+                    }
+                    sql.push_str(&format!(
+                        "(${}, ${}, ${}, ${}, ${}, ${}, ${})",
+                        n + 1,
+                        n + 2,
+                        n + 3,
+                        n + 4,
+                        n + 5,
+                        n + 6,
+                        n + 7
+                    ));
+                    values.extend([
+                        e.at.into(),
+                        e.token.clone().into(),
+                        e.tenant.clone().into(),
+                        e.surface.as_str().into(),
+                        e.method.as_str().into(),
+                        e.path.as_str().into(),
+                        e.status.into(),
+                    ]);
+                }
+                b.execute(&sql, &values)?;
             }
             Ok(())
         })

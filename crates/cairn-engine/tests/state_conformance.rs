@@ -436,7 +436,20 @@ fn audit_rows_are_kept_in_order_per_tenant_and_pruned_by_age(store: &Store) {
     ])
     .unwrap();
     db.insert_audit(&[row(4, Some("acme"), "/d")]).unwrap();
-    let all: Vec<String> = db.audit(None, 100).unwrap().into_iter().map(|r| r.path).collect();
+    // A batch past one statement's rows.
+    let many: Vec<AuditEntry> = (0..150)
+        .map(|i| row(100 + i, Some("many"), &format!("/m{i}")))
+        .collect();
+    db.insert_audit(&many).unwrap();
+    let back = db.audit(Some("many"), 1000).unwrap();
+    assert_eq!(back, many, "every row, in order");
+    let all: Vec<String> = db
+        .audit(None, 1000)
+        .unwrap()
+        .into_iter()
+        .map(|r| r.path)
+        .take(4)
+        .collect();
     assert_eq!(all, ["/a", "/b", "/c", "/d"], "oldest first");
     let acme: Vec<String> = db
         .audit(Some("acme"), 100)
@@ -446,11 +459,11 @@ fn audit_rows_are_kept_in_order_per_tenant_and_pruned_by_age(store: &Store) {
         .collect();
     assert_eq!(acme, ["/b", "/d"]);
     let newest: Vec<String> = db.audit(None, 2).unwrap().into_iter().map(|r| r.path).collect();
-    assert_eq!(newest, ["/c", "/d"], "the newest N");
-    assert_eq!(db.audit(None, 1).unwrap()[0], row(4, Some("acme"), "/d"));
+    assert_eq!(newest, ["/m148", "/m149"], "the newest N");
+    assert_eq!(db.audit(Some("acme"), 1).unwrap()[0], row(4, Some("acme"), "/d"));
     db.with(|b| Ok(b.execute("DELETE FROM audit WHERE at < $1", &[Value::Int(3)])?))
         .unwrap();
-    assert_eq!(db.audit(None, 100).unwrap().len(), 2);
+    assert_eq!(db.audit(None, 1000).unwrap().len(), 152);
 }
 
 fn rows_without_a_home_are_adopted_by_the_next_open(store: &Store) {

@@ -1012,7 +1012,8 @@ pub enum TokenCommand {
     },
     /// Who did what: the requests made to `cairn serve` (its API, the E2B
     /// API and /mcp) with the token and tenant that made each, newest last;
-    /// kept 30 days. Requests on the Unix socket show as `(socket)`.
+    /// kept 30 days. Requests on the Unix socket (its owner's, with no
+    /// token) are not recorded.
     Log {
         /// Only this tenant's requests.
         #[arg(long, value_name = "TENANT")]
