@@ -527,12 +527,12 @@ impl Engine {
     pub fn remove_tenant(&mut self, name: &str, force: bool) -> Result<(), EngineError> {
         let t = self.tenant(name)?;
         let sandboxes = self.db.owned(Owned::Sandbox, &t.name)?;
+        let its_sessions = self.db.owned(Owned::Session, &t.name)?;
         let sessions: Vec<_> = self
             .db
             .sessions()?
             .into_iter()
-            .filter(|s| s.state != crate::sessions::SessionState::Closed)
-            .filter(|s| matches!(self.db.owns(Owned::Session, &t.name, &s.id), Ok(true)))
+            .filter(|s| s.state != crate::sessions::SessionState::Closed && its_sessions.contains(&s.id))
             .collect();
         if !force && (!sandboxes.is_empty() || !sessions.is_empty()) {
             let mut what = Vec::new();
@@ -576,8 +576,17 @@ impl Engine {
         &mut self,
         f: impl FnOnce(&mut Self) -> Result<T, EngineError>,
     ) -> Result<T, EngineError> {
+        self.acting(None, f)
+    }
+
+    /// Runs `f` acting for `tenant`, then for whom it acted for before.
+    fn acting<T>(
+        &mut self,
+        tenant: Option<String>,
+        f: impl FnOnce(&mut Self) -> Result<T, EngineError>,
+    ) -> Result<T, EngineError> {
         let before = self.db.acting_for();
-        self.db.act_for(None);
+        self.db.act_for(tenant);
         let out = f(self);
         self.db.act_for(before);
         out
@@ -594,13 +603,10 @@ impl Engine {
         key: &str,
         f: impl FnOnce(&mut Self) -> Result<T, EngineError>,
     ) -> Result<T, EngineError> {
-        let before = self.db.acting_for();
-        if before.is_none() {
-            self.db.act_for(self.db.tenant_of(kind, key)?);
+        match self.db.acting_for() {
+            Some(tenant) => self.acting(Some(tenant), f),
+            None => self.acting(self.db.tenant_of(kind, key)?, f),
         }
-        let out = f(self);
-        self.db.act_for(before);
-        out
     }
 
     /// `name` as this engine's tenant stores it (see [`qualify`]); the
@@ -610,11 +616,6 @@ impl Engine {
             Some(t) => qualify(&t, &name),
             None => name,
         }
-    }
-
-    /// The tenant this engine acts for (`None`: the administrator).
-    pub fn acting_for(&self) -> Option<String> {
-        self.db.acting_for()
     }
 
     /// Makes this engine act for `tenant` (see [`Db::act_for`]).

@@ -262,7 +262,8 @@ pub async fn create(
             .engine(move |e| {
                 Ok(match e.image(&t) {
                     Ok(_) => None,
-                    Err(_) => visible_snapshot(e, &t).map(|s| s.driver),
+                    // A tenant's engine finds its own snapshots only.
+                    Err(_) => e.snapshot_record(&t).ok().map(|s| s.driver),
                 })
             })
             .await?
@@ -323,7 +324,7 @@ pub async fn create(
                 }
                 created(e.create_sandbox(&opts, &Silent))?
             } else {
-                match visible_snapshot(e, &template).ok_or(()) {
+                match e.snapshot_record(&template) {
                     Ok(snap) => e.restore(
                         &snap,
                         &CreateOptions {
@@ -493,16 +494,6 @@ pub async fn list(
         .collect();
     let (found, next) = page::page(found, |e| (e.started_at, e.id.as_str()), order, limit, after.as_ref());
     paged(found.iter().map(listed_json).collect(), next)
-}
-
-/// Snapshot `key` as a template, if the engine's tenant owns it (an
-/// administrator's engine: any).
-fn visible_snapshot(e: &Engine, key: &str) -> Option<SnapshotRecord> {
-    let snap = e.snapshot_record(key).ok()?;
-    match e.acting_for() {
-        Some(t) if !e.owns(cairn_engine::tenants::Owned::Snapshot, &t, &snap.id).ok()? => None,
-        _ => Some(snap),
-    }
 }
 
 fn known(gw: &Gateway, id: &str) -> Rest<Entry> {

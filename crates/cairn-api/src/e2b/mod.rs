@@ -328,6 +328,13 @@ impl Gateway {
         Ok(())
     }
 
+    /// Whether a sandbox here belongs to a tenant not in `tenants`.
+    fn has_orphans(&self, tenants: &HashSet<String>) -> bool {
+        let book = self.book.lock().unwrap_or_else(|e| e.into_inner());
+        book.values()
+            .any(|e| e.tenant.as_ref().is_some_and(|t| !tenants.contains(t)))
+    }
+
     /// Reads the book's owners again from the state store, once a sandbox's
     /// tenant is gone: `cairn tenant rm` took its running sandboxes' rows
     /// with it and gave its paused ones to the administrator.
@@ -493,11 +500,7 @@ fn spawn_token_watch(gw: Arc<Gateway>) {
                     });
                     // A sandbox of a tenant that is gone: `cairn tenant rm`
                     // removed its sandbox or gave it to the administrator.
-                    let orphaned = gw
-                        .entries()
-                        .iter()
-                        .any(|e| e.tenant.as_ref().is_some_and(|t| !tenants.contains(t)));
-                    if orphaned {
+                    if gw.has_orphans(&tenants) {
                         gw.reread_book().await;
                     }
                 }
