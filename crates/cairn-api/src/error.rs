@@ -146,6 +146,7 @@ fn status_of(e: &EngineError) -> StatusCode {
         }
         EngineError::Image(i) => match i {
             ImageError::NotFound(_) => S::NOT_FOUND,
+            ImageError::Shared(_) => S::FORBIDDEN,
             ImageError::BadName(_) | ImageError::Import { .. } => S::BAD_REQUEST,
             ImageError::MissingTool { .. } => S::SERVICE_UNAVAILABLE,
             _ => S::INTERNAL_SERVER_ERROR,

@@ -457,13 +457,18 @@ impl Engine {
     /// Forgets a template and removes the images its builds made (a
     /// sandbox running one keeps its layers).
     pub fn delete_e2b_template(&mut self, template_id: &str) -> Result<(), EngineError> {
-        for image in self.db.delete_e2b_template(template_id)? {
-            match self.remove_image(&image) {
-                Ok(()) => {}
-                Err(EngineError::Image(crate::images::ImageError::NotFound(_))) => {}
-                Err(e) => return Err(e),
+        let images = self.db.delete_e2b_template(template_id)?;
+        // The template was the caller's to delete: its builds' images go
+        // with it, by their stored names, whoever's engine built them.
+        self.as_administrator(|e| {
+            for image in images {
+                match e.remove_image(&image) {
+                    Ok(()) => {}
+                    Err(EngineError::Image(crate::images::ImageError::NotFound(_))) => {}
+                    Err(err) => return Err(err),
+                }
             }
-        }
-        Ok(())
+            Ok(())
+        })
     }
 }

@@ -74,6 +74,8 @@ const BUILD_UMASK: &str = "022";
 pub enum ImageError {
     #[error("no image named {0:?}; `cairn image ls` lists them, `cairn image build busybox|debian` or `cairn image import` makes one")]
     NotFound(String),
+    #[error("image {0:?} is the administrator's, shared with every tenant; a tenant removes its own images only")]
+    Shared(String),
     #[error("invalid image name {0:?}: use lowercase letters, digits, '.', '_' and '-', at most 64, starting with a letter or digit")]
     BadName(String),
     #[error("{tool} is not installed; install it with `apt-get install {package}`")]
@@ -265,7 +267,12 @@ impl Engine {
     /// Removes an image; layers no image or sandbox uses go with it.
     pub fn remove_image(&mut self, name: &str) -> Result<(), EngineError> {
         let img = self.image(name)?;
-        self.db.delete_image(name)?;
+        if let Some(t) = self.db.acting_for() {
+            if !self.db.owns(crate::tenants::Owned::Image, &t, &img.name)? {
+                return Err(ImageError::Shared(name.to_string()).into());
+            }
+        }
+        self.db.delete_image(&img.name)?;
         let referenced = self.db.referenced_layers()?;
         for l in img.layers.iter().filter(|l| !referenced.contains(*l)) {
             self.layers.remove(&crate::layer_id(l)?)?;

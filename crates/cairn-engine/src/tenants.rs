@@ -468,7 +468,7 @@ pub struct AuditEntry {
     /// The API token's id.
     pub token: Option<String>,
     pub tenant: Option<String>,
-    /// `api`, `e2b` or `mcp`.
+    /// `api`, `e2b`, `mcp`, or `cli` (a command run with `--token`).
     pub surface: String,
     pub method: String,
     pub path: String,
@@ -621,6 +621,20 @@ impl Engine {
     /// Makes this engine act for `tenant` (see [`Db::act_for`]).
     pub fn act_for(&self, tenant: Option<String>) {
         self.db.act_for(tenant);
+    }
+
+    /// The tenant this engine acts for; `None`: the administrator.
+    pub fn acting_for(&self) -> Option<String> {
+        self.db.acting_for()
+    }
+
+    /// The ids of the `kind` objects this engine's tenant owns, for
+    /// filtering a list; `None` for the administrator (everything).
+    pub fn mine(&self, kind: Owned) -> Result<Option<HashSet<String>>, EngineError> {
+        match self.db.acting_for() {
+            Some(t) => Ok(Some(self.db.owned(kind, &t)?)),
+            None => Ok(None),
+        }
     }
 
     pub fn owned(&self, kind: Owned, tenant: &str) -> Result<HashSet<String>, EngineError> {

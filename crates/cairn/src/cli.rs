@@ -39,6 +39,22 @@ pub struct Cli {
     /// state directory's store is then its cache. Unset: local only.
     #[arg(long, global = true, value_name = "URL", env = "CAIRN_STORE")]
     pub store: Option<String>,
+    /// Act as the holder of this API token (`cairn token create`; better
+    /// given as CAIRN_TOKEN, which `ps` does not show). A tenant's token
+    /// sees and acts on that tenant's sandboxes, snapshots, sessions, runs,
+    /// artifacts and images only (the administrator's images too, to use),
+    /// within the tenant's limits, and is refused the administrator's
+    /// commands (tenant, token, gc, verify, serve, worker, mcp, agent,
+    /// bench). Each command made with a token is in `cairn token log`.
+    /// Unset: the administrator.
+    #[arg(
+        long,
+        global = true,
+        value_name = "TOKEN",
+        env = "CAIRN_TOKEN",
+        hide_env_values = true
+    )]
+    pub token: Option<String>,
     /// Show debug logs on stderr.
     #[arg(long, short, global = true)]
     pub verbose: bool,
@@ -1011,9 +1027,10 @@ pub enum TokenCommand {
         json: bool,
     },
     /// Who did what: the requests made to `cairn serve` (its API, the E2B
-    /// API and /mcp) with the token and tenant that made each, newest last;
-    /// kept 30 days. Requests on the Unix socket (its owner's, with no
-    /// token) are not recorded.
+    /// API and /mcp) and the commands run with --token, with the token and
+    /// tenant that made each, newest last; kept 30 days. Requests on the
+    /// Unix socket and commands without a token (the owner's) are not
+    /// recorded.
     Log {
         /// Only this tenant's requests.
         #[arg(long, value_name = "TENANT")]

@@ -7,6 +7,7 @@ use std::os::unix::fs::{MetadataExt, PermissionsExt};
 use std::path::{Path, PathBuf};
 
 use anyhow::{bail, Context, Result};
+use cairn_engine::tenants::Owned;
 use cairn_engine::{CreateOptions, Engine, ExecStart, Home, SandboxRecord, SandboxState};
 use cairn_protocol::{ExecRequest, FileKind, FileMeta};
 use cairn_sandbox::client::{InitClient, SpawnFailure};
@@ -46,11 +47,26 @@ pub fn dispatch(cli: Cli) -> Result<i32> {
     if let Some(url) = cli.store {
         home = home.with_store(url);
     }
+    let Some(secret) = cli.token else {
+        return command(home, cli.command, None);
+    };
+    let caller = crate::caller::Caller::check(&home, &secret, &cli.command)?;
+    let out = command(home, cli.command, caller.tenant());
+    caller.record(match &out {
+        Ok(code) => *code,
+        Err(_) => i32::from(crate::CAIRN_FAILED),
+    });
+    out
+}
+
+/// Runs `cmd` for tenant `acting_for` (`None`: the administrator); a
+/// tenant's command is one [`crate::caller::Caller::check`] let it run.
+fn command(home: Home, cmd: Command, acting_for: Option<String>) -> Result<i32> {
     if let Command::BenchFlood {
         to,
         connections,
         addresses,
-    } = cli.command
+    } = cmd
     {
         crate::bench::flood_attacker(to, connections, addresses)?;
         return Ok(0);
@@ -65,7 +81,7 @@ pub fn dispatch(cli: Cli) -> Result<i32> {
         churn,
         against,
         json,
-    } = cli.command
+    } = cmd
     {
         let sessions = crate::bench::SessionsOptions { entries, size };
         let scale = crate::bench::ScaleOptions {
@@ -102,7 +118,7 @@ pub fn dispatch(cli: Cli) -> Result<i32> {
         fd_reserve,
         allowed_host,
         openapi,
-    } = cli.command
+    } = cmd
     {
         if openapi {
             print!("{}", cairn_api::openapi_json());
@@ -154,7 +170,7 @@ pub fn dispatch(cli: Cli) -> Result<i32> {
         served?;
         return Ok(0);
     }
-    if let Command::Mcp { schema } = cli.command {
+    if let Command::Mcp { schema } = cmd {
         if schema {
             println!("{}", serde_json::to_string_pretty(&cairn_api::mcp::tool_document())?);
             return Ok(0);
@@ -172,18 +188,18 @@ pub fn dispatch(cli: Cli) -> Result<i32> {
         runtime.shutdown_timeout(std::time::Duration::from_secs(2));
         return Ok(0);
     }
-    if let Command::Doctor { json } = cli.command {
+    if let Command::Doctor { json } = cmd {
         return crate::doctor::doctor(&home, json);
     }
-    if let Command::Agent(cmd) = cli.command {
+    if let Command::Agent(cmd) = cmd {
         return crate::agent::agent(&home, cmd);
     }
-    if let Command::Worker { opts, list } = cli.command {
+    if let Command::Worker { opts, list } = cmd {
         return crate::worker::worker(home, opts, list);
     }
     // A command about to start a native sandbox has its init start first,
     // so that init's own start overlaps with opening the state store.
-    let starts_native = match &cli.command {
+    let starts_native = match &cmd {
         Command::Run {
             show: None, sandbox, ..
         } => sandbox.driver == "native",
@@ -195,7 +211,10 @@ pub fn dispatch(cli: Cli) -> Result<i32> {
     } else {
         Engine::open(home)?
     };
-    let result = match cli.command {
+    // A tenant's command acts for it: lookups, names, limits and owners
+    // follow the rules the API's do.
+    engine.act_for(acting_for);
+    let result = match cmd {
         Command::Run { show: Some(cmd), .. } => crate::pipelines::deprecated(&mut engine, cmd),
         Command::Run {
             sandbox,
@@ -422,7 +441,10 @@ pub fn dispatch(cli: Cli) -> Result<i32> {
             Ok(if whole { 0 } else { 1 })
         }
         Command::Snapshots { tree, json } => {
-            crate::lineage::print(&engine.snapshots()?, &engine.remote_durability()?, tree, json).map(|()| 0)
+            let mine = engine.mine(Owned::Snapshot)?;
+            let mut all = engine.snapshots()?;
+            all.retain(|s| mine.as_ref().is_none_or(|m| m.contains(&s.id)));
+            crate::lineage::print(&all, &engine.remote_durability()?, tree, json).map(|()| 0)
         }
         Command::Fork {
             source,
@@ -793,7 +815,9 @@ pub(crate) fn temporary_beside(to: &Path) -> Result<tempfile::NamedTempFile> {
 }
 
 fn ps(engine: &mut Engine, quiet: bool, json: bool) -> Result<()> {
-    let rows = engine.list_sandboxes()?;
+    let mine = engine.mine(Owned::Sandbox)?;
+    let mut rows = engine.list_sandboxes()?;
+    rows.retain(|r| mine.as_ref().is_none_or(|m| m.contains(&r.id)));
     if json {
         println!("{}", serde_json::to_string_pretty(&rows)?);
     } else if quiet {
@@ -933,6 +957,7 @@ fn image(engine: &mut Engine, cmd: ImageCommand) -> Result<()> {
                 let Some(name) = name else {
                     bail!("--file needs --name: the name of the image it builds");
                 };
+                let name = engine.qualified(name);
                 if !packages.is_empty() || suite.is_some() {
                     bail!("--packages and --suite apply to the Debian kinds; a Dockerfile says what it installs");
                 }
@@ -960,6 +985,8 @@ fn image(engine: &mut Engine, cmd: ImageCommand) -> Result<()> {
                 println!("{}", rec.name);
                 return Ok(());
             };
+            // A tenant's image is named in its own namespace.
+            let name = |default: &str| engine.qualified(name.clone().unwrap_or_else(|| default.to_string()));
             let rec = match kind {
                 ImageKind::Busybox => {
                     if !packages.is_empty() || suite.is_some() {
@@ -967,33 +994,28 @@ fn image(engine: &mut Engine, cmd: ImageCommand) -> Result<()> {
                             "--packages and --suite apply to Debian images (debian, code-interpreter, e2b-base) only"
                         );
                     }
-                    engine.build_busybox(name.as_deref().unwrap_or("busybox"), &steps)?
+                    engine.build_busybox(&name("busybox"), &steps)?
                 }
-                ImageKind::Debian => {
-                    engine.build_debian(name.as_deref().unwrap_or("debian"), suite.as_deref(), &packages, &steps)?
-                }
+                ImageKind::Debian => engine.build_debian(&name("debian"), suite.as_deref(), &packages, &steps)?,
                 ImageKind::E2bBase => engine.build_e2b_base(
-                    name.as_deref().unwrap_or(cairn_engine::images::E2B_BASE),
+                    &name(cairn_engine::images::E2B_BASE),
                     suite.as_deref(),
                     &packages,
                     &steps,
                 )?,
-                ImageKind::CodeInterpreter => engine.build_code_interpreter(
-                    name.as_deref().unwrap_or("code-interpreter"),
-                    suite.as_deref(),
-                    &packages,
-                    &steps,
-                )?,
+                ImageKind::CodeInterpreter => {
+                    engine.build_code_interpreter(&name("code-interpreter"), suite.as_deref(), &packages, &steps)?
+                }
             };
             drop(steps);
             println!("{}", rec.name);
         }
         ImageCommand::Import { path, name } => {
-            let rec = engine.import_image(&path, &name, &Steps::new())?;
+            let rec = engine.import_image(&path, &engine.qualified(name), &Steps::new())?;
             println!("{}", rec.name);
         }
         ImageCommand::Tag { image, name } => {
-            let rec = engine.tag_image(&image, &name)?;
+            let rec = engine.tag_image(&image, &engine.qualified(name))?;
             println!("{}", rec.name);
         }
         ImageCommand::Ls { json } => {

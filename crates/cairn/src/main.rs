@@ -3,6 +3,7 @@
 mod agent;
 mod bench;
 mod bundle;
+mod caller;
 mod cli;
 mod commands;
 mod doctor;

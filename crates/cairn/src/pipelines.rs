@@ -6,6 +6,7 @@ use std::io::Write;
 use anyhow::{bail, Context, Result};
 use cairn_engine::pipeline::records::RunRecord;
 use cairn_engine::pipeline::run::{parse_params, RunWatcher};
+use cairn_engine::tenants::Owned;
 use cairn_engine::Engine;
 
 use cairn_engine::pipeline::approval::{approve_command, Verdict, AWAITING};
@@ -339,7 +340,9 @@ impl Listed<'_> {
 }
 
 pub fn runs(engine: &Engine, json: bool) -> Result<()> {
-    let records = engine.runs()?;
+    let mine = engine.mine(Owned::Run)?;
+    let mut records = engine.runs()?;
+    records.retain(|r| mine.as_ref().is_none_or(|m| m.contains(&r.id)));
     let runs: Vec<Listed> = records.iter().map(|r| Listed::of(engine, r)).collect();
     if json {
         println!("{}", serde_json::to_string_pretty(&runs)?);
@@ -642,7 +645,7 @@ impl Tree<'_> {
 pub fn dlq(engine: &mut Engine, cmd: DlqCommand) -> Result<i32> {
     match cmd {
         DlqCommand::Ls { json } => {
-            let all = engine.dead_letters()?;
+            let all = own_dead_letters(engine)?;
             if json {
                 println!("{}", serde_json::to_string_pretty(&all)?);
             } else {
@@ -666,8 +669,7 @@ pub fn dlq(engine: &mut Engine, cmd: DlqCommand) -> Result<i32> {
             Ok(0)
         }
         DlqCommand::Show { id } => {
-            let d = engine
-                .dead_letters()?
+            let d = own_dead_letters(engine)?
                 .into_iter()
                 .find(|d| d.id.starts_with(&id))
                 .with_context(|| format!("no dead letter matches {id:?}; `cairn dlq ls` lists them"))?;
@@ -683,6 +685,15 @@ pub fn dlq(engine: &mut Engine, cmd: DlqCommand) -> Result<i32> {
     }
 }
 
+/// The dead letters of the runs this engine's tenant owns (all, for the
+/// administrator).
+fn own_dead_letters(engine: &Engine) -> Result<Vec<cairn_engine::pipeline::records::DeadLetter>> {
+    let mine = engine.mine(Owned::Run)?;
+    let mut all = engine.dead_letters()?;
+    all.retain(|d| mine.as_ref().is_none_or(|m| m.contains(&d.run_id)));
+    Ok(all)
+}
+
 pub fn artifact(engine: &Engine, cmd: ArtifactCommand) -> Result<()> {
     match cmd {
         ArtifactCommand::Ls { run, json } => {
@@ -690,7 +701,9 @@ pub fn artifact(engine: &Engine, cmd: ArtifactCommand) -> Result<()> {
                 Some(r) => Some(engine.run_record(&r)?.id),
                 None => None,
             };
-            let all = engine.artifacts(run.as_deref())?;
+            let mine = engine.mine(Owned::Run)?;
+            let mut all = engine.artifacts(run.as_deref())?;
+            all.retain(|a| mine.as_ref().is_none_or(|m| m.contains(&a.run_id)));
             if json {
                 println!("{}", serde_json::to_string_pretty(&all)?);
             } else {

@@ -48,7 +48,9 @@ pub fn session(engine: &mut Engine, cmd: SessionCommand) -> Result<i32> {
             println!("{}", s.id);
         }
         SessionCommand::Ls { tree, json } => {
-            let all = engine.sessions()?;
+            let mine = engine.mine(cairn_engine::tenants::Owned::Session)?;
+            let mut all = engine.sessions()?;
+            all.retain(|s| mine.as_ref().is_none_or(|m| m.contains(&s.id)));
             if tree {
                 crate::lineage::print_tree(
                     &all,

@@ -1141,10 +1141,13 @@ impl Engine {
     /// Retries a dead letter: its stage runs again (from its newest
     /// checkpoint or its input, with fresh retries), then the rest of the run.
     pub fn retry_dead_letter(&mut self, key: &str, watch: &dyn RunWatcher) -> Result<RunRecord, EngineError> {
+        // A tenant's engine finds its own runs' dead letters only.
+        let mine = self.mine(crate::tenants::Owned::Run)?;
         let dl = self
             .db
             .dead_letters()?
             .into_iter()
+            .filter(|d| mine.as_ref().is_none_or(|m| m.contains(&d.run_id)))
             .find(|d| d.id == key || (key.len() >= 4 && d.id.starts_with(key)))
             .ok_or_else(|| RunError::NoSuchDeadLetter(key.to_string()))?;
         let _orchestrating = self.lock_run(&dl.run_id)?;
