@@ -468,7 +468,8 @@ pub struct AuditEntry {
     /// The API token's id.
     pub token: Option<String>,
     pub tenant: Option<String>,
-    /// `api`, `e2b`, `mcp`, or `cli` (a command run with `--token`).
+    /// `api`, `e2b`, `mcp`, `envd` (an E2B sandbox's, with the access token
+    /// issued to `token`), or `cli` (a command run with `--token`).
     pub surface: String,
     pub method: String,
     pub path: String,

@@ -1027,10 +1027,10 @@ pub enum TokenCommand {
         json: bool,
     },
     /// Who did what: the requests made to `cairn serve` (its API, the E2B
-    /// API and /mcp) and the commands run with --token, with the token and
-    /// tenant that made each, newest last; kept 30 days. Requests on the
-    /// Unix socket and commands without a token (the owner's) are not
-    /// recorded.
+    /// API and its sandboxes' envd, /mcp) and the commands run with --token,
+    /// with the token and tenant that made each, newest last; kept 30
+    /// days. Requests on the Unix socket and commands without a token (the
+    /// owner's) are not recorded.
     Log {
         /// Only this tenant's requests.
         #[arg(long, value_name = "TENANT")]

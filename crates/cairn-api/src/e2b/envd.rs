@@ -4,8 +4,9 @@
 
 use std::sync::Arc;
 
-use axum::extract::State;
+use axum::extract::{Request, State};
 use axum::http::{HeaderMap, StatusCode};
+use axum::middleware::Next;
 use axum::response::{IntoResponse, Response};
 use base64::Engine as _;
 use cairn_protocol::{FileKind, FileMeta};
@@ -73,6 +74,36 @@ pub(crate) async fn sandbox_of(gw: &Gateway, headers: &HeaderMap) -> Result<(Ent
             "sandbox {id} was not found: it is paused; connect to it to resume"
         ))),
     }
+}
+
+/// Records each envd request made with a sandbox's access token in the
+/// request log (`cairn token log`, surface `envd`): the API key the token
+/// was issued to and the sandbox's tenant. A request without a sandbox's
+/// valid access token was made by no token and is not recorded.
+pub(crate) async fn record(State(gw): State<Arc<Gateway>>, req: Request, next: Next) -> Response {
+    let made_by = {
+        let header = |n: &str| req.headers().get(n).and_then(|v| v.to_str().ok()).map(str::trim);
+        match (header("e2b-sandbox-id"), header("x-access-token")) {
+            (Some(id), Some(token)) if !token.is_empty() => gw
+                .entry(id)
+                .filter(|e| same(&gw.token(e), token))
+                .map(|e| (e.grant, e.tenant)),
+            _ => None,
+        }
+    };
+    let (method, path) = (req.method().clone(), req.uri().path().to_string());
+    let resp = next.run(req).await;
+    if let Some((grant, tenant)) = made_by {
+        gw.app.audit.record(
+            grant.as_deref(),
+            tenant.as_deref(),
+            "envd",
+            method.as_str(),
+            &path,
+            resp.status().as_u16(),
+        );
+    }
+    resp
 }
 
 /// The user from `Authorization: Basic base64(user:)` (what the SDK sends

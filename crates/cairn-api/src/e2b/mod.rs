@@ -632,7 +632,8 @@ pub fn router(app: Arc<App>, options: E2bOptions) -> Router {
                 .layer(axum::extract::DefaultBodyLimit::disable()),
         )
         .route("/process.Process/{method}", post(rpc::process))
-        .route("/filesystem.Filesystem/{method}", post(rpc::filesystem));
+        .route("/filesystem.Filesystem/{method}", post(rpc::filesystem))
+        .route_layer(axum::middleware::from_fn_with_state(Arc::clone(&gw), envd::record));
     api.merge(envd)
         .fallback(|req: axum::extract::Request| async move {
             RestError::new(
