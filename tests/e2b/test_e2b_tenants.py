@@ -183,3 +183,29 @@ def test_limits_refuse_cleanly_and_removing_a_tenant_ends_its_keys_and_tokens(ca
     # An envd row names the API key its access token was issued to.
     assert {r["token"] for r in log if r["surface"] == "envd"} <= {r["token"] for r in log if r["surface"] == "e2b"}, log
     assert any(r["method"] == "POST" and r["path"].endswith("/sandboxes") and r["status"] == 429 for r in log), log
+
+
+def test_revoking_a_tenants_key_ends_the_access_tokens_it_was_issued(cairn_e2b):
+    name, a = _tenant(cairn_e2b)
+    out = _cairn(cairn_e2b, "token", "create", f"{name}-second", "--tenant", name, "--json")
+    assert out.returncode == 0, out.stderr
+    second = json.loads(out.stdout)["secret"]
+    s = Sandbox.create(api_key=second)
+    try:
+        token = s._envd_access_token
+        envd = lambda: httpx.get(  # noqa: E731
+            os.environ["E2B_SANDBOX_URL"] + "/files",
+            params={"path": "/etc/passwd"},
+            headers={"E2b-Sandbox-Id": s.sandbox_id, "X-Access-Token": token},
+        )
+        assert envd().status_code == 200
+        assert _cairn(cairn_e2b, "token", "rm", f"{name}-second").returncode == 0
+        assert envd().status_code == 401
+        with pytest.raises(AuthenticationException):
+            Sandbox.list(api_key=second).next_items()
+        # The tenant's other key still reaches the sandbox, with a new
+        # access token issued to it.
+        again = Sandbox.connect(s.sandbox_id, api_key=a)
+        assert again.commands.run("echo still").stdout == "still\n"
+    finally:
+        Sandbox.kill(s.sandbox_id)
