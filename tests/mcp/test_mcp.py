@@ -458,9 +458,16 @@ def test_session_lifecycle_tools_record_the_caller_and_reason(cairn, transport):
     assert "try a variant" in json.dumps(shown), shown
 
 
-def _tenant_client(cairn, token, mode):
-    http = create_mcp_http_client(headers={"Authorization": f"Bearer {token}"})
-    return Client(streamable_http_client(cairn["url"], http_client=http), mode=mode, read_timeout_seconds=120, cache=None)
+def _tenant_client(cairn, token, transport, mode):
+    """A client with `token`: as the bearer token of /mcp, or as the
+    CAIRN_TOKEN an MCP client's configuration gives `cairn mcp`."""
+    if transport == "stdio":
+        env = {k: cairn["env"][k] for k in ("CAIRN_HOME", "PATH", "HOME") if k in cairn["env"]}
+        target = StdioServerParameters(command=cairn["bin"], args=["mcp"], env=dict(env, CAIRN_TOKEN=token))
+    else:
+        http = create_mcp_http_client(headers={"Authorization": f"Bearer {token}"})
+        target = streamable_http_client(cairn["url"], http_client=http)
+    return Client(target, mode=mode, read_timeout_seconds=120, cache=None)
 
 
 def _tenant_token(cairn, tenant):
@@ -468,15 +475,15 @@ def _tenant_token(cairn, tenant):
     return json.loads(cairn["cli"]("token", "create", f"{tenant}-mcp", "--tenant", tenant, "--json"))["secret"]
 
 
-@pytest.mark.parametrize("mode", ERAS)
-def test_a_tenants_token_reaches_its_own_sessions_snapshots_and_stages_only(cairn, mode):
+@pytest.mark.parametrize("transport,mode", CASES)
+def test_a_tenants_token_reaches_its_own_sessions_snapshots_and_stages_only(cairn, transport, mode):
     tag = uuid.uuid4().hex[:6]
     acme = _tenant_token(cairn, f"acme{tag}")
     globex = _tenant_token(cairn, f"globex{tag}")
     session = f"acme-{tag}"
 
     async def as_acme():
-        async with _tenant_client(cairn, acme, mode) as c:
+        async with _tenant_client(cairn, acme, transport, mode) as c:
             await call(c, "session_create", {"name": session, "reason": "acme's work"})
             await call(c, "write_file", {"session": session, "path": "/tmp/secret", "content": "acme\n",
                                          "reason": "a secret"})
@@ -495,7 +502,7 @@ def test_a_tenants_token_reaches_its_own_sessions_snapshots_and_stages_only(cair
     missing_snap = "0" * len(snap)
 
     async def as_globex():
-        async with _tenant_client(cairn, globex, mode) as c:
+        async with _tenant_client(cairn, globex, transport, mode) as c:
             plan = await call(c, "plan_stage", {"context": "what is there", "reason": "look"})
             assert snap not in [s["id"] for s in plan["snapshots"]]
             pairs = [
@@ -525,10 +532,19 @@ def test_a_tenants_token_reaches_its_own_sessions_snapshots_and_stages_only(cair
     run(as_globex)
     # Acme's session is untouched and still its own.
     async def check():
-        async with _tenant_client(cairn, acme, mode) as c:
+        async with _tenant_client(cairn, acme, transport, mode) as c:
             f = await call(c, "read_file", {"session": session, "path": "/tmp/secret"})
             assert f["content"] == "acme\n"
 
     run(check)
     rows = json.loads(cairn["cli"]("token", "log", "--tenant", f"globex{tag}", "--json", "-n", "1000"))
-    assert rows and all(r["surface"] == "mcp" and r["path"] == "/mcp" for r in rows), rows
+    if transport == "http":
+        assert rows and all(r["surface"] == "mcp" and r["path"] == "/mcp" for r in rows), rows
+    else:
+        # One row per tool call, and one for the `cairn mcp` command.
+        calls = [r for r in rows if r["surface"] == "mcp"]
+        assert all(r["method"] == "CALL" for r in calls), rows
+        assert {"exec", "restore", "dlq", "plan_stage"} <= {r["path"] for r in calls}, rows
+        assert any(r["path"] == "exec" and r["status"] == 422 for r in calls), rows
+        assert any(r["path"] == "dlq" and r["status"] == 200 for r in calls), rows
+        assert [r["path"] for r in rows if r["surface"] == "cli"] == ["cairn mcp"], rows

@@ -25,11 +25,56 @@ pub struct CairnMcp {
     tools: Arc<Tools>,
     /// The transport, for the caller recorded with each call.
     transport: &'static str,
+    /// On stdio, the token `cairn mcp` was given, if any: whose objects
+    /// every call sees, and where each call is recorded.
+    stdio: Option<Arc<StdioCaller>>,
 }
 
 impl CairnMcp {
     pub fn new(tools: Arc<Tools>, transport: &'static str) -> CairnMcp {
-        CairnMcp { tools, transport }
+        CairnMcp {
+            tools,
+            transport,
+            stdio: None,
+        }
+    }
+}
+
+/// The holder of the token `cairn mcp` was started with (`--token`,
+/// `CAIRN_TOKEN`): every tool call acts for its tenant and is recorded in
+/// the request log (surface `mcp`, method `CALL`, the tool's name; status
+/// 200, 400 for a call refused as invalid, 422 for a tool that failed).
+pub struct StdioCaller {
+    /// The token's id.
+    pub token: String,
+    pub tenant: Option<String>,
+    log: std::sync::Mutex<cairn_engine::Engine>,
+}
+
+impl StdioCaller {
+    pub fn new(home: Home, token: String, tenant: Option<String>) -> Result<StdioCaller, String> {
+        let engine = cairn_engine::Engine::open(home).map_err(|e| e.to_string())?;
+        Ok(StdioCaller {
+            token,
+            tenant,
+            log: std::sync::Mutex::new(engine),
+        })
+    }
+
+    fn record(&self, tool: &str, status: u16) {
+        let row = cairn_engine::tenants::AuditEntry {
+            at: cairn_engine::now_ms(),
+            token: Some(self.token.clone()),
+            tenant: self.tenant.clone(),
+            surface: "mcp".into(),
+            method: "CALL".into(),
+            path: tool.chars().take(128).collect(),
+            status: i64::from(status),
+        };
+        let engine = self.log.lock().unwrap_or_else(|e| e.into_inner());
+        if let Err(e) = engine.record_audit(&[row]) {
+            tracing::warn!("the request log could not record a call of {tool}: {e}");
+        }
     }
 }
 
@@ -113,17 +158,33 @@ impl ServerHandler for CairnMcp {
                 }
             })
         });
-        // Over HTTP, the request's token says whose objects the call sees.
-        let tenant = context
-            .extensions
-            .get::<axum::http::request::Parts>()
-            .and_then(|p| p.extensions.get::<crate::admission::Caller>())
-            .and_then(|c| c.tenant.clone());
+        // Over HTTP, the request's token says whose objects the call sees;
+        // on stdio, the token `cairn mcp` was given.
+        let tenant = match &self.stdio {
+            Some(s) => s.tenant.clone(),
+            None => context
+                .extensions
+                .get::<axum::http::request::Parts>()
+                .and_then(|p| p.extensions.get::<crate::admission::Caller>())
+                .and_then(|c| c.tenant.clone()),
+        };
         let tools = Arc::clone(&self.tools);
         let tool = name.clone();
+        let stdio = self.stdio.clone();
         let outcome = tokio::task::spawn_blocking(move || {
             let notifier = Notifier { tx };
-            tools.call_for(tenant.as_deref(), &tool, arguments, &caller, &notifier)
+            let outcome = tools.call_for(tenant.as_deref(), &tool, arguments, &caller, &notifier);
+            if let Some(s) = stdio {
+                s.record(
+                    &tool,
+                    match &outcome {
+                        Ok(_) => 200,
+                        Err(ToolError::UnknownTool(_) | ToolError::InvalidArguments { .. }) => 400,
+                        Err(ToolError::Failed(_)) => 422,
+                    },
+                );
+            }
+            outcome
         })
         .await
         .map_err(|e| ErrorData::internal_error(format!("the tool's thread failed: {e}"), None))?;
@@ -164,9 +225,11 @@ pub fn http_service(home: Home, stop: CancellationToken) -> StreamableHttpServic
     )
 }
 
-/// `cairn mcp`: serves on stdin and stdout until the client closes them.
-pub async fn serve_stdio(home: Home) -> Result<(), String> {
-    let server = CairnMcp::new(Arc::new(Tools::new(home)), "stdio");
+/// `cairn mcp`: serves on stdin and stdout until the client closes them;
+/// with a `caller` (the token it was given), as that token's holder.
+pub async fn serve_stdio(home: Home, caller: Option<StdioCaller>) -> Result<(), String> {
+    let mut server = CairnMcp::new(Arc::new(Tools::new(home)), "stdio");
+    server.stdio = caller.map(Arc::new);
     let running = server
         .serve(rmcp::transport::stdio())
         .await

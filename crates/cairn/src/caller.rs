@@ -57,6 +57,11 @@ impl Caller {
         self.token.tenant.clone()
     }
 
+    /// The token's id (never its secret).
+    pub fn token_id(&self) -> &str {
+        &self.token.id
+    }
+
     /// Records the command in the request log with its exit status.
     pub fn record(&self, status: i32) {
         let row = AuditEntry {
@@ -85,7 +90,6 @@ fn administrators(cmd: &Command) -> Option<&'static str> {
         Command::Verify { .. } => Some("verify"),
         Command::Serve { .. } => Some("serve"),
         Command::Worker { .. } => Some("worker"),
-        Command::Mcp { .. } => Some("mcp"),
         Command::Agent(_) => Some("agent"),
         Command::Bench { .. } => Some("bench"),
         Command::BenchFlood { .. } => Some("bench-flood"),
@@ -109,6 +113,7 @@ fn administrators(cmd: &Command) -> Option<&'static str> {
         | Command::Restore { .. }
         | Command::Reset { .. }
         | Command::Image(_)
+        | Command::Mcp { .. }
         | Command::Doctor { .. } => None,
     }
 }

@@ -44,8 +44,9 @@ pub struct Cli {
     /// sees and acts on that tenant's sandboxes, snapshots, sessions, runs,
     /// artifacts and images only (the administrator's images too, to use),
     /// within the tenant's limits, and is refused the administrator's
-    /// commands (tenant, token, gc, verify, serve, worker, mcp, agent,
-    /// bench). Each command made with a token is in `cairn token log`.
+    /// commands (tenant, token, gc, verify, serve, worker, agent, bench).
+    /// Each command made with a token is in `cairn token log` (each tool
+    /// call of `cairn mcp`).
     /// Unset: the administrator.
     #[arg(
         long,
@@ -551,7 +552,13 @@ pub enum Command {
     /// before (with the initialize handshake); logs go to stderr. Stages it
     /// starts run on its threads: one still running when the client closes
     /// the stream is interrupted, and `cairn pipeline resume RUN` continues it.
-    #[command(after_help = "Examples:\n  cairn mcp\n  cairn mcp --schema > tools.json")]
+    /// With a token (CAIRN_TOKEN in the client's configuration of the
+    /// server, or --token), the tools act as its holder: a tenant's token
+    /// sees and makes that tenant's objects only, and each call is in
+    /// `cairn token log`.
+    #[command(
+        after_help = "Examples:\n  cairn mcp\n  CAIRN_TOKEN=cairn_… cairn mcp   # as a tenant\n  cairn mcp --schema > tools.json"
+    )]
     Mcp {
         /// Print the tool schema (the block in docs/tools.md) and exit.
         #[arg(long)]

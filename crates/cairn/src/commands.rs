@@ -51,7 +51,7 @@ pub fn dispatch(cli: Cli) -> Result<i32> {
         return command(home, cli.command, None);
     };
     let caller = crate::caller::Caller::check(&home, &secret, &cli.command)?;
-    let out = command(home, cli.command, caller.tenant());
+    let out = command(home, cli.command, Some(&caller));
     caller.record(match &out {
         Ok(code) => *code,
         Err(_) => i32::from(crate::CAIRN_FAILED),
@@ -59,9 +59,11 @@ pub fn dispatch(cli: Cli) -> Result<i32> {
     out
 }
 
-/// Runs `cmd` for tenant `acting_for` (`None`: the administrator); a
-/// tenant's command is one [`crate::caller::Caller::check`] let it run.
-fn command(home: Home, cmd: Command, acting_for: Option<String>) -> Result<i32> {
+/// Runs `cmd` as `caller`, the holder of the token it was given (`None`:
+/// the administrator); a tenant's command is one
+/// [`crate::caller::Caller::check`] let it run.
+fn command(home: Home, cmd: Command, caller: Option<&crate::caller::Caller>) -> Result<i32> {
+    let acting_for = caller.and_then(crate::caller::Caller::tenant);
     if let Command::BenchFlood {
         to,
         connections,
@@ -178,12 +180,19 @@ fn command(home: Home, cmd: Command, acting_for: Option<String>) -> Result<i32> 
         // Opened once here so that a home that cannot be used fails at start,
         // not at the first tool call.
         drop(Engine::open(home.clone())?);
+        let caller = match caller {
+            Some(c) => Some(
+                cairn_api::mcp::StdioCaller::new(home.clone(), c.token_id().to_string(), c.tenant())
+                    .map_err(anyhow::Error::msg)?,
+            ),
+            None => None,
+        };
         let runtime = tokio::runtime::Builder::new_multi_thread()
             .enable_all()
             .build()
             .context("starting the MCP server's runtime")?;
         runtime
-            .block_on(cairn_api::mcp::serve_stdio(home))
+            .block_on(cairn_api::mcp::serve_stdio(home, caller))
             .map_err(anyhow::Error::msg)?;
         runtime.shutdown_timeout(std::time::Duration::from_secs(2));
         return Ok(0);

@@ -269,7 +269,6 @@ fn a_tenants_token_on_the_cli_sees_and_acts_on_its_own_objects_only() {
         vec!["verify", "--all"],
         vec!["worker", "ls"],
         vec!["serve", "--openapi"],
-        vec!["mcp", "--schema"],
         vec!["agent", "ls"],
     ] {
         let err = refused(&home, &acme, &args, "");
