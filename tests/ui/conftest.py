@@ -87,6 +87,7 @@ def cairn():
     env = dict(os.environ, CAIRN_HOME=home)
     # The embedded store: one test writes a synthetic run into its state.db.
     env.pop("CAIRN_STATE", None)
+    env.pop("CAIRN_TOKEN", None)
 
     def cli(*args, check=True):
         return subprocess.run([binary, *args], env=env, check=check, capture_output=True, text=True)

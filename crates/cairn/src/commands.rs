@@ -1107,13 +1107,15 @@ fn token(engine: &Engine, cmd: crate::cli::TokenCommand) -> Result<()> {
 /// Runs `remove` on every key, printing each one removed and saying why
 /// of each refused; the last refusal is the command's error.
 fn each(keys: Vec<String>, mut remove: impl FnMut(&str) -> Result<(), cairn_engine::EngineError>) -> Result<()> {
-    let mut failed = None;
+    let mut failed: Option<cairn_engine::EngineError> = None;
     for key in keys {
         match remove(&key) {
             Ok(()) => println!("{key}"),
             Err(e) => {
-                eprintln!("cairn: {e}");
-                failed = Some(e);
+                // Each said once: the last is the command's own error.
+                if let Some(earlier) = failed.replace(e) {
+                    eprintln!("cairn: error: {earlier}");
+                }
             }
         }
     }

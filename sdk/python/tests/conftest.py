@@ -45,6 +45,7 @@ def server():
     home = tempfile.mkdtemp(prefix="cairn-sdk-test-")
     env = {**os.environ, "CAIRN_HOME": home}
     env.pop("CAIRN_URL", None)
+    env.pop("CAIRN_TOKEN", None)  # the CLI would act as its holder
     token = subprocess.run([binary, "token", "create", "sdk-tests", "--home", home], env=env, check=True,
                            capture_output=True, text=True).stdout.strip()
     port = _free_port()

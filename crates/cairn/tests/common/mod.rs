@@ -277,6 +277,8 @@ impl Home {
             None => c.env_remove("CAIRN_STATE"),
         };
         c.env_remove("CAIRN_STORE");
+        // The test's commands are the administrator's unless a test says.
+        c.env_remove("CAIRN_TOKEN");
         c.envs(self.env.iter().map(|(k, v)| (k, v)));
         c
     }
