@@ -244,6 +244,18 @@ impl Db {
         })
     }
 
+    /// Replaces a tenant's limits; false when there is no such tenant. A
+    /// limit lowered below what the tenant holds refuses its next sandbox
+    /// and takes none away.
+    pub fn set_tenant_limits(&self, t: &TenantRecord) -> Result<bool, StateError> {
+        self.with(|b| {
+            Ok(b.execute(
+                "UPDATE tenants SET max_sandboxes = $2, max_memory = $3, max_disk = $4 WHERE name = $1",
+                params![&t.name, t.max_sandboxes, t.max_memory, t.max_disk],
+            )? > 0)
+        })
+    }
+
     pub fn tenants(&self) -> Result<Vec<TenantRecord>, StateError> {
         self.with(|b| {
             b.query(&format!("SELECT {TENANT_COLUMNS} FROM tenants ORDER BY name"), &[])?
@@ -499,6 +511,32 @@ impl Engine {
             Err(StateError::Conflict(_)) => Err(TenantError::Exists(name.to_string()).into()),
             other => Ok(other.map(|()| t)?),
         }
+    }
+
+    /// Changes a tenant's limits: each `Some` replaces one (`Some(None)`:
+    /// none); the others are kept. Returns the tenant as it is now.
+    pub fn set_tenant_limits(
+        &self,
+        name: &str,
+        max_sandboxes: Option<Option<u64>>,
+        max_memory: Option<Option<u64>>,
+        max_disk: Option<Option<u64>>,
+    ) -> Result<TenantRecord, EngineError> {
+        let as_i64 = |v: Option<u64>| v.map(|v| v.min(i64::MAX as u64) as i64);
+        let mut t = self.tenant(name)?;
+        if let Some(v) = max_sandboxes {
+            t.max_sandboxes = as_i64(v);
+        }
+        if let Some(v) = max_memory {
+            t.max_memory = as_i64(v);
+        }
+        if let Some(v) = max_disk {
+            t.max_disk = as_i64(v);
+        }
+        if !self.db.set_tenant_limits(&t)? {
+            return Err(TenantError::NoSuchTenant(name.to_string()).into());
+        }
+        Ok(t)
     }
 
     pub fn tenants(&self) -> Result<Vec<(TenantRecord, TenantUsage)>, EngineError> {

@@ -338,6 +338,19 @@ fn tenant_limits_hold_against_creates_racing_for_the_last_slot(store: &Store) {
         3,
         "a refused create left no row"
     );
+    // A raised limit lets the next one in; a lowered one takes none away.
+    let mut raised = db.tenant("small").unwrap().unwrap();
+    raised.max_sandboxes = Some(4);
+    assert!(db.set_tenant_limits(&raised).unwrap());
+    let mut as_small = store.open();
+    as_small.act_for(Some("small".into()));
+    as_small.insert_sandbox(&sandbox("sb0100", "box-100")).unwrap();
+    raised.max_sandboxes = Some(1);
+    assert!(db.set_tenant_limits(&raised).unwrap());
+    assert_eq!(db.tenant_usage("small").unwrap().sandboxes, 4);
+    assert!(as_small.insert_sandbox(&sandbox("sb0101", "box-101")).is_err());
+    assert_eq!(db.tenant("small").unwrap().unwrap().max_sandboxes, Some(1));
+    assert!(!db.set_tenant_limits(&tenant("nobody", None, None)).unwrap());
     // Memory: 3 GiB held of 5; another 1 GiB sandbox would be a fourth.
     let mut db = store.open();
     db.insert_tenant(&tenant("mem", None, Some(2 << 30))).unwrap();

@@ -1066,7 +1066,8 @@ pub enum TenantCommand {
     /// removed): past one, a create, fork or restore is refused (HTTP 429)
     /// with nothing made.
     Create {
-        /// Its name (letters, digits, '-' and '_').
+        /// Its name: 1 to 32 lowercase letters and digits (its objects' names
+        /// are stored as NAME-…).
         name: String,
         /// At most this many sandboxes at once.
         #[arg(long, value_name = "N")]
@@ -1078,6 +1079,31 @@ pub enum TenantCommand {
         /// (then each of its sandboxes needs one).
         #[arg(long, value_name = "SIZE", value_parser = parse_bytes)]
         max_disk: Option<u64>,
+        /// Print JSON for scripts instead of text.
+        #[arg(long)]
+        json: bool,
+    },
+    /// Change a tenant's limits; those not given are kept.
+    ///
+    /// A limit lowered below what the tenant holds takes nothing away: its
+    /// next sandbox past the limit is refused.
+    #[command(
+        after_help = "Examples:\n  cairn tenant set acme --max-sandboxes 40\n  cairn tenant set acme --max-memory none"
+    )]
+    Set {
+        /// The tenant (`cairn tenant ls`).
+        name: String,
+        /// At most this many sandboxes at once, or `none`.
+        #[arg(long, value_name = "N|none", value_parser = parse_limit_count)]
+        max_sandboxes: Option<Limit>,
+        /// At most this much memory (the sum of its running sandboxes'
+        /// limits), or `none`.
+        #[arg(long, value_name = "SIZE|none", value_parser = parse_limit_bytes)]
+        max_memory: Option<Limit>,
+        /// At most this much disk (the sum of its sandboxes' --disk
+        /// limits), or `none`.
+        #[arg(long, value_name = "SIZE|none", value_parser = parse_limit_bytes)]
+        max_disk: Option<Limit>,
         /// Print JSON for scripts instead of text.
         #[arg(long)]
         json: bool,
@@ -1102,7 +1128,26 @@ pub enum TenantCommand {
     },
 }
 
-/// A byte count: a number with an optional K, M, G or T suffix (powers of 1024).
+/// A limit `tenant set` gives: a value, or none (`none`).
+#[derive(Clone, Copy, Debug)]
+pub struct Limit(pub Option<u64>);
+
+fn parse_limit_count(s: &str) -> Result<Limit, String> {
+    if s == "none" {
+        return Ok(Limit(None));
+    }
+    s.parse::<u64>()
+        .map(|n| Limit(Some(n)))
+        .map_err(|_| format!("expected a whole number or `none`, got {s:?}"))
+}
+
+fn parse_limit_bytes(s: &str) -> Result<Limit, String> {
+    if s == "none" {
+        return Ok(Limit(None));
+    }
+    parse_bytes(s).map(|n| Limit(Some(n)))
+}
+
 /// A DNS domain: labels of letters, digits and hyphens, lowercased.
 fn parse_domain(s: &str) -> Result<String, String> {
     let d = s.trim().trim_end_matches('.').to_ascii_lowercase();
@@ -1114,6 +1159,7 @@ fn parse_domain(s: &str) -> Result<String, String> {
     Ok(d)
 }
 
+/// A byte count: a number with an optional K, M, G or T suffix (powers of 1024).
 fn parse_bytes(s: &str) -> Result<u64, String> {
     let t = s.trim();
     let (digits, shift) = match t.char_indices().last() {

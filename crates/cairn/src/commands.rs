@@ -1147,6 +1147,24 @@ fn tenant(engine: &mut Engine, cmd: crate::cli::TenantCommand) -> Result<()> {
                 );
             }
         }
+        TenantCommand::Set {
+            name,
+            max_sandboxes,
+            max_memory,
+            max_disk,
+            json,
+        } => {
+            if max_sandboxes.is_none() && max_memory.is_none() && max_disk.is_none() {
+                bail!("give a limit to change: --max-sandboxes, --max-memory or --max-disk (a value, or `none`)");
+            }
+            let value = |l: Option<crate::cli::Limit>| l.map(|l| l.0);
+            let t = engine.set_tenant_limits(&name, value(max_sandboxes), value(max_memory), value(max_disk))?;
+            if json {
+                println!("{}", serde_json::to_string_pretty(&t)?);
+            } else {
+                println!("{}", t.name);
+            }
+        }
         TenantCommand::Ls { json } => {
             let all = engine.tenants()?;
             if json {

@@ -173,7 +173,33 @@ fn a_tenants_token_on_the_cli_sees_and_acts_on_its_own_objects_only() {
             .map(Vec::len),
         Some(3)
     );
-    ok_as(&home, &acme, &["rm", "-f", "third", "again"]);
+    assert!(
+        err.contains("cairn tenant set acme"),
+        "the refusal says how to raise it: {err}"
+    );
+    // Raised, the next one fits; a limit lowered takes nothing away.
+    assert!(
+        !home.cairn(&["tenant", "set", "acme"]).status.success(),
+        "set needs a limit"
+    );
+    assert!(!home
+        .cairn(&["tenant", "set", "acme", "--max-sandboxes", "many"])
+        .status
+        .success());
+    home.ok(&["tenant", "set", "acme", "--max-sandboxes", "4"]);
+    ok_as(&home, &acme, &["create", "--name", "fourth"]);
+    home.ok(&["tenant", "set", "acme", "--max-sandboxes", "1"]);
+    assert_eq!(
+        json_of(&ok_as(&home, &acme, &["ps", "--json"]))
+            .as_array()
+            .map(Vec::len),
+        Some(4)
+    );
+    refused(&home, &acme, &["create", "--name", "fifth"], "fifth");
+    let set = json_of(&home.ok(&["tenant", "set", "acme", "--max-sandboxes", "3", "--json"]));
+    assert_eq!(set["max_sandboxes"], 3, "{set}");
+    assert_eq!(set["max_memory"], Value::Null, "{set}");
+    ok_as(&home, &acme, &["rm", "-f", "third", "again", "fourth"]);
     assert_eq!(ok_as(&home, &acme, &["run", "--", "echo", "ran"]), "ran");
 
     // Sessions.

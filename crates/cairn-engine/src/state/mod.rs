@@ -69,7 +69,10 @@ pub enum StateError {
     #[error("a sandbox named {0:?} already exists; pick another --name or remove it with `cairn rm -f {0}`")]
     NameTaken(String),
     /// A sandbox would take its tenant past one of its limits: nothing was made.
-    #[error("tenant {tenant:?} may hold at most {what}; remove some of its sandboxes first, or raise the limit")]
+    #[error(
+        "tenant {tenant:?} may hold at most {what}; remove some of its sandboxes first, or have the administrator \
+         raise the limit (`cairn tenant set {tenant} --max-…`)"
+    )]
     TenantLimit { tenant: String, what: String },
     /// A tenant named an image or template that is not its own.
     #[error("the name {0:?} is taken; pick another")]
