@@ -22,7 +22,10 @@ use crate::cli::{Cli, Command};
 
 /// The holder of the token a command was given, checked in the store.
 pub struct Caller {
-    gate: Engine,
+    home: Home,
+    /// The engine the token was checked with, lent to the command (one
+    /// state store opened, not two) and given back for the log's row.
+    engine: std::sync::Mutex<Option<Engine>>,
     token: TokenRecord,
 }
 
@@ -32,15 +35,19 @@ impl Caller {
     /// and when a tenant's token asks for an administrator's command (that
     /// refusal recorded in the request log).
     pub fn check(home: &Home, secret: &str, cmd: &Command) -> Result<Caller> {
-        let gate = Engine::open(home.clone())?;
-        let Some(token) = gate.check_token(secret)? else {
+        let engine = Engine::open(home.clone())?;
+        let Some(token) = engine.check_token(secret)? else {
             bail!(
                 "the token given (--token or CAIRN_TOKEN) is not one of this state directory's: revoked, its \
                  tenant removed, or mistyped (the administrator's `cairn token ls` lists tokens; without a \
                  token, a command runs as the state directory's owner, the administrator)"
             );
         };
-        let caller = Caller { gate, token };
+        let caller = Caller {
+            home: home.clone(),
+            engine: std::sync::Mutex::new(Some(engine)),
+            token,
+        };
         if let (Some(tenant), Some(what)) = (&caller.token.tenant, administrators(cmd)) {
             let refusal = anyhow!(
                 "`cairn {what}` is the administrator's; this token is tenant {tenant:?}'s (run it without \
@@ -55,6 +62,16 @@ impl Caller {
     /// The tenant the command acts for; `None`: the administrator.
     pub fn tenant(&self) -> Option<String> {
         self.token.tenant.clone()
+    }
+
+    /// The engine the token was checked with, for the command to use.
+    pub fn take_engine(&self) -> Option<Engine> {
+        self.engine.lock().unwrap_or_else(|e| e.into_inner()).take()
+    }
+
+    /// Gives the command's engine back, to record the command with.
+    pub fn give_back(&self, engine: Engine) {
+        *self.engine.lock().unwrap_or_else(|e| e.into_inner()) = Some(engine);
     }
 
     /// The token's id (never its secret).
@@ -73,7 +90,13 @@ impl Caller {
             path: command_path(),
             status: i64::from(status),
         };
-        if let Err(e) = self.gate.record_audit(&[row]) {
+        let lent = self.engine.lock().unwrap_or_else(|e| e.into_inner());
+        let recorded = match lent.as_ref() {
+            Some(engine) => engine.record_audit(&[row]),
+            // The command kept its engine (it ended early): open another.
+            None => Engine::open(self.home.clone()).and_then(|e| e.record_audit(&[row])),
+        };
+        if let Err(e) = recorded {
             eprintln!("cairn: warning: the request log could not record this command: {e}");
         }
     }

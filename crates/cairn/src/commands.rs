@@ -215,10 +215,10 @@ fn command(home: Home, cmd: Command, caller: Option<&crate::caller::Caller>) -> 
         Command::Create { sandbox } => sandbox.driver == "native",
         _ => false,
     };
-    let mut engine = if starts_native {
-        Engine::open_to_start(home)?
-    } else {
-        Engine::open(home)?
+    let mut engine = match caller.and_then(crate::caller::Caller::take_engine) {
+        Some(engine) => engine,
+        None if starts_native => Engine::open_to_start(home)?,
+        None => Engine::open(home)?,
     };
     // A tenant's command acts for it: lookups, names, limits and owners
     // follow the rules the API's do.
@@ -496,6 +496,9 @@ fn command(home: Home, cmd: Command, caller: Option<&crate::caller::Caller>) -> 
         }
     };
     finish_uploads(&engine);
+    if let Some(c) = caller {
+        c.give_back(engine);
+    }
     result
 }
 
