@@ -40,6 +40,15 @@ def _tenant(cairn_e2b, *flags):
     return name, json.loads(out.stdout)["secret"]
 
 
+def _envd_get(s, token):
+    """An envd request to sandbox `s` with access token `token`."""
+    return httpx.get(
+        os.environ["E2B_SANDBOX_URL"] + "/files",
+        params={"path": "/etc/passwd"},
+        headers={"E2b-Sandbox-Id": s.sandbox_id, "X-Access-Token": token},
+    )
+
+
 def _status(path, key, method="GET", body=None):
     r = httpx.request(method, os.environ["E2B_API_URL"] + path, headers={"X-API-KEY": key}, json=body)
     return r.status_code, r.json() if r.content else None
@@ -156,18 +165,13 @@ def test_limits_refuse_cleanly_and_removing_a_tenant_ends_its_keys_and_tokens(ca
     assert next(t for t in held if t["tenant"]["name"] == name)["holds"]["sandboxes"] == 0
     s = Sandbox.connect(s.sandbox_id, api_key=key)
     token = s._envd_access_token
-    envd = lambda: httpx.get(  # noqa: E731
-        os.environ["E2B_SANDBOX_URL"] + "/files",
-        params={"path": "/etc/passwd"},
-        headers={"E2b-Sandbox-Id": s.sandbox_id, "X-Access-Token": token},
-    )
-    assert envd().status_code == 200
+    assert _envd_get(s, token).status_code == 200
     refused = _cairn(cairn_e2b, "tenant", "rm", name)
     assert refused.returncode != 0 and "still has 1 sandbox(es)" in refused.stderr, refused.stderr
     assert _cairn(cairn_e2b, "tenant", "rm", "--force", name).returncode == 0
     with pytest.raises(AuthenticationException):
         Sandbox.list(api_key=key).next_items()
-    assert envd().status_code in (401, 404, 502)
+    assert _envd_get(s, token).status_code in (401, 404, 502)
     # The gateway notices within a second or so (it reads tokens each second).
     deadline = time.time() + 10
     while s.sandbox_id in [x.sandbox_id for x in Sandbox.list().next_items()]:
@@ -193,14 +197,9 @@ def test_revoking_a_tenants_key_ends_the_access_tokens_it_was_issued(cairn_e2b):
     s = Sandbox.create(api_key=second)
     try:
         token = s._envd_access_token
-        envd = lambda: httpx.get(  # noqa: E731
-            os.environ["E2B_SANDBOX_URL"] + "/files",
-            params={"path": "/etc/passwd"},
-            headers={"E2b-Sandbox-Id": s.sandbox_id, "X-Access-Token": token},
-        )
-        assert envd().status_code == 200
+        assert _envd_get(s, token).status_code == 200
         assert _cairn(cairn_e2b, "token", "rm", f"{name}-second").returncode == 0
-        assert envd().status_code == 401
+        assert _envd_get(s, token).status_code == 401
         with pytest.raises(AuthenticationException):
             Sandbox.list(api_key=second).next_items()
         # The tenant's other key still reaches the sandbox, with a new

@@ -23,8 +23,6 @@ const BATCH: usize = 1024;
 const GATHER: Duration = Duration::from_millis(100);
 /// How long rows are kept.
 pub const KEPT: Duration = Duration::from_secs(30 * 24 * 3600);
-/// The longest path kept in a row.
-const PATH_MAX: usize = 512;
 
 pub struct Audit {
     tx: SyncSender<AuditEntry>,
@@ -55,23 +53,7 @@ impl Audit {
         path: &str,
         status: u16,
     ) {
-        let mut path = path.to_string();
-        if path.len() > PATH_MAX {
-            let mut end = PATH_MAX;
-            while !path.is_char_boundary(end) {
-                end -= 1;
-            }
-            path.truncate(end);
-        }
-        let row = AuditEntry {
-            at: now_ms(),
-            token: token.map(str::to_string),
-            tenant: tenant.map(str::to_string),
-            surface: surface.to_string(),
-            method: method.to_string(),
-            path,
-            status: i64::from(status),
-        };
+        let row = AuditEntry::now(token, tenant, surface, method, path, i64::from(status));
         match self.tx.try_send(row) {
             Ok(()) => {}
             Err(TrySendError::Full(_)) | Err(TrySendError::Disconnected(_)) => {

@@ -62,15 +62,14 @@ impl StdioCaller {
     }
 
     fn record(&self, tool: &str, status: u16) {
-        let row = cairn_engine::tenants::AuditEntry {
-            at: cairn_engine::now_ms(),
-            token: Some(self.token.clone()),
-            tenant: self.tenant.clone(),
-            surface: "mcp".into(),
-            method: "CALL".into(),
-            path: tool.chars().take(128).collect(),
-            status: i64::from(status),
-        };
+        let row = cairn_engine::tenants::AuditEntry::now(
+            Some(&self.token),
+            self.tenant.as_deref(),
+            "mcp",
+            "CALL",
+            tool,
+            i64::from(status),
+        );
         let engine = self.log.lock().unwrap_or_else(|e| e.into_inner());
         if let Err(e) = engine.record_audit(&[row]) {
             tracing::warn!("the request log could not record a call of {tool}: {e}");

@@ -101,6 +101,11 @@ pub fn qualify(tenant: &str, name: &str) -> String {
     }
 }
 
+/// A limit as the store keeps it (BIGINT).
+fn stored_limit(v: Option<u64>) -> Option<i64> {
+    v.map(|v| v.min(i64::MAX as u64) as i64)
+}
+
 fn tenant_row(r: &Row) -> Result<TenantRecord, StateError> {
     Ok(TenantRecord {
         name: r.get(0)?,
@@ -488,6 +493,35 @@ pub struct AuditEntry {
     pub status: i64,
 }
 
+impl AuditEntry {
+    /// The longest path a row keeps.
+    pub const PATH_MAX: usize = 512;
+
+    /// A row for a request made now; its path cut to [`Self::PATH_MAX`].
+    pub fn now(
+        token: Option<&str>,
+        tenant: Option<&str>,
+        surface: &str,
+        method: &str,
+        path: &str,
+        status: i64,
+    ) -> Self {
+        let mut end = path.len().min(Self::PATH_MAX);
+        while !path.is_char_boundary(end) {
+            end -= 1;
+        }
+        AuditEntry {
+            at: now_ms(),
+            token: token.map(str::to_string),
+            tenant: tenant.map(str::to_string),
+            surface: surface.to_string(),
+            method: method.to_string(),
+            path: path[..end].to_string(),
+            status,
+        }
+    }
+}
+
 impl Engine {
     pub fn create_tenant(
         &self,
@@ -499,12 +533,11 @@ impl Engine {
         if !valid_name(name) {
             return Err(TenantError::BadName(name.to_string()).into());
         }
-        let as_i64 = |v: Option<u64>| v.map(|v| v.min(i64::MAX as u64) as i64);
         let t = TenantRecord {
             name: name.to_string(),
-            max_sandboxes: as_i64(max_sandboxes),
-            max_memory: as_i64(max_memory),
-            max_disk: as_i64(max_disk),
+            max_sandboxes: stored_limit(max_sandboxes),
+            max_memory: stored_limit(max_memory),
+            max_disk: stored_limit(max_disk),
             created_at: now_ms(),
         };
         match self.db.insert_tenant(&t) {
@@ -522,16 +555,15 @@ impl Engine {
         max_memory: Option<Option<u64>>,
         max_disk: Option<Option<u64>>,
     ) -> Result<TenantRecord, EngineError> {
-        let as_i64 = |v: Option<u64>| v.map(|v| v.min(i64::MAX as u64) as i64);
         let mut t = self.tenant(name)?;
         if let Some(v) = max_sandboxes {
-            t.max_sandboxes = as_i64(v);
+            t.max_sandboxes = stored_limit(v);
         }
         if let Some(v) = max_memory {
-            t.max_memory = as_i64(v);
+            t.max_memory = stored_limit(v);
         }
         if let Some(v) = max_disk {
-            t.max_disk = as_i64(v);
+            t.max_disk = stored_limit(v);
         }
         if !self.db.set_tenant_limits(&t)? {
             return Err(TenantError::NoSuchTenant(name.to_string()).into());
@@ -662,18 +694,14 @@ impl Engine {
         self.db.act_for(tenant);
     }
 
-    /// The tenant this engine acts for; `None`: the administrator.
-    pub fn acting_for(&self) -> Option<String> {
-        self.db.acting_for()
-    }
-
-    /// The ids of the `kind` objects this engine's tenant owns, for
-    /// filtering a list; `None` for the administrator (everything).
-    pub fn mine(&self, kind: Owned) -> Result<Option<HashSet<String>>, EngineError> {
-        match self.db.acting_for() {
-            Some(t) => Ok(Some(self.db.owned(kind, &t)?)),
-            None => Ok(None),
+    /// Keeps of `items` those whose `kind` object (named by `id`) this
+    /// engine's tenant owns; the administrator's engine keeps them all.
+    pub fn keep_mine<T>(&self, kind: Owned, items: &mut Vec<T>, id: impl Fn(&T) -> &str) -> Result<(), EngineError> {
+        if let Some(t) = self.db.acting_for() {
+            let mine = self.db.owned(kind, &t)?;
+            items.retain(|item| mine.contains(id(item)));
         }
+        Ok(())
     }
 
     pub fn owned(&self, kind: Owned, tenant: &str) -> Result<HashSet<String>, EngineError> {

@@ -15,7 +15,7 @@
 use anyhow::{anyhow, bail, Result};
 use cairn_engine::access::TokenRecord;
 use cairn_engine::tenants::AuditEntry;
-use cairn_engine::{now_ms, Engine, Home};
+use cairn_engine::{Engine, Home};
 use clap::CommandFactory;
 
 use crate::cli::{Cli, Command};
@@ -81,15 +81,14 @@ impl Caller {
 
     /// Records the command in the request log with its exit status.
     pub fn record(&self, status: i32) {
-        let row = AuditEntry {
-            at: now_ms(),
-            token: Some(self.token.id.clone()),
-            tenant: self.token.tenant.clone(),
-            surface: "cli".into(),
-            method: "CMD".into(),
-            path: command_path(),
-            status: i64::from(status),
-        };
+        let row = AuditEntry::now(
+            Some(&self.token.id),
+            self.token.tenant.as_deref(),
+            "cli",
+            "CMD",
+            &command_path(),
+            i64::from(status),
+        );
         let lent = self.engine.lock().unwrap_or_else(|e| e.into_inner());
         let recorded = match lent.as_ref() {
             Some(engine) => engine.record_audit(&[row]),

@@ -450,9 +450,8 @@ fn command(home: Home, cmd: Command, caller: Option<&crate::caller::Caller>) -> 
             Ok(if whole { 0 } else { 1 })
         }
         Command::Snapshots { tree, json } => {
-            let mine = engine.mine(Owned::Snapshot)?;
             let mut all = engine.snapshots()?;
-            all.retain(|s| mine.as_ref().is_none_or(|m| m.contains(&s.id)));
+            engine.keep_mine(Owned::Snapshot, &mut all, |s| &s.id)?;
             crate::lineage::print(&all, &engine.remote_durability()?, tree, json).map(|()| 0)
         }
         Command::Fork {
@@ -827,9 +826,8 @@ pub(crate) fn temporary_beside(to: &Path) -> Result<tempfile::NamedTempFile> {
 }
 
 fn ps(engine: &mut Engine, quiet: bool, json: bool) -> Result<()> {
-    let mine = engine.mine(Owned::Sandbox)?;
     let mut rows = engine.list_sandboxes()?;
-    rows.retain(|r| mine.as_ref().is_none_or(|m| m.contains(&r.id)));
+    engine.keep_mine(Owned::Sandbox, &mut rows, |r| &r.id)?;
     if json {
         println!("{}", serde_json::to_string_pretty(&rows)?);
     } else if quiet {

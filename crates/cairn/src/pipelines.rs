@@ -340,9 +340,8 @@ impl Listed<'_> {
 }
 
 pub fn runs(engine: &Engine, json: bool) -> Result<()> {
-    let mine = engine.mine(Owned::Run)?;
     let mut records = engine.runs()?;
-    records.retain(|r| mine.as_ref().is_none_or(|m| m.contains(&r.id)));
+    engine.keep_mine(Owned::Run, &mut records, |r| &r.id)?;
     let runs: Vec<Listed> = records.iter().map(|r| Listed::of(engine, r)).collect();
     if json {
         println!("{}", serde_json::to_string_pretty(&runs)?);
@@ -688,9 +687,8 @@ pub fn dlq(engine: &mut Engine, cmd: DlqCommand) -> Result<i32> {
 /// The dead letters of the runs this engine's tenant owns (all, for the
 /// administrator).
 fn own_dead_letters(engine: &Engine) -> Result<Vec<cairn_engine::pipeline::records::DeadLetter>> {
-    let mine = engine.mine(Owned::Run)?;
     let mut all = engine.dead_letters()?;
-    all.retain(|d| mine.as_ref().is_none_or(|m| m.contains(&d.run_id)));
+    engine.keep_mine(Owned::Run, &mut all, |d| &d.run_id)?;
     Ok(all)
 }
 
@@ -701,9 +699,8 @@ pub fn artifact(engine: &Engine, cmd: ArtifactCommand) -> Result<()> {
                 Some(r) => Some(engine.run_record(&r)?.id),
                 None => None,
             };
-            let mine = engine.mine(Owned::Run)?;
             let mut all = engine.artifacts(run.as_deref())?;
-            all.retain(|a| mine.as_ref().is_none_or(|m| m.contains(&a.run_id)));
+            engine.keep_mine(Owned::Run, &mut all, |a| &a.run_id)?;
             if json {
                 println!("{}", serde_json::to_string_pretty(&all)?);
             } else {

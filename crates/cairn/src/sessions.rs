@@ -48,9 +48,8 @@ pub fn session(engine: &mut Engine, cmd: SessionCommand) -> Result<i32> {
             println!("{}", s.id);
         }
         SessionCommand::Ls { tree, json } => {
-            let mine = engine.mine(cairn_engine::tenants::Owned::Session)?;
             let mut all = engine.sessions()?;
-            all.retain(|s| mine.as_ref().is_none_or(|m| m.contains(&s.id)));
+            engine.keep_mine(cairn_engine::tenants::Owned::Session, &mut all, |s| &s.id)?;
             if tree {
                 crate::lineage::print_tree(
                     &all,

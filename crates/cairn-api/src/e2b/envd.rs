@@ -27,12 +27,21 @@ pub(crate) fn same(a: &str, b: &str) -> bool {
     a.len() == b.len() && a.bytes().zip(b.bytes()).fold(0u8, |acc, (x, y)| acc | (x ^ y)) == 0
 }
 
+fn header<'a>(headers: &'a HeaderMap, name: &str) -> Option<&'a str> {
+    headers.get(name).and_then(|v| v.to_str().ok()).map(str::trim)
+}
+
+/// Sandbox `id`'s entry, if `token` is the access token issued for it.
+fn issued(gw: &Gateway, id: &str, token: &str) -> Option<Entry> {
+    gw.entry(id).filter(|e| same(&gw.token(e), token))
+}
+
 /// The E2B sandbox a request is for, and the Cairn sandbox running it.
 /// An unknown sandbox and an access token not its own answer alike (the
 /// answer says nothing of which sandboxes exist); a token whose API key
 /// was removed is refused as revoked.
 pub(crate) async fn sandbox_of(gw: &Gateway, headers: &HeaderMap) -> Result<(Entry, String), Denied> {
-    let header = |n: &str| headers.get(n).and_then(|v| v.to_str().ok()).map(str::trim);
+    let header = |n: &str| header(headers, n);
     let Some(id) = header("e2b-sandbox-id").filter(|s| !s.is_empty() && s.len() <= 128) else {
         return Err(Denied::Token(
             "E2b-Sandbox-Id is missing: set E2B_SANDBOX_URL to this gateway and use a sandbox the SDK created".into(),
@@ -43,7 +52,7 @@ pub(crate) async fn sandbox_of(gw: &Gateway, headers: &HeaderMap) -> Result<(Ent
             "X-Access-Token is missing: send the access token the SDK got when it created or connected sandbox {id}"
         )));
     };
-    let Some(e) = gw.entry(id).filter(|e| same(&gw.token(e), token)) else {
+    let Some(e) = issued(gw, id, token) else {
         return Err(Denied::NotRunning(format!(
             "sandbox {id} was not found, or X-Access-Token is not the one issued for it"
         )));
@@ -81,15 +90,12 @@ pub(crate) async fn sandbox_of(gw: &Gateway, headers: &HeaderMap) -> Result<(Ent
 /// was issued to and the sandbox's tenant. A request without a sandbox's
 /// valid access token was made by no token and is not recorded.
 pub(crate) async fn record(State(gw): State<Arc<Gateway>>, req: Request, next: Next) -> Response {
-    let made_by = {
-        let header = |n: &str| req.headers().get(n).and_then(|v| v.to_str().ok()).map(str::trim);
-        match (header("e2b-sandbox-id"), header("x-access-token")) {
-            (Some(id), Some(token)) if !token.is_empty() => gw
-                .entry(id)
-                .filter(|e| same(&gw.token(e), token))
-                .map(|e| (e.grant, e.tenant)),
-            _ => None,
-        }
+    let made_by = match (
+        header(req.headers(), "e2b-sandbox-id"),
+        header(req.headers(), "x-access-token"),
+    ) {
+        (Some(id), Some(token)) if !token.is_empty() => issued(&gw, id, token).map(|e| (e.grant, e.tenant)),
+        _ => None,
     };
     let (method, path) = (req.method().clone(), req.uri().path().to_string());
     let resp = next.run(req).await;

@@ -76,12 +76,10 @@ impl Engine {
     /// Writes an artifact's content to `out`, verified chunk by chunk.
     pub fn artifact_get(&self, key: &str, out: &mut dyn Write) -> Result<ArtifactRecord, EngineError> {
         // A tenant's engine finds its own runs' artifacts only.
-        let mine = self.mine(crate::tenants::Owned::Run)?;
-        let a = self
-            .db
-            .artifacts(None)?
+        let mut all = self.db.artifacts(None)?;
+        self.keep_mine(crate::tenants::Owned::Run, &mut all, |a| &a.run_id)?;
+        let a = all
             .into_iter()
-            .filter(|a| mine.as_ref().is_none_or(|m| m.contains(&a.run_id)))
             .find(|a| a.id == key || (key.len() >= 4 && a.id.starts_with(key)))
             .ok_or_else(|| RunError::NoSuchArtifact(key.to_string()))?;
         let hash: ChunkHash = a.id.parse().map_err(|_| RunError::NoSuchArtifact(key.to_string()))?;

@@ -1142,12 +1142,10 @@ impl Engine {
     /// checkpoint or its input, with fresh retries), then the rest of the run.
     pub fn retry_dead_letter(&mut self, key: &str, watch: &dyn RunWatcher) -> Result<RunRecord, EngineError> {
         // A tenant's engine finds its own runs' dead letters only.
-        let mine = self.mine(crate::tenants::Owned::Run)?;
-        let dl = self
-            .db
-            .dead_letters()?
+        let mut all = self.db.dead_letters()?;
+        self.keep_mine(crate::tenants::Owned::Run, &mut all, |d| &d.run_id)?;
+        let dl = all
             .into_iter()
-            .filter(|d| mine.as_ref().is_none_or(|m| m.contains(&d.run_id)))
             .find(|d| d.id == key || (key.len() >= 4 && d.id.starts_with(key)))
             .ok_or_else(|| RunError::NoSuchDeadLetter(key.to_string()))?;
         let _orchestrating = self.lock_run(&dl.run_id)?;
