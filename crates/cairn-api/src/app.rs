@@ -229,12 +229,15 @@ impl App {
     ) -> ApiResult<T> {
         let (reply, answer) = tokio::sync::oneshot::channel();
         let tenant = crate::tenancy::current();
-        self.on_init_pool(sandbox, move |app| {
+        self.on_init_pool(sandbox, move |app, place| {
             let out = app.take_engine_for(tenant).and_then(|mut engine| {
                 let out = f(&mut engine);
                 app.give_back(engine);
                 out
             });
+            // Its place goes back before the answer, so that the client's
+            // next request to the sandbox finds it free.
+            drop(place);
             let _ = reply.send(out);
         })?;
         answer
@@ -243,14 +246,14 @@ impl App {
     }
 
     /// Runs `job` on a thread of the init request pool, counted against
-    /// sandbox `sandbox` (see [`Self::init`]).
+    /// sandbox `sandbox` until it drops its place (see [`Self::init`]).
     pub fn on_init_pool(
         self: &Arc<Self>,
         sandbox: &str,
-        job: impl FnOnce(&Arc<App>) + Send + 'static,
+        job: impl FnOnce(&Arc<App>, crate::init_pool::Release) + Send + 'static,
     ) -> ApiResult<()> {
         let app = Arc::clone(self);
-        self.init_pool.submit(sandbox, move || job(&app))
+        self.init_pool.submit(sandbox, move |place| job(&app, place))
     }
 
     /// Checks a bearer token on the token-checking threads: `None` when it

@@ -67,10 +67,12 @@ impl InitPool {
         }
     }
 
-    /// Runs `job` on a thread of the pool, counted against `sandbox`; 503
-    /// when that sandbox has its share of the pool already, or when every
-    /// thread is busy and the queue is full.
-    pub fn submit(&self, sandbox: &str, job: impl FnOnce() + Send + 'static) -> ApiResult<()> {
+    /// Runs `job` on a thread of the pool, counted against `sandbox` until
+    /// it drops the [`Release`] it is handed (a job that answers a client
+    /// drops it first, so the client's next request finds its place free);
+    /// 503 when that sandbox has its share of the pool already, or when
+    /// every thread is busy and the queue is full.
+    pub fn submit(&self, sandbox: &str, job: impl FnOnce(Release) + Send + 'static) -> ApiResult<()> {
         {
             let mut per = self.per_sandbox.lock().unwrap_or_else(|e| e.into_inner());
             let n = per.entry(sandbox.to_string()).or_insert(0);
@@ -96,8 +98,7 @@ impl InitPool {
         queued.inc();
         let job: Job = Box::new(move || {
             queued.dec();
-            job();
-            drop(release);
+            job(release);
         });
         match self.jobs.try_send(job) {
             Ok(()) => Ok(()),
@@ -137,8 +138,9 @@ fn serve(rx: &Mutex<Receiver<Job>>, busy: &AtomicUsize, metrics: &InitPoolMetric
     }
 }
 
-/// Gives a sandbox's place back when its request is done (or dropped).
-struct Release {
+/// A sandbox's place in the pool, given back when dropped: when its
+/// request is done with init, or dropped unrun.
+pub struct Release {
     per_sandbox: Arc<Mutex<HashMap<String, usize>>>,
     sandbox: String,
 }
@@ -177,8 +179,9 @@ mod tests {
         let (done, finished) = channel::<usize>();
         let stall = |n: usize| {
             let (held, done) = (Arc::clone(&held), done.clone());
-            move || {
+            move |place: Release| {
                 let _ = held.lock().unwrap().recv();
+                drop(place);
                 done.send(n).unwrap();
             }
         };

@@ -133,7 +133,8 @@ pub(crate) async fn streamed_download(
         }
     };
     match init {
-        Some(sandbox) => app.on_init_pool(sandbox, work)?,
+        // The download holds the sandbox's place while it streams.
+        Some(sandbox) => app.on_init_pool(sandbox, move |app, _place| work(app))?,
         None => {
             let a = Arc::clone(app);
             drop(tokio::task::spawn_blocking(move || work(&a)));
