@@ -3,8 +3,10 @@ conftest.GVISOR_TEMPLATE, `--e2b-driver busybox-gvisor=gvisor`), through the
 real e2b==2.63.0 SDK. Without runsc these tests skip, loudly; under CI=true
 they fail."""
 
+import json
 import os
 import shutil
+import signal
 import socket
 import subprocess
 import tempfile
@@ -92,6 +94,62 @@ def test_a_background_server_keeps_its_memory_across_ten_pause_and_connect_cycle
         assert ask(back, when) == (pid, nonce, cycle + 1), f"{when}: another process answered, or the count restarted"
         # The gateway still knows the background command.
         assert any(p.pid == server.pid for p in back.commands.list()), when
+
+
+def cairn_sandboxes(cairn_e2b):
+    """The Cairn sandboxes under the server's state directory: {id: state}."""
+    out = subprocess.run(
+        [cairn_e2b["bin"], "ps", "--json"],
+        env=dict(os.environ, CAIRN_HOME=cairn_e2b["home"]),
+        check=True,
+        capture_output=True,
+        text=True,
+    ).stdout
+    return {s["id"]: s["state"] for s in json.loads(out)}
+
+
+def wait_for_prepared(cairn_e2b, before):
+    """Waits for the sandbox the server prepares after a pause (state
+    creating, not in `before`); returns its id."""
+    deadline = time.time() + 30
+    while True:
+        new = {i for i, st in cairn_sandboxes(cairn_e2b).items() if st == "creating" and i not in before}
+        if new:
+            assert len(new) == 1, new
+            return new.pop()
+        assert time.time() < deadline, "no sandbox was prepared for the paused sandbox's resume"
+        time.sleep(0.1)
+
+
+def test_a_resume_goes_into_the_sandbox_prepared_at_the_pause(needs_runsc, cairn_e2b):
+    s = Sandbox.create(template=GVISOR_TEMPLATE)
+    try:
+        start_counter(s)
+        pid, nonce, _ = ask(s, "before the pause")
+        for cycle in (1, 2):
+            before = set(cairn_sandboxes(cairn_e2b))
+            assert s.pause()
+            prepared = wait_for_prepared(cairn_e2b, before)
+            # Prepared, it runs nothing: the sandbox stays paused.
+            time.sleep(0.5)
+            assert Sandbox.get_info(s.sandbox_id).state.value == "paused"
+            assert cairn_sandboxes(cairn_e2b)[prepared] == "creating"
+            back = Sandbox.connect(s.sandbox_id)
+            assert ask(back, f"after resume {cycle}") == (pid, nonce, cycle + 1)
+            now = cairn_sandboxes(cairn_e2b)
+            assert now.get(prepared) == "running", f"the resume did not use the prepared sandbox: {now}"
+            assert "creating" not in now.values(), now
+        # Killed while paused: the prepared sandbox goes too.
+        before = set(cairn_sandboxes(cairn_e2b))
+        assert s.pause()
+        prepared = wait_for_prepared(cairn_e2b, before)
+        Sandbox.kill(s.sandbox_id)
+        deadline = time.time() + 30
+        while prepared in cairn_sandboxes(cairn_e2b):
+            assert time.time() < deadline, "the prepared sandbox of a killed one stayed"
+            time.sleep(0.1)
+    finally:
+        Sandbox.kill(s.sandbox_id)
 
 
 def test_a_paused_background_command_is_followed_again_after_connect(gsbx):
@@ -202,6 +260,35 @@ def test_a_paused_gvisor_sandbox_survives_a_server_restart_with_its_memory(needs
         assert ask(back, "after the restart") == (pid, nonce, 2)
         # A new server does not know the commands an earlier one started.
         assert back.commands.list() == []
+    finally:
+        Sandbox.kill(s.sandbox_id)
+
+
+def test_a_server_killed_with_a_prepared_resume_leaves_nothing_of_it_and_resumes(needs_runsc, cairn_e2b):
+    s = Sandbox.create(template=GVISOR_TEMPLATE)
+    try:
+        start_counter(s)
+        pid, nonce, _ = ask(s, "before the kill")
+        before = set(cairn_sandboxes(cairn_e2b))
+        assert s.pause()
+        prepared = wait_for_prepared(cairn_e2b, before)
+        os.kill(cairn_e2b["pid"](), signal.SIGKILL)
+        cairn_e2b["restart"]()
+        # The next Cairn command removed the dead server's prepared sandbox,
+        # runsc's processes and all.
+        assert prepared not in cairn_sandboxes(cairn_e2b)
+        left = []
+        for p in os.listdir("/proc"):
+            if p.isdigit():
+                try:
+                    cmdline = open(f"/proc/{p}/cmdline", "rb").read()
+                except OSError:
+                    continue
+                if prepared.encode() in cmdline:
+                    left.append(cmdline.replace(b"\0", b" ").decode(errors="replace"))
+        assert left == [], f"processes of the prepared sandbox are left: {left}"
+        back = Sandbox.connect(s.sandbox_id)
+        assert ask(back, "after the kill") == (pid, nonce, 2)
     finally:
         Sandbox.kill(s.sandbox_id)
 

@@ -115,7 +115,7 @@ fn status_of(e: &EngineError) -> StatusCode {
         }
         EngineError::NotRunning { .. } | EngineError::InitGone { .. } | EngineError::StillRunning(_) => S::CONFLICT,
         EngineError::DiskDefault { .. } => S::INTERNAL_SERVER_ERROR,
-        EngineError::NoMemorySnapshots { .. } => S::BAD_REQUEST,
+        EngineError::NoMemorySnapshots { .. } | EngineError::CannotPrepare { .. } => S::BAD_REQUEST,
         // This host cannot do it; another one can.
         EngineError::IncompatibleMemoryImage { .. } => S::CONFLICT,
         EngineError::DriverUnavailable(_) => S::SERVICE_UNAVAILABLE,

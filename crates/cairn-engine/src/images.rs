@@ -803,6 +803,7 @@ mod tempfile_dir {
 
     use cairn_store::process::WriterId;
 
+    #[derive(Debug)]
     pub struct ScratchDir(PathBuf);
 
     impl ScratchDir {

@@ -44,7 +44,7 @@ pub use diff::{DiffError, DiffOptions, SnapshotDiff};
 pub use home::Home;
 pub use images::ImageError;
 pub use sandboxes::{CreateOptions, ExecStart, GcReport, OomProbe, SandboxUsage};
-pub use snapshots::{MemoryPhases, SnapshotError, SnapshotManifest};
+pub use snapshots::{MemoryPhases, PreparedRestore, SnapshotError, SnapshotManifest};
 pub use state::{ImageRecord, SandboxRecord, SandboxState, SnapshotRecord, StateError, StateLocation};
 
 #[derive(Debug, thiserror::Error)]
@@ -126,6 +126,10 @@ pub enum EngineError {
     IncompatibleMemoryImage { snapshot: String, differences: String },
     #[error("service {command:?} did not start: {reason}")]
     Service { command: String, reason: String },
+    #[error(
+        "snapshot {snapshot} cannot be restored into a sandbox prepared ahead: {why}; restore it without preparing"
+    )]
+    CannotPrepare { snapshot: String, why: String },
     #[error("Cairn needs root to create sandboxes (namespaces, cgroups, mounts); run it as root")]
     NotRoot,
 }

@@ -296,16 +296,10 @@ impl Engine {
         Ok(self.create_started(origin, opts, None)?.0)
     }
 
-    /// [`Engine::create_from`], with `first` sent to init while the sandbox
-    /// starts when the driver can (the native driver: see
-    /// [`cairn_sandbox::native::NativeDriver::start_begin`]); `None` back:
-    /// it was not sent.
-    fn create_started(
-        &mut self,
-        origin: Origin,
-        opts: &CreateOptions,
-        first: Option<&ExecRequest>,
-    ) -> Result<(SandboxRecord, Option<cairn_sandbox::FirstExec>), EngineError> {
+    /// The row of a sandbox about to be made from `origin` (state
+    /// `creating`, owned by this process), once its name and driver are
+    /// checked.
+    fn new_record(&self, origin: &Origin, opts: &CreateOptions) -> Result<SandboxRecord, EngineError> {
         let id = new_sandbox_id();
         let name = opts
             .name
@@ -316,10 +310,10 @@ impl Engine {
             return Err(EngineError::BadName(name));
         }
         let (owner_pid, owner_start) = me();
-        let mut rec = SandboxRecord {
+        let rec = SandboxRecord {
             id: id.clone(),
             name,
-            image: origin.image,
+            image: origin.image.clone(),
             driver: origin.driver.clone(),
             state: SandboxState::Creating,
             pid: None,
@@ -336,8 +330,8 @@ impl Engine {
             created_at: now_ms(),
             auto_remove: opts.auto_remove,
             ended_reason: None,
-            layers: origin.layers,
-            services: origin.services,
+            layers: origin.layers.clone(),
+            services: origin.services.clone(),
             last_snapshot: origin.snapshot.clone(),
             network: opts.network.as_ref().and_then(crate::network::SandboxNetwork::of),
             oom_kills: 0,
@@ -350,6 +344,21 @@ impl Engine {
                 driver: origin.driver.clone(),
             });
         }
+        Ok(rec)
+    }
+
+    /// [`Engine::create_from`], with `first` sent to init while the sandbox
+    /// starts when the driver can (the native driver: see
+    /// [`cairn_sandbox::native::NativeDriver::start_begin`]); `None` back:
+    /// it was not sent.
+    fn create_started(
+        &mut self,
+        origin: Origin,
+        opts: &CreateOptions,
+        first: Option<&ExecRequest>,
+    ) -> Result<(SandboxRecord, Option<cairn_sandbox::FirstExec>), EngineError> {
+        let mut rec = self.new_record(&origin, opts)?;
+        let id = rec.id.clone();
         // The row comes first: from here on a crash leaves something the
         // garbage collector can find.
         // The address too, so the row records it: a crash before the row
@@ -395,6 +404,91 @@ impl Engine {
             return Err(e);
         }
         Ok((rec, first_exec))
+    }
+
+    /// The first half of a restore from the gVisor memory image `image`,
+    /// done ahead (see [`Engine::prepare_restore`]): the row (state
+    /// `creating`, this process its owner, so it goes if this process dies
+    /// first), the directory, and runsc's sandbox created and waiting.
+    pub(crate) fn create_prepared(
+        &mut self,
+        origin: &Origin,
+        opts: &CreateOptions,
+        image: &std::path::Path,
+    ) -> Result<SandboxRecord, EngineError> {
+        let mut rec = self.new_record(origin, opts)?;
+        // A gVisor sandbox has no network of its own: asking for one fails
+        // here as at a create, and there is no lease to carry.
+        if self.lease_network(&mut rec)?.is_some() {
+            let _ = self.release_network(&rec);
+            return Err(EngineError::CannotPrepare {
+                snapshot: origin.snapshot.clone().unwrap_or_default(),
+                why: "its sandbox would have a network of its own".into(),
+            });
+        }
+        self.db.insert_sandbox(&rec)?;
+        let prepared = self.spec(&rec).and_then(|spec| {
+            self.reconcile_deferred();
+            Ok(self
+                .gvisor()?
+                .prepare_restore(&spec, image)
+                .map_err(cairn_sandbox::SandboxError::from)?)
+        });
+        let process = match prepared {
+            Ok(p) => p,
+            Err(e) => {
+                let _ = self.remove_sandbox_dir(&rec.id);
+                let _ = self.db.delete_sandbox(&rec.id);
+                return Err(e);
+            }
+        };
+        if let Err(e) = self.db.set_process(&rec.id, process.pid, process.start_time) {
+            let _ = self.remove_sandbox(&rec, true);
+            return Err(e.into());
+        }
+        rec.pid = Some(process.pid);
+        rec.pid_start = Some(process.start_time);
+        Ok(rec)
+    }
+
+    /// The second half: `image` restored into the sandbox
+    /// [`Self::create_prepared`] made, which then runs as any restored one.
+    /// A failure removes it.
+    pub(crate) fn finish_prepared(
+        &mut self,
+        mut rec: SandboxRecord,
+        image: &std::path::Path,
+    ) -> Result<SandboxRecord, EngineError> {
+        let restored = self.spec(&rec).and_then(|spec| {
+            Ok(self
+                .gvisor()?
+                .restore_prepared(&spec, image)
+                .map_err(cairn_sandbox::SandboxError::from)?)
+        });
+        let running = restored.and_then(|process| {
+            self.db.set_running(&rec.id, process.pid, process.start_time)?;
+            Ok(process)
+        });
+        let process = match running {
+            Ok(p) => p,
+            Err(e) => {
+                if let Err(cleanup) = self.remove_sandbox(&rec, true) {
+                    tracing::warn!(sandbox = %rec.id, "removing a prepared sandbox whose restore failed: {cleanup}");
+                }
+                return Err(e);
+            }
+        };
+        rec.state = SandboxState::Running;
+        rec.pid = Some(process.pid);
+        rec.pid_start = Some(process.start_time);
+        // A memory image's services run on in it.
+        if let Err(e) = self.after_start(&rec, true, false) {
+            if let Err(cleanup) = self.remove_sandbox(&rec, true) {
+                tracing::warn!(sandbox = %rec.id, "removing a sandbox whose start failed: {cleanup}");
+            }
+            return Err(e);
+        }
+        Ok(rec)
     }
 
     /// Starts `spec`'s sandbox on `driver`, from the gVisor memory image

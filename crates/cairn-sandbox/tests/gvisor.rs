@@ -371,6 +371,75 @@ fn a_restored_sandbox_continues_its_processes_from_memory_with_the_host_clock() 
 }
 
 #[test]
+fn a_sandbox_prepared_ahead_restores_its_image_and_one_not_wanted_leaves_nothing() {
+    let Some(env) = env() else { return };
+    if !env.driver.restores_into_created() {
+        // Debian 12's runsc: preparing is refused, saying so.
+        let spec = env.spec("prep-old", vec![env.base.clone()]);
+        let err = env.driver.prepare_restore(&spec, &spec.dir).unwrap_err();
+        assert!(err.to_string().contains("restore without preparing"), "{err}");
+        return;
+    }
+    let spec = env.spec("prep", vec![env.base.clone()]);
+    let client = env.start(&spec);
+    detach(&client, COUNTER);
+    let (nonce, _) = count_above(&client, 3);
+    let image = env.tmp.path().join("prep-image");
+    env.driver.checkpoint(&spec.id, &image).unwrap();
+    let layer = env.tmp.path().join("prep-layer");
+    copy_tree(&spec.upper_dir(), &layer);
+    let saved: u64 = fs::read_to_string(layer.join("root/count"))
+        .unwrap()
+        .trim()
+        .split_once(' ')
+        .unwrap()
+        .1
+        .parse()
+        .unwrap();
+    env.driver.stop(&spec.id, None).unwrap();
+
+    // Prepared: runsc's processes wait in the sandbox's cgroup, init does
+    // not answer, nothing counts.
+    let warm = env.spec("prep-warm", vec![layer.clone(), env.base.clone()]);
+    env.started.borrow_mut().push(warm.id.clone());
+    let prepared = env.driver.prepare_restore(&warm, &image).unwrap();
+    assert!(prepared.alive());
+    let warm_client = env.driver.client(&warm.dir);
+    assert!(
+        warm_client.ping(Duration::from_millis(300)).is_err(),
+        "a prepared sandbox answers"
+    );
+    std::thread::sleep(Duration::from_millis(300));
+    assert!(
+        !warm.upper_dir().join("root/count").exists(),
+        "the prepared sandbox counted before its restore"
+    );
+    let restored = env.driver.restore_prepared(&warm, &image).unwrap();
+    assert_eq!(
+        restored, prepared,
+        "the restore ran in another sandbox than the prepared one"
+    );
+    warm_client.restored(now_ns(), fresh_entropy()).unwrap();
+    let (n, after) = count_above(&warm_client, saved);
+    assert_eq!(n, nonce, "the prepared sandbox lost the checkpointed memory");
+    assert!(after <= saved + 50, "count jumped from {saved} to {after}");
+    env.driver.stop(&warm.id, None).unwrap();
+    env.assert_nothing_left(&warm);
+
+    // One prepared and never restored stops like any other.
+    let unwanted = env.spec("prep-unwanted", vec![layer.clone(), env.base.clone()]);
+    env.started.borrow_mut().push(unwanted.id.clone());
+    env.driver.prepare_restore(&unwanted, &image).unwrap();
+    env.driver.stop(&unwanted.id, None).unwrap();
+    env.assert_nothing_left(&unwanted);
+
+    // A restore into a sandbox that was never prepared fails and leaves nothing.
+    let never = env.spec("prep-never", vec![layer, env.base.clone()]);
+    assert!(env.driver.restore_prepared(&never, &image).is_err());
+    env.assert_nothing_left(&never);
+}
+
+#[test]
 fn two_restores_of_one_checkpoint_diverge_and_reseed() {
     let Some(env) = env() else { return };
     let spec = env.spec("orig", vec![env.base.clone()]);

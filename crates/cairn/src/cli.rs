@@ -486,6 +486,16 @@ pub enum Command {
         /// names. Without it the SDK uses its own (E2B_DOMAIN, else E2B's).
         #[arg(long = "e2b-domain", value_name = "DOMAIN", requires = "e2b", value_parser = parse_domain)]
         e2b_domain: Option<String>,
+        /// How many paused gVisor sandboxes are kept ready to resume: after
+        /// such a pause the sandbox its resume needs is made ahead and waits
+        /// (runsc's processes, about 40 MB, no memory of the sandbox's), so
+        /// `connect()` only loads the image (docs/gvisor.md, "Resuming
+        /// into a sandbox prepared ahead"). Beyond N, for a tenant with
+        /// limits and after a server restart, a resume makes its sandbox
+        /// then. 0 turns it off.
+        #[arg(long = "e2b-warm", value_name = "N", default_value_t = 8, requires = "e2b",
+              value_parser = clap::value_parser!(u16).range(0..=1024))]
+        e2b_warm: u16,
         /// The largest file upload accepted (413 above it), e.g. 512M, 4G.
         #[arg(long, default_value = "1G", value_name = "SIZE", value_parser = parse_bytes)]
         max_upload: u64,

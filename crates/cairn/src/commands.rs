@@ -106,6 +106,7 @@ fn command(home: Home, cmd: Command, caller: Option<&crate::caller::Caller>) -> 
         e2b_base,
         e2b_network,
         e2b_domain,
+        e2b_warm,
         max_upload,
         init_threads,
         max_sandboxes,
@@ -135,6 +136,7 @@ fn command(home: Home, cmd: Command, caller: Option<&crate::caller::Caller>) -> 
                 egress: e2b_network == "egress",
                 domain: e2b_domain,
                 base: e2b_base.parse().map_err(anyhow::Error::msg)?,
+                warm: usize::from(e2b_warm),
             },
             settings: cairn_api::Settings {
                 max_upload,

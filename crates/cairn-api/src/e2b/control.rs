@@ -561,6 +561,7 @@ pub(crate) async fn kill_entry(gw: &Arc<Gateway>, id: &str) -> Rest<()> {
                 .await?;
         }
         Life::Paused { snapshot } => {
+            gw.warm.forget(&gw.app, id);
             // Nothing else starts from a pause's snapshot; `cairn gc`
             // then reclaims what only it held.
             let removed = gw
@@ -668,6 +669,9 @@ pub(crate) async fn pause_entry(gw: &Arc<Gateway>, id: &str) -> Rest<bool> {
         snapshot: snap.id.clone(),
     };
     gw.modify(id, |e| e.life = paused).await?;
+    if memory {
+        super::warm::Warm::prepare(gw, id, &snap.id, e.tenant.clone());
+    }
     let kept = if memory { "memory and processes" } else { "files" };
     gw.app.emit(
         "sandbox.removed",
@@ -727,17 +731,29 @@ pub async fn connect(
                 let policy = e.network.as_ref().map(network::policy).transpose()?;
                 // A resume makes a sandbox: it waits its turn as a create does.
                 let ticket = Admission::admit_request(&gw.app, &key.0, &headers, 1, &Limits::default()).await?;
+                let prepared = gw.warm.take(&gw.app, &id, &snapshot);
                 let rec = gw
                     .app
                     .engine(move |en| {
-                        let snap = en.snapshot_record(&snapshot)?;
-                        let rec = en.restore(
-                            &snap,
-                            &CreateOptions {
-                                network: policy,
-                                ..CreateOptions::default()
-                            },
-                        )?;
+                        // Into the sandbox prepared at the pause where there
+                        // is one; the ordinary way if not, or if it failed.
+                        let warm = prepared.map(|p| en.finish_restore(p)).and_then(|r| {
+                            r.inspect_err(|e| tracing::warn!("e2b: resuming into the prepared sandbox: {e}"))
+                                .ok()
+                        });
+                        let rec = match warm {
+                            Some(rec) => rec,
+                            None => {
+                                let snap = en.snapshot_record(&snapshot)?;
+                                en.restore(
+                                    &snap,
+                                    &CreateOptions {
+                                        network: policy,
+                                        ..CreateOptions::default()
+                                    },
+                                )?
+                            }
+                        };
                         // After a files-only pause the server starts again;
                         // after a memory one it answers at once. Either way
                         // the first run_code finds it listening. A server

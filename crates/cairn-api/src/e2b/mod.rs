@@ -27,6 +27,7 @@ mod page;
 mod ports;
 mod rpc;
 mod templates;
+mod warm;
 mod watch;
 
 use std::collections::{BTreeMap, HashMap, HashSet};
@@ -125,6 +126,8 @@ pub struct Gateway {
     pub(crate) builds: templates::Builds,
     /// What the `base` template is, and its build.
     pub(crate) base: base::Base,
+    /// Paused gVisor sandboxes whose resume is prepared ahead.
+    pub(crate) warm: warm::Warm,
 }
 
 /// Keeps the followers of a sandbox's jobs off while it lives
@@ -345,15 +348,23 @@ impl Gateway {
             Err(e) => return tracing::warn!("e2b: cannot read the E2B sandboxes: {}", e.message),
         };
         let stored: BTreeMap<String, Entry> = stored.into_iter().map(|e| (e.id.clone(), e)).collect();
-        let gone: Vec<String> = {
+        let (gone, moved): (Vec<String>, Vec<String>) = {
             let mut book = self.book.lock().unwrap_or_else(|e| e.into_inner());
             let gone = book.keys().filter(|id| !stored.contains_key(*id)).cloned().collect();
             book.retain(|id, _| stored.contains_key(id));
+            let mut moved = Vec::new();
             for (id, e) in book.iter_mut() {
+                if e.tenant != stored[id].tenant {
+                    moved.push(id.clone());
+                }
                 e.tenant = stored[id].tenant.clone();
             }
-            gone
+            (gone, moved)
         };
+        // A resume prepared for the removed tenant went with its sandboxes.
+        for id in gone.iter().chain(&moved) {
+            self.warm.forget(&self.app, id);
+        }
         for id in gone {
             tracing::info!(sandbox = id, "e2b: its tenant was removed");
             self.drop_procs(&id);
@@ -526,6 +537,9 @@ pub struct E2bOptions {
     /// a wildcard name pointing at this gateway; `None`: the SDK's own
     /// (`E2B_DOMAIN`, else E2B's).
     pub domain: Option<String>,
+    /// How many paused gVisor sandboxes are kept ready to resume
+    /// (`--e2b-warm`); 0: none.
+    pub warm: usize,
 }
 
 /// Marks the template builds a stopped server left unfinished as failed.
@@ -542,6 +556,7 @@ pub fn router(app: Arc<App>, options: E2bOptions) -> Router {
         egress,
         domain,
         base: base_kind,
+        warm,
     } = options;
     let book: BTreeMap<String, Entry> = match app.take_engine().and_then(|e| {
         let all = e.e2b_sandboxes().map_err(ApiError::from);
@@ -576,6 +591,7 @@ pub fn router(app: Arc<App>, options: E2bOptions) -> Router {
         domain,
         builds: templates::Builds::default(),
         base: base::Base::new(base_kind),
+        warm: warm::Warm::new(warm),
     });
     base::build_if_missing(&gw);
     if let Err(e) = app_recover(&gw.app) {

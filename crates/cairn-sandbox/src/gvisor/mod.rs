@@ -313,9 +313,84 @@ impl GvisorDriver {
         if image_size(image_dir) == 0 {
             return Err(GvisorError::NoImage(image_dir.to_path_buf()));
         }
-        let process = self.launch(spec, Some(image_dir), None).inspect_err(|_| {
+        let process = self.launch(spec, Start::Restore(image_dir), None).inspect_err(|_| {
             let _ = self.teardown(&spec.id);
         })?;
+        Ok(process)
+    }
+
+    /// Whether this runsc restores into a sandbox created ahead
+    /// ([`Self::prepare_restore`]). The builds whose checkpoint writes raw
+    /// pages and leaves the sandbox running (2024 and later) do; Debian
+    /// 12's 2022 build refuses (`container already exists`: its `restore`
+    /// always creates the sandbox itself).
+    pub fn restores_into_created(&self) -> bool {
+        self.runsc.leave_running
+    }
+
+    /// Makes sandbox `spec` ready to be restored from `image_dir` later
+    /// (`runsc create`): its gofer and sentry start, its root is mounted,
+    /// its cgroup holds them, and they wait. What a restore costs before it
+    /// reads the image (creating the sandbox, about 100-140 ms here) is paid
+    /// now; [`Self::restore_prepared`] then only loads the image. The
+    /// sandbox runs nothing and uses no memory of its own beyond runsc's
+    /// processes (about 40 MB) until then. Remove it with
+    /// [`crate::Driver::stop`] if it is not wanted after all.
+    pub fn prepare_restore(&self, spec: &SandboxSpec, image_dir: &Path) -> Result<SandboxProcess, GvisorError> {
+        if !self.restores_into_created() {
+            return Err(GvisorError::Runsc {
+                what: "create (ahead of a restore)".into(),
+                message: format!(
+                    "{} cannot restore into a created sandbox; restore without preparing",
+                    self.runsc.binary.display()
+                ),
+            });
+        }
+        if image_size(image_dir) == 0 {
+            return Err(GvisorError::NoImage(image_dir.to_path_buf()));
+        }
+        self.launch(spec, Start::Prepare(image_dir), None).inspect_err(|_| {
+            let _ = self.teardown(&spec.id);
+        })
+    }
+
+    /// Restores `image_dir` into the sandbox [`Self::prepare_restore`] made
+    /// for `spec` (the same image): every process continues where it was.
+    /// Call [`InitClient::restored`] next, as after [`Self::restore`]. A
+    /// failure removes the prepared sandbox.
+    pub fn restore_prepared(&self, spec: &SandboxSpec, image_dir: &Path) -> Result<SandboxProcess, GvisorError> {
+        let restored = self.restore_into_created(spec, image_dir);
+        if restored.is_err() {
+            let _ = self.teardown(&spec.id);
+        }
+        restored
+    }
+
+    fn restore_into_created(&self, spec: &SandboxSpec, image_dir: &Path) -> Result<SandboxProcess, GvisorError> {
+        if image_size(image_dir) == 0 {
+            return Err(GvisorError::NoImage(image_dir.to_path_buf()));
+        }
+        let state = self.sandbox_state(&spec.id);
+        let root = self.runsc_root(&spec.id);
+        let process = read_process(&state.join("sandbox.pid"), "restore")?;
+        let console = spec.console_log();
+        let console_len = fs::metadata(&console).map(|m| m.len()).unwrap_or(0);
+        let mut cmd = self.runsc.command(&root);
+        cmd.args(["restore", "--detach", "--image-path"])
+            .arg(image_dir)
+            .arg("--bundle")
+            .arg(&spec.dir)
+            .arg(&spec.id);
+        self.runsc.run_logged("restore", cmd, &console, console_len)?;
+        // The image's init is quiesced (it was when checkpointed); the
+        // restore mark grew when the sandbox was prepared.
+        self.relisten_and_wait(&root, &spec.id, &spec.dir, "restore", true)?;
+        if pid_start_time(process.pid) != Some(process.start_time) {
+            return Err(GvisorError::Runsc {
+                what: "restore".into(),
+                message: "the prepared sandbox exited during its restore".into(),
+            });
+        }
         Ok(process)
     }
 
@@ -326,9 +401,11 @@ impl GvisorDriver {
         if image_size(&image_dir) == 0 {
             return Err(GvisorError::NoImage(image_dir));
         }
-        let process = self.launch(spec, Some(&image_dir), Some(window)).inspect_err(|_| {
-            let _ = self.teardown(&spec.id);
-        })?;
+        let process = self
+            .launch(spec, Start::Restore(&image_dir), Some(window))
+            .inspect_err(|_| {
+                let _ = self.teardown(&spec.id);
+            })?;
         Ok(process)
     }
 
@@ -445,9 +522,13 @@ impl GvisorDriver {
     fn launch(
         &self,
         spec: &SandboxSpec,
-        image: Option<&Path>,
+        start: Start<'_>,
         window: Option<&Window>,
     ) -> Result<SandboxProcess, GvisorError> {
+        let image = match start {
+            Start::Fresh => None,
+            Start::Restore(image) | Start::Prepare(image) => Some(image),
+        };
         let uds = spec.dir.join("uds");
         let socket = uds.join("init.sock");
         if socket.as_os_str().len() >= 100 {
@@ -532,8 +613,8 @@ impl GvisorDriver {
             restore_mark: &restore_mark,
         };
         let bundle_dir = spec.dir.as_os_str();
-        match image {
-            None => self.runsc.launch(
+        match start {
+            Start::Fresh => self.runsc.launch(
                 "run",
                 &launch,
                 &[
@@ -546,7 +627,19 @@ impl GvisorDriver {
                     spec.id.as_ref(),
                 ],
             )?,
-            Some(image) => {
+            Start::Prepare(_) => self.runsc.launch(
+                "create",
+                &launch,
+                &[
+                    "create".as_ref(),
+                    "--pid-file".as_ref(),
+                    pid_file.as_os_str(),
+                    "--bundle".as_ref(),
+                    bundle_dir,
+                    spec.id.as_ref(),
+                ],
+            )?,
+            Start::Restore(image) => {
                 self.runsc.launch(
                     "restore",
                     &launch,
@@ -566,19 +659,14 @@ impl GvisorDriver {
                 self.relisten_and_wait(&root, &spec.id, &spec.dir, "restore", true)?;
             }
         }
-        let pid: i32 = fs::read_to_string(&pid_file)
-            .ok()
-            .and_then(|s| s.trim().parse().ok())
-            .ok_or_else(|| GvisorError::Runsc {
-                what: "run".into(),
-                message: format!("no sandbox pid in {}", pid_file.display()),
-            })?;
-        let start_time = pid_start_time(pid).ok_or_else(|| GvisorError::Runsc {
-            what: "run".into(),
-            message: "the sandbox exited right after starting".into(),
-        })?;
-        self.wait_ready(&spec.dir, if image.is_some() { "restore" } else { "start" })?;
-        Ok(SandboxProcess { pid, start_time })
+        let process = read_process(&pid_file, "run")?;
+        match start {
+            // Nothing runs in a prepared sandbox yet.
+            Start::Prepare(_) => {}
+            Start::Restore(_) => self.wait_ready(&spec.dir, "restore")?,
+            Start::Fresh => self.wait_ready(&spec.dir, "start")?,
+        }
+        Ok(process)
     }
 
     /// Waits until init answers a ping on the sandbox's socket in `dir`.
@@ -681,6 +769,33 @@ impl GvisorDriver {
     }
 }
 
+/// How [`GvisorDriver::launch`] starts a sandbox.
+#[derive(Clone, Copy)]
+enum Start<'a> {
+    /// `runsc run`: init starts.
+    Fresh,
+    /// `runsc restore` of this image into a new sandbox.
+    Restore(&'a Path),
+    /// `runsc create`, for this image to be restored into later.
+    Prepare(&'a Path),
+}
+
+/// The sandbox process runsc wrote to `pid_file`, as it runs now.
+fn read_process(pid_file: &Path, what: &str) -> Result<SandboxProcess, GvisorError> {
+    let pid: i32 = fs::read_to_string(pid_file)
+        .ok()
+        .and_then(|s| s.trim().parse().ok())
+        .ok_or_else(|| GvisorError::Runsc {
+            what: what.into(),
+            message: format!("no sandbox pid in {}", pid_file.display()),
+        })?;
+    let start_time = pid_start_time(pid).ok_or_else(|| GvisorError::Runsc {
+        what: what.into(),
+        message: "the sandbox exited right after starting".into(),
+    })?;
+    Ok(SandboxProcess { pid, start_time })
+}
+
 /// Kills the runsc commands of a checkpoint window that still run, with
 /// their process groups (the checkpoint's shell leads its own).
 fn kill_ops(w: &Window) {
@@ -747,7 +862,7 @@ impl Driver for GvisorDriver {
     }
 
     fn start(&self, spec: &SandboxSpec) -> Result<SandboxProcess, SandboxError> {
-        self.launch(spec, None, None).map_err(|e| {
+        self.launch(spec, Start::Fresh, None).map_err(|e| {
             let _ = self.teardown(&spec.id);
             SandboxError::from(e)
         })

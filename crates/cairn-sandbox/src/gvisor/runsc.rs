@@ -230,18 +230,51 @@ impl Runsc {
         if status.success() {
             return Ok(());
         }
-        // runsc's errors went to the console log, behind what was there (the
-        // sandbox's own output, of any size): its first lines are enough.
-        let mut fresh = Vec::new();
-        if let Ok(mut log) = std::fs::File::open(l.console) {
-            use std::io::{Read, Seek, SeekFrom};
-            let _ = log.seek(SeekFrom::Start(console_len));
-            let _ = log.take(64 << 10).read_to_end(&mut fresh);
+        Err(console_error(what, l.console, console_len))
+    }
+
+    /// Runs `cmd` (a `restore` into a sandbox made by `create`) to its end,
+    /// its output appended to the sandbox's console log, where the
+    /// sandbox's own goes; `console_len` is the log's size before.
+    pub fn run_logged(
+        &self,
+        what: &str,
+        mut cmd: Command,
+        console: &Path,
+        console_len: u64,
+    ) -> Result<(), GvisorError> {
+        let log = |stream: &str| {
+            OpenOptions::new()
+                .create(true)
+                .append(true)
+                .open(console)
+                .map_err(|e| GvisorError::io(format!("open {} for {stream}", console.display()), e))
+        };
+        let status = cmd
+            .stdin(Stdio::null())
+            .stdout(log("stdout")?)
+            .stderr(log("stderr")?)
+            .status()
+            .map_err(|e| GvisorError::Exec(self.binary.clone(), e))?;
+        if status.success() {
+            return Ok(());
         }
-        Err(GvisorError::Runsc {
-            what: what.to_string(),
-            message: first_lines(&String::from_utf8_lossy(&fresh)),
-        })
+        Err(console_error(what, console, console_len))
+    }
+}
+
+/// runsc's errors went to the console log, behind what was there (the
+/// sandbox's own output, of any size): its first lines are enough.
+fn console_error(what: &str, console: &Path, console_len: u64) -> GvisorError {
+    let mut fresh = Vec::new();
+    if let Ok(mut log) = std::fs::File::open(console) {
+        use std::io::{Read, Seek, SeekFrom};
+        let _ = log.seek(SeekFrom::Start(console_len));
+        let _ = log.take(64 << 10).read_to_end(&mut fresh);
+    }
+    GvisorError::Runsc {
+        what: what.to_string(),
+        message: first_lines(&String::from_utf8_lossy(&fresh)),
     }
 }
 
