@@ -259,6 +259,7 @@ fn memory_snapshots_say_whether_runsc_can_leave_a_sandbox_running() {
     let line = check(&new, "memory-snapshots");
     assert_eq!(line["status"], "ok", "{line}");
     assert!(line["detail"].as_str().unwrap().contains("--leave-running"), "{line}");
+    assert!(line["detail"].as_str().unwrap().contains("created ahead"), "{line}");
     // Debian 12's (kept by test.sh): its --leave-running hangs, so every
     // memory snapshot stops and restores the sandbox; the line says so and
     // what to install.
@@ -277,6 +278,13 @@ fn memory_snapshots_say_whether_runsc_can_leave_a_sandbox_running() {
     let line = check(&slow, "memory-snapshots");
     assert_eq!(line["status"], "warn", "{line}");
     assert!(line["detail"].as_str().unwrap().contains("stops the sandbox"), "{line}");
+    assert!(
+        line["detail"]
+            .as_str()
+            .unwrap()
+            .contains("refuses to restore into a created"),
+        "{line}"
+    );
     assert!(line["remedy"].as_str().unwrap().contains("Debian 13"), "{line}");
     assert_eq!(code, 0, "a slow path is a warning, not a failure: {slow:#}");
 }

@@ -118,14 +118,16 @@ fn runsc(home: &Home) -> Vec<Line> {
         Line::ok(
             "memory-snapshots",
             "fast: runsc checkpoints with --leave-running and writes raw pages, stored as they are written; \
-             no restore after a snapshot",
+             no restore after a snapshot; a paused E2B sandbox resumes into a sandbox created ahead (this runsc \
+             restores into a created one)",
         )
     } else {
         Line::warn(
             "memory-snapshots",
             "slow: this runsc cannot checkpoint a sandbox and leave it running (it lacks --leave-running with \
              --compression, or its --leave-running is the old restore that hangs), so every memory snapshot \
-             stops the sandbox and restores it, and the whole image is stored after runsc wrote it",
+             stops the sandbox and restores it, and the whole image is stored after runsc wrote it; a resume \
+             creates its sandbox then (this runsc refuses to restore into a created one)",
             "install gVisor's release 2024 or later (Debian 13's runsc), or point CAIRN_RUNSC at one",
         )
     };
