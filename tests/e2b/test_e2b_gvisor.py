@@ -139,6 +139,20 @@ def test_a_resume_goes_into_the_sandbox_prepared_at_the_pause(needs_runsc, cairn
             now = cairn_sandboxes(cairn_e2b)
             assert now.get(prepared) == "running", f"the resume did not use the prepared sandbox: {now}"
             assert "creating" not in now.values(), now
+        # Removed from under the gateway (`cairn rm`): the resume goes the
+        # ordinary way.
+        before = set(cairn_sandboxes(cairn_e2b))
+        assert s.pause()
+        prepared = wait_for_prepared(cairn_e2b, before)
+        subprocess.run(
+            [cairn_e2b["bin"], "rm", "--force", prepared],
+            env=dict(os.environ, CAIRN_HOME=cairn_e2b["home"]),
+            check=True,
+            capture_output=True,
+        )
+        back = Sandbox.connect(s.sandbox_id)
+        assert ask(back, "after its prepared sandbox was removed") == (pid, nonce, 4)
+        assert prepared not in cairn_sandboxes(cairn_e2b)
         # Killed while paused: the prepared sandbox goes too.
         before = set(cairn_sandboxes(cairn_e2b))
         assert s.pause()

@@ -474,6 +474,11 @@ impl Engine {
             Err(e) => {
                 if let Err(cleanup) = self.remove_sandbox(&rec, true) {
                     tracing::warn!(sandbox = %rec.id, "removing a prepared sandbox whose restore failed: {cleanup}");
+                    // Its row went another way (removed meanwhile): what runs
+                    // of it must not stay.
+                    if let Ok(driver) = self.driver(&rec.driver) {
+                        let _ = driver.stop(&rec.id, None);
+                    }
                 }
                 return Err(e);
             }
