@@ -419,13 +419,8 @@ impl Engine {
         let mut rec = self.new_record(origin, opts)?;
         // A gVisor sandbox has no network of its own: asking for one fails
         // here as at a create, and there is no lease to carry.
-        if self.lease_network(&mut rec)?.is_some() {
-            let _ = self.release_network(&rec);
-            return Err(EngineError::CannotPrepare {
-                snapshot: origin.snapshot.clone().unwrap_or_default(),
-                why: "its sandbox would have a network of its own".into(),
-            });
-        }
+        let lease = self.lease_network(&mut rec)?;
+        debug_assert!(lease.is_none(), "a gVisor sandbox got a network lease");
         self.db.insert_sandbox(&rec)?;
         let prepared = self.spec(&rec).and_then(|spec| {
             self.reconcile_deferred();

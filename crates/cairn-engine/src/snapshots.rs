@@ -689,12 +689,16 @@ impl Engine {
             snapshot: snap.id.clone(),
             why: why.into(),
         };
+        // Asked before the image is linked or materialised.
+        if !self.gvisor()?.restores_into_created() {
+            return Err(cannot("this host's runsc cannot restore into a created sandbox"));
+        }
         let (origin, scratch) = self.restore_origin(snap, opts)?;
         let Some(image) = scratch else {
             return Err(cannot("it holds files only; a restore of files starts init afresh"));
         };
-        if origin.driver != "gvisor" || !self.gvisor()?.restores_into_created() {
-            return Err(cannot("this host's runsc cannot restore into a created sandbox"));
+        if origin.driver != "gvisor" {
+            return Err(cannot("only a gVisor sandbox restores into one created ahead"));
         }
         let sandbox = self
             .create_prepared(&origin, opts, image.path())

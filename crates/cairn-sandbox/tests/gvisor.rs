@@ -370,6 +370,25 @@ fn a_restored_sandbox_continues_its_processes_from_memory_with_the_host_clock() 
     env.assert_nothing_left(&spec);
 }
 
+/// Checkpoints `spec` (running [`COUNTER`]) into `NAME-image` and freezes
+/// its files as the layer `NAME-layer`, as the engine does; returns both
+/// and the count the files held at the checkpoint.
+fn checkpoint_as_layer(env: &Env, spec: &SandboxSpec, name: &str) -> (PathBuf, PathBuf, u64) {
+    let image = env.tmp.path().join(format!("{name}-image"));
+    env.driver.checkpoint(&spec.id, &image).unwrap();
+    let layer = env.tmp.path().join(format!("{name}-layer"));
+    copy_tree(&spec.upper_dir(), &layer);
+    let saved: u64 = fs::read_to_string(layer.join("root/count"))
+        .unwrap()
+        .trim()
+        .split_once(' ')
+        .unwrap()
+        .1
+        .parse()
+        .unwrap();
+    (image, layer, saved)
+}
+
 #[test]
 fn a_sandbox_prepared_ahead_restores_its_image_and_one_not_wanted_leaves_nothing() {
     let Some(env) = env() else { return };
@@ -384,18 +403,7 @@ fn a_sandbox_prepared_ahead_restores_its_image_and_one_not_wanted_leaves_nothing
     let client = env.start(&spec);
     detach(&client, COUNTER);
     let (nonce, _) = count_above(&client, 3);
-    let image = env.tmp.path().join("prep-image");
-    env.driver.checkpoint(&spec.id, &image).unwrap();
-    let layer = env.tmp.path().join("prep-layer");
-    copy_tree(&spec.upper_dir(), &layer);
-    let saved: u64 = fs::read_to_string(layer.join("root/count"))
-        .unwrap()
-        .trim()
-        .split_once(' ')
-        .unwrap()
-        .1
-        .parse()
-        .unwrap();
+    let (image, layer, saved) = checkpoint_as_layer(&env, &spec, "prep");
     env.driver.stop(&spec.id, None).unwrap();
 
     // Prepared: runsc's processes wait in the sandbox's cgroup, init does
@@ -446,19 +454,7 @@ fn two_restores_of_one_checkpoint_diverge_and_reseed() {
     let client = env.start(&spec);
     detach(&client, COUNTER);
     let (nonce, _) = count_above(&client, 3);
-    let image = env.tmp.path().join("orig-image");
-    env.driver.checkpoint(&spec.id, &image).unwrap();
-    // Freeze the files of the checkpoint as a layer, as the engine does.
-    let layer = env.tmp.path().join("orig-layer");
-    copy_tree(&spec.upper_dir(), &layer);
-    let saved: u64 = fs::read_to_string(layer.join("root/count"))
-        .unwrap()
-        .trim()
-        .split_once(' ')
-        .unwrap()
-        .1
-        .parse()
-        .unwrap();
+    let (image, layer, saved) = checkpoint_as_layer(&env, &spec, "orig");
 
     let a = env.spec("fork-a", vec![layer.clone(), env.base.clone()]);
     let b = env.spec("fork-b", vec![layer.clone(), env.base.clone()]);

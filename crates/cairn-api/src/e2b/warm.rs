@@ -20,7 +20,6 @@ use super::{Gateway, Life};
 use crate::app::App;
 
 /// Resumes prepared ahead, by E2B sandbox id.
-#[derive(Default)]
 pub(crate) struct Warm {
     /// How many may be kept (`--e2b-warm`); 0: none.
     max: usize,

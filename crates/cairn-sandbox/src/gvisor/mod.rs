@@ -18,6 +18,7 @@ pub mod sockets;
 pub mod statefile;
 pub mod window;
 
+use std::ffi::OsStr;
 use std::fs;
 use std::fs::OpenOptions;
 use std::io::{self, Write};
@@ -612,52 +613,30 @@ impl GvisorDriver {
             console: &spec.console_log(),
             restore_mark: &restore_mark,
         };
-        let bundle_dir = spec.dir.as_os_str();
-        match start {
-            Start::Fresh => self.runsc.launch(
-                "run",
-                &launch,
-                &[
-                    "run".as_ref(),
-                    "--detach".as_ref(),
-                    "--pid-file".as_ref(),
-                    pid_file.as_os_str(),
-                    "--bundle".as_ref(),
-                    bundle_dir,
-                    spec.id.as_ref(),
-                ],
-            )?,
-            Start::Prepare(_) => self.runsc.launch(
-                "create",
-                &launch,
-                &[
-                    "create".as_ref(),
-                    "--pid-file".as_ref(),
-                    pid_file.as_os_str(),
-                    "--bundle".as_ref(),
-                    bundle_dir,
-                    spec.id.as_ref(),
-                ],
-            )?,
-            Start::Restore(image) => {
-                self.runsc.launch(
-                    "restore",
-                    &launch,
-                    &[
-                        "restore".as_ref(),
-                        "--detach".as_ref(),
-                        "--image-path".as_ref(),
-                        image.as_os_str(),
-                        "--pid-file".as_ref(),
-                        pid_file.as_os_str(),
-                        "--bundle".as_ref(),
-                        bundle_dir,
-                        spec.id.as_ref(),
-                    ],
-                )?;
-                // The image's init is quiesced (it was when checkpointed).
-                self.relisten_and_wait(&root, &spec.id, &spec.dir, "restore", true)?;
-            }
+        let (what, image_path): (&str, Option<&Path>) = match start {
+            Start::Fresh => ("run", None),
+            Start::Prepare(_) => ("create", None),
+            Start::Restore(image) => ("restore", Some(image)),
+        };
+        let mut args: Vec<&OsStr> = vec![what.as_ref()];
+        // `create` leaves the sandbox waiting; the others return once it runs.
+        if !matches!(start, Start::Prepare(_)) {
+            args.push("--detach".as_ref());
+        }
+        if let Some(image) = image_path {
+            args.extend(["--image-path".as_ref(), image.as_os_str()]);
+        }
+        args.extend([
+            "--pid-file".as_ref(),
+            pid_file.as_os_str(),
+            "--bundle".as_ref(),
+            spec.dir.as_os_str(),
+            spec.id.as_ref(),
+        ]);
+        self.runsc.launch(what, &launch, &args)?;
+        if image_path.is_some() {
+            // The image's init is quiesced (it was when checkpointed).
+            self.relisten_and_wait(&root, &spec.id, &spec.dir, "restore", true)?;
         }
         let process = read_process(&pid_file, "run")?;
         match start {
