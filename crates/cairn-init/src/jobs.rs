@@ -305,8 +305,8 @@ impl Jobs {
 }
 
 /// Whether the host closed (or shut down) its end: it sends nothing after
-/// `AttachJob`, so anything readable is the end.
-fn host_gone(stream: &UnixStream) -> bool {
+/// `AttachJob` or `Quiesce`, so anything readable is the end.
+pub(crate) fn host_gone(stream: &UnixStream) -> bool {
     let mut fds = [PollFd::new(
         stream.as_fd(),
         PollFlags::POLLIN | PollFlags::from_bits_retain(libc::POLLRDHUP),

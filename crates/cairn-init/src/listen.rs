@@ -84,8 +84,19 @@ impl Connections {
     /// Ends every connection but `own`, then stops listening; returns once
     /// only `own` is left, or an error saying what still holds on, in which
     /// case init keeps listening as before.
-    pub fn quiesce(&self, own: &Live, wake: &UnixStream) -> Result<(), String> {
+    ///
+    /// `asker` is `own`'s socket. A host that asked and died before init
+    /// got to the request (its checkpoint killed) is not obeyed: the Cairn
+    /// process finishing that checkpoint may already have found init
+    /// listening and left it so, and nobody would tell a quiesced init to
+    /// listen again. Checked once new connections are refused, so a host
+    /// that dies later finds init not answering and signals it.
+    pub fn quiesce(&self, own: &Live, asker: &UnixStream, wake: &UnixStream) -> Result<(), String> {
         self.quiescing.store(true, Ordering::SeqCst);
+        if crate::jobs::host_gone(asker) {
+            self.quiescing.store(false, Ordering::SeqCst);
+            return Err("the host that asked for the quiesce has gone; init goes on listening".into());
+        }
         let stopped = self.end_others(own).and_then(|()| {
             let (tx, rx): (Sender<()>, Receiver<()>) = channel();
             *self.quiesce.lock().unwrap_or_else(|e| e.into_inner()) = Some(tx);
@@ -365,5 +376,26 @@ fn fresh_procfs() {
     let flags = MsFlags::MS_NOSUID | MsFlags::MS_NODEV | MsFlags::MS_NOEXEC;
     if let Err(e) = mount(Some("proc"), "/proc", Some("proc"), flags, None::<&str>) {
         eprintln!("cairn-init: cannot mount a fresh /proc: {e}");
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_quiesce_whose_asker_has_gone_is_refused_and_init_keeps_listening() {
+        let conns = Arc::new(Connections::default());
+        let (asker, host) = UnixStream::pair().unwrap();
+        let own = conns.register(&asker);
+        let (wake, _wake_rx) = UnixStream::pair().unwrap();
+        drop(host);
+        let refused = conns.quiesce(&own, &asker, &wake).unwrap_err();
+        assert!(refused.contains("has gone"), "{refused}");
+        assert!(!conns.is_quiescing(), "new connections would still be refused");
+        assert!(
+            conns.quiesce.lock().unwrap().is_none(),
+            "the accept loop would stop listening"
+        );
     }
 }

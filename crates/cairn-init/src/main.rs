@@ -214,7 +214,7 @@ fn serve(
                             .into(),
                     )
                 } else {
-                    match server.conns.quiesce(&live, &server.wake_tx) {
+                    match server.conns.quiesce(&live, writer.get_ref(), &server.wake_tx) {
                         Ok(()) => FromInit::Done,
                         Err(e) => FromInit::Error(e),
                     }

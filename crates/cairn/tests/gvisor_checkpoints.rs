@@ -35,6 +35,18 @@ fn show(home: &Home, run: &str) -> serde_json::Value {
     serde_json::from_str(&home.ok(&["pipeline", "show", run, "--json"])).unwrap()
 }
 
+/// The run's events, one line each (kind, stage, detail): what a failure
+/// message needs to say what happened, short enough to survive a cut log.
+fn timeline(v: &serde_json::Value) -> String {
+    v["events"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|e| format!("{} {} {}: {}", e["seq"], e["kind"], e["stage"], e["detail"]))
+        .collect::<Vec<_>>()
+        .join("\n")
+}
+
 fn events<'a>(v: &'a serde_json::Value, kind: &str) -> Vec<&'a serde_json::Value> {
     v["events"]
         .as_array()
@@ -129,8 +141,8 @@ fn a_gvisor_stage_killed_inside_its_memory_checkpoints_goes_on_where_it_was() {
                 let was = sandbox_dir.file_name().unwrap().to_string_lossy().into_owned();
                 assert!(
                     now.is_null() || now == was.as_str(),
-                    "the stage left its sandbox {was} for {now}: {:#}",
-                    show(&home, &run)
+                    "the stage left its sandbox {was} for {now}:\n{}",
+                    timeline(&show(&home, &run))
                 );
             }
             window_record(&sandbox_dir).exists().then_some(())
@@ -185,25 +197,30 @@ fn a_gvisor_stage_killed_inside_its_memory_checkpoints_goes_on_where_it_was() {
 
     let v = show(&home, &run);
     let log = home.ok(&["logs", &run, "count"]);
-    assert_eq!(v["run"]["status"], "completed", "{v:#}\n{log}");
+    assert_eq!(v["run"]["status"], "completed", "{}\n{log}", timeline(&v));
     // One attempt, re-attached after every kill: never discarded, never
     // started again from its input or an older checkpoint.
-    assert_eq!(events(&v, "forked").len(), 1, "{v:#}");
-    assert!(events(&v, "resumed").is_empty(), "an attempt was discarded: {v:#}");
-    assert!(events(&v, "retry").is_empty(), "{v:#}");
-    assert_eq!(events(&v, "reattached").len(), delays.len(), "{v:#}");
+    assert_eq!(events(&v, "forked").len(), 1, "{}", timeline(&v));
+    assert!(
+        events(&v, "resumed").is_empty(),
+        "an attempt was discarded: {}",
+        timeline(&v)
+    );
+    assert!(events(&v, "retry").is_empty(), "{}", timeline(&v));
+    assert_eq!(events(&v, "reattached").len(), delays.len(), "{}", timeline(&v));
     // Every window a kill left open was finished, and none lost the sandbox.
     let recovered = events(&v, "recovered");
     for e in &recovered {
         eprintln!("recovered: {}", e["detail"]);
     }
     // (A recovery killed after noting what it did is noted again.)
-    assert!(recovered.len() >= inside, "{v:#}");
+    assert!(recovered.len() >= inside, "{}", timeline(&v));
     assert!(
         recovered
             .iter()
             .all(|e| !e["detail"].as_str().unwrap().contains("gone")),
-        "{v:#}"
+        "{}",
+        timeline(&v)
     );
     // The command ran once, and its counter never went back.
     let artifact = |path: &str| {
