@@ -415,6 +415,13 @@ impl Engine {
         Ok(manifest)
     }
 
+    /// How long runsc's own `restore` command took in this engine's last
+    /// restore of a gVisor memory image (ordinary, prepared, or finishing a
+    /// checkpoint): runsc's part of the restore; the rest is Cairn's.
+    pub fn last_runsc_restore(&self) -> Option<std::time::Duration> {
+        self.gvisor.get()?.as_ref().ok()?.last_runsc_restore()
+    }
+
     /// Where the time of this engine's last memory snapshot went.
     pub fn last_memory_phases(&self) -> Option<MemoryPhases> {
         self.memory_phases.lock().unwrap_or_else(|e| e.into_inner()).clone()

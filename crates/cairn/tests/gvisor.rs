@@ -471,3 +471,42 @@ fn a_service_runs_on_in_a_memory_restore_and_is_not_started_twice() {
         home.ok(&["rm", "-f", sandbox]);
     }
 }
+
+#[test]
+fn the_memory_benchmark_sets_runscs_part_of_each_restore_beside_the_whole() {
+    let name = "the_memory_benchmark_sets_runscs_part_of_each_restore_beside_the_whole";
+    if skip_without_runsc(name) {
+        return;
+    }
+    let home = Home::new();
+    let out = home.cairn(&["bench", "gvisor-memory", "--runs", "5", "--memory", "32M", "--json"]);
+    assert!(out.status.success(), "{}", stderr(&out));
+    let rows: Vec<serde_json::Value> = serde_json::from_slice(&out.stdout).unwrap();
+    let median = |what: &str| {
+        let name = format!("gvisor: 32 MiB in tmpfs, {what}");
+        rows.iter()
+            .find(|r| r["name"] == name.as_str())
+            .and_then(|r| r["median"].as_f64())
+            .unwrap_or_else(|| panic!("no row {name:?}: {rows:#?}"))
+    };
+    let mut restores = vec!["restore to first output", "plain runsc restore to first output"];
+    // Debian 12's runsc cannot restore into a sandbox created ahead.
+    let prepared = "restore into a sandbox prepared ahead, to first output";
+    if rows
+        .iter()
+        .any(|r| r["name"].as_str().is_some_and(|n| n.ends_with(prepared)))
+    {
+        restores.push(prepared);
+    }
+    for what in restores {
+        let (whole, runsc, rest) = (
+            median(what),
+            median(&format!("{what}: runsc restore")),
+            median(&format!("{what}: the rest")),
+        );
+        assert!(runsc > 0.0 && runsc < whole, "{what}: runsc {runsc} of {whole} ms");
+        assert!(rest > 0.0, "{what}: the rest {rest} ms");
+    }
+    // Every sandbox the benchmark made is gone.
+    assert!(home.ps().is_empty(), "{:?}", home.ps());
+}

@@ -137,6 +137,9 @@ pub struct GvisorDriver {
     runsc: Runsc,
     cgroups: Hierarchy,
     state_dir: PathBuf,
+    /// How long the last `runsc restore` took, from its start until it
+    /// returned with the sandbox running ([`Self::last_runsc_restore`]).
+    last_restore: std::sync::Mutex<Option<Duration>>,
 }
 
 impl GvisorDriver {
@@ -158,6 +161,7 @@ impl GvisorDriver {
             runsc,
             cgroups,
             state_dir,
+            last_restore: std::sync::Mutex::new(None),
         })
     }
 
@@ -320,6 +324,17 @@ impl GvisorDriver {
         Ok(process)
     }
 
+    /// How long runsc's own `restore` command took in the last restore of
+    /// this driver (of any sandbox): the part of a restore that is runsc's,
+    /// for benchmarks that set it beside the whole.
+    pub fn last_runsc_restore(&self) -> Option<Duration> {
+        *self.last_restore.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    fn note_restore(&self, took: Duration) {
+        *self.last_restore.lock().unwrap_or_else(|e| e.into_inner()) = Some(took);
+    }
+
     /// Whether this runsc restores into a sandbox created ahead
     /// ([`Self::prepare_restore`]). The builds whose checkpoint writes raw
     /// pages and leaves the sandbox running (2024 and later) do; Debian
@@ -382,7 +397,9 @@ impl GvisorDriver {
             .arg("--bundle")
             .arg(&spec.dir)
             .arg(&spec.id);
+        let t = Instant::now();
         self.runsc.run_logged("restore", cmd, &console, console_len)?;
+        self.note_restore(t.elapsed());
         // The image's init is quiesced (it was when checkpointed); the
         // restore mark grew when the sandbox was prepared.
         self.relisten_and_wait(&root, &spec.id, &spec.dir, "restore", true)?;
@@ -633,8 +650,10 @@ impl GvisorDriver {
             spec.dir.as_os_str(),
             spec.id.as_ref(),
         ]);
+        let t = Instant::now();
         self.runsc.launch(what, &launch, &args)?;
         if image_path.is_some() {
+            self.note_restore(t.elapsed());
             // The image's init is quiesced (it was when checkpointed).
             self.relisten_and_wait(&root, &spec.id, &spec.dir, "restore", true)?;
         }

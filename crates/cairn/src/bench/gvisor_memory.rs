@@ -85,14 +85,24 @@ impl Bench {
             // restore's start. The two alternate, so that both meet the
             // host as it is.
             let newest = engine.snapshot_record(&engine.sandbox(&rec.id)?.last_snapshot.unwrap_or_default())?;
+            // Each restore's time, and runsc's `restore` command's part of it.
             let mut restores = Vec::new();
             let mut prepared_restores = Vec::new();
+            let mut restores_runsc = Vec::new();
+            let mut prepared_runsc = Vec::new();
+            let runsc_part = |engine: &Engine| {
+                engine
+                    .last_runsc_restore()
+                    .map(ms)
+                    .ok_or_else(|| anyhow::anyhow!("the restore recorded no runsc restore"))
+            };
             let mut can_prepare = true;
             for _ in 0..runs.min(10) {
                 let t = Instant::now();
                 let r = engine.restore(&newest, &opts)?;
                 let first = run(&engine, &r, "echo ok");
                 restores.push(ms(t.elapsed()));
+                restores_runsc.push(runsc_part(&engine)?);
                 engine.remove_sandbox(&engine.sandbox(&r.id)?, true)?;
                 first?;
                 if !can_prepare {
@@ -113,14 +123,18 @@ impl Bench {
                 let r = engine.finish_restore(prepared)?;
                 let first = run(&engine, &r, "echo ok");
                 prepared_restores.push(ms(t.elapsed()));
+                prepared_runsc.push(runsc_part(&engine)?);
                 engine.remove_sandbox(&engine.sandbox(&r.id)?, true)?;
                 first?;
             }
-            eprintln!("cairn bench: restore of the {mib} MiB snapshot to first output: {restores:.0?} ms");
+            eprintln!(
+                "cairn bench: restore of the {mib} MiB snapshot to first output: {restores:.0?} ms (runsc restore \
+                 {restores_runsc:.0?})"
+            );
             if !prepared_restores.is_empty() {
                 eprintln!(
                     "cairn bench: restore of the {mib} MiB snapshot into a sandbox prepared ahead, to first output: \
-                     {prepared_restores:.0?} ms"
+                     {prepared_restores:.0?} ms (runsc restore {prepared_runsc:.0?})"
                 );
             }
             // runsc's own restore of the same sandbox's image, to the first
@@ -132,7 +146,7 @@ impl Bench {
                 let t = Instant::now();
                 run(&engine, &engine.sandbox(&rec.id)?, "echo ok")?;
                 plain_restores.push(ms(took + t.elapsed()));
-                plain_runsc.push(ms(took));
+                plain_runsc.push(runsc_part(&engine)?);
             }
             eprintln!(
                 "cairn bench: plain runsc restore of the same sandbox to first output: {plain_restores:.0?} ms \
@@ -178,29 +192,41 @@ impl Bench {
                     true,
                 ),
                 summarize(&name("plain runsc checkpoint, going on"), "ms", plain, None, true),
-                summarize(&name("restore to first output"), "ms", restores, None, true),
             ];
+            out.extend(restore_rows(
+                &name("restore to first output"),
+                &restores,
+                &restores_runsc,
+            ));
             if !prepared_restores.is_empty() {
-                out.push(summarize(
+                out.extend(restore_rows(
                     &name("restore into a sandbox prepared ahead, to first output"),
-                    "ms",
-                    prepared_restores,
-                    None,
-                    true,
+                    &prepared_restores,
+                    &prepared_runsc,
                 ));
             }
-            out.push(summarize(
+            out.extend(restore_rows(
                 &name("plain runsc restore to first output"),
-                "ms",
-                plain_restores,
-                None,
-                true,
+                &plain_restores,
+                &plain_runsc,
             ));
             Ok(out)
         })();
         let _ = engine.sandbox(&rec.id).and_then(|r| engine.remove_sandbox(&r, true));
         result
     }
+}
+
+/// A restore's rows: its time to first output, and runsc's `restore`
+/// command's part and the rest (Cairn's, or for plain runsc its own
+/// `exec`), run by run.
+fn restore_rows(what: &str, totals: &[f64], runsc: &[f64]) -> Vec<Measurement> {
+    let rest = totals.iter().zip(runsc).map(|(t, r)| t - r).collect();
+    vec![
+        summarize(what, "ms", totals.to_vec(), None, true),
+        summarize(&format!("{what}: runsc restore"), "ms", runsc.to_vec(), None, true),
+        summarize(&format!("{what}: the rest"), "ms", rest, None, true),
+    ]
 }
 
 /// Runs `cmd` with `sh -c` in `rec` to its end; an error unless it exits 0.
