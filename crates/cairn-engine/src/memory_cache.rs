@@ -405,8 +405,18 @@ impl Engine {
     /// writes into page cache the previous one gave back. A restore of an
     /// older snapshot rebuilds its image from the store.
     pub(crate) fn retire_memory_image(&self, retired: &str, kept: &str) {
-        let image = self.home.memory_image(retired);
-        if retired == kept || !self.home.memory_image(kept).is_dir() || !image.exists() {
+        if retired == kept || !self.home.memory_image(kept).is_dir() {
+            return;
+        }
+        self.drop_memory_image(retired);
+    }
+
+    /// Removes the local image of snapshot `id`, if there is one; a
+    /// restore of it rebuilds the image from the store. One a restore has
+    /// linked stays with that restore until it is done.
+    pub(crate) fn drop_memory_image(&self, id: &str) {
+        let image = self.home.memory_image(id);
+        if !image.exists() {
             return;
         }
         // The seal first: an image without one is never used. Renamed, then
@@ -415,7 +425,7 @@ impl Engine {
         // ended first is an unknown name, which gc removes.
         let _ = fs::remove_file(path_of(&image));
         let nanos = crate::now_nanos();
-        let gone = self.home.memory_images().join(format!(".retired-{retired}-{nanos}"));
+        let gone = self.home.memory_images().join(format!(".retired-{id}-{nanos}"));
         if fs::rename(&image, &gone).is_ok() {
             std::thread::spawn(move || {
                 if let Err(e) = fs::remove_dir_all(&gone) {

@@ -502,6 +502,16 @@ impl Engine {
         let mut image_dir = None;
         let mut held = None;
         let (captured, memory) = if running && self.driver_of(rec)?.capabilities().memory_snapshots {
+            // The sentry writes the image into page cache charged to the
+            // sandbox's memory cgroup, where the previous image still is:
+            // with both beside the sandbox's memory, the limit is reached and
+            // the kernel makes runsc wait while it writes those dirty pages
+            // back (runsc's checkpoint took 2-3x as long every other time).
+            // So the previous image goes first; a restore of that snapshot
+            // rebuilds it from the store.
+            if let Some(p) = previous.as_ref().filter(|p| p.sandbox_id == rec.id) {
+                self.drop_memory_image(&p.id);
+            }
             let (captured, memory, dir, window) = self.capture_with_memory(rec, baseline.as_ref(), then)?;
             image_dir = Some(dir);
             held = window;
