@@ -82,7 +82,8 @@ fn a_background_server_keeps_its_memory_across_suspend_and_resume() {
 
 #[test]
 #[ignore = "known defect: a suspend killed about 40 ms in (while init quiesces) now and then leaves a session whose \
-            server does not answer after the resume (1 run in 4 here); run with --ignored when fixing it"]
+            server refuses connections after the resume while init answers (1 run in 12 with both cores busy); run \
+            with --ignored when fixing it"]
 fn a_suspend_killed_midway_keeps_the_memory() {
     let name = "a_suspend_killed_midway_keeps_the_memory";
     if skip_without_runsc(name) {
