@@ -398,22 +398,12 @@ impl Engine {
         }
     }
 
-    /// Once snapshot `kept` of a sandbox has its local image, the image of
-    /// its previous snapshot `retired` goes: a sandbox keeps the image of
-    /// its newest memory snapshot only, so local copies take one image's
-    /// room per sandbox, not one per snapshot, and the next checkpoint
-    /// writes into page cache the previous one gave back. A restore of an
-    /// older snapshot rebuilds its image from the store.
-    pub(crate) fn retire_memory_image(&self, retired: &str, kept: &str) {
-        if retired == kept || !self.home.memory_image(kept).is_dir() {
-            return;
-        }
-        self.drop_memory_image(retired);
-    }
-
     /// Removes the local image of snapshot `id`, if there is one; a
     /// restore of it rebuilds the image from the store. One a restore has
-    /// linked stays with that restore until it is done.
+    /// linked stays with that restore until it is done. A sandbox's next
+    /// memory snapshot drops its previous one's before runsc writes, so a
+    /// sandbox keeps the image of its newest memory snapshot only: one
+    /// image's room per sandbox, not one per snapshot.
     pub(crate) fn drop_memory_image(&self, id: &str) {
         let image = self.home.memory_image(id);
         if !image.exists() {

@@ -595,11 +595,8 @@ impl Engine {
         // snapshot would make the next one miss changes.
         write_baseline(&dir, &snap.id, next_baseline);
         if let (Some(image), Some(memory)) = (image_dir, &manifest.memory) {
+            // (The previous snapshot's image went before the checkpoint.)
             self.keep_memory_image(&snap.id, image, memory);
-            // This sandbox's previous image: its newest is the one kept.
-            if let Some(previous) = previous.as_ref().filter(|p| p.sandbox_id == rec.id) {
-                self.retire_memory_image(&previous.id, &snap.id);
-            }
         }
         if let Some(held) = held {
             held.close(&rec.id);
