@@ -475,6 +475,7 @@ impl Engine {
             }
             .into());
         }
+        let started = Instant::now();
         let _lock = self.lock_store(false)?;
         let dir = self.home.sandbox(&rec.id);
         // On the sandbox's disk when it has one, mounted again if the host
@@ -533,6 +534,7 @@ impl Engine {
             }
             (captured, None)
         };
+        let t_captured = started.elapsed();
         let (layer, next_baseline) = captured.map_err(SnapshotError::from)?;
         if layer.dropped_devices > 0 {
             tracing::warn!(
@@ -571,6 +573,7 @@ impl Engine {
             memory,
         };
         let id = self.store.put_object(&manifest).map_err(SnapshotError::from)?;
+        let t_manifest = started.elapsed();
         if !unchanged && layer.entries <= EAGER_LAYER_ENTRIES {
             // Materialised now, so forks and restores start at once. A
             // larger layer is built by the first fork or restore that needs
@@ -590,7 +593,9 @@ impl Engine {
             stored_bytes: self.store.bytes_written() - written_before,
             layers: layers.iter().map(|l| l.to_string()).collect(),
         };
+        let t_layer = started.elapsed();
         self.db.insert_snapshot(&snap)?;
+        let t_row = started.elapsed();
         // Only once the row exists: a baseline newer than the sandbox's last
         // snapshot would make the next one miss changes.
         write_baseline(&dir, &snap.id, next_baseline);
@@ -601,6 +606,15 @@ impl Engine {
         if let Some(held) = held {
             held.close(&rec.id);
         }
+        tracing::debug!(
+            snapshot = &snap.id[..12],
+            ?t_captured,
+            ?t_manifest,
+            ?t_layer,
+            ?t_row,
+            done = ?started.elapsed(),
+            "snapshot steps, from the start"
+        );
         // Marks this and earlier snapshots whose uploads already finished;
         // the rest are marked by a later call (`cairn snapshot` waits).
         if let Err(e) = self.mark_remote_durable(Duration::ZERO) {

@@ -103,6 +103,9 @@ impl BlobStore for StoreBackend {
     fn delete(&self, key: &ChunkHash) -> Result<bool, BlobError> {
         self.inner().delete(key)
     }
+    fn delete_many(&self, keys: &[ChunkHash]) -> Result<Vec<bool>, BlobError> {
+        self.inner().delete_many(keys)
+    }
     fn list(&self) -> Result<Vec<ObjectInfo>, BlobError> {
         self.inner().list()
     }

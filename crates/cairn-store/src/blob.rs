@@ -63,6 +63,13 @@ pub trait BlobStore: Send + Sync {
     fn refresh(&self, key: &ChunkHash) -> Result<bool, BlobError>;
     /// Removes the object; `Ok(false)` if it was not there.
     fn delete(&self, key: &ChunkHash) -> Result<bool, BlobError>;
+    /// Removes every object of `keys`, as [`delete`](Self::delete) would;
+    /// one result per key, in order. A backend that keeps objects together
+    /// (packs) removes a whole group at once instead of rewriting what is
+    /// left of it after each.
+    fn delete_many(&self, keys: &[ChunkHash]) -> Result<Vec<bool>, BlobError> {
+        keys.iter().map(|key| self.delete(key)).collect()
+    }
     /// Every complete object. Incomplete writes are never listed.
     fn list(&self) -> Result<Vec<ObjectInfo>, BlobError>;
     /// Removes leftovers of interrupted writes (temp files, abandoned

@@ -34,7 +34,20 @@ fn samples_compress(data: &[u8]) -> std::io::Result<bool> {
     for at in [0, data.len() / 2 - SAMPLE / 2, data.len() - SAMPLE] {
         sample.extend_from_slice(&data[at..at + SAMPLE]);
     }
-    let packed = zstd::bulk::compress(&sample, 1)?;
+    // One compression context per thread: making one for each chunk cost
+    // more than compressing its samples.
+    thread_local! {
+        static SAMPLER: std::cell::RefCell<Option<zstd::bulk::Compressor<'static>>> =
+            const { std::cell::RefCell::new(None) };
+    }
+    let packed = SAMPLER.with(|cell| {
+        let mut cell = cell.borrow_mut();
+        let sampler = match cell.as_mut() {
+            Some(c) => c,
+            None => cell.insert(zstd::bulk::Compressor::new(1)?),
+        };
+        sampler.compress(&sample)
+    })?;
     Ok(packed.len() < sample.len() - sample.len() / 32)
 }
 

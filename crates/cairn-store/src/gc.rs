@@ -41,6 +41,7 @@ pub fn collect_garbage<B: BlobStore + ?Sized>(
     let live: HashSet<ChunkHash> = live.into_iter().collect();
     let now = SystemTime::now();
     let mut report = GcReport::default();
+    let mut doomed = Vec::new();
     for object in backend.list()? {
         report.examined += 1;
         if live.contains(&object.key) {
@@ -56,7 +57,11 @@ pub fn collect_garbage<B: BlobStore + ?Sized>(
             report.kept_young += 1;
             continue;
         }
-        if backend.delete(&object.key)? {
+        doomed.push(object);
+    }
+    let keys: Vec<ChunkHash> = doomed.iter().map(|o| o.key).collect();
+    for (object, deleted) in doomed.iter().zip(backend.delete_many(&keys)?) {
+        if deleted {
             report.deleted += 1;
             report.bytes_freed += object.size;
         }

@@ -27,6 +27,7 @@ pub mod frame;
 mod gc;
 mod hash;
 mod local;
+mod pack;
 pub mod process;
 mod read_ahead;
 mod s3;

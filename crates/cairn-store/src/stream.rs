@@ -7,8 +7,9 @@
 //! ones anywhere in the stream, or, for raw memory pages, cut only between
 //! pages ([`Cutting::Pages`]); batches of chunks go to a pool that hashes each, looks it up and
 //! compresses only the new ones; a batch's new chunks are then written
-//! together and made durable together ([`BlobStore::put_batch`]). The
-//! chunking of one batch overlaps the hashing of the one before it.
+//! together and made durable together ([`BlobStore::put_batch`]: a local
+//! store packs many into one file). The chunking of one batch overlaps the
+//! hashing of the one before it, and that the writing of the one before.
 
 use std::io::{self, Read};
 use std::sync::atomic::Ordering;
@@ -154,11 +155,9 @@ impl<B: BlobStore> ChunkStore<B> {
     ) -> Result<(FileContent, StreamStats), StoreError> {
         let cutting = cutting.into();
         let started = Instant::now();
-        let mut stats = StreamStats::default();
-        let mut content = FileContent::default();
         let (tx, rx) = mpsc::sync_channel::<Vec<Piece>>(1);
         let (blocks_tx, blocks_rx) = mpsc::sync_channel(2);
-        let (read, chunking) = std::thread::scope(|s| {
+        let (read, chunking, (mut content, mut stats)) = std::thread::scope(|s| {
             let reading = s.spawn(move || read_ahead(reader, blocks_tx));
             let blocks = Blocks {
                 rx: blocks_rx,
@@ -169,10 +168,38 @@ impl<B: BlobStore> ChunkStore<B> {
                 Cutting::Content(sizes) => cut(blocks, sizes, tx),
                 Cutting::Pages => cut_pages(blocks, tx),
             });
-            // On an error the receiver is dropped, which stops the cutter.
+            // A batch is written (and made durable) while the next one is
+            // hashed; on an error either side's receiver is dropped, which
+            // stops the cutter and the reader.
+            let (prepared_tx, prepared_rx) = mpsc::sync_channel::<(Vec<Piece>, Vec<Prepared>)>(1);
+            let writer = s.spawn(move || {
+                let mut content = FileContent::default();
+                let mut stats = StreamStats::default();
+                for (batch, prepared) in prepared_rx {
+                    self.write_batch(batch, prepared, &mut content, &mut stats)?;
+                }
+                Ok::<_, StoreError>((content, stats))
+            });
+            let mut failed = None;
             for batch in rx {
-                self.store_batch(batch, &mut content, &mut stats)?;
+                match batch.par_iter().map(|piece| self.prepare(&piece.data)).collect() {
+                    Ok(prepared) => {
+                        if prepared_tx.send((batch, prepared)).is_err() {
+                            break;
+                        }
+                    }
+                    Err(e) => {
+                        failed = Some(e);
+                        break;
+                    }
+                }
             }
+            drop(prepared_tx);
+            let written = writer.join().unwrap_or_else(|e| std::panic::resume_unwind(e));
+            if let Some(e) = failed {
+                return Err(e);
+            }
+            let written = written?;
             let chunking = cutter
                 .join()
                 .unwrap_or_else(|e| std::panic::resume_unwind(e))
@@ -181,7 +208,7 @@ impl<B: BlobStore> ChunkStore<B> {
                     source,
                 })?;
             let read = reading.join().unwrap_or_else(|e| std::panic::resume_unwind(e));
-            Ok::<_, StoreError>((read, chunking))
+            Ok::<_, StoreError>((read, chunking, written))
         })?;
         content.size = stats.bytes;
         stats.read = read;
@@ -190,16 +217,15 @@ impl<B: BlobStore> ChunkStore<B> {
         Ok((content, stats))
     }
 
-    fn store_batch(
+    /// Writes a prepared batch's new chunks and adds the batch to
+    /// `content` once they are durable.
+    fn write_batch(
         &self,
         batch: Vec<Piece>,
+        prepared: Vec<Prepared>,
         content: &mut FileContent,
         stats: &mut StreamStats,
     ) -> Result<(), StoreError> {
-        let prepared = batch
-            .par_iter()
-            .map(|piece| self.prepare(&piece.data))
-            .collect::<Result<Vec<_>, _>>()?;
         let (at, new): (Vec<usize>, Vec<(ChunkHash, &[u8])>) = prepared
             .iter()
             .enumerate()

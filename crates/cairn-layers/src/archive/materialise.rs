@@ -55,7 +55,7 @@ pub fn materialise<B: BlobStore>(layer: &LayerId, store: &ChunkStore<B>, dest: &
     fs::create_dir(&temp).map_err(|e| fail("creating the temp directory", e))?;
     let mut entries = 0;
     let built = build(layer, store, &temp, dest, &mut entries)
-        .and_then(|root| syncfs(root.as_raw_fd()).map_err(|e| fail("flushing the layer to disk", e.into())));
+        .and_then(|root| flush(&root, &temp, entries).map_err(|e| fail("flushing the layer to disk", e)));
     let placed = built.and_then(|()| {
         renameat2(None, &temp, None, dest, RenameFlags::RENAME_NOREPLACE)
             .map_err(|e| fail("renaming the finished layer into place", e.into()))?;
@@ -70,6 +70,54 @@ pub fn materialise<B: BlobStore>(layer: &LayerId, store: &ChunkStore<B>, dest: &
         return Err(e);
     }
     Ok(entries)
+}
+
+/// The most entries a layer has to be flushed file by file rather than
+/// with one `syncfs`.
+const FILE_BY_FILE: u64 = 2048;
+
+/// Makes the tree built in `temp` durable before it is renamed into place:
+/// a small one file by file (every regular file and every directory,
+/// fsynced from several threads at once, which the filesystem commits
+/// together), a large one with one `syncfs`. `syncfs` also waits for
+/// everything else dirty on the filesystem (a memory image runsc has just
+/// written beside the store: 0.35 s for 512 MiB), which the few files of a
+/// snapshot's new layer should not.
+/// A tree the walk cannot take by path (deeper than `PATH_MAX`) is flushed
+/// with `syncfs` too.
+fn flush(root: &File, temp: &Path, entries: u64) -> io::Result<()> {
+    if entries <= FILE_BY_FILE && flush_file_by_file(temp).is_ok() {
+        return Ok(());
+    }
+    syncfs(root.as_raw_fd()).map_err(io::Error::from)
+}
+
+fn flush_file_by_file(temp: &Path) -> io::Result<()> {
+    let mut paths = Vec::new();
+    let mut dirs = vec![temp.to_path_buf()];
+    while let Some(dir) = dirs.pop() {
+        for entry in fs::read_dir(&dir)? {
+            let entry = entry?;
+            let kind = entry.file_type()?;
+            if kind.is_dir() {
+                dirs.push(entry.path());
+            } else if kind.is_file() {
+                paths.push(entry.path());
+            }
+        }
+        paths.push(dir);
+    }
+    const THREADS: usize = 16;
+    let per = paths.len().div_ceil(THREADS).max(1);
+    std::thread::scope(|s| {
+        let handles: Vec<_> = paths
+            .chunks(per)
+            .map(|part| s.spawn(move || part.iter().try_for_each(|p| File::open(p)?.sync_all())))
+            .collect();
+        handles
+            .into_iter()
+            .try_for_each(|h| h.join().unwrap_or_else(|e| std::panic::resume_unwind(e)))
+    })
 }
 
 const TEMP_MARKER: &str = ".materialising-";
