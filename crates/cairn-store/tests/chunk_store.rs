@@ -230,13 +230,33 @@ fn a_temp_file_is_reclaimed_by_gc_only_when_its_writer_is_dead() {
 
 #[test]
 fn a_writer_killed_mid_stream_leaves_only_complete_chunks() {
-    // Runs the store in a child process and SIGKILLs it while it writes.
-    if let Ok(root) = std::env::var("CAIRN_STORE_KILL_TARGET") {
-        let store = ChunkStore::new(LocalStore::open(root).unwrap());
-        // Bounded so an orphaned child still ends by itself.
+    kill_a_writer("a_writer_killed_mid_stream_leaves_only_complete_chunks", |store| {
         for seed in 0..100 {
             store.store_reader(&random_bytes(4_000_000, seed)[..]).unwrap();
         }
+    });
+}
+
+#[test]
+fn a_writer_killed_mid_pack_leaves_only_whole_packs() {
+    // Memory pages, stored as a memory image is: batches of many new
+    // chunks, each batch one pack.
+    kill_a_writer("a_writer_killed_mid_pack_leaves_only_whole_packs", |store| {
+        for seed in 0..20 {
+            let pages = random_bytes(32 << 20, 100 + seed);
+            store.store_stream(&pages[..], cairn_store::Cutting::Pages).unwrap();
+        }
+    });
+}
+
+/// Runs `write` in a child process (this test binary again, test `name`)
+/// and SIGKILLs it while it writes; then every object the store shows is
+/// whole, and gc with nothing live leaves no object, pack or temp file.
+fn kill_a_writer(name: &str, write: impl Fn(&ChunkStore<LocalStore>)) {
+    if std::env::var("CAIRN_STORE_KILL_TEST").as_deref() == Ok(name) {
+        let root = std::env::var("CAIRN_STORE_KILL_TARGET").unwrap();
+        // Bounded so an orphaned child still ends by itself.
+        write(&ChunkStore::new(LocalStore::open(root).unwrap()));
         return;
     }
     let dir = tempfile::tempdir().unwrap();
@@ -251,11 +271,8 @@ fn a_writer_killed_mid_stream_leaves_only_complete_chunks() {
     }
     let mut child = KillOnDrop(
         std::process::Command::new(std::env::current_exe().unwrap())
-            .args([
-                "--exact",
-                "a_writer_killed_mid_stream_leaves_only_complete_chunks",
-                "--nocapture",
-            ])
+            .args(["--exact", name, "--nocapture"])
+            .env("CAIRN_STORE_KILL_TEST", name)
             .env("CAIRN_STORE_KILL_TARGET", &root)
             .stdout(std::process::Stdio::null())
             .stderr(std::process::Stdio::null())
@@ -281,6 +298,8 @@ fn a_writer_killed_mid_stream_leaves_only_complete_chunks() {
     collect_garbage(store.backend(), [], Duration::ZERO).unwrap();
     assert!(store.backend().list().unwrap().is_empty());
     assert_eq!(fs::read_dir(store.backend().temp_dir()).unwrap().count(), 0);
+    let packs: Vec<_> = fs::read_dir(root.join("packs")).unwrap().collect();
+    assert!(packs.is_empty(), "{packs:?}");
 }
 
 #[test]
