@@ -77,7 +77,9 @@ pub(crate) struct Located {
 /// The packs a store has loaded the indexes of.
 #[derive(Debug, Default)]
 pub(crate) struct Packs {
-    objects: HashMap<ChunkHash, Located>,
+    /// Where each packed object is: usually one pack, more when two
+    /// writers packed the same new object at once.
+    objects: HashMap<ChunkHash, Vec<Located>>,
     /// Each pack's objects, by pack name.
     members: HashMap<Arc<str>, Vec<ChunkHash>>,
     /// `packs/`'s modification time when it was last listed.
@@ -86,18 +88,18 @@ pub(crate) struct Packs {
 
 impl Packs {
     pub fn locate(&self, key: &ChunkHash) -> Option<Located> {
-        self.objects.get(key).cloned()
+        self.objects.get(key).and_then(|at| at.first()).cloned()
     }
 
     /// Every packed object, with its pack.
     pub fn all(&self) -> impl Iterator<Item = (&ChunkHash, &Located)> {
-        self.objects.iter()
+        self.objects.iter().filter_map(|(key, at)| Some((key, at.first()?)))
     }
 
     pub fn add(&mut self, name: &str, index: &PackIndex) {
         let pack: Arc<str> = Arc::from(name);
         for e in &index.entries {
-            self.objects.entry(e.key).or_insert(Located {
+            self.objects.entry(e.key).or_default().push(Located {
                 pack: pack.clone(),
                 offset: e.offset,
                 len: e.len,
@@ -109,8 +111,11 @@ impl Packs {
     pub fn forget(&mut self, name: &str) {
         let Some(keys) = self.members.remove(name) else { return };
         for key in keys {
-            if self.objects.get(&key).is_some_and(|l| &*l.pack == name) {
-                self.objects.remove(&key);
+            if let Some(at) = self.objects.get_mut(&key) {
+                at.retain(|l| &*l.pack != name);
+                if at.is_empty() {
+                    self.objects.remove(&key);
+                }
             }
         }
     }
