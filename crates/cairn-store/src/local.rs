@@ -674,7 +674,8 @@ impl BlobStore for LocalStore {
         // A pack without its index is one whose writer died between the
         // two renames; an index without its pack names nothing.
         let listing = pack::read_dir(&self.packs_dir())?;
-        let has = |name: &str| listing.iter().any(|(n, _)| n == name);
+        let names: HashSet<&str> = listing.iter().map(|(n, _)| n.as_str()).collect();
+        let has = |name: &str| names.contains(name);
         for (name, path) in &listing {
             let orphan = if let Some(stem) = name.strip_suffix(PACK_SUFFIX) {
                 !has(&format!("{stem}{INDEX_SUFFIX}"))

@@ -8,8 +8,8 @@
 //! pages ([`Cutting::Pages`]); batches of chunks go to a pool that hashes each, looks it up and
 //! compresses only the new ones; a batch's new chunks are then written
 //! together and made durable together ([`BlobStore::put_batch`]: a local
-//! store packs many into one file). The chunking of one batch overlaps the
-//! hashing of the one before it, and that the writing of the one before.
+//! store packs many into one file). While one batch is cut, the one before
+//! it is hashed and the one before that written.
 
 use std::io::{self, Read};
 use std::sync::atomic::Ordering;
