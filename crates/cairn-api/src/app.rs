@@ -23,6 +23,9 @@ pub struct Settings {
     pub init_threads: usize,
     /// What may run at once before creates, forks and restores queue.
     pub capacity: crate::admission::Capacity,
+    /// How many suspended gVisor sessions are kept ready to resume
+    /// (`cairn serve --session-warm`); 0: none.
+    pub session_warm: usize,
 }
 
 impl Default for Settings {
@@ -31,6 +34,7 @@ impl Default for Settings {
             max_upload: 1 << 30,
             init_threads: 256,
             capacity: crate::admission::Capacity::from_host(),
+            session_warm: 8,
         }
     }
 }
@@ -78,6 +82,8 @@ pub struct App {
     /// belonged to a server that is gone.
     pub started_ms: i64,
     pool: Mutex<Vec<Engine>>,
+    /// Session resumes prepared ahead, shared by the pool's engines.
+    pub warm_sessions: cairn_engine::sessions::WarmResumes,
     busy: Mutex<HashSet<String>>,
     /// Processes started by streamed execs, for their stdin.
     processes: Mutex<HashMap<(String, i32), ExecControl>>,
@@ -177,8 +183,10 @@ pub use cairn_engine::now_ms;
 impl App {
     /// Opens the state directory once (migrating and reconciling it).
     pub fn open(home: Home, settings: Settings) -> Result<Arc<App>, EngineError> {
-        let engine = Engine::open(home.clone())?;
+        let mut engine = Engine::open(home.clone())?;
         engine.keep_init_waiting();
+        let warm_sessions = cairn_engine::sessions::WarmResumes::new(settings.session_warm);
+        engine.share_warm_resumes(warm_sessions.clone());
         let (events, _) = broadcast::channel(1024);
         let auth = Auth::start(home.clone());
         let home_for_audit = home.clone();
@@ -191,6 +199,7 @@ impl App {
             settings,
             started_ms: now_ms(),
             pool: Mutex::new(vec![engine]),
+            warm_sessions,
             busy: Mutex::new(HashSet::new()),
             processes: Mutex::new(HashMap::new()),
             metrics,
@@ -200,6 +209,25 @@ impl App {
             init_pool,
             audit: crate::audit::Audit::start(home_for_audit),
         }))
+    }
+
+    /// Prepares the resume of session `id`, just suspended, in the
+    /// background (see `cairn_engine::sessions::WarmResumes`): a gVisor
+    /// session's next resume then only loads its image. A failure only
+    /// means that resume is not faster.
+    pub fn warm_session(self: &Arc<Self>, id: String) {
+        if self.settings.session_warm == 0 {
+            return;
+        }
+        let app = Arc::clone(self);
+        tokio::spawn(async move {
+            let session = id.clone();
+            // As the administrator: the engine acts for the session's owner.
+            let made = crate::tenancy::acting(None, app.engine(move |e| Ok(e.prepare_session_resume(&session)?))).await;
+            if let Err(e) = made {
+                tracing::warn!(session = %id, "cannot prepare a suspended session's resume: {}", e.message);
+            }
+        });
     }
 
     /// Runs `f` on an engine from the pool, on a blocking thread.
@@ -305,7 +333,11 @@ impl App {
         let pooled = self.pool.lock().unwrap_or_else(|e| e.into_inner()).pop();
         let engine = match pooled {
             Some(e) => e,
-            None => Engine::open(self.home.clone())?,
+            None => {
+                let mut e = Engine::open(self.home.clone())?;
+                e.share_warm_resumes(self.warm_sessions.clone());
+                e
+            }
         };
         engine.act_for(tenant);
         Ok(engine)

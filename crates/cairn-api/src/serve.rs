@@ -167,13 +167,20 @@ async fn idle_timer(app: Arc<App>) {
     loop {
         tick.tick().await;
         let swept = app
-            .engine(|e| Ok(e.suspend_idle_sessions(cairn_engine::now_ms())?))
+            .engine(|e| {
+                // Resumes prepared for sessions that moved on go first.
+                if let Err(error) = e.prune_warm_resumes() {
+                    tracing::warn!(%error, "removing prepared session resumes no longer wanted failed");
+                }
+                Ok(e.suspend_idle_sessions(cairn_engine::now_ms())?)
+            })
             .await;
         match swept {
             Ok(sweep) => {
                 for id in &sweep.suspended {
                     tracing::info!(session = %id, "suspended: idle");
                     app.emit("session.suspended", id, "idle timeout");
+                    app.warm_session(id.clone());
                 }
                 for (id, error) in &sweep.failed {
                     tracing::warn!(session = %id, %error, "suspending an idle session failed");

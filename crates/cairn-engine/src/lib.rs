@@ -171,6 +171,9 @@ pub struct Engine {
     slots: Option<std::sync::Arc<worker::Slots>>,
     /// Where the last memory snapshot's time went.
     memory_phases: std::sync::Mutex<Option<snapshots::MemoryPhases>>,
+    /// Session resumes prepared ahead, shared with the process's other
+    /// engines (`cairn serve`); none kept by default.
+    warm: sessions::WarmResumes,
 }
 
 impl Engine {
@@ -226,6 +229,7 @@ impl Engine {
             model_override: Default::default(),
             slots: None,
             memory_phases: std::sync::Mutex::new(None),
+            warm: sessions::WarmResumes::default(),
         };
         if !start_init_ahead {
             engine.reconciled = engine.reconcile()?;

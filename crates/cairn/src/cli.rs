@@ -496,6 +496,16 @@ pub enum Command {
         #[arg(long = "e2b-warm", value_name = "N", default_value_t = 8, requires = "e2b",
               value_parser = clap::value_parser!(u16).range(0..=1024))]
         e2b_warm: u16,
+        /// How many suspended gVisor sessions are kept ready to resume:
+        /// after a suspend through this server (or its idle timer) the
+        /// sandbox the resume needs is made ahead and waits (runsc's
+        /// processes, about 40 MB, none of the session's memory), so the
+        /// resume only loads the image. Beyond N, for a tenant with limits,
+        /// after a server restart and for sessions suspended by another
+        /// command, a resume makes its sandbox then. 0 turns it off.
+        #[arg(long = "session-warm", value_name = "N", default_value_t = 8,
+              value_parser = clap::value_parser!(u16).range(0..=1024))]
+        session_warm: u16,
         /// The largest file upload accepted (413 above it), e.g. 512M, 4G.
         #[arg(long, default_value = "1G", value_name = "SIZE", value_parser = parse_bytes)]
         max_upload: u64,

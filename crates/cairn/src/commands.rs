@@ -107,6 +107,7 @@ fn command(home: Home, cmd: Command, caller: Option<&crate::caller::Caller>) -> 
         e2b_network,
         e2b_domain,
         e2b_warm,
+        session_warm,
         max_upload,
         init_threads,
         max_sandboxes,
@@ -150,6 +151,7 @@ fn command(home: Home, cmd: Command, caller: Option<&crate::caller::Caller>) -> 
                         per_token: token_max_sandboxes,
                     }
                 },
+                session_warm: usize::from(session_warm),
             },
             limits: cairn_api::Limits {
                 header_timeout,

@@ -20,8 +20,12 @@ struct Server {
 
 impl Server {
     fn start(home: &Home) -> Server {
+        Server::start_with(home, &[])
+    }
+
+    fn start_with(home: &Home, args: &[&str]) -> Server {
         let mut child = home
-            .command(&["serve"])
+            .command(&[&["serve"], args].concat())
             .stdout(Stdio::null())
             .stderr(Stdio::piped())
             .spawn()
@@ -1009,4 +1013,156 @@ fn a_server_killed_while_resuming_loses_no_entry_and_leaves_no_sandbox() {
         running.iter().map(|s| s["id"].clone()).collect::<Vec<_>>(),
         [session["sandbox_id"].clone()]
     );
+}
+
+/// The sandboxes named for session `id`, as (id, state).
+fn session_sandboxes(server: &Server, id: &str) -> Vec<(String, String)> {
+    let page = server.ok("GET", "/v1/sandboxes?limit=1000", None, 200);
+    page["items"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|s| s["name"] == format!("session-{id}").as_str())
+        .map(|s| {
+            (
+                s["id"].as_str().unwrap().to_string(),
+                s["state"].as_str().unwrap().to_string(),
+            )
+        })
+        .collect()
+}
+
+/// Waits until `pred` holds of session `id`'s sandboxes; answers them.
+fn wait_for_sandboxes(
+    server: &Server,
+    id: &str,
+    what: &str,
+    pred: impl Fn(&[(String, String)]) -> bool,
+) -> Vec<(String, String)> {
+    let deadline = Instant::now() + Duration::from_secs(60);
+    loop {
+        let now = session_sandboxes(server, id);
+        if pred(&now) {
+            return now;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "{what}: session {id}'s sandboxes are {now:?}"
+        );
+        std::thread::sleep(Duration::from_millis(100));
+    }
+}
+
+#[test]
+fn a_suspended_gvisor_session_resumes_into_a_sandbox_prepared_at_its_suspend() {
+    let name = "a_suspended_gvisor_session_resumes_into_a_sandbox_prepared_at_its_suspend";
+    if common::skip_without_runsc(name) {
+        return;
+    }
+    let home = Home::new();
+    let server = Server::start(&home);
+    let s = server.ok(
+        "POST",
+        "/v1/sessions",
+        Some(json!({ "name": "warm", "driver": "gvisor" })),
+        201,
+    );
+    let id = s["id"].as_str().unwrap().to_string();
+    // A counter held only in a shell's memory, written out as it moves.
+    let sandbox = s["sandbox_id"].as_str().unwrap().to_string();
+    home.sh_detached(
+        &sandbox,
+        "n=0; while true; do n=$((n+1)); echo $n > /tmp/count.new && mv /tmp/count.new /tmp/count; sleep 0.05; done",
+    );
+    let count = || -> u64 {
+        let r = server.ok(
+            "POST",
+            &format!("/v1/sessions/{id}/exec"),
+            Some(json!({ "argv": ["sh", "-c", "sleep 0.3; cat /tmp/count"] })),
+            200,
+        );
+        r["stdout"]
+            .as_str()
+            .unwrap()
+            .trim()
+            .parse()
+            .unwrap_or_else(|_| panic!("{r}"))
+    };
+    let mut last = count();
+    assert!(last > 0);
+    for cycle in 1..=3 {
+        server.ok("POST", &format!("/v1/sessions/{id}/suspend"), None, 200);
+        // The server makes the resume's sandbox ahead: named for the
+        // session, created and waiting.
+        let ready = wait_for_sandboxes(&server, &id, "after the suspend", |s| {
+            s.len() == 1 && s[0].1 == "creating"
+        });
+        let resumed = server.ok("POST", &format!("/v1/sessions/{id}/resume"), None, 200);
+        assert_eq!(
+            resumed["sandbox_id"].as_str(),
+            Some(ready[0].0.as_str()),
+            "resume {cycle} did not go into the sandbox prepared ahead: {resumed}"
+        );
+        assert_eq!(
+            session_sandboxes(&server, &id),
+            [(ready[0].0.clone(), "running".to_string())]
+        );
+        // The shell and its counter went on from where they were.
+        let now = count();
+        assert!(now > last, "after resume {cycle} the counter is {now}, was {last}");
+        last = now;
+    }
+    // A suspended session that moves on (closed here) loses its prepared
+    // sandbox within the idle timer's round.
+    server.ok("POST", &format!("/v1/sessions/{id}/suspend"), None, 200);
+    wait_for_sandboxes(&server, &id, "after the last suspend", |s| {
+        s.len() == 1 && s[0].1 == "creating"
+    });
+    server.ok("DELETE", &format!("/v1/sessions/{id}"), None, 204);
+    wait_for_sandboxes(&server, &id, "after the close", |s| s.is_empty());
+
+    // A server killed while one waits leaves it to the next command,
+    // which removes it (its owner is dead); the session resumes the
+    // ordinary way.
+    let s = server.ok(
+        "POST",
+        "/v1/sessions",
+        Some(json!({ "name": "killed", "driver": "gvisor" })),
+        201,
+    );
+    let killed = s["id"].as_str().unwrap().to_string();
+    server.ok("POST", &format!("/v1/sessions/{killed}/suspend"), None, 200);
+    let ready = wait_for_sandboxes(&server, &killed, "before the kill", |s| {
+        s.len() == 1 && s[0].1 == "creating"
+    });
+    drop(server);
+    home.ok(&["session", "resume", &killed]);
+    let show: Value = serde_json::from_str(&home.ok(&["session", "show", &killed, "--json"])).unwrap();
+    assert_ne!(show["sandbox_id"].as_str(), Some(ready[0].0.as_str()), "{show}");
+    let left: Vec<String> = home
+        .ps()
+        .iter()
+        .map(|s| s["id"].as_str().unwrap().to_string())
+        .collect();
+    assert!(
+        !left.contains(&ready[0].0),
+        "the killed server's prepared sandbox is still there: {left:?}"
+    );
+    home.ok(&["session", "rm", &killed]);
+
+    // With --session-warm 0, nothing is made ahead and resumes restore.
+    let server = Server::start_with(&home, &["--session-warm", "0"]);
+    let s = server.ok(
+        "POST",
+        "/v1/sessions",
+        Some(json!({ "name": "cold", "driver": "gvisor" })),
+        201,
+    );
+    let cold = s["id"].as_str().unwrap().to_string();
+    server.ok("POST", &format!("/v1/sessions/{cold}/suspend"), None, 200);
+    std::thread::sleep(Duration::from_secs(2));
+    assert!(session_sandboxes(&server, &cold).is_empty());
+    let resumed = server.ok("POST", &format!("/v1/sessions/{cold}/resume"), None, 200);
+    assert!(resumed["sandbox_id"].is_string(), "{resumed}");
+    server.ok("DELETE", &format!("/v1/sessions/{cold}"), None, 204);
 }

@@ -704,6 +704,7 @@ pub async fn suspend(State(app): State<Arc<App>>, Path(id): Path<String>) -> Api
         &s.id,
         format!("in snapshot {}", s.snapshot_id.as_deref().unwrap_or("-")),
     );
+    app.warm_session(s.id.clone());
     Ok(Json(s.into()))
 }
 

@@ -7,6 +7,7 @@ mod files;
 pub mod log;
 pub(crate) mod ops;
 mod recovery;
+mod warm;
 
 use std::fmt;
 use std::str::FromStr;
@@ -17,6 +18,7 @@ pub use bundle::{BundleError, ExportSummary, ImportSummary, BUNDLE_MAGIC, BUNDLE
 pub use log::{Entry, EntryKind, Rewind, ENTRY_VERSION, GENESIS, INLINE_MAX};
 pub use ops::{ExecOutcome, IdleSweep, LogRange, SessionOptions, Verified};
 pub use recovery::{RecoverReport, Replayed};
+pub use warm::WarmResumes;
 
 use crate::state::{params, Backend, BackendError, Db, Row, StateError};
 

@@ -147,6 +147,18 @@ fn sandbox_name(session: &str) -> String {
     format!("session-{session}")
 }
 
+/// How a sandbox for session `s` is made: its image, driver and network,
+/// named for it.
+pub(super) fn session_sandbox_options(s: &SessionRecord) -> CreateOptions {
+    CreateOptions {
+        image: Some(s.image.clone()),
+        driver: Some(s.driver.clone()),
+        name: Some(sandbox_name(&s.id)),
+        network: Some(s.network.clone().unwrap_or_default()),
+        ..CreateOptions::default()
+    }
+}
+
 pub(crate) fn valid_name(name: &str) -> bool {
     crate::names::valid(name)
 }
@@ -548,25 +560,34 @@ impl Engine {
     /// snapshot, or fresh from the image when there is none. It is named
     /// after the session, so a sandbox a killed resume made but never
     /// recorded is found and replaced here instead of being left behind.
+    /// A restore prepared ahead for the session (see `warm.rs`) is used
+    /// when it restores that snapshot; if it fails, the snapshot is
+    /// restored the ordinary way.
     pub(super) fn sandbox_from(
         &mut self,
         s: &SessionRecord,
         id: &str,
         snapshot: Option<&str>,
     ) -> Result<SandboxRecord, EngineError> {
-        let name = sandbox_name(id);
+        let mut opts = session_sandbox_options(s);
+        opts.name = Some(sandbox_name(id));
+        let warm = self.take_warm_resume(id, snapshot);
+        let warm_id = warm.as_ref().map(|p| p.sandbox().id.clone());
+        let name = self.qualified(sandbox_name(id));
         for leftover in self.db.find_sandboxes(&name)? {
-            if leftover.name == name {
+            if leftover.name == name && Some(&leftover.id) != warm_id.as_ref() {
                 self.remove_sandbox(&leftover, true)?;
             }
         }
-        let opts = CreateOptions {
-            image: Some(s.image.clone()),
-            driver: Some(s.driver.clone()),
-            name: Some(name),
-            network: Some(s.network.clone().unwrap_or_default()),
-            ..CreateOptions::default()
-        };
+        if let Some(prepared) = warm {
+            match self.finish_restore(prepared) {
+                Ok(rec) => return Ok(rec),
+                Err(e) => tracing::warn!(
+                    session = id,
+                    "resuming into the sandbox prepared ahead failed, restoring the ordinary way: {e}"
+                ),
+            }
+        }
         match snapshot {
             Some(id) => {
                 let snap = self.snapshot_record(id)?;
@@ -574,6 +595,23 @@ impl Engine {
             }
             None => self.create_sandbox(&opts, &crate::Silent),
         }
+    }
+
+    /// The session's lock, exclusive, for an operation that does not wait
+    /// for a command (which may run for hours): [`SessionError::Busy`]
+    /// while one runs. A suspended session runs none; its lock is held
+    /// only for a moment (a resume being prepared ahead, see `warm.rs`, or
+    /// a resume starting), which is waited for.
+    fn lock_unless_running(&self, id: &str) -> Result<Flock<File>, EngineError> {
+        if let Some(held) = self.lock_session(id, true, false)? {
+            return Ok(held);
+        }
+        if self.session(id)?.state == SessionState::Suspended {
+            if let Some(held) = self.lock_session(id, true, true)? {
+                return Ok(held);
+            }
+        }
+        Err(SessionError::Busy(id.to_string()).into())
     }
 
     /// The session's lock. Calls on its sandbox (exec, file calls) hold it
@@ -846,9 +884,7 @@ impl Engine {
     /// run for hours.
     pub fn suspend_session(&mut self, key: &str) -> Result<SessionRecord, EngineError> {
         let id = self.session(key)?.id;
-        let _held = self
-            .lock_session(&id, true, false)?
-            .ok_or_else(|| SessionError::Busy(id.clone()))?;
+        let _held = self.lock_unless_running(&id)?;
         let s = self.session(&id)?;
         self.suspend_held(&s)
     }
@@ -1137,9 +1173,7 @@ impl Engine {
     /// Closes a session: its sandbox goes; its log stays unless `purge`.
     pub fn close_session(&mut self, key: &str, purge: bool) -> Result<SessionRecord, EngineError> {
         let id = self.session(key)?.id;
-        let _held = self
-            .lock_session(&id, true, false)?
-            .ok_or_else(|| SessionError::Busy(id.clone()))?;
+        let _held = self.lock_unless_running(&id)?;
         let s = self.session(&id)?;
         if purge {
             let children = self.db.session_children(&s.id)?;
