@@ -8,9 +8,11 @@
 //! pages ([`Cutting::Pages`]); batches of chunks go to a pool that hashes each, looks it up and
 //! compresses only the new ones; a batch's new chunks are then written
 //! together and made durable together ([`BlobStore::put_batch`]: a local
-//! store packs many into one file). While one batch is cut, the one before
-//! it is hashed and the one before that written.
+//! store packs many into one file), up to three batches at once so that
+//! their flushes overlap. While one batch is cut, the one before it is
+//! hashed and the ones before that written.
 
+use std::collections::VecDeque;
 use std::io::{self, Read};
 use std::sync::atomic::Ordering;
 use std::sync::mpsc::{self, Receiver, SyncSender};
@@ -90,7 +92,8 @@ pub struct StreamStats {
     pub lookup: Duration,
     /// zstd of the new chunks, summed over the pool's threads.
     pub compress: Duration,
-    /// Writing the new chunks and making them durable.
+    /// Writing the new chunks and making them durable, summed over the
+    /// batches written at once.
     pub write: Duration,
 }
 
@@ -175,9 +178,25 @@ impl<B: BlobStore> ChunkStore<B> {
             let writer = s.spawn(move || {
                 let mut content = FileContent::default();
                 let mut stats = StreamStats::default();
-                for (batch, prepared) in prepared_rx {
-                    self.write_batch(batch, prepared, &mut content, &mut stats)?;
-                }
+                // Up to WRITES_IN_FLIGHT batches are written at once, each
+                // made durable on its own, so that one's flush overlaps the
+                // next one's writing (a disk flushes faster with more than
+                // one request queued); they join the file in stream order.
+                std::thread::scope(|w| {
+                    let mut in_flight = VecDeque::with_capacity(WRITES_IN_FLIGHT);
+                    for (batch, prepared) in prepared_rx {
+                        if in_flight.len() == WRITES_IN_FLIGHT {
+                            let written = join(in_flight.pop_front())?;
+                            record_batch(written, &mut content, &mut stats);
+                        }
+                        in_flight.push_back(w.spawn(move || self.write_batch(batch, prepared)));
+                    }
+                    while !in_flight.is_empty() {
+                        let written = join(in_flight.pop_front())?;
+                        record_batch(written, &mut content, &mut stats);
+                    }
+                    Ok::<_, StoreError>(())
+                })?;
                 Ok::<_, StoreError>((content, stats))
             });
             let mut failed = None;
@@ -217,15 +236,9 @@ impl<B: BlobStore> ChunkStore<B> {
         Ok((content, stats))
     }
 
-    /// Writes a prepared batch's new chunks and adds the batch to
-    /// `content` once they are durable.
-    fn write_batch(
-        &self,
-        batch: Vec<Piece>,
-        prepared: Vec<Prepared>,
-        content: &mut FileContent,
-        stats: &mut StreamStats,
-    ) -> Result<(), StoreError> {
+    /// Writes a prepared batch's new chunks; once they are durable, the
+    /// batch is ready to join the file ([`record_batch`]).
+    fn write_batch(&self, batch: Vec<Piece>, prepared: Vec<Prepared>) -> Result<Written, StoreError> {
         let (at, new): (Vec<usize>, Vec<(ChunkHash, &[u8])>) = prepared
             .iter()
             .enumerate()
@@ -233,32 +246,20 @@ impl<B: BlobStore> ChunkStore<B> {
             .unzip();
         let t = Instant::now();
         let outcomes = self.backend().put_batch(&new)?;
-        stats.write += t.elapsed();
-        let mut stored = vec![false; batch.len()];
+        let took = t.elapsed();
+        let mut stored = vec![None; batch.len()];
         for ((i, (_, bytes)), outcome) in at.iter().zip(&new).zip(&outcomes) {
             if *outcome == PutOutcome::Stored {
-                stored[*i] = true;
-                stats.stored_bytes += bytes.len() as u64;
+                stored[*i] = Some(bytes.len() as u64);
                 self.written.fetch_add(bytes.len() as u64, Ordering::Relaxed);
             }
         }
-        for ((piece, p), stored) in batch.iter().zip(&prepared).zip(stored) {
-            stats.bytes += piece.data.len() as u64;
-            stats.chunks += 1;
-            stats.hash += p.hash_time;
-            stats.lookup += p.lookup_time;
-            stats.compress += p.compress_time;
-            if stored {
-                stats.new_chunks += 1;
-                stats.new_bytes += piece.data.len() as u64;
-            }
-            content.chunks.push(ChunkRef {
-                offset: piece.offset,
-                len: piece.data.len() as u32,
-                hash: p.hash,
-            });
-        }
-        Ok(())
+        Ok(Written {
+            batch,
+            prepared,
+            stored,
+            took,
+        })
     }
 
     /// Hashes a chunk and compresses it only if the store lacks it.
@@ -281,6 +282,53 @@ impl<B: BlobStore> ChunkStore<B> {
             lookup_time,
             compress_time: t.elapsed(),
         })
+    }
+}
+
+/// Batches written at once by one stream.
+const WRITES_IN_FLIGHT: usize = 3;
+
+/// A batch whose new chunks are durable, with what storing them took.
+struct Written {
+    batch: Vec<Piece>,
+    prepared: Vec<Prepared>,
+    /// For each chunk, its stored (compressed) size if this batch stored it.
+    stored: Vec<Option<u64>>,
+    took: Duration,
+}
+
+/// The oldest write in flight, joined.
+fn join(handle: Option<std::thread::ScopedJoinHandle<'_, Result<Written, StoreError>>>) -> Result<Written, StoreError> {
+    let handle = handle.expect("a write in flight");
+    handle.join().unwrap_or_else(|e| std::panic::resume_unwind(e))
+}
+
+/// Adds a written batch to `content`, in stream order, and its figures to
+/// `stats`.
+fn record_batch(written: Written, content: &mut FileContent, stats: &mut StreamStats) {
+    let Written {
+        batch,
+        prepared,
+        stored,
+        took,
+    } = written;
+    stats.write += took;
+    for ((piece, p), stored) in batch.iter().zip(&prepared).zip(stored) {
+        stats.bytes += piece.data.len() as u64;
+        stats.chunks += 1;
+        stats.hash += p.hash_time;
+        stats.lookup += p.lookup_time;
+        stats.compress += p.compress_time;
+        if let Some(size) = stored {
+            stats.new_chunks += 1;
+            stats.new_bytes += piece.data.len() as u64;
+            stats.stored_bytes += size;
+        }
+        content.chunks.push(ChunkRef {
+            offset: piece.offset,
+            len: piece.data.len() as u32,
+            hash: p.hash,
+        });
     }
 }
 
@@ -488,8 +536,9 @@ mod tests {
     fn a_stream_reads_back_as_written_and_a_second_store_adds_only_the_change() {
         let dir = tempfile::tempdir().unwrap();
         let store = ChunkStore::new(LocalStore::open(dir.path()).unwrap());
-        // More than one batch, some of it repetitive (zero pages).
-        let mut data = noise(20 << 20, 7);
+        // More batches than are written at once, some of it repetitive
+        // (zero pages).
+        let mut data = noise(40 << 20, 7);
         data[3 << 20..5 << 20].fill(0);
         let (content, stats) = store.store_stream(&data[..], ChunkSizes::FINE).unwrap();
         assert_eq!(content.size, data.len() as u64);
