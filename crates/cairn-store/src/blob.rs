@@ -94,6 +94,13 @@ pub trait BlobStore: Send + Sync {
     }
 }
 
+/// Largest uncompressed object the store reads back (data chunks are at
+/// most [`crate::MAX_CHUNK`]; metadata objects are capped by their frame).
+pub const MAX_OBJECT: u64 = 1 << 30;
+
+/// The form of a store URL in S3 (`CAIRN_STORE`), as errors show it.
+pub(crate) const URL_FORM: &str = "s3://BUCKET/PREFIX?endpoint=http://HOST:PORT&region=REGION";
+
 /// A backend operation that failed.
 #[derive(Debug, thiserror::Error)]
 pub enum BlobError {
@@ -109,7 +116,7 @@ pub enum BlobError {
     Layout { path: PathBuf, source: FrameError },
     #[error("{path} exists but is not a Cairn chunk store (no layout marker); point Cairn at an empty or existing store directory")]
     NotAStore { path: PathBuf },
-    #[error("the store URL {url} is not valid: {reason}; the form is {}", crate::s3::URL_FORM)]
+    #[error("the store URL {url} is not valid: {reason}; the form is {}", URL_FORM)]
     S3Url { url: String, reason: String },
     #[error("no S3 credentials for {url}: set AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY (and AWS_SESSION_TOKEN for temporary credentials)")]
     S3Credentials { url: String },

@@ -5,7 +5,7 @@ use std::fmt;
 use std::io::Read;
 use std::path::PathBuf;
 
-use crate::blob::{BlobError, BlobStore, PutOutcome};
+use crate::blob::{BlobError, BlobStore, PutOutcome, MAX_OBJECT};
 use crate::frame::{self, FrameError, Framed};
 use crate::hash::ChunkHash;
 
@@ -74,10 +74,6 @@ pub(crate) fn raw_frame(data: &[u8]) -> Vec<u8> {
     }
     out
 }
-
-/// Largest uncompressed object the store reads back (data chunks are at
-/// most [`crate::MAX_CHUNK`]; metadata objects are capped by their frame).
-pub const MAX_OBJECT: u64 = 1 << 30;
 
 /// Largest zstd window (log2 bytes) a stored chunk may ask its reader to
 /// hold: 8 MiB. Level 3 writes windows of at most 2 MiB; a frame asking for

@@ -36,10 +36,8 @@ mod tiered;
 mod verify;
 
 pub use backend::StoreBackend;
-pub use blob::{BlobError, BlobStore, IncompleteWrites, ObjectInfo, PutOutcome};
-pub use chunk::{
-    decode_chunk, ChunkDecodeError, ChunkStore, PutChunk, ReadContext, StoreError, MAX_OBJECT, MAX_WINDOW_LOG,
-};
+pub use blob::{BlobError, BlobStore, IncompleteWrites, ObjectInfo, PutOutcome, MAX_OBJECT};
+pub use chunk::{decode_chunk, ChunkDecodeError, ChunkStore, PutChunk, ReadContext, StoreError, MAX_WINDOW_LOG};
 pub use file::{ChunkRef, ChunkSizes, FileContent, AVG_CHUNK, MAX_CHUNK, MIN_CHUNK};
 pub use frame::{FrameError, Framed};
 pub use gc::{collect_garbage, GcReport};

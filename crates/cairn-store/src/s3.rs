@@ -36,8 +36,7 @@ use object_store::{
 };
 use serde::{Deserialize, Serialize};
 
-use crate::blob::{BlobError, BlobStore, IncompleteWrites, ObjectInfo, PutOutcome};
-use crate::chunk::MAX_OBJECT;
+use crate::blob::{BlobError, BlobStore, IncompleteWrites, ObjectInfo, PutOutcome, MAX_OBJECT, URL_FORM};
 use crate::frame::{self, Framed};
 use crate::hash::ChunkHash;
 
@@ -59,7 +58,6 @@ pub const REFRESH_WINDOW: Duration = Duration::from_secs(15 * 60);
 
 const LAYOUT_KEY: &str = "LAYOUT";
 const OBJECTS_DIR: &str = "objects";
-pub(crate) const URL_FORM: &str = "s3://BUCKET/PREFIX?endpoint=http://HOST:PORT&region=REGION";
 
 /// The layout marker at the root of an S3 store's prefix.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]

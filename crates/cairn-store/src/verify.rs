@@ -4,8 +4,9 @@
 //! bucket's (the durable one) and, perhaps, the cache's.
 
 use crate::backend::StoreBackend;
+use crate::blob::MAX_OBJECT;
 use crate::blob::{BlobError, BlobStore};
-use crate::chunk::{decode_chunk, MAX_OBJECT};
+use crate::chunk::decode_chunk;
 use crate::hash::ChunkHash;
 
 /// What one copy of an object is.
