@@ -36,7 +36,7 @@ use object_store::{
 };
 use serde::{Deserialize, Serialize};
 
-use crate::blob::{BlobError, BlobStore, IncompleteWrites, ObjectInfo, PutOutcome, MAX_OBJECT, URL_FORM};
+use crate::blob::{BlobError, BlobStore, IncompleteWrites, ObjectInfo, PutOutcome, MAX_OBJECT};
 use crate::frame::{self, Framed};
 use crate::hash::ChunkHash;
 
@@ -551,6 +551,7 @@ impl BlobStore for S3Store {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::blob::URL_FORM;
 
     fn env(name: &str) -> Option<String> {
         match name {
