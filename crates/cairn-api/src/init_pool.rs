@@ -10,26 +10,11 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::mpsc::{sync_channel, Receiver, SyncSender, TrySendError};
 use std::sync::{Arc, Mutex};
 
-use axum::http::StatusCode;
-use prometheus_client::metrics::counter::Counter;
-use prometheus_client::metrics::family::Family;
-use prometheus_client::metrics::gauge::Gauge;
-
 use crate::error::{ApiError, ApiResult};
-use crate::metrics::Reason;
+use crate::metrics::{InitPoolMetrics, Reason};
+use axum::http::StatusCode;
 
 type Job = Box<dyn FnOnce() + Send>;
-
-/// The pool's figures, for `/metrics`.
-#[derive(Clone, Default)]
-pub struct InitPoolMetrics {
-    /// Threads running a request.
-    pub busy: Gauge,
-    /// Requests waiting for a thread.
-    pub queued: Gauge,
-    /// Requests answered 503, by reason (`pool_full`, `sandbox_limit`).
-    pub refused: Family<Reason, Counter>,
-}
 
 pub struct InitPool {
     jobs: SyncSender<Job>,

@@ -48,6 +48,17 @@ pub struct Closed {
     pub reason: String,
 }
 
+/// The figures of the pool of sandbox init requests (`crate::init_pool`).
+#[derive(Clone, Default)]
+pub struct InitPoolMetrics {
+    /// Threads running a request.
+    pub busy: Gauge,
+    /// Requests waiting for a thread.
+    pub queued: Gauge,
+    /// Requests answered 503, by reason (`pool_full`, `sandbox_limit`).
+    pub refused: Family<Reason, Counter>,
+}
+
 pub struct Metrics {
     registry: Mutex<Registry>,
     connections: Family<Listener, Gauge>,
@@ -58,7 +69,7 @@ pub struct Metrics {
     store_bytes: Gauge,
     requests: Family<Request, Counter>,
     /// The pool of sandbox init requests (see `crate::init_pool`).
-    pub init_pool: crate::init_pool::InitPoolMetrics,
+    pub init_pool: InitPoolMetrics,
     /// The admission queue (see `crate::admission`).
     admission_depth: Gauge,
     admission_wait: Histogram,
@@ -106,7 +117,7 @@ impl Default for Metrics {
              (refused, evicted, header_timeout, idle_timeout)",
             closed.clone(),
         );
-        let init_pool = crate::init_pool::InitPoolMetrics::default();
+        let init_pool = InitPoolMetrics::default();
         registry.register(
             "init_request_threads_busy",
             "Threads of the sandbox init request pool (files, signals) running a request",

@@ -5,7 +5,7 @@
 
 use serde::{Deserialize, Serialize};
 
-use crate::build::ImageConfig;
+use crate::state::ImageConfig;
 use crate::state::{params, Backend, Db, Row, StateError};
 use crate::{Engine, EngineError};
 

@@ -23,6 +23,7 @@ mod hold;
 mod hub;
 mod jobs;
 mod listen;
+mod mount_api;
 mod native;
 mod net;
 mod ports;

@@ -16,7 +16,7 @@ use std::path::Path;
 
 use cairn_protocol::NetSetup;
 
-use crate::native::mount_api;
+use crate::mount_api;
 
 type Step<T> = Result<T, String>;
 

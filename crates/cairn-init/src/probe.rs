@@ -95,10 +95,9 @@ fn probe(dir: &Path, base: u32, count: u32, line: &mut impl FnMut(&str, &Step<St
         return None;
     }
     let fs = filesystem(dir);
-    let idmapped =
-        crate::native::mount_api::layer_clone(&dir.join("path").join("layer").to_string_lossy(), Some(&userns))
-            .map(|_| format!("the state directory's filesystem ({fs}) takes idmapped mounts"))
-            .map_err(|e| format!("the state directory's filesystem ({fs}) refused an idmapped mount: {e}"));
+    let idmapped = crate::mount_api::layer_clone(&dir.join("path").join("layer").to_string_lossy(), Some(&userns))
+        .map(|_| format!("the state directory's filesystem ({fs}) takes idmapped mounts"))
+        .map_err(|e| format!("the state directory's filesystem ({fs}) refused an idmapped mount: {e}"));
     line("idmapped mounts", &idmapped);
     let mut chosen = None;
     for (name, how, what) in [

@@ -88,8 +88,6 @@ fn crates_depend_only_downwards() {
 const KNOWN_CIRCLES: &[(&str, &[&str])] = &[
     ("cairn", &["commands", "pipelines", "sessions", "terminal"]),
     ("cairn-api", &["admission", "app", "tenancy"]),
-    ("cairn-api", &["init_pool", "metrics"]),
-    ("cairn-engine", &["build", "e2b_templates"]),
     (
         "cairn-engine",
         &[
@@ -107,7 +105,6 @@ const KNOWN_CIRCLES: &[(&str, &[&str])] = &[
         ],
     ),
     ("cairn-init", &["exec", "hub", "jobs", "listen"]),
-    ("cairn-init", &["native", "net"]),
     ("cairn-sandbox", &["client", "gvisor", "native"]),
 ];
 
