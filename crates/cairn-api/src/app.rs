@@ -223,7 +223,7 @@ impl App {
         tokio::spawn(async move {
             let session = id.clone();
             // As the administrator: the engine acts for the session's owner.
-            let made = crate::tenancy::acting(None, app.engine(move |e| Ok(e.prepare_session_resume(&session)?))).await;
+            let made = crate::acting::acting(None, app.engine(move |e| Ok(e.prepare_session_resume(&session)?))).await;
             if let Err(e) = made {
                 tracing::warn!(session = %id, "cannot prepare a suspended session's resume: {}", e.message);
             }
@@ -236,7 +236,7 @@ impl App {
         f: impl FnOnce(&mut Engine) -> Result<T, ApiError> + Send + 'static,
     ) -> ApiResult<T> {
         let app = Arc::clone(self);
-        let tenant = crate::tenancy::current();
+        let tenant = crate::acting::current();
         tokio::task::spawn_blocking(move || {
             let mut engine = app.take_engine_for(tenant)?;
             let out = f(&mut engine);
@@ -256,7 +256,7 @@ impl App {
         f: impl FnOnce(&mut Engine) -> Result<T, ApiError> + Send + 'static,
     ) -> ApiResult<T> {
         let (reply, answer) = tokio::sync::oneshot::channel();
-        let tenant = crate::tenancy::current();
+        let tenant = crate::acting::current();
         self.on_init_pool(sandbox, move |app, place| {
             let out = app.take_engine_for(tenant).and_then(|mut engine| {
                 let out = f(&mut engine);
@@ -325,7 +325,7 @@ impl App {
     /// An engine for a blocking thread of the caller's own (pipeline
     /// runs), acting for the current request's tenant.
     pub fn take_engine(&self) -> ApiResult<Engine> {
-        self.take_engine_for(crate::tenancy::current())
+        self.take_engine_for(crate::acting::current())
     }
 
     /// An engine acting for `tenant` (see `cairn_engine::tenants`).
@@ -416,7 +416,7 @@ impl App {
             id: id.into(),
             detail: detail.into(),
             at: now_ms(),
-            tenant: crate::tenancy::current(),
+            tenant: crate::acting::current(),
         });
     }
 }

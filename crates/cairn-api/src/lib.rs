@@ -9,6 +9,7 @@
 //! `--listen`, on TCP, where every request needs a bearer token made with
 //! `cairn token create`. [`ui`] is the lineage page at `/ui/`.
 
+pub mod acting;
 pub mod admission;
 pub mod app;
 pub mod audit;

@@ -13,7 +13,6 @@
 //! creates is stamped with its owner in the row's own insert.
 
 use std::collections::HashSet;
-use std::future::Future;
 use std::sync::Arc;
 
 use axum::extract::{Request, State};
@@ -28,29 +27,7 @@ use cairn_engine::{DiffError, EngineError, ImageError, SnapshotError};
 use crate::app::App;
 use crate::error::{ApiError, ApiResult};
 
-tokio::task_local! {
-    static ACTING: Option<String>;
-}
-
-/// The tenant the current request acts for; `None` for an administrator
-/// (the Unix socket, a token without a tenant) and outside requests.
-pub fn current() -> Option<String> {
-    ACTING.try_with(|t| t.clone()).ok().flatten()
-}
-
-/// Runs `f` as a request of `tenant`.
-pub async fn acting<F: Future>(tenant: Option<String>, f: F) -> F::Output {
-    ACTING.scope(tenant, f).await
-}
-
-/// A name the current request gives (an image's) as its tenant stores it
-/// (`cairn_engine::tenants::qualify`); an administrator's as given.
-pub fn qualify(name: String) -> String {
-    match current() {
-        Some(t) => cairn_engine::tenants::qualify(&t, &name),
-        None => name,
-    }
-}
+pub use crate::acting::{acting, current, qualify};
 
 /// The ids of the current tenant's `kind` objects, for filtering a list;
 /// `None` for an administrator (everything).

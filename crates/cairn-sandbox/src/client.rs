@@ -137,7 +137,7 @@ pub struct SpawnFailure {
 pub struct InitClient {
     socket: PathBuf,
     /// `socket` is a directory the sandbox can write, holding init's
-    /// socket among its generations (gVisor; see [`crate::gvisor::sockets`]).
+    /// socket among its generations (gVisor; see [`crate::init_socket`]).
     shared_directory: bool,
     /// How long a file or control request waits for init to send anything.
     deadline: Duration,
@@ -176,7 +176,7 @@ impl InitClient {
 
     fn connect(&self) -> io::Result<UnixStream> {
         if self.shared_directory {
-            crate::gvisor::sockets::connect(&self.socket)
+            crate::init_socket::connect(&self.socket)
         } else {
             UnixStream::connect(&self.socket)
         }

@@ -10,6 +10,7 @@ pub mod client;
 pub mod disk;
 pub mod gvisor;
 pub mod init_binary;
+pub mod init_socket;
 pub mod limits;
 pub mod native;
 pub mod net;

@@ -14,7 +14,6 @@ mod bundle;
 pub mod image_host;
 mod live;
 mod runsc;
-pub mod sockets;
 pub mod statefile;
 pub mod window;
 
