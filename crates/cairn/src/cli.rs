@@ -127,6 +127,21 @@ pub struct NetworkArgs {
     pub publish: Vec<String>,
 }
 
+impl NetworkArgs {
+    /// The policy `--network`, `--allow` and `--publish` give; nothing
+    /// given is `None` (a fork keeps its source's).
+    pub fn policy(&self) -> anyhow::Result<Option<cairn_sandbox::net::NetPolicy>> {
+        if self.network.is_none() && self.allow.is_empty() && self.publish.is_empty() {
+            return Ok(None);
+        }
+        Ok(Some(cairn_sandbox::net::NetPolicy::parse(
+            self.network.as_deref(),
+            &self.allow,
+            &self.publish,
+        )?))
+    }
+}
+
 #[derive(Args, Clone)]
 pub struct ProcessArgs {
     /// Set an environment variable (repeatable).

@@ -1,21 +1,22 @@
 //! What each command does, in terms of engine services.
 
 use std::fs;
-use std::io::{self, Read, Seek, SeekFrom};
+use std::io;
 use std::os::fd::AsRawFd;
 use std::os::unix::fs::{MetadataExt, PermissionsExt};
 use std::path::{Path, PathBuf};
 
 use anyhow::{bail, Context, Result};
 use cairn_engine::tenants::Owned;
-use cairn_engine::{CreateOptions, Engine, ExecStart, Home, SandboxRecord, SandboxState};
-use cairn_protocol::{ExecRequest, FileKind, FileMeta};
-use cairn_sandbox::client::{InitClient, SpawnFailure};
+use cairn_engine::{CreateOptions, Engine, Home, SandboxRecord, SandboxState};
+use cairn_protocol::{FileKind, FileMeta};
+use cairn_sandbox::client::InitClient;
 use cairn_sandbox::limits::{DiskSize, MemorySize};
 use cairn_sandbox::Limits;
-use nix::sys::signal::{SigSet, Signal};
 
 use crate::cli::{Cli, Command, ImageCommand, ImageKind, LimitArgs, ProcessArgs, SandboxArgs, SnapshotCommand};
+use crate::host_files::{print_log, temporary_beside};
+use crate::process::{follow, request};
 use crate::progress::Steps;
 
 /// How long a command waits at its end for what it stored to be uploaded,
@@ -554,22 +555,9 @@ fn limit_options(args: &LimitArgs, driver: Option<String>) -> Result<CreateOptio
         name: args.name.clone(),
         limits: limits(args),
         driver,
-        network: network_policy(&args.network)?,
+        network: args.network.policy()?,
         ..CreateOptions::default()
     })
-}
-
-/// `--network`, `--allow`, `--publish`; nothing given is `None` (a fork
-/// keeps its source's).
-pub fn network_policy(args: &crate::cli::NetworkArgs) -> Result<Option<cairn_sandbox::net::NetPolicy>> {
-    if args.network.is_none() && args.allow.is_empty() && args.publish.is_empty() {
-        return Ok(None);
-    }
-    Ok(Some(cairn_sandbox::net::NetPolicy::parse(
-        args.network.as_deref(),
-        &args.allow,
-        &args.publish,
-    )?))
 }
 
 fn run(engine: &mut Engine, sandbox: &SandboxArgs, process: &ProcessArgs, cmd: Vec<String>) -> Result<i32> {
@@ -599,126 +587,11 @@ fn run(engine: &mut Engine, sandbox: &SandboxArgs, process: &ProcessArgs, cmd: V
     result
 }
 
-pub(crate) fn request(process: &ProcessArgs, argv: Vec<String>, detach: bool) -> Result<ExecRequest> {
-    let env = process
-        .env
-        .iter()
-        .map(|kv| match kv.split_once('=') {
-            Some((k, v)) if !k.is_empty() => Ok((k.to_string(), v.to_string())),
-            _ => bail!("--env takes KEY=VALUE, got {kv:?}"),
-        })
-        .collect::<Result<Vec<_>>>()?;
-    let timeout_ms = match process.timeout {
-        Some(t) if t.is_finite() && t > 0.0 => Some((t * 1000.0) as u64),
-        Some(t) => bail!("--timeout takes a positive number of seconds, got {t}"),
-        None => None,
-    };
-    Ok(ExecRequest {
-        argv,
-        env,
-        cwd: process.workdir.clone(),
-        stdin: process.interactive,
-        timeout_ms,
-        detach,
-        user: None,
-    })
-}
-
 /// Runs a process and returns the exit status to pass on.
 fn exec(engine: &Engine, rec: &SandboxRecord, process: &ProcessArgs, argv: Vec<String>, detach: bool) -> Result<i32> {
     let req = engine.with_user(rec, request(process, argv, detach)?, process.user.as_deref())?;
     let start = engine.exec(rec, req)?;
     follow(engine, rec, process, start, detach)
-}
-
-/// Follows a started process to its end (or prints its pid, detached) and
-/// returns the exit status to pass on.
-pub(crate) fn follow(
-    engine: &Engine,
-    rec: &SandboxRecord,
-    process: &ProcessArgs,
-    start: Result<ExecStart, SpawnFailure>,
-    detach: bool,
-) -> Result<i32> {
-    let start = match start {
-        Ok(start) => start,
-        Err(failure) => {
-            eprintln!("cairn: {}", failure.message);
-            return Ok(failure.kind.shell_code());
-        }
-    };
-    if detach {
-        println!("{}", start.session.pid);
-        return Ok(0);
-    }
-    let control = start.session.control();
-    forward_signals(control.clone());
-    if process.interactive {
-        std::thread::spawn(move || {
-            let mut buf = vec![0u8; 64 << 10];
-            let mut stdin = io::stdin().lock();
-            loop {
-                match stdin.read(&mut buf) {
-                    Ok(0) | Err(_) => break,
-                    Ok(n) => {
-                        if control.stdin(&buf[..n]).is_err() {
-                            return;
-                        }
-                    }
-                }
-            }
-            let _ = control.close_stdin();
-        });
-    }
-    let status = match start.session.wait(&mut io::stdout().lock(), &mut io::stderr().lock()) {
-        Ok(status) => status,
-        // The connection ended with the sandbox: say why, when it is known.
-        Err(e) => return Err(engine.init_gone(rec).map_or_else(|| e.into(), anyhow::Error::from)),
-    };
-    let Some(status) = status else { return Ok(0) };
-    if status.timed_out {
-        eprintln!(
-            "cairn: the command timed out after {}s and was killed",
-            process.timeout.unwrap_or_default()
-        );
-        return Ok(124);
-    }
-    if engine.oom_killed_since(&start.probe) {
-        let limit = MemorySize(rec.memory_bytes);
-        if status.signal == Some(libc::SIGKILL) {
-            eprintln!(
-                "cairn: the command was killed by the OOM killer (out of memory): the sandbox's memory limit is {limit}; raise --memory"
-            );
-        } else if status.code != Some(0) {
-            // Another process of the sandbox took the kill (under gVisor, a
-            // process of the sentry's; the command saw its memory refused).
-            eprintln!(
-                "cairn: the sandbox reached its memory limit ({limit}) while the command ran, and the OOM killer killed a process; raise --memory"
-            );
-        }
-    }
-    Ok(status.shell_code())
-}
-
-/// Ctrl-C and friends go to the process in the sandbox, not to Cairn.
-fn forward_signals(control: cairn_sandbox::client::ExecControl) {
-    let mut set = SigSet::empty();
-    for s in [Signal::SIGINT, Signal::SIGTERM, Signal::SIGHUP, Signal::SIGQUIT] {
-        set.add(s);
-    }
-    if set.thread_block().is_err() {
-        return;
-    }
-    std::thread::spawn(move || loop {
-        match set.wait() {
-            Ok(sig) => {
-                if control.signal(sig as i32).is_err() {
-                    return;
-                }
-            }
-            Err(_) => return,
-        }
-    });
 }
 
 /// `ID:/path` or a host path.
@@ -813,22 +686,6 @@ fn copy_out(client: &InitClient, from: &str, to: &Path) -> Result<()> {
     Ok(())
 }
 
-/// A new file in `to`'s directory, to be renamed to `to` once complete:
-/// created exclusively under a random name (never through a symlink someone
-/// put at a name they guessed), owner-only, removed when dropped unrenamed.
-pub(crate) fn temporary_beside(to: &Path) -> Result<tempfile::NamedTempFile> {
-    let parent = to
-        .parent()
-        .filter(|p| !p.as_os_str().is_empty())
-        .unwrap_or(Path::new("."));
-    let name = to.file_name().context("the destination has no file name")?;
-    tempfile::Builder::new()
-        .prefix(&format!(".{}.", name.to_string_lossy()))
-        .suffix(".cairn")
-        .tempfile_in(parent)
-        .with_context(|| format!("cannot write in {}", parent.display()))
-}
-
 fn ps(engine: &mut Engine, quiet: bool, json: bool) -> Result<()> {
     let mut rows = engine.list_sandboxes()?;
     engine.keep_mine(Owned::Sandbox, &mut rows, |r| &r.id)?;
@@ -884,47 +741,6 @@ fn human_age(secs: i64) -> String {
         s if s < 86400 => format!("{}h", s / 3600),
         s => format!("{}d", s / 86400),
     }
-}
-
-/// Prints a log (written from inside a sandbox, so of any size), or its
-/// last `tail` lines, as a stream: a block at a time is in memory.
-pub fn print_log(mut log: fs::File, tail: Option<usize>) -> Result<()> {
-    let start = match tail {
-        Some(n) => tail_start(&mut log, n)?,
-        None => 0,
-    };
-    log.seek(SeekFrom::Start(start))?;
-    io::copy(&mut log, &mut io::stdout().lock())?;
-    Ok(())
-}
-
-/// Where the last `n` lines of `log` begin, scanning back from its end.
-fn tail_start(log: &mut (impl Read + Seek), n: usize) -> io::Result<u64> {
-    let len = log.seek(SeekFrom::End(0))?;
-    if n == 0 {
-        return Ok(len);
-    }
-    let mut block = vec![0; 256 << 10];
-    let (mut end, mut newlines) = (len, 0);
-    while end > 0 {
-        let size = end.min(block.len() as u64) as usize;
-        let at = end - size as u64;
-        log.seek(SeekFrom::Start(at))?;
-        log.read_exact(&mut block[..size])?;
-        for i in memchr::memrchr_iter(b'\n', &block[..size]) {
-            let after = at + i as u64 + 1;
-            // A newline that ends the log ends its last line; it starts none.
-            if after == len {
-                continue;
-            }
-            newlines += 1;
-            if newlines == n {
-                return Ok(after);
-            }
-        }
-        end = at;
-    }
-    Ok(0)
 }
 
 fn logs(engine: &Engine, key: &str, tail: Option<usize>) -> Result<()> {
@@ -1295,36 +1111,4 @@ fn print_diff(d: &cairn_engine::SnapshotDiff) {
         "{} added, {} removed, {} changed{more}; {} shared layers not compared; {:.1} ms",
         d.added, d.removed, d.changed, d.shared_layers, d.took_ms
     );
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn the_tail_of_a_log_starts_where_its_last_lines_do() {
-        // Lines longer than the block read back at a time, and short ones.
-        let long = "x".repeat(300 << 10);
-        let texts = [
-            String::new(),
-            "one".into(),
-            "one\n".into(),
-            "one\ntwo\n\nfour".into(),
-            format!("{long}\nshort\n{long}\n{long}"),
-            format!("a\n{long}\n"),
-        ];
-        for text in &texts {
-            for n in 0..6 {
-                let lines: Vec<&str> = text.split_inclusive('\n').collect();
-                let expected: String = lines[lines.len().saturating_sub(n)..].concat();
-                let start = tail_start(&mut io::Cursor::new(text.as_bytes()), n).unwrap();
-                assert_eq!(
-                    &text[start as usize..],
-                    expected,
-                    "{n} lines of {:?}",
-                    &text[..text.len().min(20)]
-                );
-            }
-        }
-    }
 }

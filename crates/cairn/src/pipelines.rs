@@ -720,7 +720,7 @@ pub fn artifact(engine: &Engine, cmd: ArtifactCommand) -> Result<()> {
             if output.as_os_str() == "-" {
                 engine.artifact_get(&id, &mut std::io::stdout().lock())?;
             } else {
-                let mut tmp = crate::commands::temporary_beside(&output)?;
+                let mut tmp = crate::host_files::temporary_beside(&output)?;
                 engine.artifact_get(&id, tmp.as_file_mut())?;
                 // Readable as a file the user made would be.
                 let mode = 0o666 & !crate::user_umask();
@@ -743,5 +743,5 @@ pub fn stage_log(engine: &Engine, run: &str, stage: &str, tail: Option<usize>) -
             run.id
         );
     }
-    crate::commands::print_log(std::fs::File::open(&path)?, tail)
+    crate::host_files::print_log(std::fs::File::open(&path)?, tail)
 }

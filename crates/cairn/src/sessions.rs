@@ -42,7 +42,7 @@ pub fn session(engine: &mut Engine, cmd: SessionCommand) -> Result<i32> {
                 image,
                 driver,
                 idle_timeout_ms: idle.as_deref().map(duration_ms).transpose()?,
-                network: crate::commands::network_policy(&network)?,
+                network: network.policy()?,
             };
             let s = engine.create_session(&opts, &Steps::new())?;
             println!("{}", s.id);
@@ -155,7 +155,7 @@ pub fn session(engine: &mut Engine, cmd: SessionCommand) -> Result<i32> {
             println!("{}", e.seq);
         }
         SessionCommand::Exec { id, process, cmd } => {
-            let req = crate::commands::request(&process, cmd, false)?;
+            let req = crate::process::request(&process, cmd, false)?;
             let outcome = engine.session_exec_request(&id, req, &mut io::stdout().lock(), &mut io::stderr().lock())?;
             if let Some(r) = &outcome.recovered {
                 eprintln!("cairn: {}", r.content.as_deref().unwrap_or("the sandbox was recovered"));

@@ -26,7 +26,7 @@ pub fn exec(engine: &Engine, rec: &SandboxRecord, process: &ProcessArgs, argv: V
     };
     let req = engine.with_user(
         rec,
-        crate::commands::request(&process, argv, false)?,
+        crate::process::request(&process, argv, false)?,
         process.user.as_deref(),
     )?;
     let size = window_size().unwrap_or(DEFAULT_SIZE);
@@ -42,7 +42,7 @@ pub fn exec(engine: &Engine, rec: &SandboxRecord, process: &ProcessArgs, argv: V
         }
         Err(_) => None,
     };
-    crate::commands::follow(engine, rec, &process, start, false)
+    crate::process::follow(engine, rec, &process, start, false)
 }
 
 /// This terminal in raw mode until dropped, when its modes come back.
