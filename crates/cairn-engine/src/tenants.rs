@@ -27,6 +27,14 @@ pub struct TenantRecord {
     pub created_at: i64,
 }
 
+impl TenantRecord {
+    /// Whether any limit is set: a sandbox made ahead (a resume prepared
+    /// at a pause or suspend) would hold one of its slots.
+    pub fn has_limits(&self) -> bool {
+        self.max_sandboxes.is_some() || self.max_memory.is_some() || self.max_disk.is_some()
+    }
+}
+
 /// What a tenant holds now: sandboxes that are not being removed, and the
 /// memory and disk limits of those.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Serialize)]

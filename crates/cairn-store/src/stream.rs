@@ -183,17 +183,22 @@ impl<B: BlobStore> ChunkStore<B> {
                 // next one's writing (a disk flushes faster with more than
                 // one request queued); they join the file in stream order.
                 std::thread::scope(|w| {
+                    let mut finish = |write: std::thread::ScopedJoinHandle<'_, Result<Written, StoreError>>| {
+                        let written = write.join().unwrap_or_else(|e| std::panic::resume_unwind(e))?;
+                        record_batch(written, &mut content, &mut stats);
+                        Ok::<_, StoreError>(())
+                    };
                     let mut in_flight = VecDeque::with_capacity(WRITES_IN_FLIGHT);
                     for (batch, prepared) in prepared_rx {
                         if in_flight.len() == WRITES_IN_FLIGHT {
-                            let written = join(in_flight.pop_front())?;
-                            record_batch(written, &mut content, &mut stats);
+                            if let Some(oldest) = in_flight.pop_front() {
+                                finish(oldest)?;
+                            }
                         }
                         in_flight.push_back(w.spawn(move || self.write_batch(batch, prepared)));
                     }
-                    while !in_flight.is_empty() {
-                        let written = join(in_flight.pop_front())?;
-                        record_batch(written, &mut content, &mut stats);
+                    while let Some(oldest) = in_flight.pop_front() {
+                        finish(oldest)?;
                     }
                     Ok::<_, StoreError>(())
                 })?;
@@ -295,12 +300,6 @@ struct Written {
     /// For each chunk, its stored (compressed) size if this batch stored it.
     stored: Vec<Option<u64>>,
     took: Duration,
-}
-
-/// The oldest write in flight, joined.
-fn join(handle: Option<std::thread::ScopedJoinHandle<'_, Result<Written, StoreError>>>) -> Result<Written, StoreError> {
-    let handle = handle.expect("a write in flight");
-    handle.join().unwrap_or_else(|e| std::panic::resume_unwind(e))
 }
 
 /// Adds a written batch to `content`, in stream order, and its figures to

@@ -1053,6 +1053,23 @@ fn wait_for_sandboxes(
     }
 }
 
+/// Waits for the one sandbox named for session `id` to be prepared
+/// (created and waiting); answers its id.
+fn wait_for_prepared(server: &Server, id: &str, what: &str) -> String {
+    let ready = wait_for_sandboxes(server, id, what, |s| s.len() == 1 && s[0].1 == "creating");
+    ready[0].0.clone()
+}
+
+/// A new session `name` on the gvisor driver, as the server answers it.
+fn gvisor_session(server: &Server, name: &str) -> Value {
+    server.ok(
+        "POST",
+        "/v1/sessions",
+        Some(json!({ "name": name, "driver": "gvisor" })),
+        201,
+    )
+}
+
 #[test]
 fn a_suspended_gvisor_session_resumes_into_a_sandbox_prepared_at_its_suspend() {
     let name = "a_suspended_gvisor_session_resumes_into_a_sandbox_prepared_at_its_suspend";
@@ -1061,12 +1078,7 @@ fn a_suspended_gvisor_session_resumes_into_a_sandbox_prepared_at_its_suspend() {
     }
     let home = Home::new();
     let server = Server::start(&home);
-    let s = server.ok(
-        "POST",
-        "/v1/sessions",
-        Some(json!({ "name": "warm", "driver": "gvisor" })),
-        201,
-    );
+    let s = gvisor_session(&server, "warm");
     let id = s["id"].as_str().unwrap().to_string();
     // A counter held only in a shell's memory, written out as it moves.
     let sandbox = s["sandbox_id"].as_str().unwrap().to_string();
@@ -1094,18 +1106,16 @@ fn a_suspended_gvisor_session_resumes_into_a_sandbox_prepared_at_its_suspend() {
         server.ok("POST", &format!("/v1/sessions/{id}/suspend"), None, 200);
         // The server makes the resume's sandbox ahead: named for the
         // session, created and waiting.
-        let ready = wait_for_sandboxes(&server, &id, "after the suspend", |s| {
-            s.len() == 1 && s[0].1 == "creating"
-        });
+        let ready = wait_for_prepared(&server, &id, "after the suspend");
         let resumed = server.ok("POST", &format!("/v1/sessions/{id}/resume"), None, 200);
         assert_eq!(
             resumed["sandbox_id"].as_str(),
-            Some(ready[0].0.as_str()),
+            Some(ready.as_str()),
             "resume {cycle} did not go into the sandbox prepared ahead: {resumed}"
         );
         assert_eq!(
             session_sandboxes(&server, &id),
-            [(ready[0].0.clone(), "running".to_string())]
+            [(ready.clone(), "running".to_string())]
         );
         // The shell and its counter went on from where they were.
         let now = count();
@@ -1115,49 +1125,35 @@ fn a_suspended_gvisor_session_resumes_into_a_sandbox_prepared_at_its_suspend() {
     // A suspended session that moves on (closed here) loses its prepared
     // sandbox within the idle timer's round.
     server.ok("POST", &format!("/v1/sessions/{id}/suspend"), None, 200);
-    wait_for_sandboxes(&server, &id, "after the last suspend", |s| {
-        s.len() == 1 && s[0].1 == "creating"
-    });
+    wait_for_prepared(&server, &id, "after the last suspend");
     server.ok("DELETE", &format!("/v1/sessions/{id}"), None, 204);
     wait_for_sandboxes(&server, &id, "after the close", |s| s.is_empty());
 
     // A server killed while one waits leaves it to the next command,
     // which removes it (its owner is dead); the session resumes the
     // ordinary way.
-    let s = server.ok(
-        "POST",
-        "/v1/sessions",
-        Some(json!({ "name": "killed", "driver": "gvisor" })),
-        201,
-    );
+    let s = gvisor_session(&server, "killed");
     let killed = s["id"].as_str().unwrap().to_string();
     server.ok("POST", &format!("/v1/sessions/{killed}/suspend"), None, 200);
-    let ready = wait_for_sandboxes(&server, &killed, "before the kill", |s| {
-        s.len() == 1 && s[0].1 == "creating"
-    });
+    let ready = wait_for_prepared(&server, &killed, "before the kill");
     drop(server);
     home.ok(&["session", "resume", &killed]);
     let show: Value = serde_json::from_str(&home.ok(&["session", "show", &killed, "--json"])).unwrap();
-    assert_ne!(show["sandbox_id"].as_str(), Some(ready[0].0.as_str()), "{show}");
+    assert_ne!(show["sandbox_id"].as_str(), Some(ready.as_str()), "{show}");
     let left: Vec<String> = home
         .ps()
         .iter()
         .map(|s| s["id"].as_str().unwrap().to_string())
         .collect();
     assert!(
-        !left.contains(&ready[0].0),
+        !left.contains(&ready),
         "the killed server's prepared sandbox is still there: {left:?}"
     );
     home.ok(&["session", "rm", &killed]);
 
     // With --session-warm 0, nothing is made ahead and resumes restore.
     let server = Server::start_with(&home, &["--session-warm", "0"]);
-    let s = server.ok(
-        "POST",
-        "/v1/sessions",
-        Some(json!({ "name": "cold", "driver": "gvisor" })),
-        201,
-    );
+    let s = gvisor_session(&server, "cold");
     let cold = s["id"].as_str().unwrap().to_string();
     server.ok("POST", &format!("/v1/sessions/{cold}/suspend"), None, 200);
     std::thread::sleep(Duration::from_secs(2));

@@ -132,8 +132,7 @@ impl Warm {
 /// or runsc that cannot be.
 fn prepare(en: &mut Engine, snapshot: &str, tenant: Option<&str>) -> Result<Option<PreparedRestore>, EngineError> {
     if let Some(tenant) = tenant {
-        let t = en.tenant(tenant)?;
-        if t.max_sandboxes.is_some() || t.max_memory.is_some() || t.max_disk.is_some() {
+        if en.tenant(tenant)?.has_limits() {
             return Ok(None);
         }
     }

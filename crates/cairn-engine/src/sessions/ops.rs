@@ -147,13 +147,14 @@ fn sandbox_name(session: &str) -> String {
     format!("session-{session}")
 }
 
-/// How a sandbox for session `s` is made: its image, driver and network,
-/// named for it.
-pub(super) fn session_sandbox_options(s: &SessionRecord) -> CreateOptions {
+/// How a sandbox for session `id` is made: `s`'s image, driver and
+/// network (`s` is the parent's record, changed, for a fork), named for
+/// the session.
+pub(super) fn session_sandbox_options(s: &SessionRecord, id: &str) -> CreateOptions {
     CreateOptions {
         image: Some(s.image.clone()),
         driver: Some(s.driver.clone()),
-        name: Some(sandbox_name(&s.id)),
+        name: Some(sandbox_name(id)),
         network: Some(s.network.clone().unwrap_or_default()),
         ..CreateOptions::default()
     }
@@ -569,8 +570,7 @@ impl Engine {
         id: &str,
         snapshot: Option<&str>,
     ) -> Result<SandboxRecord, EngineError> {
-        let mut opts = session_sandbox_options(s);
-        opts.name = Some(sandbox_name(id));
+        let opts = session_sandbox_options(s, id);
         let warm = self.take_warm_resume(id, snapshot);
         let warm_id = warm.as_ref().map(|p| p.sandbox().id.clone());
         let name = self.qualified(sandbox_name(id));

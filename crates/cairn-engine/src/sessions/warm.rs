@@ -51,15 +51,6 @@ impl WarmResumes {
         self.inner.slots.lock().unwrap_or_else(|e| e.into_inner())
     }
 
-    /// How many are kept now.
-    pub fn len(&self) -> usize {
-        self.slots().len()
-    }
-
-    pub fn is_empty(&self) -> bool {
-        self.len() == 0
-    }
-
     /// Whether one more may be prepared for `session` (a session holding
     /// one counts as room: its new one replaces it).
     fn has_room(&self, session: &str) -> bool {
@@ -120,8 +111,7 @@ impl Engine {
 
     fn prepare_owned_resume(&mut self, id: &str) -> Result<bool, EngineError> {
         if let Some(tenant) = self.db.acting_for() {
-            let t = self.tenant(&tenant)?;
-            if t.max_sandboxes.is_some() || t.max_memory.is_some() || t.max_disk.is_some() {
+            if self.tenant(&tenant)?.has_limits() {
                 return Ok(false);
             }
         }
@@ -155,14 +145,14 @@ impl Engine {
         }
         // Named for the session as its resume names the sandbox it makes:
         // a resume in another process removes it as a leftover.
-        let prepared = match self.prepare_restore(&snap, &super::ops::session_sandbox_options(&s)) {
+        let prepared = match self.prepare_restore(&snap, &super::ops::session_sandbox_options(&s, id)) {
             Ok(p) => p,
             Err(EngineError::CannotPrepare { .. }) => return Ok(false),
             Err(e) => return Err(e),
         };
         let (kept, unwanted) = self.warm.put(id, prepared);
         if let Some(p) = unwanted {
-            self.discard_prepared(p)?;
+            self.discard_stale(id, p);
         }
         Ok(kept)
     }
