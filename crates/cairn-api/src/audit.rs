@@ -21,6 +21,9 @@ const QUEUE: usize = 16 * 1024;
 const BATCH: usize = 1024;
 /// How long the writer gathers rows before it writes them.
 const GATHER: Duration = Duration::from_millis(100);
+
+/// Times a batch is written before its rows are dropped.
+const WRITE_TRIES: usize = 4;
 /// How long rows are kept.
 pub const KEPT: Duration = Duration::from_secs(30 * 24 * 3600);
 
@@ -91,7 +94,17 @@ fn write_rows(home: Home, rx: Receiver<AuditEntry>, dropped: Arc<AtomicU64>) {
             }
         }
         let Some(e) = &engine else { continue };
-        if let Err(err) = e.record_audit(&rows) {
+        // A store busy for a moment (another command's long transaction)
+        // gets the batch again before it is dropped.
+        let mut written = e.record_audit(&rows);
+        for _ in 0..WRITE_TRIES - 1 {
+            if written.is_ok() {
+                break;
+            }
+            std::thread::sleep(GATHER * 2);
+            written = e.record_audit(&rows);
+        }
+        if let Err(err) = written {
             tracing::warn!("audit: cannot write {} rows: {err}", rows.len());
             dropped.fetch_add(rows.len() as u64, Ordering::Relaxed);
         }
