@@ -25,7 +25,7 @@ use nix::fcntl::{fcntl, FcntlArg, OFlag};
 use nix::sys::signal::{killpg, Signal};
 use nix::unistd::Pid;
 
-use crate::listen::Live;
+use crate::conns::Live;
 use crate::reaper::Reaper;
 use crate::spawn;
 

@@ -18,8 +18,8 @@ use std::time::Instant;
 
 use cairn_protocol::{decode_payload, ExecRequest, FromInit, PtySize, ToInit, DATA_CHUNK, MAGIC, PROTOCOL_VERSION};
 
+use crate::conns::Live;
 use crate::exec::{self, Begun, Exec, Interest};
-use crate::listen::Live;
 use crate::reaper::Reaper;
 
 /// What a request that is not served here is handed: the request, the

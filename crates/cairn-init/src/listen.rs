@@ -8,7 +8,6 @@
 //! waits until none is left; it listens again on SIGUSR2, which the driver
 //! sends (`runsc kill`) once the checkpoint is taken or restored.
 
-use std::collections::HashMap;
 use std::io::Write;
 use std::net::Shutdown;
 use std::os::fd::AsRawFd;
@@ -17,11 +16,12 @@ use std::os::unix::net::UnixStream;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::mpsc::{channel, Receiver, Sender};
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use nix::sys::signal::{SigSet, Signal};
 
+use crate::conns::{Connections, Live};
 use crate::hub::Hub;
 
 /// How long a quiesce waits for connections to end.
@@ -39,48 +39,7 @@ pub fn block_relisten_signal() {
     set.thread_block().expect("blocking SIGUSR2 cannot fail");
 }
 
-/// Every open host connection, so a quiesce can end them.
-#[derive(Default)]
-pub struct Connections {
-    streams: Mutex<HashMap<u64, UnixStream>>,
-    next: AtomicU64,
-    /// Set by a quiesce request; the accept loop answers on the sender.
-    quiesce: Mutex<Option<Sender<()>>>,
-    /// From the start of a quiesce until init listens again: new
-    /// connections are closed at once.
-    quiescing: std::sync::atomic::AtomicBool,
-}
-
-/// One connection's registration: dropped with the last holder of the
-/// connection's socket (the serving loop's exec, or the thread serving
-/// another request), which removes it from [`Connections`].
-pub struct Live {
-    id: u64,
-    conns: Arc<Connections>,
-}
-
-impl Drop for Live {
-    fn drop(&mut self) {
-        self.conns
-            .streams
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .remove(&self.id);
-    }
-}
-
 impl Connections {
-    pub fn register(self: &Arc<Self>, stream: &UnixStream) -> Arc<Live> {
-        let id = self.next.fetch_add(1, Ordering::Relaxed);
-        if let Ok(copy) = stream.try_clone() {
-            self.streams.lock().unwrap_or_else(|e| e.into_inner()).insert(id, copy);
-        }
-        Arc::new(Live {
-            id,
-            conns: Arc::clone(self),
-        })
-    }
-
     /// Ends every connection but `own`, then stops listening; returns once
     /// only `own` is left, or an error saying what still holds on, in which
     /// case init keeps listening as before.

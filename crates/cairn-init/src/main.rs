@@ -16,6 +16,7 @@
 //! It is linked statically so that it runs in any image, even one without a
 //! libc.
 
+mod conns;
 mod creds;
 mod exec;
 mod files;
@@ -41,8 +42,9 @@ use std::sync::Arc;
 
 use cairn_protocol::{write_frame, FromInit, ToInit, LISTEN_FD};
 
+use crate::conns::Live;
 use crate::hub::HostReader;
-use crate::listen::{Live, Server, Source};
+use crate::listen::{Server, Source};
 use crate::reaper::Reaper;
 
 fn main() {

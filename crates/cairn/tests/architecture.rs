@@ -103,7 +103,6 @@ const KNOWN_CIRCLES: &[(&str, &[&str])] = &[
             "worker",
         ],
     ),
-    ("cairn-init", &["exec", "hub", "jobs", "listen"]),
 ];
 
 /// For each top-level module of the crate whose sources are in `src`, the
