@@ -13,8 +13,6 @@ pub mod dockerfile;
 mod durability;
 pub mod e2b;
 pub mod e2b_templates;
-mod failpoint;
-pub mod home;
 pub mod images;
 mod memory_cache;
 pub mod names;
@@ -25,10 +23,7 @@ pub mod sandboxes;
 pub mod sessions;
 pub mod snapshot_view;
 pub mod snapshots;
-pub mod state;
 pub mod tenants;
-#[cfg(feature = "test-support")]
-pub mod testing;
 pub mod verify;
 pub mod worker;
 
@@ -40,8 +35,11 @@ use cairn_sandbox::native::NativeDriver;
 use cairn_sandbox::SandboxError;
 use cairn_store::{ChunkStore, StoreBackend, TieredOptions};
 
+pub use cairn_state as state;
+#[cfg(feature = "test-support")]
+pub use cairn_state::testing;
+pub use cairn_state::{home, now_ms, random_hex, Home};
 pub use diff::{DiffError, DiffOptions, SnapshotDiff};
-pub use home::Home;
 pub use images::ImageError;
 pub use sandboxes::{CreateOptions, ExecStart, GcReport, OomProbe, SandboxUsage};
 pub use snapshots::{MemoryPhases, PreparedRestore, SnapshotError, SnapshotManifest};
@@ -290,21 +288,6 @@ pub fn flock_holder(path: &std::path::Path) -> Option<u32> {
             .then(|| f.get(4)?.parse().ok())
             .flatten()
     })
-}
-
-/// `bytes` random bytes from the kernel, as lowercase hex.
-pub fn random_hex(bytes: usize) -> String {
-    let mut b = vec![0u8; bytes];
-    getrandom::getrandom(&mut b).expect("the kernel RNG is available");
-    b.iter().map(|x| format!("{x:02x}")).collect()
-}
-
-/// Milliseconds since the epoch, the unit of every time Cairn records.
-pub fn now_ms() -> i64 {
-    std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map(|d| d.as_millis() as i64)
-        .unwrap_or(0)
 }
 
 /// Nanoseconds since the Unix epoch (0 before it): the time in the names

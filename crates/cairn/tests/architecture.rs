@@ -15,6 +15,9 @@ const ALLOWED: &[(&str, &[&str])] = &[
     ("cairn-store", &[]),
     ("cairn-layers", &["cairn-store"]),
     ("cairn-sandbox", &["cairn-protocol", "cairn-layers", "cairn-store"]),
+    // The state store's rows record a sandbox's network policy
+    // (`cairn_sandbox::net::NetPolicy`); nothing of the engine's.
+    ("cairn-state", &["cairn-sandbox"]),
     (
         "cairn-engine",
         &[
@@ -22,6 +25,7 @@ const ALLOWED: &[(&str, &[&str])] = &[
             "cairn-sandbox",
             "cairn-layers",
             "cairn-store",
+            "cairn-state",
             "cairn-llm",
         ],
     ),
@@ -92,13 +96,10 @@ const KNOWN_CIRCLES: &[(&str, &[&str])] = &[
         &[
             "images",
             "memory_cache",
-            "network",
             "pipeline",
-            "queue",
             "sandboxes",
             "sessions",
             "snapshots",
-            "state",
             "tenants",
             "worker",
         ],

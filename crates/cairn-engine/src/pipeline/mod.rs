@@ -4,7 +4,8 @@
 //! attempts, checkpoints, retries, dead letters); `branches` runs branch
 //! groups and picks winners; `artifacts` collects files into the chunk
 //! store; `output` takes stage output in with bounded memory; `records`
-//! holds the rows all of it writes, `lineage` the typed fields of its
+//! (the state store's [`cairn_state::runs`]) holds the rows all of it
+//! writes, `lineage` ([`cairn_state::lineage`]) the typed fields of its
 //! events; `approval` pauses a run before a stage until a person approves
 //! it; `decide` asks a model at a decide
 //! stage and records its answer, which `decision` checks; `queued` is a
@@ -19,10 +20,10 @@ mod branches;
 mod decide;
 pub mod decision;
 pub mod graph;
-pub mod lineage;
+pub use cairn_state::lineage;
 mod output;
 mod queued;
-pub mod records;
+pub use cairn_state::runs as records;
 pub mod retention;
 pub mod run;
 pub mod spec;

@@ -30,11 +30,11 @@ pub use self::format::{
     BUNDLE_MAGIC, BUNDLE_VERSION, MAX_ENTRIES, MAX_LOG_BYTES, MAX_OBJECTS, MAX_REWINDS, MAX_SNAPSHOTS,
 };
 use self::read::{check_entries, read_entries, read_header, read_manifest, Members};
-use super::log::{insert_entry_row, Segment};
+use super::log::Segment;
 use super::ops::{new_session_id, valid_name};
-use super::{insert_session_row, Entry, EntryKind, SessionError, SessionRecord, SessionState};
+use super::{Entry, EntryKind, Rewind, SessionError, SessionRecord, SessionState};
 use crate::sandboxes::me;
-use crate::state::{insert_image_rows, insert_snapshot_rows, params, BackendError, Db, StateError};
+use crate::state::StateError;
 use crate::{Engine, EngineError, ImageRecord, Progress, SandboxState, SnapshotManifest, SnapshotRecord};
 
 /// What an export wrote.
@@ -413,9 +413,17 @@ impl Engine {
             created_at: s.created_at,
             updated_at: crate::now_ms(),
         };
+        let rewinds: Vec<Rewind> = (m.rewinds.iter().enumerate())
+            .map(|(n, r)| Rewind {
+                n: n as u64 + 1,
+                to_seq: r.to_seq,
+                head_seq: r.head_seq,
+                created_at: r.created_at,
+            })
+            .collect();
         let image_added = self
             .db
-            .import_session_rows(&rec, &entries, &m.rewinds, &snapshots, image.as_ref())
+            .import_session_rows(&rec, &entries, &rewinds, &snapshots, image.as_ref())
             .map_err(|e| match e {
                 StateError::NameTaken(n) => EngineError::from(SessionError::NameTaken(n)),
                 other => other.into(),
@@ -561,54 +569,6 @@ fn batches(entries: &[Entry]) -> Vec<&[Entry]> {
         out.push(&entries[start..]);
     }
     out
-}
-
-impl Db {
-    /// Records an imported session whole, in one transaction: its row, its
-    /// entries as they are (seqs, hashes, times), its rewinds, its
-    /// snapshots (kept if already recorded: the id is the manifest's hash)
-    /// and its image when none of that name exists. True when the image was
-    /// added.
-    pub fn import_session_rows(
-        &self,
-        s: &SessionRecord,
-        entries: &[Entry],
-        rewinds: &[BundleRewind],
-        snapshots: &[SnapshotRecord],
-        image: Option<&ImageRecord>,
-    ) -> Result<bool, StateError> {
-        self.transaction(|b| {
-            match insert_session_row(b, s) {
-                Err(BackendError::Unique { target }) if target == "sessions.name" => {
-                    return Err(StateError::NameTaken(s.name.clone()))
-                }
-                other => other?,
-            };
-            for e in entries {
-                insert_entry_row(b, &s.id, e)?;
-            }
-            for (n, r) in rewinds.iter().enumerate() {
-                b.execute(
-                    "INSERT INTO session_rewinds (session_id, n, to_seq, head_seq, created_at) VALUES ($1, $2, $3, $4, $5)",
-                    params![&s.id, n as u64 + 1, r.to_seq, r.head_seq, r.created_at],
-                )?;
-            }
-            self.stamp(b, crate::tenants::Owned::Session, &s.id)?;
-            for snap in snapshots {
-                insert_snapshot_rows(b, snap)?;
-                self.stamp(b, crate::tenants::Owned::Snapshot, &snap.id)?;
-            }
-            let Some(image) = image else { return Ok(false) };
-            if b.query_opt("SELECT name FROM images WHERE name = $1", params![&image.name])?
-                .is_some()
-            {
-                return Ok(false);
-            }
-            insert_image_rows(b, image)?;
-            self.stamp(b, crate::tenants::Owned::Image, &image.name)?;
-            Ok(true)
-        })
-    }
 }
 
 #[cfg(test)]

@@ -1,24 +1,21 @@
 //! One conformance suite for every state store backend: each test below
 //! runs on SQLite (a temporary file) and on PostgreSQL (a database of its
-//! own on the throwaway cluster `cairn_engine::testing` starts, or on
+//! own on the throwaway cluster `cairn_state::testing` starts, or on
 //! `CAIRN_TEST_POSTGRES`).
 
 use std::sync::{Arc, Barrier};
 use std::time::Duration;
 
-use cairn_engine::access::{Claim, TokenRecord};
-use cairn_engine::e2b::{E2bLife, E2bSandbox, E2bSnapshot};
-use cairn_engine::pipeline::lineage::EventData;
-use cairn_engine::pipeline::records::{
-    ArtifactRecord, DeadLetter, DecisionEffect, DecisionRecord, NewEvent, RunRecord, StageRecord,
-};
-use cairn_engine::sessions::bundle::BundleRewind;
-use cairn_engine::sessions::log::{Order, Segment};
-use cairn_engine::sessions::{Entry, EntryKind, Rewind, SessionRecord, SessionState, GENESIS};
-use cairn_engine::state::{BackendKind, Db, Value};
-use cairn_engine::tenants::{AuditEntry, Owned, TenantRecord};
-use cairn_engine::testing::{self, TestDatabase};
-use cairn_engine::{Home, ImageRecord, SandboxRecord, SandboxState, SnapshotRecord, StateError};
+use cairn_state::access::{Claim, TokenRecord};
+use cairn_state::e2b::{E2bLife, E2bSandbox, E2bSnapshot};
+use cairn_state::lineage::EventData;
+use cairn_state::runs::{ArtifactRecord, DeadLetter, DecisionEffect, DecisionRecord, NewEvent, RunRecord, StageRecord};
+use cairn_state::session_log::{Entry, EntryKind, Order, Rewind, Segment, GENESIS};
+use cairn_state::sessions::{SessionRecord, SessionState};
+use cairn_state::tenants::{AuditEntry, Owned, TenantRecord};
+use cairn_state::testing::{self, TestDatabase};
+use cairn_state::{BackendKind, Db, Value};
+use cairn_state::{Home, ImageRecord, SandboxRecord, SandboxState, SnapshotRecord, StateError};
 
 /// A state store to test: a state directory and, for PostgreSQL, its database.
 struct Store {
@@ -500,7 +497,7 @@ fn rows_without_a_home_are_adopted_by_the_next_open(store: &Store) {
 }
 
 fn a_job_is_claimed_by_one_worker_at_a_time_and_a_stale_claim_commits_nothing(store: &Store) {
-    use cairn_engine::queue::Fence;
+    use cairn_state::queue::Fence;
     use std::time::Duration;
     let db = store.open();
     db.insert_run(&run("run111", 1)).unwrap();
@@ -585,7 +582,7 @@ fn a_job_is_claimed_by_one_worker_at_a_time_and_a_stale_claim_commits_nothing(st
 }
 
 fn orphans_are_sandboxes_whose_claim_moved_on_that_no_stage_row_names(store: &Store) {
-    use cairn_engine::queue::Fence;
+    use cairn_state::queue::Fence;
     let mut db = store.open();
     db.insert_run(&run("run444", 1)).unwrap();
     db.enqueue_run("run444").unwrap();
@@ -849,7 +846,7 @@ fn sandboxes_round_trip_with_every_field_and_their_layers_in_order(store: &Store
     rec.auto_remove = true;
     rec.last_snapshot = Some("snap".into());
     let policy = cairn_sandbox::net::NetPolicy::parse(None, &["pypi.org:443".into()], &["8080:80".into()]).unwrap();
-    rec.network = cairn_engine::network::SandboxNetwork::of(&policy);
+    rec.network = cairn_state::network::SandboxNetwork::of(&policy);
     db.insert_sandbox(&rec).unwrap();
     db.insert_sandbox(&sandbox("abd456", "two")).unwrap();
     assert_eq!(db.find_sandboxes("abd456").unwrap()[0].network, None);
@@ -868,7 +865,7 @@ fn sandboxes_round_trip_with_every_field_and_their_layers_in_order(store: &Store
     assert_eq!(got.last_snapshot.as_deref(), Some("snap"));
     assert_eq!(got.network, rec.network);
     let mut held = rec.network.clone().unwrap();
-    held.held = Some(cairn_engine::network::Held {
+    held.held = Some(cairn_state::network::Held {
         slot: 7,
         interface: "cn-7".into(),
         address: "10.213.0.30".parse().unwrap(),
@@ -1046,7 +1043,7 @@ fn images_are_replaced_whole_and_keep_layer_order(store: &Store) {
     assert_eq!(db.image_config("img").unwrap(), None);
     img.layers = vec!["new".into()];
     img.source = "rebuilt".into();
-    let config = cairn_engine::build::ImageConfig {
+    let config = cairn_state::ImageConfig {
         env: [("MODE".to_string(), "prod".to_string())].into(),
         workdir: Some("/srv".into()),
         user: Some("user".into()),
@@ -1278,7 +1275,7 @@ fn artifact(id: &str, run: &str, path: &str) -> ArtifactRecord {
 }
 
 fn artifacts_are_pending_until_their_stage_completes_under_the_claim_that_made_them(store: &Store) {
-    use cairn_engine::queue::Fence;
+    use cairn_state::queue::Fence;
     let db = store.open();
     db.insert_run(&run("run555", 1)).unwrap();
     db.enqueue_run("run555").unwrap();
@@ -1770,7 +1767,7 @@ fn e2b_sandbox(id: &str, life: E2bLife) -> E2bSandbox {
         metadata: [("owner".to_string(), "ci".to_string())].into(),
         env: [("A".to_string(), "1".to_string()), ("B".to_string(), "x=y".to_string())].into(),
         grant: (id != "e2").then(|| format!("token-of-{id}")),
-        network: (id == "e1").then(|| cairn_engine::e2b::E2bNetwork {
+        network: (id == "e1").then(|| cairn_state::e2b::E2bNetwork {
             allow_out: vec!["pypi.org".into(), "10.0.0.0/8".into()],
             deny_out: vec!["0.0.0.0/0".into()],
         }),
@@ -1816,8 +1813,8 @@ fn e2b_sandboxes_keep_their_id_through_pause_and_resume(store: &Store) {
 }
 
 fn e2b_template_builds_take_their_tags_only_when_ready(store: &Store) {
-    use cairn_engine::build::ImageConfig;
-    use cairn_engine::e2b_templates::{BuildFailure, BuildLogLine, BuildStatus};
+    use cairn_state::e2b_templates::{BuildFailure, BuildLogLine, BuildStatus};
+    use cairn_state::ImageConfig;
     let db = store.open();
     let tags = vec!["default".to_string(), "v1".to_string()];
     let t = db.start_e2b_template_build("my-env", "t1", "b1", &tags, 100).unwrap();
@@ -2244,7 +2241,8 @@ fn an_imported_session_is_recorded_whole_or_not_at_all(store: &Store) {
             e
         })
         .collect();
-    let rewinds = [BundleRewind {
+    let rewinds = [Rewind {
+        n: 1,
         to_seq: 1,
         head_seq: 2,
         created_at: 9,

@@ -22,24 +22,24 @@ use super::StateError;
 /// The schema version is the number of migrations applied, as SQLite's
 /// `user_version` is; the two lists stay in step, one file each.
 const MIGRATIONS: &[&str] = &[
-    include_str!("../../migrations/postgres/0001_sandboxes_images.sql"),
-    include_str!("../../migrations/postgres/0002_snapshots.sql"),
-    include_str!("../../migrations/postgres/0003_runs.sql"),
-    include_str!("../../migrations/postgres/0004_api.sql"),
-    include_str!("../../migrations/postgres/0005_e2b.sql"),
-    include_str!("../../migrations/postgres/0006_sessions.sql"),
-    include_str!("../../migrations/postgres/0007_decisions.sql"),
-    include_str!("../../migrations/postgres/0008_snapshot_durability.sql"),
-    include_str!("../../migrations/postgres/0009_stage_queue.sql"),
-    include_str!("../../migrations/postgres/0010_sandbox_network.sql"),
-    include_str!("../../migrations/postgres/0011_event_data.sql"),
-    include_str!("../../migrations/postgres/0012_e2b_grant.sql"),
-    include_str!("../../migrations/postgres/0013_sandbox_disk.sql"),
-    include_str!("../../migrations/postgres/0014_sandbox_claims.sql"),
-    include_str!("../../migrations/postgres/0015_pending_artifacts.sql"),
-    include_str!("../../migrations/postgres/0016_e2b_network.sql"),
-    include_str!("../../migrations/postgres/0017_e2b_templates.sql"),
-    include_str!("../../migrations/postgres/0018_tenants.sql"),
+    include_str!("../migrations/postgres/0001_sandboxes_images.sql"),
+    include_str!("../migrations/postgres/0002_snapshots.sql"),
+    include_str!("../migrations/postgres/0003_runs.sql"),
+    include_str!("../migrations/postgres/0004_api.sql"),
+    include_str!("../migrations/postgres/0005_e2b.sql"),
+    include_str!("../migrations/postgres/0006_sessions.sql"),
+    include_str!("../migrations/postgres/0007_decisions.sql"),
+    include_str!("../migrations/postgres/0008_snapshot_durability.sql"),
+    include_str!("../migrations/postgres/0009_stage_queue.sql"),
+    include_str!("../migrations/postgres/0010_sandbox_network.sql"),
+    include_str!("../migrations/postgres/0011_event_data.sql"),
+    include_str!("../migrations/postgres/0012_e2b_grant.sql"),
+    include_str!("../migrations/postgres/0013_sandbox_disk.sql"),
+    include_str!("../migrations/postgres/0014_sandbox_claims.sql"),
+    include_str!("../migrations/postgres/0015_pending_artifacts.sql"),
+    include_str!("../migrations/postgres/0016_e2b_network.sql"),
+    include_str!("../migrations/postgres/0017_e2b_templates.sql"),
+    include_str!("../migrations/postgres/0018_tenants.sql"),
 ];
 
 /// Serialises migrations (and the home claim) between processes opening
@@ -169,7 +169,7 @@ pub fn server_version(target: &PostgresTarget) -> Result<String, StateError> {
 }
 
 /// The URL with any password replaced by `***`, for error messages.
-pub(crate) fn redact(url: &str) -> String {
+pub fn redact(url: &str) -> String {
     let Some((scheme, rest)) = url.split_once("://") else {
         return url.to_string();
     };

@@ -1,15 +1,32 @@
-//! The state store: sandboxes, images, snapshots (here) and pipeline
-//! records (`pipeline::records`), written once as SQL over a [`Backend`],
-//! on SQLite (embedded, the default) or PostgreSQL (`--state postgres://…`).
+//! The state store: sandboxes, images, snapshots (here) and every other
+//! table's typed rows (runs and stages in [`runs`], the queue in [`queue`],
+//! sessions and their logs in [`sessions`] and [`session_log`], tenants,
+//! tokens, E2B's tables), written once as SQL over a [`Backend`], on SQLite
+//! (embedded, the default) or PostgreSQL (`--state postgres://…`). Plain
+//! rows: nothing here knows the engine, pipelines or sessions above it.
 //!
 //! Every change that touches several rows is one transaction; every
 //! lifecycle move is a compare-and-set (`UPDATE … WHERE state = $from`), so
 //! of two processes racing for one transition exactly one wins and the
 //! other gets [`StateError::Conflict`].
 
+pub mod access;
 pub mod backend;
+pub mod e2b;
+pub mod e2b_templates;
+pub mod failpoint;
+pub mod home;
+pub mod lineage;
+pub mod network;
 pub mod postgresql;
+pub mod queue;
+pub mod runs;
+pub mod session_log;
+pub mod sessions;
 pub mod sqlite;
+pub mod tenants;
+#[cfg(feature = "test-support")]
+pub mod testing;
 
 use std::collections::{HashMap, HashSet};
 use std::fmt;
@@ -19,12 +36,11 @@ use std::sync::{Mutex, MutexGuard};
 
 use serde::Serialize;
 
-pub(crate) use backend::params;
 pub use backend::{Backend, BackendError, BackendKind, Row, Value};
 use postgresql::{Claimant, PostgresBackend, PostgresTarget};
 use sqlite::SqliteBackend;
 
-use crate::Home;
+pub use home::Home;
 
 #[derive(Debug, thiserror::Error)]
 pub enum StateError {
@@ -289,6 +305,14 @@ impl StateLocation {
     }
 }
 
+/// The queue job a connection's commits belong to, and the claim they
+/// hold ([`queue`]: every commit of a stage's outcome checks it).
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+pub struct Fence {
+    pub job: String,
+    pub epoch: i64,
+}
+
 /// The state store: one connection, used by one engine at a time.
 pub struct Db {
     backend: Mutex<Box<dyn Backend>>,
@@ -298,7 +322,7 @@ pub struct Db {
     home_id: String,
     /// The queue job this connection's stage outcomes commit under, if a
     /// worker runs them: each commit checks it (see `queue`).
-    pub(crate) fence: Mutex<Option<crate::queue::Fence>>,
+    pub(crate) fence: Mutex<Option<Fence>>,
     /// The tenant this connection acts for (see `tenants`): rows it
     /// inserts are that tenant's. `None`: the administrator.
     pub(crate) tenant: Mutex<Option<String>>,
@@ -782,7 +806,7 @@ impl Db {
     }
 
     /// The union of the single text column each query selects.
-    pub(crate) fn strings(&self, queries: &[&str]) -> Result<HashSet<String>, StateError> {
+    pub fn strings(&self, queries: &[&str]) -> Result<HashSet<String>, StateError> {
         self.with(|b| {
             let mut out = HashSet::new();
             for sql in queries {
@@ -796,7 +820,7 @@ impl Db {
 }
 
 /// Inserts an image and its layer list (the name must be free).
-pub(crate) fn insert_image_rows(b: &mut dyn Backend, rec: &ImageRecord) -> Result<(), StateError> {
+pub fn insert_image_rows(b: &mut dyn Backend, rec: &ImageRecord) -> Result<(), StateError> {
     let config = rec
         .config
         .as_ref()
@@ -817,7 +841,7 @@ pub(crate) fn insert_image_rows(b: &mut dyn Backend, rec: &ImageRecord) -> Resul
 
 /// Inserts a snapshot unless one with its id (its manifest's hash, so the
 /// same snapshot) is recorded, and writes its layer list.
-pub(crate) fn insert_snapshot_rows(b: &mut dyn Backend, rec: &SnapshotRecord) -> Result<(), StateError> {
+pub fn insert_snapshot_rows(b: &mut dyn Backend, rec: &SnapshotRecord) -> Result<(), StateError> {
     b.execute(
         "INSERT INTO snapshots (id, parent_id, sandbox_id, image, driver, label, created_at, new_bytes,
          stored_bytes) VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9) ON CONFLICT (id) DO NOTHING",
@@ -962,4 +986,19 @@ fn complete(b: &mut dyn Backend, r: &mut SandboxRecord) -> Result<(), StateError
         .map(|row| Ok(row.get(0)?))
         .collect::<Result<_, StateError>>()?;
     Ok(())
+}
+
+/// `bytes` random bytes from the kernel, as lowercase hex.
+pub fn random_hex(bytes: usize) -> String {
+    let mut b = vec![0u8; bytes];
+    getrandom::getrandom(&mut b).expect("the kernel RNG is available");
+    b.iter().map(|x| format!("{x:02x}")).collect()
+}
+
+/// Milliseconds since the epoch, the unit of every time Cairn records.
+pub fn now_ms() -> i64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.as_millis() as i64)
+        .unwrap_or(0)
 }

@@ -12,7 +12,7 @@ use std::collections::HashSet;
 use std::sync::{Mutex, OnceLock};
 
 /// Stops this process the first time it reaches `name`, if armed.
-pub(crate) fn hit(name: &str) {
+pub fn hit(name: &str) {
     static ARMED: OnceLock<HashSet<String>> = OnceLock::new();
     static FIRED: Mutex<Vec<String>> = Mutex::new(Vec::new());
     let armed = ARMED.get_or_init(|| {

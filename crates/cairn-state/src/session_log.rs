@@ -11,7 +11,7 @@ use std::str::FromStr;
 
 use serde::{Deserialize, Serialize};
 
-use crate::state::{params, Backend, Db, Row, StateError, Value};
+use crate::{params, Backend, Db, Row, StateError, Value};
 
 /// The version of the canonical entry encoding the hash covers.
 pub const ENTRY_VERSION: u32 = 1;
@@ -237,7 +237,7 @@ fn entry_row(r: &Row) -> Result<Entry, StateError> {
 }
 
 /// Inserts one entry row as it is (seq, hash and time included).
-pub(crate) fn insert_entry_row(b: &mut dyn Backend, session: &str, e: &Entry) -> Result<(), StateError> {
+pub fn insert_entry_row(b: &mut dyn Backend, session: &str, e: &Entry) -> Result<(), StateError> {
     b.execute(
         &format!(
             "INSERT INTO session_entries (session_id, {ENTRY_COLUMNS})

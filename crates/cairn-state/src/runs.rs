@@ -2,8 +2,8 @@
 
 use serde::Serialize;
 
-use super::lineage::EventData;
-use crate::state::{params, Backend, Db, Row, StateError};
+use crate::lineage::EventData;
+use crate::{params, Backend, Db, Row, StateError};
 
 #[derive(Debug, Clone, Serialize)]
 pub struct RunRecord {
@@ -963,7 +963,7 @@ fn insert_dead_letter(b: &mut dyn Backend, d: &DeadLetter) -> Result<(), StateEr
     Ok(())
 }
 
-pub(crate) fn insert_event(
+pub fn insert_event(
     b: &mut dyn Backend,
     run: &str,
     stage: Option<&str>,
@@ -975,7 +975,7 @@ pub(crate) fn insert_event(
     insert_new_event(b, run, stage, branch, &NewEvent::text(kind, detail, snapshot))
 }
 
-pub(super) fn insert_new_event(
+pub fn insert_new_event(
     b: &mut dyn Backend,
     run: &str,
     stage: Option<&str>,
@@ -999,7 +999,7 @@ const ARTIFACT_UPSERT: &str = "ON CONFLICT (id) DO UPDATE SET run_id = excluded.
      branch = excluded.branch, path = excluded.path, size_bytes = excluded.size_bytes, \
      content_hash = excluded.content_hash, snapshot_id = excluded.snapshot_id";
 
-fn artifact_from_row(r: &crate::state::Row) -> Result<ArtifactRecord, StateError> {
+fn artifact_from_row(r: &crate::Row) -> Result<ArtifactRecord, StateError> {
     Ok(ArtifactRecord {
         id: r.get(0)?,
         run_id: r.get(1)?,
@@ -1014,7 +1014,7 @@ fn artifact_from_row(r: &crate::state::Row) -> Result<ArtifactRecord, StateError
 
 /// The claim a pending artifact is recorded under: the queue's job and
 /// epoch, or ('', 0) outside the queue.
-fn claim_of(fence: &Option<crate::queue::Fence>) -> (String, i64) {
+fn claim_of(fence: &Option<crate::Fence>) -> (String, i64) {
     fence
         .as_ref()
         .map(|f| (f.job.clone(), f.epoch))

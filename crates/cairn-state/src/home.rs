@@ -30,7 +30,7 @@ impl std::fmt::Debug for Home {
         // The state URL may hold a password.
         f.debug_struct("Home")
             .field("root", &self.root)
-            .field("state", &self.state.as_deref().map(crate::state::postgresql::redact))
+            .field("state", &self.state.as_deref().map(crate::postgresql::redact))
             .finish()
     }
 }

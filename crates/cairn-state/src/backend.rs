@@ -86,12 +86,12 @@ impl<T: Clone + Into<Value>> From<&Option<T>> for Value {
 }
 
 /// Binds a list of Rust values as `&[Value]`.
+#[macro_export]
 macro_rules! params {
     ($($v:expr),* $(,)?) => {
-        &[$($crate::state::Value::from($v)),*][..]
+        &[$($crate::Value::from($v)),*][..]
     };
 }
-pub(crate) use params;
 
 /// One result row.
 #[derive(Debug, Clone, PartialEq)]

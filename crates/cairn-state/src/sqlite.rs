@@ -28,24 +28,24 @@ use super::StateError;
 
 /// `PRAGMA user_version` counts the migrations applied.
 const MIGRATIONS: &[&str] = &[
-    include_str!("../../migrations/sqlite/0001_sandboxes_images.sql"),
-    include_str!("../../migrations/sqlite/0002_snapshots.sql"),
-    include_str!("../../migrations/sqlite/0003_runs.sql"),
-    include_str!("../../migrations/sqlite/0004_api.sql"),
-    include_str!("../../migrations/sqlite/0005_e2b.sql"),
-    include_str!("../../migrations/sqlite/0006_sessions.sql"),
-    include_str!("../../migrations/sqlite/0007_decisions.sql"),
-    include_str!("../../migrations/sqlite/0008_snapshot_durability.sql"),
-    include_str!("../../migrations/sqlite/0009_stage_queue.sql"),
-    include_str!("../../migrations/sqlite/0010_sandbox_network.sql"),
-    include_str!("../../migrations/sqlite/0011_event_data.sql"),
-    include_str!("../../migrations/sqlite/0012_e2b_grant.sql"),
-    include_str!("../../migrations/sqlite/0013_sandbox_disk.sql"),
-    include_str!("../../migrations/sqlite/0014_sandbox_claims.sql"),
-    include_str!("../../migrations/sqlite/0015_pending_artifacts.sql"),
-    include_str!("../../migrations/sqlite/0016_e2b_network.sql"),
-    include_str!("../../migrations/sqlite/0017_e2b_templates.sql"),
-    include_str!("../../migrations/sqlite/0018_tenants.sql"),
+    include_str!("../migrations/sqlite/0001_sandboxes_images.sql"),
+    include_str!("../migrations/sqlite/0002_snapshots.sql"),
+    include_str!("../migrations/sqlite/0003_runs.sql"),
+    include_str!("../migrations/sqlite/0004_api.sql"),
+    include_str!("../migrations/sqlite/0005_e2b.sql"),
+    include_str!("../migrations/sqlite/0006_sessions.sql"),
+    include_str!("../migrations/sqlite/0007_decisions.sql"),
+    include_str!("../migrations/sqlite/0008_snapshot_durability.sql"),
+    include_str!("../migrations/sqlite/0009_stage_queue.sql"),
+    include_str!("../migrations/sqlite/0010_sandbox_network.sql"),
+    include_str!("../migrations/sqlite/0011_event_data.sql"),
+    include_str!("../migrations/sqlite/0012_e2b_grant.sql"),
+    include_str!("../migrations/sqlite/0013_sandbox_disk.sql"),
+    include_str!("../migrations/sqlite/0014_sandbox_claims.sql"),
+    include_str!("../migrations/sqlite/0015_pending_artifacts.sql"),
+    include_str!("../migrations/sqlite/0016_e2b_network.sql"),
+    include_str!("../migrations/sqlite/0017_e2b_templates.sql"),
+    include_str!("../migrations/sqlite/0018_tenants.sql"),
 ];
 
 /// The WAL a closing process leaves as it is; a longer one is checkpointed.
@@ -161,7 +161,7 @@ fn migrate(conn: &mut Connection) -> Result<(), StateError> {
 /// numbered semantics; SQLite reads a bare `$1` as a *named* parameter,
 /// numbered by first appearance). Quoted strings and identifiers are
 /// copied as they are.
-pub(crate) fn sqlite_placeholders(sql: &str) -> String {
+pub fn sqlite_placeholders(sql: &str) -> String {
     let mut out = String::with_capacity(sql.len());
     let mut quote: Option<char> = None;
     let mut chars = sql.chars().peekable();
