@@ -22,9 +22,10 @@ pub mod record;
 use std::fs::File;
 use std::time::Duration;
 
-use cairn_engine::sessions::{EntryKind, LogRange, SessionOptions, SessionRecord};
 use cairn_engine::{Engine, EngineError, Home};
 use cairn_llm::{LlmError, ModelConfig, Reply, Stop, ToolCall, ToolDef};
+use cairn_session::prelude::*;
+use cairn_session::{EntryKind, LogRange, SessionOptions, SessionRecord};
 use cairn_tools::{ToolError, ToolProgress, Tools};
 use nix::fcntl::{Flock, FlockArg};
 use serde_json::{json, Value};
@@ -195,7 +196,7 @@ pub fn list(engine: &Engine) -> Result<Vec<(SessionRecord, AgentState)>, AgentEr
 pub fn find(engine: &Engine, key: &str) -> Result<(SessionRecord, AgentState), AgentError> {
     let s = match engine.session(key) {
         Ok(s) => s,
-        Err(EngineError::Session(cairn_engine::sessions::SessionError::NotFound(_))) => {
+        Err(e) if matches!(e.domain(), Some(cairn_session::SessionError::NotFound(_))) => {
             return Err(AgentError::NotFound(key.to_string()))
         }
         Err(e) => return Err(e.into()),
@@ -318,7 +319,7 @@ impl Loop<'_> {
         read(engine, &s)?.ok_or_else(|| AgentError::NotAnAgent(s.name.clone()))
     }
 
-    fn append(&self, engine: &Engine, e: cairn_engine::sessions::Entry) -> Result<(), AgentError> {
+    fn append(&self, engine: &Engine, e: cairn_session::Entry) -> Result<(), AgentError> {
         let s = engine.session(&self.session.id)?;
         engine.session_append(&s, e)?;
         Ok(())

@@ -14,8 +14,8 @@
 //! Other entries (a session tool's own `tool_call`/`tool_result` records
 //! under other roles) are the session's, not the conversation's.
 
-use cairn_engine::sessions::{Entry, EntryKind};
 use cairn_llm::{Conversation, ModelConfig, Price, Reply, ToolCall, ToolResult, Turn, Usage};
+use cairn_session::{Entry, EntryKind};
 use serde::{Deserialize, Serialize};
 
 pub const AGENT_ROLE: &str = "agent";

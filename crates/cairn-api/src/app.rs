@@ -7,6 +7,7 @@ use std::sync::{Arc, Mutex};
 
 use cairn_engine::{Engine, EngineError, Home};
 use cairn_sandbox::client::ExecControl;
+use cairn_session::prelude::*;
 use serde::Serialize;
 use tokio::sync::broadcast;
 use utoipa::ToSchema;
@@ -83,7 +84,7 @@ pub struct App {
     pub started_ms: i64,
     pool: Mutex<Vec<Engine>>,
     /// Session resumes prepared ahead, shared by the pool's engines.
-    pub warm_sessions: cairn_engine::sessions::WarmResumes,
+    pub warm_sessions: cairn_session::WarmResumes,
     busy: Mutex<HashSet<String>>,
     /// Processes started by streamed execs, for their stdin.
     processes: Mutex<HashMap<(String, i32), ExecControl>>,
@@ -185,7 +186,7 @@ impl App {
     pub fn open(home: Home, settings: Settings) -> Result<Arc<App>, EngineError> {
         let mut engine = Engine::open(home.clone())?;
         engine.keep_init_waiting();
-        let warm_sessions = cairn_engine::sessions::WarmResumes::new(settings.session_warm);
+        let warm_sessions = cairn_session::WarmResumes::new(settings.session_warm);
         engine.share_warm_resumes(warm_sessions.clone());
         let (events, _) = broadcast::channel(1024);
         let auth = Auth::start(home.clone());
@@ -212,7 +213,7 @@ impl App {
     }
 
     /// Prepares the resume of session `id`, just suspended, in the
-    /// background (see `cairn_engine::sessions::WarmResumes`): a gVisor
+    /// background (see `cairn_session::WarmResumes`): a gVisor
     /// session's next resume then only loads its image. A failure only
     /// means that resume is not faster.
     pub fn warm_session(self: &Arc<Self>, id: String) {

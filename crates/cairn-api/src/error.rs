@@ -10,6 +10,7 @@ use cairn_engine::pipeline::run::RunError;
 use cairn_engine::tenants::TenantError;
 use cairn_engine::{EngineError, ImageError, SnapshotError, StateError};
 use cairn_sandbox::client::ClientError;
+use cairn_session::{BundleError, SessionError};
 use serde::Serialize;
 use utoipa::ToSchema;
 
@@ -104,6 +105,37 @@ pub(crate) fn close_after_refused_body(resp: &mut Response) {
     }
 }
 
+/// The status an error of a layer above the engine (a session's, a
+/// bundle's) answers with.
+fn domain_status(e: &EngineError) -> StatusCode {
+    use StatusCode as S;
+    if let Some(b) = e.domain::<BundleError>() {
+        return match b {
+            BundleError::Io { .. } => S::INTERNAL_SERVER_ERROR,
+            BundleError::OverCap(_) => S::PAYLOAD_TOO_LARGE,
+            BundleError::SourceLog { .. } | BundleError::SourceSnapshot { .. } => S::CONFLICT,
+            _ => S::BAD_REQUEST,
+        };
+    }
+    if let Some(s) = e.domain::<SessionError>() {
+        use SessionError as E;
+        return match s {
+            E::NotFound(_) | E::NoSuchEntry { .. } => S::NOT_FOUND,
+            E::Ambiguous { .. } | E::BadName(_) | E::BadEntry(_) | E::Unsupported(_) => S::BAD_REQUEST,
+            E::NameTaken(_)
+            | E::InvalidTransition { .. }
+            | E::WrongState { .. }
+            | E::Conflict(_)
+            | E::Busy(_)
+            | E::Replay { .. }
+            | E::NothingToRewind { .. }
+            | E::HasForks { .. } => S::CONFLICT,
+            _ => S::INTERNAL_SERVER_ERROR,
+        };
+    }
+    S::INTERNAL_SERVER_ERROR
+}
+
 /// The status an engine error answers with.
 fn status_of(e: &EngineError) -> StatusCode {
     use StatusCode as S;
@@ -169,31 +201,7 @@ fn status_of(e: &EngineError) -> StatusCode {
             RunError::Model(_) => S::SERVICE_UNAVAILABLE,
             _ => S::INTERNAL_SERVER_ERROR,
         },
-        EngineError::Bundle(b) => {
-            use cairn_engine::sessions::BundleError as B;
-            match b {
-                B::Io { .. } => S::INTERNAL_SERVER_ERROR,
-                B::OverCap(_) => S::PAYLOAD_TOO_LARGE,
-                B::SourceLog { .. } | B::SourceSnapshot { .. } => S::CONFLICT,
-                _ => S::BAD_REQUEST,
-            }
-        }
-        EngineError::Session(s) => {
-            use cairn_engine::sessions::SessionError as E;
-            match s {
-                E::NotFound(_) | E::NoSuchEntry { .. } => S::NOT_FOUND,
-                E::Ambiguous { .. } | E::BadName(_) | E::BadEntry(_) | E::Unsupported(_) => S::BAD_REQUEST,
-                E::NameTaken(_)
-                | E::InvalidTransition { .. }
-                | E::WrongState { .. }
-                | E::Conflict(_)
-                | E::Busy(_)
-                | E::Replay { .. }
-                | E::NothingToRewind { .. }
-                | E::HasForks { .. } => S::CONFLICT,
-                _ => S::INTERNAL_SERVER_ERROR,
-            }
-        }
+        EngineError::Domain(_) => domain_status(e),
         EngineError::Access(a) => match a {
             AccessError::NoSuchToken(_) => S::NOT_FOUND,
             AccessError::BadTokenName(_) => S::BAD_REQUEST,

@@ -7,6 +7,7 @@ use std::path::PathBuf;
 use std::sync::Arc;
 
 use cairn_engine::Home;
+use cairn_session::prelude::*;
 use tokio::net::{TcpListener, UnixListener};
 
 use crate::app::{App, Settings};

@@ -20,9 +20,9 @@ use axum::http::{StatusCode, Uri};
 use axum::middleware::Next;
 use axum::response::{IntoResponse, Response};
 use cairn_engine::pipeline::run::RunError;
-use cairn_engine::sessions::SessionError;
 use cairn_engine::tenants::Owned;
 use cairn_engine::{DiffError, EngineError, ImageError, SnapshotError};
+use cairn_session::SessionError;
 
 use crate::app::App;
 use crate::error::{ApiError, ApiResult};

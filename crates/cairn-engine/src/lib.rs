@@ -17,10 +17,10 @@ pub mod images;
 mod memory_cache;
 pub mod names;
 pub mod network;
+pub mod objects;
 pub mod pipeline;
 pub mod queue;
 pub mod sandboxes;
-pub mod sessions;
 pub mod snapshot_view;
 pub mod snapshots;
 pub mod tenants;
@@ -64,15 +64,15 @@ pub enum EngineError {
     #[error(transparent)]
     Run(#[from] pipeline::run::RunError),
     #[error(transparent)]
-    Session(#[from] sessions::SessionError),
-    #[error(transparent)]
     Access(#[from] access::AccessError),
     #[error(transparent)]
     Tenant(#[from] tenants::TenantError),
     #[error(transparent)]
     Network(#[from] cairn_sandbox::net::NetError),
+    /// An error of a layer above the engine (a session's, a bundle's),
+    /// kept whole: [`EngineError::domain`] finds it by its type.
     #[error(transparent)]
-    Bundle(#[from] sessions::BundleError),
+    Domain(Box<dyn std::error::Error + Send + Sync>),
     #[error(transparent)]
     Diff(#[from] diff::DiffError),
     #[error("the state database names layer {0:?}, which is not a layer id; the database is damaged")]
@@ -132,6 +132,21 @@ pub enum EngineError {
     NotRoot,
 }
 
+impl EngineError {
+    /// The error of a layer above the engine this is, if it is one of type `E`.
+    pub fn domain<E: std::error::Error + 'static>(&self) -> Option<&E> {
+        match self {
+            EngineError::Domain(e) => e.downcast_ref::<E>(),
+            _ => None,
+        }
+    }
+}
+
+/// What layers above the engine keep with one engine, one value per type
+/// (a server's prepared session resumes, a worker's job slots).
+#[derive(Default)]
+pub struct Extensions(std::collections::HashMap<std::any::TypeId, Box<dyn std::any::Any + Send + Sync>>);
+
 /// Reports progress of long operations (image builds) to whoever watches.
 pub trait Progress {
     /// A new step began.
@@ -169,9 +184,8 @@ pub struct Engine {
     slots: Option<std::sync::Arc<worker::Slots>>,
     /// Where the last memory snapshot's time went.
     memory_phases: std::sync::Mutex<Option<snapshots::MemoryPhases>>,
-    /// Session resumes prepared ahead, shared with the process's other
-    /// engines (`cairn serve`); none kept by default.
-    warm: sessions::WarmResumes,
+    /// What layers above keep with this engine ([`Engine::extension`]).
+    extensions: Extensions,
 }
 
 impl Engine {
@@ -227,7 +241,7 @@ impl Engine {
             model_override: Default::default(),
             slots: None,
             memory_phases: std::sync::Mutex::new(None),
-            warm: sessions::WarmResumes::default(),
+            extensions: Extensions::default(),
         };
         if !start_init_ahead {
             engine.reconciled = engine.reconcile()?;
@@ -244,6 +258,32 @@ impl Engine {
 
     pub fn home(&self) -> &Home {
         &self.home
+    }
+
+    /// The state store.
+    pub fn db(&self) -> &state::Db {
+        &self.db
+    }
+
+    /// The chunk store: snapshots' manifests and files, memory images,
+    /// session payloads, artifacts.
+    pub fn store(&self) -> &ChunkStore<StoreBackend> {
+        &self.store
+    }
+
+    /// The local layers.
+    pub fn layers(&self) -> &LayerStore {
+        &self.layers
+    }
+
+    /// What a layer above the engine keeps with it, of type `T`.
+    pub fn extension<T: Send + Sync + 'static>(&self) -> Option<&T> {
+        self.extensions.0.get(&std::any::TypeId::of::<T>())?.downcast_ref::<T>()
+    }
+
+    /// Keeps `value` with this engine, replacing the `T` kept before.
+    pub fn set_extension<T: Send + Sync + 'static>(&mut self, value: T) {
+        self.extensions.0.insert(std::any::TypeId::of::<T>(), Box::new(value));
     }
 }
 
@@ -263,7 +303,8 @@ fn private(root: &std::path::Path) -> Result<(), EngineError> {
     Ok(())
 }
 
-pub(crate) fn layer_id(s: &str) -> Result<LayerId, EngineError> {
+/// A layer id the state store names; one that is not is a damaged database.
+pub fn layer_id(s: &str) -> Result<LayerId, EngineError> {
     s.parse().map_err(|_| EngineError::BadLayerId(s.to_string()))
 }
 

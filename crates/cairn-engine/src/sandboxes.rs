@@ -143,7 +143,9 @@ fn valid_hostname(name: &str) -> bool {
         && name.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'-')
 }
 
-pub(crate) fn me() -> (i32, u64) {
+/// This process: its pid and start time, as rows that name an owner
+/// (a sandbox's, a session's) record it.
+pub fn me() -> (i32, u64) {
     let pid = std::process::id() as i32;
     (pid, pid_start_time(pid).unwrap_or(0))
 }
@@ -1054,7 +1056,7 @@ fn default_disk() -> Result<Option<u64>, EngineError> {
     }
 }
 
-pub(crate) fn process_of(rec: &SandboxRecord) -> Option<SandboxProcess> {
+pub fn process_of(rec: &SandboxRecord) -> Option<SandboxProcess> {
     Some(SandboxProcess {
         pid: rec.pid?,
         start_time: rec.pid_start?,

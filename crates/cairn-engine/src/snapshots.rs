@@ -323,7 +323,7 @@ impl Engine {
     /// Locks the chunk store: shared for writers of snapshots, images and
     /// artifacts (until their rows exist), exclusive for its garbage
     /// collector.
-    pub(crate) fn lock_store(&self, exclusive: bool) -> Result<Flock<File>, EngineError> {
+    pub fn lock_store(&self, exclusive: bool) -> Result<Flock<File>, EngineError> {
         let path = self.home.store_lock();
         let lock_err = |source: std::io::Error| SnapshotError::Lock {
             path: path.clone(),
@@ -1434,7 +1434,7 @@ impl Engine {
     /// (layer indexes' file chunks, snapshots' memory images, payloads'
     /// chunk lists). Reads each root, so a missing or corrupt one is an
     /// error. The collector keeps these; a session export copies them.
-    pub(crate) fn reachable_objects(
+    pub fn reachable_objects(
         &self,
         layers: &HashSet<String>,
         snapshots: &[SnapshotRecord],
@@ -1457,7 +1457,7 @@ impl Engine {
         for p in payloads {
             let Ok(h) = p.parse::<ChunkHash>() else { continue };
             let context = ReadContext::new().owner("session payload", h);
-            let object: crate::sessions::ops::PayloadObject =
+            let object: crate::objects::PayloadObject =
                 self.store.get_object(&h, &context).map_err(SnapshotError::from)?;
             live.push(h);
             live.extend(object.content.chunk_hashes());
@@ -1482,7 +1482,7 @@ impl Engine {
         for a in artifacts {
             let Ok(h) = a.id.parse::<ChunkHash>() else { continue };
             let context = ReadContext::new().owner("artifact", h).path(a.path.clone());
-            let object: crate::pipeline::artifacts::ArtifactObject =
+            let object: crate::objects::ArtifactObject =
                 self.store.get_object(&h, &context).map_err(SnapshotError::from)?;
             live.push(h);
             live.extend(object.content.chunk_hashes());

@@ -104,8 +104,14 @@ impl Engine {
     /// Removes a tenant: its tokens stop working at once (401), and what it
     /// still owns goes to the administrator. Refused while it owns
     /// sandboxes or open sessions, unless `force`, which removes those
-    /// sandboxes and closes those sessions first.
-    pub fn remove_tenant(&mut self, name: &str, force: bool) -> Result<(), EngineError> {
+    /// sandboxes and closes those sessions (`close_session`, the session
+    /// layer's close) first.
+    pub fn remove_tenant_with(
+        &mut self,
+        name: &str,
+        force: bool,
+        close_session: &mut dyn FnMut(&mut Engine, &str) -> Result<(), EngineError>,
+    ) -> Result<(), EngineError> {
         let t = self.tenant(name)?;
         let sandboxes = self.db.owned(Owned::Sandbox, &t.name)?;
         let its_sessions = self.db.owned(Owned::Session, &t.name)?;
@@ -113,7 +119,7 @@ impl Engine {
             .db
             .sessions()?
             .into_iter()
-            .filter(|s| s.state != crate::sessions::SessionState::Closed && its_sessions.contains(&s.id))
+            .filter(|s| s.state != crate::state::sessions::SessionState::Closed && its_sessions.contains(&s.id))
             .collect();
         if !force && (!sandboxes.is_empty() || !sessions.is_empty()) {
             let mut what = Vec::new();
@@ -130,7 +136,7 @@ impl Engine {
             .into());
         }
         for s in sessions {
-            self.close_session(&s.id, false)?;
+            close_session(self, &s.id)?;
         }
         let removed = self.db.owned(Owned::Sandbox, &t.name)?;
         for id in &removed {

@@ -23,6 +23,7 @@ use std::time::{Duration, Instant};
 use cairn_engine::pipeline::lineage::EventData;
 use cairn_engine::pipeline::run::Quiet;
 use cairn_engine::{Engine, EngineError, Home};
+use cairn_session::prelude::*;
 use serde::Serialize;
 use serde_json::{json, Value};
 
@@ -225,7 +226,7 @@ impl Tools {
                 reason,
             } => self.with_engine(|e| {
                 let snap = e.snapshot_record(&snapshot_id)?;
-                let opts = cairn_engine::sessions::SessionOptions {
+                let opts = cairn_session::SessionOptions {
                     name,
                     image: None,
                     driver: None,

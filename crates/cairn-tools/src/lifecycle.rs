@@ -3,8 +3,9 @@
 //! session service. Each records who asked and why in the session's
 //! context log, as a note (a fork's reason is the fork's own record).
 
-use cairn_engine::sessions::{Entry, EntryKind, SessionOptions, SessionRecord};
 use cairn_engine::Engine;
+use cairn_session::prelude::*;
+use cairn_session::{Entry, EntryKind, SessionOptions, SessionRecord};
 use serde_json::{json, Value};
 
 use crate::args::Lifecycle;

@@ -2,9 +2,9 @@
 
 use anyhow::{bail, Context, Result};
 use cairn_agent::{AgentState, NewAgent, Outcome, PipelineStart, Start, Status, Watch};
-use cairn_engine::sessions::SessionRecord;
 use cairn_engine::{Engine, Home};
 use cairn_llm::{ModelConfig, Price, ProviderKind};
+use cairn_session::SessionRecord;
 use serde_json::json;
 
 use crate::cli::{AgentCommand, ModelArgs};

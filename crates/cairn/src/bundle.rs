@@ -6,6 +6,7 @@ use std::path::Path;
 
 use anyhow::{bail, Context, Result};
 use cairn_engine::Engine;
+use cairn_session::prelude::*;
 
 use crate::progress::Steps;
 

@@ -13,6 +13,7 @@ use cairn_protocol::{FileKind, FileMeta};
 use cairn_sandbox::client::InitClient;
 use cairn_sandbox::limits::{DiskSize, MemorySize};
 use cairn_sandbox::Limits;
+use cairn_session::prelude::*;
 
 use crate::cli::{Cli, Command, ImageCommand, ImageKind, LimitArgs, ProcessArgs, SandboxArgs, SnapshotCommand};
 use crate::host_files::{print_log, temporary_beside};

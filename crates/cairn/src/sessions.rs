@@ -4,8 +4,9 @@
 use std::io::{self, Write};
 
 use anyhow::{bail, Context, Result};
-use cairn_engine::sessions::{Entry, EntryKind, LogRange, SessionOptions, SessionRecord};
 use cairn_engine::Engine;
+use cairn_session::prelude::*;
+use cairn_session::{Entry, EntryKind, LogRange, SessionOptions, SessionRecord};
 
 use crate::cli::SessionCommand;
 use crate::progress::Steps;

@@ -1,7 +1,7 @@
 //! Wire types of the session routes, mapped from the engine's session
 //! records and log entries.
 
-use cairn_engine::sessions::{Entry, Rewind, SessionRecord, Verified};
+use cairn_session::{Entry, Rewind, SessionRecord, Verified};
 use serde::{Deserialize, Serialize};
 use utoipa::{IntoParams, ToSchema};
 

@@ -10,6 +10,7 @@ use axum::extract::{Path, Query, State};
 use axum::http::{HeaderValue, StatusCode};
 use axum::response::Response;
 use axum::Json;
+use cairn_session::prelude::*;
 
 use super::files::{check_path, mode_of, spool, streamed, QueryResult};
 use crate::app::App;

@@ -20,9 +20,10 @@ use axum::response::sse::{Event, KeepAlive, Sse};
 use axum::response::Response;
 use axum::Json;
 use base64::Engine as _;
-use cairn_engine::sessions::{Entry, EntryKind, LogRange, SessionOptions, SessionRecord, SessionState};
 use cairn_engine::{Engine, Silent};
 use cairn_protocol::ExecRequest;
+use cairn_session::prelude::*;
+use cairn_session::{Entry, EntryKind, LogRange, SessionOptions, SessionRecord, SessionState};
 use futures_util::stream::Stream;
 use tokio::sync::mpsc;
 

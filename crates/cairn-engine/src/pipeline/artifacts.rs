@@ -4,27 +4,14 @@
 use std::fs;
 use std::io::Write;
 
-use cairn_store::{ChunkHash, FileContent, Framed};
-use serde::{Deserialize, Serialize};
+use cairn_store::ChunkHash;
 
 use super::records::{ArtifactRecord, RunRecord};
 use super::run::RunError;
 use super::spec::Stage;
 use crate::{Engine, EngineError};
 
-/// The chunk list of an artifact, stored as an object.
-#[derive(Debug, Clone, Serialize, Deserialize)]
-pub struct ArtifactObject {
-    pub path: String,
-    pub content: FileContent,
-}
-
-impl Framed for ArtifactObject {
-    const MAGIC: [u8; 8] = *b"CAIRNART";
-    const VERSION: u32 = 1;
-    const MAX_PAYLOAD: u64 = 64 << 20;
-    const NAME: &'static str = "artifact";
-}
+pub use crate::objects::ArtifactObject;
 
 impl Engine {
     pub(super) fn collect_artifact(

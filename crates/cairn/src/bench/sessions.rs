@@ -9,10 +9,11 @@ use std::io::{self, Write};
 use std::time::Instant;
 
 use anyhow::{bail, Context, Result};
-use cairn_engine::sessions::SessionRecord;
-use cairn_engine::sessions::{Entry, EntryKind, LogRange, SessionOptions};
 use cairn_engine::{CreateOptions, Engine, Silent};
 use cairn_protocol::ExecRequest;
+use cairn_session::prelude::*;
+use cairn_session::SessionRecord;
+use cairn_session::{Entry, EntryKind, LogRange, SessionOptions};
 
 use super::{summarize, Bench, Measurement};
 
@@ -126,7 +127,7 @@ impl RawSqlite {
             e.result,
             e.exit_status,
             cairn_engine::now_ms(),
-            cairn_engine::sessions::GENESIS,
+            cairn_session::GENESIS,
         ])?;
         tx.commit()?;
         self.next += 1;

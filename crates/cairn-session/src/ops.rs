@@ -7,15 +7,17 @@ use std::io::Write;
 
 use nix::fcntl::{Flock, FlockArg};
 
+use cairn_engine::objects::PayloadObject;
 use cairn_protocol::ExecRequest;
-use cairn_store::{ChunkHash, FileContent, Framed, ReadContext};
-use serde::{Deserialize, Serialize};
+use cairn_store::{ChunkHash, ReadContext};
+use serde::Serialize;
 
 use super::log::{Order, Segment};
 use super::{Entry, EntryKind, SessionError, SessionRecord, SessionState, GENESIS, INLINE_MAX};
-use crate::sandboxes::me;
-use crate::state::{SandboxState, StateError};
-use crate::{CreateOptions, Engine, EngineError, Progress, SandboxRecord};
+use crate::steps::*;
+use cairn_engine::sandboxes::me;
+use cairn_engine::state::{SandboxState, StateError};
+use cairn_engine::{CreateOptions, Engine, EngineError, Progress, SandboxRecord};
 
 /// What `cairn session create` asks for.
 #[derive(Debug, Clone, Default)]
@@ -77,19 +79,6 @@ pub struct Verified {
     pub first_bad: Option<(u64, String)>,
 }
 
-/// A log payload too large for its row, in the chunk store.
-#[derive(Debug, Clone, Serialize, Deserialize)]
-pub struct PayloadObject {
-    pub content: FileContent,
-}
-
-impl Framed for PayloadObject {
-    const MAGIC: [u8; 8] = *b"CAIRNPAY";
-    const VERSION: u32 = 1;
-    const MAX_PAYLOAD: u64 = 64 << 20;
-    const NAME: &'static str = "session payload";
-}
-
 /// The newest bytes of a stream, at most `cap`.
 struct Tail {
     bytes: VecDeque<u8>,
@@ -133,13 +122,13 @@ impl Write for Tee<'_> {
 pub(crate) type Hidden = Vec<(u64, u64)>;
 
 pub(crate) fn new_session_id() -> String {
-    crate::random_hex(6)
+    cairn_engine::random_hex(6)
 }
 
 /// Whether a sandbox runs: its row says so and its init is there (a
 /// long-lived server sees an init die without a command reconciling rows).
 fn alive(r: &SandboxRecord) -> bool {
-    r.state == SandboxState::Running && crate::sandboxes::process_of(r).is_some_and(|p| p.alive())
+    r.state == SandboxState::Running && cairn_engine::sandboxes::process_of(r).is_some_and(|p| p.alive())
 }
 
 /// The name of a session's sandbox (one at a time).
@@ -161,7 +150,7 @@ pub(super) fn session_sandbox_options(s: &SessionRecord, id: &str) -> CreateOpti
 }
 
 pub(crate) fn valid_name(name: &str) -> bool {
-    crate::names::valid(name)
+    cairn_engine::names::valid(name)
 }
 
 fn conflict(e: StateError, id: &str) -> EngineError {
@@ -171,10 +160,142 @@ fn conflict(e: StateError, id: &str) -> EngineError {
     }
 }
 
-impl Engine {
+/// Sessions: create, exec, suspend and resume, fork, rewind, close; the\nlog read back and verified.
+pub trait SessionOps {
     /// Finds a session by name, id or unique id prefix.
-    pub fn session(&self, key: &str) -> Result<SessionRecord, EngineError> {
-        let mut found = self.db.find_sessions(key)?;
+    fn session(&self, key: &str) -> Result<SessionRecord, EngineError>;
+
+    fn sessions(&self) -> Result<Vec<SessionRecord>, EngineError>;
+
+    /// Creates a session and its sandbox. On error nothing is left.
+    fn create_session(&mut self, opts: &SessionOptions, progress: &dyn Progress) -> Result<SessionRecord, EngineError>;
+
+    /// Creates a session whose sandbox is restored from `snap` (files;
+    /// memory too for a gVisor memory snapshot); its log starts with a
+    /// `note` naming the snapshot, with `content`, so that suspend, resume
+    /// and recovery start from it rather than from the image.
+    fn create_session_from(
+        &mut self,
+        opts: &SessionOptions,
+        snap: &cairn_engine::SnapshotRecord,
+        content: &str,
+    ) -> Result<SessionRecord, EngineError>;
+
+    /// Appends one entry (large payloads go to the chunk store).
+    fn session_append(&self, s: &SessionRecord, entry: Entry) -> Result<Entry, EngineError>;
+
+    /// Appends many entries in one transaction (a bulk load). Each must
+    /// fit its row: a payload above 64 KiB is refused, not stored aside.
+    fn session_append_batch(&self, s: &SessionRecord, entries: &[Entry]) -> Result<Vec<Entry>, EngineError>;
+
+    /// Reads the live log (abandoned entries are skipped), with payloads.
+    fn session_log(&self, s: &SessionRecord, range: LogRange) -> Result<Vec<Entry>, EngineError>;
+
+    /// Walks the whole chain (abandoned entries included, they are linked
+    /// too) and names the first entry that is tampered with or missing.
+    fn verify_session(&self, s: &SessionRecord) -> Result<Verified, EngineError>;
+
+    /// Runs a command in the session's sandbox and records a `tool_call`
+    /// and a `tool_result` entry. A suspended session is resumed first; a
+    /// sandbox that died is restored from the newest snapshot with a
+    /// `recovered` entry naming the calls whose effects were lost.
+    fn session_exec(
+        &mut self,
+        key: &str,
+        argv: Vec<String>,
+        stdout: &mut dyn Write,
+        stderr: &mut dyn Write,
+    ) -> Result<ExecOutcome, EngineError>;
+
+    /// [`Engine::session_exec`] with an environment, a working directory
+    /// and a timeout; all of them go into the call's arguments, so a
+    /// replay runs the same command the same way. Stdin and detached
+    /// commands are refused: the log could not record what they did.
+    fn session_exec_request(
+        &mut self,
+        key: &str,
+        req: ExecRequest,
+        stdout: &mut dyn Write,
+        stderr: &mut dyn Write,
+    ) -> Result<ExecOutcome, EngineError>;
+
+    /// [`Engine::session_exec_request`] with `notes` (who asked, the reason
+    /// a model gave) recorded among the call's arguments; a replay runs the
+    /// command alone.
+    fn session_exec_noted(
+        &mut self,
+        key: &str,
+        req: ExecRequest,
+        notes: serde_json::Map<String, serde_json::Value>,
+        stdout: &mut dyn Write,
+        stderr: &mut dyn Write,
+    ) -> Result<ExecOutcome, EngineError>;
+
+    /// Appends an entry given by a caller (the CLI, the API). A `user`
+    /// message to a suspended session also resumes it, so the machine is
+    /// ready when the agent acts on the message: the entry is recorded
+    /// first, and a resume that fails leaves the session `failed` with its
+    /// error (the next call reports it) without losing the message.
+    fn append_entry(&mut self, key: &str, entry: Entry) -> Result<Entry, EngineError>;
+
+    /// Snapshots a session's sandbox while it keeps running (resuming a
+    /// suspended session first) and records the snapshot in its log as a
+    /// note with `content`: a point a stage can fork and the session can be
+    /// forked or rewound to.
+    fn snapshot_session(
+        &mut self,
+        key: &str,
+        label: Option<&str>,
+        content: &str,
+    ) -> Result<cairn_engine::SnapshotRecord, EngineError>;
+
+    /// Snapshots the sandbox, records the snapshot in the log, removes the
+    /// sandbox. The snapshot is recorded before the sandbox goes, so a kill
+    /// at any instant leaves the sandbox or the snapshot to resume from.
+    /// A session busy with a command (or another suspend or resume) is
+    /// [`SessionError::Busy`]: suspend does not wait for a command that may
+    /// run for hours.
+    fn suspend_session(&mut self, key: &str) -> Result<SessionRecord, EngineError>;
+
+    /// Suspends every active session idle for its idle timeout (no change
+    /// to it for that long, and no command running in it), as of `now`
+    /// (milliseconds since the epoch). A session that is busy is left for
+    /// the next round. Returns the ids suspended and the failures.
+    fn suspend_idle_sessions(&mut self, now: i64) -> Result<IdleSweep, EngineError>;
+
+    /// Gives a suspended session a sandbox again: its running sandbox if an
+    /// interrupted suspend left one, else a restore of its newest snapshot.
+    /// Also finishes a suspend or resume whose process died, and retries a
+    /// failed resume.
+    fn resume_session(&mut self, key: &str) -> Result<SessionRecord, EngineError>;
+
+    /// A new session whose log is the parent's live log up to `at` (shared,
+    /// not copied) and whose sandbox is a restore of the snapshot recorded
+    /// at or before `at` (or a fresh one from the image if none was).
+    fn fork_session(
+        &mut self,
+        key: &str,
+        at: u64,
+        reason: &str,
+        name: Option<String>,
+    ) -> Result<SessionRecord, EngineError>;
+
+    /// Moves the live branch back to entry `to`: the later entries stay in
+    /// the log (and in its chain), abandoned; new entries follow them.
+    fn rewind_session(&self, key: &str, to: u64) -> Result<super::Rewind, EngineError>;
+
+    /// Closes a session: its sandbox goes; its log stays unless `purge`.
+    fn close_session(&mut self, key: &str, purge: bool) -> Result<SessionRecord, EngineError>;
+
+    /// Removes a tenant ([`Engine::remove_tenant_with`]): refused while it
+    /// owns sandboxes or open sessions, unless `force`, which removes those
+    /// sandboxes and closes those sessions first.
+    fn remove_tenant(&mut self, name: &str, force: bool) -> Result<(), EngineError>;
+}
+
+impl SessionOps for Engine {
+    fn session(&self, key: &str) -> Result<SessionRecord, EngineError> {
+        let mut found = self.db().find_sessions(key)?;
         match found.len() {
             0 => Err(SessionError::NotFound(key.to_string()).into()),
             1 => Ok(found.remove(0)),
@@ -186,30 +307,21 @@ impl Engine {
         }
     }
 
-    pub fn sessions(&self) -> Result<Vec<SessionRecord>, EngineError> {
-        Ok(self.db.sessions()?)
+    fn sessions(&self) -> Result<Vec<SessionRecord>, EngineError> {
+        Ok(self.db().sessions()?)
     }
 
-    /// Creates a session and its sandbox. On error nothing is left.
-    pub fn create_session(
-        &mut self,
-        opts: &SessionOptions,
-        progress: &dyn Progress,
-    ) -> Result<SessionRecord, EngineError> {
+    fn create_session(&mut self, opts: &SessionOptions, progress: &dyn Progress) -> Result<SessionRecord, EngineError> {
         self.new_session(opts, None, progress)
     }
 
-    /// Creates a session whose sandbox is restored from `snap` (files;
-    /// memory too for a gVisor memory snapshot); its log starts with a
-    /// `note` naming the snapshot, with `content`, so that suspend, resume
-    /// and recovery start from it rather than from the image.
-    pub fn create_session_from(
+    fn create_session_from(
         &mut self,
         opts: &SessionOptions,
-        snap: &crate::SnapshotRecord,
+        snap: &cairn_engine::SnapshotRecord,
         content: &str,
     ) -> Result<SessionRecord, EngineError> {
-        let rec = self.new_session(opts, Some(snap), &crate::Silent)?;
+        let rec = self.new_session(opts, Some(snap), &cairn_engine::Silent)?;
         let mut note = Entry::new(EntryKind::Note);
         note.content = Some(format!("restored snapshot {}: {content}", snap.id));
         note.snapshot_id = Some(snap.id.clone());
@@ -220,81 +332,7 @@ impl Engine {
         self.session(&rec.id)
     }
 
-    fn new_session(
-        &mut self,
-        opts: &SessionOptions,
-        from: Option<&crate::SnapshotRecord>,
-        progress: &dyn Progress,
-    ) -> Result<SessionRecord, EngineError> {
-        let id = new_session_id();
-        let name = opts
-            .name
-            .clone()
-            .map(|n| self.qualified(n))
-            .unwrap_or_else(|| format!("session-{id}"));
-        if !valid_name(&name) {
-            return Err(SessionError::BadName(name).into());
-        }
-        if !self.db.find_sessions(&name)?.iter().all(|s| s.name != name) {
-            return Err(SessionError::NameTaken(name).into());
-        }
-        let network = opts.network.clone().filter(|n| n.egress);
-        let create = CreateOptions {
-            image: opts.image.clone(),
-            driver: opts.driver.clone(),
-            name: Some(sandbox_name(&id)),
-            network: Some(network.clone().unwrap_or_default()),
-            ..CreateOptions::default()
-        };
-        let sandbox = match from {
-            Some(snap) => self.restore(snap, &create)?,
-            None => self.create_sandbox(&create, progress)?,
-        };
-        let now = crate::now_ms();
-        let owner = me();
-        let rec = SessionRecord {
-            id,
-            name: name.clone(),
-            state: SessionState::Active,
-            image: sandbox.image.clone(),
-            driver: sandbox.driver.clone(),
-            network,
-            sandbox_id: Some(sandbox.id.clone()),
-            snapshot_id: None,
-            snapshot_seq: None,
-            idle_timeout_ms: opts.idle_timeout_ms,
-            parent_id: None,
-            fork_seq: None,
-            fork_reason: None,
-            fork_rewinds: 0,
-            head_seq: 0,
-            head_hash: GENESIS.to_string(),
-            rewinds: 0,
-            owner_pid: owner.0,
-            owner_start: owner.1,
-            error: None,
-            created_at: now,
-            updated_at: now,
-        };
-        self.record_new_session(&rec, &sandbox)?;
-        Ok(rec)
-    }
-
-    /// Records a new session whose sandbox is made; if that fails (a name
-    /// taken meanwhile), the sandbox goes, so nothing is left.
-    fn record_new_session(&mut self, rec: &SessionRecord, sandbox: &SandboxRecord) -> Result<(), EngineError> {
-        if let Err(e) = self.db.insert_session(rec) {
-            let _ = self.remove_sandbox(sandbox, true);
-            return Err(match e {
-                StateError::NameTaken(n) => SessionError::NameTaken(n).into(),
-                other => other.into(),
-            });
-        }
-        Ok(())
-    }
-
-    /// Appends one entry (large payloads go to the chunk store).
-    pub fn session_append(&self, s: &SessionRecord, entry: Entry) -> Result<Entry, EngineError> {
+    fn session_append(&self, s: &SessionRecord, entry: Entry) -> Result<Entry, EngineError> {
         if s.state == SessionState::Closed {
             return Err(SessionError::WrongState {
                 id: s.id.clone(),
@@ -321,15 +359,13 @@ impl Engine {
             entry.result_ref = Some(self.put_payload(entry.result.take().unwrap_or_default())?);
         }
         let mut out = self
-            .db
+            .db()
             .append_entries(&s.id, &[entry])
             .map_err(|e| conflict(e, &s.id))?;
         Ok(out.remove(0))
     }
 
-    /// Appends many entries in one transaction (a bulk load). Each must
-    /// fit its row: a payload above 64 KiB is refused, not stored aside.
-    pub fn session_append_batch(&self, s: &SessionRecord, entries: &[Entry]) -> Result<Vec<Entry>, EngineError> {
+    fn session_append_batch(&self, s: &SessionRecord, entries: &[Entry]) -> Result<Vec<Entry>, EngineError> {
         if s.state == SessionState::Closed {
             return Err(SessionError::WrongState {
                 id: s.id.clone(),
@@ -358,88 +394,26 @@ impl Engine {
                     .map_err(|err| SessionError::BadEntry(format!("arguments are not JSON: {err}")))?;
             }
         }
-        self.db.append_entries(&s.id, entries).map_err(|e| conflict(e, &s.id))
+        self.db().append_entries(&s.id, entries).map_err(|e| conflict(e, &s.id))
     }
 
-    fn put_payload(&self, text: String) -> Result<String, EngineError> {
-        let content = self
-            .store
-            .store_reader(text.as_bytes())
-            .map_err(crate::SnapshotError::from)?;
-        let id = self
-            .store
-            .put_object(&PayloadObject { content })
-            .map_err(crate::SnapshotError::from)?;
-        Ok(id.to_string())
-    }
-
-    fn get_payload(&self, s: &str, seq: u64, hash: &str) -> Result<String, EngineError> {
-        let fail = |reason: String| SessionError::Payload {
-            id: s.to_string(),
-            seq,
-            hash: hash.to_string(),
-            reason,
-        };
-        let h: ChunkHash = hash.parse().map_err(|_| fail("not a content hash".into()))?;
-        let ctx = ReadContext::new().owner("session payload", h);
-        let object: PayloadObject = self.store.get_object(&h, &ctx).map_err(|e| fail(e.to_string()))?;
-        let mut out = Vec::new();
-        self.store
-            .read_to_writer(&object.content, &mut out, &ctx)
-            .map_err(|e| fail(e.to_string()))?;
-        String::from_utf8(out).map_err(|_| fail("not UTF-8".into()).into())
-    }
-
-    /// The segments of a session's lineage, oldest first, and the seq
-    /// ranges its rewinds (and its ancestors', as they were when it forked)
-    /// hide.
-    pub(crate) fn lineage(&self, s: &SessionRecord) -> Result<(Vec<Segment>, Hidden), EngineError> {
-        let mut segments = Vec::new();
-        let mut hidden = Vec::new();
-        let mut cur = s.clone();
-        // A rewind of an ancestor hides entries only below the fork it
-        // passed down through, and only if it was made before that fork.
-        let (mut cap, mut limit) = (u64::MAX, u64::MAX);
-        loop {
-            let lo = cur.fork_seq.unwrap_or(0);
-            segments.push(Segment {
-                session: cur.id.clone(),
-                lo,
-                hi: cap.min(cur.head_seq),
-            });
-            for r in self.db.rewinds(&cur.id)? {
-                if r.n <= limit && r.to_seq < cap {
-                    hidden.push((r.to_seq, r.head_seq.min(cap)));
-                }
-            }
-            let Some(parent) = cur.parent_id.clone() else { break };
-            cap = cap.min(lo);
-            limit = cur.fork_rewinds;
-            cur = self
-                .db
-                .session_by_id(&parent)?
-                .ok_or_else(|| StateError::Damaged(format!("session {} names a missing parent {parent}", cur.id)))?;
-        }
-        segments.reverse();
-        Ok((segments, hidden))
-    }
-
-    /// Reads the live log (abandoned entries are skipped), with payloads.
-    pub fn session_log(&self, s: &SessionRecord, range: LogRange) -> Result<Vec<Entry>, EngineError> {
+    fn session_log(&self, s: &SessionRecord, range: LogRange) -> Result<Vec<Entry>, EngineError> {
         let (segments, hidden) = self.lineage(s)?;
         let mut out = match range {
             LogRange::From { from, count } => {
-                self.db
+                self.db()
                     .read_entries(&segments, &hidden, Order::Ascending { from }, count, false)?
             }
             LogRange::Tail(n) => {
-                let mut v = self.db.read_entries(&segments, &hidden, Order::Descending, n, false)?;
+                let mut v = self
+                    .db()
+                    .read_entries(&segments, &hidden, Order::Descending, n, false)?;
                 v.reverse();
                 v
             }
             LogRange::Before { before, count } => {
                 let mut v = self
-                    .db
+                    .db()
                     .read_entries(&segments, &hidden, Order::Below { before }, count, false)?;
                 v.reverse();
                 v
@@ -456,39 +430,7 @@ impl Engine {
         Ok(out)
     }
 
-    /// Whether `seq` is on the session's live branch (0 always is).
-    fn live_entry(&self, s: &SessionRecord, seq: u64) -> Result<Option<Entry>, EngineError> {
-        if seq == 0 {
-            return Ok(None);
-        }
-        let found = self.session_log(s, LogRange::From { from: seq, count: 1 })?;
-        match found.into_iter().next() {
-            Some(e) if e.seq == seq => Ok(Some(e)),
-            _ => Err(SessionError::NoSuchEntry {
-                id: s.id.clone(),
-                seq,
-                head: s.head_seq,
-            }
-            .into()),
-        }
-    }
-
-    /// The newest live entry at or before `seq` that records a snapshot.
-    pub(super) fn snapshot_at(&self, s: &SessionRecord, seq: u64) -> Result<Option<Entry>, EngineError> {
-        let (mut segments, hidden) = self.lineage(s)?;
-        for seg in &mut segments {
-            seg.hi = seg.hi.min(seq);
-        }
-        Ok(self
-            .db
-            .read_entries(&segments, &hidden, Order::Descending, 1, true)?
-            .into_iter()
-            .next())
-    }
-
-    /// Walks the whole chain (abandoned entries included, they are linked
-    /// too) and names the first entry that is tampered with or missing.
-    pub fn verify_session(&self, s: &SessionRecord) -> Result<Verified, EngineError> {
+    fn verify_session(&self, s: &SessionRecord) -> Result<Verified, EngineError> {
         let mut segments = Vec::new();
         let mut cur = s.clone();
         let mut cap = u64::MAX;
@@ -502,7 +444,7 @@ impl Engine {
             let Some(parent) = cur.parent_id.clone() else { break };
             cap = cap.min(lo);
             cur = self
-                .db
+                .db()
                 .session_by_id(&parent)?
                 .ok_or_else(|| StateError::Damaged(format!("session {} names a missing parent {parent}", cur.id)))?;
         }
@@ -518,7 +460,7 @@ impl Engine {
         };
         for seg in &segments {
             loop {
-                let rows = self.db.raw_entries(seg, expected, 1000)?;
+                let rows = self.db().raw_entries(seg, expected, 1000)?;
                 if rows.is_empty() {
                     break;
                 }
@@ -551,11 +493,221 @@ impl Engine {
         })
     }
 
-    /// The session's sandbox if it is running.
-    pub(super) fn session_sandbox(&self, s: &SessionRecord) -> Option<SandboxRecord> {
-        let id = s.sandbox_id.as_deref()?;
-        self.sandbox(id).ok().filter(|r| r.id == id)
+    fn session_exec(
+        &mut self,
+        key: &str,
+        argv: Vec<String>,
+        stdout: &mut dyn Write,
+        stderr: &mut dyn Write,
+    ) -> Result<ExecOutcome, EngineError> {
+        let req = ExecRequest {
+            argv,
+            env: Vec::new(),
+            cwd: None,
+            stdin: false,
+            timeout_ms: None,
+            detach: false,
+            user: None,
+        };
+        self.session_exec_request(key, req, stdout, stderr)
     }
+
+    fn session_exec_request(
+        &mut self,
+        key: &str,
+        req: ExecRequest,
+        stdout: &mut dyn Write,
+        stderr: &mut dyn Write,
+    ) -> Result<ExecOutcome, EngineError> {
+        self.session_exec_noted(key, req, serde_json::Map::new(), stdout, stderr)
+    }
+
+    fn session_exec_noted(
+        &mut self,
+        key: &str,
+        req: ExecRequest,
+        notes: serde_json::Map<String, serde_json::Value>,
+        stdout: &mut dyn Write,
+        stderr: &mut dyn Write,
+    ) -> Result<ExecOutcome, EngineError> {
+        if req.stdin || req.detach {
+            return Err(SessionError::Unsupported(
+                "a session's exec takes no stdin and cannot detach (the log records each call's output and status); write input to a file first, or run a background command in a plain sandbox",
+            )
+            .into());
+        }
+        if req.argv.is_empty() {
+            return Err(SessionError::Unsupported("exec needs a command").into());
+        }
+        let live = self.live_session(key)?;
+        self.exec_live(&live, req, notes, stdout, stderr)
+    }
+
+    fn append_entry(&mut self, key: &str, entry: Entry) -> Result<Entry, EngineError> {
+        let s = self.session(key)?;
+        let wake = entry.kind == EntryKind::User && s.state == SessionState::Suspended;
+        let entry = self.session_append(&s, entry)?;
+        if wake {
+            if let Err(e) = self.live_session(&s.id) {
+                tracing::warn!(session = %s.id, error = %e, "resuming on a user message failed");
+            }
+        }
+        Ok(entry)
+    }
+
+    fn snapshot_session(
+        &mut self,
+        key: &str,
+        label: Option<&str>,
+        content: &str,
+    ) -> Result<cairn_engine::SnapshotRecord, EngineError> {
+        let live = self.live_session(key)?;
+        let snap = self.snapshot(&live.sandbox, label)?;
+        let mut note = Entry::new(EntryKind::Note);
+        note.content = Some(format!("snapshot {}: {content}", snap.id));
+        note.snapshot_id = Some(snap.id.clone());
+        self.session_append(&live.session, note)?;
+        Ok(snap)
+    }
+
+    fn suspend_session(&mut self, key: &str) -> Result<SessionRecord, EngineError> {
+        let id = self.session(key)?.id;
+        let _held = self.lock_unless_running(&id)?;
+        let s = self.session(&id)?;
+        self.suspend_held(&s)
+    }
+
+    fn suspend_idle_sessions(&mut self, now: i64) -> Result<IdleSweep, EngineError> {
+        let mut sweep = IdleSweep::default();
+        for candidate in self.db().idle_sessions(now)? {
+            let Some(_held) = self.lock_session(&candidate.id, true, false)? else {
+                continue;
+            };
+            // Looked at again under the lock: a call may have ended since.
+            let s = self.session(&candidate.id)?;
+            let idle = s.idle_timeout_ms.is_some_and(|t| s.updated_at + t as i64 <= now);
+            if s.state != SessionState::Active || !idle {
+                continue;
+            }
+            match self.suspend_held(&s) {
+                Ok(_) => sweep.suspended.push(s.id),
+                Err(e) => sweep.failed.push((s.id, e.to_string())),
+            }
+        }
+        Ok(sweep)
+    }
+
+    fn resume_session(&mut self, key: &str) -> Result<SessionRecord, EngineError> {
+        let s = self.session(key)?;
+        if s.state == SessionState::Active {
+            return Err(SessionError::WrongState {
+                id: s.id.clone(),
+                state: s.state,
+                hint: "it is already running",
+            }
+            .into());
+        }
+        // Waits for a suspend or resume in flight to finish, then looks again.
+        let _held = self
+            .lock_session(&s.id, true, true)?
+            .ok_or_else(|| SessionError::Busy(s.id.clone()))?;
+        let s = self.session(&s.id)?;
+        self.resume_held(&s)
+    }
+
+    fn fork_session(
+        &mut self,
+        key: &str,
+        at: u64,
+        reason: &str,
+        name: Option<String>,
+    ) -> Result<SessionRecord, EngineError> {
+        let id = self.session(key)?.id;
+        self.as_owner_of(cairn_engine::tenants::Owned::Session, &id, |e| {
+            e.fork_owned_session(&id, at, reason, name)
+        })
+    }
+
+    fn rewind_session(&self, key: &str, to: u64) -> Result<super::Rewind, EngineError> {
+        let s = self.session(key)?;
+        if s.state == SessionState::Closed {
+            return Err(SessionError::WrongState {
+                id: s.id.clone(),
+                state: s.state,
+                hint: "a closed session's log is read-only",
+            }
+            .into());
+        }
+        self.live_entry(&s, to)?;
+        let last = self.session_log(&s, LogRange::Tail(1))?;
+        if last.first().is_none_or(|e| e.seq <= to) {
+            return Err(SessionError::NothingToRewind { id: s.id, seq: to }.into());
+        }
+        self.db()
+            .add_rewind(&s.id, to, s.head_seq)
+            .map_err(|e| conflict(e, &s.id))
+    }
+
+    fn remove_tenant(&mut self, name: &str, force: bool) -> Result<(), EngineError> {
+        self.remove_tenant_with(name, force, &mut |engine, id| engine.close_session(id, false).map(drop))
+    }
+
+    fn close_session(&mut self, key: &str, purge: bool) -> Result<SessionRecord, EngineError> {
+        let id = self.session(key)?.id;
+        let _held = self.lock_unless_running(&id)?;
+        let s = self.session(&id)?;
+        if purge {
+            let children = self.db().session_children(&s.id)?;
+            if !children.is_empty() {
+                return Err(SessionError::HasForks { id: s.id, children }.into());
+            }
+        }
+        if s.state != SessionState::Closed {
+            self.claim(&s, SessionState::Closed, me())?;
+        }
+        if let Some(sandbox) = self.session_sandbox(&s) {
+            self.remove_sandbox(&sandbox, true)?;
+        }
+        if purge {
+            self.db().delete_session(&s.id)?;
+            let _ = std::fs::remove_file(self.home().session_lock(&s.id));
+        }
+        Ok(SessionRecord {
+            state: SessionState::Closed,
+            ..s
+        })
+    }
+}
+
+pub(crate) trait OpsSteps {
+    fn new_session(
+        &mut self,
+        opts: &SessionOptions,
+        from: Option<&cairn_engine::SnapshotRecord>,
+        progress: &dyn Progress,
+    ) -> Result<SessionRecord, EngineError>;
+
+    /// Records a new session whose sandbox is made; if that fails (a name
+    /// taken meanwhile), the sandbox goes, so nothing is left.
+    fn record_new_session(&mut self, rec: &SessionRecord, sandbox: &SandboxRecord) -> Result<(), EngineError>;
+
+    fn put_payload(&self, text: String) -> Result<String, EngineError>;
+
+    fn get_payload(&self, s: &str, seq: u64, hash: &str) -> Result<String, EngineError>;
+
+    /// The segments of a session's lineage, oldest first, and the seq
+    /// ranges its rewinds (and its ancestors', as they were when it forked)
+    /// hide.
+    fn lineage(&self, s: &SessionRecord) -> Result<(Vec<Segment>, Hidden), EngineError>;
+
+    /// Whether `seq` is on the session's live branch (0 always is).
+    fn live_entry(&self, s: &SessionRecord, seq: u64) -> Result<Option<Entry>, EngineError>;
+
+    /// The newest live entry at or before `seq` that records a snapshot.
+    fn snapshot_at(&self, s: &SessionRecord, seq: u64) -> Result<Option<Entry>, EngineError>;
+
+    /// The session's sandbox if it is running.
+    fn session_sandbox(&self, s: &SessionRecord) -> Option<SandboxRecord>;
 
     /// A sandbox for session `id` (of `s`'s image and driver) from a
     /// snapshot, or fresh from the image when there is none. It is named
@@ -564,7 +716,227 @@ impl Engine {
     /// A restore prepared ahead for the session (see `warm.rs`) is used
     /// when it restores that snapshot; if it fails, the snapshot is
     /// restored the ordinary way.
-    pub(super) fn sandbox_from(
+    fn sandbox_from(
+        &mut self,
+        s: &SessionRecord,
+        id: &str,
+        snapshot: Option<&str>,
+    ) -> Result<SandboxRecord, EngineError>;
+
+    /// The session's lock, exclusive, for an operation that does not wait
+    /// for a command (which may run for hours): [`SessionError::Busy`]
+    /// while one runs. A suspended session runs none; its lock is held
+    /// only for a moment (a resume being prepared ahead, see `warm.rs`, or
+    /// a resume starting), which is waited for.
+    fn lock_unless_running(&self, id: &str) -> Result<Flock<File>, EngineError>;
+
+    /// The session's lock. Calls on its sandbox (exec, file calls) hold it
+    /// shared for their whole run; suspend, resume, recovery and close hold
+    /// it exclusive, so a sandbox is never taken from under a command.
+    /// `Ok(None)` when `wait` is false and it is held otherwise. The lock
+    /// goes with its process, however that dies.
+    fn lock_session(&self, id: &str, exclusive: bool, wait: bool) -> Result<Option<Flock<File>>, EngineError>;
+
+    /// The session held for a call on its sandbox: a suspended session is
+    /// resumed first, a sandbox that died is restored from the newest
+    /// snapshot with a `recovered` entry naming the calls whose effects
+    /// were lost. The session cannot be suspended or closed while the
+    /// returned [`Live`] is held.
+    fn live_session(&mut self, key: &str) -> Result<Live, EngineError>;
+
+    /// [`Engine::session_exec`] on a session already held; `extra` goes
+    /// into the call's arguments beside `argv`.
+    fn exec_live(
+        &mut self,
+        live: &Live,
+        req: ExecRequest,
+        extra: serde_json::Map<String, serde_json::Value>,
+        stdout: &mut dyn Write,
+        stderr: &mut dyn Write,
+    ) -> Result<ExecOutcome, EngineError>;
+
+    fn suspend_held(&mut self, s: &SessionRecord) -> Result<SessionRecord, EngineError>;
+
+    /// Moves an active session to `to`, owned by `mine`.
+    fn claim(&self, s: &SessionRecord, to: SessionState, mine: (i32, u64)) -> Result<(), EngineError>;
+
+    fn resume_held(&mut self, s: &SessionRecord) -> Result<SessionRecord, EngineError>;
+
+    fn fork_owned_session(
+        &mut self,
+        key: &str,
+        at: u64,
+        reason: &str,
+        name: Option<String>,
+    ) -> Result<SessionRecord, EngineError>;
+}
+
+impl OpsSteps for Engine {
+    fn new_session(
+        &mut self,
+        opts: &SessionOptions,
+        from: Option<&cairn_engine::SnapshotRecord>,
+        progress: &dyn Progress,
+    ) -> Result<SessionRecord, EngineError> {
+        let id = new_session_id();
+        let name = opts
+            .name
+            .clone()
+            .map(|n| self.qualified(n))
+            .unwrap_or_else(|| format!("session-{id}"));
+        if !valid_name(&name) {
+            return Err(SessionError::BadName(name).into());
+        }
+        if !self.db().find_sessions(&name)?.iter().all(|s| s.name != name) {
+            return Err(SessionError::NameTaken(name).into());
+        }
+        let network = opts.network.clone().filter(|n| n.egress);
+        let create = CreateOptions {
+            image: opts.image.clone(),
+            driver: opts.driver.clone(),
+            name: Some(sandbox_name(&id)),
+            network: Some(network.clone().unwrap_or_default()),
+            ..CreateOptions::default()
+        };
+        let sandbox = match from {
+            Some(snap) => self.restore(snap, &create)?,
+            None => self.create_sandbox(&create, progress)?,
+        };
+        let now = cairn_engine::now_ms();
+        let owner = me();
+        let rec = SessionRecord {
+            id,
+            name: name.clone(),
+            state: SessionState::Active,
+            image: sandbox.image.clone(),
+            driver: sandbox.driver.clone(),
+            network,
+            sandbox_id: Some(sandbox.id.clone()),
+            snapshot_id: None,
+            snapshot_seq: None,
+            idle_timeout_ms: opts.idle_timeout_ms,
+            parent_id: None,
+            fork_seq: None,
+            fork_reason: None,
+            fork_rewinds: 0,
+            head_seq: 0,
+            head_hash: GENESIS.to_string(),
+            rewinds: 0,
+            owner_pid: owner.0,
+            owner_start: owner.1,
+            error: None,
+            created_at: now,
+            updated_at: now,
+        };
+        self.record_new_session(&rec, &sandbox)?;
+        Ok(rec)
+    }
+
+    fn record_new_session(&mut self, rec: &SessionRecord, sandbox: &SandboxRecord) -> Result<(), EngineError> {
+        if let Err(e) = self.db().insert_session(rec) {
+            let _ = self.remove_sandbox(sandbox, true);
+            return Err(match e {
+                StateError::NameTaken(n) => SessionError::NameTaken(n).into(),
+                other => other.into(),
+            });
+        }
+        Ok(())
+    }
+
+    fn put_payload(&self, text: String) -> Result<String, EngineError> {
+        let content = self
+            .store()
+            .store_reader(text.as_bytes())
+            .map_err(cairn_engine::SnapshotError::from)?;
+        let id = self
+            .store()
+            .put_object(&PayloadObject { content })
+            .map_err(cairn_engine::SnapshotError::from)?;
+        Ok(id.to_string())
+    }
+
+    fn get_payload(&self, s: &str, seq: u64, hash: &str) -> Result<String, EngineError> {
+        let fail = |reason: String| SessionError::Payload {
+            id: s.to_string(),
+            seq,
+            hash: hash.to_string(),
+            reason,
+        };
+        let h: ChunkHash = hash.parse().map_err(|_| fail("not a content hash".into()))?;
+        let ctx = ReadContext::new().owner("session payload", h);
+        let object: PayloadObject = self.store().get_object(&h, &ctx).map_err(|e| fail(e.to_string()))?;
+        let mut out = Vec::new();
+        self.store()
+            .read_to_writer(&object.content, &mut out, &ctx)
+            .map_err(|e| fail(e.to_string()))?;
+        String::from_utf8(out).map_err(|_| fail("not UTF-8".into()).into())
+    }
+
+    fn lineage(&self, s: &SessionRecord) -> Result<(Vec<Segment>, Hidden), EngineError> {
+        let mut segments = Vec::new();
+        let mut hidden = Vec::new();
+        let mut cur = s.clone();
+        // A rewind of an ancestor hides entries only below the fork it
+        // passed down through, and only if it was made before that fork.
+        let (mut cap, mut limit) = (u64::MAX, u64::MAX);
+        loop {
+            let lo = cur.fork_seq.unwrap_or(0);
+            segments.push(Segment {
+                session: cur.id.clone(),
+                lo,
+                hi: cap.min(cur.head_seq),
+            });
+            for r in self.db().rewinds(&cur.id)? {
+                if r.n <= limit && r.to_seq < cap {
+                    hidden.push((r.to_seq, r.head_seq.min(cap)));
+                }
+            }
+            let Some(parent) = cur.parent_id.clone() else { break };
+            cap = cap.min(lo);
+            limit = cur.fork_rewinds;
+            cur = self
+                .db()
+                .session_by_id(&parent)?
+                .ok_or_else(|| StateError::Damaged(format!("session {} names a missing parent {parent}", cur.id)))?;
+        }
+        segments.reverse();
+        Ok((segments, hidden))
+    }
+
+    fn live_entry(&self, s: &SessionRecord, seq: u64) -> Result<Option<Entry>, EngineError> {
+        if seq == 0 {
+            return Ok(None);
+        }
+        let found = self.session_log(s, LogRange::From { from: seq, count: 1 })?;
+        match found.into_iter().next() {
+            Some(e) if e.seq == seq => Ok(Some(e)),
+            _ => Err(SessionError::NoSuchEntry {
+                id: s.id.clone(),
+                seq,
+                head: s.head_seq,
+            }
+            .into()),
+        }
+    }
+
+    fn snapshot_at(&self, s: &SessionRecord, seq: u64) -> Result<Option<Entry>, EngineError> {
+        let (mut segments, hidden) = self.lineage(s)?;
+        for seg in &mut segments {
+            seg.hi = seg.hi.min(seq);
+        }
+        Ok(self
+            .db()
+            .read_entries(&segments, &hidden, Order::Descending, 1, true)?
+            .into_iter()
+            .next())
+    }
+
+    fn session_sandbox(&self, s: &SessionRecord) -> Option<SandboxRecord> {
+        let id = s.sandbox_id.as_deref()?;
+        self.sandbox(id).ok().filter(|r| r.id == id)
+    }
+
+    fn sandbox_from(
         &mut self,
         s: &SessionRecord,
         id: &str,
@@ -574,7 +946,7 @@ impl Engine {
         let warm = self.take_warm_resume(id, snapshot);
         let warm_id = warm.as_ref().map(|p| p.sandbox().id.clone());
         let name = self.qualified(sandbox_name(id));
-        for leftover in self.db.find_sandboxes(&name)? {
+        for leftover in self.db().find_sandboxes(&name)? {
             if leftover.name == name && Some(&leftover.id) != warm_id.as_ref() {
                 self.remove_sandbox(&leftover, true)?;
             }
@@ -593,15 +965,10 @@ impl Engine {
                 let snap = self.snapshot_record(id)?;
                 self.restore(&snap, &opts)
             }
-            None => self.create_sandbox(&opts, &crate::Silent),
+            None => self.create_sandbox(&opts, &cairn_engine::Silent),
         }
     }
 
-    /// The session's lock, exclusive, for an operation that does not wait
-    /// for a command (which may run for hours): [`SessionError::Busy`]
-    /// while one runs. A suspended session runs none; its lock is held
-    /// only for a moment (a resume being prepared ahead, see `warm.rs`, or
-    /// a resume starting), which is waited for.
     fn lock_unless_running(&self, id: &str) -> Result<Flock<File>, EngineError> {
         if let Some(held) = self.lock_session(id, true, false)? {
             return Ok(held);
@@ -614,19 +981,9 @@ impl Engine {
         Err(SessionError::Busy(id.to_string()).into())
     }
 
-    /// The session's lock. Calls on its sandbox (exec, file calls) hold it
-    /// shared for their whole run; suspend, resume, recovery and close hold
-    /// it exclusive, so a sandbox is never taken from under a command.
-    /// `Ok(None)` when `wait` is false and it is held otherwise. The lock
-    /// goes with its process, however that dies.
-    pub(crate) fn lock_session(
-        &self,
-        id: &str,
-        exclusive: bool,
-        wait: bool,
-    ) -> Result<Option<Flock<File>>, EngineError> {
-        let path = self.home.session_lock(id);
-        let lock_err = |source: std::io::Error| crate::SnapshotError::Lock {
+    fn lock_session(&self, id: &str, exclusive: bool, wait: bool) -> Result<Option<Flock<File>>, EngineError> {
+        let path = self.home().session_lock(id);
+        let lock_err = |source: std::io::Error| cairn_engine::SnapshotError::Lock {
             path: path.clone(),
             source,
         };
@@ -651,12 +1008,7 @@ impl Engine {
         }
     }
 
-    /// The session held for a call on its sandbox: a suspended session is
-    /// resumed first, a sandbox that died is restored from the newest
-    /// snapshot with a `recovered` entry naming the calls whose effects
-    /// were lost. The session cannot be suspended or closed while the
-    /// returned [`Live`] is held.
-    pub(crate) fn live_session(&mut self, key: &str) -> Result<Live, EngineError> {
+    fn live_session(&mut self, key: &str) -> Result<Live, EngineError> {
         let id = self.session(key)?.id;
         let mut recovered = None;
         for _ in 0..4 {
@@ -712,70 +1064,7 @@ impl Engine {
         Err(SessionError::Conflict(id).into())
     }
 
-    /// Runs a command in the session's sandbox and records a `tool_call`
-    /// and a `tool_result` entry. A suspended session is resumed first; a
-    /// sandbox that died is restored from the newest snapshot with a
-    /// `recovered` entry naming the calls whose effects were lost.
-    pub fn session_exec(
-        &mut self,
-        key: &str,
-        argv: Vec<String>,
-        stdout: &mut dyn Write,
-        stderr: &mut dyn Write,
-    ) -> Result<ExecOutcome, EngineError> {
-        let req = ExecRequest {
-            argv,
-            env: Vec::new(),
-            cwd: None,
-            stdin: false,
-            timeout_ms: None,
-            detach: false,
-            user: None,
-        };
-        self.session_exec_request(key, req, stdout, stderr)
-    }
-
-    /// [`Engine::session_exec`] with an environment, a working directory
-    /// and a timeout; all of them go into the call's arguments, so a
-    /// replay runs the same command the same way. Stdin and detached
-    /// commands are refused: the log could not record what they did.
-    pub fn session_exec_request(
-        &mut self,
-        key: &str,
-        req: ExecRequest,
-        stdout: &mut dyn Write,
-        stderr: &mut dyn Write,
-    ) -> Result<ExecOutcome, EngineError> {
-        self.session_exec_noted(key, req, serde_json::Map::new(), stdout, stderr)
-    }
-
-    /// [`Engine::session_exec_request`] with `notes` (who asked, the reason
-    /// a model gave) recorded among the call's arguments; a replay runs the
-    /// command alone.
-    pub fn session_exec_noted(
-        &mut self,
-        key: &str,
-        req: ExecRequest,
-        notes: serde_json::Map<String, serde_json::Value>,
-        stdout: &mut dyn Write,
-        stderr: &mut dyn Write,
-    ) -> Result<ExecOutcome, EngineError> {
-        if req.stdin || req.detach {
-            return Err(SessionError::Unsupported(
-                "a session's exec takes no stdin and cannot detach (the log records each call's output and status); write input to a file first, or run a background command in a plain sandbox",
-            )
-            .into());
-        }
-        if req.argv.is_empty() {
-            return Err(SessionError::Unsupported("exec needs a command").into());
-        }
-        let live = self.live_session(key)?;
-        self.exec_live(&live, req, notes, stdout, stderr)
-    }
-
-    /// [`Engine::session_exec`] on a session already held; `extra` goes
-    /// into the call's arguments beside `argv`.
-    pub(super) fn exec_live(
+    fn exec_live(
         &mut self,
         live: &Live,
         req: ExecRequest,
@@ -840,79 +1129,6 @@ impl Engine {
         })
     }
 
-    /// Appends an entry given by a caller (the CLI, the API). A `user`
-    /// message to a suspended session also resumes it, so the machine is
-    /// ready when the agent acts on the message: the entry is recorded
-    /// first, and a resume that fails leaves the session `failed` with its
-    /// error (the next call reports it) without losing the message.
-    pub fn append_entry(&mut self, key: &str, entry: Entry) -> Result<Entry, EngineError> {
-        let s = self.session(key)?;
-        let wake = entry.kind == EntryKind::User && s.state == SessionState::Suspended;
-        let entry = self.session_append(&s, entry)?;
-        if wake {
-            if let Err(e) = self.live_session(&s.id) {
-                tracing::warn!(session = %s.id, error = %e, "resuming on a user message failed");
-            }
-        }
-        Ok(entry)
-    }
-
-    /// Snapshots a session's sandbox while it keeps running (resuming a
-    /// suspended session first) and records the snapshot in its log as a
-    /// note with `content`: a point a stage can fork and the session can be
-    /// forked or rewound to.
-    pub fn snapshot_session(
-        &mut self,
-        key: &str,
-        label: Option<&str>,
-        content: &str,
-    ) -> Result<crate::SnapshotRecord, EngineError> {
-        let live = self.live_session(key)?;
-        let snap = self.snapshot(&live.sandbox, label)?;
-        let mut note = Entry::new(EntryKind::Note);
-        note.content = Some(format!("snapshot {}: {content}", snap.id));
-        note.snapshot_id = Some(snap.id.clone());
-        self.session_append(&live.session, note)?;
-        Ok(snap)
-    }
-
-    /// Snapshots the sandbox, records the snapshot in the log, removes the
-    /// sandbox. The snapshot is recorded before the sandbox goes, so a kill
-    /// at any instant leaves the sandbox or the snapshot to resume from.
-    /// A session busy with a command (or another suspend or resume) is
-    /// [`SessionError::Busy`]: suspend does not wait for a command that may
-    /// run for hours.
-    pub fn suspend_session(&mut self, key: &str) -> Result<SessionRecord, EngineError> {
-        let id = self.session(key)?.id;
-        let _held = self.lock_unless_running(&id)?;
-        let s = self.session(&id)?;
-        self.suspend_held(&s)
-    }
-
-    /// Suspends every active session idle for its idle timeout (no change
-    /// to it for that long, and no command running in it), as of `now`
-    /// (milliseconds since the epoch). A session that is busy is left for
-    /// the next round. Returns the ids suspended and the failures.
-    pub fn suspend_idle_sessions(&mut self, now: i64) -> Result<IdleSweep, EngineError> {
-        let mut sweep = IdleSweep::default();
-        for candidate in self.db.idle_sessions(now)? {
-            let Some(_held) = self.lock_session(&candidate.id, true, false)? else {
-                continue;
-            };
-            // Looked at again under the lock: a call may have ended since.
-            let s = self.session(&candidate.id)?;
-            let idle = s.idle_timeout_ms.is_some_and(|t| s.updated_at + t as i64 <= now);
-            if s.state != SessionState::Active || !idle {
-                continue;
-            }
-            match self.suspend_held(&s) {
-                Ok(_) => sweep.suspended.push(s.id),
-                Err(e) => sweep.failed.push((s.id, e.to_string())),
-            }
-        }
-        Ok(sweep)
-    }
-
     fn suspend_held(&mut self, s: &SessionRecord) -> Result<SessionRecord, EngineError> {
         let s = s.clone();
         if s.state != SessionState::Active {
@@ -945,7 +1161,7 @@ impl Engine {
             let sandbox = self.sandbox(&sandbox.id)?;
             self.remove_sandbox(&sandbox, true)?;
         }
-        if !self.db.move_session(
+        if !self.db().move_session(
             &s.id,
             SessionState::Suspending,
             mine,
@@ -959,7 +1175,6 @@ impl Engine {
         self.session(&s.id)
     }
 
-    /// Moves an active session to `to`, owned by `mine`.
     fn claim(&self, s: &SessionRecord, to: SessionState, mine: (i32, u64)) -> Result<(), EngineError> {
         if !s.state.valid_transition(to) {
             return Err(SessionError::InvalidTransition {
@@ -969,7 +1184,7 @@ impl Engine {
             }
             .into());
         }
-        if !self.db.move_session(
+        if !self.db().move_session(
             &s.id,
             s.state,
             (s.owner_pid, s.owner_start),
@@ -981,28 +1196,6 @@ impl Engine {
             return Err(SessionError::Conflict(s.id.clone()).into());
         }
         Ok(())
-    }
-
-    /// Gives a suspended session a sandbox again: its running sandbox if an
-    /// interrupted suspend left one, else a restore of its newest snapshot.
-    /// Also finishes a suspend or resume whose process died, and retries a
-    /// failed resume.
-    pub fn resume_session(&mut self, key: &str) -> Result<SessionRecord, EngineError> {
-        let s = self.session(key)?;
-        if s.state == SessionState::Active {
-            return Err(SessionError::WrongState {
-                id: s.id.clone(),
-                state: s.state,
-                hint: "it is already running",
-            }
-            .into());
-        }
-        // Waits for a suspend or resume in flight to finish, then looks again.
-        let _held = self
-            .lock_session(&s.id, true, true)?
-            .ok_or_else(|| SessionError::Busy(s.id.clone()))?;
-        let s = self.session(&s.id)?;
-        self.resume_held(&s)
     }
 
     fn resume_held(&mut self, s: &SessionRecord) -> Result<SessionRecord, EngineError> {
@@ -1036,7 +1229,7 @@ impl Engine {
                 match self.sandbox_from(&s, &s.id, newest.as_deref().or(s.snapshot_id.as_deref())) {
                     Ok(r) => r,
                     Err(e) => {
-                        let _ = self.db.move_session(
+                        let _ = self.db().move_session(
                             &s.id,
                             SessionState::Resuming,
                             mine,
@@ -1050,7 +1243,7 @@ impl Engine {
                 }
             }
         };
-        if !self.db.move_session(
+        if !self.db().move_session(
             &s.id,
             SessionState::Resuming,
             mine,
@@ -1063,22 +1256,6 @@ impl Engine {
             return Err(SessionError::Conflict(s.id.clone()).into());
         }
         self.session(&s.id)
-    }
-
-    /// A new session whose log is the parent's live log up to `at` (shared,
-    /// not copied) and whose sandbox is a restore of the snapshot recorded
-    /// at or before `at` (or a fresh one from the image if none was).
-    pub fn fork_session(
-        &mut self,
-        key: &str,
-        at: u64,
-        reason: &str,
-        name: Option<String>,
-    ) -> Result<SessionRecord, EngineError> {
-        let id = self.session(key)?.id;
-        self.as_owner_of(crate::tenants::Owned::Session, &id, |e| {
-            e.fork_owned_session(&id, at, reason, name)
-        })
     }
 
     fn fork_owned_session(
@@ -1118,7 +1295,7 @@ impl Engine {
             ..p.clone()
         };
         let sandbox = self.sandbox_from(&child, &id, snap.as_ref().and_then(|e| e.snapshot_id.as_deref()))?;
-        let now = crate::now_ms();
+        let now = cairn_engine::now_ms();
         let owner = me();
         let rec = SessionRecord {
             id,
@@ -1147,55 +1324,6 @@ impl Engine {
         self.record_new_session(&rec, &sandbox)?;
         Ok(rec)
     }
-
-    /// Moves the live branch back to entry `to`: the later entries stay in
-    /// the log (and in its chain), abandoned; new entries follow them.
-    pub fn rewind_session(&self, key: &str, to: u64) -> Result<super::Rewind, EngineError> {
-        let s = self.session(key)?;
-        if s.state == SessionState::Closed {
-            return Err(SessionError::WrongState {
-                id: s.id.clone(),
-                state: s.state,
-                hint: "a closed session's log is read-only",
-            }
-            .into());
-        }
-        self.live_entry(&s, to)?;
-        let last = self.session_log(&s, LogRange::Tail(1))?;
-        if last.first().is_none_or(|e| e.seq <= to) {
-            return Err(SessionError::NothingToRewind { id: s.id, seq: to }.into());
-        }
-        self.db
-            .add_rewind(&s.id, to, s.head_seq)
-            .map_err(|e| conflict(e, &s.id))
-    }
-
-    /// Closes a session: its sandbox goes; its log stays unless `purge`.
-    pub fn close_session(&mut self, key: &str, purge: bool) -> Result<SessionRecord, EngineError> {
-        let id = self.session(key)?.id;
-        let _held = self.lock_unless_running(&id)?;
-        let s = self.session(&id)?;
-        if purge {
-            let children = self.db.session_children(&s.id)?;
-            if !children.is_empty() {
-                return Err(SessionError::HasForks { id: s.id, children }.into());
-            }
-        }
-        if s.state != SessionState::Closed {
-            self.claim(&s, SessionState::Closed, me())?;
-        }
-        if let Some(sandbox) = self.session_sandbox(&s) {
-            self.remove_sandbox(&sandbox, true)?;
-        }
-        if purge {
-            self.db.delete_session(&s.id)?;
-            let _ = std::fs::remove_file(self.home.session_lock(&s.id));
-        }
-        Ok(SessionRecord {
-            state: SessionState::Closed,
-            ..s
-        })
-    }
 }
 
 /// A session's snapshot with more layers than this is flattened into one
@@ -1208,6 +1336,7 @@ pub const LOST: i32 = 137;
 #[cfg(test)]
 mod tests {
     use cairn_store::frame::{decode, encode, FrameError};
+    use cairn_store::FileContent;
 
     use super::*;
 

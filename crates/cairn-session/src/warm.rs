@@ -17,10 +17,12 @@
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex, MutexGuard};
 
-use crate::sessions::SessionState;
-use crate::snapshots::PreparedRestore;
-use crate::tenants::Owned;
-use crate::{Engine, EngineError};
+use crate::prelude::*;
+use crate::steps::*;
+use crate::SessionState;
+use cairn_engine::snapshots::PreparedRestore;
+use cairn_engine::tenants::Owned;
+use cairn_engine::{Engine, EngineError};
 
 /// Resumes prepared ahead, by session id; shared by the engines of one
 /// process (clones share it). The default keeps none.
@@ -87,12 +89,11 @@ impl WarmResumes {
     }
 }
 
-impl Engine {
+/// Session resumes prepared ahead (at a suspend, by a long-lived process).
+pub trait SessionResumes {
     /// Shares `warm` with this engine: its session resumes use what is
     /// prepared there, and [`Self::prepare_session_resume`] keeps there.
-    pub fn share_warm_resumes(&mut self, warm: WarmResumes) {
-        self.warm = warm;
-    }
+    fn share_warm_resumes(&mut self, warm: WarmResumes);
 
     /// Prepares the resume of suspended session `key` ahead (see the
     /// module's comment). Answers whether one is kept for it now; `false`
@@ -101,16 +102,72 @@ impl Engine {
     /// prepared sandbox would hold one of its slots, which a suspended
     /// session does not), or a runsc that cannot restore into a created
     /// sandbox.
-    pub fn prepare_session_resume(&mut self, key: &str) -> Result<bool, EngineError> {
+    fn prepare_session_resume(&mut self, key: &str) -> Result<bool, EngineError>;
+
+    /// Removes the prepared resumes whose session moved on: no longer
+    /// suspended in the snapshot prepared (resumed by another process,
+    /// suspended again, closed, deleted). A session busy with a suspend or
+    /// resume is left for the next call. Answers how many were removed.
+    fn prune_warm_resumes(&mut self) -> Result<usize, EngineError>;
+}
+
+impl SessionResumes for Engine {
+    fn share_warm_resumes(&mut self, warm: WarmResumes) {
+        self.set_extension(warm);
+    }
+
+    fn prepare_session_resume(&mut self, key: &str) -> Result<bool, EngineError> {
         let id = self.session(key)?.id;
-        if !self.warm.has_room(&id) {
+        if !self.warm().has_room(&id) {
             return Ok(false);
         }
         self.as_owner_of(Owned::Session, &id, |e| e.prepare_owned_resume(&id))
     }
 
+    fn prune_warm_resumes(&mut self) -> Result<usize, EngineError> {
+        let mut removed = 0;
+        for (id, snapshot) in self.warm().kept() {
+            let Some(_held) = self.lock_session(&id, true, false)? else {
+                continue;
+            };
+            let waits = self
+                .session(&id)
+                .is_ok_and(|s| s.state == SessionState::Suspended && s.snapshot_id.as_deref() == Some(&snapshot));
+            if waits {
+                continue;
+            }
+            if let Some(p) = self.warm().take(&id) {
+                self.discard_stale(&id, p);
+                removed += 1;
+            }
+        }
+        Ok(removed)
+    }
+}
+
+pub(crate) trait WarmSteps {
+    /// The resumes this engine shares ([`SessionResumes::share_warm_resumes`]);
+    /// none kept unless shared.
+    fn warm(&self) -> WarmResumes;
+
+    fn prepare_owned_resume(&mut self, id: &str) -> Result<bool, EngineError>;
+
+    /// What was prepared for session `id`'s resume from `snapshot`, taken.
+    /// One prepared from another snapshot is removed.
+    fn take_warm_resume(&mut self, id: &str, snapshot: Option<&str>) -> Option<PreparedRestore>;
+
+    /// Removes a prepared resume no longer wanted; its sandbox may be gone
+    /// already (a resume in another process removed it as a leftover).
+    fn discard_stale(&mut self, session: &str, p: PreparedRestore);
+}
+
+impl WarmSteps for Engine {
+    fn warm(&self) -> WarmResumes {
+        self.extension::<WarmResumes>().cloned().unwrap_or_default()
+    }
+
     fn prepare_owned_resume(&mut self, id: &str) -> Result<bool, EngineError> {
-        if let Some(tenant) = self.db.acting_for() {
+        if let Some(tenant) = self.db().acting_for() {
             if self.tenant(&tenant)?.has_limits() {
                 return Ok(false);
             }
@@ -122,7 +179,7 @@ impl Engine {
         let Some(snapshot) = suspended_in(&self.session(id)?) else {
             return Ok(false);
         };
-        if self.warm.holds(id, &snapshot) {
+        if self.warm().holds(id, &snapshot) {
             return Ok(true);
         }
         let snap = self.snapshot_record(&snapshot)?;
@@ -140,7 +197,7 @@ impl Engine {
             return Ok(false);
         }
         // One kept from an older snapshot goes first: it bears the name.
-        if let Some(stale) = self.warm.take(id) {
+        if let Some(stale) = self.warm().take(id) {
             self.discard_stale(id, stale);
         }
         // Named for the session as its resume names the sandbox it makes:
@@ -150,17 +207,15 @@ impl Engine {
             Err(EngineError::CannotPrepare { .. }) => return Ok(false),
             Err(e) => return Err(e),
         };
-        let (kept, unwanted) = self.warm.put(id, prepared);
+        let (kept, unwanted) = self.warm().put(id, prepared);
         if let Some(p) = unwanted {
             self.discard_stale(id, p);
         }
         Ok(kept)
     }
 
-    /// What was prepared for session `id`'s resume from `snapshot`, taken.
-    /// One prepared from another snapshot is removed.
-    pub(super) fn take_warm_resume(&mut self, id: &str, snapshot: Option<&str>) -> Option<PreparedRestore> {
-        let p = self.warm.take(id)?;
+    fn take_warm_resume(&mut self, id: &str, snapshot: Option<&str>) -> Option<PreparedRestore> {
+        let p = self.warm().take(id)?;
         if snapshot == Some(p.snapshot()) {
             return Some(p);
         }
@@ -168,35 +223,9 @@ impl Engine {
         None
     }
 
-    /// Removes a prepared resume no longer wanted; its sandbox may be gone
-    /// already (a resume in another process removed it as a leftover).
     fn discard_stale(&mut self, session: &str, p: PreparedRestore) {
         if let Err(e) = self.discard_prepared(p) {
             tracing::warn!(session, "removing a resume prepared ahead: {e}");
         }
-    }
-
-    /// Removes the prepared resumes whose session moved on: no longer
-    /// suspended in the snapshot prepared (resumed by another process,
-    /// suspended again, closed, deleted). A session busy with a suspend or
-    /// resume is left for the next call. Answers how many were removed.
-    pub fn prune_warm_resumes(&mut self) -> Result<usize, EngineError> {
-        let mut removed = 0;
-        for (id, snapshot) in self.warm.kept() {
-            let Some(_held) = self.lock_session(&id, true, false)? else {
-                continue;
-            };
-            let waits = self
-                .session(&id)
-                .is_ok_and(|s| s.state == SessionState::Suspended && s.snapshot_id.as_deref() == Some(&snapshot));
-            if waits {
-                continue;
-            }
-            if let Some(p) = self.warm.take(&id) {
-                self.discard_stale(&id, p);
-                removed += 1;
-            }
-        }
-        Ok(removed)
     }
 }

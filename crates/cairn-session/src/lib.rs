@@ -1,6 +1,10 @@
-//! Agent sessions: an append-only, hash-chained context log (`log`)
-//! beside the sandbox's execution snapshots, with suspend and resume,
-//! fork, rewind and recovery of a sandbox that died (`ops`).
+//! Agent sessions: an append-only, hash-chained context log (`log`, rows
+//! in [`cairn_state::session_log`]) beside the sandbox's execution
+//! snapshots, with suspend and resume, fork, rewind and recovery of a
+//! sandbox that died (`ops`), over the engine's sandboxes and snapshots.
+//!
+//! The operations are methods of [`cairn_engine::Engine`] through this crate's traits:
+//! `use cairn_session::prelude::*` brings them in.
 
 pub mod bundle;
 mod files;
@@ -10,12 +14,41 @@ mod recovery;
 mod warm;
 
 pub use bundle::{BundleError, ExportSummary, ImportSummary, BUNDLE_MAGIC, BUNDLE_VERSION};
+pub use cairn_state::sessions::*;
 pub use log::{Entry, EntryKind, Rewind, ENTRY_VERSION, GENESIS, INLINE_MAX};
 pub use ops::{ExecOutcome, IdleSweep, LogRange, SessionOptions, Verified};
 pub use recovery::{RecoverReport, Replayed};
 pub use warm::WarmResumes;
 
-pub use cairn_state::sessions::*;
+use cairn_engine::EngineError;
+
+/// The traits that make sessions' operations methods of [`cairn_engine::Engine`].
+pub mod prelude {
+    pub use crate::bundle::SessionBundles;
+    pub use crate::files::SessionFiles;
+    pub use crate::ops::SessionOps;
+    pub use crate::recovery::SessionRecovery;
+    pub use crate::warm::SessionResumes;
+}
+
+/// The steps the crate's modules share, methods of [`cairn_engine::Engine`] too.
+mod steps {
+    pub(crate) use crate::ops::OpsSteps;
+    pub(crate) use crate::recovery::RecoverySteps;
+    pub(crate) use crate::warm::WarmSteps;
+}
+
+impl From<SessionError> for EngineError {
+    fn from(e: SessionError) -> EngineError {
+        EngineError::Domain(Box::new(e))
+    }
+}
+
+impl From<BundleError> for EngineError {
+    fn from(e: BundleError) -> EngineError {
+        EngineError::Domain(Box::new(e))
+    }
+}
 
 #[derive(Debug, thiserror::Error)]
 pub enum SessionError {

@@ -4,11 +4,11 @@
 
 use cairn_testkit::{alloc_meter, mutation};
 
-use cairn_engine::sessions::bundle::{
+use cairn_layers::LayerId;
+use cairn_session::bundle::{
     BundleEntry, BundleImage, BundleManifest, BundleRewind, BundleSession, BundleSnapshot, EntryBatch,
 };
-use cairn_engine::sessions::{Entry, EntryKind, GENESIS};
-use cairn_layers::LayerId;
+use cairn_session::{Entry, EntryKind, GENESIS};
 use cairn_store::frame::{self, HEADER_LEN};
 use cairn_store::{ChunkHash, Framed};
 use proptest::prelude::*;

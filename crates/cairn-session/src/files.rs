@@ -4,7 +4,9 @@
 use std::io::{Read, Write};
 
 use super::{Entry, EntryKind};
-use crate::{Engine, EngineError};
+use crate::prelude::*;
+use crate::steps::*;
+use cairn_engine::{Engine, EngineError};
 
 /// A reader that hashes what passes through it.
 struct HashingReader<'a> {
@@ -20,12 +22,55 @@ impl Read for HashingReader<'_> {
     }
 }
 
-impl Engine {
+/// A session's files: reads and writes through its sandbox, writes logged.
+pub trait SessionFiles {
     /// Writes a file into the session's sandbox (resuming or recovering it
     /// like exec) and records a `write_file` call and its result. The log
     /// keeps the path, mode, size and BLAKE3 hash of what was written, not
     /// the bytes.
-    pub fn session_write_file(
+    fn session_write_file(
+        &mut self,
+        key: &str,
+        path: &str,
+        mode: u32,
+        size: u64,
+        src: &mut dyn Read,
+    ) -> Result<cairn_protocol::FileMeta, EngineError>;
+
+    /// [`Engine::session_write_file`] with `notes` (who asked, the reason a
+    /// model gave) recorded among the call's arguments.
+    fn session_write_file_noted(
+        &mut self,
+        key: &str,
+        path: &str,
+        mode: u32,
+        size: u64,
+        src: &mut dyn Read,
+        notes: serde_json::Map<String, serde_json::Value>,
+    ) -> Result<cairn_protocol::FileMeta, EngineError>;
+
+    /// A path's metadata in the session's sandbox (resuming or recovering
+    /// it like exec); symlinks are not followed. Not logged.
+    fn session_stat(&mut self, key: &str, path: &str) -> Result<Option<cairn_protocol::FileMeta>, EngineError>;
+
+    /// Opens a regular file of the session's sandbox for a download
+    /// (resuming or recovering it like exec): opened and checked in the
+    /// sandbox before any byte is sent, never looked up first.
+    fn session_open_file(&mut self, key: &str, path: &str) -> Result<cairn_sandbox::client::FileDownload, EngineError>;
+
+    /// Reads a file of the session's sandbox into `dst` (resuming or
+    /// recovering it like exec). Reads change nothing, so they are not
+    /// logged.
+    fn session_read_file(
+        &mut self,
+        key: &str,
+        path: &str,
+        dst: &mut dyn Write,
+    ) -> Result<cairn_protocol::FileMeta, EngineError>;
+}
+
+impl SessionFiles for Engine {
+    fn session_write_file(
         &mut self,
         key: &str,
         path: &str,
@@ -36,9 +81,7 @@ impl Engine {
         self.session_write_file_noted(key, path, mode, size, src, serde_json::Map::new())
     }
 
-    /// [`Engine::session_write_file`] with `notes` (who asked, the reason a
-    /// model gave) recorded among the call's arguments.
-    pub fn session_write_file_noted(
+    fn session_write_file_noted(
         &mut self,
         key: &str,
         path: &str,
@@ -68,7 +111,7 @@ impl Engine {
             uid: 0,
             gid: 0,
             size,
-            mtime_ns: crate::now_ms() as i128 * 1_000_000,
+            mtime_ns: cairn_engine::now_ms() as i128 * 1_000_000,
         };
         let written = self.client(&live.sandbox).and_then(|client| {
             client.put_file(meta.clone(), &mut hashing)?;
@@ -91,29 +134,17 @@ impl Engine {
         written
     }
 
-    /// A path's metadata in the session's sandbox (resuming or recovering
-    /// it like exec); symlinks are not followed. Not logged.
-    pub fn session_stat(&mut self, key: &str, path: &str) -> Result<Option<cairn_protocol::FileMeta>, EngineError> {
+    fn session_stat(&mut self, key: &str, path: &str) -> Result<Option<cairn_protocol::FileMeta>, EngineError> {
         let live = self.live_session(key)?;
         Ok(self.client(&live.sandbox)?.stat(path)?)
     }
 
-    /// Opens a regular file of the session's sandbox for a download
-    /// (resuming or recovering it like exec): opened and checked in the
-    /// sandbox before any byte is sent, never looked up first.
-    pub fn session_open_file(
-        &mut self,
-        key: &str,
-        path: &str,
-    ) -> Result<cairn_sandbox::client::FileDownload, EngineError> {
+    fn session_open_file(&mut self, key: &str, path: &str) -> Result<cairn_sandbox::client::FileDownload, EngineError> {
         let live = self.live_session(key)?;
         Ok(self.client(&live.sandbox)?.open_file(path)?)
     }
 
-    /// Reads a file of the session's sandbox into `dst` (resuming or
-    /// recovering it like exec). Reads change nothing, so they are not
-    /// logged.
-    pub fn session_read_file(
+    fn session_read_file(
         &mut self,
         key: &str,
         path: &str,

@@ -11,10 +11,10 @@ use super::format::{
     check_chain, BundleError, BundleManifest, EntryBatch, BUNDLE_MAGIC, BUNDLE_VERSION, MAX_ENTRIES, MAX_LOG_BYTES,
     MAX_OBJECTS, MAX_REWINDS, MAX_SNAPSHOTS,
 };
-use crate::sessions::Entry;
+use crate::Entry;
 
 /// The tar members of a bundle, read in the order the format fixes.
-pub(super) struct Members<'a, R: Read> {
+pub(crate) struct Members<'a, R: Read> {
     pub(super) inner: tar::Entries<'a, R>,
 }
 
@@ -121,7 +121,7 @@ pub(super) fn read_manifest(members: &mut Members<'_, &mut dyn Read>) -> Result<
         return Err(BundleError::Malformed(format!("unknown driver {:?}", s.driver)));
     }
     for image in std::iter::once(&s.image).chain(m.image.as_ref().map(|i| &i.name)) {
-        if !crate::images::valid_image_name(image) {
+        if !cairn_engine::images::valid_image_name(image) {
             return Err(BundleError::Malformed(format!("invalid image name {image:?}")));
         }
     }

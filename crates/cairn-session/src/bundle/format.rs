@@ -8,7 +8,7 @@ use cairn_layers::LayerId;
 use cairn_store::{ChunkHash, Framed};
 use serde::{Deserialize, Serialize};
 
-use crate::sessions::{Entry, EntryKind, ENTRY_VERSION, GENESIS};
+use crate::{Entry, EntryKind, ENTRY_VERSION, GENESIS};
 
 /// The first bytes of every session bundle.
 pub const BUNDLE_MAGIC: [u8; 8] = *b"CAIRNSES";

@@ -9,7 +9,9 @@ use serde::{Deserialize, Serialize};
 
 use super::ops::LogRange;
 use super::{Entry, EntryKind, SessionError, SessionRecord, SessionState};
-use crate::{Engine, EngineError, SandboxRecord};
+use crate::prelude::*;
+use crate::steps::*;
+use cairn_engine::{Engine, EngineError, SandboxRecord};
 
 /// One tool call run again by `recover --replay`.
 #[derive(Debug, Clone, Serialize)]
@@ -63,14 +65,25 @@ struct RecordedExec {
     timeout_ms: Option<u64>,
 }
 
-impl Engine {
+/// A session's sandbox that died, recovered: restored from its newest\nsnapshot and the log's calls since replayed.
+pub trait SessionRecovery {
     /// Restores a session whose sandbox died (as the next call would) and,
     /// with `replay`, runs again the tool calls whose effects the restore
     /// lost, in order, each recorded anew with `replay_of` naming the
     /// original, stopping at the first whose exit status differs from the
     /// one the log recorded. Replay only follows a recovery directly: once
     /// other calls have run on the restored machine, it refuses.
-    pub fn recover_session(
+    fn recover_session(
+        &mut self,
+        key: &str,
+        replay: bool,
+        stdout: &mut dyn Write,
+        stderr: &mut dyn Write,
+    ) -> Result<RecoverReport, EngineError>;
+}
+
+impl SessionRecovery for Engine {
+    fn recover_session(
         &mut self,
         key: &str,
         replay: bool,
@@ -179,8 +192,18 @@ impl Engine {
         }
         Ok(report)
     }
+}
 
+pub(crate) trait RecoverySteps {
     /// The newest `recovered` entry on the live log.
+    fn newest_recovery(&self, s: &SessionRecord) -> Result<Option<Entry>, EngineError>;
+
+    /// Replaces a dead sandbox with a restore of the newest snapshot and
+    /// records what was lost.
+    fn recover(&mut self, s: &SessionRecord) -> Result<(SandboxRecord, Entry), EngineError>;
+}
+
+impl RecoverySteps for Engine {
     fn newest_recovery(&self, s: &SessionRecord) -> Result<Option<Entry>, EngineError> {
         let mut n = 256;
         loop {
@@ -195,9 +218,7 @@ impl Engine {
         }
     }
 
-    /// Replaces a dead sandbox with a restore of the newest snapshot and
-    /// records what was lost.
-    pub(super) fn recover(&mut self, s: &SessionRecord) -> Result<(SandboxRecord, Entry), EngineError> {
+    fn recover(&mut self, s: &SessionRecord) -> Result<(SandboxRecord, Entry), EngineError> {
         let snap = self.snapshot_at(s, s.head_seq)?;
         let since = snap.as_ref().map_or(0, |e| e.seq);
         let lost: Vec<u64> = self
@@ -218,7 +239,7 @@ impl Engine {
         }
         let snapshot = snap.as_ref().and_then(|e| e.snapshot_id.clone());
         let fresh = self.sandbox_from(s, &s.id, snapshot.as_deref())?;
-        let won = self.db.set_session_sandbox(
+        let won = self.db().set_session_sandbox(
             &s.id,
             SessionState::Active,
             (s.owner_pid, s.owner_start),

@@ -33,9 +33,11 @@ use self::read::{check_entries, read_entries, read_header, read_manifest, Member
 use super::log::Segment;
 use super::ops::{new_session_id, valid_name};
 use super::{Entry, EntryKind, Rewind, SessionError, SessionRecord, SessionState};
-use crate::sandboxes::me;
-use crate::state::StateError;
-use crate::{Engine, EngineError, ImageRecord, Progress, SandboxState, SnapshotManifest, SnapshotRecord};
+use crate::prelude::*;
+use crate::steps::*;
+use cairn_engine::sandboxes::me;
+use cairn_engine::state::StateError;
+use cairn_engine::{Engine, EngineError, ImageRecord, Progress, SandboxState, SnapshotManifest, SnapshotRecord};
 
 /// What an export wrote.
 #[derive(Debug, Clone, Serialize)]
@@ -99,11 +101,35 @@ fn append_member(
         .map_err(io_err("write the bundle"))
 }
 
-impl Engine {
+/// Sessions exported to a bundle and imported from one.
+pub trait SessionBundles {
     /// Writes a session as one bundle (module docs). An active session's
     /// sandbox is snapshotted first and the snapshot recorded in its log (a
     /// `note`), so the bundle holds the machine as it is now.
-    pub fn export_session(
+    fn export_session(
+        &mut self,
+        key: &str,
+        out: &mut dyn Write,
+        progress: &dyn Progress,
+    ) -> Result<ExportSummary, EngineError>;
+
+    /// Records the session a bundle holds as a new root session, suspended,
+    /// named `name` or as it was. Nothing is recorded unless all of it is:
+    /// objects are stored (under the shared store lock, so the collector
+    /// leaves them) only after the chain verified, and the rows go in in
+    /// one transaction once every object a restore needs is in the store.
+    /// A failed import can leave objects no row names; `cairn gc` removes
+    /// them.
+    fn import_session(
+        &mut self,
+        input: &mut dyn Read,
+        name: Option<String>,
+        progress: &dyn Progress,
+    ) -> Result<ImportSummary, EngineError>;
+}
+
+impl SessionBundles for Engine {
+    fn export_session(
         &mut self,
         key: &str,
         out: &mut dyn Write,
@@ -141,204 +167,7 @@ impl Engine {
         })
     }
 
-    /// Snapshots an active session's sandbox and records the snapshot in
-    /// its log, as suspend does; None when it has no sandbox to snapshot.
-    fn snapshot_for_export(
-        &mut self,
-        s: &SessionRecord,
-        progress: &dyn Progress,
-    ) -> Result<Option<String>, EngineError> {
-        if s.state != SessionState::Active {
-            return Ok(None);
-        }
-        let sandbox = s
-            .sandbox_id
-            .as_deref()
-            .and_then(|id| self.sandbox(id).ok().filter(|r| r.id == id))
-            .filter(|r| matches!(r.state, SandboxState::Running | SandboxState::Exited));
-        let Some(sandbox) = sandbox else { return Ok(None) };
-        progress.step(&format!("snapshotting session {}'s sandbox {}", s.id, sandbox.id));
-        let snap = self.snapshot(&sandbox, None)?;
-        let mut note = Entry::new(EntryKind::Note);
-        note.content = Some(format!("exported: snapshot {}", snap.id));
-        note.snapshot_id = Some(snap.id.clone());
-        self.session_append(s, note)?;
-        Ok(Some(snap.id))
-    }
-
-    /// The manifest and the entries of a session's bundle: the whole chain,
-    /// the rewinds its live log applies, every snapshot it names, its image
-    /// and every object those reach.
-    fn bundle_contents(&self, s: &SessionRecord) -> Result<(BundleManifest, Vec<Entry>), EngineError> {
-        let (segments, hidden) = self.lineage(s)?;
-        let entries = self.chain_entries(&segments)?;
-        check_chain(&entries, s.head_seq, &s.head_hash).map_err(|reason| BundleError::SourceLog {
-            id: s.id.clone(),
-            reason,
-        })?;
-        // The ranges the live log hides, each dated by the rewind it came from.
-        let mut recorded = Vec::new();
-        for seg in &segments {
-            recorded.extend(self.db.rewinds(&seg.session)?);
-        }
-        let mut rewinds: Vec<BundleRewind> = hidden
-            .iter()
-            .map(|&(to_seq, head_seq)| BundleRewind {
-                to_seq,
-                head_seq,
-                created_at: recorded
-                    .iter()
-                    .find(|r| r.to_seq == to_seq && r.head_seq >= head_seq)
-                    .map_or(s.updated_at, |r| r.created_at),
-            })
-            .collect();
-        rewinds.sort_by_key(|r| (r.created_at, r.to_seq));
-
-        let mut snapshots: Vec<SnapshotRecord> = Vec::new();
-        for id in entries
-            .iter()
-            .filter_map(|e| e.snapshot_id.as_ref())
-            .chain(s.snapshot_id.as_ref())
-        {
-            if snapshots.iter().any(|r| r.id == *id) {
-                continue;
-            }
-            let missing = || BundleError::SourceSnapshot {
-                id: s.id.clone(),
-                snapshot: id.clone(),
-            };
-            let found = self.db.find_snapshots(id)?.into_iter().find(|r| r.id == *id);
-            let found = found
-                .filter(|r| r.id.parse::<ChunkHash>().is_ok())
-                .ok_or_else(missing)?;
-            snapshots.push(found);
-        }
-        let image = self.db.image(&s.image)?;
-        let mut layers: HashSet<String> = snapshots.iter().flat_map(|r| r.layers.iter().cloned()).collect();
-        layers.extend(image.iter().flat_map(|i| i.layers.iter().cloned()));
-        let payloads: HashSet<String> = entries
-            .iter()
-            .flat_map(|e| [e.content_ref.clone(), e.result_ref.clone()])
-            .flatten()
-            .collect();
-        let mut seen = HashSet::new();
-        let objects: Vec<ChunkHash> = self
-            .reachable_objects(&layers, &snapshots, &payloads)?
-            .into_iter()
-            .filter(|h| seen.insert(*h))
-            .collect();
-        let image = match image {
-            None => None,
-            Some(i) => Some(BundleImage {
-                layers: i.layers.iter().map(|l| crate::layer_id(l)).collect::<Result<_, _>>()?,
-                name: i.name,
-                source: i.source,
-                size_bytes: i.size_bytes,
-                created_at: i.created_at,
-            }),
-        };
-        let manifest = BundleManifest {
-            exported_at: crate::now_ms(),
-            session: BundleSession {
-                source_id: s.id.clone(),
-                name: s.name.clone(),
-                image: s.image.clone(),
-                driver: s.driver.clone(),
-                snapshot_id: s.snapshot_id.clone(),
-                snapshot_seq: s.snapshot_seq,
-                idle_timeout_ms: s.idle_timeout_ms,
-                head_seq: s.head_seq,
-                head_hash: s.head_hash.clone(),
-                created_at: s.created_at,
-            },
-            entries: entries.len() as u64,
-            rewinds,
-            snapshots: snapshots
-                .iter()
-                .filter_map(|r| {
-                    Some(BundleSnapshot {
-                        id: r.id.parse().ok()?,
-                        new_bytes: r.new_bytes,
-                        stored_bytes: r.stored_bytes,
-                    })
-                })
-                .collect(),
-            image,
-            objects,
-        };
-        Ok((manifest, entries))
-    }
-
-    /// Writes the header and the members; returns the objects' bytes.
-    fn write_bundle(
-        &self,
-        manifest: &BundleManifest,
-        entries: &[Entry],
-        out: &mut dyn Write,
-        progress: &dyn Progress,
-    ) -> Result<u64, EngineError> {
-        let mtime = (manifest.exported_at / 1000).max(0) as u64;
-        out.write_all(&BUNDLE_MAGIC)
-            .and_then(|()| out.write_all(&BUNDLE_VERSION.to_le_bytes()))
-            .map_err(io_err("write the bundle"))?;
-        let mut tar = tar::Builder::new(out);
-        let framed =
-            cairn_store::frame::encode(manifest).map_err(|e| BundleError::OverCap(format!("the manifest: {e}")))?;
-        append_member(&mut tar, "manifest", &framed, mtime)?;
-        for (n, batch) in batches(entries).into_iter().enumerate() {
-            let batch = EntryBatch {
-                entries: batch.iter().map(BundleEntry::from).collect(),
-            };
-            let framed =
-                cairn_store::frame::encode(&batch).map_err(|e| BundleError::OverCap(format!("entries: {e}")))?;
-            append_member(&mut tar, &format!("entries/{:06}", n + 1), &framed, mtime)?;
-        }
-        let mut ticker = Ticker { progress, last: None };
-        let mut bytes = 0u64;
-        let total = manifest.objects.len();
-        for (i, hash) in manifest.objects.iter().enumerate() {
-            ticker.tick(|| format!("writing objects: {i} of {total} ({})", mib(bytes)));
-            let stored = self.store.backend().get(hash).map_err(crate::SnapshotError::from)?;
-            // A chunk corrupt here would be refused by the import: say so now.
-            cairn_store::decode_chunk(hash, &stored, MAX_OBJECT).map_err(|e| {
-                crate::SnapshotError::from(cairn_store::StoreError::ChunkCorrupt {
-                    hash: *hash,
-                    context: Box::new(ReadContext::new()),
-                    reason: e.to_string(),
-                })
-            })?;
-            bytes += stored.len() as u64;
-            append_member(&mut tar, &format!("objects/{hash}"), &stored, mtime)?;
-        }
-        tar.into_inner()
-            .and_then(|out| out.flush())
-            .map_err(io_err("write the bundle"))?;
-        Ok(bytes)
-    }
-
-    /// Every row of the chain `verify_session` walks, in order.
-    fn chain_entries(&self, segments: &[Segment]) -> Result<Vec<Entry>, EngineError> {
-        let mut out = Vec::new();
-        let mut next = 1u64;
-        for seg in segments {
-            loop {
-                let rows = self.db.raw_entries(seg, next, 1000)?;
-                let Some(last) = rows.last() else { break };
-                next = last.seq + 1;
-                out.extend(rows);
-            }
-        }
-        Ok(out)
-    }
-
-    /// Records the session a bundle holds as a new root session, suspended,
-    /// named `name` or as it was. Nothing is recorded unless all of it is:
-    /// objects are stored (under the shared store lock, so the collector
-    /// leaves them) only after the chain verified, and the rows go in in
-    /// one transaction once every object a restore needs is in the store.
-    /// A failed import can leave objects no row names; `cairn gc` removes
-    /// them.
-    pub fn import_session(
+    fn import_session(
         &mut self,
         input: &mut dyn Read,
         name: Option<String>,
@@ -361,7 +190,7 @@ impl Engine {
         if !valid_name(&name) {
             return Err(SessionError::BadName(name).into());
         }
-        if self.db.find_sessions(&name)?.iter().any(|r| r.name == name) {
+        if self.db().find_sessions(&name)?.iter().any(|r| r.name == name) {
             return Err(SessionError::NameTaken(name).into());
         }
         let entries = read_entries(&mut members, &m)?;
@@ -411,7 +240,7 @@ impl Engine {
             owner_start: owner.1,
             error: None,
             created_at: s.created_at,
-            updated_at: crate::now_ms(),
+            updated_at: cairn_engine::now_ms(),
         };
         let rewinds: Vec<Rewind> = (m.rewinds.iter().enumerate())
             .map(|(n, r)| Rewind {
@@ -422,7 +251,7 @@ impl Engine {
             })
             .collect();
         let image_added = self
-            .db
+            .db()
             .import_session_rows(&rec, &entries, &rewinds, &snapshots, image.as_ref())
             .map_err(|e| match e {
                 StateError::NameTaken(n) => EngineError::from(SessionError::NameTaken(n)),
@@ -433,7 +262,7 @@ impl Engine {
                 "the bundle holds no image {:?}; a fork before the first snapshot needs one here",
                 s.image
             )),
-            (Some(i), false) if self.db.image(&i.name)?.is_some_and(|here| here.layers != i.layers) => Some(format!(
+            (Some(i), false) if self.db().image(&i.name)?.is_some_and(|here| here.layers != i.layers) => Some(format!(
                 "image {:?} here differs from the exported one; kept this one (snapshots carry their own layers)",
                 i.name
             )),
@@ -449,9 +278,250 @@ impl Engine {
             image_note,
         })
     }
+}
+
+pub(crate) trait BundleSteps {
+    /// Snapshots an active session's sandbox and records the snapshot in
+    /// its log, as suspend does; None when it has no sandbox to snapshot.
+    fn snapshot_for_export(
+        &mut self,
+        s: &SessionRecord,
+        progress: &dyn Progress,
+    ) -> Result<Option<String>, EngineError>;
+
+    /// The manifest and the entries of a session's bundle: the whole chain,
+    /// the rewinds its live log applies, every snapshot it names, its image
+    /// and every object those reach.
+    fn bundle_contents(&self, s: &SessionRecord) -> Result<(BundleManifest, Vec<Entry>), EngineError>;
+
+    /// Writes the header and the members; returns the objects' bytes.
+    fn write_bundle(
+        &self,
+        manifest: &BundleManifest,
+        entries: &[Entry],
+        out: &mut dyn Write,
+        progress: &dyn Progress,
+    ) -> Result<u64, EngineError>;
+
+    /// Every row of the chain `verify_session` walks, in order.
+    fn chain_entries(&self, segments: &[Segment]) -> Result<Vec<Entry>, EngineError>;
 
     /// Stores the objects the manifest lists, each checked against its
     /// name first; returns how many the store did not hold.
+    fn store_objects(
+        &self,
+        members: &mut Members<'_, &mut dyn Read>,
+        objects: &[ChunkHash],
+        progress: &dyn Progress,
+    ) -> Result<usize, EngineError>;
+
+    /// The bundle's snapshots as records made from their stored manifests
+    /// (content-addressed), not from the bundle's word.
+    fn imported_snapshots(&self, m: &BundleManifest) -> Result<Vec<SnapshotRecord>, EngineError>;
+
+    /// Every object the snapshots, the image and the payloads reach (the
+    /// collector's walk) is in the store.
+    fn check_whole(
+        &self,
+        listed: &[ChunkHash],
+        snapshots: &[SnapshotRecord],
+        image: Option<&ImageRecord>,
+        payloads: &HashSet<String>,
+    ) -> Result<(), EngineError>;
+}
+
+impl BundleSteps for Engine {
+    fn snapshot_for_export(
+        &mut self,
+        s: &SessionRecord,
+        progress: &dyn Progress,
+    ) -> Result<Option<String>, EngineError> {
+        if s.state != SessionState::Active {
+            return Ok(None);
+        }
+        let sandbox = s
+            .sandbox_id
+            .as_deref()
+            .and_then(|id| self.sandbox(id).ok().filter(|r| r.id == id))
+            .filter(|r| matches!(r.state, SandboxState::Running | SandboxState::Exited));
+        let Some(sandbox) = sandbox else { return Ok(None) };
+        progress.step(&format!("snapshotting session {}'s sandbox {}", s.id, sandbox.id));
+        let snap = self.snapshot(&sandbox, None)?;
+        let mut note = Entry::new(EntryKind::Note);
+        note.content = Some(format!("exported: snapshot {}", snap.id));
+        note.snapshot_id = Some(snap.id.clone());
+        self.session_append(s, note)?;
+        Ok(Some(snap.id))
+    }
+
+    fn bundle_contents(&self, s: &SessionRecord) -> Result<(BundleManifest, Vec<Entry>), EngineError> {
+        let (segments, hidden) = self.lineage(s)?;
+        let entries = self.chain_entries(&segments)?;
+        check_chain(&entries, s.head_seq, &s.head_hash).map_err(|reason| BundleError::SourceLog {
+            id: s.id.clone(),
+            reason,
+        })?;
+        // The ranges the live log hides, each dated by the rewind it came from.
+        let mut recorded = Vec::new();
+        for seg in &segments {
+            recorded.extend(self.db().rewinds(&seg.session)?);
+        }
+        let mut rewinds: Vec<BundleRewind> = hidden
+            .iter()
+            .map(|&(to_seq, head_seq)| BundleRewind {
+                to_seq,
+                head_seq,
+                created_at: recorded
+                    .iter()
+                    .find(|r| r.to_seq == to_seq && r.head_seq >= head_seq)
+                    .map_or(s.updated_at, |r| r.created_at),
+            })
+            .collect();
+        rewinds.sort_by_key(|r| (r.created_at, r.to_seq));
+
+        let mut snapshots: Vec<SnapshotRecord> = Vec::new();
+        for id in entries
+            .iter()
+            .filter_map(|e| e.snapshot_id.as_ref())
+            .chain(s.snapshot_id.as_ref())
+        {
+            if snapshots.iter().any(|r| r.id == *id) {
+                continue;
+            }
+            let missing = || BundleError::SourceSnapshot {
+                id: s.id.clone(),
+                snapshot: id.clone(),
+            };
+            let found = self.db().find_snapshots(id)?.into_iter().find(|r| r.id == *id);
+            let found = found
+                .filter(|r| r.id.parse::<ChunkHash>().is_ok())
+                .ok_or_else(missing)?;
+            snapshots.push(found);
+        }
+        let image = self.db().image(&s.image)?;
+        let mut layers: HashSet<String> = snapshots.iter().flat_map(|r| r.layers.iter().cloned()).collect();
+        layers.extend(image.iter().flat_map(|i| i.layers.iter().cloned()));
+        let payloads: HashSet<String> = entries
+            .iter()
+            .flat_map(|e| [e.content_ref.clone(), e.result_ref.clone()])
+            .flatten()
+            .collect();
+        let mut seen = HashSet::new();
+        let objects: Vec<ChunkHash> = self
+            .reachable_objects(&layers, &snapshots, &payloads)?
+            .into_iter()
+            .filter(|h| seen.insert(*h))
+            .collect();
+        let image = match image {
+            None => None,
+            Some(i) => Some(BundleImage {
+                layers: i
+                    .layers
+                    .iter()
+                    .map(|l| cairn_engine::layer_id(l))
+                    .collect::<Result<_, _>>()?,
+                name: i.name,
+                source: i.source,
+                size_bytes: i.size_bytes,
+                created_at: i.created_at,
+            }),
+        };
+        let manifest = BundleManifest {
+            exported_at: cairn_engine::now_ms(),
+            session: BundleSession {
+                source_id: s.id.clone(),
+                name: s.name.clone(),
+                image: s.image.clone(),
+                driver: s.driver.clone(),
+                snapshot_id: s.snapshot_id.clone(),
+                snapshot_seq: s.snapshot_seq,
+                idle_timeout_ms: s.idle_timeout_ms,
+                head_seq: s.head_seq,
+                head_hash: s.head_hash.clone(),
+                created_at: s.created_at,
+            },
+            entries: entries.len() as u64,
+            rewinds,
+            snapshots: snapshots
+                .iter()
+                .filter_map(|r| {
+                    Some(BundleSnapshot {
+                        id: r.id.parse().ok()?,
+                        new_bytes: r.new_bytes,
+                        stored_bytes: r.stored_bytes,
+                    })
+                })
+                .collect(),
+            image,
+            objects,
+        };
+        Ok((manifest, entries))
+    }
+
+    fn write_bundle(
+        &self,
+        manifest: &BundleManifest,
+        entries: &[Entry],
+        out: &mut dyn Write,
+        progress: &dyn Progress,
+    ) -> Result<u64, EngineError> {
+        let mtime = (manifest.exported_at / 1000).max(0) as u64;
+        out.write_all(&BUNDLE_MAGIC)
+            .and_then(|()| out.write_all(&BUNDLE_VERSION.to_le_bytes()))
+            .map_err(io_err("write the bundle"))?;
+        let mut tar = tar::Builder::new(out);
+        let framed =
+            cairn_store::frame::encode(manifest).map_err(|e| BundleError::OverCap(format!("the manifest: {e}")))?;
+        append_member(&mut tar, "manifest", &framed, mtime)?;
+        for (n, batch) in batches(entries).into_iter().enumerate() {
+            let batch = EntryBatch {
+                entries: batch.iter().map(BundleEntry::from).collect(),
+            };
+            let framed =
+                cairn_store::frame::encode(&batch).map_err(|e| BundleError::OverCap(format!("entries: {e}")))?;
+            append_member(&mut tar, &format!("entries/{:06}", n + 1), &framed, mtime)?;
+        }
+        let mut ticker = Ticker { progress, last: None };
+        let mut bytes = 0u64;
+        let total = manifest.objects.len();
+        for (i, hash) in manifest.objects.iter().enumerate() {
+            ticker.tick(|| format!("writing objects: {i} of {total} ({})", mib(bytes)));
+            let stored = self
+                .store()
+                .backend()
+                .get(hash)
+                .map_err(cairn_engine::SnapshotError::from)?;
+            // A chunk corrupt here would be refused by the import: say so now.
+            cairn_store::decode_chunk(hash, &stored, MAX_OBJECT).map_err(|e| {
+                cairn_engine::SnapshotError::from(cairn_store::StoreError::ChunkCorrupt {
+                    hash: *hash,
+                    context: Box::new(ReadContext::new()),
+                    reason: e.to_string(),
+                })
+            })?;
+            bytes += stored.len() as u64;
+            append_member(&mut tar, &format!("objects/{hash}"), &stored, mtime)?;
+        }
+        tar.into_inner()
+            .and_then(|out| out.flush())
+            .map_err(io_err("write the bundle"))?;
+        Ok(bytes)
+    }
+
+    fn chain_entries(&self, segments: &[Segment]) -> Result<Vec<Entry>, EngineError> {
+        let mut out = Vec::new();
+        let mut next = 1u64;
+        for seg in segments {
+            loop {
+                let rows = self.db().raw_entries(seg, next, 1000)?;
+                let Some(last) = rows.last() else { break };
+                next = last.seq + 1;
+                out.extend(rows);
+            }
+        }
+        Ok(out)
+    }
+
     fn store_objects(
         &self,
         members: &mut Members<'_, &mut dyn Read>,
@@ -471,22 +541,20 @@ impl Engine {
             })?;
             bytes += stored.len() as u64;
             let outcome = self
-                .store
+                .store()
                 .backend()
                 .put(hash, &stored)
-                .map_err(crate::SnapshotError::from)?;
+                .map_err(cairn_engine::SnapshotError::from)?;
             new += usize::from(outcome == cairn_store::PutOutcome::Stored);
         }
         Ok(new)
     }
 
-    /// The bundle's snapshots as records made from their stored manifests
-    /// (content-addressed), not from the bundle's word.
     fn imported_snapshots(&self, m: &BundleManifest) -> Result<Vec<SnapshotRecord>, EngineError> {
         let mut out = Vec::with_capacity(m.snapshots.len());
         for b in &m.snapshots {
             let context = ReadContext::new().owner("snapshot", b.id);
-            let manifest: SnapshotManifest = self.store.get_object(&b.id, &context).map_err(|e| match e {
+            let manifest: SnapshotManifest = self.store().get_object(&b.id, &context).map_err(|e| match e {
                 cairn_store::StoreError::ChunkMissing { .. } => BundleError::Missing {
                     hash: b.id,
                     owner: format!("snapshot {}", b.id),
@@ -512,8 +580,6 @@ impl Engine {
         Ok(out)
     }
 
-    /// Every object the snapshots, the image and the payloads reach (the
-    /// collector's walk) is in the store.
     fn check_whole(
         &self,
         listed: &[ChunkHash],
@@ -530,10 +596,10 @@ impl Engine {
         for hash in reachable {
             if !listed.contains(&hash)
                 && !self
-                    .store
+                    .store()
                     .backend()
                     .contains(&hash)
-                    .map_err(crate::SnapshotError::from)?
+                    .map_err(cairn_engine::SnapshotError::from)?
             {
                 return Err(BundleError::Missing {
                     hash,
