@@ -30,6 +30,7 @@ use cairn_tools::{ToolError, ToolProgress, Tools};
 use nix::fcntl::{Flock, FlockArg};
 use serde_json::{json, Value};
 
+use cairn_pipeline::prelude::*;
 use record::{entry, event, Recorded, ResultMeta, AGENT_ROLE, MODEL_ROLE};
 pub use record::{AgentConfig, AgentState, Event, PipelineStart, Status};
 
@@ -137,7 +138,7 @@ pub fn create(engine: &mut Engine, new: NewAgent) -> Result<SessionRecord, Agent
         Start::Snapshot(s) => (None, Some(engine.snapshot_record(&s)?), None),
         Start::Pipeline(p) => {
             // Checked now, so that a bad file is refused before anything starts.
-            cairn_engine::pipeline::parse(&p.file, &p.text, &Default::default())
+            cairn_pipeline::parse(&p.file, &p.text, &Default::default())
                 .map_err(|e| AgentError::Invalid(e.to_string()))?;
             (None, None, Some(p))
         }
@@ -437,7 +438,7 @@ impl Loop<'_> {
             self.watch
                 .say(&format!("running pipeline {} (run {})", run.pipeline, run.id));
             let done = match run.status.as_str() {
-                "running" => engine.execute_run(&run.id, &cairn_engine::pipeline::run::Quiet)?,
+                "running" => engine.execute_run(&run.id, &cairn_pipeline::run::Quiet)?,
                 _ => run,
             };
             if done.status != "completed" {

@@ -6,9 +6,9 @@ use axum::http::{header, HeaderValue, StatusCode};
 use axum::response::{IntoResponse, Response};
 use axum::Json;
 use cairn_engine::access::AccessError;
-use cairn_engine::pipeline::run::RunError;
 use cairn_engine::tenants::TenantError;
 use cairn_engine::{EngineError, ImageError, SnapshotError, StateError};
+use cairn_pipeline::run::RunError;
 use cairn_sandbox::client::ClientError;
 use cairn_session::{BundleError, SessionError};
 use serde::Serialize;
@@ -105,10 +105,30 @@ pub(crate) fn close_after_refused_body(resp: &mut Response) {
     }
 }
 
-/// The status an error of a layer above the engine (a session's, a
-/// bundle's) answers with.
+/// The status an error of a layer above the engine (a run's, a
+/// session's, a bundle's) answers with.
 fn domain_status(e: &EngineError) -> StatusCode {
     use StatusCode as S;
+    if let Some(r) = e.domain::<RunError>() {
+        return match r {
+            RunError::NoSuchRun(_)
+            | RunError::NoSuchDeadLetter(_)
+            | RunError::NoSuchArtifact(_)
+            | RunError::NoSuchStage(_) => S::NOT_FOUND,
+            RunError::Spec(_)
+            | RunError::BadParam(_)
+            | RunError::BadRunId(_)
+            | RunError::BadReason(_)
+            | RunError::NoModel(_) => S::BAD_REQUEST,
+            RunError::Completed(_)
+            | RunError::AlreadyRetried(_)
+            | RunError::Busy { .. }
+            | RunError::Queued { .. }
+            | RunError::NotAwaitingApproval(_) => S::CONFLICT,
+            RunError::Model(_) => S::SERVICE_UNAVAILABLE,
+            _ => S::INTERNAL_SERVER_ERROR,
+        };
+    }
     if let Some(b) = e.domain::<BundleError>() {
         return match b {
             BundleError::Io { .. } => S::INTERNAL_SERVER_ERROR,
@@ -181,24 +201,6 @@ fn status_of(e: &EngineError) -> StatusCode {
             ImageError::Shared(_) => S::FORBIDDEN,
             ImageError::BadName(_) | ImageError::Import { .. } => S::BAD_REQUEST,
             ImageError::MissingTool { .. } => S::SERVICE_UNAVAILABLE,
-            _ => S::INTERNAL_SERVER_ERROR,
-        },
-        EngineError::Run(r) => match r {
-            RunError::NoSuchRun(_)
-            | RunError::NoSuchDeadLetter(_)
-            | RunError::NoSuchArtifact(_)
-            | RunError::NoSuchStage(_) => S::NOT_FOUND,
-            RunError::Spec(_)
-            | RunError::BadParam(_)
-            | RunError::BadRunId(_)
-            | RunError::BadReason(_)
-            | RunError::NoModel(_) => S::BAD_REQUEST,
-            RunError::Completed(_)
-            | RunError::AlreadyRetried(_)
-            | RunError::Busy { .. }
-            | RunError::Queued { .. }
-            | RunError::NotAwaitingApproval(_) => S::CONFLICT,
-            RunError::Model(_) => S::SERVICE_UNAVAILABLE,
             _ => S::INTERNAL_SERVER_ERROR,
         },
         EngineError::Domain(_) => domain_status(e),

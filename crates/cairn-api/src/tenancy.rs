@@ -19,9 +19,9 @@ use axum::extract::{Request, State};
 use axum::http::{StatusCode, Uri};
 use axum::middleware::Next;
 use axum::response::{IntoResponse, Response};
-use cairn_engine::pipeline::run::RunError;
 use cairn_engine::tenants::Owned;
 use cairn_engine::{DiffError, EngineError, ImageError, SnapshotError};
+use cairn_pipeline::run::RunError;
 use cairn_session::SessionError;
 
 use crate::app::App;

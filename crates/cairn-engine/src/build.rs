@@ -14,9 +14,9 @@ use std::time::{Duration, Instant};
 use cairn_protocol::{ExecRequest, FileKind, FileMeta, Ids};
 use cairn_sandbox::net::NetPolicy;
 
-use crate::e2b_templates::BuildFailure;
 use crate::images::{valid_image_name, ImageError};
 use crate::sandboxes::CreateOptions;
+use crate::state::e2b_templates::BuildFailure;
 use crate::state::{ImageRecord, SandboxRecord};
 use crate::{now_ms, Engine, EngineError};
 

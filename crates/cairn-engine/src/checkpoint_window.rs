@@ -46,13 +46,7 @@ impl Engine {
     /// window of that sandbox that another Cairn command is finishing now
     /// (restoring a large image takes seconds) is waited for, one left open
     /// is finished, and what was done becomes the stage's `recovered` event.
-    pub(crate) fn settle_window(
-        &mut self,
-        run: &str,
-        stage: &str,
-        branch: &str,
-        sandbox: &str,
-    ) -> Result<(), EngineError> {
+    pub fn settle_window(&mut self, run: &str, stage: &str, branch: &str, sandbox: &str) -> Result<(), EngineError> {
         if let Ok(rec) = self.sandbox(sandbox) {
             if rec.state == SandboxState::Running && self.window_open(&rec) {
                 // The stage owns the sandbox: waiting for its lock is safe.

@@ -190,7 +190,10 @@ impl Engine {
         }
         if let Some((run, rest)) = key.split_once('/') {
             let (stage, branch) = rest.split_once('.').unwrap_or((rest, ""));
-            let run = self.run_record(run).map_err(|_| DiffError::Unknown(key.into()))?;
+            let run = match self.db.find_runs(run) {
+                Ok(mut found) if found.len() == 1 => found.remove(0),
+                _ => return Err(DiffError::Unknown(key.into()).into()),
+            };
             let row = self
                 .db
                 .stage(&run.id, stage, branch)?

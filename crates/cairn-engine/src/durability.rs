@@ -60,7 +60,7 @@ impl Engine {
     /// Of `objects`, those not in the remote store once the uploads pending
     /// have had up to `wait` to finish: the store check of a commit under
     /// a claim (an attempt's artifacts).
-    pub(crate) fn not_yet_remote(
+    pub fn not_yet_remote(
         &self,
         objects: Vec<cairn_store::ChunkHash>,
         wait: Duration,

@@ -310,7 +310,7 @@ impl Engine {
         Ok(rec)
     }
 
-    pub(crate) fn scratch_dir(&self) -> Result<ScratchDir, EngineError> {
+    pub fn scratch_dir(&self) -> Result<ScratchDir, EngineError> {
         tempfile_dir::ScratchDir::new(&self.home.scratch()).map_err(|source| EngineError::Home {
             path: self.home.scratch(),
             source,
@@ -791,7 +791,7 @@ fn host_mirror() -> String {
     "http://deb.debian.org/debian".into()
 }
 
-pub(crate) use tempfile_dir::ScratchDir;
+pub use tempfile_dir::ScratchDir;
 
 /// A scratch directory under `$CAIRN_HOME/tmp`, removed on drop, named
 /// `<writer>-<ms>-<n>` after the process that owns it (`<pid>+<start time>`,

@@ -11,21 +11,16 @@ mod checkpoint_window;
 pub mod diff;
 pub mod dockerfile;
 mod durability;
-pub mod e2b;
-pub mod e2b_templates;
 pub mod images;
 mod memory_cache;
 pub mod names;
 pub mod network;
 pub mod objects;
-pub mod pipeline;
-pub mod queue;
 pub mod sandboxes;
 pub mod snapshot_view;
 pub mod snapshots;
 pub mod tenants;
 pub mod verify;
-pub mod worker;
 
 use std::path::PathBuf;
 
@@ -62,14 +57,12 @@ pub enum EngineError {
     #[error(transparent)]
     View(#[from] snapshot_view::ViewError),
     #[error(transparent)]
-    Run(#[from] pipeline::run::RunError),
-    #[error(transparent)]
     Access(#[from] access::AccessError),
     #[error(transparent)]
     Tenant(#[from] tenants::TenantError),
     #[error(transparent)]
     Network(#[from] cairn_sandbox::net::NetError),
-    /// An error of a layer above the engine (a session's, a bundle's),
+    /// An error of a layer above the engine (a run's, a session's, a bundle's),
     /// kept whole: [`EngineError::domain`] finds it by its type.
     #[error(transparent)]
     Domain(Box<dyn std::error::Error + Send + Sync>),
@@ -143,7 +136,8 @@ impl EngineError {
 }
 
 /// What layers above the engine keep with one engine, one value per type
-/// (a server's prepared session resumes, a worker's job slots).
+/// (a server's prepared session resumes, a worker's job slots, the model
+/// decide stages ask).
 #[derive(Default)]
 pub struct Extensions(std::collections::HashMap<std::any::TypeId, Box<dyn std::any::Any + Send + Sync>>);
 
@@ -176,12 +170,6 @@ pub struct Engine {
     /// Whether the reconciliation at open was put off to the sandbox start
     /// ([`Engine::open_to_start`]).
     reconcile_pending: bool,
-    /// The model decide stages ask, over what pipeline files say (the
-    /// CLI's `--provider`, `--model`, `--base-url`).
-    model_override: pipeline::spec::ModelSpec,
-    /// The worker's job slots, when a `cairn worker` runs this engine's job:
-    /// a run waiting for its branches lends its slot back.
-    slots: Option<std::sync::Arc<worker::Slots>>,
     /// Where the last memory snapshot's time went.
     memory_phases: std::sync::Mutex<Option<snapshots::MemoryPhases>>,
     /// What layers above keep with this engine ([`Engine::extension`]).
@@ -238,8 +226,6 @@ impl Engine {
             store,
             reconciled: Vec::new(),
             reconcile_pending: start_init_ahead,
-            model_override: Default::default(),
-            slots: None,
             memory_phases: std::sync::Mutex::new(None),
             extensions: Extensions::default(),
         };
@@ -263,6 +249,12 @@ impl Engine {
     /// The state store.
     pub fn db(&self) -> &state::Db {
         &self.db
+    }
+
+    /// The state store, for the writes that take it whole (a stage's
+    /// outcome, a sandbox's row).
+    pub fn db_mut(&mut self) -> &mut state::Db {
+        &mut self.db
     }
 
     /// The chunk store: snapshots' manifests and files, memory images,

@@ -90,10 +90,22 @@ pub struct GcReport {
     pub changed_copies_removed: Vec<String>,
     /// Stage sandboxes whose queue claim had moved on (see
     /// `Engine::reap_orphans`), recorded on their run and removed.
-    pub orphans_reaped: Vec<crate::queue::Orphan>,
+    pub orphans_reaped: Vec<crate::state::queue::Orphan>,
     /// Losing branches whose snapshots went under their run's retention
     /// (`keep = "winners"`, docs/pipelines.md).
-    pub losers_collected: Vec<crate::pipeline::retention::CollectedBranch>,
+    pub losers_collected: Vec<crate::state::runs::CollectedBranch>,
+}
+
+/// What layers above the engine collect within [`Engine::gc_with`], each at
+/// the point it must come: the pipelines' stage sandboxes whose queue claim
+/// moved on before exited sandboxes go (a home whose worker is gone has no
+/// one else to reap them), and their losing branches past retention before
+/// layers and chunks are swept.
+pub trait CollectAbove {
+    /// Sandboxes the layer removes itself, added to `report`.
+    fn before_sandboxes(&mut self, engine: &mut Engine, report: &mut GcReport) -> Result<(), EngineError>;
+    /// Snapshots the layer lets go, added to `report`.
+    fn before_chunks(&mut self, engine: &mut Engine, report: &mut GcReport) -> Result<(), EngineError>;
 }
 
 /// How long `gc` keeps a copy set aside because it changed on the host.
@@ -927,19 +939,16 @@ impl Engine {
     }
 
     /// Reconciles, then removes exited sandboxes, cgroups and directories no
-    /// row accounts for, unreferenced layers and interrupted temporaries.
-    pub fn gc(&mut self) -> Result<GcReport, EngineError> {
+    /// row accounts for, unreferenced layers and interrupted temporaries;
+    /// what the layers above collect (`above`) comes at its points.
+    pub fn gc_with(&mut self, above: &mut dyn CollectAbove) -> Result<GcReport, EngineError> {
         let mut removed = std::mem::take(&mut self.reconciled);
         removed.extend(self.reconcile()?);
-        // What attempts taken over left running here (a home whose worker
-        // is gone has no one else to reap them).
-        let orphans = self.reap_orphans()?;
-        removed.extend(orphans.iter().map(|o| o.sandbox_id.clone()));
         let mut report = GcReport {
             sandboxes_removed: removed,
-            orphans_reaped: orphans,
             ..GcReport::default()
         };
+        above.before_sandboxes(self, &mut report)?;
         let (me_pid, me_start) = me();
         for rec in self.db.sandboxes()?.iter().filter(|r| r.state == SandboxState::Exited) {
             let moved = self.db.transition(
@@ -985,9 +994,10 @@ impl Engine {
                 }
             }
         }
-        // Losing branches past their run's retention: their snapshots go
-        // first, so the chunks only they used are freed below.
-        report.losers_collected = self.collect_losers(crate::now_ms())?;
+        // Snapshots the layers above let go (losing branches past their
+        // run's retention) go first, so the chunks only they used are freed
+        // below.
+        above.before_chunks(self, &mut report)?;
         // Layers and chunks: only while no snapshot or image build is
         // writing (they hold the store lock shared until their rows exist).
         let _lock = self.lock_store(true)?;

@@ -1396,7 +1396,7 @@ impl Engine {
 
     /// Removes the local memory image of snapshot `id` (whose row is gone)
     /// and its seal; one left behind is swept by gc.
-    pub(crate) fn remove_memory_image(&self, id: &str) {
+    pub fn remove_memory_image(&self, id: &str) {
         let image = self.home.memory_image(id);
         let _ = fs::remove_file(crate::memory_cache::path_of(&image));
         let _ = fs::remove_dir_all(image);

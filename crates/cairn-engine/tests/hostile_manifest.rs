@@ -7,7 +7,7 @@
 
 use cairn_testkit::{alloc_meter, mutation};
 
-use cairn_engine::pipeline::artifacts::ArtifactObject;
+use cairn_engine::objects::ArtifactObject;
 use cairn_engine::snapshots::{MemoryFile, MemoryForm, MemoryImage};
 use cairn_engine::SnapshotManifest;
 use cairn_layers::LayerId;

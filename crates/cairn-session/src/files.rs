@@ -3,9 +3,9 @@
 
 use std::io::{Read, Write};
 
-use super::{Entry, EntryKind};
 use crate::prelude::*;
 use crate::steps::*;
+use crate::{Entry, EntryKind};
 use cairn_engine::{Engine, EngineError};
 
 /// A reader that hashes what passes through it.

@@ -12,9 +12,9 @@ use cairn_protocol::ExecRequest;
 use cairn_store::{ChunkHash, ReadContext};
 use serde::Serialize;
 
-use super::log::{Order, Segment};
-use super::{Entry, EntryKind, SessionError, SessionRecord, SessionState, GENESIS, INLINE_MAX};
+use crate::log::{Order, Segment};
 use crate::steps::*;
+use crate::{Entry, EntryKind, SessionError, SessionRecord, SessionState, GENESIS, INLINE_MAX};
 use cairn_engine::sandboxes::me;
 use cairn_engine::state::{SandboxState, StateError};
 use cairn_engine::{CreateOptions, Engine, EngineError, Progress, SandboxRecord};
@@ -282,7 +282,7 @@ pub trait SessionOps {
 
     /// Moves the live branch back to entry `to`: the later entries stay in
     /// the log (and in its chain), abandoned; new entries follow them.
-    fn rewind_session(&self, key: &str, to: u64) -> Result<super::Rewind, EngineError>;
+    fn rewind_session(&self, key: &str, to: u64) -> Result<crate::Rewind, EngineError>;
 
     /// Closes a session: its sandbox goes; its log stays unless `purge`.
     fn close_session(&mut self, key: &str, purge: bool) -> Result<SessionRecord, EngineError>;
@@ -469,7 +469,7 @@ impl SessionOps for Engine {
                         return bad(expected, "missing".into());
                     }
                     let hash = e.chain(&previous);
-                    if hash != e.hash || e.version != super::ENTRY_VERSION {
+                    if hash != e.hash || e.version != crate::ENTRY_VERSION {
                         return bad(
                             e.seq,
                             format!("tampered (its hash should be {hash}, the row says {})", e.hash),
@@ -628,7 +628,7 @@ impl SessionOps for Engine {
         })
     }
 
-    fn rewind_session(&self, key: &str, to: u64) -> Result<super::Rewind, EngineError> {
+    fn rewind_session(&self, key: &str, to: u64) -> Result<crate::Rewind, EngineError> {
         let s = self.session(key)?;
         if s.state == SessionState::Closed {
             return Err(SessionError::WrongState {

@@ -7,10 +7,10 @@ use std::io::Write;
 use cairn_protocol::ExecRequest;
 use serde::{Deserialize, Serialize};
 
-use super::ops::LogRange;
-use super::{Entry, EntryKind, SessionError, SessionRecord, SessionState};
+use crate::ops::LogRange;
 use crate::prelude::*;
 use crate::steps::*;
+use crate::{Entry, EntryKind, SessionError, SessionRecord, SessionState};
 use cairn_engine::{Engine, EngineError, SandboxRecord};
 
 /// One tool call run again by `recover --replay`.

@@ -172,7 +172,7 @@ impl WarmSteps for Engine {
                 return Ok(false);
             }
         }
-        let suspended_in = |s: &super::SessionRecord| match (&s.state, &s.snapshot_id) {
+        let suspended_in = |s: &crate::SessionRecord| match (&s.state, &s.snapshot_id) {
             (SessionState::Suspended, Some(snapshot)) => Some(snapshot.clone()),
             _ => None,
         };
@@ -202,7 +202,7 @@ impl WarmSteps for Engine {
         }
         // Named for the session as its resume names the sandbox it makes:
         // a resume in another process removes it as a leftover.
-        let prepared = match self.prepare_restore(&snap, &super::ops::session_sandbox_options(&s, id)) {
+        let prepared = match self.prepare_restore(&snap, &crate::ops::session_sandbox_options(&s, id)) {
             Ok(p) => p,
             Err(EngineError::CannotPrepare { .. }) => return Ok(false),
             Err(e) => return Err(e),

@@ -16,8 +16,8 @@ use postgres::error::SqlState;
 use postgres::types::{ToSql, Type};
 use postgres::{Client, Config, NoTls, Statement};
 
-use super::backend::{error_chain, Backend, BackendError, BackendKind, Row, Value};
-use super::StateError;
+use crate::backend::{error_chain, Backend, BackendError, BackendKind, Row, Value};
+use crate::StateError;
 
 /// The schema version is the number of migrations applied, as SQLite's
 /// `user_version` is; the two lists stay in step, one file each.

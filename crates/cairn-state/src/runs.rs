@@ -1020,3 +1020,12 @@ fn claim_of(fence: &Option<crate::Fence>) -> (String, i64) {
         .map(|f| (f.job.clone(), f.epoch))
         .unwrap_or_else(|| (String::new(), 0))
 }
+
+/// One losing branch whose snapshots went (a run's retention, `gc`).
+#[derive(Debug, Clone, Serialize)]
+pub struct CollectedBranch {
+    pub run_id: String,
+    pub stage: String,
+    pub branch: String,
+    pub snapshots: Vec<String>,
+}

@@ -23,8 +23,8 @@ use std::time::Duration;
 use rusqlite::types::{ToSqlOutput, ValueRef};
 use rusqlite::{Connection, ToSql};
 
-use super::backend::{Backend, BackendError, BackendKind, Row, Value};
-use super::StateError;
+use crate::backend::{Backend, BackendError, BackendKind, Row, Value};
+use crate::StateError;
 
 /// `PRAGMA user_version` counts the migrations applied.
 const MIGRATIONS: &[&str] = &[

@@ -381,7 +381,7 @@ impl Check<'_> {
     fn duration(&self, field: &str, v: &Option<String>) -> Result<(), ToolError> {
         if let Some(d) = v {
             self.text(field, d, 1, 32)?;
-            if cairn_engine::pipeline::spec::parse_duration(d).is_none() {
+            if cairn_pipeline::spec::parse_duration(d).is_none() {
                 return Err(self.bad(format!("{field} {d:?} is not a duration: write 45s, 30m, 1h30m or 6h")));
             }
         }

@@ -6,8 +6,9 @@
 
 use std::collections::BTreeMap;
 
-use cairn_engine::pipeline::lineage::EventData;
 use cairn_engine::Engine;
+use cairn_pipeline::lineage::EventData;
+use cairn_pipeline::prelude::*;
 use serde::Serialize;
 use serde_json::{json, Value};
 
@@ -37,7 +38,7 @@ pub(crate) struct BranchState {
 /// hypotheses were given.
 pub(crate) fn branch_states(
     e: &Engine,
-    run: &cairn_engine::pipeline::records::RunRecord,
+    run: &cairn_pipeline::records::RunRecord,
 ) -> Result<Vec<BranchState>, ToolError> {
     let rows = e.run_stages(&run.id)?;
     let events = e.run_events(&run.id)?;
@@ -406,10 +407,10 @@ mod tests {
             &group,
         )
         .unwrap();
-        let p = cairn_engine::pipeline::spec::parse("group.toml", &text, &Default::default()).unwrap();
+        let p = cairn_pipeline::spec::parse("group.toml", &text, &Default::default()).unwrap();
         let stage = &p.stages[0];
         let b = stage.branches.as_ref().unwrap();
-        assert_eq!(b.select, cairn_engine::pipeline::spec::Selection::Deferred);
+        assert_eq!(b.select, cairn_pipeline::spec::Selection::Deferred);
         assert_eq!(
             stage.run,
             ["mkdir -p /w {{x}}", "{hypothesis.run_0}", "{hypothesis.run_1}"]

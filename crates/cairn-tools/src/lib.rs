@@ -20,9 +20,10 @@ use std::io::{Read, Seek, SeekFrom};
 use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
-use cairn_engine::pipeline::lineage::EventData;
-use cairn_engine::pipeline::run::Quiet;
 use cairn_engine::{Engine, EngineError, Home};
+use cairn_pipeline::lineage::EventData;
+use cairn_pipeline::prelude::*;
+use cairn_pipeline::run::Quiet;
 use cairn_session::prelude::*;
 use serde::Serialize;
 use serde_json::{json, Value};
@@ -313,7 +314,7 @@ impl Tools {
                 run.status == "running" && e.run_orchestrator(&run.id).is_none(),
                 run.id,
             ))),
-            Err(EngineError::Run(cairn_engine::pipeline::run::RunError::NoSuchRun(_))) => Ok(None),
+            Err(e) if matches!(e.domain(), Some(cairn_pipeline::run::RunError::NoSuchRun(_))) => Ok(None),
             Err(other) => Err(other.into()),
         })?;
         if let Some((orphaned, id)) = existing {

@@ -9,6 +9,7 @@ use std::path::{Path, PathBuf};
 use anyhow::{bail, Context, Result};
 use cairn_engine::tenants::Owned;
 use cairn_engine::{CreateOptions, Engine, Home, SandboxRecord, SandboxState};
+use cairn_pipeline::prelude::*;
 use cairn_protocol::{FileKind, FileMeta};
 use cairn_sandbox::client::InitClient;
 use cairn_sandbox::limits::{DiskSize, MemorySize};
@@ -251,7 +252,7 @@ fn command(home: Home, cmd: Command, caller: Option<&crate::caller::Caller>) -> 
             if !(long_stage_secs.is_finite() && long_stage_secs > 0.0 && long_stage_secs < 1e9) {
                 anyhow::bail!("--long-stage-secs must be a number of seconds above 0, e.g. 300");
             }
-            let limits = cairn_engine::pipeline::audit::AuditLimits {
+            let limits = cairn_pipeline::audit::AuditLimits {
                 long: std::time::Duration::from_secs_f64(long_stage_secs),
                 large_bytes: large_state,
             };

@@ -4,12 +4,13 @@
 use std::io::Write;
 
 use anyhow::{bail, Context, Result};
-use cairn_engine::pipeline::records::RunRecord;
-use cairn_engine::pipeline::run::{parse_params, RunWatcher};
 use cairn_engine::tenants::Owned;
 use cairn_engine::Engine;
+use cairn_pipeline::records::RunRecord;
+use cairn_pipeline::run::{parse_params, RunWatcher};
 
-use cairn_engine::pipeline::approval::{approve_command, Verdict, AWAITING};
+use cairn_pipeline::approval::{approve_command, Verdict, AWAITING};
+use cairn_pipeline::prelude::*;
 
 use crate::cli::{ArtifactCommand, DlqCommand, PipelineCommand, PipelineModelArgs, RunCommand, VerdictCommand};
 
@@ -50,9 +51,9 @@ pub fn pipeline(engine: &mut Engine, cmd: PipelineCommand) -> Result<i32> {
             set_model(engine, &model);
             let params = parse_params(&params)?;
             if check {
-                let text = cairn_engine::pipeline::spec::read_file(&file)
+                let text = cairn_pipeline::spec::read_file(&file)
                     .with_context(|| format!("cannot read {}", file.display()))?;
-                let p = cairn_engine::pipeline::parse(&file.display().to_string(), &text, &params)?;
+                let p = cairn_pipeline::parse(&file.display().to_string(), &text, &params)?;
                 eprintln!(
                     "cairn: {} is a valid pipeline of {} stages",
                     file.display(),
@@ -121,13 +122,8 @@ pub fn note_deprecated(old: &str, new: &str) {
 }
 
 /// `cairn audit RUN`: each stage's time and bytes, then the advice.
-pub fn audit(
-    engine: &Engine,
-    run: &str,
-    json: bool,
-    limits: &cairn_engine::pipeline::audit::AuditLimits,
-) -> Result<()> {
-    use cairn_engine::pipeline::audit::{bytes_words, duration_words};
+pub fn audit(engine: &Engine, run: &str, json: bool, limits: &cairn_pipeline::audit::AuditLimits) -> Result<()> {
+    use cairn_pipeline::audit::{bytes_words, duration_words};
     let a = engine.audit_run(run, limits)?;
     if json {
         println!("{}", serde_json::to_string_pretty(&a)?);
@@ -213,7 +209,7 @@ fn queued(engine: &Engine, run: &str, detach: bool) -> Result<i32> {
 }
 
 fn set_model(engine: &mut Engine, m: &PipelineModelArgs) {
-    engine.set_model_override(cairn_engine::pipeline::spec::ModelSpec {
+    engine.set_model_override(cairn_pipeline::spec::ModelSpec {
         provider: m.provider.clone(),
         model: m.model.clone(),
         base_url: m.base_url.clone(),
@@ -295,7 +291,7 @@ struct Listed<'a> {
     orchestrator_pid: Option<u32>,
     /// The stage queue's job for the run, when it went through the queue:
     /// queued, or claimed by a worker (named) under a lease.
-    queue: Option<cairn_engine::queue::Job>,
+    queue: Option<cairn_pipeline::queue::Job>,
     interrupted: bool,
     /// The stage the run waits at for a person, and the command that continues it.
     awaiting_approval: Option<String>,
@@ -390,7 +386,7 @@ pub fn show(engine: &Engine, key: &str, json: bool) -> Result<()> {
             .map(|d| {
                 let mut v = serde_json::to_value(d).expect("a record serialises");
                 // The answer as data, not as the text it is stored in.
-                v["answer"] = cairn_engine::pipeline::decision::Answer::from_stored(&d.answer)
+                v["answer"] = cairn_pipeline::decision::Answer::from_stored(&d.answer)
                     .map(|a| serde_json::to_value(a).expect("an answer serialises"))
                     .unwrap_or_else(serde_json::Value::String);
                 v
@@ -475,11 +471,7 @@ struct BranchDiff {
 
 /// For each branch group with a winner, how each other branch with an
 /// output differs from it (counts only: `cairn diff` shows the rest).
-fn branch_diffs(
-    engine: &Engine,
-    run: &str,
-    stages: &[cairn_engine::pipeline::records::StageRecord],
-) -> Vec<BranchDiff> {
+fn branch_diffs(engine: &Engine, run: &str, stages: &[cairn_pipeline::records::StageRecord]) -> Vec<BranchDiff> {
     let mut out = Vec::new();
     for group in stages.iter().filter(|s| s.branch.is_empty()) {
         let Some(won) = group.output_snapshot.as_deref() else {
@@ -527,10 +519,10 @@ fn branch_diffs(
 /// A run's records, printed as a tree of stages.
 struct Tree<'a> {
     branch_diffs: &'a [BranchDiff],
-    stages: &'a [cairn_engine::pipeline::records::StageRecord],
-    events: &'a [cairn_engine::pipeline::records::EventRecord],
-    artifacts: &'a [cairn_engine::pipeline::records::ArtifactRecord],
-    decisions: &'a [cairn_engine::pipeline::records::DecisionRecord],
+    stages: &'a [cairn_pipeline::records::StageRecord],
+    events: &'a [cairn_pipeline::records::EventRecord],
+    artifacts: &'a [cairn_pipeline::records::ArtifactRecord],
+    decisions: &'a [cairn_pipeline::records::DecisionRecord],
     children: &'a std::collections::BTreeMap<&'a str, Vec<&'a str>>,
 }
 
@@ -561,7 +553,7 @@ impl Tree<'_> {
             .unwrap_or_else(|| "branches".into());
         println!("{head} {name}: {summary}");
         for d in self.decisions.iter().filter(|d| d.stage == name) {
-            let chosen = cairn_engine::pipeline::decision::Answer::from_stored(&d.answer)
+            let chosen = cairn_pipeline::decision::Answer::from_stored(&d.answer)
                 .map(|a| a.summary())
                 .unwrap_or_else(|e| e);
             println!(
@@ -686,7 +678,7 @@ pub fn dlq(engine: &mut Engine, cmd: DlqCommand) -> Result<i32> {
 
 /// The dead letters of the runs this engine's tenant owns (all, for the
 /// administrator).
-fn own_dead_letters(engine: &Engine) -> Result<Vec<cairn_engine::pipeline::records::DeadLetter>> {
+fn own_dead_letters(engine: &Engine) -> Result<Vec<cairn_pipeline::records::DeadLetter>> {
     let mut all = engine.dead_letters()?;
     engine.keep_mine(Owned::Run, &mut all, |d| &d.run_id)?;
     Ok(all)

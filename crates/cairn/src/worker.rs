@@ -5,10 +5,11 @@ use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::time::Duration;
 
 use anyhow::{Context, Result};
-use cairn_engine::pipeline::run::RunWatcher;
-use cairn_engine::queue::{Job, Orphan};
-use cairn_engine::worker::{run_worker, WorkerOptions, WorkerWatch};
 use cairn_engine::{Engine, Home};
+use cairn_pipeline::prelude::*;
+use cairn_pipeline::queue::{Job, Orphan};
+use cairn_pipeline::run::RunWatcher;
+use cairn_pipeline::worker::{run_worker, WorkerOptions, WorkerWatch};
 
 use crate::cli::{WorkerArgs, WorkerCommand};
 

@@ -17,13 +17,14 @@ use cairn_sandbox::Limits;
 use serde::Deserialize;
 use serde_json::{json, Value};
 
+use super::book::E2bBook;
 use super::{
     base, network, page, templates, Entry, Gateway, Life, RestError, DEFAULT_TIMEOUT_SECS, ENVD_VERSION,
     MAX_TIMEOUT_SECS,
 };
 use crate::admission::Admission;
 use crate::app::now_ms;
-use cairn_engine::e2b::E2bSnapshot;
+use cairn_engine::state::e2b::E2bSnapshot;
 
 type G = State<Arc<Gateway>>;
 type Rest<T> = Result<T, RestError>;

@@ -9,11 +9,12 @@
 //!
 //! An E2B sandbox keeps its id across pause and resume while the Cairn
 //! sandbox under it changes: the state store keeps that mapping
-//! ([`cairn_engine::e2b`]), and the gateway a copy in memory. Which driver
+//! ([`book`]), and the gateway a copy in memory. Which driver
 //! runs a template's sandboxes is the server's choice ([`Drivers`]): on
 //! gVisor a pause keeps memory and running processes.
 
 mod base;
+mod book;
 mod control;
 mod drivers;
 mod envd;
@@ -26,6 +27,7 @@ mod network;
 mod page;
 mod ports;
 mod rpc;
+mod template_book;
 mod templates;
 mod warm;
 mod watch;
@@ -38,16 +40,17 @@ use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
 use axum::routing::{delete, get, post};
 use axum::Router;
-use cairn_engine::e2b::E2bSandbox;
+use cairn_engine::state::e2b::E2bSandbox;
 use cairn_engine::Home;
 use cairn_sandbox::client::ExecControl;
 use tokio::sync::broadcast;
 
 use crate::app::App;
 use crate::error::{ApiError, ApiResult};
+use book::E2bBook;
 
 pub use base::BaseKind;
-pub use cairn_engine::e2b::{E2bLife as Life, E2bSandbox as Entry};
+pub use cairn_engine::state::e2b::{E2bLife as Life, E2bSandbox as Entry};
 pub use drivers::{parse_driver_choice, DriverChoice, Drivers};
 
 /// The envd version reported: ≥ 0.5.2 so the SDK allows `close_stdin`,

@@ -15,7 +15,7 @@ use std::sync::Arc;
 use axum::body::Bytes;
 use axum::extract::{Path, State};
 use axum::http::StatusCode;
-use cairn_engine::e2b::E2bNetwork;
+use cairn_engine::state::e2b::E2bNetwork;
 use cairn_sandbox::net::{Allow, Deny, NetPolicy};
 use serde::Deserialize;
 use serde_json::{json, Value};

@@ -21,13 +21,14 @@ use axum::http::{HeaderMap, StatusCode};
 use axum::response::{IntoResponse, Response};
 use axum::Json;
 use cairn_engine::build::{Base, BuildLog, ImageConfig, Plan, Step};
-use cairn_engine::e2b_templates::{BuildFailure, BuildLogLine, BuildStatus, TemplateBuild, DEFAULT_TAG};
+use cairn_engine::state::e2b_templates::{BuildFailure, BuildLogLine, BuildStatus, TemplateBuild, DEFAULT_TAG};
 use cairn_engine::{Engine, Silent};
 use futures_util::StreamExt;
 use serde::Deserialize;
 use serde_json::{json, Value};
 
 use super::control::rfc3339;
+use super::template_book::E2bTemplateBook;
 use super::{Gateway, RestError};
 use crate::app::now_ms;
 
@@ -216,7 +217,7 @@ pub async fn request_build(State(gw): G, body: Bytes) -> Rest<Response> {
 /// The template a path names, by id or name, to change it: a tenant
 /// changes only its own (the administrator's it may only start sandboxes
 /// from), and another's answers as an absent one.
-async fn template_to_change(gw: &Arc<Gateway>, key: &str) -> Rest<cairn_engine::e2b_templates::E2bTemplate> {
+async fn template_to_change(gw: &Arc<Gateway>, key: &str) -> Rest<cairn_engine::state::e2b_templates::E2bTemplate> {
     let t = template_of(gw, key).await?;
     match crate::tenancy::current() {
         Some(tenant) if t.tenant.as_deref() != Some(tenant.as_str()) => {
@@ -232,7 +233,7 @@ async fn template_to_change(gw: &Arc<Gateway>, key: &str) -> Rest<cairn_engine::
 
 /// The template a path names, by id or name (one the caller's tenant may
 /// see: its own and the administrator's).
-async fn template_of(gw: &Arc<Gateway>, key: &str) -> Rest<cairn_engine::e2b_templates::E2bTemplate> {
+async fn template_of(gw: &Arc<Gateway>, key: &str) -> Rest<cairn_engine::state::e2b_templates::E2bTemplate> {
     let key = key.split_once(':').map_or(key, |(n, _)| n).to_string();
     let k = key.clone();
     gw.app

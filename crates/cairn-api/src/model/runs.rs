@@ -4,7 +4,7 @@
 
 use std::collections::BTreeMap;
 
-use cairn_engine::pipeline::records::{ArtifactRecord, DeadLetter, EventRecord, RunRecord, StageRecord};
+use cairn_pipeline::records::{ArtifactRecord, DeadLetter, EventRecord, RunRecord, StageRecord};
 use serde::{Deserialize, Serialize};
 use utoipa::ToSchema;
 
@@ -198,8 +198,8 @@ pub struct StageEdges {
     pub after: Vec<String>,
 }
 
-impl From<cairn_engine::pipeline::graph::StageEdges> for StageEdges {
-    fn from(e: cairn_engine::pipeline::graph::StageEdges) -> StageEdges {
+impl From<cairn_pipeline::graph::StageEdges> for StageEdges {
+    fn from(e: cairn_pipeline::graph::StageEdges) -> StageEdges {
         StageEdges {
             stage: e.stage,
             after: e.after,
@@ -260,8 +260,8 @@ pub struct Recommendation {
     pub advice: String,
 }
 
-impl From<cairn_engine::pipeline::audit::RunAudit> for RunAudit {
-    fn from(a: cairn_engine::pipeline::audit::RunAudit) -> RunAudit {
+impl From<cairn_pipeline::audit::RunAudit> for RunAudit {
+    fn from(a: cairn_pipeline::audit::RunAudit) -> RunAudit {
         RunAudit {
             run: a.run,
             pipeline: a.pipeline,
@@ -325,9 +325,9 @@ pub struct Decision {
     pub created_at: i64,
 }
 
-impl From<cairn_engine::pipeline::records::DecisionRecord> for Decision {
-    fn from(d: cairn_engine::pipeline::records::DecisionRecord) -> Decision {
-        let answer = cairn_engine::pipeline::decision::Answer::from_stored(&d.answer)
+impl From<cairn_pipeline::records::DecisionRecord> for Decision {
+    fn from(d: cairn_pipeline::records::DecisionRecord) -> Decision {
+        let answer = cairn_pipeline::decision::Answer::from_stored(&d.answer)
             .map(|a| serde_json::to_value(a).expect("an answer serialises"))
             .unwrap_or(serde_json::Value::String(d.answer));
         Decision {

@@ -10,9 +10,10 @@ use axum::extract::{Path, Query, State};
 use axum::http::{header, HeaderMap, HeaderValue, StatusCode};
 use axum::response::Response;
 use axum::Json;
-use cairn_engine::pipeline::approval::Verdict;
-use cairn_engine::pipeline::run::RunWatcher;
 use cairn_engine::tenants::Owned;
+use cairn_pipeline::approval::Verdict;
+use cairn_pipeline::prelude::*;
+use cairn_pipeline::run::RunWatcher;
 
 use super::files::streamed;
 use super::{idempotent, parse};
@@ -214,7 +215,7 @@ pub async fn get(State(app): State<Arc<App>>, Path(id): Path<String>) -> ApiResu
     params(("id" = String, Path, description = "Run id or unique prefix")),
     responses((status = 200, body = RunAudit), (status = 404, body = ErrorBody)))]
 pub async fn audit(State(app): State<Arc<App>>, Path(id): Path<String>) -> ApiResult<Json<RunAudit>> {
-    let limits = cairn_engine::pipeline::audit::AuditLimits::default();
+    let limits = cairn_pipeline::audit::AuditLimits::default();
     let audit = app.engine(move |e| Ok(e.audit_run(&id, &limits)?)).await?;
     Ok(Json(RunAudit::from(audit)))
 }

@@ -10,10 +10,11 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use anyhow::{bail, Context, Result};
-use cairn_engine::pipeline::records::{RunRecord, StageRecord};
-use cairn_engine::queue::Fence;
 use cairn_engine::state::Db;
 use cairn_engine::{CreateOptions, Engine, Home, Silent};
+use cairn_pipeline::prelude::*;
+use cairn_pipeline::queue::Fence;
+use cairn_pipeline::records::{RunRecord, StageRecord};
 use cairn_protocol::ExecRequest;
 
 use super::{summarize, Bench, Measurement};

@@ -7,6 +7,7 @@ use std::time::{Duration, Instant};
 
 use anyhow::{bail, Result};
 use cairn_engine::{CreateOptions, Engine, Silent};
+use cairn_pipeline::prelude::*;
 use cairn_protocol::ExecRequest;
 
 use super::{summarize, Bench, Measurement, Which};
@@ -251,7 +252,7 @@ fn allocated_bytes(dir: &std::path::Path) -> Result<u64> {
 
 impl Bench {
     pub(super) fn stages(&self, runs: usize) -> Result<Vec<Measurement>> {
-        use cairn_engine::pipeline::run::Quiet;
+        use cairn_pipeline::run::Quiet;
         let dir = self.home.path().join("pipelines");
         std::fs::create_dir_all(&dir)?;
         let mut engine = self.engine()?;

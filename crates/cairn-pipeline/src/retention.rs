@@ -7,32 +7,36 @@
 
 use std::collections::HashSet;
 
-use serde::Serialize;
+use crate::lineage::EventData;
+pub use crate::records::CollectedBranch;
+use crate::records::{NewEvent, StageRecord};
+use crate::steps::*;
+use cairn_engine::state::params;
+use cairn_engine::{Engine, EngineError};
 
-use super::lineage::EventData;
-use super::records::{NewEvent, StageRecord};
-use crate::state::params;
-use crate::{Engine, EngineError};
-
-/// One losing branch whose snapshots went.
-#[derive(Debug, Clone, Serialize)]
-pub struct CollectedBranch {
-    pub run_id: String,
-    pub stage: String,
-    pub branch: String,
-    pub snapshots: Vec<String>,
-}
-
-impl Engine {
+pub(crate) trait RetentionSteps {
     /// Collects the losing branches of every ended run whose retention
     /// deadline has passed by `now_ms`. A snapshot anything else still
     /// names (another run's stage, a session, a dead letter) stays.
-    pub(crate) fn collect_losers(&mut self, now_ms: i64) -> Result<Vec<CollectedBranch>, EngineError> {
+    fn collect_losers(&mut self, now_ms: i64) -> Result<Vec<CollectedBranch>, EngineError>;
+
+    /// Snapshots something other than `losers` names: any other stage row
+    /// of `runs` (every run: a later run may have reused a loser's output as
+    /// its winner), a session, a dead letter.
+    fn snapshots_kept_besides(
+        &self,
+        runs: &[(crate::records::RunRecord, Vec<StageRecord>)],
+        losers: &[&StageRecord],
+    ) -> Result<HashSet<String>, EngineError>;
+}
+
+impl RetentionSteps for Engine {
+    fn collect_losers(&mut self, now_ms: i64) -> Result<Vec<CollectedBranch>, EngineError> {
         // Every run's stage rows, read once: the losers come from the runs
         // past their deadline, what stays from all of them.
         let mut runs = Vec::new();
-        for run in self.db.runs()? {
-            let stages = self.db.stages_of(&run.id)?;
+        for run in self.db().runs()? {
+            let stages = self.db().stages_of(&run.id)?;
             runs.push((run, stages));
         }
         let mut due = Vec::new();
@@ -44,7 +48,7 @@ impl Engine {
             if now_ms < ended.saturating_add(keep_for.as_millis() as i64) {
                 continue;
             }
-            let events = self.db.events_of(&run.id)?;
+            let events = self.db().events_of(&run.id)?;
             let collected = |stage: &str, branch: &str| {
                 events.iter().any(|e| {
                     e.kind == "collected" && e.stage.as_deref() == Some(stage) && e.branch.as_deref() == Some(branch)
@@ -72,7 +76,7 @@ impl Engine {
         for (run, keep_for, losers) in due {
             for loser in losers {
                 let mut drop: Vec<String> = loser.output_snapshot.iter().cloned().collect();
-                drop.extend(self.db.checkpoint_snapshots(&run.id, &loser.stage, &loser.branch)?);
+                drop.extend(self.db().checkpoint_snapshots(&run.id, &loser.stage, &loser.branch)?);
                 drop.retain(|s| !keep.contains(s));
                 drop.sort();
                 drop.dedup();
@@ -88,7 +92,7 @@ impl Engine {
                     },
                     None,
                 );
-                self.db.transaction(|b| {
+                self.db().transaction(|b| {
                     for s in &drop {
                         b.execute("DELETE FROM stage_keys WHERE output_snapshot = $1", params![s])?;
                         b.execute("DELETE FROM snapshots WHERE id = $1", params![s])?;
@@ -97,7 +101,7 @@ impl Engine {
                         "DELETE FROM checkpoints WHERE run_id = $1 AND stage = $2 AND branch = $3",
                         params![&run.id, &loser.stage, &loser.branch],
                     )?;
-                    super::records::insert_new_event(b, &run.id, Some(&loser.stage), Some(&loser.branch), &event)
+                    crate::records::insert_new_event(b, &run.id, Some(&loser.stage), Some(&loser.branch), &event)
                 })?;
                 for s in &drop {
                     self.remove_memory_image(s);
@@ -113,12 +117,9 @@ impl Engine {
         Ok(out)
     }
 
-    /// Snapshots something other than `losers` names: any other stage row
-    /// of `runs` (every run: a later run may have reused a loser's output as
-    /// its winner), a session, a dead letter.
     fn snapshots_kept_besides(
         &self,
-        runs: &[(super::records::RunRecord, Vec<StageRecord>)],
+        runs: &[(crate::records::RunRecord, Vec<StageRecord>)],
         losers: &[&StageRecord],
     ) -> Result<HashSet<String>, EngineError> {
         let is_loser = |s: &StageRecord| {
@@ -133,8 +134,8 @@ impl Engine {
                 keep.extend(s.output_snapshot.clone());
             }
         }
-        keep.extend(self.db.session_snapshots()?);
-        keep.extend(self.db.dead_letter_snapshots()?);
+        keep.extend(self.db().session_snapshots()?);
+        keep.extend(self.db().dead_letter_snapshots()?);
         Ok(keep)
     }
 }

@@ -10,9 +10,10 @@
 
 use serde::Serialize;
 
-use super::records::RunRecord;
-use super::Pipeline;
-use crate::Engine;
+use crate::records::RunRecord;
+use crate::steps::*;
+use crate::Pipeline;
+use cairn_engine::Engine;
 
 /// One stage of a run's pipeline and what its sandbox starts from.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
@@ -37,11 +38,16 @@ pub fn edges(pipeline: &Pipeline) -> Vec<StageEdges> {
         .collect()
 }
 
-impl Engine {
+/// A run's stages with the stage each one comes after.
+pub trait RunGraph {
     /// The edges of a run's stages, read from the pipeline file the run
     /// stored; `None` when that file no longer parses (a run recorded by a
     /// release whose files this one refuses, or one written by hand).
-    pub fn run_graph(&self, run: &RunRecord) -> Option<Vec<StageEdges>> {
+    fn run_graph(&self, run: &RunRecord) -> Option<Vec<StageEdges>>;
+}
+
+impl RunGraph for Engine {
+    fn run_graph(&self, run: &RunRecord) -> Option<Vec<StageEdges>> {
         self.parsed_run(run).ok().map(|p| edges(&p))
     }
 }

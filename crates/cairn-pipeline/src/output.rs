@@ -5,7 +5,7 @@ use std::collections::VecDeque;
 use std::fs;
 use std::io::{self, Write};
 
-use super::run::RunWatcher;
+use crate::watch::RunWatcher;
 
 /// The newest bytes of a stage's output the orchestrator keeps in memory
 /// (the `output` metric is the last number in them); the stage log on disk

@@ -6,11 +6,15 @@
 //! so a process killed between the two loses nothing: `cairn pipeline
 //! resume` continues an approved run.
 
-use super::lineage::EventData;
-use super::records::{NewEvent, RunRecord, StageRecord};
-use super::run::{render, RunError, RunWatcher};
-use super::spec::{Pipeline, Stage};
-use crate::{now_ms, Engine, EngineError};
+use crate::error::RunError;
+use crate::lineage::EventData;
+use crate::prelude::*;
+use crate::records::{NewEvent, RunRecord, StageRecord};
+use crate::render::render;
+use crate::spec::{Pipeline, Stage};
+use crate::steps::*;
+use crate::watch::RunWatcher;
+use cairn_engine::{now_ms, Engine, EngineError};
 
 /// Stage status while a run waits for a person.
 pub const AWAITING: &str = "awaiting_approval";
@@ -44,75 +48,28 @@ pub fn approve_command(run: &str, stage: &str) -> String {
     format!("cairn pipeline approve {run} {stage} [--reason TEXT]")
 }
 
-impl Engine {
-    /// At a stage with `approve = true`: lets it run once approved, or
-    /// records the run as waiting for approval (stage row, event and run
-    /// status in one transaction) and tells the orchestrator to stop.
-    pub(super) fn approval_gate(
-        &mut self,
-        run: &RunRecord,
-        pipeline: &Pipeline,
-        stage: &Stage,
-        input: Option<&str>,
-        watch: &dyn RunWatcher,
-    ) -> Result<Gate, EngineError> {
-        let row = self.db.stage(&run.id, &stage.name, "")?;
-        match row.as_ref().map(|r| r.status.as_str()) {
-            Some(REJECTED) => {
-                let why = row.and_then(|r| r.error).unwrap_or_default();
-                return Ok(Gate::Rejected(why));
-            }
-            Some(AWAITING) | None => {}
-            // Approved, running, completed, failed, dead: past the gate.
-            Some(_) => return Ok(Gate::Open),
-        }
-        // A stage whose key completed before runs nothing (its output is
-        // reused): there is nothing for a person to approve.
-        if row.is_none() && stage.branches.is_none() {
-            let key = render(&stage.key, pipeline, stage, None);
-            if self.db.completed_key(&key)?.is_some() {
-                return Ok(Gate::Open);
-            }
-        }
-        let rec = row.unwrap_or(StageRecord {
-            run_id: run.id.clone(),
-            stage: stage.name.clone(),
-            branch: String::new(),
-            // A branch group's key names its hypothesis once it runs.
-            stage_key: render(&stage.key, pipeline, stage, None),
-            status: AWAITING.into(),
-            attempts: 0,
-            input_snapshot: input.map(str::to_string),
-            output_snapshot: None,
-            sandbox_id: None,
-            started_at: Some(now_ms()),
-            ended_at: None,
-            error: None,
-            metric: None,
-        });
-        let detail = format!(
-            "waits for a person: `{}` continues the run, `cairn pipeline reject {} {} --reason TEXT` fails it",
-            approve_command(&run.id, &stage.name),
-            run.id,
-            stage.name
-        );
-        self.db.put_stage_and_run(
-            &rec,
-            NewEvent::text("awaiting-approval", &detail, None),
-            AWAITING,
-            None,
-            None,
-        )?;
-        watch.stage(&stage.name, "", AWAITING, &detail);
-        Ok(Gate::Waiting)
-    }
-
+/// Approvals: a run paused before a stage until a person approves it.
+pub trait RunApprovals {
     /// Records a person's verdict on a stage waiting for approval, under the
     /// run's orchestrator lock: approved, the stage is `approved` and the run
     /// `running` again (nothing executes it until the caller continues it:
     /// [`Engine::execute_run`]); rejected, the stage is `rejected` and the
     /// run `failed`. Returns the run's record after the verdict.
-    pub fn decide_approval(
+    fn decide_approval(
+        &mut self,
+        run_key: &str,
+        stage: &str,
+        verdict: Verdict,
+        by: &str,
+        reason: Option<&str>,
+    ) -> Result<RunRecord, EngineError>;
+
+    /// The stage a run waits at for approval, if it does.
+    fn awaiting_approval(&self, run: &str) -> Result<Option<String>, EngineError>;
+}
+
+impl RunApprovals for Engine {
+    fn decide_approval(
         &mut self,
         run_key: &str,
         stage: &str,
@@ -153,7 +110,7 @@ impl Engine {
             ))
             .into());
         }
-        let row = self.db.stage(&run.id, stage, "")?;
+        let row = self.db().stage(&run.id, stage, "")?;
         let mut rec = match row {
             Some(r) if r.status == AWAITING => r,
             Some(r) if r.status == REJECTED => {
@@ -195,7 +152,7 @@ impl Engine {
         match verdict {
             Verdict::Approve => {
                 rec.status = APPROVED.into();
-                self.db.put_stage_and_run(&rec, event, "running", None, None)?;
+                self.db_mut().put_stage_and_run(&rec, event, "running", None, None)?;
             }
             Verdict::Reject => {
                 let detail = event.detail.clone();
@@ -203,20 +160,94 @@ impl Engine {
                 rec.error = Some(detail.clone());
                 rec.ended_at = Some(now_ms());
                 let msg = format!("stage {stage} was {detail}");
-                self.db
+                self.db_mut()
                     .put_stage_and_run(&rec, event, "failed", Some(&msg), Some(now_ms()))?;
             }
         }
         self.run_record(&run.id)
     }
 
-    /// The stage a run waits at for approval, if it does.
-    pub fn awaiting_approval(&self, run: &str) -> Result<Option<String>, EngineError> {
+    fn awaiting_approval(&self, run: &str) -> Result<Option<String>, EngineError> {
         Ok(self
-            .db
+            .db()
             .stages_of(run)?
             .into_iter()
             .find(|s| s.status == AWAITING)
             .map(|s| s.stage))
+    }
+}
+
+pub(crate) trait ApprovalSteps {
+    /// At a stage with `approve = true`: lets it run once approved, or
+    /// records the run as waiting for approval (stage row, event and run
+    /// status in one transaction) and tells the orchestrator to stop.
+    fn approval_gate(
+        &mut self,
+        run: &RunRecord,
+        pipeline: &Pipeline,
+        stage: &Stage,
+        input: Option<&str>,
+        watch: &dyn RunWatcher,
+    ) -> Result<Gate, EngineError>;
+}
+
+impl ApprovalSteps for Engine {
+    fn approval_gate(
+        &mut self,
+        run: &RunRecord,
+        pipeline: &Pipeline,
+        stage: &Stage,
+        input: Option<&str>,
+        watch: &dyn RunWatcher,
+    ) -> Result<Gate, EngineError> {
+        let row = self.db().stage(&run.id, &stage.name, "")?;
+        match row.as_ref().map(|r| r.status.as_str()) {
+            Some(REJECTED) => {
+                let why = row.and_then(|r| r.error).unwrap_or_default();
+                return Ok(Gate::Rejected(why));
+            }
+            Some(AWAITING) | None => {}
+            // Approved, running, completed, failed, dead: past the gate.
+            Some(_) => return Ok(Gate::Open),
+        }
+        // A stage whose key completed before runs nothing (its output is
+        // reused): there is nothing for a person to approve.
+        if row.is_none() && stage.branches.is_none() {
+            let key = render(&stage.key, pipeline, stage, None);
+            if self.db().completed_key(&key)?.is_some() {
+                return Ok(Gate::Open);
+            }
+        }
+        let rec = row.unwrap_or(StageRecord {
+            run_id: run.id.clone(),
+            stage: stage.name.clone(),
+            branch: String::new(),
+            // A branch group's key names its hypothesis once it runs.
+            stage_key: render(&stage.key, pipeline, stage, None),
+            status: AWAITING.into(),
+            attempts: 0,
+            input_snapshot: input.map(str::to_string),
+            output_snapshot: None,
+            sandbox_id: None,
+            started_at: Some(now_ms()),
+            ended_at: None,
+            error: None,
+            metric: None,
+        });
+        let detail = format!(
+            "waits for a person: `{}` continues the run, `cairn pipeline reject {} {} --reason TEXT` fails it",
+            approve_command(&run.id, &stage.name),
+            run.id,
+            stage.name
+        );
+        self.db_mut().put_stage_and_run(
+            &rec,
+            NewEvent::text("awaiting-approval", &detail, None),
+            AWAITING,
+            None,
+            None,
+        )?;
+        watch.stage(&stage.name, "", AWAITING, &detail);
+        Ok(Gate::Waiting)
     }
 }

@@ -13,12 +13,15 @@ use std::io::{Read, Seek, SeekFrom};
 
 use cairn_llm::{Conversation, ModelConfig, ProviderKind, ToolDef, ToolResult, Turn};
 
-use super::decision::{self, Action, Answer, Rules};
-use super::lineage::EventData;
-use super::records::{DeadLetter, DecisionEffect, DecisionRecord, NewEvent, RunRecord, StageRecord};
-use super::run::{new_id, render, RunError, RunWatcher};
-use super::spec::{Decide, Metric, ModelSpec, Pipeline, Selection, Stage};
-use crate::{now_ms, Engine, EngineError};
+use crate::decision::{self, Action, Answer, Rules};
+use crate::error::RunError;
+use crate::lineage::EventData;
+use crate::prelude::*;
+use crate::records::{DeadLetter, DecisionEffect, DecisionRecord, NewEvent, RunRecord, StageRecord};
+use crate::render::{new_id, render};
+use crate::spec::{Decide, Metric, ModelSpec, Pipeline, Selection, Stage};
+use crate::watch::RunWatcher;
+use cairn_engine::{now_ms, Engine, EngineError};
 
 /// Model calls for one decision: the first and two more after invalid answers.
 pub const MAX_CALLS: u32 = 3;
@@ -41,24 +44,86 @@ pub(super) enum Step {
     Stop,
 }
 
-impl Engine {
+/// Decide stages: a model asked, its answer recorded and checked.
+pub trait RunDecisions {
     /// Sets the model decide stages ask, over what pipeline files say.
-    pub fn set_model_override(&mut self, model: ModelSpec) {
-        self.model_override = model;
-    }
+    fn set_model_override(&mut self, model: ModelSpec);
 
     /// Every decision recorded in a run.
-    pub fn run_decisions(&self, run: &str) -> Result<Vec<DecisionRecord>, EngineError> {
-        Ok(self.db.decisions_of(run)?)
+    fn run_decisions(&self, run: &str) -> Result<Vec<DecisionRecord>, EngineError>;
+}
+
+impl RunDecisions for Engine {
+    fn set_model_override(&mut self, model: ModelSpec) {
+        self.set_extension(model);
     }
 
+    fn run_decisions(&self, run: &str) -> Result<Vec<DecisionRecord>, EngineError> {
+        Ok(self.db().decisions_of(run)?)
+    }
+}
+
+pub(crate) trait DecideSteps {
     /// Before anything runs: a pipeline with a decide stage still to decide
     /// (in `run`, when given) needs a usable model configuration.
-    pub(super) fn check_model_for(&self, run: Option<&str>, p: &Pipeline) -> Result<(), EngineError> {
+    fn check_model_for(&self, run: Option<&str>, p: &Pipeline) -> Result<(), EngineError>;
+
+    fn model_config(&self, p: &Pipeline, stage: &str) -> Result<ModelConfig, RunError>;
+
+    /// A decide stage: reuses a recorded decision (this run's, or its key's
+    /// from another run), or asks the model and records the answer.
+    fn decide_stage(
+        &mut self,
+        run: &RunRecord,
+        p: &Pipeline,
+        stage: &Stage,
+        d: &Decide,
+        input: Option<&str>,
+        watch: &dyn RunWatcher,
+    ) -> Result<Step, EngineError>;
+
+    /// Records a new decision with what it does to the stage before: the
+    /// decide stage completes (`continue`, or no action to choose), the
+    /// stage before runs again (`retry`, within the limit), or it goes to
+    /// the dead letters (`dlq`, or one `retry` too many).
+    #[allow(clippy::too_many_arguments)]
+    fn act(
+        &mut self,
+        run: &RunRecord,
+        stage: &Stage,
+        rec: StageRecord,
+        record: &DecisionRecord,
+        answer: Answer,
+        decided: EventData,
+        retries_asked: u32,
+        watch: &dyn RunWatcher,
+    ) -> Result<Step, EngineError>;
+
+    fn complete(&mut self, rec: &mut StageRecord, d: &DecisionRecord, event: NewEvent) -> Result<(), EngineError>;
+
+    /// The decide stage goes to the dead letters; `cairn dlq retry` asks again.
+    fn dead_decision(
+        &mut self,
+        run: &RunRecord,
+        rec: &mut StageRecord,
+        error: &str,
+        input: Option<&str>,
+        watch: &dyn RunWatcher,
+    ) -> Result<(), EngineError>;
+
+    fn rules(&self, p: &Pipeline, d: &Decide) -> Rules;
+
+    /// What the model is told: the prompt, the stage before (status,
+    /// metrics, artifacts, its log's tail), the parameters, the next stage.
+    fn context(&self, run: &RunRecord, p: &Pipeline, stage: &Stage, d: &Decide) -> Result<String, EngineError>;
+}
+
+impl DecideSteps for Engine {
+    fn check_model_for(&self, run: Option<&str>, p: &Pipeline) -> Result<(), EngineError> {
         for s in p.stages.iter().filter(|s| s.decide.is_some()) {
             let done = match run {
                 Some(run) => self
-                    .db
+                    .db()
                     .stage(run, &s.name, "")?
                     .is_some_and(|r| r.status == "completed"),
                 None => false,
@@ -72,7 +137,7 @@ impl Engine {
     }
 
     fn model_config(&self, p: &Pipeline, stage: &str) -> Result<ModelConfig, RunError> {
-        let o = &self.model_override;
+        let o = self.extension::<ModelSpec>().cloned().unwrap_or_default();
         let provider = o.provider.clone().or(p.model.provider.clone());
         let model = o.model.clone().or(p.model.model.clone());
         let (Some(provider), Some(model)) = (provider, model) else {
@@ -93,9 +158,7 @@ impl Engine {
         Ok(cfg)
     }
 
-    /// A decide stage: reuses a recorded decision (this run's, or its key's
-    /// from another run), or asks the model and records the answer.
-    pub(super) fn decide_stage(
+    fn decide_stage(
         &mut self,
         run: &RunRecord,
         p: &Pipeline,
@@ -105,9 +168,9 @@ impl Engine {
         watch: &dyn RunWatcher,
     ) -> Result<Step, EngineError> {
         let key = render(&stage.key, p, stage, None);
-        let row = self.db.stage(&run.id, &stage.name, "")?;
+        let row = self.db().stage(&run.id, &stage.name, "")?;
         let mine: Vec<DecisionRecord> = self
-            .db
+            .db()
             .decisions_of(&run.id)?
             .into_iter()
             .filter(|x| x.stage == stage.name)
@@ -131,7 +194,7 @@ impl Engine {
         rec.input_snapshot = input.map(str::to_string);
         rec.attempts = round;
         // A key decided (and completed) before is decided: its answer is reused.
-        if let Some(done) = self.db.decision_by_key(&key)? {
+        if let Some(done) = self.db().decision_by_key(&key)? {
             let answer = Answer::from_stored(&done.answer).map_err(RunError::Lost)?;
             let detail = format!(
                 "stage key {key} was decided in run {}; its decision is reused: {} — {}",
@@ -165,7 +228,7 @@ impl Engine {
                     "decide stage {}: {e}; the run is interrupted, and `cairn pipeline resume {}` asks again",
                     stage.name, run.id
                 );
-                self.db
+                self.db()
                     .event(&run.id, Some(&stage.name), Some(""), "model-unavailable", &msg, None)?;
                 watch.stage(&stage.name, "", "interrupted", &msg);
                 return Err(RunError::Model(msg).into());
@@ -228,10 +291,6 @@ impl Engine {
         self.act(run, stage, rec, &record, answer, decided, retries_asked, watch)
     }
 
-    /// Records a new decision with what it does to the stage before: the
-    /// decide stage completes (`continue`, or no action to choose), the
-    /// stage before runs again (`retry`, within the limit), or it goes to
-    /// the dead letters (`dlq`, or one `retry` too many).
     #[allow(clippy::too_many_arguments)]
     fn act(
         &mut self,
@@ -261,7 +320,7 @@ impl Engine {
             }
             Some(Action::Retry) if retries_asked < MAX_DECIDED_RETRIES => {
                 let mut prev = self
-                    .db
+                    .db()
                     .stage(&run.id, previous, "")?
                     .ok_or_else(|| RunError::Lost(format!("stage {previous} has no record")))?;
                 prev.status = "pending".into();
@@ -273,7 +332,7 @@ impl Engine {
                     stage.name, answer.reason
                 ));
                 rec.status = "pending".into();
-                self.db.record_decision(
+                self.db_mut().record_decision(
                     record,
                     &rec,
                     then(format!("stage {previous} runs again")),
@@ -295,7 +354,7 @@ impl Engine {
                     )
                 };
                 let mut prev = self
-                    .db
+                    .db()
                     .stage(&run.id, previous, "")?
                     .ok_or_else(|| RunError::Lost(format!("stage {previous} has no record")))?;
                 let dl = DeadLetter {
@@ -315,7 +374,7 @@ impl Engine {
                 prev.ended_at = Some(now_ms());
                 rec.status = "pending".into();
                 let run_error = format!("stage {previous} went to the dead-letter queue: {why}");
-                self.db.record_decision(
+                self.db_mut().record_decision(
                     record,
                     &rec,
                     then(format!("stage {previous} is dead letter {}", dl.id)),
@@ -336,11 +395,10 @@ impl Engine {
         rec.output_snapshot = rec.input_snapshot.clone();
         rec.ended_at = Some(now_ms());
         rec.error = None;
-        self.db.record_decision(d, rec, event, DecisionEffect::Complete)?;
+        self.db_mut().record_decision(d, rec, event, DecisionEffect::Complete)?;
         Ok(())
     }
 
-    /// The decide stage goes to the dead letters; `cairn dlq retry` asks again.
     fn dead_decision(
         &mut self,
         run: &RunRecord,
@@ -360,12 +418,12 @@ impl Engine {
             created_at: now_ms(),
             retried_at: None,
         };
-        self.db.insert_dead_letter(&dl)?;
+        self.db().insert_dead_letter(&dl)?;
         rec.status = "dead".into();
         rec.error = Some(error.to_string());
         rec.ended_at = Some(now_ms());
         let detail = format!("{error}; dead letter {}", dl.id);
-        self.db.put_stage(rec, Some(("dead", &detail, None)))?;
+        self.db_mut().put_stage(rec, Some(("dead", &detail, None)))?;
         watch.stage(&rec.stage, "", "dead", &detail);
         Ok(())
     }
@@ -385,8 +443,6 @@ impl Engine {
         }
     }
 
-    /// What the model is told: the prompt, the stage before (status,
-    /// metrics, artifacts, its log's tail), the parameters, the next stage.
     fn context(&self, run: &RunRecord, p: &Pipeline, stage: &Stage, d: &Decide) -> Result<String, EngineError> {
         use std::fmt::Write;
         let prev = &stage.after[0];
@@ -398,7 +454,7 @@ impl Engine {
         );
         let _ = writeln!(t, "## What to decide\n{}\n", d.prompt);
         let rows: Vec<StageRecord> = self
-            .db
+            .db()
             .stages_of(&run.id)?
             .into_iter()
             .filter(|s| &s.stage == prev)
@@ -422,7 +478,7 @@ impl Engine {
                     .unwrap_or_default()
             );
         }
-        let artifacts = self.db.artifacts(Some(&run.id))?;
+        let artifacts = self.db().artifacts(Some(&run.id))?;
         for a in artifacts.iter().filter(|a| &a.stage == prev).take(32) {
             let _ = writeln!(t, "- artifact {} ({} bytes)", a.path, a.size_bytes);
         }

@@ -1,16 +1,54 @@
 //! Branch groups: hypotheses forked from one snapshot in parallel, and the
 //! selection rule that keeps one winner.
 
-use super::lineage::EventData;
-use super::records::{NewEvent, RunRecord, StageRecord};
-use super::run::RunWatcher;
-use super::spec::{Branches, Pipeline, Selection, Stage};
-use crate::{now_ms, Engine, EngineError};
+use crate::lineage::EventData;
+use crate::records::{NewEvent, RunRecord, StageRecord};
+use crate::spec::{Branches, Pipeline, Selection, Stage};
+use crate::steps::*;
+use crate::watch::RunWatcher;
+use cairn_engine::{now_ms, Engine, EngineError};
 
-impl Engine {
+pub(crate) trait BranchSteps {
     /// A branch group: every hypothesis forks the input in parallel (each in
     /// a thread with its own engine); the selection rule keeps one winner.
-    pub(super) fn run_branches(
+    fn run_branches(
+        &mut self,
+        run: &RunRecord,
+        p: &Pipeline,
+        stage: &Stage,
+        branches: &Branches,
+        input: Option<&str>,
+        watch: &dyn RunWatcher,
+    ) -> Result<Option<String>, EngineError>;
+
+    /// A deferred group: every hypothesis runs to its end (completed or
+    /// dead-lettered), and no winner is chosen; whoever asked chooses later
+    /// and records the choice in the run's events.
+    fn run_deferred_branches(
+        &mut self,
+        run: &RunRecord,
+        p: &Pipeline,
+        stage: &Stage,
+        branches: &Branches,
+        input: Option<&str>,
+        watch: &dyn RunWatcher,
+    ) -> Result<(), EngineError>;
+
+    /// Runs every hypothesis of the group in parallel, each in a thread
+    /// with its own engine, until each has completed or dead-lettered.
+    fn run_each_branch(
+        &mut self,
+        run: &RunRecord,
+        p: &Pipeline,
+        stage: &Stage,
+        branches: &Branches,
+        input: Option<&str>,
+        watch: &dyn RunWatcher,
+    ) -> Result<(), EngineError>;
+}
+
+impl BranchSteps for Engine {
+    fn run_branches(
         &mut self,
         run: &RunRecord,
         p: &Pipeline,
@@ -20,7 +58,7 @@ impl Engine {
         watch: &dyn RunWatcher,
     ) -> Result<Option<String>, EngineError> {
         if let Some(done) = self
-            .db
+            .db()
             .stage(&run.id, &stage.name, "")?
             .filter(|s| s.status == "completed")
         {
@@ -28,7 +66,7 @@ impl Engine {
         }
         self.run_each_branch(run, p, stage, branches, input, watch)?;
         let rows: Vec<StageRecord> = self
-            .db
+            .db()
             .stages_of(&run.id)?
             .into_iter()
             .filter(|s| s.stage == stage.name && !s.branch.is_empty())
@@ -82,7 +120,7 @@ impl Engine {
                 chosen_by: None,
                 reason: None,
             };
-            self.db.event_typed(
+            self.db().event_typed(
                 &run.id,
                 Some(&stage.name),
                 Some(&s.branch),
@@ -117,15 +155,12 @@ impl Engine {
             winner.output_snapshot.as_deref(),
         );
         let detail = won.detail.clone();
-        self.db.put_stage_event(&rec, won)?;
+        self.db_mut().put_stage_event(&rec, won)?;
         watch.stage(&stage.name, &winner.branch, "won", &detail);
         Ok(winner.output_snapshot.clone())
     }
 
-    /// A deferred group: every hypothesis runs to its end (completed or
-    /// dead-lettered), and no winner is chosen; whoever asked chooses later
-    /// and records the choice in the run's events.
-    pub(super) fn run_deferred_branches(
+    fn run_deferred_branches(
         &mut self,
         run: &RunRecord,
         p: &Pipeline,
@@ -135,7 +170,7 @@ impl Engine {
         watch: &dyn RunWatcher,
     ) -> Result<(), EngineError> {
         self.run_each_branch(run, p, stage, branches, input, watch)?;
-        let rows = self.db.stages_of(&run.id)?;
+        let rows = self.db().stages_of(&run.id)?;
         let ended: Vec<&StageRecord> = rows
             .iter()
             .filter(|s| s.stage == stage.name && !s.branch.is_empty())
@@ -145,14 +180,12 @@ impl Engine {
             "{completed} of {} branches completed; the winner is chosen later (select)",
             ended.len()
         );
-        self.db
+        self.db()
             .event(&run.id, Some(&stage.name), None, "ended", &detail, None)?;
         watch.stage(&stage.name, "", "ended", &detail);
         Ok(())
     }
 
-    /// Runs every hypothesis of the group in parallel, each in a thread
-    /// with its own engine, until each has completed or dead-lettered.
     fn run_each_branch(
         &mut self,
         run: &RunRecord,
@@ -162,10 +195,10 @@ impl Engine {
         input: Option<&str>,
         watch: &dyn RunWatcher,
     ) -> Result<(), EngineError> {
-        if self.db.fence().is_some() {
+        if self.db().fence().is_some() {
             return self.run_each_branch_queued(run, p, stage, branches, input, watch);
         }
-        let home = self.home.clone();
+        let home = self.home().clone();
         let results: Vec<Result<Option<String>, String>> = std::thread::scope(|scope| {
             let handles: Vec<_> = branches
                 .hypotheses

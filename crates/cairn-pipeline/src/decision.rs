@@ -8,7 +8,7 @@ use std::collections::{BTreeMap, BTreeSet};
 use serde::{Deserialize, Serialize};
 use serde_json::{json, Value};
 
-use super::spec::Choice;
+use crate::spec::Choice;
 
 /// Most hypotheses one decision may choose, and fewest.
 pub const MAX_HYPOTHESES: usize = 16;

@@ -19,10 +19,12 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Condvar, Mutex};
 use std::time::{Duration, Instant};
 
-use crate::pipeline::run::RunWatcher;
+use crate::attempts::{attempt_runs_in, stop_attempts};
+use crate::prelude::*;
 use crate::queue::{Fence, Job, Orphan, WorkerRecord};
-use crate::state::{Db, StateError};
-use crate::{now_ms, Engine, EngineError, Home};
+use crate::watch::RunWatcher;
+use cairn_engine::state::{Db, StateError};
+use cairn_engine::{now_ms, Engine, EngineError, Home};
 
 /// How a worker runs.
 #[derive(Debug, Clone)]
@@ -138,7 +140,7 @@ pub fn run_worker(
         .map(|h| h.to_string_lossy().into_owned())
         .unwrap_or_else(|_| "unknown".into());
     let me = WorkerRecord {
-        id: format!("{hostname}-{}-{}", std::process::id(), crate::random_hex(2)),
+        id: format!("{hostname}-{}-{}", std::process::id(), cairn_engine::random_hex(2)),
         home_path: home.root().display().to_string(),
         hostname,
         pid: std::process::id().into(),
@@ -147,7 +149,7 @@ pub fn run_worker(
         seen_at: now_ms(),
         stopped_at: None,
     };
-    engine.db.register_worker(&me)?;
+    engine.db().register_worker(&me)?;
     let mut listener = Db::listener(&home)?;
     let slots = Arc::new(Slots::new(opts.slots.max(1)));
     let held: Held = Arc::default();
@@ -214,7 +216,7 @@ pub fn run_worker(
     beating.store(false, Ordering::SeqCst);
     let _ = heartbeat.join();
     let _ = watchdog.join();
-    engine.db.worker_seen(&me.id, true)?;
+    engine.db().worker_seen(&me.id, true)?;
     result.map(|()| me)
 }
 
@@ -233,10 +235,10 @@ fn claim_round<'scope, 'env>(
     home: &Home,
     watch: &'env (dyn WorkerWatch + Send + Sync),
 ) -> Result<bool, EngineError> {
-    engine.db.reap_expired()?;
+    engine.db().reap_expired()?;
     let mut claimed = false;
     while !stop.load(Ordering::SeqCst) && slots.try_take() {
-        let job = match engine.db.claim_job(&me.id, opts.lease, &["run", "branch"]) {
+        let job = match engine.db().claim_job(&me.id, opts.lease, &["run", "branch"]) {
             Ok(Some(job)) => job,
             Ok(None) => {
                 slots.give();
@@ -275,66 +277,6 @@ fn claim_round<'scope, 'env>(
         });
     }
     Ok(claimed)
-}
-
-/// The sandboxes of the attempts this process runs under a claim, with
-/// their init's pid and start time: what the watchdog stops when the claim
-/// was not renewed for a whole lease (the state store unreachable), without
-/// needing the store to find them; and what this process's reaper leaves to
-/// the attempts themselves.
-static ATTEMPTS: Mutex<Vec<(Fence, String, i32, u64)>> = Mutex::new(Vec::new());
-
-/// An attempt of this process running in a sandbox under a claim, from
-/// its sandbox's creation until it is dropped (the attempt's end).
-pub(crate) struct Attempt {
-    sandbox: String,
-}
-
-impl Attempt {
-    pub(crate) fn start(fence: &Fence, sandbox: &crate::SandboxRecord) -> Attempt {
-        let (pid, start) = (sandbox.pid.unwrap_or(0), sandbox.pid_start.unwrap_or(0));
-        ATTEMPTS
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .push((fence.clone(), sandbox.id.clone(), pid, start));
-        Attempt {
-            sandbox: sandbox.id.clone(),
-        }
-    }
-}
-
-impl Drop for Attempt {
-    fn drop(&mut self) {
-        ATTEMPTS
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .retain(|(_, sandbox, _, _)| *sandbox != self.sandbox);
-    }
-}
-
-/// Whether an attempt of this process runs in `sandbox`.
-fn attempt_runs_in(sandbox: &str) -> bool {
-    ATTEMPTS
-        .lock()
-        .unwrap_or_else(|p| p.into_inner())
-        .iter()
-        .any(|(_, s, _, _)| s == sandbox)
-}
-
-/// Stops the attempts of `fence` this process runs: their sandboxes' init
-/// is killed, and every process of the sandbox with it. Each attempt then
-/// loses its sandbox, its outcome is refused by the fence, and it removes
-/// the sandbox.
-fn stop_attempts(fence: &Fence) -> Vec<String> {
-    let all = ATTEMPTS.lock().unwrap_or_else(|p| p.into_inner());
-    let mut stopped = Vec::new();
-    for (f, sandbox, pid, start) in all.iter() {
-        if f == fence && *pid > 0 && cairn_sandbox::process_alive(*pid, *start) {
-            let _ = nix::sys::signal::kill(nix::unistd::Pid::from_raw(*pid), nix::sys::signal::Signal::SIGKILL);
-            stopped.push(sandbox.clone());
-        }
-    }
-    stopped
 }
 
 /// Renews every held lease a third of a lease apart; a job whose renewal
@@ -420,8 +362,8 @@ fn run_job(
     watch: &(dyn WorkerWatch + Send + Sync),
 ) -> Result<String, EngineError> {
     let mut engine = Engine::open(home.clone())?;
-    engine.db.set_fence(Some(fence.clone()));
-    engine.slots = Some(slots.clone());
+    engine.db().set_fence(Some(fence.clone()));
+    engine.set_extension(slots.clone());
     let detail = match job.kind.as_str() {
         "run" => engine
             .execute_queued_run(&job.run_id, watch)
@@ -438,7 +380,7 @@ fn run_job(
     };
     match detail {
         Ok(detail) => {
-            engine.db.finish_job(fence)?;
+            engine.db().finish_job(fence)?;
             Ok(detail)
         }
         Err(e) => {
@@ -449,7 +391,7 @@ fn run_job(
                     (!job.stage.is_empty()).then_some(job.stage.as_str()),
                     (!job.branch.is_empty()).then_some(job.branch.as_str()),
                 );
-                let _ = engine.db.event(
+                let _ = engine.db().event(
                     &job.run_id,
                     stage,
                     branch,
@@ -466,16 +408,21 @@ fn run_job(
     }
 }
 
-impl Engine {
+/// A `cairn worker`: claims stage jobs from the queue and runs them.
+pub trait Workers {
     /// Removes this home's orphaned stage sandboxes ([`Db::orphans`]) whose
     /// maker is gone (a live one, stalled past its lease, cleans up its
     /// own attempt when it wakes): each is first recorded on its run (`orphan-reaped`, saying which claim
     /// made it and what became of that claim), then removed with its
     /// processes. What was removed; one another process removed first is
     /// left out.
-    pub fn reap_orphans(&mut self) -> Result<Vec<Orphan>, EngineError> {
+    fn reap_orphans(&mut self) -> Result<Vec<Orphan>, EngineError>;
+}
+
+impl Workers for Engine {
+    fn reap_orphans(&mut self) -> Result<Vec<Orphan>, EngineError> {
         let mut reaped = Vec::new();
-        for o in self.db.orphans()? {
+        for o in self.db().orphans()? {
             let Ok(rec) = self.sandbox(&o.sandbox_id) else {
                 continue;
             };
@@ -483,7 +430,7 @@ impl Engine {
             // process that made it still runs (a worker stalled past its
             // lease): the attempt ends itself, removing the sandbox once
             // its commit is refused.
-            let runs = crate::sandboxes::process_of(&rec).is_some_and(|p| p.alive());
+            let runs = cairn_engine::sandboxes::process_of(&rec).is_some_and(|p| p.alive());
             if attempt_runs_in(&rec.id) || (runs && cairn_sandbox::process_alive(rec.owner_pid, rec.owner_start)) {
                 continue;
             }
@@ -492,7 +439,7 @@ impl Engine {
             } else {
                 format!("branch {} of {}", o.branch, o.stage)
             };
-            self.db.event(
+            self.db().event(
                 &o.run_id,
                 (!o.stage.is_empty()).then_some(o.stage.as_str()),
                 (!o.branch.is_empty()).then_some(o.branch.as_str()),
@@ -501,7 +448,7 @@ impl Engine {
                     "sandbox {} ({} driver, on {}) ran {what} under claim {}; {}: removed",
                     o.sandbox_id,
                     rec.driver,
-                    self.home.root().display(),
+                    self.home().root().display(),
                     o.epoch,
                     o.reason
                 ),

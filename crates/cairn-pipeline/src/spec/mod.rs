@@ -449,7 +449,7 @@ pub fn parse(file: &str, text: &str, overrides: &BTreeMap<String, String>) -> Re
         let s = spanned.get_ref();
         let at = |sp: &std::ops::Range<usize>| sp.start;
         let name = s.name.get_ref().clone();
-        if let Err(rule) = crate::names::check("stage name", &name) {
+        if let Err(rule) = cairn_engine::names::check("stage name", &name) {
             return Err(lines.err(at(&s.name.span()), rule));
         }
         if by_name.insert(name.clone(), stages.len()).is_some() {
@@ -557,8 +557,8 @@ pub fn parse(file: &str, text: &str, overrides: &BTreeMap<String, String>) -> Re
                 let mut names = HashSet::new();
                 for h in &raw_b.hypotheses {
                     match h.get_ref().get("name") {
-                        Some(n) if !crate::names::valid(n) => {
-                            let rule = crate::names::check("hypothesis name", n).unwrap_err();
+                        Some(n) if !cairn_engine::names::valid(n) => {
+                            let rule = cairn_engine::names::check("hypothesis name", n).unwrap_err();
                             return Err(lines.err(at(&h.span()), format!("{rule} (it names the branch and its log)")));
                         }
                         Some(n) if names.insert(n.clone()) => {}
@@ -949,10 +949,10 @@ hypotheses = [{ name = "a", ff = "1" }, { name = "b", ff = "2" }]
         let long = "x".repeat(300);
         for name in ["../../..", "a/b", long.as_str(), "", "-a", "a.b"] {
             let e = bad(&GOOD.replace("{ name = \"a\",", &format!("{{ name = {name:?},")));
-            assert!(e.message.contains(crate::names::RULE), "{name:?}: {e}");
+            assert!(e.message.contains(cairn_engine::names::RULE), "{name:?}: {e}");
             assert_eq!(e.line, 24, "{name:?}: {e}");
             let e = bad(&GOOD.replace("name = \"fit\"", &format!("name = {name:?}")));
-            assert!(e.message.contains(crate::names::RULE), "{name:?}: {e}");
+            assert!(e.message.contains(cairn_engine::names::RULE), "{name:?}: {e}");
         }
     }
 

@@ -6,8 +6,8 @@ use cairn_testkit::{alloc_meter, mutation};
 
 use std::collections::BTreeMap;
 
-use cairn_engine::pipeline::spec::{parse_duration, read_file, MAX_FILE_LEN};
-use cairn_engine::pipeline::{parse, PipelineError};
+use cairn_pipeline::spec::{parse_duration, read_file, MAX_FILE_LEN};
+use cairn_pipeline::{parse, PipelineError};
 use proptest::prelude::*;
 
 #[global_allocator]

@@ -18,148 +18,20 @@ use std::time::{Duration, Instant};
 use cairn_protocol::{ExecRequest, FileKind, FileMeta};
 use nix::fcntl::{Flock, FlockArg};
 
-use super::approval::Gate;
-use super::decide::Step;
-use super::lineage::EventData;
-use super::output::{Capped, Tail, Tee, METRIC_FILE_MAX};
-use super::records::{ArtifactRecord, DeadLetter, NewEvent, RunRecord, StageRecord};
-use super::spec::{self, Metric, Pipeline, Selection, Stage};
-use crate::sandboxes::CreateOptions;
-use crate::{now_ms, Engine, EngineError, Home, Silent};
+use crate::approval::Gate;
+use crate::decide::Step;
+use crate::lineage::EventData;
+use crate::output::{Capped, Tail, Tee};
+use crate::records::{ArtifactRecord, DeadLetter, NewEvent, RunRecord, StageRecord};
+use crate::spec::{self, Metric, Pipeline, Selection, Stage};
+use crate::steps::*;
+use cairn_engine::sandboxes::CreateOptions;
+use cairn_engine::{now_ms, Engine, EngineError, Home, Silent};
 
-#[derive(Debug, thiserror::Error)]
-pub enum RunError {
-    #[error(transparent)]
-    Spec(#[from] spec::PipelineError),
-    #[error("cannot read {0}: {1}")]
-    Read(PathBuf, std::io::Error),
-    #[error("no run matches {0:?}; `cairn pipeline ls` lists them")]
-    NoSuchRun(String),
-    #[error("invalid run id {0:?}: a run id is 12 lowercase hex digits")]
-    BadRunId(String),
-    #[error("run {0} already completed")]
-    Completed(String),
-    #[error("no dead letter matches {0:?}; `cairn dlq ls` lists them")]
-    NoSuchDeadLetter(String),
-    #[error("dead letter {0} was already retried")]
-    AlreadyRetried(String),
-    #[error("no artifact matches {0:?}; `cairn pipeline show RUN` lists a run's artifacts")]
-    NoSuchArtifact(String),
-    #[error("--param takes KEY=VALUE, got {0:?}")]
-    BadParam(String),
-    #[error("{0}")]
-    Lost(String),
-    /// A stage name that is not in the run's pipeline; lists the ones that are.
-    #[error("{0}")]
-    NoSuchStage(String),
-    /// An approval or rejection the stage's state does not allow; says why and what to do.
-    #[error("{0}")]
-    NotAwaitingApproval(String),
-    /// A decide stage's model cannot be asked: none named, an unknown
-    /// provider, no API key. Nothing was recorded or run.
-    #[error("{0}")]
-    NoModel(String),
-    /// A decide stage's model did not answer (an outage, a refused request);
-    /// the run is left interrupted and resumable.
-    #[error("{0}")]
-    Model(String),
-    /// A verdict's reason that is missing or too long.
-    #[error("{0}")]
-    BadReason(String),
-    /// A stage or branch name that cannot become a path (`names::RULE`).
-    #[error("{0}")]
-    BadName(String),
-    #[error(
-        "metric file {0} holds more than {limit} MiB, the most a metric file may hold; write the number alone \
-         (or a short summary) to it, and keep larger results as artifacts",
-        limit = METRIC_FILE_MAX >> 20
-    )]
-    MetricTooLarge(String),
-    #[error(
-        "run {run} is being executed by another cairn process{}; wait for it to end, or stop it and \
-         run `cairn pipeline resume {run}`",
-        .pid.map(|p| format!(" (pid {p})")).unwrap_or_default()
-    )]
-    Busy { run: String, pid: Option<u32> },
-    #[error(
-        "run {run} is queued for `cairn worker`s (held by {worker}); follow it with `cairn pipeline show {run}`; \
-         a worker that stops or dies loses it to another once its lease expires"
-    )]
-    Queued { run: String, worker: String },
-}
-
-/// Receives progress of a run.
-pub trait RunWatcher: Sync {
-    /// A stage (or branch) changed state.
-    fn stage(&self, stage: &str, branch: &str, status: &str, detail: &str);
-    /// Output of a stage's commands.
-    fn output(&self, stage: &str, branch: &str, data: &[u8]);
-}
-
-pub struct Quiet;
-
-impl RunWatcher for Quiet {
-    fn stage(&self, _: &str, _: &str, _: &str, _: &str) {}
-    fn output(&self, _: &str, _: &str, _: &[u8]) {}
-}
-
-/// Parses `k=v` overrides.
-pub fn parse_params(raw: &[String]) -> Result<BTreeMap<String, String>, RunError> {
-    raw.iter()
-        .map(|kv| match kv.split_once('=') {
-            Some((k, v)) if !k.is_empty() => Ok((k.to_string(), v.to_string())),
-            _ => Err(RunError::BadParam(kv.clone())),
-        })
-        .collect()
-}
-
-pub(super) fn new_id(len: usize) -> String {
-    crate::random_hex(len / 2)
-}
-
-/// Fills `{params.X}`, `{stage}`, `{pipeline}`, `{hypothesis}` and
-/// `{hypothesis.K}` (checked by the parser, so every name resolves); `{{`
-/// and `}}` become braces, other braces stay as they are.
-pub(super) fn render(
-    template: &str,
-    p: &Pipeline,
-    stage: &Stage,
-    hypothesis: Option<&BTreeMap<String, String>>,
-) -> String {
-    let mut out = String::with_capacity(template.len());
-    let mut i = 0;
-    let bytes = template.as_bytes();
-    while i < bytes.len() {
-        let rest = &template[i..];
-        if rest.starts_with("{{") || rest.starts_with("}}") {
-            out.push_str(&rest[..1]);
-            i += 2;
-            continue;
-        }
-        if let Some(after) = rest.strip_prefix('{') {
-            if let Some(len) = after.find('}') {
-                let name = &after[..len];
-                if spec::is_ident(name) {
-                    let value = match name.split_once('.') {
-                        Some(("params", k)) => p.params.get(k).cloned(),
-                        Some(("hypothesis", k)) => hypothesis.and_then(|h| h.get(k).cloned()),
-                        None if name == "stage" => Some(stage.name.clone()),
-                        None if name == "pipeline" => Some(p.name.clone()),
-                        None if name == "hypothesis" => hypothesis.and_then(|h| h.get("name").cloned()),
-                        _ => None,
-                    };
-                    out.push_str(&value.unwrap_or_else(|| rest[..len + 2].to_string()));
-                    i += len + 2;
-                    continue;
-                }
-            }
-        }
-        let ch = rest.chars().next().expect("not at the end");
-        out.push(ch);
-        i += ch.len_utf8();
-    }
-    out
-}
+pub use crate::error::RunError;
+pub use crate::render::parse_params;
+pub(crate) use crate::render::{new_id, render};
+pub use crate::watch::{Quiet, RunWatcher};
 
 /// The first number in `text` (metric files), or the last (`output`).
 fn number(text: &str, last: bool) -> Option<f64> {
@@ -175,7 +47,7 @@ fn number(text: &str, last: bool) -> Option<f64> {
 }
 
 /// How one attempt of a stage ended.
-enum Outcome {
+pub(crate) enum Outcome {
     Succeeded {
         output: String,
         metric: Option<f64>,
@@ -190,7 +62,7 @@ enum Outcome {
 
 /// Where an attempt's time went (ms) and what it stored, for its event.
 #[derive(Default, Clone)]
-struct Spent {
+pub(crate) struct Spent {
     setup_ms: u64,
     compute_ms: u64,
     command_ms: Vec<u64>,
@@ -204,16 +76,114 @@ fn ms(d: Duration) -> u64 {
     d.as_millis().min(u128::from(u64::MAX)) as u64
 }
 
-impl Engine {
+/// Runs: start, resume, retry, inspect; the orchestrator of stage keys,\nattempts, checkpoints, retries and dead letters.
+pub trait Runs {
     /// Checks a pipeline file and records a new run; nothing runs yet.
-    pub fn start_run(&mut self, file: &Path, params: &BTreeMap<String, String>) -> Result<RunRecord, EngineError> {
+    fn start_run(&mut self, file: &Path, params: &BTreeMap<String, String>) -> Result<RunRecord, EngineError>;
+
+    /// [`start_run`](Self::start_run) for a pipeline file's text that
+    /// came from elsewhere (an API request); `file` names it in messages.
+    fn start_run_text(
+        &mut self,
+        file: &str,
+        text: String,
+        params: &BTreeMap<String, String>,
+    ) -> Result<RunRecord, EngineError>;
+
+    /// [`start_run_text`](Self::start_run_text) under an id the caller
+    /// chose (12 lowercase hex digits), so that a caller killed after
+    /// starting the run finds it again rather than starting another. An id
+    /// taken is an error.
+    fn start_run_text_as(
+        &mut self,
+        id: &str,
+        file: &str,
+        text: String,
+        params: &BTreeMap<String, String>,
+    ) -> Result<RunRecord, EngineError>;
+
+    fn run_record(&self, key: &str) -> Result<RunRecord, EngineError>;
+
+    fn runs(&self) -> Result<Vec<RunRecord>, EngineError>;
+
+    /// The pid of the process executing `run` now (holding its orchestrator
+    /// lock), read from `/proc/locks` so that looking takes no lock a
+    /// starting `resume` could collide with. A run recorded as running with
+    /// no orchestrator was interrupted: `cairn pipeline resume` continues it.
+    fn run_orchestrator(&self, run: &str) -> Option<u32>;
+
+    /// Each run's stage rows counted by status (branches count one each).
+    fn stage_counts(&self) -> Result<std::collections::HashMap<String, BTreeMap<String, u64>>, EngineError>;
+
+    fn run_stages(&self, run: &str) -> Result<Vec<StageRecord>, EngineError>;
+
+    fn run_events(&self, run: &str) -> Result<Vec<crate::records::EventRecord>, EngineError>;
+
+    /// Records an event in a run's lineage from outside the orchestrator:
+    /// a planner's plan, a hypothesis, a chosen winner and its reason.
+    fn record_run_event(
+        &self,
+        run: &str,
+        stage: Option<&str>,
+        kind: &str,
+        detail: &str,
+        snapshot: Option<&str>,
+    ) -> Result<(), EngineError>;
+
+    /// Records an event about one branch of a group from outside the
+    /// orchestrator: the winner chosen later for a deferred group, the
+    /// branches that lost to it.
+    fn record_branch_event(
+        &self,
+        run: &str,
+        stage: &str,
+        branch: &str,
+        kind: &str,
+        detail: &str,
+        snapshot: Option<&str>,
+    ) -> Result<(), EngineError>;
+
+    /// Records an event with typed fields from outside the orchestrator: a
+    /// planner's plan with its reason, a winner a model or person chose.
+    fn record_typed_event(
+        &self,
+        run: &str,
+        stage: Option<&str>,
+        branch: Option<&str>,
+        data: EventData,
+        snapshot: Option<&str>,
+    ) -> Result<(), EngineError>;
+
+    fn artifacts(&self, run: Option<&str>) -> Result<Vec<ArtifactRecord>, EngineError>;
+
+    fn dead_letters(&self) -> Result<Vec<DeadLetter>, EngineError>;
+
+    /// The directory holding a run's stage logs.
+    fn run_dir(&self, run: &str) -> PathBuf;
+
+    /// Runs (or resumes) every stage not completed yet, in order. Returns the
+    /// run's final record: completed, or failed with the stage at fault in
+    /// the dead-letter queue.
+    fn execute_run(&mut self, run_id: &str, watch: &dyn RunWatcher) -> Result<RunRecord, EngineError>;
+
+    /// Retries a dead letter: its stage runs again (from its newest
+    /// checkpoint or its input, with fresh retries), then the rest of the run.
+    fn retry_dead_letter(&mut self, key: &str, watch: &dyn RunWatcher) -> Result<RunRecord, EngineError>;
+
+    /// Writes `total` stage records (each a transition with its event, as a
+    /// running stage does) into one synthetic run and returns the time taken
+    /// by the first and the last `window` of them, in milliseconds: the cost
+    /// per stage must not grow with the run's length.
+    fn bench_stage_records(&mut self, total: usize, window: usize) -> Result<(f64, f64), EngineError>;
+}
+
+impl Runs for Engine {
+    fn start_run(&mut self, file: &Path, params: &BTreeMap<String, String>) -> Result<RunRecord, EngineError> {
         let text = spec::read_file(file).map_err(|e| RunError::Read(file.to_path_buf(), e))?;
         self.start_run_text(&file.display().to_string(), text, params)
     }
 
-    /// [`start_run`](Self::start_run) for a pipeline file's text that
-    /// came from elsewhere (an API request); `file` names it in messages.
-    pub fn start_run_text(
+    fn start_run_text(
         &mut self,
         file: &str,
         text: String,
@@ -222,11 +192,7 @@ impl Engine {
         self.start_run_text_as(&new_id(12), file, text, params)
     }
 
-    /// [`start_run_text`](Self::start_run_text) under an id the caller
-    /// chose (12 lowercase hex digits), so that a caller killed after
-    /// starting the run finds it again rather than starting another. An id
-    /// taken is an error.
-    pub fn start_run_text_as(
+    fn start_run_text_as(
         &mut self,
         id: &str,
         file: &str,
@@ -249,56 +215,49 @@ impl Engine {
             ended_at: None,
             error: None,
         };
-        self.db.insert_run(&run)?;
+        self.db().insert_run(&run)?;
         let started = EventData::RunStarted {
             pipeline: pipeline.name.clone(),
             file: run.file.clone(),
         };
-        self.db
+        self.db()
             .event_typed(&run.id, None, None, &NewEvent::typed(started, None))?;
         Ok(run)
     }
 
-    pub fn run_record(&self, key: &str) -> Result<RunRecord, EngineError> {
-        let mut found = self.db.find_runs(key)?;
+    fn run_record(&self, key: &str) -> Result<RunRecord, EngineError> {
+        let mut found = self.db().find_runs(key)?;
         if found.len() == 1 {
             return Ok(found.remove(0));
         }
         Err(RunError::NoSuchRun(key.to_string()).into())
     }
 
-    pub fn runs(&self) -> Result<Vec<RunRecord>, EngineError> {
-        Ok(self.db.runs()?)
+    fn runs(&self) -> Result<Vec<RunRecord>, EngineError> {
+        Ok(self.db().runs()?)
     }
 
-    /// The pid of the process executing `run` now (holding its orchestrator
-    /// lock), read from `/proc/locks` so that looking takes no lock a
-    /// starting `resume` could collide with. A run recorded as running with
-    /// no orchestrator was interrupted: `cairn pipeline resume` continues it.
-    pub fn run_orchestrator(&self, run: &str) -> Option<u32> {
-        crate::flock_holder(&self.run_dir(run).join("orchestrator.lock"))
+    fn run_orchestrator(&self, run: &str) -> Option<u32> {
+        cairn_engine::flock_holder(&self.run_dir(run).join("orchestrator.lock"))
     }
 
-    /// Each run's stage rows counted by status (branches count one each).
-    pub fn stage_counts(&self) -> Result<std::collections::HashMap<String, BTreeMap<String, u64>>, EngineError> {
+    fn stage_counts(&self) -> Result<std::collections::HashMap<String, BTreeMap<String, u64>>, EngineError> {
         let mut out: std::collections::HashMap<String, BTreeMap<String, u64>> = std::collections::HashMap::new();
-        for (run, status, n) in self.db.stage_counts()? {
+        for (run, status, n) in self.db().stage_counts()? {
             out.entry(run).or_default().insert(status, n);
         }
         Ok(out)
     }
 
-    pub fn run_stages(&self, run: &str) -> Result<Vec<StageRecord>, EngineError> {
-        Ok(self.db.stages_of(run)?)
+    fn run_stages(&self, run: &str) -> Result<Vec<StageRecord>, EngineError> {
+        Ok(self.db().stages_of(run)?)
     }
 
-    pub fn run_events(&self, run: &str) -> Result<Vec<super::records::EventRecord>, EngineError> {
-        Ok(self.db.events_of(run)?)
+    fn run_events(&self, run: &str) -> Result<Vec<crate::records::EventRecord>, EngineError> {
+        Ok(self.db().events_of(run)?)
     }
 
-    /// Records an event in a run's lineage from outside the orchestrator:
-    /// a planner's plan, a hypothesis, a chosen winner and its reason.
-    pub fn record_run_event(
+    fn record_run_event(
         &self,
         run: &str,
         stage: Option<&str>,
@@ -307,13 +266,10 @@ impl Engine {
         snapshot: Option<&str>,
     ) -> Result<(), EngineError> {
         let run = self.run_record(run)?;
-        Ok(self.db.event(&run.id, stage, None, kind, detail, snapshot)?)
+        Ok(self.db().event(&run.id, stage, None, kind, detail, snapshot)?)
     }
 
-    /// Records an event about one branch of a group from outside the
-    /// orchestrator: the winner chosen later for a deferred group, the
-    /// branches that lost to it.
-    pub fn record_branch_event(
+    fn record_branch_event(
         &self,
         run: &str,
         stage: &str,
@@ -324,13 +280,11 @@ impl Engine {
     ) -> Result<(), EngineError> {
         let run = self.run_record(run)?;
         Ok(self
-            .db
+            .db()
             .event(&run.id, Some(stage), Some(branch), kind, detail, snapshot)?)
     }
 
-    /// Records an event with typed fields from outside the orchestrator: a
-    /// planner's plan with its reason, a winner a model or person chose.
-    pub fn record_typed_event(
+    fn record_typed_event(
         &self,
         run: &str,
         stage: Option<&str>,
@@ -340,27 +294,23 @@ impl Engine {
     ) -> Result<(), EngineError> {
         let run = self.run_record(run)?;
         Ok(self
-            .db
+            .db()
             .event_typed(&run.id, stage, branch, &NewEvent::typed(data, snapshot))?)
     }
 
-    pub fn artifacts(&self, run: Option<&str>) -> Result<Vec<ArtifactRecord>, EngineError> {
-        Ok(self.db.artifacts(run)?)
+    fn artifacts(&self, run: Option<&str>) -> Result<Vec<ArtifactRecord>, EngineError> {
+        Ok(self.db().artifacts(run)?)
     }
 
-    pub fn dead_letters(&self) -> Result<Vec<DeadLetter>, EngineError> {
-        Ok(self.db.dead_letters()?)
+    fn dead_letters(&self) -> Result<Vec<DeadLetter>, EngineError> {
+        Ok(self.db().dead_letters()?)
     }
 
-    /// The directory holding a run's stage logs.
-    pub fn run_dir(&self, run: &str) -> PathBuf {
-        self.home.root().join("runs").join(run)
+    fn run_dir(&self, run: &str) -> PathBuf {
+        self.home().root().join("runs").join(run)
     }
 
-    /// Runs (or resumes) every stage not completed yet, in order. Returns the
-    /// run's final record: completed, or failed with the stage at fault in
-    /// the dead-letter queue.
-    pub fn execute_run(&mut self, run_id: &str, watch: &dyn RunWatcher) -> Result<RunRecord, EngineError> {
+    fn execute_run(&mut self, run_id: &str, watch: &dyn RunWatcher) -> Result<RunRecord, EngineError> {
         let run = self.run_record(run_id)?;
         if let Some(refusal) = self.claimed_elsewhere(&run.id)? {
             return Err(refusal.into());
@@ -369,11 +319,146 @@ impl Engine {
         self.execute_locked_run(&run.id, watch)
     }
 
+    fn retry_dead_letter(&mut self, key: &str, watch: &dyn RunWatcher) -> Result<RunRecord, EngineError> {
+        // A tenant's engine finds its own runs' dead letters only.
+        let mut all = self.db().dead_letters()?;
+        self.keep_mine(cairn_engine::tenants::Owned::Run, &mut all, |d| &d.run_id)?;
+        let dl = all
+            .into_iter()
+            .find(|d| d.id == key || (key.len() >= 4 && d.id.starts_with(key)))
+            .ok_or_else(|| RunError::NoSuchDeadLetter(key.to_string()))?;
+        let _orchestrating = self.lock_run(&dl.run_id)?;
+        // Read again under the lock: another retry may have just taken it.
+        let dl = self
+            .db()
+            .dead_letters()?
+            .into_iter()
+            .find(|d| d.id == dl.id)
+            .ok_or_else(|| RunError::NoSuchDeadLetter(key.to_string()))?;
+        if dl.retried_at.is_some() {
+            return Err(RunError::AlreadyRetried(dl.id).into());
+        }
+        if let Some(mut rec) = self.db().stage(&dl.run_id, &dl.stage, &dl.branch)? {
+            rec.status = "pending".into();
+            rec.error = None;
+            let retried = EventData::DeadLetterRetried {
+                dead_letter: dl.id.clone(),
+            };
+            self.db_mut().put_stage_event(&rec, NewEvent::typed(retried, None))?;
+        }
+        self.db().mark_dead_letter_retried(&dl.id, now_ms())?;
+        self.execute_locked_run(&dl.run_id, watch)
+    }
+
+    fn bench_stage_records(&mut self, total: usize, window: usize) -> Result<(f64, f64), EngineError> {
+        let run = RunRecord {
+            id: new_id(12),
+            pipeline: "bench-records".into(),
+            file: "-".into(),
+            spec: String::new(),
+            params: String::new(),
+            status: "completed".into(),
+            created_at: now_ms(),
+            ended_at: Some(now_ms()),
+            error: None,
+        };
+        self.db().insert_run(&run)?;
+        let (mut first, mut last) = (0.0, 0.0);
+        let mut t0 = Instant::now();
+        for i in 0..total {
+            let rec = StageRecord {
+                run_id: run.id.clone(),
+                stage: format!("s{i}"),
+                branch: String::new(),
+                stage_key: format!("bench-{}-{i}", run.id),
+                status: "completed".into(),
+                attempts: 1,
+                input_snapshot: None,
+                output_snapshot: Some(format!("{:064x}", i)),
+                sandbox_id: None,
+                started_at: Some(now_ms()),
+                ended_at: Some(now_ms()),
+                error: None,
+                metric: None,
+            };
+            self.db_mut()
+                .put_stage(&rec, Some(("completed", "bench record", None)))?;
+            if i + 1 == window {
+                first = t0.elapsed().as_secs_f64() * 1e3;
+            }
+            if i + 1 == total - window {
+                t0 = Instant::now();
+            }
+        }
+        last = if total > window {
+            t0.elapsed().as_secs_f64() * 1e3
+        } else {
+            last
+        };
+        // The synthetic run leaves nothing behind.
+        self.db_mut().delete_run(&run.id)?;
+        Ok((first, last))
+    }
+}
+
+pub(crate) trait RunSteps {
     /// Takes a run's orchestrator lock (`runs/<run>/orchestrator.lock`): one
     /// process executes a run at a time, or a second `resume` beside a live
     /// orchestrator would start its stages again. The lock goes with the
     /// process, however it dies; [`Engine::run_orchestrator`] names its holder.
-    pub(super) fn lock_run(&self, run: &str) -> Result<Flock<fs::File>, EngineError> {
+    fn lock_run(&self, run: &str) -> Result<Flock<fs::File>, EngineError>;
+
+    fn execute_locked_run(&mut self, run_id: &str, watch: &dyn RunWatcher) -> Result<RunRecord, EngineError>;
+
+    fn execute_owned_run(&mut self, run_id: &str, watch: &dyn RunWatcher) -> Result<RunRecord, EngineError>;
+
+    fn run_failed(&self, run: &str, stage: &str, msg: &str) -> Result<(), EngineError>;
+
+    /// One stage (or one branch of a group). `Some(output snapshot)` when it
+    /// completed (now or before), `None` when it went to the dead letters.
+    #[allow(clippy::too_many_arguments)]
+    fn run_stage(
+        &mut self,
+        run: &RunRecord,
+        p: &Pipeline,
+        stage: &Stage,
+        branch: &str,
+        hypothesis: Option<&BTreeMap<String, String>>,
+        input: Option<&str>,
+        watch: &dyn RunWatcher,
+    ) -> Result<Option<String>, EngineError>;
+
+    /// One attempt in `sandbox`: edits, commands (with the stage timeout and
+    /// periodic checkpoints), then artifacts and the output snapshot.
+    #[allow(clippy::too_many_arguments)]
+    fn attempt(
+        &mut self,
+        run: &RunRecord,
+        p: &Pipeline,
+        stage: &Stage,
+        branch: &str,
+        hypothesis: Option<&BTreeMap<String, String>>,
+        sandbox: &cairn_engine::SandboxRecord,
+        attempt: Attempt,
+        watch: &dyn RunWatcher,
+    ) -> Result<Outcome, EngineError>;
+
+    /// After the connection to a stage's init was lost: waits until init
+    /// answers again (a gvisor sandbox is checkpointed and restored under a
+    /// running stage, its init quiescing meanwhile), or gives up with `lost`.
+    fn wait_for_init(
+        &self,
+        client: &cairn_sandbox::client::InitClient,
+        sandbox: &cairn_engine::SandboxRecord,
+        lost: cairn_sandbox::client::ClientError,
+    ) -> Result<(), EngineError>;
+
+    /// The sandbox if it runs and its init answers.
+    fn live_sandbox(&self, id: &str) -> Option<cairn_engine::SandboxRecord>;
+}
+
+impl RunSteps for Engine {
+    fn lock_run(&self, run: &str) -> Result<Flock<fs::File>, EngineError> {
         let dir = self.run_dir(run);
         fs::create_dir_all(&dir).map_err(|e| RunError::Read(dir.clone(), e))?;
         let path = dir.join("orchestrator.lock");
@@ -394,14 +479,10 @@ impl Engine {
         }
     }
 
-    pub(super) fn execute_locked_run(
-        &mut self,
-        run_id: &str,
-        watch: &dyn RunWatcher,
-    ) -> Result<RunRecord, EngineError> {
+    fn execute_locked_run(&mut self, run_id: &str, watch: &dyn RunWatcher) -> Result<RunRecord, EngineError> {
         // The sandboxes, snapshots and images its stages make are the
         // run's tenant's, wherever the run goes on.
-        self.as_owner_of(crate::tenants::Owned::Run, run_id, |e| {
+        self.as_owner_of(cairn_engine::tenants::Owned::Run, run_id, |e| {
             e.execute_owned_run(run_id, watch)
         })
     }
@@ -415,7 +496,7 @@ impl Engine {
         self.check_model_for(Some(&run.id), &parsed)?;
         fs::create_dir_all(self.run_dir(&run.id)).map_err(|e| RunError::Read(self.run_dir(&run.id), e))?;
         if run.status != "running" {
-            self.db.finish_run(&run.id, "running", None, 0)?;
+            self.db().finish_run(&run.id, "running", None, 0)?;
         }
         let mut outputs: BTreeMap<String, String> = BTreeMap::new();
         // A retry a decision asks for starts over from the records: stages
@@ -435,7 +516,7 @@ impl Engine {
                         Gate::Waiting => return self.run_record(&run.id),
                         Gate::Rejected(why) => {
                             let msg = format!("stage {} was {why}", stage.name);
-                            self.db.finish_run(&run.id, "failed", Some(&msg), now_ms())?;
+                            self.db().finish_run(&run.id, "failed", Some(&msg), now_ms())?;
                             return self.run_record(&run.id);
                         }
                     }
@@ -462,7 +543,7 @@ impl Engine {
                             let record = self.run_record(&run.id)?;
                             if record.status != "failed" {
                                 let msg = format!("stage {} went to the dead-letter queue", stage.name);
-                                self.db.finish_run(&run.id, "failed", Some(&msg), now_ms())?;
+                                self.db().finish_run(&run.id, "failed", Some(&msg), now_ms())?;
                                 self.run_failed(&run.id, &stage.name, &msg)?;
                             }
                             return self.run_record(&run.id);
@@ -484,7 +565,7 @@ impl Engine {
                     }
                     None => {
                         let msg = format!("stage {} went to the dead-letter queue", stage.name);
-                        self.db.finish_run(&run.id, "failed", Some(&msg), now_ms())?;
+                        self.db().finish_run(&run.id, "failed", Some(&msg), now_ms())?;
                         self.run_failed(&run.id, &stage.name, &msg)?;
                         return self.run_record(&run.id);
                     }
@@ -492,26 +573,25 @@ impl Engine {
             }
             break;
         }
-        self.db.finish_run(&run.id, "completed", None, now_ms())?;
+        self.db().finish_run(&run.id, "completed", None, now_ms())?;
         let last = outputs.values().last().map(|s| s.as_str());
         let done = EventData::RunCompleted {
             output_snapshot: last.map(str::to_string),
         };
-        self.db.event_typed(&run.id, None, None, &NewEvent::typed(done, last))?;
+        self.db()
+            .event_typed(&run.id, None, None, &NewEvent::typed(done, last))?;
         self.run_record(&run.id)
     }
 
     fn run_failed(&self, run: &str, stage: &str, msg: &str) -> Result<(), EngineError> {
         let failed = EventData::RunFailed { error: msg.to_string() };
         Ok(self
-            .db
+            .db()
             .event_typed(run, Some(stage), None, &NewEvent::typed(failed, None))?)
     }
 
-    /// One stage (or one branch of a group). `Some(output snapshot)` when it
-    /// completed (now or before), `None` when it went to the dead letters.
     #[allow(clippy::too_many_arguments)]
-    pub(super) fn run_stage(
+    fn run_stage(
         &mut self,
         run: &RunRecord,
         p: &Pipeline,
@@ -526,10 +606,10 @@ impl Engine {
         // checked here, before a sandbox starts or either becomes a path.
         for (what, name) in [("stage name", stage.name.as_str()), ("branch name", branch)] {
             if !name.is_empty() {
-                crate::names::check(what, name).map_err(RunError::BadName)?;
+                cairn_engine::names::check(what, name).map_err(RunError::BadName)?;
             }
         }
-        let existing = self.db.stage(&run.id, &stage.name, branch)?;
+        let existing = self.db().stage(&run.id, &stage.name, branch)?;
         if let Some(done) = existing.as_ref().filter(|s| s.status == "completed") {
             return Ok(done.output_snapshot.clone());
         }
@@ -542,7 +622,7 @@ impl Engine {
         // A row written before the stage ran (waiting for approval) has no key yet.
         rec.stage_key = key.clone();
         // A completed key returns its recorded output without running anything.
-        if let Some((output, from_run, metric)) = self.db.completed_key(&key)? {
+        if let Some((output, from_run, metric)) = self.db().completed_key(&key)? {
             rec.status = "completed".into();
             rec.output_snapshot = Some(output.clone());
             rec.metric = metric;
@@ -556,7 +636,7 @@ impl Engine {
                 Some(&output),
             );
             let detail = reused.detail.clone();
-            self.db.put_stage_event(&rec, reused)?;
+            self.db_mut().put_stage_event(&rec, reused)?;
             watch.stage(&stage.name, branch, "reused", &detail);
             return Ok(Some(output));
         }
@@ -570,7 +650,7 @@ impl Engine {
             self.settle_window(&run.id, &stage.name, branch, &sandbox)?;
             match self.live_sandbox(&sandbox) {
                 Some(sb) => {
-                    self.db.event(
+                    self.db().event(
                         &run.id,
                         Some(&stage.name),
                         Some(branch),
@@ -588,7 +668,7 @@ impl Engine {
                     if let Ok(sb) = self.sandbox(&sandbox) {
                         let _ = self.remove_sandbox(&sb, true);
                     }
-                    self.db.event(
+                    self.db().event(
                         &run.id,
                         Some(&stage.name),
                         Some(branch),
@@ -606,13 +686,13 @@ impl Engine {
             // While this attempt runs, this process's worker does not reap
             // its sandbox, even once its claim has moved on: the attempt
             // ends itself (its outcome refused by the fence).
-            let mut _attempt: Option<crate::worker::Attempt> = None;
+            let mut _attempt: Option<crate::attempts::Attempt> = None;
             let (sandbox, fresh, reattached, began_ms) = match reattach.take() {
                 Some(sb) => {
-                    let fresh = self.db.newest_checkpoint(&run.id, &stage.name, branch)?.is_none();
+                    let fresh = self.db().newest_checkpoint(&run.id, &stage.name, branch)?.is_none();
                     // The attempt began with its newest `forked` or `retry` event.
                     let began_ms = self
-                        .db
+                        .db()
                         .events_of(&run.id)?
                         .iter()
                         .rev()
@@ -629,7 +709,7 @@ impl Engine {
                         break;
                     }
                     rec.attempts += 1;
-                    let checkpoint = self.db.newest_checkpoint(&run.id, &stage.name, branch)?;
+                    let checkpoint = self.db().newest_checkpoint(&run.id, &stage.name, branch)?;
                     let from = checkpoint.clone().or(input.map(str::to_string));
                     // Owned by this process until the stage row names it: if
                     // the process dies before, the next Cairn command removes it.
@@ -651,10 +731,10 @@ impl Engine {
                     // Under a queue claim, the claim is recorded with the
                     // sandbox: once it moves on (a takeover), the sandbox
                     // is an orphan its home reaps (`Engine::reap_orphans`).
-                    if let Some(fence) = self.db.fence() {
-                        self.db
+                    if let Some(fence) = self.db().fence() {
+                        self.db()
                             .record_claimed_sandbox(&sandbox.id, &fence, &run.id, &stage.name, branch)?;
-                        _attempt = Some(crate::worker::Attempt::start(&fence, &sandbox));
+                        _attempt = Some(crate::attempts::Attempt::start(&fence, &sandbox));
                     }
                     rec.status = "running".into();
                     rec.sandbox_id = Some(sandbox.id.clone());
@@ -671,10 +751,10 @@ impl Engine {
                         from.as_deref(),
                     );
                     let detail = began.detail.clone();
-                    self.db.put_stage_event(&rec, began)?;
+                    self.db_mut().put_stage_event(&rec, began)?;
                     // The stage row owns the sandbox now: it outlives this
                     // process, and a resume re-attaches to it.
-                    self.db.set_auto_remove(&sandbox.id, false)?;
+                    self.db().set_auto_remove(&sandbox.id, false)?;
                     watch.stage(&stage.name, branch, "running", &detail);
                     (sandbox, checkpoint.is_none(), false, None)
                 }
@@ -701,7 +781,7 @@ impl Engine {
             // dying before the removal leaves the sandbox to the next Cairn
             // command to remove.
             rec.sandbox_id = None;
-            let release = Some((sandbox.id.as_str(), crate::sandboxes::me()));
+            let release = Some((sandbox.id.as_str(), cairn_engine::sandboxes::me()));
             let remove = |engine: &mut Engine| -> Result<(), EngineError> {
                 if let Ok(sb) = engine.sandbox(&sandbox.id) {
                     engine.remove_sandbox(&sb, true)?;
@@ -711,7 +791,7 @@ impl Engine {
             // Under a queue claim, an outcome that is refused (the claim
             // moved on) leaves nothing: this worker's sandbox goes with it.
             let fenced = |engine: &mut Engine, e: EngineError| -> EngineError {
-                if matches!(e, EngineError::State(crate::state::StateError::Fenced { .. })) {
+                if matches!(e, EngineError::State(cairn_engine::state::StateError::Fenced { .. })) {
                     let _ = remove(engine);
                 }
                 e
@@ -741,12 +821,12 @@ impl Engine {
                     let detail = completed.detail.clone();
                     self.durable_for_queue(&[&output])?;
                     self.artifacts_durable_for_queue(&run.id, &stage.name, branch)?;
-                    self.db
+                    self.db_mut()
                         .put_stage_releasing(&rec, Some(completed), release)
                         .map_err(|e| fenced(self, e.into()))?;
                     remove(self)?;
                     if !branch.is_empty() {
-                        self.db.complete_key(&rec, now_ms())?;
+                        self.db().complete_key(&rec, now_ms())?;
                     }
                     watch.stage(&stage.name, branch, "completed", &detail);
                     return Ok(Some(output));
@@ -771,7 +851,7 @@ impl Engine {
                         },
                         failure_snapshot.as_deref(),
                     );
-                    self.db
+                    self.db_mut()
                         .put_stage_releasing(&rec, Some(failed), release)
                         .map_err(|e| fenced(self, e.into()))?;
                     remove(self)?;
@@ -790,7 +870,7 @@ impl Engine {
                             created_at: now_ms(),
                             retried_at: None,
                         };
-                        self.db.insert_dead_letter(&dl)?;
+                        self.db().insert_dead_letter(&dl)?;
                         let dead = NewEvent::typed(
                             EventData::Dead {
                                 attempts: rec.attempts,
@@ -801,7 +881,7 @@ impl Engine {
                             dl.failure_snapshot.as_deref(),
                         );
                         let detail = dead.detail.clone();
-                        self.db.put_stage_event(&rec, dead)?;
+                        self.db_mut().put_stage_event(&rec, dead)?;
                         watch.stage(&stage.name, branch, "dead", &detail);
                         return Ok(None);
                     }
@@ -811,8 +891,6 @@ impl Engine {
         Ok(None)
     }
 
-    /// One attempt in `sandbox`: edits, commands (with the stage timeout and
-    /// periodic checkpoints), then artifacts and the output snapshot.
     #[allow(clippy::too_many_arguments)]
     fn attempt(
         &mut self,
@@ -821,7 +899,7 @@ impl Engine {
         stage: &Stage,
         branch: &str,
         hypothesis: Option<&BTreeMap<String, String>>,
-        sandbox: &crate::SandboxRecord,
+        sandbox: &cairn_engine::SandboxRecord,
         Attempt {
             fresh,
             number: attempt,
@@ -907,8 +985,8 @@ impl Engine {
         // Periodic checkpoints from a thread with its own engine.
         let (stop_tx, stop_rx) = mpsc::channel::<()>();
         let checkpointer = stage.checkpoint_every.map(|every| {
-            let home = self.home.clone();
-            let fence = self.db.fence();
+            let home = self.home().clone();
+            let fence = self.db().fence();
             let (run_id, stage_name, branch, sandbox_id) = (
                 run.id.clone(),
                 stage.name.clone(),
@@ -1106,13 +1184,10 @@ impl Engine {
         })
     }
 
-    /// After the connection to a stage's init was lost: waits until init
-    /// answers again (a gvisor sandbox is checkpointed and restored under a
-    /// running stage, its init quiescing meanwhile), or gives up with `lost`.
     fn wait_for_init(
         &self,
         client: &cairn_sandbox::client::InitClient,
-        sandbox: &crate::SandboxRecord,
+        sandbox: &cairn_engine::SandboxRecord,
         lost: cairn_sandbox::client::ClientError,
     ) -> Result<(), EngineError> {
         let patience = if sandbox.driver == "gvisor" {
@@ -1130,45 +1205,11 @@ impl Engine {
         Err(lost.into())
     }
 
-    /// The sandbox if it runs and its init answers.
-    fn live_sandbox(&self, id: &str) -> Option<crate::SandboxRecord> {
+    fn live_sandbox(&self, id: &str) -> Option<cairn_engine::SandboxRecord> {
         let sb = self.sandbox(id).ok()?;
         let client = self.client(&sb).ok()?;
         client.ping(Duration::from_secs(5)).ok()?;
         Some(sb)
-    }
-
-    /// Retries a dead letter: its stage runs again (from its newest
-    /// checkpoint or its input, with fresh retries), then the rest of the run.
-    pub fn retry_dead_letter(&mut self, key: &str, watch: &dyn RunWatcher) -> Result<RunRecord, EngineError> {
-        // A tenant's engine finds its own runs' dead letters only.
-        let mut all = self.db.dead_letters()?;
-        self.keep_mine(crate::tenants::Owned::Run, &mut all, |d| &d.run_id)?;
-        let dl = all
-            .into_iter()
-            .find(|d| d.id == key || (key.len() >= 4 && d.id.starts_with(key)))
-            .ok_or_else(|| RunError::NoSuchDeadLetter(key.to_string()))?;
-        let _orchestrating = self.lock_run(&dl.run_id)?;
-        // Read again under the lock: another retry may have just taken it.
-        let dl = self
-            .db
-            .dead_letters()?
-            .into_iter()
-            .find(|d| d.id == dl.id)
-            .ok_or_else(|| RunError::NoSuchDeadLetter(key.to_string()))?;
-        if dl.retried_at.is_some() {
-            return Err(RunError::AlreadyRetried(dl.id).into());
-        }
-        if let Some(mut rec) = self.db.stage(&dl.run_id, &dl.stage, &dl.branch)? {
-            rec.status = "pending".into();
-            rec.error = None;
-            let retried = EventData::DeadLetterRetried {
-                dead_letter: dl.id.clone(),
-            };
-            self.db.put_stage_event(&rec, NewEvent::typed(retried, None))?;
-        }
-        self.db.mark_dead_letter_retried(&dl.id, now_ms())?;
-        self.execute_locked_run(&dl.run_id, watch)
     }
 }
 
@@ -1196,7 +1237,7 @@ fn checkpoint_loop(
         let Ok(mut engine) = Engine::open(home.clone()) else {
             return;
         };
-        engine.db.set_fence(fence.clone());
+        engine.db().set_fence(fence.clone());
         let Ok(sb) = engine.sandbox(sandbox) else { return };
         let started = Instant::now();
         let taken = engine.snapshot(
@@ -1229,9 +1270,10 @@ fn checkpoint_loop(
                         },
                         None,
                     );
-                    let _ = engine
-                        .db
-                        .add_checkpoint_event(run, stage, branch, &snap.id, crate::now_ms(), &event);
+                    let _ =
+                        engine
+                            .db()
+                            .add_checkpoint_event(run, stage, branch, &snap.id, cairn_engine::now_ms(), &event);
                 }
                 Err(e) => tracing::warn!(stage, "checkpoint not recorded: {e}"),
             },
@@ -1240,63 +1282,8 @@ fn checkpoint_loop(
     }
 }
 
-impl Engine {
-    /// Writes `total` stage records (each a transition with its event, as a
-    /// running stage does) into one synthetic run and returns the time taken
-    /// by the first and the last `window` of them, in milliseconds: the cost
-    /// per stage must not grow with the run's length.
-    pub fn bench_stage_records(&mut self, total: usize, window: usize) -> Result<(f64, f64), EngineError> {
-        let run = RunRecord {
-            id: new_id(12),
-            pipeline: "bench-records".into(),
-            file: "-".into(),
-            spec: String::new(),
-            params: String::new(),
-            status: "completed".into(),
-            created_at: now_ms(),
-            ended_at: Some(now_ms()),
-            error: None,
-        };
-        self.db.insert_run(&run)?;
-        let (mut first, mut last) = (0.0, 0.0);
-        let mut t0 = Instant::now();
-        for i in 0..total {
-            let rec = StageRecord {
-                run_id: run.id.clone(),
-                stage: format!("s{i}"),
-                branch: String::new(),
-                stage_key: format!("bench-{}-{i}", run.id),
-                status: "completed".into(),
-                attempts: 1,
-                input_snapshot: None,
-                output_snapshot: Some(format!("{:064x}", i)),
-                sandbox_id: None,
-                started_at: Some(now_ms()),
-                ended_at: Some(now_ms()),
-                error: None,
-                metric: None,
-            };
-            self.db.put_stage(&rec, Some(("completed", "bench record", None)))?;
-            if i + 1 == window {
-                first = t0.elapsed().as_secs_f64() * 1e3;
-            }
-            if i + 1 == total - window {
-                t0 = Instant::now();
-            }
-        }
-        last = if total > window {
-            t0.elapsed().as_secs_f64() * 1e3
-        } else {
-            last
-        };
-        // The synthetic run leaves nothing behind.
-        self.db.delete_run(&run.id)?;
-        Ok((first, last))
-    }
-}
-
 /// Which attempt of a stage runs, and how.
-struct Attempt {
+pub(crate) struct Attempt {
     /// Started from the stage's input (not a checkpoint): edits apply.
     fresh: bool,
     number: u32,

@@ -12,11 +12,12 @@ use std::time::Duration;
 
 use serde::Serialize;
 
-use super::lineage::EventData;
-use super::records::{EventRecord, RunRecord, StageRecord};
-use super::run::{parse_params, render};
-use super::spec::{self, Pipeline};
-use crate::{Engine, EngineError};
+use crate::lineage::EventData;
+use crate::prelude::*;
+use crate::records::{EventRecord, RunRecord, StageRecord};
+use crate::render::{parse_params, render};
+use crate::spec::{self, Pipeline};
+use cairn_engine::{Engine, EngineError};
 
 /// Where the advice starts. The defaults are the seed's.
 #[derive(Debug, Clone, Copy)]
@@ -341,12 +342,17 @@ fn advise(p: &Pipeline, stages: &[StageAudit], events: &ByStage, limits: &AuditL
     out
 }
 
-impl Engine {
+/// A run's events read back as where its time and bytes went.
+pub trait RunAudits {
     /// The audit of a run (id or unique prefix).
-    pub fn audit_run(&self, key: &str, limits: &AuditLimits) -> Result<RunAudit, EngineError> {
+    fn audit_run(&self, key: &str, limits: &AuditLimits) -> Result<RunAudit, EngineError>;
+}
+
+impl RunAudits for Engine {
+    fn audit_run(&self, key: &str, limits: &AuditLimits) -> Result<RunAudit, EngineError> {
         let run = self.run_record(key)?;
-        let rows = self.db.stages_of(&run.id)?;
-        let events = self.db.events_of(&run.id)?;
+        let rows = self.db().stages_of(&run.id)?;
+        let events = self.db().events_of(&run.id)?;
         let grouped = by_stage(&events);
         // A group's own row holds no work: its branches do.
         let groups: HashSet<&str> = rows
