@@ -9,13 +9,15 @@
 //! anything is made.
 
 use std::collections::{BTreeMap, HashMap, HashSet};
+use std::future::Future;
+use std::pin::Pin;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use axum::http::HeaderMap;
 
-use crate::app::App;
 use crate::error::{ApiError, ApiResult};
+use crate::metrics::Metrics;
 
 /// How long a request waits for capacity when it names no deadline.
 pub const DEFAULT_WAIT: Duration = Duration::from_secs(300);
@@ -183,18 +185,44 @@ impl State {
     }
 }
 
-/// The server's capacity and its queue.
-pub struct Admission {
+/// A sandbox running now as admission counts it: id, memory limit, CPU millis.
+pub type Running = (String, u64, u64);
+
+/// The sandboxes running now, once read; `None` when they cannot be.
+pub type RunningSoon<'a> = Pin<Box<dyn Future<Output = Option<Vec<Running>>> + Send + 'a>>;
+
+/// What admission asks of the server it admits to.
+pub trait Host: Send + Sync {
+    /// The sandboxes running now.
+    fn running(&self) -> RunningSoon<'_>;
+    /// Where admission's counts go.
+    fn metrics(&self) -> &Metrics;
+}
+
+/// The server's capacity and its queue (clones share them).
+#[derive(Clone)]
+pub struct Admission(Arc<Queue>);
+
+/// The capacity, the queue and its wake-ups, shared by an [`Admission`]'s clones.
+pub struct Queue {
     capacity: Capacity,
     state: Mutex<State>,
     changed: tokio::sync::Notify,
+}
+
+impl std::ops::Deref for Admission {
+    type Target = Queue;
+
+    fn deref(&self) -> &Queue {
+        &self.0
+    }
 }
 
 /// An admitted request, holding its share of the capacity while its
 /// sandboxes are made: [`Ticket::made`] hands the share to them; dropped
 /// without that (the request failed), the share goes back.
 pub struct Ticket {
-    app: Arc<App>,
+    admission: Admission,
     seq: u64,
     /// How long it waited.
     pub waited: Duration,
@@ -203,7 +231,7 @@ pub struct Ticket {
 impl Ticket {
     /// The sandboxes are made: each holds its share until it is removed.
     pub fn made<'a>(self, sandboxes: impl IntoIterator<Item = &'a cairn_engine::SandboxRecord>) {
-        let adm = &self.app.admission;
+        let adm = &self.admission;
         let mut st = adm.lock();
         if let Some(hold) = st.making.remove(&self.seq) {
             let since = Instant::now();
@@ -220,7 +248,7 @@ impl Ticket {
 
 impl Drop for Ticket {
     fn drop(&mut self) {
-        let adm = &self.app.admission;
+        let adm = &self.admission;
         if adm.lock().making.remove(&self.seq).is_some() {
             adm.changed.notify_waiters();
         }
@@ -284,11 +312,11 @@ pub struct Refused {
 
 impl Admission {
     pub fn new(capacity: Capacity) -> Admission {
-        Admission {
+        Admission(Arc::new(Queue {
             capacity,
             state: Mutex::new(State::default()),
             changed: tokio::sync::Notify::new(),
-        }
+        }))
     }
 
     pub fn capacity(&self) -> &Capacity {
@@ -315,7 +343,8 @@ impl Admission {
     /// the request's headers ask ([`Ask::from_headers`]): a bad header is a
     /// 400, a refusal a 429.
     pub async fn admit_request(
-        app: &Arc<App>,
+        &self,
+        host: &dyn Host,
         caller: &str,
         headers: &HeaderMap,
         count: u64,
@@ -323,16 +352,16 @@ impl Admission {
     ) -> ApiResult<Ticket> {
         let ask = Ask::from_headers(headers)?;
         let need = Usage::of(count, limits.memory_bytes, u64::from(limits.cpu_millis));
-        Self::admit(app, caller, need, &ask).await.map_err(Refused::into_error)
+        self.admit(host, caller, need, &ask).await.map_err(Refused::into_error)
     }
 
     /// Waits until `need` fits and it is this request's turn, or refuses it
     /// once `ask.deadline` has passed.
-    pub async fn admit(app: &Arc<App>, token: &str, need: Usage, ask: &Ask) -> Result<Ticket, Refused> {
-        let adm = &app.admission;
+    pub async fn admit(&self, host: &dyn Host, token: &str, need: Usage, ask: &Ask) -> Result<Ticket, Refused> {
+        let adm = self;
         let started = Instant::now();
         if let Some(what) = adm.capacity.exceeded_by(need) {
-            app.metrics.refused();
+            host.metrics().refused();
             return Err(Refused {
                 waited: Duration::ZERO,
                 queued: adm.queued(),
@@ -354,7 +383,7 @@ impl Admission {
             );
             seq
         };
-        app.metrics.admission_queued(adm.queued());
+        host.metrics().admission_queued(adm.queued());
         let deadline = tokio::time::Instant::from_std(started + ask.deadline);
         loop {
             let notified = adm.changed.notified();
@@ -369,7 +398,7 @@ impl Admission {
                 old && (!st.fits(&adm.capacity, need) || st.looked.is_none_or(|t| t.elapsed() >= TRUST_FOR))
             };
             if stale {
-                Self::look(app).await;
+                self.look(host).await;
             }
             {
                 let mut st = adm.lock();
@@ -385,10 +414,10 @@ impl Admission {
                     drop(st);
                     // The next in turn may fit too.
                     adm.changed.notify_waiters();
-                    app.metrics.admission_queued(queued);
-                    app.metrics.admitted(started.elapsed());
+                    host.metrics().admission_queued(queued);
+                    host.metrics().admitted(started.elapsed());
                     return Ok(Ticket {
-                        app: Arc::clone(app),
+                        admission: self.clone(),
                         seq,
                         waited: started.elapsed(),
                     });
@@ -404,8 +433,8 @@ impl Admission {
                         (st.waiting.len(), st.in_use())
                     };
                     adm.changed.notify_waiters();
-                    app.metrics.admission_queued(queued);
-                    app.metrics.refused();
+                    host.metrics().admission_queued(queued);
+                    host.metrics().refused();
                     return Err(Refused { waited: started.elapsed(), queued, in_use, too_large: None });
                 }
             }
@@ -418,18 +447,10 @@ impl Admission {
     /// may be missing from it: it stays counted. One being made may be in
     /// it and counted by its ticket too: counted twice until the next look,
     /// which errs on the side of the capacity.
-    async fn look(app: &Arc<App>) {
+    async fn look(&self, host: &dyn Host) {
         let began = Instant::now();
-        let running = app
-            .engine(|e| {
-                Ok(e.running_sandboxes()?
-                    .into_iter()
-                    .map(|r| (r.id, r.memory_bytes, u64::from(r.cpu_millis)))
-                    .collect::<Vec<_>>())
-            })
-            .await;
-        let Ok(running) = running else { return };
-        let adm = &app.admission;
+        let Some(running) = host.running().await else { return };
+        let adm = self;
         let mut st = adm.lock();
         let ids: HashSet<&str> = running.iter().map(|(id, _, _)| id.as_str()).collect();
         let before = st.held.len();

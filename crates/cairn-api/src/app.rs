@@ -421,3 +421,22 @@ impl App {
         });
     }
 }
+
+impl crate::admission::Host for Arc<App> {
+    fn running(&self) -> crate::admission::RunningSoon<'_> {
+        Box::pin(async move {
+            self.engine(|e| {
+                Ok(e.running_sandboxes()?
+                    .into_iter()
+                    .map(|r| (r.id, r.memory_bytes, u64::from(r.cpu_millis)))
+                    .collect::<Vec<_>>())
+            })
+            .await
+            .ok()
+        })
+    }
+
+    fn metrics(&self) -> &Metrics {
+        &self.metrics
+    }
+}

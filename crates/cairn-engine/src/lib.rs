@@ -13,6 +13,7 @@ pub mod dockerfile;
 mod durability;
 pub mod images;
 mod memory_cache;
+pub mod memory_image;
 pub mod names;
 pub mod network;
 pub mod objects;

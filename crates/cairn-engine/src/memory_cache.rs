@@ -32,7 +32,7 @@ use std::time::Instant;
 use rayon::prelude::*;
 
 use crate::images::ScratchDir;
-use crate::snapshots::{MemoryForm, MemoryImage};
+use crate::memory_image::{MemoryForm, MemoryImage};
 use crate::Engine;
 
 /// The first line of a seal; another version is not understood, so the
@@ -511,7 +511,7 @@ impl Engine {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::snapshots::MemoryFile;
+    use crate::memory_image::MemoryFile;
     use cairn_store::{ChunkHash, ChunkRef, FileContent};
 
     /// A snapshot's image whose `pages.img` is stored as written, in chunks

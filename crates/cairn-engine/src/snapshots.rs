@@ -17,13 +17,13 @@ use std::time::{Duration, Instant};
 
 use cairn_layers::archive::{capture_since_with, layer_objects, load_index, write_index, Baseline};
 use cairn_layers::LayerId;
-use cairn_sandbox::gvisor::image_host::ImageHost;
 use cairn_store::{BlobError, ChunkHash, Framed, ReadContext, StoreError};
 use nix::fcntl::{Flock, FlockArg};
 use serde::{Deserialize, Serialize};
 
 use cairn_sandbox::gvisor::window::Window;
 
+pub use crate::memory_image::{MemoryFile, MemoryForm, MemoryImage};
 use crate::sandboxes::{CreateOptions, Origin};
 use crate::state::{SandboxRecord, SandboxState, SnapshotRecord};
 use crate::{layer_id, now_ms, Engine, EngineError};
@@ -43,36 +43,6 @@ pub struct SnapshotManifest {
     /// Memory and processes, from a driver that can (gvisor): the files of
     /// its checkpoint image, chunked into the store.
     pub memory: Option<MemoryImage>,
-}
-
-/// A driver's checkpoint image: its files, by name, in the chunk store.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-pub struct MemoryImage {
-    pub driver: String,
-    /// The host it was taken on, which a restoring host must match
-    /// (checked before a restore starts anything). `None` only in images
-    /// recorded before version 4: those are refused, fail-closed.
-    pub host: Option<ImageHost>,
-    pub files: Vec<MemoryFile>,
-}
-
-/// One file of a checkpoint image.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-pub struct MemoryFile {
-    pub name: String,
-    pub form: MemoryForm,
-    pub content: cairn_store::FileContent,
-}
-
-/// How a checkpoint file's bytes are kept.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-pub enum MemoryForm {
-    /// As the driver wrote it.
-    AsWritten,
-    /// A gVisor state file unpacked: `content` is its inflated state
-    /// stream, `header` the bytes before its first chunk (see
-    /// `cairn_sandbox::gvisor::statefile`).
-    GvisorStateStream { header: Vec<u8> },
 }
 
 /// Where the time of a memory snapshot went: logged at debug level, kept

@@ -22,7 +22,6 @@ use super::{
     base, network, page, templates, Entry, Gateway, Life, RestError, DEFAULT_TIMEOUT_SECS, ENVD_VERSION,
     MAX_TIMEOUT_SECS,
 };
-use crate::admission::Admission;
 use crate::app::now_ms;
 use cairn_engine::state::e2b::E2bSnapshot;
 
@@ -285,7 +284,11 @@ pub async fn create(
     } else {
         None
     };
-    let ticket = Admission::admit_request(&gw.app, &key.0, &headers, 1, &Limits::default()).await?;
+    let ticket = gw
+        .app
+        .admission
+        .admit_request(&gw.app, &key.0, &headers, 1, &Limits::default())
+        .await?;
     let config = built.as_ref().map(|(_, c)| c.clone());
     let rec = gw
         .app
@@ -731,7 +734,11 @@ pub async fn connect(
                 let snapshot = snapshot.clone();
                 let policy = e.network.as_ref().map(network::policy).transpose()?;
                 // A resume makes a sandbox: it waits its turn as a create does.
-                let ticket = Admission::admit_request(&gw.app, &key.0, &headers, 1, &Limits::default()).await?;
+                let ticket = gw
+                    .app
+                    .admission
+                    .admit_request(&gw.app, &key.0, &headers, 1, &Limits::default())
+                    .await?;
                 let prepared = gw.warm.take(&gw.app, &id, &snapshot);
                 let rec = gw
                     .app

@@ -13,7 +13,7 @@ use cairn_engine::{CreateOptions, Engine, Silent};
 use cairn_sandbox::limits::{CpuCount, DiskSize, MemorySize, PidCount};
 
 use super::{idempotent, json, parse};
-use crate::admission::{Admission, Caller};
+use crate::admission::Caller;
 use crate::app::App;
 use crate::error::{ApiError, ApiResult, ErrorBody};
 use crate::model::*;
@@ -88,7 +88,7 @@ pub async fn create(
     let caller = Caller::of(caller);
     let h = headers.clone();
     idempotent(&app, &headers, "sandboxes.create", &body, || async move {
-        let ticket = Admission::admit_request(&a, &caller, &h, 1, &opts.limits).await?;
+        let ticket = a.admission.admit_request(&a, &caller, &h, 1, &opts.limits).await?;
         let t = Instant::now();
         let snapshot = req.snapshot.clone();
         let rec = a
@@ -248,7 +248,10 @@ async fn fork_of(
 ) -> ApiResult<(StatusCode, serde_json::Value)> {
     let count = fork_count(&req)?;
     let opts = options(&req.limits, req.driver.clone(), None, req.network.as_ref())?;
-    let ticket = Admission::admit_request(app, caller, headers, count as u64, &opts.limits).await?;
+    let ticket = app
+        .admission
+        .admit_request(app, caller, headers, count as u64, &opts.limits)
+        .await?;
     let t = Instant::now();
     let (snap, forks) = app.engine(move |e| Ok(e.fork(&key, count, &opts)?)).await?;
     ticket.made(&forks);
@@ -338,7 +341,10 @@ pub async fn restore(
 ) -> ApiResult<Response> {
     let req: RestoreBody = parse(&body)?;
     let opts = options(&req.limits, req.driver.clone(), req.name.clone(), req.network.as_ref())?;
-    let ticket = Admission::admit_request(&app, &Caller::of(caller), &headers, 1, &opts.limits).await?;
+    let ticket = app
+        .admission
+        .admit_request(&app, &Caller::of(caller), &headers, 1, &opts.limits)
+        .await?;
     let t = Instant::now();
     let rec = app
         .engine(move |e| {
