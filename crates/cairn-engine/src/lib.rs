@@ -1,9 +1,15 @@
-//! Cairn's engine: the domain behind the CLI and the API.
+//! Cairn's engine core: sandboxes, snapshots, images, the layers' lifecycle
+//! and garbage collection, over the state store (`cairn-state`, re-exported
+//! as [`state`]) and the sandbox drivers.
 //!
-//! It owns the state directory ([`home::Home`]), the state store
-//! ([`state::Db`]), the local layers, and the sandbox drivers, and exposes
-//! services: images ([`images`]) and sandboxes ([`sandboxes`]). Clients (the
-//! CLI, later the HTTP API) call these services, never the tables.
+//! An [`Engine`] holds the state directory ([`home::Home`]), a connection to
+//! the state store, the local layers, the chunk store and the drivers, and
+//! exposes services: images ([`images`]), sandboxes ([`sandboxes`]),
+//! snapshots ([`snapshots`]). The layers above (`cairn-pipeline`,
+//! `cairn-session`, the API's E2B gateway) add their operations as traits
+//! over it, keep their own per-engine state in its typed extensions
+//! ([`Engine::extension`]), and hand their errors back whole
+//! ([`EngineError::Domain`]); nothing here imports them.
 
 pub mod access;
 pub mod build;
