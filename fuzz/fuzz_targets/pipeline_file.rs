@@ -9,10 +9,10 @@ fuzz_target!(|data: &[u8]| {
     let Ok(text) = std::str::from_utf8(data) else {
         return;
     };
-    if let Err(e) = cairn_engine::pipeline::parse("fuzz.toml", text, &BTreeMap::new()) {
+    if let Err(e) = cairn_pipeline::parse("fuzz.toml", text, &BTreeMap::new()) {
         // Every error names a line of the file and says what is wrong.
         assert!(e.line >= 1 && e.line <= text.lines().count() + 1, "{e}");
         assert!(!e.message.trim().is_empty(), "{e}");
     }
-    let _ = cairn_engine::pipeline::spec::parse_duration(text);
+    let _ = cairn_pipeline::spec::parse_duration(text);
 });

@@ -3,8 +3,8 @@
 //! whole frame and, sealed with a right CRC, as the payload of each.
 #![no_main]
 
-use cairn_engine::sessions::bundle::{BundleManifest, EntryBatch};
-use cairn_engine::sessions::Entry;
+use cairn_session::bundle::{BundleManifest, EntryBatch};
+use cairn_session::Entry;
 use cairn_store::frame::{decode, seal};
 use cairn_store::Framed;
 use libfuzzer_sys::fuzz_target;
@@ -14,7 +14,7 @@ fn both(bytes: &[u8]) {
     if let Ok(batch) = decode::<EntryBatch>(bytes) {
         let entries: Vec<Entry> = batch.entries.into_iter().map(Entry::from).collect();
         for e in &entries {
-            let _ = e.chain(cairn_engine::sessions::GENESIS);
+            let _ = e.chain(cairn_session::GENESIS);
         }
     }
 }

@@ -4,7 +4,7 @@
 //! payload of each version.
 #![no_main]
 
-use cairn_engine::pipeline::artifacts::ArtifactObject;
+use cairn_engine::objects::ArtifactObject;
 use cairn_engine::SnapshotManifest;
 use cairn_store::frame::seal;
 use cairn_store::frame::decode;
