@@ -14,6 +14,10 @@
 //! run through the shared stage queue (a worker's side and the enqueuer's);
 //! `audit` reads a run's events back as where its time and bytes went;
 //! `graph` gives a run's stages with the stage each one comes after.
+//! `error`, `watch` and `render` are what `run` shares with the others (a
+//! run's errors, who watches it, a stage's text); `gc` is `cairn gc` with
+//! the pipelines' part; `attempts` the attempts this process runs under
+//! queue claims.
 //!
 //! The operations are methods of [`cairn_engine::Engine`] through this
 //! crate's traits: `use cairn_pipeline::prelude::*` brings them in.

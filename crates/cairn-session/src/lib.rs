@@ -3,8 +3,8 @@
 //! snapshots, with suspend and resume, fork, rewind and recovery of a
 //! sandbox that died (`ops`), over the engine's sandboxes and snapshots.
 //!
-//! The operations are methods of [`cairn_engine::Engine`] through this crate's traits:
-//! `use cairn_session::prelude::*` brings them in.
+//! The operations are methods of [`cairn_engine::Engine`] through this
+//! crate's traits: `use cairn_session::prelude::*` brings them in.
 
 pub mod bundle;
 mod files;
