@@ -36,7 +36,7 @@ impl Engine {
             },
         };
         let secret = format!("{TOKEN_PREFIX}{}", random_hex(24));
-        self.db.insert_token(&record, &hash(&secret))?;
+        self.db.insert_token(&record, &secret_hash(&secret))?;
         Ok(NewToken { record, secret })
     }
 
@@ -57,7 +57,7 @@ impl Engine {
         if !secret.starts_with(TOKEN_PREFIX) || secret.len() > 256 {
             return Ok(None);
         }
-        Ok(self.db.use_token(&hash(secret), now_ms())?)
+        Ok(self.db.use_token(&secret_hash(secret), now_ms())?)
     }
 
     /// Whether the token with this id still exists.

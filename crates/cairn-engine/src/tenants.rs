@@ -3,10 +3,10 @@
 //! at once. Schema and durability notes: `migrations/sqlite/0018_tenants.sql`.
 //!
 //! Who owns an object is written by the store itself: a connection acting
-//! for a tenant ([`Db::act_for`]) stamps every sandbox, snapshot, session,
+//! for a tenant ([`crate::state::Db::act_for`]) stamps every sandbox, snapshot, session,
 //! run, image and E2B row it inserts in the insert's own statement, and
 //! checks the tenant's limits in the transaction that inserts a sandbox.
-//! What a tenant may see is answered by [`Db::owned`] and [`Db::resolve_owned`],
+//! What a tenant may see is answered by [`crate::state::Db::owned`] and [`crate::state::Db::resolve_owned`],
 //! which the API calls before any handler looks an object up.
 
 use std::collections::HashSet;
@@ -205,7 +205,7 @@ impl Engine {
         }
     }
 
-    /// Makes this engine act for `tenant` (see [`Db::act_for`]).
+    /// Makes this engine act for `tenant` (see [`crate::state::Db::act_for`]).
     pub fn act_for(&self, tenant: Option<String>) {
         self.db.act_for(tenant);
     }

@@ -53,7 +53,7 @@ pub trait RunApprovals {
     /// Records a person's verdict on a stage waiting for approval, under the
     /// run's orchestrator lock: approved, the stage is `approved` and the run
     /// `running` again (nothing executes it until the caller continues it:
-    /// [`Engine::execute_run`]); rejected, the stage is `rejected` and the
+    /// [`crate::run::Runs::execute_run`]); rejected, the stage is `rejected` and the
     /// run `failed`. Returns the run's record after the verdict.
     fn decide_approval(
         &mut self,

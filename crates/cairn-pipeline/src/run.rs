@@ -405,7 +405,7 @@ pub(crate) trait RunSteps {
     /// Takes a run's orchestrator lock (`runs/<run>/orchestrator.lock`): one
     /// process executes a run at a time, or a second `resume` beside a live
     /// orchestrator would start its stages again. The lock goes with the
-    /// process, however it dies; [`Engine::run_orchestrator`] names its holder.
+    /// process, however it dies; [`Runs::run_orchestrator`] names its holder.
     fn lock_run(&self, run: &str) -> Result<Flock<fs::File>, EngineError>;
 
     fn execute_locked_run(&mut self, run_id: &str, watch: &dyn RunWatcher) -> Result<RunRecord, EngineError>;

@@ -12,7 +12,7 @@
 //! A worker also reaps orphans on its home, when it starts and then once a
 //! lease: sandboxes of attempts whose claim moved on (a takeover after this
 //! host died or stalled, a fenced-off commit), recorded on their run
-//! (`orphan-reaped`) and removed ([`Engine::reap_orphans`]).
+//! (`orphan-reaped`) and removed ([`Workers::reap_orphans`]).
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -408,7 +408,7 @@ fn run_job(
     }
 }
 
-/// A `cairn worker`: claims stage jobs from the queue and runs them.
+/// A worker's leftovers: stage sandboxes whose queue claim moved on.
 pub trait Workers {
     /// Removes this home's orphaned stage sandboxes ([`Db::orphans`]) whose
     /// maker is gone (a live one, stalled past its lease, cleans up its

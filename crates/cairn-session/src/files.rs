@@ -37,7 +37,7 @@ pub trait SessionFiles {
         src: &mut dyn Read,
     ) -> Result<cairn_protocol::FileMeta, EngineError>;
 
-    /// [`Engine::session_write_file`] with `notes` (who asked, the reason a
+    /// [`Self::session_write_file`] with `notes` (who asked, the reason a
     /// model gave) recorded among the call's arguments.
     fn session_write_file_noted(
         &mut self,

@@ -207,7 +207,7 @@ pub trait SessionOps {
         stderr: &mut dyn Write,
     ) -> Result<ExecOutcome, EngineError>;
 
-    /// [`Engine::session_exec`] with an environment, a working directory
+    /// [`Self::session_exec`] with an environment, a working directory
     /// and a timeout; all of them go into the call's arguments, so a
     /// replay runs the same command the same way. Stdin and detached
     /// commands are refused: the log could not record what they did.
@@ -219,7 +219,7 @@ pub trait SessionOps {
         stderr: &mut dyn Write,
     ) -> Result<ExecOutcome, EngineError>;
 
-    /// [`Engine::session_exec_request`] with `notes` (who asked, the reason
+    /// [`Self::session_exec_request`] with `notes` (who asked, the reason
     /// a model gave) recorded among the call's arguments; a replay runs the
     /// command alone.
     fn session_exec_noted(
@@ -287,7 +287,7 @@ pub trait SessionOps {
     /// Closes a session: its sandbox goes; its log stays unless `purge`.
     fn close_session(&mut self, key: &str, purge: bool) -> Result<SessionRecord, EngineError>;
 
-    /// Removes a tenant ([`Engine::remove_tenant_with`]): refused while it
+    /// Removes a tenant ([`cairn_engine::Engine::remove_tenant_with`]): refused while it
     /// owns sandboxes or open sessions, unless `force`, which removes those
     /// sandboxes and closes those sessions first.
     fn remove_tenant(&mut self, name: &str, force: bool) -> Result<(), EngineError>;
@@ -744,7 +744,7 @@ pub(crate) trait OpsSteps {
     /// returned [`Live`] is held.
     fn live_session(&mut self, key: &str) -> Result<Live, EngineError>;
 
-    /// [`Engine::session_exec`] on a session already held; `extra` goes
+    /// [`SessionOps::session_exec`] on a session already held; `extra` goes
     /// into the call's arguments beside `argv`.
     fn exec_live(
         &mut self,

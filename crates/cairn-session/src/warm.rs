@@ -4,13 +4,13 @@
 //! A session on the gvisor driver suspends into a memory snapshot. Half of
 //! resuming it does not depend on that snapshot's image: runsc creating
 //! the sandbox. A long-lived process (the server) pays that half right
-//! after the suspend ([`Engine::prepare_session_resume`]: a sandbox named
+//! after the suspend ([`SessionResumes::prepare_session_resume`]: a sandbox named
 //! for the session, state `creating`, its runsc sandbox waiting and holding
 //! none of the session's memory), and the resume, in whichever of its
 //! engines it comes, only loads the image into it. The prepared sandboxes
 //! live in [`WarmResumes`], shared by the process's engines; one whose
 //! session moved on (resumed elsewhere, closed, suspended again) is
-//! removed by [`Engine::prune_warm_resumes`]. A process that dies leaves
+//! removed by [`SessionResumes::prune_warm_resumes`]. A process that dies leaves
 //! them to the next Cairn command, which removes them as any interrupted
 //! create, and the session resumes the ordinary way.
 

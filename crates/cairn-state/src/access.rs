@@ -32,7 +32,7 @@ pub struct NewToken {
 /// How a claim of an idempotency key went.
 #[derive(Debug, Clone, PartialEq)]
 pub enum Claim {
-    /// The key is new: do the work, then [`Engine::answer_idempotent`].
+    /// The key is new: do the work, then the engine's `answer_idempotent`.
     New,
     /// A request with this key was answered: here is the answer.
     Answered { status: u16, body: String },
@@ -42,7 +42,8 @@ pub enum Claim {
     Mismatch,
 }
 
-pub fn hash(secret: &str) -> String {
+/// A token as the store keeps it: its secret's BLAKE3, never the secret.
+pub fn secret_hash(secret: &str) -> String {
     blake3::hash(secret.as_bytes()).to_hex().to_string()
 }
 

@@ -202,8 +202,8 @@ pub fn insert_session_row(b: &mut dyn Backend, s: &SessionRecord) -> Result<u64,
 }
 
 impl Db {
-    /// Records a new session; a taken name is [`SessionError::NameTaken`]
-    /// (as `StateError::NameTaken`).
+    /// Records a new session; a taken name is [`StateError::NameTaken`]
+    /// (the session layer's `SessionError::NameTaken`).
     pub fn insert_session(&self, s: &SessionRecord) -> Result<(), StateError> {
         self.transaction(|b| {
             match insert_session_row(b, s) {
