@@ -39,6 +39,41 @@ def _free_port():
         return s.getsockname()[1]
 
 
+# The logs of the `cairn serve` processes running now, by home: a failed
+# test's report ends with what they wrote meanwhile (a warning there, such
+# as the request log's writer dropping rows, is often the why).
+_SERVER_LOGS = {}
+
+
+def _log_offset(path):
+    try:
+        return os.path.getsize(path)
+    except OSError:
+        return 0
+
+
+@pytest.fixture(autouse=True)
+def _server_logs_at_start(request):
+    """Where each server's log stood when the test began."""
+    request.node._server_log_offsets = {path: _log_offset(path) for path in _SERVER_LOGS.values()}
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_makereport(item, call):
+    report = (yield).get_result()
+    if report.when != "call" or not report.failed:
+        return
+    for path, start in getattr(item, "_server_log_offsets", {}).items():
+        try:
+            with open(path, errors="replace") as f:
+                f.seek(start)
+                during = f.read()
+        except OSError:
+            continue
+        lines = during.splitlines()[-200:]
+        report.sections.append((f"cairn serve log during the test ({path})", "\n".join(lines) or "(nothing)"))
+
+
 def _wait_until_listening(server, port, home):
     """Waits up to 30 s for `cairn serve` to listen on `port`; its log
     (`home`/serve.log) is the error if it exits or does not."""
@@ -125,6 +160,7 @@ def cairn_e2b():
     )
     port = _free_port()
     log = open(os.path.join(home, "serve.log"), "a")
+    _SERVER_LOGS[home] = log.name
     server = {}
 
     def start():
@@ -163,6 +199,7 @@ def cairn_e2b():
         "pid": lambda: server["p"].pid,
     }
     stop()
+    _SERVER_LOGS.pop(home, None)
     # Sandboxes outlive the server; remove them with their state directory.
     ids = subprocess.run([binary, "ps", "-q"], env=env, capture_output=True, text=True).stdout.split()
     if ids:
