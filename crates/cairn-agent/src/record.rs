@@ -1,14 +1,14 @@
 //! An agent's state is its session's context log, read back: the log is
 //! the only record, so a loop killed at any instant resumes from it.
 //!
-//! Entries the loop writes (role in brackets):
-//! - `system` [agent]: the system prompt; `arguments` the [`AgentConfig`].
-//! - `note` [agent]: a JSON [`Event`]: the base snapshots, a status change,
+//! Entries the loop writes (with the role each has):
+//! - `system` (role `agent`): the system prompt; `arguments` the [`AgentConfig`].
+//! - `note` (role `agent`): a JSON [`Event`]: the base snapshots, a status change,
 //!   raised limits, the lineage summary sent after a round of results.
-//! - `user` [agent]: the first message (the goal and where to start).
-//! - `assistant` [model]: a reply; `arguments` the [`Recorded`] reply with
+//! - `user` (role `agent`): the first message (the goal and where to start).
+//! - `assistant` (role `model`): a reply; `arguments` the [`Recorded`] reply with
 //!   its cost, `tokens_in`/`tokens_out` its usage.
-//! - `tool_result` [agent]: one per tool call of the reply before it;
+//! - `tool_result` (role `agent`): one per tool call of the reply before it;
 //!   `arguments` [`ResultMeta`], `result` the text the model is given.
 //!
 //! Other entries (a session tool's own `tool_call`/`tool_result` records
