@@ -146,7 +146,7 @@ impl EngineError {
 /// (a server's prepared session resumes, a worker's job slots, the model
 /// decide stages ask).
 #[derive(Default)]
-pub struct Extensions(std::collections::HashMap<std::any::TypeId, Box<dyn std::any::Any + Send + Sync>>);
+struct Extensions(std::collections::HashMap<std::any::TypeId, Box<dyn std::any::Any + Send + Sync>>);
 
 /// Reports progress of long operations (image builds) to whoever watches.
 pub trait Progress {
