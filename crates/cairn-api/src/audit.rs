@@ -22,6 +22,8 @@ const BATCH: usize = 1024;
 /// How long the writer gathers rows before it writes them.
 const GATHER: Duration = Duration::from_millis(100);
 
+/// A batch written this long after its first row arrived is logged.
+const SLOW: Duration = Duration::from_secs(1);
 /// Times a batch is written before its rows are dropped.
 const WRITE_TRIES: usize = 4;
 /// How long rows are kept.
@@ -68,13 +70,16 @@ impl Audit {
 
 fn write_rows(home: Home, rx: Receiver<AuditEntry>, dropped: Arc<AtomicU64>) {
     let mut engine: Option<Engine> = None;
-    let mut pruned = Instant::now() - Duration::from_secs(3600);
+    // None: not yet pruned by this writer (an Instant an hour back would
+    // not exist on a host up for less than an hour).
+    let mut pruned: Option<Instant> = None;
     let mut told = 0;
     while let Ok(first) = rx.recv() {
         // What arrives within GATHER goes in the same transaction: at most
         // one commit per GATHER however busy the server is.
         let mut rows = vec![first];
-        let until = Instant::now() + GATHER;
+        let arrived = Instant::now();
+        let until = arrived + GATHER;
         while rows.len() < BATCH {
             let left = until.saturating_duration_since(Instant::now());
             match rx.recv_timeout(left) {
@@ -104,12 +109,22 @@ fn write_rows(home: Home, rx: Receiver<AuditEntry>, dropped: Arc<AtomicU64>) {
             std::thread::sleep(GATHER * 2);
             written = e.record_audit(&rows);
         }
-        if let Err(err) = written {
-            tracing::warn!("audit: cannot write {} rows: {err}", rows.len());
-            dropped.fetch_add(rows.len() as u64, Ordering::Relaxed);
+        match written {
+            Err(err) => {
+                tracing::warn!("audit: cannot write {} rows: {err}", rows.len());
+                dropped.fetch_add(rows.len() as u64, Ordering::Relaxed);
+            }
+            // Rows wait in the queue meanwhile (none is lost), but `cairn
+            // token log` shows them late: say so, with how late.
+            Ok(()) if arrived.elapsed() >= SLOW => tracing::warn!(
+                "audit: {} rows written {:.1} s after the first arrived (the state store was slow to take them)",
+                rows.len(),
+                arrived.elapsed().as_secs_f64()
+            ),
+            Ok(()) => {}
         }
-        if pruned.elapsed() >= Duration::from_secs(3600) {
-            pruned = Instant::now();
+        if pruned.is_none_or(|at| at.elapsed() >= Duration::from_secs(3600)) {
+            pruned = Some(Instant::now());
             if let Err(err) = e.prune_audit(now_ms() - KEPT.as_millis() as i64) {
                 tracing::warn!("audit: cannot remove old rows: {err}");
             }
