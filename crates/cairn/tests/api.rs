@@ -1870,9 +1870,22 @@ run = ["exit 3"]
     let (st, left) = s.call("GET", &format!("/v1/snapshots/{snap}"), None);
     assert_eq!(st, 200, "its snapshot stays, the administrator's now: {left}");
 
-    // Who did what.
-    let log: Value =
-        serde_json::from_str(&home.ok(&["token", "log", "--tenant", "globex", "--json", "-n", "1000"])).unwrap();
+    // Who did what. The log is written behind the answers: its newest row
+    // (Globex's look at Acme's sandbox) may take a moment to show.
+    let deadline = Instant::now() + Duration::from_secs(30);
+    let log = loop {
+        let log: Value =
+            serde_json::from_str(&home.ok(&["token", "log", "--tenant", "globex", "--json", "-n", "1000"])).unwrap();
+        let seen = log
+            .as_array()
+            .unwrap()
+            .iter()
+            .any(|r| r["method"] == "GET" && r["path"] == format!("/v1/sandboxes/{a}") && r["status"] == 404);
+        if seen || Instant::now() > deadline {
+            break log;
+        }
+        std::thread::sleep(Duration::from_millis(200));
+    };
     let rows = log.as_array().unwrap();
     assert!(
         rows.iter().all(|r| r["tenant"] == "globex" && r["surface"] == "api"),
