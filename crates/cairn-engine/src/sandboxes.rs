@@ -88,23 +88,21 @@ pub struct GcReport {
     pub changed_copies_kept: Vec<String>,
     /// Those set aside more than a day ago, removed.
     pub changed_copies_removed: Vec<String>,
-    /// Stage sandboxes whose queue claim had moved on (see
-    /// `Engine::reap_orphans`), recorded on their run and removed.
-    pub orphans_reaped: Vec<crate::state::queue::Orphan>,
-    /// Losing branches whose snapshots went under their run's retention
-    /// (`keep = "winners"`, docs/pipelines.md).
-    pub losers_collected: Vec<crate::state::runs::CollectedBranch>,
 }
 
 /// What layers above the engine collect within [`Engine::gc_with`], each at
-/// the point it must come: the pipelines' stage sandboxes whose queue claim
-/// moved on before exited sandboxes go (a home whose worker is gone has no
-/// one else to reap them), and their losing branches past retention before
-/// layers and chunks are swept.
+/// the point it must come: sandboxes they remove themselves before exited
+/// sandboxes go, and snapshots they let go before layers and chunks are
+/// swept (for the pipelines: stage sandboxes whose queue claim moved on,
+/// and losing branches past their run's retention). What they collected
+/// they keep in their own report; sandboxes they removed are added to the
+/// engine's.
 pub trait CollectAbove {
-    /// Sandboxes the layer removes itself, added to `report`.
+    /// Sandboxes the layer removes itself, added to `report`'s
+    /// `sandboxes_removed`.
     fn before_sandboxes(&mut self, engine: &mut Engine, report: &mut GcReport) -> Result<(), EngineError>;
-    /// Snapshots the layer lets go, added to `report`.
+    /// Snapshots the layer lets go (the chunks only they used are freed
+    /// after).
     fn before_chunks(&mut self, engine: &mut Engine, report: &mut GcReport) -> Result<(), EngineError>;
 }
 
@@ -994,9 +992,8 @@ impl Engine {
                 }
             }
         }
-        // Snapshots the layers above let go (losing branches past their
-        // run's retention) go first, so the chunks only they used are freed
-        // below.
+        // Snapshots the layers above let go go first, so the chunks only
+        // they used are freed below.
         above.before_chunks(self, &mut report)?;
         // Layers and chunks: only while no snapshot or image build is
         // writing (they hold the store lock shared until their rows exist).

@@ -30,7 +30,7 @@ mod branches;
 mod decide;
 pub mod decision;
 mod error;
-mod gc;
+pub mod gc;
 pub mod graph;
 pub use cairn_state::lineage;
 mod output;

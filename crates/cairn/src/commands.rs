@@ -301,12 +301,12 @@ fn command(home: Home, cmd: Command, caller: Option<&crate::caller::Caller>) -> 
             } else {
                 println!(
                     "removed {} sandboxes, released {} stray cgroups and {} pooled ones, {} stray directories, {} unused layers, {} shifted layer copies",
-                    report.sandboxes_removed.len(),
-                    report.cgroups_released.len(),
-                    report.pooled_cgroups_removed,
-                    report.directories_removed.len(),
-                    report.layers_removed.len(),
-                    report.shifted_copies_removed
+                    report.engine.sandboxes_removed.len(),
+                    report.engine.cgroups_released.len(),
+                    report.engine.pooled_cgroups_removed,
+                    report.engine.directories_removed.len(),
+                    report.engine.layers_removed.len(),
+                    report.engine.shifted_copies_removed
                 );
                 for o in &report.orphans_reaped {
                     eprintln!(
@@ -323,14 +323,14 @@ fn command(home: Home, cmd: Command, caller: Option<&crate::caller::Caller>) -> 
                         c.snapshots.len()
                     );
                 }
-                for changed in &report.changed_copies_kept {
+                for changed in &report.engine.changed_copies_kept {
                     eprintln!(
                         "cairn: warning: {changed} changed on the host and was rebuilt from the store; \
                          it is kept for inspection until a day after it was set aside (or remove it once \
                          no sandbox started before the rebuild runs)"
                     );
                 }
-                for removed in &report.changed_copies_removed {
+                for removed in &report.engine.changed_copies_removed {
                     eprintln!("cairn: removed {removed}, set aside more than a day ago because it changed on the host");
                 }
             }
