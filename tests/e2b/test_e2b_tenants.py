@@ -188,7 +188,8 @@ def test_limits_refuse_cleanly_and_removing_a_tenant_ends_its_keys_and_tokens(ca
         read = [r for r in log if (r["surface"], r["method"], r["path"]) == ("envd", "GET", "/files")]
         if any(r["status"] == 200 for r in read):
             break
-        assert time.time() < deadline, f"the envd request made before the removal is not in the log: {log}"
+        rows = [(r["at"], r["surface"], r["method"], r["path"], r["status"]) for r in log]
+        assert time.time() < deadline, f"the envd request made before the removal is not in the log: {rows}"
         time.sleep(0.2)
     # An envd row names the API key its access token was issued to.
     assert {r["token"] for r in log if r["surface"] == "envd"} <= {r["token"] for r in log if r["surface"] == "e2b"}, log

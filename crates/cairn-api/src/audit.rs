@@ -22,7 +22,7 @@ const BATCH: usize = 1024;
 /// How long the writer gathers rows before it writes them.
 const GATHER: Duration = Duration::from_millis(100);
 
-/// A batch written this long after its first row arrived is logged.
+/// A batch written this long after its first row was made is logged.
 const SLOW: Duration = Duration::from_secs(1);
 /// Times a batch is written before its rows are dropped.
 const WRITE_TRIES: usize = 4;
@@ -78,8 +78,7 @@ fn write_rows(home: Home, rx: Receiver<AuditEntry>, dropped: Arc<AtomicU64>) {
         // What arrives within GATHER goes in the same transaction: at most
         // one commit per GATHER however busy the server is.
         let mut rows = vec![first];
-        let arrived = Instant::now();
-        let until = arrived + GATHER;
+        let until = Instant::now() + GATHER;
         while rows.len() < BATCH {
             let left = until.saturating_duration_since(Instant::now());
             match rx.recv_timeout(left) {
@@ -101,6 +100,7 @@ fn write_rows(home: Home, rx: Receiver<AuditEntry>, dropped: Arc<AtomicU64>) {
         let Some(e) = &engine else { continue };
         // A store busy for a moment (another command's long transaction)
         // gets the batch again before it is dropped.
+        let writing = Instant::now();
         let mut written = e.record_audit(&rows);
         for _ in 0..WRITE_TRIES - 1 {
             if written.is_ok() {
@@ -116,12 +116,18 @@ fn write_rows(home: Home, rx: Receiver<AuditEntry>, dropped: Arc<AtomicU64>) {
             }
             // Rows wait in the queue meanwhile (none is lost), but `cairn
             // token log` shows them late: say so, with how late.
-            Ok(()) if arrived.elapsed() >= SLOW => tracing::warn!(
-                "audit: {} rows written {:.1} s after the first arrived (the state store was slow to take them)",
-                rows.len(),
-                arrived.elapsed().as_secs_f64()
-            ),
-            Ok(()) => {}
+            Ok(()) => {
+                let late = now_ms().saturating_sub(rows[0].at);
+                if late >= SLOW.as_millis() as i64 {
+                    tracing::warn!(
+                        "audit: {} rows written {:.1} s after the first was made ({:.1} s of it writing: \
+                         the state store was slow to take them)",
+                        rows.len(),
+                        late as f64 / 1e3,
+                        writing.elapsed().as_secs_f64()
+                    );
+                }
+            }
         }
         if pruned.is_none_or(|at| at.elapsed() >= Duration::from_secs(3600)) {
             pruned = Some(Instant::now());
