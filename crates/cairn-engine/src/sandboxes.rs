@@ -103,7 +103,7 @@ pub trait CollectAbove {
     fn before_sandboxes(&mut self, engine: &mut Engine, report: &mut GcReport) -> Result<(), EngineError>;
     /// Snapshots the layer lets go (the chunks only they used are freed
     /// after).
-    fn before_chunks(&mut self, engine: &mut Engine, report: &mut GcReport) -> Result<(), EngineError>;
+    fn before_chunks(&mut self, engine: &mut Engine) -> Result<(), EngineError>;
 }
 
 /// How long `gc` keeps a copy set aside because it changed on the host.
@@ -992,9 +992,9 @@ impl Engine {
                 }
             }
         }
-        // Snapshots the layers above let go go first, so the chunks only
-        // they used are freed below.
-        above.before_chunks(self, &mut report)?;
+        // The layers above let their snapshots go first, so the chunks
+        // only those used are freed below.
+        above.before_chunks(self)?;
         // Layers and chunks: only while no snapshot or image build is
         // writing (they hold the store lock shared until their rows exist).
         let _lock = self.lock_store(true)?;

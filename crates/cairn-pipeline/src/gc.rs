@@ -67,7 +67,7 @@ impl CollectAbove for Pipelines {
         Ok(())
     }
 
-    fn before_chunks(&mut self, engine: &mut Engine, _: &mut cairn_engine::GcReport) -> Result<(), EngineError> {
+    fn before_chunks(&mut self, engine: &mut Engine) -> Result<(), EngineError> {
         self.losers_collected = engine.collect_losers(cairn_engine::now_ms())?;
         Ok(())
     }

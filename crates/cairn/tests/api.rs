@@ -1872,16 +1872,13 @@ run = ["exit 3"]
 
     // Who did what. The log is written behind the answers: its newest row
     // (Globex's look at Acme's sandbox) may take a moment to show.
+    let looked_at_acmes =
+        |r: &Value| r["method"] == "GET" && r["path"] == format!("/v1/sandboxes/{a}") && r["status"] == 404;
     let deadline = Instant::now() + Duration::from_secs(30);
     let log = loop {
         let log: Value =
             serde_json::from_str(&home.ok(&["token", "log", "--tenant", "globex", "--json", "-n", "1000"])).unwrap();
-        let seen = log
-            .as_array()
-            .unwrap()
-            .iter()
-            .any(|r| r["method"] == "GET" && r["path"] == format!("/v1/sandboxes/{a}") && r["status"] == 404);
-        if seen || Instant::now() > deadline {
+        if log.as_array().unwrap().iter().any(looked_at_acmes) || Instant::now() > deadline {
             break log;
         }
         std::thread::sleep(Duration::from_millis(200));
@@ -1891,11 +1888,7 @@ run = ["exit 3"]
         rows.iter().all(|r| r["tenant"] == "globex" && r["surface"] == "api"),
         "{log}"
     );
-    assert!(
-        rows.iter()
-            .any(|r| r["method"] == "GET" && r["path"] == format!("/v1/sandboxes/{a}") && r["status"] == 404),
-        "{log}"
-    );
+    assert!(rows.iter().any(looked_at_acmes), "{log}");
     let tokens: Value = serde_json::from_str(&home.ok(&["token", "ls", "--json"])).unwrap();
     let globex_id = tokens
         .as_array()
